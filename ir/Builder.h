@@ -1,0 +1,67 @@
+// Builder: creates ops at an insertion point with their result types
+// inferred. It checks nothing about the user's intent: the DSL validates
+// shapes and dtypes first (with the user's source line), and the verifier
+// checks whatever the builder produced.
+#pragma once
+
+#include <functional>
+
+#include "ir/IR.h"
+
+namespace flextile::ir {
+
+class Builder {
+ public:
+  explicit Builder(Function& f) : func_(&f), block_(&f.body()), pos_(f.body().ops().end()) {}
+
+  Function& function() const { return *func_; }
+  Block* block() const { return block_; }
+  void setInsertionPointToEnd(Block* b) { block_ = b; pos_ = b->ops().end(); }
+  void setInsertionPoint(Block* b, Block::OpList::iterator pos) { block_ = b; pos_ = pos; }
+  // Inserts before `op`.
+  void setInsertionPointBefore(Op* op);
+  void setInsertionPointAfter(Op* op);
+  void setLoc(Location l) { loc_ = std::move(l); }
+  const Location& loc() const { return loc_; }
+
+  // Generic creation at the insertion point.
+  Op* create(OpKind kind, std::vector<Value*> operands, std::vector<Type> resultTypes, Attrs attrs = {});
+  Value* create1(OpKind kind, std::vector<Value*> operands, Type resultType, Attrs attrs = {}) {
+    return create(kind, std::move(operands), {std::move(resultType)}, std::move(attrs))->result();
+  }
+
+  Value* programId(int axis);
+  Value* numPrograms(int axis);
+  Value* constant(Type t, double value);   // ints are stored as int64 attrs
+  Value* constantInt(Type t, int64_t value);
+  Value* arange(int64_t start, int64_t end);
+  Value* splat(Value* scalar, const Shape& shape);
+  Value* broadcast(Value* x, const Shape& shape);
+  Value* expandDims(Value* x, int axis);
+  Value* reshape(Value* x, const Shape& shape);
+  Value* trans(Value* x, const std::vector<int64_t>& perm);
+  Value* unary(OpKind k, Value* x);
+  Value* binary(OpKind k, Value* a, Value* b);  // a and b have equal types
+  Value* cmp(std::string_view pred, Value* a, Value* b);
+  Value* select(Value* c, Value* a, Value* b);
+  Value* cast(Value* x, DType to);
+  Value* addptr(Value* p, Value* offset);
+  Value* load(Value* ptr, Value* mask = nullptr, Value* other = nullptr);
+  void store(Value* ptr, Value* value, Value* mask = nullptr);
+  Value* reduce(Value* x, int axis, std::string_view kind);
+  Value* dot(Value* a, Value* b, Value* acc);
+  void ret();
+
+  // for iv in [lb, ub) step: body(iv, carried) returns the next carried
+  // values. Returns the loop's results (the final carried values).
+  std::vector<Value*> forLoop(Value* lb, Value* ub, Value* step, std::vector<Value*> inits,
+                              const std::function<std::vector<Value*>(Value* iv, std::vector<Value*> carried)>& body);
+
+ private:
+  Function* func_;
+  Block* block_;
+  Block::OpList::iterator pos_;
+  Location loc_;
+};
+
+}  // namespace flextile::ir

@@ -1,0 +1,237 @@
+// The tile IR: SSA values, operations with optional regions, blocks and
+// functions. A Function owns every Value and Op in it.
+//
+// Structure:
+//   Function  name, parameters (block args of the body), attributes
+//     Block   arguments + an ordered list of Ops, ending in a terminator
+//       Op    kind, operands, results, attributes, source location, regions
+//
+// Values have no use lists; passes that need uses compute them (the programs
+// are small: an attention kernel is a few hundred ops).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ir/Layout.h"
+#include "ir/Types.h"
+
+namespace flextile {
+
+// Every compile-side error (tracing, verification, parsing, codegen) is a
+// flextile::Error whose message names what is wrong and, where known, the
+// user's source line.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace flextile
+
+namespace flextile::ir {
+
+enum class OpKind : uint16_t {
+#define FT_OP(Enum, name, nops, nres, traits) Enum,
+#include "ir/Ops.def"
+};
+
+enum OpTrait : uint32_t {
+  kPure = 1u << 0,          // no side effects: CSE and DCE may touch it
+  kElementwise = 1u << 1,   // same shape in and out, per element
+  kCommutative = 1u << 2,
+  kConstantLike = 1u << 3,
+  kSideEffect = 1u << 4,
+  kHasRegion = 1u << 5,
+  kTerminator = 1u << 6,
+  kFloatOnly = 1u << 7,
+  kIntOnly = 1u << 8,
+};
+
+struct OpInfo {
+  OpKind kind;
+  std::string_view name;
+  int numOperands;  // -1: variadic
+  int numResults;   // -1: variadic
+  uint32_t traits;
+};
+const OpInfo& opInfo(OpKind k);
+std::optional<OpKind> parseOpKind(std::string_view name);
+inline std::string_view opName(OpKind k) { return opInfo(k).name; }
+
+// Where an op came from in the user's C++ source (file and line), if known.
+struct Location {
+  std::string file;
+  int line = 0;
+  bool known() const { return line > 0; }
+  std::string str() const;  // "file.cpp:12" or ""
+};
+
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>>;
+using Attrs = std::map<std::string, Attr>;
+std::string attrString(const Attr& a);
+
+class Op;
+class Block;
+class Function;
+
+class Value {
+ public:
+  int id() const { return id_; }
+  const Type& type() const { return type_; }
+  void setType(Type t) { type_ = std::move(t); }
+  Op* definingOp() const { return def_; }   // null for block arguments
+  Block* ownerBlock() const { return block_; }  // set for block arguments
+  int resultIndex() const { return index_; }
+  const std::string& nameHint() const { return name_; }
+  void setNameHint(std::string n) { name_ = std::move(n); }
+
+ private:
+  friend class Function;
+  friend class Op;
+  friend class Block;
+  int id_ = 0;
+  Type type_;
+  Op* def_ = nullptr;
+  Block* block_ = nullptr;
+  int index_ = 0;
+  std::string name_;
+};
+
+class Block {
+ public:
+  using OpList = std::list<std::unique_ptr<Op>>;
+  const std::vector<Value*>& args() const { return args_; }
+  Value* arg(size_t i) const { return args_.at(i); }
+  OpList& ops() { return ops_; }
+  const OpList& ops() const { return ops_; }
+  Op* parentOp() const { return parent_; }
+  Function* function() const { return func_; }
+  Op* terminator() const;
+
+  Value* addArg(Type t, std::string nameHint = "");
+  // Inserts before `pos` (end() appends) and returns the op.
+  Op* insert(OpList::iterator pos, std::unique_ptr<Op> op);
+  Op* append(std::unique_ptr<Op> op) { return insert(ops_.end(), std::move(op)); }
+  OpList::iterator find(const Op* op);
+  void erase(const Op* op);
+
+ private:
+  friend class Function;
+  friend class Op;
+  std::vector<Value*> args_;
+  OpList ops_;
+  Op* parent_ = nullptr;
+  Function* func_ = nullptr;
+};
+
+class Op {
+ public:
+  OpKind kind() const { return kind_; }
+  const OpInfo& info() const { return opInfo(kind_); }
+  std::string_view name() const { return opName(kind_); }
+  bool hasTrait(OpTrait t) const { return (info().traits & t) != 0; }
+
+  const std::vector<Value*>& operands() const { return operands_; }
+  Value* operand(size_t i) const { return operands_.at(i); }
+  size_t numOperands() const { return operands_.size(); }
+  void setOperand(size_t i, Value* v) { operands_.at(i) = v; }
+  void setOperands(std::vector<Value*> v) { operands_ = std::move(v); }
+
+  const std::vector<Value*>& results() const { return results_; }
+  Value* result(size_t i = 0) const { return results_.at(i); }
+  size_t numResults() const { return results_.size(); }
+
+  Attrs& attrs() { return attrs_; }
+  const Attrs& attrs() const { return attrs_; }
+  bool hasAttr(const std::string& k) const { return attrs_.count(k) != 0; }
+  int64_t intAttr(const std::string& k) const;
+  double floatAttr(const std::string& k) const;  // accepts an int attr too
+  const std::string& strAttr(const std::string& k) const;
+  const std::vector<int64_t>& intsAttr(const std::string& k) const;
+  void setAttr(const std::string& k, Attr v) { attrs_[k] = std::move(v); }
+
+  std::vector<std::unique_ptr<Block>>& regions() { return regions_; }
+  const std::vector<std::unique_ptr<Block>>& regions() const { return regions_; }
+  Block& region(size_t i = 0) const { return *regions_.at(i); }
+  Block* addRegion();
+
+  const Location& loc() const { return loc_; }
+  void setLoc(Location l) { loc_ = std::move(l); }
+  Block* parentBlock() const { return parent_; }
+  Function* function() const { return func_; }
+
+  // "op 'add' (user.cpp:12)": how errors refer to this op.
+  std::string describe() const;
+
+ private:
+  friend class Function;
+  friend class Block;
+  OpKind kind_ = OpKind::Return;
+  std::vector<Value*> operands_;
+  std::vector<Value*> results_;
+  Attrs attrs_;
+  std::vector<std::unique_ptr<Block>> regions_;
+  Location loc_;
+  Block* parent_ = nullptr;
+  Function* func_ = nullptr;
+};
+
+// A kernel. Its parameters are the body block's arguments: pointers and
+// scalars. Function-level attributes hold codegen facts such as num_warps and
+// per-parameter specializations (e.g. "divisibility" of integer arguments).
+class Function {
+ public:
+  explicit Function(std::string name);
+  Function(const Function&) = delete;
+  Function& operator=(const Function&) = delete;
+
+  const std::string& name() const { return name_; }
+  void setName(std::string n) { name_ = std::move(n); }
+  Block& body() { return body_; }
+  const Block& body() const { return body_; }
+  const std::vector<Value*>& params() const { return body_.args(); }
+  Value* addParam(Type t, std::string nameHint = "") { return body_.addArg(std::move(t), std::move(nameHint)); }
+
+  Attrs& attrs() { return attrs_; }
+  const Attrs& attrs() const { return attrs_; }
+  int64_t intAttrOr(const std::string& k, int64_t dflt) const;
+  int numWarps() const { return int(intAttrOr("num_warps", 4)); }
+
+  // Creates a detached op with fresh result values; insert it into a block.
+  std::unique_ptr<Op> createOp(OpKind kind, std::vector<Value*> operands,
+                               std::vector<Type> resultTypes, Attrs attrs = {}, Location loc = {});
+  Value* newValue(Type t);
+
+  // Replaces every use of `from` (in every op of the function) by `to`.
+  void replaceAllUsesWith(Value* from, Value* to);
+  // Calls f on every op, in order, descending into regions before moving on.
+  void walk(const std::function<void(Op&)>& f);
+  void walk(const std::function<void(const Op&)>& f) const;
+  // A deep copy (same value ids, fresh objects).
+  std::unique_ptr<Function> clone() const;
+  int numValues() const { return int(values_.size()); }
+
+ private:
+  friend class Block;
+  std::string name_;
+  Block body_;
+  Attrs attrs_;
+  std::vector<std::unique_ptr<Value>> values_;
+};
+
+// A module is what gets compiled together: one or more kernels.
+struct Module {
+  std::vector<std::unique_ptr<Function>> functions;
+  Function* lookup(std::string_view name) const;
+};
+
+}  // namespace flextile::ir

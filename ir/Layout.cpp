@@ -1,0 +1,324 @@
+#include "ir/Layout.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+#include "ir/IR.h"
+
+namespace flextile::ir {
+
+namespace {
+
+int log2Exact(int64_t v) {
+  int k = 0;
+  while ((int64_t(1) << k) < v) ++k;
+  return k;
+}
+
+bool isPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Coordinates of a power-of-two shape are bit strings; concatenating them
+// (row-major) gives the flat index, and XOR of coordinates is XOR of indices.
+uint64_t flatten(const Shape& shape, const Layout::Coord& c) {
+  uint64_t idx = 0;
+  for (size_t d = 0; d < shape.size(); ++d) idx = idx * uint64_t(shape[d]) + uint64_t(c[d]);
+  return idx;
+}
+
+Layout::Coord unflatten(const Shape& shape, uint64_t idx) {
+  Layout::Coord c(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    c[d] = int64_t(idx % uint64_t(shape[d]));
+    idx /= uint64_t(shape[d]);
+  }
+  return c;
+}
+
+// Gaussian elimination over GF(2): adds v to the basis unless it is in its
+// span; returns whether it was independent.
+bool addIndependent(std::vector<uint64_t>& basis, uint64_t v) {
+  for (uint64_t b : basis) v = std::min(v, v ^ b);
+  if (v == 0) return false;
+  basis.push_back(v);
+  std::sort(basis.begin(), basis.end(), std::greater<>());
+  return true;
+}
+
+// Keeps the register bases that are non-zero and independent of earlier ones.
+Layout::Bases cleanRegisters(const Shape& shape, const Layout::Bases& reg) {
+  std::vector<uint64_t> span;
+  Layout::Bases out;
+  for (const auto& b : reg)
+    if (addIndependent(span, flatten(shape, b))) out.push_back(b);
+  return out;
+}
+
+std::string basesStr(const Layout::Bases& bs) {
+  std::string s = "[";
+  for (size_t i = 0; i < bs.size(); ++i) {
+    s += i ? ", [" : "[";
+    for (size_t d = 0; d < bs[i].size(); ++d) s += (d ? "," : "") + std::to_string(bs[i][d]);
+    s += "]";
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+Layout::Layout(Shape shape, Bases reg, Bases lane, Bases warp)
+    : shape_(std::move(shape)), reg_(std::move(reg)), lane_(std::move(lane)), warp_(std::move(warp)) {}
+
+Layout Layout::blocked(const Shape& shape, const std::vector<int64_t>& spt, const std::vector<int64_t>& tpw,
+                       const std::vector<int64_t>& wpc, const std::vector<int>& order) {
+  const size_t r = shape.size();
+  auto unit = [&](size_t d, int64_t v) {
+    Coord c(r, 0);
+    c[d] = shape[d] > 0 ? v % shape[d] : 0;  // past the tile wraps to 0: replication
+    return c;
+  };
+  Bases reg, lane, warp;
+  for (int d : order)
+    for (int i = 0; i < log2Exact(spt[d]); ++i) reg.push_back(unit(d, int64_t(1) << i));
+  for (int d : order)
+    for (int i = 0; i < log2Exact(tpw[d]); ++i) lane.push_back(unit(d, spt[d] << i));
+  for (int d : order)
+    for (int i = 0; i < log2Exact(wpc[d]); ++i) warp.push_back(unit(d, spt[d] * tpw[d] << i));
+  for (int d : order) {
+    int64_t tile = spt[d] * tpw[d] * wpc[d];
+    for (int64_t step = tile; step < shape[d]; step *= 2) reg.push_back(unit(d, step));
+  }
+  return Layout(shape, cleanRegisters(shape, reg), lane, warp);
+}
+
+Layout Layout::defaultBlocked(const Shape& shape, int numWarps, int64_t vector) {
+  const int r = int(shape.size());
+  std::vector<int64_t> spt(r, 1), tpw(r, 1), wpc(r, 1);
+  std::vector<int> order(r);
+  for (int i = 0; i < r; ++i) order[i] = r - 1 - i;
+  spt[r - 1] = std::max<int64_t>(1, std::min(vector, shape[r - 1]));
+  int64_t lanes = 32;
+  for (int d = r - 1; d >= 0 && lanes > 1; --d) {
+    int64_t t = std::min(lanes, std::max<int64_t>(1, shape[d] / spt[d]));
+    tpw[d] = t;
+    lanes /= t;
+  }
+  tpw[0] *= lanes;
+  int64_t warps = numWarps;
+  for (int d = 0; d < r && warps > 1; ++d) {
+    int64_t w = std::min(warps, std::max<int64_t>(1, shape[d] / (spt[d] * tpw[d])));
+    wpc[d] = w;
+    warps /= w;
+  }
+  wpc[0] *= warps;
+  return blocked(shape, spt, tpw, wpc, order);
+}
+
+Layout::Coord Layout::apply(int64_t reg, int64_t lane, int64_t warp) const {
+  uint64_t idx = 0;
+  for (size_t i = 0; i < reg_.size(); ++i)
+    if (reg >> i & 1) idx ^= flatten(shape_, reg_[i]);
+  for (size_t i = 0; i < lane_.size(); ++i)
+    if (lane >> i & 1) idx ^= flatten(shape_, lane_[i]);
+  for (size_t i = 0; i < warp_.size(); ++i)
+    if (warp >> i & 1) idx ^= flatten(shape_, warp_[i]);
+  return unflatten(shape_, idx);
+}
+
+int64_t Layout::registerOf(const Coord& c) const {
+  if (regIndex_.empty())
+    for (int64_t r = 0; r < numRegisters(); ++r) regIndex_.emplace(regCoord(r), r);
+  auto it = regIndex_.find(c);
+  return it == regIndex_.end() ? -1 : it->second;
+}
+
+Layout Layout::sliced(int axis) const {
+  Shape s = shape_;
+  s.erase(s.begin() + axis);
+  auto drop = [&](Bases bs) {
+    for (auto& b : bs) b.erase(b.begin() + axis);
+    return bs;
+  };
+  return Layout(s, cleanRegisters(s, drop(reg_)), drop(lane_), drop(warp_));
+}
+
+Layout Layout::expanded(int axis) const {
+  Shape s = shape_;
+  s.insert(s.begin() + axis, 1);
+  auto ins = [&](Bases bs) {
+    for (auto& b : bs) b.insert(b.begin() + axis, 0);
+    return bs;
+  };
+  return Layout(s, ins(reg_), ins(lane_), ins(warp_));
+}
+
+Layout Layout::projected(const Shape& smaller) const {
+  auto proj = [&](Bases bs) {
+    for (auto& b : bs)
+      for (size_t d = 0; d < b.size(); ++d)
+        if (smaller[d] == 1) b[d] = 0;
+    return bs;
+  };
+  return Layout(smaller, cleanRegisters(smaller, proj(reg_)), proj(lane_), proj(warp_));
+}
+
+Layout Layout::reshaped(const Shape& shape) const {
+  auto re = [&](const Bases& bs) {
+    Bases out;
+    for (const auto& b : bs) out.push_back(unflatten(shape, flatten(shape_, b)));
+    return out;
+  };
+  return Layout(shape, re(reg_), re(lane_), re(warp_));
+}
+
+Layout Layout::transposed(const std::vector<int>& perm) const {
+  Shape s(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) s[i] = shape_[perm[i]];
+  auto tr = [&](const Bases& bs) {
+    Bases out;
+    for (const auto& b : bs) {
+      Coord c(perm.size());
+      for (size_t i = 0; i < perm.size(); ++i) c[i] = b[perm[i]];
+      out.push_back(c);
+    }
+    return out;
+  };
+  return Layout(s, tr(reg_), tr(lane_), tr(warp_));
+}
+
+int64_t Layout::contiguousRegisters(int dim) const {
+  int64_t n = 1;
+  for (const auto& b : reg_) {
+    Coord want(shape_.size(), 0);
+    want[dim] = n;
+    if (b != want) break;
+    n *= 2;
+  }
+  return n;
+}
+
+uint32_t Layout::replicatedLaneMask() const {
+  uint32_t m = 0;
+  for (size_t i = 0; i < lane_.size(); ++i)
+    if (flatten(shape_, lane_[i]) == 0) m |= 1u << i;
+  return m;
+}
+
+uint32_t Layout::replicatedWarpMask() const {
+  uint32_t m = 0;
+  for (size_t i = 0; i < warp_.size(); ++i)
+    if (flatten(shape_, warp_[i]) == 0) m |= 1u << i;
+  return m;
+}
+
+bool Layout::operator==(const Layout& o) const {
+  return shape_ == o.shape_ && reg_ == o.reg_ && lane_ == o.lane_ && warp_ == o.warp_;
+}
+
+std::string Layout::str() const {
+  std::string s = "#ft.linear<[";
+  for (size_t d = 0; d < shape_.size(); ++d) s += (d ? "," : "") + std::to_string(shape_[d]);
+  return s + "], reg=" + basesStr(reg_) + ", lane=" + basesStr(lane_) + ", warp=" + basesStr(warp_) + ">";
+}
+
+namespace {
+struct LayoutParser {
+  std::string_view t;
+  size_t p = 0;
+  [[noreturn]] void fail(const std::string& what) {
+    throw Error("layout: " + what + " at column " + std::to_string(p) + " in '" + std::string(t) + "'");
+  }
+  void ws() {
+    while (p < t.size() && std::isspace(static_cast<unsigned char>(t[p]))) ++p;
+  }
+  bool eat(std::string_view s) {
+    ws();
+    if (t.substr(p, s.size()) == s) {
+      p += s.size();
+      return true;
+    }
+    return false;
+  }
+  void expect(std::string_view s) {
+    if (!eat(s)) fail("expected '" + std::string(s) + "'");
+  }
+  int64_t integer() {
+    ws();
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(t.data() + p, t.data() + t.size(), v);
+    if (ec != std::errc()) fail("expected an integer");
+    p = size_t(ptr - t.data());
+    return v;
+  }
+  std::vector<int64_t> ints() {
+    std::vector<int64_t> v;
+    expect("[");
+    if (eat("]")) return v;
+    do v.push_back(integer());
+    while (eat(","));
+    expect("]");
+    return v;
+  }
+  Layout::Bases bases() {
+    Layout::Bases bs;
+    expect("[");
+    if (eat("]")) return bs;
+    do bs.push_back(ints());
+    while (eat(","));
+    expect("]");
+    return bs;
+  }
+};
+}  // namespace
+
+Layout Layout::parse(std::string_view text) {
+  LayoutParser ps{text};
+  ps.expect("#ft.linear<");
+  Shape shape = ps.ints();
+  ps.expect(",");
+  ps.expect("reg");
+  ps.expect("=");
+  auto reg = ps.bases();
+  ps.expect(",");
+  ps.expect("lane");
+  ps.expect("=");
+  auto lane = ps.bases();
+  ps.expect(",");
+  ps.expect("warp");
+  ps.expect("=");
+  auto warp = ps.bases();
+  ps.expect(">");
+  Layout l(shape, reg, lane, warp);
+  if (auto err = l.verify(); !err.empty()) throw Error("layout: " + err + " in '" + std::string(text) + "'");
+  return l;
+}
+
+std::string Layout::verify() const {
+  for (auto d : shape_)
+    if (!isPow2(d)) return "tile dimension " + std::to_string(d) + " is not a power of two";
+  if (lane_.size() != 5) return "expected 5 lane bases (32 lanes), got " + std::to_string(lane_.size());
+  auto checkBase = [&](const Coord& b) -> std::string {
+    if (b.size() != shape_.size()) return "basis " + basesStr({b}) + " has the wrong rank";
+    for (size_t d = 0; d < b.size(); ++d)
+      if (b[d] < 0 || b[d] >= shape_[d]) return "basis " + basesStr({b}) + " is outside the tile";
+    return "";
+  };
+  std::vector<uint64_t> span;
+  for (const auto& b : reg_) {
+    if (auto e = checkBase(b); !e.empty()) return e;
+    if (!addIndependent(span, flatten(shape_, b))) return "register basis " + basesStr({b}) + " is zero or dependent";
+  }
+  for (const Bases* bs : {&lane_, &warp_})
+    for (const auto& b : *bs) {
+      if (auto e = checkBase(b); !e.empty()) return e;
+      uint64_t v = flatten(shape_, b);
+      if (v != 0 && !addIndependent(span, v))
+        return "lane/warp basis " + basesStr({b}) + " is dependent (only zero bases may replicate)";
+    }
+  int bits = 0;
+  for (auto d : shape_) bits += log2Exact(d);
+  if (int(span.size()) != bits) return "layout does not cover the whole tile";
+  return "";
+}
+
+}  // namespace flextile::ir

@@ -1,0 +1,73 @@
+// Tile IR types: an element dtype (or a pointer to one), a static shape, and
+// after layout assignment a layout attribute.
+//
+// A value of rank 0 is a *scalar*: one value per program instance, uniform
+// across its threads (program ids, kernel parameters, loop bounds). A value of
+// rank >= 1 is a *tile*: a block of elements distributed over the program's
+// threads. Tile dimensions are powers of two (as in Triton); that is what lets
+// layouts be linear maps over bits (see Layout.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flextile::ir {
+
+class Layout;
+
+enum class DType : uint8_t { I1, I8, I32, I64, F16, BF16, F32, F64, Ptr };
+
+std::string_view dtypeName(DType t);
+std::optional<DType> parseDType(std::string_view s);
+bool isFloat(DType t);
+bool isInteger(DType t);  // I1 counts as integer (a bool)
+int bitWidth(DType t);    // Ptr is 64
+int byteWidth(DType t);   // I1 is stored as one byte in memory
+
+using Shape = std::vector<int64_t>;
+std::string shapeString(const Shape& s);  // "[64, 32]"; "[]" for scalars
+int64_t numElements(const Shape& s);
+
+class Type {
+ public:
+  Type() = default;
+  Type(DType dtype, Shape shape = {}) : dtype_(dtype), shape_(std::move(shape)) {}
+  static Type pointer(DType pointee, Shape shape = {});
+
+  DType dtype() const { return dtype_; }
+  DType pointee() const { return pointee_; }  // meaningful only when isPointer()
+  bool isPointer() const { return dtype_ == DType::Ptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return int(shape_.size()); }
+  bool isScalar() const { return shape_.empty(); }
+  bool isTile() const { return !shape_.empty(); }
+  int64_t numElements() const { return ir::numElements(shape_); }
+
+  const std::shared_ptr<const Layout>& layout() const { return layout_; }
+  bool hasLayout() const { return layout_ != nullptr; }
+
+  Type withShape(Shape s) const;      // drops the layout
+  Type withDType(DType d) const;      // keeps shape, drops layout, clears pointee
+  Type withLayout(std::shared_ptr<const Layout> l) const;
+  Type scalarType() const;            // same element, rank 0
+  Type elementType() const { return scalarType(); }
+
+  // "f32", "ptr<f16>", "i32[64, 32]", with a layout alias appended by the printer.
+  std::string str() const;
+
+  bool operator==(const Type& o) const;
+  bool operator!=(const Type& o) const { return !(*this == o); }
+  bool sameShapeAndElement(const Type& o) const;
+
+ private:
+  DType dtype_ = DType::F32;
+  DType pointee_ = DType::F32;
+  Shape shape_;
+  std::shared_ptr<const Layout> layout_;
+};
+
+}  // namespace flextile::ir
