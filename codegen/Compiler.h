@@ -1,0 +1,50 @@
+// Compiling one tile-IR kernel to PTX: the codegen pipeline's entry point.
+// No LLVM types appear here; everything a caller needs is text and numbers.
+//
+// Kernel ABI: the PTX entry has the IR function's name and one parameter per
+// IR function parameter, in order: pointers as 64-bit global addresses, i32
+// as .s32, i64 as .s64, f32 as .f32 (f16/bf16 scalars are passed as f32).
+// The launch uses 32 * num_warps threads per block and `sharedBytes` of
+// dynamic shared memory.
+//
+// Specialization: the IR function attribute "arg_divisibility" (one integer
+// per parameter) states what the launcher promised: for a pointer, the byte
+// alignment of its address; for an integer, a divisor of its value (1: none).
+// The launcher sets it from the actual arguments (as Triton does with its
+// divisible-by-16 specialization) so it is part of the kernel's identity.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "codegen/Target.h"
+#include "ir/IR.h"
+
+namespace flextile::codegen {
+
+struct CompileOptions {
+  Target target = Target::sm90a();
+  // When set, ptxas assembles the PTX (a failure throws with a repro
+  // command) and its -v report fills CompiledKernel::ptxasInfo.
+  bool runPtxas = false;
+};
+
+struct CompiledKernel {
+  std::string name;       // the PTX entry symbol
+  std::string ir;         // the IR after every IR-level pass, with layouts
+  std::string llvmIR;     // the LLVM module before the NVPTX backend
+  std::string ptx;
+  Target target;
+  int numWarps = 4;
+  int sharedBytes = 0;    // dynamic shared memory per block
+  std::vector<ir::Type> params;  // in launch order
+  std::string ptxasInfo;  // `ptxas -v` output when runPtxas
+  double compileMs = 0;
+};
+
+// Runs the whole pipeline on a copy of `f`: IR passes, layout assignment,
+// shared-memory planning, lowering to LLVM IR, the NVPTX backend.
+// Honors FLEXTILE_DUMP (see ir/Dump.h). Throws flextile::Error on failure.
+CompiledKernel compile(const ir::Function& f, const CompileOptions& options = {});
+
+}  // namespace flextile::codegen
