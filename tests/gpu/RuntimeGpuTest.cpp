@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <thread>
 #include <vector>
 
 namespace flextile::runtime {
@@ -451,6 +453,49 @@ TEST(RuntimeGpu, EventsTimeAKernel) {
   ASSERT_EQ(cold.size(), 3u);
   for (double sample : cold) EXPECT_GE(sample, 0.499);
   stream.synchronize();
+}
+
+TEST(RuntimeGpu, ThreadsLaunchOnTheirOwnStreams) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom random;
+  // Loaded on this thread, used on others: each runtime call makes the context current itself.
+  Module module(kPtx, "runtime_test");
+  Kernel axpy = module.function("axpy");
+  constexpr int kWorkers = 4;
+  std::vector<uint32_t> sizes(kWorkers);
+  for (auto& n : sizes) n = uint32_t(20000 + random() % 30000);
+  std::vector<std::string> errors(kWorkers);
+  std::vector<size_t> wrong(kWorkers, 0);
+  std::vector<std::thread> workers;
+  for (int worker = 0; worker < kWorkers; ++worker) {
+    workers.emplace_back([&, worker] {
+      try {
+        uint32_t n = sizes[worker];
+        float a = float(worker + 1);
+        std::vector<float> x(n), y(n);
+        for (uint32_t i = 0; i < n; ++i) {
+          x[i] = float(i % 1000) * 0.25f;
+          y[i] = float(worker) - float(i % 7);
+        }
+        Stream stream;
+        DeviceBuffer dx = upload(x), dy = upload(y), dout(n * sizeof(float));
+        dout.fillBytes(0xFF);
+        uint64_t outAddress = dout.address(), xAddress = dx.address(), yAddress = dy.address();
+        void* args[] = {&outAddress, &xAddress, &yAddress, &a, &n};
+        for (int rep = 0; rep < 20; ++rep) axpy.launch({blocksFor(n, 128), 1, 1}, 128, 0, args, &stream);
+        stream.synchronize();
+        std::vector<float> out = download<float>(dout);
+        for (uint32_t i = 0; i < n; ++i) wrong[worker] += out[i] != a * x[i] + y[i];  // exact: small integers
+      } catch (const std::exception& error) {
+        errors[worker] = error.what();
+      }
+    });
+  }
+  for (auto& thread : workers) thread.join();
+  for (int worker = 0; worker < kWorkers; ++worker) {
+    EXPECT_EQ(errors[worker], "") << "worker " << worker;
+    EXPECT_EQ(wrong[worker], 0u) << "worker " << worker << " of " << sizes[worker] << " elements";
+  }
 }
 
 }  // namespace

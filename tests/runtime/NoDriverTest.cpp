@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace flextile::runtime {
 namespace {
@@ -78,6 +80,19 @@ TEST(NoDriver, EveryGpuEntryPointThrowsTheReason) {
     expectNoDriverError("Timer", [] { Timer timer; });
     expectNoDriverError("synchronize", [] { synchronize(); });
     expectNoDriverError("timeKernel", [] { timeKernel([] {}, 1, 3); });
+  }
+}
+
+TEST(NoDriver, ManyThreadsAskingAtOnceAllGetTheReason) {
+  std::vector<std::string> reasons(8);
+  std::vector<int> answers(8, -1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] { answers[i] = Driver::available(&reasons[i]) ? 1 : 0; });
+  for (auto& thread : threads) thread.join();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(answers[i], 0);
+    EXPECT_EQ(reasons[i], kExpectedReason);
   }
 }
 
