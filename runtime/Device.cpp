@@ -31,7 +31,8 @@ int parseDeviceOrdinal(const char* text, int count) {
   long ordinal = std::strtol(text, &end, 10);
   if (end == text || *end != '\0' || ordinal < 0 || ordinal >= count)
     throw DriverError("FLEXTILE_DEVICE='" + std::string(text) + "' is not a device ordinal: the driver reports " +
-                      std::to_string(count) + " device(s), 0 to " + std::to_string(count - 1));
+                      std::to_string(count) + (count == 1 ? " device (ordinal 0)" : " devices (ordinals 0 to " +
+                                               std::to_string(count - 1) + ")"));
   return static_cast<int>(ordinal);
 }
 

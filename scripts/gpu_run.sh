@@ -3,6 +3,12 @@
 # scripts/bundle.sh). Lists the GPUs, runs the GPU tests, runs the benches listed below, and
 # prints a summary table last. Logs go to $OUT, or ./gpu-logs when OUT is unset.
 #
+# From this (GPU-less) machine, after a build:
+#   scripts/bundle.sh build            # makes ./bundle (git-ignored)
+#   device tool: run(command="scripts/gpu_run.sh", carry=["bundle"])
+# (A helper's worktree is not what the tool sends: copy bundle/ and scripts/ into an ignored
+# folder of the session's checkout, carry that folder and cd into it first.)
+#
 # The device tool returns at most 8 files from $OUT: gpu_tests.log, gpu_tests.xml and
 # summary.txt, plus one log per bench, so keep BENCHES to five entries or fewer.
 set -uo pipefail
