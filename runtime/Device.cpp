@@ -51,8 +51,8 @@ Device::Device(int ordinal) : ordinal_(ordinal) {
     cu::check(api.deviceGetAttribute(&value, which, handle_), "cuDeviceGetAttribute", where + ", " + what);
     return value;
   };
-  computeMajor_ = attribute(cu::kAttrComputeCapabilityMajor, "compute capability major");
-  computeMinor_ = attribute(cu::kAttrComputeCapabilityMinor, "compute capability minor");
+  capabilityMajor_ = attribute(cu::kAttrComputeCapabilityMajor, "compute capability major");
+  capabilityMinor_ = attribute(cu::kAttrComputeCapabilityMinor, "compute capability minor");
   multiprocessorCount_ = attribute(cu::kAttrMultiprocessorCount, "multiprocessor count");
   maxThreadsPerBlock_ = attribute(cu::kAttrMaxThreadsPerBlock, "max threads per block");
   maxGrid_ = {attribute(cu::kAttrMaxGridDimX, "max grid x"), attribute(cu::kAttrMaxGridDimY, "max grid y"),

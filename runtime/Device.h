@@ -23,9 +23,9 @@ class Device {
 
   int ordinal() const { return ordinal_; }
   const std::string& name() const { return name_; }
-  int computeMajor() const { return computeMajor_; }
-  int computeMinor() const { return computeMinor_; }
-  int capability() const { return computeMajor_ * 10 + computeMinor_; }  // 90 for sm_90
+  int capabilityMajor() const { return capabilityMajor_; }
+  int capabilityMinor() const { return capabilityMinor_; }
+  int capability() const { return capabilityMajor_ * 10 + capabilityMinor_; }  // 90 for sm_90
   int multiprocessorCount() const { return multiprocessorCount_; }
   int maxThreadsPerBlock() const { return maxThreadsPerBlock_; }
   std::array<int, 3> maxGrid() const { return maxGrid_; }
@@ -61,7 +61,7 @@ class Device {
   int handle_ = 0;  // CUdevice
   void* context_ = nullptr;
   std::string name_;
-  int computeMajor_ = 0, computeMinor_ = 0;
+  int capabilityMajor_ = 0, capabilityMinor_ = 0;
   int multiprocessorCount_ = 0;
   int maxThreadsPerBlock_ = 0;
   std::array<int, 3> maxGrid_{};

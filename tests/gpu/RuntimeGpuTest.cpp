@@ -168,8 +168,8 @@ TEST(RuntimeGpu, DeviceQuery) {
   Device& device = Device::current();
   std::printf("%s\n", device.describe().c_str());
   EXPECT_FALSE(device.name().empty());
-  EXPECT_GE(device.computeMajor(), 8) << "the test PTX targets sm_80";
-  EXPECT_GE(device.computeMinor(), 0);
+  EXPECT_GE(device.capabilityMajor(), 8) << "the test PTX targets sm_80";
+  EXPECT_GE(device.capabilityMinor(), 0);
   EXPECT_GT(device.multiprocessorCount(), 0);
   EXPECT_EQ(device.warpSize(), 32);
   EXPECT_GE(device.maxThreadsPerBlock(), 1024);
