@@ -19,9 +19,9 @@ namespace flextile::examples {
 
 // Element types on the host, as Eigen spells them.
 template <class T> struct HostType;
-template <> struct HostType<f32> { using type = float; };
-template <> struct HostType<f16> { using type = Eigen::half; };
-template <> struct HostType<bf16> { using type = Eigen::bfloat16; };
+template <> struct HostType<dsl::f32> { using type = float; };
+template <> struct HostType<dsl::f16> { using type = Eigen::half; };
+template <> struct HostType<dsl::bf16> { using type = Eigen::bfloat16; };
 template <class T> using host_t = typename HostType<T>::type;
 
 template <class H>
