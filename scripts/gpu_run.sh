@@ -22,8 +22,8 @@ BENCH_TIMEOUT=${FLEXTILE_BENCH_TIMEOUT:-240}
 # Benches: "name|command", run from the repo root; each writes to $LOGS/bench_<name>.log.
 # A bench prints its own results; it fails the run only by exiting non-zero.
 BENCHES=(
-  # "softmax|$BUNDLE/bin/flextile_softmax_bench"
-  # "torch_softmax|python3 bench/torch_softmax.py"
+  "softmax|$BUNDLE/bin/flextile_softmax_bench"
+  "torch_softmax|python3 bench/torch_softmax.py"
 )
 
 mkdir -p "$LOGS"
@@ -76,6 +76,11 @@ for entry in "${BENCHES[@]}"; do
   [ "$rc" = 0 ] || FAILED=1
   SUMMARY+=("bench $name|$(status_of "$rc")|$(seconds_since "$start")|log: bench_$name.log")
 done
+
+if [ -f "$LOGS/bench_softmax.log" ] && [ -f "$LOGS/bench_torch_softmax.log" ]; then
+  echo; echo "== row softmax, side by side"
+  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/softmax_table.txt"
+fi
 
 {
   echo
