@@ -40,7 +40,9 @@
 //     f64); rsqrt(x) = 1 / sqrt(x).
 //   * div, rem on integers truncate toward zero (as in C); a zero divisor is an
 //     Error naming the op, the program and the element; INT_MIN / -1 wraps to
-//     INT_MIN and INT_MIN % -1 is 0. On floats div is IEEE and rem is fmod
+//     INT_MIN and INT_MIN % -1 is 0. Ops run on every lane of a tile, masked
+//     or not, so a divisor loaded under a mask needs `other` != 0 (the default
+//     0 would be a division by zero). On floats div is IEEE and rem is fmod
 //     (the sign of the dividend).
 //   * maximum, minimum: signed on integers. On floats they propagate NaN and
 //     order -0 < +0 (IEEE 754-2019 maximum/minimum, PTX max.NaN/min.NaN).
@@ -81,8 +83,9 @@
 //     expand_dims, reshape: the same row-major elements with another shape.
 //     trans {perm}: result dim i is x's dim perm[i].
 //   * reduce (x) {axis, kind in sum max min}: drops dim `axis`. Integer sums
-//     wrap. Float sums accumulate in double, whatever the dtype, and round
-//     once to the dtype (an order-independent oracle for a GPU tree sum).
+//     wrap. Float sums accumulate in double in index order, whatever the
+//     dtype, and round once to the dtype: closer to the exact sum than any f32
+//     summation order a GPU tree reduction may use (compare with tolerances).
 //     max/min follow the element-wise maximum/minimum (NaN propagates).
 //   * dot (a, b, acc): a[..., M, K] @ b[..., K, N] + acc[..., M, N] (an optional
 //     leading batch dim). Float inputs of any float dtype: products and sums in
