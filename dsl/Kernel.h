@@ -205,7 +205,7 @@ Kernel kernel(std::string name, F fn) {
     size_t next = 0;
     // Arguments are made left to right, so IR parameters keep the C++ order.
     // (a braced initializer evaluates in order; a function call's arguments need not).
-    auto args = hana::unpack(params, [&](auto... t) {
+    auto args = hana::unpack(detail::Signature<F>::params, [&](auto... t) {
       return hana::tuple<typename decltype(t)::type...>{
           detail::makeArgument<typename decltype(t)::type>(f, constants, next)...};
     });

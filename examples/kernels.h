@@ -3,6 +3,8 @@
 // tested and timed.
 #pragma once
 
+#include <cmath>
+
 #include "dsl/DSL.h"
 
 namespace flextile::examples {
