@@ -40,7 +40,8 @@
 //   dot        the accumulator's layout when it is computed, else a default
 //              blocked layout of the result shape.
 //   reduce     operand layout sliced along the axis (a cheap or view operand
-//              is materialized in the default blocked layout first).
+//              is materialized in the layout its computed leaves imply, see
+//              store, or else in the default blocked layout).
 //   elementwise  the layout of its first computed operand whose layout is
 //              known.
 //   for        a carried value takes its init's layout when the init is
@@ -55,7 +56,12 @@
 //              ops; failing that the coalesced layout of a pointer, or the
 //              default blocked layout.
 //   store      (no result) takes the layout of its value if computed, else of
-//              its pointer if computed, else its coalesced layout.
+//              its pointer if computed, else its coalesced layout. A view
+//              value counts as computed when its layout follows from its
+//              computed leaves (expand_dims, reshape, trans of a laid-out
+//              value: a transposed tile is stored in the transposed layout);
+//              the same holds for the operands of reduce and dot, which accept
+//              any layout.
 //
 // Phase 2, rewrite (program order). Every op that is not cheap or a view
 // demands a layout of each tile operand (its own layout for element-wise ops;
@@ -237,19 +243,57 @@ class LayoutAssigner {
 
   LayoutPtr coalesced(const Op& op) const { return ir::makeLayout(coalescedLayout(op, *axis_, numWarps_)); }
 
+  // The layout in which a view needs no conversion of its computed leaves,
+  // when that follows from them: expand_dims, reshape and trans of a laid-out
+  // value have exactly one such layout, an element-wise view takes its first
+  // operand's. Null for cheap values and broadcasts (many layouts project
+  // onto one operand layout: the user decides).
+  LayoutPtr forwardLayout(const Value* v) const {
+    if (auto l = known(v)) return l;
+    if (cls_.at(v) != Class::View) return nullptr;
+    const Op& op = *v->definingOp();
+    switch (op.kind()) {
+      case OpKind::ExpandDims:
+        if (auto l = forwardLayout(op.operand(0))) return ir::makeLayout(l->expanded(int(op.intAttr("axis"))));
+        return nullptr;
+      case OpKind::Reshape:
+        if (auto l = forwardLayout(op.operand(0))) return ir::makeLayout(l->reshaped(v->type().shape()));
+        return nullptr;
+      case OpKind::Trans:
+        if (auto l = forwardLayout(op.operand(0))) {
+          std::vector<int> perm;
+          for (int64_t p : op.intsAttr("perm")) perm.push_back(int(p));
+          return ir::makeLayout(l->transposed(perm));
+        }
+        return nullptr;
+      case OpKind::Broadcast:
+        return nullptr;
+      default:
+        for (const Value* o : op.operands())
+          if (o->type().isTile())
+            if (auto l = forwardLayout(o)) return l;
+        return nullptr;
+    }
+  }
+
+  // The layout for a tile that an op accepts in any layout (a reduce's
+  // operand, a dot's a and b): its own when it has one, else the one its
+  // computed leaves imply, else the default.
+  LayoutPtr anyLayoutFor(const Value* v) const {
+    if (!flexible(v)) return known(v);
+    if (auto l = forwardLayout(v)) return l;
+    return defaultLayout(v->type().shape());
+  }
+
   LayoutPtr storeLayout(const Op& store) const {
     if (store.operand(1)->type().isScalar()) return nullptr;
-    if (auto l = known(store.operand(1))) return l;
+    if (auto l = forwardLayout(store.operand(1))) return l;
     if (auto l = known(store.operand(0))) return l;
     return coalesced(store);
   }
 
   // What a reduce's operand is laid out in (its result is this, sliced).
-  LayoutPtr reduceOperandLayout(const Op& reduce) const {
-    const Value* x = reduce.operand(0);
-    if (flexible(x)) return defaultLayout(x->type().shape());
-    return known(x);
-  }
+  LayoutPtr reduceOperandLayout(const Op& reduce) const { return anyLayoutFor(reduce.operand(0)); }
 
   // ---- phase 1: plan ----------------------------------------------------------
 
@@ -395,8 +439,7 @@ class LayoutAssigner {
         if (tile(0)) req[0] = reduceOperandLayout(op);
         break;
       case OpKind::Dot:
-        for (size_t i = 0; i < 2; ++i)
-          req[i] = flexible(op.operand(i)) ? defaultLayout(op.operand(i)->type().shape()) : known(op.operand(i));
+        for (size_t i = 0; i < 2; ++i) req[i] = anyLayoutFor(op.operand(i));
         req[2] = known(op.result());
         break;
       case OpKind::For:
