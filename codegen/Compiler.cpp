@@ -8,10 +8,6 @@
 //   6. PTX emission (NVPTXTarget), optionally ptxas -v (Ptxas.h)
 #include "codegen/Compiler.h"
 
-#include <llvm/IR/LLVMContext.h>
-#include <llvm/IR/Module.h>
-#include <llvm/Support/raw_ostream.h>
-
 #include <chrono>
 
 #include "codegen/LowerToLLVM.h"
@@ -35,19 +31,12 @@ void requireLayouts(const ir::Function& f) {
   });
 }
 
-std::string printModule(const llvm::Module& m) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  m.print(os, nullptr);
-  return s;
-}
-
 }  // namespace
 
 CompiledKernel compile(const ir::Function& input, const CompileOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const Target& target = options.target;
-  NVPTXTarget nvptx(target);  // rejects unsupported targets before any work
+  static_cast<void>(NVPTXTarget(target));  // rejects an unsupported target before any work
   std::unique_ptr<ir::Function> f = input.clone();
 
   requireLayouts(*f);
@@ -58,9 +47,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
                 " bytes of shared memory per block; " + target.smName() + " allows " +
                 std::to_string(target.maxSharedBytesPerBlock()));
 
-  llvm::LLVMContext ctx;
-  std::unique_ptr<llvm::Module> module = lowerToLLVM(*f, target, plan, ctx);
-  nvptx.optimize(*module);
+  LoweredKernel lowered = lowerAndEmit(*f, target, plan);
 
   CompiledKernel k;
   k.name = f->name();
@@ -68,8 +55,8 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   k.numWarps = f->numWarps();
   k.sharedBytes = int(plan.sharedBytes);
   for (const ir::Value* p : f->params()) k.params.push_back(p->type());
-  k.llvmIR = printModule(*module);
-  k.ptx = nvptx.emitPTX(*module);
+  k.llvmIR = std::move(lowered.llvmIR);
+  k.ptx = std::move(lowered.ptx);
   if (options.runPtxas) k.ptxasInfo = runPtxas(k.ptx, target).log;
   k.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return k;

@@ -5,6 +5,7 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/NVPTXTarget.h"
 
 namespace flextile::codegen {
 
@@ -425,6 +426,18 @@ int64_t Lowering::scratchOffset(const ir::Op& op, int64_t needed) {
     fail(op, "the shared-memory plan gives scratch at byte " + std::to_string(it->second) + " of " +
                  std::to_string(plan.sharedBytes) + " but the op needs " + std::to_string(needed) + " bytes");
   return it->second;
+}
+
+LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const LoweringPlan& plan) {
+  NVPTXTarget nvptx(target);
+  llvm::LLVMContext ctx;
+  std::unique_ptr<llvm::Module> module = lowerToLLVM(f, target, plan, ctx);
+  nvptx.optimize(*module);
+  LoweredKernel out;
+  llvm::raw_string_ostream os(out.llvmIR);
+  module->print(os, nullptr);
+  out.ptx = nvptx.emitPTX(*module);
+  return out;
 }
 
 std::unique_ptr<llvm::Module> lowerToLLVM(const ir::Function& f, const Target& target, const LoweringPlan& plan,

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
@@ -56,6 +57,15 @@ int64_t scratchBytes(const ir::Op& op);
 
 // A plan with every scratch at offset 0 (see scratchBytes).
 LoweringPlan overlappingScratchPlan(const ir::Function& f);
+
+// Lowering, LLVM O3 and PTX emission of a function that already carries
+// layouts, under a given plan: compile() without the IR passes, for tests
+// and tools that want to pin the plan (e.g. vector widths).
+struct LoweredKernel {
+  std::string llvmIR;  // after O3, as the NVPTX backend sees it
+  std::string ptx;
+};
+LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const LoweringPlan& plan);
 
 // Lowers `f` into a new module of `ctx`. Throws flextile::Error naming the op
 // when the IR breaks a layout rule or uses something the lowering lacks.
