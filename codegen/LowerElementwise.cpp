@@ -8,7 +8,8 @@
 //     exp(x) = ex2(x * log2(e)), log(x) = lg2(x) * ln(2); tanh uses
 //     tanh.approx.f32 and rsqrt rsqrt.approx: the fast-path instructions
 //     attention kernels want. These have no f64 form here (error).
-//   * maximum/minimum ignore a NaN operand (maxnum/minnum, like fmaxf).
+//   * maximum/minimum propagate NaN and order -0 < +0 (llvm.maximum/minimum,
+//     PTX max.NaN / min.NaN), as the interpreter does.
 //   * Integer div/rem truncate toward zero (C). Where C has undefined
 //     behaviour the result is defined but unspecified: x/0 and x%0 give x and 0
 //     here (never LLVM poison), INT_MIN/-1 wraps. Shifts by the bit width or
@@ -230,10 +231,10 @@ void Lowering::lowerElementwise(const ir::Op& op) {
       case OpKind::Div: floatBinary([&](auto* a, auto* c) { return b.CreateFDiv(a, c); }); return;
       case OpKind::Rem: floatBinary([&](auto* a, auto* c) { return b.CreateFRem(a, c); }); return;
       case OpKind::Maximum:
-        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, a, c); });
+        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, a, c); });
         return;
       case OpKind::Minimum:
-        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, a, c); });
+        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, a, c); });
         return;
       default: fail(op, "is not defined on float operands (" + op.operand(0)->type().str() + ")");
     }

@@ -129,8 +129,8 @@ llvm::Value* Lowering::combine(const std::string& kind, llvm::Value* x, llvm::Va
     llvm::Value* a = toCompute(x, t);
     llvm::Value* c = toCompute(y, t);
     llvm::Value* r = kind == "sum" ? b.CreateFAdd(a, c)
-                     : kind == "max" ? b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, a, c)
-                                     : b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, a, c);
+                     : kind == "max" ? b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, a, c)
+                                     : b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, a, c);
     return fromCompute(r, t);
   }
   if (kind == "sum") return b.CreateAdd(x, y);
