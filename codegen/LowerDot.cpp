@@ -6,6 +6,9 @@
 // increasing k (f16/bf16 inputs are extended to f32 exactly). The k loop is
 // an LLVM loop; per iteration a thread loads a[m, k] once per distinct row m
 // of its registers and b[k, n] once per distinct column n.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <map>

@@ -10,6 +10,9 @@
 // bases) stays in registers; any other goes through scratch: barrier, store
 // by the source layout (one thread per element), barrier, load by the
 // destination layout.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "codegen/LowerToLLVMImpl.h"

@@ -12,6 +12,9 @@
 // Lane or warp bits whose basis is zero in the operand are replication, not
 // data: they are never combined (a sum would count an element twice).
 // A reduction to rank 0 gives a scalar that every thread holds.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "codegen/LowerToLLVMImpl.h"

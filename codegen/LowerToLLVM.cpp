@@ -1,3 +1,6 @@
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include "codegen/LowerToLLVM.h"
 
 #include <llvm/IR/IntrinsicsNVPTX.h>
