@@ -154,8 +154,7 @@ TEST(SharedMemory, TooLargeForTheTargetIsAnError) {
 }
 
 TEST(SharedMemory, RandomReductionsMatchTheFormula) {
-  std::random_device rd;
-  const unsigned seed = rd();
+  const unsigned seed = testSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 40; ++trial) {
