@@ -1,0 +1,73 @@
+#include "ir/Pass.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "ir/Dump.h"
+#include "ir/Passes.h"
+#include "ir/Printer.h"
+#include "ir/Verifier.h"
+
+namespace flextile::ir {
+
+namespace {
+bool timingEnabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("FLEXTILE_TIMING");
+    return s && std::strcmp(s, "0") != 0 && *s;
+  }();
+  return on;
+}
+}  // namespace
+
+std::vector<PassTiming> PassPipeline::run(Function& f) const {
+  try {
+    verify(f);
+  } catch (const Error& e) {
+    throw Error("pass pipeline input: " + std::string(e.what()));
+  }
+  std::vector<PassTiming> timings;
+  for (const Pass& p : passes_) {
+    auto start = std::chrono::steady_clock::now();
+    try {
+      p.run(f);
+    } catch (const Error& e) {
+      throw Error("pass '" + p.name + "' failed on @" + f.name() + ": " + e.what());
+    }
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    timings.push_back({p.name, ms});
+    try {
+      verify(f);
+    } catch (const Error& e) {
+      std::string msg = "pass '" + p.name + "' produced invalid IR: " + std::string(e.what());
+      // When dumping, the broken IR (with locations) is the most useful thing to see.
+      if (dumpEnabled("passes")) dump("passes", "invalid IR after " + p.name, printFunction(f, {.locations = true}));
+      throw Error(msg);
+    }
+    if (dumpEnabled("passes")) dump("passes", "IR after " + p.name + " (@" + f.name() + ")", printFunction(f));
+  }
+  if (timingEnabled()) {
+    double total = 0;
+    for (const auto& t : timings) total += t.ms;
+    std::string out = "flextile: pass timings for @" + f.name() + "\n";
+    char line[256];
+    for (const auto& t : timings) {
+      std::snprintf(line, sizeof line, "  %10.3f ms  %s\n", t.ms, t.pass.c_str());
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "  %10.3f ms  total\n", total);
+    std::fputs((out + line).c_str(), stderr);
+  }
+  return timings;
+}
+
+std::optional<Pass> targetIndependentPass(std::string_view name) {
+  if (name == "canonicalize") return canonicalizePass();
+  if (name == "cse") return csePass();
+  if (name == "dce") return dcePass();
+  return std::nullopt;
+}
+
+}  // namespace flextile::ir

@@ -1,0 +1,40 @@
+// Target-independent passes over the tile IR. Each is a Pass for a
+// PassPipeline and a plain function (returning whether it changed anything)
+// for tests and for other passes.
+//
+//   canonicalize  folds constants (scalars and uniform constant tiles, incl.
+//                 cmp, select and cast, with each dtype's wrap-around and
+//                 rounding), simplifies algebra (x+0, x*1, x*0 for integers,
+//                 x/1, x|0, x^0, x<<0, neg(neg x), not(not x)), turns splats
+//                 of constants into constant tiles and shape ops of splats
+//                 into splats, drops identity shape ops and casts, resolves
+//                 selects with a constant condition or equal choices, removes
+//                 for loops that provably run zero times, and erases the pure
+//                 ops this leaves unused.
+//   cse           merges pure region-free ops with equal kind, operands (in
+//                 any order when commutative), attributes and result types;
+//                 an op inside a loop body may reuse one from an enclosing
+//                 block, never the reverse.
+//   dce           erases ops whose results are unused and that have no effect:
+//                 pure ops, loads, and for loops whose bodies have no stores.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "ir/Pass.h"
+
+namespace flextile::ir {
+
+bool canonicalize(Function& f);
+bool cse(Function& f);
+bool dce(Function& f);
+
+Pass canonicalizePass();
+Pass csePass();
+Pass dcePass();
+
+// The pass of this name ("canonicalize", "cse", "dce"), for command lines.
+std::optional<Pass> targetIndependentPass(std::string_view name);
+
+}  // namespace flextile::ir

@@ -1,0 +1,455 @@
+#include "ir/Verifier.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_set>
+
+namespace flextile::ir {
+
+namespace {
+
+bool isPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+std::string elementString(const Type& t) { return t.scalarType().str(); }
+bool sameElement(const Type& a, const Type& b) { return a.scalarType().sameShapeAndElement(b.scalarType()); }
+
+std::string nth(std::string_view what, size_t i) { return std::string(what) + " #" + std::to_string(i); }
+
+class Verifier {
+ public:
+  explicit Verifier(const Function& f) : f_(f) {}
+
+  std::vector<std::string> run() {
+    layoutsOn_ = anyTileHasLayout();
+    scopes_.emplace_back();
+    for (size_t i = 0; i < f_.params().size(); ++i) {
+      Value* p = f_.params()[i];
+      if (p->type().isTile())
+        problem("function @" + f_.name() + ": " + nth("parameter", i) + " is a tile (" + p->type().str() +
+                "); parameters are pointers and scalars");
+      checkValue(p->type(), "function @" + f_.name() + ": " + nth("parameter", i));
+    }
+    block(f_.body(), nullptr);
+    return std::move(problems_);
+  }
+
+ private:
+  void problem(std::string s) { problems_.push_back(std::move(s)); }
+  void err(const Op& op, const std::string& s) {
+    problem(op.describe() + ": " + s);
+    opFailed_ = true;
+  }
+
+  bool anyTileHasLayout() const {
+    bool any = false;
+    auto note = [&](const Value* v) { any = any || (v->type().isTile() && v->type().hasLayout()); };
+    for (Value* p : f_.params()) note(p);
+    f_.walk([&](const Op& op) {
+      for (Value* r : op.results()) note(r);
+      for (const auto& region : op.regions())
+        for (Value* a : region->args()) note(a);
+    });
+    return any;
+  }
+
+  // Rules for one value's type, independent of the op that makes it.
+  void checkValue(const Type& t, const std::string& where) {
+    for (int64_t d : t.shape())
+      if (!isPow2(d)) {
+        problem(where + " has shape " + shapeString(t.shape()) + ": tile dimensions must be powers of two");
+        break;
+      }
+    if (t.isScalar()) {
+      if (t.hasLayout()) problem(where + " is a scalar (" + t.str() + ") but has a layout; scalars never do");
+      return;
+    }
+    if (!t.hasLayout()) {
+      if (layoutsOn_) problem(where + " (" + t.str() + ") has no layout, but other tiles do: either all tiles have "
+                              "layouts or none does");
+      return;
+    }
+    const Layout& l = *t.layout();
+    if (l.shape() != t.shape()) {
+      problem(where + " (" + t.str() + ") has a layout of shape " + shapeString(l.shape()));
+      return;
+    }
+    if (auto e = l.verify(); !e.empty()) problem(where + " has an invalid layout " + l.str() + ": " + e);
+    else if (l.numWarps() != f_.numWarps())
+      problem(where + " has a layout over " + std::to_string(l.numWarps()) + " warps, but the function has num_warps = " +
+              std::to_string(f_.numWarps()));
+  }
+
+  bool visible(const Value* v) const {
+    for (const auto& s : scopes_)
+      if (s.count(v)) return true;
+    return false;
+  }
+
+  void block(const Block& b, const Op* parent) {
+    scopes_.emplace_back(b.args().begin(), b.args().end());
+    for (size_t i = 0; i < b.args().size(); ++i)
+      checkValue(b.arg(i)->type(), (parent ? parent->describe() : "function @" + f_.name()) + ": region " +
+                                        nth("argument", i));
+    for (auto it = b.ops().begin(); it != b.ops().end(); ++it) {
+      const Op& op = **it;
+      opFailed_ = false;
+      for (size_t i = 0; i < op.numOperands(); ++i) {
+        const Value* v = op.operand(i);
+        if (!v) err(op, nth("operand", i) + " is null");
+        else if (!visible(v))
+          err(op, nth("operand", i) + " (" + v->type().str() +
+                      ") is not defined before this use in this block or an enclosing one (SSA dominance)");
+      }
+      if (op.hasTrait(kTerminator) && std::next(it) != b.ops().end())
+        err(op, "is a terminator but is not the last op of its block");
+      if (op.kind() == OpKind::Return && parent) err(op, "'return' may only end the function body; use 'yield' in " + parent->describe());
+      if (op.kind() == OpKind::Yield && (!parent || parent->kind() != OpKind::For))
+        err(op, "'yield' may only end the body of a 'for'");
+      for (size_t i = 0; i < op.numResults(); ++i) checkValue(op.result(i)->type(), op.describe() + ": " + nth("result", i));
+      if (!opFailed_) this->op(op);
+      for (const auto& region : op.regions()) block(*region, &op);
+      for (Value* r : op.results()) scopes_.back().insert(r);
+    }
+    const Op* last = b.ops().empty() ? nullptr : b.ops().back().get();
+    if (!parent && (!last || last->kind() != OpKind::Return))
+      problem("function @" + f_.name() + ": body does not end with 'return'");
+    if (parent && parent->kind() == OpKind::For && (!last || last->kind() != OpKind::Yield))
+      problem(parent->describe() + ": body does not end with 'yield'");
+    scopes_.pop_back();
+  }
+
+  // ---- per-op rules ----
+
+  bool intAttrIn(const Op& op, const std::string& key, int64_t lo, int64_t hi) {
+    auto it = op.attrs().find(key);
+    if (it == op.attrs().end() || !std::holds_alternative<int64_t>(it->second)) {
+      err(op, "needs an integer attribute '" + key + "'");
+      return false;
+    }
+    int64_t v = std::get<int64_t>(it->second);
+    if (v < lo || v > hi) {
+      err(op, "attribute " + key + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+      return false;
+    }
+    return true;
+  }
+
+  bool strAttrIn(const Op& op, const std::string& key, std::initializer_list<std::string_view> allowed) {
+    auto it = op.attrs().find(key);
+    if (it == op.attrs().end() || !std::holds_alternative<std::string>(it->second)) {
+      err(op, "needs a string attribute '" + key + "'");
+      return false;
+    }
+    const auto& v = std::get<std::string>(it->second);
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return true;
+    std::string list;
+    for (auto a : allowed) list += (list.empty() ? "" : " ") + std::string(a);
+    err(op, key + " \"" + v + "\" is not one of: " + list);
+    return false;
+  }
+
+  void expectScalarOf(const Op& op, const Type& t, DType d, const std::string& what) {
+    if (!t.isScalar() || t.dtype() != d) err(op, what + " must be a scalar " + std::string(dtypeName(d)) + ", got " + t.str());
+  }
+
+  void op(const Op& op) {
+    const OpInfo& info = op.info();
+    if (info.numOperands >= 0 && op.numOperands() != size_t(info.numOperands))
+      err(op, "expects " + std::to_string(info.numOperands) + " operands, got " + std::to_string(op.numOperands()));
+    if (info.numResults >= 0 && op.numResults() != size_t(info.numResults))
+      err(op, "expects " + std::to_string(info.numResults) + " results, got " + std::to_string(op.numResults()));
+    size_t regions = (info.traits & kHasRegion) ? 1 : 0;
+    if (op.regions().size() != regions)
+      err(op, "expects " + std::to_string(regions) + " regions, got " + std::to_string(op.regions().size()));
+    if (opFailed_) return;
+
+    auto in = [&](size_t i) -> const Type& { return op.operand(i)->type(); };
+    auto out = [&](size_t i = 0) -> const Type& { return op.result(i)->type(); };
+    lay_ = layoutsOn_ && layoutsUsable(op);
+
+    switch (op.kind()) {
+      case OpKind::ProgramId:
+      case OpKind::NumPrograms:
+        intAttrIn(op, "axis", 0, 2);
+        expectScalarOf(op, out(), DType::I32, "the result");
+        break;
+      case OpKind::Constant: constant(op); break;
+      case OpKind::Arange: {
+        if (!intAttrIn(op, "start", INT32_MIN, INT32_MAX) || !intAttrIn(op, "end", INT32_MIN, INT32_MAX)) break;
+        int64_t start = op.intAttr("start"), end = op.intAttr("end");
+        if (end <= start) err(op, "end " + std::to_string(end) + " must be greater than start " + std::to_string(start));
+        else if (out() != Type(DType::I32, {end - start}).withLayout(out().layout()))
+          err(op, "result must be i32[" + std::to_string(end - start) + "], got " + out().str());
+        break;
+      }
+      case OpKind::Splat:
+        if (!in(0).isScalar()) err(op, "operand must be a scalar, got " + in(0).str());
+        if (!out().isTile()) err(op, "result must be a tile, got " + out().str());
+        if (!sameElement(in(0), out())) err(op, "result element " + elementString(out()) + " differs from operand " + in(0).str());
+        break;
+      case OpKind::Broadcast: broadcast(op); break;
+      case OpKind::ExpandDims: {
+        if (!intAttrIn(op, "axis", 0, in(0).rank())) break;
+        Shape s = in(0).shape();
+        s.insert(s.begin() + op.intAttr("axis"), 1);
+        if (out().shape() != s || !sameElement(in(0), out()))
+          err(op, "result must be " + in(0).withShape(s).str() + ", got " + out().str());
+        else if (lay_ && in(0).isTile())
+          sameLayout(op, *in(0).layout(), out().layout()->sliced(int(op.intAttr("axis"))), "operand",
+                     "the result's layout sliced at the axis");
+        break;
+      }
+      case OpKind::Reshape:
+        if (!in(0).isTile() || !out().isTile() || in(0).numElements() != out().numElements() || !sameElement(in(0), out()))
+          err(op, "cannot reshape " + in(0).str() + " to " + out().str() + ": needs tiles of one element type and count");
+        else if (lay_)
+          sameLayout(op, *out().layout(), in(0).layout()->reshaped(out().shape()), "result", "the operand's layout reshaped");
+        break;
+      case OpKind::Trans: trans(op); break;
+      case OpKind::Load:
+      case OpKind::Store: memory(op); break;
+      case OpKind::Reduce: reduce(op); break;
+      case OpKind::Dot: dot(op); break;
+      case OpKind::For: forLoop(op); break;
+      case OpKind::Yield:
+      case OpKind::Return: break;  // placement is checked in block(), yield types in forLoop()
+      case OpKind::ConvertLayout:
+        if (in(0).shape() != out().shape() || !sameElement(in(0), out()))
+          err(op, "result " + out().str() + " must have the operand's shape and element type " + in(0).str());
+        if (!layoutsOn_) err(op, "appears before layout assignment (no tile has a layout)");
+        break;
+      default:
+        if (op.hasTrait(kElementwise)) elementwise(op);
+        break;
+    }
+  }
+
+  void constant(const Op& op) {
+    const Type& t = op.result()->type();
+    auto it = op.attrs().find("value");
+    if (it == op.attrs().end()) return err(op, "needs a 'value' attribute");
+    if (t.isPointer()) return err(op, "cannot make a pointer constant");
+    if (isFloat(t.dtype())) {
+      if (!std::holds_alternative<double>(it->second) && !std::holds_alternative<int64_t>(it->second))
+        err(op, "value of a " + t.str() + " constant must be a number");
+      return;
+    }
+    if (!std::holds_alternative<int64_t>(it->second)) return err(op, "value of a " + t.str() + " constant must be an integer");
+    int64_t v = std::get<int64_t>(it->second);
+    int bits = bitWidth(t.dtype());
+    bool fits = bits == 64 || (bits == 1 ? (v == 0 || v == 1)
+                                         : v >= -(int64_t(1) << (bits - 1)) && v < (int64_t(1) << (bits - 1)));
+    if (!fits) err(op, "value " + std::to_string(v) + " does not fit in " + elementString(t));
+  }
+
+  void broadcast(const Op& op) {
+    const Type &x = op.operand(0)->type(), &r = op.result()->type();
+    bool ok = x.isTile() && x.rank() == r.rank() && sameElement(x, r);
+    for (int d = 0; ok && d < x.rank(); ++d) ok = x.shape()[d] == r.shape()[d] || x.shape()[d] == 1;
+    if (!ok) return err(op, "cannot broadcast " + x.str() + " to " + r.str() + ": needs equal rank, and each dim equal or 1");
+    if (lay_) sameLayout(op, *x.layout(), r.layout()->projected(x.shape()), "operand", "the result's layout projected");
+  }
+
+  void trans(const Op& op) {
+    const Type &x = op.operand(0)->type(), &r = op.result()->type();
+    auto it = op.attrs().find("perm");
+    if (it == op.attrs().end() || !std::holds_alternative<std::vector<int64_t>>(it->second))
+      return err(op, "needs an integer-list attribute 'perm'");
+    const auto& perm = std::get<std::vector<int64_t>>(it->second);
+    std::vector<int64_t> sorted = perm;
+    std::sort(sorted.begin(), sorted.end());
+    bool isPerm = int(perm.size()) == x.rank();
+    for (size_t i = 0; isPerm && i < sorted.size(); ++i) isPerm = sorted[i] == int64_t(i);
+    if (!isPerm || !x.isTile()) return err(op, "perm " + attrText(perm) + " is not a permutation of the dims of " + x.str());
+    Shape s;
+    for (int64_t p : perm) s.push_back(x.shape()[size_t(p)]);
+    if (r.shape() != s || !sameElement(x, r)) return err(op, "result must be " + x.withShape(s).str() + ", got " + r.str());
+    if (lay_)
+      sameLayout(op, *r.layout(), x.layout()->transposed(std::vector<int>(perm.begin(), perm.end())), "result",
+                 "the operand's layout transposed");
+  }
+
+  static std::string attrText(const std::vector<int64_t>& v) { return attrString(v); }
+
+  void elementwise(const Op& op) {
+    const Type& r = op.result()->type();
+    for (size_t i = 0; i < op.numOperands(); ++i)
+      if (op.operand(i)->type().shape() != r.shape())
+        return err(op, "operands and result must have one shape: " + nth("operand", i) + " is " +
+                           op.operand(i)->type().str() + ", result is " + r.str());
+    auto in = [&](size_t i) -> const Type& { return op.operand(i)->type(); };
+    switch (op.kind()) {
+      case OpKind::Cmp:
+        strAttrIn(op, "pred", {"eq", "ne", "lt", "le", "gt", "ge"});
+        if (!sameElement(in(0), in(1))) err(op, "compares " + in(0).str() + " with " + in(1).str() + "; dtypes must match");
+        if (r.dtype() != DType::I1) err(op, "result must be i1, got " + r.str());
+        break;
+      case OpKind::Select:
+        if (in(0).dtype() != DType::I1) err(op, "condition must be i1, got " + in(0).str());
+        if (!sameElement(in(1), r) || !sameElement(in(2), r))
+          err(op, "both choices must have the result's dtype " + elementString(r) + ", got " + in(1).str() + " and " +
+                      in(2).str());
+        break;
+      case OpKind::Cast:
+        if (in(0).isPointer() || r.isPointer()) err(op, "cannot cast " + in(0).str() + " to " + r.str() + ": no pointer casts");
+        break;
+      case OpKind::AddPtr:
+        if (!in(0).isPointer()) err(op, "first operand must be a pointer, got " + in(0).str());
+        if (in(1).dtype() != DType::I32 && in(1).dtype() != DType::I64)
+          err(op, "offset must be i32 or i64, got " + in(1).str());
+        if (!sameElement(in(0), r)) err(op, "result " + r.str() + " must have the pointer type of " + in(0).str());
+        break;
+      default:
+        for (size_t i = 0; i < op.numOperands(); ++i)
+          if (!sameElement(in(i), r))
+            return err(op, "operands and result must have one dtype: " + nth("operand", i) + " is " + in(i).str() +
+                               ", result is " + r.str());
+        if (r.isPointer()) return err(op, "does not apply to pointers (" + r.str() + "); use addptr");
+        if (op.hasTrait(kFloatOnly) && !isFloat(r.dtype())) err(op, "needs a float dtype, got " + r.str());
+        if ((op.hasTrait(kIntOnly) || op.kind() == OpKind::Not) && !isInteger(r.dtype()))
+          err(op, "needs an integer dtype, got " + r.str());
+        break;
+    }
+    if (lay_ && !opFailed_ && r.isTile()) {
+      for (size_t i = 0; i < op.numOperands(); ++i)
+        if (!sameLayout(op, *in(i).layout(), *r.layout(), nth("operand", i), "the result")) break;
+    }
+  }
+
+  void memory(const Op& op) {
+    bool isLoad = op.kind() == OpKind::Load;
+    size_t lo = isLoad ? 1 : 2, n = op.numOperands();
+    if (n < lo || n > lo + (isLoad ? 2 : 1))
+      return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(isLoad ? lo + 2 : lo + 1) + " operands, got " +
+                         std::to_string(n));
+    const Type& p = op.operand(0)->type();
+    if (!p.isPointer()) return err(op, "address must be a pointer, got " + p.str());
+    Type value = Type(p.pointee(), p.shape());
+    const Type& v = isLoad ? op.result()->type() : op.operand(1)->type();
+    if (!v.sameShapeAndElement(value))
+      err(op, std::string(isLoad ? "result" : "stored value") + " must be " + value.str() + " to match address " + p.str() +
+                  ", got " + v.str());
+    size_t maskIndex = isLoad ? 1 : 2;
+    if (n > maskIndex) {
+      const Type& m = op.operand(maskIndex)->type();
+      if (m.dtype() != DType::I1 || m.shape() != p.shape())
+        err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + m.str());
+    }
+    if (isLoad && n > 2 && !op.operand(2)->type().sameShapeAndElement(value))
+      err(op, "'other' must be " + value.str() + ", got " + op.operand(2)->type().str());
+    if (lay_ && !opFailed_ && p.isTile()) {
+      for (size_t i = 1; i < n; ++i)
+        if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
+      if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
+    }
+  }
+
+  void reduce(const Op& op) {
+    const Type &x = op.operand(0)->type(), &r = op.result()->type();
+    if (!x.isTile()) return err(op, "operand must be a tile, got " + x.str());
+    if (!intAttrIn(op, "axis", 0, x.rank() - 1)) return;
+    if (!strAttrIn(op, "kind", {"sum", "max", "min"})) return;
+    if (x.isPointer()) return err(op, "cannot reduce pointers");
+    int axis = int(op.intAttr("axis"));
+    Shape s = x.shape();
+    s.erase(s.begin() + axis);
+    if (r.shape() != s || !sameElement(x, r)) return err(op, "result must be " + x.withShape(s).str() + ", got " + r.str());
+    if (lay_ && r.isTile()) sameLayout(op, *r.layout(), x.layout()->sliced(axis), "result", "the operand's layout sliced at the axis");
+  }
+
+  void dot(const Op& op) {
+    const Type &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.operand(2)->type(),
+               &r = op.result()->type();
+    if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2 || a.shape()[1] != b.shape()[0] || c.shape()[0] != a.shape()[0] ||
+        c.shape()[1] != b.shape()[1])
+      return err(op, "needs a[M,K] b[K,N] acc[M,N], got " + a.str() + ", " + b.str() + ", " + c.str());
+    if (!r.sameShapeAndElement(c)) return err(op, "result must be the accumulator's type " + c.str() + ", got " + r.str());
+    if (a.dtype() != b.dtype()) return err(op, "a and b must have one dtype, got " + a.str() + " and " + b.str());
+    bool floatDot = isFloat(a.dtype()) && isFloat(c.dtype());
+    bool intDot = a.dtype() == DType::I8 && c.dtype() == DType::I32;
+    if (!floatDot && !intDot)
+      return err(op, "supports float inputs with a float accumulator, or i8 inputs with i32; got " + elementString(a) +
+                         " x " + elementString(b) + " + " + elementString(c));
+    if (lay_) sameLayout(op, *r.layout(), *c.layout(), "result", "the accumulator");
+  }
+
+  void forLoop(const Op& op) {
+    if (op.numOperands() < 3) return err(op, "needs lower bound, upper bound and step operands");
+    const Type& lb = op.operand(0)->type();
+    for (size_t i = 0; i < 3; ++i) {
+      const Type& t = op.operand(i)->type();
+      if (!t.isScalar() || !isInteger(t.dtype()) || t.dtype() == DType::I1 || t.dtype() != lb.dtype())
+        return err(op, "bounds and step must be integer scalars of one dtype, got " + lb.str() + ", " +
+                           op.operand(1)->type().str() + ", " + op.operand(2)->type().str());
+    }
+    size_t carried = op.numOperands() - 3;
+    if (op.numResults() != carried)
+      return err(op, "has " + std::to_string(carried) + " carried values but " + std::to_string(op.numResults()) + " results");
+    const Block& body = op.region();
+    if (body.args().size() != carried + 1)
+      return err(op, "body must have " + std::to_string(carried + 1) + " arguments (iv, carried...), got " +
+                         std::to_string(body.args().size()));
+    if (body.arg(0)->type() != lb) err(op, "induction variable is " + body.arg(0)->type().str() + ", bounds are " + lb.str());
+    const Op* yield = body.terminator();
+    if (yield && yield->kind() == OpKind::Yield && yield->numOperands() != carried)
+      err(op, "body yields " + std::to_string(yield->numOperands()) + " values for " + std::to_string(carried) +
+                  " carried values");
+    for (size_t i = 0; i < carried; ++i) {
+      const Type& init = op.operand(3 + i)->type();
+      std::vector<std::pair<std::string, const Type*>> others = {{"region argument", &body.arg(1 + i)->type()},
+                                                                 {"result", &op.result(i)->type()}};
+      if (yield && yield->kind() == OpKind::Yield && i < yield->numOperands() && yield->operand(i))
+        others.push_back({"yielded value", &yield->operand(i)->type()});
+      for (const auto& [what, t] : others) {
+        if (*t == init) continue;
+        bool layoutOnly = t->sameShapeAndElement(init);
+        err(op, "carried value #" + std::to_string(i) + ": " + what + " " + t->str() + " differs from init " + init.str() +
+                    (layoutOnly ? " in its layout" : ""));
+      }
+    }
+  }
+
+  // Whether every tile operand and result has a well-formed layout of its
+  // shape; only then do the per-op layout rules apply (checkValue reports the
+  // rest once, at the definition).
+  bool layoutsUsable(const Op& op) const {
+    auto ok = [](const Type& t) {
+      return t.isScalar() || (t.hasLayout() && t.layout()->shape() == t.shape() && t.layout()->verify().empty());
+    };
+    for (const Value* v : op.operands())
+      if (!ok(v->type())) return false;
+    for (const Value* v : op.results())
+      if (!ok(v->type())) return false;
+    return true;
+  }
+
+  // Layout equality with a message; returns whether they are equal.
+  bool sameLayout(const Op& op, const Layout& got, const Layout& want, const std::string& what, const std::string& rule) {
+    if (got == want) return true;
+    err(op, "layout of " + what + " " + got.str() + " must equal " + rule + " " + want.str());
+    return false;
+  }
+
+  const Function& f_;
+  std::vector<std::string> problems_;
+  std::vector<std::unordered_set<const Value*>> scopes_;
+  bool layoutsOn_ = false;
+  bool lay_ = false;  // layout rules apply to the op being checked
+  bool opFailed_ = false;
+};
+
+}  // namespace
+
+std::vector<std::string> verificationProblems(const Function& f) { return Verifier(f).run(); }
+
+void verify(const Function& f) {
+  auto problems = verificationProblems(f);
+  if (problems.empty()) return;
+  std::string msg = "invalid IR in function @" + f.name() + " (" + std::to_string(problems.size()) + " problem" +
+                    (problems.size() == 1 ? "" : "s") + "):";
+  for (const auto& p : problems) msg += "\n  " + p;
+  throw Error(msg);
+}
+
+}  // namespace flextile::ir

@@ -1,0 +1,32 @@
+// The verifier: checks that a Function is well-formed tile IR. It runs after
+// tracing, after parsing and after every pass (PassPipeline), so a pass that
+// breaks an invariant is caught at once and named.
+//
+// What it checks (docs/ir-reference.md lists the rules per op):
+//   * structure: operand/result/region counts from Ops.def, terminators last
+//     (return ends the function, yield ends a for body), SSA dominance
+//     (every operand is defined earlier in its block or an enclosing one);
+//   * types: element-wise operands agree in shape and dtype, float-only and
+//     int-only ops, cmp predicates, select/load/store masks are i1, addptr
+//     offsets are integers, load/store match the pointee, reduce/dot/for
+//     shapes, tile dimensions are powers of two, parameters are scalars;
+//   * layouts (once any tile has one, every tile must): each layout fits its
+//     value and passes Layout::verify(), and ops relate their layouts the way
+//     Layout's derived constructors say (sliced, projected, reshaped, ...).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/IR.h"
+
+namespace flextile::ir {
+
+// Throws one flextile::Error listing every problem found (each naming its op
+// with op->describe()).
+void verify(const Function& f);
+
+// The same checks, returning the problems instead of throwing.
+std::vector<std::string> verificationProblems(const Function& f);
+
+}  // namespace flextile::ir
