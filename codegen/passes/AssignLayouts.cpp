@@ -631,4 +631,8 @@ class LayoutAssigner {
 
 void assignLayouts(ir::Function& f, const Target& target) { LayoutAssigner(f, target).run(); }
 
+ir::Pass assignLayoutsPass(const Target& target) {
+  return {"assign-layouts", [target](ir::Function& f) { assignLayouts(f, target); }};
+}
+
 }  // namespace flextile::codegen

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "LayoutTestUtil.h"
 #include "codegen/Passes.h"
@@ -34,7 +35,7 @@ std::unique_ptr<Function> reduceKernel(int64_t bm, int64_t bn, int axis, int nw,
 TEST(SharedMemory, RowReductionWithinWarpsNeedsNone) {
   auto f = rowSoftmax(32, 128, 4, 16);
   assignLayouts(*f, kTarget);
-  for (const Op* r : opsOf(*f, OpKind::Reduce)) EXPECT_FALSE(reduceNeedsScratch(*r));
+  for (const Op* r : opsOf(*f, OpKind::Reduce)) EXPECT_EQ(scratchBytes(*r), 0);
   SharedPlan plan = planSharedMemory(*f);
   EXPECT_TRUE(plan.offset.empty());
   EXPECT_EQ(plan.totalBytes, 0);
@@ -45,7 +46,6 @@ TEST(SharedMemory, ReductionAcrossWarpsNeedsPartials) {
     auto f = reduceKernel(64, 32, 0, nw);  // warps split the rows: partials per warp
     assignLayouts(*f, kTarget);
     const Op* r = opsOf(*f, OpKind::Reduce)[0];
-    ASSERT_TRUE(reduceNeedsScratch(*r));
     EXPECT_EQ(scratchBytes(*r), int64_t(nw) * 32 * 4);
     SharedPlan plan = planSharedMemory(*f);
     EXPECT_EQ(plan.offset.at(r), 0);
@@ -60,24 +60,10 @@ TEST(SharedMemory, DotStagesBothOperands) {
   auto f = matmul(64, 32, 16, 4, false);
   assignLayouts(*f, kTarget);
   const Op* dot = opsOf(*f, OpKind::Dot)[0];
-  EXPECT_EQ(dotScratchBOffset(*dot), 64 * 16 * 2);
   EXPECT_EQ(scratchBytes(*dot), 64 * 16 * 2 + 16 * 32 * 2);
   SharedPlan plan = planSharedMemory(*f);
   EXPECT_EQ(plan.offset.at(dot), 0);
   EXPECT_EQ(plan.totalBytes, 64 * 16 * 2 + 16 * 32 * 2);
-}
-
-TEST(SharedMemory, DotBOffsetIsAligned) {
-  // a is 3 x... no: a tile of 2 x 4 i8 = 8 bytes; b must start at 16.
-  Function f("tiny");
-  Builder b(f);
-  Value* a = b.constant(Type(DType::F16, {2, 2}), 1.0);  // 8 bytes
-  Value* bb = b.constant(Type(DType::F16, {2, 2}), 1.0);
-  Value* acc = b.constant(Type(DType::F32, {2, 2}), 0.0);
-  Value* d = b.dot(a, bb, acc);
-  b.ret();
-  EXPECT_EQ(dotScratchBOffset(*d->definingOp()), 16);
-  EXPECT_EQ(scratchBytes(*d->definingOp()), 24);
 }
 
 TEST(SharedMemory, ConvertIsOneSourceTile) {
@@ -130,18 +116,41 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
   EXPECT_EQ(plan.totalBytes, largest);
 }
 
-TEST(SharedMemory, NeedsLayoutsForReductions) {
+TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
+  auto f = matmul(64, 64, 32, 4, true);
+  assignLayouts(*f, kTarget);
+  LoweringPlan plan = makeLoweringPlan(*f);
+  const Op* dot = opsOf(*f, OpKind::Dot)[0];
+  EXPECT_EQ(plan.scratchOffset.at(dot), 0);
+  EXPECT_EQ(plan.sharedBytes, 64 * 32 * 2 + 32 * 64 * 2);
+  std::vector<int> widths;
+  f->walk([&](const Op& op) {
+    if (op.kind() == OpKind::Load || op.kind() == OpKind::Store) widths.push_back(plan.vectorWidth.count(&op) ? plan.vectorWidth.at(&op) : 1);
+  });
+  EXPECT_EQ(widths, (std::vector<int>{8, 8, 4}));
+
+  auto odd = matmul(64, 64, 32, 4, true, /*dims divisible by*/ 1);
+  assignLayouts(*odd, kTarget);
+  EXPECT_TRUE(makeLoweringPlan(*odd).vectorWidth.empty());
+}
+
+TEST(SharedMemory, NeedsLayouts) {
   auto f = reduceKernel(64, 32, 0, 4);
   EXPECT_THROW(planSharedMemory(*f), Error);
 }
 
 TEST(SharedMemory, TooLargeForTheTargetIsAnError) {
   Function f("huge");
+  Value* c = f.addParam(Type::pointer(DType::F32), "c");
   Builder b(f);
-  Value* a = b.constant(Type(DType::F32, {256, 256}), 1.0);  // 256 KiB
-  Value* bb = b.constant(Type(DType::F32, {256, 256}), 1.0);
-  b.dot(a, bb, b.constant(Type(DType::F32, {256, 256}), 0.0));
+  K k{b};
+  const Shape s{256, 256};
+  Value* a = b.constant(Type(DType::F32, s), 1.0);  // 256 KiB
+  Value* bb = b.constant(Type(DType::F32, s), 1.0);
+  Value* d = b.dot(a, bb, b.constant(Type(DType::F32, s), 0.0));
+  b.store(k.ptrs(c, k.add(k.col(k.mul(b.arange(0, 256), k.splat(k.i32(256), {256})), s), k.row(b.arange(0, 256), s))), d);
   b.ret();
+  assignLayouts(f, kTarget);
   SharedPlan plan = planSharedMemory(f);
   EXPECT_EQ(plan.totalBytes, 2 * 256 * 256 * 4);
   try {
@@ -168,12 +177,13 @@ TEST(SharedMemory, RandomReductionsMatchTheFormula) {
     assignLayouts(*f, kTarget);
     const Op* r = opsOf(*f, OpKind::Reduce)[0];
     const Layout& in = *r->operand(0)->type().layout();
-    bool crossWarp = false;
-    for (int64_t w = 1; w < nw; ++w)  // brute force: do two warps hold different parts of one output?
-      crossWarp |= in.apply(0, 0, w)[size_t(axis)] != 0;
-    EXPECT_EQ(reduceNeedsScratch(*r), crossWarp);
+    // Brute force: how many warps hold different parts of one output?
+    std::set<int64_t> axisStarts;
+    for (int64_t w = 0; w < nw; ++w) axisStarts.insert(in.apply(0, 0, w)[size_t(axis)]);
+    int64_t partials = int64_t(axisStarts.size());
     SharedPlan plan = planSharedMemory(*f);
-    int64_t want = crossWarp ? int64_t(nw) * (axis == 0 ? bn : bm) * byteWidth(dt) : 0;
+    int64_t want = partials > 1 ? partials * (axis == 0 ? bn : bm) * byteWidth(dt) : 0;
+    EXPECT_EQ(scratchBytes(*r), want);
     EXPECT_EQ(plan.totalBytes, (want + 15) / 16 * 16);
   }
 }
