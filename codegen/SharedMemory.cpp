@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "codegen/AxisInfo.h"
-
 namespace flextile::codegen {
 
 using ir::Op;
@@ -13,7 +11,34 @@ using ir::OpKind;
 namespace {
 constexpr int64_t kAlign = 16;
 int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+int64_t tileBytes(const ir::Value* v) { return v->type().numElements() * ir::byteWidth(v->type().dtype()); }
 }  // namespace
+
+bool reduceNeedsScratch(const Op& reduce) {
+  const auto& layout = reduce.operand(0)->type().layout();
+  if (!layout) throw Error(reduce.describe() + ": shared-memory planning needs layouts (run assignLayouts first)");
+  int axis = int(reduce.intAttr("axis"));
+  for (const auto& b : layout->warpBases())
+    if (b[size_t(axis)] != 0) return true;
+  return false;
+}
+
+int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }
+
+int64_t scratchBytes(const Op& op) {
+  switch (op.kind()) {
+    case OpKind::ConvertLayout:
+      return tileBytes(op.operand(0));
+    case OpKind::Reduce:
+      if (!op.operand(0)->type().isTile() || !reduceNeedsScratch(op)) return 0;
+      return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
+             ir::byteWidth(op.result()->type().dtype());
+    case OpKind::Dot:
+      return dotScratchBOffset(op) + tileBytes(op.operand(1));
+    default:
+      return 0;
+  }
+}
 
 SharedPlan planSharedMemory(const ir::Function& f) {
   // Live ranges in program order: today every buffer lives exactly at its op.
@@ -70,19 +95,6 @@ SharedPlan planSharedMemory(const ir::Function& f) {
     plan.bytes[b.owner] = int(b.bytes);
   }
   plan.totalBytes = int(total);
-  return plan;
-}
-
-LoweringPlan makeLoweringPlan(const ir::Function& f) {
-  SharedPlan shared = planSharedMemory(f);
-  LoweringPlan plan;
-  for (const auto& [op, offset] : shared.offset) plan.scratchOffset[op] = offset;
-  plan.sharedBytes = shared.totalBytes;
-  AxisInfoAnalysis axis(f);
-  f.walk([&](const Op& op) {
-    if (op.kind() != OpKind::Load && op.kind() != OpKind::Store) return;
-    if (int64_t w = memoryAccessWidth(op, axis).width; w > 1) plan.vectorWidth[&op] = int(w);
-  });
   return plan;
 }
 

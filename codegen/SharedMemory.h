@@ -1,35 +1,44 @@
 // Shared-memory planning: which byte range of the kernel's dynamic shared
-// memory each op that needs scratch uses. Runs after layout assignment.
+// memory each op that needs scratch uses. Runs after layout assignment; the
+// lowering reads the plan and must follow the formulas below exactly.
 //
-// How much scratch an op needs, and how the op lays it out, belongs to its
-// lowering: codegen::scratchBytes (codegen/LowerToLLVM.h) is the one source
-// of truth. In short (elemBytes = ir::byteWidth: i1 is 1 byte, pointers 8;
-// no padding and no swizzle until issue #3 adds swizzled shared layouts):
-//   convert_layout  one tile, row-major: element (i0, ..., ik) of T[s0..sk] at
-//                   base + ((i0 * s1 + i1) * s2 + ... + ik) * elemBytes; none when
-//                   the conversion only renames registers (same lanes and warps).
-//   reduce          when warps hold different parts of one reduction (warp bases
-//                   along the reduced axis): numElements(result) * 2^(those warp
-//                   bits) * elemBytes of partials.
-//   dot             a [M, K] row-major at base, b [K, N] row-major right after it.
-// This file decides where each op's scratch goes.
+// Scratch, per op (elemBytes = ir::byteWidth: i1 is 1 byte, pointers 8):
+//   convert_layout  one tile of the source: numElements * elemBytes.
+//                   Element (i0, ..., ik) lives at base + rowMajorIndex * elemBytes
+//                   (rowMajorIndex = ((i0 * s1 + i1) * s2 + ...) + ik; no padding,
+//                   no swizzle for now: issue #3 adds swizzled shared layouts).
+//   reduce          only when the operand layout has a warp basis with a non-zero
+//                   coordinate along the reduced axis (warps hold different parts
+//                   of one reduction): numWarps * numElements(result) * elemBytes.
+//                   The partial of warp w (the full warp id, 0..numWarps-1) for
+//                   result element i (row-major index; 0 for a scalar result)
+//                   lives at base + (w * numElements(result) + i) * elemBytes.
+//                   Warps that replicate (differ only in bits whose warp basis is
+//                   zero) write identical partials; readers combine the partials
+//                   of the warps that differ only in the axis bits.
+//   dot             a and b staged row-major: a [M, K] at base, b [K, N] at
+//                   base + dotScratchBOffset(op) (a's bytes rounded up to 16).
+//   anything else   none.
+// Every base offset is a multiple of 16 bytes.
 //
 // Reuse rule. Each op's scratch is live only while that op executes: it is
-// written and read inside the op's own lowering, which brackets the use with
-// barriers (write, bar.sync, read, bar.sync: the trailing barrier is what lets
-// the next op, or the same op in the next loop iteration, overwrite the
-// bytes). Buffers whose live ranges do not overlap may share bytes; today
-// every live range is a single op, so every scratch starts at 0 and the total
-// is the largest one. Buffers that live longer (pipelined K/V stages, issue
-// #3) get live ranges spanning their loop, and the allocator below gives
-// overlapping ranges disjoint bytes (first fit, largest first, 16-byte
-// aligned).
+// written and read inside the op's own lowering. Buffers whose live ranges do
+// not overlap may share bytes; today that is all of them, so every scratch
+// starts at 0 and the total is the largest one. The lowering keeps this safe
+// with two barriers per scratch-using op:
+//   1. bar.sync before its first write to scratch (an earlier op, or the same
+//      op in the previous loop iteration, may still be reading the bytes), and
+//   2. bar.sync between its writes and its reads.
+// (The lowering also ends each use with a bar.sync, which makes 1. redundant
+// but harmless; either alone after the reads would suffice.)
+// Buffers that live longer (pipelined K/V stages, issue #3) will get live
+// ranges spanning loops, and the allocator gives overlapping ranges disjoint
+// bytes.
 #pragma once
 
 #include <cstdint>
 #include <map>
 
-#include "codegen/LowerToLLVM.h"
 #include "codegen/Target.h"
 #include "ir/IR.h"
 
@@ -41,13 +50,16 @@ struct SharedPlan {
   int totalBytes = 0;                   // dynamic shared memory the kernel needs
 };
 
-// Throws flextile::Error when a tile has no layout (run assignLayouts first).
-SharedPlan planSharedMemory(const ir::Function& f);
+// The scratch bytes `op` needs (0: none). A reduce needs its operand's layout.
+int64_t scratchBytes(const ir::Op& op);
+// Whether a reduce combines partials of several warps through shared memory.
+bool reduceNeedsScratch(const ir::Op& reduce);
+// Offset of a dot's b tile from the dot's scratch base.
+int64_t dotScratchBOffset(const ir::Op& dot);
 
-// Everything the lowering needs beyond the IR: the scratch offsets of
-// planSharedMemory and, for each load and store, the vector width the axis
-// analysis and the layout allow (memoryAccessWidth in codegen/AxisInfo.h).
-LoweringPlan makeLoweringPlan(const ir::Function& f);
+// Throws flextile::Error when a tile has no layout (run assignLayouts first).
+// codegen::planLowering (LowerToLLVM.h) turns the plan into the lowering's.
+SharedPlan planSharedMemory(const ir::Function& f);
 
 // Throws flextile::Error naming the largest users when the plan does not fit
 // the target's shared memory.

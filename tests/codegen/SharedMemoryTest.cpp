@@ -6,6 +6,7 @@
 
 #include "LayoutTestUtil.h"
 #include "codegen/Passes.h"
+#include "codegen/LowerToLLVM.h"
 #include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
@@ -35,7 +36,10 @@ std::unique_ptr<Function> reduceKernel(int64_t bm, int64_t bn, int axis, int nw,
 TEST(SharedMemory, RowReductionWithinWarpsNeedsNone) {
   auto f = rowSoftmax(32, 128, 4, 16);
   assignLayouts(*f, kTarget);
-  for (const Op* r : opsOf(*f, OpKind::Reduce)) EXPECT_EQ(scratchBytes(*r), 0);
+  for (const Op* r : opsOf(*f, OpKind::Reduce)) {
+    EXPECT_FALSE(reduceNeedsScratch(*r));
+    EXPECT_EQ(scratchBytes(*r), 0);
+  }
   SharedPlan plan = planSharedMemory(*f);
   EXPECT_TRUE(plan.offset.empty());
   EXPECT_EQ(plan.totalBytes, 0);
@@ -46,6 +50,7 @@ TEST(SharedMemory, ReductionAcrossWarpsNeedsPartials) {
     auto f = reduceKernel(64, 32, 0, nw);  // warps split the rows: partials per warp
     assignLayouts(*f, kTarget);
     const Op* r = opsOf(*f, OpKind::Reduce)[0];
+    ASSERT_TRUE(reduceNeedsScratch(*r));
     EXPECT_EQ(scratchBytes(*r), int64_t(nw) * 32 * 4);
     SharedPlan plan = planSharedMemory(*f);
     EXPECT_EQ(plan.offset.at(r), 0);
@@ -60,10 +65,22 @@ TEST(SharedMemory, DotStagesBothOperands) {
   auto f = matmul(64, 32, 16, 4, false);
   assignLayouts(*f, kTarget);
   const Op* dot = opsOf(*f, OpKind::Dot)[0];
+  EXPECT_EQ(dotScratchBOffset(*dot), 64 * 16 * 2);
   EXPECT_EQ(scratchBytes(*dot), 64 * 16 * 2 + 16 * 32 * 2);
   SharedPlan plan = planSharedMemory(*f);
   EXPECT_EQ(plan.offset.at(dot), 0);
   EXPECT_EQ(plan.totalBytes, 64 * 16 * 2 + 16 * 32 * 2);
+}
+
+TEST(SharedMemory, DotBOffsetIsAligned) {
+  Function f("tiny");
+  Builder b(f);
+  Value* a = b.constant(Type(DType::F16, {2, 2}), 1.0);  // 8 bytes
+  Value* bb = b.constant(Type(DType::F16, {2, 2}), 1.0);
+  Value* d = b.dot(a, bb, b.constant(Type(DType::F32, {2, 2}), 0.0));
+  b.ret();
+  EXPECT_EQ(dotScratchBOffset(*d->definingOp()), 16);
+  EXPECT_EQ(scratchBytes(*d->definingOp()), 24);
 }
 
 TEST(SharedMemory, ConvertIsOneSourceTile) {
@@ -119,7 +136,7 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
 TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
   auto f = matmul(64, 64, 32, 4, true);
   assignLayouts(*f, kTarget);
-  LoweringPlan plan = makeLoweringPlan(*f);
+  LoweringPlan plan = planLowering(*f);
   const Op* dot = opsOf(*f, OpKind::Dot)[0];
   EXPECT_EQ(plan.scratchOffset.at(dot), 0);
   EXPECT_EQ(plan.sharedBytes, 64 * 32 * 2 + 32 * 64 * 2);
@@ -131,7 +148,8 @@ TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
 
   auto odd = matmul(64, 64, 32, 4, true, /*dims divisible by*/ 1);
   assignLayouts(*odd, kTarget);
-  EXPECT_TRUE(makeLoweringPlan(*odd).vectorWidth.empty());
+  LoweringPlan oddPlan = planLowering(*odd);
+  for (const auto& [op, w] : oddPlan.vectorWidth) EXPECT_EQ(w, 1) << op->describe();
 }
 
 TEST(SharedMemory, NeedsLayouts) {
@@ -177,12 +195,14 @@ TEST(SharedMemory, RandomReductionsMatchTheFormula) {
     assignLayouts(*f, kTarget);
     const Op* r = opsOf(*f, OpKind::Reduce)[0];
     const Layout& in = *r->operand(0)->type().layout();
-    // Brute force: how many warps hold different parts of one output?
+    // Brute force: do warps hold different parts of one output?
     std::set<int64_t> axisStarts;
     for (int64_t w = 0; w < nw; ++w) axisStarts.insert(in.apply(0, 0, w)[size_t(axis)]);
-    int64_t partials = int64_t(axisStarts.size());
+    const bool crossWarp = axisStarts.size() > 1;
+    EXPECT_EQ(reduceNeedsScratch(*r), crossWarp);
     SharedPlan plan = planSharedMemory(*f);
-    int64_t want = partials > 1 ? partials * (axis == 0 ? bn : bm) * byteWidth(dt) : 0;
+    // One slot per warp id and result element.
+    int64_t want = crossWarp ? int64_t(nw) * (axis == 0 ? bn : bm) * byteWidth(dt) : 0;
     EXPECT_EQ(scratchBytes(*r), want);
     EXPECT_EQ(plan.totalBytes, (want + 15) / 16 * 16);
   }
