@@ -1,0 +1,132 @@
+// reduce(x) {axis, kind}: the result layout is the operand's sliced along
+// axis (Layout::sliced), so every partial result a thread computes lands in
+// one of its own result registers. Three steps, each only where needed:
+//   1. in registers: combine the registers whose coordinates differ only
+//      along axis (in register order);
+//   2. in the warp: butterfly shuffles (shfl.sync.bfly) over each lane bit
+//      whose basis lies along axis; afterwards every lane of a group holds
+//      the same value (the combines are commutative);
+//   3. across warps: when warp bases lie along axis, each warp writes its
+//      partial to scratch [result element][partial index], barrier, every
+//      thread combines the partials of its results in the same order,
+//      barrier.
+// Lane or warp bits whose basis is zero in the operand are replication, not
+// data: they are never combined (a sum would count an element twice).
+// A reduction to rank 0 gives a scalar that every thread holds.
+#include <llvm/IR/IntrinsicsNVPTX.h>
+
+#include "codegen/LowerToLLVMImpl.h"
+
+namespace flextile::codegen {
+
+using ir::DType;
+using ir::Layout;
+
+llvm::Value* Lowering::shuffleXor(llvm::Value* v, int laneMask) {
+  auto shfl32 = [&](llvm::Value* w) {
+    return b.CreateIntrinsic(llvm::Intrinsic::nvvm_shfl_sync_bfly_i32,
+                             llvm::ArrayRef<llvm::Value*>{i32(-1), w, i32(laneMask), i32(0x1f)});
+  };
+  llvm::Type* ty = v->getType();
+  unsigned bits = ty->getPrimitiveSizeInBits();
+  if (bits == 64) {
+    auto* pair = llvm::FixedVectorType::get(b.getInt32Ty(), 2);
+    llvm::Value* halves = b.CreateBitCast(v, pair);
+    llvm::Value* lo = shfl32(b.CreateExtractElement(halves, uint64_t(0)));
+    llvm::Value* hi = shfl32(b.CreateExtractElement(halves, uint64_t(1)));
+    llvm::Value* out = b.CreateInsertElement(b.CreateInsertElement(llvm::PoisonValue::get(pair), lo, uint64_t(0)), hi,
+                                             uint64_t(1));
+    return b.CreateBitCast(out, ty);
+  }
+  llvm::Type* intTy = b.getIntNTy(bits);
+  llvm::Value* w = b.CreateBitCast(v, intTy);
+  if (bits < 32) w = b.CreateZExt(w, b.getInt32Ty());
+  w = shfl32(w);
+  if (bits < 32) w = b.CreateTrunc(w, intTy);
+  return b.CreateBitCast(w, ty);
+}
+
+void Lowering::lowerReduce(const ir::Op& op) {
+  const ir::Value* x = op.operand(0);
+  const ir::Value* res = op.result();
+  const int axis = int(op.intAttr("axis"));
+  const std::string& kind = op.strAttr("kind");
+  if (kind != "sum" && kind != "max" && kind != "min") fail(op, "unknown reduction kind '" + kind + "'");
+  if (!x->type().isTile() || axis < 0 || axis >= x->type().rank())
+    fail(op, "axis " + std::to_string(axis) + " is not a dimension of " + x->type().str());
+  const DType t = x->type().dtype();
+  const Layout& L = layoutOf(x, op);
+  const Layout S = L.sliced(axis);
+  if (auto err = S.verify(); !err.empty())
+    fail(op, "the operand layout " + L.str() + " cannot be reduced along axis " + std::to_string(axis) + ": " + err);
+  if (res->type().isTile() && layoutOf(res, op) != S)
+    fail(op, "result layout " + res->type().layout()->str() + " is not the operand layout sliced along axis " +
+                 std::to_string(axis) + " (" + S.str() + ")");
+  const Regs& xs = get(x);
+
+  // 1. Registers.
+  Regs acc(size_t(S.numRegisters()), nullptr);
+  for (int64_t r = 0; r < L.numRegisters(); ++r) {
+    Layout::Coord c = L.regCoord(r);
+    c.erase(c.begin() + axis);
+    int64_t j = S.registerOf(c);
+    if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
+    llvm::Value*& a = acc[size_t(j)];
+    a = a ? combine(kind, a, xs[size_t(r)], t) : xs[size_t(r)];
+  }
+
+  auto alongAxisOnly = [&](const Layout::Coord& basis) {
+    if (basis[size_t(axis)] == 0) return false;
+    for (size_t d = 0; d < basis.size(); ++d)
+      if (int(d) != axis && basis[d] != 0) return false;
+    return true;
+  };
+  // 2. Lanes.
+  for (size_t i = 0; i < L.laneBases().size(); ++i)
+    if (alongAxisOnly(L.laneBases()[i]))
+      for (auto& a : acc) a = combine(kind, a, shuffleXor(a, 1 << i), t);
+
+  // 3. Warps.
+  const uint32_t warpBits = reduceWarpMask(L, axis);
+  if (warpBits != 0) {
+    const int64_t partials = int64_t(1) << __builtin_popcount(warpBits);
+    const int64_t offset = scratchOffset(op, scratchBytes(op));
+    // This warp's partial index: its warp-index bits along axis, packed.
+    llvm::Value* part = i32(0);
+    int k = 0;
+    for (size_t i = 0; i < L.warpBases().size(); ++i)
+      if (warpBits >> i & 1) part = b.CreateOr(part, b.CreateShl(b.CreateAnd(b.CreateLShr(warp, uint64_t(i)), 1), k++));
+    auto slot = [&](int64_t j, llvm::Value* p) {
+      llvm::Value* elem = S.rank() == 0 ? i32(0) : flatIndex(S.shape(), coordinate(S, j));
+      return b.CreateAdd(b.CreateMul(elem, i32(partials)), p);
+    };
+    // One writer per (element, partial): S's replicated bits, less the warp
+    // bits that index the partials.
+    llvm::Value* owner = threadsWithBitsClear(S.replicatedLaneMask(), S.replicatedWarpMask() & ~warpBits);
+    llvm::BasicBlock* cont = nullptr;
+    if (owner) {
+      auto* write = llvm::BasicBlock::Create(ctx, "reduce.write", kernel);
+      cont = llvm::BasicBlock::Create(ctx, "reduce.written", kernel);
+      b.CreateCondBr(owner, write, cont);
+      b.SetInsertPoint(write);
+    }
+    for (int64_t j = 0; j < S.numRegisters(); ++j) storeShared(sharedAddress(offset, slot(j, part), t), acc[size_t(j)], t);
+    if (owner) {
+      b.CreateBr(cont);
+      b.SetInsertPoint(cont);
+    }
+    barrier();
+    for (int64_t j = 0; j < S.numRegisters(); ++j) {
+      llvm::Value* a = nullptr;
+      for (int64_t p = 0; p < partials; ++p) {
+        llvm::Value* v = loadShared(sharedAddress(offset, slot(j, i32(p)), t), t);
+        a = a ? combine(kind, a, v, t) : v;
+      }
+      acc[size_t(j)] = a;
+    }
+    barrier();
+  }
+  set(res, std::move(acc));
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,449 @@
+#include "codegen/LowerToLLVM.h"
+
+#include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include "codegen/LowerToLLVMImpl.h"
+#include "codegen/NVPTXTarget.h"
+
+namespace flextile::codegen {
+
+using ir::DType;
+using ir::Layout;
+using ir::OpKind;
+
+Lowering::Lowering(const ir::Function& f, const Target& t, const LoweringPlan& p, llvm::LLVMContext& c)
+    : func(f), target(t), plan(p), ctx(c), b(c) {}
+
+// ---- types and values ------------------------------------------------------
+
+llvm::Type* Lowering::llvmType(DType t) {
+  switch (t) {
+    case DType::I1: return b.getInt1Ty();
+    case DType::I8: return b.getInt8Ty();
+    case DType::I32: return b.getInt32Ty();
+    case DType::I64: return b.getInt64Ty();
+    case DType::F16: return b.getHalfTy();
+    case DType::BF16: return b.getBFloatTy();
+    case DType::F32: return b.getFloatTy();
+    case DType::F64: return b.getDoubleTy();
+    case DType::Ptr: return b.getPtrTy(1);
+  }
+  return nullptr;
+}
+
+llvm::Type* Lowering::memoryType(DType t) { return t == DType::I1 ? b.getInt8Ty() : llvmType(t); }
+
+llvm::Type* Lowering::llvmType(const ir::Type& t) { return llvmType(t.dtype()); }
+
+const Regs& Lowering::get(const ir::Value* v) const {
+  auto it = values_.find(v);
+  if (it == values_.end())
+    throw Error("lowering: value %" + std::to_string(v->id()) + " is used before it is defined");
+  return it->second;
+}
+
+void Lowering::set(const ir::Value* v, Regs regs) { values_[v] = std::move(regs); }
+
+void Lowering::fail(const ir::Op& op, const std::string& what) const {
+  throw Error("lowering " + op.describe() + " in kernel '" + func.name() + "': " + what);
+}
+
+const Layout& Lowering::layoutOf(const ir::Value* v, const ir::Op& user) const {
+  const ir::Type& t = v->type();
+  if (!t.hasLayout())
+    fail(user, "tile " + t.str() + " has no layout (run layout assignment before lowering)");
+  const Layout& l = *t.layout();
+  if (l.shape() != t.shape())
+    fail(user, "layout " + l.str() + " does not match the shape " + ir::shapeString(t.shape()));
+  if (l.numWarps() != func.numWarps())
+    fail(user, "layout " + l.str() + " is for " + std::to_string(l.numWarps()) + " warps but the kernel has num_warps=" +
+                   std::to_string(func.numWarps()));
+  return l;
+}
+
+// ---- thread coordinates ----------------------------------------------------
+
+const std::vector<llvm::Value*>& Lowering::threadCoordinate(const Layout& l) {
+  auto key = l.str();
+  auto it = threadCoords_.find(key);
+  if (it != threadCoords_.end()) return it->second;
+  // Computed in the entry block so that it dominates every use.
+  llvm::IRBuilder<> eb(entry->getTerminator());
+  std::vector<llvm::Value*> coord;
+  for (int d = 0; d < l.rank(); ++d) {
+    llvm::Value* c = eb.getInt32(0);
+    auto addBits = [&](llvm::Value* index, const Layout::Bases& bases) {
+      for (size_t i = 0; i < bases.size(); ++i) {
+        if (bases[i][d] == 0) continue;
+        llvm::Value* bit = eb.CreateAnd(eb.CreateLShr(index, uint64_t(i)), 1);
+        c = eb.CreateXor(c, eb.CreateMul(bit, eb.getInt32(uint32_t(bases[i][d]))));
+      }
+    };
+    addBits(lane, l.laneBases());
+    addBits(warp, l.warpBases());
+    coord.push_back(c);
+  }
+  return threadCoords_.emplace(key, std::move(coord)).first->second;
+}
+
+std::vector<llvm::Value*> Lowering::coordinate(const Layout& l, int64_t reg) {
+  const auto& thread = threadCoordinate(l);
+  Layout::Coord rc = l.regCoord(reg);
+  std::vector<llvm::Value*> out;
+  for (int d = 0; d < l.rank(); ++d)
+    out.push_back(rc[d] == 0 ? thread[d] : b.CreateXor(thread[d], i32(rc[d])));
+  return out;
+}
+
+llvm::Value* Lowering::threadsWithBitsClear(uint32_t laneMask, uint32_t warpMask) {
+  if (laneMask == 0 && warpMask == 0) return nullptr;
+  std::string key = std::to_string(laneMask) + "/" + std::to_string(warpMask);
+  if (auto it = ownerPreds_.find(key); it != ownerPreds_.end()) return it->second;
+  llvm::IRBuilder<> eb(entry->getTerminator());
+  llvm::Value* bits = eb.CreateOr(eb.CreateAnd(lane, laneMask), eb.CreateShl(eb.CreateAnd(warp, warpMask), 5));
+  llvm::Value* p = eb.CreateICmpEQ(bits, eb.getInt32(0), "owner");
+  ownerPreds_[key] = p;
+  return p;
+}
+
+llvm::Value* Lowering::flatIndex(const ir::Shape& shape, const std::vector<llvm::Value*>& coord) {
+  llvm::Value* idx = i32(0);
+  for (size_t d = 0; d < shape.size(); ++d) idx = b.CreateAdd(b.CreateMul(idx, i32(shape[d])), coord[d]);
+  return idx;
+}
+
+// ---- f16/bf16 compute in f32 ----------------------------------------------
+
+llvm::Value* Lowering::toCompute(llvm::Value* v, DType t) {
+  return (t == DType::F16 || t == DType::BF16) ? b.CreateFPExt(v, b.getFloatTy()) : v;
+}
+
+llvm::Value* Lowering::fromCompute(llvm::Value* v, DType t) {
+  return (t == DType::F16 || t == DType::BF16) ? b.CreateFPTrunc(v, llvmType(t)) : v;
+}
+
+llvm::Value* Lowering::combine(const std::string& kind, llvm::Value* x, llvm::Value* y, DType t) {
+  if (ir::isFloat(t)) {
+    llvm::Value* a = toCompute(x, t);
+    llvm::Value* c = toCompute(y, t);
+    llvm::Value* r = kind == "sum" ? b.CreateFAdd(a, c)
+                     : kind == "max" ? b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, a, c)
+                                     : b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, a, c);
+    return fromCompute(r, t);
+  }
+  if (kind == "sum") return b.CreateAdd(x, y);
+  bool isBool = t == DType::I1;  // i1 is unsigned: max is or, min is and
+  if (kind == "max") return b.CreateBinaryIntrinsic(isBool ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, x, y);
+  return b.CreateBinaryIntrinsic(isBool ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, x, y);
+}
+
+// ---- register renamings ----------------------------------------------------
+
+std::vector<int64_t> Lowering::registerRenaming(const Layout& from, const Layout& to,
+                                                const std::function<Layout::Coord(const Layout::Coord&)>& coordMap) {
+  // The maps used here (projection, dropping a unit dim, bit relabelling,
+  // permutation) are linear over the coordinate bits, so the thread parts
+  // agree iff every lane and warp basis maps onto the operand's.
+  if (to.laneBases().size() != from.laneBases().size() || to.warpBases().size() != from.warpBases().size()) return {};
+  for (size_t i = 0; i < to.laneBases().size(); ++i)
+    if (coordMap(to.laneBases()[i]) != from.laneBases()[i]) return {};
+  for (size_t i = 0; i < to.warpBases().size(); ++i)
+    if (coordMap(to.warpBases()[i]) != from.warpBases()[i]) return {};
+  std::vector<int64_t> map(size_t(to.numRegisters()));
+  for (int64_t r = 0; r < to.numRegisters(); ++r) {
+    map[size_t(r)] = from.registerOf(coordMap(to.regCoord(r)));
+    if (map[size_t(r)] < 0) return {};
+  }
+  return map;
+}
+
+// ---- shape ops -------------------------------------------------------------
+
+namespace {
+
+int64_t flattenCoord(const ir::Shape& s, const Layout::Coord& c) {
+  int64_t idx = 0;
+  for (size_t d = 0; d < s.size(); ++d) idx = idx * s[d] + c[d];
+  return idx;
+}
+
+Layout::Coord unflattenCoord(const ir::Shape& s, int64_t idx) {
+  Layout::Coord c(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    c[d] = idx % s[d];
+    idx /= s[d];
+  }
+  return c;
+}
+
+}  // namespace
+
+void Lowering::lowerShapeOp(const ir::Op& op) {
+  const ir::Value* res = op.result();
+  const ir::Type& rt = res->type();
+  const size_t n = rt.isTile() ? size_t(layoutOf(res, op).numRegisters()) : 1;
+
+  switch (op.kind()) {
+    case OpKind::Constant: {
+      llvm::Type* ty = llvmType(rt);
+      llvm::Value* c = nullptr;
+      if (ir::isFloat(rt.dtype())) {
+        c = llvm::ConstantFP::get(ty, op.floatAttr("value"));
+      } else if (ir::isInteger(rt.dtype())) {
+        const auto& a = op.attrs().at("value");
+        int64_t v = std::holds_alternative<int64_t>(a) ? std::get<int64_t>(a) : int64_t(op.floatAttr("value"));
+        c = llvm::ConstantInt::get(ty, uint64_t(v), /*isSigned=*/true);
+      } else {
+        fail(op, "constants of type " + rt.str() + " are not supported");
+      }
+      set(res, Regs(n, c));
+      return;
+    }
+    case OpKind::Arange: {
+      if (!rt.isTile() || rt.rank() != 1) fail(op, "arange must produce a 1-d tile, got " + rt.str());
+      const Layout& l = layoutOf(res, op);
+      int64_t start = op.intAttr("start");
+      set(res, mapRegs(n, [&](size_t r) { return b.CreateAdd(coordinate(l, int64_t(r))[0], i32(start)); }));
+      return;
+    }
+    case OpKind::Splat: {
+      const ir::Value* s = op.operand(0);
+      if (!s->type().isScalar()) fail(op, "splat operand must be a scalar, got " + s->type().str());
+      set(res, Regs(n, get(s)[0]));
+      return;
+    }
+    default: break;
+  }
+
+  // broadcast, expand_dims, reshape, trans: renamings of registers.
+  const ir::Value* x = op.operand(0);
+  const Regs& xs = get(x);
+  if (x->type().isScalar()) {  // e.g. expand_dims of a scalar: every element is that scalar
+    set(res, Regs(n, xs[0]));
+    return;
+  }
+  const Layout& from = layoutOf(x, op);
+  if (rt.isScalar()) {  // reshape of a one-element tile to a scalar: every thread holds it
+    if (x->type().numElements() != 1) fail(op, "cannot reshape " + x->type().str() + " to a scalar");
+    set(res, {xs[0]});
+    return;
+  }
+  const Layout& to = layoutOf(res, op);
+  const ir::Shape& xShape = x->type().shape();
+  std::function<Layout::Coord(const Layout::Coord&)> coordMap;
+  switch (op.kind()) {
+    case OpKind::Broadcast:
+      if (x->type().rank() != rt.rank())
+        fail(op, "broadcast from " + x->type().str() + " to " + rt.str() + " changes the rank");
+      coordMap = [&](const Layout::Coord& c) {
+        Layout::Coord o = c;
+        for (size_t d = 0; d < o.size(); ++d)
+          if (xShape[d] == 1) o[d] = 0;
+        return o;
+      };
+      break;
+    case OpKind::ExpandDims: {
+      int64_t axis = op.intAttr("axis");
+      coordMap = [axis](const Layout::Coord& c) {
+        Layout::Coord o = c;
+        o.erase(o.begin() + axis);
+        return o;
+      };
+      break;
+    }
+    case OpKind::Reshape:
+      if (x->type().numElements() != rt.numElements())
+        fail(op, "reshape from " + x->type().str() + " to " + rt.str() + " changes the element count");
+      coordMap = [&](const Layout::Coord& c) { return unflattenCoord(xShape, flattenCoord(rt.shape(), c)); };
+      break;
+    case OpKind::Trans: {
+      const auto& perm = op.intsAttr("perm");
+      coordMap = [perm](const Layout::Coord& c) {
+        Layout::Coord o(c.size());
+        for (size_t i = 0; i < perm.size(); ++i) o[size_t(perm[i])] = c[i];
+        return o;
+      };
+      break;
+    }
+    default: fail(op, "not a shape op");
+  }
+  std::vector<int64_t> map = registerRenaming(from, to, coordMap);
+  if (map.empty())
+    fail(op, "result layout " + to.str() + " is not a register renaming of the operand layout " + from.str() +
+                 " (layout assignment must make " + std::string(op.name()) + " register-local)");
+  set(res, mapRegs(n, [&](size_t r) { return xs[size_t(map[r])]; }));
+}
+
+// ---- driver ----------------------------------------------------------------
+
+void Lowering::lowerOp(const ir::Op& op) {
+  switch (op.kind()) {
+    case OpKind::ProgramId:
+    case OpKind::NumPrograms: {
+      static const llvm::Intrinsic::ID ids[2][3] = {
+          {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y,
+           llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z},
+          {llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_y,
+           llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_z}};
+      int64_t axis = op.intAttr("axis");
+      if (axis < 0 || axis > 2) fail(op, "grid axis " + std::to_string(axis) + " is not 0, 1 or 2");
+      set(op.result(), {b.CreateIntrinsic(ids[op.kind() == OpKind::NumPrograms][axis], llvm::ArrayRef<llvm::Value*>{})});
+      return;
+    }
+    case OpKind::Constant:
+    case OpKind::Arange:
+    case OpKind::Splat:
+    case OpKind::Broadcast:
+    case OpKind::ExpandDims:
+    case OpKind::Reshape:
+    case OpKind::Trans: lowerShapeOp(op); return;
+    case OpKind::Neg:
+    case OpKind::Not:
+    case OpKind::Exp:
+    case OpKind::Exp2:
+    case OpKind::Log:
+    case OpKind::Log2:
+    case OpKind::Tanh:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
+    case OpKind::Abs:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Rem:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::And:
+    case OpKind::Or:
+    case OpKind::Xor:
+    case OpKind::Shl:
+    case OpKind::Shr:
+    case OpKind::Cmp:
+    case OpKind::Select:
+    case OpKind::Cast:
+    case OpKind::AddPtr: lowerElementwise(op); return;
+    case OpKind::Load: lowerLoad(op); return;
+    case OpKind::Store: lowerStore(op); return;
+    case OpKind::Reduce: lowerReduce(op); return;
+    case OpKind::Dot: lowerDot(op); return;
+    case OpKind::For: lowerFor(op); return;
+    case OpKind::Yield: return;  // read by lowerFor
+    case OpKind::Return: b.CreateRetVoid(); return;
+    case OpKind::ConvertLayout: lowerConvertLayout(op); return;
+  }
+  fail(op, "unknown op");
+}
+
+void Lowering::lowerBlock(const ir::Block& block) {
+  for (const auto& op : block.ops()) lowerOp(*op);
+}
+
+std::unique_ptr<llvm::Module> Lowering::run() {
+  module = std::make_unique<llvm::Module>(func.name(), ctx);
+  module->setTargetTriple(llvm::Triple("nvptx64-nvidia-cuda"));
+
+  // Kernel ABI (codegen/Compiler.h): pointers are global addresses, f16/bf16
+  // scalars arrive as f32. Pointer parameters are not noalias: a kernel may
+  // be given overlapping tensors (in-place updates).
+  std::vector<llvm::Type*> paramTypes;
+  for (const ir::Value* p : func.params()) {
+    const ir::Type& t = p->type();
+    if (!t.isScalar())
+      throw Error("lowering kernel '" + func.name() + "': parameter %" + std::to_string(p->id()) + " of type " +
+                  t.str() + " is a tile; kernel parameters are scalars or pointers");
+    switch (t.dtype()) {
+      case DType::Ptr: paramTypes.push_back(b.getPtrTy(1)); break;
+      case DType::I32: paramTypes.push_back(b.getInt32Ty()); break;
+      case DType::I64: paramTypes.push_back(b.getInt64Ty()); break;
+      case DType::F16:
+      case DType::BF16:
+      case DType::F32: paramTypes.push_back(b.getFloatTy()); break;
+      case DType::F64: paramTypes.push_back(b.getDoubleTy()); break;
+      default:
+        throw Error("lowering kernel '" + func.name() + "': parameter %" + std::to_string(p->id()) + " has type " +
+                    t.str() + ", which the kernel ABI does not pass (use i32)");
+    }
+  }
+  auto* fnTy = llvm::FunctionType::get(b.getVoidTy(), paramTypes, false);
+  kernel = llvm::Function::Create(fnTy, llvm::GlobalValue::ExternalLinkage, func.name(), module.get());
+  kernel->setCallingConv(llvm::CallingConv::PTX_Kernel);
+  kernel->addFnAttr("nvvm.maxntid", std::to_string(32 * func.numWarps()));
+  kernel->addFnAttr(llvm::Attribute::NoUnwind);
+
+  // Dynamic shared memory: one extern array, sized at launch.
+  sharedBase = new llvm::GlobalVariable(*module, llvm::ArrayType::get(b.getInt8Ty(), 0), false,
+                                        llvm::GlobalValue::ExternalLinkage, nullptr, "global_smem", nullptr,
+                                        llvm::GlobalValue::NotThreadLocal, 3);
+  sharedBase->setAlignment(llvm::Align(16));
+
+  entry = llvm::BasicBlock::Create(ctx, "entry", kernel);
+  auto* body = llvm::BasicBlock::Create(ctx, "body", kernel);
+  b.SetInsertPoint(entry);
+  tid = b.CreateIntrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, llvm::ArrayRef<llvm::Value*>{}, nullptr, "tid");
+  lane = b.CreateAnd(tid, 31, "lane");
+  warp = b.CreateLShr(tid, 5, "warp");
+  for (size_t i = 0; i < func.params().size(); ++i) {
+    const ir::Value* p = func.params()[i];
+    llvm::Value* a = kernel->getArg(unsigned(i));
+    a->setName(p->nameHint().empty() ? "arg" + std::to_string(i) : p->nameHint());
+    DType t = p->type().dtype();
+    if (t == DType::F16 || t == DType::BF16) a = b.CreateFPTrunc(a, llvmType(t));
+    set(p, {a});
+  }
+  b.CreateBr(body);
+  b.SetInsertPoint(body);
+
+  lowerBlock(func.body());
+  if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyModule(*module, &os))
+    throw Error("lowering kernel '" + func.name() + "' produced invalid LLVM IR: " + err);
+  return std::move(module);
+}
+
+// ---- plan helpers ----------------------------------------------------------
+
+LoweringPlan overlappingScratchPlan(const ir::Function& f) {
+  LoweringPlan plan;
+  f.walk([&](const ir::Op& op) {
+    int64_t need = scratchBytes(op);
+    if (need == 0) return;
+    plan.scratchOffset[&op] = 0;
+    plan.sharedBytes = std::max(plan.sharedBytes, need);
+  });
+  return plan;
+}
+
+int64_t Lowering::scratchOffset(const ir::Op& op, int64_t needed) {
+  auto it = plan.scratchOffset.find(&op);
+  if (it == plan.scratchOffset.end()) fail(op, "the shared-memory plan has no scratch for this op");
+  if (it->second < 0 || it->second + needed > plan.sharedBytes)
+    fail(op, "the shared-memory plan gives scratch at byte " + std::to_string(it->second) + " of " +
+                 std::to_string(plan.sharedBytes) + " but the op needs " + std::to_string(needed) + " bytes");
+  return it->second;
+}
+
+LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const LoweringPlan& plan) {
+  NVPTXTarget nvptx(target);
+  llvm::LLVMContext ctx;
+  std::unique_ptr<llvm::Module> module = lowerToLLVM(f, target, plan, ctx);
+  nvptx.optimize(*module);
+  LoweredKernel out;
+  llvm::raw_string_ostream os(out.llvmIR);
+  module->print(os, nullptr);
+  out.ptx = nvptx.emitPTX(*module);
+  return out;
+}
+
+std::unique_ptr<llvm::Module> lowerToLLVM(const ir::Function& f, const Target& target, const LoweringPlan& plan,
+                                          llvm::LLVMContext& ctx) {
+  Lowering lowering(f, target, plan, ctx);
+  return lowering.run();
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,75 @@
+// Lowering of layout-carrying tile IR to LLVM IR for the NVPTX backend.
+//
+// Input: a verified function in which every tile value carries a layout (see
+// ir/Layout.h and the rules AssignLayouts establishes). Output: an LLVM module
+// (triple nvptx64-nvidia-cuda) with one `ptx_kernel` function whose parameters
+// follow the kernel ABI of codegen/Compiler.h.
+//
+// Representation. A tile value becomes one LLVM value per register of its
+// layout; register r of thread (lane, warp) holds the element at
+// Layout::apply(r, lane, warp). A scalar becomes one LLVM value, the same in
+// every thread of the program. lane = tid % 32, warp = tid / 32.
+//
+// Only codegen/*.cpp see LLVM: this header names LLVM classes by forward
+// declaration alone, and no header outside codegen/ includes it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "codegen/Target.h"
+#include "ir/IR.h"
+
+namespace llvm {
+class LLVMContext;
+class Module;
+}  // namespace llvm
+
+namespace flextile::codegen {
+
+// What the lowering needs beyond the IR: where each op's shared-memory
+// scratch lives and how wide each global access may be.
+struct LoweringPlan {
+  // Byte offset into the kernel's dynamic shared memory of the scratch of
+  // each op that needs one (convert_layout, reduce across warps, dot).
+  std::map<const ir::Op*, int64_t> scratchOffset;
+  // Dynamic shared memory per block (bytes): at least every offset plus its
+  // op's scratchBytes().
+  int64_t sharedBytes = 0;
+  // Elements per global access of each load/store along the layout's fastest
+  // contiguous dimension (1 when absent). The lowering lowers it further when
+  // the layout holds fewer contiguous registers.
+  std::map<const ir::Op*, int> vectorWidth;
+};
+
+// Bytes of shared-memory scratch the lowering of `op` uses (0: none). The
+// scratch is used between barriers: written, barrier, read, barrier. So the
+// scratch of different ops may overlap, and a plan that puts every op at
+// offset 0 and sizes the block for the largest one is valid.
+//   convert_layout T[s]  : numElements(s) * bytes(T), row-major by coordinate
+//   reduce across warps  : numElements(result) * partials * bytes(T), where
+//                          partials = 2^(warp bits along the axis)
+//   dot a[M,K] b[K,N]    : a row-major at 0, then b row-major
+// (i1 is stored as one byte.)
+int64_t scratchBytes(const ir::Op& op);
+
+// A plan with every scratch at offset 0 (see scratchBytes).
+LoweringPlan overlappingScratchPlan(const ir::Function& f);
+
+// Lowering, LLVM O3 and PTX emission of a function that already carries
+// layouts, under a given plan: compile() without the IR passes, for tests
+// and tools that want to pin the plan (e.g. vector widths).
+struct LoweredKernel {
+  std::string llvmIR;  // after O3, as the NVPTX backend sees it
+  std::string ptx;
+};
+LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const LoweringPlan& plan);
+
+// Lowers `f` into a new module of `ctx`. Throws flextile::Error naming the op
+// when the IR breaks a layout rule or uses something the lowering lacks.
+std::unique_ptr<llvm::Module> lowerToLLVM(const ir::Function& f, const Target& target, const LoweringPlan& plan,
+                                          llvm::LLVMContext& ctx);
+
+}  // namespace flextile::codegen

@@ -1,0 +1,126 @@
+// The lowering's shared state, used by codegen/Lower*.cpp only (this is the
+// one codegen header that includes LLVM; nothing outside those files may
+// include it). One Lowering object lowers one function; each op family has
+// its own file:
+//   LowerToLLVM.cpp            driver, kernel ABI, thread coordinates, shape ops
+//   LowerElementwise.cpp       unary/binary math, cmp, select, cast, addptr
+//   LowerMemory.cpp            global load/store (predicated, vectorized)
+//   LowerReduce.cpp            reduce: registers, warp shuffles, shared memory
+//   LowerDot.cpp               dot through shared memory with f32 FMAs
+//   LowerControlFlow.cpp       for/yield
+//   LowerLayoutConversion.cpp  convert_layout and the shared-memory helpers
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "codegen/LowerToLLVM.h"
+
+namespace flextile::codegen {
+
+using Regs = std::vector<llvm::Value*>;
+
+class Lowering {
+ public:
+  Lowering(const ir::Function& f, const Target& target, const LoweringPlan& plan, llvm::LLVMContext& ctx);
+  std::unique_ptr<llvm::Module> run();
+
+  // ---- shared helpers (LowerToLLVM.cpp) ----
+  llvm::Type* llvmType(ir::DType t);           // element type in registers (i1 for I1)
+  llvm::Type* memoryType(ir::DType t);         // element type in memory (i8 for I1)
+  llvm::Type* llvmType(const ir::Type& t);     // element type; pointee-aware for pointers
+  const Regs& get(const ir::Value* v) const;
+  void set(const ir::Value* v, Regs regs);
+  const ir::Layout& layoutOf(const ir::Value* v, const ir::Op& user) const;  // throws when absent
+  [[noreturn]] void fail(const ir::Op& op, const std::string& what) const;
+
+  // Coordinate (one i32 per dim) of register `reg` of this thread.
+  std::vector<llvm::Value*> coordinate(const ir::Layout& l, int64_t reg);
+  // The thread-dependent part of a layout's coordinates (one i32 per dim),
+  // computed once per layout in the entry block.
+  const std::vector<llvm::Value*>& threadCoordinate(const ir::Layout& l);
+  // True in exactly one thread of every group of threads holding the same
+  // elements of `l` (see Layout::replicatedLaneMask); null when no thread is
+  // replicated. `extraLaneMask`/`extraWarpMask` add bits treated as replicated.
+  llvm::Value* ownerPredicate(const ir::Layout& l) {
+    return threadsWithBitsClear(l.replicatedLaneMask(), l.replicatedWarpMask());
+  }
+  // (lane & laneMask) == 0 && (warp & warpMask) == 0, computed once in the
+  // entry block; null when both masks are 0.
+  llvm::Value* threadsWithBitsClear(uint32_t laneMask, uint32_t warpMask);
+  // Flat row-major index of a coordinate (i32).
+  llvm::Value* flatIndex(const ir::Shape& shape, const std::vector<llvm::Value*>& coord);
+  llvm::Value* i32(int64_t v) { return b.getInt32(uint32_t(v)); }
+
+  // Converts between a register value and f32 for f16/bf16 arithmetic.
+  llvm::Value* toCompute(llvm::Value* v, ir::DType t);
+  llvm::Value* fromCompute(llvm::Value* v, ir::DType t);
+  // One step of a reduction (kind: sum, max, min) on register values of t.
+  llvm::Value* combine(const std::string& kind, llvm::Value* a, llvm::Value* b, ir::DType t);
+  // shfl.sync.bfly over the full warp, for a value of any register type.
+  llvm::Value* shuffleXor(llvm::Value* v, int laneMask);
+
+  // ---- shared memory (LowerLayoutConversion.cpp) ----
+  llvm::Value* sharedAddress(int64_t scratchOffset, llvm::Value* elementIndex, ir::DType t);
+  void storeShared(llvm::Value* addr, llvm::Value* v, ir::DType t);
+  llvm::Value* loadShared(llvm::Value* addr, ir::DType t);
+  void barrier();
+  int64_t scratchOffset(const ir::Op& op, int64_t needed);
+  // Writes the tile `regs` (layout l) row-major into scratch at `offset`, by
+  // one thread per element group; reads it back in layout `to`. No barriers.
+  void storeTileToShared(const Regs& regs, const ir::Layout& l, ir::DType t, int64_t offset);
+  Regs loadTileFromShared(const ir::Layout& to, ir::DType t, int64_t offset);
+  // Register i of `to` taken from register map[i] of the operand when the two
+  // layouts differ only by a renaming of registers under `coordMap` (which
+  // maps a coordinate of `to` to one of `from`); empty when they don't.
+  static std::vector<int64_t> registerRenaming(const ir::Layout& from, const ir::Layout& to,
+                                        const std::function<ir::Layout::Coord(const ir::Layout::Coord&)>& coordMap);
+
+  // ---- op families ----
+  void lowerBlock(const ir::Block& block);
+  void lowerOp(const ir::Op& op);
+  void lowerShapeOp(const ir::Op& op);         // constant arange splat broadcast expand_dims reshape trans
+  void lowerElementwise(const ir::Op& op);     // LowerElementwise.cpp
+  void lowerLoad(const ir::Op& op);            // LowerMemory.cpp
+  void lowerStore(const ir::Op& op);
+  void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
+  void lowerDot(const ir::Op& op);             // LowerDot.cpp
+  void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp
+  void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
+
+  const ir::Function& func;
+  const Target& target;
+  const LoweringPlan& plan;
+  llvm::LLVMContext& ctx;
+  std::unique_ptr<llvm::Module> module;
+  llvm::IRBuilder<> b;
+  llvm::Function* kernel = nullptr;
+  llvm::BasicBlock* entry = nullptr;  // thread coordinates live here, before its branch
+  llvm::GlobalVariable* sharedBase = nullptr;
+  llvm::Value* tid = nullptr;
+  llvm::Value* lane = nullptr;
+  llvm::Value* warp = nullptr;
+
+ private:
+  std::unordered_map<const ir::Value*, Regs> values_;
+  std::unordered_map<std::string, std::vector<llvm::Value*>> threadCoords_;
+  std::unordered_map<std::string, llvm::Value*> ownerPreds_;
+};
+
+// Warp bits of `l` whose basis lies along `axis` alone (LowerLayoutConversion.cpp).
+uint32_t reduceWarpMask(const ir::Layout& l, int axis);
+
+// The LLVM values of a tile are per register; elementwise maps are common.
+template <class F>
+Regs mapRegs(size_t n, F&& f) {
+  Regs out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = f(i);
+  return out;
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,104 @@
+#include "codegen/NVPTXTarget.h"
+
+#include <llvm/ADT/SmallString.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Module.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/CodeGen.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Target/TargetOptions.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "ir/IR.h"
+
+namespace flextile::codegen {
+
+namespace {
+
+void initializeLLVMOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+  });
+}
+
+}  // namespace
+
+NVPTXTarget::NVPTXTarget(const Target& target) : target_(target), cpu_(target.smName()) {
+  switch (target.capability) {
+    case 75:
+    case 80:
+    case 86:
+    case 87:
+    case 89:
+    case 90: ptxVersion_ = 80; break;
+    case 100:
+    case 120: ptxVersion_ = 87; break;
+    default:
+      throw Error("codegen: no NVPTX target for compute capability " + std::to_string(target.capability / 10) + "." +
+                  std::to_string(target.capability % 10) + " (supported: 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0)");
+  }
+}
+
+llvm::TargetMachine& NVPTXTarget::machine() const {
+  initializeLLVMOnce();
+  thread_local std::map<std::string, std::unique_ptr<llvm::TargetMachine>> machines;
+  std::string key = cpu_ + features();
+  auto& tm = machines[key];
+  if (!tm) {
+    std::string err;
+    llvm::Triple tt(triple());
+    const llvm::Target* t = llvm::TargetRegistry::lookupTarget(tt, err);
+    if (!t) throw Error("codegen: LLVM has no NVPTX target: " + err);
+    llvm::TargetOptions options;
+    tm.reset(t->createTargetMachine(tt, cpu_, features(), options, std::nullopt, std::nullopt,
+                                    llvm::CodeGenOptLevel::Aggressive));
+    if (!tm) throw Error("codegen: LLVM could not create a TargetMachine for " + cpu_ + " " + features());
+  }
+  return *tm;
+}
+
+void NVPTXTarget::optimize(llvm::Module& module) const {
+  llvm::TargetMachine& tm = machine();
+  module.setTargetTriple(llvm::Triple(triple()));
+  module.setDataLayout(tm.createDataLayout());
+
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PassBuilder pb(&tm);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  mpm.run(module, mam);
+}
+
+std::string NVPTXTarget::emitPTX(llvm::Module& module) const {
+  llvm::TargetMachine& tm = machine();
+  if (module.getDataLayout() != tm.createDataLayout()) {
+    module.setTargetTriple(llvm::Triple(triple()));
+    module.setDataLayout(tm.createDataLayout());
+  }
+  llvm::SmallString<0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
+    throw Error("codegen: the NVPTX backend cannot emit assembly for " + cpu_);
+  pm.run(module);
+  return std::string(buffer.str());
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,49 @@
+// The one owner of LLVM's NVPTX target: capability -> CPU name and PTX
+// version, the TargetMachine, the O3 pipeline and PTX emission.
+//
+// PTX ISA version: 8.0 for sm_75..sm_90a (the least that sm_90a accepts, so
+// the PTX loads on any driver of CUDA 12.0 or later), 8.7 for sm_100/sm_120.
+// LLVM 22 emits up to PTX 9.0 and ptxas 13 reads it; a lower version only
+// widens the set of drivers that can JIT the result.
+//
+// Thread safety: LLVM is initialised once (std::call_once). Each thread owns
+// its TargetMachine per target, created on first use, because LLVM does not
+// promise that one TargetMachine may run two code generations at once; the
+// autotuner compiles candidates on several threads.
+#pragma once
+
+#include <string>
+
+#include "codegen/Target.h"
+
+namespace llvm {
+class Module;
+class TargetMachine;
+}  // namespace llvm
+
+namespace flextile::codegen {
+
+class NVPTXTarget {
+ public:
+  // Throws flextile::Error for a capability FlexTile does not compile for.
+  explicit NVPTXTarget(const Target& target);
+
+  const Target& target() const { return target_; }
+  const std::string& cpu() const { return cpu_; }          // "sm_90a"
+  int ptxVersion() const { return ptxVersion_; }           // 80 = PTX ISA 8.0
+  std::string features() const { return "+ptx" + std::to_string(ptxVersion_); }
+  static const char* triple() { return "nvptx64-nvidia-cuda"; }
+
+  // Sets the module's triple and data layout, then runs LLVM's O3 pipeline.
+  void optimize(llvm::Module& module) const;
+  // The NVPTX backend: PTX text of the module.
+  std::string emitPTX(llvm::Module& module) const;
+
+ private:
+  llvm::TargetMachine& machine() const;
+  Target target_;
+  std::string cpu_;
+  int ptxVersion_;
+};
+
+}  // namespace flextile::codegen

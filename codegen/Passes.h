@@ -1,0 +1,44 @@
+// Codegen passes over tile IR (see each .cpp for what it does and why).
+#pragma once
+
+#include <cstdint>
+
+#include "codegen/Target.h"
+#include "ir/IR.h"
+
+namespace flextile::codegen {
+
+class AxisInfoAnalysis;
+
+// Layout assignment (codegen/passes/AssignLayouts.cpp): turns shape-only IR
+// into IR where every tile value carries a layout, inserting convert_layout
+// only where a value computed in one layout is needed in another. The rules
+// the result satisfies (checked by the verifier, relied on by the lowering):
+//   element-wise op        all tile operands and the result share one layout
+//   constant/arange/splat  any layout
+//   broadcast              operand == result.projected(operand shape)
+//   expand_dims            operand == result.sliced(axis)
+//   reshape / trans        result == operand.reshaped(shape) / .transposed(perm)
+//   reduce                 result == operand.sliced(axis) (a scalar result has none)
+//   load / store           ptr, mask, other and value share one layout
+//   dot                    acc and result share one layout; a, b any layout
+//   for                    init i, body arg i+1, result i, yield operand i share one
+//   convert_layout         any -> any
+// Input layouts and convert_layout ops are dropped first, so the pass may run
+// on its own output. Throws flextile::Error for IR it cannot lay out (a tile
+// dimension that is not a power of two).
+void assignLayouts(ir::Function& f, const Target& target);
+
+// The layout a load or store "wants" for coalesced, vectorized accesses: a
+// blocked layout whose fastest dimension is the pointer's most contiguous
+// one, with vectorWidth(ptr, mask) elements per thread along it (fewer when
+// the tile has fewer elements than threads times that). Exposed for tests and
+// for the lowering's diagnostics.
+ir::Layout coalescedLayout(const ir::Op& loadOrStore, const AxisInfoAnalysis& axis, int numWarps);
+
+// A blocked layout of `shape` with `vec` contiguous elements per thread
+// along `fastDim`, lanes filling fastDim first then the other dimensions from
+// the last to the first, warps filling the slowest dimensions first.
+ir::Layout blockedLayout(const ir::Shape& shape, int numWarps, int fastDim, int64_t vec);
+
+}  // namespace flextile::codegen

@@ -1,0 +1,107 @@
+#include "codegen/SharedMemory.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace flextile::codegen {
+
+using ir::Op;
+using ir::OpKind;
+
+namespace {
+constexpr int64_t kAlign = 16;
+int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+int64_t tileBytes(const ir::Value* v) { return v->type().numElements() * ir::byteWidth(v->type().dtype()); }
+}  // namespace
+
+bool reduceNeedsScratch(const Op& reduce) {
+  const auto& layout = reduce.operand(0)->type().layout();
+  if (!layout) throw Error(reduce.describe() + ": shared-memory planning needs layouts (run assignLayouts first)");
+  int axis = int(reduce.intAttr("axis"));
+  for (const auto& b : layout->warpBases())
+    if (b[size_t(axis)] != 0) return true;
+  return false;
+}
+
+int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }
+
+int64_t scratchBytes(const Op& op) {
+  switch (op.kind()) {
+    case OpKind::ConvertLayout:
+      return tileBytes(op.operand(0));
+    case OpKind::Reduce:
+      if (!op.operand(0)->type().isTile() || !reduceNeedsScratch(op)) return 0;
+      return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
+             ir::byteWidth(op.result()->type().dtype());
+    case OpKind::Dot:
+      return dotScratchBOffset(op) + tileBytes(op.operand(1));
+    default:
+      return 0;
+  }
+}
+
+SharedPlan planSharedMemory(const ir::Function& f) {
+  // Live ranges in program order: today every buffer lives exactly at its op.
+  struct Buffer {
+    const Op* owner;
+    int64_t bytes;
+    int start, end;
+    int64_t offset = 0;
+  };
+  std::vector<Buffer> buffers;
+  int position = 0;
+  f.walk([&](const Op& op) {
+    int64_t b = scratchBytes(op);
+    if (b > 0) buffers.push_back({&op, alignUp(b, kAlign), position, position});
+    ++position;
+  });
+  // Greedy by size (largest first): each buffer takes the lowest aligned
+  // offset not used by an already placed buffer whose live range overlaps.
+  std::vector<Buffer*> order;
+  for (auto& b : buffers) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(), [](const Buffer* a, const Buffer* b) { return a->bytes > b->bytes; });
+  std::vector<const Buffer*> placed;
+  int64_t total = 0;
+  for (Buffer* b : order) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const Buffer* p : placed)
+      if (p->start <= b->end && b->start <= p->end) busy.push_back({p->offset, p->offset + p->bytes});
+    std::sort(busy.begin(), busy.end());
+    int64_t off = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto [lo, hi] : busy)
+        if (off + b->bytes > lo && off < hi) {
+          off = alignUp(hi, kAlign);
+          moved = true;
+        }
+    }
+    b->offset = off;
+    placed.push_back(b);
+    total = std::max(total, off + b->bytes);
+  }
+  SharedPlan plan;
+  for (const auto& b : buffers) {
+    if (b.offset + b.bytes > int64_t(1) << 30)
+      throw Error(b.owner->describe() + ": needs " + std::to_string(b.bytes) + " bytes of shared memory");
+    plan.offset[b.owner] = int(b.offset);
+    plan.bytes[b.owner] = int(b.bytes);
+  }
+  plan.totalBytes = int(total);
+  return plan;
+}
+
+void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target) {
+  if (plan.totalBytes <= target.maxSharedBytesPerBlock()) return;
+  const Op* biggest = nullptr;
+  for (const auto& [op, bytes] : plan.bytes)
+    if (!biggest || bytes > plan.bytes.at(biggest)) biggest = op;
+  throw Error("function '" + f.name() + "' needs " + std::to_string(plan.totalBytes) +
+              " bytes of shared memory, " + target.smName() + " allows " +
+              std::to_string(target.maxSharedBytesPerBlock()) +
+              (biggest ? "; the largest user is " + biggest->describe() + " with " +
+                             std::to_string(plan.bytes.at(biggest)) + " bytes"
+                       : ""));
+}
+
+}  // namespace flextile::codegen

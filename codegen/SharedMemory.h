@@ -1,0 +1,64 @@
+// Shared-memory planning: which byte range of the kernel's dynamic shared
+// memory each op that needs scratch uses. Runs after layout assignment; the
+// lowering reads the plan and must follow the formulas below exactly.
+//
+// Scratch, per op (elemBytes = ir::byteWidth: i1 is 1 byte, pointers 8):
+//   convert_layout  one tile of the source: numElements * elemBytes.
+//                   Element (i0, ..., ik) lives at base + rowMajorIndex * elemBytes
+//                   (rowMajorIndex = ((i0 * s1 + i1) * s2 + ...) + ik; no padding,
+//                   no swizzle for now: issue #3 adds swizzled shared layouts).
+//   reduce          only when the operand layout has a warp basis with a non-zero
+//                   coordinate along the reduced axis (warps hold different parts
+//                   of one reduction): numWarps * numElements(result) * elemBytes.
+//                   The partial of warp w (the full warp id, 0..numWarps-1) for
+//                   result element i (row-major index; 0 for a scalar result)
+//                   lives at base + (w * numElements(result) + i) * elemBytes.
+//                   Warps that replicate (differ only in bits whose warp basis is
+//                   zero) write identical partials; readers combine the partials
+//                   of the warps that differ only in the axis bits.
+//   dot             a and b staged row-major: a [M, K] at base, b [K, N] at
+//                   base + dotScratchBOffset(op) (a's bytes rounded up to 16).
+//   anything else   none.
+// Every base offset is a multiple of 16 bytes.
+//
+// Reuse rule. Each op's scratch is live only while that op executes: it is
+// written and read inside the op's own lowering. Buffers whose live ranges do
+// not overlap may share bytes; today that is all of them, so every scratch
+// starts at 0 and the total is the largest one. The lowering keeps this safe
+// with two barriers per scratch-using op:
+//   1. bar.sync before its first write to scratch (an earlier op, or the same
+//      op in the previous loop iteration, may still be reading the bytes), and
+//   2. bar.sync between its writes and its reads.
+// Buffers that live longer (pipelined K/V stages, issue #3) will get live
+// ranges spanning loops, and the allocator gives overlapping ranges disjoint
+// bytes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "codegen/Target.h"
+#include "ir/IR.h"
+
+namespace flextile::codegen {
+
+struct SharedPlan {
+  std::map<const ir::Op*, int> offset;  // base byte offset of each op with scratch
+  std::map<const ir::Op*, int> bytes;   // its size in bytes
+  int totalBytes = 0;                   // dynamic shared memory the kernel needs
+};
+
+// The scratch bytes `op` needs (0: none). A reduce needs its operand's layout.
+int64_t scratchBytes(const ir::Op& op);
+// Whether a reduce combines partials of several warps through shared memory.
+bool reduceNeedsScratch(const ir::Op& reduce);
+// Offset of a dot's b tile from the dot's scratch base.
+int64_t dotScratchBOffset(const ir::Op& dot);
+
+SharedPlan planSharedMemory(const ir::Function& f);
+
+// Throws flextile::Error naming the largest users when the plan does not fit
+// the target's shared memory.
+void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target);
+
+}  // namespace flextile::codegen

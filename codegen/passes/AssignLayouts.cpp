@@ -1,0 +1,631 @@
+// Layout assignment: from shape-only tile IR to IR in which every tile value
+// says which thread holds which element (ir/Layout.h), with as few layout
+// conversions (a round trip through shared memory each) as we can manage.
+//
+// The problem. Each op constrains the layouts of its operands and results
+// (the table in codegen/Passes.h). Some values have a layout they *should*
+// have: a load wants the layout in which each thread reads a 16-byte vector
+// and a warp reads consecutive memory; a dot produces its accumulator in the
+// layout its lowering computes. Everything else can follow. When two
+// constraints disagree on one value, the value must be converted.
+//
+// The key observation (shared with Triton's RemoveLayoutConversions): much of
+// a kernel is index arithmetic built from aranges, splats of scalars and
+// constants. Such a value costs a few integer instructions per element to
+// compute in *any* layout, far less than moving it through shared memory. So
+// we never convert it: we recompute it, in the layout each user needs.
+//
+// Vocabulary: every value falls in one of four classes.
+//   scalar    rank 0, uniform across the program's threads: no layout at all.
+//   cheap     a tile computed only from constant, arange, splat (of any
+//             scalar) and element-wise / broadcast / expand_dims / reshape /
+//             trans ops over cheap tiles. Rematerialized on demand.
+//   view      broadcast / expand_dims / reshape / trans whose operand is not
+//             cheap, or an element-wise op over views and cheap tiles only.
+//             Also given the layout its user demands; its non-cheap leaves
+//             are converted if they do not already have the implied layout.
+//             (A view of a row maximum used against the tile it came from
+//             implies exactly the maximum's own layout: no conversion.)
+//   computed  loads, reductions, dots, loop-carried values and loop results,
+//             and element-wise ops with at least one computed operand. Each
+//             has one layout for its whole life.
+//
+// Phase 1, plan (program order, loops iterated to a fixpoint). Give every
+// computed value its layout:
+//   load       the layout of its pointer when that is computed (a pointer
+//              carried by a loop), else the coalesced layout of the access
+//              (codegen::coalescedLayout: contiguous dim fastest, as many
+//              elements per thread as a 16-byte vector, alignment, contiguity
+//              and mask constancy allow).
+//   dot        the accumulator's layout when it is computed, else a default
+//              blocked layout of the result shape.
+//   reduce     operand layout sliced along the axis (a cheap or view operand
+//              is materialized in the layout its computed leaves imply, see
+//              store, or else in the default blocked layout).
+//   elementwise  the layout of its first computed operand whose layout is
+//              known.
+//   for        a carried value takes its init's layout when the init is
+//              computed, else the layout of what the body yields. The body is
+//              planned with such carried values unknown; once the yielded
+//              value's layout is known, the carried value takes it and the
+//              body is planned again, until nothing changes. A carried value
+//              still unknown then (it only feeds itself, like a pointer
+//              advanced each iteration) takes the layout its users in the
+//              body require (a load through it: that load's coalesced layout),
+//              found by walking requirements backwards through element-wise
+//              ops; failing that the coalesced layout of a pointer, or the
+//              default blocked layout.
+//   store      (no result) takes the layout of its value if computed, else of
+//              its pointer if computed, else its coalesced layout. A view
+//              value counts as computed when its layout follows from its
+//              computed leaves (expand_dims, reshape, trans of a laid-out
+//              value: a transposed tile is stored in the transposed layout);
+//              the same holds for the operands of reduce and dot, which accept
+//              any layout.
+//
+// Phase 2, rewrite (program order). Every op that is not cheap or a view
+// demands a layout of each tile operand (its own layout for element-wise ops;
+// the store's layout for a store's pointer, value and mask; the carried
+// value's layout for a loop init or a yield operand). Materializing value v
+// in layout L:
+//   computed v   itself if its layout is L, else one convert_layout placed
+//                right after v's definition (so a conversion of a value
+//                defined before a loop happens before the loop), memoized per
+//                (v, L).
+//   cheap/view v the operand layouts that L implies (projected for a
+//                broadcast, sliced for expand_dims, ...) are materialized
+//                first; the first demand takes over v's own op, a demand for
+//                another layout clones the op right after the original.
+//                Memoized per (v, L), so a chain is computed once per layout.
+//
+// Phase 3, cleanup: a convert of a convert reads the original value; identity
+// converts disappear; ops left without uses (the cheap originals that every
+// user got a clone of) are erased. Finally every tile value must have a
+// layout.
+//
+// What this does not do yet: it never rematerializes a load in another layout
+// (a vector loaded in its coalesced layout and broadcast against a 2-D tile
+// is converted), it does not move conversions out of loops beyond placing
+// them at definitions, and mma / dot-operand layouts arrive with issue #3.
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "codegen/AxisInfo.h"
+#include "codegen/Passes.h"
+#include "ir/Builder.h"
+
+namespace flextile::codegen {
+
+using ir::Block;
+using ir::Layout;
+using ir::LayoutPtr;
+using ir::Op;
+using ir::OpKind;
+using ir::Shape;
+using ir::Value;
+
+namespace {
+int64_t floorPow2(int64_t v) {
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+bool isPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+}  // namespace
+
+Layout blockedLayout(const Shape& shape, int numWarps, int fastDim, int64_t vec) {
+  const int r = int(shape.size());
+  std::vector<int> perm;  // fastDim last, the others in order
+  for (int d = 0; d < r; ++d)
+    if (d != fastDim) perm.push_back(d);
+  perm.push_back(fastDim);
+  Shape permuted(r);
+  std::vector<int> inverse(r);
+  for (int i = 0; i < r; ++i) {
+    permuted[i] = shape[perm[i]];
+    inverse[perm[i]] = i;
+  }
+  return Layout::defaultBlocked(permuted, numWarps, vec).transposed(inverse);
+}
+
+Layout coalescedLayout(const Op& op, const AxisInfoAnalysis& axis, int numWarps) {
+  const Value* ptr = op.operand(0);
+  const Value* mask = op.kind() == OpKind::Load ? (op.numOperands() > 1 ? op.operand(1) : nullptr)
+                                                : (op.numOperands() > 2 ? op.operand(2) : nullptr);
+  const Shape& shape = ptr->type().shape();
+  int dim = fastestDim(ptr, axis);
+  int64_t vec = vectorWidth(ptr, axis, mask, dim);
+  // With fewer elements than threads x vec, wide vectors would leave threads
+  // idle (replicated); prefer spreading the tile over all threads.
+  vec = std::min(vec, floorPow2(std::max<int64_t>(1, ir::numElements(shape) / (32 * numWarps))));
+  return blockedLayout(shape, numWarps, dim, vec);
+}
+
+namespace {
+
+enum class Class { Scalar, Cheap, View, Computed };
+
+bool isViewOp(OpKind k) {
+  return k == OpKind::Broadcast || k == OpKind::ExpandDims || k == OpKind::Reshape || k == OpKind::Trans;
+}
+
+class LayoutAssigner {
+ public:
+  LayoutAssigner(ir::Function& f, const Target& target) : f_(f), target_(target), numWarps_(f.numWarps()) {}
+
+  void run() {
+    prepare();
+    axis_ = std::make_unique<AxisInfoAnalysis>(f_);
+    classify();
+    planBlock(f_.body());
+    rewrite();
+    cleanup();
+    checkAllLaidOut();
+  }
+
+ private:
+  // ---- preparation ----------------------------------------------------------
+
+  void prepare() {
+    if (numWarps_ < 1 || !isPow2(numWarps_))
+      throw Error("function '" + f_.name() + "': num_warps must be a power of two, got " + std::to_string(numWarps_));
+    // Start from shape-only IR: drop earlier layouts and conversions.
+    std::vector<Op*> converts;
+    auto strip = [](Value* v) { v->setType(v->type().withShape(v->type().shape())); };
+    for (Value* p : f_.params()) strip(p);
+    f_.walk([&](Op& op) {
+      for (Value* r : op.results()) strip(r);
+      for (auto& region : op.regions())
+        for (Value* a : region->args()) strip(a);
+      if (op.kind() == OpKind::ConvertLayout) converts.push_back(&op);
+      for (Value* r : op.results())
+        for (int64_t d : r->type().shape())
+          if (!isPow2(d))
+            throw Error(op.describe() + ": tile shape " + ir::shapeString(r->type().shape()) +
+                        " has a dimension that is not a power of two; layouts need powers of two");
+    });
+    for (Op* c : converts) {
+      f_.replaceAllUsesWith(c->result(), c->operand(0));
+      c->parentBlock()->erase(c);
+    }
+  }
+
+  void classify() {
+    for (Value* p : f_.params()) cls_[p] = p->type().isTile() ? Class::Computed : Class::Scalar;
+    f_.walk([&](Op& op) {
+      for (auto& region : op.regions())
+        for (Value* a : region->args()) cls_[a] = a->type().isTile() ? Class::Computed : Class::Scalar;
+      for (Value* r : op.results()) cls_[r] = classOf(op, r);
+    });
+  }
+
+  Class classOf(const Op& op, const Value* r) const {
+    if (r->type().isScalar()) return Class::Scalar;
+    OpKind k = op.kind();
+    if (k == OpKind::Constant || k == OpKind::Arange || k == OpKind::Splat) return Class::Cheap;
+    if (isViewOp(k) || op.hasTrait(ir::kElementwise)) {
+      bool anyView = false, anyComputed = false;
+      for (Value* o : op.operands()) {
+        Class c = cls_.at(o);
+        anyView |= c == Class::View;
+        anyComputed |= c == Class::Computed;
+      }
+      if (anyComputed) return isViewOp(k) ? Class::View : Class::Computed;
+      return anyView ? Class::View : Class::Cheap;
+    }
+    return Class::Computed;
+  }
+
+  bool flexible(const Value* v) const {
+    Class c = cls_.at(v);
+    return c == Class::Cheap || c == Class::View;
+  }
+  // The planned layout of a computed value, or null while unknown.
+  LayoutPtr known(const Value* v) const {
+    if (cls_.at(v) != Class::Computed) return nullptr;
+    auto it = layout_.find(v);
+    return it == layout_.end() ? nullptr : it->second;
+  }
+
+  // ---- layouts we choose ------------------------------------------------------
+
+  LayoutPtr defaultLayout(const Shape& shape) const {
+    // Up to 4 consecutive elements per thread along the last dimension (one
+    // 16-byte f32 vector when the tile is stored), unless that would leave
+    // threads without elements.
+    int64_t vec = std::min<int64_t>(4, floorPow2(std::max<int64_t>(1, ir::numElements(shape) / (32 * numWarps_))));
+    return ir::makeLayout(Layout::defaultBlocked(shape, numWarps_, vec));
+  }
+
+  LayoutPtr coalesced(const Op& op) const { return ir::makeLayout(coalescedLayout(op, *axis_, numWarps_)); }
+
+  // The layout in which a view needs no conversion of its computed leaves,
+  // when that follows from them: expand_dims, reshape and trans of a laid-out
+  // value have exactly one such layout, an element-wise view takes its first
+  // operand's. Null for cheap values and broadcasts (many layouts project
+  // onto one operand layout: the user decides).
+  LayoutPtr forwardLayout(const Value* v) const {
+    if (auto l = known(v)) return l;
+    if (cls_.at(v) != Class::View) return nullptr;
+    const Op& op = *v->definingOp();
+    switch (op.kind()) {
+      case OpKind::ExpandDims:
+        if (auto l = forwardLayout(op.operand(0))) return ir::makeLayout(l->expanded(int(op.intAttr("axis"))));
+        return nullptr;
+      case OpKind::Reshape:
+        if (auto l = forwardLayout(op.operand(0))) return ir::makeLayout(l->reshaped(v->type().shape()));
+        return nullptr;
+      case OpKind::Trans:
+        if (auto l = forwardLayout(op.operand(0))) {
+          std::vector<int> perm;
+          for (int64_t p : op.intsAttr("perm")) perm.push_back(int(p));
+          return ir::makeLayout(l->transposed(perm));
+        }
+        return nullptr;
+      case OpKind::Broadcast:
+        return nullptr;
+      default:
+        for (const Value* o : op.operands())
+          if (o->type().isTile())
+            if (auto l = forwardLayout(o)) return l;
+        return nullptr;
+    }
+  }
+
+  // The layout for a tile that an op accepts in any layout (a reduce's
+  // operand, a dot's a and b): its own when it has one, else the one its
+  // computed leaves imply, else the default.
+  LayoutPtr anyLayoutFor(const Value* v) const {
+    if (!flexible(v)) return known(v);
+    if (auto l = forwardLayout(v)) return l;
+    return defaultLayout(v->type().shape());
+  }
+
+  LayoutPtr storeLayout(const Op& store) const {
+    if (store.operand(1)->type().isScalar()) return nullptr;
+    if (auto l = forwardLayout(store.operand(1))) return l;
+    if (auto l = known(store.operand(0))) return l;
+    return coalesced(store);
+  }
+
+  // What a reduce's operand is laid out in (its result is this, sliced).
+  LayoutPtr reduceOperandLayout(const Op& reduce) const { return anyLayoutFor(reduce.operand(0)); }
+
+  // ---- phase 1: plan ----------------------------------------------------------
+
+  void planBlock(Block& b) {
+    for (auto& op : b.ops()) planOp(*op);
+  }
+
+  void planOp(Op& op) {
+    if (op.kind() == OpKind::For) return planFor(op);
+    if (op.numResults() != 1 || cls_.at(op.result()) != Class::Computed) return;
+    Value* r = op.result();
+    LayoutPtr l;
+    switch (op.kind()) {
+      case OpKind::Load:
+        l = known(op.operand(0));
+        if (!l) l = coalesced(op);
+        break;
+      case OpKind::Dot:
+        l = known(op.operand(2));
+        if (!l) l = defaultLayout(r->type().shape());
+        break;
+      case OpKind::Reduce:
+        if (auto x = reduceOperandLayout(op)) l = ir::makeLayout(x->sliced(int(op.intAttr("axis"))));
+        break;
+      default:
+        if (!op.hasTrait(ir::kElementwise))
+          throw Error(op.describe() + ": layout assignment does not know this op");
+        for (Value* o : op.operands())
+          if ((l = known(o))) break;
+        break;
+    }
+    setPlan(r, l);
+  }
+
+  void setPlan(const Value* v, LayoutPtr l) {
+    if (l)
+      layout_[v] = std::move(l);
+    else
+      layout_.erase(v);
+  }
+
+  void planFor(Op& op) {
+    Block& body = op.region();
+    const size_t n = op.numResults();
+    std::vector<LayoutPtr> carried(n);
+    for (size_t i = 0; i < n; ++i)
+      if (op.result(i)->type().isTile()) carried[i] = known(op.operand(3 + i));
+    auto planBody = [&] {
+      for (size_t i = 0; i < n; ++i) setPlan(body.arg(1 + i), carried[i]);
+      planBlock(body);
+    };
+    // Each round fixes at least one more carried value or stops.
+    for (;;) {
+      planBody();
+      bool changed = false;
+      const Op* yield = body.terminator();
+      for (size_t i = 0; i < n; ++i)
+        if (!carried[i] && op.result(i)->type().isTile())
+          if (auto l = known(yield->operand(i))) {
+            carried[i] = l;
+            changed = true;
+          }
+      if (!changed) break;
+    }
+    bool fellBack = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (carried[i] || !op.result(i)->type().isTile()) continue;
+      Value* arg = body.arg(1 + i);
+      carried[i] = requiredBy(body, arg);
+      if (!carried[i] && arg->type().isPointer()) {
+        const Shape& s = arg->type().shape();
+        int dim = fastestDim(arg, *axis_);
+        int64_t vec = vectorWidth(arg, *axis_, nullptr, dim);
+        vec = std::min(vec, floorPow2(std::max<int64_t>(1, ir::numElements(s) / (32 * numWarps_))));
+        carried[i] = ir::makeLayout(blockedLayout(s, numWarps_, dim, vec));
+      }
+      if (!carried[i]) carried[i] = defaultLayout(arg->type().shape());
+      fellBack = true;
+    }
+    if (fellBack) planBody();
+    for (size_t i = 0; i < n; ++i) setPlan(op.result(i), carried[i]);
+  }
+
+  // The layout that the ops of `body` require of `v` (a computed value whose
+  // layout is still unknown), looking through element-wise ops and views
+  // whose layouts are unknown too; null if nothing requires one.
+  LayoutPtr requiredBy(Block& body, Value* v) {
+    std::vector<Op*> ops;
+    std::function<void(Block&)> collect = [&](Block& b) {
+      for (auto& op : b.ops()) {
+        ops.push_back(op.get());
+        for (auto& region : op->regions()) collect(*region);
+      }
+    };
+    collect(body);
+    std::unordered_map<const Value*, LayoutPtr> wish;
+    auto unknownValue = [&](const Value* x) { return x->type().isTile() && !known(x) && cls_.at(x) != Class::Cheap; };
+    for (Op* op : ops) {
+      if (op->numResults() && flexible(op->result())) continue;
+      auto req = operandRequirements(*op);
+      for (size_t i = 0; i < op->numOperands(); ++i)
+        if (req[i] && unknownValue(op->operand(i))) wish.emplace(op->operand(i), req[i]);
+    }
+    // Backwards through element-wise ops (all operands share the result's
+    // layout) and views (the operand layout follows from the result's).
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+      Op* op = *it;
+      if (op->numResults() != 1) continue;
+      auto w = wish.find(op->result());
+      if (w == wish.end()) continue;
+      LayoutPtr want = w->second;
+      if (op->hasTrait(ir::kElementwise) && (cls_.at(op->result()) == Class::View || !known(op->result()))) {
+        for (Value* o : op->operands())
+          if (unknownValue(o)) wish.emplace(o, want);
+      } else if (isViewOp(op->kind()) && cls_.at(op->result()) == Class::View) {
+        auto req = viewOperandLayouts(*op, *want);
+        if (req[0] && unknownValue(op->operand(0))) wish.emplace(op->operand(0), req[0]);
+      }
+    }
+    auto it = wish.find(v);
+    return it == wish.end() ? nullptr : it->second;
+  }
+
+  // ---- requirements -------------------------------------------------------------
+
+  // The layout each operand of a non-cheap, non-view op must have (null: no
+  // requirement, e.g. a scalar, or not yet known while planning).
+  std::vector<LayoutPtr> operandRequirements(const Op& op) const {
+    std::vector<LayoutPtr> req(op.numOperands());
+    auto tile = [&](size_t i) { return op.operand(i)->type().isTile(); };
+    switch (op.kind()) {
+      case OpKind::Load:
+        if (op.result()->type().isTile()) {
+          LayoutPtr l = known(op.result());
+          for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
+        }
+        break;
+      case OpKind::Store:
+        if (LayoutPtr l = storeLayout(op))
+          for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
+        break;
+      case OpKind::Reduce:
+        if (tile(0)) req[0] = reduceOperandLayout(op);
+        break;
+      case OpKind::Dot:
+        for (size_t i = 0; i < 2; ++i) req[i] = anyLayoutFor(op.operand(i));
+        req[2] = known(op.result());
+        break;
+      case OpKind::For:
+        for (size_t i = 3; i < op.numOperands(); ++i)
+          if (tile(i)) req[i] = known(op.region().arg(i - 2));
+        break;
+      case OpKind::Yield: {
+        const Op* loop = op.parentBlock()->parentOp();
+        if (!loop || loop->kind() != OpKind::For) throw Error(op.describe() + ": yield outside a for loop");
+        for (size_t i = 0; i < op.numOperands(); ++i)
+          if (tile(i)) req[i] = known(loop->region().arg(1 + i));
+        break;
+      }
+      case OpKind::Return:
+        break;
+      default:
+        if (op.hasTrait(ir::kElementwise) && op.numResults() == 1 && op.result()->type().isTile()) {
+          LayoutPtr l = known(op.result());
+          for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
+        }
+        break;
+    }
+    return req;
+  }
+
+  // For a cheap or view op whose result must be laid out as `l`: the layouts
+  // its tile operands must have.
+  std::vector<LayoutPtr> viewOperandLayouts(const Op& op, const Layout& l) const {
+    std::vector<LayoutPtr> req(op.numOperands());
+    if (op.numOperands() == 0 || op.kind() == OpKind::Splat) return req;
+    auto tile = [&](size_t i) { return op.operand(i)->type().isTile(); };
+    switch (op.kind()) {
+      case OpKind::Broadcast:
+        if (tile(0)) req[0] = ir::makeLayout(l.projected(op.operand(0)->type().shape()));
+        break;
+      case OpKind::ExpandDims:
+        if (tile(0)) req[0] = ir::makeLayout(l.sliced(int(op.intAttr("axis"))));
+        break;
+      case OpKind::Reshape:
+        if (tile(0)) req[0] = ir::makeLayout(l.reshaped(op.operand(0)->type().shape()));
+        break;
+      case OpKind::Trans: {
+        const auto& perm = op.intsAttr("perm");
+        std::vector<int> inverse(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int(i);
+        if (tile(0)) req[0] = ir::makeLayout(l.transposed(inverse));
+        break;
+      }
+      default: {
+        auto shared = ir::makeLayout(l);
+        for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? shared : nullptr;
+        break;
+      }
+    }
+    return req;
+  }
+
+  // ---- phase 2: rewrite ---------------------------------------------------------
+
+  void rewrite() {
+    // Computed values take their planned layouts.
+    for (auto& [v, l] : layout_) const_cast<Value*>(v)->setType(v->type().withLayout(l));
+    std::vector<Op*> ops;  // the original ops; clones and converts need no visit
+    f_.walk([&](Op& op) { ops.push_back(&op); });
+    for (Op* op : ops) {
+      if (op->numResults() && flexible(op->result())) continue;
+      auto req = operandRequirements(*op);
+      for (size_t i = 0; i < op->numOperands(); ++i)
+        if (req[i]) op->setOperand(i, materialize(op->operand(i), req[i]));
+    }
+  }
+
+  // Where something computed from v goes: right after v's definition.
+  void insertAfterDefinition(ir::Builder& b, Value* v) {
+    if (Op* def = v->definingOp()) {
+      b.setInsertionPointAfter(def);
+    } else {
+      Block* block = v->ownerBlock();
+      b.setInsertionPoint(block, block->ops().begin());
+    }
+  }
+
+  Value* materialize(Value* v, const LayoutPtr& l) {
+    if (v->type().isScalar()) return v;
+    auto key = std::make_pair(static_cast<const Value*>(v), l->str());
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    ir::Builder b(f_);
+    Value* out = nullptr;
+    if (cls_.at(v) == Class::Computed) {
+      if (!v->type().hasLayout())
+        throw Error("layout assignment: value %" + std::to_string(v->id()) + " (" + v->type().str() +
+                    ") has no planned layout");
+      if (*v->type().layout() == *l) return v;
+      insertAfterDefinition(b, v);
+      if (v->definingOp()) b.setLoc(v->definingOp()->loc());
+      out = b.create1(OpKind::ConvertLayout, {v}, v->type().withLayout(l));
+      out->setNameHint(v->nameHint());
+      cls_[out] = Class::Computed;
+    } else {
+      Op* def = v->definingOp();
+      auto req = viewOperandLayouts(*def, *l);
+      std::vector<Value*> operands = def->operands();
+      for (size_t i = 0; i < operands.size(); ++i)
+        if (req[i]) operands[i] = materialize(operands[i], req[i]);
+      if (!v->type().hasLayout()) {
+        // The first demand takes over the original op.
+        def->setOperands(std::move(operands));
+        v->setType(v->type().withLayout(l));
+        out = v;
+      } else {
+        insertAfterDefinition(b, v);
+        b.setLoc(def->loc());
+        out = b.create1(def->kind(), std::move(operands), v->type().withLayout(l), def->attrs());
+        out->setNameHint(v->nameHint());
+        cls_[out] = cls_.at(v);
+      }
+    }
+    memo_[key] = out;
+    return out;
+  }
+
+  // ---- phase 3: cleanup -----------------------------------------------------------
+
+  void cleanup() {
+    std::vector<Op*> converts;
+    f_.walk([&](Op& op) {
+      if (op.kind() == OpKind::ConvertLayout) converts.push_back(&op);
+    });
+    for (Op* c : converts) {
+      Value* src = c->operand(0);
+      while (src->definingOp() && src->definingOp()->kind() == OpKind::ConvertLayout) src = src->definingOp()->operand(0);
+      c->setOperand(0, src);
+    }
+    for (Op* c : converts)
+      if (*c->operand(0)->type().layout() == *c->result()->type().layout()) {
+        f_.replaceAllUsesWith(c->result(), c->operand(0));
+        c->parentBlock()->erase(c);
+      }
+    eraseDeadOps();
+  }
+
+  void eraseDeadOps() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::unordered_map<const Value*, int> uses;
+      f_.walk([&](Op& op) {
+        for (Value* o : op.operands()) ++uses[o];
+      });
+      std::vector<Op*> dead;
+      f_.walk([&](Op& op) {
+        if (!op.hasTrait(ir::kPure) || op.numResults() == 0) return;
+        for (Value* r : op.results())
+          if (uses.count(r)) return;
+        dead.push_back(&op);
+      });
+      // Erase inner-most last-defined first so erased ops never hold uses.
+      for (auto it = dead.rbegin(); it != dead.rend(); ++it) (*it)->parentBlock()->erase(*it);
+      changed = !dead.empty();
+    }
+  }
+
+  void checkAllLaidOut() {
+    auto check = [&](const Value* v, const std::string& where) {
+      if (v->type().isTile() && !v->type().hasLayout())
+        throw Error(where + ": value %" + std::to_string(v->id()) + " of type " + v->type().str() +
+                    " got no layout (layout assignment bug)");
+    };
+    for (Value* p : f_.params()) check(p, "function '" + f_.name() + "' parameter");
+    f_.walk([&](Op& op) {
+      for (Value* r : op.results()) check(r, op.describe());
+      for (auto& region : op.regions())
+        for (Value* a : region->args()) check(a, op.describe() + " region argument");
+    });
+  }
+
+  ir::Function& f_;
+  [[maybe_unused]] const Target& target_;
+  int numWarps_;
+  std::unique_ptr<AxisInfoAnalysis> axis_;
+  std::unordered_map<const Value*, Class> cls_;
+  std::unordered_map<const Value*, LayoutPtr> layout_;
+  std::map<std::pair<const Value*, std::string>, Value*> memo_;
+};
+
+}  // namespace
+
+void assignLayouts(ir::Function& f, const Target& target) { LayoutAssigner(f, target).run(); }
+
+}  // namespace flextile::codegen

@@ -1,0 +1,182 @@
+#include "dsl/Kernel.h"
+
+#include "ir/Hash.h"
+#include "ir/Interpreter.h"
+#include "ir/Verifier.h"
+#include "runtime/Device.h"
+#include "runtime/DeviceBuffer.h"
+#include "runtime/Module.h"
+
+namespace flextile::dsl {
+
+KernelArg::KernelArg(const runtime::DeviceBuffer& b) : kind_(Kind::Device), device_(b.address()), bytes_(b.bytes()) {}
+
+KernelArg KernelArg::deviceAddress(uint64_t address, size_t bytes) {
+  KernelArg a;
+  a.kind_ = Kind::Device;
+  a.device_ = address;
+  a.bytes_ = bytes;
+  return a;
+}
+
+std::string KernelArg::describe() const {
+  switch (kind_) {
+    case Kind::Device: return "a device buffer of " + std::to_string(bytes_) + " bytes";
+    case Kind::Host: return "a host buffer of " + std::to_string(bytes_) + " bytes";
+    case Kind::Integer: return "the integer " + std::to_string(integer_);
+    case Kind::Real: return "the number " + std::to_string(real_);
+  }
+  return "?";
+}
+
+struct Kernel::Compiled {
+  codegen::CompiledKernel code;
+  std::unique_ptr<runtime::Module> module;  // loaded on first run
+  std::optional<runtime::Kernel> function;
+};
+
+Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
+    : name_(std::move(name)), tracer_(std::move(tracer)), numConstants_(numConstants) {}
+Kernel::~Kernel() = default;
+Kernel::Kernel(Kernel&& o) noexcept
+    : name_(std::move(o.name_)), tracer_(std::move(o.tracer_)), numConstants_(o.numConstants_),
+      cache_(std::move(o.cache_)) {}
+
+std::unique_ptr<ir::Function> Kernel::trace(const TraceOptions& options) const {
+  if (options.constants.size() != numConstants_)
+    throw Error("kernel '" + name_ + "': expects " + std::to_string(numConstants_) + " Const<> values, got " +
+                std::to_string(options.constants.size()));
+  if (options.num_warps < 1 || options.num_warps > 16 || (options.num_warps & (options.num_warps - 1)))
+    throw Error("kernel '" + name_ + "': num_warps must be 1, 2, 4, 8 or 16, got " + std::to_string(options.num_warps));
+  auto f = std::make_unique<ir::Function>(name_);
+  f->attrs()["num_warps"] = int64_t(options.num_warps);
+  {
+    TraceContext ctx(*f);
+    tracer_(*f, options.constants);
+    ctx.builder().setInsertionPointToEnd(&f->body());
+    ctx.builder().setLoc({});
+    ctx.builder().ret();
+  }
+  ir::verify(*f);
+  return f;
+}
+
+namespace {
+
+// Largest power of two (up to 16) dividing v: what the code generator may
+// assume about an argument (Triton's divisible-by-16 specialization).
+int64_t divisibility(uint64_t v) {
+  int64_t d = 1;
+  while (d < 16 && v % uint64_t(d * 2) == 0) d *= 2;
+  return v == 0 ? 16 : d;
+}
+
+void checkArgs(const std::string& name, const ir::Function& f, const std::vector<KernelArg>& args, bool onDevice) {
+  if (args.size() != f.params().size())
+    throw Error("kernel '" + name + "': expects " + std::to_string(f.params().size()) + " run-time arguments, got " +
+                std::to_string(args.size()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ir::Type& t = f.params()[i]->type();
+    const KernelArg& a = args[i];
+    auto bad = [&](const std::string& want) {
+      throw Error("kernel '" + name + "': argument " + std::to_string(i) + " (" + t.str() + ") expects " + want +
+                  ", got " + a.describe());
+    };
+    if (t.isPointer()) {
+      auto want = onDevice ? KernelArg::Kind::Device : KernelArg::Kind::Host;
+      if (a.kind() != want) bad(onDevice ? "a device buffer" : "a host buffer (std::vector or std::span)");
+    } else if (ir::isInteger(t.dtype())) {
+      if (a.kind() != KernelArg::Kind::Integer) bad("an integer");
+      if (t.dtype() == DType::I32 && (a.integer() < INT32_MIN || a.integer() > INT32_MAX)) bad("an i32 value");
+    } else if (a.kind() != KernelArg::Kind::Real && a.kind() != KernelArg::Kind::Integer) {
+      bad("a number");
+    }
+  }
+}
+
+std::string constantsKey(const LaunchOptions& o) {
+  std::string k = "w" + std::to_string(o.num_warps);
+  for (auto c : o.constants) k += "," + std::to_string(c);
+  return k;
+}
+
+}  // namespace
+
+const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                               std::optional<codegen::Target> target) {
+  auto f = trace({options.constants, options.num_warps});
+  checkArgs(name_, *f, args, true);
+  std::vector<int64_t> div;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const KernelArg& a = args[i];
+    if (a.kind() == KernelArg::Kind::Device) div.push_back(divisibility(a.deviceAddress()));
+    else if (a.kind() == KernelArg::Kind::Integer && f->params()[i]->type().dtype() != DType::F32)
+      div.push_back(divisibility(uint64_t(a.integer())));
+    else div.push_back(1);
+  }
+  f->attrs()["arg_divisibility"] = div;
+  if (!target) {
+    auto& dev = runtime::Device::current();
+    target = codegen::Target::fromCapability(dev.capabilityMajor(), dev.capabilityMinor());
+  }
+  std::string key = std::to_string(ir::structuralHash(*f)) + "/" + target->smName();
+  std::lock_guard lock(mutex_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    auto c = std::make_unique<Compiled>();
+    c->code = codegen::compile(*f, codegen::CompileOptions{*target});
+    it = cache_.emplace(key, std::move(c)).first;
+  }
+  return it->second->code;
+}
+
+void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
+  const codegen::CompiledKernel& code = compile(options, args);
+  Compiled* c = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [k, v] : cache_)
+      if (&v->code == &code) c = v.get();
+    if (!c->module) {
+      c->module = std::make_unique<runtime::Module>(code.ptx);
+      c->function = c->module->function(code.name);
+    }
+  }
+  // Kernel parameters in the ABI of codegen/Compiler.h.
+  std::vector<uint64_t> storage(args.size());
+  std::vector<void*> ptrs(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ir::Type& t = code.params[i];
+    void* slot = &storage[i];
+    if (t.isPointer()) storage[i] = args[i].deviceAddress();
+    else if (t.dtype() == DType::I32) *static_cast<int32_t*>(slot) = int32_t(args[i].integer());
+    else if (t.dtype() == DType::I64) *static_cast<int64_t*>(slot) = args[i].integer();
+    else {
+      double v = args[i].kind() == KernelArg::Kind::Real ? args[i].real() : double(args[i].integer());
+      *static_cast<float*>(slot) = float(v);
+    }
+    ptrs[i] = slot;
+  }
+  for (int a = 0; a < 3; ++a)
+    if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
+      throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
+                  std::to_string(options.grid[a]) + ", outside what CUDA allows");
+  c->function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
+                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data());
+}
+
+void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
+  auto f = trace({options.constants, options.num_warps});
+  checkArgs(name_, *f, args, false);
+  std::vector<ir::InterpArg> iargs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const KernelArg& a = args[i];
+    if (a.kind() == KernelArg::Kind::Host) iargs.push_back(ir::InterpArg::buffer(a.hostPointer(), a.bytes(), "arg" + std::to_string(i)));
+    else if (a.kind() == KernelArg::Kind::Integer && ir::isInteger(f->params()[i]->type().dtype()))
+      iargs.push_back(ir::InterpArg::integer(a.integer()));
+    else iargs.push_back(ir::InterpArg::real(a.kind() == KernelArg::Kind::Real ? a.real() : double(a.integer())));
+  }
+  ir::interpret(*f, iargs, options.grid);
+}
+
+}  // namespace flextile::dsl

@@ -1,0 +1,217 @@
+// Kernels: a C++ callable over tile parameters, traced into tile IR, compiled
+// to PTX and launched on the GPU — or run on the host by the IR interpreter.
+//
+//   auto add = kernel("add", [](Ptr<f32> x, Ptr<f32> y, Ptr<f32> out, Int n, Const<int> BLOCK) {
+//     auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+//     auto ok = offs < n;
+//     store(out + offs, load(x + offs, ok) + load(y + offs, ok), ok);
+//   });
+//   add.run({.grid = {cdiv(n, 1024)}, .constants = {1024}}, dx, dy, dout, n);      // GPU buffers
+//   add.interpret({.grid = {cdiv(n, 1024)}, .constants = {1024}}, hx, hy, hout, n); // host vectors
+//
+// Parameters: Ptr<T> (a pointer to elements of T), Int (i32), Long (i64),
+// Float (f32) are run-time arguments; Const<int> parameters take the values
+// of LaunchOptions::constants in order at trace time.
+//
+// Identity: a compiled kernel is keyed by the structural hash of its traced IR
+// (which includes the constants and num_warps), the argument specialization
+// (pointer alignment, integers divisible by 16) and the target — never by a
+// C++ type name or an address.
+#pragma once
+
+#include <array>
+#include <boost/hana.hpp>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codegen/Compiler.h"
+#include "dsl/Ops.h"
+#include "dsl/Tile.h"
+
+namespace flextile::runtime {
+class DeviceBuffer;
+}
+
+namespace flextile::dsl {
+
+template <class T>
+struct Ptr : Tile {
+  using element = T;
+  explicit Ptr(Tile t) : Tile(t) {}
+};
+struct Int : Tile {
+  explicit Int(Tile t) : Tile(t) {}
+};
+struct Long : Tile {
+  explicit Long(Tile t) : Tile(t) {}
+};
+struct Float : Tile {
+  explicit Float(Tile t) : Tile(t) {}
+};
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct LaunchOptions {
+  std::array<int64_t, 3> grid{1, 1, 1};
+  std::vector<int64_t> constants;  // values of the Const<> parameters, in order
+  int num_warps = 4;
+};
+
+// One argument of a launch: a device buffer or address (run), a host buffer
+// (interpret), or a scalar.
+class KernelArg {
+ public:
+  enum class Kind { Device, Host, Integer, Real };
+  KernelArg(const runtime::DeviceBuffer& b);
+  template <class T>
+  KernelArg(std::vector<T>& v) : kind_(Kind::Host), host_(v.data()), bytes_(v.size() * sizeof(T)) {}
+  template <class T>
+  KernelArg(std::span<T> v) : kind_(Kind::Host), host_((void*)v.data()), bytes_(v.size_bytes()) {}
+  KernelArg(int v) : kind_(Kind::Integer), integer_(v) {}
+  KernelArg(long v) : kind_(Kind::Integer), integer_(v) {}
+  KernelArg(long long v) : kind_(Kind::Integer), integer_(v) {}
+  KernelArg(float v) : kind_(Kind::Real), real_(v) {}
+  KernelArg(double v) : kind_(Kind::Real), real_(v) {}
+  static KernelArg deviceAddress(uint64_t address, size_t bytes);
+
+  Kind kind() const { return kind_; }
+  uint64_t deviceAddress() const { return device_; }
+  void* hostPointer() const { return host_; }
+  size_t bytes() const { return bytes_; }
+  int64_t integer() const { return integer_; }
+  double real() const { return real_; }
+  std::string describe() const;
+
+ private:
+  KernelArg() = default;
+  Kind kind_ = Kind::Integer;
+  uint64_t device_ = 0;
+  void* host_ = nullptr;
+  size_t bytes_ = 0;
+  int64_t integer_ = 0;
+  double real_ = 0;
+};
+
+struct TraceOptions {
+  std::vector<int64_t> constants;
+  int num_warps = 4;
+};
+
+class Kernel {
+ public:
+  using Tracer = std::function<void(ir::Function&, const std::vector<int64_t>& constants)>;
+  Kernel(std::string name, Tracer tracer, size_t numConstants);
+  ~Kernel();
+  Kernel(Kernel&&) noexcept;
+
+  const std::string& name() const { return name_; }
+  size_t numConstants() const { return numConstants_; }
+
+  // The traced IR (verified, before any pass).
+  std::unique_ptr<ir::Function> trace(const TraceOptions& options = {}) const;
+  // Compiles for the current GPU (or `target`) with the specialization the
+  // given arguments imply; cached.
+  const codegen::CompiledKernel& compile(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                         std::optional<codegen::Target> target = std::nullopt);
+
+  void runArgs(const LaunchOptions& options, const std::vector<KernelArg>& args);
+  void interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& args);
+
+  template <class... A>
+  void run(const LaunchOptions& options, A&&... args) {
+    runArgs(options, {KernelArg(args)...});
+  }
+  template <class... A>
+  void interpret(const LaunchOptions& options, A&&... args) {
+    interpretArgs(options, {KernelArg(args)...});
+  }
+
+ private:
+  struct Compiled;
+  std::string name_;
+  Tracer tracer_;
+  size_t numConstants_;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<Compiled>> cache_;
+};
+
+namespace detail {
+template <class P>
+struct Param;
+template <class T>
+struct Param<Ptr<T>> {
+  static constexpr bool runtime = true;
+  static ir::Type type() { return ir::Type::pointer(T::dtype); }
+};
+template <>
+struct Param<Int> {
+  static constexpr bool runtime = true;
+  static ir::Type type() { return ir::Type(DType::I32); }
+};
+template <>
+struct Param<Long> {
+  static constexpr bool runtime = true;
+  static ir::Type type() { return ir::Type(DType::I64); }
+};
+template <>
+struct Param<Float> {
+  static constexpr bool runtime = true;
+  static ir::Type type() { return ir::Type(DType::F32); }
+};
+template <class T>
+struct Param<Const<T>> {
+  static constexpr bool runtime = false;
+};
+
+template <class F>
+struct Signature : Signature<decltype(&F::operator())> {};
+template <class C, class R, class... A>
+struct Signature<R (C::*)(A...) const> {
+  static constexpr auto params = boost::hana::tuple_t<std::decay_t<A>...>;
+};
+template <class C, class R, class... A>
+struct Signature<R (C::*)(A...)> {
+  static constexpr auto params = boost::hana::tuple_t<std::decay_t<A>...>;
+};
+
+// Makes the argument of one parameter: a new IR parameter for run-time
+// parameters, the next constant for Const<>.
+template <class P>
+P makeArgument(ir::Function& f, const std::vector<int64_t>& constants, size_t& nextConstant) {
+  if constexpr (Param<P>::runtime) {
+    return P(Tile(f.addParam(Param<P>::type(), "arg" + std::to_string(f.params().size()))));
+  } else {
+    return P{static_cast<decltype(P::value)>(constants.at(nextConstant++))};
+  }
+}
+}  // namespace detail
+
+// Defines a kernel from a callable whose parameters are Ptr<T>, Int, Long,
+// Float and Const<T>.
+template <class F>
+Kernel kernel(std::string name, F fn) {
+  namespace hana = boost::hana;
+  constexpr auto params = detail::Signature<F>::params;
+  constexpr size_t numConstants = hana::count_if(params, [](auto t) {
+    return hana::bool_c<!detail::Param<typename decltype(t)::type>::runtime>;
+  });
+  auto tracer = [fn](ir::Function& f, const std::vector<int64_t>& constants) {
+    size_t next = 0;
+    // Arguments are made left to right, so IR parameters keep the C++ order.
+    // (a braced initializer evaluates in order; a function call's arguments need not).
+    auto args = hana::unpack(detail::Signature<F>::params, [&](auto... t) {
+      return hana::tuple<typename decltype(t)::type...>{
+          detail::makeArgument<typename decltype(t)::type>(f, constants, next)...};
+    });
+    hana::unpack(args, fn);
+  };
+  return Kernel(std::move(name), tracer, numConstants);
+}
+
+}  // namespace flextile::dsl

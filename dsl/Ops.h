@@ -1,0 +1,152 @@
+// Operations of the tile language. Binary operations follow NumPy
+// broadcasting (missing leading dimensions are prepended, size-1 dimensions
+// repeat) and these dtype rules:
+//   * a C++ number adopts the tile's dtype (an integer literal next to a float
+//     tile becomes a float; a floating literal next to an integer tile makes
+//     the result f32);
+//   * float beats integer; between floats the wider wins, and f16 with bf16
+//     gives f32; between integers the wider wins;
+//   * comparisons give i1; `&`, `|`, `^`, `~` are bitwise (logical on i1).
+// Each operation checks shapes and dtypes while tracing and reports mistakes
+// with the user's file and line.
+#pragma once
+
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "dsl/Tile.h"
+
+namespace flextile::dsl {
+
+Tile operator+(Operand a, Operand b);
+Tile operator-(Operand a, Operand b);
+Tile operator*(Operand a, Operand b);
+Tile operator/(Operand a, Operand b);  // integers: truncating division
+Tile operator%(Operand a, Operand b);
+Tile operator&(Operand a, Operand b);
+Tile operator|(Operand a, Operand b);
+Tile operator^(Operand a, Operand b);
+Tile operator<<(Operand a, Operand b);
+Tile operator>>(Operand a, Operand b);
+Tile operator<(Operand a, Operand b);
+Tile operator<=(Operand a, Operand b);
+Tile operator>(Operand a, Operand b);
+Tile operator>=(Operand a, Operand b);
+Tile operator==(Operand a, Operand b);
+Tile operator!=(Operand a, Operand b);
+Tile operator-(Operand a);
+Tile operator~(Operand a);
+Tile operator!(Operand a);
+
+// Program instance queries (axis 0..2).
+Tile program_id(int axis, SourceLoc loc = SourceLoc::current());
+Tile num_programs(int axis, SourceLoc loc = SourceLoc::current());
+
+// [start, end) as i32; end - start must be a power of two.
+Tile arange(int64_t start, int64_t end, SourceLoc loc = SourceLoc::current());
+// A tile of `shape` filled with `value` (of dtype `dtype`).
+Tile full(const Shape& shape, double value, DType dtype, SourceLoc loc = SourceLoc::current());
+Tile zeros(const Shape& shape, DType dtype, SourceLoc loc = SourceLoc::current());
+// A scalar constant of the given dtype.
+Tile scalar(double value, DType dtype, SourceLoc loc = SourceLoc::current());
+
+// Memory. `ptr` is a tile of pointers (a pointer parameter plus an offset
+// tile); `mask` (i1, broadcast to ptr's shape) turns lanes off; masked-off
+// lanes of a load read `other` (0 when not given) and touch no memory.
+Tile load(Operand ptr, SourceLoc loc = SourceLoc::current());
+Tile load(Operand ptr, Operand mask, SourceLoc loc = SourceLoc::current());
+Tile load(Operand ptr, Operand mask, Operand other, SourceLoc loc = SourceLoc::current());
+void store(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
+void store(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
+
+// Reductions along `axis` (negative counts from the end); the axis is removed.
+Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());
+Tile min(Operand x, int axis, SourceLoc loc = SourceLoc::current());
+Tile sum(Operand x, int axis, SourceLoc loc = SourceLoc::current());
+
+// Element-wise math.
+Tile exp(Operand x, SourceLoc loc = SourceLoc::current());
+Tile exp2(Operand x, SourceLoc loc = SourceLoc::current());
+Tile log(Operand x, SourceLoc loc = SourceLoc::current());
+Tile log2(Operand x, SourceLoc loc = SourceLoc::current());
+Tile tanh(Operand x, SourceLoc loc = SourceLoc::current());
+Tile sqrt(Operand x, SourceLoc loc = SourceLoc::current());
+Tile rsqrt(Operand x, SourceLoc loc = SourceLoc::current());
+Tile abs(Operand x, SourceLoc loc = SourceLoc::current());
+Tile maximum(Operand a, Operand b, SourceLoc loc = SourceLoc::current());
+Tile minimum(Operand a, Operand b, SourceLoc loc = SourceLoc::current());
+// cond ? a : b, element-wise with broadcasting; cond must be i1.
+Tile where(Operand cond, Operand a, Operand b, SourceLoc loc = SourceLoc::current());
+Tile cast(Operand x, DType to, SourceLoc loc = SourceLoc::current());
+
+// acc + a @ b with a [M, K], b [K, N]; the result is f32 [M, N]. a and b are
+// f16, bf16 or f32 of one dtype.
+Tile dot(Operand a, Operand b, SourceLoc loc = SourceLoc::current());
+Tile dot(Operand a, Operand b, Operand acc, SourceLoc loc = SourceLoc::current());
+
+// A run-time loop: for (i = lo; i < hi; i += step) with loop-carried tiles.
+// `body(i, carried...)` returns the next carried values as a std::tuple of
+// tiles (or one Tile), each with the same shape and dtype as its initial
+// value; for_range returns the final values the same way.
+//
+//   auto [m, l] = for_range(0, n, 64, std::tuple{m0, l0}, [&](Tile i, Tile m, Tile l) {
+//     ...
+//     return std::tuple{m2, l2};
+//   });
+std::vector<Tile> forRangeImpl(Operand lo, Operand hi, Operand step, const std::vector<Tile>& init,
+                               const std::function<std::vector<Tile>(Tile, const std::vector<Tile>&)>& body,
+                               SourceLoc loc);
+
+namespace detail {
+template <class Tuple, size_t... I>
+std::vector<Tile> toVector(const Tuple& t, std::index_sequence<I...>) {
+  return {Tile(std::get<I>(t))...};
+}
+template <size_t N, size_t... I>
+auto toTuple(const std::vector<Tile>& v, std::index_sequence<I...>) {
+  return std::tuple{((void)I, v[I])...};
+}
+}  // namespace detail
+
+template <class... T, class Body>
+std::tuple<std::conditional_t<true, Tile, T>...> for_range(Operand lo, Operand hi, Operand step,
+                                                           const std::tuple<T...>& init, Body&& body,
+                                                           SourceLoc loc = SourceLoc::current()) {
+  constexpr size_t N = sizeof...(T);
+  auto seq = std::index_sequence_for<T...>{};
+  auto initVec = detail::toVector(init, seq);
+  auto out = forRangeImpl(lo, hi, step, initVec,
+                          [&](Tile iv, const std::vector<Tile>& carried) {
+                            auto args = std::tuple_cat(std::tuple{iv}, detail::toTuple<N>(carried, seq));
+                            auto next = std::apply(body, args);
+                            if constexpr (std::is_same_v<std::decay_t<decltype(next)>, Tile>)
+                              return std::vector<Tile>{next};
+                            else
+                              return detail::toVector(next, std::make_index_sequence<std::tuple_size_v<decltype(next)>>{});
+                          },
+                          loc);
+  return detail::toTuple<N>(out, seq);
+}
+
+// A loop with one carried tile.
+template <class Body>
+Tile for_range(Operand lo, Operand hi, Operand step, const Tile& init, Body&& body,
+               SourceLoc loc = SourceLoc::current()) {
+  return forRangeImpl(lo, hi, step, {init},
+                      [&](Tile iv, const std::vector<Tile>& c) { return std::vector<Tile>{body(iv, c[0])}; }, loc)[0];
+}
+
+// A loop with no carried values (its body only stores).
+template <class Body>
+void for_range(Operand lo, Operand hi, Operand step, Body&& body, SourceLoc loc = SourceLoc::current()) {
+  forRangeImpl(lo, hi, step, {},
+               [&](Tile iv, const std::vector<Tile>&) {
+                 body(iv);
+                 return std::vector<Tile>{};
+               },
+               loc);
+}
+
+}  // namespace flextile::dsl

@@ -1,0 +1,1296 @@
+// The tile-IR interpreter. The rules it implements are written at the top of
+// Interpreter.h; this file keeps to them.
+//
+// Shape of the implementation: the function is checked once (checkFunction),
+// arguments are bound once, then every program instance walks the op list with
+// one dispatch per op; each op runs a tight typed loop over whole tiles. Values
+// are immutable, reference-counted arrays indexed by Value::id, so reshape,
+// expand_dims, convert_layout and loop-carried values cost no copy.
+#include "ir/Interpreter.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace flextile::ir {
+
+// ---- InterpArg --------------------------------------------------------------
+
+InterpArg InterpArg::buffer(void* base, size_t bytes, std::string name) {
+  InterpArg a;
+  a.kind_ = Kind::Buffer;
+  a.base_ = base;
+  a.bytes_ = bytes;
+  a.name_ = std::move(name);
+  return a;
+}
+
+InterpArg InterpArg::integer(int64_t v) {
+  InterpArg a;
+  a.kind_ = Kind::Integer;
+  a.int_ = v;
+  return a;
+}
+
+InterpArg InterpArg::real(double v) {
+  InterpArg a;
+  a.kind_ = Kind::Real;
+  a.real_ = v;
+  return a;
+}
+
+std::string InterpArg::describe() const {
+  std::ostringstream os;
+  switch (kind_) {
+    case Kind::Buffer: os << "buffer '" << name_ << "' (" << bytes_ << " bytes)"; break;
+    case Kind::Integer: os << "integer " << int_; break;
+    case Kind::Real: os << "real " << real_; break;
+  }
+  return os.str();
+}
+
+namespace {
+
+// ---- storage ----------------------------------------------------------------
+
+// How a dtype is held while interpreting (see "Values and storage").
+enum class Storage : uint8_t { F32, F64, Int, Ptr };
+
+Storage storageOf(DType t) {
+  switch (t) {
+    case DType::F16:
+    case DType::BF16:
+    case DType::F32: return Storage::F32;
+    case DType::F64: return Storage::F64;
+    case DType::Ptr: return Storage::Ptr;
+    default: return Storage::Int;
+  }
+}
+
+// A pointer keeps the argument it was derived from: that is what lets an
+// access be checked against the right allocation.
+struct PtrVal {
+  int64_t offset = 0;  // bytes from the buffer's base
+  int64_t buffer = 0;  // argument index
+};
+
+struct Data {
+  std::vector<float> f32;
+  std::vector<double> f64;
+  std::vector<int64_t> ints;
+  std::vector<PtrVal> ptrs;
+
+  template <class T>
+  std::vector<T>& vec() {
+    if constexpr (std::is_same_v<T, float>) return f32;
+    else if constexpr (std::is_same_v<T, double>) return f64;
+    else if constexpr (std::is_same_v<T, int64_t>) return ints;
+    else return ptrs;
+  }
+  template <class T>
+  const std::vector<T>& vec() const {
+    return const_cast<Data*>(this)->vec<T>();
+  }
+};
+using DataRef = std::shared_ptr<const Data>;
+
+template <class T>
+std::shared_ptr<Data> alloc(size_t n) {
+  auto d = std::make_shared<Data>();
+  d->vec<T>().resize(n);
+  return d;
+}
+
+// Calls f with a value of the C++ type that holds storage s.
+template <class F>
+decltype(auto) withStorage(Storage s, F&& f) {
+  switch (s) {
+    case Storage::F32: return f(float{});
+    case Storage::F64: return f(double{});
+    case Storage::Int: return f(int64_t{});
+    case Storage::Ptr: break;
+  }
+  return f(PtrVal{});
+}
+
+// ---- rounding ---------------------------------------------------------------
+
+float roundF16(float x) { return static_cast<float>(Eigen::half(x)); }
+float roundBF16(float x) { return static_cast<float>(Eigen::bfloat16(x)); }
+
+// Rounds float-held results to their dtype (a no-op for f32).
+void roundFloats(float* v, size_t n, DType t) {
+  if (t == DType::F16)
+    for (size_t i = 0; i < n; ++i) v[i] = roundF16(v[i]);
+  else if (t == DType::BF16)
+    for (size_t i = 0; i < n; ++i) v[i] = roundBF16(v[i]);
+}
+
+// Wraps int64-held results to their dtype's width (two's complement).
+int64_t wrapInt(int64_t v, DType t) {
+  switch (t) {
+    case DType::I1: return v & 1;
+    case DType::I8: return int8_t(uint8_t(uint64_t(v)));
+    case DType::I32: return int32_t(uint32_t(uint64_t(v)));
+    default: return v;
+  }
+}
+
+void wrapInts(int64_t* v, size_t n, DType t) {
+  if (t == DType::I64) return;
+  for (size_t i = 0; i < n; ++i) v[i] = wrapInt(v[i], t);
+}
+
+// Round-to-odd to float: truncate, then set the last bit when inexact. A value
+// rounded to odd with at least two extra bits and then rounded to nearest even
+// to a narrower format gives the correctly rounded result, so double -> f16
+// never suffers double rounding.
+float toFloatRoundToOdd(double d) {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || static_cast<double>(f) == d) return f;
+  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+}
+
+float toFloatRoundToOdd(int64_t v) {
+  uint64_t mag = v < 0 ? 0 - uint64_t(v) : uint64_t(v);
+  if (mag < (uint64_t(1) << 24)) return static_cast<float>(v);
+  int shift = 64 - std::countl_zero(mag) - 24;
+  uint64_t kept = mag >> shift;
+  if (mag & ((uint64_t(1) << shift) - 1)) kept |= 1;
+  float f = std::ldexp(static_cast<float>(kept), shift);
+  return v < 0 ? -f : f;
+}
+
+// A double (or int64) rounded once to a float-held dtype.
+template <class Src>
+float narrowTo(Src x, DType t) {
+  if (t == DType::F32) return static_cast<float>(x);
+  float odd = toFloatRoundToOdd(x);
+  return t == DType::F16 ? roundF16(odd) : roundBF16(odd);
+}
+
+int64_t floatToInt(double x, DType t) {
+  if (t == DType::I1) return x != 0;
+  if (std::isnan(x)) return 0;
+  double tr = std::trunc(x);
+  int bits = bitWidth(t);
+  double hi = std::ldexp(1.0, bits - 1);
+  if (tr >= hi) return int64_t((uint64_t(1) << (bits - 1)) - 1);
+  if (tr < -hi) return bits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t(1) << (bits - 1));
+  return int64_t(tr);
+}
+
+template <class T>
+T maxNaN(T a, T b) {
+  if (std::isnan(a) || std::isnan(b)) return a + b;
+  if (a == b) return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
+
+template <class T>
+T minNaN(T a, T b) {
+  if (std::isnan(a) || std::isnan(b)) return a + b;
+  if (a == b) return std::signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+
+std::string coordString(const Shape& shape, int64_t linear) {
+  if (shape.empty()) return "[] (scalar)";
+  Shape c(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    c[d] = linear % shape[d];
+    linear /= shape[d];
+  }
+  return shapeString(c);
+}
+
+Shape rowMajorStrides(const Shape& s) {
+  Shape st(s.size(), 1);
+  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+
+// dst[i] = src[sum_d idx_d * srcStrides[d]] over dst's row-major index space:
+// broadcast (stride 0) and transpose (permuted strides) in one loop nest.
+template <class T>
+void gather(const T* src, T* dst, const Shape& shape, const Shape& srcStrides) {
+  if (shape.empty()) {
+    dst[0] = src[0];
+    return;
+  }
+  size_t rank = shape.size();
+  int64_t inner = shape[rank - 1], innerStride = srcStrides[rank - 1];
+  int64_t outer = numElements(shape) / std::max<int64_t>(inner, 1);
+  Shape idx(rank, 0);
+  int64_t base = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* s = src + base;
+    if (innerStride == 1)
+      std::copy(s, s + inner, dst);
+    else
+      for (int64_t i = 0; i < inner; ++i) dst[i] = s[i * innerStride];
+    dst += inner;
+    for (size_t d = rank - 1; d-- > 0;) {  // odometer over the outer dims
+      base += srcStrides[d];
+      if (++idx[d] < shape[d]) break;
+      base -= srcStrides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// ---- memory element access --------------------------------------------------
+
+template <DType D>
+struct Mem;
+template <>
+struct Mem<DType::F32> {
+  using Held = float;
+  static float read(const void* p) { float v; std::memcpy(&v, p, 4); return v; }
+  static void write(void* p, float v) { std::memcpy(p, &v, 4); }
+};
+template <>
+struct Mem<DType::F16> {
+  using Held = float;
+  static float read(const void* p) {
+    uint16_t b; std::memcpy(&b, p, 2);
+    return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(b));
+  }
+  static void write(void* p, float v) {
+    uint16_t b = Eigen::numext::bit_cast<uint16_t>(Eigen::half(v));
+    std::memcpy(p, &b, 2);
+  }
+};
+template <>
+struct Mem<DType::BF16> {
+  using Held = float;
+  static float read(const void* p) {
+    uint16_t b; std::memcpy(&b, p, 2);
+    return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(b));
+  }
+  static void write(void* p, float v) {
+    uint16_t b = Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(v));
+    std::memcpy(p, &b, 2);
+  }
+};
+template <>
+struct Mem<DType::F64> {
+  using Held = double;
+  static double read(const void* p) { double v; std::memcpy(&v, p, 8); return v; }
+  static void write(void* p, double v) { std::memcpy(p, &v, 8); }
+};
+template <>
+struct Mem<DType::I1> {
+  using Held = int64_t;
+  static int64_t read(const void* p) { return *static_cast<const uint8_t*>(p) != 0; }
+  static void write(void* p, int64_t v) { *static_cast<uint8_t*>(p) = uint8_t(v != 0); }
+};
+template <>
+struct Mem<DType::I8> {
+  using Held = int64_t;
+  static int64_t read(const void* p) { return *static_cast<const int8_t*>(p); }
+  static void write(void* p, int64_t v) { *static_cast<int8_t*>(p) = int8_t(v); }
+};
+template <>
+struct Mem<DType::I32> {
+  using Held = int64_t;
+  static int64_t read(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+  static void write(void* p, int64_t v) { int32_t w = int32_t(v); std::memcpy(p, &w, 4); }
+};
+template <>
+struct Mem<DType::I64> {
+  using Held = int64_t;
+  static int64_t read(const void* p) { int64_t v; std::memcpy(&v, p, 8); return v; }
+  static void write(void* p, int64_t v) { std::memcpy(p, &v, 8); }
+};
+
+template <class F>
+decltype(auto) withMemDType(DType t, F&& f) {
+  switch (t) {
+    case DType::F16: return f(Mem<DType::F16>{});
+    case DType::BF16: return f(Mem<DType::BF16>{});
+    case DType::F64: return f(Mem<DType::F64>{});
+    case DType::I1: return f(Mem<DType::I1>{});
+    case DType::I8: return f(Mem<DType::I8>{});
+    case DType::I32: return f(Mem<DType::I32>{});
+    case DType::I64: return f(Mem<DType::I64>{});
+    default: break;
+  }
+  return f(Mem<DType::F32>{});
+}
+
+// ---- static checks ----------------------------------------------------------
+
+[[noreturn]] void bad(const Op& op, const std::string& what) { throw Error(op.describe() + ": " + what); }
+
+std::string typeStr(const Value* v) { return v->type().str(); }
+
+// Checks, once per launch, everything the interpreter relies on: operand
+// counts, shapes, dtypes, attributes, and that every operand is defined before
+// use. After it, execution needs no checks other than data-dependent ones.
+class Checker {
+ public:
+  explicit Checker(const Function& f) : defined_(size_t(f.numValues()), false) {
+    for (Value* p : f.params()) define(p);
+  }
+
+  void block(const Block& b, bool isFunctionBody) {
+    for (auto it = b.ops().begin(); it != b.ops().end(); ++it) {
+      const Op& op = **it;
+      bool last = std::next(it) == b.ops().end();
+      for (Value* v : op.operands())
+        if (!v || size_t(v->id()) >= defined_.size() || !defined_[size_t(v->id())])
+          bad(op, "uses a value that is not defined before it");
+      if (op.kind() == OpKind::Yield && (isFunctionBody || !last)) bad(op, "yield must end a for body");
+      if (op.kind() == OpKind::Return && (!isFunctionBody || !last)) bad(op, "return must end the function body");
+      checkOp(op);
+      if (op.kind() == OpKind::For) forLoop(op);
+      for (Value* r : op.results()) define(r);
+    }
+  }
+
+ private:
+  std::vector<bool> defined_;
+
+  void define(Value* v) {
+    if (size_t(v->id()) < defined_.size()) defined_[size_t(v->id())] = true;
+  }
+
+  static void count(const Op& op, size_t lo, size_t hi, size_t results) {
+    if (op.numOperands() < lo || op.numOperands() > hi)
+      bad(op, "has " + std::to_string(op.numOperands()) + " operands, expected " + std::to_string(lo) +
+                  (hi != lo ? " to " + std::to_string(hi) : ""));
+    if (op.numResults() != results)
+      bad(op, "has " + std::to_string(op.numResults()) + " results, expected " + std::to_string(results));
+  }
+  static void sameShape(const Op& op, const Value* a, const Value* b) {
+    if (a->type().shape() != b->type().shape())
+      bad(op, "shape mismatch: " + typeStr(a) + " vs " + typeStr(b));
+  }
+  static void sameType(const Op& op, const Value* a, const Value* b) {
+    if (!a->type().sameShapeAndElement(b->type())) bad(op, "type mismatch: " + typeStr(a) + " vs " + typeStr(b));
+  }
+  static void sameStorage(const Op& op, const Value* a, const Value* b) {
+    if (a->type().dtype() != b->type().dtype() || (a->type().isPointer() && a->type().pointee() != b->type().pointee()))
+      bad(op, "dtype mismatch: " + typeStr(a) + " vs " + typeStr(b));
+  }
+  static void sameCount(const Op& op, const Value* a, const Value* b) {
+    if (a->type().numElements() != b->type().numElements())
+      bad(op, "element count mismatch: " + typeStr(a) + " vs " + typeStr(b));
+  }
+  static void intScalar(const Op& op, const Value* v, const char* what) {
+    if (!v->type().isScalar() || !isInteger(v->type().dtype()))
+      bad(op, std::string(what) + " must be an integer scalar, got " + typeStr(v));
+  }
+  static void maskOrOther(const Op& op, const Value* p, const Value* v, const char* what) {
+    if (!v->type().isScalar() && v->type().shape() != p->type().shape())
+      bad(op, std::string(what) + " " + typeStr(v) + " must be a scalar or have the pointer's shape " +
+                  shapeString(p->type().shape()));
+  }
+  static void loadStoreTarget(const Op& op, const Value* p) {
+    if (!p->type().isPointer()) bad(op, "needs a pointer, got " + typeStr(p));
+    if (p->type().pointee() == DType::Ptr) bad(op, "cannot load or store pointers");
+  }
+
+  void checkOp(const Op& op) {
+    for (const Value* v : op.operands())
+      for (int64_t d : v->type().shape())
+        if (d < 1) bad(op, "operand " + typeStr(v) + " has a dimension < 1");
+    for (const Value* v : op.results())
+      for (int64_t d : v->type().shape())
+        if (d < 1) bad(op, "result " + typeStr(v) + " has a dimension < 1");
+    const OpKind k = op.kind();
+    switch (k) {
+      case OpKind::ProgramId:
+      case OpKind::NumPrograms: {
+        count(op, 0, 0, 1);
+        int64_t axis = op.intAttr("axis");
+        if (axis < 0 || axis > 2) bad(op, "axis " + std::to_string(axis) + " is not 0, 1 or 2");
+        intScalar(op, op.result(), "result");
+        return;
+      }
+      case OpKind::Constant:
+        count(op, 0, 0, 1);
+        (void)op.floatAttr("value");
+        if (op.result()->type().isPointer()) bad(op, "a constant cannot be a pointer");
+        return;
+      case OpKind::Arange: {
+        count(op, 0, 0, 1);
+        int64_t start = op.intAttr("start"), end = op.intAttr("end");
+        const Type& t = op.result()->type();
+        if (t.dtype() != DType::I32 || t.shape() != Shape{end - start})
+          bad(op, "result " + t.str() + " does not match [" + std::to_string(start) + ", " + std::to_string(end) + ")");
+        return;
+      }
+      case OpKind::Splat:
+        count(op, 1, 1, 1);
+        if (!op.operand(0)->type().isScalar()) bad(op, "operand must be a scalar, got " + typeStr(op.operand(0)));
+        sameStorage(op, op.operand(0), op.result());
+        return;
+      case OpKind::Broadcast: {
+        count(op, 1, 1, 1);
+        const Shape& in = op.operand(0)->type().shape();
+        const Shape& out = op.result()->type().shape();
+        sameStorage(op, op.operand(0), op.result());
+        bool ok = in.empty() || in.size() == out.size();
+        for (size_t d = 0; ok && d < in.size(); ++d) ok = in[d] == out[d] || in[d] == 1;
+        if (!ok) bad(op, "cannot broadcast " + shapeString(in) + " to " + shapeString(out));
+        return;
+      }
+      case OpKind::ExpandDims: {
+        count(op, 1, 1, 1);
+        int64_t axis = op.intAttr("axis");
+        Shape s = op.operand(0)->type().shape();
+        if (axis < 0 || axis > int64_t(s.size())) bad(op, "axis " + std::to_string(axis) + " out of range");
+        s.insert(s.begin() + axis, 1);
+        if (s != op.result()->type().shape()) bad(op, "result shape " + typeStr(op.result()) + ", expected " + shapeString(s));
+        sameStorage(op, op.operand(0), op.result());
+        return;
+      }
+      case OpKind::Reshape:
+      case OpKind::ConvertLayout:
+        count(op, 1, 1, 1);
+        sameCount(op, op.operand(0), op.result());
+        sameStorage(op, op.operand(0), op.result());
+        if (k == OpKind::ConvertLayout) sameShape(op, op.operand(0), op.result());
+        return;
+      case OpKind::Trans: {
+        count(op, 1, 1, 1);
+        const auto& perm = op.intsAttr("perm");
+        const Shape& in = op.operand(0)->type().shape();
+        std::vector<bool> seen(in.size(), false);
+        if (perm.size() != in.size()) bad(op, "perm has " + std::to_string(perm.size()) + " entries for " + shapeString(in));
+        Shape out;
+        for (int64_t p : perm) {
+          if (p < 0 || p >= int64_t(in.size()) || seen[size_t(p)]) bad(op, "perm " + attrString(perm) + " is not a permutation");
+          seen[size_t(p)] = true;
+          out.push_back(in[size_t(p)]);
+        }
+        if (out != op.result()->type().shape()) bad(op, "result " + typeStr(op.result()) + ", expected " + shapeString(out));
+        sameStorage(op, op.operand(0), op.result());
+        return;
+      }
+      case OpKind::Neg:
+      case OpKind::Not:
+      case OpKind::Exp:
+      case OpKind::Exp2:
+      case OpKind::Log:
+      case OpKind::Log2:
+      case OpKind::Tanh:
+      case OpKind::Sqrt:
+      case OpKind::Rsqrt:
+      case OpKind::Abs:
+      case OpKind::Add:
+      case OpKind::Sub:
+      case OpKind::Mul:
+      case OpKind::Div:
+      case OpKind::Rem:
+      case OpKind::Maximum:
+      case OpKind::Minimum:
+      case OpKind::And:
+      case OpKind::Or:
+      case OpKind::Xor:
+      case OpKind::Shl:
+      case OpKind::Shr: {
+        size_t n = size_t(op.info().numOperands);
+        count(op, n, n, 1);
+        for (const Value* v : op.operands()) sameType(op, v, op.result());
+        DType t = op.result()->type().dtype();
+        if (t == DType::Ptr) bad(op, "does not apply to pointers");
+        if ((op.hasTrait(kFloatOnly)) && !isFloat(t)) bad(op, "needs a float dtype, got " + typeStr(op.result()));
+        if ((op.hasTrait(kIntOnly) || k == OpKind::Not) && !isInteger(t))
+          bad(op, "needs an integer dtype, got " + typeStr(op.result()));
+        return;
+      }
+      case OpKind::Cmp: {
+        count(op, 2, 2, 1);
+        sameType(op, op.operand(0), op.operand(1));
+        sameShape(op, op.operand(0), op.result());
+        if (op.result()->type().dtype() != DType::I1) bad(op, "result must be i1, got " + typeStr(op.result()));
+        const std::string& p = op.strAttr("pred");
+        if (p != "eq" && p != "ne" && p != "lt" && p != "le" && p != "gt" && p != "ge") bad(op, "unknown pred '" + p + "'");
+        if (op.operand(0)->type().isPointer() && p != "eq" && p != "ne") bad(op, "pointers compare only with eq or ne");
+        return;
+      }
+      case OpKind::Select:
+        count(op, 3, 3, 1);
+        if (op.operand(0)->type().dtype() != DType::I1) bad(op, "condition must be i1, got " + typeStr(op.operand(0)));
+        sameShape(op, op.operand(0), op.result());
+        sameType(op, op.operand(1), op.result());
+        sameType(op, op.operand(2), op.result());
+        return;
+      case OpKind::Cast: {
+        count(op, 1, 1, 1);
+        sameShape(op, op.operand(0), op.result());
+        bool fromPtr = op.operand(0)->type().isPointer(), toPtr = op.result()->type().isPointer();
+        if (fromPtr != toPtr) bad(op, "cannot cast " + typeStr(op.operand(0)) + " to " + typeStr(op.result()));
+        return;
+      }
+      case OpKind::AddPtr:
+        count(op, 2, 2, 1);
+        if (!op.operand(0)->type().isPointer()) bad(op, "first operand must be a pointer, got " + typeStr(op.operand(0)));
+        if (!isInteger(op.operand(1)->type().dtype()) || op.operand(1)->type().dtype() == DType::I1)
+          bad(op, "offset must be an integer, got " + typeStr(op.operand(1)));
+        sameShape(op, op.operand(0), op.operand(1));
+        sameType(op, op.operand(0), op.result());
+        return;
+      case OpKind::Load: {
+        count(op, 1, 3, 1);
+        const Value* p = op.operand(0);
+        loadStoreTarget(op, p);
+        const Type& r = op.result()->type();
+        if (r.dtype() != p->type().pointee() || r.shape() != p->type().shape())
+          bad(op, "result " + r.str() + " does not match pointer " + typeStr(p));
+        if (op.numOperands() > 1) {
+          if (op.operand(1)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(1)));
+          maskOrOther(op, p, op.operand(1), "mask");
+        }
+        if (op.numOperands() > 2) {
+          if (op.operand(2)->type().dtype() != r.dtype()) bad(op, "other " + typeStr(op.operand(2)) + " must be " + r.str());
+          maskOrOther(op, p, op.operand(2), "other");
+        }
+        return;
+      }
+      case OpKind::Store: {
+        count(op, 2, 3, 0);
+        const Value* p = op.operand(0);
+        loadStoreTarget(op, p);
+        const Type& v = op.operand(1)->type();
+        if (v.dtype() != p->type().pointee() || v.shape() != p->type().shape())
+          bad(op, "value " + v.str() + " does not match pointer " + typeStr(p));
+        if (op.numOperands() > 2) {
+          if (op.operand(2)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(2)));
+          maskOrOther(op, p, op.operand(2), "mask");
+        }
+        return;
+      }
+      case OpKind::Reduce: {
+        count(op, 1, 1, 1);
+        int64_t axis = op.intAttr("axis");
+        Shape s = op.operand(0)->type().shape();
+        if (axis < 0 || axis >= int64_t(s.size())) bad(op, "axis " + std::to_string(axis) + " out of range for " + typeStr(op.operand(0)));
+        s.erase(s.begin() + axis);
+        if (s != op.result()->type().shape()) bad(op, "result " + typeStr(op.result()) + ", expected shape " + shapeString(s));
+        sameStorage(op, op.operand(0), op.result());
+        if (op.result()->type().isPointer()) bad(op, "cannot reduce pointers");
+        const std::string& kind = op.strAttr("kind");
+        if (kind != "sum" && kind != "max" && kind != "min") bad(op, "unknown reduce kind '" + kind + "'");
+        return;
+      }
+      case OpKind::Dot: {
+        count(op, 3, 3, 1);
+        const Shape& a = op.operand(0)->type().shape();
+        const Shape& b = op.operand(1)->type().shape();
+        const Shape& c = op.operand(2)->type().shape();
+        size_t r = a.size();
+        bool ok = (r == 2 || r == 3) && b.size() == r && c.size() == r && a[r - 1] == b[r - 2] && c[r - 2] == a[r - 2] &&
+                  c[r - 1] == b[r - 1] && (r == 2 || (a[0] == b[0] && a[0] == c[0]));
+        if (!ok) bad(op, "shapes " + shapeString(a) + " @ " + shapeString(b) + " + " + shapeString(c) + " do not fit");
+        sameType(op, op.operand(2), op.result());
+        DType ta = op.operand(0)->type().dtype(), tb = op.operand(1)->type().dtype(), tc = op.result()->type().dtype();
+        bool floats = isFloat(ta) && isFloat(tb) && isFloat(tc);
+        bool ints = isInteger(ta) && isInteger(tb) && isInteger(tc);
+        if (!floats && !ints)
+          bad(op, "operand dtypes " + typeStr(op.operand(0)) + ", " + typeStr(op.operand(1)) + ", " +
+                      typeStr(op.operand(2)) + " must be all float or all integer");
+        return;
+      }
+      case OpKind::For: {
+        if (op.numOperands() < 3) bad(op, "needs lb, ub and step");
+        intScalar(op, op.operand(0), "lb");
+        intScalar(op, op.operand(1), "ub");
+        intScalar(op, op.operand(2), "step");
+        size_t n = op.numOperands() - 3;
+        if (op.numResults() != n) bad(op, "has " + std::to_string(op.numResults()) + " results for " + std::to_string(n) + " carried values");
+        if (op.regions().size() != 1) bad(op, "needs exactly one region");
+        const Block& body = op.region(0);
+        if (body.args().size() != n + 1) bad(op, "body has " + std::to_string(body.args().size()) + " arguments, expected " + std::to_string(n + 1));
+        if (!body.arg(0)->type().isScalar() || !isInteger(body.arg(0)->type().dtype()))
+          bad(op, "induction variable must be an integer scalar, got " + typeStr(body.arg(0)));
+        for (size_t i = 0; i < n; ++i) {
+          sameType(op, op.operand(3 + i), body.arg(1 + i));
+          sameType(op, op.operand(3 + i), op.result(i));
+        }
+        const Op* y = body.terminator();
+        if (!y || y->kind() != OpKind::Yield) bad(op, "body must end with yield");
+        if (y->numOperands() != n) bad(*y, "yields " + std::to_string(y->numOperands()) + " values for " + std::to_string(n) + " carried");
+        for (size_t i = 0; i < n; ++i) sameType(*y, y->operand(i), body.arg(1 + i));
+        return;
+      }
+      case OpKind::Yield:
+      case OpKind::Return:
+        return;
+    }
+    bad(op, "is not known to the interpreter");
+  }
+
+  void forLoop(const Op& op) {
+    const Block& body = op.region(0);
+    std::vector<bool> saved = defined_;
+    for (Value* a : body.args()) define(a);
+    block(body, false);
+    defined_ = std::move(saved);  // values of the body are not visible after the loop
+  }
+};
+
+// ---- execution --------------------------------------------------------------
+
+struct Launch {
+  const Function* f = nullptr;
+  const std::vector<InterpArg>* args = nullptr;
+  std::vector<DataRef> params;  // bound once, shared by every program
+  std::array<int64_t, 3> grid{};
+};
+
+class Program {
+ public:
+  explicit Program(const Launch& l) : l_(l), slots_(size_t(l.f->numValues())) {}
+
+  void run(std::array<int64_t, 3> pid) {
+    pid_ = pid;
+    for (size_t i = 0; i < l_.params.size(); ++i) slots_[size_t(l_.f->params()[i]->id())] = l_.params[i];
+    runBlock(l_.f->body());
+  }
+
+ private:
+  const Launch& l_;
+  std::vector<DataRef> slots_;
+  std::array<int64_t, 3> pid_{};
+
+  [[noreturn]] void fail(const Op& op, const std::string& what) const {
+    throw Error(op.describe() + " in program (" + std::to_string(pid_[0]) + ", " + std::to_string(pid_[1]) + ", " +
+                std::to_string(pid_[2]) + "): " + what);
+  }
+
+  const Data& in(const Op& op, size_t i) const { return *slots_[size_t(op.operand(i)->id())]; }
+  template <class T>
+  const T* inp(const Op& op, size_t i) const {
+    return in(op, i).vec<T>().data();
+  }
+  void set(const Value* v, DataRef d) { slots_[size_t(v->id())] = std::move(d); }
+  int64_t scalarInt(const Value* v) const { return slots_[size_t(v->id())]->ints[0]; }
+
+  // Returns the yield that ended a loop body (null for the function body).
+  const Op* runBlock(const Block& b) {
+    for (const auto& up : b.ops()) {
+      const Op& op = *up;
+      if (op.kind() == OpKind::Yield) return &op;
+      if (op.kind() == OpKind::Return) return nullptr;
+      exec(op);
+    }
+    return nullptr;
+  }
+
+  void exec(const Op& op) {
+    const Type& rt = op.numResults() ? op.result()->type() : op.operand(0)->type();
+    const size_t n = size_t(rt.numElements());
+    switch (op.kind()) {
+      case OpKind::ProgramId:
+      case OpKind::NumPrograms: {
+        auto d = alloc<int64_t>(1);
+        size_t axis = size_t(op.intAttr("axis"));
+        d->ints[0] = wrapInt(op.kind() == OpKind::ProgramId ? pid_[axis] : l_.grid[axis], rt.dtype());
+        return set(op.result(), std::move(d));
+      }
+      case OpKind::Constant: return set(op.result(), constant(op, rt, n));
+      case OpKind::Arange: {
+        auto d = alloc<int64_t>(n);
+        int64_t start = op.intAttr("start");
+        for (size_t i = 0; i < n; ++i) d->ints[i] = wrapInt(start + int64_t(i), DType::I32);
+        return set(op.result(), std::move(d));
+      }
+      case OpKind::Splat:
+        return set(op.result(), withStorage(storageOf(rt.dtype()), [&](auto tag) -> DataRef {
+          using T = decltype(tag);
+          auto d = alloc<T>(n);
+          std::fill(d->template vec<T>().begin(), d->template vec<T>().end(), inp<T>(op, 0)[0]);
+          return d;
+        }));
+      case OpKind::Broadcast: {
+        const Shape& inShape = op.operand(0)->type().shape();
+        Shape strides(rt.rank(), 0);
+        if (!inShape.empty()) {
+          Shape st = rowMajorStrides(inShape);
+          for (size_t d = 0; d < inShape.size(); ++d) strides[d] = inShape[d] == 1 ? 0 : st[d];
+        }
+        return set(op.result(), regather(op, rt, strides));
+      }
+      case OpKind::Trans: {
+        Shape st = rowMajorStrides(op.operand(0)->type().shape());
+        const auto& perm = op.intsAttr("perm");
+        Shape strides(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i) strides[i] = st[size_t(perm[i])];
+        return set(op.result(), regather(op, rt, strides));
+      }
+      case OpKind::ExpandDims:
+      case OpKind::Reshape:
+      case OpKind::ConvertLayout: return set(op.result(), slots_[size_t(op.operand(0)->id())]);
+      case OpKind::Neg:
+      case OpKind::Not:
+      case OpKind::Exp:
+      case OpKind::Exp2:
+      case OpKind::Log:
+      case OpKind::Log2:
+      case OpKind::Tanh:
+      case OpKind::Sqrt:
+      case OpKind::Rsqrt:
+      case OpKind::Abs: return set(op.result(), unary(op, rt, n));
+      case OpKind::Add:
+      case OpKind::Sub:
+      case OpKind::Mul:
+      case OpKind::Div:
+      case OpKind::Rem:
+      case OpKind::Maximum:
+      case OpKind::Minimum:
+      case OpKind::And:
+      case OpKind::Or:
+      case OpKind::Xor:
+      case OpKind::Shl:
+      case OpKind::Shr: return set(op.result(), binary(op, rt, n));
+      case OpKind::Cmp: return set(op.result(), compare(op, n));
+      case OpKind::Select:
+        return set(op.result(), withStorage(storageOf(rt.dtype()), [&](auto tag) -> DataRef {
+          using T = decltype(tag);
+          auto d = alloc<T>(n);
+          const int64_t* c = inp<int64_t>(op, 0);
+          const T *a = inp<T>(op, 1), *b = inp<T>(op, 2);
+          T* o = d->template vec<T>().data();
+          for (size_t i = 0; i < n; ++i) o[i] = c[i] ? a[i] : b[i];
+          return d;
+        }));
+      case OpKind::Cast: return set(op.result(), cast(op, rt, n));
+      case OpKind::AddPtr: {
+        auto d = alloc<PtrVal>(n);
+        const PtrVal* p = inp<PtrVal>(op, 0);
+        const int64_t* off = inp<int64_t>(op, 1);
+        int64_t w = byteWidth(rt.pointee());
+        for (size_t i = 0; i < n; ++i) d->ptrs[i] = {int64_t(uint64_t(p[i].offset) + uint64_t(off[i]) * uint64_t(w)), p[i].buffer};
+        return set(op.result(), std::move(d));
+      }
+      case OpKind::Load: return set(op.result(), load(op, rt, n));
+      case OpKind::Store: return store(op, n);
+      case OpKind::Reduce: return set(op.result(), reduce(op, rt));
+      case OpKind::Dot: return set(op.result(), dot(op, rt));
+      case OpKind::For: return forLoop(op);
+      case OpKind::Yield:
+      case OpKind::Return: return;
+    }
+  }
+
+  DataRef constant(const Op& op, const Type& rt, size_t n) {
+    const Attr& a = op.attrs().at("value");
+    const int64_t* iv = std::get_if<int64_t>(&a);
+    double dv = iv ? double(*iv) : std::get<double>(a);
+    switch (storageOf(rt.dtype())) {
+      case Storage::F32: {
+        auto d = alloc<float>(n);
+        float v = iv ? narrowTo(*iv, rt.dtype()) : narrowTo(dv, rt.dtype());
+        std::fill(d->f32.begin(), d->f32.end(), v);
+        return d;
+      }
+      case Storage::F64: {
+        auto d = alloc<double>(n);
+        std::fill(d->f64.begin(), d->f64.end(), iv ? double(*iv) : dv);
+        return d;
+      }
+      default: {
+        auto d = alloc<int64_t>(n);
+        int64_t v = iv ? (rt.dtype() == DType::I1 ? *iv != 0 : wrapInt(*iv, rt.dtype())) : floatToInt(dv, rt.dtype());
+        std::fill(d->ints.begin(), d->ints.end(), v);
+        return d;
+      }
+    }
+  }
+
+  DataRef regather(const Op& op, const Type& rt, const Shape& strides) {
+    return withStorage(storageOf(rt.dtype()), [&](auto tag) -> DataRef {
+      using T = decltype(tag);
+      auto d = alloc<T>(size_t(rt.numElements()));
+      gather(inp<T>(op, 0), d->template vec<T>().data(), rt.shape(), strides);
+      return d;
+    });
+  }
+
+  template <class T>
+  static void floatUnary(OpKind k, const T* x, T* o, size_t n) {
+    switch (k) {
+      case OpKind::Neg: for (size_t i = 0; i < n; ++i) o[i] = -x[i]; break;
+      case OpKind::Abs: for (size_t i = 0; i < n; ++i) o[i] = std::fabs(x[i]); break;
+      case OpKind::Exp: for (size_t i = 0; i < n; ++i) o[i] = std::exp(x[i]); break;
+      case OpKind::Exp2: for (size_t i = 0; i < n; ++i) o[i] = std::exp2(x[i]); break;
+      case OpKind::Log: for (size_t i = 0; i < n; ++i) o[i] = std::log(x[i]); break;
+      case OpKind::Log2: for (size_t i = 0; i < n; ++i) o[i] = std::log2(x[i]); break;
+      case OpKind::Tanh: for (size_t i = 0; i < n; ++i) o[i] = std::tanh(x[i]); break;
+      case OpKind::Sqrt: for (size_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
+      case OpKind::Rsqrt: for (size_t i = 0; i < n; ++i) o[i] = T(1) / std::sqrt(x[i]); break;
+      default: break;
+    }
+  }
+
+  DataRef unary(const Op& op, const Type& rt, size_t n) {
+    const OpKind k = op.kind();
+    switch (storageOf(rt.dtype())) {
+      case Storage::F32: {
+        auto d = alloc<float>(n);
+        floatUnary(k, inp<float>(op, 0), d->f32.data(), n);
+        roundFloats(d->f32.data(), n, rt.dtype());
+        return d;
+      }
+      case Storage::F64: {
+        auto d = alloc<double>(n);
+        floatUnary(k, inp<double>(op, 0), d->f64.data(), n);
+        return d;
+      }
+      default: {
+        auto d = alloc<int64_t>(n);
+        const int64_t* x = inp<int64_t>(op, 0);
+        int64_t* o = d->ints.data();
+        if (k == OpKind::Neg)
+          for (size_t i = 0; i < n; ++i) o[i] = int64_t(0 - uint64_t(x[i]));
+        else if (k == OpKind::Not)
+          for (size_t i = 0; i < n; ++i) o[i] = ~x[i];
+        else  // abs
+          for (size_t i = 0; i < n; ++i) o[i] = x[i] < 0 ? int64_t(0 - uint64_t(x[i])) : x[i];
+        wrapInts(o, n, rt.dtype());
+        return d;
+      }
+    }
+  }
+
+  template <class T>
+  static void floatBinary(OpKind k, const T* a, const T* b, T* o, size_t n) {
+    switch (k) {
+      case OpKind::Add: for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i]; break;
+      case OpKind::Sub: for (size_t i = 0; i < n; ++i) o[i] = a[i] - b[i]; break;
+      case OpKind::Mul: for (size_t i = 0; i < n; ++i) o[i] = a[i] * b[i]; break;
+      case OpKind::Div: for (size_t i = 0; i < n; ++i) o[i] = a[i] / b[i]; break;
+      case OpKind::Rem: for (size_t i = 0; i < n; ++i) o[i] = std::fmod(a[i], b[i]); break;
+      case OpKind::Maximum: for (size_t i = 0; i < n; ++i) o[i] = maxNaN(a[i], b[i]); break;
+      case OpKind::Minimum: for (size_t i = 0; i < n; ++i) o[i] = minNaN(a[i], b[i]); break;
+      default: break;
+    }
+  }
+
+  DataRef binary(const Op& op, const Type& rt, size_t n) {
+    const OpKind k = op.kind();
+    switch (storageOf(rt.dtype())) {
+      case Storage::F32: {
+        auto d = alloc<float>(n);
+        floatBinary(k, inp<float>(op, 0), inp<float>(op, 1), d->f32.data(), n);
+        roundFloats(d->f32.data(), n, rt.dtype());
+        return d;
+      }
+      case Storage::F64: {
+        auto d = alloc<double>(n);
+        floatBinary(k, inp<double>(op, 0), inp<double>(op, 1), d->f64.data(), n);
+        return d;
+      }
+      default: break;
+    }
+    auto d = alloc<int64_t>(n);
+    const int64_t *a = inp<int64_t>(op, 0), *b = inp<int64_t>(op, 1);
+    int64_t* o = d->ints.data();
+    const DType t = rt.dtype();
+    const int bits = bitWidth(t);
+    auto u = [](int64_t v) { return uint64_t(v); };
+    switch (k) {
+      case OpKind::Add: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) + u(b[i])); break;
+      case OpKind::Sub: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) - u(b[i])); break;
+      case OpKind::Mul: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) * u(b[i])); break;
+      case OpKind::Div:
+      case OpKind::Rem: {
+        for (size_t i = 0; i < n; ++i)
+          if (b[i] == 0)
+            fail(op, "integer division by zero at element " + coordString(rt.shape(), int64_t(i)) + " (dividend " +
+                         std::to_string(a[i]) + ")");
+        bool div = k == OpKind::Div;
+        for (size_t i = 0; i < n; ++i) {
+          if (b[i] == -1) o[i] = div ? int64_t(0 - u(a[i])) : 0;  // INT_MIN / -1 wraps instead of trapping
+          else o[i] = div ? a[i] / b[i] : a[i] % b[i];
+        }
+        break;
+      }
+      case OpKind::Maximum: for (size_t i = 0; i < n; ++i) o[i] = std::max(a[i], b[i]); break;
+      case OpKind::Minimum: for (size_t i = 0; i < n; ++i) o[i] = std::min(a[i], b[i]); break;
+      case OpKind::And: for (size_t i = 0; i < n; ++i) o[i] = a[i] & b[i]; break;
+      case OpKind::Or: for (size_t i = 0; i < n; ++i) o[i] = a[i] | b[i]; break;
+      case OpKind::Xor: for (size_t i = 0; i < n; ++i) o[i] = a[i] ^ b[i]; break;
+      case OpKind::Shl:
+        for (size_t i = 0; i < n; ++i) {
+          uint64_t s = u(b[i]) & (bits == 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1);  // as unsigned
+          o[i] = s >= uint64_t(bits) ? 0 : int64_t(u(a[i]) << s);
+        }
+        break;
+      case OpKind::Shr:
+        for (size_t i = 0; i < n; ++i) {
+          uint64_t s = u(b[i]) & (bits == 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1);
+          if (t == DType::I1) o[i] = a[i];  // the only bit is the sign bit
+          else o[i] = s >= uint64_t(bits) ? (a[i] < 0 ? -1 : 0) : (a[i] >> s);
+        }
+        break;
+      default: break;
+    }
+    wrapInts(o, n, t);
+    return d;
+  }
+
+  template <class T>
+  static void compareLoop(const std::string& p, const T* a, const T* b, int64_t* o, size_t n) {
+    if (p == "eq") for (size_t i = 0; i < n; ++i) o[i] = a[i] == b[i];
+    else if (p == "ne") for (size_t i = 0; i < n; ++i) o[i] = !(a[i] == b[i]);  // unordered: true with a NaN
+    else if (p == "lt") for (size_t i = 0; i < n; ++i) o[i] = a[i] < b[i];
+    else if (p == "le") for (size_t i = 0; i < n; ++i) o[i] = a[i] <= b[i];
+    else if (p == "gt") for (size_t i = 0; i < n; ++i) o[i] = a[i] > b[i];
+    else for (size_t i = 0; i < n; ++i) o[i] = a[i] >= b[i];
+  }
+
+  DataRef compare(const Op& op, size_t n) {
+    auto d = alloc<int64_t>(n);
+    const std::string& p = op.strAttr("pred");
+    int64_t* o = d->ints.data();
+    switch (storageOf(op.operand(0)->type().dtype())) {
+      case Storage::F32: compareLoop(p, inp<float>(op, 0), inp<float>(op, 1), o, n); break;
+      case Storage::F64: compareLoop(p, inp<double>(op, 0), inp<double>(op, 1), o, n); break;
+      case Storage::Int: compareLoop(p, inp<int64_t>(op, 0), inp<int64_t>(op, 1), o, n); break;
+      case Storage::Ptr: {
+        const PtrVal *a = inp<PtrVal>(op, 0), *b = inp<PtrVal>(op, 1);
+        bool eq = p == "eq";
+        for (size_t i = 0; i < n; ++i) o[i] = ((a[i].buffer == b[i].buffer && a[i].offset == b[i].offset) == eq);
+        break;
+      }
+    }
+    return d;
+  }
+
+  DataRef cast(const Op& op, const Type& rt, size_t n) {
+    const DType from = op.operand(0)->type().dtype(), to = rt.dtype();
+    const Storage sf = storageOf(from), st = storageOf(to);
+    if (sf == Storage::Ptr) return slots_[size_t(op.operand(0)->id())];  // same address, another pointee
+    if (sf == st && from == to) return slots_[size_t(op.operand(0)->id())];
+    // Source values as one of float / double / int64; destination by storage.
+    return withStorage(sf, [&](auto tag) -> DataRef {
+      using S = decltype(tag);
+      const S* x = inp<S>(op, 0);
+      if constexpr (std::is_same_v<S, PtrVal>) {
+        return nullptr;  // unreachable: handled above
+      } else {
+        switch (st) {
+          case Storage::F32: {
+            auto d = alloc<float>(n);
+            float* o = d->f32.data();
+            if constexpr (std::is_same_v<S, float>) {
+              // float-held to float-held: exact when widening, one rounding when narrowing.
+              for (size_t i = 0; i < n; ++i) o[i] = x[i];
+              roundFloats(o, n, to);
+            } else {
+              for (size_t i = 0; i < n; ++i) o[i] = narrowTo(x[i], to);
+            }
+            return d;
+          }
+          case Storage::F64: {
+            auto d = alloc<double>(n);
+            for (size_t i = 0; i < n; ++i) d->f64[i] = double(x[i]);
+            return d;
+          }
+          default: {
+            auto d = alloc<int64_t>(n);
+            int64_t* o = d->ints.data();
+            if constexpr (std::is_same_v<S, int64_t>) {
+              if (to == DType::I1)
+                for (size_t i = 0; i < n; ++i) o[i] = x[i] != 0;
+              else
+                for (size_t i = 0; i < n; ++i) o[i] = wrapInt(x[i], to);
+            } else {
+              for (size_t i = 0; i < n; ++i) o[i] = floatToInt(double(x[i]), to);
+            }
+            return d;
+          }
+        }
+      }
+    });
+  }
+
+  // Checks an active element's access; returns its host address.
+  char* address(const Op& op, const char* verb, const Shape& shape, size_t i, const PtrVal& p, int width) const {
+    const InterpArg& a = (*l_.args)[size_t(p.buffer)];
+    bool inside = p.offset >= 0 && uint64_t(p.offset) + uint64_t(width) <= a.bytes();
+    char* addr = static_cast<char*>(a.base()) + (inside ? p.offset : 0);
+    if (inside && reinterpret_cast<uintptr_t>(addr) % uintptr_t(width) == 0) return addr;
+    fail(op, std::string(inside ? "misaligned " : "out-of-bounds ") + verb + " of " + std::to_string(width) +
+                 " bytes at tile element " + coordString(shape, int64_t(i)) + ": byte offset " +
+                 std::to_string(p.offset) + " in buffer '" + a.name() + "' of " + std::to_string(a.bytes()) + " bytes");
+  }
+
+  DataRef load(const Op& op, const Type& rt, size_t n) {
+    const PtrVal* p = inp<PtrVal>(op, 0);
+    const int64_t* mask = op.numOperands() > 1 ? inp<int64_t>(op, 1) : nullptr;
+    size_t maskStep = mask && op.operand(1)->type().isScalar() ? 0 : 1;
+    const Value* other = op.numOperands() > 2 ? op.operand(2) : nullptr;
+    size_t otherStep = other && other->type().isScalar() ? 0 : 1;
+    const Shape& shape = rt.shape();
+    const int width = byteWidth(rt.dtype());
+    return withMemDType(rt.dtype(), [&](auto mem) -> DataRef {
+      using M = decltype(mem);
+      using T = typename M::Held;
+      auto d = alloc<T>(n);  // zero: the default for inactive elements
+      T* o = d->template vec<T>().data();
+      const T* oth = other ? inp<T>(op, 2) : nullptr;
+      for (size_t i = 0; i < n; ++i) {
+        if (mask && !mask[i * maskStep]) {
+          if (oth) o[i] = oth[i * otherStep];
+          continue;
+        }
+        o[i] = M::read(address(op, "load", shape, i, p[i], width));
+      }
+      return d;
+    });
+  }
+
+  void store(const Op& op, size_t n) {
+    const PtrVal* p = inp<PtrVal>(op, 0);
+    const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
+    size_t maskStep = mask && op.operand(2)->type().isScalar() ? 0 : 1;
+    const Type& vt = op.operand(1)->type();
+    const int width = byteWidth(vt.dtype());
+    withMemDType(vt.dtype(), [&](auto mem) {
+      using M = decltype(mem);
+      using T = typename M::Held;
+      const T* v = inp<T>(op, 1);
+      for (size_t i = 0; i < n; ++i)
+        if (!mask || mask[i * maskStep]) M::write(address(op, "store", vt.shape(), i, p[i], width), v[i]);
+      return 0;
+    });
+  }
+
+  DataRef reduce(const Op& op, const Type& rt) {
+    const Shape& s = op.operand(0)->type().shape();
+    const size_t axis = size_t(op.intAttr("axis"));
+    int64_t outer = 1, inner = 1, len = s[axis];
+    for (size_t d = 0; d < axis; ++d) outer *= s[d];
+    for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+    const std::string& kind = op.strAttr("kind");
+    const DType t = rt.dtype();
+    return withStorage(storageOf(t), [&](auto tag) -> DataRef {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, PtrVal>) {
+        return nullptr;  // rejected by the checker
+      } else {
+        const T* x = inp<T>(op, 0);
+        auto d = alloc<T>(size_t(outer * inner));
+        T* o = d->template vec<T>().data();
+        constexpr bool isInt = std::is_same_v<T, int64_t>;
+        using Acc = std::conditional_t<isInt, uint64_t, double>;  // sums: wrapping ints, doubles for floats
+        std::vector<Acc> sum(static_cast<size_t>(inner), Acc(0));
+        for (int64_t a = 0; a < outer; ++a) {
+          const T* blk = x + a * len * inner;
+          T* out = o + a * inner;
+          if (kind == "sum") {
+            std::fill(sum.begin(), sum.end(), Acc(0));
+            for (int64_t k = 0; k < len; ++k)
+              for (int64_t i = 0; i < inner; ++i) sum[size_t(i)] += Acc(blk[k * inner + i]);
+            for (int64_t i = 0; i < inner; ++i) {
+              if constexpr (isInt) out[i] = wrapInt(int64_t(sum[size_t(i)]), t);
+              else if constexpr (std::is_same_v<T, float>) out[i] = narrowTo(sum[size_t(i)], t);
+              else out[i] = sum[size_t(i)];
+            }
+          } else {
+            bool isMax = kind == "max";
+            std::copy(blk, blk + inner, out);
+            for (int64_t k = 1; k < len; ++k) {
+              const T* row = blk + k * inner;
+              if constexpr (isInt) {
+                if (isMax) for (int64_t i = 0; i < inner; ++i) out[i] = std::max(out[i], row[i]);
+                else for (int64_t i = 0; i < inner; ++i) out[i] = std::min(out[i], row[i]);
+              } else {
+                if (isMax) for (int64_t i = 0; i < inner; ++i) out[i] = maxNaN(out[i], row[i]);
+                else for (int64_t i = 0; i < inner; ++i) out[i] = minNaN(out[i], row[i]);
+              }
+            }
+          }
+        }
+        return d;
+      }
+    });
+  }
+
+  // A float-held or double-held operand as a double matrix (row-major input).
+  Eigen::MatrixXd asDouble(const Op& op, size_t i, int64_t batch, int64_t rows, int64_t cols) const {
+    using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using RowMajorD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    int64_t off = batch * rows * cols;
+    if (storageOf(op.operand(i)->type().dtype()) == Storage::F64)
+      return Eigen::Map<const RowMajorD>(inp<double>(op, i) + off, rows, cols);
+    return Eigen::Map<const RowMajorF>(inp<float>(op, i) + off, rows, cols).cast<double>();
+  }
+
+  DataRef dot(const Op& op, const Type& rt) {
+    const Shape& as = op.operand(0)->type().shape();
+    const Shape& bs = op.operand(1)->type().shape();
+    const size_t r = as.size();
+    const int64_t batches = r == 3 ? as[0] : 1, m = as[r - 2], k = as[r - 1], nn = bs[r - 1];
+    const DType t = rt.dtype();
+    if (isInteger(t)) {
+      auto d = alloc<int64_t>(size_t(batches * m * nn));
+      const int64_t *a = inp<int64_t>(op, 0), *b = inp<int64_t>(op, 1), *c = inp<int64_t>(op, 2);
+      for (int64_t q = 0; q < batches; ++q)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < nn; ++j) {
+            uint64_t acc = uint64_t(c[(q * m + i) * nn + j]);
+            for (int64_t p = 0; p < k; ++p) acc += uint64_t(a[(q * m + i) * k + p]) * uint64_t(b[(q * k + p) * nn + j]);
+            d->ints[size_t((q * m + i) * nn + j)] = wrapInt(int64_t(acc), t);
+          }
+      return d;
+    }
+    const bool f64 = storageOf(t) == Storage::F64;
+    auto d = f64 ? alloc<double>(size_t(batches * m * nn)) : alloc<float>(size_t(batches * m * nn));
+    Eigen::MatrixXd prod;
+    for (int64_t q = 0; q < batches; ++q) {
+      prod.noalias() = asDouble(op, 0, q, m, k) * asDouble(op, 1, q, k, nn);
+      prod += asDouble(op, 2, q, m, nn);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < nn; ++j) {
+          size_t idx = size_t((q * m + i) * nn + j);
+          if (f64) d->f64[idx] = prod(i, j);
+          else d->f32[idx] = narrowTo(prod(i, j), t);
+        }
+    }
+    return d;
+  }
+
+  void forLoop(const Op& op) {
+    const int64_t lb = scalarInt(op.operand(0)), ub = scalarInt(op.operand(1)), step = scalarInt(op.operand(2));
+    if (step <= 0) fail(op, "loop step " + std::to_string(step) + " is not positive");
+    const Block& body = op.region(0);
+    const size_t n = op.numResults();
+    std::vector<DataRef> carried(n);
+    for (size_t j = 0; j < n; ++j) carried[j] = slots_[size_t(op.operand(3 + j)->id())];
+    for (int64_t iv = lb; iv < ub;) {
+      auto ivData = alloc<int64_t>(1);
+      ivData->ints[0] = iv;
+      set(body.arg(0), std::move(ivData));
+      for (size_t j = 0; j < n; ++j) set(body.arg(1 + j), carried[j]);
+      const Op* y = runBlock(body);
+      for (size_t j = 0; j < n; ++j) carried[j] = slots_[size_t(y->operand(j)->id())];
+      if (uint64_t(ub) - uint64_t(iv) <= uint64_t(step)) break;  // the next iv would reach ub (or overflow)
+      iv += step;
+    }
+    for (size_t j = 0; j < n; ++j) set(op.result(j), carried[j]);
+  }
+};
+
+// Binds one argument to its parameter, checking its kind and range.
+DataRef bindParam(const Function& f, size_t i, InterpArg& arg) {
+  const Value* p = f.params()[i];
+  const Type& t = p->type();
+  std::string pname = "parameter " + std::to_string(i) + (p->nameHint().empty() ? "" : " '" + p->nameHint() + "'");
+  auto fail = [&](const std::string& what) -> DataRef {
+    throw Error("interpret '" + f.name() + "': " + pname + " of type " + t.str() + ": " + what);
+  };
+  if (!t.isScalar()) return fail("tile parameters are not supported");
+  if (t.isPointer()) {
+    if (arg.kind() != InterpArg::Kind::Buffer) return fail("expects a buffer, got " + arg.describe());
+    if (!arg.base() && arg.bytes() != 0) return fail("null buffer of " + std::to_string(arg.bytes()) + " bytes");
+    if (arg.name().empty())
+      arg = InterpArg::buffer(arg.base(), arg.bytes(), p->nameHint().empty() ? "arg" + std::to_string(i) : p->nameHint());
+    auto d = alloc<PtrVal>(1);
+    d->ptrs[0] = {0, int64_t(i)};
+    return d;
+  }
+  if (isInteger(t.dtype())) {
+    if (arg.kind() != InterpArg::Kind::Integer) return fail("expects an integer, got " + arg.describe());
+    int64_t v = arg.intValue();
+    if ((t.dtype() == DType::I1 && v != 0 && v != 1) || wrapInt(v, t.dtype()) != v)
+      return fail("value " + std::to_string(v) + " does not fit");
+    auto d = alloc<int64_t>(1);
+    d->ints[0] = v;
+    return d;
+  }
+  if (arg.kind() != InterpArg::Kind::Real) return fail("expects a real, got " + arg.describe());
+  if (t.dtype() == DType::F64) {
+    auto d = alloc<double>(1);
+    d->f64[0] = arg.realValue();
+    return d;
+  }
+  auto d = alloc<float>(1);
+  d->f32[0] = narrowTo(arg.realValue(), t.dtype());
+  return d;
+}
+
+}  // namespace
+
+void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::array<int64_t, 3> grid,
+               const InterpOptions& options) {
+  for (int a = 0; a < 3; ++a)
+    if (grid[size_t(a)] < 0)
+      throw Error("interpret '" + f.name() + "': grid dimension " + std::to_string(a) + " is " +
+                  std::to_string(grid[size_t(a)]));
+  if (argsIn.size() != f.params().size()) {
+    std::string which;
+    if (argsIn.size() < f.params().size()) {
+      const Value* p = f.params()[argsIn.size()];
+      which = "; first missing: parameter " + std::to_string(argsIn.size()) +
+              (p->nameHint().empty() ? "" : " '" + p->nameHint() + "'") + " of type " + p->type().str();
+    }
+    throw Error("interpret '" + f.name() + "': " + std::to_string(argsIn.size()) + " arguments for " +
+                std::to_string(f.params().size()) + " parameters" + which);
+  }
+  Checker(f).block(f.body(), true);
+
+  std::vector<InterpArg> args = argsIn;  // gets default buffer names
+  Launch launch;
+  launch.f = &f;
+  launch.args = &args;
+  launch.grid = grid;
+  for (size_t i = 0; i < args.size(); ++i) launch.params.push_back(bindParam(f, i, args[i]));
+
+  const int64_t total = grid[0] * grid[1] * grid[2];
+  if (total == 0) return;
+  int64_t threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, total);
+
+  // Programs are claimed in increasing order; after a failure no new program
+  // starts, so every program numbered below a failing one has run, and the
+  // lowest failure reported is the same whatever the scheduling.
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex errorMutex;
+  int64_t errorProgram = total;
+  std::string errorMessage;
+  auto worker = [&] {
+    Program program(launch);
+    for (;;) {
+      if (stop.load(std::memory_order_relaxed)) return;
+      int64_t l = next.fetch_add(1);
+      if (l >= total) return;
+      try {
+        program.run({l % grid[0], (l / grid[0]) % grid[1], l / (grid[0] * grid[1])});
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(errorMutex);
+        if (l < errorProgram) {
+          errorProgram = l;
+          errorMessage = e.what();
+        }
+        stop = true;
+      }
+    }
+  };
+  if (threads == 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    for (int64_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+    for (auto& th : pool) th.join();
+  }
+  if (errorProgram < total) throw Error(errorMessage);
+}
+
+}  // namespace flextile::ir

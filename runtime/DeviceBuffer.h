@@ -1,0 +1,52 @@
+// Device memory owned by one object (cuMemAlloc / cuMemFree).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace flextile::runtime {
+
+class Device;
+
+// A block of global memory on one device, freed when the buffer is destroyed. Move-only.
+// Copies are synchronous with respect to the host; they check the range against bytes().
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;  // empty: no device memory, address() == 0
+  // Allocates `bytes` (0 is allowed and allocates nothing) on `device` (Device::current() when null).
+  // Throws DriverError without a driver or when the device is out of memory.
+  explicit DeviceBuffer(size_t bytes, Device* device = nullptr);
+  ~DeviceBuffer();
+
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  uint64_t address() const { return address_; }  // the CUdeviceptr, to pass as a kernel argument
+  size_t bytes() const { return bytes_; }
+  bool empty() const { return bytes_ == 0; }
+  Device* device() const { return device_; }
+
+  // Copies `bytes` between host memory and this buffer starting `offset` bytes in.
+  void copyFromHost(const void* source, size_t bytes, size_t offset = 0);
+  void copyToHost(void* destination, size_t bytes, size_t offset = 0) const;
+  // Sets every byte to `value`: poison outputs before a launch (0xFF makes NaN floats) so a kernel
+  // that skips a store is caught.
+  void fillBytes(uint8_t value);
+
+  // Frees the memory now (the buffer becomes empty).
+  void reset();
+
+ private:
+  uint64_t address_ = 0;
+  size_t bytes_ = 0;
+  Device* device_ = nullptr;
+};
+
+// Throws DriverError unless [offset, offset + bytes) lies inside a buffer of `capacity` bytes and
+// `hostPointer` is not null when bytes > 0. `operation` names the caller in the message.
+void checkCopyRange(const char* operation, const void* hostPointer, size_t bytes, size_t offset, size_t capacity);
+
+}  // namespace flextile::runtime

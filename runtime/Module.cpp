@@ -1,0 +1,124 @@
+#include "runtime/Module.h"
+
+#include "runtime/Device.h"
+#include "runtime/DriverApi.h"
+#include "runtime/DriverError.h"
+
+#include <cctype>
+#include <cstdio>
+#include <vector>
+
+namespace flextile::runtime {
+
+struct Module::State {
+  cu::Module handle = nullptr;
+  Device* device = nullptr;
+  std::string name;
+  std::string infoLog;
+  double jitMilliseconds = 0;
+  std::vector<std::string> entries;
+
+  ~State() {
+    if (!handle) return;
+    cu::Result result = cu::api().ctxSetCurrent(static_cast<cu::Context>(device->context()));
+    if (result == cu::kSuccess) result = cu::api().moduleUnload(handle);
+    if (result != cu::kSuccess && result != cu::kErrorDeinitialized)
+      std::fprintf(stderr, "flextile: %s\n",
+                   DriverError::format("cuModuleUnload", result, "module '" + name + "'").c_str());
+  }
+};
+
+std::vector<std::string> ptxEntryNames(const std::string& ptx) {
+  std::vector<std::string> names;
+  const std::string keyword = ".entry";
+  for (size_t at = ptx.find(keyword); at != std::string::npos; at = ptx.find(keyword, at + keyword.size())) {
+    size_t begin = at + keyword.size();
+    if (begin >= ptx.size() || !std::isspace(static_cast<unsigned char>(ptx[begin]))) continue;
+    while (begin < ptx.size() && std::isspace(static_cast<unsigned char>(ptx[begin]))) ++begin;
+    size_t end = begin;
+    while (end < ptx.size() && (std::isalnum(static_cast<unsigned char>(ptx[end])) || ptx[end] == '_' ||
+                                ptx[end] == '$' || ptx[end] == '.'))
+      ++end;
+    if (end > begin) names.push_back(ptx.substr(begin, end - begin));
+  }
+  return names;
+}
+
+Module::Module(const std::string& ptx, const std::string& name, Device* device) : state_(std::make_shared<State>()) {
+  state_->device = device ? device : &Device::current();
+  state_->name = name;
+  state_->entries = ptxEntryNames(ptx);
+  state_->device->makeCurrent();
+
+  // The JIT writes its logs into these buffers and the bytes it used back into the size slots.
+  constexpr size_t kLogBytes = 64 * 1024;
+  std::vector<char> infoLog(kLogBytes, '\0'), errorLog(kLogBytes, '\0');
+  float wallMilliseconds = 0;
+  cu::JitOption options[] = {cu::kJitInfoLogBuffer,  cu::kJitInfoLogBufferSizeBytes, cu::kJitErrorLogBuffer,
+                             cu::kJitErrorLogBufferSizeBytes, cu::kJitLogVerbose, cu::kJitWallTime};
+  void* values[] = {infoLog.data(),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
+                    errorLog.data(),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
+                    &wallMilliseconds};
+  cu::Module handle = nullptr;
+  cu::Result result = cu::api().moduleLoadDataEx(&handle, ptx.c_str(), sizeof options / sizeof options[0], options,
+                                                 values);
+  if (result != cu::kSuccess) {
+    std::string context = "loading PTX module '" + name + "' (" + std::to_string(ptx.size()) + " bytes) for " +
+                          state_->device->name() + " (sm_" + std::to_string(state_->device->capability()) + ")";
+    std::string log = errorLog.data();
+    while (!log.empty() && std::isspace(static_cast<unsigned char>(log.back()))) log.pop_back();
+    context += log.empty() ? "; the JIT wrote no error log" : "; JIT error log:\n" + log;
+    throw DriverError("cuModuleLoadDataEx", result, context);
+  }
+  state_->handle = handle;
+  state_->infoLog = infoLog.data();
+  state_->jitMilliseconds = wallMilliseconds;
+}
+
+const std::string& Module::name() const { return state_->name; }
+const std::string& Module::infoLog() const { return state_->infoLog; }
+double Module::jitMilliseconds() const { return state_->jitMilliseconds; }
+const std::vector<std::string>& Module::entryNames() const { return state_->entries; }
+
+Kernel Module::function(const std::string& name) const {
+  Device* device = state_->device;
+  device->makeCurrent();
+  const cu::Api& api = cu::api();
+  cu::Function function = nullptr;
+  if (cu::Result result = api.moduleGetFunction(&function, state_->handle, name.c_str()); result != cu::kSuccess) {
+    std::string entries;
+    for (const std::string& entry : state_->entries) entries += (entries.empty() ? "" : ", ") + entry;
+    throw DriverError("cuModuleGetFunction", result,
+                      "no kernel '" + name + "' in module '" + state_->name + "' (its entries: " +
+                          (entries.empty() ? "none" : entries) + ")");
+  }
+
+  Kernel kernel;
+  kernel.module_ = state_;
+  kernel.function_ = function;
+  kernel.device_ = device;
+  kernel.name_ = name;
+  std::string where = "kernel '" + name + "'";
+  auto attribute = [&](cu::FunctionAttribute which, const char* what) {
+    int value = 0;
+    cu::check(api.funcGetAttribute(&value, which, function), "cuFuncGetAttribute", where + ", " + what);
+    return value;
+  };
+  KernelAttributes& attributes = kernel.attributes_;
+  attributes.registersPerThread = attribute(cu::kFuncNumRegs, "registers");
+  attributes.localBytesPerThread = attribute(cu::kFuncLocalSizeBytes, "local memory");
+  attributes.staticSharedBytes = attribute(cu::kFuncSharedSizeBytes, "static shared memory");
+  attributes.constBytes = attribute(cu::kFuncConstSizeBytes, "constant memory");
+  attributes.maxThreadsPerBlock = attribute(cu::kFuncMaxThreadsPerBlock, "max threads per block");
+  attributes.ptxVersion = attribute(cu::kFuncPtxVersion, "PTX version");
+  attributes.binaryVersion = attribute(cu::kFuncBinaryVersion, "binary version");
+  kernel.dynamicSharedLimit_ =
+      std::make_shared<std::atomic<int>>(attribute(cu::kFuncMaxDynamicSharedSizeBytes, "max dynamic shared memory"));
+  kernel.limits_ = kernel.computeLimits();
+  return kernel;
+}
+
+}  // namespace flextile::runtime

@@ -1,0 +1,42 @@
+// A module of kernels JIT-compiled by the driver from PTX text.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/Kernel.h"
+
+namespace flextile::runtime {
+
+class Device;
+
+// PTX loaded with cuModuleLoadDataEx. Copies share one loaded module, which is unloaded when the
+// last copy and the last Kernel taken from it are gone.
+class Module {
+ public:
+  // JIT-compiles `ptx` for `device` (Device::current() when null). On failure throws DriverError
+  // whose message carries the JIT error log ("ptxas application ptx input, line 12; error : ...").
+  // `name` only labels messages (a kernel or file name).
+  explicit Module(const std::string& ptx, const std::string& name = "module", Device* device = nullptr);
+
+  // The kernel `.entry name`; throws DriverError listing the module's entries when absent.
+  Kernel function(const std::string& name) const;
+
+  const std::string& name() const;
+  // The JIT's info log (verbose: registers, spills, shared memory per kernel) and its wall time.
+  const std::string& infoLog() const;
+  double jitMilliseconds() const;
+  // The `.entry` names found in the PTX text.
+  const std::vector<std::string>& entryNames() const;
+
+  struct State;  // shared with Kernel, which keeps the module loaded
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// The names of the `.entry` functions in PTX text, in order.
+std::vector<std::string> ptxEntryNames(const std::string& ptx);
+
+}  // namespace flextile::runtime

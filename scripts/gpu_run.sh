@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The ONE command run on the GPU machine, from the repo root, using only ./bundle (made by
+# scripts/bundle.sh). Lists the GPUs, runs the GPU tests, runs the benches listed below, and
+# prints a summary table last. Logs go to $OUT, or ./gpu-logs when OUT is unset.
+#
+# From this (GPU-less) machine, after a build:
+#   scripts/bundle.sh build            # makes ./bundle (git-ignored)
+#   device tool: run(command="scripts/gpu_run.sh", carry=["bundle"])
+# (A helper's worktree is not what the tool sends: copy bundle/ and scripts/ into an ignored
+# folder of the session's checkout, carry that folder and cd into it first.)
+#
+# The device tool returns at most 8 files from $OUT: gpu_tests.log, gpu_tests.xml and
+# summary.txt, plus one log per bench, so keep BENCHES to five entries or fewer.
+set -uo pipefail
+
+BUNDLE=./bundle
+LOGS=${OUT:-./gpu-logs}
+# FLEXTILE_ALLOW_NO_GPU=1 accepts a run where every GPU test skipped (to try the script without a GPU).
+TEST_TIMEOUT=${FLEXTILE_GPU_TEST_TIMEOUT:-300}
+BENCH_TIMEOUT=${FLEXTILE_BENCH_TIMEOUT:-240}
+
+# Benches: "name|command", run from the repo root; each writes to $LOGS/bench_<name>.log.
+# A bench prints its own results; it fails the run only by exiting non-zero.
+BENCHES=(
+  "softmax|$BUNDLE/bin/flextile_softmax_bench"
+  "torch_softmax|python3 bench/torch_softmax.py"
+)
+
+mkdir -p "$LOGS"
+if [ ! -x "$BUNDLE/bin/flextile_gpu_tests" ]; then
+  echo "gpu_run.sh: $BUNDLE/bin/flextile_gpu_tests is missing: run scripts/bundle.sh and carry bundle/" >&2
+  exit 2
+fi
+[ -f "$BUNDLE/MANIFEST.txt" ] && cat "$BUNDLE/MANIFEST.txt"
+
+echo "== GPUs"
+nvidia-smi -L 2>&1 || echo "(nvidia-smi failed)"
+
+SUMMARY=()   # rows: step|status|seconds|detail
+FAILED=0
+
+now() { date +%s.%N; }
+seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# Status of a finished command from its exit code (124: killed by timeout).
+status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
+
+echo "== flextile_gpu_tests"
+start=$(now)
+timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" --gtest_output="xml:$LOGS/gpu_tests.xml" 2>&1 |
+  tee "$LOGS/gpu_tests.log"
+rc=${PIPESTATUS[0]}
+log="$LOGS/gpu_tests.log"
+count_of() { sed -n "s/^\[  $1 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$log" | tail -1; }
+passed=$(count_of PASSED); failed=$(count_of FAILED); skipped=$(count_of SKIPPED)
+detail="${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
+if [ "${failed:-0}" != 0 ]; then
+  detail+=": $(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$log" | sort -u | head -5 | tr '\n' ' ')"
+fi
+status=$(status_of "$rc")
+# On the GPU machine a run in which nothing ran is a failure (the driver was not found, say).
+if [ "$rc" = 0 ] && [ "${passed:-0}" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then
+  status="NO-GPU"
+  rc=1
+fi
+[ "$rc" = 0 ] || FAILED=1
+SUMMARY+=("gpu tests|$status|$(seconds_since "$start")|$detail")
+
+for entry in "${BENCHES[@]}"; do
+  name=${entry%%|*}
+  command=${entry#*|}
+  echo "== bench $name: $command"
+  start=$(now)
+  timeout "$BENCH_TIMEOUT" bash -c "$command" 2>&1 | tee "$LOGS/bench_$name.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || FAILED=1
+  SUMMARY+=("bench $name|$(status_of "$rc")|$(seconds_since "$start")|log: bench_$name.log")
+done
+
+if [ -f "$LOGS/bench_softmax.log" ] && [ -f "$LOGS/bench_torch_softmax.log" ]; then
+  echo; echo "== row softmax, side by side"
+  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/softmax_table.txt"
+fi
+
+{
+  echo
+  echo "== summary"
+  printf '%-24s %-10s %8s  %s\n' step status seconds detail
+  for row in "${SUMMARY[@]}"; do
+    IFS='|' read -r step status secs detail <<< "$row"
+    printf '%-24s %-10s %8s  %s\n' "$step" "$status" "$secs" "$detail"
+  done
+} | tee "$LOGS/summary.txt"
+exit "$FAILED"

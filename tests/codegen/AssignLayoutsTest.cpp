@@ -1,0 +1,341 @@
+// Layout assignment on the kernels it must handle without any conversion
+// (vector add, row softmax, matmul, loops with carried reductions, broadcasts
+// both ways, trans, mixed ranks), for every warp count, plus vectorization of
+// loads and stores and the places where a conversion is the right answer.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <random>
+
+#include "LayoutTestUtil.h"
+#include "codegen/AxisInfo.h"
+#include "codegen/Passes.h"
+
+namespace flextile::codegen {
+namespace {
+
+using namespace flextile::ir;
+using namespace flextile::testing;
+
+const Target kTarget = Target::sm90a();
+const int kWarpCounts[] = {1, 2, 4, 8, 16};
+
+std::string joinErrors(const std::vector<std::string>& errs) {
+  std::string s;
+  for (const auto& e : errs) s += "  " + e + "\n";
+  return s;
+}
+
+// Runs the pass and the checks every kernel must pass.
+void assignAndCheck(Function& f, int expectedConverts = 0) {
+  assignLayouts(f, kTarget);
+  auto errs = layoutRuleViolations(f);
+  EXPECT_TRUE(errs.empty()) << f.name() << " breaks layout rules:\n" << joinErrors(errs);
+  EXPECT_EQ(countOps(f, OpKind::ConvertLayout), expectedConverts)
+      << f.name() << " (num_warps " << f.numWarps() << ")\n" << dump(f);
+  if (const char* env = std::getenv("FLEXTILE_TEST_DUMP"); env && std::string(env) == f.name()) std::cout << dump(f);
+}
+
+// The vector width each load and store of `f` gets.
+std::vector<int64_t> accessWidths(const Function& f) {
+  AxisInfoAnalysis ai(f);
+  std::vector<int64_t> out;
+  f.walk([&](const Op& op) {
+    if (op.kind() == OpKind::Load || op.kind() == OpKind::Store) out.push_back(memoryAccessWidth(op, ai).width);
+  });
+  return out;
+}
+
+TEST(AssignLayouts, VectorAddVectorizesWhenNIsDivisible) {
+  for (int nw : kWarpCounts) {
+    SCOPED_TRACE("num_warps " + std::to_string(nw));
+    auto f = vectorAdd(4096, nw, 16);
+    assignAndCheck(*f);
+    for (const Op* ld : opsOf(*f, OpKind::Load)) EXPECT_EQ(ld->result()->type().layout()->contiguousRegisters(0), 4);
+    EXPECT_EQ(accessWidths(*f), (std::vector<int64_t>{4, 4, 4}));
+  }
+}
+
+TEST(AssignLayouts, VectorAddStaysScalarWhenTheMaskForbidsVectors) {
+  for (int nw : kWarpCounts) {
+    auto f = vectorAdd(4096, nw, /*n divisible by*/ 1);
+    assignAndCheck(*f);
+    for (const Op* ld : opsOf(*f, OpKind::Load)) EXPECT_EQ(ld->result()->type().layout()->contiguousRegisters(0), 1);
+    EXPECT_EQ(accessWidths(*f), (std::vector<int64_t>{1, 1, 1}));
+  }
+}
+
+TEST(AssignLayouts, VectorAddSmallBlockSpreadsOverThreads) {
+  // 128 elements over 128 threads: one element each rather than 4 per thread
+  // with 3/4 of the threads idle.
+  auto f = vectorAdd(128, 4, 16);
+  assignAndCheck(*f);
+  const Layout& l = *opsOf(*f, OpKind::Load)[0]->result()->type().layout();
+  EXPECT_EQ(l.numRegisters(), 1);
+  EXPECT_EQ(l.replicatedLaneMask(), 0u);
+  EXPECT_EQ(l.replicatedWarpMask(), 0u);
+}
+
+TEST(AssignLayouts, RowSoftmaxNeedsNoConversion) {
+  for (int nw : kWarpCounts) {
+    SCOPED_TRACE("num_warps " + std::to_string(nw));
+    auto f = rowSoftmax(32, 128, nw, 16);
+    assignAndCheck(*f);
+    const Layout& ld = *opsOf(*f, OpKind::Load)[0]->result()->type().layout();
+    EXPECT_EQ(ld.contiguousRegisters(1), 4);
+    EXPECT_EQ(accessWidths(*f), (std::vector<int64_t>{4, 4}));
+    // The reductions come out in the sliced layout; the store uses the load's layout.
+    for (const Op* r : opsOf(*f, OpKind::Reduce)) EXPECT_EQ(*r->result()->type().layout(), ld.sliced(1));
+    EXPECT_EQ(*opsOf(*f, OpKind::Store)[0]->operand(1)->type().layout(), ld);
+    // Index arithmetic is computed once per layout it is needed in: rows and
+    // cols each in one layout, shared by the load, the store and the masks.
+    EXPECT_EQ(countOps(*f, OpKind::Arange), 2);
+  }
+}
+
+TEST(AssignLayouts, RowSoftmaxVectorWidthFollowsAlignmentAndType) {
+  auto odd = rowSoftmax(32, 128, 4, /*N divisible by*/ 1);
+  assignAndCheck(*odd);
+  EXPECT_EQ(opsOf(*odd, OpKind::Load)[0]->result()->type().layout()->contiguousRegisters(1), 1);
+  EXPECT_EQ(accessWidths(*odd), (std::vector<int64_t>{1, 1}));
+
+  auto half = rowSoftmax(32, 256, 4, 16, DType::F16);
+  assignAndCheck(*half);
+  EXPECT_EQ(opsOf(*half, OpKind::Load)[0]->result()->type().layout()->contiguousRegisters(1), 8);
+  EXPECT_EQ(accessWidths(*half), (std::vector<int64_t>{8, 8}));
+
+  auto four = rowSoftmax(32, 128, 4, 4);  // N % 4 == 0: mask groups of 4, 16-byte rows
+  assignAndCheck(*four);
+  EXPECT_EQ(accessWidths(*four), (std::vector<int64_t>{4, 4}));
+  auto two = rowSoftmax(32, 128, 4, 2);  // 8-byte aligned rows
+  assignAndCheck(*two);
+  EXPECT_EQ(accessWidths(*two), (std::vector<int64_t>{2, 2}));
+}
+
+TEST(AssignLayouts, MatmulNeedsNoConversion) {
+  for (bool carried : {false, true})
+    for (int nw : kWarpCounts) {
+      SCOPED_TRACE(std::string(carried ? "carried pointers" : "recomputed pointers") + ", num_warps " +
+                   std::to_string(nw));
+      auto f = matmul(128, 128, 64, nw, carried);
+      assignAndCheck(*f);
+      auto loads = opsOf(*f, OpKind::Load);
+      ASSERT_EQ(loads.size(), 2u);
+      // f16 tiles: 8 elements = 16 bytes per access along the contiguous dim.
+      EXPECT_EQ(loads[0]->result()->type().layout()->contiguousRegisters(1), 8);
+      EXPECT_EQ(loads[1]->result()->type().layout()->contiguousRegisters(1), 8);
+      const Op* dot = opsOf(*f, OpKind::Dot)[0];
+      const Op* loop = opsOf(*f, OpKind::For)[0];
+      EXPECT_EQ(*loop->result(0)->type().layout(), *dot->result()->type().layout());
+      auto widths = accessWidths(*f);
+      EXPECT_EQ(widths, (std::vector<int64_t>{8, 8, 4}));  // a, b, then the f32 store of c
+    }
+}
+
+TEST(AssignLayouts, MatmulWithUnalignedDimensionsDoesNotVectorize) {
+  for (bool carried : {false, true}) {
+    auto f = matmul(64, 64, 32, 4, carried, /*dims divisible by*/ 1);
+    assignAndCheck(*f);
+    for (const Op* ld : opsOf(*f, OpKind::Load))
+      EXPECT_EQ(ld->result()->type().layout()->contiguousRegisters(1), 1);
+    EXPECT_EQ(accessWidths(*f), (std::vector<int64_t>{1, 1, 1}));
+  }
+}
+
+TEST(AssignLayouts, LoopCarriedReductions) {
+  for (bool online : {false, true})
+    for (int nw : kWarpCounts) {
+      SCOPED_TRACE(std::string(online ? "online" : "plain") + ", num_warps " + std::to_string(nw));
+      auto f = rowSumLoop(64, 64, nw, online);
+      assignAndCheck(*f);
+      const Op* loop = opsOf(*f, OpKind::For)[0];
+      const Layout& tile = *opsOf(*f, OpKind::Load)[0]->result()->type().layout();
+      for (size_t i = 0; i < loop->numResults(); ++i) EXPECT_EQ(*loop->result(i)->type().layout(), tile.sliced(1));
+    }
+}
+
+TEST(AssignLayouts, BroadcastBothDirectionsOfReductions) {
+  for (int nw : kWarpCounts) {
+    Function f("center");
+    Value* x = f.addParam(Type::pointer(DType::F32), "x");
+    Value* y = f.addParam(Type::pointer(DType::F32), "y");
+    setAttrs(f, nw, {});
+    Builder b(f);
+    K k{b};
+    const Shape tile{64, 32};
+    Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(32), {64})), tile), k.row(b.arange(0, 32), tile));
+    Value* t = b.load(k.ptrs(x, offs));
+    Value* rowMax = b.reduce(t, 1, "max");  // [64]
+    Value* colSum = b.reduce(t, 0, "sum");  // [32]
+    Value* centered = k.sub(k.sub(t, k.col(rowMax, tile)), k.row(colSum, tile));
+    // The broadcast operand first, the computed tile second.
+    Value* scaled = k.mul(k.row(colSum, tile), centered);
+    b.store(k.ptrs(y, offs), scaled);
+    b.ret();
+    assignAndCheck(f);
+  }
+}
+
+TEST(AssignLayouts, BroadcastOfALoadedVectorConvertsTheVectorNotTheTile) {
+  // bias[BN] is loaded in its own coalesced 1-D layout; adding it to every
+  // row of a 2-D tile needs it in the tile's column slice. One conversion, on
+  // the small vector.
+  Function f("bias");
+  Value* x = f.addParam(Type::pointer(DType::F32), "x");
+  Value* bias = f.addParam(Type::pointer(DType::F32), "bias");
+  Value* y = f.addParam(Type::pointer(DType::F32), "y");
+  setAttrs(f, 4, {});
+  Builder b(f);
+  K k{b};
+  const Shape tile{64, 128};
+  Value* cols = b.arange(0, 128);
+  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
+  Value* t = b.load(k.ptrs(x, offs));
+  Value* bv = b.load(k.ptrs(bias, cols));
+  b.store(k.ptrs(y, offs), k.add(t, k.row(bv, tile)));
+  b.ret();
+  assignAndCheck(f, 1);
+  const Op* cvt = opsOf(f, OpKind::ConvertLayout)[0];
+  EXPECT_EQ(cvt->operand(0), bv);
+  EXPECT_EQ(cvt->result()->type().shape(), (Shape{128}));
+}
+
+TEST(AssignLayouts, ElementwiseMixOfTwoLoadsConvertsTheSecond) {
+  // Two loads with different access patterns want different layouts; their
+  // sum takes the first one's and converts the second.
+  Function f("mix");
+  Value* x = f.addParam(Type::pointer(DType::F32), "x");
+  Value* xt = f.addParam(Type::pointer(DType::F32), "xt");
+  Value* y = f.addParam(Type::pointer(DType::F32), "y");
+  setAttrs(f, 4, {});
+  Builder b(f);
+  K k{b};
+  const Shape tile{64, 64};
+  Value* r = b.arange(0, 64);
+  Value* c = b.arange(0, 64);
+  Value* sixtyFour = k.splat(k.i32(64), {64});
+  Value* rowMajor = k.add(k.col(k.mul(r, sixtyFour), tile), k.row(c, tile));
+  Value* colMajor = k.add(k.col(r, tile), k.row(k.mul(c, sixtyFour), tile));
+  Value* a = b.load(k.ptrs(x, rowMajor));
+  Value* at = b.load(k.ptrs(xt, colMajor));  // contiguous along dim 0
+  b.store(k.ptrs(y, rowMajor), k.add(a, at));
+  b.ret();
+  assignAndCheck(f, 1);
+  EXPECT_EQ(at->type().layout()->contiguousRegisters(0), 4);
+  EXPECT_EQ(opsOf(f, OpKind::ConvertLayout)[0]->operand(0), at);
+}
+
+TEST(AssignLayouts, TransposeAndStoreTransposed) {
+  for (int nw : kWarpCounts) {
+    Function f("transpose");
+    Value* x = f.addParam(Type::pointer(DType::F32), "x");
+    Value* y = f.addParam(Type::pointer(DType::F32), "y");
+    setAttrs(f, nw, {});
+    Builder b(f);
+    K k{b};
+    Value* r = b.arange(0, 32);
+    Value* c = b.arange(0, 64);
+    Value* in = k.add(k.col(k.mul(r, k.splat(k.i32(64), {32})), {32, 64}), k.row(c, {32, 64}));
+    Value* t = b.load(k.ptrs(x, in));
+    Value* tt = b.trans(t, {1, 0});  // [64, 32]
+    // y[c, r] = x[r, c] + (index of the trans'd cheap offsets, to exercise trans of cheap values)
+    Value* out = b.trans(in, {1, 0});
+    Value* v = k.add(tt, b.cast(out, DType::F32));
+    b.store(k.ptrs(y, out), v);
+    b.ret();
+    assignAndCheck(f);
+  }
+}
+
+TEST(AssignLayouts, MixedRanks) {
+  for (int nw : kWarpCounts) {
+    Function f("ranks");
+    Value* x = f.addParam(Type::pointer(DType::F32), "x");
+    Value* y = f.addParam(Type::pointer(DType::F32), "y");
+    Value* z = f.addParam(Type::pointer(DType::F32), "z");
+    setAttrs(f, nw, {});
+    Builder b(f);
+    K k{b};
+    const Shape s3{2, 16, 32};
+    // offsets of a [2, 16, 32] row-major block
+    Value* i0 = b.broadcast(b.expandDims(b.expandDims(k.mul(b.arange(0, 2), k.splat(k.i32(512), {2})), 1), 2), s3);
+    Value* i1 = b.broadcast(b.expandDims(b.expandDims(k.mul(b.arange(0, 16), k.splat(k.i32(32), {16})), 0), 2), s3);
+    Value* i2 = b.broadcast(b.expandDims(b.expandDims(b.arange(0, 32), 0), 0), s3);
+    Value* offs = k.add(k.add(i0, i1), i2);
+    Value* t = b.load(k.ptrs(x, offs));
+    Value* s = b.reduce(t, 2, "sum");  // [2, 16]
+    Value* s1 = b.reduce(s, 0, "max");  // [16]
+    Value* total = b.reduce(s1, 0, "sum");  // scalar
+    // back up to 3-D: t - s[:, :, None] + s1[None, :, None]
+    Value* centered = k.sub(t, b.broadcast(b.expandDims(s, 2), s3));
+    Value* shifted = k.add(centered, b.broadcast(b.expandDims(b.expandDims(s1, 0), 2), s3));
+    b.store(k.ptrs(y, offs), shifted);
+    // the same data as a [32, 32] matrix plus its own cheap offsets
+    Value* flat = b.reshape(shifted, {32, 32});
+    Value* offs2 = k.add(k.col(k.mul(b.arange(0, 32), k.splat(k.i32(32), {32})), {32, 32}), k.row(b.arange(0, 32), {32, 32}));
+    b.store(k.ptrs(z, offs2), k.add(flat, k.splat(total, {32, 32})));
+    b.ret();
+    assignAndCheck(f);
+  }
+}
+
+TEST(AssignLayouts, IsIdempotent) {
+  auto f = matmul(64, 32, 16, 4, true);
+  assignLayouts(*f, kTarget);
+  std::vector<std::string> first;
+  f->walk([&](const Op& op) {
+    for (const Value* r : op.results()) first.push_back(layoutOf(r));
+  });
+  assignAndCheck(*f);
+  std::vector<std::string> second;
+  f->walk([&](const Op& op) {
+    for (const Value* r : op.results()) second.push_back(layoutOf(r));
+  });
+  EXPECT_EQ(first, second);
+}
+
+TEST(AssignLayouts, RejectsNonPowerOfTwoTiles) {
+  Function f("bad");
+  Builder b(f);
+  b.arange(0, 48);
+  b.ret();
+  EXPECT_THROW(assignLayouts(f, kTarget), Error);
+}
+
+TEST(AssignLayouts, RandomTileSizesAndWarps) {
+  std::random_device rd;
+  const unsigned seed = rd();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto pow2 = [&](int lo, int hi) { return int64_t(1) << (lo + int(rng() % unsigned(hi - lo + 1))); };
+  for (int trial = 0; trial < 60; ++trial) {
+    int nw = kWarpCounts[rng() % 5];
+    int64_t bm = pow2(0, 7), bn = pow2(0, 8), bk = pow2(0, 6);
+    int64_t div = pow2(0, 5);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": num_warps " + std::to_string(nw) + " BM " + std::to_string(bm) +
+                 " BN " + std::to_string(bn) + " BK " + std::to_string(bk) + " div " + std::to_string(div));
+    auto sm = rowSoftmax(bm, bn, nw, div);
+    assignAndCheck(*sm);
+    auto mm = matmul(bm, bn, bk, nw, rng() % 2, div);
+    assignAndCheck(*mm);
+    auto rs = rowSumLoop(bm, bn, nw, rng() % 2);
+    assignAndCheck(*rs);
+    auto va = vectorAdd(bn, nw, div);
+    assignAndCheck(*va);
+    // Whatever the sizes, a vector access never exceeds 16 bytes or what the
+    // facts allow.
+    for (auto* fn : {sm.get(), mm.get(), va.get()}) {
+      AxisInfoAnalysis ai(*fn);
+      fn->walk([&](const Op& op) {
+        if (op.kind() != OpKind::Load && op.kind() != OpKind::Store) return;
+        auto w = memoryAccessWidth(op, ai);
+        EXPECT_LE(w.width * byteWidth(op.operand(0)->type().pointee()), 16);
+        EXPECT_LE(w.width, vectorWidth(op.operand(0), ai, nullptr, w.dim));
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flextile::codegen

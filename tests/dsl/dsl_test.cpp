@@ -1,0 +1,177 @@
+// The tile language: tracing builds the IR it should, and mistakes are
+// reported while tracing with the op, the operands and the user's line.
+#include <gtest/gtest.h>
+
+#include "dsl/DSL.h"
+#include "examples/kernels.h"
+#include "ir/Printer.h"
+
+using namespace flextile;
+using namespace flextile::dsl;
+
+namespace {
+
+// Traces `body` into a fresh function and returns it.
+template <class F>
+std::unique_ptr<ir::Function> traceBody(F body) {
+  auto f = std::make_unique<ir::Function>("t");
+  TraceContext ctx(*f);
+  body(*f);
+  return f;
+}
+
+int countOps(const ir::Function& f, ir::OpKind k) {
+  int n = 0;
+  f.walk([&](const ir::Op& op) { n += op.kind() == k; });
+  return n;
+}
+
+// The message of the flextile::Error `fn` throws ("" when none).
+template <class F>
+std::string errorOf(F fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Dsl, BroadcastingFollowsNumpyRules) {
+  auto f = traceBody([](ir::Function&) {
+    Tile rows = arange(0, 64).expand(1);  // [64, 1]
+    Tile cols = arange(0, 32).expand(0);  // [1, 32]
+    Tile sum = rows * 32 + cols;
+    EXPECT_EQ(sum.shape(), (Shape{64, 32}));
+    EXPECT_EQ(sum.dtype(), DType::I32);
+    Tile s = arange(0, 32) + zeros({4, 32}, DType::I32);  // rank extension
+    EXPECT_EQ(s.shape(), (Shape{4, 32}));
+  });
+  EXPECT_EQ(countOps(*f, ir::OpKind::Broadcast), 3);
+}
+
+TEST(Dsl, DtypePromotion) {
+  traceBody([](ir::Function&) {
+    Tile i = arange(0, 16);
+    EXPECT_EQ((i + 1).dtype(), DType::I32);
+    EXPECT_EQ((i * 0.5).dtype(), DType::F32);  // a float literal makes an integer tile f32
+    Tile h = zeros({16}, DType::F16);
+    EXPECT_EQ((h + 1).dtype(), DType::F16);    // literals adopt the tile's dtype
+    EXPECT_EQ((h + zeros({16}, DType::BF16)).dtype(), DType::F32);
+    EXPECT_EQ((h + zeros({16}, DType::F32)).dtype(), DType::F32);
+    EXPECT_EQ((i + zeros({16}, DType::I64)).dtype(), DType::I64);
+    EXPECT_EQ((i < 3).dtype(), DType::I1);
+    EXPECT_EQ(sum(i < 3, 0).dtype(), DType::I32);
+  });
+}
+
+TEST(Dsl, ShapeMismatchNamesOpShapesAndLine) {
+  int line = 0;
+  std::string msg = errorOf([&] {
+    traceBody([&](ir::Function&) {
+      Tile a = arange(0, 64), b = arange(0, 32);
+      line = __LINE__ + 1;
+      Tile c = a + b;
+    });
+  });
+  EXPECT_NE(msg.find("dsl_test.cpp:" + std::to_string(line)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("add"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[64]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[32]"), std::string::npos) << msg;
+}
+
+TEST(Dsl, DtypeErrorsNameTheOperands) {
+  std::string msg = errorOf([] { traceBody([](ir::Function&) { exp(arange(0, 8)); }); });
+  EXPECT_NE(msg.find("exp"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("i32[8]"), std::string::npos) << msg;
+  msg = errorOf([] { traceBody([](ir::Function&) { zeros({8}, DType::F32) & 1; }); });
+  EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
+  msg = errorOf([] {
+    traceBody([](ir::Function&) { dot(zeros({16, 32}, DType::F16), zeros({16, 16}, DType::F16)); });
+  });
+  EXPECT_NE(msg.find("dot"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f16[16,32]"), std::string::npos) << msg;
+}
+
+TEST(Dsl, NonPowerOfTwoTilesAreRejected) {
+  std::string msg = errorOf([] { traceBody([](ir::Function&) { arange(0, 100); }); });
+  EXPECT_NE(msg.find("power of two"), std::string::npos) << msg;
+  msg = errorOf([] { traceBody([](ir::Function&) { zeros({3, 4}, DType::F32); }); });
+  EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
+}
+
+TEST(Dsl, ReductionAxisOutOfRange) {
+  std::string msg = errorOf([] { traceBody([](ir::Function&) { max(zeros({4, 8}, DType::F32), 2); }); });
+  EXPECT_NE(msg.find("axis 2"), std::string::npos) << msg;
+  traceBody([](ir::Function&) { EXPECT_EQ(max(zeros({4, 8}, DType::F32), -1).shape(), (Shape{4})); });
+}
+
+TEST(Dsl, TilesOutsideATraceAreAnError) {
+  std::string msg = errorOf([] { arange(0, 8); });
+  EXPECT_NE(msg.find("outside a kernel trace"), std::string::npos) << msg;
+}
+
+TEST(Dsl, ForRangeCarriesValuesAndChecksTheirTypes) {
+  auto f = traceBody([](ir::Function&) {
+    auto [a, b] = for_range(0, 10, 2, std::tuple{zeros({8}, DType::F32), zeros({8}, DType::I32)},
+                            [](Tile i, Tile a, Tile b) { return std::tuple{a + 1.0, b + i}; });
+    EXPECT_EQ(a.dtype(), DType::F32);
+    EXPECT_EQ(b.dtype(), DType::I32);
+  });
+  EXPECT_EQ(countOps(*f, ir::OpKind::For), 1);
+  EXPECT_EQ(countOps(*f, ir::OpKind::Yield), 1);
+  int line = 0;
+  std::string msg = errorOf([&] {
+    traceBody([&](ir::Function&) {
+      line = __LINE__ + 1;
+      for_range(0, 10, 1, zeros({8}, DType::F32), [](Tile i, Tile a) { return a.to(DType::F16); });
+    });
+  });
+  EXPECT_NE(msg.find("dsl_test.cpp:" + std::to_string(line)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[8]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f16[8]"), std::string::npos) << msg;
+}
+
+TEST(Dsl, LoadStoreCheckPointersMasksAndValues) {
+  auto k = kernel("k", [](Ptr<f16> p, Int n) {
+    auto offs = arange(0, 16);
+    auto v = load(p + offs, offs < n, 0);
+    EXPECT_EQ(v.dtype(), DType::F16);
+    store(p + offs, v.to(f32{}) * 2, offs < n);  // the value is cast to the pointee type
+  });
+  auto f = k.trace();
+  EXPECT_EQ(f->params().size(), 2u);
+  EXPECT_TRUE(f->params()[0]->type().isPointer());
+  EXPECT_EQ(f->params()[0]->type().pointee(), DType::F16);
+  EXPECT_EQ(f->params()[1]->type().dtype(), DType::I32);
+  std::string msg = errorOf([] {
+    kernel("bad", [](Ptr<f32> p) { load(p + arange(0, 16), arange(0, 16)); }).trace();
+  });
+  EXPECT_NE(msg.find("mask must be i1"), std::string::npos) << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { load(p + zeros({16}, DType::F32)); }).trace(); });
+  EXPECT_NE(msg.find("pointer offsets"), std::string::npos) << msg;
+}
+
+TEST(Dsl, ConstantsFoldIntoTheTraceAndAreChecked) {
+  Kernel add = examples::vectorAdd();
+  EXPECT_EQ(add.numConstants(), 1u);
+  auto a = add.trace({{128}, 4});
+  auto b = add.trace({{256}, 4});
+  EXPECT_NE(ir::printFunction(*a), ir::printFunction(*b));
+  EXPECT_NE(ir::printFunction(*a).find("i32[128]"), std::string::npos);
+  std::string msg = errorOf([&] { add.trace({{}, 4}); });
+  EXPECT_NE(msg.find("Const<> values"), std::string::npos) << msg;
+  msg = errorOf([&] { add.trace({{128}, 3}); });
+  EXPECT_NE(msg.find("num_warps"), std::string::npos) << msg;
+}
+
+TEST(Dsl, ExampleKernelsTraceToVerifiedIR) {
+  EXPECT_NO_THROW(examples::rowSoftmax<bf16>().trace({{1, 1024}, 4}));
+  EXPECT_NO_THROW(examples::rowSoftmax<f32>().trace({{4, 256}, 4}));
+  EXPECT_NO_THROW(examples::matmul<f16>().trace({{64, 64, 32}, 4}));
+  auto mm = examples::matmul<f32>().trace({{32, 32, 16}, 2});
+  EXPECT_EQ(countOps(*mm, ir::OpKind::Dot), 1);
+  EXPECT_EQ(countOps(*mm, ir::OpKind::For), 1);
+}
+
+}  // namespace

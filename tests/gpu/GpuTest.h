@@ -1,0 +1,37 @@
+// Helpers shared by every GPU test (all in the one executable flextile_gpu_tests).
+#pragma once
+
+#include "runtime/Driver.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+// First statement of every GPU test: skips it, with the reason, where no driver or device is
+// present, so the suite passes (as skipped) on machines without a GPU.
+#define FLEXTILE_REQUIRE_GPU()                                            \
+  do {                                                                    \
+    std::string flextileWhyNoGpu_;                                        \
+    if (!::flextile::runtime::Driver::available(&flextileWhyNoGpu_))      \
+      GTEST_SKIP() << "no CUDA GPU: " << flextileWhyNoGpu_;               \
+  } while (0)
+
+namespace flextile::testing {
+
+// A generator seeded from std::random_device; the seed goes into every failure message of the
+// test (through SCOPED_TRACE), so a failing run can be replayed by fixing it.
+// Usage: `flextile::testing::SeededRandom random;` in the test body (the trace lives as long).
+class SeededRandom : public std::mt19937_64 {
+ public:
+  SeededRandom() : SeededRandom(std::random_device{}()) {}
+  explicit SeededRandom(uint64_t seed)
+      : std::mt19937_64(seed), seed_(seed), trace_(__FILE__, __LINE__, "random seed " + std::to_string(seed)) {}
+  uint64_t seed() const { return seed_; }
+
+ private:
+  uint64_t seed_;
+  ::testing::ScopedTrace trace_;
+};
+
+}  // namespace flextile::testing
