@@ -1,9 +1,13 @@
 // flextile-opt: reads tile IR text, verifies it, runs passes, prints the result.
 //
-//   flextile-opt [--passes=canonicalize,cse,dce] [--print-locations] [--verify-only] FILE|-
+//   flextile-opt [--passes=canonicalize,cse,dce] [--print-locations] [--verify-only]
+//                [--split-input-file] [--dump=STAGES] FILE|-
 //
 // Exit status 1 with the error on stderr when the input does not parse or
-// verify, or a pass fails. The lit tests under tests/lit drive it.
+// verify, or a pass fails. With --split-input-file, the input is cut at lines
+// "// -----" and each piece is handled on its own (errors keep the line
+// numbers of the whole file; the exit status is 1 if any piece failed), so one
+// lit test can hold many small cases. The lit tests under tests/lit drive it.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -27,6 +31,7 @@ void usage() {
       "  --passes=a,b,...     run these passes in order (canonicalize, cse, dce)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
+      "  --split-input-file   handle each piece between '// -----' lines separately\n"
       "  --dump=STAGES        as FLEXTILE_DUMP (ir, passes, llvm, ptx, all)\n"
       // CODEGEN: document --emit=llvm|ptx and codegen passes here.
       ,
@@ -54,6 +59,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> passNames;
   ir::PrintOptions print;
   bool verifyOnly = false;
+  bool split = false;
   // ---- CODEGEN: options for --emit=llvm|ptx (and a --target) go here.
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -63,6 +69,8 @@ int run(int argc, char** argv) {
       print.locations = true;
     } else if (a == "--verify-only") {
       verifyOnly = true;
+    } else if (a == "--split-input-file") {
+      split = true;
     } else if (a.rfind("--dump=", 0) == 0) {
       const char* dir = std::getenv("FLEXTILE_DUMP_DIR");
       ir::setDumpConfig(a.substr(7), dir ? dir : "");
@@ -111,13 +119,45 @@ int run(int argc, char** argv) {
     pipeline.add(*p);
   }
 
-  ir::Module m = ir::parseModule(text, input == "-" ? "<stdin>" : input);
-  for (auto& f : m.functions) pipeline.run(*f);  // verifies the input first, then after every pass
-  if (verifyOnly) return 0;
-  // ---- CODEGEN: with --emit=llvm|ptx, compile each function here
-  //   (codegen::compile(*f, options)) and print its llvmIR / ptx instead.
-  std::fputs(ir::printModule(m, print).c_str(), stdout);
-  return 0;
+  const std::string source = input == "-" ? "<stdin>" : input;
+  // Each piece is padded with the newlines before it, so its errors carry the
+  // line numbers of the whole file.
+  std::vector<std::string> pieces;
+  if (split) {
+    std::string piece;
+    int line = 0;
+    std::stringstream in(text);
+    for (std::string l; std::getline(in, l);) {
+      ++line;
+      if (l.rfind("// -----", 0) == 0) {
+        pieces.push_back(piece);
+        piece = std::string(size_t(line), '\n');
+      } else {
+        piece += l + "\n";
+      }
+    }
+    pieces.push_back(piece);
+  } else {
+    pieces.push_back(text);
+  }
+
+  int status = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (split && i) std::fputs("// -----\n", stdout);
+    try {
+      ir::Module m = ir::parseModule(pieces[i], source);
+      for (auto& f : m.functions) pipeline.run(*f);  // verifies the input first, then after every pass
+      if (verifyOnly) continue;
+      // ---- CODEGEN: with --emit=llvm|ptx, compile each function here
+      //   (codegen::compile(*f, options)) and print its llvmIR / ptx instead.
+      std::fputs(ir::printModule(m, print).c_str(), stdout);
+    } catch (const Error& e) {
+      if (!split) throw;
+      std::fprintf(stderr, "%s\n", e.what());
+      status = 1;
+    }
+  }
+  return status;
 }
 
 }  // namespace
