@@ -14,6 +14,7 @@
 #include "dsl/DSL.h"
 #include "runtime/Driver.h"
 #include "runtime/DeviceBuffer.h"
+#include "runtime/Device.h"
 
 namespace flextile::examples {
 

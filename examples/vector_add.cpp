@@ -32,7 +32,7 @@ int main(int argc, char** argv) try {
     std::printf("no GPU (%s): running the IR interpreter\n", why.c_str());
     add.interpret(launch, x, y, out, n);
   }
-  std::vector<double> ref(size_t(n));
+  std::vector<double> ref(static_cast<size_t>(n));
   for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(x[i]) + double(y[i]);
   double err = relativeError(out, ref);
   std::printf("vector_add n=%d: relative error %.2e (%s)\n", n, err, err < 1e-6 ? "ok" : "FAILED");
