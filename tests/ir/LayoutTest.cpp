@@ -361,7 +361,27 @@ TEST(Layout, RegisterOfIsSafeFromSeveralThreads) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-TEST(Layout, DefaultBlockedOfAScalarIsAnError) { EXPECT_THROW(Layout::defaultBlocked({}, 4), Error); }
+// Regression: these used to index out of bounds (a scalar) or build garbage
+// silently (malformed blocked parameters); now they are errors that say why.
+TEST(Layout, MalformedConstructorArgumentsAreErrors) {
+  auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(message([] { Layout::defaultBlocked({}, 4); }).find("a scalar has no layout"), std::string::npos);
+  EXPECT_NE(message([] { Layout::defaultBlocked({64}, 3); }).find("must be powers of two"), std::string::npos);
+  EXPECT_NE(message([] { Layout::blocked({64}, {1}, {16}, {1}, {0}); }).find("threadsPerWarp must multiply to 32, got 16"),
+            std::string::npos);
+  EXPECT_NE(message([] { Layout::blocked({64, 4}, {1}, {32}, {1}, {0}); }).find("one entry per dimension"),
+            std::string::npos);
+  EXPECT_NE(message([] { Layout::blocked({64, 4}, {1, 1}, {32, 1}, {1, 1}, {0, 0}); }).find("not a permutation"),
+            std::string::npos);
+  EXPECT_NE(message([] { Layout::blocked({48}, {1}, {32}, {1}, {0}); }).find("powers of two"), std::string::npos);
+}
 
 }  // namespace
 }  // namespace flextile::ir
