@@ -72,6 +72,21 @@ Layout::Layout(Shape shape, Bases reg, Bases lane, Bases warp)
 Layout Layout::blocked(const Shape& shape, const std::vector<int64_t>& spt, const std::vector<int64_t>& tpw,
                        const std::vector<int64_t>& wpc, const std::vector<int>& order) {
   const size_t r = shape.size();
+  // Malformed parameters would index out of bounds below; say what is wrong instead.
+  auto fail = [&](const std::string& what) { throw Error("blocked layout for " + shapeString(shape) + ": " + what); };
+  if (r == 0) fail("a scalar has no layout");
+  if (spt.size() != r || tpw.size() != r || wpc.size() != r || order.size() != r)
+    fail("sizePerThread, threadsPerWarp, warpsPerCTA and order need one entry per dimension");
+  std::vector<int> sortedOrder = order;
+  std::sort(sortedOrder.begin(), sortedOrder.end());
+  int64_t lanes = 1;
+  for (size_t d = 0; d < r; ++d) {
+    if (sortedOrder[d] != int(d)) fail("order is not a permutation of the dimensions");
+    if (!isPow2(shape[d]) || !isPow2(spt[d]) || !isPow2(tpw[d]) || !isPow2(wpc[d]))
+      fail("shape and all parameters must be powers of two");
+    lanes *= tpw[d];
+  }
+  if (lanes != 32) fail("threadsPerWarp must multiply to 32, got " + std::to_string(lanes));
   auto unit = [&](size_t d, int64_t v) {
     Coord c(r, 0);
     c[d] = shape[d] > 0 ? v % shape[d] : 0;  // past the tile wraps to 0: replication
@@ -93,6 +108,10 @@ Layout Layout::blocked(const Shape& shape, const std::vector<int64_t>& spt, cons
 
 Layout Layout::defaultBlocked(const Shape& shape, int numWarps, int64_t vector) {
   const int r = int(shape.size());
+  if (r == 0) throw Error("default layout: a scalar has no layout");
+  if (!isPow2(numWarps) || !isPow2(vector))
+    throw Error("default layout for " + shapeString(shape) + ": warps (" + std::to_string(numWarps) + ") and vector (" +
+                std::to_string(vector) + ") must be powers of two");
   std::vector<int64_t> spt(r, 1), tpw(r, 1), wpc(r, 1);
   std::vector<int> order(r);
   for (int i = 0; i < r; ++i) order[i] = r - 1 - i;
@@ -125,11 +144,36 @@ Layout::Coord Layout::apply(int64_t reg, int64_t lane, int64_t warp) const {
   return unflatten(shape_, idx);
 }
 
+// Solves reg . bases = c over GF(2) by elimination instead of caching a
+// table: Layouts are shared between threads (shared_ptr<const Layout> in
+// types of cloned functions compiled in parallel), so a const method must not
+// fill a cache unsynchronized. The register bases are independent, so the
+// solution is unique.
 int64_t Layout::registerOf(const Coord& c) const {
-  if (regIndex_.empty())
-    for (int64_t r = 0; r < numRegisters(); ++r) regIndex_.emplace(regCoord(r), r);
-  auto it = regIndex_.find(c);
-  return it == regIndex_.end() ? -1 : it->second;
+  if (c.size() != shape_.size()) return -1;
+  for (size_t d = 0; d < c.size(); ++d)
+    if (c[d] < 0 || c[d] >= shape_[d]) return -1;
+  struct Row {
+    uint64_t value, combination;
+  };
+  std::vector<Row> rows;  // echelon form: distinct leading bits
+  auto reduce = [&](Row x) {
+    for (const Row& row : rows)
+      if (x.value & (uint64_t(1) << (63 - __builtin_clzll(row.value)))) {
+        x.value ^= row.value;
+        x.combination ^= row.combination;
+      }
+    return x;
+  };
+  for (size_t i = 0; i < reg_.size(); ++i) {
+    Row x = reduce({flatten(shape_, reg_[i]), uint64_t(1) << i});
+    if (x.value == 0) continue;
+    // Keep rows sorted by leading bit, highest first, so one pass of reduce() clears them in order.
+    auto pos = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.value < x.value; });
+    rows.insert(pos, x);
+  }
+  Row target = reduce({flatten(shape_, c), 0});
+  return target.value == 0 ? int64_t(target.combination) : -1;
 }
 
 Layout Layout::sliced(int axis) const {

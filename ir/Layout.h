@@ -109,7 +109,6 @@ class Layout {
  private:
   Shape shape_;
   Bases reg_, lane_, warp_;
-  mutable std::map<Coord, int64_t> regIndex_;  // lazily built for registerOf
 };
 
 using LayoutPtr = std::shared_ptr<const Layout>;

@@ -3,14 +3,15 @@
 // for tests and for other passes.
 //
 //   canonicalize  folds constants (scalars and uniform constant tiles, incl.
-//                 cmp, select and cast, with each dtype's wrap-around and
-//                 rounding), simplifies algebra (x+0, x*1, x*0 for integers,
-//                 x/1, x|0, x^0, x<<0, neg(neg x), not(not x)), turns splats
-//                 of constants into constant tiles and shape ops of splats
-//                 into splats, drops identity shape ops and casts, resolves
-//                 selects with a constant condition or equal choices, removes
-//                 for loops that provably run zero times, and erases the pure
-//                 ops this leaves unused.
+//                 cmp, select and cast) exactly as the interpreter computes
+//                 them, simplifies algebra (x+0, x*1, x*0 for integers, x/1,
+//                 x|0, x^0, x<<0, neg(neg x), not(not x); for floats only the
+//                 exact identities), turns splats of constants into constant
+//                 tiles and shape ops of splats into splats, drops identity
+//                 shape ops, casts and conversions, resolves selects with a
+//                 constant condition or equal choices, removes for loops that
+//                 provably run zero times, and finally runs dce on what it
+//                 left unused.
 //   cse           merges pure region-free ops with equal kind, operands (in
 //                 any order when commutative), attributes and result types;
 //                 an op inside a loop body may reuse one from an enclosing

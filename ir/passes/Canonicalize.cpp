@@ -1,10 +1,10 @@
 // Canonicalization: local rewrites to a simpler equivalent, applied until
-// nothing changes. Folding follows the interpreter's semantics exactly
-// (Ops.def): integers wrap to their width, i1 is 0 or 1, float results are
-// rounded to their dtype with round-to-nearest-even; anything whose result the
-// hardware might define differently (division by zero, INT_MIN / -1, shifts
-// past the width, NaN in maximum/minimum, float->int out of range) is left
-// alone.
+// nothing changes. Folding computes exactly what the interpreter (the semantic
+// oracle, ir/Interpreter.h) computes: integers wrap to their width, i1 is 0 or
+// 1, f32/f16/bf16 ops run in float and round once to their dtype (to nearest
+// even), f64 ops in double, maximum/minimum propagate NaN and order -0 < +0,
+// shifts past the width give 0 or the sign fill, float->int casts saturate.
+// Only integer division by zero (a run-time error) is left unfolded.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -53,6 +53,56 @@ double roundFloat(double v, DType t) {
   }
 }
 
+// Float element-wise ops in the precision the interpreter uses: T is float for
+// f32/f16/bf16 (the caller rounds to the dtype), double for f64.
+template <class T>
+std::optional<double> foldFloat(OpKind k, T a, T b) {
+  switch (k) {
+    case OpKind::Neg: return -a;
+    case OpKind::Abs: return std::fabs(a);
+    case OpKind::Exp: return std::exp(a);
+    case OpKind::Exp2: return std::exp2(a);
+    case OpKind::Log: return std::log(a);
+    case OpKind::Log2: return std::log2(a);
+    case OpKind::Tanh: return std::tanh(a);
+    case OpKind::Sqrt: return std::sqrt(a);
+    case OpKind::Rsqrt: return T(1) / std::sqrt(a);
+    case OpKind::Add: return a + b;
+    case OpKind::Sub: return a - b;
+    case OpKind::Mul: return a * b;
+    case OpKind::Div: return a / b;
+    case OpKind::Rem: return std::fmod(a, b);
+    case OpKind::Maximum:
+      if (std::isnan(a) || std::isnan(b)) return a + b;
+      if (a == b) return std::signbit(a) ? b : a;
+      return a > b ? a : b;
+    case OpKind::Minimum:
+      if (std::isnan(a) || std::isnan(b)) return a + b;
+      if (a == b) return std::signbit(a) ? a : b;
+      return a < b ? a : b;
+    default: return std::nullopt;
+  }
+}
+
+// An integer rounded once to a float dtype. Beyond 2^53 the int is first
+// rounded to odd in a double (53 bits, at least two more than f16/bf16/f32
+// keep), which makes the final rounding to nearest even exact.
+double intToFloat(int64_t v, DType t) {
+  if (t == DType::F64) return double(v);
+  if (t == DType::F32) return double(float(v));
+  uint64_t mag = v < 0 ? 0 - uint64_t(v) : uint64_t(v);
+  double d;
+  if (mag <= (uint64_t(1) << 53)) {
+    d = double(mag);
+  } else {
+    int shift = 64 - __builtin_clzll(mag) - 53;
+    uint64_t kept = mag >> shift;
+    if (mag & ((uint64_t(1) << shift) - 1)) kept |= 1;
+    d = std::ldexp(double(kept), shift);
+  }
+  return roundFloat(v < 0 ? -d : d, t);
+}
+
 class Canonicalizer {
  public:
   explicit Canonicalizer(Function& f) : f_(f) {}
@@ -86,8 +136,9 @@ class Canonicalizer {
     const Attr& a = d->attrs().at("value");
     Scalar s;
     if (isFloat(v->type().dtype())) {
-      if (auto* x = std::get_if<double>(&a)) s.f = *x;
-      else if (auto* y = std::get_if<int64_t>(&a)) s.f = double(*y);
+      // The value the interpreter materializes: rounded once to the dtype.
+      if (auto* x = std::get_if<double>(&a)) s.f = roundFloat(*x, v->type().dtype());
+      else if (auto* y = std::get_if<int64_t>(&a)) s.f = intToFloat(*y, v->type().dtype());
       else return std::nullopt;
     } else if (isInteger(v->type().dtype())) {
       auto* x = std::get_if<int64_t>(&a);
@@ -247,45 +298,39 @@ class Canonicalizer {
     const Scalar& a = in[0];
     const Scalar& b = in.size() > 1 ? in[1] : in[0];
     uint64_t ua = uint64_t(a.i), ub = uint64_t(b.i);
+    if (fp && op.kind() != OpKind::Cmp && op.kind() != OpKind::Cast) {
+      auto v = it == DType::F64 ? foldFloat<double>(op.kind(), a.f, b.f)
+                                : foldFloat<float>(op.kind(), float(a.f), float(b.f));
+      if (!v) return std::nullopt;
+      return f1(*v);
+    }
     switch (op.kind()) {
-      case OpKind::Neg: return fp ? f1(-a.f) : i1(0 - ua);
+      case OpKind::Neg: return i1(0 - ua);
       case OpKind::Not: return i1(~ua);
-      case OpKind::Abs: return fp ? f1(std::fabs(a.f)) : i1(a.i < 0 ? 0 - ua : ua);
-      case OpKind::Exp: return f1(std::exp(a.f));
-      case OpKind::Exp2: return f1(std::exp2(a.f));
-      case OpKind::Log: return f1(std::log(a.f));
-      case OpKind::Log2: return f1(std::log2(a.f));
-      case OpKind::Tanh: return f1(std::tanh(a.f));
-      case OpKind::Sqrt: return f1(std::sqrt(a.f));
-      case OpKind::Rsqrt: return f1(1.0 / std::sqrt(a.f));
-      case OpKind::Add: return fp ? f1(a.f + b.f) : i1(ua + ub);
-      case OpKind::Sub: return fp ? f1(a.f - b.f) : i1(ua - ub);
-      case OpKind::Mul: return fp ? f1(a.f * b.f) : i1(ua * ub);
+      case OpKind::Abs: return i1(a.i < 0 ? 0 - ua : ua);
+      case OpKind::Add: return i1(ua + ub);
+      case OpKind::Sub: return i1(ua - ub);
+      case OpKind::Mul: return i1(ua * ub);
       case OpKind::Div:
       case OpKind::Rem: {
         bool div = op.kind() == OpKind::Div;
-        if (fp) return f1(div ? a.f / b.f : std::fmod(a.f, b.f));
-        if (b.i == 0) return std::nullopt;
-        if (it == DType::I1) return i1(div ? ua : 0);  // x / 1, x % 1
-        int64_t minValue = bits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t(1) << (bits - 1));
-        if (a.i == minValue && b.i == -1) return std::nullopt;
+        if (b.i == 0) return std::nullopt;  // a run-time error in the interpreter; not ours to decide
+        if (b.i == -1) return i1(div ? 0 - ua : 0);  // INT_MIN / -1 wraps
         return i1(uint64_t(div ? a.i / b.i : a.i % b.i));
       }
-      case OpKind::Maximum:
-      case OpKind::Minimum: {
-        bool max = op.kind() == OpKind::Maximum;
-        if (!fp) return i1(uint64_t(max ? std::max(a.i, b.i) : std::min(a.i, b.i)));
-        if (std::isnan(a.f) || std::isnan(b.f) || (a.f == 0 && b.f == 0)) return std::nullopt;
-        return f1(max ? std::max(a.f, b.f) : std::min(a.f, b.f));
-      }
+      case OpKind::Maximum: return i1(uint64_t(std::max(a.i, b.i)));
+      case OpKind::Minimum: return i1(uint64_t(std::min(a.i, b.i)));
       case OpKind::And: return i1(ua & ub);
       case OpKind::Or: return i1(ua | ub);
       case OpKind::Xor: return i1(ua ^ ub);
       case OpKind::Shl:
-      case OpKind::Shr:
-        if (b.i < 0 || b.i >= bits) return std::nullopt;
-        if (op.kind() == OpKind::Shl) return i1(ua << b.i);
-        return i1(uint64_t(a.i >> b.i));  // a is sign-extended, so this is the arithmetic shift
+      case OpKind::Shr: {
+        uint64_t amount = bits == 64 ? ub : ub & ((uint64_t(1) << bits) - 1);  // read as unsigned
+        if (op.kind() == OpKind::Shl) return i1(amount >= uint64_t(bits) ? 0 : ua << amount);
+        if (it == DType::I1) return i1(ua);  // the only bit is the sign bit
+        if (amount >= uint64_t(bits)) return i1(a.i < 0 ? ~uint64_t(0) : 0);
+        return i1(uint64_t(a.i >> amount));  // a is sign-extended, so this is the arithmetic shift
+      }
       case OpKind::Cmp: {
         const std::string& p = op.strAttr("pred");
         auto cmp = [&](auto x, auto y) -> std::optional<Scalar> {
@@ -299,16 +344,17 @@ class Canonicalizer {
       case OpKind::Cast: {
         if (rt == DType::I1) return i1(fp ? a.f != 0 : a.i != 0);
         if (isFloat(rt)) {
-          if (fp) return f1(a.f);
-          if (std::abs(double(a.i)) > 9007199254740992.0) return std::nullopt;  // int64 -> double would round twice
-          return f1(double(a.i));
+          return f1(fp ? a.f : intToFloat(a.i, rt));
         }
         if (!fp) return i1(ua);
-        // Float to int truncates toward zero; out of range is left to the target.
-        double t = std::trunc(a.f);
-        int rbits = bitWidth(rt);
-        double lim = std::ldexp(1.0, rbits - 1);
-        if (std::isnan(t) || t < -lim || t >= lim) return std::nullopt;
+        // Float to int truncates toward zero and saturates; NaN gives 0.
+        if (std::isnan(a.f)) return i1(0);
+        const int rbits = bitWidth(rt);
+        const int64_t maxValue = rbits == 64 ? std::numeric_limits<int64_t>::max() : (int64_t(1) << (rbits - 1)) - 1;
+        const int64_t minValue = rbits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t(1) << (rbits - 1));
+        double t = std::trunc(a.f), lim = std::ldexp(1.0, rbits - 1);
+        if (t >= lim) return i1(uint64_t(maxValue));
+        if (t < -lim) return i1(uint64_t(minValue));
         return i1(uint64_t(int64_t(t)));
       }
       default:

@@ -1,0 +1,40 @@
+# lit configuration for FlexTile's golden tests (IR text after passes; the
+# codegen tests add LLVM IR and PTX). ctest runs it as the test `lit`; by hand:
+#
+#   lit-22 -sv tests/lit --param flextile_bin=<build>/tests/tools
+#
+# RUN lines use the plain tool names; they are substituted with full paths:
+#   flextile-opt  from the build (param flextile_bin, or flextile_opt for the exact file)
+#   FileCheck, not  from LLVM 22 (param llvm_bin, default /usr/lib/llvm-22/bin)
+import os
+import re
+import tempfile
+
+import lit.formats
+
+config.name = "FlexTile"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".ftir"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = lit_config.params.get(
+    "exec_root", os.path.join(tempfile.gettempdir(), "flextile-lit-" + str(os.getuid())))
+
+llvm_bin = lit_config.params.get("llvm_bin", "/usr/lib/llvm-22/bin")
+flextile_bin = lit_config.params.get("flextile_bin")
+tools = {
+    "flextile-opt": lit_config.params.get(
+        "flextile_opt", os.path.join(flextile_bin, "flextile-opt") if flextile_bin else None),
+    "FileCheck": os.path.join(llvm_bin, "FileCheck"),
+    "not": os.path.join(llvm_bin, "not"),
+}
+for name, path in tools.items():
+    if not path or not os.access(path, os.X_OK):
+        lit_config.fatal(f"cannot find '{name}' (got {path!r}); pass --param flextile_bin=<build>/tests/tools "
+                         "and --param llvm_bin=<llvm>/bin, or run the suite through ctest -R '^lit$'")
+    # A whole word only: not inside a path, a file name or an option such as --check-prefix=not.
+    config.substitutions.append((r"(?<![\w./=-])" + re.escape(name) + r"(?![\w.-])", path))
+
+# The tests must not depend on the caller's dump or timing settings.
+for var in ("FLEXTILE_DUMP", "FLEXTILE_DUMP_DIR", "FLEXTILE_TIMING"):
+    config.environment.pop(var, None)
