@@ -207,6 +207,9 @@ TEST(MmaAccumulator, SlicedAlongNIsTheRowLayoutOfARowReduction) {
         EXPECT_EQ(rows.replicatedLaneMask() & 0b11u, 0b11u);
         expectExactlyOneOwnerPerReplica(rows);
         expectRoundTrip(rows);
+        // Broadcasting the row values back is free: the [M, 1] operand of a
+        // broadcast to the accumulator is the expanded row layout.
+        EXPECT_EQ(acc.projected({M, 1}), rows.expanded(1));
 
         // Each row lives in one quad of one warp column, and the sliced
         // layout gives every thread of that quad the row it reduced.
