@@ -9,6 +9,9 @@
 // and barriers inside stay convergent). The step must be positive. A carried
 // value keeps its layout around the loop: init, region argument, yield
 // operand and result must have one type (with layout).
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include "codegen/LowerToLLVMImpl.h"
 
 namespace flextile::codegen {

@@ -1,15 +1,20 @@
 // dot(a[M,K], b[K,N], acc[M,N]) -> f32[M,N], the correct-first form (tensor
 // cores come with the mma layouts): a and b are staged row-major through
-// shared memory (a at the scratch offset, b right after it), then each
+// shared memory (codegen/SharedMemory.h: a at the scratch base, b at
+// dotScratchBOffset), then each
 // thread updates its own accumulator registers with one f32 FMA per k, in
 // increasing k (f16/bf16 inputs are extended to f32 exactly). The k loop is
 // an LLVM loop; per iteration a thread loads a[m, k] once per distinct row m
 // of its registers and b[k, n] once per distinct column n.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <map>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
 
@@ -37,7 +42,8 @@ void Lowering::lowerDot(const ir::Op& op) {
   const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
   const DType t = at.dtype();
   const int64_t offset = scratchOffset(op, scratchBytes(op));
-  const int64_t offsetB = offset + M * K * ir::byteWidth(t);
+  const int64_t offsetB = offset + dotScratchBOffset(op);
+  barrier();  // an earlier user of these bytes may still be reading them
   storeTileToShared(get(a), la, t, offset);
   storeTileToShared(get(bv), lb, t, offsetB);
   barrier();
@@ -81,7 +87,6 @@ void Lowering::lowerDot(const ir::Op& op) {
   for (size_t r = 0; r < phis.size(); ++r) phis[r]->addIncoming(next[r], loop);
   b.CreateCondBr(b.CreateICmpSLT(kNext, i32(K)), loop, done);
   b.SetInsertPoint(done);
-  barrier();  // the scratch may be reused after this
   set(res, std::move(next));
 }
 

@@ -16,6 +16,9 @@
 //     more give 0 (shl) or the sign (shr), as PTX's clamped shifts do.
 //   * cast float->int truncates toward zero and saturates (NaN -> 0); i1 is
 //     unsigned (true -> 1); casts to i1 test x != 0.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 

@@ -1,14 +1,22 @@
 // convert_layout, and the shared-memory helpers that reduce and dot use too.
 //
-// Scratch is row-major by tile coordinate: element c of a T[s] tile lives at
-// byte offset + flatIndex(s, c) * bytes(T) of the dynamic shared memory
-// (i1 as one byte). A conversion that is only a renaming of registers (same
-// lane and warp bases) stays in registers; any other goes through scratch:
-// store by the source layout (one thread per element), barrier, load by the
-// destination layout, barrier (so the next user of the scratch may write).
+// Scratch follows codegen/SharedMemory.h: row-major by tile coordinate,
+// element c of a T[s] tile at byte base + flatIndex(s, c) * bytes(T) of the
+// dynamic shared memory (i1 as one byte), and the barrier rule there: a
+// bar.sync before an op's first write to its scratch (an earlier op, or the
+// same op one loop iteration earlier, may still be reading those bytes) and
+// one between its writes and its reads.
+// A conversion that is only a renaming of registers (same lane and warp
+// bases) stays in registers; any other goes through scratch: barrier, store
+// by the source layout (one thread per element), barrier, load by the
+// destination layout.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
 
@@ -34,33 +42,6 @@ uint32_t warpBitsAlong(const Layout& l, int axis) {
 }  // namespace
 
 uint32_t reduceWarpMask(const Layout& l, int axis) { return warpBitsAlong(l, axis); }
-
-int64_t scratchBytes(const ir::Op& op) {
-  auto bytesOf = [](const ir::Type& t) { return int64_t(ir::byteWidth(t.dtype())); };
-  switch (op.kind()) {
-    case ir::OpKind::ConvertLayout: {
-      const ir::Type& from = op.operand(0)->type();
-      const ir::Type& to = op.result()->type();
-      if (from.hasLayout() && to.hasLayout() &&
-          !Lowering::registerRenaming(*from.layout(), *to.layout(), kIdentity).empty())
-        return 0;
-      return to.numElements() * bytesOf(to);
-    }
-    case ir::OpKind::Reduce: {
-      const ir::Type& x = op.operand(0)->type();
-      if (!x.hasLayout()) return 0;
-      uint32_t warpBits = warpBitsAlong(*x.layout(), int(op.intAttr("axis")));
-      if (warpBits == 0) return 0;
-      return op.result()->type().numElements() * (int64_t(1) << __builtin_popcount(warpBits)) * bytesOf(x);
-    }
-    case ir::OpKind::Dot: {
-      const ir::Type& a = op.operand(0)->type();
-      const ir::Type& b = op.operand(1)->type();
-      return a.numElements() * bytesOf(a) + b.numElements() * bytesOf(b);
-    }
-    default: return 0;
-  }
-}
 
 llvm::Value* Lowering::sharedAddress(int64_t offset, llvm::Value* elementIndex, DType t) {
   llvm::Value* byteOffset = b.CreateAdd(i32(offset), b.CreateMul(elementIndex, i32(ir::byteWidth(t))));
@@ -119,10 +100,10 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
   }
   const DType t = x->type().dtype();
   int64_t offset = scratchOffset(op, scratchBytes(op));
+  barrier();
   storeTileToShared(xs, from, t, offset);
   barrier();
   set(res, loadTileFromShared(to, t, offset));
-  barrier();
 }
 
 }  // namespace flextile::codegen

@@ -13,6 +13,9 @@
 //   store: `@p st.global` with p = mask && this thread owns the element, so a
 //          replicated element (Layout::replicatedLaneMask) is written once;
 //          a scalar store is done by thread 0.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/InlineAsm.h>
 
 #include "codegen/LowerToLLVMImpl.h"

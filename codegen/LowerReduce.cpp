@@ -6,16 +6,19 @@
 //   2. in the warp: butterfly shuffles (shfl.sync.bfly) over each lane bit
 //      whose basis lies along axis; afterwards every lane of a group holds
 //      the same value (the combines are commutative);
-//   3. across warps: when warp bases lie along axis, each warp writes its
-//      partial to scratch [result element][partial index], barrier, every
-//      thread combines the partials of its results in the same order,
-//      barrier.
+//   3. across warps: when warp bases lie along axis, barrier, each warp
+//      writes its partials to scratch [warp][result element], barrier, every
+//      thread combines the partials of its results in the same order.
 // Lane or warp bits whose basis is zero in the operand are replication, not
 // data: they are never combined (a sum would count an element twice).
 // A reduction to rank 0 gives a scalar that every thread holds.
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
 
@@ -86,23 +89,22 @@ void Lowering::lowerReduce(const ir::Op& op) {
     if (alongAxisOnly(L.laneBases()[i]))
       for (auto& a : acc) a = combine(kind, a, shuffleXor(a, 1 << i), t);
 
-  // 3. Warps.
-  const uint32_t warpBits = reduceWarpMask(L, axis);
-  if (warpBits != 0) {
-    const int64_t partials = int64_t(1) << __builtin_popcount(warpBits);
-    const int64_t offset = scratchOffset(op, scratchBytes(op));
-    // This warp's partial index: its warp-index bits along axis, packed.
-    llvm::Value* part = i32(0);
-    int k = 0;
+  // 3. Warps (scratch as codegen/SharedMemory.h lays it out: the partial of
+  // warp w for result element i at (w * numElements(result) + i)).
+  if (reduceNeedsScratch(op)) {
+    const uint32_t warpBits = reduceWarpMask(L, axis);
     for (size_t i = 0; i < L.warpBases().size(); ++i)
-      if (warpBits >> i & 1) part = b.CreateOr(part, b.CreateShl(b.CreateAnd(b.CreateLShr(warp, uint64_t(i)), 1), k++));
-    auto slot = [&](int64_t j, llvm::Value* p) {
+      if (L.warpBases()[i][size_t(axis)] != 0 && !(warpBits >> i & 1))
+        fail(op, "warp basis " + std::to_string(i) + " of " + L.str() + " mixes the reduced axis with another");
+    const int64_t offset = scratchOffset(op, scratchBytes(op));
+    const int64_t resultElems = res->type().numElements();
+    auto slot = [&](int64_t j, llvm::Value* w) {
       llvm::Value* elem = S.rank() == 0 ? i32(0) : flatIndex(S.shape(), coordinate(S, j));
-      return b.CreateAdd(b.CreateMul(elem, i32(partials)), p);
+      return b.CreateAdd(b.CreateMul(w, i32(resultElems)), elem);
     };
-    // One writer per (element, partial): S's replicated bits, less the warp
-    // bits that index the partials.
-    llvm::Value* owner = threadsWithBitsClear(S.replicatedLaneMask(), S.replicatedWarpMask() & ~warpBits);
+    barrier();  // an earlier user of these bytes may still be reading them
+    // Every warp writes its own slots; one lane per element of S writes.
+    llvm::Value* owner = threadsWithBitsClear(S.replicatedLaneMask(), 0);
     llvm::BasicBlock* cont = nullptr;
     if (owner) {
       auto* write = llvm::BasicBlock::Create(ctx, "reduce.write", kernel);
@@ -110,21 +112,28 @@ void Lowering::lowerReduce(const ir::Op& op) {
       b.CreateCondBr(owner, write, cont);
       b.SetInsertPoint(write);
     }
-    for (int64_t j = 0; j < S.numRegisters(); ++j) storeShared(sharedAddress(offset, slot(j, part), t), acc[size_t(j)], t);
+    for (int64_t j = 0; j < S.numRegisters(); ++j) storeShared(sharedAddress(offset, slot(j, warp), t), acc[size_t(j)], t);
     if (owner) {
       b.CreateBr(cont);
       b.SetInsertPoint(cont);
     }
     barrier();
+    // Combine the partials of the warps that differ from this one only in
+    // the axis bits, in increasing order of those bits (the same order in
+    // every thread, so replicated results agree).
+    llvm::Value* otherBits = b.CreateAnd(warp, i32(~int64_t(warpBits) & 0xffffffff));
+    const int k = __builtin_popcount(warpBits);
     for (int64_t j = 0; j < S.numRegisters(); ++j) {
       llvm::Value* a = nullptr;
-      for (int64_t p = 0; p < partials; ++p) {
-        llvm::Value* v = loadShared(sharedAddress(offset, slot(j, i32(p)), t), t);
+      for (int64_t p = 0; p < (int64_t(1) << k); ++p) {
+        int64_t w = 0;
+        for (int i = 0, bit = 0; i < 32; ++i)
+          if (warpBits >> i & 1) w |= ((p >> bit++) & 1) << i;
+        llvm::Value* v = loadShared(sharedAddress(offset, slot(j, b.CreateOr(otherBits, i32(w))), t), t);
         a = a ? combine(kind, a, v, t) : v;
       }
       acc[size_t(j)] = a;
     }
-    barrier();
   }
   set(res, std::move(acc));
 }

@@ -1,3 +1,6 @@
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
 #include "codegen/LowerToLLVM.h"
 
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -5,7 +8,9 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/AxisInfo.h"
 #include "codegen/NVPTXTarget.h"
+#include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
 
@@ -408,13 +413,15 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 
 // ---- plan helpers ----------------------------------------------------------
 
-LoweringPlan overlappingScratchPlan(const ir::Function& f) {
+LoweringPlan planLowering(const ir::Function& f) {
   LoweringPlan plan;
+  SharedPlan shared = planSharedMemory(f);
+  for (const auto& [op, offset] : shared.offset) plan.scratchOffset[op] = offset;
+  plan.sharedBytes = shared.totalBytes;
+  AxisInfoAnalysis axis(f);
   f.walk([&](const ir::Op& op) {
-    int64_t need = scratchBytes(op);
-    if (need == 0) return;
-    plan.scratchOffset[&op] = 0;
-    plan.sharedBytes = std::max(plan.sharedBytes, need);
+    if ((op.kind() == OpKind::Load || op.kind() == OpKind::Store) && op.operand(0)->type().isTile())
+      plan.vectorWidth[&op] = int(memoryAccessWidth(op, axis).width);
   });
   return plan;
 }

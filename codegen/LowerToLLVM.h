@@ -33,10 +33,11 @@ namespace flextile::codegen {
 // scratch lives and how wide each global access may be.
 struct LoweringPlan {
   // Byte offset into the kernel's dynamic shared memory of the scratch of
-  // each op that needs one (convert_layout, reduce across warps, dot).
+  // each op that needs one (convert_layout, reduce across warps, dot), laid
+  // out as codegen/SharedMemory.h documents.
   std::map<const ir::Op*, int64_t> scratchOffset;
   // Dynamic shared memory per block (bytes): at least every offset plus its
-  // op's scratchBytes().
+  // op's scratchBytes() (SharedMemory.h).
   int64_t sharedBytes = 0;
   // Elements per global access of each load/store along the layout's fastest
   // contiguous dimension (1 when absent). The lowering lowers it further when
@@ -44,19 +45,11 @@ struct LoweringPlan {
   std::map<const ir::Op*, int> vectorWidth;
 };
 
-// Bytes of shared-memory scratch the lowering of `op` uses (0: none). The
-// scratch is used between barriers: written, barrier, read, barrier. So the
-// scratch of different ops may overlap, and a plan that puts every op at
-// offset 0 and sizes the block for the largest one is valid.
-//   convert_layout T[s]  : numElements(s) * bytes(T), row-major by coordinate
-//   reduce across warps  : numElements(result) * partials * bytes(T), where
-//                          partials = 2^(warp bits along the axis)
-//   dot a[M,K] b[K,N]    : a row-major at 0, then b row-major
-// (i1 is stored as one byte.)
-int64_t scratchBytes(const ir::Op& op);
-
-// A plan with every scratch at offset 0 (see scratchBytes).
-LoweringPlan overlappingScratchPlan(const ir::Function& f);
+// The plan for a function that carries layouts: scratch offsets from
+// planSharedMemory (codegen/SharedMemory.h, whose formulas and barrier rule
+// the lowering follows) and access widths from the axis analysis
+// (codegen/AxisInfo.h: memoryAccessWidth).
+LoweringPlan planLowering(const ir::Function& f);
 
 // Lowering, LLVM O3 and PTX emission of a function that already carries
 // layouts, under a given plan: compile() without the IR passes, for tests

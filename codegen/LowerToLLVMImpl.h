@@ -1,6 +1,8 @@
-// The lowering's shared state, used by codegen/Lower*.cpp only (this is the
-// one codegen header that includes LLVM; nothing outside those files may
-// include it). One Lowering object lowers one function; each op family has
+// The lowering's shared state, used by codegen/Lower*.cpp only. It names
+// LLVM types but includes no LLVM header: LLVM headers belong in codegen/*.cpp
+// (tests/layering), so each including .cpp first includes
+// <llvm/IR/IRBuilder.h>, <llvm/IR/LLVMContext.h> and <llvm/IR/Module.h>.
+// Nothing outside codegen/Lower*.cpp includes this header. One Lowering object lowers one function; each op family has
 // its own file:
 //   LowerToLLVM.cpp            driver, kernel ABI, thread coordinates, shape ops
 //   LowerElementwise.cpp       unary/binary math, cmp, select, cast, addptr
@@ -10,10 +12,6 @@
 //   LowerControlFlow.cpp       for/yield
 //   LowerLayoutConversion.cpp  convert_layout and the shared-memory helpers
 #pragma once
-
-#include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/LLVMContext.h>
-#include <llvm/IR/Module.h>
 
 #include <string>
 #include <unordered_map>

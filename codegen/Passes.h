@@ -5,6 +5,7 @@
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
+#include "ir/Pass.h"
 
 namespace flextile::codegen {
 
@@ -28,6 +29,7 @@ class AxisInfoAnalysis;
 // on its own output. Throws flextile::Error for IR it cannot lay out (a tile
 // dimension that is not a power of two).
 void assignLayouts(ir::Function& f, const Target& target);
+ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a
 // blocked layout whose fastest dimension is the pointer's most contiguous

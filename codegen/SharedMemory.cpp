@@ -50,7 +50,14 @@ SharedPlan planSharedMemory(const ir::Function& f) {
   };
   std::vector<Buffer> buffers;
   int position = 0;
+  auto requireLayout = [&](const ir::Value* v, const Op& op) {
+    if (v->type().isTile() && !v->type().hasLayout())
+      throw Error("shared-memory planning of '" + f.name() + "': " + op.describe() + " has a tile without a layout (" +
+                  v->type().str() + "); run assignLayouts first");
+  };
   f.walk([&](const Op& op) {
+    for (const ir::Value* v : op.operands()) requireLayout(v, op);
+    for (const ir::Value* v : op.results()) requireLayout(v, op);
     int64_t b = scratchBytes(op);
     if (b > 0) buffers.push_back({&op, alignUp(b, kAlign), position, position});
     ++position;

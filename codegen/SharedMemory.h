@@ -29,6 +29,8 @@
 //   1. bar.sync before its first write to scratch (an earlier op, or the same
 //      op in the previous loop iteration, may still be reading the bytes), and
 //   2. bar.sync between its writes and its reads.
+// (The lowering also ends each use with a bar.sync, which makes 1. redundant
+// but harmless; either alone after the reads would suffice.)
 // Buffers that live longer (pipelined K/V stages, issue #3) will get live
 // ranges spanning loops, and the allocator gives overlapping ranges disjoint
 // bytes.
@@ -55,6 +57,8 @@ bool reduceNeedsScratch(const ir::Op& reduce);
 // Offset of a dot's b tile from the dot's scratch base.
 int64_t dotScratchBOffset(const ir::Op& dot);
 
+// Throws flextile::Error when a tile has no layout (run assignLayouts first).
+// codegen::planLowering (LowerToLLVM.h) turns the plan into the lowering's.
 SharedPlan planSharedMemory(const ir::Function& f);
 
 // Throws flextile::Error naming the largest users when the plan does not fit

@@ -40,7 +40,7 @@ Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
 Kernel::~Kernel() = default;
 Kernel::Kernel(Kernel&& o) noexcept
     : name_(std::move(o.name_)), tracer_(std::move(o.tracer_)), numConstants_(o.numConstants_),
-      cache_(std::move(o.cache_)) {}
+      traces_(std::move(o.traces_)), cache_(std::move(o.cache_)), launches_(std::move(o.launches_)) {}
 
 std::unique_ptr<ir::Function> Kernel::trace(const TraceOptions& options) const {
   if (options.constants.size() != numConstants_)
@@ -71,7 +71,11 @@ int64_t divisibility(uint64_t v) {
   return v == 0 ? 16 : d;
 }
 
-void checkArgs(const std::string& name, const ir::Function& f, const std::vector<KernelArg>& args, bool onDevice) {
+// Compiling accepts either kind of buffer (only alignment matters); running
+// needs device buffers, interpreting host ones.
+enum class ArgMode { Device, Host, Either };
+
+void checkArgs(const std::string& name, const ir::Function& f, const std::vector<KernelArg>& args, ArgMode mode) {
   if (args.size() != f.params().size())
     throw Error("kernel '" + name + "': expects " + std::to_string(f.params().size()) + " run-time arguments, got " +
                 std::to_string(args.size()));
@@ -83,8 +87,10 @@ void checkArgs(const std::string& name, const ir::Function& f, const std::vector
                   ", got " + a.describe());
     };
     if (t.isPointer()) {
-      auto want = onDevice ? KernelArg::Kind::Device : KernelArg::Kind::Host;
-      if (a.kind() != want) bad(onDevice ? "a device buffer" : "a host buffer (std::vector or std::span)");
+      if (mode == ArgMode::Device && a.kind() != KernelArg::Kind::Device) bad("a device buffer");
+      if (mode == ArgMode::Host && a.kind() != KernelArg::Kind::Host)
+        bad("a host buffer (std::vector or std::span)");
+      if (a.kind() != KernelArg::Kind::Device && a.kind() != KernelArg::Kind::Host) bad("a buffer");
     } else if (ir::isInteger(t.dtype())) {
       if (a.kind() != KernelArg::Kind::Integer) bad("an integer");
       if (t.dtype() == DType::I32 && (a.integer() < INT32_MIN || a.integer() > INT32_MAX)) bad("an i32 value");
@@ -102,44 +108,69 @@ std::string constantsKey(const LaunchOptions& o) {
 
 }  // namespace
 
-const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, const std::vector<KernelArg>& args,
-                                               std::optional<codegen::Target> target) {
-  auto f = trace({options.constants, options.num_warps});
-  checkArgs(name_, *f, args, true);
+const ir::Function& Kernel::traced(const LaunchOptions& options) {
+  const std::string key = constantsKey(options);
+  std::lock_guard lock(mutex_);
+  auto it = traces_.find(key);
+  if (it == traces_.end()) it = traces_.emplace(key, trace({options.constants, options.num_warps})).first;
+  return *it->second;
+}
+
+Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                   std::optional<codegen::Target> target) {
+  const ir::Function& f = traced(options);
+  // What the code generator may assume about each argument.
   std::vector<int64_t> div;
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg& a = args[i];
     if (a.kind() == KernelArg::Kind::Device) div.push_back(divisibility(a.deviceAddress()));
-    else if (a.kind() == KernelArg::Kind::Integer && f->params()[i]->type().dtype() != DType::F32)
+    else if (a.kind() == KernelArg::Kind::Host) div.push_back(divisibility(reinterpret_cast<uintptr_t>(a.hostPointer())));
+    else if (a.kind() == KernelArg::Kind::Integer && ir::isInteger(f.params()[i]->type().dtype()))
       div.push_back(divisibility(uint64_t(a.integer())));
     else div.push_back(1);
   }
-  f->attrs()["arg_divisibility"] = div;
   if (!target) {
     auto& dev = runtime::Device::current();
     target = codegen::Target::fromCapability(dev.capabilityMajor(), dev.capabilityMinor());
   }
-  std::string key = std::to_string(ir::structuralHash(*f)) + "/" + target->smName();
+  // The launch key is cheap to form; the structural hash is taken only when
+  // a new specialization is compiled.
+  std::string launchKey = constantsKey(options) + "|" + target->smName();
+  for (auto d : div) launchKey += "," + std::to_string(d);
   std::lock_guard lock(mutex_);
+  if (auto it = launches_.find(launchKey); it != launches_.end()) return *it->second;
+  auto spec = f.clone();
+  spec->attrs()["arg_divisibility"] = div;
+  const std::string key = std::to_string(ir::structuralHash(*spec)) + "/" + target->smName();
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     auto c = std::make_unique<Compiled>();
-    c->code = codegen::compile(*f, codegen::CompileOptions{*target});
+    c->code = codegen::compile(*spec, codegen::CompileOptions{*target});
     it = cache_.emplace(key, std::move(c)).first;
   }
-  return it->second->code;
+  launches_[launchKey] = it->second.get();
+  return *it->second;
+}
+
+const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                               std::optional<codegen::Target> target) {
+  checkArgs(name_, traced(options), args, ArgMode::Either);
+  return compiled(options, args, target).code;
 }
 
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
-  const codegen::CompiledKernel& code = compile(options, args);
-  Compiled* c = nullptr;
+  checkArgs(name_, traced(options), args, ArgMode::Device);
+  for (int a = 0; a < 3; ++a)
+    if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
+      throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
+                  std::to_string(options.grid[a]) + ", outside what CUDA allows");
+  Compiled& c = compiled(options, args, std::nullopt);
+  const codegen::CompiledKernel& code = c.code;
   {
     std::lock_guard lock(mutex_);
-    for (auto& [k, v] : cache_)
-      if (&v->code == &code) c = v.get();
-    if (!c->module) {
-      c->module = std::make_unique<runtime::Module>(code.ptx);
-      c->function = c->module->function(code.name);
+    if (!c.module) {
+      c.module = std::make_unique<runtime::Module>(code.ptx);
+      c.function = c.module->function(code.name);
     }
   }
   // Kernel parameters in the ABI of codegen/Compiler.h.
@@ -157,17 +188,13 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     }
     ptrs[i] = slot;
   }
-  for (int a = 0; a < 3; ++a)
-    if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
-      throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
-                  std::to_string(options.grid[a]) + ", outside what CUDA allows");
-  c->function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
-                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data());
+  c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
+                     unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data());
 }
 
 void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
-  auto f = trace({options.constants, options.num_warps});
-  checkArgs(name_, *f, args, false);
+  const ir::Function* f = &traced(options);
+  checkArgs(name_, *f, args, ArgMode::Host);
   std::vector<ir::InterpArg> iargs;
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg& a = args[i];

@@ -134,11 +134,17 @@ class Kernel {
 
  private:
   struct Compiled;
+  const ir::Function& traced(const LaunchOptions& options);
+  Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                     std::optional<codegen::Target> target);
+
   std::string name_;
   Tracer tracer_;
   size_t numConstants_;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<Compiled>> cache_;
+  std::map<std::string, std::unique_ptr<ir::Function>> traces_;  // by constants and num_warps
+  std::map<std::string, std::unique_ptr<Compiled>> cache_;        // by IR structural hash and target
+  std::map<std::string, Compiled*> launches_;                      // by constants, specialization, target
 };
 
 namespace detail {

@@ -39,6 +39,10 @@ int main(int argc, char** argv) try {
     std::printf("ran on the GPU (%s)\n", runtime::Device::current().name().c_str());
   } else {
     std::printf("no GPU (%s): running the IR interpreter\n", why.c_str());
+    // Without a GPU the compiler still runs: show what would be launched.
+    const auto& code = softmax.compile(launch, {KernelArg(x), KernelArg(y), rows, cols}, codegen::Target::sm90a());
+    std::printf("compiled for %s in %.1f ms: %zu bytes of PTX, %d warps, %d bytes of shared memory\n",
+                code.target.smName().c_str(), code.compileMs, code.ptx.size(), code.numWarps, code.sharedBytes);
     softmax.interpret(launch, x, y, rows, cols);
   }
   const double seconds = secondsSince(t0);

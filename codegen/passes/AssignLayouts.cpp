@@ -502,14 +502,17 @@ class LayoutAssigner {
   void rewrite() {
     // Computed values take their planned layouts.
     for (auto& [v, l] : layout_) const_cast<Value*>(v)->setType(v->type().withLayout(l));
-    std::vector<Op*> ops;  // the original ops; clones and converts need no visit
-    f_.walk([&](Op& op) { ops.push_back(&op); });
-    for (Op* op : ops) {
-      if (op->numResults() && flexible(op->result())) continue;
-      auto req = operandRequirements(*op);
+    // Requirements are read off the original program before anything
+    // changes: materializing rewires operands of the cheap and view ops it
+    // takes over, and the layout implied by a view must not depend on that.
+    std::vector<std::pair<Op*, std::vector<LayoutPtr>>> work;  // clones and converts need no visit
+    f_.walk([&](Op& op) {
+      if (op.numResults() && flexible(op.result())) return;
+      work.emplace_back(&op, operandRequirements(op));
+    });
+    for (auto& [op, req] : work)
       for (size_t i = 0; i < op->numOperands(); ++i)
         if (req[i]) op->setOperand(i, materialize(op->operand(i), req[i]));
-    }
   }
 
   // Where something computed from v goes: right after v's definition.
@@ -627,5 +630,9 @@ class LayoutAssigner {
 }  // namespace
 
 void assignLayouts(ir::Function& f, const Target& target) { LayoutAssigner(f, target).run(); }
+
+ir::Pass assignLayoutsPass(const Target& target) {
+  return {"assign-layouts", [target](ir::Function& f) { assignLayouts(f, target); }};
+}
 
 }  // namespace flextile::codegen

@@ -3,9 +3,12 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
+#include <random>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -339,4 +342,60 @@ inline std::string dump(const Function& f) {
   return out + "func " + f.name() + "\n" + body;
 }
 
+}  // namespace flextile::testing
+
+namespace flextile::testing {
+
+// What the program computes, independent of layouts: one hash per effect
+// (store, loop, yield, return) in program order, where a value hashes its
+// defining op's kind, attributes, dtype, shape and operands; convert_layout
+// hashes as its operand and clones hash like their originals. Layout
+// assignment must leave it unchanged (it only adds conversions, recomputes
+// pure ops and drops dead ones).
+inline std::vector<uint64_t> semanticFingerprint(const Function& f) {
+  std::unordered_map<const Value*, uint64_t> h;
+  auto mix = [](uint64_t a, uint64_t b) { return a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2)); };
+  auto str = [](const std::string& s) { return uint64_t(std::hash<std::string>()(s)); };
+  for (size_t i = 0; i < f.params().size(); ++i) h[f.params()[i]] = mix(str("param"), i);
+  std::vector<uint64_t> effects;
+  int loops = 0;
+  std::function<void(const Block&)> block = [&](const Block& b) {
+    for (const auto& op : b.ops()) {
+      std::vector<uint64_t> operands;
+      for (const Value* o : op->operands()) operands.push_back(h.at(o));
+      if (op->kind() == OpKind::ConvertLayout) {
+        h[op->result()] = operands[0];
+        continue;
+      }
+      uint64_t self = str(std::string(op->name()));
+      for (const auto& [k, a] : op->attrs()) self = mix(self, str(k + "=" + attrString(a)));
+      for (uint64_t o : operands) self = mix(self, o);
+      if (op->kind() == OpKind::For) {
+        int id = loops++;
+        const Block& body = op->region();
+        for (size_t i = 0; i < body.args().size(); ++i) h[body.arg(i)] = mix(mix(str("arg"), uint64_t(id)), i);
+        effects.push_back(self);
+        block(body);
+        for (size_t i = 0; i < op->numResults(); ++i) h[op->result(i)] = mix(mix(str("for"), uint64_t(id)), i);
+        continue;
+      }
+      for (size_t i = 0; i < op->numResults(); ++i) {
+        const Type& t = op->result(i)->type();
+        h[op->result(i)] = mix(mix(self, str(t.str())), i);
+      }
+      if (op->hasTrait(kSideEffect) || op->hasTrait(kTerminator)) effects.push_back(self);
+    }
+  };
+  block(f.body());
+  return effects;
+}
+
+}  // namespace flextile::testing
+
+namespace flextile::testing {
+// A fresh seed each run; FLEXTILE_SEED=<n> replays a failure.
+inline unsigned testSeed() {
+  if (const char* s = std::getenv("FLEXTILE_SEED")) return unsigned(std::stoul(s));
+  return std::random_device{}();
+}
 }  // namespace flextile::testing

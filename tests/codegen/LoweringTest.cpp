@@ -26,21 +26,27 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// Compiles for both targets; assembles with ptxas when present. Returns the
-// sm_90a kernel.
-CompiledKernel compileAndAssemble(const Function& f) {
-  CompiledKernel last;
+// The lowering of a kernel whose layouts the test gave (compile() would
+// assign its own): LLVM IR, PTX and the plan's shared memory.
+struct Lowered {
+  std::string llvmIR, ptx;
+  int64_t sharedBytes = 0;
+};
+
+// Lowers for sm_80 and sm_90a under the plan of SharedMemory.h and
+// AxisInfo.h; assembles with ptxas when present. Returns the sm_90a result.
+Lowered compileAndAssemble(const Function& f) {
+  Lowered last;
   for (const Target& t : kTargets) {
-    CompileOptions options;
-    options.target = t;
-    options.runPtxas = havePtxas();
-    last = compile(f, options);
-    EXPECT_NE(last.ptx.find(".target " + t.smName()), std::string::npos) << last.ptx;
-    EXPECT_NE(last.ptx.find(".maxntid " + std::to_string(32 * f.numWarps())), std::string::npos);
-    if (options.runPtxas) {
-      PtxasReport r = parsePtxasLog(last.ptxasInfo);
-      EXPECT_GT(r.registers, 0) << last.ptxasInfo;
-      EXPECT_EQ(r.spillStoreBytes, 0) << f.name() << " spills on " << t.smName() << ":\n" << last.ptxasInfo;
+    LoweringPlan plan = planLowering(f);
+    LoweredKernel k = lowerAndEmit(f, t, plan);
+    last = {k.llvmIR, k.ptx, plan.sharedBytes};
+    EXPECT_NE(k.ptx.find(".target " + t.smName()), std::string::npos) << k.ptx;
+    EXPECT_NE(k.ptx.find(".maxntid " + std::to_string(32 * f.numWarps())), std::string::npos);
+    if (havePtxas()) {
+      PtxasReport r = runPtxas(k.ptx, t);
+      EXPECT_GT(r.registers, 0) << r.log;
+      EXPECT_EQ(r.spillStoreBytes, 0) << f.name() << " spills on " << t.smName() << ":\n" << r.log;
     }
   }
   return last;
@@ -55,11 +61,11 @@ TEST(Lowering, VectorAddWithMask) {
   REQUIRE_PTXAS_NOTE();
   for (DType t : {DType::F32, DType::F16, DType::BF16}) {
     auto f = vectorAdd(1024, 4, t);
-    CompiledKernel k = compileAndAssemble(*f);
-    EXPECT_EQ(k.name, "vector_add");
+    Lowered k = compileAndAssemble(*f);
     EXPECT_EQ(k.sharedBytes, 0);
-    ASSERT_EQ(k.params.size(), 4u);
-    // Predicated loads and stores, one per register (no vector width without axis info).
+    EXPECT_NE(k.ptx.find(".visible .entry vector_add("), std::string::npos);
+    // Predicated loads and stores, one per register: n may be odd, so the mask
+    // varies element by element.
     EXPECT_GE(count(k.ptx, "ld.global"), 2 * 8) << k.ptx;
     EXPECT_GE(count(k.ptx, "st.global"), 8) << k.ptx;
     EXPECT_NE(k.ptx.find("@%p"), std::string::npos);
@@ -74,7 +80,7 @@ TEST(Lowering, VectorizedAccessesWithAPlan) {
   for (DType t : {DType::F32, DType::F16}) {
     int64_t vec = t == DType::F32 ? 4 : 8;
     auto f = vectorAdd(2048, 4, t, vec);
-    LoweringPlan plan = overlappingScratchPlan(*f);
+    LoweringPlan plan = planLowering(*f);
     f->walk([&](const Op& op) {
       if (op.kind() == OpKind::Load || op.kind() == OpKind::Store) plan.vectorWidth[&op] = int(vec);
     });
@@ -103,7 +109,7 @@ TEST(Lowering, FusedRowSoftmaxAcrossWarpCounts) {
       SCOPED_TRACE("num_warps=" + std::to_string(warps) + " dtype=" + std::string(dtypeName(t)));
       // Lanes along the row (axis 1): the row max and sum use butterflies.
       auto f = rowSoftmax(Layout::defaultBlocked({2 * warps, 128}, warps, 4), t);
-      CompiledKernel k = compileAndAssemble(*f);
+      Lowered k = compileAndAssemble(*f);
       EXPECT_GE(count(k.ptx, "shfl.sync.bfly.b32"), 2) << k.ptx;
       EXPECT_NE(k.ptx.find("ex2.approx"), std::string::npos);
       EXPECT_NE(k.ptx.find("div.rn.f32"), std::string::npos) << "f32 division is correctly rounded";
@@ -112,7 +118,7 @@ TEST(Lowering, FusedRowSoftmaxAcrossWarpCounts) {
   // Warps along the row as well: partial results meet in shared memory.
   Layout wide = Layout::blocked({4, 512}, {1, 4}, {1, 32}, {1, 4}, {1, 0});
   auto f = rowSoftmax(wide, DType::F32);
-  CompiledKernel k = compileAndAssemble(*f);
+  Lowered k = compileAndAssemble(*f);
   EXPECT_EQ(k.sharedBytes, 4 * 4 * 4);  // 4 rows x 4 warp partials x f32
   EXPECT_GE(count(k.ptx, "bar.sync"), 4) << "write/read barriers for each reduction";
   EXPECT_NE(k.ptx.find("st.shared"), std::string::npos);
@@ -125,7 +131,7 @@ TEST(Lowering, MatmulWithForLoopAndDot) {
   for (DType t : {DType::F32, DType::F16, DType::BF16}) {
     SCOPED_TRACE(std::string(dtypeName(t)));
     auto f = matmul(32, 32, 16, 4, t);
-    CompiledKernel k = compileAndAssemble(*f);
+    Lowered k = compileAndAssemble(*f);
     EXPECT_EQ(k.sharedBytes, (32 * 16 + 16 * 32) * byteWidth(t));
     EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos) << k.ptx;
     EXPECT_GE(count(k.ptx, "bar.sync"), 2) << "staging barrier and reuse barrier";
@@ -146,7 +152,7 @@ TEST(Lowering, ReduceAlongEachAxisWithWarpsAlongIt) {
         Layout p = axis == 1 ? Layout::blocked({8, 64}, {1, 2}, {4, 8}, {1, 4}, {1, 0})
                              : Layout::blocked({64, 8}, {2, 1}, {8, 4}, {4, 1}, {0, 1});
         auto f = reduceTile(p, axis, kind, t);
-        CompiledKernel k = compileAndAssemble(*f);
+        Lowered k = compileAndAssemble(*f);
         // 3 lane bits along the axis on both layouts.
         EXPECT_GE(count(k.ptx, "shfl.sync.bfly.b32"), 3) << k.ptx;
         EXPECT_GE(count(k.ptx, "bar.sync"), 2) << k.ptx;
@@ -156,7 +162,7 @@ TEST(Lowering, ReduceAlongEachAxisWithWarpsAlongIt) {
   }
   // Lanes only along the axis: no shared memory, no barrier.
   auto f = reduceTile(Layout::blocked({8, 64}, {1, 2}, {1, 32}, {4, 1}, {1, 0}), 1, "sum", DType::F32);
-  CompiledKernel k = compileAndAssemble(*f);
+  Lowered k = compileAndAssemble(*f);
   EXPECT_EQ(k.sharedBytes, 0);
   EXPECT_EQ(count(k.ptx, "bar.sync"), 0);
   EXPECT_EQ(count(k.ptx, "shfl.sync.bfly.b32"), 5 * 2);  // 5 lane bits x 2 rows per thread
@@ -165,7 +171,7 @@ TEST(Lowering, ReduceAlongEachAxisWithWarpsAlongIt) {
 TEST(Lowering, ReduceToScalar) {
   for (int warps : {1, 4, 8}) {
     auto f = reduceToScalar(512, warps, DType::F32);
-    CompiledKernel k = compileAndAssemble(*f);
+    Lowered k = compileAndAssemble(*f);
     EXPECT_EQ(count(k.ptx, "shfl.sync.bfly.b32"), 5);
     EXPECT_EQ(k.sharedBytes, warps > 1 ? 4 * warps : 0);
   }
@@ -177,16 +183,16 @@ TEST(Lowering, ConvertLayoutBetweenBlockedLayouts) {
   Layout colMajor = Layout::blocked({32, 64}, {4, 1}, {8, 4}, {1, 4}, {0, 1});
   for (DType t : {DType::F32, DType::F16, DType::I8, DType::I64}) {
     auto f = convertCopy(rowMajor, colMajor, t);
-    CompiledKernel k = compileAndAssemble(*f);
+    Lowered k = compileAndAssemble(*f);
     EXPECT_EQ(k.sharedBytes, 32 * 64 * byteWidth(t));
     EXPECT_EQ(count(k.ptx, "bar.sync"), 2);
     EXPECT_NE(k.ptx.find("st.shared"), std::string::npos);
   }
-  // Same layout: no shared memory.
+  // Same layout: a renaming of registers, no shared-memory traffic.
   auto same = convertCopy(rowMajor, rowMajor, DType::F32);
-  CompiledKernel k = compileAndAssemble(*same);
-  EXPECT_EQ(k.sharedBytes, 0);
+  Lowered k = compileAndAssemble(*same);
   EXPECT_EQ(count(k.ptx, "bar.sync"), 0);
+  EXPECT_EQ(count(k.ptx, "st.shared"), 0);
 }
 
 TEST(Lowering, EveryElementwiseOpAndCast) {
@@ -212,7 +218,7 @@ TEST(Lowering, EveryElementwiseOpAndCast) {
         if (OpKind::Enum == OpKind::Not && family == 0) continue;                                   \
         SCOPED_TRACE(std::string(name) + " " + std::string(dtypeName(t)));                         \
         auto f = elementwise(OpKind::Enum, t, t, 256, 4);                                           \
-        CompiledKernel k = compileAndAssemble(*f);                                                  \
+        Lowered k = compileAndAssemble(*f);                                                  \
         ++compiled;                                                                                 \
         for (const Expect& e : expectations)                                                        \
           if (e.kind == OpKind::Enum) EXPECT_NE(k.ptx.find(e.ptx), std::string::npos) << k.ptx;     \
@@ -251,10 +257,11 @@ TEST(Lowering, MissingOrMismatchedLayoutsAreErrors) {
       op.result()->setType(op.result()->type().withLayout(nullptr));
   });
   try {
-    compile(*f);
+    lowerAndEmit(*f, Target::sm90a(), LoweringPlan{});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("op 'add'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no layout"), std::string::npos) << e.what();
   }
   // Element-wise operands in different layouts.
   auto g = vectorAdd(256, 4, DType::F32);
@@ -263,7 +270,7 @@ TEST(Lowering, MissingOrMismatchedLayoutsAreErrors) {
       lay(op.result(), Layout::defaultBlocked({256}, 4, 1));
   });
   try {
-    compile(*g);
+    lowerAndEmit(*g, Target::sm90a(), LoweringPlan{});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("differs from the result layout"), std::string::npos) << e.what();
@@ -271,7 +278,7 @@ TEST(Lowering, MissingOrMismatchedLayoutsAreErrors) {
   // A layout for the wrong number of warps.
   auto h = vectorAdd(256, 4, DType::F32);
   h->attrs()["num_warps"] = int64_t(8);
-  EXPECT_THROW(compile(*h), Error);
+  EXPECT_THROW(lowerAndEmit(*h, Target::sm90a(), LoweringPlan{}), Error);
 }
 
 TEST(Ptxas, ReportsFailuresWithARepro) {
@@ -302,6 +309,49 @@ TEST(Ptxas, ParsesVerboseOutput) {
   EXPECT_EQ(r.spillLoadBytes, 12);
   EXPECT_EQ(r.stackBytes, 24);
   EXPECT_EQ(r.staticSharedBytes, 256);
+}
+
+// Drops every layout: the IR the DSL produces, for compile() end to end.
+void stripLayouts(Function& f) {
+  auto strip = [](Value* v) { v->setType(v->type().withLayout(nullptr)); };
+  for (Value* p : f.params()) strip(p);
+  f.walk([&](Op& op) {
+    for (Value* r : op.results()) strip(r);
+    for (auto& region : op.regions())
+      for (Value* a : region->args()) strip(a);
+  });
+}
+
+TEST(Compile, EndToEndWithLayoutAssignment) {
+  std::vector<std::unique_ptr<Function>> kernels;
+  kernels.push_back(vectorAdd(1024, 4, DType::F32));
+  kernels.push_back(rowSoftmax(Layout::defaultBlocked({4, 256}, 4, 4), DType::BF16));
+  kernels.push_back(matmul(64, 64, 32, 4, DType::F16));
+  kernels.push_back(reduceTile(Layout::defaultBlocked({32, 64}, 8), 0, "max", DType::F32));
+  kernels.push_back(reduceToScalar(1024, 8, DType::F32));
+  for (auto& f : kernels) {
+    SCOPED_TRACE(f->name());
+    stripLayouts(*f);
+    for (const Target& t : kTargets) {
+      CompileOptions o;
+      o.target = t;
+      o.runPtxas = havePtxas();
+      CompiledKernel k = compile(*f, o);
+      EXPECT_EQ(k.name, f->name());
+      EXPECT_EQ(k.params.size(), f->params().size());
+      EXPECT_NE(k.ir.find("#ft.linear"), std::string::npos) << "the IR text carries the assigned layouts";
+      EXPECT_NE(k.llvmIR.find("ptx_kernel"), std::string::npos);
+      if (o.runPtxas) EXPECT_EQ(parsePtxasLog(k.ptxasInfo).spillStoreBytes, 0) << k.ptxasInfo;
+    }
+  }
+  // Given aligned pointers and n divisible by 16, the axis analysis allows
+  // 4-wide f32 accesses even under the mask.
+  auto f = vectorAdd(1024, 4, DType::F32);
+  stripLayouts(*f);
+  f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 16};
+  CompiledKernel k = compile(*f);
+  EXPECT_GE(count(k.ptx, "ld.global.v4.b32"), 2) << k.ptx;
+  EXPECT_GE(count(k.ptx, "st.global.v4.b32"), 1) << k.ptx;
 }
 
 TEST(Compile, RejectsUnknownTargetsAndReportsTime) {

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "LayoutTestUtil.h"
 #include "codegen/Passes.h"
+#include "codegen/LowerToLLVM.h"
 #include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
@@ -34,7 +36,10 @@ std::unique_ptr<Function> reduceKernel(int64_t bm, int64_t bn, int axis, int nw,
 TEST(SharedMemory, RowReductionWithinWarpsNeedsNone) {
   auto f = rowSoftmax(32, 128, 4, 16);
   assignLayouts(*f, kTarget);
-  for (const Op* r : opsOf(*f, OpKind::Reduce)) EXPECT_FALSE(reduceNeedsScratch(*r));
+  for (const Op* r : opsOf(*f, OpKind::Reduce)) {
+    EXPECT_FALSE(reduceNeedsScratch(*r));
+    EXPECT_EQ(scratchBytes(*r), 0);
+  }
   SharedPlan plan = planSharedMemory(*f);
   EXPECT_TRUE(plan.offset.empty());
   EXPECT_EQ(plan.totalBytes, 0);
@@ -68,13 +73,11 @@ TEST(SharedMemory, DotStagesBothOperands) {
 }
 
 TEST(SharedMemory, DotBOffsetIsAligned) {
-  // a is 3 x... no: a tile of 2 x 4 i8 = 8 bytes; b must start at 16.
   Function f("tiny");
   Builder b(f);
   Value* a = b.constant(Type(DType::F16, {2, 2}), 1.0);  // 8 bytes
   Value* bb = b.constant(Type(DType::F16, {2, 2}), 1.0);
-  Value* acc = b.constant(Type(DType::F32, {2, 2}), 0.0);
-  Value* d = b.dot(a, bb, acc);
+  Value* d = b.dot(a, bb, b.constant(Type(DType::F32, {2, 2}), 0.0));
   b.ret();
   EXPECT_EQ(dotScratchBOffset(*d->definingOp()), 16);
   EXPECT_EQ(scratchBytes(*d->definingOp()), 24);
@@ -130,18 +133,42 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
   EXPECT_EQ(plan.totalBytes, largest);
 }
 
-TEST(SharedMemory, NeedsLayoutsForReductions) {
+TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
+  auto f = matmul(64, 64, 32, 4, true);
+  assignLayouts(*f, kTarget);
+  LoweringPlan plan = planLowering(*f);
+  const Op* dot = opsOf(*f, OpKind::Dot)[0];
+  EXPECT_EQ(plan.scratchOffset.at(dot), 0);
+  EXPECT_EQ(plan.sharedBytes, 64 * 32 * 2 + 32 * 64 * 2);
+  std::vector<int> widths;
+  f->walk([&](const Op& op) {
+    if (op.kind() == OpKind::Load || op.kind() == OpKind::Store) widths.push_back(plan.vectorWidth.count(&op) ? plan.vectorWidth.at(&op) : 1);
+  });
+  EXPECT_EQ(widths, (std::vector<int>{8, 8, 4}));
+
+  auto odd = matmul(64, 64, 32, 4, true, /*dims divisible by*/ 1);
+  assignLayouts(*odd, kTarget);
+  LoweringPlan oddPlan = planLowering(*odd);
+  for (const auto& [op, w] : oddPlan.vectorWidth) EXPECT_EQ(w, 1) << op->describe();
+}
+
+TEST(SharedMemory, NeedsLayouts) {
   auto f = reduceKernel(64, 32, 0, 4);
   EXPECT_THROW(planSharedMemory(*f), Error);
 }
 
 TEST(SharedMemory, TooLargeForTheTargetIsAnError) {
   Function f("huge");
+  Value* c = f.addParam(Type::pointer(DType::F32), "c");
   Builder b(f);
-  Value* a = b.constant(Type(DType::F32, {256, 256}), 1.0);  // 256 KiB
-  Value* bb = b.constant(Type(DType::F32, {256, 256}), 1.0);
-  b.dot(a, bb, b.constant(Type(DType::F32, {256, 256}), 0.0));
+  K k{b};
+  const Shape s{256, 256};
+  Value* a = b.constant(Type(DType::F32, s), 1.0);  // 256 KiB
+  Value* bb = b.constant(Type(DType::F32, s), 1.0);
+  Value* d = b.dot(a, bb, b.constant(Type(DType::F32, s), 0.0));
+  b.store(k.ptrs(c, k.add(k.col(k.mul(b.arange(0, 256), k.splat(k.i32(256), {256})), s), k.row(b.arange(0, 256), s))), d);
   b.ret();
+  assignLayouts(f, kTarget);
   SharedPlan plan = planSharedMemory(f);
   EXPECT_EQ(plan.totalBytes, 2 * 256 * 256 * 4);
   try {
@@ -154,8 +181,7 @@ TEST(SharedMemory, TooLargeForTheTargetIsAnError) {
 }
 
 TEST(SharedMemory, RandomReductionsMatchTheFormula) {
-  std::random_device rd;
-  const unsigned seed = rd();
+  const unsigned seed = testSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 40; ++trial) {
@@ -169,12 +195,15 @@ TEST(SharedMemory, RandomReductionsMatchTheFormula) {
     assignLayouts(*f, kTarget);
     const Op* r = opsOf(*f, OpKind::Reduce)[0];
     const Layout& in = *r->operand(0)->type().layout();
-    bool crossWarp = false;
-    for (int64_t w = 1; w < nw; ++w)  // brute force: do two warps hold different parts of one output?
-      crossWarp |= in.apply(0, 0, w)[size_t(axis)] != 0;
+    // Brute force: do warps hold different parts of one output?
+    std::set<int64_t> axisStarts;
+    for (int64_t w = 0; w < nw; ++w) axisStarts.insert(in.apply(0, 0, w)[size_t(axis)]);
+    const bool crossWarp = axisStarts.size() > 1;
     EXPECT_EQ(reduceNeedsScratch(*r), crossWarp);
     SharedPlan plan = planSharedMemory(*f);
+    // One slot per warp id and result element.
     int64_t want = crossWarp ? int64_t(nw) * (axis == 0 ? bn : bm) * byteWidth(dt) : 0;
+    EXPECT_EQ(scratchBytes(*r), want);
     EXPECT_EQ(plan.totalBytes, (want + 15) / 16 * 16);
   }
 }

@@ -3,6 +3,8 @@ include(GoogleTest)
 add_executable(codegen_layout_tests
   ${CMAKE_CURRENT_LIST_DIR}/AxisInfoTest.cpp
   ${CMAKE_CURRENT_LIST_DIR}/AssignLayoutsTest.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/AssignLayoutsFuzzTest.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/AssignLayoutsSemanticsTest.cpp
   ${CMAKE_CURRENT_LIST_DIR}/SharedMemoryTest.cpp)
 target_link_libraries(codegen_layout_tests PRIVATE flextile GTest::gtest_main)
 target_include_directories(codegen_layout_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR})
