@@ -365,4 +365,112 @@ std::string Layout::verify() const {
   return "";
 }
 
+
+// =============================================================================
+// Tensor-core layouts (issue 3): mma.sync accumulators and dot operands.
+// The formulas and the register order are documented in Layout.h; pictures
+// are in docs/layouts.md.
+// =============================================================================
+
+namespace {
+
+Layout::Coord at2(int64_t row, int64_t col) { return {row, col}; }
+
+// Lane bases shared by the accumulator and the 16-bit A fragment: lane bits
+// 0-1 are threadID_in_group (t, column pair 2t), bits 2-4 are groupID (g, row).
+Layout::Bases quadLanes(int64_t colStep) {
+  return {at2(0, colStep), at2(0, 2 * colStep), at2(1, 0), at2(2, 0), at2(4, 0)};
+}
+
+}  // namespace
+
+Layout Layout::mmaAccumulator(const Shape& shape, int numWarps, const std::vector<int64_t>& warpsPerCTA) {
+  auto fail = [&](const std::string& what) {
+    throw Error("mma accumulator layout for " + shapeString(shape) + " with " + std::to_string(numWarps) +
+                " warps: " + what);
+  };
+  if (shape.size() != 2) fail("the tile must have rank 2 ([M, N])");
+  if (warpsPerCTA.size() != 2) fail("warpsPerCTA needs two entries ({wm, wn})");
+  const int64_t M = shape[0], N = shape[1], wm = warpsPerCTA[0], wn = warpsPerCTA[1];
+  if (!isPow2(M) || !isPow2(N)) fail("M and N must be powers of two");
+  if (M < 16 || N < 8) fail("the tile is smaller than one m16n8 instruction tile (M >= 16, N >= 8 needed)");
+  if (!isPow2(numWarps) || !isPow2(wm) || !isPow2(wn)) fail("warp counts must be powers of two");
+  if (wm * wn != numWarps)
+    fail("warpsPerCTA {" + std::to_string(wm) + ", " + std::to_string(wn) + "} does not multiply to the warp count");
+
+  // A step past the tile wraps to zero: for warps that means replication,
+  // for registers it never happens (repetitions start at the warp tile).
+  auto along = [&](int dim, int64_t step) {
+    Coord c{0, 0};
+    c[dim] = step % shape[dim];
+    return c;
+  };
+  Bases reg{at2(0, 1), at2(8, 0)};
+  for (int64_t step = 8 * wn; step < N; step *= 2) reg.push_back(at2(0, step));
+  for (int64_t step = 16 * wm; step < M; step *= 2) reg.push_back(at2(step, 0));
+  Bases warp;
+  for (int64_t i = 1; i < wn; i *= 2) warp.push_back(along(1, 8 * i));
+  for (int64_t i = 1; i < wm; i *= 2) warp.push_back(along(0, 16 * i));
+  return Layout(shape, reg, quadLanes(2), warp);
+}
+
+Layout Layout::dotOperand(const Layout& parent, int operandIndex, int64_t K, int elementBits) {
+  auto fail = [&](const std::string& what) {
+    throw Error("dot operand " + std::string(operandIndex == 0 ? "A" : operandIndex == 1 ? "B" : "?") + " (K = " +
+                std::to_string(K) + ", " + std::to_string(elementBits) + "-bit elements) of parent " + parent.str() +
+                ": " + what);
+  };
+  if (operandIndex != 0 && operandIndex != 1) fail("operandIndex must be 0 (A) or 1 (B)");
+  if (elementBits != 16 && elementBits != 32)
+    fail("only 16-bit (f16/bf16, m16n8k16) and 32-bit (tf32, m16n8k8) operands are supported");
+  const int64_t instrK = elementBits == 16 ? 16 : 8;
+  if (!isPow2(K) || K < instrK) fail("K must be a power of two >= " + std::to_string(instrK));
+
+  // Recognise the accumulator structure: c0..c3 and quad lanes first, then
+  // axis-aligned repetitions; the operand keeps the repetitions of its own
+  // non-K dimension in the parent's order.
+  if (parent.rank() != 2) fail("the parent is not a rank-2 mma accumulator");
+  const Bases& preg = parent.regBases();
+  if (preg.size() < 2 || preg[0] != at2(0, 1) || preg[1] != at2(8, 0) || parent.laneBases() != quadLanes(2))
+    fail("the parent is not an mma accumulator layout (c0..c3 and quad lanes expected first)");
+  const int64_t M = parent.shape()[0], N = parent.shape()[1];
+  Bases mReps, nReps;
+  for (size_t i = 2; i < preg.size(); ++i) {
+    const Coord& b = preg[i];
+    if (b[0] != 0 && b[1] != 0) fail("the parent has a register basis that is not axis-aligned");
+    (b[0] != 0 ? mReps : nReps).push_back(b);
+  }
+  for (const auto& b : parent.warpBases())
+    if (b[0] != 0 && b[1] != 0) fail("the parent has a warp basis that is not axis-aligned");
+
+  const bool isA = operandIndex == 0;
+  // Operand coordinates: A is [M, K] (K = dim 1), B is [K, N] (K = dim 0).
+  auto op = [&](int64_t kStep, int64_t other) { return isA ? at2(other, kStep) : at2(kStep, other); };
+  Bases reg, lane;
+  if (elementBits == 16) {
+    if (isA) {
+      reg = {op(1, 0), op(0, 8), op(8, 0)};  // a0/a1: col+1, a2/a3: row+8, a4..a7: col+8
+      lane = quadLanes(2);
+    } else {
+      reg = {op(1, 0), op(8, 0)};  // b0/b1: k+1, b2/b3: k+8
+      lane = {op(2, 0), op(4, 0), op(0, 1), op(0, 2), op(0, 4)};
+    }
+  } else {
+    if (isA) {
+      reg = {op(0, 8), op(4, 0)};  // a1: row+8, a2: col+4
+      lane = quadLanes(1);
+    } else {
+      reg = {op(4, 0)};  // b1: k+4
+      lane = {op(1, 0), op(2, 0), op(0, 1), op(0, 2), op(0, 4)};
+    }
+  }
+  for (int64_t step = instrK; step < K; step *= 2) reg.push_back(op(step, 0));
+  for (const auto& b : isA ? mReps : nReps) reg.push_back(op(0, isA ? b[0] : b[1]));
+  Bases warp;
+  for (const auto& b : parent.warpBases()) warp.push_back(op(0, isA ? b[0] : b[1]));
+  Layout result(isA ? Shape{M, K} : Shape{K, N}, reg, lane, warp);
+  if (auto err = result.verify(); !err.empty()) fail("the result is malformed: " + err);
+  return result;
+}
+
 }  // namespace flextile::ir

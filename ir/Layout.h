@@ -18,7 +18,9 @@
 //                registers repeat the pattern when the tile is larger.
 //   * sliced    (reduction results): drop one coordinate; register bases that
 //                become zero merge, lane/warp bases that become zero replicate.
-//   * mma, dot-operand and shared layouts are further constructors (issue 3).
+//   * mmaAccumulator and dotOperand (tensor cores, issue 3): see the section
+//                at the end of the class and docs/layouts.md. Shared-memory
+//                tiles have their own class, SharedLayout (ir/SharedLayout.h).
 //
 // Rules kept by every Layout:
 //   * lane has exactly 5 bases (32 lanes); warp has log2(num_warps) bases.
@@ -105,6 +107,53 @@ class Layout {
 
   // Checks the rules above; returns an empty string when they hold.
   std::string verify() const;
+
+  // ---------------------------------------------------------------------------
+  // Tensor-core layouts (issue 3). Pictures in docs/layouts.md.
+  //
+  // Accumulator of mma.sync.aligned.m16n8k16 (and m16n8k8) with f32 C/D, for a
+  // tile [M, N]. Within one 16x8 instruction tile, lane l holds rows l/4 and
+  // l/4 + 8, columns 2*(l%4) and 2*(l%4) + 1, as registers c0..c3:
+  //     c0 = (l/4, 2*(l%4))     c1 = (l/4, 2*(l%4) + 1)
+  //     c2 = (l/4 + 8, 2*(l%4)) c3 = (l/4 + 8, 2*(l%4) + 1)
+  // Warps tile the block at instruction granularity: warp bits first step N
+  // by 8, 16, ... (wn of them), then M by 16, 32, ... (wm of them); warp w
+  // therefore sits at instruction tile (w / wn, w % wn) of each 16*wm x 8*wn
+  // super-tile. Registers then repeat that super-tile, N first, then M:
+  //     register = c + 4 * (nRep + numNReps * mRep),  c in 0..3,
+  //     element  = (mRep * 16 * wm + 16 * (w / wn) + row(c, l),
+  //                 nRep *  8 * wn +  8 * (w % wn) + col(c, l)),
+  // so the mma for (mRep, nRep) accumulates into registers 4*(nRep +
+  // numNReps*mRep) .. +3, in c0..c3 order.
+  // Shapes: M and N powers of two, M >= 16, N >= 8 (smaller tiles do not fit
+  // the instruction and are rejected: pad or use a blocked layout). When M <
+  // 16*wm or N < 8*wn, the surplus warps replicate (zero warp bases): they
+  // compute the same tile, and stores use only one of them.
+  // numWarps must be wm * wn; both powers of two.
+  static Layout mmaAccumulator(const Shape& shape, int numWarps, const std::vector<int64_t>& warpsPerCTA);
+
+  // Register layout of the A ([M, K], operandIndex 0) or B ([K, N], operandIndex
+  // 1) fragments of the mma whose accumulator is `mmaParent` (a layout made by
+  // mmaAccumulator, or one of the same structure).
+  //   elementBits 16 (f16, bf16; m16n8k16): per instruction, A is a0..a7 and B
+  //     is b0..b3 (two elements per 32-bit register, low half first):
+  //       a_i = (g + 8*((i>>1)&1), 2t + (i&1) + 8*(i>>2))
+  //       b_i = (2t + (i&1) + 8*(i>>1), g)        g = lane/4, t = lane%4
+  //   elementBits 32 (tf32; m16n8k8): A is a0..a3, B is b0..b1:
+  //       a_i = (g + 8*(i&1), t + 4*(i>>1))     b_i = (t + 4*i, g)
+  // Registers: the instruction fragment first, then K repetitions (step 16,
+  // or 8 for tf32), then the parent's M (A) or N (B) repetitions in the
+  // parent's order. So for A, register = a + 8*(kRep + numKReps*mRep), and for
+  // B, register = b + 4*(kRep + numKReps*nRep) (8 and 4 become 4 and 2 for
+  // tf32). Warps: the parent's warp bases with the other operand's dimension
+  // zeroed, so A is replicated across the wn warps that share its rows and B
+  // across the wm warps that share its columns.
+  // With 16-bit elements and wn == 1, the accumulator of [M, N] equals the A
+  // operand of [M, K = N] base for base: a P = softmax(S) tile feeds P.V
+  // straight from registers (after packing to 16 bits), no shuffle needed.
+  // K must be a power of two >= the instruction's K. 8-bit types (m16n8k32)
+  // are future work and rejected.
+  static Layout dotOperand(const Layout& mmaParent, int operandIndex, int64_t K, int elementBits);
 
  private:
   Shape shape_;
