@@ -173,7 +173,12 @@ Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const 
   // one vector store of 2v bytes (a 16-byte chunk holds vec = 8 elements
   // and the swizzle permutes whole chunks, so a group never straddles two).
   const int fast = smem.order()[0];
-  const int64_t v = std::min<int64_t>(from.contiguousRegisters(fast), smem.vec());
+  int64_t v = std::min<int64_t>(from.contiguousRegisters(fast), smem.vec());
+  // A vector store needs its first element v-aligned in every thread: no
+  // lane or warp basis may move the low bits of the offset.
+  for (const Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
+    for (const auto& basis : *bases)
+      while (v > 1 && smem.offsetOf(basis) % v != 0) v /= 2;
   llvm::Value* owner = ownerPredicate(from);
   llvm::BasicBlock* cont = nullptr;
   if (owner) {

@@ -196,6 +196,42 @@ TEST(Mma, AccumulatorToOperandWithOneWarpColumnIsARegisterRenaming) {
   }
 }
 
+TEST(Mma, StagingAddressesAreLinear) {
+  // The lowering writes element (reg, lane, warp) of the source at
+  // offsetOf(regCoord) ^ offsetOf(lane part) ^ offsetOf(warp part), and reads
+  // ldmatrix rows at accessBase ^ laneTerm ^ warpTerm: check both forms
+  // against the direct formulas for the layouts matmuls and attention use.
+  for (int nw : {1, 2, 4, 8})
+    for (auto [bm, bk] : std::vector<std::array<int64_t, 2>>{{16, 16}, {64, 32}, {128, 64}, {32, 128}})
+      for (int trans : {0, 1})
+        for (int operand : {0, 1}) {
+          const Shape shape = operand == 0 ? Shape{bm, bk} : Shape{bk, bm};
+          Layout parent = Layout::mmaAccumulator(operand == 0 ? Shape{bm, 64} : Shape{64, bm}, nw,
+                                                 mmaWarpsPerCTA(operand == 0 ? bm : 64, operand == 0 ? 64 : bm, nw, false));
+          Layout to = Layout::dotOperand(parent, operand, bk, 16);
+          Layout from = blockedLayout(shape, nw, trans ? 0 : 1, 8);
+          auto plan = ldmatrixPlan(from, to, DType::BF16);
+          ASSERT_TRUE(plan) << from.str() << " -> " << to.str();
+          EXPECT_EQ(plan->smem.order()[0], trans ? 0 : 1);
+          const SharedLayout& s = plan->smem;
+          for (int w = 0; w < nw; ++w)
+            for (int l = 0; l < 32; ++l) {
+              int64_t thread = 0;
+              for (int i = 0; i < 5; ++i)
+                if (l >> i & 1) thread ^= s.offsetOf(from.laneBases()[size_t(i)]);
+              for (size_t i = 0; i < from.warpBases().size(); ++i)
+                if (w >> i & 1) thread ^= s.offsetOf(from.warpBases()[i]);
+              for (int64_t r = 0; r < from.numRegisters(); ++r)
+                ASSERT_EQ(s.offsetOf(from.apply(r, l, w)), thread ^ s.offsetOf(from.regCoord(r)));
+            }
+          // Every destination register is filled exactly once.
+          std::vector<int> filled(size_t(to.numRegisters()), 0);
+          for (const auto& regs : plan->registers)
+            for (int64_t r : regs) ++filled[size_t(r)];
+          for (int f : filled) EXPECT_EQ(f, 1);
+        }
+}
+
 // ---- PTX --------------------------------------------------------------------
 
 TEST(Mma, PtxHoldsMmaAndLdmatrix) {
