@@ -11,7 +11,8 @@
 // ldmatrix can read (a dot operand: codegen/TensorCores.h ldmatrixPlan) goes
 // through a swizzled shared tile: barrier, each owning thread stores its
 // contiguous registers as vectors of up to 16 bytes, barrier, every warp
-// issues ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 per 8 registers of
+// issues ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (the NVVM
+// intrinsic) per 8 registers of
 // the destination (one A fragment, or two B fragments). Any other goes
 // through scratch: barrier, store by the source layout (one thread per
 // element), barrier, load by the destination layout.
@@ -23,7 +24,6 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
-#include <llvm/IR/InlineAsm.h>
 
 #include "codegen/LowerToLLVMImpl.h"
 #include "codegen/SharedMemory.h"
@@ -104,10 +104,6 @@ llvm::Value* Lowering::sharedThreadOffset(const Layout& l, const ir::SharedLayou
   addBits(lane, l.laneBases());
   addBits(warp, l.warpBases());
   return off;
-}
-
-llvm::Value* Lowering::sharedAddress32(llvm::Value* byteOffset) {
-  return b.CreateAdd(b.CreatePtrToInt(sharedBase, b.getInt32Ty()), byteOffset);
 }
 
 namespace {
@@ -208,30 +204,28 @@ Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const 
     llvm::IRBuilder<> eb(entry->getTerminator());
     laneOff = linearThreadPart(eb, lane, warp, plan.laneTerm, plan.warpTerm);
   }
+  // The NVVM intrinsics, not inline asm: they take the shared pointer, so
+  // LLVM knows what they read and never merges two loads of the same
+  // addresses across the stores between them (with inline asm it did: a
+  // second staging of an equal-shaped tile reused the first one's registers).
   const int n = plan.numMatrices;
-  std::string text = "ldmatrix.sync.aligned.m8n8.x" + std::to_string(n) + (plan.trans ? ".trans" : "") +
-                     ".shared.b16 {";
-  std::string constraints;
-  for (int j = 0; j < n; ++j) {
-    text += (j ? ", $" : "$") + std::to_string(j);
-    constraints += "=r,";
-  }
-  text += "}, [$" + std::to_string(n) + "];";
-  constraints += "r";
-  std::vector<llvm::Type*> outTys(size_t(n), b.getInt32Ty());
-  llvm::Type* retTy = n == 1 ? static_cast<llvm::Type*>(b.getInt32Ty()) : llvm::StructType::get(ctx, outTys);
-  auto* asmTy = llvm::FunctionType::get(retTy, {b.getInt32Ty()}, false);
-  auto* asmFn = llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/false);
+  static const llvm::Intrinsic::ID ids[2][3] = {
+      {llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x1_b16, llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16},
+      {llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x1_trans_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_trans_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16}};
+  const llvm::Intrinsic::ID id = ids[plan.trans][n == 1 ? 0 : n == 2 ? 1 : 2];
   auto* pairTy = llvm::FixedVectorType::get(elemTy, 2);
   Regs out(size_t(to.numRegisters()), nullptr);
   for (size_t q = 0; q < plan.accessBase.size(); ++q) {
     llvm::Value* elem = b.CreateXor(laneOff, i32(plan.accessBase[q]));
-    llvm::Value* addr = sharedAddress32(b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
-    auto* call = b.CreateCall(asmTy, asmFn, {addr});
-    call->setOnlyReadsMemory();  // not across the barrier above
-    call->addFnAttr(llvm::Attribute::NoUnwind);
+    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
+    std::vector<llvm::Type*> overload;
+    if (llvm::Intrinsic::isOverloaded(id)) overload.push_back(addr->getType());  // the pointer type, in newer LLVMs
+    llvm::Value* call = b.CreateIntrinsic(id, overload, {addr});
     for (int j = 0; j < n; ++j) {
-      llvm::Value* word = n == 1 ? static_cast<llvm::Value*>(call) : b.CreateExtractValue(call, unsigned(j));
+      llvm::Value* word = n == 1 ? call : b.CreateExtractValue(call, unsigned(j));
       llvm::Value* pair = b.CreateBitCast(word, pairTy);
       out[size_t(plan.registers[q][size_t(2 * j)])] = b.CreateExtractElement(pair, uint64_t(0));
       out[size_t(plan.registers[q][size_t(2 * j + 1)])] = b.CreateExtractElement(pair, uint64_t(1));

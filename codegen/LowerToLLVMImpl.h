@@ -80,8 +80,6 @@ class Lowering {
   // GF(2), so element (reg, lane, warp) lives at this ^ s.offsetOf(l.regCoord(reg)).
   // Computed once per pair in the entry block.
   llvm::Value* sharedThreadOffset(const ir::Layout& l, const ir::SharedLayout& s);
-  // The i32 address in the shared state space of byte `byteOffset`.
-  llvm::Value* sharedAddress32(llvm::Value* byteOffset);
   // Register i of `to` taken from register map[i] of the operand when the two
   // layouts differ only by a renaming of registers under `coordMap` (which
   // maps a coordinate of `to` to one of `from`); empty when they don't.

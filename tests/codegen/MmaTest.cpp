@@ -123,6 +123,18 @@ TEST(Mma, FmaPathForSmallShapesOldTargetsAndIeeeF32) {
 
 using testkernels::attentionBlock;
 
+// ldmatrix instructions the staging converts of a laid-out function plan.
+int plannedLdmatrix(Function& f) {
+  int n = 0;
+  f.walk([&](const Op& op) {
+    if (op.kind() != OpKind::ConvertLayout) return;
+    if (auto plan = ldmatrixPlan(*op.operand(0)->type().layout(), *op.result()->type().layout(),
+                                 op.result()->type().dtype()))
+      n += int(plan->accessBase.size());
+  });
+  return n;
+}
+
 bool isMmaAccumulatorLayout(const Layout& l) {
   if (l.rank() != 2 || l.regBases().size() < 2) return false;
   return l.regBases()[0] == Layout::Coord{0, 1} && l.regBases()[1] == Layout::Coord{8, 0} &&
@@ -164,10 +176,26 @@ TEST(Mma, SoftmaxOverTheAccumulatorStaysInRegisters) {
       EXPECT_GT(countMatches(k.ptx, R"(mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"), 0);
       EXPECT_GT(countMatches(k.ptx, R"(ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16)"), 0);
       EXPECT_GT(countMatches(k.ptx, R"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16)"), 0);
+      // One ldmatrix per planned access: none merged (P: none at all).
+      EXPECT_EQ(countMatches(k.ptx, "ldmatrix"), plannedLdmatrix(*f)) << k.ir;
       // Rows per thread: 2 per 16-row repetition; 2 quad shuffles per row
       // for the max and 2 for the sum.
       EXPECT_EQ(countMatches(k.ptx, R"(shfl\.sync\.bfly)"), 2 * (bm / (16 * nw)) * 4);
     }
+}
+
+TEST(Mma, EqualStagingsAreNotMerged) {
+  // M = 16 with 4 warps: Q [16, 64] and P [16, 64] are staged to the same A
+  // layout at the same scratch offset; each must load its own tile (LLVM once
+  // reused Q's ldmatrix results for P when ldmatrix was inline asm).
+  for (const Target& t : kTargets) {
+    auto f = attentionBlock(16, 64, 64, 4);
+    CompiledKernel k = compile(*f, CompileOptions{t, false});
+    auto laidOut = attentionBlock(16, 64, 64, 4);
+    assignLayouts(*laidOut, t);
+    EXPECT_EQ(plannedLdmatrix(*laidOut), 16);  // Q, K^T, V, P: 4 accesses each
+    EXPECT_EQ(countMatches(k.ptx, "ldmatrix"), 16) << k.ptx;
+  }
 }
 
 TEST(Mma, ChainWithWarpsAlongNConvertsPThroughLdmatrix) {
@@ -230,6 +258,86 @@ TEST(Mma, StagingAddressesAreLinear) {
             for (int64_t r : regs) ++filled[size_t(r)];
           for (int f : filled) EXPECT_EQ(f, 1);
         }
+}
+
+// Replays a staging convert as the lowering emits it, with the instructions'
+// semantics (PTX ISA): every thread stores its registers in vectors of v at
+// threadPart ^ offsetOf(regCoord), then each ldmatrix access loads 8x8
+// matrices from the rows the lanes address (without .trans, thread t gets row
+// t/4, columns 2(t%4) and 2(t%4)+1 of each matrix; with .trans rows 2(t%4),
+// 2(t%4)+1 of column t/4). Returns a description of the first register that
+// does not receive its element, or "".
+std::string replayStaging(const Layout& from, const Layout& to, const LdmatrixPlan& plan) {
+  const SharedLayout& s = plan.smem;
+  std::vector<int64_t> smem(size_t(s.numElements()), -1);
+  auto flat = [&](const Layout::Coord& c) { return c[0] * from.shape()[1] + c[1]; };
+  const int fast = s.order()[0];
+  int64_t v = std::min<int64_t>(from.contiguousRegisters(fast), s.vec());
+  for (const Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
+    for (const auto& basis : *bases)
+      while (v > 1 && s.offsetOf(basis) % v != 0) v /= 2;
+  for (int w = 0; w < from.numWarps(); ++w)
+    for (int l = 0; l < 32; ++l) {
+      int64_t thread = 0;
+      for (int i = 0; i < 5; ++i)
+        if (l >> i & 1) thread ^= s.offsetOf(from.laneBases()[size_t(i)]);
+      for (size_t i = 0; i < from.warpBases().size(); ++i)
+        if (w >> i & 1) thread ^= s.offsetOf(from.warpBases()[i]);
+      for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
+        const int64_t at = thread ^ s.offsetOf(from.regCoord(r0));
+        if (at % v != 0) return "misaligned vector store";
+        for (int64_t i = 0; i < v; ++i) smem[size_t(at + i)] = flat(from.apply(r0 + i, l, w));
+      }
+    }
+  for (int w = 0; w < to.numWarps(); ++w) {
+    int64_t warpPart = 0;
+    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
+      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
+    for (size_t q = 0; q < plan.accessBase.size(); ++q) {
+      auto rowAddress = [&](int lane) {
+        int64_t a = plan.accessBase[q] ^ warpPart;
+        for (int i = 0; i < 5; ++i)
+          if (lane >> i & 1) a ^= plan.laneTerm[size_t(i)];
+        return a;
+      };
+      for (int t = 0; t < 32; ++t)
+        for (int j = 0; j < plan.numMatrices; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int64_t got = plan.trans ? smem[size_t(rowAddress(8 * j + 2 * (t % 4) + half) + t / 4)]
+                                           : smem[size_t(rowAddress(8 * j + t / 4) + 2 * (t % 4) + half)];
+            const int64_t reg = plan.registers[q][size_t(2 * j + half)];
+            if (got != flat(to.apply(reg, t, w)))
+              return "warp " + std::to_string(w) + " lane " + std::to_string(t) + " register " + std::to_string(reg) +
+                     " got element " + std::to_string(got) + ", wants " + std::to_string(flat(to.apply(reg, t, w)));
+          }
+    }
+  }
+  return "";
+}
+
+TEST(Mma, StagingConvertsDeliverEveryElement) {
+  auto check = [](Function& f) {
+    assignLayouts(f, Target::sm90a());
+    int staged = 0;
+    f.walk([&](const Op& op) {
+      if (op.kind() != OpKind::ConvertLayout) return;
+      const Layout &from = *op.operand(0)->type().layout(), &to = *op.result()->type().layout();
+      auto plan = ldmatrixPlan(from, to, op.result()->type().dtype());
+      if (!plan) return;
+      ++staged;
+      EXPECT_EQ(replayStaging(from, to, *plan), "") << op.describe() << ": " << from.str() << " -> " << to.str();
+    });
+    return staged;
+  };
+  for (int nw : {1, 2, 4, 8})
+    for (auto [bm, bn, d] : std::vector<std::array<int64_t, 3>>{{16, 64, 64}, {32, 128, 64}, {64, 64, 64}, {128, 64, 128}}) {
+      SCOPED_TRACE("attention " + std::to_string(bm) + "x" + std::to_string(bn) + " d " + std::to_string(d) + " warps " +
+                   std::to_string(nw));
+      auto f = attentionBlock(bm, bn, d, nw);
+      EXPECT_GE(check(*f), 3);
+      auto g = matmul(bm, bn, d, nw, true, 16, DType::BF16);
+      EXPECT_EQ(check(*g), 2);
+    }
 }
 
 // ---- PTX --------------------------------------------------------------------
