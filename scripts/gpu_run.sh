@@ -81,12 +81,12 @@ done
 
 if [ -f "$LOGS/bench_softmax.log" ] && [ -f "$LOGS/bench_torch_softmax.log" ]; then
   echo; echo "== row softmax, side by side"
-  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/softmax_table.txt"
+  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/tables.txt"
 fi
 
 if [ -f "$LOGS/bench_gemm.log" ] && [ -f "$LOGS/bench_torch_gemm.log" ]; then
   echo; echo "== bf16 GEMM, side by side"
-  python3 bench/compare_gemm.py "$LOGS/bench_gemm.log" "$LOGS/bench_torch_gemm.log" | tee -a "$LOGS/softmax_table.txt"
+  python3 bench/compare_gemm.py "$LOGS/bench_gemm.log" "$LOGS/bench_torch_gemm.log" | tee -a "$LOGS/tables.txt"
 fi
 
 {
