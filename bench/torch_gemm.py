@@ -6,25 +6,11 @@ CUDA events, warm-up, median of many repetitions, random (never zero) inputs; in
 L2 are rotated among three sets.
 """
 import json
-import statistics
 import sys
 
 import torch
 
-
-def median_ms(fn, reps, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+from benchlib import median_ms
 
 
 def main():

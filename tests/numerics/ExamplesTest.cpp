@@ -44,14 +44,7 @@ void softmaxCase(int rows, int cols, int rowsPerProgram, std::mt19937& rng) {
   auto x = randomVector<H>(size_t(rows) * cols, rng, -5, 5);
   std::vector<H> y(x.size(), H(NAN));
   rowSoftmax<T>().interpret({{cdiv(rows, rowsPerProgram), 1, 1}, {rowsPerProgram, block}, 4}, x, y, rows, cols);
-  Eigen::MatrixXd xd(rows, cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) xd(r, c) = double(float(x[size_t(r) * cols + c]));
-  Eigen::MatrixXd e = (xd.colwise() - xd.rowwise().maxCoeff()).array().exp().matrix();
-  Eigen::MatrixXd ref = e.array().colwise() / e.rowwise().sum().array();
-  std::vector<double> refv(x.size());
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) refv[size_t(r) * cols + c] = ref(r, c);
+  const std::vector<double> refv = softmaxReference(x, rows, cols);
   bool nonFinite = false;
   double err = relativeError(y, refv, &nonFinite);
   EXPECT_FALSE(nonFinite) << rows << "x" << cols;
