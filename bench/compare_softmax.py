@@ -3,20 +3,9 @@
 
 Usage: compare_softmax.py FLEXTILE_LOG TORCH_LOG
 """
-import json
 import sys
 
-
-def rows_of(path):
-    out = []
-    for line in open(path, errors="replace"):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
+from benchlib import json_rows as rows_of
 
 
 def main(flextile_log, torch_log):

@@ -6,25 +6,11 @@ plus bytes written once (the fewest a row softmax or a copy must move). Timing: 
 median of many repetitions, random (never zero) inputs, inputs rotated so L2 holds none of them.
 """
 import json
-import statistics
 import sys
 
 import torch
 
-
-def median_ms(fn, reps=50, warmup=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+from benchlib import median_ms
 
 
 def main():

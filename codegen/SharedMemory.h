@@ -35,8 +35,8 @@
 //   1. bar.sync before its first write to scratch (an earlier op, or the same
 //      op in the previous loop iteration, may still be reading the bytes), and
 //   2. bar.sync between its writes and its reads.
-// (The lowering also ends each use with a bar.sync, which makes 1. redundant
-// but harmless; either alone after the reads would suffice.)
+// Nothing follows the reads: the next user's barrier 1. protects them (the
+// golden test tests/lit/codegen/ptx.ftir checks this order in the PTX).
 // Buffers that live longer (pipelined K/V stages, issue #3) will get live
 // ranges spanning loops, and the allocator gives overlapping ranges disjoint
 // bytes.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,6 +47,20 @@ double relativeError(const std::vector<H>& out, const std::vector<double>& ref, 
   }
   if (nonFinite) *nonFinite = bad;
   return bad ? INFINITY : std::sqrt(num / (den > 0 ? den : 1));
+}
+
+// softmax along each row of a row-major [rows, cols] matrix, in float64.
+template <class H>
+std::vector<double> softmaxReference(const std::vector<H>& x, int rows, int cols) {
+  std::vector<double> ref(x.size());
+  for (int r = 0; r < rows; ++r) {
+    const size_t base = size_t(r) * size_t(cols);
+    double m = -INFINITY, sum = 0;
+    for (int c = 0; c < cols; ++c) m = std::max(m, double(float(x[base + c])));
+    for (int c = 0; c < cols; ++c) sum += ref[base + c] = std::exp(double(float(x[base + c])) - m);
+    for (int c = 0; c < cols; ++c) ref[base + c] /= sum;
+  }
+  return ref;
 }
 
 inline bool gpuAvailable(std::string* why = nullptr) { return runtime::Driver::available(why); }

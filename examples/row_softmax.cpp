@@ -47,16 +47,7 @@ int main(int argc, char** argv) try {
   }
   const double seconds = secondsSince(t0);
 
-  // float64 reference from the same bf16 inputs.
-  Eigen::MatrixXd xd(rows, cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) xd(r, c) = double(float(x[size_t(r) * cols + c]));
-  Eigen::MatrixXd e = (xd.colwise() - xd.rowwise().maxCoeff()).array().exp().matrix();
-  Eigen::MatrixXd ref = e.array().colwise() / e.rowwise().sum().array();
-  std::vector<double> refv(x.size());
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) refv[size_t(r) * cols + c] = ref(r, c);
-
+  const std::vector<double> refv = softmaxReference(x, rows, cols);  // float64, from the same bf16 inputs
   bool nonFinite = false;
   double err = relativeError(y, refv, &nonFinite);
   std::printf("row_softmax %d x %d bf16: relative error %.2e (%s), %.3f s including compilation\n", rows, cols, err,

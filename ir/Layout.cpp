@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "ir/AttrScanner.h"
 #include "ir/IR.h"
 
 namespace flextile::ir {
@@ -266,43 +267,7 @@ std::string Layout::str() const {
 }
 
 namespace {
-struct LayoutParser {
-  std::string_view t;
-  size_t p = 0;
-  [[noreturn]] void fail(const std::string& what) {
-    throw Error("layout: " + what + " at column " + std::to_string(p) + " in '" + std::string(t) + "'");
-  }
-  void ws() {
-    while (p < t.size() && std::isspace(static_cast<unsigned char>(t[p]))) ++p;
-  }
-  bool eat(std::string_view s) {
-    ws();
-    if (t.substr(p, s.size()) == s) {
-      p += s.size();
-      return true;
-    }
-    return false;
-  }
-  void expect(std::string_view s) {
-    if (!eat(s)) fail("expected '" + std::string(s) + "'");
-  }
-  int64_t integer() {
-    ws();
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(t.data() + p, t.data() + t.size(), v);
-    if (ec != std::errc()) fail("expected an integer");
-    p = size_t(ptr - t.data());
-    return v;
-  }
-  std::vector<int64_t> ints() {
-    std::vector<int64_t> v;
-    expect("[");
-    if (eat("]")) return v;
-    do v.push_back(integer());
-    while (eat(","));
-    expect("]");
-    return v;
-  }
+struct LayoutParser : AttrScanner {
   Layout::Bases bases() {
     Layout::Bases bs;
     expect("[");
@@ -316,7 +281,7 @@ struct LayoutParser {
 }  // namespace
 
 Layout Layout::parse(std::string_view text) {
-  LayoutParser ps{text};
+  LayoutParser ps{{"layout", text}};
   ps.expect("#ft.linear<");
   Shape shape = ps.ints();
   ps.expect(",");

@@ -1,5 +1,7 @@
 #include "ir/SharedLayout.h"
 
+#include "ir/AttrScanner.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -145,43 +147,7 @@ std::string SharedLayout::verify() const {
 }
 
 namespace {
-struct SharedParser {
-  std::string_view t;
-  size_t p = 0;
-  [[noreturn]] void fail(const std::string& what) {
-    throw Error("shared layout: " + what + " at column " + std::to_string(p) + " in '" + std::string(t) + "'");
-  }
-  void ws() {
-    while (p < t.size() && std::isspace(static_cast<unsigned char>(t[p]))) ++p;
-  }
-  bool eat(std::string_view s) {
-    ws();
-    if (t.substr(p, s.size()) == s) {
-      p += s.size();
-      return true;
-    }
-    return false;
-  }
-  void expect(std::string_view s) {
-    if (!eat(s)) fail("expected '" + std::string(s) + "'");
-  }
-  int64_t integer() {
-    ws();
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(t.data() + p, t.data() + t.size(), v);
-    if (ec != std::errc()) fail("expected an integer");
-    p = size_t(ptr - t.data());
-    return v;
-  }
-  std::vector<int64_t> ints() {
-    std::vector<int64_t> v;
-    expect("[");
-    if (eat("]")) return v;
-    do v.push_back(integer());
-    while (eat(","));
-    expect("]");
-    return v;
-  }
+struct SharedParser : AttrScanner {
   int64_t field(std::string_view name) {
     expect(",");
     expect(name);
@@ -192,7 +158,7 @@ struct SharedParser {
 }  // namespace
 
 SharedLayout SharedLayout::parse(std::string_view text) {
-  SharedParser ps{text};
+  SharedParser ps{{"shared layout", text}};
   ps.expect("#ft.shared<");
   Shape shape = ps.ints();
   ps.expect(",");

@@ -24,6 +24,8 @@ BENCH_TIMEOUT=${FLEXTILE_BENCH_TIMEOUT:-240}
 BENCHES=(
   "softmax|$BUNDLE/bin/flextile_softmax_bench"
   "torch_softmax|python3 bench/torch_softmax.py"
+  "gemm|$BUNDLE/bin/flextile_gemm_bench"
+  "torch_gemm|python3 bench/torch_gemm.py"
 )
 
 mkdir -p "$LOGS"
@@ -79,7 +81,12 @@ done
 
 if [ -f "$LOGS/bench_softmax.log" ] && [ -f "$LOGS/bench_torch_softmax.log" ]; then
   echo; echo "== row softmax, side by side"
-  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/softmax_table.txt"
+  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/tables.txt"
+fi
+
+if [ -f "$LOGS/bench_gemm.log" ] && [ -f "$LOGS/bench_torch_gemm.log" ]; then
+  echo; echo "== bf16 GEMM, side by side"
+  python3 bench/compare_gemm.py "$LOGS/bench_gemm.log" "$LOGS/bench_torch_gemm.log" | tee -a "$LOGS/tables.txt"
 fi
 
 {

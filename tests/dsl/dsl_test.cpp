@@ -4,6 +4,7 @@
 
 #include "dsl/DSL.h"
 #include "examples/kernels.h"
+#include "ir/Hash.h"
 #include "ir/Printer.h"
 
 using namespace flextile;
@@ -172,6 +173,34 @@ TEST(Dsl, ExampleKernelsTraceToVerifiedIR) {
   auto mm = examples::matmul<f32>().trace({{32, 32, 16}, 2});
   EXPECT_EQ(countOps(*mm, ir::OpKind::Dot), 1);
   EXPECT_EQ(countOps(*mm, ir::OpKind::For), 1);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Dsl, LaunchArgumentsAreCheckedByName) {
+  Kernel add = flextile::examples::vectorAdd();
+  std::vector<float> x(10), y(10), out(10);
+  LaunchOptions o{{1, 1, 1}, {16}, 4};
+  std::string msg = errorOf([&] { add.interpret(o, x, y, out); });
+  EXPECT_NE(msg.find("expects 4 run-time arguments, got 3"), std::string::npos) << msg;
+  msg = errorOf([&] { add.interpret(o, x, y, 5, 10); });
+  EXPECT_NE(msg.find("argument 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("host buffer"), std::string::npos) << msg;
+  msg = errorOf([&] { add.interpret(o, x, y, out, 1.5); });
+  EXPECT_NE(msg.find("argument 3 (i32) expects an integer"), std::string::npos) << msg;
+  msg = errorOf([&] { add.interpret(o, x, y, out, int64_t(1) << 40); });
+  EXPECT_NE(msg.find("i32 value"), std::string::npos) << msg;
+}
+
+TEST(Dsl, AKernelsIdentityIsItsStructureNotItsObject) {
+  // Two kernel objects from the same source trace to the same IR, hence one compiled kernel.
+  auto a = flextile::examples::rowSoftmax<bf16>().trace({{2, 128}, 4});
+  auto b = flextile::examples::rowSoftmax<bf16>().trace({{2, 128}, 4});
+  EXPECT_EQ(ir::structuralHash(*a), ir::structuralHash(*b));
+  auto c = flextile::examples::rowSoftmax<f16>().trace({{2, 128}, 4});
+  EXPECT_NE(ir::structuralHash(*a), ir::structuralHash(*c));
 }
 
 }  // namespace

@@ -228,13 +228,7 @@ void checkSoftmax(int rows, int cols, int rowsPerProgram, int warps, std::mt1993
   runtime::synchronize();
   fromDevice(dy, y);
   k.interpret(launch, x, yi, rows, cols);
-  std::vector<double> ref(x.size());
-  for (int r = 0; r < rows; ++r) {
-    double m = -INFINITY, s = 0;
-    for (int c = 0; c < cols; ++c) m = std::max(m, double(float(x[size_t(r) * cols + c])));
-    for (int c = 0; c < cols; ++c) s += std::exp(double(float(x[size_t(r) * cols + c])) - m);
-    for (int c = 0; c < cols; ++c) ref[size_t(r) * cols + c] = std::exp(double(float(x[size_t(r) * cols + c])) - m) / s;
-  }
+  const std::vector<double> ref = softmaxReference(x, rows, cols);
   const double tol = std::is_same_v<T, dsl::f32> ? 1e-5 : 1e-2;
   bool nonFinite = false;
   double err = relativeError(y, ref, &nonFinite), errI = relativeError(yi, ref);

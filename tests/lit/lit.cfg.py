@@ -38,3 +38,16 @@ for name, path in tools.items():
 # The tests must not depend on the caller's dump or timing settings.
 for var in ("FLEXTILE_DUMP", "FLEXTILE_DUMP_DIR", "FLEXTILE_TIMING"):
     config.environment.pop(var, None)
+
+# Feature `ptxas`: NVIDIA's assembler is available (on PATH, else the CUDA
+# toolkit's default place, as codegen/Ptxas.cpp looks for it). Tests that need
+# it say `REQUIRES: ptxas` and are reported UNSUPPORTED without it.
+import shutil
+
+ptxas = shutil.which("ptxas", path=config.environment.get("PATH", os.environ.get("PATH", "")))
+if not ptxas and os.access("/usr/local/cuda/bin/ptxas", os.X_OK):
+    ptxas = "/usr/local/cuda/bin/ptxas"
+if ptxas:
+    config.available_features.add("ptxas")
+else:
+    lit_config.note("ptxas not found (PATH, /usr/local/cuda/bin): the tests that REQUIRE ptxas are UNSUPPORTED")

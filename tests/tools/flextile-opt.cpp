@@ -1,7 +1,8 @@
-// flextile-opt: reads tile IR text, verifies it, runs passes, prints the result.
+// flextile-opt: reads tile IR text, verifies it, runs passes, prints the result
+// (the IR, or the LLVM IR or PTX that codegen makes of it).
 //
-//   flextile-opt [--passes=canonicalize,cse,dce] [--print-locations] [--verify-only]
-//                [--split-input-file] [--dump=STAGES] FILE|-
+//   flextile-opt [--passes=canonicalize,cse,dce,assign-layouts] [--print-locations] [--verify-only]
+//                [--split-input-file] [--dump=STAGES] [--emit=ir|llvm|ptx] [--sm=80|90a] [--ptxas] FILE|-
 //
 // Exit status 1 with the error on stderr when the input does not parse or
 // verify, or a pass fails. With --split-input-file, the input is cut at lines
@@ -9,12 +10,17 @@
 // numbers of the whole file; the exit status is 1 if any piece failed), so one
 // lit test can hold many small cases. The lit tests under tests/lit drive it.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "codegen/Compiler.h"
+#include "codegen/Passes.h"
+#include "codegen/Target.h"
 #include "ir/Dump.h"
 #include "ir/Parser.h"
 #include "ir/Passes.h"
@@ -28,12 +34,18 @@ using namespace flextile;
 void usage() {
   std::fputs(
       "usage: flextile-opt [options] FILE|-\n"
-      "  --passes=a,b,...     run these passes in order (canonicalize, cse, dce)\n"
+      "  --passes=a,b,...     run these passes in order: canonicalize, cse, dce (ir/Passes.h),\n"
+      "                       assign-layouts (codegen/Passes.h, for the --sm target)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
       "  --split-input-file   handle each piece between '// -----' lines separately\n"
       "  --dump=STAGES        as FLEXTILE_DUMP (ir, passes, llvm, ptx, all)\n"
-      // CODEGEN: document --emit=llvm|ptx and codegen passes here.
+      "  --emit=ir|llvm|ptx   what to print (default ir): the IR after --passes, or each function\n"
+      "                       compiled by codegen::compile (its own canonicalize, cse, dce,\n"
+      "                       assign-layouts, lowering, NVPTX backend) after --passes\n"
+      "  --sm=80|90a          target GPU (default 90a; also 86, 89, 90, sm_XX)\n"
+      "  --ptxas              also compile each function and assemble its PTX with ptxas;\n"
+      "                       the `ptxas -v` report goes to stderr\n"
       ,
       stderr);
 }
@@ -46,12 +58,23 @@ std::vector<std::string> splitComma(const std::string& s) {
   return out;
 }
 
-// The pass of this name. Target-independent passes come from ir/Passes.h.
-std::optional<ir::Pass> lookupPass(const std::string& name) {
+// The pass of this name. Target-independent passes come from ir/Passes.h,
+// layout assignment from codegen/Passes.h.
+std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Target& target) {
   if (auto p = ir::targetIndependentPass(name)) return p;
-  // ---- CODEGEN: add codegen passes here (layout assignment, ...), e.g.
-  //   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
+  if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
   return std::nullopt;
+}
+
+// "80", "90a", "sm_86": capability digits, then an optional 'a' (arch-specific, 9.0 only).
+std::optional<codegen::Target> parseTarget(std::string s) {
+  if (s.rfind("sm_", 0) == 0) s = s.substr(3);
+  bool arch = !s.empty() && s.back() == 'a';
+  if (arch) s.pop_back();
+  if (s.size() < 2 || s.size() > 3 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  int capability = std::stoi(s);
+  if (arch && capability != 90) return std::nullopt;
+  return codegen::Target{capability, arch};
 }
 
 int run(int argc, char** argv) {
@@ -60,7 +83,8 @@ int run(int argc, char** argv) {
   ir::PrintOptions print;
   bool verifyOnly = false;
   bool split = false;
-  // ---- CODEGEN: options for --emit=llvm|ptx (and a --target) go here.
+  std::string emit = "ir";
+  codegen::CompileOptions compileOptions;  // target sm_90a unless --sm
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--passes=", 0) == 0) {
@@ -74,6 +98,22 @@ int run(int argc, char** argv) {
     } else if (a.rfind("--dump=", 0) == 0) {
       const char* dir = std::getenv("FLEXTILE_DUMP_DIR");
       ir::setDumpConfig(a.substr(7), dir ? dir : "");
+    } else if (a.rfind("--emit=", 0) == 0) {
+      emit = a.substr(7);
+      if (emit != "ir" && emit != "llvm" && emit != "ptx") {
+        std::fprintf(stderr, "flextile-opt: --emit takes ir, llvm or ptx, got '%s'\n", emit.c_str());
+        return 2;
+      }
+    } else if (a.rfind("--sm=", 0) == 0) {
+      auto target = parseTarget(a.substr(5));
+      if (!target) {
+        std::fprintf(stderr, "flextile-opt: --sm takes a compute capability such as 80 or 90a, got '%s'\n",
+                     a.substr(5).c_str());
+        return 2;
+      }
+      compileOptions.target = *target;
+    } else if (a == "--ptxas") {
+      compileOptions.runPtxas = true;
     } else if (a == "-h" || a == "--help") {
       usage();
       return 0;
@@ -111,7 +151,7 @@ int run(int argc, char** argv) {
 
   ir::PassPipeline pipeline;
   for (const auto& name : passNames) {
-    auto p = lookupPass(name);
+    auto p = lookupPass(name, compileOptions.target);
     if (!p) {
       std::fprintf(stderr, "flextile-opt: unknown pass '%s'\n", name.c_str());
       return 2;
@@ -148,9 +188,19 @@ int run(int argc, char** argv) {
       ir::Module m = ir::parseModule(pieces[i], source);
       for (auto& f : m.functions) pipeline.run(*f);  // verifies the input first, then after every pass
       if (verifyOnly) continue;
-      // ---- CODEGEN: with --emit=llvm|ptx, compile each function here
-      //   (codegen::compile(*f, options)) and print its llvmIR / ptx instead.
-      std::fputs(ir::printModule(m, print).c_str(), stdout);
+      if (emit == "ir" && !compileOptions.runPtxas) {
+        std::fputs(ir::printModule(m, print).c_str(), stdout);
+        continue;
+      }
+      std::string out;
+      for (auto& f : m.functions) {
+        codegen::CompiledKernel k = codegen::compile(*f, compileOptions);
+        if (compileOptions.runPtxas)
+          std::fprintf(stderr, "flextile-opt: ptxas -arch=%s -v for @%s:\n%s", k.target.smName().c_str(),
+                       k.name.c_str(), k.ptxasInfo.c_str());
+        out += emit == "llvm" ? k.llvmIR : emit == "ptx" ? k.ptx : "";
+      }
+      std::fputs(emit == "ir" ? ir::printModule(m, print).c_str() : out.c_str(), stdout);
     } catch (const Error& e) {
       if (!split) throw;
       std::fprintf(stderr, "%s\n", e.what());
