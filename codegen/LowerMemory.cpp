@@ -132,7 +132,13 @@ void Lowering::lowerLoad(const ir::Op& op) {
     std::vector<llvm::Type*> outTys(size_t(shape.words), shape.wordTy);
     llvm::Type* retTy = shape.words == 1 ? shape.wordTy : llvm::StructType::get(ctx, outTys);
     auto* asmTy = llvm::FunctionType::get(retTy, argTys, false);
-    auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/false), args);
+    // The backend derives "may load" for inline asm from memory constraints
+    // only, never from call attributes: without side effects, machine CSE
+    // merges a load after a store with the load before it (lit test
+    // codegen/memory_order.ftir). Side effects keep each load in program
+    // order against the stores; memory(read) still tells IR-level passes that
+    // it writes nothing.
+    auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), args);
     call->setOnlyReadsMemory();
     call->addFnAttr(llvm::Attribute::NoUnwind);
 
