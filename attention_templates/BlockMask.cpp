@@ -211,6 +211,27 @@ void checkListShape(const char* what, const char* name, const BlockLists& l, siz
                 std::to_string(l.indices.size()) + " indices; expected " + std::to_string(rows) + " and " +
                 std::to_string(rows * stride));
 }
+
+// Each row: count in range, indices in range, strictly ascending; padding 0.
+void checkRows(const char* what, const char* name, const BlockLists& l, int64_t rows, int64_t stride) {
+  auto fail = [&](const std::string& m) { throw Error(std::string(what) + ": " + m); };
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t n = l.num[size_t(r)];
+    const std::string where = std::string(name) + " row " + std::to_string(r);
+    if (n < 0 || n > stride) fail(where + " has count " + std::to_string(n) + ", outside [0, " + std::to_string(stride) + "]");
+    for (int32_t k = 0; k < n; ++k) {
+      const int32_t v = l.indices[size_t(r * stride + k)];
+      if (v < 0 || v >= stride)
+        fail(where + " entry " + std::to_string(k) + " is block " + std::to_string(v) + ", outside [0, " +
+             std::to_string(stride) + ")");
+      if (k > 0 && v <= l.indices[size_t(r * stride + k - 1)])
+        fail(where + " is not strictly ascending (block " + std::to_string(v) + " after " +
+             std::to_string(l.indices[size_t(r * stride + k - 1)]) + "): unsorted or duplicated");
+    }
+    for (int64_t k = n; k < stride; ++k)
+      if (l.indices[size_t(r * stride + k)] != 0) fail(where + " has a non-zero padding entry at " + std::to_string(k));
+  }
+}
 }  // namespace
 
 BlockMask BlockMask::fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
@@ -218,11 +239,9 @@ BlockMask BlockMask::fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t 
   BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, "BlockMask::fromKvLists");
   checkListShape("BlockMask::fromKvLists", "partialKv", partialKv, m.partialKv_.num.size(), size_t(m.nKv_));
   checkListShape("BlockMask::fromKvLists", "fullKv", fullKv, m.fullKv_.num.size(), size_t(m.nKv_));
-  for (const BlockLists* l : {&partialKv, &fullKv})
-    for (int32_t n : l->num)
-      if (n < 0 || n > m.nKv_)
-        throw Error("BlockMask::fromKvLists: a count of " + std::to_string(n) + " is outside [0, " +
-                    std::to_string(m.nKv_) + "]");
+  const int64_t rows = int64_t(m.fullKv_.num.size());
+  checkRows("BlockMask::fromKvLists", "partialKv", partialKv, rows, m.nKv_);
+  checkRows("BlockMask::fromKvLists", "fullKv", fullKv, rows, m.nKv_);
   m.partialKv_ = std::move(partialKv);
   m.fullKv_ = std::move(fullKv);
   m.space_ = m.mask_.captureSpace();
@@ -458,29 +477,10 @@ void BlockMask::check() const {
   if (qPhase_ < 0 || qPhase_ >= sizes_.q || (qPhase_ + qLen_ + sizes_.q - 1) / sizes_.q != nQ_)
     fail("query phase " + std::to_string(qPhase_) + " and length " + std::to_string(qLen_) + " do not give " +
          std::to_string(nQ_) + " block rows");
-  // Each row: count in range, indices in range, strictly ascending; padding 0.
-  auto checkRows = [&](const char* name, const BlockLists& l, int64_t rows, int64_t stride) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t n = l.num[size_t(r)];
-      const std::string where = std::string(name) + " row " + std::to_string(r);
-      if (n < 0 || n > stride) fail(where + " has count " + std::to_string(n) + ", outside [0, " + std::to_string(stride) + "]");
-      for (int32_t k = 0; k < n; ++k) {
-        const int32_t v = l.indices[size_t(r * stride + k)];
-        if (v < 0 || v >= stride)
-          fail(where + " entry " + std::to_string(k) + " is block " + std::to_string(v) + ", outside [0, " +
-               std::to_string(stride) + ")");
-        if (k > 0 && v <= l.indices[size_t(r * stride + k - 1)])
-          fail(where + " is not strictly ascending (block " + std::to_string(v) + " after " +
-               std::to_string(l.indices[size_t(r * stride + k - 1)]) + "): unsorted or duplicated");
-      }
-      for (int64_t k = n; k < stride; ++k)
-        if (l.indices[size_t(r * stride + k)] != 0) fail(where + " has a non-zero padding entry at " + std::to_string(k));
-    }
-  };
-  checkRows("partialKv", partialKv_, int64_t(rowsQ), nKv_);
-  checkRows("fullKv", fullKv_, int64_t(rowsQ), nKv_);
-  checkRows("partialQ", partialQ_, int64_t(rowsKv), nQ_);
-  checkRows("fullQ", fullQ_, int64_t(rowsKv), nQ_);
+  checkRows("BlockMask::check", "partialKv", partialKv_, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "fullKv", fullKv_, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "partialQ", partialQ_, int64_t(rowsKv), nQ_);
+  checkRows("BlockMask::check", "fullQ", fullQ_, int64_t(rowsKv), nQ_);
   // No block both full and partial; the transposes list exactly the same blocks.
   std::vector<uint8_t> forward(size_t(B_ * H_ * nQ_ * nKv_), 0), backward(forward.size(), 0);
   for (int64_t bh = 0; bh < B_ * H_; ++bh) {
