@@ -41,7 +41,8 @@ using ir::Shape;
 
 enum class MemorySpace { Host, Device };
 
-// The DType of a C++ element type (bool is i1, stored as one byte).
+// The DType of a C++ element type. i1 is stored as one byte: bool or uint8_t
+// host data (use uint8_t to read i1 back, std::vector<bool> has no storage).
 template <class T>
 struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
@@ -50,6 +51,7 @@ template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::I32;
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::I64; };
 template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::I8; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::I1; };
+template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::I1; };
 template <> struct DTypeOf<Eigen::half> { static constexpr DType value = DType::F16; };
 template <> struct DTypeOf<Eigen::bfloat16> { static constexpr DType value = DType::BF16; };
 

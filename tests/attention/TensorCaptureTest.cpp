@@ -67,6 +67,13 @@ TEST(Tensor, HalfAndBfloatElements) {
   EXPECT_EQ(Tensor::fromHost(b, {1}).dtype(), DType::BF16);
 }
 
+TEST(Tensor, BooleansAreBytes) {
+  const bool flags[3] = {true, false, true};
+  Tensor t = Tensor::fromHost(std::span<const bool>(flags), {3});
+  EXPECT_EQ(t.dtype(), DType::I1);
+  EXPECT_EQ(t.toHost<uint8_t>(), (std::vector<uint8_t>{1, 0, 1}));
+}
+
 TEST(Tensor, ErrorsNameTheMismatch) {
   Tensor t = Tensor::zeros(DType::I32, {2, 3}, MemorySpace::Host);
   expectError([&] { t.copyFromHost(std::vector<float>(6)); }, {"cannot copy f32", "i32[2, 3]"});
