@@ -1,20 +1,37 @@
-// dot(a[M,K], b[K,N], acc[M,N]) -> f32[M,N], the correct-first form (tensor
-// cores come with the mma layouts): a and b are staged row-major through
-// shared memory (codegen/SharedMemory.h: a at the scratch base, b at
-// dotScratchBOffset), then each
-// thread updates its own accumulator registers with one f32 FMA per k, in
-// increasing k (f16/bf16 inputs are extended to f32 exactly). The k loop is
-// an LLVM loop; per iteration a thread loads a[m, k] once per distinct row m
-// of its registers and b[k, n] once per distinct column n.
+// dot(a[M,K], b[K,N], acc[M,N]) -> f32[M,N], two lowerings.
+//
+// Tensor cores (isMmaDot: the result is an mma accumulator layout and a, b
+// are its dot-operand layouts, codegen/TensorCores.h): one
+//   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32
+// (or m16n8k8 .tf32 for f32 inputs, rounded with cvt.rna.tf32.f32) per
+// (M, N, K) repetition, entirely in registers: the operands were staged by
+// the convert_layout that produced them (ldmatrix), and the accumulator
+// registers flow from one mma to the next (and around a for loop as phis).
+// Which registers an instruction reads is found from the layouts'
+// coordinates (Layout::registerOf), not assumed: for repetition (m0, n0, k0)
+// the accumulator's c_i is the register at (m0 ^ 8*(i>>1), n0 ^ (i&1)), A's a_i
+// at (m0 ^ 8*((i>>1)&1), k0 ^ (i&1) ^ 8*(i>>2)), B's b_i at (k0 ^ (i&1) ^ 8*(i>>1),
+// n0); the lane parts (groupID, threadID_in_group) are in the lane bases. Two
+// 16-bit registers are packed into each 32-bit operand, low half first.
+// K repetitions are the outer loop so that consecutive mmas are independent.
+//
+// FMA (everything else): a and b are staged row-major through shared memory
+// (codegen/SharedMemory.h: a at the scratch base, b at dotScratchBOffset),
+// then each thread updates its own accumulator registers with one f32 FMA
+// per k, in increasing k (f16/bf16 inputs are extended to f32 exactly). The
+// k loop is an LLVM loop; per iteration a thread loads a[m, k] once per
+// distinct row m of its registers and b[k, n] once per distinct column n.
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/InlineAsm.h>
 
 #include <map>
 
 #include "codegen/LowerToLLVMImpl.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/TensorCores.h"
 
 namespace flextile::codegen {
 
@@ -38,6 +55,7 @@ void Lowering::lowerDot(const ir::Op& op) {
   const Layout& lb = layoutOf(bv, op);
   const Layout& lc = layoutOf(res, op);
   if (layoutOf(acc, op) != lc) fail(op, "the accumulator and the result have different layouts");
+  if (isMmaDot(op)) return lowerMmaDot(op);
 
   const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
   const DType t = at.dtype();
@@ -88,6 +106,101 @@ void Lowering::lowerDot(const ir::Op& op) {
   b.CreateCondBr(b.CreateICmpSLT(kNext, i32(K)), loop, done);
   b.SetInsertPoint(done);
   set(res, std::move(next));
+}
+
+void Lowering::lowerMmaDot(const ir::Op& op) {
+  const ir::Value* a = op.operand(0);
+  const ir::Value* bv = op.operand(1);
+  const Layout& la = layoutOf(a, op);
+  const Layout& lb = layoutOf(bv, op);
+  const Layout& lc = layoutOf(op.result(), op);
+  const DType t = a->type().dtype();
+  const bool tf32 = t == DType::F32;
+  const int64_t K = a->type().shape()[1], instrK = tf32 ? 8 : 16;
+  if (target.capability < 80) fail(op, "mma.sync needs sm_80 or later, the target is " + target.smName());
+
+  // Repetition origins (register parts of coordinates): every XOR combination
+  // of the accumulator's register bases beyond c0..c3, split by dimension.
+  std::vector<int64_t> mOrigins{0}, nOrigins{0}, kOrigins;
+  for (size_t i = 2; i < lc.regBases().size(); ++i) {
+    const auto& basis = lc.regBases()[i];
+    auto& origins = basis[0] != 0 ? mOrigins : nOrigins;
+    const int64_t step = basis[0] != 0 ? basis[0] : basis[1];
+    for (size_t j = 0, n = origins.size(); j < n; ++j) origins.push_back(origins[j] ^ step);
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += instrK) kOrigins.push_back(k0);
+  auto reg = [&](const Layout& l, int64_t row, int64_t col, const char* what) {
+    int64_t r = l.registerOf({row, col});
+    if (r < 0)
+      fail(op, std::string("the ") + what + " layout " + l.str() + " has no register at (" + std::to_string(row) +
+                   ", " + std::to_string(col) + ") of the mma fragment");
+    return size_t(r);
+  };
+
+  const Regs& as = get(a);
+  const Regs& bs = get(bv);
+  Regs acc = get(op.operand(2));
+  llvm::Type* elemTy = llvmType(t);
+  auto* pairTy = llvm::FixedVectorType::get(elemTy, 2);
+  auto pack = [&](llvm::Value* lo, llvm::Value* hi) {
+    llvm::Value* v = b.CreateInsertElement(llvm::PoisonValue::get(pairTy), lo, uint64_t(0));
+    return b.CreateBitCast(b.CreateInsertElement(v, hi, uint64_t(1)), b.getInt32Ty());
+  };
+  auto toTf32 = [&](llvm::Value* x) {
+    return b.CreateIntrinsic(llvm::Intrinsic::nvvm_f2tf32_rna, llvm::ArrayRef<llvm::Value*>{x});
+  };
+  // A and B fragments as 32-bit words, per (m0, k0) and (k0, n0).
+  auto aWords = [&](int64_t m0, int64_t k0) {
+    std::vector<llvm::Value*> w;
+    if (tf32) {
+      for (int i = 0; i < 4; ++i) w.push_back(toTf32(as[reg(la, m0 ^ 8 * (i & 1), k0 ^ 4 * (i >> 1), "A")]));
+    } else {
+      auto at = [&](int i) { return as[reg(la, m0 ^ 8 * ((i >> 1) & 1), k0 ^ (i & 1) ^ 8 * (i >> 2), "A")]; };
+      for (int i = 0; i < 8; i += 2) w.push_back(pack(at(i), at(i + 1)));
+    }
+    return w;
+  };
+  auto bWords = [&](int64_t k0, int64_t n0) {
+    std::vector<llvm::Value*> w;
+    if (tf32) {
+      for (int i = 0; i < 2; ++i) w.push_back(toTf32(bs[reg(lb, k0 ^ 4 * i, n0, "B")]));
+    } else {
+      auto at = [&](int i) { return bs[reg(lb, k0 ^ (i & 1) ^ 8 * (i >> 1), n0, "B")]; };
+      for (int i = 0; i < 4; i += 2) w.push_back(pack(at(i), at(i + 1)));
+    }
+    return w;
+  };
+
+  const std::string types = tf32 ? "m16n8k8.row.col.f32.tf32.tf32.f32"
+                                 : std::string("m16n8k16.row.col.f32.") + (t == DType::BF16 ? "bf16.bf16" : "f16.f16") +
+                                       ".f32";
+  const std::string text = "mma.sync.aligned." + types +
+                           " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};";
+  llvm::Type* f32 = b.getFloatTy();
+  llvm::Type* i32t = b.getInt32Ty();
+  auto* retTy = llvm::StructType::get(ctx, {f32, f32, f32, f32});
+  auto* asmTy = llvm::FunctionType::get(retTy, {i32t, i32t, i32t, i32t, i32t, i32t, f32, f32, f32, f32}, false);
+  auto* mma = llvm::InlineAsm::get(asmTy, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", /*hasSideEffects=*/false);
+
+  std::map<std::pair<int64_t, int64_t>, std::vector<llvm::Value*>> bCache;
+  for (int64_t k0 : kOrigins) {
+    bCache.clear();
+    for (int64_t n0 : nOrigins) bCache[{k0, n0}] = bWords(k0, n0);
+    for (int64_t m0 : mOrigins) {
+      std::vector<llvm::Value*> aw = aWords(m0, k0);
+      for (int64_t n0 : nOrigins) {
+        size_t c[4];
+        for (int i = 0; i < 4; ++i) c[i] = reg(lc, m0 ^ 8 * (i >> 1), n0 ^ (i & 1), "accumulator");
+        const auto& bw = bCache[{k0, n0}];
+        auto* call = b.CreateCall(asmTy, mma, {aw[0], aw[1], aw[2], aw[3], bw[0], bw[1], acc[c[0]], acc[c[1]],
+                                                acc[c[2]], acc[c[3]]});
+        call->addFnAttr(llvm::Attribute::NoUnwind);
+        call->setDoesNotAccessMemory();
+        for (int i = 0; i < 4; ++i) acc[c[i]] = b.CreateExtractValue(call, unsigned(i));
+      }
+    }
+  }
+  set(op.result(), std::move(acc));
 }
 
 }  // namespace flextile::codegen

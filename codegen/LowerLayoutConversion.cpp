@@ -7,9 +7,19 @@
 // same op one loop iteration earlier, may still be reading those bytes) and
 // one between its writes and its reads.
 // A conversion that is only a renaming of registers (same lane and warp
-// bases) stays in registers; any other goes through scratch: barrier, store
-// by the source layout (one thread per element), barrier, load by the
-// destination layout.
+// bases) stays in registers. A conversion of 16-bit elements to a layout
+// ldmatrix can read (a dot operand: codegen/TensorCores.h ldmatrixPlan) goes
+// through a swizzled shared tile: barrier, each owning thread stores its
+// contiguous registers as vectors of up to 16 bytes, barrier, every warp
+// issues ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (the NVVM
+// intrinsic) per 8 registers of
+// the destination (one A fragment, or two B fragments). Any other goes
+// through scratch: barrier, store by the source layout (one thread per
+// element), barrier, load by the destination layout.
+//
+// Addresses use the linearity of both maps: a thread's part of the offset
+// (from its lane and warp bits) is computed once per kernel, and each
+// register or ldmatrix access XORs in a compile-time constant.
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -17,6 +27,7 @@
 
 #include "codegen/LowerToLLVMImpl.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/TensorCores.h"
 
 namespace flextile::codegen {
 
@@ -79,6 +90,40 @@ void Lowering::storeTileToShared(const Regs& regs, const Layout& l, DType t, int
   }
 }
 
+llvm::Value* Lowering::sharedThreadOffset(const Layout& l, const ir::SharedLayout& s) {
+  llvm::IRBuilder<> eb(entry->getTerminator());
+  llvm::Value* off = eb.getInt32(0);
+  auto addBits = [&](llvm::Value* index, const Layout::Bases& bases) {
+    for (size_t i = 0; i < bases.size(); ++i) {
+      const int64_t o = s.offsetOf(bases[i]);
+      if (o == 0) continue;
+      llvm::Value* bit = eb.CreateAnd(eb.CreateLShr(index, uint64_t(i)), 1);
+      off = eb.CreateXor(off, eb.CreateMul(bit, eb.getInt32(uint32_t(o))));
+    }
+  };
+  addBits(lane, l.laneBases());
+  addBits(warp, l.warpBases());
+  return off;
+}
+
+namespace {
+// Offsets of a layout's lane/warp bits in a linear plan, as an i32 in `eb`.
+llvm::Value* linearThreadPart(llvm::IRBuilder<>& eb, llvm::Value* lane, llvm::Value* warp,
+                              const std::vector<int64_t>& laneTerm, const std::vector<int64_t>& warpTerm) {
+  llvm::Value* off = eb.getInt32(0);
+  auto addBits = [&](llvm::Value* index, const std::vector<int64_t>& terms) {
+    for (size_t i = 0; i < terms.size(); ++i) {
+      if (terms[i] == 0) continue;
+      llvm::Value* bit = eb.CreateAnd(eb.CreateLShr(index, uint64_t(i)), 1);
+      off = eb.CreateXor(off, eb.CreateMul(bit, eb.getInt32(uint32_t(terms[i]))));
+    }
+  };
+  addBits(lane, laneTerm);
+  addBits(warp, warpTerm);
+  return off;
+}
+}  // namespace
+
 Regs Lowering::loadTileFromShared(const Layout& to, DType t, int64_t offset) {
   return mapRegs(size_t(to.numRegisters()), [&](size_t r) {
     return loadShared(sharedAddress(offset, flatIndex(to.shape(), coordinate(to, int64_t(r))), t), t);
@@ -100,10 +145,95 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
   }
   const DType t = x->type().dtype();
   int64_t offset = scratchOffset(op, scratchBytes(op));
+  if (auto plan = ldmatrixPlan(from, to, t)) {
+    set(res, convertThroughLdmatrix(xs, from, to, *plan, t, offset));
+    return;
+  }
   barrier();
   storeTileToShared(xs, from, t, offset);
   barrier();
   set(res, loadTileFromShared(to, t, offset));
+}
+
+}  // namespace flextile::codegen
+
+namespace flextile::codegen {
+
+Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const Layout& to, const LdmatrixPlan& plan,
+                                      DType t, int64_t offset) {
+  const ir::SharedLayout& smem = plan.smem;
+  llvm::Type* elemTy = llvmType(t);
+  barrier();  // an earlier user of these bytes may still be reading them
+
+  // 1. Store: groups of v registers consecutive along the shared rows are
+  // one vector store of 2v bytes (a 16-byte chunk holds vec = 8 elements
+  // and the swizzle permutes whole chunks, so a group never straddles two).
+  const int fast = smem.order()[0];
+  int64_t v = std::min<int64_t>(from.contiguousRegisters(fast), smem.vec());
+  // A vector store needs its first element v-aligned in every thread: no
+  // lane or warp basis may move the low bits of the offset.
+  for (const Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
+    for (const auto& basis : *bases)
+      while (v > 1 && smem.offsetOf(basis) % v != 0) v /= 2;
+  llvm::Value* owner = ownerPredicate(from);
+  llvm::BasicBlock* cont = nullptr;
+  if (owner) {
+    auto* write = llvm::BasicBlock::Create(ctx, "ldm.write", kernel);
+    cont = llvm::BasicBlock::Create(ctx, "ldm.written", kernel);
+    b.CreateCondBr(owner, write, cont);
+    b.SetInsertPoint(write);
+  }
+  llvm::Value* threadOff = sharedThreadOffset(from, smem);
+  auto* vecTy = llvm::FixedVectorType::get(elemTy, unsigned(v));
+  for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
+    llvm::Value* elem = b.CreateXor(threadOff, i32(smem.offsetOf(from.regCoord(r0))));
+    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
+    llvm::Value* packed = llvm::PoisonValue::get(vecTy);
+    for (int64_t i = 0; i < v; ++i) packed = b.CreateInsertElement(packed, xs[size_t(r0 + i)], uint64_t(i));
+    b.CreateAlignedStore(v == 1 ? xs[size_t(r0)] : packed, addr, llvm::Align(2 * v));
+  }
+  if (owner) {
+    b.CreateBr(cont);
+    b.SetInsertPoint(cont);
+  }
+  barrier();
+
+  // 2. ldmatrix: lane l supplies the address of row l % 8 of matrix l / 8.
+  llvm::Value* laneOff;
+  {
+    llvm::IRBuilder<> eb(entry->getTerminator());
+    laneOff = linearThreadPart(eb, lane, warp, plan.laneTerm, plan.warpTerm);
+  }
+  // The NVVM intrinsics, not inline asm: they take the shared pointer, so
+  // LLVM knows what they read and never merges two loads of the same
+  // addresses across the stores between them (with inline asm it did: a
+  // second staging of an equal-shaped tile reused the first one's registers).
+  const int n = plan.numMatrices;
+  static const llvm::Intrinsic::ID ids[2][3] = {
+      {llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x1_b16, llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16},
+      {llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x1_trans_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_trans_b16,
+       llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16}};
+  const llvm::Intrinsic::ID id = ids[plan.trans][n == 1 ? 0 : n == 2 ? 1 : 2];
+  auto* pairTy = llvm::FixedVectorType::get(elemTy, 2);
+  Regs out(size_t(to.numRegisters()), nullptr);
+  for (size_t q = 0; q < plan.accessBase.size(); ++q) {
+    llvm::Value* elem = b.CreateXor(laneOff, i32(plan.accessBase[q]));
+    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
+    std::vector<llvm::Type*> overload;
+    if (llvm::Intrinsic::isOverloaded(id)) overload.push_back(addr->getType());  // the pointer type, in newer LLVMs
+    llvm::Value* call = b.CreateIntrinsic(id, overload, {addr});
+    for (int j = 0; j < n; ++j) {
+      llvm::Value* word = n == 1 ? call : b.CreateExtractValue(call, unsigned(j));
+      llvm::Value* pair = b.CreateBitCast(word, pairTy);
+      out[size_t(plan.registers[q][size_t(2 * j)])] = b.CreateExtractElement(pair, uint64_t(0));
+      out[size_t(plan.registers[q][size_t(2 * j + 1)])] = b.CreateExtractElement(pair, uint64_t(1));
+    }
+  }
+  for (size_t r = 0; r < out.size(); ++r)
+    if (!out[r]) throw Error("ldmatrix plan leaves register " + std::to_string(r) + " of " + to.str() + " unset");
+  return out;
 }
 
 }  // namespace flextile::codegen

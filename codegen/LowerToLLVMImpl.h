@@ -8,7 +8,7 @@
 //   LowerElementwise.cpp       unary/binary math, cmp, select, cast, addptr
 //   LowerMemory.cpp            global load/store (predicated, vectorized)
 //   LowerReduce.cpp            reduce: registers, warp shuffles, shared memory
-//   LowerDot.cpp               dot through shared memory with f32 FMAs
+//   LowerDot.cpp               dot: mma.sync on tensor cores, or f32 FMAs through shared memory
 //   LowerControlFlow.cpp       for/yield
 //   LowerLayoutConversion.cpp  convert_layout and the shared-memory helpers
 #pragma once
@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "codegen/LowerToLLVM.h"
+#include "ir/SharedLayout.h"
 
 namespace flextile::codegen {
 
 using Regs = std::vector<llvm::Value*>;
+struct LdmatrixPlan;  // codegen/TensorCores.h
 
 class Lowering {
  public:
@@ -73,6 +75,11 @@ class Lowering {
   // one thread per element group; reads it back in layout `to`. No barriers.
   void storeTileToShared(const Regs& regs, const ir::Layout& l, ir::DType t, int64_t offset);
   Regs loadTileFromShared(const ir::Layout& to, ir::DType t, int64_t offset);
+  // Element offset, in the swizzled shared tile `s`, of the thread part
+  // (lane and warp bases) of layout `l`: SharedLayout offsets are linear over
+  // GF(2), so element (reg, lane, warp) lives at this ^ s.offsetOf(l.regCoord(reg)).
+  // Computed once per pair in the entry block.
+  llvm::Value* sharedThreadOffset(const ir::Layout& l, const ir::SharedLayout& s);
   // Register i of `to` taken from register map[i] of the operand when the two
   // layouts differ only by a renaming of registers under `coordMap` (which
   // maps a coordinate of `to` to one of `from`); empty when they don't.
@@ -90,6 +97,10 @@ class Lowering {
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp
   void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
+  void lowerMmaDot(const ir::Op& op);          // LowerDot.cpp: mma.sync
+  // convert_layout through a swizzled shared tile and ldmatrix (LowerLayoutConversion.cpp).
+  Regs convertThroughLdmatrix(const Regs& xs, const ir::Layout& from, const ir::Layout& to,
+                              const LdmatrixPlan& plan, ir::DType t, int64_t offset);
 
   const ir::Function& func;
   const Target& target;

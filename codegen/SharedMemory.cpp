@@ -1,5 +1,7 @@
 #include "codegen/SharedMemory.h"
 
+#include "codegen/TensorCores.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -34,6 +36,7 @@ int64_t scratchBytes(const Op& op) {
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
              ir::byteWidth(op.result()->type().dtype());
     case OpKind::Dot:
+      if (isMmaDot(op)) return 0;  // operands arrive in registers (dot-operand layouts)
       return dotScratchBOffset(op) + tileBytes(op.operand(1));
     default:
       return 0;

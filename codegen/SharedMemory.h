@@ -5,8 +5,12 @@
 // Scratch, per op (elemBytes = ir::byteWidth: i1 is 1 byte, pointers 8):
 //   convert_layout  one tile of the source: numElements * elemBytes.
 //                   Element (i0, ..., ik) lives at base + rowMajorIndex * elemBytes
-//                   (rowMajorIndex = ((i0 * s1 + i1) * s2 + ...) + ik; no padding,
-//                   no swizzle for now: issue #3 adds swizzled shared layouts).
+//                   (rowMajorIndex = ((i0 * s1 + i1) * s2 + ...) + ik; no padding).
+//                   A conversion to a layout ldmatrix can read (a 16-bit dot
+//                   operand: codegen/TensorCores.h ldmatrixStaging) stores the
+//                   tile in that swizzled SharedLayout instead: element c at
+//                   base + offsetOf(c) * elemBytes. The swizzle permutes the same
+//                   numElements slots, so the size is the same.
 //   reduce          only when the operand layout has a warp basis with a non-zero
 //                   coordinate along the reduced axis (warps hold different parts
 //                   of one reduction): numWarps * numElements(result) * elemBytes.
@@ -16,8 +20,10 @@
 //                   Warps that replicate (differ only in bits whose warp basis is
 //                   zero) write identical partials; readers combine the partials
 //                   of the warps that differ only in the axis bits.
-//   dot             a and b staged row-major: a [M, K] at base, b [K, N] at
-//                   base + dotScratchBOffset(op) (a's bytes rounded up to 16).
+//   dot             FMA dots: a and b staged row-major: a [M, K] at base, b [K, N]
+//                   at base + dotScratchBOffset(op) (a's bytes rounded up to 16).
+//                   mma dots (isMmaDot) need none: their operands arrive in
+//                   registers, staged by the convert_layout that produced them.
 //   anything else   none.
 // Every base offset is a multiple of 16 bytes.
 //

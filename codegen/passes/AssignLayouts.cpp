@@ -37,15 +37,29 @@
 //              (codegen::coalescedLayout: contiguous dim fastest, as many
 //              elements per thread as a 16-byte vector, alignment, contiguity
 //              and mask constancy allow).
-//   dot        the accumulator's layout when it is computed, else a default
-//              blocked layout of the result shape.
+//   dot        on tensor cores (codegen/TensorCores.h: capability >= 80,
+//              f16/bf16/f32 operands, M >= 16, N >= 8, K >= 16 or 8): the mma
+//              accumulator layout with the warp split of mmaWarpsPerCTA
+//              (chained dots, as in attention, put all warps along M); its
+//              a and b must be Layout::dotOperand of it (a convert_layout
+//              from their producers, lowered through a swizzled shared tile
+//              and ldmatrix; none at all when the producer is already in
+//              that layout, as P = softmax(S) is for P.V). Otherwise the
+//              accumulator's layout when it is computed, else a default
+//              blocked layout of the result shape (the FMA lowering).
+//              Element-wise ops, reductions (sliced mma layouts: row max and
+//              sum in quads), expand/broadcast views and loop-carried values
+//              then follow the mma layout by the rules below, so a softmax
+//              over an accumulator never leaves registers.
 //   reduce     operand layout sliced along the axis (a cheap or view operand
 //              is materialized in the layout its computed leaves imply, see
 //              store, or else in the default blocked layout).
 //   elementwise  the layout of its first computed operand whose layout is
 //              known.
 //   for        a carried value takes its init's layout when the init is
-//              computed, else the layout of what the body yields. The body is
+//              computed, else the layout of what the body yields; but when
+//              the body yields an mma dot's result, that accumulator layout
+//              wins (the init is converted once, before the loop). The body is
 //              planned with such carried values unknown; once the yielded
 //              value's layout is known, the carried value takes it and the
 //              body is planned again, until nothing changes. A carried value
@@ -86,7 +100,7 @@
 // What this does not do yet: it never rematerializes a load in another layout
 // (a vector loaded in its coalesced layout and broadcast against a 2-D tile
 // is converted), it does not move conversions out of loops beyond placing
-// them at definitions, and mma / dot-operand layouts arrive with issue #3.
+// them at definitions.
 
 #include <algorithm>
 #include <functional>
@@ -96,6 +110,7 @@
 
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
+#include "codegen/TensorCores.h"
 #include "ir/Builder.h"
 
 namespace flextile::codegen {
@@ -161,6 +176,7 @@ class LayoutAssigner {
     prepare();
     axis_ = std::make_unique<AxisInfoAnalysis>(f_);
     classify();
+    findMmaDots();
     planBlock(f_.body());
     rewrite();
     cleanup();
@@ -295,6 +311,53 @@ class LayoutAssigner {
   // What a reduce's operand is laid out in (its result is this, sliced).
   LayoutPtr reduceOperandLayout(const Op& reduce) const { return anyLayoutFor(reduce.operand(0)); }
 
+  // ---- tensor cores -------------------------------------------------------------
+
+  // Chooses the accumulator layout of every dot that runs on tensor cores
+  // (codegen/TensorCores.h has the eligibility and warp-split rules). A dot is
+  // chained when its result reaches, through element-wise ops and loop-carried
+  // values, the A operand of another mma dot; both ends of a chain put their
+  // warps along M so that the first accumulator is the second's A layout.
+  void findMmaDots() {
+    std::vector<Op*> dots;
+    std::unordered_map<const Value*, std::vector<std::pair<Op*, size_t>>> uses;
+    f_.walk([&](Op& op) {
+      if (op.kind() == OpKind::Dot && mmaEligible(op, target_)) dots.push_back(&op);
+      for (size_t i = 0; i < op.numOperands(); ++i) uses[op.operand(i)].emplace_back(&op, i);
+    });
+    std::unordered_set<const Op*> chained;
+    for (Op* dot : dots) {
+      std::vector<const Value*> work{dot->result()};
+      std::unordered_set<const Value*> seen{dot->result()};
+      auto reach = [&](const Value* v) {
+        if (seen.insert(v).second) work.push_back(v);
+      };
+      while (!work.empty()) {
+        const Value* v = work.back();
+        work.pop_back();
+        for (auto [user, i] : uses[v]) {
+          if (user->kind() == OpKind::Dot && i == 0 && mmaEligible(*user, target_)) {
+            chained.insert(dot);
+            chained.insert(user);
+          } else if (user->hasTrait(ir::kElementwise) && user->numResults() == 1) {
+            reach(user->result());
+          } else if (user->kind() == OpKind::For && i >= 3) {
+            reach(user->region().arg(i - 2));
+          } else if (user->kind() == OpKind::Yield && user->parentBlock()->parentOp()) {
+            const Op* loop = user->parentBlock()->parentOp();
+            reach(loop->region().arg(1 + i));
+            reach(loop->result(i));
+          }
+        }
+      }
+    }
+    for (Op* dot : dots) {
+      const Shape& s = dot->result()->type().shape();
+      mma_[dot] = ir::makeLayout(
+          Layout::mmaAccumulator(s, numWarps_, mmaWarpsPerCTA(s[0], s[1], numWarps_, chained.count(dot) != 0)));
+    }
+  }
+
   // ---- phase 1: plan ----------------------------------------------------------
 
   void planBlock(Block& b) {
@@ -312,6 +375,10 @@ class LayoutAssigner {
         if (!l) l = coalesced(op);
         break;
       case OpKind::Dot:
+        if (auto it = mma_.find(&op); it != mma_.end()) {
+          l = it->second;
+          break;
+        }
         l = known(op.operand(2));
         if (!l) l = defaultLayout(r->type().shape());
         break;
@@ -358,6 +425,20 @@ class LayoutAssigner {
           }
       if (!changed) break;
     }
+    // An accumulator carried around the loop stays in the layout its dot
+    // computes in, even when its init has another one: the init is converted
+    // once before the loop rather than the accumulator twice per iteration.
+    bool replan = false;
+    const Op* yield = body.terminator();
+    for (size_t i = 0; i < n; ++i) {
+      const Op* def = yield->operand(i)->definingOp();
+      if (!def || def->kind() != OpKind::Dot || !mma_.count(def)) continue;
+      if (!carried[i] || *carried[i] != *mma_.at(def)) {
+        carried[i] = mma_.at(def);
+        replan = true;
+      }
+    }
+    if (replan) planBody();
     bool fellBack = false;
     for (size_t i = 0; i < n; ++i) {
       if (carried[i] || !op.result(i)->type().isTile()) continue;
@@ -439,7 +520,13 @@ class LayoutAssigner {
         if (tile(0)) req[0] = reduceOperandLayout(op);
         break;
       case OpKind::Dot:
-        for (size_t i = 0; i < 2; ++i) req[i] = anyLayoutFor(op.operand(i));
+        if (auto it = mma_.find(&op); it != mma_.end()) {
+          const int64_t K = op.operand(0)->type().shape()[1];
+          const int bits = mmaOperandBits(op.operand(0)->type().dtype());
+          for (int i = 0; i < 2; ++i) req[size_t(i)] = ir::makeLayout(Layout::dotOperand(*it->second, i, K, bits));
+        } else {
+          for (size_t i = 0; i < 2; ++i) req[i] = anyLayoutFor(op.operand(i));
+        }
         req[2] = known(op.result());
         break;
       case OpKind::For:
@@ -619,12 +706,13 @@ class LayoutAssigner {
   }
 
   ir::Function& f_;
-  [[maybe_unused]] const Target& target_;
+  const Target& target_;
   int numWarps_;
   std::unique_ptr<AxisInfoAnalysis> axis_;
   std::unordered_map<const Value*, Class> cls_;
   std::unordered_map<const Value*, LayoutPtr> layout_;
   std::map<std::pair<const Value*, std::string>, Value*> memo_;
+  std::unordered_map<const Op*, LayoutPtr> mma_;  // dots on tensor cores -> accumulator layout
 };
 
 }  // namespace

@@ -16,6 +16,9 @@ using namespace flextile::ir;
 using namespace flextile::testing;
 
 const Target kTarget = Target::sm90a();
+// The FMA dot (capability < 80; layout assignment only reads the capability)
+// stages its operands in its own scratch; mma dots have none (tests/codegen/MmaTest.cpp).
+const Target kFmaTarget{75, false};
 
 // x[BM, BN] loaded, then reduced along `axis`, stored.
 std::unique_ptr<Function> reduceKernel(int64_t bm, int64_t bn, int axis, int nw, DType dt = DType::F32) {
@@ -63,7 +66,7 @@ TEST(SharedMemory, ReductionAcrossWarpsNeedsPartials) {
 
 TEST(SharedMemory, DotStagesBothOperands) {
   auto f = matmul(64, 32, 16, 4, false);
-  assignLayouts(*f, kTarget);
+  assignLayouts(*f, kFmaTarget);
   const Op* dot = opsOf(*f, OpKind::Dot)[0];
   EXPECT_EQ(dotScratchBOffset(*dot), 64 * 16 * 2);
   EXPECT_EQ(scratchBytes(*dot), 64 * 16 * 2 + 16 * 32 * 2);
@@ -120,7 +123,7 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
   Value* colSum = b.reduce(t, 0, "sum");
   Value* v = b.load(k.ptrs(x, b.arange(0, 32)));  // its own layout: converted for the add
   b.store(k.ptrs(x, b.arange(0, 32)), k.add(colSum, v));
-  assignLayouts(*f, kTarget);
+  assignLayouts(*f, kFmaTarget);
   SharedPlan plan = planSharedMemory(*f);
   ASSERT_EQ(plan.offset.size(), 3u);
   int largest = 0;
@@ -135,7 +138,7 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
 
 TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
   auto f = matmul(64, 64, 32, 4, true);
-  assignLayouts(*f, kTarget);
+  assignLayouts(*f, kFmaTarget);
   LoweringPlan plan = planLowering(*f);
   const Op* dot = opsOf(*f, OpKind::Dot)[0];
   EXPECT_EQ(plan.scratchOffset.at(dot), 0);
@@ -147,7 +150,7 @@ TEST(SharedMemory, LoweringPlanCarriesOffsetsAndVectorWidths) {
   EXPECT_EQ(widths, (std::vector<int>{8, 8, 4}));
 
   auto odd = matmul(64, 64, 32, 4, true, /*dims divisible by*/ 1);
-  assignLayouts(*odd, kTarget);
+  assignLayouts(*odd, kFmaTarget);
   LoweringPlan oddPlan = planLowering(*odd);
   for (const auto& [op, w] : oddPlan.vectorWidth) EXPECT_EQ(w, 1) << op->describe();
 }
@@ -168,7 +171,7 @@ TEST(SharedMemory, TooLargeForTheTargetIsAnError) {
   Value* d = b.dot(a, bb, b.constant(Type(DType::F32, s), 0.0));
   b.store(k.ptrs(c, k.add(k.col(k.mul(b.arange(0, 256), k.splat(k.i32(256), {256})), s), k.row(b.arange(0, 256), s))), d);
   b.ret();
-  assignLayouts(f, kTarget);
+  assignLayouts(f, kFmaTarget);
   SharedPlan plan = planSharedMemory(f);
   EXPECT_EQ(plan.totalBytes, 2 * 256 * 256 * 4);
   try {

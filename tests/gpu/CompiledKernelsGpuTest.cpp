@@ -265,7 +265,9 @@ void checkMatmul(int M, int N, int K, int BM, int BN, int BK, int warps, std::mt
   for (int i = 0; i < K * N; ++i) B.data()[i] = double(float(b[size_t(i)]));
   RowMajor C = A * B;
   double err = relativeError(c, std::vector<double>(C.data(), C.data() + size_t(M) * N));
-  EXPECT_LT(err, 1e-5) << M << "x" << N << "x" << K << " tile " << BM << "x" << BN << "x" << BK << " warps " << warps;
+  // f32 dots run on tensor cores in tf32 (10 mantissa bits, as Triton's default).
+  const double tol = std::is_same_v<T, dsl::f32> ? 1e-3 : 1e-5;
+  EXPECT_LT(err, tol) << M << "x" << N << "x" << K << " tile " << BM << "x" << BN << "x" << BK << " warps " << warps;
 }
 
 TEST(CompiledGpu, MatmulAgainstFloat64) {

@@ -1,0 +1,101 @@
+#include "codegen/TensorCores.h"
+
+namespace flextile::codegen {
+
+using ir::DType;
+using ir::Layout;
+using ir::OpKind;
+
+int mmaOperandBits(DType t) { return t == DType::F32 ? 32 : 16; }
+
+bool mmaEligible(const ir::Op& dot, const Target& target) {
+  if (dot.kind() != OpKind::Dot || target.capability < 80) return false;
+  const ir::Type &at = dot.operand(0)->type(), &bt = dot.operand(1)->type(), &ct = dot.result()->type();
+  if (at.rank() != 2 || bt.rank() != 2 || ct.rank() != 2) return false;
+  const DType t = at.dtype();
+  if (bt.dtype() != t || ct.dtype() != DType::F32 || dot.operand(2)->type().dtype() != DType::F32) return false;
+  if (t != DType::F16 && t != DType::BF16 && t != DType::F32) return false;
+  if (t == DType::F32 && dot.hasAttr("input_precision") && dot.strAttr("input_precision") == "ieee") return false;
+  const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
+  return M >= 16 && N >= 8 && K >= (t == DType::F32 ? 8 : 16);
+}
+
+std::vector<int64_t> mmaWarpsPerCTA(int64_t M, int64_t N, int numWarps, bool chained) {
+  int64_t wm = 1, wn = 1;
+  while (wm * wn < numWarps) {
+    const bool mRoom = M / (2 * wm) >= 16, nRoom = N / (2 * wn) >= 8;
+    if (chained)
+      (mRoom || !nRoom ? wm : wn) *= 2;
+    else if (mRoom && (!nRoom || M / wm >= N / wn))
+      wm *= 2;
+    else if (nRoom)
+      wn *= 2;
+    else
+      wm *= 2;  // the tile is smaller than the warps: replicate along M
+  }
+  return {wm, wn};
+}
+
+bool isMmaDot(const ir::Op& dot) {
+  if (dot.kind() != OpKind::Dot) return false;
+  const ir::Type &at = dot.operand(0)->type(), &bt = dot.operand(1)->type(), &ct = dot.result()->type();
+  if (!at.hasLayout() || !bt.hasLayout() || !ct.hasLayout() || at.rank() != 2 || bt.rank() != 2) return false;
+  if (at.dtype() != bt.dtype() || (at.dtype() != DType::F16 && at.dtype() != DType::BF16 && at.dtype() != DType::F32))
+    return false;
+  const int64_t K = at.shape()[1];
+  try {
+    const int bits = mmaOperandBits(at.dtype());
+    return Layout::dotOperand(*ct.layout(), 0, K, bits) == *at.layout() &&
+           Layout::dotOperand(*ct.layout(), 1, K, bits) == *bt.layout();
+  } catch (const Error&) {
+    return false;  // the result layout is not an mma accumulator
+  }
+}
+
+std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, DType t) {
+  if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
+  if (to.numRegisters() < 2) return std::nullopt;
+  // Rows along the source's contiguous dimension keep its vector registers
+  // contiguous in shared memory.
+  const bool dim0Contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1);
+  std::vector<std::vector<ir::LdmatrixAccess>> perWarp;
+  std::optional<ir::SharedLayout> smem;
+  try {
+    smem = ir::SharedLayout::forDotOperand(to.shape(), 2, 0, dim0Contiguous);
+    for (int w = 0; w < to.numWarps(); ++w) perWarp.push_back(ir::ldmatrixAccesses(to, *smem, w));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const auto& first = perWarp[0];
+  LdmatrixPlan plan{*smem};
+  plan.numMatrices = first[0].numMatrices;
+  plan.trans = first[0].trans;
+  for (const auto& a : first) {
+    plan.accessBase.push_back(a.laneRowOffset[0]);
+    plan.registers.push_back(a.registers);
+  }
+  const int64_t origin = first[0].laneRowOffset[0];
+  for (int i = 0; i < 5; ++i) plan.laneTerm.push_back(first[0].laneRowOffset[size_t(1) << i] ^ origin);
+  for (int w = 1; w < to.numWarps(); w *= 2) plan.warpTerm.push_back(perWarp[size_t(w)][0].laneRowOffset[0] ^ origin);
+  // The linear form must reproduce every address of every warp.
+  for (size_t w = 0; w < perWarp.size(); ++w) {
+    if (perWarp[w].size() != first.size()) return std::nullopt;
+    int64_t warpPart = 0;
+    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
+      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
+    for (size_t q = 0; q < first.size(); ++q) {
+      const auto& a = perWarp[w][q];
+      if (a.registers != plan.registers[q] || a.trans != plan.trans || a.numMatrices != plan.numMatrices)
+        return std::nullopt;
+      for (int l = 0; l < 32; ++l) {
+        int64_t lanePart = 0;
+        for (int i = 0; i < 5; ++i)
+          if (l >> i & 1) lanePart ^= plan.laneTerm[size_t(i)];
+        if (a.laneRowOffset[size_t(l)] != (plan.accessBase[q] ^ lanePart ^ warpPart)) return std::nullopt;
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,79 @@
+// Tensor-core policy shared by layout assignment, shared-memory planning and
+// the lowering: which dots run on mma.sync, how their warps are split, and
+// how an operand is staged through shared memory for ldmatrix. The layouts
+// themselves (pure GF(2) maps) live in ir/Layout.h and ir/SharedLayout.h;
+// this file only decides and recognises.
+//
+// A dot runs on tensor cores ("mma dot") when
+//   * the target has capability >= 80 (mma.sync m16n8k16 / m16n8k8),
+//   * a and b are rank 2 and both f16, or both bf16 (m16n8k16), or both f32
+//     (tf32 m16n8k8; the inputs are rounded to tf32, 10 mantissa bits, as
+//     Triton's default input precision does: opt out per dot with the
+//     attribute input_precision = "ieee"), the accumulator is f32,
+//   * M >= 16, N >= 8 and K >= the instruction's K (16, or 8 for tf32).
+// Everything else keeps the FMA lowering (LowerDot.cpp).
+//
+// Warp split (mmaWarpsPerCTA). The accumulator tile [M, N] is divided among
+// num_warps warps as {wm, wn} (wm * wn = num_warps), in doubling steps:
+//   * a chained dot (its result feeds, through element-wise ops and loops,
+//     the A operand of another dot, or its own A comes from a dot's result,
+//     as S = Q K^T and O += P V in attention) puts every warp along M while
+//     M allows (wn = 1): then the accumulator of the first dot *is* the A
+//     operand layout of the second, and P feeds P.V from registers;
+//   * otherwise each step halves the larger side of the per-warp tile
+//     (M / wm vs N / wn, M on ties), which keeps warp tiles square-ish and
+//     balances the A and B fragments each warp reads;
+//   * a side that is down to one instruction tile (16 rows or 8 columns) is
+//     not split; when neither can be, the surplus warps go along M and
+//     replicate (Layout::mmaAccumulator gives them zero bases).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "codegen/Target.h"
+#include "ir/IR.h"
+#include "ir/SharedLayout.h"
+
+namespace flextile::codegen {
+
+// Bits per operand element of an mma dot: 16 (f16, bf16) or 32 (tf32).
+int mmaOperandBits(ir::DType t);
+
+// Whether `dot` (shapes and dtypes only; layouts are ignored) runs on tensor
+// cores for `target` (the rules above).
+bool mmaEligible(const ir::Op& dot, const Target& target);
+
+// {wm, wn} for an [M, N] accumulator over numWarps warps (the rule above).
+std::vector<int64_t> mmaWarpsPerCTA(int64_t M, int64_t N, int numWarps, bool chained);
+
+// Whether a dot that already carries layouts is an mma dot: its result is an
+// mma accumulator layout and a, b are Layout::dotOperand of it. The lowering
+// and shared-memory planning key on this, so hand-written IR with those
+// layouts takes the tensor-core path too.
+bool isMmaDot(const ir::Op& dot);
+
+// How convert_layout(from -> to) of 16-bit elements is lowered through
+// ldmatrix, when it can be. The source tile is stored in `smem`, the swizzled
+// SharedLayout::forDotOperand whose rows run along the source's fastest
+// dimension (so a thread writes up to 16 contiguous bytes per store); each
+// warp then issues the ldmatrix accesses of ir::ldmatrixAccesses. Row
+// addresses are linear over GF(2) in the lane and warp bits (both layouts
+// are), so the plan keeps them in that form: lane l of warp w supplies, for
+// access q, the element offset
+//     accessBase[q] ^ XOR_{bit i of l} laneTerm[i] ^ XOR_{bit i of w} warpTerm[i]
+// (checked against ldmatrixAccesses for every lane, warp and access).
+struct LdmatrixPlan {
+  ir::SharedLayout smem;
+  int numMatrices = 4;  // the .x1/.x2/.x4 suffix
+  bool trans = false;   // ldmatrix .trans
+  std::vector<int64_t> accessBase;              // per access: offset for lane 0 of warp 0
+  std::vector<std::vector<int64_t>> registers;  // per access: 2 * numMatrices registers of `to`
+  std::vector<int64_t> laneTerm, warpTerm;      // per lane bit / warp bit
+};
+// Empty when `to` is not ldmatrix-readable (not a 16-bit dot-operand-like
+// layout, or a plan that does not validate); such converts take the generic
+// row-major path.
+std::optional<LdmatrixPlan> ldmatrixPlan(const ir::Layout& from, const ir::Layout& to, ir::DType t);
+
+}  // namespace flextile::codegen
