@@ -170,7 +170,12 @@ TEST(Mods, ScoreModsMatchTheirDefinitions) {
   for (auto& s : slopes) s = std::uniform_real_distribution<float>(0.01f, 1)(rng);
   auto slopeTensor = capture(Tensor::fromHost(slopes, {H}), "slopes");
   const int64_t h = int64_t(rng() % uint64_t(H));
-  check(alibi(slopeTensor), 0, h, [&](double s, int64_t i, int64_t j) { return s + double(slopes[size_t(h)]) * double(j - i); },
+  // In f32 like the kernel (score + slope * distance cancels: compare the same roundings).
+  check(alibi(slopeTensor), 0, h,
+        [&](double s, int64_t i, int64_t j) {
+          float bias = slopes[size_t(h)] * float(j - i);
+          return double(float(s) + bias);
+        },
         1e-6);
   // Bias tables of rank 2 and 3.
   std::vector<float> table(size_t(H * Q * KV));
