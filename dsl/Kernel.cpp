@@ -1,5 +1,6 @@
 #include "dsl/Kernel.h"
 
+#include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Interpreter.h"
 #include "ir/Verifier.h"
@@ -10,6 +11,18 @@
 namespace flextile::dsl {
 
 KernelArg::KernelArg(const runtime::DeviceBuffer& b) : kind_(Kind::Device), device_(b.address()), bytes_(b.bytes()) {}
+
+KernelArg::KernelArg(const Tensor& t) {
+  if (!t.defined()) throw Error("kernel argument: an empty Tensor");
+  if (t.isHost()) {
+    kind_ = Kind::Host;
+    host_ = t.hostData();
+  } else {
+    kind_ = Kind::Device;
+    device_ = t.deviceAddress();
+  }
+  bytes_ = t.extentBytes();
+}
 
 KernelArg KernelArg::deviceAddress(uint64_t address, size_t bytes) {
   KernelArg a;
@@ -43,22 +56,34 @@ Kernel::Kernel(Kernel&& o) noexcept
       traces_(std::move(o.traces_)), cache_(std::move(o.cache_)), launches_(std::move(o.launches_)) {}
 
 std::unique_ptr<ir::Function> Kernel::trace(const TraceOptions& options) const {
+  return traceWithCaptures(options).function;
+}
+
+Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
   if (options.constants.size() != numConstants_)
     throw Error("kernel '" + name_ + "': expects " + std::to_string(numConstants_) + " Const<> values, got " +
                 std::to_string(options.constants.size()));
   if (options.num_warps < 1 || options.num_warps > 16 || (options.num_warps & (options.num_warps - 1)))
     throw Error("kernel '" + name_ + "': num_warps must be 1, 2, 4, 8 or 16, got " + std::to_string(options.num_warps));
-  auto f = std::make_unique<ir::Function>(name_);
-  f->attrs()["num_warps"] = int64_t(options.num_warps);
+  Traced t;
+  t.function = std::make_unique<ir::Function>(name_);
+  ir::Function& f = *t.function;
+  f.attrs()["num_warps"] = int64_t(options.num_warps);
   {
-    TraceContext ctx(*f);
-    tracer_(*f, options.constants);
-    ctx.builder().setInsertionPointToEnd(&f->body());
+    TraceContext ctx(f);
+    tracer_(f, options.constants);
+    ctx.builder().setInsertionPointToEnd(&f.body());
     ctx.builder().setLoc({});
     ctx.builder().ret();
+    size_t captured = 0;
+    for (const CaptureParams& c : ctx.captures()) {
+      t.captures.push_back(c.slot);
+      captured += captureParamCount(*c.slot);
+    }
+    t.ownParams = f.params().size() - captured;
   }
-  ir::verify(*f);
-  return f;
+  ir::verify(f);
+  return t;
 }
 
 namespace {
@@ -108,12 +133,40 @@ std::string constantsKey(const LaunchOptions& o) {
 
 }  // namespace
 
-const ir::Function& Kernel::traced(const LaunchOptions& options) {
+const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
   const std::string key = constantsKey(options);
   std::lock_guard lock(mutex_);
   auto it = traces_.find(key);
-  if (it == traces_.end()) it = traces_.emplace(key, trace({options.constants, options.num_warps})).first;
-  return *it->second;
+  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps})).first;
+  return it->second;
+}
+
+const ir::Function& Kernel::traced(const LaunchOptions& options) { return *tracedEntry(options).function; }
+
+std::vector<std::shared_ptr<CaptureSlot>> Kernel::captures(const TraceOptions& options) {
+  return tracedEntry({.constants = options.constants, .num_warps = options.num_warps}).captures;
+}
+
+size_t Kernel::numTraces() const {
+  std::lock_guard lock(mutex_);
+  return traces_.size();
+}
+
+size_t Kernel::numCompiled() const {
+  std::lock_guard lock(mutex_);
+  return cache_.size();
+}
+
+std::vector<KernelArg> Kernel::withCaptures(const Traced& t, const std::vector<KernelArg>& args,
+                                            std::optional<MemorySpace> space) {
+  if (t.captures.empty()) return args;
+  if (args.size() != t.ownParams)
+    throw Error("kernel '" + name_ + "': expects " + std::to_string(t.ownParams) +
+                " run-time arguments (the captured tensors are passed automatically), got " +
+                std::to_string(args.size()));
+  std::vector<KernelArg> all = args;
+  for (auto& a : captureArguments(t.captures, space, name_)) all.push_back(a);
+  return all;
 }
 
 Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
@@ -152,13 +205,15 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   return *it->second;
 }
 
-const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, const std::vector<KernelArg>& args,
+const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, const std::vector<KernelArg>& given,
                                                std::optional<codegen::Target> target) {
+  const auto args = withCaptures(tracedEntry(options), given, std::nullopt);
   checkArgs(name_, traced(options), args, ArgMode::Either);
   return compiled(options, args, target).code;
 }
 
-void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
+void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
+  const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Device);
   checkArgs(name_, traced(options), args, ArgMode::Device);
   for (int a = 0; a < 3; ++a)
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
@@ -192,7 +247,8 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data());
 }
 
-void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& args) {
+void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
+  const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Host);
   const ir::Function* f = &traced(options);
   checkArgs(name_, *f, args, ArgMode::Host);
   std::vector<ir::InterpArg> iargs;

@@ -32,6 +32,7 @@
 
 #include "codegen/Compiler.h"
 #include "dsl/Ops.h"
+#include "dsl/Tensor.h"
 #include "dsl/Tile.h"
 
 namespace flextile::runtime {
@@ -39,6 +40,8 @@ class DeviceBuffer;
 }
 
 namespace flextile::dsl {
+
+class CaptureSlot;
 
 template <class T>
 struct Ptr : Tile {
@@ -69,6 +72,8 @@ class KernelArg {
  public:
   enum class Kind { Device, Host, Integer, Real };
   KernelArg(const runtime::DeviceBuffer& b);
+  // A host tensor (interpret) or a device tensor (run): its first element.
+  KernelArg(const Tensor& t);
   template <class T>
   KernelArg(std::vector<T>& v) : kind_(Kind::Host), host_(v.data()), bytes_(v.size() * sizeof(T)) {}
   template <class T>
@@ -132,8 +137,25 @@ class Kernel {
     interpretArgs(options, {KernelArg(args)...});
   }
 
+  // Tensors captured by the trace for these options (dsl/Capture.h), in
+  // parameter order; run/interpret pass them after the given arguments.
+  std::vector<std::shared_ptr<CaptureSlot>> captures(const TraceOptions& options = {});
+  // Cache sizes, for tests that assert what did (not) retrace or recompile.
+  size_t numTraces() const;
+  size_t numCompiled() const;
+
  private:
   struct Compiled;
+  struct Traced {
+    std::unique_ptr<ir::Function> function;
+    std::vector<std::shared_ptr<CaptureSlot>> captures;
+    size_t ownParams = 0;  // parameters of the callable; the captured ones follow
+  };
+  Traced traceWithCaptures(const TraceOptions& options) const;
+  const Traced& tracedEntry(const LaunchOptions& options);
+  // The caller's arguments followed by those of the captured tensors.
+  std::vector<KernelArg> withCaptures(const Traced& t, const std::vector<KernelArg>& args,
+                                      std::optional<MemorySpace> space);
   const ir::Function& traced(const LaunchOptions& options);
   Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                      std::optional<codegen::Target> target);
@@ -141,8 +163,8 @@ class Kernel {
   std::string name_;
   Tracer tracer_;
   size_t numConstants_;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<ir::Function>> traces_;  // by constants and num_warps
+  mutable std::mutex mutex_;
+  std::map<std::string, Traced> traces_;                           // by constants and num_warps
   std::map<std::string, std::unique_ptr<Compiled>> cache_;        // by IR structural hash and target
   std::map<std::string, Compiled*> launches_;                      // by constants, specialization, target
 };

@@ -99,6 +99,16 @@ struct Operand {
   const Tile& tile() const { return std::get<Tile>(v); }
 };
 
+class CaptureSlot;  // dsl/Capture.h
+
+// The kernel parameters of one captured tensor in the current trace (see
+// dsl/Capture.h): its data pointer, then its sizes and strides (i32 each).
+struct CaptureParams {
+  std::shared_ptr<CaptureSlot> slot;
+  ir::Value* data = nullptr;
+  std::vector<ir::Value*> sizes, strides;
+};
+
 // The function being traced on this thread. Tracing is re-entrant per thread
 // (a trace may not start inside another one) and independent across threads.
 class TraceContext {
@@ -114,11 +124,15 @@ class TraceContext {
   ir::Function& function() { return *function_; }
   // Sets the builder's location to the user's source line for the next ops.
   ir::Builder& at(const SourceLoc& loc);
+  // Tensors captured by mods during this trace, in order of first use; their
+  // parameters follow the kernel's own.
+  std::vector<CaptureParams>& captures() { return captures_; }
 
  private:
   ir::Function* function_;
   ir::Builder builder_;
   TraceContext* previous_;
+  std::vector<CaptureParams> captures_;
 };
 
 }  // namespace flextile::dsl

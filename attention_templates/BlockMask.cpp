@@ -1,0 +1,635 @@
+#include "attention_templates/BlockMask.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+
+namespace flextile::attention {
+
+using namespace flextile::dsl;
+
+struct BlockMask::TensorCache {
+  std::mutex mutex;
+  std::optional<BlockMaskTensors> host, device;
+};
+
+namespace {
+
+bool isPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+std::string lengths(int64_t q, int64_t kv) { return "Q_LEN=" + std::to_string(q) + " KV_LEN=" + std::to_string(kv); }
+
+void validate(const char* what, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes) {
+  auto fail = [&](const std::string& m) { throw Error(std::string(what) + ": " + m); };
+  if (B < 1 || H < 1)
+    fail("B and H must be at least 1 (1 broadcasts), got B=" + std::to_string(B) + " H=" + std::to_string(H));
+  if (qLen < 1 || kvLen < 1) fail("lengths must be at least 1, got " + lengths(qLen, kvLen));
+  if (qLen > INT32_MAX || kvLen > INT32_MAX) fail("lengths must be below 2^31, got " + lengths(qLen, kvLen));
+  if (!isPow2(sizes.q) || !isPow2(sizes.kv))
+    fail("Q_BLOCK_SIZE and KV_BLOCK_SIZE must be powers of two (tile sizes), got " + std::to_string(sizes.q) + " and " +
+         std::to_string(sizes.kv));
+  const int64_t nQ = (qLen + sizes.q - 1) / sizes.q, nKv = (kvLen + sizes.kv - 1) / sizes.kv;
+  // The padded lists hold B * H * nQ * nKV entries, indexed in i32 by kernels.
+  if (double(B) * double(H) * double(nQ) * double(nKv) >= double(INT32_MAX))
+    fail("B * H * (Q_LEN / Q_BLOCK_SIZE) * (KV_LEN / KV_BLOCK_SIZE) = " +
+         std::to_string(double(B) * double(H) * double(nQ) * double(nKv)) + " blocks is too many; use larger blocks");
+}
+
+MemorySpace chooseSpace(const std::optional<MemorySpace>& where, const std::optional<MemorySpace>& captures) {
+  if (where) return *where;
+  if (captures) return *captures;
+  return deviceAvailable() ? MemorySpace::Device : MemorySpace::Host;
+}
+
+// Runs a kernel on the GPU or through the interpreter.
+template <class... A>
+void launch(Kernel& k, MemorySpace space, const LaunchOptions& options, A&&... args) {
+  if (space == MemorySpace::Device) k.run(options, std::forward<A>(args)...);
+  else k.interpret(options, std::forward<A>(args)...);
+}
+
+// One state byte per block: 0 no allowed in-range pair, 1 some, 2 all.
+Kernel makeStateKernel(const MaskMod& mod) {
+  MaskMod::Fn fn = mod.fn();
+  std::string name = mod.name();
+  return kernel("block_mask_states", [fn, name](Ptr<i8> states, Int H, Int qLen, Int kvLen, Int numQ, Int numKv,
+                                                Const<int> BQ, Const<int> BKV) {
+    MaskMod mask(name, fn);
+    auto qb = program_id(0), kb = program_id(1), bh = program_id(2);
+    auto q = (qb * BQ + arange(0, BQ)).expand(1);    // [BQ, 1]
+    auto kv = (kb * BKV + arange(0, BKV)).expand(0);  // [1, BKV]
+    auto live = mask(bh / H, bh % H, q, kv) & (q < qLen) & (kv < kvLen);
+    auto allowed = sum(sum(live, 1), 0);
+    auto inRange = minimum(qLen - qb * BQ, BQ) * minimum(kvLen - kb * BKV, BKV);
+    auto state = where(allowed == 0, 0, where(allowed == inRange, 2, 1));
+    store(states + (bh * numQ + qb) * numKv + kb, state);
+  });
+}
+
+// The element mask of listed blocks: (bh, q block, kv block) triples.
+Kernel makeDenseKernel(const MaskMod& mod) {
+  MaskMod::Fn fn = mod.fn();
+  std::string name = mod.name();
+  return kernel("block_mask_dense", [fn, name](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen, Int kvLen,
+                                               Int rowStart, Int qOffset, Const<int> BQ, Const<int> BKV) {
+    MaskMod mask(name, fn);
+    auto e = program_id(0) * 3;
+    auto bh = load(blocks + e), qb = load(blocks + e + 1), kb = load(blocks + e + 2);
+    auto g = (rowStart + qb * BQ + arange(0, BQ)).expand(1);  // global query positions
+    auto local = g - qOffset;
+    auto kv = (kb * BKV + arange(0, BKV)).expand(0);
+    auto in = (local >= 0) & (local < qLen) & (kv < kvLen);
+    store(dense + (bh * qLen + local) * kvLen + kv, mask(bh / H, bh % H, g, kv) & in, in);
+  });
+}
+
+std::span<const int32_t> row(const BlockLists& l, int64_t rowIndex, int64_t stride) {
+  return {l.indices.data() + rowIndex * stride, size_t(l.num[size_t(rowIndex)])};
+}
+
+}  // namespace
+
+// Builds masks; a friend of BlockMask.
+struct BlockMaskBuilder {
+  static BlockMask init(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                        const char* what) {
+    validate(what, B, H, qLen, kvLen, sizes);
+    if (!mod.defined()) throw Error(std::string(what) + ": the mask_mod is empty");
+    BlockMask m;
+    m.mask_ = std::move(mod);
+    m.B_ = B;
+    m.H_ = H;
+    m.qLen_ = qLen;
+    m.kvLen_ = kvLen;
+    m.sizes_ = sizes;
+    m.nQ_ = (qLen + sizes.q - 1) / sizes.q;
+    m.nKv_ = (kvLen + sizes.kv - 1) / sizes.kv;
+    m.tensors_ = std::make_shared<BlockMask::TensorCache>();
+    const size_t rowsQ = size_t(B * H * m.nQ_), rowsKv = size_t(B * H * m.nKv_), cells = rowsQ * size_t(m.nKv_);
+    for (BlockLists* l : {&m.partialKv_, &m.fullKv_}) {
+      l->num.assign(rowsQ, 0);
+      l->indices.assign(cells, 0);
+    }
+    for (BlockLists* l : {&m.partialQ_, &m.fullQ_}) {
+      l->num.assign(rowsKv, 0);
+      l->indices.assign(cells, 0);
+    }
+    return m;
+  }
+
+  static void append(BlockLists& l, int64_t rowIndex, int64_t stride, int32_t value) {
+    int32_t& n = l.num[size_t(rowIndex)];
+    l.indices[size_t(rowIndex * stride + n)] = value;
+    ++n;
+  }
+
+  // Allowed kv positions of query row i: [lo(i), hi(i)] before clipping to
+  // [0, kvLen). The rules of the structural builders satisfy:
+  //   lo and hi are nondecreasing in i;
+  //   consecutive live rows overlap or touch: lo(i + 1) <= hi(i) + 1;
+  //   the rows left empty by clipping form a suffix of all rows.
+  // Then the allowed kv set of a block of rows [a, e] with last live row e' is
+  // the interval [lo(a), hi(e')] (a union of touching intervals), and a kv
+  // block is full exactly when every row is live and it lies inside the
+  // intersection [lo(e), hi(a)] of the rows' intervals.
+  struct RowRule {
+    std::function<int64_t(int64_t)> lo, hi;
+  };
+
+  static void fillFromRule(BlockMask& m, int64_t b, int64_t h, const RowRule& rule) {
+    const int64_t BQ = m.sizes_.q, BKV = m.sizes_.kv;
+    auto lo = [&](int64_t i) { return std::max<int64_t>(rule.lo(i), 0); };
+    auto hi = [&](int64_t i) { return std::min<int64_t>(rule.hi(i), m.kvLen_ - 1); };
+    auto live = [&](int64_t i) { return lo(i) <= hi(i); };
+    for (int64_t r = 0; r < m.nQ_; ++r) {
+      const int64_t a = r * BQ, e = std::min(a + BQ, m.qLen_) - 1;
+      if (!live(a)) continue;
+      int64_t first = a, last = e;  // the last live row, by bisection (dead rows are a suffix)
+      while (first < last) {
+        int64_t mid = first + (last - first + 1) / 2;
+        if (live(mid)) first = mid;
+        else last = mid - 1;
+      }
+      const int64_t lastLive = first;
+      const int64_t unionLo = lo(a), unionHi = hi(lastLive);
+      const int64_t interLo = lo(e), interHi = hi(a);
+      const int64_t rowIndex = (b * m.H_ + h) * m.nQ_ + r;
+      for (int64_t c = unionLo / BKV; c <= unionHi / BKV; ++c) {
+        const int64_t c0 = c * BKV, c1 = std::min(c0 + BKV, m.kvLen_) - 1;
+        const bool full = lastLive == e && interLo <= c0 && c1 <= interHi;
+        append(full ? m.fullKv_ : m.partialKv_, rowIndex, m.nKv_, int32_t(c));
+      }
+    }
+  }
+
+  // Block states [B*H, nQ, nKV] into the lists.
+  static void compact(BlockMask& m, const std::vector<int8_t>& states, MemorySpace space) {
+    m.space_ = space;
+    for (int64_t rowIndex = 0; rowIndex < m.B_ * m.H_ * m.nQ_; ++rowIndex)
+      for (int64_t c = 0; c < m.nKv_; ++c) {
+        const int8_t s = states[size_t(rowIndex * m.nKv_ + c)];
+        if (s == 1) append(m.partialKv_, rowIndex, m.nKv_, int32_t(c));
+        else if (s == 2) append(m.fullKv_, rowIndex, m.nKv_, int32_t(c));
+        else if (s != 0) throw Error("createBlockMask: the builder kernel wrote block state " + std::to_string(s));
+      }
+    m.deriveTransposes();
+  }
+
+  static BlockMask structural(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                              const char* what, std::optional<MemorySpace> space,
+                              const std::function<RowRule(int64_t b, int64_t h)>& ruleFor) {
+    BlockMask m = init(std::move(mod), B, H, qLen, kvLen, sizes, what);
+    m.space_ = space;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) fillFromRule(m, b, h, ruleFor(b, h));
+    m.deriveTransposes();
+    return m;
+  }
+};
+
+// ---- construction ----------------------------------------------------------
+
+void BlockMask::deriveTransposes() {
+  for (BlockLists* l : {&partialQ_, &fullQ_}) {
+    std::fill(l->num.begin(), l->num.end(), 0);
+    std::fill(l->indices.begin(), l->indices.end(), 0);
+  }
+  for (int64_t bh = 0; bh < B_ * H_; ++bh)
+    for (int64_t r = 0; r < nQ_; ++r) {
+      const int64_t rowIndex = bh * nQ_ + r;
+      for (int32_t c : row(partialKv_, rowIndex, nKv_)) BlockMaskBuilder::append(partialQ_, bh * nKv_ + c, nQ_, int32_t(r));
+      for (int32_t c : row(fullKv_, rowIndex, nKv_)) BlockMaskBuilder::append(fullQ_, bh * nKv_ + c, nQ_, int32_t(r));
+    }
+}
+
+namespace {
+void checkListShape(const char* what, const char* name, const BlockLists& l, size_t rows, size_t stride) {
+  if (l.num.size() != rows || l.indices.size() != rows * stride)
+    throw Error(std::string(what) + ": " + name + " has " + std::to_string(l.num.size()) + " counts and " +
+                std::to_string(l.indices.size()) + " indices; expected " + std::to_string(rows) + " and " +
+                std::to_string(rows * stride));
+}
+
+// Each row: count in range, indices in range, strictly ascending; padding 0.
+void checkRows(const char* what, const char* name, const BlockLists& l, int64_t rows, int64_t stride) {
+  auto fail = [&](const std::string& m) { throw Error(std::string(what) + ": " + m); };
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t n = l.num[size_t(r)];
+    const std::string where = std::string(name) + " row " + std::to_string(r);
+    if (n < 0 || n > stride) fail(where + " has count " + std::to_string(n) + ", outside [0, " + std::to_string(stride) + "]");
+    for (int32_t k = 0; k < n; ++k) {
+      const int32_t v = l.indices[size_t(r * stride + k)];
+      if (v < 0 || v >= stride)
+        fail(where + " entry " + std::to_string(k) + " is block " + std::to_string(v) + ", outside [0, " +
+             std::to_string(stride) + ")");
+      if (k > 0 && v <= l.indices[size_t(r * stride + k - 1)])
+        fail(where + " is not strictly ascending (block " + std::to_string(v) + " after " +
+             std::to_string(l.indices[size_t(r * stride + k - 1)]) + "): unsorted or duplicated");
+    }
+    for (int64_t k = n; k < stride; ++k)
+      if (l.indices[size_t(r * stride + k)] != 0) fail(where + " has a non-zero padding entry at " + std::to_string(k));
+  }
+}
+}  // namespace
+
+BlockMask BlockMask::fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                                 BlockLists partialKv, BlockLists fullKv) {
+  BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, "BlockMask::fromKvLists");
+  checkListShape("BlockMask::fromKvLists", "partialKv", partialKv, m.partialKv_.num.size(), size_t(m.nKv_));
+  checkListShape("BlockMask::fromKvLists", "fullKv", fullKv, m.fullKv_.num.size(), size_t(m.nKv_));
+  const int64_t rows = int64_t(m.fullKv_.num.size());
+  checkRows("BlockMask::fromKvLists", "partialKv", partialKv, rows, m.nKv_);
+  checkRows("BlockMask::fromKvLists", "fullKv", fullKv, rows, m.nKv_);
+  m.partialKv_ = std::move(partialKv);
+  m.fullKv_ = std::move(fullKv);
+  m.space_ = m.mask_.captureSpace();
+  m.deriveTransposes();
+  m.check();
+  return m;
+}
+
+BlockMask BlockMask::fromLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                               BlockLists partialKv, BlockLists fullKv, BlockLists partialQ, BlockLists fullQ) {
+  BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, "BlockMask::fromLists");
+  m.partialKv_ = std::move(partialKv);
+  m.fullKv_ = std::move(fullKv);
+  m.partialQ_ = std::move(partialQ);
+  m.fullQ_ = std::move(fullQ);
+  m.space_ = m.mask_.captureSpace();
+  m.check();
+  return m;
+}
+
+BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                          std::optional<MemorySpace> where) {
+  BlockMask m = BlockMaskBuilder::init(maskMod, B, H, qLen, kvLen, sizes, "createBlockMask");
+  const MemorySpace space = chooseSpace(where, maskMod.captureSpace());
+  const int64_t nQ = m.numQBlocks(), nKv = m.numKvBlocks();
+  if (space == MemorySpace::Device && (nKv > 65535 || B * H > 65535))
+    throw Error("createBlockMask: the grid (" + std::to_string(nQ) + ", " + std::to_string(nKv) + ", " +
+                std::to_string(B * H) + ") of q blocks, kv blocks and B*H exceeds CUDA's 65535 on its last two axes; "
+                "use larger blocks");
+  Kernel& k = maskMod.state().kernel("block_mask_states", [&] { return makeStateKernel(maskMod); });
+  Tensor states = Tensor::zeros(DType::I8, {B * H * nQ * nKv}, space);
+  // [BQ, BKV] tiles of i32 and i1: 8 warps keep it under 64 elements a thread at 128 x 128.
+  const int warps = sizes.q * sizes.kv >= 128 * 64 ? 8 : 4;
+  LaunchOptions options{.grid = {nQ, nKv, B * H}, .constants = {sizes.q, sizes.kv}, .num_warps = warps};
+  launch(k, space, options, states, H, qLen, kvLen, nQ, nKv);
+  BlockMaskBuilder::compact(m, states.toHost<int8_t>(), space);
+  return m;
+}
+
+// ---- access ----------------------------------------------------------------
+
+namespace {
+void checkIndex(const char* what, int64_t v, int64_t n, const char* name) {
+  if (v < 0 || v >= n)
+    throw Error(std::string("BlockMask::") + what + ": " + name + " " + std::to_string(v) + " is outside [0, " +
+                std::to_string(n) + ")");
+}
+}  // namespace
+
+std::span<const int32_t> BlockMask::partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
+  checkIndex("partialKvBlocks", b, B_, "b");
+  checkIndex("partialKvBlocks", h, H_, "h");
+  checkIndex("partialKvBlocks", qBlock, nQ_, "q block");
+  return row(partialKv_, (b * H_ + h) * nQ_ + qBlock, nKv_);
+}
+
+std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
+  checkIndex("fullKvBlocks", b, B_, "b");
+  checkIndex("fullKvBlocks", h, H_, "h");
+  checkIndex("fullKvBlocks", qBlock, nQ_, "q block");
+  return row(fullKv_, (b * H_ + h) * nQ_ + qBlock, nKv_);
+}
+
+std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
+  checkIndex("partialQBlocks", b, B_, "b");
+  checkIndex("partialQBlocks", h, H_, "h");
+  checkIndex("partialQBlocks", kvBlock, nKv_, "kv block");
+  return row(partialQ_, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+}
+
+std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
+  checkIndex("fullQBlocks", b, B_, "b");
+  checkIndex("fullQBlocks", h, H_, "h");
+  checkIndex("fullQBlocks", kvBlock, nKv_, "kv block");
+  return row(fullQ_, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+}
+
+BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBlock) const {
+  checkIndex("state", kvBlock, nKv_, "kv block");
+  auto contains = [&](std::span<const int32_t> r) { return std::binary_search(r.begin(), r.end(), int32_t(kvBlock)); };
+  if (contains(fullKvBlocks(b, h, qBlock))) return BlockState::Full;
+  if (contains(partialKvBlocks(b, h, qBlock))) return BlockState::Partial;
+  return BlockState::Empty;
+}
+
+int64_t BlockMask::numPartialBlocks() const {
+  int64_t n = 0;
+  for (int32_t c : partialKv_.num) n += c;
+  return n;
+}
+
+int64_t BlockMask::numFullBlocks() const {
+  int64_t n = 0;
+  for (int32_t c : fullKv_.num) n += c;
+  return n;
+}
+
+double BlockMask::sparsity() const {
+  const double total = double(B_) * double(H_) * double(nQ_) * double(nKv_);
+  return 1.0 - double(numPartialBlocks() + numFullBlocks()) / total;
+}
+
+std::vector<uint8_t> BlockMask::toDenseBlocks() const {
+  std::vector<uint8_t> out(size_t(B_ * H_ * nQ_ * nKv_), uint8_t(BlockState::Empty));
+  for (int64_t rowIndex = 0; rowIndex < B_ * H_ * nQ_; ++rowIndex) {
+    for (int32_t c : row(partialKv_, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Partial);
+    for (int32_t c : row(fullKv_, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Full);
+  }
+  return out;
+}
+
+std::vector<uint8_t> BlockMask::toDense() const {
+  if (double(B_) * double(H_) * double(qLen_) * double(kvLen_) >= double(INT32_MAX))
+    throw Error("BlockMask::toDense: " + std::to_string(B_ * H_) + " x " + std::to_string(qLen_) + " x " +
+                std::to_string(kvLen_) + " elements is too large for a dense mask (it is a debugging aid)");
+  std::vector<uint8_t> dense(size_t(B_ * H_ * qLen_ * kvLen_), 0);
+  const int64_t rowStart = qOffset_ - qPhase_;  // global position of block row 0's first query
+  std::vector<int32_t> partial;
+  for (int64_t bh = 0; bh < B_ * H_; ++bh)
+    for (int64_t r = 0; r < nQ_; ++r) {
+      const int64_t rowIndex = bh * nQ_ + r;
+      for (int32_t c : row(fullKv_, rowIndex, nKv_)) {
+        const int64_t i0 = std::max<int64_t>(rowStart + r * sizes_.q - qOffset_, 0);
+        const int64_t i1 = std::min<int64_t>(rowStart + (r + 1) * sizes_.q - qOffset_, qLen_);
+        const int64_t j0 = c * sizes_.kv, j1 = std::min<int64_t>(j0 + sizes_.kv, kvLen_);
+        for (int64_t i = i0; i < i1; ++i)
+          std::fill(dense.begin() + (bh * qLen_ + i) * kvLen_ + j0, dense.begin() + (bh * qLen_ + i) * kvLen_ + j1, 1);
+      }
+      for (int32_t c : row(partialKv_, rowIndex, nKv_)) partial.insert(partial.end(), {int32_t(bh), int32_t(r), c});
+    }
+  if (partial.empty()) return dense;
+  const MemorySpace space = chooseSpace(space_, mask_.captureSpace());
+  Kernel& k = mask_.state().kernel("block_mask_dense", [&] { return makeDenseKernel(mask_); });
+  Tensor blocks = Tensor::fromHost(partial, {int64_t(partial.size())}, space);
+  Tensor out = Tensor::zeros(DType::I8, {B_ * H_ * qLen_ * kvLen_}, space);
+  LaunchOptions options{.grid = {int64_t(partial.size() / 3), 1, 1}, .constants = {sizes_.q, sizes_.kv},
+                        .num_warps = sizes_.q * sizes_.kv >= 128 * 64 ? 8 : 4};
+  launch(k, space, options, blocks, out, H_, qLen_, kvLen_, rowStart, qOffset_);
+  const std::vector<int8_t> evaluated = out.toHost<int8_t>();
+  for (size_t i = 0; i < dense.size(); ++i) dense[i] |= uint8_t(evaluated[i] != 0);
+  return dense;
+}
+
+std::string BlockMask::describe() const {
+  char sparsityText[32];
+  std::snprintf(sparsityText, sizeof sparsityText, "%.1f%%", 100.0 * sparsity());
+  std::string s = "BlockMask '" + mask_.name() + "': B=" + std::to_string(B_) + " H=" + std::to_string(H_) + " " +
+                  lengths(qLen_, kvLen_);
+  if (qOffset_ != 0 || qPhase_ != 0) s += " (queries from position " + std::to_string(qOffset_) + ")";
+  s += ", blocks " + std::to_string(sizes_.q) + " x " + std::to_string(sizes_.kv) + " (" + std::to_string(nQ_) + " x " +
+       std::to_string(nKv_) + "), " + std::to_string(numPartialBlocks()) + " partial + " +
+       std::to_string(numFullBlocks()) + " full, sparsity " + sparsityText;
+  return s;
+}
+
+std::string BlockMask::picture(int64_t b, int64_t h, int64_t maxBlocks) const {
+  checkIndex("picture", b, B_, "b");
+  checkIndex("picture", h, H_, "h");
+  if (maxBlocks < 1) throw Error("BlockMask::picture: maxBlocks must be at least 1");
+  const std::vector<uint8_t> blocks = toDenseBlocks();
+  const int64_t rows = std::min(nQ_, maxBlocks), cols = std::min(nKv_, maxBlocks);
+  const int width = int(std::to_string(nQ_ - 1).size());
+  std::string s = describe() + "\n";
+  s += "b=" + std::to_string(b) + " h=" + std::to_string(h) + ": one character per block, rows = q blocks, columns = kv blocks";
+  if (cols < nKv_ || rows < nQ_) s += " (first " + std::to_string(rows) + " x " + std::to_string(cols) + " shown)";
+  s += "\n";
+  for (int64_t r = 0; r < rows; ++r) {
+    std::string label = std::to_string(r);
+    s += std::string(size_t(width) - label.size() + 2, ' ') + label + " |";
+    for (int64_t c = 0; c < cols; ++c) {
+      switch (BlockState(blocks[size_t(((b * H_ + h) * nQ_ + r) * nKv_ + c)])) {
+        case BlockState::Full: s += "█"; break;
+        case BlockState::Partial: s += "░"; break;
+        case BlockState::Empty: s += " "; break;
+      }
+    }
+    s += cols < nKv_ ? "…\n" : "|\n";
+  }
+  if (rows < nQ_) s += std::string(size_t(width) + 2, ' ') + "…\n";
+  s += "█ full (no mask_mod)   ░ partial (mask_mod applied)   ' ' empty (never loaded)\n";
+  return s;
+}
+
+// ---- slicing -----------------------------------------------------------------
+
+BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional<int64_t> queryOffset,
+                               std::optional<int64_t> queryLength) const {
+  auto fail = [&](const std::string& m) { throw Error("BlockMask::sliceRows: " + m + " (" + describe() + ")"); };
+  if (count < 1 || qBlockStart < 0 || qBlockStart + count > nQ_)
+    fail("rows [" + std::to_string(qBlockStart) + ", " + std::to_string(qBlockStart + count) +
+         ") are not a non-empty range inside [0, " + std::to_string(nQ_) + ")");
+  const int64_t rowStart = qOffset_ - qPhase_ + qBlockStart * sizes_.q;  // global start of the first row
+  const int64_t first = std::max(rowStart, qOffset_);                     // first query inside these rows
+  const int64_t end = std::min(rowStart + count * sizes_.q, qOffset_ + qLen_);
+  const int64_t offset = queryOffset.value_or(first);
+  const int64_t length = queryLength.value_or(end - offset);
+  if (offset < first || length < 1 || offset + length > end)
+    fail("queries [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+         ") are not a non-empty range inside the rows' queries [" + std::to_string(first) + ", " + std::to_string(end) + ")");
+  const int64_t phase = offset - rowStart;
+  if (phase >= sizes_.q) fail("query offset " + std::to_string(offset) + " is not in the first sliced row; start the slice at its row");
+  if (phase != 0 && count != 1)
+    fail("a slice whose queries start mid-row (offset " + std::to_string(offset) +
+         ") must be a single row, so that every query tile maps to one mask row");
+  if ((phase + length + sizes_.q - 1) / sizes_.q != count)
+    fail("queries [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") leave some of the " +
+         std::to_string(count) + " rows without queries");
+  BlockMask m = BlockMaskBuilder::init(mask_, B_, H_, length, kvLen_, sizes_, "BlockMask::sliceRows");
+  m.qOffset_ = offset;
+  m.qPhase_ = phase;
+  m.space_ = space_;
+  for (int64_t bh = 0; bh < B_ * H_; ++bh)
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t from = (bh * nQ_ + qBlockStart + r), to = bh * count + r;
+      for (auto [src, dst] : {std::pair{&partialKv_, &m.partialKv_}, std::pair{&fullKv_, &m.fullKv_}}) {
+        dst->num[size_t(to)] = src->num[size_t(from)];
+        std::copy_n(src->indices.begin() + from * nKv_, nKv_, dst->indices.begin() + to * nKv_);
+      }
+    }
+  m.deriveTransposes();
+  return m;
+}
+
+// ---- checks ----------------------------------------------------------------
+
+void BlockMask::check() const {
+  auto fail = [&](const std::string& m) { throw Error("BlockMask::check: " + m); };
+  const size_t rowsQ = size_t(B_ * H_ * nQ_), rowsKv = size_t(B_ * H_ * nKv_);
+  checkListShape("BlockMask::check", "partialKv", partialKv_, rowsQ, size_t(nKv_));
+  checkListShape("BlockMask::check", "fullKv", fullKv_, rowsQ, size_t(nKv_));
+  checkListShape("BlockMask::check", "partialQ", partialQ_, rowsKv, size_t(nQ_));
+  checkListShape("BlockMask::check", "fullQ", fullQ_, rowsKv, size_t(nQ_));
+  if (qPhase_ < 0 || qPhase_ >= sizes_.q || (qPhase_ + qLen_ + sizes_.q - 1) / sizes_.q != nQ_)
+    fail("query phase " + std::to_string(qPhase_) + " and length " + std::to_string(qLen_) + " do not give " +
+         std::to_string(nQ_) + " block rows");
+  checkRows("BlockMask::check", "partialKv", partialKv_, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "fullKv", fullKv_, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "partialQ", partialQ_, int64_t(rowsKv), nQ_);
+  checkRows("BlockMask::check", "fullQ", fullQ_, int64_t(rowsKv), nQ_);
+  // No block both full and partial; the transposes list exactly the same blocks.
+  std::vector<uint8_t> forward(size_t(B_ * H_ * nQ_ * nKv_), 0), backward(forward.size(), 0);
+  for (int64_t bh = 0; bh < B_ * H_; ++bh) {
+    for (int64_t r = 0; r < nQ_; ++r) {
+      for (int32_t c : row(partialKv_, bh * nQ_ + r, nKv_)) forward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
+      for (int32_t c : row(fullKv_, bh * nQ_ + r, nKv_)) {
+        uint8_t& cell = forward[size_t((bh * nQ_ + r) * nKv_ + c)];
+        if (cell & 1)
+          fail("block (bh " + std::to_string(bh) + ", q " + std::to_string(r) + ", kv " + std::to_string(c) +
+               ") is listed both partial and full");
+        cell |= 2;
+      }
+    }
+    for (int64_t c = 0; c < nKv_; ++c) {
+      for (int32_t r : row(partialQ_, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
+      for (int32_t r : row(fullQ_, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 2;
+    }
+  }
+  for (size_t i = 0; i < forward.size(); ++i)
+    if (forward[i] != backward[i]) {
+      const int64_t c = int64_t(i) % nKv_, r = int64_t(i) / nKv_ % nQ_, bh = int64_t(i) / nKv_ / nQ_;
+      auto name = [](uint8_t v) { return v == 0 ? "empty" : v == 1 ? "partial" : v == 2 ? "full" : "partial and full"; };
+      fail("the transposed lists disagree with the forward lists at block (bh " + std::to_string(bh) + ", q " +
+           std::to_string(r) + ", kv " + std::to_string(c) + "): forward says " + name(forward[i]) + ", transposed says " +
+           name(backward[i]));
+    }
+}
+
+void BlockMask::checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) const {
+  const std::string me = "block mask (" + describe() + ")";
+  if (qLen != qLen_ || kvLen != kvLen_)
+    throw Error("the " + me + " was built for " + lengths(qLen_, kvLen_) + " but the inputs have " +
+                lengths(qLen, kvLen) + "; build a mask for these lengths (a mask is never cropped or padded silently)");
+  if (B_ != 1 && B_ != B)
+    throw Error("the " + me + " has batch " + std::to_string(B_) + " but the inputs have batch " + std::to_string(B) +
+                " (a mask's B is 1, to broadcast, or the batch)");
+  if (H_ != 1 && H_ != H)
+    throw Error("the " + me + " has " + std::to_string(H_) + " heads but the inputs have " + std::to_string(H) +
+                " query heads (a mask's H is 1, to broadcast, or the number of query heads)");
+}
+
+const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const {
+  std::lock_guard lock(tensors_->mutex);
+  auto& slot = space == MemorySpace::Device ? tensors_->device : tensors_->host;
+  if (!slot) {
+    BlockMaskTensors t;
+    const Shape rowsQ{B_, H_, nQ_}, rowsKv{B_, H_, nKv_}, cellsQ{B_, H_, nQ_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};
+    t.kvNum = Tensor::fromHost(partialKv_.num, rowsQ, space);
+    t.kvIndices = Tensor::fromHost(partialKv_.indices, cellsQ, space);
+    t.fullKvNum = Tensor::fromHost(fullKv_.num, rowsQ, space);
+    t.fullKvIndices = Tensor::fromHost(fullKv_.indices, cellsQ, space);
+    t.qNum = Tensor::fromHost(partialQ_.num, rowsKv, space);
+    t.qIndices = Tensor::fromHost(partialQ_.indices, cellsKv, space);
+    t.fullQNum = Tensor::fromHost(fullQ_.num, rowsKv, space);
+    t.fullQIndices = Tensor::fromHost(fullQ_.indices, cellsKv, space);
+    slot = std::move(t);
+  }
+  return *slot;
+}
+
+// ---- structural builders ---------------------------------------------------
+
+namespace {
+MemorySpace defaultSpace(std::optional<MemorySpace> where) {
+  return where ? *where : (deviceAvailable() ? MemorySpace::Device : MemorySpace::Host);
+}
+}  // namespace
+
+BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes) {
+  return BlockMaskBuilder::structural(causal_mask(), B, H, qLen, kvLen, sizes, "causalBlockMask", std::nullopt,
+                                      [](int64_t, int64_t) {
+                                        return BlockMaskBuilder::RowRule{[](int64_t) { return int64_t(0); },
+                                                                         [](int64_t i) { return i; }};
+                                      });
+}
+
+BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                 const std::vector<int64_t>& windows, BlockSizes sizes,
+                                 std::optional<MemorySpace> where) {
+  const char* what = "slidingWindowBlockMask";
+  if (windows.size() != 1 && int64_t(windows.size()) != H)
+    throw Error(std::string(what) + ": give one window or one per head (H=" + std::to_string(H) + "), got " +
+                std::to_string(windows.size()));
+  for (int64_t w : windows)
+    if (w < 1 || w > INT32_MAX)
+      throw Error(std::string(what) + ": windows must be in [1, 2^31) (a window counts the query), got " + std::to_string(w));
+  MaskMod mod;
+  std::optional<MemorySpace> space;
+  if (windows.size() == 1) {
+    mod = sliding_window_mask(windows[0]);
+  } else {
+    space = defaultSpace(where);
+    std::vector<int32_t> w(windows.begin(), windows.end());
+    mod = sliding_window_mask(capture(Tensor::fromHost(w, {H}, *space), "window"));
+  }
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what, space, [&](int64_t, int64_t h) {
+    const int64_t w = windows.size() == 1 ? windows[0] : windows[size_t(h)];
+    return BlockMaskBuilder::RowRule{[w](int64_t i) { return i - w + 1; }, [](int64_t i) { return i; }};
+  });
+}
+
+BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength, BlockSizes sizes) {
+  MaskMod mod = prefix_lm_mask(prefixLength);
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, "prefixLmBlockMask", std::nullopt,
+                                      [prefixLength](int64_t, int64_t) {
+                                        return BlockMaskBuilder::RowRule{
+                                            [](int64_t) { return int64_t(0); },
+                                            [prefixLength](int64_t i) { return std::max(prefixLength - 1, i); }};
+                                      });
+}
+
+BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                            const std::vector<std::vector<int64_t>>& offsetsPerBatch, bool causal, BlockSizes sizes,
+                            std::optional<MemorySpace> where) {
+  const char* what = "documentBlockMask";
+  validate(what, B, H, qLen, kvLen, sizes);
+  if (offsetsPerBatch.size() != 1 && int64_t(offsetsPerBatch.size()) != B)
+    throw Error(std::string(what) + ": give one offset list or one per batch (B=" + std::to_string(B) + "), got " +
+                std::to_string(offsetsPerBatch.size()));
+  const int64_t L = std::max(qLen, kvLen);
+  for (size_t b = 0; b < offsetsPerBatch.size(); ++b) {
+    const auto& o = offsetsPerBatch[b];
+    const std::string list = "offsets of batch " + std::to_string(b);
+    if (o.size() < 2 || o.front() != 0)
+      throw Error(std::string(what) + ": " + list + " must start at 0 and end a document (at least 2 entries)");
+    for (size_t k = 1; k < o.size(); ++k)
+      if (o[k] <= o[k - 1])
+        throw Error(std::string(what) + ": " + list + " must be strictly increasing, got " + std::to_string(o[k - 1]) +
+                    " then " + std::to_string(o[k]));
+    if (o.back() < L)
+      throw Error(std::string(what) + ": " + list + " end at " + std::to_string(o.back()) +
+                  ", before max(Q_LEN, KV_LEN) = " + std::to_string(L) + ": every position needs a document");
+  }
+  // The mod reads document ids: [L] when one list serves every batch, else [B, L].
+  const MemorySpace space = defaultSpace(where);
+  std::vector<int32_t> ids;
+  for (const auto& o : offsetsPerBatch)
+    for (size_t d = 0; d + 1 < o.size() && o[d] < L; ++d)
+      for (int64_t i = o[d]; i < std::min(o[d + 1], L); ++i) ids.push_back(int32_t(d));
+  Shape idShape = offsetsPerBatch.size() == 1 ? Shape{L} : Shape{B, L};
+  MaskMod docs = document_mask(capture(Tensor::fromHost(ids, idShape, space), "document_ids"));
+  MaskMod mod = causal ? and_masks(causal_mask(), docs) : docs;
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what, space, [&](int64_t b, int64_t) {
+    const std::vector<int64_t>* o = &offsetsPerBatch[offsetsPerBatch.size() == 1 ? 0 : size_t(b)];
+    auto doc = [o](int64_t i) { return size_t(std::upper_bound(o->begin(), o->end(), i) - o->begin() - 1); };
+    auto start = [o, doc](int64_t i) { return (*o)[doc(i)]; };
+    if (causal) return BlockMaskBuilder::RowRule{start, [](int64_t i) { return i; }};
+    return BlockMaskBuilder::RowRule{start, [o, doc](int64_t i) { return (*o)[doc(i) + 1] - 1; }};
+  });
+}
+
+}  // namespace flextile::attention

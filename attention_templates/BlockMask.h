@@ -1,0 +1,191 @@
+// BlockMask: a mask_mod lifted to blocks, the work list of the attention
+// templates (docs/blockmask.md has the pictures and the proofs).
+//
+// The Q_LEN x KV_LEN plane is cut into blocks of Q_BLOCK_SIZE x KV_BLOCK_SIZE
+// (the last row and column of blocks may be cut short by the lengths). For
+// every (b, h, query block) the mask lists
+//   * the FULL kv blocks:    every in-range pair allowed — the template runs
+//                            them without evaluating mask_mod;
+//   * the PARTIAL kv blocks: some but not all in-range pairs allowed — the
+//                            template applies mask_mod before the softmax;
+// and every other block is EMPTY (no allowed pair): never loaded. The lists
+// are exact: a block with one live pair is never dropped, a block with one
+// forbidden in-range pair is never full, and (for masks built by this file)
+// a partial block has at least one allowed pair. Pairs past Q_LEN or KV_LEN
+// are outside the mask, so a tail block is full when every in-range pair is
+// allowed.
+//
+// Storage (host, int32, row-major, padded to the block count; entries past a
+// row's count are 0, a valid index, so a prefetching template may read them):
+//   partialKv().num [B, H, nQ]   partialKv().indices [B, H, nQ, nKV]   (ascending)
+//   fullKv()    ...same shapes...
+//   partialQ().num  [B, H, nKV]  partialQ().indices  [B, H, nKV, nQ]   (the transposes:
+//   fullQ()     ...same shapes...                      per kv block, its q blocks; backward)
+// B or H equal to 1 broadcast over the batch or the heads.
+//
+// A mask describes queries [qOffset, qOffset + qLen) of the global position
+// space (qOffset is 0 unless the mask is a slice, see sliceRows) and keys
+// [0, kvLen). Templates evaluate the mods at global query positions. A mask
+// used with inputs of other lengths is an error (checkInputs), never cropped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention_templates/Mods.h"
+
+namespace flextile::attention {
+
+struct BlockSizes {
+  int64_t q = 128;   // Q_BLOCK_SIZE, a power of two
+  int64_t kv = 128;  // KV_BLOCK_SIZE, a power of two
+};
+
+enum class BlockState : uint8_t { Empty = 0, Partial = 1, Full = 2 };
+
+// One list kind: per row a count, and the row's indices padded to a stride.
+struct BlockLists {
+  std::vector<int32_t> num;      // [B, H, rows]
+  std::vector<int32_t> indices;  // [B, H, rows, stride]
+};
+
+// The lists as tensors (shapes as above), for kernels.
+struct BlockMaskTensors {
+  dsl::Tensor kvNum, kvIndices, fullKvNum, fullKvIndices;
+  dsl::Tensor qNum, qIndices, fullQNum, fullQIndices;
+};
+
+class BlockMask {
+ public:
+  // A mask from given forward lists (from a selector, say). The transposes
+  // are derived, and the result is checked (check()).
+  static BlockMask fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                               BlockLists partialKv, BlockLists fullKv);
+  // The same with the transposes given too (they are checked against the
+  // forward lists, not derived).
+  static BlockMask fromLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                             BlockLists partialKv, BlockLists fullKv, BlockLists partialQ, BlockLists fullQ);
+
+  int64_t batch() const { return B_; }
+  int64_t heads() const { return H_; }
+  int64_t qLen() const { return qLen_; }
+  int64_t kvLen() const { return kvLen_; }
+  int64_t qBlockSize() const { return sizes_.q; }
+  int64_t kvBlockSize() const { return sizes_.kv; }
+  BlockSizes blockSizes() const { return sizes_; }
+  int64_t numQBlocks() const { return nQ_; }
+  int64_t numKvBlocks() const { return nKv_; }
+  // Global position of local query 0, and its position inside block row 0
+  // (non-zero only for a one-row slice that starts mid-block).
+  int64_t qOffset() const { return qOffset_; }
+  int64_t qPhase() const { return qPhase_; }
+  // The mask_mod for partial blocks (evaluate it at global query positions).
+  const MaskMod& maskMod() const { return mask_; }
+
+  const BlockLists& partialKv() const { return partialKv_; }
+  const BlockLists& fullKv() const { return fullKv_; }
+  const BlockLists& partialQ() const { return partialQ_; }
+  const BlockLists& fullQ() const { return fullQ_; }
+
+  // One row of a list. b and h are the mask's (0 on a broadcast dimension).
+  std::span<const int32_t> partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const;
+  std::span<const int32_t> fullKvBlocks(int64_t b, int64_t h, int64_t qBlock) const;
+  std::span<const int32_t> partialQBlocks(int64_t b, int64_t h, int64_t kvBlock) const;
+  std::span<const int32_t> fullQBlocks(int64_t b, int64_t h, int64_t kvBlock) const;
+  BlockState state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBlock) const;
+
+  // [B, H, nQ, nKV] of BlockState.
+  std::vector<uint8_t> toDenseBlocks() const;
+  // [B, H, qLen, kvLen] of 0/1: full blocks give 1 on their in-range pairs,
+  // empty blocks 0, partial blocks mask_mod (evaluated by a kernel where the
+  // mask's captured tensors live). O(qLen * kvLen) memory: for tests and
+  // debugging only.
+  std::vector<uint8_t> toDense() const;
+  // Block picture of one (b, h): '█' full, '░' partial, ' ' empty, with a
+  // header and a legend; at most maxBlocks rows and columns are drawn.
+  std::string picture(int64_t b = 0, int64_t h = 0, int64_t maxBlocks = 64) const;
+  // Fraction of blocks skipped: 1 - (partial + full) / (B * H * nQ * nKV).
+  double sparsity() const;
+  int64_t numPartialBlocks() const;
+  int64_t numFullBlocks() const;
+
+  // Query-block rows [qBlockStart, qBlockStart + count) as a mask of their
+  // own, for decode: the slice describes queries [queryOffset, queryOffset +
+  // queryLength) (global positions), by default all the queries of those rows.
+  // The queries must lie inside the rows; an offset that is not the start of
+  // a row is allowed for a one-row slice. Full and empty stay exact for any
+  // subset of a row's queries; a partial block may become conservative (its
+  // mask_mod still decides), never wrong.
+  BlockMask sliceRows(int64_t qBlockStart, int64_t count, std::optional<int64_t> queryOffset = std::nullopt,
+                      std::optional<int64_t> queryLength = std::nullopt) const;
+
+  // Throws flextile::Error naming the first inconsistency: list sizes,
+  // counts, indices out of range / unsorted / duplicated, a block both full
+  // and partial, transposes that disagree with the forward lists.
+  void check() const;
+  // Throws unless the mask fits inputs of batch B, H heads (query heads),
+  // qLen queries and kvLen keys; the message names both lengths.
+  void checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) const;
+
+  // The lists as tensors in `space`, made on first use and kept.
+  const BlockMaskTensors& tensors(dsl::MemorySpace space) const;
+
+  // Where partial-block kernels of this mask run: where its captured tensors
+  // live (set by the builder).
+  std::optional<dsl::MemorySpace> space() const { return space_; }
+
+  // "BlockMask 'causal': B=1 H=1 Q_LEN=100 KV_LEN=100, blocks 32 x 32 (4 x 4), ..."
+  std::string describe() const;
+
+ private:
+  friend struct BlockMaskBuilder;
+  BlockMask() = default;
+  void deriveTransposes();
+
+  MaskMod mask_;
+  int64_t B_ = 1, H_ = 1, qLen_ = 0, kvLen_ = 0, nQ_ = 0, nKv_ = 0, qOffset_ = 0, qPhase_ = 0;
+  BlockSizes sizes_;
+  std::optional<dsl::MemorySpace> space_;
+  BlockLists partialKv_, fullKv_, partialQ_, fullQ_;
+  struct TensorCache;
+  std::shared_ptr<TensorCache> tensors_;
+};
+
+// ---- builders --------------------------------------------------------------
+// `where`: Device builds on the GPU (Kernel::run), Host through the
+// interpreter (Kernel::interpret). By default: where the mod's captured
+// tensors live, else the GPU when one is present, else the host.
+
+// The generic builder: a kernel evaluates mask_mod on one [BQ, BKV] tile per
+// program (grid: q blocks x kv blocks x B*H), reduces it to none / some / all
+// of the in-range pairs allowed, and writes one state byte per block; the
+// host compacts the states into the lists. The element mask is never stored.
+// The kernel is cached in the mod: a second call with the same mod (new
+// captured values, other lengths) neither retraces nor recompiles.
+BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                          BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
+
+// Structural builders: the same lists as createBlockMask with the matching
+// standard mod, computed from each row block's interval end-points without
+// scanning the plane (O(1) per listed block). Each returns a mask whose
+// maskMod() is that standard mod.
+BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes = {});
+// windowPerHead: one window (broadcast) or one per head (H entries; the mod
+// then reads a captured i32 [H] tensor made in `where`).
+BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                 const std::vector<int64_t>& windowPerHead, BlockSizes sizes = {},
+                                 std::optional<dsl::MemorySpace> where = std::nullopt);
+BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength,
+                            BlockSizes sizes = {});
+// Documents by start offsets, one list for all batches or one per batch:
+// 0 = o_0 < o_1 < ... < o_D with o_D >= max(qLen, kvLen). causal adds kv <= q.
+// The mod reads document ids (i32 [L] or [B, L], L = o_D) made in `where`.
+BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                            const std::vector<std::vector<int64_t>>& offsetsPerBatch, bool causal,
+                            BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
+
+}  // namespace flextile::attention

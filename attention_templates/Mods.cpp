@@ -1,0 +1,265 @@
+#include "attention_templates/Mods.h"
+
+#include <climits>
+#include <cmath>
+
+namespace flextile::attention {
+
+using namespace flextile::dsl;
+
+dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::function<dsl::Kernel()>& make) {
+  std::lock_guard lock(mutex);
+  auto it = kernels.find(key);
+  if (it == kernels.end()) it = kernels.emplace(key, std::make_unique<dsl::Kernel>(make())).first;
+  return *it->second;
+}
+
+namespace {
+std::optional<MemorySpace> spaceOf(const std::string& what, const std::vector<CapturedTensor>& captures) {
+  std::optional<MemorySpace> space;
+  std::string first;
+  for (const auto& c : captures) {
+    MemorySpace s = c.tensor().space();
+    if (space && *space != s)
+      throw Error(what + ": captured tensors '" + first + "' and '" + c.name() +
+                  "' are in different memory spaces (one host, one device)");
+    if (!space) first = c.name();
+    space = s;
+  }
+  return space;
+}
+
+Shape broadcastShape(const Shape& a, const Shape& b) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i + a.size() >= r ? a[i + a.size() - r] : 1;
+    int64_t db = i + b.size() >= r ? b[i + b.size() - r] : 1;
+    out[i] = std::max(da, db);
+  }
+  return out;
+}
+
+bool broadcastsTo(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 0; i < from.size(); ++i) {
+    int64_t f = from[from.size() - 1 - i], t = to[to.size() - 1 - i];
+    if (f != t && f != 1) return false;
+  }
+  return true;
+}
+
+std::vector<CapturedTensor> mergeCaptures(const std::vector<MaskMod>& masks) {
+  std::vector<CapturedTensor> out;
+  for (const auto& m : masks)
+    for (const auto& c : m.captures()) {
+      bool seen = false;
+      for (const auto& o : out) seen = seen || o.slot() == c.slot();
+      if (!seen) out.push_back(c);
+    }
+  return out;
+}
+
+void requireDefined(const std::vector<MaskMod>& masks, const char* op) {
+  for (size_t i = 0; i < masks.size(); ++i)
+    if (!masks[i].defined()) throw Error(std::string(op) + ": mask " + std::to_string(i) + " is an empty MaskMod");
+}
+}  // namespace
+
+// ---- MaskMod / ScoreMod ----------------------------------------------------
+
+MaskMod::MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
+    : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
+      state_(std::make_shared<detail::ModState>()) {
+  if (!fn_) throw Error("mask_mod '" + name_ + "': the function is empty");
+  for (const auto& c : captures_)
+    if (!c.defined()) throw Error("mask_mod '" + name_ + "': an empty CapturedTensor in its captures");
+}
+
+Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile& kv, SourceLoc loc) const {
+  const std::string what = "mask_mod '" + name_ + "'";
+  if (!fn_) traceError(loc, "mask_mod", "an empty MaskMod was called");
+  Tile r = fn_(b, h, q, kv);
+  const Shape shape = broadcastShape(q.shape(), kv.shape());
+  if (!r.valid()) traceError(loc, what, "returned an empty Tile");
+  if (r.dtype() != DType::I1)
+    traceError(loc, what, "must return i1 (a comparison), got " + r.type().str());
+  if (!broadcastsTo(r.shape(), shape))
+    traceError(loc, what, "returned " + r.type().str() + ", which does not broadcast to the index tiles' shape " +
+                              ir::shapeString(shape));
+  return r.shape() == shape ? r : r.broadcast_to(shape, loc);
+}
+
+std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures_); }
+
+ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
+    : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)) {
+  if (!fn_) throw Error("score_mod '" + name_ + "': the function is empty");
+}
+
+Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const Tile& q, const Tile& kv,
+                          SourceLoc loc) const {
+  const std::string what = "score_mod '" + name_ + "'";
+  if (!fn_) traceError(loc, "score_mod", "an empty ScoreMod was called");
+  Tile r = fn_(score, b, h, q, kv);
+  if (!r.valid()) traceError(loc, what, "returned an empty Tile");
+  if (!ir::isFloat(r.dtype())) traceError(loc, what, "must return a floating-point score, got " + r.type().str());
+  if (!broadcastsTo(r.shape(), score.shape()))
+    traceError(loc, what, "returned " + r.type().str() + ", which does not broadcast to the score " + score.type().str());
+  if (r.dtype() != score.dtype()) r = r.to(score.dtype(), loc);
+  return r.shape() == score.shape() ? r : r.broadcast_to(score.shape(), loc);
+}
+
+std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("score_mod '" + name_ + "'", captures_); }
+
+// ---- algebra ---------------------------------------------------------------
+
+MaskMod noop_mask() {
+  return MaskMod("noop", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return full(broadcastShape(q.shape(), kv.shape()), 1, DType::I1);
+  });
+}
+
+namespace {
+MaskMod combine(const std::vector<MaskMod>& masks, bool conjunction) {
+  const char* op = conjunction ? "and_masks" : "or_masks";
+  requireDefined(masks, op);
+  if (masks.empty()) {
+    if (conjunction) return noop_mask();
+    return MaskMod("none", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+      return full(broadcastShape(q.shape(), kv.shape()), 0, DType::I1);
+    });
+  }
+  if (masks.size() == 1) return masks[0];
+  std::string name = conjunction ? "and(" : "or(";
+  for (size_t i = 0; i < masks.size(); ++i) name += (i ? ", " : "") + masks[i].name();
+  name += ")";
+  return MaskMod(name,
+                 [masks, conjunction](const Tile& b, const Tile& h, const Tile& q, const Tile& kv) {
+                   Tile acc = masks[0](b, h, q, kv);
+                   for (size_t i = 1; i < masks.size(); ++i)
+                     acc = conjunction ? (acc & masks[i](b, h, q, kv)) : (acc | masks[i](b, h, q, kv));
+                   return acc;
+                 },
+                 mergeCaptures(masks));
+}
+}  // namespace
+
+MaskMod and_masks(const std::vector<MaskMod>& masks) { return combine(masks, true); }
+MaskMod or_masks(const std::vector<MaskMod>& masks) { return combine(masks, false); }
+
+MaskMod not_mask(const MaskMod& m) {
+  requireDefined({m}, "not_mask");
+  return MaskMod("not(" + m.name() + ")",
+                 [m](const Tile& b, const Tile& h, const Tile& q, const Tile& kv) { return !m(b, h, q, kv); },
+                 m.captures());
+}
+
+// ---- standard masks --------------------------------------------------------
+
+MaskMod causal_mask() {
+  return MaskMod("causal", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return q >= kv; });
+}
+
+MaskMod sliding_window_mask(int64_t window) {
+  if (window < 1) throw Error("sliding_window_mask: the window must be at least 1 (it counts the query), got " +
+                              std::to_string(window));
+  if (window > INT32_MAX) throw Error("sliding_window_mask: window " + std::to_string(window) + " exceeds i32");
+  return MaskMod("sliding_window(" + std::to_string(window) + ")",
+                 [window](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+                   return (q >= kv) & (q - kv < window);
+                 });
+}
+
+MaskMod sliding_window_mask(CapturedTensor windowPerHead) {
+  if (!windowPerHead.defined()) throw Error("sliding_window_mask: an empty CapturedTensor");
+  if (windowPerHead.rank() != 1 || !ir::isInteger(windowPerHead.dtype()) || windowPerHead.dtype() == DType::I1)
+    throw Error("sliding_window_mask: per-head windows must be an integer tensor [H], got " +
+                windowPerHead.tensor().describe());
+  return MaskMod("sliding_window(" + windowPerHead.name() + "[h])",
+                 [w = windowPerHead](const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
+                   return (q >= kv) & (q - kv < w(h));
+                 },
+                 {windowPerHead});
+}
+
+MaskMod prefix_lm_mask(int64_t prefixLength) {
+  if (prefixLength < 0 || prefixLength > INT32_MAX)
+    throw Error("prefix_lm_mask: the prefix length must be in [0, 2^31), got " + std::to_string(prefixLength));
+  return MaskMod("prefix_lm(" + std::to_string(prefixLength) + ")",
+                 [prefixLength](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+                   return (kv < prefixLength) | (q >= kv);
+                 });
+}
+
+MaskMod document_mask(CapturedTensor ids) {
+  if (!ids.defined()) throw Error("document_mask: an empty CapturedTensor");
+  if ((ids.rank() != 1 && ids.rank() != 2) || !ir::isInteger(ids.dtype()) || ids.dtype() == DType::I1)
+    throw Error("document_mask: document ids must be an integer tensor [L] or [B, L], got " + ids.tensor().describe());
+  return MaskMod("document(" + ids.name() + ")",
+                 [ids](const Tile& b, const Tile&, const Tile& q, const Tile& kv) {
+                   if (ids.rank() == 1) return ids(q) == ids(kv);
+                   return ids(b, q) == ids(b, kv);
+                 },
+                 {ids});
+}
+
+MaskMod document_mask_from_offsets(CapturedTensor offsets) {
+  if (!offsets.defined()) throw Error("document_mask_from_offsets: an empty CapturedTensor");
+  if ((offsets.rank() != 1 && offsets.rank() != 2) || offsets.dtype() != DType::I32)
+    throw Error("document_mask_from_offsets: offsets must be an i32 tensor [D + 1] or [B, D + 1], got " +
+                offsets.tensor().describe());
+  return MaskMod("document_offsets(" + offsets.name() + ")",
+                 [o = offsets](const Tile& b, const Tile&, const Tile& q, const Tile& kv) {
+                   // doc(i) = #{k in 1..D-1 : o_k <= i}: count the inner boundaries at or before i.
+                   auto boundary = [&](const Tile& k) { return o.rank() == 1 ? o(k) : o(b, k); };
+                   auto [dq, dk] = for_range(1, o.size(-1) - 1, 1,
+                                             std::tuple{zeros(q.shape(), DType::I32), zeros(kv.shape(), DType::I32)},
+                                             [&](Tile k, Tile countQ, Tile countKv) {
+                                               Tile at = boundary(k);
+                                               return std::tuple{countQ + (at <= q), countKv + (at <= kv)};
+                                             });
+                   return dq == dk;
+                 },
+                 {offsets});
+}
+
+// ---- score mods ------------------------------------------------------------
+
+ScoreMod noop_score() {
+  return ScoreMod("noop", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) { return s; });
+}
+
+ScoreMod alibi(CapturedTensor slopes) {
+  if (!slopes.defined()) throw Error("alibi: an empty CapturedTensor");
+  if (slopes.rank() != 1 || !ir::isFloat(slopes.dtype()))
+    throw Error("alibi: slopes must be a float tensor [H], got " + slopes.tensor().describe());
+  return ScoreMod("alibi(" + slopes.name() + ")",
+                  [slopes](const Tile& s, const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
+                    return s + slopes(h).to(s.dtype()) * (kv - q).to(s.dtype());
+                  },
+                  {slopes});
+}
+
+ScoreMod soft_cap(double cap) {
+  if (!(cap > 0) || !std::isfinite(cap)) throw Error("soft_cap: the cap must be a positive number, got " + std::to_string(cap));
+  return ScoreMod("soft_cap(" + std::to_string(cap) + ")",
+                  [cap](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) {
+                    return cap * tanh(s * (1.0 / cap));
+                  });
+}
+
+ScoreMod bias_table(CapturedTensor table) {
+  if (!table.defined()) throw Error("bias_table: an empty CapturedTensor");
+  if (table.rank() < 2 || !ir::isFloat(table.dtype()))
+    throw Error("bias_table: the table must be a float tensor [Lq, Lkv], [H, Lq, Lkv] or [B, H, Lq, Lkv], got " +
+                table.tensor().describe());
+  return ScoreMod("bias_table(" + table.name() + ")",
+                  [table](const Tile& s, const Tile& b, const Tile& h, const Tile& q, const Tile& kv) {
+                    Tile bias = table.rank() == 2 ? table(q, kv) : table.rank() == 3 ? table(h, q, kv) : table(b, h, q, kv);
+                    return s + bias.to(s.dtype());
+                  },
+                  {table});
+}
+
+}  // namespace flextile::attention

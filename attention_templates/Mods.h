@@ -1,0 +1,148 @@
+// score_mod and mask_mod: the two small functions an attention variant is
+// made of, as C++ callables over DSL tiles.
+//
+//   mask_mod(b, h, q_idx, kv_idx) -> i1      true: the pair (q_idx, kv_idx) takes part
+//   score_mod(score, b, h, q_idx, kv_idx)     the score after scaling, modified
+//
+// b and h are i32 scalars (the query head under GQA); inside a template q_idx
+// is an i32 [BM, 1] tile and kv_idx an i32 [1, BN] tile of *global* positions,
+// so one call evaluates a whole [BM, BN] tile — the same function as the
+// element-wise definition, vectorized. A mod is traced into whatever kernel
+// calls it (the forward template, the BlockMask builder), so it costs a few
+// inlined instructions and no call.
+//
+// Tensors a mod reads are captured explicitly (dsl/Capture.h): they become
+// parameters of the kernel being traced, so new values never recompile.
+// Index tiles may reach past the sequence in tail tiles; captured reads there
+// give 0 and the template discards those lanes.
+//
+// The standard masks use 0-based positions and PyTorch's conventions:
+//   causal           kv <= q (top-left aligned when Q_LEN != KV_LEN: query i
+//                    sees keys 0..i, whatever the lengths)
+//   sliding window W kv <= q and q - kv < W (W counts the query itself)
+//   prefix LM P      kv < P or kv <= q (the first P keys are seen by everyone)
+//   documents        doc(q) == doc(kv), no causality (combine with causal_mask)
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/DSL.h"
+
+namespace flextile::attention {
+
+using dsl::CapturedTensor;
+using dsl::SourceLoc;
+using dsl::Tile;
+
+namespace detail {
+// Kernels made for one mod (the BlockMask builders), shared by its copies, so
+// building a second mask with the same mod neither retraces nor recompiles.
+struct ModState {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<dsl::Kernel>> kernels;
+  dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
+};
+}  // namespace detail
+
+class MaskMod {
+ public:
+  using Fn = std::function<Tile(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx)>;
+
+  MaskMod() = default;  // empty; use noop_mask() for "everything allowed"
+  // `captures` lists the tensors `fn` reads: they decide where the mask is
+  // built (host or GPU) and are validated before a launch.
+  MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {});
+
+  // Traces the mod; the result is i1 of the broadcast shape of q_idx and
+  // kv_idx. A result of another dtype or shape is an error naming the mod.
+  Tile operator()(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx,
+                  SourceLoc loc = SourceLoc::current()) const;
+
+  bool defined() const { return fn_ != nullptr; }
+  const std::string& name() const { return name_; }
+  const Fn& fn() const { return fn_; }
+  const std::vector<CapturedTensor>& captures() const { return captures_; }
+  // Where the captured tensors live; nullopt without captures. Mixed spaces
+  // are an error.
+  std::optional<dsl::MemorySpace> captureSpace() const;
+  detail::ModState& state() const { return *state_; }
+
+ private:
+  std::string name_;
+  Fn fn_;
+  std::vector<CapturedTensor> captures_;
+  std::shared_ptr<detail::ModState> state_;
+};
+
+class ScoreMod {
+ public:
+  using Fn = std::function<Tile(const Tile& score, const Tile& b, const Tile& h, const Tile& q_idx,
+                                const Tile& kv_idx)>;
+
+  ScoreMod() = default;
+  ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {});
+
+  // Traces the mod; the result has the score's shape and dtype (float results
+  // are converted to it). A non-float result is an error naming the mod.
+  Tile operator()(const Tile& score, const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx,
+                  SourceLoc loc = SourceLoc::current()) const;
+
+  bool defined() const { return fn_ != nullptr; }
+  const std::string& name() const { return name_; }
+  const Fn& fn() const { return fn_; }
+  const std::vector<CapturedTensor>& captures() const { return captures_; }
+  std::optional<dsl::MemorySpace> captureSpace() const;
+
+ private:
+  std::string name_;
+  Fn fn_;
+  std::vector<CapturedTensor> captures_;
+};
+
+// ---- mask algebra ----------------------------------------------------------
+// Intersection and union of the allowed sets (captures are merged). and_masks
+// of nothing is noop_mask; or_masks of nothing allows nothing.
+MaskMod and_masks(const std::vector<MaskMod>& masks);
+MaskMod or_masks(const std::vector<MaskMod>& masks);
+inline MaskMod and_masks(const MaskMod& a, const MaskMod& b) { return and_masks(std::vector<MaskMod>{a, b}); }
+inline MaskMod or_masks(const MaskMod& a, const MaskMod& b) { return or_masks(std::vector<MaskMod>{a, b}); }
+// Every pair allowed.
+MaskMod noop_mask();
+// The complement (for tests and for writing "everything but").
+MaskMod not_mask(const MaskMod& m);
+
+// ---- standard masks --------------------------------------------------------
+MaskMod causal_mask();
+// kv <= q < kv + window; window >= 1.
+MaskMod sliding_window_mask(int64_t window);
+// The same with a per-head window read from a captured i32 tensor [H].
+MaskMod sliding_window_mask(CapturedTensor windowPerHead);
+// kv < prefixLength or kv <= q.
+MaskMod prefix_lm_mask(int64_t prefixLength);
+// Same document: ids(q) == ids(kv) for an integer tensor [L], or
+// ids(b, q) == ids(b, kv) for [B, L].
+MaskMod document_mask(CapturedTensor documentIds);
+// Same document with documents given by start offsets, an i32 tensor [D + 1]
+// (or [B, D + 1]): 0 = o_0 < o_1 < ... < o_D, document d is [o_d, o_{d+1}).
+// Each evaluation loops over the D - 1 inner boundaries; prefer
+// document_mask(ids) inside attention when D is large (the structural
+// BlockMask builder takes offsets directly).
+MaskMod document_mask_from_offsets(CapturedTensor offsets);
+
+// ---- score mods ------------------------------------------------------------
+ScoreMod noop_score();
+// score + slope[h] * (kv - q), slopes a captured float tensor [H] (ALiBi).
+ScoreMod alibi(CapturedTensor slopes);
+// cap * tanh(score / cap).
+ScoreMod soft_cap(double cap);
+// score + table[q, kv] ([Lq, Lkv]), table[h, q, kv] ([H, Lq, Lkv]) or
+// table[b, h, q, kv] ([B, H, Lq, Lkv]), any float dtype.
+ScoreMod bias_table(CapturedTensor table);
+
+}  // namespace flextile::attention

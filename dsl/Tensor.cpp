@@ -1,0 +1,244 @@
+#include "dsl/Tensor.h"
+
+#include <cstring>
+
+#include "runtime/Device.h"
+#include "runtime/DeviceBuffer.h"
+#include "runtime/Driver.h"
+#include "runtime/DriverApi.h"
+
+namespace flextile::dsl {
+
+struct Tensor::Storage {
+  MemorySpace space = MemorySpace::Host;
+  bool owned = false;
+  std::vector<std::byte> hostBytes;  // owned host memory
+  runtime::DeviceBuffer deviceBuffer;  // owned device memory
+  void* host = nullptr;                // first byte (owned or viewed)
+  uint64_t device = 0;
+};
+
+bool deviceAvailable(std::string* whyNot) { return runtime::Driver::available(whyNot); }
+
+std::vector<int64_t> contiguousStrides(const Shape& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+namespace {
+void checkShape(const Shape& shape, const std::vector<int64_t>& strides) {
+  for (auto d : shape)
+    if (d < 0) throw Error("tensor: negative dimension in shape " + ir::shapeString(shape));
+  if (strides.size() != shape.size())
+    throw Error("tensor: shape " + ir::shapeString(shape) + " has rank " + std::to_string(shape.size()) + " but " +
+                std::to_string(strides.size()) + " strides were given " + ir::shapeString(strides));
+  for (auto s : strides)
+    if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides));
+}
+
+// Calls f(elementOffset) for every element in row-major order.
+template <class F>
+void forEachOffset(const Shape& shape, const std::vector<int64_t>& strides, F&& f) {
+  int64_t n = ir::numElements(shape);
+  if (n == 0) return;
+  std::vector<int64_t> index(shape.size(), 0);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    f(offset);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++index[d] < shape[d]) {
+        offset += strides[d];
+        break;
+      }
+      offset -= strides[d] * (shape[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+Tensor Tensor::make(std::shared_ptr<Storage> storage, DType dtype, Shape shape, std::vector<int64_t> strides) {
+  if (dtype == DType::Ptr) throw Error("tensor: a tensor of pointers is not supported");
+  if (strides.empty() && !shape.empty()) strides = contiguousStrides(shape);
+  checkShape(shape, strides);
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.strides_ = std::move(strides);
+  return t;
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape, MemorySpace space) {
+  auto s = std::make_shared<Storage>();
+  s->space = space;
+  s->owned = true;
+  Tensor t = make(s, dtype, std::move(shape), {});
+  size_t bytes = size_t(t.numel()) * size_t(t.elementBytes());
+  if (space == MemorySpace::Host) {
+    s->hostBytes.assign(bytes, std::byte{0});
+    s->host = s->hostBytes.data();
+  } else {
+    s->deviceBuffer = runtime::DeviceBuffer(bytes);
+    s->device = s->deviceBuffer.address();
+  }
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape, MemorySpace space) {
+  Tensor t = empty(dtype, std::move(shape), space);
+  if (space == MemorySpace::Device) t.storage_->deviceBuffer.fillBytes(0);
+  return t;
+}
+
+Tensor Tensor::hostView(void* data, DType dtype, Shape shape, std::vector<int64_t> strides) {
+  auto s = std::make_shared<Storage>();
+  s->space = MemorySpace::Host;
+  s->host = data;
+  Tensor t = make(s, dtype, std::move(shape), std::move(strides));
+  if (!data && t.numel() > 0) throw Error("tensor: host view of " + t.describe() + " over a null pointer");
+  if (data && reinterpret_cast<uintptr_t>(data) % uintptr_t(t.elementBytes()) != 0)
+    throw Error("tensor: host view of " + t.describe() + " is not aligned to its element size");
+  return t;
+}
+
+Tensor Tensor::deviceView(uint64_t address, DType dtype, Shape shape, std::vector<int64_t> strides) {
+  auto s = std::make_shared<Storage>();
+  s->space = MemorySpace::Device;
+  s->device = address;
+  Tensor t = make(s, dtype, std::move(shape), std::move(strides));
+  if (!address && t.numel() > 0) throw Error("tensor: device view of " + t.describe() + " at address 0");
+  if (address % uint64_t(t.elementBytes()) != 0)
+    throw Error("tensor: device view of " + t.describe() + " is not aligned to its element size");
+  return t;
+}
+
+int64_t Tensor::size(int dim) const {
+  int d = dim < 0 ? dim + rank() : dim;
+  if (d < 0 || d >= rank())
+    throw Error("tensor: dimension " + std::to_string(dim) + " is out of range for " + describe());
+  return shape_[size_t(d)];
+}
+
+int64_t Tensor::numel() const { return defined() ? ir::numElements(shape_) : 0; }
+
+bool Tensor::isContiguous() const { return strides_ == contiguousStrides(shape_) || numel() <= 1; }
+
+MemorySpace Tensor::space() const {
+  if (!storage_) throw Error("tensor: use of an empty Tensor");
+  return storage_->space;
+}
+
+bool Tensor::owned() const { return storage_ && storage_->owned; }
+
+size_t Tensor::extentBytes() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (size_t d = 0; d < shape_.size(); ++d) last += (shape_[d] - 1) * strides_[d];
+  return size_t(last + 1) * size_t(elementBytes());
+}
+
+void* Tensor::hostData() const {
+  if (!isHost()) throw Error("tensor: " + describe() + " is not in host memory");
+  return storage_->host;
+}
+
+uint64_t Tensor::deviceAddress() const {
+  if (!isDevice()) throw Error("tensor: " + describe() + " is not in device memory");
+  return storage_->device;
+}
+
+void Tensor::expectDType(const std::string& what, DType dtype) const {
+  if (!defined()) throw Error(what + ": expected a " + std::string(ir::dtypeName(dtype)) + " tensor, got an empty Tensor");
+  if (dtype_ != dtype)
+    throw Error(what + ": expected dtype " + std::string(ir::dtypeName(dtype)) + ", got " + describe());
+}
+
+void Tensor::expect(const std::string& what, DType dtype, const Shape& shape) const {
+  expectDType(what, dtype);
+  if (shape_ != shape)
+    throw Error(what + ": expected shape " + ir::shapeString(shape) + ", got " + describe());
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "an empty Tensor";
+  std::string s = std::string(ir::dtypeName(dtype_)) + ir::shapeString(shape_);
+  if (!isContiguous()) s += " strides " + ir::shapeString(strides_);
+  s += storage_->space == MemorySpace::Host ? " host" : " device";
+  s += storage_->owned ? ", owned" : " view";
+  return s;
+}
+
+void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
+  if (!defined()) throw Error("tensor: copy into an empty Tensor");
+  if (type != dtype_)
+    throw Error("tensor: cannot copy " + std::string(ir::dtypeName(type)) + " host data into " + describe());
+  if (int64_t(count) != numel())
+    throw Error("tensor: cannot copy " + std::to_string(count) + " elements into " + describe() + " (" +
+                std::to_string(numel()) + " elements)");
+  const size_t eb = size_t(elementBytes());
+  if (isDevice()) {
+    if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe());
+    if (storage_->owned) {
+      storage_->deviceBuffer.copyFromHost(data, count * eb);
+    } else if (count) {
+      runtime::Device::current().makeCurrent();
+      runtime::cu::check(runtime::cu::api().memcpyHtoD(storage_->device, data, count * eb), "cuMemcpyHtoD_v2",
+                         "copying " + std::to_string(count * eb) + " bytes into " + describe());
+    }
+    return;
+  }
+  auto* base = static_cast<std::byte*>(storage_->host);
+  auto* src = static_cast<const std::byte*>(data);
+  if (isContiguous()) {
+    if (count) std::memcpy(base, src, count * eb);
+    return;
+  }
+  forEachOffset(shape_, strides_, [&](int64_t off) {
+    std::memcpy(base + off * int64_t(eb), src, eb);
+    src += eb;
+  });
+}
+
+void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
+  if (!defined()) throw Error("tensor: copy out of an empty Tensor");
+  if (type != dtype_)
+    throw Error("tensor: cannot copy " + describe() + " into " + std::string(ir::dtypeName(type)) + " host memory");
+  if (int64_t(count) != numel())
+    throw Error("tensor: cannot copy " + describe() + " into " + std::to_string(count) + " elements");
+  const size_t eb = size_t(elementBytes());
+  if (isDevice()) {
+    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe());
+    if (storage_->owned) {
+      storage_->deviceBuffer.copyToHost(data, count * eb);
+    } else if (count) {
+      runtime::Device::current().makeCurrent();
+      runtime::cu::check(runtime::cu::api().memcpyDtoH(data, storage_->device, count * eb), "cuMemcpyDtoH_v2",
+                         "copying " + std::to_string(count * eb) + " bytes out of " + describe());
+    }
+    return;
+  }
+  const auto* base = static_cast<const std::byte*>(storage_->host);
+  auto* dst = static_cast<std::byte*>(data);
+  if (isContiguous()) {
+    if (count) std::memcpy(dst, base, count * eb);
+    return;
+  }
+  forEachOffset(shape_, strides_, [&](int64_t off) {
+    std::memcpy(dst, base + off * int64_t(eb), eb);
+    dst += eb;
+  });
+}
+
+Tensor Tensor::to(MemorySpace space) const {
+  if (!defined()) throw Error("tensor: cannot copy an empty Tensor");
+  Tensor out = empty(dtype_, shape_, space);
+  const size_t bytes = size_t(numel()) * size_t(elementBytes());
+  std::vector<std::byte> staging(bytes);
+  copyToHostBytes(dtype_, staging.data(), size_t(numel()));
+  out.copyFromHostBytes(dtype_, staging.data(), size_t(numel()));
+  return out;
+}
+
+}  // namespace flextile::dsl

@@ -1,0 +1,141 @@
+// Helpers of the attention tests: element-wise reference masks written as
+// plain C++ (independent of the DSL), and the exactness check of a BlockMask
+// against such a reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/BlockMask.h"
+
+namespace flextile::testing {
+
+// allowed(b, h, q, kv) at global positions.
+using RefMask = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t kv)>;
+
+inline RefMask refCausal() {
+  return [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; };
+}
+inline RefMask refWindow(std::vector<int64_t> perHead) {
+  return [perHead](int64_t, int64_t h, int64_t q, int64_t kv) {
+    int64_t w = perHead.size() == 1 ? perHead[0] : perHead[size_t(h)];
+    return kv <= q && q - kv < w;
+  };
+}
+inline RefMask refPrefix(int64_t p) {
+  return [p](int64_t, int64_t, int64_t q, int64_t kv) { return kv < p || kv <= q; };
+}
+// ids[b][position] (one row broadcasts over b).
+inline RefMask refDocuments(std::vector<std::vector<int32_t>> ids) {
+  return [ids](int64_t b, int64_t, int64_t q, int64_t kv) {
+    const auto& row = ids.size() == 1 ? ids[0] : ids[size_t(b)];
+    return row[size_t(q)] == row[size_t(kv)];
+  };
+}
+inline RefMask refAnd(RefMask a, RefMask b) {
+  return [a, b](int64_t bb, int64_t h, int64_t q, int64_t kv) { return a(bb, h, q, kv) && b(bb, h, q, kv); };
+}
+inline RefMask refOr(RefMask a, RefMask b) {
+  return [a, b](int64_t bb, int64_t h, int64_t q, int64_t kv) { return a(bb, h, q, kv) || b(bb, h, q, kv); };
+}
+inline RefMask refNot(RefMask a) {
+  return [a](int64_t bb, int64_t h, int64_t q, int64_t kv) { return !a(bb, h, q, kv); };
+}
+
+// Document ids of positions [0, L) for documents starting at `offsets`.
+inline std::vector<int32_t> idsFromOffsets(const std::vector<int64_t>& offsets, int64_t L) {
+  std::vector<int32_t> ids(static_cast<size_t>(L));
+  for (size_t d = 0; d + 1 < offsets.size(); ++d)
+    for (int64_t i = offsets[d]; i < std::min(offsets[d + 1], L); ++i) ids[size_t(i)] = int32_t(d);
+  return ids;
+}
+
+// Checks, for every (b, h, block) and every (b, h, i, j) of the mask, that
+//   * the lists are consistent (check());
+//   * the block state is exact against `ref`: empty iff no in-range pair is
+//     allowed, full iff every in-range pair is, partial otherwise;
+//   * toDense() equals `ref` element by element.
+// Queries are at global positions qOffset() + i. A slice may keep a partial
+// block in which its own queries have no allowed pair (sound, not exact):
+// `exactPartial = false` accepts that. Returns false after the first mismatch
+// (reported with `context`).
+inline bool expectExact(const attention::BlockMask& m, const RefMask& ref, const std::string& context,
+                        bool exactPartial = true) {
+  using attention::BlockState;
+  try {
+    m.check();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << context << ": check() failed: " << e.what();
+    return false;
+  }
+  const int64_t B = m.batch(), H = m.heads(), Q = m.qLen(), KV = m.kvLen();
+  const int64_t BQ = m.qBlockSize(), BKV = m.kvBlockSize(), off = m.qOffset(), phase = m.qPhase();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < m.numQBlocks(); ++r)
+        for (int64_t c = 0; c < m.numKvBlocks(); ++c) {
+          int64_t inRange = 0, allowed = 0;
+          for (int64_t i = std::max<int64_t>(r * BQ - phase, 0); i < std::min<int64_t>((r + 1) * BQ - phase, Q); ++i)
+            for (int64_t j = c * BKV; j < std::min<int64_t>((c + 1) * BKV, KV); ++j) {
+              ++inRange;
+              allowed += ref(b, h, off + i, j) ? 1 : 0;
+            }
+          BlockState want = allowed == 0 ? BlockState::Empty : allowed == inRange ? BlockState::Full : BlockState::Partial;
+          BlockState got = m.state(b, h, r, c);
+          if (!exactPartial && got == BlockState::Partial) continue;
+          if (got != want) {
+            ADD_FAILURE() << context << ": block (b " << b << ", h " << h << ", q block " << r << ", kv block " << c
+                          << ") is " << int(got) << " but " << allowed << " of " << inRange
+                          << " in-range pairs are allowed (0 empty, 1 partial, 2 full)\n"
+                          << m.picture(b, h);
+            return false;
+          }
+        }
+  const std::vector<uint8_t> dense = m.toDense();
+  if (dense.size() != size_t(B * H * Q * KV)) {
+    ADD_FAILURE() << context << ": toDense() has " << dense.size() << " elements";
+    return false;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Q; ++i)
+        for (int64_t j = 0; j < KV; ++j) {
+          bool got = dense[size_t(((b * H + h) * Q + i) * KV + j)] != 0, want = ref(b, h, off + i, j);
+          if (got != want) {
+            ADD_FAILURE() << context << ": toDense()[b " << b << ", h " << h << ", q " << i << ", kv " << j
+                          << "] is " << got << ", the reference says " << want;
+            return false;
+          }
+        }
+  return true;
+}
+
+// The four list pairs of two masks are identical.
+inline bool expectSameLists(const attention::BlockMask& a, const attention::BlockMask& b, const std::string& context) {
+  auto same = [&](const attention::BlockLists& x, const attention::BlockLists& y, const char* name) {
+    if (x.num == y.num && x.indices == y.indices) return true;
+    ADD_FAILURE() << context << ": the " << name << " lists differ\n" << a.picture() << b.picture();
+    return false;
+  };
+  return same(a.partialKv(), b.partialKv(), "partial kv") && same(a.fullKv(), b.fullKv(), "full kv") &&
+         same(a.partialQ(), b.partialQ(), "partial q") && same(a.fullQ(), b.fullQ(), "full q");
+}
+
+// EXPECT that `f` throws flextile::Error whose message contains every one of `parts`.
+template <class F>
+void expectError(F&& f, std::vector<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing '" << parts[0] << "'";
+  } catch (const flextile::Error& e) {
+    std::string what = e.what();
+    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
+  }
+}
+
+}  // namespace flextile::testing
