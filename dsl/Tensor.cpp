@@ -5,7 +5,6 @@
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
 #include "runtime/Driver.h"
-#include "runtime/DriverApi.h"
 
 namespace flextile::dsl {
 
@@ -182,10 +181,8 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
     if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe());
     if (storage_->owned) {
       storage_->deviceBuffer.copyFromHost(data, count * eb);
-    } else if (count) {
-      runtime::Device::current().makeCurrent();
-      runtime::cu::check(runtime::cu::api().memcpyHtoD(storage_->device, data, count * eb), "cuMemcpyHtoD_v2",
-                         "copying " + std::to_string(count * eb) + " bytes into " + describe());
+    } else {
+      runtime::copyHostToDevice(storage_->device, data, count * eb, describe());
     }
     return;
   }
@@ -212,10 +209,8 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
     if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe());
     if (storage_->owned) {
       storage_->deviceBuffer.copyToHost(data, count * eb);
-    } else if (count) {
-      runtime::Device::current().makeCurrent();
-      runtime::cu::check(runtime::cu::api().memcpyDtoH(data, storage_->device, count * eb), "cuMemcpyDtoH_v2",
-                         "copying " + std::to_string(count * eb) + " bytes out of " + describe());
+    } else {
+      runtime::copyDeviceToHost(data, storage_->device, count * eb, describe());
     }
     return;
   }

@@ -93,4 +93,18 @@ void DeviceBuffer::fillBytes(uint8_t value) {
             "filling " + std::to_string(bytes_) + " bytes" + onDevice(device_));
 }
 
+void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  Device::current().makeCurrent();
+  cu::check(cu::api().memcpyHtoD(deviceAddress, source, bytes), "cuMemcpyHtoD_v2",
+            "copying " + std::to_string(bytes) + " bytes into " + what);
+}
+
+void copyDeviceToHost(void* destination, uint64_t deviceAddress, size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  Device::current().makeCurrent();
+  cu::check(cu::api().memcpyDtoH(destination, deviceAddress, bytes), "cuMemcpyDtoH_v2",
+            "copying " + std::to_string(bytes) + " bytes out of " + what + " (an earlier kernel may have failed)");
+}
+
 }  // namespace flextile::runtime

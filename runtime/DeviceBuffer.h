@@ -49,4 +49,10 @@ class DeviceBuffer {
 // `hostPointer` is not null when bytes > 0. `operation` names the caller in the message.
 void checkCopyRange(const char* operation, const void* hostPointer, size_t bytes, size_t offset, size_t capacity);
 
+// Copies between host memory and device memory FlexTile does not own (a view
+// over another framework's allocation), on the current device. `what` names
+// the destination or source in error messages.
+void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what);
+void copyDeviceToHost(void* destination, uint64_t deviceAddress, size_t bytes, const std::string& what);
+
 }  // namespace flextile::runtime

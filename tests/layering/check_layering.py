@@ -18,6 +18,8 @@ ALLOWED = {
 }
 # Of codegen and runtime, dsl/ and attention_templates/ may include only these LLVM- and CUDA-free headers.
 PUBLIC = {"codegen/Compiler.h", "codegen/Target.h", "codegen/Ptxas.h"}
+# Headers internal to one layer.
+INTERNAL = {"runtime/DriverApi.h": "runtime", "codegen/LowerToLLVMImpl.h": "codegen", "ir/AttrScanner.h": "ir"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
@@ -36,6 +38,8 @@ def main(root):
                         problems.append(f"{where}: LLVM headers belong in codegen/*.cpp only")
                 elif inc.startswith(("cuda", "cuda.h", "cuda_runtime")) or inc in ("cuda.h", "cudaTypedefs.h"):
                     problems.append(f"{where}: CUDA headers are not used; the driver is loaded with dlopen")
+                elif inc in INTERNAL and INTERNAL[inc] != layer:
+                    problems.append(f"{where}: {inc} is internal to {INTERNAL[inc]}/")
                 elif top in ALLOWED and top not in allowed:
                     problems.append(f"{where}: layer '{layer}' may not depend on '{top}'")
                 elif layer in ("dsl", "attention_templates") and top == "codegen" and inc not in PUBLIC:
