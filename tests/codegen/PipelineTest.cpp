@@ -72,7 +72,7 @@ TEST(Pipeline, PtxHasCpAsyncCommitGroupsAndTheWaitCountPerStage) {
       continue;
     }
     // 16-byte copies (rows of 32 or 128 bf16, 16-byte aligned).
-    EXPECT_GT(count(k.ptx, "cp\\.async\\.cg\\.shared\\.global \\[[^]]+\\], \\[[^]]+\\], 16, %r"), 0);
+    EXPECT_GT(count(k.ptx, "cp\\.async\\.cg\\.shared\\.global \\[[^\\]]+\\], \\[[^\\]]+\\], 16, %r"), 0);
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.ca"), 0);
     // Prologue: stages-1 commits; the loop: one (the body is one block after O3, or a few).
     EXPECT_GE(count(k.ptx, "cp\\.async\\.commit_group"), stages);
