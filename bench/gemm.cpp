@@ -71,8 +71,11 @@ int main(int argc, char** argv) try {
     double ms = INFINITY, tflops = 0;
   };
   std::vector<Best> best;
-  const std::array<int, 4> configs[] = {{128, 128, 32, 4}, {128, 128, 32, 8}, {128, 256, 32, 8}, {64, 128, 32, 4},
-                                        {128, 64, 64, 4},  {64, 64, 64, 4},   {128, 128, 64, 8}};
+  // {BM, BN, BK, warps, num_stages}
+  const std::array<int, 5> configs[] = {
+      {128, 128, 32, 4, 1}, {128, 128, 32, 8, 1}, {128, 128, 32, 4, 2}, {128, 128, 32, 4, 3}, {128, 128, 32, 8, 3},
+      {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {256, 128, 32, 8, 3}, {128, 256, 32, 8, 4}, {128, 128, 64, 8, 3},
+      {128, 128, 64, 4, 3}, {64, 128, 32, 4, 3},  {64, 64, 64, 4, 3},   {128, 64, 64, 4, 3},  {256, 128, 64, 8, 3}};
   for (auto [M, N, K] : shapes) {
     const int sets = size_t(M) * K * 2 < (64u << 20) ? 3 : 1;  // rotate inputs that fit in L2
     std::vector<std::vector<H>> ha, hb;
@@ -86,11 +89,11 @@ int main(int argc, char** argv) try {
     runtime::DeviceBuffer dc(size_t(M) * N * sizeof(float));
     std::vector<float> hc(size_t(M) * N);
     Best top{{M, N, K}};
-    for (auto [bm, bn, bk, warps] : configs) {
+    for (auto [bm, bn, bk, warps, stages] : configs) {
       if (bn > 2 * N || bk > 2 * K) continue;
-      LaunchOptions launch{{cdiv(M, bm), cdiv(N, bn), 1}, {bm, bn, bk}, warps};
+      LaunchOptions launch{{cdiv(M, bm), cdiv(N, bn), 1}, {bm, bn, bk}, warps, stages};
       const std::string cfg = std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + " w" +
-                              std::to_string(warps);
+                              std::to_string(warps) + " s" + std::to_string(stages);
       try {
         dc.fillBytes(0xFF);
         mm.run(launch, da[0], db[0], dc, M, N, K);

@@ -1,7 +1,7 @@
 // The codegen pipeline, in order:
 //   1. clone the function (the caller's IR is never changed)
 //   2. IR passes (verified after each; FLEXTILE_DUMP=passes shows them):
-//      canonicalize, cse, dce, assign-layouts
+//      canonicalize, cse, dce, assign-layouts, pipeline (num_stages)
 //   3. shared-memory plan (SharedMemory.h) and access widths (AxisInfo.h)
 //   4. lower to LLVM IR (LowerToLLVM.cpp)
 //   5. LLVM O3 for nvptx64 (NVPTXTarget)
@@ -33,7 +33,8 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   pipeline.add(ir::canonicalizePass())
       .add(ir::csePass())
       .add(ir::dcePass())
-      .add({"assign-layouts", [&](ir::Function& fn) { assignLayouts(fn, target); }});
+      .add({"assign-layouts", [&](ir::Function& fn) { assignLayouts(fn, target); }})
+      .add(pipelinePass());
   pipeline.run(*f);
 
   CompiledKernel k;

@@ -143,6 +143,10 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
     set(res, mapRegs(map.size(), [&](size_t r) { return xs[size_t(map[r])]; }));
     return;
   }
+  if (isPipelinedLoad(x->definingOp())) {
+    set(res, lowerPipelinedConvert(op, *x->definingOp()));
+    return;
+  }
   const DType t = x->type().dtype();
   int64_t offset = scratchOffset(op, scratchBytes(op));
   if (auto plan = ldmatrixPlan(from, to, t)) {
@@ -197,7 +201,11 @@ Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const 
     b.SetInsertPoint(cont);
   }
   barrier();
+  return ldmatrixFromShared(to, plan, t, i32(offset));
+}
 
+Regs Lowering::ldmatrixFromShared(const Layout& to, const LdmatrixPlan& plan, DType t, llvm::Value* byteBase) {
+  llvm::Type* elemTy = llvmType(t);
   // 2. ldmatrix: lane l supplies the address of row l % 8 of matrix l / 8.
   llvm::Value* laneOff;
   {
@@ -220,7 +228,7 @@ Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const 
   Regs out(size_t(to.numRegisters()), nullptr);
   for (size_t q = 0; q < plan.accessBase.size(); ++q) {
     llvm::Value* elem = b.CreateXor(laneOff, i32(plan.accessBase[q]));
-    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
+    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(byteBase, b.CreateShl(elem, 1)));
     std::vector<llvm::Type*> overload;
     if (llvm::Intrinsic::isOverloaded(id)) overload.push_back(addr->getType());  // the pointer type, in newer LLVMs
     llvm::Value* call = b.CreateIntrinsic(id, overload, {addr});

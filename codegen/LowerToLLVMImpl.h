@@ -14,6 +14,8 @@
 #pragma once
 
 #include <string>
+#include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +26,24 @@ namespace flextile::codegen {
 
 using Regs = std::vector<llvm::Value*>;
 struct LdmatrixPlan;  // codegen/TensorCores.h
+
+// A pipelined load's ring of shared tiles (LowerPipeline.cpp).
+struct PipelinedBuffer {
+  std::shared_ptr<LdmatrixPlan> plan;  // the swizzled tile and the ldmatrix accesses of its convert
+  int64_t offset = 0;                  // byte offset of slot 0
+  int64_t slotBytes = 0;               // bytes per slot
+  int64_t width = 0;                   // elements per cp.async
+};
+// The for loop being lowered with pipelined loads.
+struct PipelineLoop {
+  const ir::Op* forOp = nullptr;
+  int stages = 0;
+  std::vector<const ir::Op*> loads;
+  std::map<const ir::Op*, PipelinedBuffer> buffers;
+  llvm::Value *iv = nullptr, *ub = nullptr, *step = nullptr;
+  llvm::Value *readSlot = nullptr, *writeSlot = nullptr;  // i32 slots of iterations i and i+S-1
+  bool waitedThisIteration = false;
+};
 
 class Lowering {
  public:
@@ -99,6 +119,16 @@ class Lowering {
   void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
   void lowerMmaDot(const ir::Op& op);          // LowerDot.cpp: mma.sync
   // convert_layout through a swizzled shared tile and ldmatrix (LowerLayoutConversion.cpp).
+  // Software pipelining (LowerPipeline.cpp).
+  bool isPipelinedLoad(const ir::Op* op) const;
+  bool beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Value* ub, llvm::Value* step);
+  void endPipelinedLoop();
+  void issueAsyncCopies(PipelineLoop& p, llvm::Value* ivValue, llvm::Value* slot);
+  Regs lowerPipelinedConvert(const ir::Op& cvt, const ir::Op& load);
+  Regs ldmatrixFromShared(const ir::Layout& to, const LdmatrixPlan& plan, ir::DType t, llvm::Value* byteBase);
+  std::vector<std::unique_ptr<PipelineLoop>> pipes_;
+  PipelineLoop* pipe_ = nullptr;
+
   Regs convertThroughLdmatrix(const Regs& xs, const ir::Layout& from, const ir::Layout& to,
                               const LdmatrixPlan& plan, ir::DType t, int64_t offset);
 

@@ -31,6 +31,13 @@ class AxisInfoAnalysis;
 void assignLayouts(ir::Function& f, const Target& target);
 ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 
+// Software pipelining (codegen/passes/Pipeline.cpp): marks the loads of a
+// for loop that stage dot operands with async_stages = num_stages (function
+// attribute; absent means 1, nothing pipelined); the lowering turns them
+// into a cp.async ring. Runs after assignLayouts.
+void pipelineLoads(ir::Function& f);
+ir::Pass pipelinePass();  // "pipeline"
+
 // The layout a load or store "wants" for coalesced, vectorized accesses: a
 // blocked layout whose fastest dimension is the pointer's most contiguous
 // one, with vectorWidth(ptr, mask) elements per thread along it (fewer when

@@ -3,6 +3,7 @@
 #include "codegen/TensorCores.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 namespace flextile::codegen {
@@ -25,12 +26,29 @@ bool reduceNeedsScratch(const Op& reduce) {
   return false;
 }
 
+int64_t pipelineSlotBytes(const Op& load) { return alignUp(tileBytes(load.result()), kAlign); }
+
+namespace {
+bool isAsyncLoad(const ir::Value* v) {
+  const Op* d = v->definingOp();
+  return d && d->kind() == OpKind::Load && d->hasAttr("async_stages");
+}
+int64_t countOps(const Op& op) {
+  int64_t n = 0;
+  for (const auto& r : op.regions())
+    for (const auto& o : r->ops()) n += 1 + countOps(*o);
+  return n;
+}
+}  // namespace
+
 int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }
 
 int64_t scratchBytes(const Op& op) {
   switch (op.kind()) {
     case OpKind::ConvertLayout:
-      return tileBytes(op.operand(0));
+      return isAsyncLoad(op.operand(0)) ? 0 : tileBytes(op.operand(0));  // a pipelined load's ring holds it
+    case OpKind::Load:
+      return op.hasAttr("async_stages") ? op.intAttr("async_stages") * pipelineSlotBytes(op) : 0;
     case OpKind::Reduce:
       if (!op.operand(0)->type().isTile() || !reduceNeedsScratch(op)) return 0;
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
@@ -53,6 +71,7 @@ SharedPlan planSharedMemory(const ir::Function& f) {
   };
   std::vector<Buffer> buffers;
   int position = 0;
+  std::map<const Op*, std::pair<int, int>> forSpan;  // positions of each for op and its last nested op
   auto requireLayout = [&](const ir::Value* v, const Op& op) {
     if (v->type().isTile() && !v->type().hasLayout())
       throw Error("shared-memory planning of '" + f.name() + "': " + op.describe() + " has a tile without a layout (" +
@@ -61,8 +80,15 @@ SharedPlan planSharedMemory(const ir::Function& f) {
   f.walk([&](const Op& op) {
     for (const ir::Value* v : op.operands()) requireLayout(v, op);
     for (const ir::Value* v : op.results()) requireLayout(v, op);
+    if (op.kind() == OpKind::For) forSpan[&op] = {position, position + int(countOps(op))};
     int64_t b = scratchBytes(op);
-    if (b > 0) buffers.push_back({&op, alignUp(b, kAlign), position, position});
+    if (b > 0) {
+      Buffer buf{&op, alignUp(b, kAlign), position, position};
+      // A pipelined load's ring is written and read across the whole loop.
+      const Op* loop = op.kind() == OpKind::Load && op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
+      if (loop && forSpan.count(loop)) std::tie(buf.start, buf.end) = forSpan[loop];
+      buffers.push_back(buf);
+    }
     ++position;
   });
   // Greedy by size (largest first): each buffer takes the lowest aligned
@@ -110,7 +136,11 @@ void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const 
               " bytes of shared memory, " + target.smName() + " allows " +
               std::to_string(target.maxSharedBytesPerBlock()) +
               (biggest ? "; the largest user is " + biggest->describe() + " with " +
-                             std::to_string(plan.bytes.at(biggest)) + " bytes"
+                             std::to_string(plan.bytes.at(biggest)) + " bytes" +
+                             (biggest->hasAttr("async_stages")
+                                  ? " (" + std::to_string(biggest->intAttr("async_stages")) +
+                                        " pipeline stages: lower num_stages or the tile sizes)"
+                                  : "")
                        : ""));
 }
 

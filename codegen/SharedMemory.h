@@ -24,6 +24,14 @@
 //                   at base + dotScratchBOffset(op) (a's bytes rounded up to 16).
 //                   mma dots (isMmaDot) need none: their operands arrive in
 //                   registers, staged by the convert_layout that produced them.
+//   load            only when pipelined (attribute async_stages = S, the
+//                   "pipeline" pass): a ring of S slots of pipelineSlotBytes
+//                   each, slot s at base + s * pipelineSlotBytes, each in the
+//                   swizzled SharedLayout of its convert's ldmatrixPlan. Live
+//                   over the whole enclosing for loop (its prologue writes
+//                   before the loop, copies land while other ops run), so it
+//                   never shares bytes with a scratch used inside the loop. The
+//                   convert_layout that reads it needs no scratch of its own.
 //   anything else   none.
 // Every base offset is a multiple of 16 bytes.
 //
@@ -60,6 +68,8 @@ struct SharedPlan {
 int64_t scratchBytes(const ir::Op& op);
 // Whether a reduce combines partials of several warps through shared memory.
 bool reduceNeedsScratch(const ir::Op& reduce);
+// Bytes of one slot of a pipelined load's ring (the tile, rounded up to 16).
+int64_t pipelineSlotBytes(const ir::Op& load);
 // Offset of a dot's b tile from the dot's scratch base.
 int64_t dotScratchBOffset(const ir::Op& dot);
 

@@ -76,4 +76,11 @@ struct LdmatrixPlan {
 // row-major path.
 std::optional<LdmatrixPlan> ldmatrixPlan(const ir::Layout& from, const ir::Layout& to, ir::DType t);
 
+// Elements per cp.async when a tile in layout `from` (global accesses of
+// `globalWidth` elements) is copied into plan.smem: the largest power of two
+// that is contiguous in registers, within one 16-byte chunk of the swizzled
+// tile and aligned there for every thread. Below 2 (4 bytes) cp.async cannot
+// copy it and the load is not pipelined.
+int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t);
+
 }  // namespace flextile::codegen

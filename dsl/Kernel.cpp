@@ -68,7 +68,10 @@ Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
   Traced t;
   t.function = std::make_unique<ir::Function>(name_);
   ir::Function& f = *t.function;
+  if (options.num_stages < 1 || options.num_stages > 4)
+    throw Error("kernel '" + name_ + "': num_stages must be 1, 2, 3 or 4, got " + std::to_string(options.num_stages));
   f.attrs()["num_warps"] = int64_t(options.num_warps);
+  f.attrs()["num_stages"] = int64_t(options.num_stages);
   {
     TraceContext ctx(f);
     tracer_(f, options.constants);
@@ -126,7 +129,7 @@ void checkArgs(const std::string& name, const ir::Function& f, const std::vector
 }
 
 std::string constantsKey(const LaunchOptions& o) {
-  std::string k = "w" + std::to_string(o.num_warps);
+  std::string k = "w" + std::to_string(o.num_warps) + "s" + std::to_string(o.num_stages);
   for (auto c : o.constants) k += "," + std::to_string(c);
   return k;
 }
@@ -137,14 +140,14 @@ const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
   const std::string key = constantsKey(options);
   std::lock_guard lock(mutex_);
   auto it = traces_.find(key);
-  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps})).first;
+  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps, options.num_stages})).first;
   return it->second;
 }
 
 const ir::Function& Kernel::traced(const LaunchOptions& options) { return *tracedEntry(options).function; }
 
 std::vector<std::shared_ptr<CaptureSlot>> Kernel::captures(const TraceOptions& options) {
-  return tracedEntry({.constants = options.constants, .num_warps = options.num_warps}).captures;
+  return tracedEntry({.constants = options.constants, .num_warps = options.num_warps, .num_stages = options.num_stages}).captures;
 }
 
 size_t Kernel::numTraces() const {

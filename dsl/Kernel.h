@@ -64,6 +64,12 @@ struct LaunchOptions {
   std::array<int64_t, 3> grid{1, 1, 1};
   std::vector<int64_t> constants;  // values of the Const<> parameters, in order
   int num_warps = 4;
+  // Software-pipelining depth of dot-operand loads in for loops (1..4): loads
+  // run num_stages - 1 iterations ahead through a ring of cp.async shared
+  // tiles (codegen/passes/Pipeline.cpp). 1 disables it. Default 3: two copies
+  // in flight hide the global latency at 128x128x32 tiles (bench/RESULTS.md)
+  // with 48 KB of shared memory.
+  int num_stages = 3;
 };
 
 // One argument of a launch: a device buffer or address (run), a host buffer
@@ -106,6 +112,7 @@ class KernelArg {
 struct TraceOptions {
   std::vector<int64_t> constants;
   int num_warps = 4;
+  int num_stages = 3;  // LaunchOptions::num_stages
 };
 
 class Kernel {

@@ -35,7 +35,7 @@ void usage() {
   std::fputs(
       "usage: flextile-opt [options] FILE|-\n"
       "  --passes=a,b,...     run these passes in order: canonicalize, cse, dce (ir/Passes.h),\n"
-      "                       assign-layouts (codegen/Passes.h, for the --sm target)\n"
+      "                       assign-layouts, pipeline (codegen/Passes.h, for the --sm target)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
       "  --split-input-file   handle each piece between '// -----' lines separately\n"
@@ -63,6 +63,7 @@ std::vector<std::string> splitComma(const std::string& s) {
 std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Target& target) {
   if (auto p = ir::targetIndependentPass(name)) return p;
   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
+  if (name == "pipeline") return codegen::pipelinePass();
   return std::nullopt;
 }
 

@@ -1,0 +1,123 @@
+// Software pipelining of dot-operand loads (pass "pipeline").
+//
+// Decides, the lowering does. The pass marks, in each `for` loop, every load
+// that only stages a dot operand and can be issued iterations ahead:
+//   * the load sits directly in the loop body and has a tile result,
+//   * its only use is a convert_layout (in the same body) to a layout that
+//     ldmatrix reads (codegen/TensorCores.h ldmatrixPlan): the staging of an
+//     mma operand,
+//   * `other` is absent or a constant zero (cp.async zero-fills masked bytes),
+//   * each thread's global accesses are at least 4 bytes wide and land as
+//     whole vectors in the swizzled shared tile (asyncCopyWidth >= 2 elements),
+//   * its pointer and mask are computed from the induction variable, values
+//     defined outside the loop and pure, region-free ops of the body only (no
+//     loop-carried value, no load): so the lowering can recompute them for a
+//     later iteration.
+// A marked load gets the attribute `async_stages = S` (S = the function's
+// num_stages). The IR's meaning is unchanged (the interpreter ignores the
+// attribute), which is why this is an annotation and not new ops: the
+// schedule lives in the lowering (LowerPipeline.cpp): a ring of S swizzled
+// shared tiles per marked load, a prologue issuing iterations 0..S-2 with
+// cp.async + commit_group, and in iteration i: cp.async.wait_group S-2, one
+// barrier, issue of iteration i+S-1, ldmatrix from slot i mod S.
+// num_stages 1 (or a function without the attribute) pipelines nothing.
+#include "codegen/AxisInfo.h"
+#include "codegen/Passes.h"
+#include "codegen/TensorCores.h"
+
+#include <set>
+
+namespace flextile::codegen {
+
+using ir::Op;
+using ir::OpKind;
+
+namespace {
+
+bool isZeroConstant(const ir::Value* v) {
+  const Op* d = v->definingOp();
+  while (d && (d->kind() == OpKind::Splat || d->kind() == OpKind::Broadcast || d->kind() == OpKind::ConvertLayout))
+    d = d->operand(0)->definingOp();
+  return d && d->kind() == OpKind::Constant && d->floatAttr("value") == 0.0;
+}
+
+// Whether `v`, used in `body`, can be recomputed for another iteration.
+bool recomputable(const ir::Value* v, const ir::Block& body, std::set<const ir::Value*>& seen) {
+  if (!seen.insert(v).second) return true;
+  if (v == body.arg(0)) return true;
+  const Op* d = v->definingOp();
+  // Defined outside the body (an enclosing block, or a parameter): loop-invariant.
+  // Inside: only the body's own ops qualify (a nested region's values do not reach the load).
+  auto inside = [&](const ir::Block* blk) {
+    for (; blk; blk = blk->parentOp() ? blk->parentOp()->parentBlock() : nullptr)
+      if (blk == &body) return true;
+    return false;
+  };
+  if (!d) return !inside(v->ownerBlock());  // a block argument of the body other than iv: loop-carried
+  if (d->parentBlock() != &body) return !inside(d->parentBlock());
+  if (!d->hasTrait(ir::kPure) || !d->regions().empty() || d->kind() == OpKind::Load) return false;
+  for (const ir::Value* o : d->operands())
+    if (!recomputable(o, body, seen)) return false;
+  return true;
+}
+
+}  // namespace
+
+int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t) {
+  const int fast = plan.smem.order()[0];
+  int64_t v = std::min({globalWidth, from.contiguousRegisters(fast), plan.smem.vec(), int64_t(16 / ir::byteWidth(t))});
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  for (const ir::Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
+    for (const auto& basis : *bases)
+      while (p > 1 && plan.smem.offsetOf(basis) % p != 0) p /= 2;
+  // The register groups must also start at multiples of p in shared memory.
+  for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += p)
+    if (plan.smem.offsetOf(from.regCoord(r0)) % p != 0) return 1;
+  return p;
+}
+
+void pipelineLoads(ir::Function& f) {
+  const int64_t stages = f.intAttrOr("num_stages", 1);
+  if (stages < 1 || stages > 4)
+    throw Error("function '" + f.name() + "': num_stages must be 1, 2, 3 or 4, got " + std::to_string(stages));
+  if (stages == 1) return;
+  AxisInfoAnalysis axis(f);
+  f.walk([&](Op& forOp) {
+    if (forOp.kind() != OpKind::For || forOp.regions().size() != 1) return;
+    ir::Block& body = forOp.region(0);
+    if (body.args().empty()) return;
+    // Uses of each value in the body (the IR keeps no use lists).
+    std::map<const ir::Value*, std::vector<Op*>> users;
+    std::function<void(ir::Block&)> collect = [&](ir::Block& blk) {
+      for (auto& op : blk.ops()) {
+        for (const ir::Value* o : op->operands()) users[o].push_back(op.get());
+        for (auto& r : op->regions()) collect(*r);
+      }
+    };
+    collect(body);
+    for (auto& opPtr : body.ops()) {
+      Op& load = *opPtr;
+      if (load.kind() != OpKind::Load || !load.result()->type().isTile() || !load.result()->type().hasLayout()) continue;
+      const auto& us = users[load.result()];
+      if (us.size() != 1 || us[0]->kind() != OpKind::ConvertLayout || us[0]->parentBlock() != &body) continue;
+      const Op& cvt = *us[0];
+      const ir::DType t = load.result()->type().dtype();
+      auto plan = ldmatrixPlan(*load.result()->type().layout(), *cvt.result()->type().layout(), t);
+      if (!plan) continue;
+      if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
+      const int64_t width = memoryAccessWidth(load, axis).width;
+      if (asyncCopyWidth(*load.result()->type().layout(), *plan, width, t) < 2) continue;
+      std::set<const ir::Value*> seen;
+      bool ok = true;
+      for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i)
+        ok = ok && recomputable(load.operand(i), body, seen);
+      if (!ok) continue;
+      load.setAttr("async_stages", stages);
+    }
+  });
+}
+
+ir::Pass pipelinePass() { return {"pipeline", [](ir::Function& f) { pipelineLoads(f); }}; }
+
+}  // namespace flextile::codegen
