@@ -169,5 +169,19 @@ TEST(InterpreterShapes, BatchedAndIntegerDot) {
   }
 }
 
+TEST(InterpreterShapes, LayoutsAreIgnoredAndConvertLayoutIsTheIdentity) {
+  FT_SEEDED_RNG(rng);
+  auto blocked = std::make_shared<const Layout>(Layout::defaultBlocked({8, 16}, 4));
+  auto f = tileKernel(DType::F32, DType::F32, {8, 16}, [&](Builder& b, Value* v) {
+    Value* w = b.create1(OpKind::ConvertLayout, {v}, v->type().withLayout(blocked));
+    return b.binary(OpKind::Add, w, w);
+  });
+  HostBuf x(DType::F32, 128), out(DType::F32, 128);
+  for (size_t i = 0; i < 128; ++i) x.set(i, uniform(rng, -1, 1));
+  out.poison();
+  interpret(*f, {x.arg(), out.arg()}, {1, 1, 1});
+  for (size_t i = 0; i < 128; ++i) ASSERT_EQ(out.get(i), 2 * x.get(i));
+}
+
 }  // namespace
 }  // namespace flextile::test
