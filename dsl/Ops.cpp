@@ -341,6 +341,12 @@ Tile dot(Operand a, Operand b, Operand acc, SourceLoc loc) {
   return Tile(builderAt(loc, "dot").dot(ta.value(), tb.value(), tc.value()));
 }
 
+Tile dot(Operand a, Operand b, Operand acc, InputPrecision precision, SourceLoc loc) {
+  Tile r = dot(a, b, acc, loc);
+  if (precision == InputPrecision::IEEE) r.value()->definingOp()->setAttr("input_precision", std::string("ieee"));
+  return r;
+}
+
 std::vector<Tile> forRangeImpl(Operand lo, Operand hi, Operand step, const std::vector<Tile>& init,
                                const std::function<std::vector<Tile>(Tile, const std::vector<Tile>&)>& body,
                                SourceLoc loc) {

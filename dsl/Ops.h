@@ -85,6 +85,11 @@ Tile cast(Operand x, DType to, SourceLoc loc = SourceLoc::current());
 // f16, bf16 or f32 of one dtype.
 Tile dot(Operand a, Operand b, SourceLoc loc = SourceLoc::current());
 Tile dot(Operand a, Operand b, Operand acc, SourceLoc loc = SourceLoc::current());
+// How f32 operands are multiplied: TF32 (the default, as in Triton) rounds
+// them to tf32 for the tensor cores (relative error near 1e-3); IEEE keeps
+// exact f32 products (FMA path, slower). f16/bf16 operands are unaffected.
+enum class InputPrecision { TF32, IEEE };
+Tile dot(Operand a, Operand b, Operand acc, InputPrecision precision, SourceLoc loc = SourceLoc::current());
 
 // A run-time loop: for (i = lo; i < hi; i += step) with loop-carried tiles.
 // `body(i, carried...)` returns the next carried values as a std::tuple of

@@ -204,3 +204,18 @@ TEST(Dsl, AKernelsIdentityIsItsStructureNotItsObject) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Dsl, DotInputPrecisionIsRecordedOnTheOp) {
+  traceBody([](ir::Function&) {
+    Tile a = zeros({16, 16}, DType::F32), b = zeros({16, 16}, DType::F32), c = zeros({16, 16}, DType::F32);
+    const ir::Op* exact = dot(a, b, c, InputPrecision::IEEE).value()->definingOp();
+    ASSERT_TRUE(exact->hasAttr("input_precision"));
+    EXPECT_EQ(exact->strAttr("input_precision"), "ieee");
+    EXPECT_FALSE(dot(a, b, c, InputPrecision::TF32).value()->definingOp()->hasAttr("input_precision"));
+    EXPECT_FALSE(dot(a, b, c).value()->definingOp()->hasAttr("input_precision"));
+  });
+}
+
+}  // namespace
