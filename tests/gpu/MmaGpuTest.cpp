@@ -1,6 +1,6 @@
 // Tensor-core dots on the GPU against float64 Eigen references: the
 // examples::matmul kernel through the DSL over bf16, f16 and f32 (tf32) with
-// M, N, K that are not multiples of the block and 1-8 warps, and an attention
+// M, N, K that are not multiples of the block and 1-16 warps, and an attention
 // block (softmax over the accumulator in registers, P feeding P.V from
 // registers, or through ldmatrix when the warps split N).
 #include <Eigen/Core>
@@ -72,7 +72,7 @@ void matmulGrid(const std::vector<Config>& configs) {
 TEST(MmaGpu, MatmulBf16) {
   FLEXTILE_REQUIRE_GPU();
   matmulGrid<dsl::bf16>({{16, 16, 16, 1}, {64, 64, 32, 4}, {128, 128, 32, 8}, {32, 64, 64, 2}, {16, 128, 16, 4},
-                         {128, 16, 32, 8}, {64, 32, 16, 1}});
+                         {128, 16, 32, 8}, {64, 32, 16, 1}, {256, 128, 32, 16}, {128, 128, 32, 16}});
 }
 
 TEST(MmaGpu, MatmulF16) {
