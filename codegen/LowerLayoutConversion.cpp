@@ -14,8 +14,16 @@
 // issues ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (the NVVM
 // intrinsic) per 8 registers of
 // the destination (one A fragment, or two B fragments). Any other goes
-// through scratch: barrier, store by the source layout (one thread per
-// element), barrier, load by the destination layout.
+// through a swizzled scratch tile chosen by measurement
+// (codegen/ConversionPlan.h chooseConversionPlan): every order, chunk width
+// vec (up to 16 bytes) and XOR swizzle (perPhase, maxPhase) is scored by the
+// wavefronts that the source's stores and the destination's loads take on
+// their real per-warp address patterns (ir::sharedBankConflicts), and the
+// cheapest wins (ties: fewer instructions, then the smaller swizzle; the plain
+// row-major tile is a candidate, so it never loses to it). Barrier, owning
+// source threads store vectors of plan.storeVec, barrier, every thread loads
+// vectors of plan.loadVec. The swizzle permutes the same slots, so the scratch
+// size is the planner's. i1 and pointer tiles keep one element per access.
 //
 // Addresses use the linearity of both maps: a thread's part of the offset
 // (from its lane and warp bits) is computed once per kernel, and each
