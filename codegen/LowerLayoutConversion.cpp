@@ -14,8 +14,16 @@
 // issues ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (the NVVM
 // intrinsic) per 8 registers of
 // the destination (one A fragment, or two B fragments). Any other goes
-// through scratch: barrier, store by the source layout (one thread per
-// element), barrier, load by the destination layout.
+// through a swizzled scratch tile chosen by measurement
+// (codegen/ConversionPlan.h chooseConversionPlan): every order, chunk width
+// vec (up to 16 bytes) and XOR swizzle (perPhase, maxPhase) is scored by the
+// wavefronts that the source's stores and the destination's loads take on
+// their real per-warp address patterns (ir::sharedBankConflicts), and the
+// cheapest wins (ties: fewer instructions, then the smaller swizzle; the plain
+// row-major tile is a candidate, so it never loses to it). Barrier, owning
+// source threads store vectors of plan.storeVec, barrier, every thread loads
+// vectors of plan.loadVec. The swizzle permutes the same slots, so the scratch
+// size is the planner's. i1 and pointer tiles keep one element per access.
 //
 // Addresses use the linearity of both maps: a thread's part of the offset
 // (from its lane and warp bits) is computed once per kernel, and each
@@ -25,6 +33,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
+#include "codegen/ConversionPlan.h"
 #include "codegen/LowerToLLVMImpl.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
@@ -153,10 +162,61 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
     set(res, convertThroughLdmatrix(xs, from, to, *plan, t, offset));
     return;
   }
+  // A measured swizzle and vector width (ConversionPlan.h); i1 and pointer
+  // tiles keep one element per access (i1 is stored widened to a byte).
+  const bool vectorize = t != DType::I1 && t != DType::Ptr;
+  const ConversionPlan plan = chooseConversionPlan(from, to, ir::byteWidth(t), vectorize);
   barrier();
-  storeTileToShared(xs, from, t, offset);
+  storeTileToSharedLayout(xs, from, plan.smem, plan.storeVec, t, offset);
   barrier();
-  set(res, loadTileFromShared(to, t, offset));
+  set(res, loadTileFromSharedLayout(to, plan.smem, plan.loadVec, t, offset));
+}
+
+void Lowering::storeTileToSharedLayout(const Regs& regs, const Layout& l, const ir::SharedLayout& s, int64_t vec,
+                                       DType t, int64_t offset) {
+  llvm::Value* owner = ownerPredicate(l);
+  llvm::BasicBlock* cont = nullptr;
+  if (owner) {
+    auto* write = llvm::BasicBlock::Create(ctx, "smem.write", kernel);
+    cont = llvm::BasicBlock::Create(ctx, "smem.written", kernel);
+    b.CreateCondBr(owner, write, cont);
+    b.SetInsertPoint(write);
+  }
+  llvm::Value* threadOff = sharedThreadOffset(l, s);
+  auto* vecTy = llvm::FixedVectorType::get(memoryType(t), unsigned(vec));
+  for (int64_t r0 = 0; r0 < l.numRegisters(); r0 += vec) {
+    llvm::Value* elem = b.CreateXor(threadOff, i32(s.offsetOf(l.regCoord(r0))));
+    llvm::Value* addr = sharedAddress(offset, elem, t);
+    if (vec == 1) {
+      storeShared(addr, regs[size_t(r0)], t);
+      continue;
+    }
+    llvm::Value* packed = llvm::PoisonValue::get(vecTy);
+    for (int64_t i = 0; i < vec; ++i) packed = b.CreateInsertElement(packed, regs[size_t(r0 + i)], uint64_t(i));
+    b.CreateAlignedStore(packed, addr, llvm::Align(uint64_t(vec * ir::byteWidth(t))));
+  }
+  if (owner) {
+    b.CreateBr(cont);
+    b.SetInsertPoint(cont);
+  }
+}
+
+Regs Lowering::loadTileFromSharedLayout(const Layout& to, const ir::SharedLayout& s, int64_t vec, DType t,
+                                        int64_t offset) {
+  llvm::Value* threadOff = sharedThreadOffset(to, s);
+  auto* vecTy = llvm::FixedVectorType::get(memoryType(t), unsigned(vec));
+  Regs out(size_t(to.numRegisters()), nullptr);
+  for (int64_t r0 = 0; r0 < to.numRegisters(); r0 += vec) {
+    llvm::Value* elem = b.CreateXor(threadOff, i32(s.offsetOf(to.regCoord(r0))));
+    llvm::Value* addr = sharedAddress(offset, elem, t);
+    if (vec == 1) {
+      out[size_t(r0)] = loadShared(addr, t);
+      continue;
+    }
+    llvm::Value* packed = b.CreateAlignedLoad(vecTy, addr, llvm::Align(uint64_t(vec * ir::byteWidth(t))));
+    for (int64_t i = 0; i < vec; ++i) out[size_t(r0 + i)] = b.CreateExtractElement(packed, uint64_t(i));
+  }
+  return out;
 }
 
 }  // namespace flextile::codegen

@@ -100,6 +100,13 @@ class Lowering {
   // GF(2), so element (reg, lane, warp) lives at this ^ s.offsetOf(l.regCoord(reg)).
   // Computed once per pair in the entry block.
   llvm::Value* sharedThreadOffset(const ir::Layout& l, const ir::SharedLayout& s);
+  // The same in the swizzled shared tile `s`, with accesses of `vec` elements
+  // (codegen/ConversionPlan.h sharedAccessVector says which fit). The store
+  // writes from the owning (non-replicated) threads only. No barriers.
+  void storeTileToSharedLayout(const Regs& regs, const ir::Layout& l, const ir::SharedLayout& s, int64_t vec,
+                               ir::DType t, int64_t offset);
+  Regs loadTileFromSharedLayout(const ir::Layout& to, const ir::SharedLayout& s, int64_t vec, ir::DType t,
+                                int64_t offset);
   // Register i of `to` taken from register map[i] of the operand when the two
   // layouts differ only by a renaming of registers under `coordMap` (which
   // maps a coordinate of `to` to one of `from`); empty when they don't.

@@ -188,6 +188,17 @@ TEST(Lowering, ConvertLayoutBetweenBlockedLayouts) {
     EXPECT_EQ(count(k.ptx, "bar.sync"), 2);
     EXPECT_NE(k.ptx.find("st.shared"), std::string::npos);
   }
+  // The 64x64 f32 transpose goes through a swizzled tile with vector accesses.
+  {
+    auto f = convertCopy(Layout::blocked({64, 64}, {1, 4}, {2, 16}, {4, 1}, {1, 0}),
+                         Layout::blocked({64, 64}, {4, 1}, {16, 2}, {1, 4}, {0, 1}), DType::F32);
+    Lowered k = compileAndAssemble(*f);
+    EXPECT_EQ(k.sharedBytes, 64 * 64 * 4);
+    EXPECT_EQ(count(k.ptx, "bar.sync"), 2);
+    EXPECT_TRUE(k.ptx.find("st.shared.v4") != std::string::npos || k.ptx.find("st.shared.v2") != std::string::npos ||
+                k.ptx.find("ld.shared.v4") != std::string::npos || k.ptx.find("ld.shared.v2") != std::string::npos)
+        << k.ptx;
+  }
   // Same layout: a renaming of registers, no shared-memory traffic.
   auto same = convertCopy(rowMajor, rowMajor, DType::F32);
   Lowered k = compileAndAssemble(*same);

@@ -189,6 +189,16 @@ TEST(CompiledGpu, LayoutConversionsMoveEveryElement) {
     BothRuns r = runBoth(*f, {x, poisoned(t, 64 * 64)}, {1, 1, 1});
     EXPECT_EQ(r.gpu[1], x) << dtypeName(t);
   }
+  // 128x32 transposes with other vector widths (swizzled scratch, ConversionPlan.h).
+  Layout c = Layout::blocked({128, 32}, {1, 8}, {8, 4}, {8, 1}, {1, 0});
+  Layout d = Layout::blocked({128, 32}, {2, 1}, {32, 1}, {1, 8}, {0, 1});
+  for (DType t : {DType::BF16, DType::I8})
+    for (auto [from, to] : {std::pair{c, d}, std::pair{d, c}}) {
+      auto f = testkernels::convertCopy(from, to, t);
+      Bytes x = randomBuffer(t, 128 * 32, rng, -100, 100);
+      BothRuns r = runBoth(*f, {x, poisoned(t, 128 * 32)}, {1, 1, 1});
+      EXPECT_EQ(r.gpu[1], x) << dtypeName(t) << " " << from.str() << " -> " << to.str();
+    }
 }
 
 // ---- the example kernels, through the DSL ------------------------------------
