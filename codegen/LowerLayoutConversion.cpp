@@ -78,25 +78,26 @@ llvm::Value* Lowering::loadShared(llvm::Value* addr, DType t) {
   return t == DType::I1 ? b.CreateICmpNE(v, b.getInt8(0)) : v;
 }
 
+void Lowering::onlyWhere(llvm::Value* predicate, const char* name, const std::function<void()>& body) {
+  if (!predicate) return body();
+  auto* then = llvm::BasicBlock::Create(ctx, name, kernel);
+  auto* done = llvm::BasicBlock::Create(ctx, std::string(name) + ".done", kernel);
+  b.CreateCondBr(predicate, then, done);
+  b.SetInsertPoint(then);
+  body();
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+}
+
 void Lowering::barrier() { b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, llvm::ArrayRef<llvm::Value*>{i32(0)}); }
 
 void Lowering::storeTileToShared(const Regs& regs, const Layout& l, DType t, int64_t offset) {
   // Replicated threads hold the same values: only the owner writes, under
   // one branch for the whole tile.
-  llvm::Value* owner = ownerPredicate(l);
-  llvm::BasicBlock* cont = nullptr;
-  if (owner) {
-    auto* write = llvm::BasicBlock::Create(ctx, "smem.write", kernel);
-    cont = llvm::BasicBlock::Create(ctx, "smem.written", kernel);
-    b.CreateCondBr(owner, write, cont);
-    b.SetInsertPoint(write);
-  }
-  for (int64_t r = 0; r < l.numRegisters(); ++r)
-    storeShared(sharedAddress(offset, flatIndex(l.shape(), coordinate(l, r)), t), regs[size_t(r)], t);
-  if (owner) {
-    b.CreateBr(cont);
-    b.SetInsertPoint(cont);
-  }
+  onlyWhere(ownerPredicate(l), "smem", [&] {
+    for (int64_t r = 0; r < l.numRegisters(); ++r)
+      storeShared(sharedAddress(offset, flatIndex(l.shape(), coordinate(l, r)), t), regs[size_t(r)], t);
+  });
 }
 
 llvm::Value* Lowering::sharedThreadOffset(const Layout& l, const ir::SharedLayout& s) {
@@ -174,31 +175,21 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
 
 void Lowering::storeTileToSharedLayout(const Regs& regs, const Layout& l, const ir::SharedLayout& s, int64_t vec,
                                        DType t, int64_t offset) {
-  llvm::Value* owner = ownerPredicate(l);
-  llvm::BasicBlock* cont = nullptr;
-  if (owner) {
-    auto* write = llvm::BasicBlock::Create(ctx, "smem.write", kernel);
-    cont = llvm::BasicBlock::Create(ctx, "smem.written", kernel);
-    b.CreateCondBr(owner, write, cont);
-    b.SetInsertPoint(write);
-  }
-  llvm::Value* threadOff = sharedThreadOffset(l, s);
-  auto* vecTy = llvm::FixedVectorType::get(memoryType(t), unsigned(vec));
-  for (int64_t r0 = 0; r0 < l.numRegisters(); r0 += vec) {
-    llvm::Value* elem = b.CreateXor(threadOff, i32(s.offsetOf(l.regCoord(r0))));
-    llvm::Value* addr = sharedAddress(offset, elem, t);
-    if (vec == 1) {
-      storeShared(addr, regs[size_t(r0)], t);
-      continue;
+  onlyWhere(ownerPredicate(l), "smem", [&] {
+    llvm::Value* threadOff = sharedThreadOffset(l, s);
+    auto* vecTy = llvm::FixedVectorType::get(memoryType(t), unsigned(vec));
+    for (int64_t r0 = 0; r0 < l.numRegisters(); r0 += vec) {
+      llvm::Value* elem = b.CreateXor(threadOff, i32(s.offsetOf(l.regCoord(r0))));
+      llvm::Value* addr = sharedAddress(offset, elem, t);
+      if (vec == 1) {
+        storeShared(addr, regs[size_t(r0)], t);
+        continue;
+      }
+      llvm::Value* packed = llvm::PoisonValue::get(vecTy);
+      for (int64_t i = 0; i < vec; ++i) packed = b.CreateInsertElement(packed, regs[size_t(r0 + i)], uint64_t(i));
+      b.CreateAlignedStore(packed, addr, llvm::Align(uint64_t(vec * ir::byteWidth(t))));
     }
-    llvm::Value* packed = llvm::PoisonValue::get(vecTy);
-    for (int64_t i = 0; i < vec; ++i) packed = b.CreateInsertElement(packed, regs[size_t(r0 + i)], uint64_t(i));
-    b.CreateAlignedStore(packed, addr, llvm::Align(uint64_t(vec * ir::byteWidth(t))));
-  }
-  if (owner) {
-    b.CreateBr(cont);
-    b.SetInsertPoint(cont);
-  }
+  });
 }
 
 Regs Lowering::loadTileFromSharedLayout(const Layout& to, const ir::SharedLayout& s, int64_t vec, DType t,
@@ -239,27 +230,17 @@ Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const 
   for (const Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
     for (const auto& basis : *bases)
       while (v > 1 && smem.offsetOf(basis) % v != 0) v /= 2;
-  llvm::Value* owner = ownerPredicate(from);
-  llvm::BasicBlock* cont = nullptr;
-  if (owner) {
-    auto* write = llvm::BasicBlock::Create(ctx, "ldm.write", kernel);
-    cont = llvm::BasicBlock::Create(ctx, "ldm.written", kernel);
-    b.CreateCondBr(owner, write, cont);
-    b.SetInsertPoint(write);
-  }
-  llvm::Value* threadOff = sharedThreadOffset(from, smem);
-  auto* vecTy = llvm::FixedVectorType::get(elemTy, unsigned(v));
-  for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
-    llvm::Value* elem = b.CreateXor(threadOff, i32(smem.offsetOf(from.regCoord(r0))));
-    llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
-    llvm::Value* packed = llvm::PoisonValue::get(vecTy);
-    for (int64_t i = 0; i < v; ++i) packed = b.CreateInsertElement(packed, xs[size_t(r0 + i)], uint64_t(i));
-    b.CreateAlignedStore(v == 1 ? xs[size_t(r0)] : packed, addr, llvm::Align(2 * v));
-  }
-  if (owner) {
-    b.CreateBr(cont);
-    b.SetInsertPoint(cont);
-  }
+  onlyWhere(ownerPredicate(from), "ldm", [&] {
+    llvm::Value* threadOff = sharedThreadOffset(from, smem);
+    auto* vecTy = llvm::FixedVectorType::get(elemTy, unsigned(v));
+    for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
+      llvm::Value* elem = b.CreateXor(threadOff, i32(smem.offsetOf(from.regCoord(r0))));
+      llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateShl(elem, 1)));
+      llvm::Value* packed = llvm::PoisonValue::get(vecTy);
+      for (int64_t i = 0; i < v; ++i) packed = b.CreateInsertElement(packed, xs[size_t(r0 + i)], uint64_t(i));
+      b.CreateAlignedStore(v == 1 ? xs[size_t(r0)] : packed, addr, llvm::Align(2 * v));
+    }
+  });
   barrier();
   return ldmatrixFromShared(to, plan, t, i32(offset));
 }

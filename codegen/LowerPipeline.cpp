@@ -87,31 +87,21 @@ void Lowering::issueAsyncCopies(PipelineLoop& p, llvm::Value* ivValue, llvm::Val
     const int64_t v = buf.width, bytes = v * ir::byteWidth(t);
     const Regs& ptrs = get(load->operand(0));
     const Regs* mask = load->numOperands() >= 2 ? &get(load->operand(1)) : nullptr;
-    llvm::Value* owner = ownerPredicate(from);
-    llvm::BasicBlock* cont = nullptr;
-    if (owner) {
-      auto* write = llvm::BasicBlock::Create(ctx, "cp.async", kernel);
-      cont = llvm::BasicBlock::Create(ctx, "cp.async.done", kernel);
-      b.CreateCondBr(owner, write, cont);
-      b.SetInsertPoint(write);
-    }
-    llvm::Value* threadOff = sharedThreadOffset(from, buf.plan->smem);
-    llvm::Value* slotBase = b.CreateAdd(i32(buf.offset), b.CreateMul(slot, i32(buf.slotBytes)));
-    const llvm::Intrinsic::ID id = bytes == 16 ? llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s
-                                   : bytes == 8 ? llvm::Intrinsic::nvvm_cp_async_ca_shared_global_8_s
-                                                : llvm::Intrinsic::nvvm_cp_async_ca_shared_global_4_s;
-    for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
-      llvm::Value* elem = b.CreateXor(threadOff, i32(buf.plan->smem.offsetOf(from.regCoord(r0))));
-      llvm::Value* dst = b.CreateGEP(b.getInt8Ty(), sharedBase,
-                                     b.CreateAdd(slotBase, b.CreateMul(elem, i32(ir::byteWidth(t)))));
-      llvm::Value* on = mask ? b.CreateAnd((*mask)[size_t(r0)], exists) : exists;
-      llvm::Value* srcSize = b.CreateSelect(on, i32(bytes), i32(0));
-      b.CreateIntrinsic(id, llvm::ArrayRef<llvm::Value*>{dst, ptrs[size_t(r0)], srcSize});
-    }
-    if (owner) {
-      b.CreateBr(cont);
-      b.SetInsertPoint(cont);
-    }
+    onlyWhere(ownerPredicate(from), "cp.async", [&] {
+      llvm::Value* threadOff = sharedThreadOffset(from, buf.plan->smem);
+      llvm::Value* slotBase = b.CreateAdd(i32(buf.offset), b.CreateMul(slot, i32(buf.slotBytes)));
+      const llvm::Intrinsic::ID id = bytes == 16 ? llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s
+                                     : bytes == 8 ? llvm::Intrinsic::nvvm_cp_async_ca_shared_global_8_s
+                                                  : llvm::Intrinsic::nvvm_cp_async_ca_shared_global_4_s;
+      for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
+        llvm::Value* elem = b.CreateXor(threadOff, i32(buf.plan->smem.offsetOf(from.regCoord(r0))));
+        llvm::Value* dst = b.CreateGEP(b.getInt8Ty(), sharedBase,
+                                       b.CreateAdd(slotBase, b.CreateMul(elem, i32(ir::byteWidth(t)))));
+        llvm::Value* on = mask ? b.CreateAnd((*mask)[size_t(r0)], exists) : exists;
+        llvm::Value* srcSize = b.CreateSelect(on, i32(bytes), i32(0));
+        b.CreateIntrinsic(id, llvm::ArrayRef<llvm::Value*>{dst, ptrs[size_t(r0)], srcSize});
+      }
+    });
   }
   b.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, llvm::ArrayRef<llvm::Value*>{});
   for (auto it = saved.rbegin(); it != saved.rend(); ++it)

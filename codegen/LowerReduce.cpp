@@ -104,19 +104,9 @@ void Lowering::lowerReduce(const ir::Op& op) {
     };
     barrier();  // an earlier user of these bytes may still be reading them
     // Every warp writes its own slots; one lane per element of S writes.
-    llvm::Value* owner = threadsWithBitsClear(S.replicatedLaneMask(), 0);
-    llvm::BasicBlock* cont = nullptr;
-    if (owner) {
-      auto* write = llvm::BasicBlock::Create(ctx, "reduce.write", kernel);
-      cont = llvm::BasicBlock::Create(ctx, "reduce.written", kernel);
-      b.CreateCondBr(owner, write, cont);
-      b.SetInsertPoint(write);
-    }
-    for (int64_t j = 0; j < S.numRegisters(); ++j) storeShared(sharedAddress(offset, slot(j, warp), t), acc[size_t(j)], t);
-    if (owner) {
-      b.CreateBr(cont);
-      b.SetInsertPoint(cont);
-    }
+    onlyWhere(threadsWithBitsClear(S.replicatedLaneMask(), 0), "reduce", [&] {
+      for (int64_t j = 0; j < S.numRegisters(); ++j) storeShared(sharedAddress(offset, slot(j, warp), t), acc[size_t(j)], t);
+    });
     barrier();
     // Combine the partials of the warps that differ from this one only in
     // the axis bits, in increasing order of those bits (the same order in

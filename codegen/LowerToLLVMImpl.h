@@ -13,6 +13,8 @@
 //   LowerLayoutConversion.cpp  convert_layout and the shared-memory helpers
 #pragma once
 
+#include <functional>
+
 #include <string>
 #include <map>
 #include <memory>
@@ -70,6 +72,10 @@ class Lowering {
   llvm::Value* ownerPredicate(const ir::Layout& l) {
     return threadsWithBitsClear(l.replicatedLaneMask(), l.replicatedWarpMask());
   }
+  // Emits `body` so that it runs only where `predicate` is true (always when
+  // it is null): how replicated threads leave a shared write to one owner.
+  // The blocks are named `name` and `name`.done.
+  void onlyWhere(llvm::Value* predicate, const char* name, const std::function<void()>& body);
   // (lane & laneMask) == 0 && (warp & warpMask) == 0, computed once in the
   // entry block; null when both masks are 0.
   llvm::Value* threadsWithBitsClear(uint32_t laneMask, uint32_t warpMask);
