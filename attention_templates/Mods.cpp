@@ -93,7 +93,8 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
 std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures_); }
 
 ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
-    : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)) {
+    : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
+      state_(std::make_shared<detail::ModState>()) {
   if (!fn_) throw Error("score_mod '" + name_ + "': the function is empty");
 }
 
@@ -115,9 +116,10 @@ std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("scor
 // ---- algebra ---------------------------------------------------------------
 
 MaskMod noop_mask() {
-  return MaskMod("noop", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+  static const MaskMod noop("noop", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
     return full(broadcastShape(q.shape(), kv.shape()), 1, DType::I1);
   });
+  return noop;
 }
 
 namespace {
@@ -158,7 +160,8 @@ MaskMod not_mask(const MaskMod& m) {
 // ---- standard masks --------------------------------------------------------
 
 MaskMod causal_mask() {
-  return MaskMod("causal", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return q >= kv; });
+  static const MaskMod causal("causal", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return q >= kv; });
+  return causal;
 }
 
 MaskMod sliding_window_mask(int64_t window) {
@@ -227,7 +230,8 @@ MaskMod document_mask_from_offsets(CapturedTensor offsets) {
 // ---- score mods ------------------------------------------------------------
 
 ScoreMod noop_score() {
-  return ScoreMod("noop", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) { return s; });
+  static const ScoreMod noop("noop", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) { return s; });
+  return noop;
 }
 
 ScoreMod alibi(CapturedTensor slopes) {

@@ -98,11 +98,14 @@ class ScoreMod {
   const Fn& fn() const { return fn_; }
   const std::vector<CapturedTensor>& captures() const { return captures_; }
   std::optional<dsl::MemorySpace> captureSpace() const;
+  // Kernels traced with this mod (shared by its copies; see MaskMod::state).
+  detail::ModState& state() const { return *state_; }
 
  private:
   std::string name_;
   Fn fn_;
   std::vector<CapturedTensor> captures_;
+  std::shared_ptr<detail::ModState> state_;
 };
 
 // ---- mask algebra ----------------------------------------------------------
@@ -112,7 +115,9 @@ MaskMod and_masks(const std::vector<MaskMod>& masks);
 MaskMod or_masks(const std::vector<MaskMod>& masks);
 inline MaskMod and_masks(const MaskMod& a, const MaskMod& b) { return and_masks(std::vector<MaskMod>{a, b}); }
 inline MaskMod or_masks(const MaskMod& a, const MaskMod& b) { return or_masks(std::vector<MaskMod>{a, b}); }
-// Every pair allowed.
+// Every pair allowed. The mods without parameters (noop_mask, causal_mask,
+// noop_score) return one shared instance, so kernels traced with them are
+// found again on the next call instead of retraced.
 MaskMod noop_mask();
 // The complement (for tests and for writing "everything but").
 MaskMod not_mask(const MaskMod& m);

@@ -1,0 +1,94 @@
+// flex_attention: the fused forward template. score_mod, mask_mod and the
+// tile loop trace into one kernel (attention_templates/FlexAttentionForward.cpp).
+//
+//   Tensor q = Tensor::deviceView(qPtr, DType::BF16, {B, Hq, L, D});   // also k, v: [B, Hkv, S, D]
+//   BlockMask mask = causalBlockMask(1, 1, L, S);                      // B, H broadcast
+//   auto [out, lse] = flex_attention(q, k, v, noop_score(), mask, {.return_lse = true});
+//
+// Semantics, per (b, hq, i) with hkv = hq / (Hq / Hkv):
+//   s_j   = score_mod(scale * <q_i, k_j>, b, hq, i + qOffset, j)   for j with mask_mod(b, hq, i + qOffset, j)
+//   out_i = sum_j softmax(s)_j v_j,   lse_i = log(sum_j exp(s_j))   (natural log)
+// A row with no allowed key (or whose scores are all -inf) gives out 0 and
+// lse -inf, never NaN.
+//
+// Inputs: q [B, Hq, L, D], k and v [B, Hkv, S, D], one dtype (bf16, f16 or
+// f32; f32 dots run on tf32 tensor cores), Hq a multiple of Hkv (GQA; MQA is
+// Hkv = 1), D a multiple of 16 up to 256, any L and S >= 1. The last dim of
+// each tensor must be contiguous; other strides are free (views of another
+// framework's buffers pass without a copy). All tensors live in one memory
+// space: device tensors run on the GPU, host tensors run through the IR
+// interpreter (same kernel, for tests and machines without a GPU).
+//
+// The BlockMask decides which KV tiles are visited (docs/blockmask.md): full
+// blocks skip mask_mod, partial blocks apply it before the running max,
+// empty blocks are never loaded. Its lengths must equal L and S, its B and H
+// be 1 or the inputs' B and Hq, and its block sizes be multiples of the
+// config's BLOCK_M and BLOCK_N. Without a mask every pair is allowed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "attention_templates/BlockMask.h"
+#include "attention_templates/Mods.h"
+
+namespace flextile::attention {
+
+// One point of the template's tuning space.
+struct FlexAttentionConfig {
+  int64_t block_m = 128;  // queries per program (a power of two >= 16)
+  int64_t block_n = 64;   // keys per inner step (a power of two >= 16)
+  int num_warps = 8;
+  int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
+  std::string describe() const;  // "BM128 BN64 w8 s2"
+  bool operator==(const FlexAttentionConfig&) const = default;
+};
+
+// The untuned default for a dtype and head dim (what autotune starts from).
+FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim);
+
+struct FlexAttentionOptions {
+  std::optional<double> scale;                // default 1 / sqrt(D)
+  bool return_lse = false;
+  std::optional<FlexAttentionConfig> config;  // default: defaultFlexAttentionConfig
+};
+
+struct FlexAttentionResult {
+  dsl::Tensor out;  // [B, Hq, L, D], q's dtype, contiguous, q's memory space
+  dsl::Tensor lse;  // [B, Hq, L] f32 (natural log) when return_lse, else empty
+};
+
+FlexAttentionResult flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                   const ScoreMod& scoreMod = noop_score(),
+                                   const std::optional<BlockMask>& blockMask = std::nullopt,
+                                   const FlexAttentionOptions& options = {});
+
+// The same into caller-owned outputs: out [B, Hq, L, D] of q's dtype (last
+// dim contiguous), lse [B, Hq, L] f32 contiguous or nullptr. Nothing is
+// allocated on a repeated call, so benchmarks time the kernel alone.
+void flex_attention_into(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, const ScoreMod& scoreMod,
+                         const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
+                         const FlexAttentionOptions& options = {});
+
+// What flex_attention would run, without running it: the traced IR and the
+// compiled kernel (for `flextile compile`, the tests and the docs).
+struct FlexAttentionPlan {
+  std::string kernelName;
+  FlexAttentionConfig config;
+  std::string ir;                      // traced tile IR, before passes
+  const codegen::CompiledKernel* compiled = nullptr;  // null unless compiled (device inputs)
+};
+FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                      const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                                      const FlexAttentionOptions& options = {}, bool compile = false);
+
+// FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
+// the number of (query, key) pairs the mask allows (dense: L * S), counted
+// exactly from the mask (partial blocks through mask_mod on the host is too
+// slow, so the caller gives the allowed-pair count; see bench/attention.cpp).
+inline double flexAttentionFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {
+  return 4.0 * double(B) * double(Hq) * double(D) * allowedPairsPerHead;
+}
+
+}  // namespace flextile::attention

@@ -1,0 +1,409 @@
+// The forward template of flex_attention (attention_templates/FlexAttention.h).
+//
+// One program per (query tile of BLOCK_M rows, query head, batch). It keeps
+// its Q tile in registers and walks the KV tiles the BlockMask lists for its
+// mask row: first the full blocks (score_mod only), then the partial ones
+// (score_mod, then mask_mod before the running max). A mask block of
+// KV_BLOCK_SIZE keys is KV_BLOCK_SIZE / BLOCK_N inner steps; step t of a list
+// reads the block index at t / R, so K/V addresses depend on one scalar load,
+// which the pipeline pass recomputes for the iterations it prefetches.
+//
+// Online softmax in the exp2 domain (scores are scaled by log2 e once), with
+// the running max clamped to 0 while a row has seen nothing but -inf, so a
+// fully masked row ends with l = 0: out 0, lse -inf.
+#include <cmath>
+#include <numbers>
+
+#include "attention_templates/FlexAttention.h"
+#include "dsl/Capture.h"
+#include "ir/Printer.h"
+
+#include <cctype>
+#include <climits>
+#include <cstdio>
+
+namespace flextile::attention {
+
+using namespace flextile::dsl;
+using ir::Type;
+
+std::string FlexAttentionConfig::describe() const {
+  return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
+         std::to_string(num_stages);
+}
+
+FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim) {
+  FlexAttentionConfig c;
+  const bool wide = ir::byteWidth(dtype) == 4;
+  if (headDim > 128 || wide) {
+    c.block_m = 64;
+    c.block_n = 32;
+    c.num_warps = 4;
+  }
+  return c;
+}
+
+namespace {
+
+int64_t nextPow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// The kernel's compile-time constants, in the order the tracer reads them.
+struct FwdConstants {
+  int64_t BM, BN, D, DP, G, QBS, KVBS, hasScoreMod, hasLse, qDivisible, kvDivisible, hasFull, hasPartial;
+  std::vector<int64_t> list() const {
+    return {BM, BN, D, DP, G, QBS, KVBS, hasScoreMod, hasLse, qDivisible, kvDivisible, hasFull, hasPartial};
+  }
+  static FwdConstants from(const std::vector<int64_t>& c) {
+    return {c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12]};
+  }
+};
+constexpr size_t kNumConstants = 13;
+
+// The traced program. `scoreMod` and `maskMod` are inlined where they are called.
+void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
+                  const MaskMod& maskMod) {
+  const FwdConstants k = FwdConstants::from(constants);
+  auto ptr = [&](DType t, const char* name) { return Tile(f.addParam(Type::pointer(t), name)); };
+  auto i32 = [&](const char* name) { return Tile(f.addParam(Type(DType::I32), name)); };
+  Tile Q = ptr(dt, "q"), K = ptr(dt, "k"), V = ptr(dt, "v"), O = ptr(dt, "out"), LSE = ptr(DType::F32, "lse");
+  Tile kvNum = ptr(DType::I32, "kv_num"), kvIdx = ptr(DType::I32, "kv_indices");
+  Tile fullNum = ptr(DType::I32, "full_kv_num"), fullIdx = ptr(DType::I32, "full_kv_indices");
+  Tile L = i32("q_len"), S = i32("kv_len"), qOffset = i32("q_offset"), qPhase = i32("q_phase");
+  Tile maskRows = i32("mask_q_blocks"), maskCols = i32("mask_kv_blocks");
+  Tile maskBStride = i32("mask_b_stride"), maskHStride = i32("mask_h_stride");
+  Tile sqb = i32("q_stride_b"), sqh = i32("q_stride_h"), sqm = i32("q_stride_m");
+  Tile skb = i32("k_stride_b"), skh = i32("k_stride_h"), skn = i32("k_stride_n");
+  Tile svb = i32("v_stride_b"), svh = i32("v_stride_h"), svn = i32("v_stride_n");
+  Tile sob = i32("out_stride_b"), soh = i32("out_stride_h"), som = i32("out_stride_m");
+  Tile Hq = i32("q_heads");
+  Tile scale = Tile(f.addParam(Type(DType::F32), "scale"));
+
+  const double log2e = std::numbers::log2e;
+  Tile mBlock = program_id(0), h = program_id(1), b = program_id(2);
+  Tile hkv = h / k.G;
+  Tile offsM = mBlock * k.BM + arange(0, k.BM);
+  Tile offsD = arange(0, k.DP);
+  Tile b64 = b.to(DType::I64);
+  Tile rowLive = offsM < L;
+  Tile dLive = offsD < k.D;
+  auto rowsByD = [&](const Tile& rows) {  // [rows, DP] load/store mask
+    Tile m = rows.expand(1);
+    if (k.DP != k.D) m = m & dLive.expand(0);
+    return m;
+  };
+
+  Tile qPtrs = Q + (b64 * sqb + h.to(DType::I64) * sqh) + (offsM.expand(1) * sqm + offsD.expand(0));
+  Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
+  Tile kBase = K + (b64 * skb + hkv.to(DType::I64) * skh);
+  Tile vBase = V + (b64 * svb + hkv.to(DType::I64) * svh);
+
+  // The mask row of this query tile (B and H broadcast through zero strides).
+  Tile maskRow = minimum((mBlock * k.BM + qPhase) / k.QBS, maskRows - 1);
+  Tile rowBase = b * maskBStride + h * maskHStride + maskRow;
+  Tile qIdx = (offsM + qOffset).expand(1);
+  const int64_t R = k.KVBS / k.BN;
+
+  Tile m0 = full({k.BM}, -INFINITY, DType::F32);
+  Tile l0 = zeros({k.BM}, DType::F32);
+  Tile acc0 = zeros({k.BM, k.DP}, DType::F32);
+
+  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
+    Tile count = load(num + rowBase);
+    Tile listBase = rowBase * maskCols;
+    auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+      Tile entry = t / R;
+      Tile block = load(indices + (listBase + entry), entry < count, 0);
+      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      Tile colLive = offsN < S;
+      Tile kvOffs = offsN.expand(1) * skn + offsD.expand(0);
+      Tile vOffs = offsN.expand(1) * svn + offsD.expand(0);
+      const bool exact = k.kvDivisible && k.DP == k.D;
+      Tile kt = exact ? load(kBase + kvOffs) : load(kBase + kvOffs, rowsByD(colLive));
+      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, rowsByD(colLive));
+      Tile s = dot(q, kt.trans());
+      Tile kvIdx = offsN.expand(0);
+      if (k.hasScoreMod) {
+        s = scoreMod(s * scale, b, h, qIdx, kvIdx) * log2e;
+      } else {
+        s = s * scale;  // the host folded log2 e into the scale
+      }
+      if (partial) s = where(maskMod(b, h, qIdx, kvIdx), s, -INFINITY);
+      if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
+      Tile mNew = maximum(mi, max(s, 1));
+      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+      Tile p = exp2(s - mSafe.expand(1));
+      Tile alpha = exp2(mi - mSafe);
+      Tile lNew = li * alpha + sum(p, 1);
+      Tile aNew = dot(p.to(dt), vt, ai * alpha.expand(1));
+      return std::tuple{mNew, lNew, aNew};
+    });
+    return std::tuple{m2, l2, acc2};
+  };
+
+  Tile m = m0, l = l0, acc = acc0;
+  if (k.hasFull) std::tie(m, l, acc) = walk(fullNum, fullIdx, false, m, l, acc);
+  if (k.hasPartial) std::tie(m, l, acc) = walk(kvNum, kvIdx, true, m, l, acc);
+
+  Tile empty = l == 0.0;
+  Tile out = acc / where(empty, 1.0, l).expand(1);
+  Tile oPtrs = O + (b64 * sob + h.to(DType::I64) * soh) + (offsM.expand(1) * som + offsD.expand(0));
+  if (k.qDivisible && k.DP == k.D)
+    store(oPtrs, out.to(dt));
+  else
+    store(oPtrs, out.to(dt), rowsByD(rowLive));
+  if (k.hasLse) {
+    Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+    Tile lsePtrs = LSE + ((b * Hq + h).to(DType::I64) * L) + offsM;
+    if (k.qDivisible)
+      store(lsePtrs, lse);
+    else
+      store(lsePtrs, lse, rowLive);
+  }
+}
+
+// ---- host side ---------------------------------------------------------------
+
+struct Prepared {
+  int64_t B, Hq, Hkv, L, S, D;
+  DType dtype;
+  MemorySpace space;
+  FlexAttentionConfig config;
+  FwdConstants constants;
+  double scale;
+  const BlockMask* mask;
+  std::optional<BlockMask> ownedMask;  // the dense mask when none was given
+};
+
+void expectRank4(const char* what, const Tensor& t) {
+  if (!t.defined()) throw Error(std::string("flex_attention: ") + what + " is an empty tensor");
+  if (t.rank() != 4)
+    throw Error(std::string("flex_attention: ") + what + " must be [B, H, len, D], got " + t.describe());
+  if (t.strides()[3] != 1)
+    throw Error(std::string("flex_attention: the last dim of ") + what + " must be contiguous (stride 1), got " +
+                t.describe());
+  for (int i = 0; i < 4; ++i)
+    if (t.strides()[size_t(i)] > INT32_MAX)
+      throw Error(std::string("flex_attention: ") + what + "'s strides exceed int32: " + t.describe());
+}
+
+// A mask that lists every block as full (no mask given).
+BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) {
+  const int64_t nQ = cdiv(L, sizes.q), nKv = cdiv(S, sizes.kv);
+  BlockLists partial{std::vector<int32_t>(size_t(nQ), 0), std::vector<int32_t>(size_t(nQ * nKv), 0)};
+  BlockLists fullLists{std::vector<int32_t>(size_t(nQ), int32_t(nKv)), std::vector<int32_t>(size_t(nQ * nKv))};
+  for (int64_t i = 0; i < nQ; ++i)
+    for (int64_t j = 0; j < nKv; ++j) fullLists.indices[size_t(i * nKv + j)] = int32_t(j);
+  return BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial), std::move(fullLists));
+}
+
+Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                 const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+  expectRank4("q", q);
+  expectRank4("k", k);
+  expectRank4("v", v);
+  Prepared p{};
+  p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3);
+  p.Hkv = k.size(1), p.S = k.size(2);
+  p.dtype = q.dtype();
+  auto shapeStr = [](const Tensor& t) { return t.describe(); };
+  if (k.dtype() != p.dtype || v.dtype() != p.dtype)
+    throw Error("flex_attention: q, k and v must have one dtype, got q " + shapeStr(q) + ", k " + shapeStr(k) +
+                ", v " + shapeStr(v));
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
+    throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + shapeStr(q));
+  if (k.size(0) != p.B || v.size(0) != p.B)
+    throw Error("flex_attention: batch sizes differ: q " + shapeStr(q) + ", k " + shapeStr(k) + ", v " + shapeStr(v));
+  if (v.size(1) != p.Hkv || v.size(2) != p.S)
+    throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
+                shapeStr(v));
+  if (k.size(3) != p.D || v.size(3) != p.D)
+    throw Error("flex_attention: q, k and v must have the same head dim D: q " + shapeStr(q) + ", k " +
+                shapeStr(k) + ", v " + shapeStr(v));
+  if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
+    throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
+                std::to_string(p.Hkv) + ")");
+  if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
+    throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)");
+  if (p.L < 1 || p.S < 1 || p.B < 1)
+    throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
+  p.space = q.space();
+  if (k.space() != p.space || v.space() != p.space)
+    throw Error("flex_attention: q, k and v must be in one memory space (all host or all device)");
+  if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != p.space)
+    throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
+
+  p.config = options.config ? *options.config : defaultFlexAttentionConfig(p.dtype, p.D);
+  const FlexAttentionConfig& c = p.config;
+  auto pow2 = [](int64_t x) { return x >= 16 && (x & (x - 1)) == 0; };
+  if (!pow2(c.block_m) || !pow2(c.block_n) || c.block_m > 256 || c.block_n > 256)
+    throw Error("flex_attention: config " + c.describe() + ": BLOCK_M and BLOCK_N must be powers of two in [16, 256]");
+
+  if (blockMask) {
+    p.mask = &*blockMask;
+  } else {
+    p.ownedMask = denseMask(p.L, p.S, {std::max<int64_t>(128, c.block_m), std::max<int64_t>(128, c.block_n)});
+    p.mask = &*p.ownedMask;
+  }
+  const BlockMask& mask = *p.mask;
+  mask.checkInputs(p.B, p.Hq, p.L, p.S);
+  if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
+    throw Error("flex_attention: config " + c.describe() + " does not tile the BlockMask's blocks (" +
+                std::to_string(mask.qBlockSize()) + " x " + std::to_string(mask.kvBlockSize()) +
+                "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE");
+  if (mask.qPhase() != 0 && mask.numQBlocks() != 1)
+    throw Error("flex_attention: a BlockMask slice starting mid-block must have one row");
+  if (mask.maskMod().captureSpace() && *mask.maskMod().captureSpace() != p.space)
+    throw Error("flex_attention: mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
+
+  p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
+  const bool hasScoreMod = scoreMod.defined() && scoreMod.name() != "noop";
+  p.constants = FwdConstants{c.block_m,
+                             c.block_n,
+                             p.D,
+                             nextPow2(p.D),
+                             p.Hq / p.Hkv,
+                             mask.qBlockSize(),
+                             mask.kvBlockSize(),
+                             hasScoreMod,
+                             options.return_lse,
+                             p.L % c.block_m == 0,
+                             p.S % c.block_n == 0,
+                             mask.numFullBlocks() > 0,
+                             mask.numPartialBlocks() > 0};
+  return p;
+}
+
+Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
+  const MaskMod& maskMod = p.mask->maskMod();
+  const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
+  // Kept in the mask mod's state; the key names the score mod's state, which
+  // the kernel's tracer keeps alive (so the address is never reused).
+  char key[96];
+  std::snprintf(key, sizeof key, "flex_fwd/%p/%s", static_cast<void*>(&sm.state()), std::string(ir::dtypeName(p.dtype)).c_str());
+  const DType dt = p.dtype;
+  return maskMod.state().kernel(key, [&] {
+    const std::string name = "flex_fwd_" + sm.name() + "_" + maskMod.name();
+    std::string clean;
+    for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    return Kernel(clean,
+                  [dt, sm, maskMod](ir::Function& f, const std::vector<int64_t>& c) {
+                    traceForward(f, c, dt, sm, maskMod);
+                  },
+                  kNumConstants);
+  });
+}
+
+LaunchOptions launchOptions(const Prepared& p) {
+  LaunchOptions o;
+  o.grid = {cdiv(p.L, p.config.block_m), p.Hq, p.B};
+  o.constants = p.constants.list();
+  o.num_warps = p.config.num_warps;
+  o.num_stages = p.config.num_stages;
+  return o;
+}
+
+std::vector<KernelArg> arguments(const Prepared& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor* lse) {
+  const BlockMask& mask = *p.mask;
+  const BlockMaskTensors& lists = mask.tensors(p.space);
+  const auto& qs = q.strides();
+  const auto& ks = k.strides();
+  const auto& vs = v.strides();
+  const auto& os = out.strides();
+  const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
+  const int64_t maskB = mask.batch() > 1 ? mask.heads() * mask.numQBlocks() : 0;
+  const int64_t maskH = mask.heads() > 1 ? mask.numQBlocks() : 0;
+  return {KernelArg(q),
+          KernelArg(k),
+          KernelArg(v),
+          KernelArg(out),
+          lse ? KernelArg(*lse) : KernelArg(lists.kvNum),  // unused without return_lse
+          KernelArg(lists.kvNum),
+          KernelArg(lists.kvIndices),
+          KernelArg(lists.fullKvNum),
+          KernelArg(lists.fullKvIndices),
+          KernelArg(p.L),
+          KernelArg(p.S),
+          KernelArg(mask.qOffset()),
+          KernelArg(mask.qPhase()),
+          KernelArg(mask.numQBlocks()),
+          KernelArg(mask.numKvBlocks()),
+          KernelArg(maskB),
+          KernelArg(maskH),
+          KernelArg(qs[0]),
+          KernelArg(qs[1]),
+          KernelArg(qs[2]),
+          KernelArg(ks[0]),
+          KernelArg(ks[1]),
+          KernelArg(ks[2]),
+          KernelArg(vs[0]),
+          KernelArg(vs[1]),
+          KernelArg(vs[2]),
+          KernelArg(os[0]),
+          KernelArg(os[1]),
+          KernelArg(os[2]),
+          KernelArg(p.Hq),
+          KernelArg(scale)};
+}
+
+}  // namespace
+
+void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                         const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
+                         const FlexAttentionOptions& options) {
+  FlexAttentionOptions o = options;
+  o.return_lse = lse != nullptr;
+  Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
+  expectRank4("out", out);
+  out.expectDType("flex_attention: out", p.dtype);
+  if (out.shape() != Shape{p.B, p.Hq, p.L, p.D})
+    throw Error("flex_attention: out must be [" + std::to_string(p.B) + ", " + std::to_string(p.Hq) + ", " +
+                std::to_string(p.L) + ", " + std::to_string(p.D) + "], got " + out.describe());
+  if (out.space() != p.space) throw Error("flex_attention: out is in another memory space than q");
+  if (lse) {
+    lse->expect("flex_attention: lse", DType::F32, {p.B, p.Hq, p.L});
+    if (!lse->isContiguous() || lse->space() != p.space)
+      throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
+  }
+  Kernel& kernel = forwardKernel(p, scoreMod);
+  LaunchOptions lo = launchOptions(p);
+  std::vector<KernelArg> args = arguments(p, q, k, v, out, lse);
+  if (p.space == MemorySpace::Device)
+    kernel.runArgs(lo, args);
+  else
+    kernel.interpretArgs(lo, args);
+}
+
+FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                                   const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+  expectRank4("q", q);
+  FlexAttentionResult r;
+  r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
+  if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
+  flex_attention_into(q, k, v, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
+  return r;
+}
+
+FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                                      const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                                      bool compile) {
+  Prepared p = prepare(q, k, v, scoreMod, blockMask, options);
+  Kernel& kernel = forwardKernel(p, scoreMod);
+  LaunchOptions lo = launchOptions(p);
+  FlexAttentionPlan plan;
+  plan.kernelName = kernel.name();
+  plan.config = p.config;
+  TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
+  plan.ir = ir::printFunction(*kernel.trace(to));
+  if (compile) {
+    Tensor out = Tensor::empty(q.dtype(), q.shape(), p.space);
+    plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr));
+  }
+  return plan;
+}
+
+}  // namespace flextile::attention
