@@ -72,7 +72,8 @@ void flex_attention_into(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::
                          const FlexAttentionOptions& options = {});
 
 // What flex_attention would run, without running it: the traced IR and the
-// compiled kernel (for `flextile compile`, the tests and the docs).
+// compiled kernel (for `flextile compile`, the tests and the docs). Compiling
+// needs no GPU when a target is given.
 struct FlexAttentionPlan {
   std::string kernelName;
   FlexAttentionConfig config;
@@ -81,7 +82,8 @@ struct FlexAttentionPlan {
 };
 FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                       const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
-                                      const FlexAttentionOptions& options = {}, bool compile = false);
+                                      const FlexAttentionOptions& options = {}, bool compile = false,
+                                      std::optional<codegen::Target> target = std::nullopt);
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted

@@ -390,7 +390,7 @@ FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tenso
 
 FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
-                                      bool compile) {
+                                      bool compile, std::optional<codegen::Target> target) {
   Prepared p = prepare(q, k, v, scoreMod, blockMask, options);
   Kernel& kernel = forwardKernel(p, scoreMod);
   LaunchOptions lo = launchOptions(p);
@@ -401,7 +401,7 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
   plan.ir = ir::printFunction(*kernel.trace(to));
   if (compile) {
     Tensor out = Tensor::empty(q.dtype(), q.shape(), p.space);
-    plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr));
+    plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr), target);
   }
   return plan;
 }

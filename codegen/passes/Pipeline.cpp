@@ -10,9 +10,13 @@
 //   * each thread's global accesses are at least 4 bytes wide and land as
 //     whole vectors in the swizzled shared tile (asyncCopyWidth >= 2 elements),
 //   * its pointer and mask are computed from the induction variable, values
-//     defined outside the loop and pure, region-free ops of the body only (no
-//     loop-carried value, no load): so the lowering can recompute them for a
-//     later iteration.
+//     defined outside the loop, pure region-free ops of the body and, when
+//     the loop stores nothing, scalar loads of the body (no loop-carried
+//     value): so the lowering can recompute them for a later iteration.
+//     The scalar loads are what block-sparse loops need (the block index of
+//     step t is read from a list at t): re-reading them ahead is safe
+//     because nothing in the loop writes memory, and the template masks the
+//     list reads past the row's count.
 // A marked load gets the attribute `async_stages = S` (S = the function's
 // num_stages). The IR's meaning is unchanged (the interpreter ignores the
 // attribute), which is why this is an annotation and not new ops: the
@@ -42,7 +46,7 @@ bool isZeroConstant(const ir::Value* v) {
 }
 
 // Whether `v`, used in `body`, can be recomputed for another iteration.
-bool recomputable(const ir::Value* v, const ir::Block& body, std::set<const ir::Value*>& seen) {
+bool recomputable(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, std::set<const ir::Value*>& seen) {
   if (!seen.insert(v).second) return true;
   if (v == body.arg(0)) return true;
   const Op* d = v->definingOp();
@@ -55,9 +59,10 @@ bool recomputable(const ir::Value* v, const ir::Block& body, std::set<const ir::
   };
   if (!d) return !inside(v->ownerBlock());  // a block argument of the body other than iv: loop-carried
   if (d->parentBlock() != &body) return !inside(d->parentBlock());
-  if (!d->hasTrait(ir::kPure) || !d->regions().empty() || d->kind() == OpKind::Load) return false;
+  const bool scalarLoad = d->kind() == OpKind::Load && readOnlyLoop && !d->result()->type().isTile();
+  if (!scalarLoad && (!d->hasTrait(ir::kPure) || !d->regions().empty() || d->kind() == OpKind::Load)) return false;
   for (const ir::Value* o : d->operands())
-    if (!recomputable(o, body, seen)) return false;
+    if (!recomputable(o, body, readOnlyLoop, seen)) return false;
   return true;
 }
 
@@ -96,6 +101,14 @@ void pipelineLoads(ir::Function& f) {
       }
     };
     collect(body);
+    bool readOnlyLoop = true;
+    std::function<void(ir::Block&)> findStores = [&](ir::Block& blk) {
+      for (auto& op : blk.ops()) {
+        if (op->hasTrait(ir::kSideEffect)) readOnlyLoop = false;
+        for (auto& r : op->regions()) findStores(*r);
+      }
+    };
+    findStores(body);
     for (auto& opPtr : body.ops()) {
       Op& load = *opPtr;
       if (load.kind() != OpKind::Load || !load.result()->type().isTile() || !load.result()->type().hasLayout()) continue;
@@ -111,7 +124,7 @@ void pipelineLoads(ir::Function& f) {
       std::set<const ir::Value*> seen;
       bool ok = true;
       for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i)
-        ok = ok && recomputable(load.operand(i), body, seen);
+        ok = ok && recomputable(load.operand(i), body, readOnlyLoop, seen);
       if (!ok) continue;
       load.setAttr("async_stages", stages);
     }
