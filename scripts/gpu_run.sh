@@ -57,13 +57,13 @@ status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)"
 
 echo "== flextile_gpu_tests + attention_gpu_tests"
 start=$(now)
-{
+(
   timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter=$FLEXTILE_GPU_TEST_FILTER} 2>&1
   rc1=$?
   timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" ${FLEXTILE_ATTN_TEST_FILTER:+--gtest_filter=$FLEXTILE_ATTN_TEST_FILTER} 2>&1
   rc2=$?
   exit $(( rc1 != 0 ? rc1 : rc2 ))
-} > "$LOGS/gpu_tests.log"
+) > "$LOGS/gpu_tests.log"
 rc=$?
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$LOGS/gpu_tests.log" | head -40
 log="$LOGS/gpu_tests.log"
