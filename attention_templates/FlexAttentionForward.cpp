@@ -33,13 +33,12 @@ std::string FlexAttentionConfig::describe() const {
 }
 
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim) {
-  FlexAttentionConfig c;
+  // 64 x 64 tiles on one warpgroup: the fastest untuned point on the H200 for
+  // every yardstick variant at D = 128 (bench/RESULTS.md, 2026-11-29), and
+  // small enough for three programs per SM.
+  FlexAttentionConfig c{64, 64, 4, 2};
   const bool wide = ir::byteWidth(dtype) == 4;
-  if (headDim > 128 || wide) {
-    c.block_m = 64;
-    c.block_n = 32;
-    c.num_warps = 4;
-  }
+  if (headDim > 128 || wide) c.block_n = 32;
   return c;
 }
 
