@@ -271,7 +271,9 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                              hasScoreMod,
                              options.return_lse,
                              p.L % c.block_m == 0,
-                             p.S % c.block_n == 0,
+                             // Every inner step of every listed block inside the keys: BLOCK_N
+                             // dividing S is not enough when the last mask block reaches past S.
+                             p.S % mask.kvBlockSize() == 0,
                              mask.numFullBlocks() > 0,
                              mask.numPartialBlocks() > 0};
   return p;
