@@ -11,6 +11,7 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <random>
 #include <string>
@@ -126,13 +127,12 @@ inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse,
 }
 
 // Runs flex_attention on the given inputs into `out` (any view of the right
-// shape; poisoned first) and checks it. The lse is a fresh poisoned tensor.
-inline bool checkFlexAttentionOn(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, dsl::Tensor& out,
-                                 const std::string& context, const attention::ScoreMod& score,
-                                 const std::optional<attention::BlockMask>& mask,
-                                 const attention::RefScoreFn& refScore, const attention::RefMaskFn& refMask,
-                                 const attention::FlexAttentionOptions& options = {}) {
-  using namespace flextile::attention;
+// shape; poisoned first) and compares with a reference computed beforehand
+// (so several configs can share one). The lse is a fresh poisoned tensor.
+inline bool runAndCompare(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, dsl::Tensor& out,
+                          const attention::ReferenceResult& ref, const std::string& context,
+                          const attention::ScoreMod& score, const std::optional<attention::BlockMask>& mask,
+                          const attention::FlexAttentionOptions& options = {}) {
   SCOPED_TRACE(context + (options.config ? " config " + options.config->describe() : std::string(" default config")) +
                (mask ? " mask blocks " + std::to_string(mask->qBlockSize()) + "x" +
                            std::to_string(mask->kvBlockSize())
@@ -141,11 +141,27 @@ inline bool checkFlexAttentionOn(const dsl::Tensor& q, const dsl::Tensor& k, con
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
   poison(out);
   poison(lse);
-  flex_attention_into(q, k, v, score, mask, out, &lse, options);
-  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(D));
-  const int64_t qOffset = mask ? mask->qOffset() : 0;
-  const ReferenceResult ref = referenceAttention(q, k, v, refScore, refMask, scale, qOffset);
+  attention::flex_attention_into(q, k, v, score, mask, out, &lse, options);
   return compareWithReference(out, lse, ref, D, q.dtype());
+}
+
+inline attention::ReferenceResult referenceFor(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                               const attention::RefScoreFn& refScore,
+                                               const attention::RefMaskFn& refMask,
+                                               const std::optional<attention::BlockMask>& mask,
+                                               const attention::FlexAttentionOptions& options = {}) {
+  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(q.size(3)));
+  return attention::referenceAttention(q, k, v, refScore, refMask, scale, mask ? mask->qOffset() : 0);
+}
+
+// The same with the reference computed here.
+inline bool checkFlexAttentionOn(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, dsl::Tensor& out,
+                                 const std::string& context, const attention::ScoreMod& score,
+                                 const std::optional<attention::BlockMask>& mask,
+                                 const attention::RefScoreFn& refScore, const attention::RefMaskFn& refMask,
+                                 const attention::FlexAttentionOptions& options = {}) {
+  const attention::ReferenceResult ref = referenceFor(q, k, v, refScore, refMask, mask, options);
+  return runAndCompare(q, k, v, out, ref, context, score, mask, options);
 }
 
 // Fresh random q [B, Hq, L, D], k and v [B, Hkv, S, D] in `space`, run and checked.
@@ -160,14 +176,17 @@ inline bool checkFlexAttention(std::mt19937_64& rng, const AttentionCase& c, dsl
   return checkFlexAttentionOn(q, k, v, out, c.describe(), score, mask, refScore, refMask, options);
 }
 
-// The forward kernels flex_attention cached for a mask mod (one per score
-// mod and dtype), for tests that count traces and compilations.
-inline std::vector<const dsl::Kernel*> forwardKernels(const attention::MaskMod& maskMod) {
-  std::vector<const dsl::Kernel*> out;
+// The forward kernel flex_attention cached for this pair of mods and dtype
+// (in the mask mod's state, keyed by the score mod's state), or nullptr; for
+// tests that count traces and compilations.
+inline const dsl::Kernel* forwardKernel(const attention::MaskMod& maskMod, const attention::ScoreMod& scoreMod,
+                                        dsl::DType dtype) {
+  char buffer[96];
+  std::snprintf(buffer, sizeof buffer, "flex_fwd/%p/%s", static_cast<void*>(&scoreMod.state()),
+                std::string(ir::dtypeName(dtype)).c_str());
   std::lock_guard lock(maskMod.state().mutex);
-  for (const auto& [key, kernel] : maskMod.state().kernels)
-    if (key.rfind("flex_fwd/", 0) == 0) out.push_back(kernel.get());
-  return out;
+  auto it = maskMod.state().kernels.find(buffer);
+  return it == maskMod.state().kernels.end() ? nullptr : it->second.get();
 }
 
 }  // namespace flextile::testing

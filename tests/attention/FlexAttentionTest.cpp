@@ -34,16 +34,6 @@ constexpr BlockSizes kMaskBlocks{32, 32};
 const FlexAttentionConfig kSmallConfig{32, 16, 4, 2};
 const FlexAttentionOptions kSmall{.config = kSmallConfig};
 
-// The forward kernel flex_attention cached for this pair of mods and dtype.
-const dsl::Kernel* forwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, DType dtype) {
-  char key[96];
-  std::snprintf(key, sizeof key, "flex_fwd/%p/%s", static_cast<void*>(&scoreMod.state()),
-                std::string(ir::dtypeName(dtype)).c_str());
-  std::lock_guard lock(maskMod.state().mutex);
-  auto it = maskMod.state().kernels.find(key);
-  return it == maskMod.state().kernels.end() ? nullptr : it->second.get();
-}
-
 // The shapes every variant runs at: single query, tiny, around one block
 // (127 / 128 / 129), L != S both ways, GQA 4:1, MQA, three dtypes, D 64 / 128
 // and 96 (padded to 128 inside the template), S a multiple of BLOCK_N but
