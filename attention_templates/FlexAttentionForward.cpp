@@ -259,7 +259,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     throw Error("flex_attention: mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
 
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
-  const bool hasScoreMod = scoreMod.defined() && scoreMod.name() != "noop";
+  // By identity, not by name: a user's mod may be called "noop" and still change the scores.
+  const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
   p.constants = FwdConstants{c.block_m,
                              c.block_n,
                              p.D,
@@ -270,7 +271,9 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                              hasScoreMod,
                              options.return_lse,
                              p.L % c.block_m == 0,
-                             p.S % c.block_n == 0,
+                             // Every inner step of every listed block inside the keys: BLOCK_N
+                             // dividing S is not enough when the last mask block reaches past S.
+                             p.S % mask.kvBlockSize() == 0,
                              mask.numFullBlocks() > 0,
                              mask.numPartialBlocks() > 0};
   return p;
