@@ -82,7 +82,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile scale = Tile(f.addParam(Type(DType::F32), "scale"));
 
   const double log2e = std::numbers::log2e;
-  Tile mBlock = program_id(0), h = program_id(1), b = program_id(2);
+  // Query tiles in reverse launch order: under causal-like masks the last rows
+  // have the most blocks, and starting them first shortens the tail of the grid.
+  Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
   Tile hkv = h / k.G;
   Tile offsM = mBlock * k.BM + arange(0, k.BM);
   Tile offsD = arange(0, k.DP);

@@ -252,13 +252,18 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     return b.CreateOr(start, b.getInt64(fixed));
   };
 
+  // A zero accumulator (S = Q K^T) is not read: the first k-step runs with
+  // scale-d false, and the tied inputs are undefined instead of 0 moves.
+  const ir::Op* accDef = op.operand(2)->definingOp();
+  const bool zeroAcc = accDef && accDef->kind() == ir::OpKind::Constant && accDef->floatAttr("value") == 0.0;
   std::vector<llvm::Value*> operands;
-  std::string constraints, text = "{\n.reg .pred p;\nsetp.ne.b32 p, $" + std::to_string(2 * numD + 5 * steps) +
-                                   ", 0;\nwgmma.fence.sync.aligned;\n";
+  const std::string scaleOperand = "$" + std::to_string(2 * numD + 5 * steps);
+  std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
+                                   scaleOperand + ", 0;\nwgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
   for (int64_t j = 0; j < numD; ++j) {
     constraints += std::to_string(j) + ",";
-    operands.push_back(acc[dReg[size_t(j)]]);
+    operands.push_back(zeroAcc ? llvm::UndefValue::get(b.getFloatTy()) : acc[dReg[size_t(j)]]);
   }
   std::string dList = "{";
   for (int64_t j = 0; j < numD; ++j) dList += (j ? ", $" : "$") + std::to_string(j);
@@ -275,7 +280,8 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     }
     text += kind + " " + dList + ", {$" + std::to_string(first) + ", $" + std::to_string(first + 1) + ", $" +
             std::to_string(first + 2) + ", $" + std::to_string(first + 3) + "}, $" +
-            std::to_string(2 * numD + 4 * steps + s) + ", p, 1, 1, " + (w.mnMajor ? "1" : "0") + ";\n";
+            std::to_string(2 * numD + 4 * steps + s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
+            (w.mnMajor ? "1" : "0") + ";\n";
   }
   for (int64_t s = 0; s < steps; ++s) {
     operands.push_back(descriptor(s));

@@ -36,8 +36,10 @@ TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
     SCOPED_TRACE(c.describe());
     const auto& k = compileFor(codegen::Target::sm90a(), c);
     // Two loops (full and partial blocks), each: 8 k-steps of Q K^T (m64n64,
-    // K-major) and 4 of P V (m64n128, MN-major).
-    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16[^;]*p, 1, 1, 0;"), 16);
+    // K-major; the first with scale-d false, S starts at zero) and 4 of P V
+    // (m64n128, MN-major, accumulating).
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16[^;]*z, 1, 1, 0;"), 2);
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16[^;]*p, 1, 1, 0;"), 14);
     EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16[^;]*p, 1, 1, 1;"), 8);
     EXPECT_EQ(count(k.ptx, "mma\\.sync"), 0);
     EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 2);
