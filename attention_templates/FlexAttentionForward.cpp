@@ -260,7 +260,9 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     throw Error("flex_attention: mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
 
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
-  const bool hasScoreMod = scoreMod.defined() && scoreMod.name() != "noop";
+  // Only noop_score() itself is skipped (its instance is shared); a user's
+  // mod that happens to be named "noop" is applied.
+  const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
   p.constants = FwdConstants{c.block_m,
                              c.block_n,
                              p.D,

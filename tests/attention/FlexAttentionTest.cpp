@@ -32,3 +32,14 @@ TEST(FlexAttention, CausalMatchesReference) {
     checkFlexAttention(rng, c, kHost, noop_score(), m, nullptr, refCausal(), kSmall);
   }
 }
+
+// Regression: the template skipped any score_mod *named* "noop", so a user's
+// mod of that name was silently dropped. Only noop_score() itself may be
+// skipped.
+TEST(FlexAttention, ScoreModNamedNoopIsApplied) {
+  SeededRandom rng;
+  ScoreMod halved("noop", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) { return s * 0.5; });
+  AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 40, .S = 40, .D = 32, .context = "score_mod named noop"};
+  checkFlexAttention(rng, c, kHost, halved, std::nullopt,
+                     [](double s, int64_t, int64_t, int64_t, int64_t) { return 0.5 * s; }, nullptr, kSmall);
+}
