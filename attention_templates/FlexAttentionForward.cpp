@@ -273,7 +273,9 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                              hasScoreMod,
                              options.return_lse,
                              p.L % c.block_m == 0,
-                             p.S % c.block_n == 0,
+                             // A mask block is walked in KV_BLOCK_SIZE / BLOCK_N steps whatever
+                             // S is, so the loads are exact only when no mask block overhangs S.
+                             p.S % mask.kvBlockSize() == 0,
                              mask.numFullBlocks() > 0,
                              mask.numPartialBlocks() > 0};
   return p;
