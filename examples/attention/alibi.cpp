@@ -61,7 +61,8 @@ int main(int argc, char** argv) try {
   };
   if (!opt.gpu) ex::expectDenseMatches(mask, refMask);
   const int64_t pairs = ex::countAllowedPairs(mask, refMask, B, H, N, N);
-  const bool ok = ex::checkAgainstReference(opt, in, result, 1.0 / std::sqrt(double(opt.D)), refScore, refMask, pairs, rng);
+  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
+  const bool ok = ex::checkAgainstReference(opt, in, result, scale, refScore, refMask, pairs, rng);
   ex::reportPerformance(opt, in, alibiBias, mask, pairs);
   return ex::finish(opt, ok);
 } catch (const std::exception& e) {

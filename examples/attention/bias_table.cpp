@@ -62,7 +62,8 @@ int main(int argc, char** argv) try {
     return s + double(table[size_t(h * width + distance + reach)]);
   };
   const int64_t pairs = ex::countAllowedPairs(std::nullopt, nullptr, B, H, N, N);
-  const bool ok = ex::checkAgainstReference(opt, in, result, 1.0 / std::sqrt(double(opt.D)), refScore, nullptr, pairs, rng);
+  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
+  const bool ok = ex::checkAgainstReference(opt, in, result, scale, refScore, nullptr, pairs, rng);
   ex::reportPerformance(opt, in, relativeBias, everything, pairs);
   return ex::finish(opt, ok);
 } catch (const std::exception& e) {

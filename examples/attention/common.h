@@ -160,7 +160,8 @@ inline Options parseOptions(int argc, char** argv, const char* example, const st
     if (it == given.end()) return;
     char* end = nullptr;
     long long v = std::strtoll(it->second.c_str(), &end, 10);
-    if (*end != '\0' || v < 1) usageError(std::string("--") + key + " expects a positive integer, got '" + it->second + "'");
+    if (*end != '\0' || v < 1)
+      usageError(std::string("--") + key + " expects a positive integer, got '" + it->second + "'");
     into = v;
     given.erase(it);
   };
@@ -422,7 +423,7 @@ inline bool checkAgainstReference(const Options& o, const Inputs& in, const Flex
       if (!(rowRel <= 2 * tolerance(o.dtype)) && firstProblem.empty())
         firstProblem = "row [" + row + "] of out has relative error " + std::to_string(rowRel);
       const double want = ref.lse[size_t(i)], have = gotLse[i];
-      const bool lseOk = std::isinf(want) ? (std::isinf(have) && have < 0)
+      const bool lseOk = std::isinf(want) ? std::isinf(have) && have < 0
                                           : std::isfinite(have) && std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
       if (std::isfinite(want) && std::isfinite(have)) lseErr = std::max(lseErr, std::abs(have - want));
       if (!lseOk && firstProblem.empty())
@@ -437,10 +438,11 @@ inline bool checkAgainstReference(const Options& o, const Inputs& in, const Flex
   if (everything && expectedPairs && *expectedPairs != pairs && firstProblem.empty())
     firstProblem = "the BlockMask allows " + std::to_string(*expectedPairs) + " pairs, the reference mask " +
                    std::to_string(pairs);
+  const std::string scope =
+      everything ? "every head and row" : std::to_string(slices.size()) + " windows of rows in up to 3 heads";
   std::printf("  check against the float64 reference (%s, %lld rows): out relative error %.2e (tolerance %.0e), "
               "worst row %.2e, lse max error %.2e: %s\n",
-              everything ? "every head and row" : (std::to_string(slices.size()) + " windows of rows in up to 3 heads").c_str(),
-              (long long)rowsChecked, rel,
+              scope.c_str(), (long long)rowsChecked, rel,
               tolerance(o.dtype), worstRow, lseErr, firstProblem.empty() ? "ok" : "FAILED");
   if (!firstProblem.empty()) std::printf("  FAILED: %s\n", firstProblem.c_str());
   return firstProblem.empty();
@@ -479,7 +481,8 @@ inline void printMask(const BlockMask& mask) {
     return;
   }
   std::string picture = "  " + mask.picture(0, 0);
-  for (size_t at = picture.find('\n'); at != std::string::npos && at + 1 < picture.size(); at = picture.find('\n', at + 1))
+  for (size_t at = picture.find('\n'); at != std::string::npos && at + 1 < picture.size();
+       at = picture.find('\n', at + 1))
     picture.insert(at + 1, "  ");
   std::printf("%s%s", picture.c_str(), picture.ends_with('\n') ? "" : "\n");
 }

@@ -54,7 +54,8 @@ int main(int argc, char** argv) try {
   RefMaskFn refMask = [window](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < window; };
   if (!opt.gpu) ex::expectDenseMatches(mask, refMask);
   const int64_t pairs = ex::countAllowedPairs(mask, refMask, B, H, N, N);
-  const bool ok = ex::checkAgainstReference(opt, in, result, 1.0 / std::sqrt(double(opt.D)), nullptr, refMask, pairs, rng);
+  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
+  const bool ok = ex::checkAgainstReference(opt, in, result, scale, nullptr, refMask, pairs, rng);
   ex::reportPerformance(opt, in, noop_score(), mask, pairs);
   return ex::finish(opt, ok);
 } catch (const std::exception& e) {
