@@ -481,3 +481,18 @@ TEST(FlexAttention, AllocatingCallAndScale) {
   EXPECT_TRUE(compareWithReference(noLse.out, withLse.lse, ref, D, DType::F32));
   EXPECT_EQ(noLse.out.toHost<float>(), withLse.out.toHost<float>());
 }
+
+// Regression: with S a multiple of BLOCK_N but not of the mask's KV block
+// size, the last mask block's steps past S loaded K and V unmasked (out of
+// bounds) and kept those columns in the softmax. The implicit dense mask has
+// 128-wide blocks, so a plain call with S = 64 hit it.
+TEST(FlexAttention, KvLengthMultipleOfBlockNButNotOfMaskBlock) {
+  SeededRandom rng;
+  for (int64_t S : {64, 96}) {
+    AttentionCase dense{.B = 1, .Hq = 2, .Hkv = 1, .L = 48, .S = S, .D = 32, .context = "dense, S % 128 != 0"};
+    checkFlexAttention(rng, dense, kHost, noop_score(), std::nullopt, nullptr, nullptr, kSmall);
+    AttentionCase causal{.B = 1, .Hq = 2, .Hkv = 2, .L = S, .S = S, .D = 32, .context = "causal, 128-blocks"};
+    checkFlexAttention(rng, causal, kHost, noop_score(), causalBlockMask(1, 1, S, S), nullptr, refCausal(), kSmall);
+  }
+}
+
