@@ -33,13 +33,12 @@ std::string FlexAttentionConfig::describe() const {
 }
 
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim) {
-  FlexAttentionConfig c;
+  // 64 x 64 tiles on one warpgroup: the fastest untuned point on the H200 for
+  // every yardstick variant at D = 128 (bench/RESULTS.md, 2026-11-29), and
+  // small enough for three programs per SM.
+  FlexAttentionConfig c{64, 64, 4, 2};
   const bool wide = ir::byteWidth(dtype) == 4;
-  if (headDim > 128 || wide) {
-    c.block_m = 64;
-    c.block_n = 32;
-    c.num_warps = 4;
-  }
+  if (headDim > 128 || wide) c.block_n = 32;
   return c;
 }
 
@@ -250,6 +249,10 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   }
   const BlockMask& mask = *p.mask;
   mask.checkInputs(p.B, p.Hq, p.L, p.S);
+  if (!options.config) {  // the default adapts to masks with smaller blocks; a given config is taken as is
+    p.config.block_m = std::min(p.config.block_m, std::max<int64_t>(16, mask.qBlockSize()));
+    p.config.block_n = std::min(p.config.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+  }
   if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
     throw Error("flex_attention: config " + c.describe() + " does not tile the BlockMask's blocks (" +
                 std::to_string(mask.qBlockSize()) + " x " + std::to_string(mask.kvBlockSize()) +

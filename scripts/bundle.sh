@@ -83,6 +83,15 @@ for file in "$BUNDLE"/bin/*; do
   fi
 done
 
+# The peers' timing script lives outside the repository (../shared does not travel with a run).
+PEER_SCRIPT=${FLEXTILE_TORCH_REFERENCE:-../shared/bench/torch_reference.py}
+mkdir -p "$BUNDLE/peers"
+if [ -f "$PEER_SCRIPT" ]; then
+  cp "$PEER_SCRIPT" "$BUNDLE/peers/torch_reference.py"
+else
+  echo "bundle.sh: warning: $PEER_SCRIPT not found: the attention comparison will lack PyTorch's figures" >&2
+fi
+
 {
   echo "FlexTile bundle"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"

@@ -21,12 +21,20 @@ BENCH_TIMEOUT=${FLEXTILE_BENCH_TIMEOUT:-240}
 
 # Benches: "name|command", run from the repo root; each writes to $LOGS/bench_<name>.log.
 # A bench prints its own results; it fails the run only by exiting non-zero.
-BENCHES=(
+# FLEXTILE_BENCHES picks a subset by name (space-separated), e.g. "attention torch_attention".
+ALL_BENCHES=(
   "softmax|$BUNDLE/bin/flextile_softmax_bench"
   "torch_softmax|python3 bench/torch_softmax.py"
   "gemm|$BUNDLE/bin/flextile_gemm_bench"
   "torch_gemm|python3 bench/torch_gemm.py"
+  "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
+  "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
+SELECTED=${FLEXTILE_BENCHES:-attention torch_attention}
+BENCHES=()
+for entry in "${ALL_BENCHES[@]}"; do
+  for want in $SELECTED; do [ "${entry%%|*}" = "$want" ] && BENCHES+=("$entry"); done
+done
 
 mkdir -p "$LOGS"
 if [ ! -x "$BUNDLE/bin/flextile_gpu_tests" ]; then
@@ -47,13 +55,19 @@ seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; 
 # Status of a finished command from its exit code (124: killed by timeout).
 status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
 
-echo "== flextile_gpu_tests"
+echo "== flextile_gpu_tests + attention_gpu_tests"
 start=$(now)
-timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" --gtest_output="xml:$LOGS/gpu_tests.xml" 2>&1 |
-  tee "$LOGS/gpu_tests.log"
-rc=${PIPESTATUS[0]}
+(
+  timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter=$FLEXTILE_GPU_TEST_FILTER} 2>&1
+  rc1=$?
+  timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" ${FLEXTILE_ATTN_TEST_FILTER:+--gtest_filter=$FLEXTILE_ATTN_TEST_FILTER} 2>&1
+  rc2=$?
+  exit $(( rc1 != 0 ? rc1 : rc2 ))
+) > "$LOGS/gpu_tests.log"
+rc=$?
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$LOGS/gpu_tests.log" | head -40
 log="$LOGS/gpu_tests.log"
-count_of() { sed -n "s/^\[  $1 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$log" | tail -1; }
+count_of() { sed -n "s/^\[  $1 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$log" | awk '{ s += $1 } END { print s + 0 }'; }
 passed=$(count_of PASSED); failed=$(count_of FAILED); skipped=$(count_of SKIPPED)
 detail="${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
 if [ "${failed:-0}" != 0 ]; then
@@ -87,6 +101,11 @@ fi
 if [ -f "$LOGS/bench_gemm.log" ] && [ -f "$LOGS/bench_torch_gemm.log" ]; then
   echo; echo "== bf16 GEMM, side by side"
   python3 bench/compare_gemm.py "$LOGS/bench_gemm.log" "$LOGS/bench_torch_gemm.log" | tee -a "$LOGS/tables.txt"
+fi
+
+if [ -f "$LOGS/bench_attention.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
+  echo; echo "== flex_attention forward, side by side"
+  python3 bench/compare_attention.py "$LOGS/bench_attention.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
 fi
 
 {

@@ -1,0 +1,284 @@
+// flex_attention forward throughput on the yardstick variants (DESIGN.md):
+// B=2, H=16, N=8192, D=128, bf16 by default. For each variant:
+//   * the BlockMask built with the same broadcast PyTorch's bench uses (B and H
+//     broadcast, B per batch for documents), timed with the generic builder
+//     (mask_mod on the GPU) and the structural one, lists on the device;
+//   * every config of a small sweep checked on sampled rows against float64,
+//     then timed (median of many runs, inputs random, never zeros);
+//   * FLOPs = 4 * D * allowed pairs, counted exactly from the mask.
+// Prints a table and one JSON line per variant (bench/compare_attention.py
+// joins them with torch_reference.py's JSON).
+//
+//   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
+//                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
+//                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
+#include <Eigen/Core>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cctype>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/Variants.h"
+#include "runtime/Device.h"
+#include "runtime/Event.h"
+
+using namespace flextile;
+using namespace flextile::attention;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+
+using H = Eigen::bfloat16;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Allowed pairs of one (b, h) summed over the mask's batches (times the
+// broadcast factor): full blocks count their in-range pairs, partial blocks
+// ask the reference mask pair by pair.
+double allowedPairs(const BlockMask& m, const RefMaskFn& ref, int64_t B, int64_t Hq) {
+  double total = 0;
+  for (int64_t b = 0; b < m.batch(); ++b)
+    for (int64_t h = 0; h < m.heads(); ++h)
+      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
+        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
+        for (int32_t c : m.fullKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          total += double(q1 - q0) * double(k1 - k0);
+        }
+        for (int32_t c : m.partialKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          for (int64_t i = q0; i < q1; ++i)
+            for (int64_t j = k0; j < k1; ++j) total += ref(b, h, i, j) ? 1 : 0;
+        }
+      }
+  return total * double(B / m.batch()) * double(Hq / m.heads());
+}
+
+// {"offsets": [[0, 17, ..., N], [...]]}: the integers of each inner list.
+std::vector<std::vector<int64_t>> readOffsets(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) throw Error("flextile_attention_bench: cannot read " + path);
+  std::string text;
+  for (int c; (c = std::fgetc(f)) != EOF;) text += char(c);
+  std::fclose(f);
+  std::vector<std::vector<int64_t>> out;
+  int depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '[' && ++depth == 2) out.emplace_back();
+    else if (c == ']') --depth;
+    else if (depth == 2 && std::isdigit(static_cast<unsigned char>(c))) {
+      size_t end = i;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      out.back().push_back(std::stoll(text.substr(i, end - i)));
+      i = end - 1;
+    }
+  }
+  if (out.empty()) throw Error("flextile_attention_bench: no offset lists in " + path);
+  return out;
+}
+
+double msSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Largest |out - ref| / max|ref row| over sampled rows (float64 reference).
+double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std::vector<H>& v,
+                    const std::vector<H>& out, int64_t B, int64_t Hq, int64_t N, int64_t D, const VariantInstance& var,
+                    std::mt19937_64& rng) {
+  double worst = 0;
+  std::uniform_int_distribution<int64_t> pb(0, B - 1), ph(0, Hq - 1), pi(0, N - 1);
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::vector<double> s(static_cast<size_t>(N));
+  for (int sample = 0; sample < 24; ++sample) {
+    const int64_t b = sample == 0 ? B - 1 : pb(rng), h = sample == 0 ? Hq - 1 : ph(rng), i = sample == 0 ? N - 1 : pi(rng);
+    const H* qi = &q[size_t(((b * Hq + h) * N + i) * D)];
+    const H* kb = &k[size_t((b * Hq + h) * N * D)];
+    const H* vb = &v[size_t((b * Hq + h) * N * D)];
+    double m = -INFINITY;
+    for (int64_t j = 0; j < N; ++j) {
+      if (var.refMask && !var.refMask(b, h, i, j)) {
+        s[size_t(j)] = -INFINITY;
+        continue;
+      }
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += double(float(qi[d])) * double(float(kb[j * D + d]));
+      s[size_t(j)] = var.refScore ? var.refScore(dot * scale, b, h, i, j) : dot * scale;
+      m = std::max(m, s[size_t(j)]);
+    }
+    std::vector<double> o(size_t(D), 0.0);
+    double l = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      if (s[size_t(j)] == -INFINITY) continue;
+      const double p = std::exp(s[size_t(j)] - m);
+      l += p;
+      for (int64_t d = 0; d < D; ++d) o[size_t(d)] += p * double(float(vb[j * D + d]));
+    }
+    double mag = 1e-6, err = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double want = l > 0 ? o[size_t(d)] / l : 0.0;
+      const double got = double(float(out[size_t(((b * Hq + h) * N + i) * D + d)]));
+      if (!std::isfinite(got)) return INFINITY;
+      mag = std::max(mag, std::abs(want));
+      err = std::max(err, std::abs(got - want));
+    }
+    worst = std::max(worst, err / mag);
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  int64_t B = 2, Hq = 16, N = 8192, D = 128;
+  std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
+  bool quick = false;
+  std::vector<std::vector<int64_t>> documentOffsets;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error("flextile_attention_bench: " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--variants") names = split(next());
+    else if (a == "--b") B = std::stoll(next());
+    else if (a == "--h") Hq = std::stoll(next());
+    else if (a == "--n") N = std::stoll(next());
+    else if (a == "--d") D = std::stoll(next());
+    else if (a == "--quick") quick = true;
+    else if (a == "--document-offsets") documentOffsets = readOffsets(next());
+    else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
+  }
+  std::string why;
+  if (!dsl::deviceAvailable(&why)) {
+    std::fprintf(stderr, "flextile_attention_bench: needs a GPU (%s)\n", why.c_str());
+    return 2;
+  }
+  std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16\n", runtime::Device::current().name().c_str(),
+              (long long)B, (long long)Hq, (long long)N, (long long)D);
+  std::mt19937_64 rng(std::random_device{}());
+  auto randomHost = [&](size_t n) {
+    std::normal_distribution<float> g(0, 1);
+    std::vector<H> v(n);
+    for (auto& x : v) x = H(g(rng));
+    return v;
+  };
+  const size_t elems = size_t(B * Hq * N * D);
+  std::vector<H> hq = randomHost(elems), hk = randomHost(elems), hv = randomHost(elems), hout(elems);
+  Tensor q = Tensor::fromHost(hq, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+
+  std::vector<FlexAttentionConfig> configs{defaultFlexAttentionConfig(DType::BF16, D)};
+  if (!quick)
+    for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
+                                  FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{64, 128, 4, 2},
+                                  FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{128, 64, 8, 3},
+                                  FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 128, 8, 3}})
+      if (!(c == configs[0])) configs.push_back(c);
+
+  struct Row {
+    std::string variant, config;
+    double ms = INFINITY, tflops = 0, defaultTflops = 0, maskGenericMs = NAN, maskStructuralMs = NAN, compileMs = 0,
+           sparsity = 0;
+  };
+  std::vector<Row> rows;
+  for (const std::string& name : names) {
+    const Variant& var = variant(name);
+    Row row{name};
+    VariantInputs in{B, Hq, N, N, MemorySpace::Device, {128, 128}, 7, documentOffsets};
+    // Structural builders (through the variant) and the generic builder, each
+    // with the lists uploaded, as PyTorch's create_block_mask leaves them on the GPU.
+    auto t0 = std::chrono::steady_clock::now();
+    VariantInstance inst = var.make(in);
+    if (inst.mask) {
+      std::vector<double> structural, generic;
+      for (int rep = 0; rep < 6; ++rep) {
+        t0 = std::chrono::steady_clock::now();
+        VariantInstance again = var.make(in);
+        again.mask->tensors(MemorySpace::Device);
+        runtime::synchronize();
+        structural.push_back(msSince(t0));
+        t0 = std::chrono::steady_clock::now();
+        BlockMask g = createBlockMask(inst.mask->maskMod(), inst.mask->batch(), inst.mask->heads(), N, N, {128, 128},
+                                      MemorySpace::Device);
+        g.tensors(MemorySpace::Device);
+        runtime::synchronize();
+        generic.push_back(msSince(t0));
+      }
+      structural.erase(structural.begin());  // the first call traces and compiles
+      generic.erase(generic.begin());
+      row.maskStructuralMs = runtime::median(structural);
+      row.maskGenericMs = runtime::median(generic);
+      row.sparsity = inst.mask->sparsity();
+    }
+    const double pairs = inst.mask ? allowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
+    const double flops = 4.0 * double(D) * pairs;
+    for (const FlexAttentionConfig& c : configs) {
+      FlexAttentionOptions opt{.config = c};
+      double err = 0;
+      try {
+        out.copyFromHost(std::vector<H>(elems, H(NAN)));
+        t0 = std::chrono::steady_clock::now();
+        flex_attention_into(q, k, v, inst.score, inst.mask, out, nullptr, opt);
+        runtime::synchronize();
+        const double firstMs = msSince(t0);
+        if (c == configs[0]) row.compileMs = firstMs;
+        hout = out.toHost<H>();
+        err = sampledError(hq, hk, hv, hout, B, Hq, N, D, inst, rng);
+      } catch (const std::exception& e) {
+        std::printf("%-15s %-16s refused: %s\n", name.c_str(), c.describe().c_str(), e.what());
+        continue;
+      }
+      if (!(err < 2e-2)) {
+        std::printf("%-15s %-16s WRONG (error %.2e): not timed\n", name.c_str(), c.describe().c_str(), err);
+        continue;
+      }
+      auto samples =
+          runtime::timeKernel([&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, nullptr, opt); }, 3, 20);
+      const double ms = runtime::median(samples), tflops = flops / ms / 1e9;
+      std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), c.describe().c_str(), ms, tflops,
+                  err);
+      if (c == configs[0]) row.defaultTflops = tflops;
+      if (ms < row.ms) {
+        row.ms = ms;
+        row.tflops = tflops;
+        row.config = c.describe();
+      }
+    }
+    rows.push_back(row);
+    std::fflush(stdout);
+  }
+  std::printf("\n%-15s %-16s %9s %9s %9s %12s %12s %10s\n", "variant", "best config", "ms", "TFLOP/s", "default",
+              "mask gen ms", "mask str ms", "1st call ms");
+  for (const Row& r : rows) {
+    std::printf("%-15s %-16s %9.3f %9.1f %9.1f %12.3f %12.3f %10.1f\n", r.variant.c_str(), r.config.c_str(), r.ms,
+                r.tflops, r.defaultTflops, r.maskGenericMs, r.maskStructuralMs, r.compileMs);
+    std::printf("{\"impl\": \"flextile\", \"variant\": \"%s\", \"B\": %lld, \"H\": %lld, \"N\": %lld, \"D\": %lld, "
+                "\"fwd_ms\": %.6f, \"fwd_tflops\": %.2f, \"default_tflops\": %.2f, \"config\": \"%s\", "
+                "\"blockmask_generic_ms\": %.4f, \"blockmask_structural_ms\": %.4f, \"first_call_ms\": %.1f, "
+                "\"sparsity\": %.4f}\n",
+                r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, r.ms, r.tflops,
+                r.defaultTflops, r.config.c_str(), std::isnan(r.maskGenericMs) ? -1.0 : r.maskGenericMs,
+                std::isnan(r.maskStructuralMs) ? -1.0 : r.maskStructuralMs, r.compileMs, r.sparsity);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "flextile_attention_bench: %s\n", e.what());
+  return 1;
+}
