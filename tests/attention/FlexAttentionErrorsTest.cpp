@@ -179,6 +179,15 @@ TEST(FlexAttentionErrors, NonContiguousLastDim) {
   expectError([&] { run(k, q, k); }, {"last dim of k must be contiguous"});
 }
 
+// Strides are kernel arguments of 32 bits: a view whose strides do not fit is
+// refused (the view is never read: validation comes first).
+TEST(FlexAttentionErrors, StridesPastInt32) {
+  std::vector<float> buf(16 * 64);
+  Tensor q = Tensor::hostView(buf.data(), DType::F32, {2, 1, 16, 64}, {int64_t(1) << 32, 16 * 64, 64, 1});
+  Tensor k = hostTensor(DType::F32, {2, 1, 16, 64});
+  expectError([&] { run(q, k, k); }, {"q's strides exceed int32"});
+}
+
 // Mods that return the wrong kind of tile are refused at trace time with the
 // mod's name.
 TEST(FlexAttentionErrors, ModsOfTheWrongType) {

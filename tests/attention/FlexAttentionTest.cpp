@@ -12,6 +12,7 @@
 #include "FlexAttentionCheck.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
+#include "codegen/Ptxas.h"
 #include "gpu/GpuTest.h"
 
 // GCC 12 warns about members left to their defaults in designated
@@ -77,6 +78,31 @@ TEST(FlexAttention, EveryVariantEveryShape) {
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kHost, kMaskBlocks, rng()});
       if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, kSmall)) return;
     }
+}
+
+// Every pair of lengths around a block boundary, for a masked variant with a
+// score mod and one with captured ids, heads, D and dtype rotating, two
+// configs (BLOCK_M below and equal to the mask's 32-row blocks).
+TEST(FlexAttention, LengthPairs) {
+  SeededRandom rng;
+  const int64_t lengths[] = {1, 3, 127, 128, 129};
+  const AttentionCase shapes[] = {
+      {.B = 1, .Hq = 4, .Hkv = 1, .D = 64, .dtype = DType::BF16},
+      {.B = 2, .Hq = 4, .Hkv = 4, .D = 128, .dtype = DType::F16},
+      {.B = 1, .Hq = 8, .Hkv = 2, .D = 64, .dtype = DType::F32},
+  };
+  const FlexAttentionConfig configs[] = {{16, 16, 2, 1}, {32, 32, 4, 2}};
+  int i = 0;
+  for (const char* name : {"softcap", "document"})
+    for (int64_t L : lengths)
+      for (int64_t S : lengths) {
+        AttentionCase c = shapes[i % 3];
+        c.L = L, c.S = S, c.context = name;
+        VariantInstance inst = variant(name).make({c.B, c.Hq, L, S, kHost, kMaskBlocks, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask,
+                                {.config = configs[i++ % 2]}))
+          return;
+      }
 }
 
 // The same variants with the default 128 x 128 mask blocks and the default
@@ -496,3 +522,29 @@ TEST(FlexAttention, KvLengthMultipleOfBlockNButNotOfMaskBlock) {
   }
 }
 
+// The GPU path of every variant, compiled to PTX for sm_90a and assembled by
+// ptxas here (no GPU needed), at the default bf16 D128 config the yardstick
+// runs: it assembles and fits in shared memory (spills are printed). (Each
+// compile takes about a second, so the other configs are left to the GPU tests.)
+TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin): not assembling";
+  SeededRandom rng;
+  const codegen::Target target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 300, S = 257, D = 128;
+  for (const Variant& var : variants()) {
+    VariantInstance inst = var.make({B, H, L, S, kHost, BlockSizes{}, rng()});
+    Tensor q = Tensor::zeros(DType::BF16, {B, H, L, D}, kHost);
+    Tensor kv = Tensor::zeros(DType::BF16, {B, H, S, D}, kHost);
+    FlexAttentionPlan plan;
+    ASSERT_NO_THROW(plan = plan_flex_attention(q, kv, kv, inst.score, inst.mask, {.return_lse = true}, true, target))
+        << var.name;
+    ASSERT_NE(plan.compiled, nullptr) << var.name;
+    EXPECT_EQ(plan.config, defaultFlexAttentionConfig(DType::BF16, D));
+    EXPECT_LE(plan.compiled->sharedBytes, 227 * 1024) << var.name;
+    codegen::PtxasReport report;
+    ASSERT_NO_THROW(report = codegen::runPtxas(plan.compiled->ptx, target)) << var.name;
+    // Spills cost speed, not correctness: reported for the bench, not failed on.
+    std::printf("%s: %d registers, %d bytes spilled, %d bytes of shared memory\n", var.name.c_str(), report.registers,
+                report.spillStoreBytes, plan.compiled->sharedBytes);
+  }
+}
