@@ -5,7 +5,8 @@
 // swizzled SharedLayout ldmatrix reads (ldmatrixPlan of its convert),
 // slot s at scratchOffset(load) + s * tileBytes (codegen/SharedMemory.h).
 //
-//   prologue   for s in 0..S-2: the load's pointer and mask recomputed for
+//   prologue   a barrier (the ring may reuse bytes a slower warp still reads),
+//              then for s in 0..S-2: the load's pointer and mask recomputed for
 //              iteration s (iv = lb + s*step), cp.async of each thread's
 //              vectors into slot s, src-size 0 where the mask is off or the
 //              iteration does not exist (zero-fill, no global read);
@@ -161,7 +162,11 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
     if (!p->buffers.count(load)) fail(*load, "is marked for pipelining but no convert_layout reads it");
   pipes_.push_back(std::move(p));
   pipe_ = pipes_.back().get();
-  // Prologue: iterations 0..S-2 into slots 0..S-2.
+  // Prologue: iterations 0..S-2 into slots 0..S-2. The ring's bytes may be
+  // those an earlier op still reads in a slower warp (a convert's staging
+  // tile, or the ring of a previous loop that its last ldmatrix or wgmma
+  // reads): every thread passes a barrier before the first copy lands.
+  barrier();
   llvm::Type* ivTy = lb->getType();
   for (int s = 0; s + 1 < stages; ++s) {
     llvm::Value* it = b.CreateAdd(lb, b.CreateMul(step, llvm::ConstantInt::get(ivTy, uint64_t(s))));

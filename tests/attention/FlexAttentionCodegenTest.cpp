@@ -50,6 +50,27 @@ TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
   }
 }
 
+// Regression (a GPU race seen on the H200 in the document variant): the
+// second loop's ring may reuse the bytes the first loop's last wgmma reads
+// (or Q's staging tile), so every prologue starts after a barrier.
+TEST(FlexAttentionCodegen, EveryRingPrologueWaitsForTheCtaFirst) {
+  for (auto target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
+    const std::string& ptx = compileFor(target, {64, 64, 4, 2}).ptx;
+    // Loop 1's prologue: after Q's staging reads (its last ldmatrix) a barrier
+    // comes before the first copy; loop 2's: after loop 1's wait_all.
+    const size_t firstCopy = ptx.find("cp.async.cg.shared.global");
+    ASSERT_NE(firstCopy, std::string::npos);
+    const size_t qReads = ptx.rfind("ldmatrix", firstCopy);
+    ASSERT_NE(qReads, std::string::npos) << target.smName();
+    EXPECT_NE(ptx.substr(qReads, firstCopy - qReads).find("bar.sync"), std::string::npos) << target.smName();
+    const size_t loop1Done = ptx.find("cp.async.wait_all", firstCopy);
+    ASSERT_NE(loop1Done, std::string::npos);
+    const size_t secondCopy = ptx.find("cp.async.cg.shared.global", loop1Done);
+    ASSERT_NE(secondCopy, std::string::npos);
+    EXPECT_NE(ptx.substr(loop1Done, secondCopy - loop1Done).find("bar.sync"), std::string::npos) << target.smName();
+  }
+}
+
 TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
   const auto& k = compileFor(codegen::Target::sm80(), {64, 64, 4, 2});
   EXPECT_EQ(count(k.ptx, "wgmma"), 0);
