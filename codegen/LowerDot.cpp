@@ -253,17 +253,21 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   };
 
   // A zero accumulator (S = Q K^T) is not read: the first k-step runs with
-  // scale-d false, and the tied inputs are undefined instead of 0 moves.
+  // scale-d false.
   const ir::Op* accDef = op.operand(2)->definingOp();
   const bool zeroAcc = accDef && accDef->kind() == ir::OpKind::Constant && accDef->floatAttr("value") == 0.0;
   std::vector<llvm::Value*> operands;
   const std::string scaleOperand = "$" + std::to_string(2 * numD + 5 * steps);
   std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
-                                   scaleOperand + ", 0;\nwgmma.fence.sync.aligned;\n";
+                                   scaleOperand + ", 0;\nbar.warp.sync -1;\nwgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
   for (int64_t j = 0; j < numD; ++j) {
     constraints += std::to_string(j) + ",";
-    operands.push_back(zeroAcc ? llvm::UndefValue::get(b.getFloatTy()) : acc[dReg[size_t(j)]]);
+    // Never undef, even when scale-d makes the value unread: an undefined tied
+    // input lets the register allocator give the output a register that holds
+    // another input (an A word of a later k-step), which the first wgmma then
+    // overwrites while the block still reads it.
+    operands.push_back(acc[dReg[size_t(j)]]);
   }
   std::string dList = "{";
   for (int64_t j = 0; j < numD; ++j) dList += (j ? ", $" : "$") + std::to_string(j);

@@ -169,6 +169,27 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   if (!onlyUser(dot.operand(1), &dot, body) || !onlyUser(load->result(), cvt, body)) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
 
+  // Conservative until understood: a layout conversion through shared memory
+  // in the same loop (document ids loaded in one layout and compared in
+  // another, say) made the H200 return wrong rows for D = 64, BLOCK_N = 64
+  // (tests/attention FlexAttentionGpu, document variant). Such loops keep
+  // mma.sync; see docs/performance.md.
+  bool sharedConversion = false;
+  std::function<void(const ir::Block&)> scanConverts = [&](const ir::Block& blk) {
+    for (const auto& o : blk.ops()) {
+      if (o->kind() == OpKind::ConvertLayout) {
+        const ir::Op* src = o->operand(0)->definingOp();
+        const bool ring = src && src->kind() == OpKind::Load && src->hasAttr("async_stages");
+        const auto& from = o->operand(0)->type().layout();
+        const auto& to = o->result()->type().layout();
+        if (!ring && !(from && to && *from == *to)) sharedConversion = true;
+      }
+      for (const auto& r : o->regions()) scanConverts(*r);
+    }
+  };
+  scanConverts(body);
+  if (sharedConversion) return std::nullopt;
+
   const Layout& lc = *dot.result()->type().layout();
   const int numWarps = lc.numWarps();
   const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];

@@ -98,7 +98,10 @@ int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t
 //     accumulator fragment of each warp is the mma.sync one repeated along N
 //     (d[4i..4i+3] of n-block i at the m16n8 positions), so layouts, softmax
 //     and the P operand are the same as on mma.sync;
-//   * N is a multiple of 8 up to 256 and K a multiple of 16.
+//   * N is a multiple of 8 up to 256 and K a multiple of 16;
+//   * the loop converts no other layout (through shared memory): such loops
+//     gave wrong rows on the H200 (document ids at D = 64) and keep mma.sync
+//     until the cause is found.
 // The B tile is K-major when its contiguous dimension is B's K (the K of
 // attention's Q K^T) and MN-major (imm-trans-b) when it is N (V of P V).
 // FLEXTILE_WGMMA=0 in the environment turns the path off (for comparisons).

@@ -71,6 +71,21 @@ TEST(FlexAttentionCodegen, EveryRingPrologueWaitsForTheCtaFirst) {
   }
 }
 
+// Regression (wrong rows on the H200 for the document variant at D = 64): a
+// loop that also converts a layout through shared memory (the document ids
+// are loaded in one layout and compared in another) keeps mma.sync.
+TEST(FlexAttentionCodegen, LoopsWithSharedConversionsKeepMmaSync) {
+  Tensor q = Tensor::empty(DType::BF16, {1, 8, 127, 64}, MemorySpace::Host);
+  Tensor k = Tensor::empty(DType::BF16, {1, 2, 129, 64}, MemorySpace::Host);
+  std::vector<int32_t> ids(129);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i / 20);
+  MaskMod docs = and_masks(causal_mask(), document_mask(dsl::capture(Tensor::fromHost(ids, {1, 129}), "ids")));
+  BlockMask mask = createBlockMask(docs, 1, 1, 127, 129, {128, 128}, MemorySpace::Host);
+  auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {}, true, codegen::Target::sm90a());
+  EXPECT_EQ(count(plan.compiled->ptx, "wgmma"), 0);
+  EXPECT_GT(count(plan.compiled->ptx, "mma\\.sync"), 0);
+}
+
 TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
   const auto& k = compileFor(codegen::Target::sm80(), {64, 64, 4, 2});
   EXPECT_EQ(count(k.ptx, "wgmma"), 0);
