@@ -92,7 +92,9 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   ir::dump("llvm", f->name(), k.llvmIR);
   ir::dump("ptx", f->name(), k.ptx);
   if (options.runPtxas) {
-    k.ptxasInfo = runPtxas(k.ptx, target).log;
+    PtxasReport report = runPtxas(k.ptx, target);
+    k.ptxasInfo = std::move(report.log);
+    k.cubin = std::move(report.cubin);
     timer.step("ptxas");
   }
   k.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
