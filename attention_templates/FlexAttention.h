@@ -38,9 +38,9 @@ namespace flextile::attention {
 
 // One point of the template's tuning space.
 struct FlexAttentionConfig {
-  int64_t block_m = 128;  // queries per program (a power of two >= 16)
+  int64_t block_m = 64;   // queries per program (a power of two >= 16)
   int64_t block_n = 64;   // keys per inner step (a power of two >= 16)
-  int num_warps = 8;
+  int num_warps = 4;
   int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
   std::string describe() const;  // "BM128 BN64 w8 s2"
   bool operator==(const FlexAttentionConfig&) const = default;

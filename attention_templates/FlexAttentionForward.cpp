@@ -34,13 +34,12 @@ std::string FlexAttentionConfig::describe() const {
 }
 
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim) {
-  FlexAttentionConfig c;
+  // 64 x 64 tiles on one warpgroup: the fastest untuned point on the H200 for
+  // every yardstick variant at D = 128 (bench/RESULTS.md, 2026-11-29), and
+  // small enough for three programs per SM.
+  FlexAttentionConfig c{64, 64, 4, 2};
   const bool wide = ir::byteWidth(dtype) == 4;
-  if (headDim > 128 || wide) {
-    c.block_m = 64;
-    c.block_n = 32;
-    c.num_warps = 4;
-  }
+  if (headDim > 128 || wide) c.block_n = 32;
   return c;
 }
 
@@ -84,7 +83,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile scale = Tile(f.addParam(Type(DType::F32), "scale"));
 
   const double log2e = std::numbers::log2e;
-  Tile mBlock = program_id(0), h = program_id(1), b = program_id(2);
+  // Query tiles in reverse launch order: under causal-like masks the last rows
+  // have the most blocks, and starting them first shortens the tail of the grid.
+  Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
   Tile hkv = h / k.G;
   Tile offsM = mBlock * k.BM + arange(0, k.BM);
   Tile offsD = arange(0, k.DP);
@@ -299,6 +300,10 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   }
   const BlockMask& mask = *p.mask;
   mask.checkInputs(p.B, p.Hq, p.L, p.S);
+  if (!options.config) {  // the default adapts to masks with smaller blocks; a given config is taken as is
+    p.config.block_m = std::min(p.config.block_m, std::max<int64_t>(16, mask.qBlockSize()));
+    p.config.block_n = std::min(p.config.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+  }
   if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
     throw Error("flex_attention: config " + c.describe() + " does not tile the BlockMask's blocks (" +
                 std::to_string(mask.qBlockSize()) + " x " + std::to_string(mask.kvBlockSize()) +
@@ -309,7 +314,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     throw Error("flex_attention: mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
 
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
-  const bool hasScoreMod = scoreMod.defined() && scoreMod.name() != "noop";
+  // By identity, not by name: a user's mod may be called "noop" and still change the scores.
+  const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
   p.constants = FwdConstants{c.block_m,
                              c.block_n,
                              p.D,
@@ -320,7 +326,9 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                              hasScoreMod,
                              options.return_lse,
                              p.L % c.block_m == 0,
-                             p.S % c.block_n == 0,
+                             // Every inner step of every listed block inside the keys: BLOCK_N
+                             // dividing S is not enough when the last mask block reaches past S.
+                             p.S % mask.kvBlockSize() == 0,
                              mask.numFullBlocks() > 0,
                              mask.numPartialBlocks() > 0};
   return p;

@@ -54,8 +54,16 @@ std::vector<Variant> builtins() {
                  const int64_t len = std::max(in.L, in.S);
                  std::vector<std::vector<int64_t>> offsets;
                  std::vector<std::vector<int32_t>> ids;
+                 if (!in.documentOffsets.empty() && int64_t(in.documentOffsets.size()) != in.B)
+                   throw Error("document variant: " + std::to_string(in.documentOffsets.size()) +
+                               " offset lists for a batch of " + std::to_string(in.B));
                  for (int64_t b = 0; b < in.B; ++b) {
-                   offsets.push_back(randomDocumentOffsets(len, kYardstickDocuments, in.seed + uint64_t(b)));
+                   offsets.push_back(in.documentOffsets.empty()
+                                         ? randomDocumentOffsets(len, kYardstickDocuments, in.seed + uint64_t(b))
+                                         : in.documentOffsets[size_t(b)]);
+                   if (offsets.back().empty() || offsets.back().front() != 0 || offsets.back().back() < len)
+                     throw Error("document variant: offsets of batch " + std::to_string(b) +
+                                 " must start at 0 and reach the length " + std::to_string(len));
                    std::vector<int32_t> row(static_cast<size_t>(len), 0);
                    for (size_t d = 0; d + 1 < offsets.back().size(); ++d)
                      for (int64_t i = offsets.back()[d]; i < offsets.back()[d + 1]; ++i) row[size_t(i)] = int32_t(d);

@@ -29,6 +29,9 @@ struct VariantInputs {
   dsl::MemorySpace space = dsl::MemorySpace::Host;  // where captured tensors and mask lists live
   BlockSizes blocks{};
   uint64_t seed = 1;  // for variants with random data (document cuts, bias tables)
+  // Document start offsets per batch (0 = o_0 < ... < o_D = L) for the
+  // document variant; empty: random cuts from `seed`.
+  std::vector<std::vector<int64_t>> documentOffsets;
 };
 
 struct VariantInstance {

@@ -10,10 +10,13 @@
 // joins them with torch_reference.py's JSON).
 //
 //   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
+//                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
+//                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
 #include <Eigen/Core>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cctype>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -63,6 +66,30 @@ double allowedPairs(const BlockMask& m, const RefMaskFn& ref, int64_t B, int64_t
         }
       }
   return total * double(B / m.batch()) * double(Hq / m.heads());
+}
+
+// {"offsets": [[0, 17, ..., N], [...]]}: the integers of each inner list.
+std::vector<std::vector<int64_t>> readOffsets(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) throw Error("flextile_attention_bench: cannot read " + path);
+  std::string text;
+  for (int c; (c = std::fgetc(f)) != EOF;) text += char(c);
+  std::fclose(f);
+  std::vector<std::vector<int64_t>> out;
+  int depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '[' && ++depth == 2) out.emplace_back();
+    else if (c == ']') --depth;
+    else if (depth == 2 && std::isdigit(static_cast<unsigned char>(c))) {
+      size_t end = i;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      out.back().push_back(std::stoll(text.substr(i, end - i)));
+      i = end - 1;
+    }
+  }
+  if (out.empty()) throw Error("flextile_attention_bench: no offset lists in " + path);
+  return out;
 }
 
 double msSince(std::chrono::steady_clock::time_point t0) {
@@ -120,6 +147,7 @@ int main(int argc, char** argv) try {
   int64_t B = 2, Hq = 16, N = 8192, D = 128;
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
   bool quick = false;
+  std::vector<std::vector<int64_t>> documentOffsets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -132,6 +160,7 @@ int main(int argc, char** argv) try {
     else if (a == "--n") N = std::stoll(next());
     else if (a == "--d") D = std::stoll(next());
     else if (a == "--quick") quick = true;
+    else if (a == "--document-offsets") documentOffsets = readOffsets(next());
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
   std::string why;
@@ -157,9 +186,10 @@ int main(int argc, char** argv) try {
 
   std::vector<FlexAttentionConfig> configs{defaultFlexAttentionConfig(DType::BF16, D)};
   if (!quick)
-    for (FlexAttentionConfig c : {FlexAttentionConfig{128, 64, 8, 3}, FlexAttentionConfig{128, 32, 8, 2},
-                                  FlexAttentionConfig{128, 32, 8, 3}, FlexAttentionConfig{64, 64, 4, 2},
-                                  FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{128, 128, 8, 2}})
+    for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
+                                  FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{64, 128, 4, 2},
+                                  FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{128, 64, 8, 3},
+                                  FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 128, 8, 3}})
       if (!(c == configs[0])) configs.push_back(c);
 
   struct Row {
@@ -171,7 +201,7 @@ int main(int argc, char** argv) try {
   for (const std::string& name : names) {
     const Variant& var = variant(name);
     Row row{name};
-    VariantInputs in{B, Hq, N, N, MemorySpace::Device, {128, 128}, 7};
+    VariantInputs in{B, Hq, N, N, MemorySpace::Device, {128, 128}, 7, documentOffsets};
     // Structural builders (through the variant) and the generic builder, each
     // with the lists uploaded, as PyTorch's create_block_mask leaves them on the GPU.
     auto t0 = std::chrono::steady_clock::now();

@@ -15,6 +15,15 @@
 // 16-bit registers are packed into each 32-bit operand, low half first.
 // K repetitions are the outer loop so that consecutive mmas are independent.
 //
+// Hopper (wgmmaPlan, TensorCores.h): one inline-asm block per dot that
+// fences, issues one wgmma.mma_async m64nNk16 per 16 of K (A words from
+// registers as for mma.sync, B as a matrix descriptor of the pipelined ring
+// slot advanced by the k-step's byte offset), commits and waits for the
+// group. Keeping fence, mmas and wait in one statement means no instruction
+// the compiler schedules can touch the accumulators while they are in
+// flight. The accumulators go in and out as tied "+f" operands in the
+// fragment order d[4i + j] = (8*(j>>1), 8i + (j&1)) of n-block i.
+//
 // FMA (everything else): a and b are staged row-major through shared memory
 // (codegen/SharedMemory.h: a at the scratch base, b at dotScratchBOffset),
 // then each thread updates its own accumulator registers with one f32 FMA
@@ -55,6 +64,7 @@ void Lowering::lowerDot(const ir::Op& op) {
   const Layout& lb = layoutOf(bv, op);
   const Layout& lc = layoutOf(res, op);
   if (layoutOf(acc, op) != lc) fail(op, "the accumulator and the result have different layouts");
+  if (auto w = wgmmaPlan(op, target)) return lowerWgmmaDot(op, *w);
   if (isMmaDot(op)) return lowerMmaDot(op);
 
   const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
@@ -200,6 +210,94 @@ void Lowering::lowerMmaDot(const ir::Op& op) {
       }
     }
   }
+  set(op.result(), std::move(acc));
+}
+
+void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
+  const ir::Value* a = op.operand(0);
+  const Layout& la = layoutOf(a, op);
+  const Layout& lc = layoutOf(op.result(), op);
+  const DType t = a->type().dtype();
+  if (!pipe_ || !pipe_->buffers.count(w.load) || !pipe_->buffers.at(w.load).wgmma)
+    fail(op, "is planned for wgmma but its B tile is not in a pipelined ring of this loop");
+  const PipelinedBuffer& buf = pipe_->buffers.at(w.load);
+  auto reg = [&](const Layout& l, int64_t row, int64_t col, const char* what) {
+    int64_t r = l.registerOf({row, col});
+    if (r < 0)
+      fail(op, std::string("the ") + what + " layout " + l.str() + " has no register at (" + std::to_string(row) +
+                   ", " + std::to_string(col) + ") of the wgmma fragment");
+    return size_t(r);
+  };
+  const Regs& as = get(a);
+  Regs acc = get(op.operand(2));
+  const int64_t numD = w.N / 2, steps = w.K / 16;
+  std::vector<size_t> dReg(static_cast<size_t>(numD));
+  for (int64_t j = 0; j < numD; ++j) dReg[size_t(j)] = reg(lc, 8 * ((j % 4) >> 1), 8 * (j / 4) + (j & 1), "accumulator");
+
+  llvm::Type* elemTy = llvmType(t);
+  auto* pairTy = llvm::FixedVectorType::get(elemTy, 2);
+  auto pack = [&](llvm::Value* lo, llvm::Value* hi) {
+    llvm::Value* v = b.CreateInsertElement(llvm::PoisonValue::get(pairTy), lo, uint64_t(0));
+    return b.CreateBitCast(b.CreateInsertElement(v, hi, uint64_t(1)), b.getInt32Ty());
+  };
+  // Descriptor of the slot being read: start address (>> 4) in bits 0-13, the
+  // leading and stride byte offsets (>> 4) in 16-29 and 32-45, the swizzle in 62-63.
+  llvm::Value* slotByte = b.CreateAdd(i32(buf.offset), b.CreateMul(pipe_->readSlot, i32(buf.slotBytes)));
+  llvm::Value* smemAddr = b.CreateAdd(b.CreatePtrToInt(sharedBase, b.getInt32Ty()), slotByte);
+  const uint64_t fixed = (uint64_t((w.leadingByteOffset >> 4) & 0x3FFF) << 16) |
+                         (uint64_t((w.strideByteOffset >> 4) & 0x3FFF) << 32) | (uint64_t(w.swizzleMode) << 62);
+  auto descriptor = [&](int64_t s) {
+    llvm::Value* addr = b.CreateAdd(smemAddr, i32(w.kStepByteOffset(s)));
+    llvm::Value* start = b.CreateZExt(b.CreateLShr(b.CreateAnd(addr, i32(0x3FFFF)), i32(4)), b.getInt64Ty());
+    return b.CreateOr(start, b.getInt64(fixed));
+  };
+
+  // A zero accumulator (S = Q K^T) is not read: the first k-step runs with
+  // scale-d false, and the tied inputs are undefined instead of 0 moves.
+  const ir::Op* accDef = op.operand(2)->definingOp();
+  const bool zeroAcc = accDef && accDef->kind() == ir::OpKind::Constant && accDef->floatAttr("value") == 0.0;
+  std::vector<llvm::Value*> operands;
+  const std::string scaleOperand = "$" + std::to_string(2 * numD + 5 * steps);
+  std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
+                                   scaleOperand + ", 0;\nwgmma.fence.sync.aligned;\n";
+  for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
+  for (int64_t j = 0; j < numD; ++j) {
+    constraints += std::to_string(j) + ",";
+    operands.push_back(zeroAcc ? llvm::UndefValue::get(b.getFloatTy()) : acc[dReg[size_t(j)]]);
+  }
+  std::string dList = "{";
+  for (int64_t j = 0; j < numD; ++j) dList += (j ? ", $" : "$") + std::to_string(j);
+  dList += "}";
+  const std::string kind = std::string("wgmma.mma_async.sync.aligned.m64n") + std::to_string(w.N) + "k16.f32." +
+                           (t == DType::BF16 ? "bf16.bf16" : "f16.f16");
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t k0 = 16 * s;
+    auto at = [&](int i) { return as[reg(la, 8 * ((i >> 1) & 1), k0 ^ (i & 1) ^ 8 * (i >> 2), "A")]; };
+    const int64_t first = 2 * numD + 4 * s;
+    for (int i = 0; i < 8; i += 2) {
+      operands.push_back(pack(at(i), at(i + 1)));
+      constraints += "r,";
+    }
+    text += kind + " " + dList + ", {$" + std::to_string(first) + ", $" + std::to_string(first + 1) + ", $" +
+            std::to_string(first + 2) + ", $" + std::to_string(first + 3) + "}, $" +
+            std::to_string(2 * numD + 4 * steps + s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
+            (w.mnMajor ? "1" : "0") + ";\n";
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    operands.push_back(descriptor(s));
+    constraints += "l,";
+  }
+  operands.push_back(i32(1));  // scale-d: accumulate
+  constraints += "r,~{memory}";
+  text += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+
+  std::vector<llvm::Type*> outTys(static_cast<size_t>(numD), b.getFloatTy()), inTys;
+  for (llvm::Value* v : operands) inTys.push_back(v->getType());
+  auto* retTy = llvm::StructType::get(ctx, outTys);
+  auto* asmTy = llvm::FunctionType::get(retTy, inTys, false);
+  auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), operands);
+  call->addFnAttr(llvm::Attribute::NoUnwind);
+  for (int64_t j = 0; j < numD; ++j) acc[dReg[size_t(j)]] = b.CreateExtractValue(call, unsigned(j));
   set(op.result(), std::move(acc));
 }
 

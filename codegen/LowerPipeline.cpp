@@ -5,7 +5,8 @@
 // swizzled SharedLayout ldmatrix reads (ldmatrixPlan of its convert),
 // slot s at scratchOffset(load) + s * tileBytes (codegen/SharedMemory.h).
 //
-//   prologue   for s in 0..S-2: the load's pointer and mask recomputed for
+//   prologue   a barrier (the ring may reuse bytes a slower warp still reads),
+//              then for s in 0..S-2: the load's pointer and mask recomputed for
 //              iteration s (iv = lb + s*step), cp.async of each thread's
 //              vectors into slot s, src-size 0 where the mask is off or the
 //              iteration does not exist (zero-fill, no global read);
@@ -22,6 +23,7 @@
 // Commit groups are issued uniformly (possibly empty), so the wait count is
 // the constant S-2.
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -126,15 +128,28 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
   p->loads = loads;
   p->ub = ub;
   p->step = step;
+  // Loads whose tile a wgmma reads from the ring (TensorCores.h): their slots
+  // take the wgmma layout instead of the ldmatrix one.
+  std::map<const ir::Op*, ir::SharedLayout> wgmmaTiles;
+  for (const auto& op : forOp.region(0).ops())
+    if (op->kind() == ir::OpKind::Dot)
+      if (auto w = wgmmaPlan(*op, target)) wgmmaTiles.emplace(w->load, w->smem);
   // The convert of each load gives the ldmatrix plan (the only use, checked by the pass).
   for (const auto& op : forOp.region(0).ops())
     if (op->kind() == ir::OpKind::ConvertLayout)
       for (const ir::Op* load : loads)
         if (op->operand(0) == load->result()) {
           const DType t = load->result()->type().dtype();
-          auto ldm = ldmatrixPlan(layoutOf(load->result(), *load), layoutOf(op->result(), *op), t);
-          if (!ldm) fail(*op, "is marked for pipelining but ldmatrix cannot read its layout");
           PipelinedBuffer buf;
+          std::optional<LdmatrixPlan> ldm;
+          if (auto it = wgmmaTiles.find(load); it != wgmmaTiles.end()) {
+            ldm = LdmatrixPlan{it->second};
+            buf.wgmma = true;
+            p->feedsWgmma = true;
+          } else {
+            ldm = ldmatrixPlan(layoutOf(load->result(), *load), layoutOf(op->result(), *op), t);
+          }
+          if (!ldm) fail(*op, "is marked for pipelining but ldmatrix cannot read its layout");
           buf.plan = std::make_shared<LdmatrixPlan>(*ldm);
           buf.slotBytes = pipelineSlotBytes(*load);
           buf.offset = scratchOffset(*load, buf.slotBytes * stages);
@@ -147,7 +162,11 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
     if (!p->buffers.count(load)) fail(*load, "is marked for pipelining but no convert_layout reads it");
   pipes_.push_back(std::move(p));
   pipe_ = pipes_.back().get();
-  // Prologue: iterations 0..S-2 into slots 0..S-2.
+  // Prologue: iterations 0..S-2 into slots 0..S-2. The ring's bytes may be
+  // those an earlier op still reads in a slower warp (a convert's staging
+  // tile, or the ring of a previous loop that its last ldmatrix or wgmma
+  // reads): every thread passes a barrier before the first copy lands.
+  barrier();
   llvm::Type* ivTy = lb->getType();
   for (int s = 0; s + 1 < stages; ++s) {
     llvm::Value* it = b.CreateAdd(lb, b.CreateMul(step, llvm::ConstantInt::get(ivTy, uint64_t(s))));
@@ -167,6 +186,11 @@ Regs Lowering::lowerPipelinedConvert(const ir::Op& cvt, const ir::Op& load) {
   if (!p.waitedThisIteration) {
     p.waitedThisIteration = true;
     b.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, llvm::ArrayRef<llvm::Value*>{i32(p.stages - 2)});
+    if (p.feedsWgmma) {
+      // cp.async wrote through the generic proxy; wgmma reads through the async one.
+      auto* fenceTy = llvm::FunctionType::get(b.getVoidTy(), false);
+      b.CreateCall(fenceTy, llvm::InlineAsm::get(fenceTy, "fence.proxy.async.shared::cta;", "~{memory}", true));
+    }
     barrier();
     llvm::Type* ivTy = p.iv->getType();
     llvm::Value* ahead =
@@ -174,6 +198,7 @@ Regs Lowering::lowerPipelinedConvert(const ir::Op& cvt, const ir::Op& load) {
     issueAsyncCopies(p, ahead, p.writeSlot);
   }
   const PipelinedBuffer& buf = p.buffers.at(&load);
+  if (buf.wgmma) return {};  // the dot reads the slot itself (lowerWgmmaDot)
   llvm::Value* slotBase = b.CreateAdd(i32(buf.offset), b.CreateMul(p.readSlot, i32(buf.slotBytes)));
   return ldmatrixFromShared(layoutOf(cvt.result(), cvt), *buf.plan, load.result()->type().dtype(), slotBase);
 }

@@ -303,7 +303,13 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::Broadcast:
     case OpKind::ExpandDims:
     case OpKind::Reshape:
-    case OpKind::Trans: lowerShapeOp(op); return;
+    case OpKind::Trans:
+      if (op.kind() == OpKind::Trans && get(op.operand(0)).empty()) {
+        set(op.result(), {});  // a wgmma operand: read from shared memory by the dot (TensorCores.h)
+        return;
+      }
+      lowerShapeOp(op);
+      return;
     case OpKind::Neg:
     case OpKind::Not:
     case OpKind::Exp:
@@ -343,7 +349,15 @@ void Lowering::lowerOp(const ir::Op& op) {
 }
 
 void Lowering::lowerBlock(const ir::Block& block) {
-  for (const auto& op : block.ops()) lowerOp(*op);
+  for (const auto& op : block.ops()) {
+    try {
+      lowerOp(*op);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // an internal mistake: say where it happened
+      throw Error("lowering " + op->describe() + ": internal error: " + e.what());
+    }
+  }
 }
 
 std::unique_ptr<llvm::Module> Lowering::run() {
@@ -382,7 +396,7 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   sharedBase = new llvm::GlobalVariable(*module, llvm::ArrayType::get(b.getInt8Ty(), 0), false,
                                         llvm::GlobalValue::ExternalLinkage, nullptr, "global_smem", nullptr,
                                         llvm::GlobalValue::NotThreadLocal, 3);
-  sharedBase->setAlignment(llvm::Align(16));
+  sharedBase->setAlignment(llvm::Align(1024));  // see SharedMemory.cpp: swizzles by absolute address  // see SharedMemory.cpp: swizzles by absolute address
 
   entry = llvm::BasicBlock::Create(ctx, "entry", kernel);
   auto* body = llvm::BasicBlock::Create(ctx, "body", kernel);

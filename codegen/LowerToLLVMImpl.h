@@ -28,6 +28,7 @@ namespace flextile::codegen {
 
 using Regs = std::vector<llvm::Value*>;
 struct LdmatrixPlan;  // codegen/TensorCores.h
+struct WgmmaPlan;     // codegen/TensorCores.h
 
 // A pipelined load's ring of shared tiles (LowerPipeline.cpp).
 struct PipelinedBuffer {
@@ -35,6 +36,7 @@ struct PipelinedBuffer {
   int64_t offset = 0;                  // byte offset of slot 0
   int64_t slotBytes = 0;               // bytes per slot
   int64_t width = 0;                   // elements per cp.async
+  bool wgmma = false;                  // read by wgmma from the slot (no ldmatrix; TensorCores.h)
 };
 // The for loop being lowered with pipelined loads.
 struct PipelineLoop {
@@ -45,6 +47,7 @@ struct PipelineLoop {
   llvm::Value *iv = nullptr, *ub = nullptr, *step = nullptr;
   llvm::Value *readSlot = nullptr, *writeSlot = nullptr;  // i32 slots of iterations i and i+S-1
   bool waitedThisIteration = false;
+  bool feedsWgmma = false;  // some slot is read through the async proxy: fence after the copies land
 };
 
 class Lowering {
@@ -131,6 +134,7 @@ class Lowering {
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp
   void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
   void lowerMmaDot(const ir::Op& op);          // LowerDot.cpp: mma.sync
+  void lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& plan);  // LowerDot.cpp: wgmma (sm_90a)
   // convert_layout through a swizzled shared tile and ldmatrix (LowerLayoutConversion.cpp).
   // Software pipelining (LowerPipeline.cpp).
   bool isPipelinedLoad(const ir::Op* op) const;

@@ -13,6 +13,11 @@ using ir::OpKind;
 
 namespace {
 constexpr int64_t kAlign = 16;
+// Buffers of 1 KB and more start at multiples of 1 KB: the 128-byte swizzle
+// that wgmma and TMA apply is a function of the absolute shared address, so
+// its 8-row pattern (1024 bytes) must start aligned.
+constexpr int64_t kWideAlign = 1024;
+int64_t alignmentOf(int64_t bytes) { return bytes >= kWideAlign ? kWideAlign : kAlign; }
 int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 int64_t tileBytes(const ir::Value* v) { return v->type().numElements() * ir::byteWidth(v->type().dtype()); }
 }  // namespace
@@ -108,7 +113,7 @@ SharedPlan planSharedMemory(const ir::Function& f) {
       moved = false;
       for (auto [lo, hi] : busy)
         if (off + b->bytes > lo && off < hi) {
-          off = alignUp(hi, kAlign);
+          off = alignUp(hi, alignmentOf(b->bytes));
           moved = true;
         }
     }

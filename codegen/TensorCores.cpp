@@ -4,6 +4,10 @@
 #include <mutex>
 #include <tuple>
 
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
 namespace flextile::codegen {
 
 using ir::DType;
@@ -124,6 +128,99 @@ std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, D
   std::lock_guard lock(mutex);
   if (plans.size() > 4096) plans.clear();  // bounded: a long autotune sweep sees many layouts
   plans.emplace(std::move(key), plan);
+  return plan;
+}
+
+// ---- wgmma -------------------------------------------------------------------
+
+ir::SharedLayout wgmmaSharedLayout(const ir::Shape& shape, int contiguousDim, int64_t elemBytes) {
+  if (shape.size() != 2 || (contiguousDim != 0 && contiguousDim != 1))
+    throw Error("wgmma shared layout of " + ir::shapeString(shape) + ": expected a rank-2 tile");
+  const std::vector<int> order = contiguousDim == 1 ? std::vector<int>{1, 0} : std::vector<int>{0, 1};
+  const int64_t rowLen = shape[size_t(contiguousDim)];
+  const int64_t panel = std::min<int64_t>(rowLen, 128 / elemBytes);
+  const int64_t panelBytes = panel * elemBytes;
+  const int64_t vec = 16 / elemBytes;
+  const int64_t maxPhase = panelBytes / 16, perPhase = 128 / panelBytes;
+  return ir::SharedLayout(shape, order, vec, perPhase, maxPhase, elemBytes, panel);
+}
+
+int64_t WgmmaPlan::kStepByteOffset(int64_t s) const {
+  const int64_t eb = smem.elemBytes(), panelBytes = smem.panel() * eb;
+  const int64_t panelStride = smem.rowsPerPanel() * panelBytes;
+  if (mnMajor) return 16 * s * panelBytes;  // K runs along the lines of every panel
+  const int64_t kBytes = 16 * s * eb;       // K runs along the panels
+  return kBytes / panelBytes * panelStride + kBytes % panelBytes;
+}
+
+const ir::Op* wgmmaSourceLoad(const ir::Op& dot) {
+  if (dot.kind() != OpKind::Dot) return nullptr;
+  const ir::Op* d = dot.operand(1)->definingOp();
+  if (d && d->kind() == OpKind::Trans) d = d->operand(0)->definingOp();
+  if (!d || d->kind() != OpKind::ConvertLayout) return nullptr;
+  const ir::Op* load = d->operand(0)->definingOp();
+  if (!load || load->kind() != OpKind::Load || !load->hasAttr("async_stages")) return nullptr;
+  return load;
+}
+
+namespace {
+bool wgmmaDisabled() {
+  const char* e = std::getenv("FLEXTILE_WGMMA");
+  return e && std::strcmp(e, "0") == 0;
+}
+
+// Whether `v` is used only by `user` among the ops of `block` (and their regions).
+bool onlyUser(const ir::Value* v, const ir::Op* user, const ir::Block& block) {
+  bool ok = true;
+  std::function<void(const ir::Block&)> scan = [&](const ir::Block& blk) {
+    for (const auto& op : blk.ops()) {
+      if (op.get() != user)
+        for (const ir::Value* o : op->operands()) ok = ok && o != v;
+      for (const auto& r : op->regions()) scan(*r);
+    }
+  };
+  scan(block);
+  return ok;
+}
+}  // namespace
+
+std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
+  if (target.capability != 90 || !target.archSpecific || wgmmaDisabled() || !isMmaDot(dot)) return std::nullopt;
+  const DType t = dot.operand(0)->type().dtype();
+  if (t != DType::BF16 && t != DType::F16) return std::nullopt;
+  const ir::Op* load = wgmmaSourceLoad(dot);
+  if (!load || load->parentBlock() != dot.parentBlock()) return std::nullopt;
+  // The convert (and trans) between the load and the dot feed nothing else.
+  const ir::Block& body = *dot.parentBlock();
+  const ir::Op* first = dot.operand(1)->definingOp();
+  const bool transposed = first->kind() == OpKind::Trans;
+  const ir::Op* cvt = transposed ? first->operand(0)->definingOp() : first;
+  if (!onlyUser(dot.operand(1), &dot, body) || !onlyUser(load->result(), cvt, body)) return std::nullopt;
+  if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
+
+  const Layout& lc = *dot.result()->type().layout();
+  const int numWarps = lc.numWarps();
+  const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
+  if (numWarps % 4 != 0 || M != 16 * numWarps || N % 8 != 0 || N > 256 || K % 16 != 0) return std::nullopt;
+  for (size_t i = 0; i < lc.warpBases().size(); ++i)
+    if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
+  for (const auto& basis : lc.regBases())
+    if (basis[0] >= 16) return std::nullopt;  // no M repetition inside a warp
+
+  const Layout& from = *load->result()->type().layout();
+  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
+  // B = load ([K, N]) or trans(load) ([N, K]); K-major when B's K is contiguous.
+  const int kDimOfLoad = transposed ? 1 : 0;
+  WgmmaPlan plan{load, wgmmaSharedLayout(load->result()->type().shape(), contiguous, ir::byteWidth(t))};
+  plan.mnMajor = contiguous != kDimOfLoad;
+  plan.N = N;
+  plan.K = K;
+  const int64_t panelBytes = plan.smem.panel() * plan.smem.elemBytes();
+  if (panelBytes < 32 || plan.smem.rowsPerPanel() % 8 != 0) return std::nullopt;
+  plan.swizzleMode = panelBytes == 128 ? 1 : panelBytes == 64 ? 2 : 3;
+  const int64_t panelStride = plan.smem.rowsPerPanel() * panelBytes;
+  plan.leadingByteOffset = plan.mnMajor ? panelStride : 16;  // K-major swizzled: unused
+  plan.strideByteOffset = 8 * panelBytes;
   return plan;
 }
 

@@ -83,4 +83,46 @@ std::optional<LdmatrixPlan> ldmatrixPlan(const ir::Layout& from, const ir::Layou
 // copy it and the load is not pipelined.
 int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t);
 
+// ---------------------------------------------------------------------------
+// Hopper warpgroup MMA. On sm_90a an mma dot runs as
+//   wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}
+// (A from registers, B read by the tensor cores straight from shared memory
+// through a matrix descriptor) when
+//   * its B operand is a pipelined load's tile: b = convert_layout(load) or
+//     trans(convert_layout(load)), the load marked async_stages, the convert
+//     (and trans) used by this dot only; the ring slot then *is* the operand,
+//     stored in wgmmaSharedLayout, and no ldmatrix or B register exists;
+//   * every warp holds exactly 16 accumulator rows, warp w rows [16w, 16w+16)
+//     (the chained-dot split with M = 16 * num_warps, num_warps a multiple of
+//     4): warpgroup g is then the m64 block [64g, 64g+64), and the wgmma
+//     accumulator fragment of each warp is the mma.sync one repeated along N
+//     (d[4i..4i+3] of n-block i at the m16n8 positions), so layouts, softmax
+//     and the P operand are the same as on mma.sync;
+//   * N is a multiple of 8 up to 256 and K a multiple of 16.
+// The B tile is K-major when its contiguous dimension is B's K (the K of
+// attention's Q K^T) and MN-major (imm-trans-b) when it is N (V of P V).
+// FLEXTILE_WGMMA=0 in the environment turns the path off (for comparisons).
+struct WgmmaPlan {
+  const ir::Op* load = nullptr;  // the pipelined load whose ring slot is B
+  ir::SharedLayout smem;         // wgmmaSharedLayout of the load's tile
+  bool mnMajor = false;          // B's N dimension is the contiguous one
+  int swizzleMode = 1;           // descriptor bits 62-63: 1 = 128 B, 2 = 64 B, 3 = 32 B
+  int64_t N = 0, K = 0;
+  int64_t leadingByteOffset = 0, strideByteOffset = 0;
+  // Byte offset, from the tile's start, of the B sub-matrix of k-step s (16 rows of K).
+  int64_t kStepByteOffset(int64_t s) const;
+};
+
+// The tile layout wgmma reads: the contiguous dimension `contiguousDim` cut
+// into panels as wide as the swizzle (128 bytes, or the whole row when it is
+// 64 or 32 bytes), rows swizzled in 16-byte chunks (SharedLayout panels).
+ir::SharedLayout wgmmaSharedLayout(const ir::Shape& shape, int contiguousDim, int64_t elemBytes);
+
+// The pipelined load that feeds `dot`'s B operand through a convert (and a
+// trans), or null.
+const ir::Op* wgmmaSourceLoad(const ir::Op& dot);
+// The plan when `dot` runs on wgmma for `target` (rules above), else empty.
+// Needs layouts.
+std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
+
 }  // namespace flextile::codegen

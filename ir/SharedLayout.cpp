@@ -31,13 +31,16 @@ std::string intsStr(const std::vector<int64_t>& v, const char* sep) {
 }  // namespace
 
 SharedLayout::SharedLayout(Shape shape, std::vector<int> order, int64_t vec, int64_t perPhase, int64_t maxPhase,
-                           int64_t elemBytes)
+                           int64_t elemBytes, int64_t panel)
     : shape_(std::move(shape)),
       order_(std::move(order)),
       vec_(vec),
       perPhase_(perPhase),
       maxPhase_(maxPhase),
-      elemBytes_(elemBytes) {
+      elemBytes_(elemBytes),
+      panel_(panel) {
+  if (panel_ == 0 && !order_.empty() && order_[0] >= 0 && size_t(order_[0]) < shape_.size())
+    panel_ = shape_[size_t(order_[0])];
   if (auto err = verify(); !err.empty()) throw Error("shared layout " + str() + ": " + err);
 }
 
@@ -82,19 +85,21 @@ int64_t SharedLayout::offsetOf(const Coord& c) const {
   bool inside = c.size() == shape_.size();
   for (size_t d = 0; inside && d < c.size(); ++d) inside = c[d] >= 0 && c[d] < shape_[d];
   if (!inside) throw Error("shared layout " + str() + ": coordinate " + intsStr(c, ", ") + " is outside the tile");
-  const int64_t row = rowOf(c), col = c[order_[0]];
+  const int64_t row = rowOf(c), col = c[order_[0]] % panel_, panelIndex = c[order_[0]] / panel_;
   const int64_t phase = (row / perPhase_) % maxPhase_;
-  return row * rowLength() + (((col / vec_) ^ phase) * vec_) + col % vec_;
+  return (panelIndex * rowsPerPanel() + row) * panel_ + (((col / vec_) ^ phase) * vec_) + col % vec_;
 }
 
 SharedLayout::Coord SharedLayout::coordOf(int64_t offset) const {
   if (offset < 0 || offset >= numElements())
     throw Error("shared layout " + str() + ": offset " + std::to_string(offset) + " is outside the buffer");
-  int64_t row = offset / rowLength();
-  const int64_t swizzled = offset % rowLength();
+  int64_t row = offset / panel_;
+  const int64_t panelIndex = row / rowsPerPanel();
+  row %= rowsPerPanel();
+  const int64_t swizzled = offset % panel_;
   const int64_t phase = (row / perPhase_) % maxPhase_;
   Coord c(shape_.size(), 0);
-  c[order_[0]] = (((swizzled / vec_) ^ phase) * vec_) + swizzled % vec_;
+  c[order_[0]] = panelIndex * panel_ + (((swizzled / vec_) ^ phase) * vec_) + swizzled % vec_;
   for (size_t k = 1; k < order_.size(); ++k) {
     c[order_[k]] = row % shape_[order_[k]];
     row /= shape_[order_[k]];
@@ -115,14 +120,17 @@ bool SharedLayout::needsTransposedLdmatrix(int operandIndex) const {
 
 bool SharedLayout::operator==(const SharedLayout& o) const {
   return shape_ == o.shape_ && order_ == o.order_ && vec_ == o.vec_ && perPhase_ == o.perPhase_ &&
-         maxPhase_ == o.maxPhase_ && elemBytes_ == o.elemBytes_;
+         maxPhase_ == o.maxPhase_ && elemBytes_ == o.elemBytes_ && panel_ == o.panel_;
 }
 
 std::string SharedLayout::str() const {
   std::string s = "#ft.shared<" + intsStr(shape_, ", ") + ", order=";
   s += intsStr(std::vector<int64_t>(order_.begin(), order_.end()), ",");
   s += ", vec=" + std::to_string(vec_) + ", perPhase=" + std::to_string(perPhase_) +
-       ", maxPhase=" + std::to_string(maxPhase_) + ", bytes=" + std::to_string(elemBytes_) + ">";
+       ", maxPhase=" + std::to_string(maxPhase_) + ", bytes=" + std::to_string(elemBytes_);
+  if (!shape_.empty() && order_.size() == shape_.size() && panel_ != shape_[size_t(order_[0])])
+    s += ", panel=" + std::to_string(panel_);
+  s += ">";
   return s;
 }
 
@@ -138,6 +146,9 @@ std::string SharedLayout::verify() const {
     if (sorted[d] != int(d)) return "order is not a permutation of the dimensions";
   if (!isPow2(vec_) || !isPow2(perPhase_) || !isPow2(maxPhase_))
     return "vec, perPhase and maxPhase must be powers of two";
+  if (!isPow2(panel_) || panel_ > shape_[size_t(order_[0])])
+    return "panel " + std::to_string(panel_) + " must be a power of two no larger than the contiguous dimension";
+  if (vec_ > panel_) return "vec " + std::to_string(vec_) + " exceeds the panel of " + std::to_string(panel_);
   if (maxPhase_ > 1 && maxPhase_ * vec_ > rowLength())
     return "the swizzle leaves the row: maxPhase * vec = " + std::to_string(maxPhase_ * vec_) +
            " > row length " + std::to_string(rowLength());
@@ -170,10 +181,13 @@ SharedLayout SharedLayout::parse(std::string_view text) {
   std::vector<int> order(orderInts.begin(), orderInts.end());
   int64_t vec = ps.field("vec"), perPhase = ps.field("perPhase"), maxPhase = ps.field("maxPhase");
   int64_t bytes = ps.field("bytes");
+  int64_t panel = 0;
+  ps.ws();
+  if (ps.p < text.size() && text[ps.p] == ',') panel = ps.field("panel");
   ps.expect(">");
   ps.ws();
   if (ps.p != text.size()) ps.fail("unexpected text after the layout");
-  return SharedLayout(shape, order, vec, perPhase, maxPhase, bytes);  // verifies
+  return SharedLayout(shape, order, vec, perPhase, maxPhase, bytes, panel);  // verifies
 }
 
 // -----------------------------------------------------------------------------

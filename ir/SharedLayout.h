@@ -12,7 +12,18 @@
 //     chunk'      = (col / vec) XOR phase
 //     offset      = row * rowLength + chunk' * vec + col % vec      (elements)
 //
-// maxPhase = 1 is the plain row-major layout. The swizzle is the one ldmatrix
+// maxPhase = 1 is the plain row-major layout.
+//
+// Panels (`panel` < the contiguous dimension's size): the contiguous
+// dimension is cut into panels of `panel` elements; a panel holds its slice
+// of every row, one after the other, and the panels follow each other:
+//
+//     offset      = (col / panel) * (rows * panel) + row * panel
+//                   + (((col % panel) / vec) XOR phase) * vec + col % vec
+//
+// This is the layout Hopper's wgmma reads through a matrix descriptor
+// (128-byte panels with the 128-byte swizzle; codegen/TensorCores.h). A
+// panel equal to the whole row is the layout above. The swizzle is the one ldmatrix
 // and cp.async want: the 8 rows an ldmatrix matrix reads (16 bytes each) land
 // in 8 different 16-byte bank groups, while every 16-byte chunk stays
 // contiguous for vector stores. All of it is linear over GF(2) in the bits of
@@ -21,6 +32,7 @@
 //
 // Printed and parsed as
 //     #ft.shared<[64, 32], order=[1,0], vec=8, perPhase=1, maxPhase=8, bytes=2>
+// (with `, panel=64` before `>` when the rows are cut into panels).
 // Pictures in docs/layouts.md.
 #pragma once
 
@@ -40,7 +52,7 @@ class SharedLayout {
 
   // Throws flextile::Error when the parameters are malformed (see verify()).
   SharedLayout(Shape shape, std::vector<int> order, int64_t vec, int64_t perPhase, int64_t maxPhase,
-               int64_t elemBytes);
+               int64_t elemBytes, int64_t panel = 0);  // panel 0: the whole row
 
   // Unswizzled (vec = 1, perPhase = 1, maxPhase = 1) storage in `order`.
   static SharedLayout plain(const Shape& shape, const std::vector<int>& order, int64_t elemBytes);
@@ -65,7 +77,10 @@ class SharedLayout {
   int64_t elemBytes() const { return elemBytes_; }
   int64_t numElements() const;
   int64_t sizeBytes() const { return numElements() * elemBytes_; }
-  int64_t rowLength() const { return shape_[order_[0]]; }  // elements per row
+  int64_t rowLength() const { return panel_; }  // elements per stored row: one panel of a tile row
+  int64_t panel() const { return panel_; }
+  int64_t numPanels() const { return shape_[order_[0]] / panel_; }
+  int64_t rowsPerPanel() const { return numElements() / shape_[order_[0]]; }
 
   // Element offset of a tile coordinate and its inverse. Both throw
   // flextile::Error outside the tile / buffer.
@@ -95,7 +110,7 @@ class SharedLayout {
   int64_t rowOf(const Coord& coord) const;
   Shape shape_;
   std::vector<int> order_;
-  int64_t vec_, perPhase_, maxPhase_, elemBytes_;
+  int64_t vec_, perPhase_, maxPhase_, elemBytes_, panel_;
 };
 
 // ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ ALL_BENCHES=(
   "torch_softmax|python3 bench/torch_softmax.py"
   "gemm|$BUNDLE/bin/flextile_gemm_bench"
   "torch_gemm|python3 bench/torch_gemm.py"
-  "attention|$BUNDLE/bin/flextile_attention_bench ${FLEXTILE_ATTENTION_ARGS:-}"
+  "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
 SELECTED=${FLEXTILE_BENCHES:-attention torch_attention}

@@ -83,6 +83,34 @@ TEST(Pipeline, PtxHasCpAsyncCommitGroupsAndTheWaitCountPerStage) {
   }
 }
 
+// sm_90a with every warp on 16 rows of M (128 x 16 tiles, 8 warps): B is the
+// pipelined ring slot, read by wgmma through a descriptor (MN-major: B [K, N]
+// is stored N-contiguous), A from registers; no ldmatrix for B, a proxy fence
+// after the copies land. sm_80 and FLEXTILE_WGMMA=0 keep mma.sync.
+TEST(Pipeline, HopperReadsTheRingSlotWithWgmma) {
+  auto k = compile(*tracedMatmul(128, 16, 32, 8, 3), CompileOptions{Target::sm90a(), false});
+  EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n16k16\\.f32\\.bf16\\.bf16"), 2) << k.ptx;
+  EXPECT_EQ(count(k.ptx, "p, 1, 1, 1;"), 2);  // imm-trans-b: MN-major
+  EXPECT_EQ(count(k.ptx, "wgmma\\.wait_group\\.sync\\.aligned 0"), 1);
+  EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async\\.shared::cta"), 1);
+  EXPECT_EQ(count(k.ptx, "mma\\.sync"), 0);
+  EXPECT_EQ(count(k.ptx, "\\.align 1024 \\.b8 global_smem"), 1);
+  auto old = compile(*tracedMatmul(128, 16, 32, 8, 3), CompileOptions{Target::sm80(), false});
+  EXPECT_EQ(count(old.ptx, "wgmma"), 0);
+  EXPECT_GT(count(old.ptx, "mma\\.sync"), 0);
+  ::setenv("FLEXTILE_WGMMA", "0", 1);
+  auto off = compile(*tracedMatmul(128, 16, 32, 8, 3), CompileOptions{Target::sm90a(), false});
+  ::unsetenv("FLEXTILE_WGMMA");
+  EXPECT_EQ(count(off.ptx, "wgmma"), 0);
+  EXPECT_GT(count(off.ptx, "mma\\.sync"), 0);
+  if (findPtxas()) {
+    for (const auto* code : {&k, &off}) {
+      PtxasReport r = runPtxas(code->ptx, Target::sm90a());  // throws on an assembly error
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+  }
+}
+
 TEST(Pipeline, RefusesARingThatDoesNotFitNamingTheNeedAndTheLimit) {
   auto f = tracedMatmul(256, 256, 128, 8, 4);  // 4 * (64 + 64) KB
   try {

@@ -38,7 +38,7 @@ void checkMatmul(int M, int N, int K, int BM, int BN, int BK, int warps, std::mt
   dsl::Kernel mm = examples::matmul<T>();
   dsl::LaunchOptions launch{{cdiv(M, BM), cdiv(N, BN), 1}, {BM, BN, BK}, warps};
   const auto& code = mm.compile(launch, {da, db, dc, M, N, K});
-  const bool tensorCores = code.ptx.find("mma.sync") != std::string::npos;
+  const bool tensorCores = code.ptx.find("mma.sync") != std::string::npos || code.ptx.find("wgmma.mma_async") != std::string::npos;
   mm.run(launch, da, db, dc, M, N, K);
   runtime::synchronize();
   fromDevice(dc, c);

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ir/IR.h"
@@ -646,4 +647,41 @@ TEST(Ldmatrix, RejectsLayoutsItCannotRead) {
 }
 
 }  // namespace
+}  // namespace flextile::ir
+
+namespace flextile::ir {
+
+// Panels (the wgmma tile format): the contiguous dimension cut into 64-element
+// panels of 128 bytes, each holding every row, rows swizzled in 16-byte chunks
+// by their index mod 8; printed with panel= and parsed back.
+TEST(SharedLayout, PanelsFollowTheWgmmaTileFormula) {
+  for (auto [rows, cols, rowMajor] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {64, 128, true}, {32, 256, true}, {128, 64, false}, {128, 16, false}}) {
+    const std::vector<int> order = rowMajor ? std::vector<int>{1, 0} : std::vector<int>{0, 1};
+    SharedLayout s({rows, cols}, order, 8, 1, 8, 2, 64);
+    SCOPED_TRACE(s.str());
+    ASSERT_EQ(s.verify(), "");
+    const int64_t lines = rowMajor ? rows : cols, along = rowMajor ? cols : rows;
+    EXPECT_EQ(s.numPanels(), along / 64);
+    EXPECT_EQ(s.rowsPerPanel(), lines);
+    std::vector<char> hit(size_t(s.numElements()), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t line = rowMajor ? r : c, x = rowMajor ? c : r;
+        const int64_t want = (x / 64) * lines * 64 + line * 64 + (((x % 64) / 8) ^ (line % 8)) * 8 + x % 8;
+        ASSERT_EQ(s.offsetOf({r, c}), want) << r << ", " << c;
+        ASSERT_EQ(s.coordOf(want), (Layout::Coord{r, c}));
+        ASSERT_EQ(hit[size_t(want)]++, 0);
+      }
+    EXPECT_NE(s.str().find("panel=64"), std::string::npos);
+    EXPECT_EQ(SharedLayout::parse(s.str()), s);
+  }
+  // A panel equal to the row prints and parses as before.
+  SharedLayout whole({64, 64}, {1, 0}, 8, 1, 8, 2, 64);
+  EXPECT_EQ(whole.str().find("panel"), std::string::npos);
+  EXPECT_EQ(whole, SharedLayout({64, 64}, {1, 0}, 8, 1, 8, 2));
+  EXPECT_THROW(SharedLayout({64, 64}, {1, 0}, 8, 1, 8, 2, 48), Error);   // not a power of two
+  EXPECT_THROW(SharedLayout({64, 64}, {1, 0}, 8, 1, 8, 2, 128), Error);  // wider than the row
+}
+
 }  // namespace flextile::ir

@@ -1,0 +1,83 @@
+// The code flex_attention's forward template compiles to, without a GPU: on
+// sm_90a both products run on wgmma straight from the pipelined K and V ring
+// slots (Q K^T K-major, P V MN-major), on sm_80 on mma.sync; ptxas accepts
+// both without spills.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "attention_templates/FlexAttention.h"
+#include "codegen/Ptxas.h"
+
+using namespace flextile;
+using namespace flextile::attention;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+int count(const std::string& text, const std::string& re) {
+  std::regex r(re);
+  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
+}
+
+const codegen::CompiledKernel& compileFor(codegen::Target target, FlexAttentionConfig config, int64_t D = 128) {
+  Tensor q = Tensor::empty(DType::BF16, {1, 2, 1024, D}, MemorySpace::Host);
+  Tensor k = Tensor::empty(DType::BF16, {1, 2, 1024, D}, MemorySpace::Host);
+  static std::optional<BlockMask> mask;
+  mask = causalBlockMask(1, 1, 1024, 1024);
+  auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {.config = config}, true, target);
+  return *plan.compiled;
+}
+}  // namespace
+
+TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
+  for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 3}}) {
+    SCOPED_TRACE(c.describe());
+    const auto& k = compileFor(codegen::Target::sm90a(), c);
+    // Two loops (full and partial blocks), each: 8 k-steps of Q K^T (m64n64,
+    // K-major; the first with scale-d false, S starts at zero) and 4 of P V
+    // (m64n128, MN-major, accumulating).
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16[^;]*z, 1, 1, 0;"), 2);
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16[^;]*p, 1, 1, 0;"), 14);
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16[^;]*p, 1, 1, 1;"), 8);
+    EXPECT_EQ(count(k.ptx, "mma\\.sync"), 0);
+    EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 2);
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+  }
+}
+
+// Regression (a GPU race seen on the H200 in the document variant): the
+// second loop's ring may reuse the bytes the first loop's last wgmma reads
+// (or Q's staging tile), so every prologue starts after a barrier.
+TEST(FlexAttentionCodegen, EveryRingPrologueWaitsForTheCtaFirst) {
+  for (auto target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
+    const std::string& ptx = compileFor(target, {64, 64, 4, 2}).ptx;
+    // Loop 1's prologue: after Q's staging reads (its last ldmatrix) a barrier
+    // comes before the first copy; loop 2's: after loop 1's wait_all.
+    const size_t firstCopy = ptx.find("cp.async.cg.shared.global");
+    ASSERT_NE(firstCopy, std::string::npos);
+    const size_t qReads = ptx.rfind("ldmatrix", firstCopy);
+    ASSERT_NE(qReads, std::string::npos) << target.smName();
+    EXPECT_NE(ptx.substr(qReads, firstCopy - qReads).find("bar.sync"), std::string::npos) << target.smName();
+    const size_t loop1Done = ptx.find("cp.async.wait_all", firstCopy);
+    ASSERT_NE(loop1Done, std::string::npos);
+    const size_t secondCopy = ptx.find("cp.async.cg.shared.global", loop1Done);
+    ASSERT_NE(secondCopy, std::string::npos);
+    EXPECT_NE(ptx.substr(loop1Done, secondCopy - loop1Done).find("bar.sync"), std::string::npos) << target.smName();
+  }
+}
+
+TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
+  const auto& k = compileFor(codegen::Target::sm80(), {64, 64, 4, 2});
+  EXPECT_EQ(count(k.ptx, "wgmma"), 0);
+  EXPECT_GT(count(k.ptx, "mma\\.sync\\.aligned\\.m16n8k16"), 0);
+  EXPECT_GT(count(k.ptx, "ldmatrix"), 0);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm80());
+    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+  }
+}

@@ -1,0 +1,304 @@
+// flex_attention on the GPU (label gpu; every test skips without one):
+// device tensors, variants built with their captures and mask lists on the
+// device, against the float64 reference: every variant, GQA and MQA, lengths
+// up to 8192, fully masked rows, the configs the tuner visits, strided views,
+// and a repeated call that neither retraces nor recompiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "FlexAttentionCheck.h"
+#include "MaskTestUtil.h"
+#include "attention_templates/Variants.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::CapturedTensor;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+using dsl::Tile;
+
+namespace {
+
+constexpr MemorySpace kDevice = MemorySpace::Device, kHost = MemorySpace::Host;
+
+// The tuner's usual points and the default (no config given); all tile the
+// default 128 x 128 mask blocks.
+const std::vector<std::optional<FlexAttentionConfig>> kConfigs = {
+    std::nullopt, FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 2},
+    FlexAttentionConfig{128, 32, 8, 3}};
+
+FlexAttentionOptions withConfig(const std::optional<FlexAttentionConfig>& c) {
+  FlexAttentionOptions o;
+  o.config = c;
+  return o;
+}
+
+std::string configName(const std::optional<FlexAttentionConfig>& c) { return c ? c->describe() : "default"; }
+
+const std::vector<AttentionCase> kVariantCases = {
+    {.B = 1, .Hq = 2, .Hkv = 2, .L = 1, .S = 1, .D = 64, .dtype = DType::BF16},
+    {.B = 2, .Hq = 4, .Hkv = 1, .L = 3, .S = 5, .D = 128, .dtype = DType::F16},
+    {.B = 1, .Hq = 8, .Hkv = 2, .L = 127, .S = 129, .D = 64, .dtype = DType::BF16},
+    {.B = 2, .Hq = 4, .Hkv = 4, .L = 128, .S = 128, .D = 128, .dtype = DType::BF16},
+    {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 127, .D = 64, .dtype = DType::F16},
+    {.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 192, .D = 96, .dtype = DType::F32},
+    {.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+    {.B = 1, .Hq = 2, .Hkv = 1, .L = 1000, .S = 777, .D = 64, .dtype = DType::F16},
+};
+
+}  // namespace
+
+// Every variant x every shape x every config, captures and lists on the
+// device; one reference per (variant, shape) serves all configs.
+TEST(FlexAttentionGpu, EveryVariantEveryShapeEveryConfig) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (const Variant& var : variants())
+    for (AttentionCase c : kVariantCases) {
+      c.context = "variant " + var.name;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+      Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+      Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+      Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask);
+      for (const auto& config : kConfigs)
+        if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
+    }
+}
+
+// The yardstick's window and prefix cut at 8192 (the one long case: the float64 reference is slow).
+TEST(FlexAttentionGpu, Length8192) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (const char* name : {"sliding_window", "prefix_lm"}) {
+    AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = 8190, .S = 8190, .D = 128, .dtype = DType::BF16};
+    c.context = std::string("variant ") + name;
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask)) return;
+  }
+}
+
+// Small windows and prefixes (the yardstick's cover small inputs whole), per-head windows under GQA.
+TEST(FlexAttentionGpu, SmallWindowsAndPrefixes) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (int64_t W : {1, 7, 100, 300}) {
+    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 1, .L = 1000, .S = 1000, .D = 64, .dtype = DType::BF16};
+    c.context = "window " + std::to_string(W);
+    BlockMask m = slidingWindowBlockMask(1, 1, c.L, c.S, {W}, {}, kDevice);
+    if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refWindow({W}))) return;
+  }
+  const std::vector<int64_t> windows{3, 17, 200, 1000};
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 700, .S = 650, .D = 128, .dtype = DType::F16};
+  c.context = "per-head windows";
+  BlockMask m = slidingWindowBlockMask(1, 4, c.L, c.S, windows, {}, kDevice);
+  if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refWindow(windows))) return;
+  for (int64_t P : {1, 60, 300}) {
+    AttentionCase p{.B = 1, .Hq = 8, .Hkv = 1, .L = 500, .S = 520, .D = 64, .dtype = DType::BF16};
+    p.context = "prefix " + std::to_string(P);
+    if (!checkFlexAttention(rng, p, kDevice, noop_score(), prefixLmBlockMask(1, 1, p.L, p.S, P), nullptr,
+                            refPrefix(P)))
+      return;
+  }
+}
+
+// out 0 and lse -inf for rows without an allowed key, in partial blocks, in
+// whole empty query blocks, everywhere, and through a score_mod of -inf.
+TEST(FlexAttentionGpu, FullyMaskedRows) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  MaskMod everyThirdRowBlind("every_third_row_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (q % 3 != 0) & (kv <= q);
+  });
+  RefMaskFn refEveryThird = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q; };
+  MaskMod firstRowsBlind("first_300_rows_blind",
+                         [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 300) & (kv <= q); });
+  RefMaskFn refFirstRows = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 300 && kv <= q; };
+  ScoreMod killRows("kill_every_third_row", [](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile&) {
+    return where(q % 3 == 0, -INFINITY, s);
+  });
+  RefScoreFn refKill = [](double s, int64_t, int64_t, int64_t q, int64_t) { return q % 3 == 0 ? -INFINITY : s; };
+  for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 1, .L = 1000, .S = 1000, .D = 64, .dtype = DType::BF16},
+                          AttentionCase{.B = 1, .Hq = 2, .Hkv = 2, .L = 1, .S = 7, .D = 128, .dtype = DType::F16},
+                          AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 513, .S = 200, .D = 128, .dtype = DType::BF16}})
+    for (const auto& config : kConfigs) {
+      const FlexAttentionOptions o = withConfig(config);
+      c.context = "every third row blind " + configName(config);
+      BlockMask m = createBlockMask(everyThirdRowBlind, 1, 1, c.L, c.S, {}, kDevice);
+      if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refEveryThird, o)) return;
+      c.context = "first 300 rows blind " + configName(config);
+      BlockMask m2 = createBlockMask(firstRowsBlind, 1, 1, c.L, c.S, {}, kDevice);
+      if (!checkFlexAttention(rng, c, kDevice, noop_score(), m2, nullptr, refFirstRows, o)) return;
+      c.context = "nothing allowed " + configName(config);
+      BlockMask none = createBlockMask(or_masks(std::vector<MaskMod>{}), 1, 1, c.L, c.S, {}, kDevice);
+      if (!checkFlexAttention(rng, c, kDevice, noop_score(), none, nullptr,
+                              [](int64_t, int64_t, int64_t, int64_t) { return false; }, o))
+        return;
+      c.context = "score_mod -inf rows " + configName(config);
+      if (!checkFlexAttention(rng, c, kDevice, killRows, causalBlockMask(1, 1, c.L, c.S), refKill, refCausal(), o))
+        return;
+    }
+}
+
+// Mask algebra with device-captured document ids, per (b, h) lists.
+TEST(FlexAttentionGpu, MaskAlgebra) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 1000, S = 900;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<int32_t> flat;
+  for (int64_t b = 0; b < B; ++b) {
+    ids.push_back(idsFromOffsets(randomDocumentOffsets(L, 6, rng()), L));
+    flat.insert(flat.end(), ids.back().begin(), ids.back().end());
+  }
+  CapturedTensor docIds = dsl::capture(Tensor::fromHost(flat, {B, L}, kDevice), "document_ids");
+  MaskMod striped("striped", [](const Tile& b, const Tile& h, const Tile& q, const Tile& kv) {
+    return ((kv + b * 7 + h * 13) % 5 != 0) & (kv <= q + h * 100);
+  });
+  RefMask refStriped = [](int64_t b, int64_t h, int64_t q, int64_t kv) {
+    return (kv + b * 7 + h * 13) % 5 != 0 && kv <= q + h * 100;
+  };
+  struct Combo {
+    std::string name;
+    MaskMod mod;
+    RefMask ref;
+    int64_t maskB, maskH;
+  };
+  const std::vector<Combo> combos = {
+      {"causal & documents", and_masks(causal_mask(), document_mask(docIds)), refAnd(refCausal(), refDocuments(ids)),
+       B, 1},
+      {"prefix 100 | window 64", or_masks(prefix_lm_mask(100), sliding_window_mask(64)),
+       refOr(refPrefix(100), refWindow({64})), 1, 1},
+      {"!causal & documents", and_masks(not_mask(causal_mask()), document_mask(docIds)),
+       refAnd(refNot(refCausal()), refDocuments(ids)), B, 1},
+      {"striped & prefix 200 per (b, h)", and_masks(striped, prefix_lm_mask(200)), refAnd(refStriped, refPrefix(200)),
+       B, Hq},
+  };
+  for (const Combo& combo : combos)
+    for (DType dt : {DType::BF16, DType::F16}) {
+      AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = L, .S = S, .D = 128, .dtype = dt, .context = combo.name};
+      BlockMask m = createBlockMask(combo.mod, combo.maskB, combo.maskH, L, S, {}, kDevice);
+      if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, combo.ref)) return;
+    }
+}
+
+// Decode-like row slices: one query block, one query mid-block.
+TEST(FlexAttentionGpu, SlicedRows) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t L = 1000, S = 1000;
+  const BlockMask window = slidingWindowBlockMask(1, 1, L, S, {300}, {}, kDevice);
+  for (auto [start, count, offset, length] :
+       {std::tuple<int64_t, int64_t, std::optional<int64_t>, std::optional<int64_t>>{0, 1, {}, {}},
+        {3, 2, {}, {}}, {7, 1, {}, {}}, {7, 1, 999, 1}, {4, 1, 555, 1}, {4, 1, 520, 33}}) {
+    BlockMask slice = window.sliceRows(start, count, offset, length);
+    AttentionCase c{.B = 2, .Hq = 8, .Hkv = 1, .L = slice.qLen(), .S = S, .D = 128, .dtype = DType::BF16};
+    c.context = "window 300 slice at " + std::to_string(slice.qOffset());
+    if (!checkFlexAttention(rng, c, kDevice, noop_score(), slice, nullptr, refWindow({300}),
+                            {.config = FlexAttentionConfig{64, 64, 4, 2}}))
+      return;
+  }
+}
+
+// q as a [B, L, H, D] device buffer viewed as [B, H, L, D], k and v in one
+// packed buffer, out with padded rows (the padding must stay untouched).
+TEST(FlexAttentionGpu, StridedDeviceViews) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 300, S = 257, D = 128;
+  const DType dt = DType::BF16;
+  const int64_t eb = 2;
+  auto randomValues = [&](int64_t elements) {
+    std::vector<Eigen::bfloat16> v(static_cast<size_t>(elements));
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (auto& x : v) x = Eigen::bfloat16(u(rng));
+    return v;
+  };
+  std::vector<Eigen::bfloat16> qHost = randomValues(B * L * Hq * D), kvHost = randomValues(B * S * 2 * Hkv * D);
+  Tensor qBuf = Tensor::fromHost(qHost, {B * L * Hq * D}, kDevice);
+  Tensor kvBuf = Tensor::fromHost(kvHost, {B * S * 2 * Hkv * D}, kDevice);
+  const std::vector<int64_t> qStrides{L * Hq * D, D, Hq * D, 1}, kvStrides{S * 2 * Hkv * D, D, 2 * Hkv * D, 1};
+  Tensor q = Tensor::deviceView(qBuf.deviceAddress(), dt, {B, Hq, L, D}, qStrides);
+  Tensor k = Tensor::deviceView(kvBuf.deviceAddress(), dt, {B, Hkv, S, D}, kvStrides);
+  Tensor v = Tensor::deviceView(kvBuf.deviceAddress() + uint64_t(Hkv * D * eb), dt, {B, Hkv, S, D}, kvStrides);
+  const int64_t pitch = D + 64;
+  const std::vector<int64_t> outStrides{L * Hq * pitch, pitch, Hq * pitch, 1};
+  std::vector<Eigen::bfloat16> sentinel(size_t(B * L * Hq * pitch), Eigen::bfloat16(NAN));
+  Tensor outBuf = Tensor::fromHost(sentinel, {B * L * Hq * pitch}, kDevice);
+  Tensor out = Tensor::deviceView(outBuf.deviceAddress(), dt, {B, Hq, L, D}, outStrides);
+  Tensor lse = Tensor::empty(DType::F32, {B, Hq, L}, kDevice);
+  BlockMask mask = causalBlockMask(1, 1, L, S);
+  flex_attention_into(q, k, v, noop_score(), mask, out, &lse);
+  // The reference reads the same layouts through host views.
+  Tensor qh = Tensor::hostView(qHost.data(), dt, {B, Hq, L, D}, qStrides);
+  Tensor kh = Tensor::hostView(kvHost.data(), dt, {B, Hkv, S, D}, kvStrides);
+  Tensor vh = Tensor::hostView(kvHost.data() + Hkv * D, dt, {B, Hkv, S, D}, kvStrides);
+  std::vector<Eigen::bfloat16> outHost = outBuf.toHost<Eigen::bfloat16>();
+  Tensor oh = Tensor::hostView(outHost.data(), dt, {B, Hq, L, D}, outStrides);
+  ReferenceResult ref = referenceAttention(qh, kh, vh, nullptr, refCausal(), 1.0 / std::sqrt(double(D)));
+  EXPECT_TRUE(compareWithReference(oh, lse, ref, D, dt));
+  for (int64_t r = 0; r < B * L * Hq; ++r)
+    for (int64_t d = D; d < pitch; ++d)
+      if (!std::isnan(float(outHost[size_t(r * pitch + d)]))) {
+        ADD_FAILURE() << "out row " << r << " was written past D at " << d;
+        return;
+      }
+}
+
+// A second call with the same mods (new inputs, new captured values) finds
+// the traced and compiled kernel again.
+TEST(FlexAttentionGpu, RepeatedCallsNeitherRetraceNorRecompile) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t H = 4, L = 1000;
+  std::vector<float> slopes(static_cast<size_t>(H));
+  CapturedTensor captured = dsl::capture(Tensor::zeros(DType::F32, {H}, kDevice), "slopes");
+  ScoreMod mod = alibi(captured);
+  BlockMask mask = causalBlockMask(1, 1, L, L);
+  auto refScore = [&slopes](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
+    return s + double(slopes[size_t(h)]) * double(kv - q);
+  };
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (auto& x : slopes) x = std::uniform_real_distribution<float>(0.01f, 0.5f)(rng);
+    if (round < 2)
+      captured.tensor().copyFromHost(slopes);
+    else
+      captured.rebind(Tensor::fromHost(slopes, {H}, kDevice));
+    AttentionCase c{.B = 2, .Hq = H, .Hkv = 2, .L = L, .S = L, .D = 128, .dtype = DType::BF16, .context = "alibi"};
+    if (!checkFlexAttention(rng, c, kDevice, mod, mask, refScore, refCausal())) return;
+  }
+  const dsl::Kernel* kernel = forwardKernel(mask.maskMod(), mod, DType::BF16);
+  ASSERT_NE(kernel, nullptr) << "no forward kernel cached for the mods";
+  EXPECT_EQ(kernel->numTraces(), 1u);
+  EXPECT_EQ(kernel->numCompiled(), 1u);
+}
+
+// The same inputs give the same answer on the GPU as through the interpreter.
+TEST(FlexAttentionGpu, MatchesTheInterpreter) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 1, Hq = 4, Hkv = 1, L = 200, S = 150, D = 64;
+  Tensor q = randomTensor(rng, DType::F16, {B, Hq, L, D}, kHost);
+  Tensor k = randomTensor(rng, DType::F16, {B, Hkv, S, D}, kHost);
+  Tensor v = randomTensor(rng, DType::F16, {B, Hkv, S, D}, kHost);
+  const FlexAttentionOptions o{.return_lse = true, .config = FlexAttentionConfig{64, 32, 4, 2}};
+  FlexAttentionResult host = flex_attention(q, k, v, soft_cap(20), causalBlockMask(1, 1, L, S), o);
+  FlexAttentionResult dev = flex_attention(q.to(kDevice), k.to(kDevice), v.to(kDevice), soft_cap(20),
+                                           causalBlockMask(1, 1, L, S), o);
+  const std::vector<double> a = toDoubles(host.out), b = toDoubles(dev.out.to(kHost));
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_LE(worst, 2e-3);  // the GPU's tanh and exp2 approximations against the interpreter's libm
+  const std::vector<float> la = host.lse.toHost<float>(), lb = dev.lse.to(kHost).toHost<float>();
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-3) << "lse " << i;
+}
