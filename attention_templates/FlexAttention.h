@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -53,6 +54,25 @@ struct FlexAttentionOptions {
   bool return_lse = false;
   std::optional<FlexAttentionConfig> config;  // default: defaultFlexAttentionConfig
 };
+
+// What a config resolver sees of a call that gave no config.
+struct FlexAttentionProblem {
+  dsl::DType dtype;
+  int64_t B, Hq, Hkv, L, S, D;
+  std::string scoreMod, maskMod;        // the mods' names ("noop", "causal", "sliding_window(1024)", ...)
+  std::string captures;                 // dtype and rank of every captured tensor, e.g. "f32[1] i32[2]"
+  int64_t qBlockSize, kvBlockSize;      // the BlockMask's block sizes (a config must tile them)
+  dsl::MemorySpace space;
+};
+// A hook consulted when options.config is empty: returns a config (e.g. a
+// tuned one: autotune/ installs its per-GPU cache here) or nullopt for the
+// default. A returned config that is invalid or does not tile the mask is
+// ignored. Must be cheap and thread-safe: it runs on every such call.
+using FlexAttentionConfigResolver = std::function<std::optional<FlexAttentionConfig>(const FlexAttentionProblem&)>;
+void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver);  // empty: none
+// The problem a resolver sees for these inputs (the autotuner keys its cache by it).
+FlexAttentionProblem flexAttentionProblem(const dsl::Tensor& q, const dsl::Tensor& k, const ScoreMod& scoreMod,
+                                          const std::optional<BlockMask>& blockMask);
 
 struct FlexAttentionResult {
   dsl::Tensor out;  // [B, Hq, L, D], q's dtype, contiguous, q's memory space

@@ -21,6 +21,7 @@
 #include <cctype>
 #include <climits>
 #include <cstdio>
+#include <mutex>
 
 namespace flextile::attention {
 
@@ -201,6 +202,54 @@ BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) {
   return BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial), std::move(fullLists));
 }
 
+std::mutex& resolverMutex() {
+  static std::mutex m;
+  return m;
+}
+FlexAttentionConfigResolver& resolverSlot() {
+  static FlexAttentionConfigResolver r;
+  return r;
+}
+
+std::string captureSignature(const std::vector<CapturedTensor>& captures) {
+  std::string s;
+  for (const CapturedTensor& c : captures)
+    s += (s.empty() ? "" : " ") + std::string(ir::dtypeName(c.dtype())) + "[" + std::to_string(c.rank()) + "]";
+  return s;
+}
+
+FlexAttentionProblem makeProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D,
+                                 MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  const MaskMod mask = blockMask ? blockMask->maskMod() : noop_mask();
+  const std::vector<CapturedTensor> none;
+  return FlexAttentionProblem{dtype, B, Hq, Hkv, L, S, D,
+                              scoreMod.defined() ? scoreMod.name() : "noop", mask.name(),
+                              captureSignature(scoreMod.defined() ? scoreMod.captures() : none) + "|" +
+                                  captureSignature(mask.captures()),
+                              blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space};
+}
+
+// The resolver's config when it gives a usable one, else the default.
+FlexAttentionConfig resolveConfig(const Prepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  const FlexAttentionConfig fallback = defaultFlexAttentionConfig(p.dtype, p.D);
+  FlexAttentionConfigResolver resolver;
+  {
+    std::lock_guard lock(resolverMutex());
+    resolver = resolverSlot();
+  }
+  if (!resolver) return fallback;
+  FlexAttentionProblem problem = makeProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask);
+  std::optional<FlexAttentionConfig> c = resolver(problem);
+  if (!c) return fallback;
+  auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
+  if (!pow2(c->block_m) || !pow2(c->block_n) || c->num_stages < 1 || c->num_stages > 4 ||
+      (c->num_warps != 1 && c->num_warps != 2 && c->num_warps != 4 && c->num_warps != 8 && c->num_warps != 16))
+    return fallback;
+  if (blockMask && (blockMask->qBlockSize() % c->block_m != 0 || blockMask->kvBlockSize() % c->block_n != 0))
+    return fallback;
+  return *c;
+}
+
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
   expectRank4("q", q);
@@ -237,7 +286,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != p.space)
     throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
-  p.config = options.config ? *options.config : defaultFlexAttentionConfig(p.dtype, p.D);
+  p.config = options.config ? *options.config : resolveConfig(p, scoreMod, blockMask);
   const FlexAttentionConfig& c = p.config;
   auto pow2 = [](int64_t x) { return x >= 16 && (x & (x - 1)) == 0; };
   if (!pow2(c.block_m) || !pow2(c.block_n) || c.block_m > 256 || c.block_n > 256)
@@ -359,6 +408,19 @@ std::vector<KernelArg> arguments(const Prepared& p, const Tensor& q, const Tenso
 }
 
 }  // namespace
+
+FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, const ScoreMod& scoreMod,
+                                          const std::optional<BlockMask>& blockMask) {
+  expectRank4("q", q);
+  expectRank4("k", k);
+  return makeProblem(q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.space(), scoreMod,
+                     blockMask);
+}
+
+void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
+  std::lock_guard lock(resolverMutex());
+  resolverSlot() = std::move(resolver);
+}
 
 void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                          const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,

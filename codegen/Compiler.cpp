@@ -11,6 +11,10 @@
 
 #include <chrono>
 
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/raw_ostream.h>
+
 #include "codegen/LowerToLLVM.h"
 #include "codegen/NVPTXTarget.h"
 #include "codegen/Passes.h"
@@ -23,10 +27,30 @@
 
 namespace flextile::codegen {
 
+namespace {
+
+// Wall time of the compile's steps, printed with FLEXTILE_TIMING=1.
+class StepTimer {
+ public:
+  void step(std::string name) {
+    auto now = std::chrono::steady_clock::now();
+    steps_.emplace_back(std::move(name), std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+  const std::vector<std::pair<std::string, double>>& steps() const { return steps_; }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::string, double>> steps_;
+};
+
+}  // namespace
+
 CompiledKernel compile(const ir::Function& input, const CompileOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  StepTimer timer;
   const Target& target = options.target;
-  static_cast<void>(NVPTXTarget(target));  // rejects an unsupported target before any work
+  NVPTXTarget nvptx(target);  // rejects an unsupported target before any work
   std::unique_ptr<ir::Function> f = input.clone();
 
   ir::PassPipeline pipeline;
@@ -36,6 +60,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
       .add({"assign-layouts", [&](ir::Function& fn) { assignLayouts(fn, target); }})
       .add(pipelinePass());
   pipeline.run(*f);
+  timer.step("IR passes (verified after each)");
 
   CompiledKernel k;
   k.name = f->name();
@@ -43,19 +68,37 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   k.numWarps = f->numWarps();
   k.ir = ir::printFunction(*f);
   ir::dump("ir", f->name(), k.ir);
+  timer.step("print IR");
 
   checkSharedMemoryFits(planSharedMemory(*f), *f, target);
   LoweringPlan plan = planLowering(*f);
-  LoweredKernel lowered = lowerAndEmit(*f, target, plan);
+  timer.step("shared-memory and access plan");
+
+  llvm::LLVMContext ctx;
+  std::unique_ptr<llvm::Module> module = lowerToLLVM(*f, target, plan, ctx);
+  timer.step("lower to LLVM IR");
+  nvptx.optimize(*module);
+  timer.step("LLVM O3");
+  {
+    llvm::raw_string_ostream os(k.llvmIR);
+    module->print(os, nullptr);
+  }
+  timer.step("print LLVM IR");
+  k.ptx = nvptx.emitPTX(*module);
+  timer.step("NVPTX backend (PTX)");
 
   k.sharedBytes = int(plan.sharedBytes);
   for (const ir::Value* p : f->params()) k.params.push_back(p->type());
-  k.llvmIR = std::move(lowered.llvmIR);
-  k.ptx = std::move(lowered.ptx);
   ir::dump("llvm", f->name(), k.llvmIR);
   ir::dump("ptx", f->name(), k.ptx);
-  if (options.runPtxas) k.ptxasInfo = runPtxas(k.ptx, target).log;
+  if (options.runPtxas) {
+    PtxasReport report = runPtxas(k.ptx, target);
+    k.ptxasInfo = std::move(report.log);
+    k.cubin = std::move(report.cubin);
+    timer.step("ptxas");
+  }
   k.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ir::reportTimings("compile of @" + k.name + " for " + target.smName(), timer.steps());
   return k;
 }
 

@@ -39,7 +39,9 @@ struct CompiledKernel {
   int sharedBytes = 0;    // dynamic shared memory per block
   std::vector<ir::Type> params;  // in launch order
   std::string ptxasInfo;  // `ptxas -v` output when runPtxas
-  double compileMs = 0;
+  std::string cubin;      // the ptxas output (an ELF) when runPtxas, else empty
+  double compileMs = 0;   // for a compile-cache hit: the time of the lookup
+  bool fromCache = false; // read from the on-disk compile cache (codegen/CompileCache.h)
 };
 
 // Runs the whole pipeline on a copy of `f`: IR passes, layout assignment,

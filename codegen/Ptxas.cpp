@@ -113,9 +113,16 @@ PtxasReport runPtxas(const std::string& ptx, const Target& target) {
                 "repro: " + quoteForShell(*ptxas) + " " + arch + " -v " + quoteForShell(ptxFile.string()) +
                 " -o /dev/null");
   }
+  PtxasReport report = parsePtxasLog(log);
+  {
+    std::ifstream in(cubin, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    report.cubin = ss.str();
+  }
   std::error_code ec;
   fs::remove_all(dir, ec);
-  return parsePtxasLog(log);
+  return report;
 }
 
 }  // namespace flextile::codegen

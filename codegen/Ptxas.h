@@ -17,6 +17,7 @@ struct PtxasReport {
   int stackBytes = 0;       // stack frame
   int staticSharedBytes = 0;  // .shared the PTX declares (dynamic shared memory is not counted)
   std::string log;          // the full -v output
+  std::string cubin;        // the assembled module (an ELF image)
 };
 
 // The ptxas executable: on PATH, else /usr/local/cuda/bin/ptxas; nullopt if neither.

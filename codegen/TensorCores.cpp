@@ -1,5 +1,9 @@
 #include "codegen/TensorCores.h"
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -56,7 +60,9 @@ bool isMmaDot(const ir::Op& dot) {
   }
 }
 
-std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, DType t) {
+namespace {
+
+std::optional<LdmatrixPlan> computeLdmatrixPlan(const Layout& from, const Layout& to, DType t) {
   if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
   if (to.numRegisters() < 2) return std::nullopt;
   // Rows along the source's contiguous dimension keep its vector registers
@@ -99,6 +105,29 @@ std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, D
       }
     }
   }
+  return plan;
+}
+
+}  // namespace
+
+// The plan is a pure function of the two layouts and the element width, and
+// the pipeline pass, the shared-memory planner and two lowerings each ask for
+// the same converts: computing it (every lane of every warp of every access)
+// was ~10% of compiling the attention kernel. Memoized by the layouts' text,
+// behind a mutex since the autotuner compiles on several threads.
+std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, DType t) {
+  if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
+  static std::mutex mutex;
+  static std::map<std::tuple<std::string, std::string, int>, std::optional<LdmatrixPlan>> plans;
+  auto key = std::make_tuple(from.str(), to.str(), ir::byteWidth(t));
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  std::optional<LdmatrixPlan> plan = computeLdmatrixPlan(from, to, t);
+  std::lock_guard lock(mutex);
+  if (plans.size() > 4096) plans.clear();  // bounded: a long autotune sweep sees many layouts
+  plans.emplace(std::move(key), plan);
   return plan;
 }
 

@@ -1,5 +1,6 @@
 #include "dsl/Kernel.h"
 
+#include "codegen/CompileCache.h"
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Interpreter.h"
@@ -193,17 +194,29 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   // a new specialization is compiled.
   std::string launchKey = constantsKey(options) + "|" + target->smName();
   for (auto d : div) launchKey += "," + std::to_string(d);
-  std::lock_guard lock(mutex_);
-  if (auto it = launches_.find(launchKey); it != launches_.end()) return *it->second;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = launches_.find(launchKey); it != launches_.end()) return *it->second;
+  }
   auto spec = f.clone();
   spec->attrs()["arg_divisibility"] = div;
-  const std::string key = std::to_string(ir::structuralHash(*spec)) + "/" + target->smName();
-  auto it = cache_.find(key);
-  if (it == cache_.end()) {
-    auto c = std::make_unique<Compiled>();
-    c->code = codegen::compile(*spec, codegen::CompileOptions{*target});
-    it = cache_.emplace(key, std::move(c)).first;
+  const uint64_t hash = ir::structuralHash(*spec);
+  const std::string key = std::to_string(hash) + "/" + target->smName();
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      launches_[launchKey] = it->second.get();
+      return *it->second;
+    }
   }
+  // Compiled without the lock, so the autotuner's threads compile configs of
+  // one kernel in parallel; two threads racing on one key both compile and the
+  // first entry stays.
+  auto c = std::make_unique<Compiled>();
+  // The disk layer (codegen/CompileCache.h) below this in-memory one.
+  c->code = codegen::compileCached(*spec, hash, codegen::CompileOptions{*target}, codegen::CompileCache::global());
+  std::lock_guard lock(mutex_);
+  auto it = cache_.emplace(key, std::move(c)).first;
   launches_[launchKey] = it->second.get();
   return *it->second;
 }

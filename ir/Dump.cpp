@@ -89,6 +89,29 @@ void dump(std::string_view stage, std::string_view title, std::string_view text)
   if (!f) std::fprintf(stderr, "flextile: cannot write dump file %s\n", path.c_str());
 }
 
+bool timingEnabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("FLEXTILE_TIMING");
+    return s && *s && std::string_view(s) != "0";
+  }();
+  return on;
+}
+
+void reportTimings(std::string_view title, const std::vector<std::pair<std::string, double>>& steps) {
+  if (!timingEnabled()) return;
+  std::string out = "flextile: " + std::string(title) + "\n";
+  char line[256];
+  double total = 0;
+  for (const auto& [step, ms] : steps) {
+    std::snprintf(line, sizeof line, "  %10.3f ms  %s\n", ms, step.c_str());
+    out += line;
+    total += ms;
+  }
+  std::snprintf(line, sizeof line, "  %10.3f ms  total\n", total);
+  out += line;
+  std::fputs(out.c_str(), stderr);
+}
+
 void setDumpConfig(std::string stages, std::string dir) {
   std::lock_guard lock(dumpMutex());
   DumpConfig& c = config();

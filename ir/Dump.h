@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace flextile::ir {
 
@@ -22,6 +24,13 @@ bool dumpEnabled(std::string_view stage);
 // Writes `text` for `stage` if that stage is enabled; safe from several
 // threads (the autotuner compiles in parallel).
 void dump(std::string_view stage, std::string_view title, std::string_view text);
+
+// FLEXTILE_TIMING=1 (read once): the pass pipeline and codegen::compile
+// print the wall time of each step to stderr.
+bool timingEnabled();
+// Prints "flextile: <title>" and one line per (step, ms) with their total to
+// stderr when timing is enabled; one write, so threads do not interleave.
+void reportTimings(std::string_view title, const std::vector<std::pair<std::string, double>>& steps);
 
 // Overrides the environment (for command-line flags and tests): `stages` is
 // a comma list as in FLEXTILE_DUMP, `dir` as FLEXTILE_DUMP_DIR ("" = stderr).

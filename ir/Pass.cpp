@@ -12,16 +12,6 @@
 
 namespace flextile::ir {
 
-namespace {
-bool timingEnabled() {
-  static const bool on = [] {
-    const char* s = std::getenv("FLEXTILE_TIMING");
-    return s && std::strcmp(s, "0") != 0 && *s;
-  }();
-  return on;
-}
-}  // namespace
-
 std::vector<PassTiming> PassPipeline::run(Function& f) const {
   try {
     verify(f);
@@ -49,16 +39,9 @@ std::vector<PassTiming> PassPipeline::run(Function& f) const {
     if (dumpEnabled("passes")) dump("passes", "IR after " + p.name + " (@" + f.name() + ")", printFunction(f));
   }
   if (timingEnabled()) {
-    double total = 0;
-    for (const auto& t : timings) total += t.ms;
-    std::string out = "flextile: pass timings for @" + f.name() + "\n";
-    char line[256];
-    for (const auto& t : timings) {
-      std::snprintf(line, sizeof line, "  %10.3f ms  %s\n", t.ms, t.pass.c_str());
-      out += line;
-    }
-    std::snprintf(line, sizeof line, "  %10.3f ms  total\n", total);
-    std::fputs((out + line).c_str(), stderr);
+    std::vector<std::pair<std::string, double>> steps;
+    for (const auto& t : timings) steps.emplace_back(t.pass, t.ms);
+    reportTimings("pass timings for @" + f.name(), steps);
   }
   return timings;
 }

@@ -1,0 +1,367 @@
+#include "autotune/Autotune.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+#include <mutex>
+#include <thread>
+
+#include "attention_templates/Reference.h"
+#include "autotune/TuneCache.h"
+#include "codegen/CompileCache.h"
+#include "codegen/Ptxas.h"
+#include "ir/Hash.h"
+#include "runtime/Device.h"
+#include "runtime/Event.h"
+
+namespace flextile::autotune {
+
+using attention::FlexAttentionProblem;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
+  std::vector<FlexAttentionConfig> out;
+  for (int64_t m : blockM)
+    for (int64_t n : blockN)
+      for (int w : warps)
+        for (int s : stages) out.push_back({m, n, w, s});
+  return out;
+}
+
+ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
+  ConfigSpace s{{64, 128}, {32, 64, 128}, {4, 8}, {1, 2, 3}};
+  if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
+  return s;
+}
+
+DeviceLimits DeviceLimits::of(const codegen::Target& t) {
+  DeviceLimits l;
+  l.sharedBytesPerBlock = t.maxSharedBytesPerBlock();
+  return l;
+}
+
+DeviceLimits DeviceLimits::ofCurrentDevice() {
+  runtime::Device& d = runtime::Device::current();
+  DeviceLimits l;
+  l.sharedBytesPerBlock = int64_t(d.maxSharedBytesPerBlockOptin());
+  l.threadsPerBlock = d.maxThreadsPerBlock();
+  return l;
+}
+
+const char* statusName(Candidate::Status s) {
+  switch (s) {
+    case Candidate::Status::Pruned: return "pruned";
+    case Candidate::Status::Failed: return "failed";
+    case Candidate::Status::Compiled: return "compiled";
+    case Candidate::Status::Wrong: return "wrong";
+    case Candidate::Status::Timed: return "timed";
+    case Candidate::Status::Skipped: return "skipped";
+  }
+  return "?";
+}
+
+namespace {
+constexpr int kMaxSpillBytes = 1024;
+
+int64_t nextPow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+bool pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+}  // namespace
+
+std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, const FlexAttentionProblem& p,
+                                              const DeviceLimits& limits) {
+  if (!pow2(c.block_m) || !pow2(c.block_n) || c.block_m < 16 || c.block_n < 16 || c.block_m > 256 || c.block_n > 256)
+    return "BLOCK_M and BLOCK_N must be powers of two in [16, 256]";
+  if (c.num_stages < 1 || c.num_stages > 4) return "num_stages must be 1..4";
+  if (!pow2(c.num_warps) || c.num_warps > 16) return "num_warps must be 1, 2, 4, 8 or 16";
+  if (c.num_warps * 32 > limits.threadsPerBlock)
+    return "threads: " + std::to_string(c.num_warps * 32) + " > " + std::to_string(limits.threadsPerBlock) + " per block";
+  // The mma layout gives each warp 16-row slices of the query tile; more
+  // warps than slices replicate work.
+  if (c.block_m < 16 * c.num_warps)
+    return "warps: BLOCK_M " + std::to_string(c.block_m) + " has fewer than 16 rows per warp for " +
+           std::to_string(c.num_warps) + " warps";
+  if (p.qBlockSize && p.qBlockSize % c.block_m != 0)
+    return "BLOCK_M " + std::to_string(c.block_m) + " does not divide the BlockMask's Q block " +
+           std::to_string(p.qBlockSize);
+  if (p.kvBlockSize && p.kvBlockSize % c.block_n != 0)
+    return "BLOCK_N " + std::to_string(c.block_n) + " does not divide the BlockMask's KV block " +
+           std::to_string(p.kvBlockSize);
+  // The K and V rings alone (num_stages tiles of BLOCK_N x D each) are a
+  // lower bound of the kernel's shared memory.
+  const int64_t ring = 2 * int64_t(std::max(1, c.num_stages)) * c.block_n * nextPow2(p.D) * ir::byteWidth(p.dtype);
+  if (c.num_stages > 1 && ring > limits.sharedBytesPerBlock)
+    return "shared memory: the K/V rings alone need " + std::to_string(ring) + " bytes > " +
+           std::to_string(limits.sharedBytesPerBlock);
+  return std::nullopt;
+}
+
+std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64_t sharedBytes, int registers,
+                                             int spillBytes, const DeviceLimits& limits) {
+  if (sharedBytes > limits.sharedBytesPerBlock)
+    return "shared memory: " + std::to_string(sharedBytes) + " bytes > " + std::to_string(limits.sharedBytesPerBlock);
+  if (registers > 0 && int64_t(registers) * c.num_warps * 32 > limits.registersPerBlock)
+    return "registers: " + std::to_string(registers) + " x " + std::to_string(c.num_warps * 32) + " threads > " +
+           std::to_string(limits.registersPerBlock);
+  // A few spilled bytes can still be the fastest config; heavy spilling never is.
+  if (spillBytes > kMaxSpillBytes) return "spills: " + std::to_string(spillBytes) + " bytes to local memory";
+  return std::nullopt;
+}
+
+namespace {
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// max |a - b| / max |b|; NaN or inf in a counts as wrong.
+double relativeDifference(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = attention::toDoubles(a), y = attention::toDoubles(b);
+  double worst = 0, mag = 1e-6;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    worst = std::max(worst, std::abs(x[i] - y[i]));
+    mag = std::max(mag, std::abs(y[i]));
+  }
+  return worst / mag;
+}
+
+// NaN everywhere, so an element a candidate forgets to write fails its check.
+void poison(Tensor& t) {
+  const size_t n = size_t(t.numel());
+  switch (t.dtype()) {
+    case DType::BF16: t.copyFromHost(std::vector<Eigen::bfloat16>(n, Eigen::bfloat16(NAN))); break;
+    case DType::F16: t.copyFromHost(std::vector<Eigen::half>(n, Eigen::half(NAN))); break;
+    default: t.copyFromHost(std::vector<float>(n, NAN)); break;
+  }
+}
+
+// ptxas takes seconds per config and its answer depends only on the PTX,
+// the target and ptxas itself: its -v report is kept next to the compile
+// cache's kernels, so a second sweep does not assemble again.
+codegen::PtxasReport cachedPtxas(const std::string& ptx, const codegen::Target& target) {
+  codegen::CompileCache& cache = codegen::CompileCache::global();
+  if (!cache.enabled()) return codegen::runPtxas(ptx, target);
+  char name[40];
+  std::snprintf(name, sizeof name, "ptxas-%016llx.log",
+                static_cast<unsigned long long>(
+                    ir::hashText(ptx + "|" + target.smName() + "|" + codegen::findPtxas().value_or(""))));
+  const std::filesystem::path path = cache.directory() / name;
+  if (std::ifstream in{path}; in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find("Used ") != std::string::npos) return codegen::parsePtxasLog(ss.str());
+  }
+  codegen::PtxasReport r = codegen::runPtxas(ptx, target);
+  std::error_code ec;
+  std::filesystem::create_directories(cache.directory(), ec);
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                                    std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id()));
+  {
+    std::ofstream out(tmp);
+    out << r.log;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return r;
+}
+
+}  // namespace
+
+TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, const attention::ScoreMod& scoreMod,
+                             const std::optional<attention::BlockMask>& blockMask, const ConfigSpace& space,
+                             const TuneOptions& options) {
+  auto say = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  const FlexAttentionProblem problem = attention::flexAttentionProblem(q, k, scoreMod, blockMask);
+  const bool device = problem.space == MemorySpace::Device;
+  const std::optional<codegen::Target> target =
+      device ? std::nullopt : std::optional(options.target.value_or(codegen::Target::sm90a()));
+  const DeviceLimits limits = device ? DeviceLimits::ofCurrentDevice() : DeviceLimits::of(*target);
+  const FlexAttentionConfig defaultConfig = attention::defaultFlexAttentionConfig(problem.dtype, problem.D);
+
+  TuneReport report;
+  std::vector<FlexAttentionConfig> configs = space.configs();
+  if (std::find(configs.begin(), configs.end(), defaultConfig) == configs.end()) configs.insert(configs.begin(), defaultConfig);
+  for (const FlexAttentionConfig& c : configs) {
+    Candidate cand;
+    cand.config = c;
+    if (auto why = pruneBeforeCompile(c, problem, limits)) {
+      cand.status = Candidate::Status::Pruned;
+      cand.reason = *why;
+    }
+    report.candidates.push_back(cand);
+    if (c == defaultConfig) report.defaultIndex = int(report.candidates.size() - 1);
+  }
+
+  // ---- parallel compile ----
+  const bool ptxas = options.runPtxas && codegen::findPtxas().has_value();
+  const auto compileStart = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  std::atomic<int> done{0};
+  std::mutex sayMutex;
+  const int toCompile = int(std::count_if(report.candidates.begin(), report.candidates.end(),
+                                          [](const Candidate& c) { return c.status != Candidate::Status::Pruned; }));
+  auto worker = [&] {
+    for (size_t i = next++; i < report.candidates.size(); i = next++) {
+      Candidate& c = report.candidates[i];
+      if (c.status == Candidate::Status::Pruned) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        attention::FlexAttentionOptions o;
+        o.config = c.config;
+        attention::FlexAttentionPlan plan = attention::plan_flex_attention(q, k, v, scoreMod, blockMask, o, true, target);
+        c.sharedBytes = plan.compiled->sharedBytes;
+        c.compileCached = plan.compiled->fromCache;
+        if (ptxas) {
+          codegen::PtxasReport r = cachedPtxas(plan.compiled->ptx, plan.compiled->target);
+          c.registers = r.registers;
+          c.spillBytes = r.spillStoreBytes + r.spillLoadBytes;
+        }
+        if (auto why = pruneAfterCompile(c.config, c.sharedBytes, c.registers, c.spillBytes, limits)) {
+          c.status = Candidate::Status::Pruned;
+          c.reason = *why;
+        } else if (c.spillBytes > 0) {
+          c.reason = "spills " + std::to_string(c.spillBytes) + " bytes";
+        }
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        // The shared-memory planner refuses what does not fit: a pruning, not a bug.
+        c.status = what.find("shared memory") != std::string::npos ? Candidate::Status::Pruned : Candidate::Status::Failed;
+        c.reason = what.substr(0, what.find('\n'));
+      }
+      c.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard lock(sayMutex);
+      char line[256];
+      std::snprintf(line, sizeof line, "[%d/%d] compiled %-16s %-8s %8.1f ms%s", ++done, toCompile,
+                    c.config.describe().c_str(), statusName(c.status), c.compileMs, c.compileCached ? " (cache)" : "");
+      say(line + (c.reason.empty() ? "" : "  " + c.reason));
+    }
+  };
+  int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, std::max(1, toCompile));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  report.compileSeconds = secondsSince(compileStart);
+
+  if (!device) {
+    say("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
+    return report;
+  }
+
+  // ---- check and time on the GPU ----
+  report.timed = true;
+  const auto timeStart = std::chrono::steady_clock::now();
+  Tensor reference = Tensor::empty(q.dtype(), q.shape(), MemorySpace::Device);
+  Tensor scratch = Tensor::empty(q.dtype(), q.shape(), MemorySpace::Device);
+  {
+    attention::FlexAttentionOptions o;
+    o.config = defaultConfig;
+    attention::flex_attention_into(q, k, v, scoreMod, blockMask, reference, nullptr, o);
+    runtime::synchronize();
+  }
+  const double tolerance = problem.dtype == DType::F32 ? 1e-2 : problem.dtype == DType::F16 ? 1e-2 : 3e-2;
+  for (Candidate& c : report.candidates) {
+    if (c.status != Candidate::Status::Compiled) continue;
+    if (options.budgetSeconds > 0 && secondsSince(timeStart) > options.budgetSeconds) {
+      c.status = Candidate::Status::Skipped;
+      c.reason = "budget spent";
+      continue;
+    }
+    attention::FlexAttentionOptions o;
+    o.config = c.config;
+    poison(scratch);
+    try {
+      attention::flex_attention_into(q, k, v, scoreMod, blockMask, scratch, nullptr, o);
+      runtime::synchronize();
+      c.error = relativeDifference(scratch, reference);
+      if (!(c.error <= tolerance)) {
+        c.status = Candidate::Status::Wrong;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "output differs from the default config's by %.2e", c.error);
+        c.reason = buf;
+        say(c.config.describe() + " WRONG: " + c.reason);
+        continue;
+      }
+      std::vector<double> samples = runtime::timeKernel(
+          [&] { attention::flex_attention_into(q, k, v, scoreMod, blockMask, scratch, nullptr, o); },
+          options.warmup, options.repetitions);
+      c.ms = runtime::median(samples);
+      c.tflops = options.flops > 0 ? options.flops / c.ms / 1e9 : 0;
+      c.status = Candidate::Status::Timed;
+      char line[160];
+      std::snprintf(line, sizeof line, "timed %-16s %9.3f ms %7.1f TFLOP/s", c.config.describe().c_str(), c.ms, c.tflops);
+      say(line);
+    } catch (const std::exception& e) {
+      c.status = Candidate::Status::Failed;
+      const std::string what = e.what();
+      c.reason = what.substr(0, what.find('\n'));
+    }
+  }
+  report.timingSeconds = secondsSince(timeStart);
+  for (size_t i = 0; i < report.candidates.size(); ++i) {
+    const Candidate& c = report.candidates[i];
+    if (c.status == Candidate::Status::Timed && (report.best < 0 || c.ms < report.candidates[size_t(report.best)].ms))
+      report.best = int(i);
+  }
+  if (report.best >= 0 && options.store) {
+    if (std::optional<GpuIdentity> gpu = currentGpu(); gpu) {
+      if (TuneCache* cache = TuneCache::forCurrentGpu()) {
+        const Candidate& b = report.candidates[size_t(report.best)];
+        TunedConfig t;
+        t.config = b.config;
+        t.ms = b.ms;
+        t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
+        t.shape = "B=" + std::to_string(problem.B) + " H=" + std::to_string(problem.Hq) + " L=" +
+                  std::to_string(problem.L) + " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D);
+        report.key = tuneKey(problem, *gpu);
+        cache->put(report.key, t);
+        report.storedIn = cache->file().string();
+      }
+    }
+  }
+  return report;
+}
+
+std::string formatReport(const TuneReport& r) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-18s %-9s %8s %5s %10s %10s %9s  %s\n", "config", "status", "smem KB", "regs",
+                "compile ms", "time ms", "TFLOP/s", "note");
+  out += line;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    std::string note = c.reason;
+    if (int(i) == r.best) note = "BEST" + (note.empty() ? "" : "; " + note);
+    if (int(i) == r.defaultIndex) note = "default" + (note.empty() ? "" : "; " + note);
+    const std::string regs = c.registers >= 0 ? std::to_string(c.registers) : "-";
+    const std::string ms = c.status == Candidate::Status::Timed ? std::to_string(c.ms).substr(0, 8) : "-";
+    char tf[32] = "-";
+    if (c.status == Candidate::Status::Timed && c.tflops > 0) std::snprintf(tf, sizeof tf, "%.1f", c.tflops);
+    std::snprintf(line, sizeof line, "%-18s %-9s %8.1f %5s %10.1f %10s %9s  %s\n", c.config.describe().c_str(),
+                  statusName(c.status), double(c.sharedBytes) / 1024.0, regs.c_str(), c.compileMs, ms.c_str(), tf,
+                  note.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "compile: %.2f s for %zu configs; timing: %.2f s%s\n", r.compileSeconds,
+                r.candidates.size(), r.timingSeconds, r.timed ? "" : " (dry run: no GPU timing)");
+  out += line;
+  if (!r.storedIn.empty()) out += "stored the winner in " + r.storedIn + "\n";
+  return out;
+}
+
+}  // namespace flextile::autotune

@@ -1,0 +1,97 @@
+// The autotuner of the flex_attention forward template.
+//
+//   1. the config space (BLOCK_M x BLOCK_N x num_warps x num_stages; Hopper
+//      knobs such as warp specialization will be more fields of the config);
+//   2. static pruning: a config that cannot tile the BlockMask, needs more
+//      threads than a block has, or whose K/V ring cannot fit shared memory is
+//      rejected with the reason before compiling;
+//   3. parallel compilation on every core (a std::thread pool over the
+//      configs); a failure is recorded per config and never stops the sweep.
+//      Compiled kernels are then pruned on their real shared memory, and, when
+//      ptxas is present, on registers (x threads vs the 64K register file)
+//      and spills;
+//   4. on a GPU: every candidate writes a scratch output (never the caller's),
+//      is checked against the default config's output, then timed with CUDA
+//      events (warm-up, median of repetitions). Without a GPU the sweep stops
+//      after step 3 (a dry run: what would compile and fit).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention_templates/FlexAttention.h"
+#include "codegen/Target.h"
+
+namespace flextile::autotune {
+
+using attention::FlexAttentionConfig;
+
+struct ConfigSpace {
+  std::vector<int64_t> blockM, blockN;
+  std::vector<int> warps, stages;
+  std::vector<FlexAttentionConfig> configs() const;  // the product, in a stable order
+};
+// The space the tuner searches by default for a dtype and head dim.
+ConfigSpace defaultSpace(dsl::DType dtype, int64_t headDim);
+
+struct DeviceLimits {
+  int64_t sharedBytesPerBlock = 227 * 1024;  // after opting in
+  int threadsPerBlock = 1024;
+  int registersPerBlock = 64 * 1024;
+  static DeviceLimits of(const codegen::Target& target);
+  static DeviceLimits ofCurrentDevice();  // throws without a GPU
+};
+
+// Before compiling: the reason `c` cannot run this problem, or nullopt.
+std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, const attention::FlexAttentionProblem& p,
+                                              const DeviceLimits& limits);
+// After compiling (registers < 0: unknown, no ptxas).
+std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64_t sharedBytes, int registers,
+                                             int spillBytes, const DeviceLimits& limits);
+
+struct Candidate {
+  enum class Status { Pruned, Failed, Compiled, Wrong, Timed, Skipped };
+  FlexAttentionConfig config;
+  Status status = Status::Compiled;
+  std::string reason;  // why pruned, failed, wrong or skipped
+  int64_t sharedBytes = 0;
+  int registers = -1, spillBytes = 0;
+  double compileMs = 0;
+  bool compileCached = false;  // from the on-disk compile cache
+  double ms = 0, tflops = 0, error = 0;
+};
+const char* statusName(Candidate::Status s);
+
+struct TuneOptions {
+  double budgetSeconds = 0;  // timing stops when spent (0: no limit); compiling always finishes
+  int threads = 0;           // compile threads (0: every core)
+  int warmup = 3, repetitions = 20;
+  bool runPtxas = true;      // when ptxas is found: registers and spills
+  std::optional<codegen::Target> target;  // dry runs (host inputs): what to compile for; default sm_90a
+  double flops = 0;          // of one call, for TFLOP/s (0: not reported)
+  bool store = true;         // write the winner into the per-GPU cache
+  std::function<void(const std::string&)> progress;  // one line per event
+};
+
+struct TuneReport {
+  std::vector<Candidate> candidates;
+  int best = -1, defaultIndex = -1;  // indices into candidates (-1: none)
+  double compileSeconds = 0, timingSeconds = 0;
+  bool timed = false;   // false: a dry run (no GPU, or host inputs)
+  std::string key;      // the per-GPU cache key (empty for dry runs)
+  std::string storedIn; // the cache file the winner went to
+};
+
+// Tunes flex_attention(q, k, v, scoreMod, blockMask) over `space`. Device
+// inputs are timed on the current GPU; host inputs give a dry run.
+TuneReport tuneFlexAttention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                             const attention::ScoreMod& scoreMod, const std::optional<attention::BlockMask>& blockMask,
+                             const ConfigSpace& space, const TuneOptions& options = {});
+
+// A text table of the report (config, status, shared memory, registers,
+// compile ms, time, TFLOP/s, reason).
+std::string formatReport(const TuneReport& report);
+
+}  // namespace flextile::autotune

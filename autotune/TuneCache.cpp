@@ -1,0 +1,197 @@
+#include "autotune/TuneCache.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "codegen/CompileCache.h"
+#include "dsl/Tensor.h"
+#include "ir/Hash.h"
+#include "runtime/Device.h"
+
+#ifndef FLEXTILE_VERSION
+#define FLEXTILE_VERSION "unknown"
+#endif
+
+namespace flextile::autotune {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kFormat = "flextile-autotune-cache 1";
+
+void warn(const std::string& m) { std::fprintf(stderr, "flextile: warning: %s\n", m.c_str()); }
+}  // namespace
+
+std::optional<GpuIdentity> currentGpu() {
+  static const std::optional<GpuIdentity> gpu = []() -> std::optional<GpuIdentity> {
+    if (!dsl::deviceAvailable()) return std::nullopt;
+    try {
+      runtime::Device& d = runtime::Device::current();
+      return GpuIdentity{d.name(), d.capability(), d.driverVersion()};
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }();
+  return gpu;
+}
+
+int64_t lengthBucket(int64_t L, int64_t S) {
+  int64_t b = 128;
+  while (b < std::max(L, S)) b *= 2;
+  return b;
+}
+
+std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  const std::string mods = p.scoreMod + "|" + p.maskMod + "|" + p.captures;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(ir::hashText(mods)));
+  return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
+         FLEXTILE_VERSION + " flex_attention_fwd mods " + hash + " (" + mods + ") " +
+         std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +
+         std::to_string(p.Hkv ? p.Hq / p.Hkv : 0) + " len" + std::to_string(lengthBucket(p.L, p.S));
+}
+
+TuneCache::TuneCache(fs::path file, GpuIdentity gpu) : file_(std::move(file)), gpu_(std::move(gpu)) {}
+
+fs::path TuneCache::defaultFile(const GpuIdentity& gpu) {
+  std::string slug;
+  for (char c : gpu.name) slug += std::isalnum(static_cast<unsigned char>(c)) ? char(std::tolower(c)) : '_';
+  std::optional<fs::path> dir = codegen::userCacheDirectory();
+  return dir ? *dir / "autotune" / (slug + "-sm" + std::to_string(gpu.capability) + ".json") : fs::path();
+}
+
+TuneCache* TuneCache::forCurrentGpu() {
+  static std::unique_ptr<TuneCache> cache = []() -> std::unique_ptr<TuneCache> {
+    std::optional<GpuIdentity> gpu = currentGpu();
+    if (!gpu) return nullptr;
+    fs::path file = defaultFile(*gpu);
+    if (file.empty()) return nullptr;
+    return std::make_unique<TuneCache>(file, *gpu);
+  }();
+  return cache.get();
+}
+
+void TuneCache::loadLocked() {
+  if (loaded_) return;
+  loaded_ = true;
+  entries_ = Json::obj();
+  std::ifstream in(file_, std::ios::binary);
+  if (!in) return;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string problem;
+  try {
+    Json doc = parseJson(ss.str());
+    const Json* format = doc.find("format");
+    const Json* gpu = doc.find("gpu");
+    const Json* cc = doc.find("capability");
+    const Json* driver = doc.find("driver");
+    const Json* entries = doc.find("entries");
+    if (!format || format->string != kFormat) problem = "not a FlexTile autotune cache (format)";
+    else if (!gpu || gpu->string != gpu_.name || !cc || int(cc->number) != gpu_.capability)
+      problem = "written for another GPU (" + (gpu ? gpu->string : "?") + ")";
+    else if (!driver || int(driver->number) != gpu_.driver)
+      problem = "written under driver " + (driver ? std::to_string(int(driver->number)) : "?") + ", now " +
+                std::to_string(gpu_.driver);
+    else if (!entries || !entries->isObject()) problem = "no entries object";
+    else entries_ = *entries;
+  } catch (const Error& e) {
+    problem = std::string("corrupt: ") + e.what();
+  }
+  if (!problem.empty())
+    warn("autotune cache " + file_.string() + " is " + problem + "; ignoring it (it is rebuilt on the next tune)");
+}
+
+std::optional<TunedConfig> TuneCache::find(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  loadLocked();
+  const Json* e = entries_.find(key);
+  if (!e) return std::nullopt;
+  auto num = [&](const char* k) {
+    const Json* v = e->find(k);
+    return v && v->kind == Json::Kind::Number ? v->number : -1.0;
+  };
+  TunedConfig t;
+  t.config = {int64_t(num("block_m")), int64_t(num("block_n")), int(num("num_warps")), int(num("num_stages"))};
+  t.ms = num("ms");
+  t.defaultMs = num("default_ms");
+  if (const Json* s = e->find("shape")) t.shape = s->string;
+  if (t.config.block_m <= 0 || t.config.block_n <= 0 || t.config.num_warps <= 0 || t.config.num_stages <= 0)
+    return std::nullopt;  // a damaged entry: the default is used (the resolver also validates)
+  return t;
+}
+
+size_t TuneCache::size() {
+  std::lock_guard lock(mutex_);
+  loadLocked();
+  return entries_.object.size();
+}
+
+void TuneCache::put(const std::string& key, const TunedConfig& t) {
+  std::lock_guard lock(mutex_);
+  loadLocked();
+  Json e = Json::obj();
+  e.object["block_m"] = Json::num(double(t.config.block_m));
+  e.object["block_n"] = Json::num(double(t.config.block_n));
+  e.object["num_warps"] = Json::num(t.config.num_warps);
+  e.object["num_stages"] = Json::num(t.config.num_stages);
+  e.object["ms"] = Json::num(t.ms);
+  e.object["default_ms"] = Json::num(t.defaultMs);
+  e.object["shape"] = Json::str(t.shape);
+  entries_.object[key] = e;
+  Json doc = Json::obj();
+  doc.object["format"] = Json::str(kFormat);
+  doc.object["gpu"] = Json::str(gpu_.name);
+  doc.object["capability"] = Json::num(gpu_.capability);
+  doc.object["driver"] = Json::num(gpu_.driver);
+  doc.object["flextile"] = Json::str(FLEXTILE_VERSION);
+  doc.object["entries"] = entries_;
+  const std::string text = doc.dump(2) + "\n";
+  std::error_code ec;
+  fs::create_directories(file_.parent_path(), ec);
+  static std::atomic<int> counter{0};
+  const fs::path tmp = file_.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) throw Error("autotune cache: cannot write " + tmp.string());
+  }
+  fs::rename(tmp, file_, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error("autotune cache: cannot replace " + file_.string() + ": " + ec.message());
+  }
+}
+
+void installResolver() {
+  attention::setFlexAttentionConfigResolver(
+      [](const attention::FlexAttentionProblem& p) -> std::optional<attention::FlexAttentionConfig> {
+        if (p.space != dsl::MemorySpace::Device) return std::nullopt;  // the interpreter is not tuned
+        TuneCache* cache = TuneCache::forCurrentGpu();
+        if (!cache) return std::nullopt;
+        std::optional<TunedConfig> t = cache->find(tuneKey(p, *currentGpu()));
+        if (!t) return std::nullopt;
+        return t->config;
+      });
+}
+
+namespace {
+// Installed when libflextile loads, so flex_attention picks tuned configs
+// without the program naming the autotuner.
+const bool resolverInstalled [[maybe_unused]] = [] {
+  const char* off = std::getenv("FLEXTILE_AUTOTUNE_CACHE");
+  if (off && std::string_view(off) == "0") return false;
+  installResolver();
+  return true;
+}();
+}  // namespace
+
+}  // namespace flextile::autotune

@@ -1,0 +1,72 @@
+// The per-GPU cache of tuned configs: one JSON file per GPU under the user's
+// cache folder (codegen::userCacheDirectory()/autotune/<gpu>-sm<cc>.json).
+//
+// An entry is keyed by everything that changes the answer: the GPU (name and
+// capability), the driver version, FlexTile's version, the template, the mods
+// (names, which carry their parameters, and the dtype and rank of captured
+// tensors), the dtype, head dim, GQA ratio and a length bucket (the next power
+// of two of max(L, S)). Once this file is loaded, flex_attention calls without
+// a config use the tuned one (installResolver; done when libflextile loads,
+// FLEXTILE_AUTOTUNE_CACHE=0 turns it off).
+//
+// A file that does not parse, or that another GPU or driver wrote, gives a
+// warning and is rebuilt from empty on the next store; nothing else is lost.
+#pragma once
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "attention_templates/FlexAttention.h"
+#include "autotune/Json.h"
+
+namespace flextile::autotune {
+
+struct GpuIdentity {
+  std::string name;  // "NVIDIA H200"
+  int capability = 0;  // 90
+  int driver = 0;      // cuDriverGetVersion: 12080
+};
+// The current device; nullopt without a GPU.
+std::optional<GpuIdentity> currentGpu();
+
+// The next power of two of max(L, S), at least 128.
+int64_t lengthBucket(int64_t L, int64_t S);
+
+// The key text of a problem on a GPU (readable, stored as the JSON key).
+std::string tuneKey(const attention::FlexAttentionProblem& problem, const GpuIdentity& gpu);
+
+struct TunedConfig {
+  attention::FlexAttentionConfig config;
+  double ms = 0, defaultMs = 0;  // median times at tuning
+  std::string shape;             // "B=2 H=16 L=8192 S=8192 D=128", the shape it was tuned at
+};
+
+class TuneCache {
+ public:
+  explicit TuneCache(std::filesystem::path file, GpuIdentity gpu);
+  // The cache of the current GPU (nullopt without one or without a cache folder).
+  static TuneCache* forCurrentGpu();
+  static std::filesystem::path defaultFile(const GpuIdentity& gpu);
+
+  const std::filesystem::path& file() const { return file_; }
+  std::optional<TunedConfig> find(const std::string& key);
+  // Stores (replacing) an entry and rewrites the file atomically.
+  void put(const std::string& key, const TunedConfig& entry);
+  size_t size();
+
+ private:
+  void loadLocked();
+  std::filesystem::path file_;
+  GpuIdentity gpu_;
+  std::mutex mutex_;
+  bool loaded_ = false;
+  Json entries_ = Json::obj();
+};
+
+// Makes flex_attention consult TuneCache::forCurrentGpu() when it is given no
+// config (attention::setFlexAttentionConfigResolver).
+void installResolver();
+
+}  // namespace flextile::autotune

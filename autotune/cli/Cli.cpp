@@ -1,0 +1,479 @@
+#include "autotune/cli/Cli.h"
+
+#include <Eigen/Core>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <ostream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/Reference.h"
+#include "attention_templates/Variants.h"
+#include "autotune/Autotune.h"
+#include "autotune/TuneCache.h"
+#include "codegen/CompileCache.h"
+#include "runtime/Device.h"
+#include "runtime/Event.h"
+
+namespace flextile::cli {
+
+namespace {
+
+using attention::FlexAttentionConfig;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+// A bad command line: exit status 2 with the message and the command's usage.
+struct UsageError {
+  std::string message;
+};
+
+const char* kUsage =
+    "usage: flextile <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  list                       the registered attention variants and templates\n"
+    "  run VARIANT                run flex_attention once, time it, optionally check it\n"
+    "  autotune VARIANT           sweep configs, print a table, store the winner for this GPU\n"
+    "  compile VARIANT            print the kernel at a stage (--emit ir|traced|llvm|ptx)\n"
+    "  bench                      time every variant (the yardstick table; needs a GPU)\n"
+    "  blockmask VARIANT          the BlockMask's block picture, counts and sparsity\n"
+    "\n"
+    "`flextile <command> --help` describes each command's options.\n";
+
+struct Command {
+  const char* name;
+  const char* usage;
+  std::set<std::string> valueFlags, boolFlags;
+  bool needsVariant;
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> c{
+      {"list", "usage: flextile list\n  Lists the registered variants (built-in and user) and the templates.\n", {}, {},
+       false},
+      {"run",
+       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S]\n"
+       "                    [--check] [--host] [--seed S]\n"
+       "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
+       "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
+       "  suits small shapes only. --check compares with the float64 reference (exit 1 when it differs).\n"
+       "  Without --config the tuned config for this GPU is used when there is one, else the default.\n",
+       {"--shape", "--dtype", "--gqa", "--config", "--seed"}, {"--check", "--host"}, true},
+      {"autotune",
+       "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
+       "                         [--target sm_80|sm_90a] [--no-store]\n"
+       "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
+       "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
+       "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n",
+       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target"}, {"--no-store"}, true},
+      {"compile",
+       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S]\n"
+       "                        [--target sm_80|sm_90a] --emit traced|ir|llvm|ptx\n"
+       "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
+       "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n",
+       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit"}, {}, true},
+      {"bench",
+       "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..]\n"
+       "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
+       "  Default shape 2,16,8192,128 (DESIGN.md's yardstick).\n",
+       {"--shape", "--dtype", "--variants"}, {}, false},
+      {"blockmask",
+       "usage: flextile blockmask VARIANT --shape B,H,N[,D] [--block Q[,KV]]\n"
+       "  Builds the variant's BlockMask on the host and prints its block picture (full, partial and\n"
+       "  empty blocks), the block counts and the sparsity.\n",
+       {"--shape", "--block"}, {}, true},
+  };
+  return c;
+}
+
+struct Args {
+  const Command* command = nullptr;
+  std::string variant;
+  std::map<std::string, std::string> values;
+  std::set<std::string> flags;
+  bool has(const std::string& f) const { return flags.count(f) || values.count(f); }
+  std::string get(const std::string& f, const std::string& fallback) const {
+    auto it = values.find(f);
+    return it == values.end() ? fallback : it->second;
+  }
+};
+
+std::vector<int64_t> parseInts(const std::string& flag, const std::string& text, size_t minCount, size_t maxCount) {
+  std::vector<int64_t> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || x < 1)
+      throw UsageError{flag + " expects positive integers separated by commas, got '" + text + "'"};
+    v.push_back(x);
+  }
+  if (v.size() < minCount || v.size() > maxCount)
+    throw UsageError{flag + " expects " + std::to_string(minCount) +
+                     (maxCount != minCount ? " to " + std::to_string(maxCount) : "") + " values, got '" + text + "'"};
+  return v;
+}
+
+double parseNumber(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    double d = std::stod(text, &used);
+    if (used == text.size() && d >= 0) return d;
+  } catch (...) {
+  }
+  throw UsageError{flag + " expects a non-negative number, got '" + text + "'"};
+}
+
+DType parseDType(const std::string& s) {
+  if (s == "bf16") return DType::BF16;
+  if (s == "f16" || s == "fp16") return DType::F16;
+  if (s == "f32" || s == "fp32") return DType::F32;
+  throw UsageError{"--dtype must be bf16, f16 or f32, got '" + s + "'"};
+}
+
+codegen::Target parseTarget(const std::string& s) {
+  if (s == "sm_80") return codegen::Target::sm80();
+  if (s == "sm_90a") return codegen::Target::sm90a();
+  if (s == "sm_90") return codegen::Target{90, false};
+  if (s == "sm_86") return codegen::Target{86, false};
+  if (s == "sm_89") return codegen::Target{89, false};
+  throw UsageError{"--target must be sm_80, sm_86, sm_89, sm_90 or sm_90a, got '" + s + "'"};
+}
+
+void parse(int argc, const char* const* argv, Args& a) {
+  if (argc < 2) throw UsageError{"no command given"};
+  const std::string name = argv[1];
+  for (const Command& c : commands())
+    if (name == c.name) a.command = &c;
+  if (!a.command) throw UsageError{"unknown command '" + name + "'"};
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      a.flags.insert("--help");
+    } else if (arg.rfind("--", 0) == 0) {
+      std::string flag = arg, value;
+      const size_t eq = arg.find('=');
+      if (eq != std::string::npos) flag = arg.substr(0, eq), value = arg.substr(eq + 1);
+      if (a.command->boolFlags.count(flag)) {
+        if (eq != std::string::npos) throw UsageError{flag + " takes no value"};
+        a.flags.insert(flag);
+      } else if (a.command->valueFlags.count(flag)) {
+        if (eq == std::string::npos) {
+          if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
+          value = argv[++i];
+        }
+        a.values[flag] = value;
+      } else {
+        throw UsageError{"unknown option '" + flag + "' for '" + name + "'"};
+      }
+    } else if (a.command->needsVariant && a.variant.empty()) {
+      a.variant = arg;
+    } else {
+      throw UsageError{"unexpected argument '" + arg + "'"};
+    }
+  }
+  if (!a.flags.count("--help") && a.command->needsVariant && a.variant.empty())
+    throw UsageError{"'" + name + "' needs a VARIANT (see `flextile list`)"};
+}
+
+Tensor randomTensor(std::mt19937_64& rng, DType dt, dsl::Shape shape, MemorySpace space) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::normal_distribution<float> g(0, 1);
+  switch (dt) {
+    case DType::BF16: {
+      std::vector<Eigen::bfloat16> v(static_cast<size_t>(n));
+      for (auto& x : v) x = Eigen::bfloat16(g(rng));
+      return Tensor::fromHost(v, shape, space);
+    }
+    case DType::F16: {
+      std::vector<Eigen::half> v(static_cast<size_t>(n));
+      for (auto& x : v) x = Eigen::half(g(rng));
+      return Tensor::fromHost(v, shape, space);
+    }
+    default: {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& x : v) x = g(rng);
+      return Tensor::fromHost(v, shape, space);
+    }
+  }
+}
+
+// The inputs of one variant at one shape.
+struct Problem {
+  int64_t B, H, N, D, Hkv;
+  DType dtype;
+  MemorySpace space;
+  attention::VariantInstance instance;
+  Tensor q, k, v;
+};
+
+Problem makeProblem(const Args& a, const std::string& variantName, const std::string& defaultShape, MemorySpace space,
+                    uint64_t seed, bool needTensors = true) {
+  const std::vector<int64_t> s = parseInts("--shape", a.get("--shape", defaultShape), 4, 4);
+  Problem p{s[0], s[1], s[2], s[3], s[1], parseDType(a.get("--dtype", "bf16")), space, {}, {}, {}, {}};
+  const int64_t gqa = parseInts("--gqa", a.get("--gqa", "1"), 1, 1)[0];
+  if (p.H % gqa != 0)
+    throw UsageError{"--gqa " + std::to_string(gqa) + " must divide the heads H = " + std::to_string(p.H)};
+  p.Hkv = p.H / gqa;
+  if (space == MemorySpace::Host && needTensors &&
+      double(p.B * p.H) * double(p.N) * double(p.N) * double(p.D) > 64.0 * 1024 * 1024)
+    throw UsageError{"the interpreter is meant for small shapes: B*H*N*N*D must be at most 64M (try --shape 1,2,256,64)"};
+  const attention::Variant& var = attention::variant(variantName);
+  p.instance = var.make({p.B, p.H, p.N, p.N, space, {128, 128}, seed});
+  if (needTensors) {
+    std::mt19937_64 rng(seed);
+    p.q = randomTensor(rng, p.dtype, {p.B, p.H, p.N, p.D}, space);
+    p.k = randomTensor(rng, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
+    p.v = randomTensor(rng, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
+  }
+  return p;
+}
+
+std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
+  if (!a.values.count("--config")) return std::nullopt;
+  const std::vector<int64_t> c = parseInts("--config", a.values.at("--config"), 4, 4);
+  return FlexAttentionConfig{c[0], c[1], int(c[2]), int(c[3])};
+}
+
+// Allowed (q, kv) pairs of the whole problem (for FLOPs): full blocks counted
+// by area, partial blocks through the reference mask.
+double allowedPairs(const Problem& p) {
+  if (!p.instance.mask) return double(p.B * p.H) * double(p.N) * double(p.N);
+  const attention::BlockMask& m = *p.instance.mask;
+  double total = 0;
+  for (int64_t b = 0; b < m.batch(); ++b)
+    for (int64_t h = 0; h < m.heads(); ++h)
+      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
+        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
+        for (int32_t c : m.fullKvBlocks(b, h, r))
+          total += double(q1 - q0) * double(std::min((c + 1) * m.kvBlockSize(), m.kvLen()) - c * m.kvBlockSize());
+        for (int32_t c : m.partialKvBlocks(b, h, r))
+          for (int64_t i = q0; i < q1; ++i)
+            for (int64_t j = c * m.kvBlockSize(); j < std::min((c + 1) * m.kvBlockSize(), m.kvLen()); ++j)
+              total += !p.instance.refMask || p.instance.refMask(b, h, i, j) ? 1 : 0;
+      }
+  return total * double(p.B / m.batch()) * double(p.H / m.heads());
+}
+
+bool gpuPresent(std::string* why = nullptr) { return dsl::deviceAvailable(why); }
+
+int cmdList(const Args&, std::ostream& out) {
+  out << "variants:\n";
+  for (const attention::Variant& v : attention::variants()) {
+    char line[512];
+    std::snprintf(line, sizeof line, "  %-16s %s\n", v.name.c_str(), v.description.c_str());
+    out << line;
+  }
+  out << "templates:\n  flex_attention_fwd  the fused forward template (attention_templates/FlexAttentionForward.cpp)\n";
+  return 0;
+}
+
+int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
+  std::string why;
+  const bool device = !a.has("--host") && gpuPresent(&why);
+  if (!device && !a.has("--host")) err << "flextile run: no GPU (" << why << "); running on the interpreter\n";
+  const uint64_t seed = a.has("--seed") ? uint64_t(parseInts("--seed", a.get("--seed", "1"), 1, 1)[0]) : std::random_device{}();
+  Problem p = makeProblem(a, a.variant, "1,2,256,64", device ? MemorySpace::Device : MemorySpace::Host, seed);
+  attention::FlexAttentionOptions options;
+  options.config = parseConfig(a);
+  options.return_lse = a.has("--check");
+  // The first call traces and compiles (or reads the compile cache).
+  auto t0 = std::chrono::steady_clock::now();
+  attention::FlexAttentionResult r = attention::flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask, options);
+  if (device) runtime::synchronize();
+  const double firstMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const attention::FlexAttentionPlan plan =
+      attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask, options);
+  double ms = firstMs;
+  if (device) {
+    auto samples = runtime::timeKernel(
+        [&] { attention::flex_attention_into(p.q, p.k, p.v, p.instance.score, p.instance.mask, r.out, nullptr, options); },
+        3, 20);
+    ms = runtime::median(samples);
+  }
+  const double flops = 4.0 * double(p.D) * allowedPairs(p);
+  char line[512];
+  std::snprintf(line, sizeof line, "%s B=%lld H=%lld Hkv=%lld N=%lld D=%lld %s on %s, config %s%s\n", a.variant.c_str(),
+                (long long)p.B, (long long)p.H, (long long)p.Hkv, (long long)p.N, (long long)p.D,
+                std::string(ir::dtypeName(p.dtype)).c_str(),
+                device ? runtime::Device::current().name().c_str() : "the interpreter", plan.config.describe().c_str(),
+                options.config ? "" : " (tuned or default)");
+  out << line;
+  std::snprintf(line, sizeof line, "first call %.1f ms (trace + compile or cache + run); %s %.3f ms, %.2f TFLOP/s\n",
+                firstMs, device ? "median" : "interpreted", ms, flops / ms / 1e9);
+  out << line;
+  if (!a.has("--check")) return 0;
+  const double scale = 1.0 / std::sqrt(double(p.D));
+  attention::ReferenceResult ref =
+      attention::referenceAttention(p.q, p.k, p.v, p.instance.refScore, p.instance.refMask, scale);
+  const std::vector<double> got = attention::toDoubles(r.out);
+  const std::vector<float> lse = r.lse.toHost<float>();
+  double num = 0, den = 0, lseErr = 0;
+  bool finite = true;
+  for (size_t i = 0; i < got.size(); ++i) {
+    finite = finite && std::isfinite(got[i]);
+    num += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
+    den += ref.out[i] * ref.out[i];
+  }
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) lseErr = std::max(lseErr, std::isinf(lse[i]) && lse[i] < 0 ? 0.0 : INFINITY);
+    else lseErr = std::max(lseErr, std::abs(double(lse[i]) - ref.lse[i]));
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double tol = p.dtype == DType::BF16 ? 2e-2 : 4e-3;
+  const bool ok = finite && rel <= tol && lseErr <= 2e-2 + 1e-3 * 20;
+  std::snprintf(line, sizeof line, "check vs float64 reference: relative error %.2e (tolerance %.0e), max |lse error| %.2e: %s\n",
+                rel, tol, lseErr, ok ? "PASS" : "FAIL");
+  out << line;
+  return ok ? 0 : 1;
+}
+
+int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
+  std::string why;
+  const bool device = gpuPresent(&why);
+  if (!device) err << "flextile autotune: no GPU (" << why << "): a dry run (compile and prune only), nothing is timed\n";
+  Problem p = makeProblem(a, a.variant, "2,16,8192,128", device ? MemorySpace::Device : MemorySpace::Host, 7, device);
+  if (!device) {  // dry run: shapes only (nothing is computed); strided views of one small buffer would do too
+    p.q = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Host);
+    p.k = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
+    p.v = p.k;
+  }
+  autotune::TuneOptions o;
+  o.budgetSeconds = parseNumber("--budget", a.get("--budget", "0"));
+  if (a.has("--threads")) o.threads = int(parseInts("--threads", a.get("--threads", ""), 1, 1)[0]);
+  if (a.has("--target")) o.target = parseTarget(a.get("--target", ""));
+  o.store = !a.has("--no-store");
+  o.flops = device ? 4.0 * double(p.D) * allowedPairs(p) : 0;
+  o.progress = [&](const std::string& line) { err << line << "\n" << std::flush; };
+  autotune::TuneReport r = autotune::tuneFlexAttention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
+                                                       autotune::defaultSpace(p.dtype, p.D), o);
+  out << formatReport(r);
+  if (r.timed && r.best < 0) {
+    err << "flextile autotune: no config ran correctly\n";
+    return 1;
+  }
+  return 0;
+}
+
+int cmdCompile(const Args& a, std::ostream& out) {
+  const std::string emit = a.get("--emit", "");
+  if (emit != "traced" && emit != "ir" && emit != "llvm" && emit != "ptx")
+    throw UsageError{"--emit must be traced, ir, llvm or ptx" + (emit.empty() ? std::string() : ", got '" + emit + "'")};
+  Problem p = makeProblem(a, a.variant, "1,2,1024,128", MemorySpace::Host, 1, false);
+  // Compiling reads only shapes, strides and alignment: empty host tensors do.
+  p.q = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Host);
+  p.k = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
+  p.v = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
+  attention::FlexAttentionOptions options;
+  options.config = parseConfig(a);
+  const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
+  attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
+                                                                     options, emit != "traced", target);
+  if (emit == "traced") out << plan.ir;
+  else if (emit == "ir") out << plan.compiled->ir;
+  else if (emit == "llvm") out << plan.compiled->llvmIR;
+  else out << plan.compiled->ptx;
+  return 0;
+}
+
+int cmdBench(const Args& a, std::ostream& out, std::ostream& err) {
+  std::string why;
+  if (!gpuPresent(&why)) {
+    err << "flextile bench: needs a GPU (" << why << "); skipped\n";
+    return 2;
+  }
+  std::vector<std::string> names;
+  if (a.has("--variants")) {
+    std::stringstream ss(a.get("--variants", ""));
+    for (std::string n; std::getline(ss, n, ',');)
+      if (!n.empty()) names.push_back(n);
+  } else {
+    names = {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%-16s %-18s %10s %9s %10s\n", "variant", "config", "ms", "TFLOP/s", "1st call ms");
+  out << line;
+  for (const std::string& name : names) {
+    Problem p = makeProblem(a, name, "2,16,8192,128", MemorySpace::Device, 7);
+    Tensor o = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Device);
+    auto t0 = std::chrono::steady_clock::now();
+    attention::flex_attention_into(p.q, p.k, p.v, p.instance.score, p.instance.mask, o, nullptr);
+    runtime::synchronize();
+    const double first = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    auto samples = runtime::timeKernel(
+        [&] { attention::flex_attention_into(p.q, p.k, p.v, p.instance.score, p.instance.mask, o, nullptr); }, 3, 20);
+    const double ms = runtime::median(samples);
+    const auto plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask);
+    std::snprintf(line, sizeof line, "%-16s %-18s %10.3f %9.1f %10.1f\n", name.c_str(), plan.config.describe().c_str(),
+                  ms, 4.0 * double(p.D) * allowedPairs(p) / ms / 1e9, first);
+    out << line << std::flush;
+  }
+  return 0;
+}
+
+int cmdBlockmask(const Args& a, std::ostream& out) {
+  const std::vector<int64_t> s = parseInts("--shape", a.get("--shape", ""), 3, 4);
+  const std::vector<int64_t> block = parseInts("--block", a.get("--block", "128"), 1, 2);
+  const attention::BlockSizes sizes{block[0], block.size() > 1 ? block[1] : block[0]};
+  attention::VariantInstance inst =
+      attention::variant(a.variant).make({s[0], s[1], s[2], s[2], MemorySpace::Host, sizes, 1});
+  if (!inst.mask) {
+    out << a.variant << ": no BlockMask (every pair allowed)\n";
+    return 0;
+  }
+  const attention::BlockMask& m = *inst.mask;
+  out << m.describe() << "\n" << m.picture() << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "full blocks %lld, partial blocks %lld, sparsity %.1f%%\n",
+                (long long)m.numFullBlocks(), (long long)m.numPartialBlocks(), 100.0 * m.sparsity());
+  out << line;
+  return 0;
+}
+
+}  // namespace
+
+int flextileMain(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help")) {
+    out << kUsage;
+    return 0;
+  }
+  Args args;
+  try {
+    parse(argc, argv, args);
+    if (args.flags.count("--help")) {
+      out << args.command->usage;
+      return 0;
+    }
+    const std::string name = args.command->name;
+    if (name == "list") return cmdList(args, out);
+    if (name == "run") return cmdRun(args, out, err);
+    if (name == "autotune") return cmdAutotune(args, out, err);
+    if (name == "compile") return cmdCompile(args, out);
+    if (name == "bench") return cmdBench(args, out, err);
+    if (name == "blockmask") return cmdBlockmask(args, out);
+  } catch (const UsageError& e) {
+    err << "flextile: " << e.message << "\n\n" << (args.command ? args.command->usage : kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    err << "flextile: " << e.what() << "\n";
+    // An unknown variant is a usage problem too.
+    return std::string(e.what()).find("unknown attention variant") != std::string::npos ? 2 : 1;
+  }
+  return 2;
+}
+
+}  // namespace flextile::cli

@@ -1,0 +1,306 @@
+#include "codegen/CompileCache.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <llvm/Config/llvm-config.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "codegen/Ptxas.h"
+#include "ir/Dump.h"
+#include "ir/Hash.h"
+
+#ifndef FLEXTILE_VERSION
+#define FLEXTILE_VERSION "unknown"
+#endif
+
+namespace flextile::codegen {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMagic = "FLEXTILE-KERNEL 1\n";
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The build of this library: a rebuilt compiler must not read the kernels
+// another build wrote, and FLEXTILE_VERSION alone does not change per build.
+std::string buildIdentity() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&buildIdentity), &info) && info.dli_fname) {
+    struct stat st {};
+    if (::stat(info.dli_fname, &st) == 0)
+      return std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec) + "." +
+             std::to_string(st.st_mtim.tv_nsec);
+  }
+  return "unknown";
+}
+
+bool envOff(const char* name) {
+  const char* s = std::getenv(name);
+  return s && (std::string_view(s) == "0" || std::string_view(s) == "off" || std::string_view(s) == "false");
+}
+
+// Dumps show stages as they are produced; a disk hit would produce none.
+bool dumpsRequested() {
+  for (const char* stage : {"ir", "passes", "llvm", "ptx"})
+    if (ir::dumpEnabled(stage)) return true;
+  return false;
+}
+
+void warn(const std::string& message) { std::fprintf(stderr, "flextile: warning: %s\n", message.c_str()); }
+
+// ---- entry format ------------------------------------------------------------
+// kMagic, then fields "<name> <byte count>\n<bytes>\n", then
+// "end <16 hex digits>\n": the hash of everything before "end".
+
+void putField(std::string& out, std::string_view name, std::string_view value) {
+  out += name;
+  out += ' ';
+  out += std::to_string(value.size());
+  out += '\n';
+  out += value;
+  out += '\n';
+}
+
+std::string typeText(const ir::Type& t) {
+  if (!t.isScalar()) throw Error("compile cache: kernel parameter of tile type " + t.str());
+  return t.isPointer() ? "ptr " + std::string(ir::dtypeName(t.pointee())) : std::string(ir::dtypeName(t.dtype()));
+}
+
+ir::Type parseTypeText(std::string_view s) {
+  const bool pointer = s.starts_with("ptr ");
+  if (pointer) s.remove_prefix(4);
+  std::optional<ir::DType> d = ir::parseDType(s);
+  if (!d) throw Error("unknown parameter dtype '" + std::string(s) + "'");
+  return pointer ? ir::Type::pointer(*d) : ir::Type(*d);
+}
+
+}  // namespace
+
+const std::string& compilerVersion() {
+  static const std::string v =
+      std::string("flextile ") + FLEXTILE_VERSION + "; LLVM " + LLVM_VERSION_STRING + "; build " + buildIdentity();
+  return v;
+}
+
+std::optional<fs::path> userCacheDirectory() {
+  if (const char* d = std::getenv("FLEXTILE_CACHE_DIR"); d && *d) return fs::path(d);
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return fs::path(d) / "flextile";
+  if (const char* d = std::getenv("HOME"); d && *d) return fs::path(d) / ".cache" / "flextile";
+  return std::nullopt;
+}
+
+std::string CompileCacheKey::text() const {
+  return "ir " + hex16(irHash) + "; target " + target.smName() + "; " + compiler + "; format 1";
+}
+
+std::string CompileCacheKey::fileName() const { return hex16(ir::hashText(text())) + ".ftk"; }
+
+std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKernel& k) {
+  std::string out = kMagic;
+  putField(out, "key", key.text());
+  putField(out, "name", k.name);
+  putField(out, "capability", std::to_string(k.target.capability));
+  putField(out, "arch_specific", k.target.archSpecific ? "1" : "0");
+  putField(out, "num_warps", std::to_string(k.numWarps));
+  putField(out, "shared_bytes", std::to_string(k.sharedBytes));
+  std::string params;
+  for (const ir::Type& t : k.params) params += typeText(t) + "\n";
+  putField(out, "params", params);
+  putField(out, "ir", k.ir);
+  putField(out, "llvm", k.llvmIR);
+  putField(out, "ptx", k.ptx);
+  putField(out, "ptxas", k.ptxasInfo);
+  putField(out, "cubin", k.cubin);
+  out += "end " + hex16(ir::hashText(out)) + "\n";
+  return out;
+}
+
+std::optional<CompiledKernel> parseCompiledKernel(const CompileCacheKey& key, std::string_view bytes) {
+  const std::string_view magic = kMagic;
+  if (!bytes.starts_with(magic)) throw Error("not a FlexTile kernel file (bad header)");
+  // The checksum first: a truncated or altered file fails here.
+  const size_t end = bytes.rfind("end ");
+  if (end == std::string_view::npos || bytes.size() != end + 4 + 16 + 1 || bytes.back() != '\n')
+    throw Error("truncated (no checksum line)");
+  if (bytes.substr(end + 4, 16) != hex16(ir::hashText(bytes.substr(0, end))))
+    throw Error("checksum mismatch");
+  std::map<std::string, std::string_view, std::less<>> fields;
+  size_t pos = magic.size();
+  while (pos < end) {
+    const size_t space = bytes.find(' ', pos), newline = bytes.find('\n', pos);
+    if (space == std::string_view::npos || newline == std::string_view::npos || space > newline)
+      throw Error("malformed field header at byte " + std::to_string(pos));
+    const std::string name(bytes.substr(pos, space - pos));
+    size_t length = 0;
+    try {
+      length = std::stoull(std::string(bytes.substr(space + 1, newline - space - 1)));
+    } catch (...) {
+      throw Error("malformed length of field '" + name + "'");
+    }
+    const size_t start = newline + 1;
+    if (start + length + 1 > end || bytes[start + length] != '\n') throw Error("field '" + name + "' overruns the file");
+    fields[name] = bytes.substr(start, length);
+    pos = start + length + 1;
+  }
+  auto field = [&](const char* name) -> std::string_view {
+    auto it = fields.find(name);
+    if (it == fields.end()) throw Error(std::string("missing field '") + name + "'");
+    return it->second;
+  };
+  auto number = [&](const char* name) {
+    try {
+      return std::stoi(std::string(field(name)));
+    } catch (const Error&) {
+      throw;
+    } catch (...) {
+      throw Error(std::string("field '") + name + "' is not a number");
+    }
+  };
+  if (field("key") != key.text()) return std::nullopt;
+  CompiledKernel k;
+  k.name = field("name");
+  k.target = Target{number("capability"), number("arch_specific") != 0};
+  k.numWarps = number("num_warps");
+  k.sharedBytes = number("shared_bytes");
+  std::string_view params = field("params");
+  while (!params.empty()) {
+    const size_t nl = params.find('\n');
+    if (nl == std::string_view::npos) throw Error("malformed params field");
+    k.params.push_back(parseTypeText(params.substr(0, nl)));
+    params.remove_prefix(nl + 1);
+  }
+  k.ir = field("ir");
+  k.llvmIR = field("llvm");
+  k.ptx = field("ptx");
+  k.ptxasInfo = field("ptxas");
+  k.cubin = field("cubin");
+  if (k.ptx.empty() || k.name.empty()) throw Error("empty PTX or kernel name");
+  if (!(k.target == key.target)) throw Error("target " + k.target.smName() + " differs from the key's");
+  return k;
+}
+
+CompileCache::CompileCache(fs::path dir) : dir_(std::move(dir)) {}
+
+CompileCache& CompileCache::global() {
+  static CompileCache cache([] {
+    if (envOff("FLEXTILE_CACHE")) return fs::path();
+    std::optional<fs::path> base = userCacheDirectory();
+    return base ? *base / "kernels" : fs::path();
+  }());
+  return cache;
+}
+
+CompileCache::Stats CompileCache::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::optional<CompiledKernel> CompileCache::load(const CompileCacheKey& key) {
+  if (!enabled()) return std::nullopt;
+  const fs::path path = pathOf(key);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      std::lock_guard lock(mutex_);
+      ++stats_.misses;
+      return std::nullopt;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    bytes = std::move(ss).str();
+  }
+  try {
+    std::optional<CompiledKernel> k = parseCompiledKernel(key, bytes);
+    std::lock_guard lock(mutex_);
+    ++(k ? stats_.hits : stats_.misses);
+    return k;
+  } catch (const Error& e) {
+    warn("compile cache entry " + path.string() + " is corrupt (" + e.what() + "); recompiling and overwriting it");
+    std::lock_guard lock(mutex_);
+    ++stats_.corrupt;
+    ++stats_.misses;
+    return std::nullopt;
+  }
+}
+
+void CompileCache::store(const CompileCacheKey& key, const CompiledKernel& kernel) {
+  if (!enabled()) return;
+  static std::atomic<uint64_t> counter{0};
+  const fs::path path = pathOf(key);
+  std::string why;
+  try {
+    const std::string bytes = serializeCompiledKernel(key, kernel);
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw Error("cannot create " + dir_.string() + ": " + ec.message());
+    // A name no other thread or process uses, in the same folder (rename is
+    // atomic only within one file system).
+    const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                         std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())) + "." +
+                         std::to_string(counter++);
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), std::streamsize(bytes.size()));
+      out.close();
+      if (!out) {
+        fs::remove(tmp, ec);
+        throw Error("cannot write " + tmp.string());
+      }
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) {
+      fs::remove(tmp, ec);
+      throw Error("cannot rename into " + path.string() + ": " + ec.message());
+    }
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  std::lock_guard lock(mutex_);
+  if (why.empty()) {
+    ++stats_.stores;
+    return;
+  }
+  ++stats_.storeFailures;
+  if (!warnedStore_) warn("compile cache: " + why + " (kernels are not kept on disk)");
+  warnedStore_ = true;
+}
+
+CompiledKernel compileCached(const ir::Function& f, uint64_t irHash, const CompileOptions& options,
+                             CompileCache& cache) {
+  if (!cache.enabled() || dumpsRequested()) return compile(f, options);
+  const auto start = std::chrono::steady_clock::now();
+  const CompileCacheKey key{irHash, options.target};
+  if (std::optional<CompiledKernel> hit = cache.load(key)) {
+    if (options.runPtxas && hit->ptxasInfo.empty()) {
+      PtxasReport report = runPtxas(hit->ptx, hit->target);
+      hit->ptxasInfo = report.log;
+      hit->cubin = report.cubin;
+      cache.store(key, *hit);
+    }
+    hit->fromCache = true;
+    hit->compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return *hit;
+  }
+  CompiledKernel k = compile(f, options);
+  cache.store(key, k);
+  return k;
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,94 @@
+// The on-disk compile cache: compiled kernels (PTX, and the cubin when ptxas
+// ran) persist across processes, so a program compiles a kernel once per
+// machine, not once per run. dsl::Kernel keeps its in-memory cache above it.
+//
+// Where: $FLEXTILE_CACHE_DIR, else $XDG_CACHE_HOME/flextile, else
+// $HOME/.cache/flextile; kernels live in its `kernels/` folder, one file per
+// kernel. FLEXTILE_CACHE=0 turns the disk layer off (as does a dump request:
+// FLEXTILE_DUMP=ir/passes/llvm/ptx wants to see the stages being produced).
+//
+// Key: the structural hash of the specialized IR (the traced program with its
+// constants, num_warps, num_stages and argument divisibility), the target, and
+// the compiler identity: FlexTile's version, LLVM's version and the build of
+// libflextile itself (its size and modification time), so a rebuilt compiler
+// never reads the kernels of another build. The whole key text is stored in
+// the entry and compared on load; a file name clash is a miss, not a wrong hit.
+//
+// Entries are written to a temporary file and renamed into place (readers
+// never see half an entry; concurrent writers of one key both write the same
+// bytes). An entry that does not parse or whose checksum fails gives one
+// warning on stderr, is recompiled and overwritten.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "codegen/Compiler.h"
+
+namespace flextile::codegen {
+
+// "flextile 0.1.0; LLVM 22.1.8; build <size>-<mtime>": part of every key.
+const std::string& compilerVersion();
+
+// The user's FlexTile cache folder (see above); nullopt when neither variable
+// nor HOME is set.
+std::optional<std::filesystem::path> userCacheDirectory();
+
+struct CompileCacheKey {
+  uint64_t irHash = 0;  // ir::structuralHash of the specialized function
+  Target target;
+  std::string compiler = compilerVersion();
+
+  std::string text() const;      // every field, as stored in the entry
+  std::string fileName() const;  // 16 hex digits of the hash of text(), ".ftk"
+};
+
+class CompileCache {
+ public:
+  struct Stats {
+    size_t hits = 0, misses = 0, corrupt = 0, stores = 0, storeFailures = 0;
+  };
+
+  // A cache in `dir` (created on the first store). An empty path disables it.
+  explicit CompileCache(std::filesystem::path dir);
+  // The process-wide cache in userCacheDirectory()/kernels, or disabled when
+  // FLEXTILE_CACHE=0 or there is no cache folder.
+  static CompileCache& global();
+
+  bool enabled() const { return !dir_.empty(); }
+  const std::filesystem::path& directory() const { return dir_; }
+  std::filesystem::path pathOf(const CompileCacheKey& key) const { return dir_ / key.fileName(); }
+
+  // The stored kernel, or nullopt (absent, another key, or corrupt: then a
+  // warning names the file).
+  std::optional<CompiledKernel> load(const CompileCacheKey& key);
+  // Writes the entry atomically; a failure (read-only folder, full disk) is a
+  // warning, never an error: the cache is an optimization.
+  void store(const CompileCacheKey& key, const CompiledKernel& kernel);
+
+  Stats stats() const;
+
+ private:
+  std::filesystem::path dir_;
+  mutable std::mutex mutex_;
+  Stats stats_;
+  bool warnedStore_ = false;
+};
+
+// compile() through `cache`: a hit returns the stored kernel (fromCache set,
+// compileMs the time the lookup took); a miss compiles and stores. With
+// options.runPtxas, an entry stored without ptxas output is completed and
+// stored again.
+CompiledKernel compileCached(const ir::Function& f, uint64_t irHash, const CompileOptions& options,
+                             CompileCache& cache);
+
+// Serialization of one entry (exposed for tests).
+std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKernel& kernel);
+// Throws flextile::Error naming what is wrong; nullopt when the entry is
+// intact but belongs to another key.
+std::optional<CompiledKernel> parseCompiledKernel(const CompileCacheKey& key, std::string_view bytes);
+
+}  // namespace flextile::codegen

@@ -1,0 +1,240 @@
+// autotune/: config space, pruning rules, the per-GPU cache (keys, round trip,
+// corrupt and foreign files), the config resolver hook, and a parallel compile
+// of a config grid (through ptxas when present). GPU timing: label gpu.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/Variants.h"
+#include "autotune/Autotune.h"
+#include "autotune/Json.h"
+#include "autotune/TuneCache.h"
+#include "codegen/Ptxas.h"
+#include "gpu/GpuTest.h"
+
+namespace flextile {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace flextile::attention;
+using namespace flextile::autotune;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("flextile-tune-test-" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+FlexAttentionProblem problem(int64_t D = 128, DType dt = DType::BF16) {
+  return FlexAttentionProblem{dt, 2, 16, 16, 8192, 8192, D, "noop", "causal", "|", 128, 128, MemorySpace::Device};
+}
+
+TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
+  for (int64_t D : {64, 128, 256}) {
+    ConfigSpace s = defaultSpace(DType::BF16, D);
+    auto configs = s.configs();
+    EXPECT_EQ(configs.size(), s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size());
+    const FlexAttentionConfig d = defaultFlexAttentionConfig(DType::BF16, D);
+    EXPECT_NE(std::find(configs.begin(), configs.end(), d), configs.end()) << d.describe();
+  }
+}
+
+TEST(AutotunePruning, StaticRulesGiveReasons) {
+  const DeviceLimits h200 = DeviceLimits::of(codegen::Target::sm90a());
+  const FlexAttentionProblem p = problem();
+  EXPECT_FALSE(pruneBeforeCompile({128, 64, 8, 2}, p, h200));
+  auto expectReason = [&](FlexAttentionConfig c, const FlexAttentionProblem& pr, const DeviceLimits& l,
+                          const std::string& word) {
+    auto why = pruneBeforeCompile(c, pr, l);
+    ASSERT_TRUE(why) << c.describe();
+    EXPECT_NE(why->find(word), std::string::npos) << *why;
+  };
+  expectReason({128, 64, 16, 2}, p, DeviceLimits{227 * 1024, 256, 65536}, "threads");
+  expectReason({64, 64, 8, 2}, p, h200, "warps");
+  expectReason({96, 64, 4, 2}, p, h200, "powers of two");
+  FlexAttentionProblem smallBlocks = p;
+  smallBlocks.kvBlockSize = 32;
+  expectReason({128, 64, 8, 2}, smallBlocks, h200, "KV block");
+  smallBlocks = p;
+  smallBlocks.qBlockSize = 64;
+  expectReason({128, 64, 8, 2}, smallBlocks, h200, "Q block");
+  // 4 stages of 256 x 256 x 2 bytes for K and V: 1 MB, over any GPU.
+  FlexAttentionProblem wide = problem(256);
+  wide.kvBlockSize = 256;
+  expectReason({128, 256, 8, 4}, wide, h200, "shared memory");
+  // The same config fits the 227 KB of sm_90a at 1 stage (no ring).
+  EXPECT_FALSE(pruneBeforeCompile({64, 64, 4, 1}, wide, h200));
+}
+
+TEST(AutotunePruning, CompiledRulesUseSharedMemoryRegistersAndSpills) {
+  const DeviceLimits l = DeviceLimits::of(codegen::Target::sm80());
+  EXPECT_EQ(l.sharedBytesPerBlock, 163 * 1024);
+  const FlexAttentionConfig c{128, 64, 8, 2};
+  EXPECT_FALSE(pruneAfterCompile(c, 64 * 1024, 200, 0, l));
+  EXPECT_FALSE(pruneAfterCompile(c, 64 * 1024, -1, 0, l)) << "unknown registers (no ptxas) do not prune";
+  EXPECT_NE(pruneAfterCompile(c, 200 * 1024, 200, 0, l)->find("shared memory"), std::string::npos);
+  EXPECT_NE(pruneAfterCompile({128, 64, 16, 2}, 1024, 255, 0, l)->find("registers"), std::string::npos);
+  EXPECT_NE(pruneAfterCompile(c, 1024, 255, 4096, l)->find("spills"), std::string::npos);
+  EXPECT_FALSE(pruneAfterCompile(c, 1024, 255, 16, l)) << "a few spilled bytes are timed, not pruned";
+}
+
+TEST(AutotuneCache, EveryKeyFieldChangesTheKey) {
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  const FlexAttentionProblem p = problem();
+  const std::string base = tuneKey(p, gpu);
+  EXPECT_EQ(tuneKey(problem(), gpu), base) << "same inputs, same key";
+  std::vector<std::pair<std::string, std::string>> changed;
+  auto with = [&](const std::string& what, auto edit) {
+    FlexAttentionProblem q = p;
+    GpuIdentity g = gpu;
+    edit(q, g);
+    changed.push_back({what, tuneKey(q, g)});
+  };
+  with("gpu name", [](auto&, auto& g) { g.name = "NVIDIA H100"; });
+  with("capability", [](auto&, auto& g) { g.capability = 80; });
+  with("driver", [](auto&, auto& g) { g.driver = 12090; });
+  with("score mod", [](auto& q, auto&) { q.scoreMod = "soft_cap(20)"; });
+  with("mask mod", [](auto& q, auto&) { q.maskMod = "sliding_window(1024)"; });
+  with("captures", [](auto& q, auto&) { q.captures = "f32[1]|"; });
+  with("dtype", [](auto& q, auto&) { q.dtype = DType::F16; });
+  with("head dim", [](auto& q, auto&) { q.D = 64; });
+  with("gqa", [](auto& q, auto&) { q.Hkv = 4; });
+  with("length bucket", [](auto& q, auto&) { q.L = q.S = 16384; });
+  for (const auto& [what, key] : changed) EXPECT_NE(key, base) << what;
+  // Lengths within one bucket share the tuned config.
+  FlexAttentionProblem near = p;
+  near.L = near.S = 8000;
+  EXPECT_EQ(tuneKey(near, gpu), base);
+  EXPECT_EQ(lengthBucket(1, 1), 128);
+  EXPECT_EQ(lengthBucket(129, 64), 256);
+}
+
+TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
+  TempDir dir;
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  const fs::path file = dir.path / "autotune" / "h200.json";
+  const std::string key = tuneKey(problem(), gpu);
+  {
+    TuneCache cache(file, gpu);
+    EXPECT_FALSE(cache.find(key));
+    cache.put(key, {{64, 32, 4, 3}, 1.5, 2.0, "B=2"});
+    cache.put("another", {{128, 64, 8, 2}, 1.0, 1.0, ""});
+  }
+  {
+    TuneCache cache(file, gpu);  // a new process reads the file
+    auto t = cache.find(key);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->config, (FlexAttentionConfig{64, 32, 4, 3}));
+    EXPECT_DOUBLE_EQ(t->ms, 1.5);
+    EXPECT_EQ(cache.size(), 2u);
+    EXPECT_NO_THROW(parseJson([&] {
+      std::ifstream in(file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    }()));
+  }
+  for (const GpuIdentity& other : {GpuIdentity{"NVIDIA A100", 80, 12080}, GpuIdentity{"NVIDIA H200", 90, 13000}}) {
+    ::testing::internal::CaptureStderr();
+    TuneCache cache(file, other);
+    EXPECT_FALSE(cache.find(key));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("warning"), std::string::npos) << err;
+    EXPECT_NE(err.find(file.string()), std::string::npos) << err;
+  }
+  for (const std::string& damage : {std::string("{\"format\": \"flextile-autotune-cache 1\", \"entr"),
+                                    std::string("not json"), std::string("[1, 2]")}) {
+    std::ofstream(file, std::ios::trunc) << damage;
+    ::testing::internal::CaptureStderr();
+    TuneCache cache(file, gpu);
+    EXPECT_FALSE(cache.find(key)) << damage;
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("warning: autotune cache"), std::string::npos) << err;
+    cache.put(key, {{64, 64, 4, 2}, 1, 1, ""});  // rebuilt
+    TuneCache again(file, gpu);
+    ASSERT_TRUE(again.find(key));
+    EXPECT_EQ(again.find(key)->config, (FlexAttentionConfig{64, 64, 4, 2}));
+    EXPECT_EQ(again.size(), 1u);
+  }
+}
+
+TEST(AutotuneResolver, FlexAttentionUsesTheResolversConfigWhenUsable) {
+  const int64_t L = 200, D = 64;
+  Tensor q = Tensor::empty(DType::BF16, {1, 2, L, D}, MemorySpace::Host);
+  Tensor k = Tensor::empty(DType::BF16, {1, 2, L, D}, MemorySpace::Host);
+  const BlockMask mask = causalBlockMask(1, 1, L, L, {128, 128});
+  FlexAttentionProblem seen{};
+  FlexAttentionConfig answer{64, 32, 4, 1};
+  setFlexAttentionConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionConfig> {
+    seen = p;
+    return answer;
+  });
+  EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, answer);
+  EXPECT_EQ(seen.maskMod, "causal");
+  EXPECT_EQ(seen.L, L);
+  EXPECT_EQ(seen.qBlockSize, 128);
+  // An explicit config wins over the resolver.
+  FlexAttentionOptions o;
+  o.config = FlexAttentionConfig{128, 64, 8, 2};
+  EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask, o).config, *o.config);
+  // A resolved config that cannot tile the mask is ignored.
+  answer = {256, 32, 8, 1};
+  EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+  // autotune's resolver: host tensors are never tuned.
+  installResolver();
+  EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+}
+
+TEST(AutotuneSweep, DryRunCompilesAGridInParallelAndReportsEveryConfig) {
+  const int64_t L = 256, D = 32;
+  Tensor q = Tensor::empty(DType::BF16, {1, 2, L, D}, MemorySpace::Host);
+  VariantInstance inst = variant("causal").make({1, 2, L, L, MemorySpace::Host, {128, 128}, 1});
+  ConfigSpace space{{64, 128}, {32, 256}, {4, 8}, {2}};  // BN 256 cannot tile the 128 mask block
+  TuneOptions o;
+  o.threads = 2;
+  o.target = codegen::Target::sm80();
+  std::vector<std::string> lines;
+  o.progress = [&](const std::string& l) { lines.push_back(l); };
+  TuneReport r = tuneFlexAttention(q, q, q, inst.score, inst.mask, space, o);
+  EXPECT_FALSE(r.timed);
+  EXPECT_EQ(r.best, -1);
+  ASSERT_GE(r.defaultIndex, 0);
+  const size_t expected = space.configs().size() + 1;  // the default (BM128 BN64 w8 s2) is added
+  ASSERT_EQ(r.candidates.size(), expected);
+  int compiled = 0;
+  const bool ptxas = codegen::findPtxas().has_value();
+  for (const Candidate& c : r.candidates) {
+    SCOPED_TRACE(c.config.describe() + ": " + c.reason);
+    if (c.config.block_n == 256 || (c.config.block_m == 64 && c.config.num_warps == 8)) {
+      EXPECT_EQ(c.status, Candidate::Status::Pruned);
+      EXPECT_FALSE(c.reason.empty());
+      continue;
+    }
+    EXPECT_TRUE(c.status == Candidate::Status::Compiled || c.status == Candidate::Status::Pruned);
+    if (c.status == Candidate::Status::Compiled) {
+      ++compiled;
+      EXPECT_GT(c.sharedBytes, 0);
+      if (ptxas) EXPECT_GT(c.registers, 0) << "ptxas -v ran";
+    }
+  }
+  EXPECT_GE(compiled, 3);
+  EXPECT_NE(formatReport(r).find("dry run"), std::string::npos);
+  EXPECT_FALSE(lines.empty());
+}
+
+}  // namespace
+}  // namespace flextile

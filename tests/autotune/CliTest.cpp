@@ -1,0 +1,111 @@
+// The `flextile` tool in process (autotune/cli/Cli.h): argument errors,
+// list, compile --emit for a variant without a GPU, run --check on the
+// interpreter at a tiny shape.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autotune/cli/Cli.h"
+
+namespace flextile {
+namespace {
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+Result run(std::vector<const char*> args) {
+  args.insert(args.begin(), "flextile");
+  std::ostringstream out, err;
+  const int status = cli::flextileMain(int(args.size()), args.data(), out, err);
+  return {status, out.str(), err.str()};
+}
+
+TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases{
+      {{}, "no command"},
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"run"}, "needs a VARIANT"},
+      {{"run", "causal", "--bogus"}, "unknown option '--bogus'"},
+      {{"run", "causal", "--shape"}, "--shape needs a value"},
+      {{"run", "causal", "--shape", "1,2,x,4"}, "positive integers"},
+      {{"run", "causal", "--shape", "1,2,3"}, "expects 4 values"},
+      {{"run", "causal", "--shape", "1,2,64,16", "--dtype", "int8"}, "--dtype must be"},
+      {{"run", "causal", "--shape", "1,4,64,16", "--gqa", "3", "--host"}, "must divide the heads"},
+      {{"run", "no_such_variant", "--host"}, "unknown attention variant 'no_such_variant'"},
+      {{"run", "causal", "--host", "--shape", "8,16,4096,128"}, "small shapes"},
+      {{"compile", "causal"}, "--emit must be"},
+      {{"compile", "causal", "--emit", "sass"}, "got 'sass'"},
+      {{"compile", "causal", "--emit", "ptx", "--target", "sm_70"}, "--target must be"},
+      {{"list", "extra"}, "unexpected argument 'extra'"},
+      {{"run", "causal", "--check=yes"}, "takes no value"},
+      {{"autotune", "causal", "--budget", "-3"}, "non-negative number"},
+  };
+  for (const auto& [args, message] : cases) {
+    Result r = run(args);
+    std::string line;
+    for (auto a : args) line += std::string(a) + " ";
+    EXPECT_EQ(r.status, 2) << line << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << line << "\n" << r.err;
+  }
+}
+
+TEST(Cli, HelpOnEveryCommand) {
+  Result top = run({"--help"});
+  EXPECT_EQ(top.status, 0);
+  for (const char* c : {"list", "run", "autotune", "compile", "bench", "blockmask"}) {
+    EXPECT_NE(top.out.find(c), std::string::npos) << c;
+    Result r = run({c, "--help"});
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_NE(r.out.find(std::string("usage: flextile ") + c), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, ListShowsTheBuiltInVariantsAndTheTemplate) {
+  Result r = run({"list"});
+  EXPECT_EQ(r.status, 0);
+  for (const char* v : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap", "bias"})
+    EXPECT_NE(r.out.find(std::string("  ") + v + " "), std::string::npos) << v << "\n" << r.out;
+  EXPECT_NE(r.out.find("flex_attention_fwd"), std::string::npos);
+}
+
+TEST(Cli, CompileEmitsPtxAndIrWithoutAGpu) {
+  Result ptx = run({"compile", "softcap", "--shape", "1,2,256,64", "--emit", "ptx", "--target", "sm_80"});
+  ASSERT_EQ(ptx.status, 0) << ptx.err;
+  EXPECT_NE(ptx.out.find(".target sm_80"), std::string::npos);
+  EXPECT_NE(ptx.out.find(".entry flex_fwd_soft_cap"), std::string::npos) << ptx.out.substr(0, 2000);
+  EXPECT_NE(ptx.out.find("mma.sync"), std::string::npos);
+  EXPECT_NE(ptx.out.find("tanh.approx"), std::string::npos) << "the soft-cap score mod is in the kernel";
+  Result traced = run({"compile", "causal", "--shape", "1,2,256,64", "--emit", "traced", "--config", "64,32,4,1"});
+  ASSERT_EQ(traced.status, 0) << traced.err;
+  EXPECT_NE(traced.out.find("num_warps = 4"), std::string::npos) << traced.out.substr(0, 600);
+}
+
+TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
+  for (const char* variant : {"causal", "alibi"}) {
+    Result r = run({"run", variant, "--host", "--shape", "1,4,70,32", "--gqa", "2", "--check"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("Hkv=2"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, BlockmaskPrintsCountsAndSparsity) {
+  Result r = run({"blockmask", "causal", "--shape", "1,1,1000"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // 8 x 8 blocks of 128: 8 diagonal partial blocks, 28 full below.
+  EXPECT_NE(r.out.find("full blocks 28, partial blocks 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sparsity"), std::string::npos);
+}
+
+TEST(Cli, BenchAndTimingNeedAGpuAndSayWhy) {
+  Result r = run({"bench", "--variants", "causal", "--shape", "1,1,128,64"});
+  if (r.status == 2) EXPECT_NE(r.err.find("needs a GPU"), std::string::npos) << r.err;
+  else EXPECT_EQ(r.status, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace flextile

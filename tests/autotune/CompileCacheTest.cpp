@@ -1,0 +1,249 @@
+// The on-disk compile cache (codegen/CompileCache.h): keys, round trip,
+// corrupt entries, atomic writes, and the dsl::Kernel path through it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "codegen/CompileCache.h"
+#include "dsl/DSL.h"
+#include "gpu/GpuTest.h"
+#include "ir/Hash.h"
+
+namespace flextile {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace flextile::dsl;
+
+// A fresh folder per test, removed afterwards.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("flextile-cache-test-" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// A small kernel whose block size (a Const<>) changes its IR.
+Kernel scaleKernel() {
+  return kernel("scale", [](Ptr<f32> x, Ptr<f32> y, Int n, Float a, Const<int> BLOCK) {
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    auto ok = offs < n;
+    store(y + offs, load(x + offs, ok) * a, ok);
+  });
+}
+
+std::unique_ptr<ir::Function> specialized(int block) {
+  Kernel k = scaleKernel();
+  auto f = k.trace({.constants = {block}});
+  f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 1, 1};
+  return f;
+}
+
+std::string readAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void writeAll(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+TEST(CompileCache, SameInputsHitAndGiveTheSameKernel) {
+  TempDir dir;
+  codegen::CompileCache cache(dir.path);
+  auto f = specialized(256);
+  const uint64_t hash = ir::structuralHash(*f);
+  codegen::CompiledKernel cold = codegen::compileCached(*f, hash, {codegen::Target::sm80()}, cache);
+  EXPECT_FALSE(cold.fromCache);
+  // A second trace of the same program hashes equal and hits.
+  auto again = specialized(256);
+  ASSERT_EQ(ir::structuralHash(*again), hash);
+  codegen::CompiledKernel warm = codegen::compileCached(*again, hash, {codegen::Target::sm80()}, cache);
+  EXPECT_TRUE(warm.fromCache);
+  EXPECT_EQ(warm.ptx, cold.ptx);
+  EXPECT_EQ(warm.llvmIR, cold.llvmIR);
+  EXPECT_EQ(warm.ir, cold.ir);
+  EXPECT_EQ(warm.name, cold.name);
+  EXPECT_EQ(warm.numWarps, cold.numWarps);
+  EXPECT_EQ(warm.sharedBytes, cold.sharedBytes);
+  EXPECT_EQ(warm.params, cold.params);
+  EXPECT_TRUE(warm.target == cold.target);
+  EXPECT_EQ(cache.stats().hits, 1u);
+  EXPECT_EQ(cache.stats().stores, 1u);
+  // Only the entry is left: the temporary file was renamed into place.
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    ++files;
+    EXPECT_EQ(e.path().extension(), ".ftk") << e.path();
+  }
+  EXPECT_EQ(files, 1u);
+}
+
+TEST(CompileCache, AnyKeyFieldChangeMisses) {
+  TempDir dir;
+  codegen::CompileCache cache(dir.path);
+  auto f = specialized(128);
+  const codegen::CompileCacheKey key{ir::structuralHash(*f), codegen::Target::sm90a()};
+  cache.store(key, codegen::compile(*f, {key.target}));
+  ASSERT_TRUE(cache.load(key));
+
+  codegen::CompileCacheKey otherIr = key;
+  otherIr.irHash = ir::structuralHash(*specialized(64));  // another constant
+  ASSERT_NE(otherIr.irHash, key.irHash);
+  EXPECT_FALSE(cache.load(otherIr));
+
+  auto spec = specialized(128);  // another argument specialization
+  spec->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 8, 1, 1};
+  codegen::CompileCacheKey otherSpec = key;
+  otherSpec.irHash = ir::structuralHash(*spec);
+  EXPECT_NE(otherSpec.irHash, key.irHash);
+  EXPECT_FALSE(cache.load(otherSpec));
+
+  codegen::CompileCacheKey otherTarget = key;
+  otherTarget.target = codegen::Target::sm80();
+  EXPECT_FALSE(cache.load(otherTarget));
+  otherTarget.target = codegen::Target{90, false};  // sm_90 rather than sm_90a
+  EXPECT_FALSE(cache.load(otherTarget));
+
+  codegen::CompileCacheKey otherCompiler = key;
+  otherCompiler.compiler += " (another build)";
+  EXPECT_FALSE(cache.load(otherCompiler));
+
+  EXPECT_EQ(cache.stats().corrupt, 0u);
+  EXPECT_TRUE(cache.load(key)) << "the original key still hits";
+}
+
+TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
+  const codegen::CompileCacheKey key{0x1234, codegen::Target::sm90a()};
+  EXPECT_NE(key.text().find("sm_90a"), std::string::npos) << key.text();
+  EXPECT_NE(key.text().find("LLVM 22"), std::string::npos) << key.text();
+  EXPECT_NE(key.text().find(std::string("flextile ") + FLEXTILE_VERSION), std::string::npos) << key.text();
+  EXPECT_NE(key.text().find("0000000000001234"), std::string::npos) << key.text();
+}
+
+TEST(CompileCache, RoundTripKeepsEveryFieldIncludingBinaryCubin) {
+  flextile::testing::SeededRandom rng;
+  codegen::CompiledKernel k;
+  k.name = "kernel_x";
+  k.ir = "func @kernel_x() {}\n";
+  k.llvmIR = "; llvm\n";
+  k.ptx = ".version 8.0\n// some ptx with a line 'end 0123456789abcdef'\n";
+  k.target = codegen::Target::sm80();
+  k.numWarps = 8;
+  k.sharedBytes = int(rng() % 100000);
+  k.params = {ir::Type::pointer(ir::DType::BF16), ir::Type(ir::DType::I32), ir::Type(ir::DType::F32),
+              ir::Type(ir::DType::I64)};
+  k.ptxasInfo = "ptxas info : Used 40 registers";
+  for (int i = 0; i < 1000; ++i) k.cubin.push_back(char(rng() % 256));  // zeros and newlines included
+  const codegen::CompileCacheKey key{rng(), k.target};
+  const std::string bytes = codegen::serializeCompiledKernel(key, k);
+  std::optional<codegen::CompiledKernel> back = codegen::parseCompiledKernel(key, bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->name, k.name);
+  EXPECT_EQ(back->ir, k.ir);
+  EXPECT_EQ(back->llvmIR, k.llvmIR);
+  EXPECT_EQ(back->ptx, k.ptx);
+  EXPECT_TRUE(back->target == k.target);
+  EXPECT_EQ(back->numWarps, 8);
+  EXPECT_EQ(back->sharedBytes, k.sharedBytes);
+  EXPECT_EQ(back->params, k.params);
+  EXPECT_EQ(back->ptxasInfo, k.ptxasInfo);
+  EXPECT_EQ(back->cubin, k.cubin);
+  // Another key: intact, but not this entry.
+  codegen::CompileCacheKey other = key;
+  other.irHash ^= 1;
+  EXPECT_FALSE(codegen::parseCompiledKernel(other, bytes));
+}
+
+TEST(CompileCache, CorruptEntriesWarnRecompileAndAreOverwritten) {
+  flextile::testing::SeededRandom rng;
+  TempDir dir;
+  codegen::CompileCache cache(dir.path);
+  auto f = specialized(512);
+  const uint64_t hash = ir::structuralHash(*f);
+  const codegen::CompileOptions options{codegen::Target::sm80()};
+  const codegen::CompiledKernel good = codegen::compileCached(*f, hash, options, cache);
+  const fs::path entry = cache.pathOf({hash, options.target});
+  const std::string bytes = readAll(entry);
+  ASSERT_FALSE(bytes.empty());
+
+  std::string flipped = bytes;
+  flipped[size_t(rng() % (flipped.size() - 40)) + 20] ^= 0x20;
+  const std::vector<std::pair<std::string, std::string>> damages{
+      {"truncated", bytes.substr(0, bytes.size() / 2)},
+      {"one byte flipped", flipped},
+      {"garbage", "this is not a kernel\n"},
+      {"empty", ""},
+      {"header only", "FLEXTILE-KERNEL 1\n"},
+  };
+  size_t corrupt = 0;
+  for (const auto& [what, damaged] : damages) {
+    SCOPED_TRACE(what);
+    writeAll(entry, damaged);
+    ::testing::internal::CaptureStderr();
+    const codegen::CompiledKernel k = codegen::compileCached(*f, hash, options, cache);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_FALSE(k.fromCache);
+    EXPECT_EQ(k.ptx, good.ptx);
+    EXPECT_NE(err.find("corrupt"), std::string::npos) << err;
+    EXPECT_NE(err.find(entry.filename().string()), std::string::npos) << "the warning names the file: " << err;
+    EXPECT_EQ(cache.stats().corrupt, ++corrupt);
+    // Overwritten with a good entry: the next lookup hits.
+    EXPECT_EQ(readAll(entry), bytes);
+    EXPECT_TRUE(codegen::compileCached(*f, hash, options, cache).fromCache);
+  }
+}
+
+TEST(CompileCache, UnwritableFolderWarnsOnceAndStillCompiles) {
+  TempDir dir;
+  const fs::path blocker = dir.path / "file";
+  writeAll(blocker, "x");  // a file where the folder should be
+  codegen::CompileCache cache(blocker / "kernels");
+  auto f = specialized(64);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(codegen::compileCached(*f, ir::structuralHash(*f), {}, cache).ptx.empty());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("compile cache"), std::string::npos) << err;
+  EXPECT_EQ(err.find("compile cache", err.find("compile cache") + 1), std::string::npos) << "one warning: " << err;
+  EXPECT_EQ(cache.stats().storeFailures, 2u);
+}
+
+TEST(CompileCache, DisabledCacheNeverTouchesTheDisk) {
+  codegen::CompileCache cache{fs::path()};
+  EXPECT_FALSE(cache.enabled());
+  auto f = specialized(64);
+  EXPECT_FALSE(codegen::compileCached(*f, ir::structuralHash(*f), {}, cache).fromCache);
+  EXPECT_FALSE(codegen::compileCached(*f, ir::structuralHash(*f), {}, cache).fromCache);
+  EXPECT_EQ(cache.stats().stores, 0u);
+}
+
+TEST(CompileCache, UserCacheDirectoryFollowsTheEnvironment) {
+  const char* saved = std::getenv("FLEXTILE_CACHE_DIR");
+  const std::string keep = saved ? saved : "";
+  ::setenv("FLEXTILE_CACHE_DIR", "/some/where", 1);
+  EXPECT_EQ(codegen::userCacheDirectory(), fs::path("/some/where"));
+  ::unsetenv("FLEXTILE_CACHE_DIR");
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string keepXdg = xdg ? xdg : "";
+  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(codegen::userCacheDirectory(), fs::path("/xdg/flextile"));
+  ::unsetenv("XDG_CACHE_HOME");
+  if (const char* home = std::getenv("HOME")) EXPECT_EQ(codegen::userCacheDirectory(), fs::path(home) / ".cache/flextile");
+  if (saved) ::setenv("FLEXTILE_CACHE_DIR", keep.c_str(), 1);
+  if (xdg) ::setenv("XDG_CACHE_HOME", keepXdg.c_str(), 1);
+}
+
+}  // namespace
+}  // namespace flextile
