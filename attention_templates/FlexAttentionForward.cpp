@@ -11,7 +11,10 @@
 // Online softmax in the exp2 domain (scores are scaled by log2 e once), with
 // the running max clamped to 0 while a row has seen nothing but -inf, so a
 // fully masked row ends with l = 0: out 0, lse -inf.
+#include <array>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <numbers>
 
 #include "attention_templates/FlexAttention.h"
@@ -192,14 +195,24 @@ void expectRank4(const char* what, const Tensor& t) {
       throw Error(std::string("flex_attention: ") + what + "'s strides exceed int32: " + t.describe());
 }
 
-// A mask that lists every block as full (no mask given).
+// A mask that lists every block as full (no mask given). Kept per (L, S,
+// block sizes), so repeated calls neither rebuild nor re-upload its lists
+// (BlockMask keeps its tensors); a few shapes at a time.
 BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) {
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 4>, BlockMask> cache;
+  const std::array<int64_t, 4> key{L, S, sizes.q, sizes.kv};
+  std::lock_guard lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 16) cache.clear();
   const int64_t nQ = cdiv(L, sizes.q), nKv = cdiv(S, sizes.kv);
   BlockLists partial{std::vector<int32_t>(size_t(nQ), 0), std::vector<int32_t>(size_t(nQ * nKv), 0)};
   BlockLists fullLists{std::vector<int32_t>(size_t(nQ), int32_t(nKv)), std::vector<int32_t>(size_t(nQ * nKv))};
   for (int64_t i = 0; i < nQ; ++i)
     for (int64_t j = 0; j < nKv; ++j) fullLists.indices[size_t(i * nKv + j)] = int32_t(j);
-  return BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial), std::move(fullLists));
+  return cache.emplace(key, BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial),
+                                                    std::move(fullLists)))
+      .first->second;
 }
 
 std::mutex& resolverMutex() {
