@@ -73,8 +73,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   auto ptr = [&](DType t, const char* name) { return Tile(f.addParam(Type::pointer(t), name)); };
   auto i32 = [&](const char* name) { return Tile(f.addParam(Type(DType::I32), name)); };
   Tile Q = ptr(dt, "q"), K = ptr(dt, "k"), V = ptr(dt, "v"), O = ptr(dt, "out"), LSE = ptr(DType::F32, "lse");
-  Tile kvNum = ptr(DType::I32, "kv_num"), kvIdx = ptr(DType::I32, "kv_indices");
-  Tile fullNum = ptr(DType::I32, "full_kv_num"), fullIdx = ptr(DType::I32, "full_kv_indices");
+  Tile kvNum = ptr(DType::I32, "kv_num"), kvIndices = ptr(DType::I32, "kv_indices");
+  Tile fullNum = ptr(DType::I32, "full_kv_num"), fullIndices = ptr(DType::I32, "full_kv_indices");
   Tile L = i32("q_len"), S = i32("kv_len"), qOffset = i32("q_offset"), qPhase = i32("q_phase");
   Tile maskRows = i32("mask_q_blocks"), maskCols = i32("mask_kv_blocks");
   Tile maskBStride = i32("mask_b_stride"), maskHStride = i32("mask_h_stride");
@@ -109,7 +109,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // The mask row of this query tile (B and H broadcast through zero strides).
   Tile maskRow = minimum((mBlock * k.BM + qPhase) / k.QBS, maskRows - 1);
   Tile rowBase = b * maskBStride + h * maskHStride + maskRow;
-  Tile qIdx = (offsM + qOffset).expand(1);
+  Tile qPos = (offsM + qOffset).expand(1);  // global query positions, for the mods
   const int64_t R = k.KVBS / k.BN;
 
   Tile m0 = full({k.BM}, -INFINITY, DType::F32);
@@ -130,13 +130,13 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile kt = exact ? load(kBase + kvOffs) : load(kBase + kvOffs, rowsByD(colLive));
       Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, rowsByD(colLive));
       Tile s = dot(q, kt.trans());
-      Tile kvIdx = offsN.expand(0);
+      Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod) {
-        s = scoreMod(s * scale, b, h, qIdx, kvIdx) * log2e;
+        s = scoreMod(s * scale, b, h, qPos, kvPos) * log2e;
       } else {
         s = s * scale;  // the host folded log2 e into the scale
       }
-      if (partial) s = where(maskMod(b, h, qIdx, kvIdx), s, -INFINITY);
+      if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
       if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
       Tile mNew = maximum(mi, max(s, 1));
       Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
@@ -150,8 +150,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   };
 
   Tile m = m0, l = l0, acc = acc0;
-  if (k.hasFull) std::tie(m, l, acc) = walk(fullNum, fullIdx, false, m, l, acc);
-  if (k.hasPartial) std::tie(m, l, acc) = walk(kvNum, kvIdx, true, m, l, acc);
+  if (k.hasFull) std::tie(m, l, acc) = walk(fullNum, fullIndices, false, m, l, acc);
+  if (k.hasPartial) std::tie(m, l, acc) = walk(kvNum, kvIndices, true, m, l, acc);
 
   Tile empty = l == 0.0;
   Tile out = acc / where(empty, 1.0, l).expand(1);
