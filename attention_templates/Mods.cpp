@@ -164,14 +164,30 @@ MaskMod causal_mask() {
   return causal;
 }
 
+namespace {
+// One MaskMod per (kind, parameter) for the standard masks that bake a number
+// into their code, so a second mask with the same parameter (a new BlockMask
+// for the next batch, say) finds the kernels traced for the first one.
+MaskMod memoizedMask(const std::string& name, const std::function<MaskMod()>& make) {
+  static std::mutex mutex;
+  static std::map<std::string, MaskMod> masks;
+  std::lock_guard lock(mutex);
+  auto it = masks.find(name);
+  if (it == masks.end()) it = masks.emplace(name, make()).first;
+  return it->second;
+}
+}  // namespace
+
 MaskMod sliding_window_mask(int64_t window) {
   if (window < 1) throw Error("sliding_window_mask: the window must be at least 1 (it counts the query), got " +
                               std::to_string(window));
   if (window > INT32_MAX) throw Error("sliding_window_mask: window " + std::to_string(window) + " exceeds i32");
-  return MaskMod("sliding_window(" + std::to_string(window) + ")",
-                 [window](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
-                   return (q >= kv) & (q - kv < window);
-                 });
+  const std::string name = "sliding_window(" + std::to_string(window) + ")";
+  return memoizedMask(name, [&] {
+    return MaskMod(name, [window](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+      return (q >= kv) & (q - kv < window);
+    });
+  });
 }
 
 MaskMod sliding_window_mask(CapturedTensor windowPerHead) {
@@ -189,10 +205,12 @@ MaskMod sliding_window_mask(CapturedTensor windowPerHead) {
 MaskMod prefix_lm_mask(int64_t prefixLength) {
   if (prefixLength < 0 || prefixLength > INT32_MAX)
     throw Error("prefix_lm_mask: the prefix length must be in [0, 2^31), got " + std::to_string(prefixLength));
-  return MaskMod("prefix_lm(" + std::to_string(prefixLength) + ")",
-                 [prefixLength](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
-                   return (kv < prefixLength) | (q >= kv);
-                 });
+  const std::string name = "prefix_lm(" + std::to_string(prefixLength) + ")";
+  return memoizedMask(name, [&] {
+    return MaskMod(name, [prefixLength](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+      return (kv < prefixLength) | (q >= kv);
+    });
+  });
 }
 
 MaskMod document_mask(CapturedTensor ids) {

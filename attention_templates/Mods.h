@@ -115,9 +115,10 @@ MaskMod and_masks(const std::vector<MaskMod>& masks);
 MaskMod or_masks(const std::vector<MaskMod>& masks);
 inline MaskMod and_masks(const MaskMod& a, const MaskMod& b) { return and_masks(std::vector<MaskMod>{a, b}); }
 inline MaskMod or_masks(const MaskMod& a, const MaskMod& b) { return or_masks(std::vector<MaskMod>{a, b}); }
-// Every pair allowed. The mods without parameters (noop_mask, causal_mask,
-// noop_score) return one shared instance, so kernels traced with them are
-// found again on the next call instead of retraced.
+// Every pair allowed. The mods without captures (noop_mask, causal_mask,
+// noop_score, and sliding_window_mask / prefix_lm_mask per parameter value)
+// return one shared instance, so kernels traced with them are found again on
+// the next call instead of retraced.
 MaskMod noop_mask();
 // The complement (for tests and for writing "everything but").
 MaskMod not_mask(const MaskMod& m);

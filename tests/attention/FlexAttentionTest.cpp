@@ -548,3 +548,29 @@ TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
                 report.spillStoreBytes, plan.compiled->sharedBytes);
   }
 }
+
+// Regression (a retrace and recompile, 0.5 s on the H200, for every new mask):
+// two structural window or prefix masks with the same parameter share their
+// mask_mod, so the second flex_attention call finds the kernel of the first.
+TEST(FlexAttention, NewMasksWithTheSameParameterReuseTheKernel) {
+  SeededRandom rng;
+  AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 70, .S = 70, .D = 32, .context = "window 9, twice"};
+  const dsl::Kernel* first[2] = {nullptr, nullptr};
+  for (int round = 0; round < 2; ++round) {
+    BlockMask window = slidingWindowBlockMask(1, 1, 70, 70, {9}, {32, 32}, kHost);
+    BlockMask prefix = prefixLmBlockMask(1, 1, 70, 70, 5, {32, 32});
+    checkFlexAttention(rng, c, kHost, noop_score(), window, nullptr, refWindow({9}), kSmall);
+    checkFlexAttention(rng, c, kHost, noop_score(), prefix, nullptr, refPrefix(5), kSmall);
+    int i = 0;
+    for (const BlockMask* m : {&window, &prefix}) {
+      const dsl::Kernel* k = forwardKernel(m->maskMod(), noop_score(), DType::BF16);
+      ASSERT_NE(k, nullptr);
+      EXPECT_EQ(k->numTraces(), 1u) << m->maskMod().name() << ", round " << round;
+      if (round == 0) first[i] = k;
+      EXPECT_EQ(k, first[i]) << m->maskMod().name() << ": the second mask got a kernel of its own";
+      ++i;
+    }
+  }
+  EXPECT_EQ(&slidingWindowBlockMask(1, 1, 8, 8, {9}).maskMod().state(), &sliding_window_mask(9).state());
+  EXPECT_NE(&sliding_window_mask(9).state(), &sliding_window_mask(10).state());
+}
