@@ -154,36 +154,8 @@ TEST(FlexAttentionGpu, MaskAlgebra) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const int64_t B = 2, Hq = 4, Hkv = 2, L = 1000, S = 900;
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<int32_t> flat;
-  for (int64_t b = 0; b < B; ++b) {
-    ids.push_back(idsFromOffsets(randomDocumentOffsets(L, 6, rng()), L));
-    flat.insert(flat.end(), ids.back().begin(), ids.back().end());
-  }
-  CapturedTensor docIds = dsl::capture(Tensor::fromHost(flat, {B, L}, kDevice), "document_ids");
-  MaskMod striped("striped", [](const Tile& b, const Tile& h, const Tile& q, const Tile& kv) {
-    return ((kv + b * 7 + h * 13) % 5 != 0) & (kv <= q + h * 100);
-  });
-  RefMask refStriped = [](int64_t b, int64_t h, int64_t q, int64_t kv) {
-    return (kv + b * 7 + h * 13) % 5 != 0 && kv <= q + h * 100;
-  };
-  struct Combo {
-    std::string name;
-    MaskMod mod;
-    RefMask ref;
-    int64_t maskB, maskH;
-  };
-  const std::vector<Combo> combos = {
-      {"causal & documents", and_masks(causal_mask(), document_mask(docIds)), refAnd(refCausal(), refDocuments(ids)),
-       B, 1},
-      {"prefix 100 | window 64", or_masks(prefix_lm_mask(100), sliding_window_mask(64)),
-       refOr(refPrefix(100), refWindow({64})), 1, 1},
-      {"!causal & documents", and_masks(not_mask(causal_mask()), document_mask(docIds)),
-       refAnd(refNot(refCausal()), refDocuments(ids)), B, 1},
-      {"striped & prefix 200 per (b, h)", and_masks(striped, prefix_lm_mask(200)), refAnd(refStriped, refPrefix(200)),
-       B, Hq},
-  };
-  for (const Combo& combo : combos)
+  const std::vector<MaskCombo> combos = maskAlgebraCombos(rng, B, Hq, L, 6, kDevice, 10);
+  for (const MaskCombo& combo : combos)
     for (DType dt : {DType::BF16, DType::F16}) {
       AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = L, .S = S, .D = 128, .dtype = dt, .context = combo.name};
       BlockMask m = createBlockMask(combo.mod, combo.maskB, combo.maskH, L, S, {}, kDevice);

@@ -345,43 +345,10 @@ TEST(FlexAttention, CapturedBiasTables) {
 TEST(FlexAttention, MaskAlgebra) {
   SeededRandom rng;
   const int64_t B = 2, Hq = 4, Hkv = 2, L = 100, S = 129;
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<int32_t> flat;
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> offsets = randomDocumentOffsets(S, 5, rng());
-    ids.push_back(idsFromOffsets(offsets, S));
-    flat.insert(flat.end(), ids.back().begin(), ids.back().end());
-  }
-  CapturedTensor docIds = dsl::capture(Tensor::fromHost(flat, {B, S}, kHost), "document_ids");
-  // Depends on b and h: each (b, h) has its own lists.
-  MaskMod striped("striped", [](const Tile& b, const Tile& h, const Tile& q, const Tile& kv) {
-    return ((kv + b * 7 + h * 13) % 5 != 0) & (kv <= q + h * 10);
-  });
-  RefMask refStriped = [](int64_t b, int64_t h, int64_t q, int64_t kv) {
-    return (kv + b * 7 + h * 13) % 5 != 0 && kv <= q + h * 10;
-  };
-  struct Combo {
-    std::string name;
-    MaskMod mod;
-    RefMask ref;
-    int64_t maskB, maskH;
-  };
-  const std::vector<Combo> combos = {
-      {"causal & documents", and_masks(causal_mask(), document_mask(docIds)), refAnd(refCausal(), refDocuments(ids)),
-       B, 1},
-      {"prefix 10 | window 8", or_masks(prefix_lm_mask(10), sliding_window_mask(8)),
-       refOr(refPrefix(10), refWindow({8})), 1, 1},
-      {"window 30 | documents", or_masks(sliding_window_mask(30), document_mask(docIds)),
-       refOr(refWindow({30}), refDocuments(ids)), B, 1},
-      {"!causal & documents", and_masks(not_mask(causal_mask()), document_mask(docIds)),
-       refAnd(refNot(refCausal()), refDocuments(ids)), B, 1},
-      {"striped per (b, h)", striped, refStriped, B, Hq},
-      {"striped & prefix 20 per (b, h)", and_masks(striped, prefix_lm_mask(20)), refAnd(refStriped, refPrefix(20)), B,
-       Hq},
-  };
+  const std::vector<MaskCombo> combos = maskAlgebraCombos(rng, B, Hq, S, 5, kHost, 1);
   const DType dtypes[] = {DType::BF16, DType::F16, DType::F32};
   int i = 0;
-  for (const Combo& combo : combos) {
+  for (const MaskCombo& combo : combos) {
     AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = L, .S = S, .D = 64, .dtype = dtypes[i++ % 3]};
     c.context = combo.name;
     BlockMask m = createBlockMask(combo.mod, combo.maskB, combo.maskH, L, S, kMaskBlocks, kHost);

@@ -7,11 +7,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "attention_templates/BlockMask.h"
+#include "attention_templates/Variants.h"
+#include "dsl/Capture.h"
 
 namespace flextile::testing {
 
@@ -53,6 +56,51 @@ inline std::vector<int32_t> idsFromOffsets(const std::vector<int64_t>& offsets, 
   for (size_t d = 0; d + 1 < offsets.size(); ++d)
     for (int64_t i = offsets[d]; i < std::min(offsets[d + 1], L); ++i) ids[size_t(i)] = int32_t(d);
   return ids;
+}
+
+// Mask algebra for the attention tests: and/or/not of standard masks, of
+// captured document ids (B rows of `len` positions, `docs` documents each,
+// captured in `space`) and of a mask that depends on b and h (each (b, h) has
+// its own lists). `scale` stretches the window and prefix lengths and the
+// per-head slack of the striped mask, so one list serves short host tests
+// and long GPU tests.
+struct MaskCombo {
+  std::string name;
+  attention::MaskMod mod;
+  RefMask ref;
+  int64_t maskB, maskH;  // the BlockMask's batch and heads (1: broadcast)
+};
+inline std::vector<MaskCombo> maskAlgebraCombos(std::mt19937_64& rng, int64_t B, int64_t Hq, int64_t len, int docs,
+                                                dsl::MemorySpace space, int64_t scale) {
+  using namespace attention;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<int32_t> flat;
+  for (int64_t b = 0; b < B; ++b) {
+    ids.push_back(idsFromOffsets(randomDocumentOffsets(len, docs, rng()), len));
+    flat.insert(flat.end(), ids.back().begin(), ids.back().end());
+  }
+  dsl::CapturedTensor docIds = dsl::capture(dsl::Tensor::fromHost(flat, {B, len}, space), "document_ids");
+  const int64_t slack = 10 * scale, prefix = 10 * scale, window = 8 * scale, wide = 30 * scale;
+  MaskMod striped("striped", [slack](const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& q, const dsl::Tile& kv) {
+    return ((kv + b * 7 + h * 13) % 5 != 0) & (kv <= q + h * slack);
+  });
+  RefMask refStriped = [slack](int64_t b, int64_t h, int64_t q, int64_t kv) {
+    return (kv + b * 7 + h * 13) % 5 != 0 && kv <= q + h * slack;
+  };
+  const std::string p = std::to_string(prefix), w = std::to_string(window), ww = std::to_string(wide);
+  return {
+      {"causal & documents", and_masks(causal_mask(), document_mask(docIds)), refAnd(refCausal(), refDocuments(ids)),
+       B, 1},
+      {"prefix " + p + " | window " + w, or_masks(prefix_lm_mask(prefix), sliding_window_mask(window)),
+       refOr(refPrefix(prefix), refWindow({window})), 1, 1},
+      {"window " + ww + " | documents", or_masks(sliding_window_mask(wide), document_mask(docIds)),
+       refOr(refWindow({wide}), refDocuments(ids)), B, 1},
+      {"!causal & documents", and_masks(not_mask(causal_mask()), document_mask(docIds)),
+       refAnd(refNot(refCausal()), refDocuments(ids)), B, 1},
+      {"striped per (b, h)", striped, refStriped, B, Hq},
+      {"striped & prefix " + std::to_string(2 * prefix) + " per (b, h)", and_masks(striped, prefix_lm_mask(2 * prefix)),
+       refAnd(refStriped, refPrefix(2 * prefix)), B, Hq},
+  };
 }
 
 // Checks, for every (b, h, block) and every (b, h, i, j) of the mask, that
