@@ -105,6 +105,11 @@ FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k
                                       const FlexAttentionOptions& options = {}, bool compile = false,
                                       std::optional<codegen::Target> target = std::nullopt);
 
+// The forward kernel flex_attention has traced for this pair of mods and
+// dtype, or nullptr (it lives in the mask mod's state, keyed by the score
+// mod's). For tests and tools that count traces and compilations.
+const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, dsl::DType dtype);
+
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted
 // exactly from the mask (partial blocks through mask_mod on the host is too

@@ -347,15 +347,21 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   return p;
 }
 
+// Where a forward kernel is kept: in the mask mod's state, under a key naming
+// the score mod's state (which the kernel's tracer keeps alive, so the
+// address is never reused) and the dtype.
+std::string forwardKernelKey(const ScoreMod& scoreMod, DType dtype) {
+  char key[96];
+  std::snprintf(key, sizeof key, "flex_fwd/%p/%s", static_cast<const void*>(&scoreMod.state()),
+                std::string(ir::dtypeName(dtype)).c_str());
+  return key;
+}
+
 Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
   const MaskMod& maskMod = p.mask->maskMod();
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
-  // Kept in the mask mod's state; the key names the score mod's state, which
-  // the kernel's tracer keeps alive (so the address is never reused).
-  char key[96];
-  std::snprintf(key, sizeof key, "flex_fwd/%p/%s", static_cast<void*>(&sm.state()), std::string(ir::dtypeName(p.dtype)).c_str());
   const DType dt = p.dtype;
-  return maskMod.state().kernel(key, [&] {
+  return maskMod.state().kernel(forwardKernelKey(sm, dt), [&] {
     const std::string name = "flex_fwd_" + sm.name() + "_" + maskMod.name();
     std::string clean;
     for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -421,6 +427,14 @@ std::vector<KernelArg> arguments(const Prepared& p, const Tensor& q, const Tenso
 }
 
 }  // namespace
+
+const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, DType dtype) {
+  if (!maskMod.defined()) return nullptr;
+  detail::ModState& state = maskMod.state();
+  std::lock_guard lock(state.mutex);
+  auto it = state.kernels.find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype));
+  return it == state.kernels.end() ? nullptr : it->second.get();
+}
 
 FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, const ScoreMod& scoreMod,
                                           const std::optional<BlockMask>& blockMask) {

@@ -176,17 +176,11 @@ inline bool checkFlexAttention(std::mt19937_64& rng, const AttentionCase& c, dsl
   return checkFlexAttentionOn(q, k, v, out, c.describe(), score, mask, refScore, refMask, options);
 }
 
-// The forward kernel flex_attention cached for this pair of mods and dtype
-// (in the mask mod's state, keyed by the score mod's state), or nullptr; for
-// tests that count traces and compilations.
+// The forward kernel flex_attention cached for this pair of mods and dtype,
+// or nullptr; for tests that count traces and compilations.
 inline const dsl::Kernel* forwardKernel(const attention::MaskMod& maskMod, const attention::ScoreMod& scoreMod,
                                         dsl::DType dtype) {
-  char buffer[96];
-  std::snprintf(buffer, sizeof buffer, "flex_fwd/%p/%s", static_cast<void*>(&scoreMod.state()),
-                std::string(ir::dtypeName(dtype)).c_str());
-  std::lock_guard lock(maskMod.state().mutex);
-  auto it = maskMod.state().kernels.find(buffer);
-  return it == maskMod.state().kernels.end() ? nullptr : it->second.get();
+  return attention::cachedForwardKernel(maskMod, scoreMod, dtype);
 }
 
 }  // namespace flextile::testing
