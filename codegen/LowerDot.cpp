@@ -259,14 +259,13 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   std::vector<llvm::Value*> operands;
   const std::string scaleOperand = "$" + std::to_string(2 * numD + 5 * steps);
   std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
-                                   scaleOperand + ", 0;\nbar.warp.sync -1;\nwgmma.fence.sync.aligned;\n";
+                                   scaleOperand + ", 0;\nwgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
   for (int64_t j = 0; j < numD; ++j) {
     constraints += std::to_string(j) + ",";
-    // Never undef, even when scale-d makes the value unread: an undefined tied
-    // input lets the register allocator give the output a register that holds
-    // another input (an A word of a later k-step), which the first wgmma then
-    // overwrites while the block still reads it.
+    // Defined values even when scale-d makes them unread: with undefined tied
+    // inputs the accumulator registers would not be live before the block,
+    // and nothing in ptxas's contract for wgmma says that is safe.
     operands.push_back(acc[dReg[size_t(j)]]);
   }
   std::string dList = "{";
