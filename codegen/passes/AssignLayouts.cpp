@@ -97,10 +97,18 @@
 // user got a clone of) are erased. Finally every tile value must have a
 // layout.
 //
-// What this does not do yet: it never rematerializes a load in another layout
-// (a vector loaded in its coalesced layout and broadcast against a 2-D tile
-// is converted), it does not move conversions out of loops beyond placing
-// them at definitions.
+//   small load  a vector load ([N], [N, 1] or [1, N], at most 64 elements
+//                per warp) whose address, mask and `other` are cheap is not
+//                converted: it is issued again in the demanded layout
+//                (reloadInLayout), and the original disappears when nothing
+//                else reads it. Index tiles read by mods (document ids at the
+//                query and key positions) and bias rows broadcast over a tile
+//                then cost a few replicated cached loads, not a shared-memory
+//                round trip with two barriers.
+//
+// What this does not do yet: it never reloads a larger tile in another
+// layout, and it does not move conversions out of loops beyond placing them
+// at definitions.
 
 #include <algorithm>
 #include <functional>
