@@ -97,10 +97,18 @@
 // user got a clone of) are erased. Finally every tile value must have a
 // layout.
 //
-// What this does not do yet: it never rematerializes a load in another layout
-// (a vector loaded in its coalesced layout and broadcast against a 2-D tile
-// is converted), it does not move conversions out of loops beyond placing
-// them at definitions.
+//   small load  a vector load ([N], [N, 1] or [1, N], at most 64 elements
+//                per warp) whose address, mask and `other` are cheap is not
+//                converted: it is issued again in the demanded layout
+//                (reloadInLayout), and the original disappears when nothing
+//                else reads it. Index tiles read by mods (document ids at the
+//                query and key positions) and bias rows broadcast over a tile
+//                then cost a few replicated cached loads, not a shared-memory
+//                round trip with two barriers.
+//
+// What this does not do yet: it never reloads a larger tile in another
+// layout, and it does not move conversions out of loops beyond placing them
+// at definitions.
 
 #include <algorithm>
 #include <functional>
@@ -623,6 +631,10 @@ class LayoutAssigner {
         throw Error("layout assignment: value %" + std::to_string(v->id()) + " (" + v->type().str() +
                     ") has no planned layout");
       if (*v->type().layout() == *l) return v;
+      if (Value* again = reloadInLayout(v, l)) {
+        memo_[key] = again;
+        return again;
+      }
       insertAfterDefinition(b, v);
       if (v->definingOp()) b.setLoc(v->definingOp()->loc());
       out = b.create1(OpKind::ConvertLayout, {v}, v->type().withLayout(l));
@@ -651,6 +663,33 @@ class LayoutAssigner {
     return out;
   }
 
+  // A small load whose address, mask and `other` are cheap (index tiles: a
+  // mod reading document ids at the query and key positions) is issued again
+  // in the layout its user needs instead of converted: a few more loads of
+  // cached elements cost far less than a shared-memory round trip with two
+  // barriers, in a loop body above all. The original load is erased in
+  // cleanup when nothing else reads it.
+  Value* reloadInLayout(Value* v, const LayoutPtr& l) {
+    Op* load = v->definingOp();
+    if (!load || load->kind() != OpKind::Load || v->type().numElements() > int64_t(64) * numWarps_) return nullptr;
+    int64_t nonUnit = 0;  // vectors only ([N], [N, 1], [1, N]): never a dot operand's staging
+    for (int64_t d : v->type().shape()) nonUnit += d > 1;
+    if (nonUnit > 1) return nullptr;
+    for (Value* o : load->operands())
+      if (o->type().isTile() && (!flexible(o) || o->type().shape() != v->type().shape())) return nullptr;
+    std::vector<Value*> operands = load->operands();
+    for (Value*& o : operands)
+      if (o->type().isTile()) o = materialize(o, l);
+    ir::Builder b(f_);
+    insertAfterDefinition(b, v);
+    b.setLoc(load->loc());
+    Value* out = b.create1(OpKind::Load, std::move(operands), v->type().withLayout(l), load->attrs());
+    out->setNameHint(v->nameHint());
+    cls_[out] = Class::Computed;
+    reloaded_.insert(load);
+    return out;
+  }
+
   // ---- phase 3: cleanup -----------------------------------------------------------
 
   void cleanup() {
@@ -668,6 +707,15 @@ class LayoutAssigner {
         f_.replaceAllUsesWith(c->result(), c->operand(0));
         c->parentBlock()->erase(c);
       }
+    eraseDeadOps();
+    // A load issued again for every user is dead: loads are not pure (they
+    // must not be merged across stores), so eraseDeadOps keeps them.
+    std::unordered_map<const Value*, int> uses;
+    f_.walk([&](Op& op) {
+      for (Value* o : op.operands()) ++uses[o];
+    });
+    for (const Op* load : reloaded_)
+      if (!uses.count(load->result())) const_cast<Op*>(load)->parentBlock()->erase(const_cast<Op*>(load));
     eraseDeadOps();
   }
 
@@ -712,6 +760,7 @@ class LayoutAssigner {
   std::unordered_map<const Value*, Class> cls_;
   std::unordered_map<const Value*, LayoutPtr> layout_;
   std::map<std::pair<const Value*, std::string>, Value*> memo_;
+  std::unordered_set<const Op*> reloaded_;  // loads issued again in another layout (reloadInLayout)
   std::unordered_map<const Op*, LayoutPtr> mma_;  // dots on tensor cores -> accumulator layout
 };
 

@@ -204,9 +204,36 @@ TEST(AssignLayouts, BroadcastBothDirectionsOfReductions) {
   }
 }
 
-TEST(AssignLayouts, BroadcastOfALoadedVectorConvertsTheVectorNotTheTile) {
-  // bias[BN] is loaded in its own coalesced 1-D layout; adding it to every
-  // row of a 2-D tile needs it in the tile's column slice. One conversion, on
+TEST(AssignLayouts, BroadcastOfALoadedVectorReloadsItInTheTilesSlice) {
+  // bias[BN] added to every row of a 2-D tile: the tile needs it in its
+  // column slice. A small vector load with a cheap address is issued again in
+  // that layout (replicated reads of a few cached elements) instead of being
+  // converted through shared memory; the original load disappears.
+  Function f("bias");
+  Value* x = f.addParam(Type::pointer(DType::F32), "x");
+  Value* bias = f.addParam(Type::pointer(DType::F32), "bias");
+  Value* y = f.addParam(Type::pointer(DType::F32), "y");
+  setAttrs(f, 4, {});
+  Builder b(f);
+  K k{b};
+  const Shape tile{64, 128};
+  Value* cols = b.arange(0, 128);
+  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
+  Value* t = b.load(k.ptrs(x, offs));
+  b.load(k.ptrs(bias, cols));
+  Value* bv = b.load(k.ptrs(bias, cols));
+  b.store(k.ptrs(y, offs), k.add(t, k.row(bv, tile)));
+  b.ret();
+  assignAndCheck(f, 0);
+  auto loads = opsOf(f, OpKind::Load);
+  ASSERT_EQ(loads.size(), 3u);  // the tile, the unused bias load (kept: not reloaded), the reloaded bias
+  const Layout& tileLayout = *t->type().layout();
+  EXPECT_EQ(*loads.back()->result()->type().layout(), tileLayout.sliced(0));
+}
+
+TEST(AssignLayouts, BroadcastOfAComputedVectorConvertsTheVectorNotTheTile) {
+  // exp2(bias[BN]) is computed in the bias load's coalesced 1-D layout; adding
+  // it to every row needs it in the tile's column slice. One conversion, on
   // the small vector.
   Function f("bias");
   Value* x = f.addParam(Type::pointer(DType::F32), "x");
@@ -219,7 +246,7 @@ TEST(AssignLayouts, BroadcastOfALoadedVectorConvertsTheVectorNotTheTile) {
   Value* cols = b.arange(0, 128);
   Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
   Value* t = b.load(k.ptrs(x, offs));
-  Value* bv = b.load(k.ptrs(bias, cols));
+  Value* bv = b.unary(OpKind::Exp2, b.load(k.ptrs(bias, cols)));
   b.store(k.ptrs(y, offs), k.add(t, k.row(bv, tile)));
   b.ret();
   assignAndCheck(f, 1);

@@ -98,7 +98,9 @@ TEST(SharedMemory, ConvertIsOneSourceTile) {
   Value* cols = b.arange(0, 128);
   Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
   Value* t = b.load(k.ptrs(x, offs));
-  b.store(k.ptrs(y, offs), k.add(t, k.row(b.load(k.ptrs(bias, cols)), tile)));
+  // exp2 of the bias: a computed vector (a bare load would be reloaded in the
+  // tile's layout instead, AssignLayouts.cpp reloadInLayout).
+  b.store(k.ptrs(y, offs), k.add(t, k.row(b.unary(OpKind::Exp2, b.load(k.ptrs(bias, cols))), tile)));
   b.ret();
   assignLayouts(f, kTarget);
   auto cvts = opsOf(f, OpKind::ConvertLayout);
@@ -121,7 +123,9 @@ TEST(SharedMemory, ScratchOfSequentialOpsIsReused) {
   Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(32), {64})), tile), k.row(b.arange(0, 32), tile));
   Value* t = b.load(k.ptrs(x, offs));
   Value* colSum = b.reduce(t, 0, "sum");
-  Value* v = b.load(k.ptrs(x, b.arange(0, 32)));  // its own layout: converted for the add
+  // A computed vector in its own layout: converted for the add (a bare load
+  // would be reloaded in the sum's layout instead).
+  Value* v = b.unary(OpKind::Exp2, b.load(k.ptrs(x, b.arange(0, 32))));
   b.store(k.ptrs(x, b.arange(0, 32)), k.add(colSum, v));
   assignLayouts(*f, kFmaTarget);
   SharedPlan plan = planSharedMemory(*f);
