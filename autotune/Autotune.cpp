@@ -360,6 +360,14 @@ std::string formatReport(const TuneReport& r) {
   std::snprintf(line, sizeof line, "compile: %.2f s for %zu configs; timing: %.2f s%s\n", r.compileSeconds,
                 r.candidates.size(), r.timingSeconds, r.timed ? "" : " (dry run: no GPU timing)");
   out += line;
+  if (r.timed && r.best >= 0 && r.defaultIndex >= 0 &&
+      r.candidates[size_t(r.defaultIndex)].status == Candidate::Status::Timed) {
+    const Candidate &best = r.candidates[size_t(r.best)], &def = r.candidates[size_t(r.defaultIndex)];
+    std::snprintf(line, sizeof line, "winner: %s %.4f ms %.1f TFLOP/s; default %s %.4f ms %.1f TFLOP/s; speedup %.3f\n",
+                  best.config.describe().c_str(), best.ms, best.tflops, def.config.describe().c_str(), def.ms,
+                  def.tflops, def.ms / best.ms);
+    out += line;
+  }
   if (!r.storedIn.empty()) out += "stored the winner in " + r.storedIn + "\n";
   return out;
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <ostream>
 #include <random>
@@ -16,6 +17,7 @@
 #include "attention_templates/Reference.h"
 #include "attention_templates/Variants.h"
 #include "autotune/Autotune.h"
+#include "autotune/Json.h"
 #include "autotune/TuneCache.h"
 #include "codegen/CompileCache.h"
 #include "runtime/Device.h"
@@ -61,19 +63,21 @@ const std::vector<Command>& commands() {
        false},
       {"run",
        "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S]\n"
-       "                    [--check] [--host] [--seed S]\n"
+       "                    [--check] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
        "  suits small shapes only. --check compares with the float64 reference (exit 1 when it differs).\n"
-       "  Without --config the tuned config for this GPU is used when there is one, else the default.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--seed"}, {"--check", "--host"}, true},
+       "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
+       "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
+       "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
+       {"--shape", "--dtype", "--gqa", "--config", "--seed", "--document-offsets"}, {"--check", "--host"}, true},
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
-       "                         [--target sm_80|sm_90a] [--no-store]\n"
+       "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
        "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
        "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n",
-       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target"}, {"--no-store"}, true},
+       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets"}, {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S]\n"
        "                        [--target sm_80|sm_90a] --emit traced|ir|llvm|ptx\n"
@@ -81,10 +85,10 @@ const std::vector<Command>& commands() {
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n",
        {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit"}, {}, true},
       {"bench",
-       "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..]\n"
+       "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
        "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
        "  Default shape 2,16,8192,128 (DESIGN.md's yardstick).\n",
-       {"--shape", "--dtype", "--variants"}, {}, false},
+       {"--shape", "--dtype", "--variants", "--document-offsets"}, {}, false},
       {"blockmask",
        "usage: flextile blockmask VARIANT --shape B,H,N[,D] [--block Q[,KV]]\n"
        "  Builds the variant's BlockMask on the host and prints its block picture (full, partial and\n"
@@ -212,6 +216,36 @@ Tensor randomTensor(std::mt19937_64& rng, DType dt, dsl::Shape shape, MemorySpac
   }
 }
 
+// The document variant's cuts from --document-offsets: JSON {"offsets": [[0, .., N], ..]}, one list
+// per batch (what bench/torch_document_cuts.py writes, so both sides run the same documents).
+std::vector<std::vector<int64_t>> readDocumentOffsets(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw UsageError{"--document-offsets: cannot read " + path};
+  std::stringstream text;
+  text << file.rdbuf();
+  autotune::Json root;
+  try {
+    root = autotune::parseJson(text.str());
+  } catch (const Error& e) {
+    throw UsageError{"--document-offsets: " + path + " is not JSON: " + e.what()};
+  }
+  const autotune::Json* lists = root.find("offsets");
+  if (!lists || lists->kind != autotune::Json::Kind::Array || lists->array.empty())
+    throw UsageError{"--document-offsets: " + path + " needs a non-empty array \"offsets\" of offset lists"};
+  std::vector<std::vector<int64_t>> out;
+  for (const autotune::Json& list : lists->array) {
+    if (list.kind != autotune::Json::Kind::Array)
+      throw UsageError{"--document-offsets: every entry of \"offsets\" in " + path + " must be a list of integers"};
+    out.emplace_back();
+    for (const autotune::Json& x : list.array) {
+      if (x.kind != autotune::Json::Kind::Number || x.number != std::floor(x.number) || x.number < 0)
+        throw UsageError{"--document-offsets: " + path + " holds a value that is not a non-negative integer"};
+      out.back().push_back(int64_t(x.number));
+    }
+  }
+  return out;
+}
+
 // The inputs of one variant at one shape.
 struct Problem {
   int64_t B, H, N, D, Hkv;
@@ -233,7 +267,13 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
       double(p.B * p.H) * double(p.N) * double(p.N) * double(p.D) > 64.0 * 1024 * 1024)
     throw UsageError{"the interpreter is meant for small shapes: B*H*N*N*D must be at most 64M (try --shape 1,2,256,64)"};
   const attention::Variant& var = attention::variant(variantName);
-  p.instance = var.make({p.B, p.H, p.N, p.N, space, {128, 128}, seed});
+  attention::VariantInputs inputs{p.B, p.H, p.N, p.N, space, {128, 128}, seed};
+  if (a.has("--document-offsets") && (variantName == "document" || a.command->needsVariant)) {
+    if (variantName != "document")
+      throw UsageError{"--document-offsets applies to the document variant, not '" + variantName + "'"};
+    inputs.documentOffsets = readDocumentOffsets(a.get("--document-offsets", ""));
+  }
+  p.instance = var.make(inputs);
   if (needTensors) {
     std::mt19937_64 rng(seed);
     p.q = randomTensor(rng, p.dtype, {p.B, p.H, p.N, p.D}, space);

@@ -3,6 +3,7 @@
 // interpreter at a tiny shape.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -91,6 +92,41 @@ TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
     EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("Hkv=2"), std::string::npos) << r.out;
   }
+}
+
+// The document variant runs on cuts read from a file (what bench/torch_document_cuts.py writes), so
+// the CLI and PyTorch can time the same documents; a bad file is a usage error naming the problem.
+TEST(Cli, DocumentOffsetsFromAFile) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string good = write("cuts_good.json", "{\"offsets\": [[0, 5, 33, 70], [0, 69, 70]]}");
+  Result r = run({"run", "document", "--host", "--shape", "2,2,70,32", "--check", "--document-offsets", good.c_str()});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+
+  const std::string notJson = write("cuts_bad.json", "{\"offsets\": [[0, 5,");
+  const std::string noKey = write("cuts_nokey.json", "{\"cuts\": [[0, 70]]}");
+  const std::string negative = write("cuts_neg.json", "{\"offsets\": [[0, -5, 70]]}");
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases{
+      {{"run", "document", "--host", "--shape", "1,1,70,32", "--document-offsets", "/no/such/file"}, "cannot read"},
+      {{"run", "document", "--host", "--shape", "1,1,70,32", "--document-offsets", notJson.c_str()}, "is not JSON"},
+      {{"run", "document", "--host", "--shape", "1,1,70,32", "--document-offsets", noKey.c_str()}, "\"offsets\""},
+      {{"run", "document", "--host", "--shape", "1,1,70,32", "--document-offsets", negative.c_str()}, "non-negative"},
+      {{"run", "causal", "--host", "--shape", "1,1,70,32", "--document-offsets", good.c_str()}, "not 'causal'"},
+  };
+  for (const auto& [args, message] : cases) {
+    Result bad = run(args);
+    EXPECT_EQ(bad.status, 2) << message << "\n" << bad.err;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
+  }
+  // Lists that do not fit the batch or the length are the variant's error, not a crash.
+  Result wrongBatch = run({"run", "document", "--host", "--shape", "3,1,70,32", "--document-offsets", good.c_str()});
+  EXPECT_NE(wrongBatch.status, 0);
+  EXPECT_NE(wrongBatch.err.find("2 offset lists for a batch of 3"), std::string::npos) << wrongBatch.err;
 }
 
 TEST(Cli, BlockmaskPrintsCountsAndSparsity) {
