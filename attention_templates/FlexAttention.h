@@ -61,6 +61,7 @@ struct FlexAttentionProblem {
   int64_t B, Hq, Hkv, L, S, D;
   std::string scoreMod, maskMod;        // the mods' names ("noop", "causal", "sliding_window(1024)", ...)
   std::string captures;                 // dtype and rank of every captured tensor, e.g. "f32[1] i32[2]"
+  uint64_t modHash = 0;                 // the structural hashes of both mods, combined (names are for people)
   int64_t qBlockSize, kvBlockSize;      // the BlockMask's block sizes (a config must tile them)
   dsl::MemorySpace space;
 };

@@ -19,6 +19,7 @@
 
 #include "attention_templates/FlexAttention.h"
 #include "dsl/Capture.h"
+#include "ir/Hash.h"
 #include "ir/Printer.h"
 
 #include <cctype>
@@ -234,11 +235,11 @@ std::string captureSignature(const std::vector<CapturedTensor>& captures) {
 FlexAttentionProblem makeProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D,
                                  MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
   const MaskMod mask = blockMask ? blockMask->maskMod() : noop_mask();
-  const std::vector<CapturedTensor> none;
+  const ScoreMod score = scoreMod.defined() ? scoreMod : noop_score();
   return FlexAttentionProblem{dtype, B, Hq, Hkv, L, S, D,
-                              scoreMod.defined() ? scoreMod.name() : "noop", mask.name(),
-                              captureSignature(scoreMod.defined() ? scoreMod.captures() : none) + "|" +
-                                  captureSignature(mask.captures()),
+                              score.name(), mask.name(),
+                              captureSignature(score.captures()) + "|" + captureSignature(mask.captures()),
+                              ir::hashText(std::to_string(score.structuralHash()), mask.structuralHash()),
                               blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space};
 }
 

@@ -3,6 +3,8 @@
 #include <climits>
 #include <cmath>
 
+#include "ir/Hash.h"
+
 namespace flextile::attention {
 
 using namespace flextile::dsl;
@@ -14,7 +16,19 @@ dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::functio
   return *it->second;
 }
 
+uint64_t detail::ModState::hashOnce(const std::function<uint64_t()>& compute) {
+  std::lock_guard lock(mutex);
+  if (!structuralHash) structuralHash = compute();
+  return *structuralHash;
+}
+
 namespace {
+// The probe every mod is traced on for its structural hash: scalar b and h,
+// 16-row and 16-column index tiles (the shapes a template passes, smaller),
+// and for score mods an f32 score tile. One kernel name for all, so only the
+// mod's body decides the hash.
+constexpr int kProbe = 16;
+
 std::optional<MemorySpace> spaceOf(const std::string& what, const std::vector<CapturedTensor>& captures) {
   std::optional<MemorySpace> space;
   std::string first;
@@ -90,6 +104,18 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
   return r.shape() == shape ? r : r.broadcast_to(shape, loc);
 }
 
+uint64_t MaskMod::structuralHash() const {
+  if (!fn_) throw Error("mask_mod: structuralHash of an empty MaskMod");
+  return state_->hashOnce([&] {
+    const MaskMod self(name_, fn_, captures_);  // its own state: the probe kernel does not keep ours alive
+    Kernel probe = kernel("mod_probe", [self](Ptr<i8> out, Int b, Int h) {
+      auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
+      store(out + q * kProbe + kv, self(b, h, q, kv));
+    });
+    return ir::structuralHash(*probe.trace());
+  });
+}
+
 std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures_); }
 
 ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
@@ -109,6 +135,19 @@ Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const
     traceError(loc, what, "returned " + r.type().str() + ", which does not broadcast to the score " + score.type().str());
   if (r.dtype() != score.dtype()) r = r.to(score.dtype(), loc);
   return r.shape() == score.shape() ? r : r.broadcast_to(score.shape(), loc);
+}
+
+uint64_t ScoreMod::structuralHash() const {
+  if (!fn_) throw Error("score_mod: structuralHash of an empty ScoreMod");
+  return state_->hashOnce([&] {
+    const ScoreMod self(name_, fn_, captures_);
+    Kernel probe = kernel("mod_probe", [self](Ptr<f32> scores, Int b, Int h) {
+      auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
+      auto at = scores + q * kProbe + kv;
+      store(at, self(load(at), b, h, q, kv));
+    });
+    return ir::structuralHash(*probe.trace());
+  });
 }
 
 std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("score_mod '" + name_ + "'", captures_); }

@@ -46,7 +46,9 @@ namespace detail {
 struct ModState {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<dsl::Kernel>> kernels;
+  std::optional<uint64_t> structuralHash;  // computed once (MaskMod/ScoreMod::structuralHash)
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
+  uint64_t hashOnce(const std::function<uint64_t()>& compute);
 };
 }  // namespace detail
 
@@ -72,6 +74,12 @@ class MaskMod {
   // are an error.
   std::optional<dsl::MemorySpace> captureSpace() const;
   detail::ModState& state() const { return *state_; }
+  // The structural hash of what the mod computes: the IR it traces to on
+  // probe index tiles, captured tensors as parameters (their dtype and rank,
+  // not their values). Two mods with one name but different bodies differ;
+  // the same body under two names agrees. Traced once per mod (and its
+  // copies). The autotuner keys its per-GPU cache by it.
+  uint64_t structuralHash() const;
 
  private:
   std::string name_;
@@ -100,6 +108,8 @@ class ScoreMod {
   std::optional<dsl::MemorySpace> captureSpace() const;
   // Kernels traced with this mod (shared by its copies; see MaskMod::state).
   detail::ModState& state() const { return *state_; }
+  // See MaskMod::structuralHash (the probe score is an f32 tile).
+  uint64_t structuralHash() const;
 
  private:
   std::string name_;

@@ -148,33 +148,26 @@ void poison(Tensor& t) {
   }
 }
 
-// ptxas takes seconds per config and its answer depends only on the PTX,
-// the target and ptxas itself: its -v report is kept next to the compile
-// cache's kernels, so a second sweep does not assemble again.
-codegen::PtxasReport cachedPtxas(const std::string& ptx, const codegen::Target& target) {
+// ptxas takes seconds per config and its answer depends only on the PTX and
+// the target: its report and cubin go into the kernel's compile-cache entry,
+// so a second sweep does not assemble again and later launches of the kernel
+// load the very cubin whose registers and spills were judged here.
+codegen::PtxasReport cachedPtxas(const codegen::CompiledKernel& kernel) {
   codegen::CompileCache& cache = codegen::CompileCache::global();
-  if (!cache.enabled()) return codegen::runPtxas(ptx, target);
-  char name[40];
-  std::snprintf(name, sizeof name, "ptxas-%016llx.log",
-                static_cast<unsigned long long>(
-                    ir::hashText(ptx + "|" + target.smName() + "|" + codegen::findPtxas().value_or(""))));
-  const std::filesystem::path path = cache.directory() / name;
-  if (std::ifstream in{path}; in) {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().find("Used ") != std::string::npos) return codegen::parsePtxasLog(ss.str());
+  if (!cache.enabled() || kernel.irHash == 0) return codegen::runPtxas(kernel.ptx, kernel.target);
+  const codegen::CompileCacheKey key{kernel.irHash, kernel.target};
+  std::optional<codegen::CompiledKernel> entry = cache.load(key);
+  if (entry && entry->ptx == kernel.ptx && !entry->cubin.empty() &&
+      entry->ptxasInfo.find("Used ") != std::string::npos) {
+    codegen::PtxasReport r = codegen::parsePtxasLog(entry->ptxasInfo);
+    r.cubin = entry->cubin;
+    return r;
   }
-  codegen::PtxasReport r = codegen::runPtxas(ptx, target);
-  std::error_code ec;
-  std::filesystem::create_directories(cache.directory(), ec);
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
-                                    std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id()));
-  {
-    std::ofstream out(tmp);
-    out << r.log;
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
+  codegen::PtxasReport r = codegen::runPtxas(kernel.ptx, kernel.target);
+  codegen::CompiledKernel stored = entry && entry->ptx == kernel.ptx ? *entry : kernel;
+  stored.ptxasInfo = r.log;
+  stored.cubin = r.cubin;
+  cache.store(key, stored);
   return r;
 }
 
@@ -227,7 +220,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
         c.sharedBytes = plan.compiled->sharedBytes;
         c.compileCached = plan.compiled->fromCache;
         if (ptxas) {
-          codegen::PtxasReport r = cachedPtxas(plan.compiled->ptx, plan.compiled->target);
+          codegen::PtxasReport r = cachedPtxas(*plan.compiled);
           c.registers = r.registers;
           c.spillBytes = r.spillStoreBytes + r.spillLoadBytes;
         }

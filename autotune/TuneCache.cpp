@@ -49,9 +49,11 @@ int64_t lengthBucket(int64_t L, int64_t S) {
 }
 
 std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  // The hash decides (it covers the mods' bodies and captured dtypes/ranks); the names and capture
+  // signature are in the text for people reading the file.
   const std::string mods = p.scoreMod + "|" + p.maskMod + "|" + p.captures;
   char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(ir::hashText(mods)));
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.modHash));
   return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
          FLEXTILE_VERSION + " flex_attention_fwd mods " + hash + " (" + mods + ") " +
          std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +

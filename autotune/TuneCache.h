@@ -3,8 +3,8 @@
 //
 // An entry is keyed by everything that changes the answer: the GPU (name and
 // capability), the driver version, FlexTile's version, the template, the mods
-// (names, which carry their parameters, and the dtype and rank of captured
-// tensors), the dtype, head dim, GQA ratio and a length bucket (the next power
+// (the structural hash of what they trace to, so a renamed or edited mod is
+// told apart; their names and captured dtypes/ranks are shown too), the dtype, head dim, GQA ratio and a length bucket (the next power
 // of two of max(L, S)). Once this file is loaded, flex_attention calls without
 // a config use the tuned one (installResolver; done when libflextile loads,
 // FLEXTILE_AUTOTUNE_CACHE=0 turns it off).

@@ -295,10 +295,12 @@ CompiledKernel compileCached(const ir::Function& f, uint64_t irHash, const Compi
       cache.store(key, *hit);
     }
     hit->fromCache = true;
+    hit->irHash = irHash;
     hit->compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return *hit;
   }
   CompiledKernel k = compile(f, options);
+  k.irHash = irHash;
   cache.store(key, k);
   return k;
 }

@@ -40,6 +40,7 @@ struct CompiledKernel {
   std::vector<ir::Type> params;  // in launch order
   std::string ptxasInfo;  // `ptxas -v` output when runPtxas
   std::string cubin;      // the ptxas output (an ELF) when runPtxas, else empty
+  uint64_t irHash = 0;    // the structural hash it was compiled under (set by compileCached; 0 otherwise)
   double compileMs = 0;   // for a compile-cache hit: the time of the lookup
   bool fromCache = false; // read from the on-disk compile cache (codegen/CompileCache.h)
 };

@@ -240,7 +240,9 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   {
     std::lock_guard lock(mutex_);
     if (!c.module) {
-      c.module = std::make_unique<runtime::Module>(code.ptx);
+      // A cubin is present when the autotuner assembled this kernel (it is then kept in the compile
+      // cache entry); the driver falls back to the PTX when it cannot load it.
+      c.module = std::make_unique<runtime::Module>(runtime::Module::fromCompiled(code.ptx, code.cubin, code.name));
       c.function = c.module->function(code.name);
     }
   }

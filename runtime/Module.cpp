@@ -17,6 +17,8 @@ struct Module::State {
   std::string infoLog;
   double jitMilliseconds = 0;
   std::vector<std::string> entries;
+  bool fromCubin = false;
+  std::string cubinFallbackReason;
 
   ~State() {
     if (!handle) return;
@@ -77,6 +79,32 @@ Module::Module(const std::string& ptx, const std::string& name, Device* device) 
   state_->infoLog = infoLog.data();
   state_->jitMilliseconds = wallMilliseconds;
 }
+
+Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name, Device* device) {
+  if (cubin.empty()) return Module(ptx, name, device);
+  Module m;
+  m.state_ = std::make_shared<State>();
+  m.state_->device = device ? device : &Device::current();
+  m.state_->name = name;
+  m.state_->entries = ptxEntryNames(ptx);
+  m.state_->device->makeCurrent();
+  cu::Module handle = nullptr;
+  const cu::Result result = cu::api().moduleLoadDataEx(&handle, cubin.data(), 0, nullptr, nullptr);
+  if (result == cu::kSuccess) {
+    m.state_->handle = handle;
+    m.state_->fromCubin = true;
+    return m;
+  }
+  Module jit(ptx, name, device);
+  jit.state_->cubinFallbackReason = DriverError::format(
+      "cuModuleLoadDataEx", result, "the cubin of '" + name + "' (" + std::to_string(cubin.size()) + " bytes) for " +
+                                        jit.state_->device->name() + " (sm_" +
+                                        std::to_string(jit.state_->device->capability()) + ")");
+  return jit;
+}
+
+bool Module::loadedFromCubin() const { return state_->fromCubin; }
+const std::string& Module::cubinFallbackReason() const { return state_->cubinFallbackReason; }
 
 const std::string& Module::name() const { return state_->name; }
 const std::string& Module::infoLog() const { return state_->infoLog; }

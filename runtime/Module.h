@@ -1,4 +1,4 @@
-// A module of kernels JIT-compiled by the driver from PTX text.
+// A module of kernels: PTX text JIT-compiled by the driver, or a ptxas cubin loaded as it is.
 #pragma once
 
 #include <memory>
@@ -20,6 +20,17 @@ class Module {
   // `name` only labels messages (a kernel or file name).
   explicit Module(const std::string& ptx, const std::string& name = "module", Device* device = nullptr);
 
+  // Loads `cubin` (a ptxas ELF image for this device's architecture) when it is not empty, so the
+  // driver runs exactly the binary ptxas reported registers and spills for and no JIT runs; falls
+  // back to JIT-compiling `ptx` when the driver refuses the image (another architecture, a ptxas
+  // newer than the driver). `ptx` is always required: it names the entries and is the fallback.
+  static Module fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name = "module",
+                             Device* device = nullptr);
+  // Whether the loaded code is the cubin (false: the driver JIT-compiled the PTX), and why a given
+  // cubin was not used (empty when it was, or when none was given).
+  bool loadedFromCubin() const;
+  const std::string& cubinFallbackReason() const;
+
   // The kernel `.entry name`; throws DriverError listing the module's entries when absent.
   Kernel function(const std::string& name) const;
 
@@ -33,6 +44,7 @@ class Module {
   struct State;  // shared with Kernel, which keeps the module loaded
 
  private:
+  Module() = default;
   std::shared_ptr<State> state_;
 };
 

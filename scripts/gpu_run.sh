@@ -56,14 +56,16 @@ seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; 
 # Status of a finished command from its exit code (124: killed by timeout).
 status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
 
-echo "== flextile_gpu_tests + attention_gpu_tests"
+echo "== flextile_gpu_tests + attention_gpu_tests + autotune_gpu_tests"
 start=$(now)
 (
   timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter=$FLEXTILE_GPU_TEST_FILTER} 2>&1
   rc1=$?
   timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" ${FLEXTILE_ATTN_TEST_FILTER:+--gtest_filter=$FLEXTILE_ATTN_TEST_FILTER} 2>&1
   rc2=$?
-  exit $(( rc1 != 0 ? rc1 : rc2 ))
+  timeout "$TEST_TIMEOUT" "$BUNDLE/bin/autotune_gpu_tests" ${FLEXTILE_AUTOTUNE_TEST_FILTER:+--gtest_filter=$FLEXTILE_AUTOTUNE_TEST_FILTER} 2>&1
+  rc3=$?
+  exit $(( rc1 != 0 ? rc1 : rc2 != 0 ? rc2 : rc3 ))
 ) > "$LOGS/gpu_tests.log"
 rc=$?
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$LOGS/gpu_tests.log" | head -40
@@ -82,6 +84,24 @@ if [ "$rc" = 0 ] && [ "${passed:-0}" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" !=
 fi
 [ "$rc" = 0 ] || FAILED=1
 SUMMARY+=("gpu tests|$status|$(seconds_since "$start")|$detail")
+
+# The attention examples at the yardstick shape, each checking itself against float64
+# (FLEXTILE_EXAMPLES=0 skips them).
+if [ "${FLEXTILE_EXAMPLES:-1}" != 0 ]; then
+  echo "== examples (--require-gpu)"
+  start=$(now)
+  ran=0; bad=""
+  for example in "$BUNDLE"/bin/attention_*; do
+    name=$(basename "$example")
+    case "$name" in attention_tests|attention_gpu_tests) continue ;; esac
+    ran=$((ran + 1))
+    timeout 120 "$example" --require-gpu > "$LOGS/example_$name.txt" 2>&1 || bad+="$name "
+    tail -2 "$LOGS/example_$name.txt"
+  done
+  cat "$LOGS"/example_*.txt > "$LOGS/examples.log"; rm -f "$LOGS"/example_*.txt
+  if [ -z "$bad" ]; then SUMMARY+=("examples|ok|$(seconds_since "$start")|$ran ran, log: examples.log")
+  else FAILED=1; SUMMARY+=("examples|FAIL|$(seconds_since "$start")|failed: $bad"); fi
+fi
 
 for entry in "${BENCHES[@]}"; do
   name=${entry%%|*}

@@ -13,6 +13,7 @@
 #include "autotune/Autotune.h"
 #include "autotune/Json.h"
 #include "autotune/TuneCache.h"
+#include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
 #include "gpu/GpuTest.h"
 
@@ -40,7 +41,8 @@ struct TempDir {
 };
 
 FlexAttentionProblem problem(int64_t D = 128, DType dt = DType::BF16) {
-  return FlexAttentionProblem{dt, 2, 16, 16, 8192, 8192, D, "noop", "causal", "|", 128, 128, MemorySpace::Device};
+  return FlexAttentionProblem{dt,  2,   16,  16,  8192, 8192, D, "noop", "causal", "|", 0x1234, 128, 128,
+                              MemorySpace::Device};
 }
 
 TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
@@ -110,6 +112,7 @@ TEST(AutotuneCache, EveryKeyFieldChangesTheKey) {
   with("score mod", [](auto& q, auto&) { q.scoreMod = "soft_cap(20)"; });
   with("mask mod", [](auto& q, auto&) { q.maskMod = "sliding_window(1024)"; });
   with("captures", [](auto& q, auto&) { q.captures = "f32[1]|"; });
+  with("mod hash", [](auto& q, auto&) { q.modHash = 0x1235; });
   with("dtype", [](auto& q, auto&) { q.dtype = DType::F16; });
   with("head dim", [](auto& q, auto&) { q.D = 64; });
   with("gqa", [](auto& q, auto&) { q.Hkv = 4; });
@@ -121,6 +124,43 @@ TEST(AutotuneCache, EveryKeyFieldChangesTheKey) {
   EXPECT_EQ(tuneKey(near, gpu), base);
   EXPECT_EQ(lengthBucket(1, 1), 128);
   EXPECT_EQ(lengthBucket(129, 64), 256);
+}
+
+// The key follows what the mods compute, not what they are called: a user who edits a mod and keeps
+// its name must not get the old mod's tuned config (regression: the key hashed the names).
+TEST(AutotuneCache, KeyFollowsTheModsBodiesNotTheirNames) {
+  using attention::MaskMod;
+  using attention::ScoreMod;
+  using dsl::Tile;
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  const dsl::Tensor q = dsl::Tensor::empty(DType::BF16, {1, 2, 256, 64}, MemorySpace::Host);
+  const dsl::Tensor k = dsl::Tensor::empty(DType::BF16, {1, 2, 256, 64}, MemorySpace::Host);
+  auto keyOf = [&](const ScoreMod& score, const MaskMod& mask) {
+    const auto blocks = attention::createBlockMask(mask, 1, 1, 256, 256, {128, 128}, MemorySpace::Host);
+    return tuneKey(attention::flexAttentionProblem(q, k, score, blocks), gpu);
+  };
+  const MaskMod causal("mine", [](const Tile&, const Tile&, const Tile& qi, const Tile& kv) { return kv <= qi; });
+  const MaskMod stricter("mine", [](const Tile&, const Tile&, const Tile& qi, const Tile& kv) { return kv < qi; });
+  const MaskMod renamed("other", [](const Tile&, const Tile&, const Tile& qi, const Tile& kv) { return kv <= qi; });
+  EXPECT_NE(causal.structuralHash(), stricter.structuralHash());
+  EXPECT_EQ(causal.structuralHash(), renamed.structuralHash());
+  EXPECT_NE(attention::sliding_window_mask(1024).structuralHash(), attention::sliding_window_mask(512).structuralHash());
+  const ScoreMod cap20 = attention::soft_cap(20), cap30 = attention::soft_cap(30);
+  EXPECT_NE(cap20.structuralHash(), cap30.structuralHash());
+  EXPECT_NE(cap20.structuralHash(), attention::noop_score().structuralHash());
+  // Captured tensors count by dtype and rank, not by value: new slopes keep the key.
+  auto slopes = [](DType dt, float x) {
+    const std::vector<float> values{x, x / 2};
+    dsl::Tensor t = dsl::Tensor::fromHost(values, {2}, MemorySpace::Host);
+    if (dt != DType::F32) t = dsl::Tensor::zeros(dt, {2}, MemorySpace::Host);
+    return attention::alibi(dsl::capture(t, "slopes"));
+  };
+  EXPECT_EQ(slopes(DType::F32, 0.5f).structuralHash(), slopes(DType::F32, 0.25f).structuralHash());
+  EXPECT_NE(slopes(DType::F32, 0.5f).structuralHash(), slopes(DType::F16, 0.5f).structuralHash());
+
+  const ScoreMod none = attention::noop_score();
+  EXPECT_NE(keyOf(none, causal), keyOf(none, stricter)) << "same name, another body";
+  EXPECT_EQ(keyOf(none, causal), keyOf(none, MaskMod(causal))) << "a copy is the same mod";
 }
 
 TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
@@ -233,6 +273,23 @@ TEST(AutotuneSweep, DryRunCompilesAGridInParallelAndReportsEveryConfig) {
   }
   EXPECT_GE(compiled, 3);
   EXPECT_NE(formatReport(r).find("dry run"), std::string::npos);
+  // ptxas's report and cubin are kept in each kernel's compile-cache entry (a later launch loads that
+  // cubin; a second sweep does not assemble again).
+  codegen::CompileCache& cache = codegen::CompileCache::global();
+  if (ptxas && cache.enabled()) {
+    for (const Candidate& c : r.candidates) {
+      if (c.status != Candidate::Status::Compiled) continue;
+      SCOPED_TRACE(c.config.describe());
+      FlexAttentionOptions opts;
+      opts.config = c.config;
+      const FlexAttentionPlan plan = plan_flex_attention(q, q, q, inst.score, inst.mask, opts, true, *o.target);
+      ASSERT_NE(plan.compiled->irHash, 0u);
+      std::optional<codegen::CompiledKernel> entry = cache.load({plan.compiled->irHash, *o.target});
+      ASSERT_TRUE(entry);
+      EXPECT_EQ(entry->cubin.substr(0, 4), std::string("\x7f" "ELF"));
+      EXPECT_NE(entry->ptxasInfo.find("Used "), std::string::npos) << entry->ptxasInfo;
+    }
+  }
   EXPECT_FALSE(lines.empty());
 }
 

@@ -413,6 +413,64 @@ TEST(RuntimeGpu, BadPtxReportsTheJitLog) {
   EXPECT_NO_THROW(Module(kPtx, "after_failure").function("axpy"));
 }
 
+#if FLEXTILE_HAVE_CUBIN_TEST_IMAGE
+#include "CubinTestImage.inc"
+#endif
+
+// Module::fromCompiled loads a ptxas cubin as it is (no JIT), and falls back to the PTX, saying why,
+// when the driver refuses the image. Both run the same axpy correctly.
+TEST(RuntimeGpu, CubinLoadsAsItIsAndFallsBackToPtx) {
+  FLEXTILE_REQUIRE_GPU();
+#if !FLEXTILE_HAVE_CUBIN_TEST_IMAGE
+  GTEST_SKIP() << "built without ptxas: no cubin was embedded in this test";
+#else
+  auto runAxpy = [](const Module& module) {
+    SeededRandom random;
+    uint32_t n = uint32_t(5000 + random() % 3000);
+    std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+    std::vector<float> x(n), y(n);
+    for (auto& v : x) v = uniform(random);
+    for (auto& v : y) v = uniform(random);
+    float a = uniform(random);
+    DeviceBuffer dx = upload(x), dy = upload(y), dout(size_t(n) * sizeof(float));
+    dout.fillBytes(0xFF);
+    uint64_t outAddress = dout.address(), xAddress = dx.address(), yAddress = dy.address();
+    void* args[] = {&outAddress, &xAddress, &yAddress, &a, &n};
+    module.function("axpy").launch({blocksFor(n, 128), 1, 1}, 128, 0, args);
+    synchronize();
+    std::vector<float> out = download<float>(dout);
+    size_t wrong = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const double reference = double(a) * double(x[i]) + double(y[i]);
+      if (!(std::abs(out[i] - reference) <= 1e-6 * std::abs(reference) + 1e-30)) ++wrong;
+    }
+    return wrong;
+  };
+  const std::string image(reinterpret_cast<const char*>(kCubinTestImage), kCubinTestImageSize);
+  ASSERT_EQ(image.substr(0, 4), std::string("\x7f" "ELF"));
+  if (Device::current().capability() == 90) {
+    Module cubin = Module::fromCompiled(kCubinTestPtx, image, "axpy.cubin");
+    EXPECT_TRUE(cubin.loadedFromCubin()) << cubin.cubinFallbackReason();
+    EXPECT_TRUE(cubin.cubinFallbackReason().empty());
+    EXPECT_EQ(runAxpy(cubin), 0u);
+  }
+  // A damaged image: the driver refuses it and the PTX is JIT-compiled instead.
+  std::string damaged = image;
+  damaged[damaged.size() / 2] ^= 0x5A;
+  damaged.resize(damaged.size() / 3);
+  Module fallback = Module::fromCompiled(kCubinTestPtx, damaged, "damaged.cubin");
+  EXPECT_FALSE(fallback.loadedFromCubin());
+  EXPECT_TRUE(contains(fallback.cubinFallbackReason(), "cuModuleLoadDataEx")) << fallback.cubinFallbackReason();
+  EXPECT_TRUE(contains(fallback.cubinFallbackReason(), "damaged.cubin")) << fallback.cubinFallbackReason();
+  EXPECT_EQ(runAxpy(fallback), 0u);
+  // Without a cubin it is the plain PTX module.
+  Module plain = Module::fromCompiled(kCubinTestPtx, "", "axpy.ptx");
+  EXPECT_FALSE(plain.loadedFromCubin());
+  EXPECT_TRUE(plain.cubinFallbackReason().empty());
+  EXPECT_EQ(runAxpy(plain), 0u);
+#endif
+}
+
 TEST(RuntimeGpu, EventsTimeAKernel) {
   FLEXTILE_REQUIRE_GPU();
   Module module(kPtx, "runtime_test");
