@@ -297,7 +297,9 @@ ScoreMod alibi(CapturedTensor slopes) {
     throw Error("alibi: slopes must be a float tensor [H], got " + slopes.tensor().describe());
   return ScoreMod("alibi(" + slopes.name() + ")",
                   [slopes](const Tile& s, const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
-                    return s + slopes(h).to(s.dtype()) * (kv - q).to(s.dtype());
+                    // Positions convert on the [BM, 1] and [1, BN] tiles, then one subtract and one
+                    // fma per score (exactly (kv - q) converted, for positions below 2^24).
+                    return s + slopes(h).to(s.dtype()) * (kv.to(s.dtype()) - q.to(s.dtype()));
                   },
                   {slopes});
 }

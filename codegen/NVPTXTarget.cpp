@@ -60,6 +60,10 @@ llvm::TargetMachine& NVPTXTarget::machine() const {
     const llvm::Target* t = llvm::TargetRegistry::lookupTarget(tt, err);
     if (!t) throw Error("codegen: LLVM has no NVPTX target: " + err);
     llvm::TargetOptions options;
+    // Multiplies and adds may fuse into fma, as Triton does by default (enable_fp_fusion): one
+    // rounding instead of two, and the softmax's scale, log2(e) and running-max subtraction become
+    // one fma per score. NVPTX otherwise writes mul.rn/add.rn, which forbid ptxas to fuse.
+    options.AllowFPOpFusion = llvm::FPOpFusion::Fast;
     tm.reset(t->createTargetMachine(tt, cpu_, features(), options, std::nullopt, std::nullopt,
                                     llvm::CodeGenOptLevel::Aggressive));
     if (!tm) throw Error("codegen: LLVM could not create a TargetMachine for " + cpu_ + " " + features());
