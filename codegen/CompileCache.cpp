@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "codegen/NVPTXTarget.h"
 #include "codegen/Ptxas.h"
 #include "ir/Dump.h"
 #include "ir/Hash.h"
@@ -94,7 +95,8 @@ ir::Type parseTypeText(std::string_view s) {
 
 const std::string& compilerVersion() {
   static const std::string v =
-      std::string("flextile ") + FLEXTILE_VERSION + "; LLVM " + LLVM_VERSION_STRING + "; build " + buildIdentity();
+      std::string("flextile ") + FLEXTILE_VERSION + "; LLVM " + LLVM_VERSION_STRING + "; build " + buildIdentity() +
+      (fpFusionEnabled() ? "" : "; no fp fusion");
   return v;
 }
 

@@ -11,6 +11,9 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,6 +52,14 @@ NVPTXTarget::NVPTXTarget(const Target& target) : target_(target), cpu_(target.sm
   }
 }
 
+bool fpFusionEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FLEXTILE_FP_FUSION");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return enabled;
+}
+
 llvm::TargetMachine& NVPTXTarget::machine() const {
   initializeLLVMOnce();
   thread_local std::map<std::string, std::unique_ptr<llvm::TargetMachine>> machines;
@@ -63,7 +74,7 @@ llvm::TargetMachine& NVPTXTarget::machine() const {
     // Multiplies and adds may fuse into fma, as Triton does by default (enable_fp_fusion): one
     // rounding instead of two, and the softmax's scale, log2(e) and running-max subtraction become
     // one fma per score. NVPTX otherwise writes mul.rn/add.rn, which forbid ptxas to fuse.
-    options.AllowFPOpFusion = llvm::FPOpFusion::Fast;
+    options.AllowFPOpFusion = fpFusionEnabled() ? llvm::FPOpFusion::Fast : llvm::FPOpFusion::Standard;
     tm.reset(t->createTargetMachine(tt, cpu_, features(), options, std::nullopt, std::nullopt,
                                     llvm::CodeGenOptLevel::Aggressive));
     if (!tm) throw Error("codegen: LLVM could not create a TargetMachine for " + cpu_ + " " + features());

@@ -23,6 +23,11 @@ class TargetMachine;
 
 namespace flextile::codegen {
 
+// Whether float multiplies and adds may fuse into fma (LLVM's FPOpFusion::Fast, as Triton's
+// enable_fp_fusion): on unless FLEXTILE_FP_FUSION=0, read once per process. Part of the compile
+// cache's compiler identity, so the two settings never share cached kernels.
+bool fpFusionEnabled();
+
 class NVPTXTarget {
  public:
   // Throws flextile::Error for a capability FlexTile does not compile for.
