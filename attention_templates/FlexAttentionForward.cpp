@@ -496,9 +496,14 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
   plan.kernelName = kernel.name();
   plan.config = p.config;
   TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
-  plan.ir = ir::printFunction(*kernel.trace(to));
+  plan.ir = ir::printFunction(kernel.cachedTrace(to));
   if (compile) {
-    Tensor out = Tensor::empty(q.dtype(), q.shape(), p.space);
+    // Compiling reads the output's shape, strides and alignment only: a contiguous view at a
+    // 16-byte-aligned address specializes exactly as a fresh allocation would, without allocating
+    // (and clearing) B*H*L*D elements per plan — the autotuner plans every config.
+    alignas(16) static std::byte anyAligned[16];
+    Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
+                                              : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
     plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr), target);
   }
   return plan;

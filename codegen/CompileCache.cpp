@@ -218,15 +218,18 @@ std::optional<CompiledKernel> CompileCache::load(const CompileCacheKey& key) {
   const fs::path path = pathOf(key);
   std::string bytes;
   {
-    std::ifstream in(path, std::ios::binary);
+    // One read of the whole file (a streambuf copy was a fifth of a warm hit).
+    std::FILE* in = std::fopen(path.c_str(), "rb");
     if (!in) {
       std::lock_guard lock(mutex_);
       ++stats_.misses;
       return std::nullopt;
     }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    bytes = std::move(ss).str();
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    bytes.resize(ec ? 0 : size_t(size));
+    bytes.resize(std::fread(bytes.data(), 1, bytes.size(), in));
+    std::fclose(in);
   }
   try {
     std::optional<CompiledKernel> k = parseCompiledKernel(key, bytes);

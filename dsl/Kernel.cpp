@@ -147,6 +147,10 @@ const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
 
 const ir::Function& Kernel::traced(const LaunchOptions& options) { return *tracedEntry(options).function; }
 
+const ir::Function& Kernel::cachedTrace(const TraceOptions& options) {
+  return traced({.constants = options.constants, .num_warps = options.num_warps, .num_stages = options.num_stages});
+}
+
 std::vector<std::shared_ptr<CaptureSlot>> Kernel::captures(const TraceOptions& options) {
   return tracedEntry({.constants = options.constants, .num_warps = options.num_warps, .num_stages = options.num_stages}).captures;
 }

@@ -127,6 +127,8 @@ class Kernel {
 
   // The traced IR (verified, before any pass).
   std::unique_ptr<ir::Function> trace(const TraceOptions& options = {}) const;
+  // The same, traced once per options and kept: the function run and compile use.
+  const ir::Function& cachedTrace(const TraceOptions& options = {});
   // Compiles for the current GPU (or `target`) with the specialization the
   // given arguments imply; cached.
   const codegen::CompiledKernel& compile(const LaunchOptions& options, const std::vector<KernelArg>& args,

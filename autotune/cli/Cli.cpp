@@ -246,6 +246,14 @@ std::vector<std::vector<int64_t>> readDocumentOffsets(const std::string& path) {
   return out;
 }
 
+// A host tensor of `shape` for compiling only (shapes, strides and alignment are all a compile
+// reads): a contiguous view over one small aligned block, so a yardstick shape allocates and
+// clears nothing (three empty 64 MB tensors took 250 ms of a warm `flextile compile`).
+Tensor shapeOnly(DType dtype, const dsl::Shape& shape) {
+  alignas(1024) static std::byte block[1024];
+  return Tensor::hostView(block, dtype, shape);
+}
+
 // The inputs of one variant at one shape.
 struct Problem {
   int64_t B, H, N, D, Hkv;
@@ -387,9 +395,9 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   const bool device = gpuPresent(&why);
   if (!device) err << "flextile autotune: no GPU (" << why << "): a dry run (compile and prune only), nothing is timed\n";
   Problem p = makeProblem(a, a.variant, "2,16,8192,128", device ? MemorySpace::Device : MemorySpace::Host, 7, device);
-  if (!device) {  // dry run: shapes only (nothing is computed); strided views of one small buffer would do too
-    p.q = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Host);
-    p.k = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
+  if (!device) {  // dry run: shapes only (nothing is computed)
+    p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
+    p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
     p.v = p.k;
   }
   autotune::TuneOptions o;
@@ -414,10 +422,10 @@ int cmdCompile(const Args& a, std::ostream& out) {
   if (emit != "traced" && emit != "ir" && emit != "llvm" && emit != "ptx")
     throw UsageError{"--emit must be traced, ir, llvm or ptx" + (emit.empty() ? std::string() : ", got '" + emit + "'")};
   Problem p = makeProblem(a, a.variant, "1,2,1024,128", MemorySpace::Host, 1, false);
-  // Compiling reads only shapes, strides and alignment: empty host tensors do.
-  p.q = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Host);
-  p.k = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
-  p.v = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Host);
+  // Compiling reads only shapes, strides and alignment.
+  p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
+  p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
+  p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));

@@ -516,6 +516,20 @@ TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
   }
 }
 
+// Regression: planning allocated (and cleared) a whole output tensor to describe the launch —
+// 64 MB and 250 ms at the yardstick shape, and every autotune config paid it. Planning a shape
+// whose output would be 2^37 bytes must now compile without touching memory for it.
+TEST(FlexAttention, PlanningAllocatesNoOutput) {
+  alignas(1024) static std::byte block[1024];
+  const int64_t B = 64, H = 64, N = 131072, D = 128;  // bf16 [B, H, N, D]: 128 GiB
+  const Tensor q = Tensor::hostView(block, DType::BF16, {B, H, N, D});
+  const BlockMask mask = causalBlockMask(1, 1, N, N);
+  FlexAttentionPlan plan;
+  ASSERT_NO_THROW(plan = plan_flex_attention(q, q, q, noop_score(), mask, {}, true, codegen::Target::sm90a()));
+  ASSERT_NE(plan.compiled, nullptr);
+  EXPECT_NE(plan.compiled->ptx.find(".entry"), std::string::npos);
+}
+
 // Regression (a retrace and recompile, 0.5 s on the H200, for every new mask):
 // two structural window or prefix masks with the same parameter share their
 // mask_mod, so the second flex_attention call finds the kernel of the first.

@@ -129,6 +129,14 @@ TEST(Cli, DocumentOffsetsFromAFile) {
   EXPECT_NE(wrongBatch.err.find("2 offset lists for a batch of 3"), std::string::npos) << wrongBatch.err;
 }
 
+// Regression: `compile` allocated q, k and v (64 MB each at the yardstick shape); it reads shapes
+// only, so a shape whose tensors could not exist here compiles.
+TEST(Cli, CompileAllocatesNoTensors) {
+  Result r = run({"compile", "causal", "--shape", "64,64,131072,128", "--emit", "ptx"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(".entry"), std::string::npos);
+}
+
 TEST(Cli, BlockmaskPrintsCountsAndSparsity) {
   Result r = run({"blockmask", "causal", "--shape", "1,1,1000"});
   ASSERT_EQ(r.status, 0) << r.err;

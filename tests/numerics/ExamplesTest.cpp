@@ -74,8 +74,18 @@ void matmulCase(int M, int N, int K, std::mt19937& rng) {
   for (int i = 0; i < M * K; ++i) A.data()[i] = double(float(a[size_t(i)]));
   for (int i = 0; i < K * N; ++i) B.data()[i] = double(float(b[size_t(i)]));
   RowMajor C = A * B;
-  EXPECT_LT(relativeError(c, std::vector<double>(C.data(), C.data() + size_t(M) * N)), 1e-6)
-      << M << "x" << N << "x" << K;
+  // f32 accumulation of K products: each element within K * 2^-24 of sum |a| |b| (the classic
+  // bound), not of |C|, which cancellation can make tiny (a 1x1x129 product failed a 1e-6
+  // relative check by chance). A wrong product or a missing k-step is far outside it.
+  const RowMajor magnitude = A.cwiseAbs() * B.cwiseAbs();
+  int bad = 0;
+  for (int i = 0; i < M * N; ++i) {
+    const double bound = double(K) * 0x1p-24 * magnitude.data()[i] + 1e-30;
+    if (!(std::abs(double(c[size_t(i)]) - C.data()[i]) <= bound) && bad++ < 3)
+      ADD_FAILURE() << M << "x" << N << "x" << K << ": c[" << i << "] = " << c[size_t(i)] << ", float64 "
+                    << C.data()[i] << ", allowed error " << bound;
+  }
+  EXPECT_EQ(bad, 0) << M << "x" << N << "x" << K;
 }
 
 TEST(ExamplesInterpreted, Matmul) {
