@@ -3,20 +3,25 @@
 #include <llvm/ADT/SmallString.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
+#include <llvm/IR/PassTimingInfo.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Passes/StandardInstrumentations.h>
 #include <llvm/Support/CodeGen.h>
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
 #include <cstdlib>
-#include <string_view>
-
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "ir/IR.h"
 
@@ -31,6 +36,19 @@ void initializeLLVMOnce() {
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
+    // FLEXTILE_LLVM_ARGS="-time-passes -some-llvm-option": LLVM's own command-line options, for
+    // studying the backend (they are not part of the compile cache key: use FLEXTILE_CACHE=0).
+    if (const char* args = std::getenv("FLEXTILE_LLVM_ARGS"); args && *args) {
+      static std::vector<std::string> words{"flextile"};
+      std::istringstream in(args);
+      for (std::string w; in >> w;) words.push_back(w);
+      static std::vector<const char*> argv;
+      for (const std::string& w : words) argv.push_back(w.c_str());
+      std::string problems;
+      llvm::raw_string_ostream errs(problems);
+      if (!llvm::cl::ParseCommandLineOptions(int(argv.size()), argv.data(), "FLEXTILE_LLVM_ARGS", &errs))
+        throw Error("FLEXTILE_LLVM_ARGS='" + std::string(args) + "' is not a list of LLVM options: " + problems);
+    }
   });
 }
 
@@ -91,7 +109,14 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
   llvm::ModuleAnalysisManager mam;
-  llvm::PassBuilder pb(&tm);
+  // With FLEXTILE_LLVM_ARGS=-time-passes, the O3 passes are timed too (emitPTX prints the report).
+  llvm::PassInstrumentationCallbacks callbacks;
+  std::optional<llvm::StandardInstrumentations> timing;
+  if (llvm::TimePassesIsEnabled) {
+    timing.emplace(module.getContext(), false);
+    timing->registerCallbacks(callbacks, &mam);
+  }
+  llvm::PassBuilder pb(&tm, llvm::PipelineTuningOptions(), std::nullopt, &callbacks);
   pb.registerModuleAnalyses(mam);
   pb.registerCGSCCAnalyses(cgam);
   pb.registerFunctionAnalyses(fam);
@@ -113,6 +138,7 @@ std::string NVPTXTarget::emitPTX(llvm::Module& module) const {
   if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
     throw Error("codegen: the NVPTX backend cannot emit assembly for " + cpu_);
   pm.run(module);
+  if (llvm::TimePassesIsEnabled) llvm::reportAndResetTimings(&llvm::errs());
   return std::string(buffer.str());
 }
 
