@@ -209,21 +209,12 @@ TEST(AssignLayouts, BroadcastOfALoadedVectorReloadsItInTheTilesSlice) {
   // column slice. A small vector load with a cheap address is issued again in
   // that layout (replicated reads of a few cached elements) instead of being
   // converted through shared memory; the original load disappears.
-  Function f("bias");
-  Value* x = f.addParam(Type::pointer(DType::F32), "x");
-  Value* bias = f.addParam(Type::pointer(DType::F32), "bias");
-  Value* y = f.addParam(Type::pointer(DType::F32), "y");
-  setAttrs(f, 4, {});
-  Builder b(f);
-  K k{b};
-  const Shape tile{64, 128};
-  Value* cols = b.arange(0, 128);
-  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
-  Value* t = b.load(k.ptrs(x, offs));
-  b.load(k.ptrs(bias, cols));
-  Value* bv = b.load(k.ptrs(bias, cols));
-  b.store(k.ptrs(y, offs), k.add(t, k.row(bv, tile)));
-  b.ret();
+  BiasAdd p = biasAdd([](K& k, Value* bias) {
+    k.b.load(bias);  // unused: left alone
+    return k.b.load(bias);
+  });
+  Function& f = *p.f;
+  Value* t = p.tile;
   assignAndCheck(f, 0);
   auto loads = opsOf(f, OpKind::Load);
   ASSERT_EQ(loads.size(), 3u);  // the tile, the unused bias load (kept: not reloaded), the reloaded bias
@@ -235,20 +226,9 @@ TEST(AssignLayouts, BroadcastOfAComputedVectorConvertsTheVectorNotTheTile) {
   // exp2(bias[BN]) is computed in the bias load's coalesced 1-D layout; adding
   // it to every row needs it in the tile's column slice. One conversion, on
   // the small vector.
-  Function f("bias");
-  Value* x = f.addParam(Type::pointer(DType::F32), "x");
-  Value* bias = f.addParam(Type::pointer(DType::F32), "bias");
-  Value* y = f.addParam(Type::pointer(DType::F32), "y");
-  setAttrs(f, 4, {});
-  Builder b(f);
-  K k{b};
-  const Shape tile{64, 128};
-  Value* cols = b.arange(0, 128);
-  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
-  Value* t = b.load(k.ptrs(x, offs));
-  Value* bv = b.unary(OpKind::Exp2, b.load(k.ptrs(bias, cols)));
-  b.store(k.ptrs(y, offs), k.add(t, k.row(bv, tile)));
-  b.ret();
+  Value* bv = nullptr;
+  BiasAdd p = biasAdd([&](K& k, Value* bias) { return bv = k.b.unary(OpKind::Exp2, k.b.load(bias)); });
+  Function& f = *p.f;
   assignAndCheck(f, 1);
   const Op* cvt = opsOf(f, OpKind::ConvertLayout)[0];
   EXPECT_EQ(cvt->operand(0), bv);

@@ -160,6 +160,29 @@ inline void setAttrs(Function& f, int numWarps, std::vector<int64_t> argDivisibi
   if (!argDivisibility.empty()) f.attrs()["arg_divisibility"] = std::move(argDivisibility);
 }
 
+// y[64, 128] = x[64, 128] + v[None, :], with v = vectorOf(k, pointers to bias[0..128)): the
+// program behind the tests of how a loaded or computed column vector reaches a tile's layout.
+struct BiasAdd {
+  std::unique_ptr<Function> f;
+  Value* tile;  // the loaded x tile
+};
+inline BiasAdd biasAdd(const std::function<Value*(K&, Value* biasPointers)>& vectorOf) {
+  auto f = std::make_unique<Function>("bias");
+  Value* x = f->addParam(Type::pointer(DType::F32), "x");
+  Value* bias = f->addParam(Type::pointer(DType::F32), "bias");
+  Value* y = f->addParam(Type::pointer(DType::F32), "y");
+  setAttrs(*f, 4, {});
+  Builder b(*f);
+  K k{b};
+  const Shape tile{64, 128};
+  Value* cols = b.arange(0, 128);
+  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
+  Value* t = b.load(k.ptrs(x, offs));
+  b.store(k.ptrs(y, offs), k.add(t, k.row(vectorOf(k, k.ptrs(bias, cols)), tile)));
+  b.ret();
+  return {std::move(f), t};
+}
+
 // out[i] = x[i] + y[i] for i < n, one BLOCK per program.
 inline std::unique_ptr<Function> vectorAdd(int64_t block, int numWarps, int64_t nDivisibility) {
   auto f = std::make_unique<Function>("vector_add");

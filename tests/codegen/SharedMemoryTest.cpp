@@ -87,21 +87,10 @@ TEST(SharedMemory, DotBOffsetIsAligned) {
 }
 
 TEST(SharedMemory, ConvertIsOneSourceTile) {
-  Function f("bias");
-  Value* x = f.addParam(Type::pointer(DType::F32), "x");
-  Value* bias = f.addParam(Type::pointer(DType::F32), "bias");
-  Value* y = f.addParam(Type::pointer(DType::F32), "y");
-  setAttrs(f, 4, {});
-  Builder b(f);
-  K k{b};
-  const Shape tile{64, 128};
-  Value* cols = b.arange(0, 128);
-  Value* offs = k.add(k.col(k.mul(b.arange(0, 64), k.splat(k.i32(128), {64})), tile), k.row(cols, tile));
-  Value* t = b.load(k.ptrs(x, offs));
   // exp2 of the bias: a computed vector (a bare load would be reloaded in the
   // tile's layout instead, AssignLayouts.cpp reloadInLayout).
-  b.store(k.ptrs(y, offs), k.add(t, k.row(b.unary(OpKind::Exp2, b.load(k.ptrs(bias, cols))), tile)));
-  b.ret();
+  BiasAdd p = biasAdd([](K& k, Value* bias) { return k.b.unary(OpKind::Exp2, k.b.load(bias)); });
+  Function& f = *p.f;
   assignLayouts(f, kTarget);
   auto cvts = opsOf(f, OpKind::ConvertLayout);
   ASSERT_EQ(cvts.size(), 1u);
