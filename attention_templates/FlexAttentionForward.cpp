@@ -227,8 +227,10 @@ FlexAttentionConfigResolver& resolverSlot() {
 
 std::string captureSignature(const std::vector<CapturedTensor>& captures) {
   std::string s;
-  for (const CapturedTensor& c : captures)
-    s += (s.empty() ? "" : " ") + std::string(ir::dtypeName(c.dtype())) + "[" + std::to_string(c.rank()) + "]";
+  for (const CapturedTensor& c : captures) {
+    if (!s.empty()) s += ' ';
+    s.append(ir::dtypeName(c.dtype())).append("[").append(std::to_string(c.rank())).append("]");
+  }
   return s;
 }
 
