@@ -67,7 +67,7 @@ void Lowering::lowerDot(const ir::Op& op) {
   if (auto w = wgmmaPlan(op, target)) return lowerWgmmaDot(op, *w);
   if (isMmaDot(op)) return lowerMmaDot(op);
 
-  const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
+  const int64_t K = at.shape()[1], N = bt.shape()[1];
   const DType t = at.dtype();
   const int64_t offset = scratchOffset(op, scratchBytes(op));
   const int64_t offsetB = offset + dotScratchBOffset(op);

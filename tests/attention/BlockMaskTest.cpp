@@ -318,8 +318,9 @@ TEST(BlockMask, BadArgumentsAreErrors) {
   expectError([&] { (void)m.picture(1, 0); }, {"picture", "b 1"});
   // A mask_mod with a host capture cannot be built on the GPU (named before anything runs).
   auto ids = capture(Tensor::zeros(DType::I32, {8}, MemorySpace::Host), "ids");
-  if (!deviceAvailable())
+  if (!deviceAvailable()) {
     EXPECT_THROW((void)createBlockMask(document_mask(ids), 1, 1, 8, 8, {16, 16}, MemorySpace::Device), std::exception);
+  }
 }
 
 TEST(BlockMask, CheckerCatchesCorruptLists) {

@@ -268,7 +268,9 @@ TEST(AutotuneSweep, DryRunCompilesAGridInParallelAndReportsEveryConfig) {
     if (c.status == Candidate::Status::Compiled) {
       ++compiled;
       EXPECT_GT(c.sharedBytes, 0);
-      if (ptxas) EXPECT_GT(c.registers, 0) << "ptxas -v ran";
+      if (ptxas) {
+        EXPECT_GT(c.registers, 0) << "ptxas -v ran";
+      }
     }
   }
   EXPECT_GE(compiled, 3);

@@ -240,7 +240,9 @@ TEST(CompileCache, UserCacheDirectoryFollowsTheEnvironment) {
   ::setenv("XDG_CACHE_HOME", "/xdg", 1);
   EXPECT_EQ(codegen::userCacheDirectory(), fs::path("/xdg/flextile"));
   ::unsetenv("XDG_CACHE_HOME");
-  if (const char* home = std::getenv("HOME")) EXPECT_EQ(codegen::userCacheDirectory(), fs::path(home) / ".cache/flextile");
+  if (const char* home = std::getenv("HOME")) {
+    EXPECT_EQ(codegen::userCacheDirectory(), fs::path(home) / ".cache/flextile");
+  }
   if (saved) ::setenv("FLEXTILE_CACHE_DIR", keep.c_str(), 1);
   if (xdg) ::setenv("XDG_CACHE_HOME", keepXdg.c_str(), 1);
 }

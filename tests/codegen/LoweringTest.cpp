@@ -88,7 +88,9 @@ TEST(Lowering, VectorizedAccessesWithAPlan) {
       LoweredKernel k = lowerAndEmit(*f, target, plan);
       EXPECT_EQ(count(k.ptx, "ld.global.v4.b32"), 2 * 2048 / (128 * vec)) << k.ptx;
       EXPECT_EQ(count(k.ptx, "st.global.v4.b32"), 2048 / (128 * vec)) << k.ptx;
-      if (havePtxas()) EXPECT_NO_THROW(runPtxas(k.ptx, target));
+      if (havePtxas()) {
+        EXPECT_NO_THROW(runPtxas(k.ptx, target));
+      }
     }
   }
   // A plan wider than the layout's contiguous registers is cut down to them.
@@ -232,7 +234,9 @@ TEST(Lowering, EveryElementwiseOpAndCast) {
         Lowered k = compileAndAssemble(*f);                                                  \
         ++compiled;                                                                                 \
         for (const Expect& e : expectations)                                                        \
-          if (e.kind == OpKind::Enum) EXPECT_NE(k.ptx.find(e.ptx), std::string::npos) << k.ptx;     \
+          if (e.kind == OpKind::Enum) {                                                             \
+            EXPECT_NE(k.ptx.find(e.ptx), std::string::npos) << k.ptx;                               \
+          }                                                                                         \
       }                                                                                             \
     }                                                                                               \
   }
@@ -352,7 +356,9 @@ TEST(Compile, EndToEndWithLayoutAssignment) {
       EXPECT_EQ(k.params.size(), f->params().size());
       EXPECT_NE(k.ir.find("#ft.linear"), std::string::npos) << "the IR text carries the assigned layouts";
       EXPECT_NE(k.llvmIR.find("ptx_kernel"), std::string::npos);
-      if (o.runPtxas) EXPECT_EQ(parsePtxasLog(k.ptxasInfo).spillStoreBytes, 0) << k.ptxasInfo;
+      if (o.runPtxas) {
+        EXPECT_EQ(parsePtxasLog(k.ptxasInfo).spillStoreBytes, 0) << k.ptxasInfo;
+      }
     }
   }
   // Given aligned pointers and n divisible by 16, the axis analysis allows

@@ -54,7 +54,9 @@ void checkMatmul(int M, int N, int K, int BM, int BN, int BK, int warps, std::mt
   // Every tile here satisfies the mma shape rules: the tensor-core path ran.
   EXPECT_TRUE(tensorCores) << what;
   // tf32 really rounds: an exact f32 result would mean the FMA path.
-  if (std::is_same_v<T, dsl::f32> && M * N * K > 1000) EXPECT_GT(err, 1e-6) << what;
+  if (std::is_same_v<T, dsl::f32> && M * N * K > 1000) {
+    EXPECT_GT(err, 1e-6) << what;
+  }
 }
 
 struct Config {

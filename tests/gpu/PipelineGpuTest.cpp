@@ -30,9 +30,12 @@ void checkPipelined(int M, int N, int K, int BM, int BN, int BK, int warps, int 
                            std::to_string(BM) + "x" + std::to_string(BN) + "x" + std::to_string(BK) + " warps " +
                            std::to_string(warps) + " stages " + std::to_string(stages);
   // K % 8 != 0 leaves rows unaligned: then no cp.async (narrower than 4 bytes), still correct.
-  if (stages > 1 && K % 8 == 0 && N % 8 == 0)
+  if (stages > 1 && K % 8 == 0 && N % 8 == 0) {
     EXPECT_NE(code.ptx.find("cp.async"), std::string::npos) << what;
-  if (stages == 1) EXPECT_EQ(code.ptx.find("cp.async"), std::string::npos) << what;
+  }
+  if (stages == 1) {
+    EXPECT_EQ(code.ptx.find("cp.async"), std::string::npos) << what;
+  }
   mm.run(launch, da, db, dc, M, N, K);
   runtime::synchronize();
   fromDevice(dc, c);

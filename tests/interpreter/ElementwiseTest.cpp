@@ -349,7 +349,9 @@ TEST(InterpreterElementwise, CastsBetweenEveryDType) {
       runMap(*f, {&x}, out);
       for (size_t i = 0; i < n; ++i) {
         long double want = castRef(exact[i], from, to);
-        if (!std::isnan(want)) ASSERT_FALSE(out.poisoned(i)) << i;  // a NaN result looks like the poison
+        if (!std::isnan(want)) {
+          ASSERT_FALSE(out.poisoned(i)) << i;  // a NaN result looks like the poison
+        }
         if (isInteger(to))
           ASSERT_EQ(out.getInt(i), int64_t(want)) << "input " << double(exact[i]) << " (element " << i << ")";
         else if (std::isnan(want))
