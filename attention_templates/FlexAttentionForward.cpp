@@ -254,8 +254,15 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const ScoreMod& scoreMod, c
     resolver = resolverSlot();
   }
   if (!resolver) return fallback;
-  FlexAttentionProblem problem = makeProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask);
-  std::optional<FlexAttentionConfig> c = resolver(problem);
+  std::optional<FlexAttentionConfig> c;
+  try {
+    // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
+    // (it insists on its template's tile shapes, say) just runs the default config, and the real
+    // trace below reports anything truly wrong with it.
+    c = resolver(makeProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask));
+  } catch (const Error&) {
+    return fallback;
+  }
   if (!c) return fallback;
   auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
   if (!pow2(c->block_m) || !pow2(c->block_n) || c->num_stages < 1 || c->num_stages > 4 ||

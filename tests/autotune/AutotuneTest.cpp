@@ -234,6 +234,17 @@ TEST(AutotuneResolver, FlexAttentionUsesTheResolversConfigWhenUsable) {
   // A resolved config that cannot tile the mask is ignored.
   answer = {256, 32, 8, 1};
   EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+  // A mod that refuses the small probe tiles its structural hash is traced on still runs, with the
+  // default config (the resolver is not asked); the real trace sees the template's tiles.
+  answer = {64, 32, 4, 1};
+  seen = {};
+  const ScoreMod picky("picky", [](const dsl::Tile& s, const dsl::Tile&, const dsl::Tile&, const dsl::Tile& qi,
+                                   const dsl::Tile&) {
+    if (qi.shape()[0] < 32) throw Error("picky: wants at least 32 query rows, got " + std::to_string(qi.shape()[0]));
+    return s;
+  });
+  EXPECT_EQ(plan_flex_attention(q, k, k, picky, mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+  EXPECT_EQ(seen.L, 0) << "the resolver was asked about a mod whose hash could not be traced";
   // autotune's resolver: host tensors are never tuned.
   installResolver();
   EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
