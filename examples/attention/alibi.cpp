@@ -19,7 +19,7 @@ int main(int argc, char** argv) try {
   ex::printHeader(opt, summary);
   std::mt19937_64 rng(opt.seed);
   ex::Inputs in = ex::randomInputs(opt, rng);
-  const int64_t B = opt.B, H = opt.H, N = opt.N;
+  const int64_t H = opt.H, N = opt.N;
 
   std::vector<float> slopeValues(static_cast<size_t>(H));
   for (int64_t h = 0; h < H; ++h) slopeValues[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(H));
@@ -59,12 +59,7 @@ int main(int argc, char** argv) try {
   RefScoreFn refScore = [&slopeValues](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
     return s + double(slopeValues[size_t(h)]) * double(kv - q);
   };
-  if (!opt.gpu) ex::expectDenseMatches(mask, refMask);
-  const int64_t pairs = ex::countAllowedPairs(mask, refMask, B, H, N, N);
-  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
-  const bool ok = ex::checkAgainstReference(opt, in, result, scale, refScore, refMask, pairs, rng);
-  ex::reportPerformance(opt, in, alibiBias, mask, pairs);
-  return ex::finish(opt, ok);
+  return ex::checkReportAndFinish(opt, in, result, alibiBias, mask, refScore, refMask, rng);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "attention_alibi: %s\n", e.what());
   return 1;

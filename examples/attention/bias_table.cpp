@@ -25,7 +25,7 @@ int main(int argc, char** argv) try {
   ex::printHeader(opt, summary, "reach " + std::to_string(reach) + ", biases uniform in [-2, 2)");
   std::mt19937_64 rng(opt.seed);
   ex::Inputs in = ex::randomInputs(opt, rng);
-  const int64_t B = opt.B, H = opt.H, N = opt.N, width = 2 * reach + 1;
+  const int64_t H = opt.H, N = opt.N, width = 2 * reach + 1;
 
   std::vector<float> table(size_t(H * width));
   std::uniform_real_distribution<float> u(-2, 2);
@@ -61,11 +61,7 @@ int main(int argc, char** argv) try {
     const int64_t distance = std::clamp(kv - q, -reach, reach);
     return s + double(table[size_t(h * width + distance + reach)]);
   };
-  const int64_t pairs = ex::countAllowedPairs(std::nullopt, nullptr, B, H, N, N);
-  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
-  const bool ok = ex::checkAgainstReference(opt, in, result, scale, refScore, nullptr, pairs, rng);
-  ex::reportPerformance(opt, in, relativeBias, everything, pairs);
-  return ex::finish(opt, ok);
+  return ex::checkReportAndFinish(opt, in, result, relativeBias, everything, refScore, nullptr, rng);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "attention_bias_table: %s\n", e.what());
   return 1;

@@ -503,4 +503,21 @@ inline int finish(const Options& o, bool ok) {
   return ok ? 0 : 1;
 }
 
+// The end of every example: on small shapes the BlockMask's element mask
+// against the plain C++ mask; the output and LSE (computed with the default
+// scale 1/sqrt(D)) against float64; the time where a GPU ran it; the verdict.
+// `alsoOk` carries an example's own extra checks. Returns the exit status.
+inline int checkReportAndFinish(const Options& o, const Inputs& in, const FlexAttentionResult& result,
+                                const ScoreMod& score, const std::optional<BlockMask>& mask,
+                                const RefScoreFn& refScore, const RefMaskFn& refMask, std::mt19937_64& rng,
+                                bool alsoOk = true) {
+  if (!o.gpu && mask && refMask) expectDenseMatches(*mask, refMask);
+  // No reference mask: every pair counts (the mask, if any, lists every block as full).
+  const int64_t pairs = countAllowedPairs(refMask ? mask : std::nullopt, refMask, o.B, o.H, o.N, o.N);
+  const double scale = 1.0 / std::sqrt(double(o.D));
+  const bool ok = checkAgainstReference(o, in, result, scale, refScore, refMask, pairs, rng);
+  reportPerformance(o, in, score, mask, pairs);
+  return finish(o, ok && alsoOk);
+}
+
 }  // namespace flextile::examples::attention

@@ -21,7 +21,7 @@ int main(int argc, char** argv) try {
   ex::printHeader(opt, summary, "prefix " + std::to_string(prefix));
   std::mt19937_64 rng(opt.seed);
   ex::Inputs in = ex::randomInputs(opt, rng);
-  const int64_t B = opt.B, H = opt.H, N = opt.N;
+  const int64_t N = opt.N;
 
   // 1. The mask_mod: `|` of two i1 tiles is the logical or. (The same mod is
   //    or_masks(prefix-only mod, causal mod), see attention_templates/Mods.h.)
@@ -49,12 +49,7 @@ int main(int argc, char** argv) try {
 
   // 4. The check, with the mask in plain C++.
   RefMaskFn refMask = [prefix](int64_t, int64_t, int64_t q, int64_t kv) { return kv < prefix || kv <= q; };
-  if (!opt.gpu) ex::expectDenseMatches(mask, refMask);
-  const int64_t pairs = ex::countAllowedPairs(mask, refMask, B, H, N, N);
-  const double scale = 1.0 / std::sqrt(double(opt.D));  // the default flex_attention used
-  const bool ok = ex::checkAgainstReference(opt, in, result, scale, nullptr, refMask, pairs, rng);
-  ex::reportPerformance(opt, in, noop_score(), mask, pairs);
-  return ex::finish(opt, ok);
+  return ex::checkReportAndFinish(opt, in, result, noop_score(), mask, nullptr, refMask, rng);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "attention_prefix_lm: %s\n", e.what());
   return 1;
