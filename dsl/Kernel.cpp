@@ -137,6 +137,13 @@ std::string constantsKey(const LaunchOptions& o) {
 
 }  // namespace
 
+namespace {
+// The launch options that select the trace of these trace options (the trace cache's key).
+LaunchOptions asLaunch(const TraceOptions& o) {
+  return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages};
+}
+}  // namespace
+
 const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
   const std::string key = constantsKey(options);
   std::lock_guard lock(mutex_);
@@ -147,12 +154,10 @@ const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
 
 const ir::Function& Kernel::traced(const LaunchOptions& options) { return *tracedEntry(options).function; }
 
-const ir::Function& Kernel::cachedTrace(const TraceOptions& options) {
-  return traced({.constants = options.constants, .num_warps = options.num_warps, .num_stages = options.num_stages});
-}
+const ir::Function& Kernel::cachedTrace(const TraceOptions& options) { return traced(asLaunch(options)); }
 
 std::vector<std::shared_ptr<CaptureSlot>> Kernel::captures(const TraceOptions& options) {
-  return tracedEntry({.constants = options.constants, .num_warps = options.num_warps, .num_stages = options.num_stages}).captures;
+  return tracedEntry(asLaunch(options)).captures;
 }
 
 size_t Kernel::numTraces() const {

@@ -46,11 +46,19 @@ std::vector<std::string> ptxEntryNames(const std::string& ptx) {
   return names;
 }
 
-Module::Module(const std::string& ptx, const std::string& name, Device* device) : state_(std::make_shared<State>()) {
-  state_->device = device ? device : &Device::current();
-  state_->name = name;
-  state_->entries = ptxEntryNames(ptx);
-  state_->device->makeCurrent();
+namespace {
+// A module's state before anything is loaded, its device made current.
+std::shared_ptr<Module::State> newState(const std::string& ptx, const std::string& name, Device* device) {
+  auto state = std::make_shared<Module::State>();
+  state->device = device ? device : &Device::current();
+  state->name = name;
+  state->entries = ptxEntryNames(ptx);
+  state->device->makeCurrent();
+  return state;
+}
+}  // namespace
+
+Module::Module(const std::string& ptx, const std::string& name, Device* device) : state_(newState(ptx, name, device)) {
 
   // The JIT writes its logs into these buffers and the bytes it used back into the size slots.
   constexpr size_t kLogBytes = 64 * 1024;
@@ -83,11 +91,7 @@ Module::Module(const std::string& ptx, const std::string& name, Device* device) 
 Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name, Device* device) {
   if (cubin.empty()) return Module(ptx, name, device);
   Module m;
-  m.state_ = std::make_shared<State>();
-  m.state_->device = device ? device : &Device::current();
-  m.state_->name = name;
-  m.state_->entries = ptxEntryNames(ptx);
-  m.state_->device->makeCurrent();
+  m.state_ = newState(ptx, name, device);
   cu::Module handle = nullptr;
   const cu::Result result = cu::api().moduleLoadDataEx(&handle, cubin.data(), 0, nullptr, nullptr);
   if (result == cu::kSuccess) {
