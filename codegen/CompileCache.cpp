@@ -93,10 +93,16 @@ ir::Type parseTypeText(std::string_view s) {
 
 }  // namespace
 
+static std::string skippedPassesIdentity() {
+  std::string out = "; skips";
+  for (const std::string& p : skippedLLVMPasses()) out += " " + p;
+  return out + "; " + llvmPipeline();
+}
+
 const std::string& compilerVersion() {
   static const std::string v =
       std::string("flextile ") + FLEXTILE_VERSION + "; LLVM " + LLVM_VERSION_STRING + "; build " + buildIdentity() +
-      (fpFusionEnabled() ? "" : "; no fp fusion");
+      (fpFusionEnabled() ? "" : "; no fp fusion") + skippedPassesIdentity();
   return v;
 }
 

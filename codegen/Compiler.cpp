@@ -6,7 +6,7 @@
 //   4. lower to LLVM IR (LowerToLLVM.cpp)
 //   5. LLVM O3 for nvptx64 (NVPTXTarget)
 //   6. PTX emission (NVPTXTarget), optionally ptxas -v (Ptxas.h)
-// FLEXTILE_DUMP stages: ir (after step 2), llvm (after step 5), ptx.
+// FLEXTILE_DUMP stages: ir (after step 2), llvm-lowered (after step 4), llvm (after step 5), ptx.
 #include "codegen/Compiler.h"
 
 #include <chrono>
@@ -77,6 +77,12 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   llvm::LLVMContext ctx;
   std::unique_ptr<llvm::Module> module = lowerToLLVM(*f, target, plan, ctx);
   timer.step("lower to LLVM IR");
+  if (ir::dumpEnabled("llvm-lowered")) {
+    std::string lowered;
+    llvm::raw_string_ostream os(lowered);
+    module->print(os, nullptr);
+    ir::dump("llvm-lowered", f->name(), lowered);
+  }
   nvptx.optimize(*module);
   timer.step("LLVM O3");
   {

@@ -3,6 +3,9 @@
 #include <llvm/ADT/SmallString.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
+#include <llvm/IR/OptBisect.h>
+#include <llvm/PassRegistry.h>
+#include <llvm/PassInfo.h>
 #include <llvm/IR/PassTimingInfo.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
@@ -52,7 +55,68 @@ void initializeLLVMOnce() {
   });
 }
 
+// Refuses the passes of skippedLLVMPasses(). Legacy passes ask it through skipFunction(); the O3
+// pipeline asks it through OptPassGateInstrumentation. Installed on each compile's own LLVMContext,
+// so threads compiling at once never share it.
+class SkipPassesGate final : public llvm::OptPassGate {
+ public:
+  bool shouldRunPass(llvm::StringRef pass, llvm::StringRef) const override {
+    for (const std::string& skipped : skippedLLVMPasses())
+      if (pass == skipped) return false;
+    return true;
+  }
+  bool isEnabled() const override { return !skippedLLVMPasses().empty(); }
+};
+
+void installPassGate(llvm::LLVMContext& context) {
+  static SkipPassesGate gate;
+  if (gate.isEnabled()) context.setOptPassGate(gate);
+}
+
+// A misspelt name in FLEXTILE_LLVM_SKIP_PASSES would skip nothing and say nothing, so each name must
+// be a pass LLVM knows: a legacy pass (the backend's; registered once the backend has been built) or
+// a pass of the new pass manager at module, function or loop level.
+void checkSkippedPassNames() {
+  for (const std::string& name : skippedLLVMPasses()) {
+    if (llvm::PassRegistry::getPassRegistry()->getPassInfo(name)) continue;
+    llvm::PassBuilder pb;
+    bool known = false;
+    for (const std::string& form : {name, "function(" + name + ")", "function(loop(" + name + "))"}) {
+      llvm::ModulePassManager mpm;
+      if (llvm::Error e = pb.parsePassPipeline(mpm, form)) {
+        llvm::consumeError(std::move(e));
+      } else {
+        known = true;
+        break;
+      }
+    }
+    if (!known)
+      throw Error("FLEXTILE_LLVM_SKIP_PASSES names '" + name +
+                  "', which is not an LLVM pass (FLEXTILE_LLVM_ARGS=-opt-bisect=-1 lists the passes a compile runs)");
+  }
+}
+
 }  // namespace
+
+const std::vector<std::string>& skippedLLVMPasses() {
+  static const std::vector<std::string> passes = [] {
+    const char* v = std::getenv("FLEXTILE_LLVM_SKIP_PASSES");
+    std::vector<std::string> out;
+    std::istringstream in(v ? v : "slsr");
+    for (std::string name; std::getline(in, name, ',');)
+      if (!name.empty()) out.push_back(name);
+    return out;
+  }();
+  return passes;
+}
+
+const std::string& llvmPipeline() {
+  static const std::string pipeline = [] {
+    const char* v = std::getenv("FLEXTILE_LLVM_PIPELINE");
+    return std::string(v && *v ? v : "default<O3>");
+  }();
+  return pipeline;
+}
 
 NVPTXTarget::NVPTXTarget(const Target& target) : target_(target), cpu_(target.smName()) {
   switch (target.capability) {
@@ -104,6 +168,7 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
   llvm::TargetMachine& tm = machine();
   module.setTargetTriple(llvm::Triple(triple()));
   module.setDataLayout(tm.createDataLayout());
+  installPassGate(module.getContext());
 
   llvm::LoopAnalysisManager lam;
   llvm::FunctionAnalysisManager fam;
@@ -116,13 +181,21 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
     timing.emplace(module.getContext(), false);
     timing->registerCallbacks(callbacks, &mam);
   }
+  llvm::OptPassGateInstrumentation gate(module.getContext());
+  gate.registerCallbacks(callbacks);
   llvm::PassBuilder pb(&tm, llvm::PipelineTuningOptions(), std::nullopt, &callbacks);
   pb.registerModuleAnalyses(mam);
   pb.registerCGSCCAnalyses(cgam);
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  llvm::ModulePassManager mpm;
+  if (llvmPipeline() == "default<O3>") {
+    mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  } else if (llvm::Error e = pb.parsePassPipeline(mpm, llvmPipeline())) {
+    throw Error("FLEXTILE_LLVM_PIPELINE='" + llvmPipeline() + "' is not an LLVM pass pipeline: " +
+                llvm::toString(std::move(e)));
+  }
   mpm.run(module, mam);
 }
 
@@ -132,12 +205,15 @@ std::string NVPTXTarget::emitPTX(llvm::Module& module) const {
     module.setTargetTriple(llvm::Triple(triple()));
     module.setDataLayout(tm.createDataLayout());
   }
+  installPassGate(module.getContext());
   llvm::SmallString<0> buffer;
   llvm::raw_svector_ostream os(buffer);
   llvm::legacy::PassManager pm;
   if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
     throw Error("codegen: the NVPTX backend cannot emit assembly for " + cpu_);
   pm.run(module);
+  static std::once_flag namesChecked;
+  std::call_once(namesChecked, checkSkippedPassNames);
   if (llvm::TimePassesIsEnabled) llvm::reportAndResetTimings(&llvm::errs());
   return std::string(buffer.str());
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "codegen/Target.h"
 
@@ -27,6 +28,18 @@ namespace flextile::codegen {
 // enable_fp_fusion): on unless FLEXTILE_FP_FUSION=0, read once per process. Part of the compile
 // cache's compiler identity, so the two settings never share cached kernels.
 bool fpFusionEnabled();
+
+// The LLVM passes left out of every compile, by the names LLVM's pass gate reports ("slsr"; run with
+// FLEXTILE_LLVM_ARGS=-opt-bisect=-1 to list them). Default: straight-line strength reduction, which
+// the NVPTX backend runs before instruction selection and which is quadratic in the address
+// arithmetic of an unrolled tile (100 ms of a 300 ms compile), while ptxas reduces the same
+// arithmetic itself. FLEXTILE_LLVM_SKIP_PASSES="a,b" replaces the list ("" skips nothing); read once
+// per process and part of the compile cache's compiler identity.
+const std::vector<std::string>& skippedLLVMPasses();
+
+// The LLVM IR pipeline run before the backend, in `opt -passes=` syntax: FLEXTILE_LLVM_PIPELINE, or
+// "default<O3>". Read once per process and part of the compiler identity.
+const std::string& llvmPipeline();
 
 class NVPTXTarget {
  public:

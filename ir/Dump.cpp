@@ -54,7 +54,7 @@ std::string fileSafe(std::string_view s) {
 }
 
 std::string extension(std::string_view stage) {
-  if (stage == "llvm") return "ll";
+  if (stage.starts_with("llvm")) return "ll";
   if (stage == "ptx") return "ptx";
   return "ftir";
 }

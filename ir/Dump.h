@@ -3,6 +3,7 @@
 // FLEXTILE_DUMP is a comma list of stages, read once:
 //   ir      the final tile IR handed to codegen (with layouts)
 //   passes  the IR after every pass, headed by the pass name
+//   llvm-lowered  the LLVM IR module as lowered, before O3
 //   llvm    the LLVM IR module before the NVPTX backend
 //   ptx     the PTX text
 //   all     every stage

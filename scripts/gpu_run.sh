@@ -28,6 +28,7 @@ ALL_BENCHES=(
   "gemm|$BUNDLE/bin/flextile_gemm_bench"
   "torch_gemm|python3 bench/torch_gemm.py"
   "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
+  "attention_slsr|FLEXTILE_LLVM_SKIP_PASSES= $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
@@ -127,6 +128,11 @@ fi
 if [ -f "$LOGS/bench_attention.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
   echo; echo "== flex_attention forward, side by side"
   python3 bench/compare_attention.py "$LOGS/bench_attention.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
+fi
+
+if [ -f "$LOGS/bench_attention_slsr.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
+  echo; echo "== flex_attention forward with every LLVM pass (FLEXTILE_LLVM_SKIP_PASSES=, SLSR on), side by side"
+  python3 bench/compare_attention.py "$LOGS/bench_attention_slsr.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
 fi
 
 if [ -f "$LOGS/bench_autotune.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then

@@ -1,5 +1,6 @@
 // The on-disk compile cache (codegen/CompileCache.h): keys, round trip,
 // corrupt entries, atomic writes, and the dsl::Kernel path through it.
+#include <cstdlib>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -131,6 +132,10 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
   EXPECT_NE(key.text().find("LLVM 22"), std::string::npos) << key.text();
   EXPECT_NE(key.text().find(std::string("flextile ") + FLEXTILE_VERSION), std::string::npos) << key.text();
   EXPECT_NE(key.text().find("0000000000001234"), std::string::npos) << key.text();
+  // The LLVM pipeline and the passes it leaves out change the PTX, so they are part of the identity.
+  if (!std::getenv("FLEXTILE_LLVM_SKIP_PASSES") && !std::getenv("FLEXTILE_LLVM_PIPELINE")) {
+    EXPECT_NE(key.text().find("skips slsr; default<O3>"), std::string::npos) << key.text();
+  }
 }
 
 TEST(CompileCache, RoundTripKeepsEveryFieldIncludingBinaryCubin) {
