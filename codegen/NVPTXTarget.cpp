@@ -96,6 +96,45 @@ void checkSkippedPassNames() {
   }
 }
 
+// The textual form of a pass pipeline, as `opt -print-pipeline-passes` prints it.
+std::string pipelineText(llvm::ModulePassManager& mpm, llvm::PassInstrumentationCallbacks& callbacks) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  mpm.printPipeline(os, [&](llvm::StringRef className) {
+    llvm::StringRef name = callbacks.getPassNameForClassName(className);
+    return name.empty() ? className : name;
+  });
+  return text;
+}
+
+// O3 runs InstCombine eight times, each a full walk of the kernel (about 9 ms at 128x128). On
+// FlexTile's kernels (long straight-line tile code in one or two loops) the first three, before the
+// loop passes, do all the work, and the last, after loop unrolling, tidies the small loops O3
+// unrolls; the four between them find nothing left to combine. Left out, they change no byte of the
+// PTX of any yardstick variant, config, dtype, head dim or target, nor of the golden kernels
+// (tests/lit/codegen/pipeline_lean.ftir).
+std::string withoutLateInstCombines(std::string text) {
+  constexpr int kept = 3;  // and the last
+  int seen = 0;
+  for (size_t at = text.find("instcombine"); at != std::string::npos; at = text.find("instcombine", at)) {
+    size_t end = at + std::string_view("instcombine").size();
+    if (at > 0 && text[at - 1] != ',' && text[at - 1] != '(') {  // aggressive-instcombine is another pass
+      at = end;
+      continue;
+    }
+    if (end < text.size() && text[end] == '<') end = text.find('>', end) + 1;
+    if (++seen <= kept || text.find("instcombine", end) == std::string::npos) {
+      at = end;
+      continue;
+    }
+    // Drop the pass with one neighbouring comma, so the list stays well formed.
+    if (end < text.size() && text[end] == ',') ++end;
+    else if (at > 0 && text[at - 1] == ',') --at;
+    text.erase(at, end - at);
+  }
+  return text;
+}
+
 }  // namespace
 
 const std::vector<std::string>& skippedLLVMPasses() {
@@ -113,7 +152,7 @@ const std::vector<std::string>& skippedLLVMPasses() {
 const std::string& llvmPipeline() {
   static const std::string pipeline = [] {
     const char* v = std::getenv("FLEXTILE_LLVM_PIPELINE");
-    return std::string(v && *v ? v : "default<O3>");
+    return std::string(v && *v ? v : "o3-lean");
   }();
   return pipeline;
 }
@@ -189,12 +228,14 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm;
-  if (llvmPipeline() == "default<O3>") {
-    mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  } else if (llvm::Error e = pb.parsePassPipeline(mpm, llvmPipeline())) {
-    throw Error("FLEXTILE_LLVM_PIPELINE='" + llvmPipeline() + "' is not an LLVM pass pipeline: " +
-                llvm::toString(std::move(e)));
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  if (llvmPipeline() != "default<O3>") {
+    std::string text = llvmPipeline();
+    if (text == "o3-lean") text = withoutLateInstCombines(pipelineText(mpm, callbacks));
+    mpm = llvm::ModulePassManager();
+    if (llvm::Error e = pb.parsePassPipeline(mpm, text))
+      throw Error("FLEXTILE_LLVM_PIPELINE='" + llvmPipeline() + "' is not an LLVM pass pipeline: " +
+                  llvm::toString(std::move(e)));
   }
   mpm.run(module, mam);
 }

@@ -5,6 +5,7 @@
 #
 # RUN lines use the plain tool names; they are substituted with full paths:
 #   flextile-opt  from the build (param flextile_bin, or flextile_opt for the exact file)
+#   flextile      the command-line tool (param flextile_cli; tests that need it are skipped without it)
 #   FileCheck, not  from LLVM 22 (param llvm_bin, default /usr/lib/llvm-22/bin)
 import os
 import re
@@ -28,6 +29,10 @@ tools = {
     "FileCheck": os.path.join(llvm_bin, "FileCheck"),
     "not": os.path.join(llvm_bin, "not"),
 }
+flextile_cli = lit_config.params.get("flextile_cli")
+if flextile_cli and os.access(flextile_cli, os.X_OK):
+    config.available_features.add("flextile-cli")
+    config.substitutions.append((r"(?<![\w./=-])flextile(?![\w.-])", flextile_cli))
 for name, path in tools.items():
     if not path or not os.access(path, os.X_OK):
         lit_config.fatal(f"cannot find '{name}' (got {path!r}); pass --param flextile_bin=<build>/tests/tools "
@@ -36,7 +41,8 @@ for name, path in tools.items():
     config.substitutions.append((r"(?<![\w./=-])" + re.escape(name) + r"(?![\w.-])", path))
 
 # The tests must not depend on the caller's dump or timing settings.
-for var in ("FLEXTILE_DUMP", "FLEXTILE_DUMP_DIR", "FLEXTILE_TIMING"):
+for var in ("FLEXTILE_DUMP", "FLEXTILE_DUMP_DIR", "FLEXTILE_TIMING", "FLEXTILE_LLVM_SKIP_PASSES",
+            "FLEXTILE_LLVM_PIPELINE", "FLEXTILE_LLVM_ARGS", "FLEXTILE_FP_FUSION"):
     config.environment.pop(var, None)
 
 # Feature `ptxas`: NVIDIA's assembler is available (on PATH, else the CUDA
