@@ -58,7 +58,7 @@ bool envOff(const char* name) {
 
 // Dumps show stages as they are produced; a disk hit would produce none.
 bool dumpsRequested() {
-  for (const char* stage : {"ir", "passes", "llvm", "ptx"})
+  for (const char* stage : {"ir", "passes", "llvm-lowered", "llvm", "ptx"})
     if (ir::dumpEnabled(stage)) return true;
   return false;
 }

@@ -11,6 +11,7 @@
 #include "codegen/CompileCache.h"
 #include "dsl/DSL.h"
 #include "gpu/GpuTest.h"
+#include "ir/Dump.h"
 #include "ir/Hash.h"
 
 namespace flextile {
@@ -232,6 +233,24 @@ TEST(CompileCache, DisabledCacheNeverTouchesTheDisk) {
   EXPECT_FALSE(codegen::compileCached(*f, ir::structuralHash(*f), {}, cache).fromCache);
   EXPECT_FALSE(codegen::compileCached(*f, ir::structuralHash(*f), {}, cache).fromCache);
   EXPECT_EQ(cache.stats().stores, 0u);
+}
+
+TEST(CompileCache, EveryDumpStageBypassesTheDiskSoTheDumpIsWritten) {
+  TempDir dir;
+  codegen::CompileCache cache{dir.path};
+  auto f = specialized(64);
+  const uint64_t hash = ir::structuralHash(*f);
+  ASSERT_FALSE(codegen::compileCached(*f, hash, {}, cache).fromCache);
+  ASSERT_TRUE(codegen::compileCached(*f, hash, {}, cache).fromCache) << "the entry is on disk";
+  const fs::path dumps = dir.path / "dumps";
+  for (const char* stage : {"ir", "passes", "llvm-lowered", "llvm", "ptx"}) {
+    fs::remove_all(dumps);
+    ir::setDumpConfig(stage, dumps.string());
+    const bool hit = codegen::compileCached(*f, hash, {}, cache).fromCache;
+    ir::setDumpConfig("", "");
+    EXPECT_FALSE(hit) << stage << ": a disk hit would produce no dump";
+    EXPECT_TRUE(fs::exists(dumps) && !fs::is_empty(dumps)) << stage << ": nothing was dumped";
+  }
 }
 
 TEST(CompileCache, UserCacheDirectoryFollowsTheEnvironment) {
