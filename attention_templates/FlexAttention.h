@@ -46,13 +46,25 @@ struct FlexAttentionConfig {
   bool operator==(const FlexAttentionConfig&) const = default;
 };
 
-// The untuned default for a dtype and head dim (what autotune starts from).
-FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim);
+// The untuned default for a problem: its dtype and head dim, the GPU's compute capability
+// (10 * major + minor; 0 = none, the portable default) and how many 128-row query tiles the grid
+// holds (B * Hq * ceil(L / 128)). Without a capability: 64 x 64, 4 warps, 2 stages (BLOCK_N 32 for
+// f32 or D > 128), which runs everywhere.
+FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim, int capability = 0,
+                                               int64_t queryTiles = 0);
+// Grids of at least this many 128-row query tiles take the larger sm_90 tile at D = 128.
+inline constexpr int64_t kManyQueryTiles = 1024;
+// The config flex_attention runs for these inputs when neither options.config nor a resolver gives
+// one (and what autotune starts from): defaultFlexAttentionConfig for the target (the current
+// device's when none is given; host tensors take the portable default), narrowed to tile a
+// BlockMask with smaller blocks.
+FlexAttentionConfig untunedFlexAttentionConfig(const dsl::Tensor& q, const std::optional<BlockMask>& blockMask,
+                                               std::optional<codegen::Target> target = std::nullopt);
 
 struct FlexAttentionOptions {
   std::optional<double> scale;                // default 1 / sqrt(D)
   bool return_lse = false;
-  std::optional<FlexAttentionConfig> config;  // default: defaultFlexAttentionConfig
+  std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
 };
 
 // What a config resolver sees of a call that gave no config.
@@ -98,7 +110,9 @@ void flex_attention_into(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::
 struct FlexAttentionPlan {
   std::string kernelName;
   FlexAttentionConfig config;
-  std::string ir;                      // traced tile IR, before passes
+  // The traced tile IR, before passes (ir::printFunction prints it). Owned by the forward kernel,
+  // which lives as long as the mods; not printed here, since a plan is made on every call.
+  const ir::Function* traced = nullptr;
   const codegen::CompiledKernel* compiled = nullptr;  // null unless compiled (device inputs)
 };
 FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,

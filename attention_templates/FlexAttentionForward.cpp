@@ -21,6 +21,7 @@
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Printer.h"
+#include "runtime/Device.h"
 
 #include <cctype>
 #include <climits>
@@ -37,13 +38,22 @@ std::string FlexAttentionConfig::describe() const {
          std::to_string(num_stages);
 }
 
-FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim) {
-  // 64 x 64 tiles on one warpgroup: the fastest untuned point on the H200 for
-  // every yardstick variant at D = 128 (bench/RESULTS.md, 2026-11-29), and
-  // small enough for three programs per SM.
+FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int capability, int64_t queryTiles) {
+  // 64 x 64 tiles on one warpgroup: the portable point, small enough for three programs per SM and
+  // the fastest untuned one on small grids.
   FlexAttentionConfig c{64, 64, 4, 2};
-  const bool wide = ir::byteWidth(dtype) == 4;
-  if (headDim > 128 || wide) c.block_n = 32;
+  if (headDim > 128 || ir::byteWidth(dtype) == 4) {
+    c.block_n = 32;
+    return c;
+  }
+  // The H200 figures behind the sm_90 points (bench/RESULTS.md, 2026-11-29): at D <= 64, 64 x 128
+  // beats 64 x 64 by 6-9 % on every variant measured; at D = 128, 128 x 128 on two warpgroups is
+  // 1.05x over the seven variants when the grid holds 2048 tiles of 128 rows (causal and prefix LM
+  // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below.
+  if (capability == 90) {
+    if (headDim <= 64) c.block_n = 128;
+    else if (queryTiles >= kManyQueryTiles) c = {128, 128, 8, 2};
+  }
   return c;
 }
 
@@ -246,8 +256,9 @@ FlexAttentionProblem makeProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv
 }
 
 // The resolver's config when it gives a usable one, else the default.
-FlexAttentionConfig resolveConfig(const Prepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
-  const FlexAttentionConfig fallback = defaultFlexAttentionConfig(p.dtype, p.D);
+FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
+                                  const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
+  const FlexAttentionConfig fallback = untunedFlexAttentionConfig(q, blockMask, target);
   FlexAttentionConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -274,7 +285,8 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const ScoreMod& scoreMod, c
 }
 
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
-                 const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+                 const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                 std::optional<codegen::Target> target = std::nullopt) {
   expectRank4("q", q);
   expectRank4("k", k);
   expectRank4("v", v);
@@ -309,7 +321,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != p.space)
     throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
-  p.config = options.config ? *options.config : resolveConfig(p, scoreMod, blockMask);
+  p.config = options.config ? *options.config : resolveConfig(p, q, scoreMod, blockMask, target);
   const FlexAttentionConfig& c = p.config;
   auto pow2 = [](int64_t x) { return x >= 16 && (x & (x - 1)) == 0; };
   if (!pow2(c.block_m) || !pow2(c.block_n) || c.block_m > 256 || c.block_n > 256)
@@ -323,10 +335,6 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   }
   const BlockMask& mask = *p.mask;
   mask.checkInputs(p.B, p.Hq, p.L, p.S);
-  if (!options.config) {  // the default adapts to masks with smaller blocks; a given config is taken as is
-    p.config.block_m = std::min(p.config.block_m, std::max<int64_t>(16, mask.qBlockSize()));
-    p.config.block_n = std::min(p.config.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
-  }
   if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
     throw Error("flex_attention: config " + c.describe() + " does not tile the BlockMask's blocks (" +
                 std::to_string(mask.qBlockSize()) + " x " + std::to_string(mask.kvBlockSize()) +
@@ -498,14 +506,14 @@ FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tenso
 FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                                       bool compile, std::optional<codegen::Target> target) {
-  Prepared p = prepare(q, k, v, scoreMod, blockMask, options);
+  Prepared p = prepare(q, k, v, scoreMod, blockMask, options, target);
   Kernel& kernel = forwardKernel(p, scoreMod);
   LaunchOptions lo = launchOptions(p);
   FlexAttentionPlan plan;
   plan.kernelName = kernel.name();
   plan.config = p.config;
   TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
-  plan.ir = ir::printFunction(kernel.cachedTrace(to));
+  plan.traced = &kernel.cachedTrace(to);
   if (compile) {
     // Compiling reads the output's shape, strides and alignment only: a contiguous view at a
     // 16-byte-aligned address specializes exactly as a fresh allocation would, without allocating
@@ -516,6 +524,25 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
     plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr), target);
   }
   return plan;
+}
+
+FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const std::optional<BlockMask>& blockMask,
+                                               std::optional<codegen::Target> target) {
+  expectRank4("q", q);
+  int capability = 0;  // host tensors run on the interpreter: the portable default
+  if (target) capability = target->capability;
+  else if (q.space() == MemorySpace::Device) {
+    runtime::Device& device = runtime::Device::current();
+    capability = device.capabilityMajor() * 10 + device.capabilityMinor();
+  }
+  const int64_t queryTiles = q.size(0) * q.size(1) * ((q.size(2) + 127) / 128);
+  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles);
+  if (blockMask) {  // narrowed to tile a mask with smaller blocks, keeping 16 query rows per warp
+    c.block_m = std::min(c.block_m, std::max<int64_t>(16, blockMask->qBlockSize()));
+    c.block_n = std::min(c.block_n, std::max<int64_t>(16, blockMask->kvBlockSize()));
+    c.num_warps = int(std::min<int64_t>(c.num_warps, std::max<int64_t>(1, c.block_m / 16)));
+  }
+  return c;
 }
 
 }  // namespace flextile::attention

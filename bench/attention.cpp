@@ -184,9 +184,10 @@ int main(int argc, char** argv) try {
   Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);
   Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
 
-  std::vector<FlexAttentionConfig> configs{defaultFlexAttentionConfig(DType::BF16, D)};
+  // The first config is what flex_attention runs untuned on this GPU at this shape.
+  std::vector<FlexAttentionConfig> configs{untunedFlexAttentionConfig(q, std::nullopt)};
   if (!quick)
-    for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
+    for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
                                   FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{64, 128, 4, 2},
                                   FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{128, 64, 8, 3},
                                   FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 128, 8, 3}})

@@ -1,5 +1,6 @@
 #include "codegen/TensorCores.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -68,15 +69,25 @@ std::optional<LdmatrixPlan> computeLdmatrixPlan(const Layout& from, const Layout
   // Rows along the source's contiguous dimension keep its vector registers
   // contiguous in shared memory.
   const bool dim0Contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1);
-  std::vector<std::vector<ir::LdmatrixAccess>> perWarp;
+  // Every access of warp 0 and of each power-of-two warp, read element by element: the plan's
+  // linear form (a base per access, XOR a term per lane bit and per warp bit) is built from them.
+  // A dot operand's layout replicates over many warps and holds hundreds of registers, so reading
+  // every warp so (131072 elements for a 128 x 128 B operand on 8 warps, 15 ms) is left to the
+  // cheaper check below.
+  std::map<int, std::vector<ir::LdmatrixAccess>> basisWarps;
   std::optional<ir::SharedLayout> smem;
   try {
     smem = ir::SharedLayout::forDotOperand(to.shape(), 2, 0, dim0Contiguous);
-    for (int w = 0; w < to.numWarps(); ++w) perWarp.push_back(ir::ldmatrixAccesses(to, *smem, w));
+    for (int w = 0, bit = -1; w < to.numWarps(); w = w ? 2 * w : 1, ++bit) {
+      // A warp bit the layout ignores (the operand is replicated over those warps) reads what warp 0 reads.
+      const bool replicated = bit >= 0 && std::all_of(to.warpBases()[size_t(bit)].begin(),
+                                                      to.warpBases()[size_t(bit)].end(), [](int64_t x) { return x == 0; });
+      basisWarps[w] = replicated ? basisWarps[0] : ir::ldmatrixAccesses(to, *smem, w);
+    }
   } catch (const Error&) {
     return std::nullopt;
   }
-  const auto& first = perWarp[0];
+  const auto& first = basisWarps[0];
   LdmatrixPlan plan{*smem};
   plan.numMatrices = first[0].numMatrices;
   plan.trans = first[0].trans;
@@ -86,24 +97,47 @@ std::optional<LdmatrixPlan> computeLdmatrixPlan(const Layout& from, const Layout
   }
   const int64_t origin = first[0].laneRowOffset[0];
   for (int i = 0; i < 5; ++i) plan.laneTerm.push_back(first[0].laneRowOffset[size_t(1) << i] ^ origin);
-  for (int w = 1; w < to.numWarps(); w *= 2) plan.warpTerm.push_back(perWarp[size_t(w)][0].laneRowOffset[0] ^ origin);
-  // The linear form must reproduce every address of every warp.
-  for (size_t w = 0; w < perWarp.size(); ++w) {
-    if (perWarp[w].size() != first.size()) return std::nullopt;
-    int64_t warpPart = 0;
+  for (int w = 1; w < to.numWarps(); w *= 2) {
+    plan.warpTerm.push_back(basisWarps[w][0].laneRowOffset[0] ^ origin);
+    // A warp term moves whole 16-byte rows, so each row stays 8 contiguous, aligned elements.
+    if (plan.warpTerm.back() % 8 != 0) return std::nullopt;
+  }
+  auto lanePart = [&](int lane) {
+    int64_t part = 0;
+    for (int i = 0; i < 5; ++i)
+      if (lane >> i & 1) part ^= plan.laneTerm[size_t(i)];
+    return part;
+  };
+  auto warpPart = [&](int w) {
+    int64_t part = 0;
     for (size_t i = 0; i < plan.warpTerm.size(); ++i)
-      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
+      if (w >> i & 1) part ^= plan.warpTerm[i];
+    return part;
+  };
+  // The linear form must reproduce every address the basis warps read...
+  for (const auto& [w, accesses] : basisWarps) {
+    if (accesses.size() != first.size()) return std::nullopt;
     for (size_t q = 0; q < first.size(); ++q) {
-      const auto& a = perWarp[w][q];
+      const auto& a = accesses[q];
       if (a.registers != plan.registers[q] || a.trans != plan.trans || a.numMatrices != plan.numMatrices)
         return std::nullopt;
-      for (int l = 0; l < 32; ++l) {
-        int64_t lanePart = 0;
-        for (int i = 0; i < 5; ++i)
-          if (l >> i & 1) lanePart ^= plan.laneTerm[size_t(i)];
-        if (a.laneRowOffset[size_t(l)] != (plan.accessBase[q] ^ lanePart ^ warpPart)) return std::nullopt;
-      }
+      for (int l = 0; l < 32; ++l)
+        if (a.laneRowOffset[size_t(l)] != (plan.accessBase[q] ^ lanePart(l) ^ warpPart(w))) return std::nullopt;
     }
+  }
+  // ...and the row start of every matrix row of every other warp: the element ldmatrix reads
+  // first in row q of matrix j (column 0: lane 4q and the pair's first register, or with .trans
+  // lane q / 2 and register q % 2).
+  for (int w = 1; w < to.numWarps(); ++w) {
+    if (basisWarps.count(w)) continue;
+    for (size_t q = 0; q < first.size(); ++q)
+      for (int j = 0; j < plan.numMatrices; ++j)
+        for (int row = 0; row < 8; ++row) {
+          const int64_t r0 = plan.registers[q][size_t(2 * j)];
+          const int64_t reg = plan.trans ? r0 + row % 2 : r0, lane = plan.trans ? row / 2 : 4 * row;
+          if (smem->offsetOf(to.apply(reg, lane, w)) != (plan.accessBase[q] ^ lanePart(8 * j + row) ^ warpPart(w)))
+            return std::nullopt;
+        }
   }
   return plan;
 }

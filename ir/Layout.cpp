@@ -1,6 +1,7 @@
 #include "ir/Layout.h"
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <charconv>
 
@@ -68,7 +69,19 @@ std::string basesStr(const Layout::Bases& bs) {
 }  // namespace
 
 Layout::Layout(Shape shape, Bases reg, Bases lane, Bases warp)
-    : shape_(std::move(shape)), reg_(std::move(reg)), lane_(std::move(lane)), warp_(std::move(warp)) {}
+    : shape_(std::move(shape)), reg_(std::move(reg)), lane_(std::move(lane)), warp_(std::move(warp)) {
+  // A malformed basis (wrong rank) is reported by validate(); flatten only what is well formed.
+  auto flat = [&](const Bases& bases) {
+    std::vector<uint64_t> out;
+    for (const Coord& b : bases) out.push_back(b.size() == shape_.size() ? flatten(shape_, b) : 0);
+    return out;
+  };
+  regFlat_ = flat(reg_), laneFlat_ = flat(lane_), warpFlat_ = flat(warp_);
+  bool pow2 = true;
+  for (int64_t d : shape_) pow2 = pow2 && isPow2(d);
+  if (pow2)
+    for (int64_t d : shape_) dimBits_.push_back(std::countr_zero(uint64_t(d)));
+}
 
 Layout Layout::blocked(const Shape& shape, const std::vector<int64_t>& spt, const std::vector<int64_t>& tpw,
                        const std::vector<int64_t>& wpc, const std::vector<int>& order) {
@@ -136,13 +149,19 @@ Layout Layout::defaultBlocked(const Shape& shape, int numWarps, int64_t vector) 
 
 Layout::Coord Layout::apply(int64_t reg, int64_t lane, int64_t warp) const {
   uint64_t idx = 0;
-  for (size_t i = 0; i < reg_.size(); ++i)
-    if (reg >> i & 1) idx ^= flatten(shape_, reg_[i]);
-  for (size_t i = 0; i < lane_.size(); ++i)
-    if (lane >> i & 1) idx ^= flatten(shape_, lane_[i]);
-  for (size_t i = 0; i < warp_.size(); ++i)
-    if (warp >> i & 1) idx ^= flatten(shape_, warp_[i]);
-  return unflatten(shape_, idx);
+  for (size_t i = 0; i < regFlat_.size(); ++i)
+    if (reg >> i & 1) idx ^= regFlat_[i];
+  for (size_t i = 0; i < laneFlat_.size(); ++i)
+    if (lane >> i & 1) idx ^= laneFlat_[i];
+  for (size_t i = 0; i < warpFlat_.size(); ++i)
+    if (warp >> i & 1) idx ^= warpFlat_[i];
+  if (dimBits_.empty()) return unflatten(shape_, idx);
+  Coord c(shape_.size());
+  for (size_t d = shape_.size(); d-- > 0;) {
+    c[d] = int64_t(idx & ((uint64_t(1) << dimBits_[d]) - 1));
+    idx >>= dimBits_[d];
+  }
+  return c;
 }
 
 // Solves reg . bases = c over GF(2) by elimination instead of caching a

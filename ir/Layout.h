@@ -158,6 +158,11 @@ class Layout {
  private:
   Shape shape_;
   Bases reg_, lane_, warp_;
+  // The bases as flat row-major indices, and each dimension's bit width when every dimension is a
+  // power of two (else empty): apply() is the hottest query of codegen, run for every register of
+  // every lane of the tiles it plans, and these keep it to XORs and shifts.
+  std::vector<uint64_t> regFlat_, laneFlat_, warpFlat_;
+  std::vector<int> dimBits_;
 };
 
 using LayoutPtr = std::shared_ptr<const Layout>;

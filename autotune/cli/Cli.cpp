@@ -19,6 +19,7 @@
 #include "autotune/Autotune.h"
 #include "autotune/Json.h"
 #include "autotune/TuneCache.h"
+#include "ir/Printer.h"
 #include "codegen/CompileCache.h"
 #include "runtime/Device.h"
 #include "runtime/Event.h"
@@ -431,7 +432,7 @@ int cmdCompile(const Args& a, std::ostream& out) {
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                                      options, emit != "traced", target);
-  if (emit == "traced") out << plan.ir;
+  if (emit == "traced") out << ir::printFunction(*plan.traced);
   else if (emit == "ir") out << plan.compiled->ir;
   else if (emit == "llvm") out << plan.compiled->llvmIR;
   else out << plan.compiled->ptx;

@@ -49,6 +49,7 @@ const std::vector<AttentionCase> kVariantCases = {
     {.B = 1, .Hq = 2, .Hkv = 1, .L = 40, .S = 129, .D = 128, .dtype = DType::F32},
 };
 
+
 }  // namespace
 
 TEST(FlexAttention, DenseMatchesReference) {
@@ -506,7 +507,7 @@ TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
     ASSERT_NO_THROW(plan = plan_flex_attention(q, kv, kv, inst.score, inst.mask, {.return_lse = true}, true, target))
         << var.name;
     ASSERT_NE(plan.compiled, nullptr) << var.name;
-    EXPECT_EQ(plan.config, defaultFlexAttentionConfig(DType::BF16, D));
+    EXPECT_EQ(plan.config, untunedFlexAttentionConfig(q, inst.mask, target));
     EXPECT_LE(plan.compiled->sharedBytes, 227 * 1024) << var.name;
     codegen::PtxasReport report;
     ASSERT_NO_THROW(report = codegen::runPtxas(plan.compiled->ptx, target)) << var.name;
@@ -554,4 +555,41 @@ TEST(FlexAttention, NewMasksWithTheSameParameterReuseTheKernel) {
   }
   EXPECT_EQ(&slidingWindowBlockMask(1, 1, 8, 8, {9}).maskMod().state(), &sliding_window_mask(9).state());
   EXPECT_NE(&sliding_window_mask(9).state(), &sliding_window_mask(10).state());
+}
+
+TEST(FlexAttentionDefaults, Sm90PicksTheTileByHeadDimAndGridElsewhereThePortableOne) {
+  using C = FlexAttentionConfig;
+  for (DType d : {DType::BF16, DType::F16}) {
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 64, 90, 0), (C{64, 128, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 32, 90, 4096), (C{64, 128, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, 90, kManyQueryTiles), (C{128, 128, 8, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, 90, kManyQueryTiles - 1), (C{64, 64, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 96, 90, 4096), (C{128, 128, 8, 2}));
+    for (int capability : {0, 80, 86, 89, 100}) {
+      EXPECT_EQ(defaultFlexAttentionConfig(d, 64, capability, 4096), (C{64, 64, 4, 2})) << capability;
+      EXPECT_EQ(defaultFlexAttentionConfig(d, 128, capability, 4096), (C{64, 64, 4, 2})) << capability;
+    }
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, 90, 4096), (C{64, 32, 4, 2}));
+  }
+  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 128, 90, 4096), (C{64, 32, 4, 2}));
+  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 64, 90, 4096), (C{64, 32, 4, 2}));
+}
+
+TEST(FlexAttentionDefaults, UntunedConfigFollowsTheTargetTheGridAndTheMasksBlocks) {
+  using C = FlexAttentionConfig;
+  alignas(16) static std::byte any[16];
+  const Tensor big = Tensor::hostView(any, DType::BF16, {2, 16, 8192, 128});   // 2048 query tiles
+  const Tensor small = Tensor::hostView(any, DType::BF16, {1, 8, 1000, 128});  // 64 query tiles
+  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt, codegen::Target::sm90a()), (C{128, 128, 8, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(small, std::nullopt, codegen::Target::sm90a()), (C{64, 64, 4, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt, codegen::Target::sm80()), (C{64, 64, 4, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt), (C{64, 64, 4, 2})) << "host tensors: the portable default";
+  // A mask with 32 x 64 blocks narrows the tile and keeps 16 query rows per warp.
+  const BlockMask narrow = causalBlockMask(1, 1, 8192, 8192, {32, 64});
+  EXPECT_EQ(untunedFlexAttentionConfig(big, narrow, codegen::Target::sm90a()), (C{32, 64, 2, 2}));
+  // The planner runs exactly that config.
+  EXPECT_EQ(plan_flex_attention(big, big, big, noop_score(), narrow, {}, false, codegen::Target::sm90a()).config,
+            (C{32, 64, 2, 2}));
+  EXPECT_EQ(plan_flex_attention(big, big, big, noop_score(), std::nullopt, {}, false, codegen::Target::sm90a()).config,
+            (C{128, 128, 8, 2}));
 }

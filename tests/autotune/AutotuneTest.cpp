@@ -50,8 +50,11 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
     ConfigSpace s = defaultSpace(DType::BF16, D);
     auto configs = s.configs();
     EXPECT_EQ(configs.size(), s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size());
-    const FlexAttentionConfig d = defaultFlexAttentionConfig(DType::BF16, D);
-    EXPECT_NE(std::find(configs.begin(), configs.end(), d), configs.end()) << d.describe();
+    for (int capability : {0, 80, 90})
+      for (int64_t tiles : {int64_t(1), attention::kManyQueryTiles}) {
+        const FlexAttentionConfig d = defaultFlexAttentionConfig(DType::BF16, D, capability, tiles);
+        EXPECT_NE(std::find(configs.begin(), configs.end(), d), configs.end()) << d.describe();
+      }
   }
 }
 

@@ -192,7 +192,7 @@ TEST(CompileCache, CorruptEntriesWarnRecompileAndAreOverwritten) {
       {"one byte flipped", flipped},
       {"garbage", "this is not a kernel\n"},
       {"empty", ""},
-      {"header only", "FLEXTILE-KERNEL 1\n"},
+      {"header only", "FLEXTILE-KERNEL 2\n"},
   };
   size_t corrupt = 0;
   for (const auto& [what, damaged] : damages) {
@@ -210,6 +210,13 @@ TEST(CompileCache, CorruptEntriesWarnRecompileAndAreOverwritten) {
     EXPECT_EQ(readAll(entry), bytes);
     EXPECT_TRUE(codegen::compileCached(*f, hash, options, cache).fromCache);
   }
+  // An entry written by another version of the format is not damage: a quiet miss, then rewritten.
+  writeAll(entry, "FLEXTILE-KERNEL 1\nkey 3\nold\nend 0000000000000000\n");
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(codegen::compileCached(*f, hash, options, cache).fromCache);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(cache.stats().corrupt, corrupt);
+  EXPECT_EQ(readAll(entry), bytes);
 }
 
 TEST(CompileCache, UnwritableFolderWarnsOnceAndStillCompiles) {
