@@ -50,15 +50,19 @@ struct FlexAttentionConfig {
 // (10 * major + minor; 0 = none, the portable default) and how many 128-row query tiles the grid
 // holds (B * Hq * ceil(L / 128)). Without a capability: 64 x 64, 4 warps, 2 stages (BLOCK_N 32 for
 // f32 or D > 128), which runs everywhere.
+// `gathersPerElement`: a mod reads a captured tensor per (q, kv) pair (ScoreMod::gathersPerElement);
+// those keep the 64-row tile, which the gathers' registers fit (the bias-table example runs 3.3x
+// slower on the larger one).
 FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim, int capability = 0,
-                                               int64_t queryTiles = 0);
+                                               int64_t queryTiles = 0, bool gathersPerElement = false);
 // Grids of at least this many 128-row query tiles take the larger sm_90 tile at D = 128.
 inline constexpr int64_t kManyQueryTiles = 1024;
 // The config flex_attention runs for these inputs when neither options.config nor a resolver gives
 // one (and what autotune starts from): defaultFlexAttentionConfig for the target (the current
 // device's when none is given; host tensors take the portable default), narrowed to tile a
 // BlockMask with smaller blocks.
-FlexAttentionConfig untunedFlexAttentionConfig(const dsl::Tensor& q, const std::optional<BlockMask>& blockMask,
+FlexAttentionConfig untunedFlexAttentionConfig(const dsl::Tensor& q, const ScoreMod& scoreMod,
+                                               const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target = std::nullopt);
 
 struct FlexAttentionOptions {

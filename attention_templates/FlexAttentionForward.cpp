@@ -38,7 +38,8 @@ std::string FlexAttentionConfig::describe() const {
          std::to_string(num_stages);
 }
 
-FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int capability, int64_t queryTiles) {
+FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int capability, int64_t queryTiles,
+                                               bool gathersPerElement) {
   // 64 x 64 tiles on one warpgroup: the portable point, small enough for three programs per SM and
   // the fastest untuned one on small grids.
   FlexAttentionConfig c{64, 64, 4, 2};
@@ -52,7 +53,7 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int
   // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below.
   if (capability == 90) {
     if (headDim <= 64) c.block_n = 128;
-    else if (queryTiles >= kManyQueryTiles) c = {128, 128, 8, 2};
+    else if (queryTiles >= kManyQueryTiles && !gathersPerElement) c = {128, 128, 8, 2};
   }
   return c;
 }
@@ -258,7 +259,7 @@ FlexAttentionProblem makeProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv
 // The resolver's config when it gives a usable one, else the default.
 FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
                                   const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
-  const FlexAttentionConfig fallback = untunedFlexAttentionConfig(q, blockMask, target);
+  const FlexAttentionConfig fallback = untunedFlexAttentionConfig(q, scoreMod, blockMask, target);
   FlexAttentionConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -526,7 +527,8 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
   return plan;
 }
 
-FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const std::optional<BlockMask>& blockMask,
+FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const ScoreMod& scoreMod,
+                                               const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target) {
   expectRank4("q", q);
   int capability = 0;  // host tensors run on the interpreter: the portable default
@@ -536,7 +538,17 @@ FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const std::optio
     capability = device.capabilityMajor() * 10 + device.capabilityMinor();
   }
   const int64_t queryTiles = q.size(0) * q.size(1) * ((q.size(2) + 127) / 128);
-  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles);
+  // A mod that cannot be probed (it insists on its template's tile shapes) counts as gathering:
+  // the smaller tile is the safe guess, and the real trace reports anything truly wrong with it.
+  auto gathers = [](const auto& mod) {
+    try {
+      return mod.defined() && mod.gathersPerElement();
+    } catch (const Error&) {
+      return true;
+    }
+  };
+  const bool gathering = gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod()));
+  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles, gathering);
   if (blockMask) {  // narrowed to tile a mask with smaller blocks, keeping 16 query rows per warp
     c.block_m = std::min(c.block_m, std::max<int64_t>(16, blockMask->qBlockSize()));
     c.block_n = std::min(c.block_n, std::max<int64_t>(16, blockMask->kvBlockSize()));

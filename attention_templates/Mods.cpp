@@ -16,10 +16,10 @@ dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::functio
   return *it->second;
 }
 
-uint64_t detail::ModState::hashOnce(const std::function<uint64_t()>& compute) {
+const detail::ModState::ProbeFacts& detail::ModState::probeOnce(const std::function<ProbeFacts()>& compute) {
   std::lock_guard lock(mutex);
-  if (!structuralHash) structuralHash = compute();
-  return *structuralHash;
+  if (!probe) probe = compute();
+  return *probe;
 }
 
 namespace {
@@ -28,6 +28,16 @@ namespace {
 // and for score mods an f32 score tile. One kernel name for all, so only the
 // mod's body decides the hash.
 constexpr int kProbe = 16;
+
+// The facts of a probe trace; `ownLoads` is how many full-tile loads the probe itself makes (the
+// score probe reads its scores).
+detail::ModState::ProbeFacts probeFacts(const ir::Function& f, int ownLoads) {
+  int fullTileLoads = 0;
+  const_cast<ir::Function&>(f).walk([&](ir::Op& op) {
+    if (op.kind() == ir::OpKind::Load && op.result()->type().shape() == ir::Shape{kProbe, kProbe}) ++fullTileLoads;
+  });
+  return {ir::structuralHash(f), fullTileLoads > ownLoads};
+}
 
 std::optional<MemorySpace> spaceOf(const std::string& what, const std::vector<CapturedTensor>& captures) {
   std::optional<MemorySpace> space;
@@ -104,15 +114,18 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
   return r.shape() == shape ? r : r.broadcast_to(shape, loc);
 }
 
-uint64_t MaskMod::structuralHash() const {
+uint64_t MaskMod::structuralHash() const { return probe().structuralHash; }
+bool MaskMod::gathersPerElement() const { return probe().gathersPerElement; }
+
+const detail::ModState::ProbeFacts& MaskMod::probe() const {
   if (!fn_) throw Error("mask_mod: structuralHash of an empty MaskMod");
-  return state_->hashOnce([&] {
+  return state_->probeOnce([&] {
     const MaskMod self(name_, fn_, captures_);  // its own state: the probe kernel does not keep ours alive
     Kernel probe = kernel("mod_probe", [self](Ptr<i8> out, Int b, Int h) {
       auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
       store(out + q * kProbe + kv, self(b, h, q, kv));
     });
-    return ir::structuralHash(*probe.trace());
+    return probeFacts(*probe.trace(), 0);
   });
 }
 
@@ -137,16 +150,19 @@ Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const
   return r.shape() == score.shape() ? r : r.broadcast_to(score.shape(), loc);
 }
 
-uint64_t ScoreMod::structuralHash() const {
+uint64_t ScoreMod::structuralHash() const { return probe().structuralHash; }
+bool ScoreMod::gathersPerElement() const { return probe().gathersPerElement; }
+
+const detail::ModState::ProbeFacts& ScoreMod::probe() const {
   if (!fn_) throw Error("score_mod: structuralHash of an empty ScoreMod");
-  return state_->hashOnce([&] {
+  return state_->probeOnce([&] {
     const ScoreMod self(name_, fn_, captures_);
     Kernel probe = kernel("mod_probe", [self](Ptr<f32> scores, Int b, Int h) {
       auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
       auto at = scores + q * kProbe + kv;
       store(at, self(load(at), b, h, q, kv));
     });
-    return ir::structuralHash(*probe.trace());
+    return probeFacts(*probe.trace(), 1);
   });
 }
 

@@ -46,9 +46,14 @@ namespace detail {
 struct ModState {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<dsl::Kernel>> kernels;
-  std::optional<uint64_t> structuralHash;  // computed once (MaskMod/ScoreMod::structuralHash)
+  // What the probe trace of the mod shows, computed once (MaskMod/ScoreMod::structuralHash).
+  struct ProbeFacts {
+    uint64_t structuralHash;
+    bool gathersPerElement;  // loads a tile of the index tiles' full shape (a value per score)
+  };
+  std::optional<ProbeFacts> probe;
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
-  uint64_t hashOnce(const std::function<uint64_t()>& compute);
+  const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
 };
 }  // namespace detail
 
@@ -80,8 +85,12 @@ class MaskMod {
   // the same body under two names agrees. Traced once per mod (and its
   // copies). The autotuner keys its per-GPU cache by it.
   uint64_t structuralHash() const;
+  // Whether the mod reads a captured tensor once per (q, kv) pair (a gather of the whole tile),
+  // from the same probe trace; such mods keep the smaller default tile. Throws as structuralHash.
+  bool gathersPerElement() const;
 
  private:
+  const detail::ModState::ProbeFacts& probe() const;
   std::string name_;
   Fn fn_;
   std::vector<CapturedTensor> captures_;
@@ -108,10 +117,12 @@ class ScoreMod {
   std::optional<dsl::MemorySpace> captureSpace() const;
   // Kernels traced with this mod (shared by its copies; see MaskMod::state).
   detail::ModState& state() const { return *state_; }
-  // See MaskMod::structuralHash (the probe score is an f32 tile).
+  // See MaskMod::structuralHash (the probe score is an f32 tile) and gathersPerElement.
   uint64_t structuralHash() const;
+  bool gathersPerElement() const;
 
  private:
+  const detail::ModState::ProbeFacts& probe() const;
   std::string name_;
   Fn fn_;
   std::vector<CapturedTensor> captures_;

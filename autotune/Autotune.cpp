@@ -184,7 +184,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
   const std::optional<codegen::Target> target =
       device ? std::nullopt : std::optional(options.target.value_or(codegen::Target::sm90a()));
   const DeviceLimits limits = device ? DeviceLimits::ofCurrentDevice() : DeviceLimits::of(*target);
-  const FlexAttentionConfig defaultConfig = attention::untunedFlexAttentionConfig(q, blockMask, target);
+  const FlexAttentionConfig defaultConfig = attention::untunedFlexAttentionConfig(q, scoreMod, blockMask, target);
 
   TuneReport report;
   std::vector<FlexAttentionConfig> configs = space.configs();

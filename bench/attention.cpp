@@ -185,7 +185,7 @@ int main(int argc, char** argv) try {
   Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
 
   // The first config is what flex_attention runs untuned on this GPU at this shape.
-  std::vector<FlexAttentionConfig> configs{untunedFlexAttentionConfig(q, std::nullopt)};
+  std::vector<FlexAttentionConfig> configs{untunedFlexAttentionConfig(q, ScoreMod(), std::nullopt)};
   if (!quick)
     for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
                                   FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{64, 128, 4, 2},

@@ -507,7 +507,7 @@ TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
     ASSERT_NO_THROW(plan = plan_flex_attention(q, kv, kv, inst.score, inst.mask, {.return_lse = true}, true, target))
         << var.name;
     ASSERT_NE(plan.compiled, nullptr) << var.name;
-    EXPECT_EQ(plan.config, untunedFlexAttentionConfig(q, inst.mask, target));
+    EXPECT_EQ(plan.config, untunedFlexAttentionConfig(q, inst.score, inst.mask, target));
     EXPECT_LE(plan.compiled->sharedBytes, 227 * 1024) << var.name;
     codegen::PtxasReport report;
     ASSERT_NO_THROW(report = codegen::runPtxas(plan.compiled->ptx, target)) << var.name;
@@ -580,16 +580,41 @@ TEST(FlexAttentionDefaults, UntunedConfigFollowsTheTargetTheGridAndTheMasksBlock
   alignas(16) static std::byte any[16];
   const Tensor big = Tensor::hostView(any, DType::BF16, {2, 16, 8192, 128});   // 2048 query tiles
   const Tensor small = Tensor::hostView(any, DType::BF16, {1, 8, 1000, 128});  // 64 query tiles
-  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt, codegen::Target::sm90a()), (C{128, 128, 8, 2}));
-  EXPECT_EQ(untunedFlexAttentionConfig(small, std::nullopt, codegen::Target::sm90a()), (C{64, 64, 4, 2}));
-  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt, codegen::Target::sm80()), (C{64, 64, 4, 2}));
-  EXPECT_EQ(untunedFlexAttentionConfig(big, std::nullopt), (C{64, 64, 4, 2})) << "host tensors: the portable default";
+  EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), std::nullopt, codegen::Target::sm90a()), (C{128, 128, 8, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(small, noop_score(), std::nullopt, codegen::Target::sm90a()), (C{64, 64, 4, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), std::nullopt, codegen::Target::sm80()), (C{64, 64, 4, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), std::nullopt), (C{64, 64, 4, 2})) << "host tensors: the portable default";
   // A mask with 32 x 64 blocks narrows the tile and keeps 16 query rows per warp.
   const BlockMask narrow = causalBlockMask(1, 1, 8192, 8192, {32, 64});
-  EXPECT_EQ(untunedFlexAttentionConfig(big, narrow, codegen::Target::sm90a()), (C{32, 64, 2, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), narrow, codegen::Target::sm90a()), (C{32, 64, 2, 2}));
   // The planner runs exactly that config.
   EXPECT_EQ(plan_flex_attention(big, big, big, noop_score(), narrow, {}, false, codegen::Target::sm90a()).config,
             (C{32, 64, 2, 2}));
   EXPECT_EQ(plan_flex_attention(big, big, big, noop_score(), std::nullopt, {}, false, codegen::Target::sm90a()).config,
             (C{128, 128, 8, 2}));
+}
+
+TEST(FlexAttentionDefaults, ModsThatGatherPerScoreKeepTheSmallTile) {
+  SeededRandom rng;
+  // Every yardstick variant reads at most a value per row, column or head (ALiBi's slopes, the
+  // document ids), never one per score; the registry's "bias" variant reads a table per score.
+  for (const Variant& var : variants()) {
+    VariantInstance inst = var.make({1, 2, 300, 300, kHost, BlockSizes{}, rng()});
+    if (inst.score.defined()) EXPECT_EQ(inst.score.gathersPerElement(), var.name == "bias") << var.name;
+    if (inst.mask) EXPECT_FALSE(inst.mask->maskMod().gathersPerElement()) << var.name;
+  }
+  // A relative-position bias table read per score does.
+  std::vector<float> table(4 * 9, 0.5f);
+  CapturedTensor bias = dsl::capture(Tensor::fromHost(table, {4, 9}, kHost), "bias");
+  const ScoreMod relative("relative_bias", [bias](const Tile& s, const Tile&, const Tile& h, const Tile& q,
+                                                   const Tile& kv) {
+    return s + bias(h, dsl::minimum(dsl::maximum(kv - q, -4), 4) + 4);
+  }, {bias});
+  EXPECT_TRUE(relative.gathersPerElement());
+  alignas(16) static std::byte any[16];
+  const Tensor big = Tensor::hostView(any, DType::BF16, {2, 16, 8192, 128});
+  EXPECT_EQ(untunedFlexAttentionConfig(big, relative, std::nullopt, codegen::Target::sm90a()),
+            (FlexAttentionConfig{64, 64, 4, 2}));
+  EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), std::nullopt, codegen::Target::sm90a()),
+            (FlexAttentionConfig{128, 128, 8, 2}));
 }
