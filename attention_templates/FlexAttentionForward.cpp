@@ -48,7 +48,7 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int
     return c;
   }
   // The H200 figures behind the sm_90 points (bench/RESULTS.md, 2026-11-29): at D <= 64, 64 x 128
-  // beats 64 x 64 by 6-9 % on every variant measured; at D = 128, 128 x 128 on two warpgroups is
+  // beats 64 x 64 by 6-10 % on every variant measured; at D = 128, 128 x 128 on two warpgroups is
   // 1.05x over the seven variants when the grid holds 2048 tiles of 128 rows (causal and prefix LM
   // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below.
   if (capability == 90) {
