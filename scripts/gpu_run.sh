@@ -115,30 +115,19 @@ for entry in "${BENCHES[@]}"; do
   SUMMARY+=("bench $name|$(status_of "$rc")|$(seconds_since "$start")|log: bench_$name.log")
 done
 
-if [ -f "$LOGS/bench_softmax.log" ] && [ -f "$LOGS/bench_torch_softmax.log" ]; then
-  echo; echo "== row softmax, side by side"
-  python3 bench/compare_softmax.py "$LOGS/bench_softmax.log" "$LOGS/bench_torch_softmax.log" | tee "$LOGS/tables.txt"
-fi
-
-if [ -f "$LOGS/bench_gemm.log" ] && [ -f "$LOGS/bench_torch_gemm.log" ]; then
-  echo; echo "== bf16 GEMM, side by side"
-  python3 bench/compare_gemm.py "$LOGS/bench_gemm.log" "$LOGS/bench_torch_gemm.log" | tee -a "$LOGS/tables.txt"
-fi
-
-if [ -f "$LOGS/bench_attention.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
-  echo; echo "== flex_attention forward, side by side"
-  python3 bench/compare_attention.py "$LOGS/bench_attention.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
-fi
-
-if [ -f "$LOGS/bench_attention_slsr.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
-  echo; echo "== flex_attention forward with every LLVM pass (FLEXTILE_LLVM_SKIP_PASSES=, SLSR on), side by side"
-  python3 bench/compare_attention.py "$LOGS/bench_attention_slsr.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
-fi
-
-if [ -f "$LOGS/bench_autotune.log" ] && [ -f "$LOGS/bench_torch_attention.log" ]; then
-  echo; echo "== flextile autotune: tuned, default and PyTorch FlexAttention"
-  python3 bench/compare_autotune.py "$LOGS/bench_autotune.log" "$LOGS/bench_torch_attention.log" | tee -a "$LOGS/tables.txt"
-fi
+# One side-by-side table when both benches ran: side_by_side OURS PEERS COMPARE_SCRIPT TITLE.
+: > "$LOGS/tables.txt"
+side_by_side() {
+  [ -f "$LOGS/bench_$1.log" ] && [ -f "$LOGS/bench_$2.log" ] || return 0
+  echo; echo "== $4"
+  python3 "bench/$3" "$LOGS/bench_$1.log" "$LOGS/bench_$2.log" | tee -a "$LOGS/tables.txt"
+}
+side_by_side softmax torch_softmax compare_softmax.py "row softmax, side by side"
+side_by_side gemm torch_gemm compare_gemm.py "bf16 GEMM, side by side"
+side_by_side attention torch_attention compare_attention.py "flex_attention forward, side by side"
+side_by_side attention_slsr torch_attention compare_attention.py \
+  "flex_attention forward with every LLVM pass (FLEXTILE_LLVM_SKIP_PASSES=, SLSR on), side by side"
+side_by_side autotune torch_attention compare_autotune.py "flextile autotune: tuned, default and PyTorch FlexAttention"
 
 {
   echo
