@@ -18,7 +18,17 @@ dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::functio
 
 const detail::ModState::ProbeFacts& detail::ModState::probeOnce(const std::function<ProbeFacts()>& compute) {
   std::lock_guard lock(mutex);
-  if (!probe) probe = compute();
+  // A mod that cannot be traced on the probe tiles fails the same way every time: remember why, so
+  // the calls that ask (every untuned flex_attention call does) do not trace it again.
+  if (probeError) throw Error(*probeError);
+  if (!probe) {
+    try {
+      probe = compute();
+    } catch (const Error& e) {
+      probeError = e.what();
+      throw;
+    }
+  }
   return *probe;
 }
 
@@ -33,7 +43,7 @@ constexpr int kProbe = 16;
 // score probe reads its scores).
 detail::ModState::ProbeFacts probeFacts(const ir::Function& f, int ownLoads) {
   int fullTileLoads = 0;
-  const_cast<ir::Function&>(f).walk([&](ir::Op& op) {
+  f.walk([&](const ir::Op& op) {
     if (op.kind() == ir::OpKind::Load && op.result()->type().shape() == ir::Shape{kProbe, kProbe}) ++fullTileLoads;
   });
   return {ir::structuralHash(f), fullTileLoads > ownLoads};

@@ -52,6 +52,7 @@ struct ModState {
     bool gathersPerElement;  // loads a tile of the index tiles' full shape (a value per score)
   };
   std::optional<ProbeFacts> probe;
+  std::optional<std::string> probeError;  // why the probe trace failed, once it has
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
   const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
 };

@@ -600,8 +600,12 @@ TEST(FlexAttentionDefaults, ModsThatGatherPerScoreKeepTheSmallTile) {
   // document ids), never one per score; the registry's "bias" variant reads a table per score.
   for (const Variant& var : variants()) {
     VariantInstance inst = var.make({1, 2, 300, 300, kHost, BlockSizes{}, rng()});
-    if (inst.score.defined()) EXPECT_EQ(inst.score.gathersPerElement(), var.name == "bias") << var.name;
-    if (inst.mask) EXPECT_FALSE(inst.mask->maskMod().gathersPerElement()) << var.name;
+    if (inst.score.defined()) {
+      EXPECT_EQ(inst.score.gathersPerElement(), var.name == "bias") << var.name;
+    }
+    if (inst.mask) {
+      EXPECT_FALSE(inst.mask->maskMod().gathersPerElement()) << var.name;
+    }
   }
   // A relative-position bias table read per score does.
   std::vector<float> table(4 * 9, 0.5f);
@@ -617,4 +621,21 @@ TEST(FlexAttentionDefaults, ModsThatGatherPerScoreKeepTheSmallTile) {
             (FlexAttentionConfig{64, 64, 4, 2}));
   EXPECT_EQ(untunedFlexAttentionConfig(big, noop_score(), std::nullopt, codegen::Target::sm90a()),
             (FlexAttentionConfig{128, 128, 8, 2}));
+}
+
+TEST(FlexAttentionDefaults, AModThatRefusesTheProbeIsTracedOnceAndRunsTheSmallTile) {
+  auto traces = std::make_shared<int>(0);
+  const ScoreMod picky("picky", [traces](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile&) {
+    ++*traces;
+    if (q.shape()[0] < 32) throw Error("picky: wants at least 32 query rows, got " + std::to_string(q.shape()[0]));
+    return s;
+  });
+  EXPECT_THROW(picky.gathersPerElement(), Error);
+  EXPECT_THROW(picky.structuralHash(), Error);
+  EXPECT_EQ(*traces, 1) << "the failed probe is remembered, not traced again on every call";
+  alignas(16) static std::byte any[16];
+  const Tensor big = Tensor::hostView(any, DType::BF16, {2, 16, 8192, 128});
+  EXPECT_EQ(untunedFlexAttentionConfig(big, picky, std::nullopt, codegen::Target::sm90a()),
+            (FlexAttentionConfig{64, 64, 4, 2}));
+  EXPECT_EQ(*traces, 1);
 }
