@@ -4,10 +4,10 @@
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/OptBisect.h>
-#include <llvm/PassRegistry.h>
-#include <llvm/PassInfo.h>
 #include <llvm/IR/PassTimingInfo.h>
 #include <llvm/MC/TargetRegistry.h>
+#include <llvm/PassInfo.h>
+#include <llvm/PassRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Passes/StandardInstrumentations.h>
 #include <llvm/Support/CodeGen.h>
@@ -55,9 +55,9 @@ void initializeLLVMOnce() {
   });
 }
 
-// Refuses the passes of skippedLLVMPasses(). Legacy passes ask it through skipFunction(); the O3
-// pipeline asks it through OptPassGateInstrumentation. Installed on each compile's own LLVMContext,
-// so threads compiling at once never share it.
+// Refuses the passes of skippedLLVMPasses(). Legacy passes ask it through skipFunction(); the IR
+// pipeline asks it through OptPassGateInstrumentation. One stateless gate, installed on each
+// compile's own LLVMContext (never LLVM's global one), so threads may compile at once.
 class SkipPassesGate final : public llvm::OptPassGate {
  public:
   bool shouldRunPass(llvm::StringRef pass, llvm::StringRef) const override {
@@ -228,10 +228,12 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  if (llvmPipeline() != "default<O3>") {
-    std::string text = llvmPipeline();
-    if (text == "o3-lean") text = withoutLateInstCombines(pipelineText(mpm, callbacks));
+  const std::string& choice = llvmPipeline();
+  llvm::ModulePassManager mpm;
+  if (choice == "default<O3>" || choice == "o3-lean")
+    mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  if (choice != "default<O3>") {
+    const std::string text = choice == "o3-lean" ? withoutLateInstCombines(pipelineText(mpm, callbacks)) : choice;
     mpm = llvm::ModulePassManager();
     if (llvm::Error e = pb.parsePassPipeline(mpm, text))
       throw Error("FLEXTILE_LLVM_PIPELINE='" + llvmPipeline() + "' is not an LLVM pass pipeline: " +
