@@ -30,6 +30,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/Mods.h"
@@ -128,6 +129,67 @@ FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k
 // dtype, or nullptr (it lives in the mask mod's state, keyed by the score
 // mod's). For tests and tools that count traces and compilations.
 const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, dsl::DType dtype);
+
+// ---- backward (attention_templates/FlexAttentionBackward.cpp) ----------------
+//
+//   auto fwd = flex_attention(q, k, v, score, mask, {.return_lse = true});
+//   FlexAttentionGrads g = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, score, mask);
+//   g.dq, g.dk, g.dv;            // q's dtype; dk/dv [B, Hkv, S, D] summed over each GQA group
+//   g.grad(bias);                // f32, bias's shape: for captures made with {.requires_grad = true}
+//
+// The gradients of loss(out, lse) given dout = dloss/dout (and optionally dlse = dloss/dlse).
+// score_mod is differentiated from its own traced IR (ir/passes/ReverseMode.h); mask_mod needs
+// no derivative. Three kernels run in order: a preprocess (delta = rowsum(dout * out) - dlse), one
+// program per KV tile walking the BlockMask's transposed lists for dK and dV (and the scatter of
+// captured-tensor gradients), and one program per query tile walking the forward lists for dQ.
+// dQ, dK and dV are bitwise deterministic (each element is written by one program, accumulated in
+// a fixed order); captured gradients are f32 atomics unless `deterministic` (docs/backward.md).
+
+// Tiles of the two gradient kernels. dkdv: block_n keys per program, block_m queries per inner
+// step; dq: block_m queries per program, block_n keys per inner step. Both must tile the
+// BlockMask's blocks as the forward's config does.
+struct FlexAttentionBackwardConfig {
+  FlexAttentionConfig dkdv{64, 64, 4, 2};
+  FlexAttentionConfig dq{64, 64, 4, 2};
+  std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM64 BN64 w4 s2"
+  bool operator==(const FlexAttentionBackwardConfig&) const = default;
+};
+// The untuned backward config for a dtype, head dim and GPU capability (0: the portable one).
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim, int capability = 0);
+
+struct FlexAttentionBackwardOptions {
+  std::optional<double> scale;  // must be the forward's (default 1 / sqrt(D))
+  // Captured-tensor gradients accumulated in 64-bit fixed point (2^-32 resolution, |total| < 2^31)
+  // instead of f32 atomics, so they too are bitwise identical from run to run.
+  bool deterministic = false;
+  std::optional<dsl::Tensor> dlse;  // dloss/dlse [B, Hq, L] f32, when the LSE output is used
+  std::optional<FlexAttentionBackwardConfig> config;
+};
+
+struct FlexAttentionGrads {
+  dsl::Tensor dq;  // [B, Hq, L, D]
+  dsl::Tensor dk;  // [B, Hkv, S, D]
+  dsl::Tensor dv;  // [B, Hkv, S, D]
+  // The score_mod's trainable captures (in its captures() order) and their f32 gradients.
+  std::vector<dsl::CapturedTensor> trainable;
+  std::vector<dsl::Tensor> captureGrads;
+  // The gradient of one trainable capture; an error for a capture that is not one.
+  const dsl::Tensor& grad(const dsl::CapturedTensor& capture) const;
+};
+
+// out and lse are the forward's outputs for these inputs (flex_attention with return_lse), dout
+// the gradient of the loss with respect to out (q's dtype, [B, Hq, L, D]).
+FlexAttentionGrads flex_attention_backward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                           const dsl::Tensor& out, const dsl::Tensor& lse, const dsl::Tensor& dout,
+                                           const ScoreMod& scoreMod = noop_score(),
+                                           const std::optional<BlockMask>& blockMask = std::nullopt,
+                                           const FlexAttentionBackwardOptions& options = {});
+// The same into caller-owned dq [B, Hq, L, D], dk and dv [B, Hkv, S, D] (q's dtype, contiguous, in
+// q's memory space: grads.dq, grads.dk, grads.dv); the captured gradients are allocated.
+void flex_attention_backward_into(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                  const dsl::Tensor& out, const dsl::Tensor& lse, const dsl::Tensor& dout,
+                                  const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                                  FlexAttentionGrads& grads, const FlexAttentionBackwardOptions& options = {});
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted

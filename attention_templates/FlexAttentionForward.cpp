@@ -18,6 +18,7 @@
 #include <numbers>
 
 #include "attention_templates/FlexAttention.h"
+#include "attention_templates/FlexAttentionCommon.h"
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Printer.h"
@@ -57,6 +58,42 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int
   }
   return c;
 }
+
+namespace detail {
+
+void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an empty tensor");
+  if (t.rank() != 4)
+    throw Error(std::string(op) + ": " + what + " must be [B, H, len, D], got " + t.describe());
+  if (t.strides()[3] != 1)
+    throw Error(std::string(op) + ": the last dim of " + what + " must be contiguous (stride 1), got " +
+                t.describe());
+  for (int i = 0; i < 4; ++i)
+    if (t.strides()[size_t(i)] > INT32_MAX)
+      throw Error(std::string(op) + ": " + what + "'s strides exceed int32: " + t.describe());
+}
+
+// A mask that lists every block as full (no mask given). Kept per (L, S,
+// block sizes), so repeated calls neither rebuild nor re-upload its lists
+// (BlockMask keeps its tensors); a few shapes at a time.
+BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes) {
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 4>, BlockMask> cache;
+  const std::array<int64_t, 4> key{L, S, sizes.q, sizes.kv};
+  std::lock_guard lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 16) cache.clear();
+  const int64_t nQ = cdiv(L, sizes.q), nKv = cdiv(S, sizes.kv);
+  BlockLists partial{std::vector<int32_t>(size_t(nQ), 0), std::vector<int32_t>(size_t(nQ * nKv), 0)};
+  BlockLists fullLists{std::vector<int32_t>(size_t(nQ), int32_t(nKv)), std::vector<int32_t>(size_t(nQ * nKv))};
+  for (int64_t i = 0; i < nQ; ++i)
+    for (int64_t j = 0; j < nKv; ++j) fullLists.indices[size_t(i * nKv + j)] = int32_t(j);
+  return cache.emplace(key, BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial),
+                                                    std::move(fullLists)))
+      .first->second;
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -195,37 +232,8 @@ struct Prepared {
   std::optional<BlockMask> ownedMask;  // the dense mask when none was given
 };
 
-void expectRank4(const char* what, const Tensor& t) {
-  if (!t.defined()) throw Error(std::string("flex_attention: ") + what + " is an empty tensor");
-  if (t.rank() != 4)
-    throw Error(std::string("flex_attention: ") + what + " must be [B, H, len, D], got " + t.describe());
-  if (t.strides()[3] != 1)
-    throw Error(std::string("flex_attention: the last dim of ") + what + " must be contiguous (stride 1), got " +
-                t.describe());
-  for (int i = 0; i < 4; ++i)
-    if (t.strides()[size_t(i)] > INT32_MAX)
-      throw Error(std::string("flex_attention: ") + what + "'s strides exceed int32: " + t.describe());
-}
-
-// A mask that lists every block as full (no mask given). Kept per (L, S,
-// block sizes), so repeated calls neither rebuild nor re-upload its lists
-// (BlockMask keeps its tensors); a few shapes at a time.
-BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) {
-  static std::mutex mutex;
-  static std::map<std::array<int64_t, 4>, BlockMask> cache;
-  const std::array<int64_t, 4> key{L, S, sizes.q, sizes.kv};
-  std::lock_guard lock(mutex);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (cache.size() >= 16) cache.clear();
-  const int64_t nQ = cdiv(L, sizes.q), nKv = cdiv(S, sizes.kv);
-  BlockLists partial{std::vector<int32_t>(size_t(nQ), 0), std::vector<int32_t>(size_t(nQ * nKv), 0)};
-  BlockLists fullLists{std::vector<int32_t>(size_t(nQ), int32_t(nKv)), std::vector<int32_t>(size_t(nQ * nKv))};
-  for (int64_t i = 0; i < nQ; ++i)
-    for (int64_t j = 0; j < nKv; ++j) fullLists.indices[size_t(i * nKv + j)] = int32_t(j);
-  return cache.emplace(key, BlockMask::fromKvLists(noop_mask(), 1, 1, L, S, sizes, std::move(partial),
-                                                    std::move(fullLists)))
-      .first->second;
-}
+void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
+BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) { return detail::denseBlockMask(L, S, sizes); }
 
 std::mutex& resolverMutex() {
   static std::mutex m;

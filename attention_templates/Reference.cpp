@@ -66,4 +66,60 @@ ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tenso
   return r;
 }
 
+ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                                          const RefScoreFn& score, const RefScoreGradFn& scoreGrad,
+                                          const RefMaskFn& mask, double scale, int64_t qOffset,
+                                          const std::vector<double>* dlse, const RefScoreGradSink& sink) {
+  using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const std::vector<double> qd = toDoubles(q), kd = toDoubles(k), vd = toDoubles(v), dod = toDoubles(dout);
+  ReferenceGrads g;
+  g.dq.assign(size_t(B * Hq * L * D), 0.0);
+  g.dk.assign(size_t(B * Hkv * S * D), 0.0);
+  g.dv.assign(size_t(B * Hkv * S * D), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / (Hq / Hkv);
+      Eigen::Map<const Mat> Q(qd.data() + (b * Hq + h) * L * D, L, D);
+      Eigen::Map<const Mat> dO(dod.data() + (b * Hq + h) * L * D, L, D);
+      Eigen::Map<const Mat> K(kd.data() + (b * Hkv + hk) * S * D, S, D);
+      Eigen::Map<const Mat> V(vd.data() + (b * Hkv + hk) * S * D, S, D);
+      Eigen::Map<Mat> dQ(g.dq.data() + (b * Hq + h) * L * D, L, D);
+      Eigen::Map<Mat> dK(g.dk.data() + (b * Hkv + hk) * S * D, S, D);
+      Eigen::Map<Mat> dV(g.dv.data() + (b * Hkv + hk) * S * D, S, D);
+      const Mat s = (Q * K.transpose()) * scale;
+      const Mat dP = dO * V.transpose();
+      Mat P = Mat::Zero(L, S), dS = Mat::Zero(L, S);
+      for (int64_t i = 0; i < L; ++i) {
+        double m = -INFINITY;
+        std::vector<char> ok(static_cast<size_t>(S));
+        for (int64_t j = 0; j < S; ++j) {
+          ok[size_t(j)] = !mask || mask(b, h, i + qOffset, j);
+          const double x = ok[size_t(j)] ? (score ? score(s(i, j), b, h, i + qOffset, j) : s(i, j)) : -INFINITY;
+          P(i, j) = x;
+          m = std::max(m, x);
+        }
+        if (m == -INFINITY) {  // no allowed key: the row's gradients are 0
+          P.row(i).setZero();
+          continue;
+        }
+        double l = 0;
+        for (int64_t j = 0; j < S; ++j) l += P(i, j) = ok[size_t(j)] ? std::exp(P(i, j) - m) : 0.0;
+        P.row(i) /= l;
+        double delta = P.row(i).dot(dP.row(i));
+        if (dlse) delta -= (*dlse)[size_t((b * Hq + h) * L + i)];
+        for (int64_t j = 0; j < S; ++j) {
+          if (!ok[size_t(j)]) continue;
+          const double gOut = P(i, j) * (dP(i, j) - delta);
+          if (sink) sink(gOut, s(i, j), b, h, i + qOffset, j);
+          dS(i, j) = gOut * (scoreGrad ? scoreGrad(s(i, j), b, h, i + qOffset, j) : 1.0);
+        }
+      }
+      dQ += scale * dS * K;
+      dK += scale * dS.transpose() * Q;
+      dV += P.transpose() * dO;
+    }
+  return g;
+}
+
 }  // namespace flextile::attention

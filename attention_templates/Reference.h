@@ -28,6 +28,29 @@ ReferenceResult referenceAttention(const dsl::Tensor& q, const dsl::Tensor& k, c
                                    const RefScoreFn& score, const RefMaskFn& mask, double scale,
                                    int64_t qOffset = 0);
 
+// d score / d s of a RefScoreFn at s (empty: 1, the identity's).
+using RefScoreGradFn = std::function<double(double s, int64_t b, int64_t h, int64_t q, int64_t kv)>;
+// Called for every allowed pair with g = dloss / d(score_mod's output) and the mod's input s: where a
+// test accumulates the gradients of captured tensors by their formulas (a bias table's entry
+// gets g, an ALiBi slope g * (kv - q)).
+using RefScoreGradSink = std::function<void(double g, double s, int64_t b, int64_t h, int64_t q, int64_t kv)>;
+
+struct ReferenceGrads {
+  std::vector<double> dq;  // [B, Hq, L, D]
+  std::vector<double> dk;  // [B, Hkv, S, D], summed over each GQA group
+  std::vector<double> dv;  // [B, Hkv, S, D]
+};
+
+// The gradients of loss(out, lse) given dout = dloss/dout (any float tensor [B, Hq, L, D]) and
+// optionally dlse ([B, Hq, L], row-major), from the formulas, in float64:
+//   p = softmax(score(scale q·k)) over allowed keys, dP = dout·vᵀ, delta_i = sum_j p_ij dP_ij - dlse_i,
+//   dS = p (dP - delta), dS' = dS · score'(s), dq = scale dS' k, dk = scale dS'ᵀ q, dv = pᵀ dout.
+ReferenceGrads referenceAttentionBackward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                          const dsl::Tensor& dout, const RefScoreFn& score,
+                                          const RefScoreGradFn& scoreGrad, const RefMaskFn& mask, double scale,
+                                          int64_t qOffset = 0, const std::vector<double>* dlse = nullptr,
+                                          const RefScoreGradSink& sink = nullptr);
+
 // Any float tensor's elements as float64, row-major.
 std::vector<double> toDoubles(const dsl::Tensor& t);
 

@@ -103,6 +103,10 @@ std::vector<Variant> builtins() {
                  r.refScore = [](double s, int64_t, int64_t, int64_t, int64_t) {
                    return kYardstickSoftCap * std::tanh(s / kYardstickSoftCap);
                  };
+                 r.refScoreGrad = [](double s, int64_t, int64_t, int64_t, int64_t) {
+                   const double t = std::tanh(s / kYardstickSoftCap);
+                   return 1 - t * t;
+                 };
                  r.parameters = "cap 20";
                  return r;
                }});

@@ -38,6 +38,7 @@ struct VariantInstance {
   ScoreMod score = noop_score();
   std::optional<BlockMask> mask;  // empty: every pair allowed
   RefScoreFn refScore;            // empty: identity
+  RefScoreGradFn refScoreGrad;    // d refScore / d s; empty: 1 (identity, or a score plus a constant)
   RefMaskFn refMask;              // empty: every pair allowed
   std::string parameters;         // "window 1024", for reports
 };

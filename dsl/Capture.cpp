@@ -6,10 +6,14 @@
 
 namespace flextile::dsl {
 
-CaptureSlot::CaptureSlot(Tensor tensor, std::string name) : tensor_(std::move(tensor)), name_(std::move(name)) {
+CaptureSlot::CaptureSlot(Tensor tensor, std::string name, CaptureOptions options)
+    : tensor_(std::move(tensor)), name_(std::move(name)), options_(options) {
   if (!tensor_.defined()) throw Error("capture '" + name_ + "': cannot capture an empty Tensor");
   if (tensor_.rank() < 1 || tensor_.rank() > 4)
     throw Error("capture '" + name_ + "': captured tensors have rank 1 to 4, got " + tensor_.describe());
+  if (options_.requires_grad && !ir::isFloat(tensor_.dtype()))
+    throw Error("capture '" + name_ + "': requires_grad needs a float tensor (a gradient of integer data is "
+                "meaningless), got " + tensor_.describe());
   dtype_ = tensor_.dtype();
   rank_ = tensor_.rank();
 }
@@ -28,10 +32,12 @@ void CaptureSlot::rebind(Tensor tensor) {
   tensor_ = std::move(tensor);
 }
 
-CapturedTensor::CapturedTensor(Tensor tensor, std::string name)
-    : slot_(std::make_shared<CaptureSlot>(std::move(tensor), std::move(name))) {}
+CapturedTensor::CapturedTensor(Tensor tensor, std::string name, CaptureOptions options)
+    : slot_(std::make_shared<CaptureSlot>(std::move(tensor), std::move(name), options)) {}
 
-CapturedTensor capture(Tensor tensor, std::string name) { return CapturedTensor(std::move(tensor), std::move(name)); }
+CapturedTensor capture(Tensor tensor, std::string name, CaptureOptions options) {
+  return CapturedTensor(std::move(tensor), std::move(name), options);
+}
 
 namespace {
 const CaptureSlot& need(const std::shared_ptr<CaptureSlot>& s) {
@@ -43,6 +49,7 @@ const CaptureSlot& need(const std::shared_ptr<CaptureSlot>& s) {
 const std::string& CapturedTensor::name() const { return need(slot_).name(); }
 DType CapturedTensor::dtype() const { return need(slot_).dtype(); }
 int CapturedTensor::rank() const { return need(slot_).rank(); }
+bool CapturedTensor::requiresGrad() const { return need(slot_).requiresGrad(); }
 Tensor CapturedTensor::tensor() const { return need(slot_).tensor(); }
 void CapturedTensor::rebind(Tensor tensor) const {
   need(slot_);

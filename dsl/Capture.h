@@ -38,10 +38,18 @@ namespace flextile::dsl {
 class KernelArg;
 
 // The binding behind CapturedTensor handles.
+// How a tensor is captured.
+struct CaptureOptions {
+  // A trainable tensor: flex_attention_backward returns the gradient of the loss with respect to
+  // it (f32, its shape), summed over every read of it in the score_mod. Float dtypes only.
+  bool requires_grad = false;
+};
+
 class CaptureSlot {
  public:
-  CaptureSlot(Tensor tensor, std::string name);
+  CaptureSlot(Tensor tensor, std::string name, CaptureOptions options = {});
   const std::string& name() const { return name_; }
+  bool requiresGrad() const { return options_.requires_grad; }
   DType dtype() const { return dtype_; }
   int rank() const { return rank_; }
   Tensor tensor() const;
@@ -51,6 +59,7 @@ class CaptureSlot {
   mutable std::mutex mutex_;
   Tensor tensor_;
   std::string name_;
+  CaptureOptions options_;
   DType dtype_;
   int rank_;
 };
@@ -58,10 +67,11 @@ class CaptureSlot {
 class CapturedTensor {
  public:
   CapturedTensor() = default;
-  CapturedTensor(Tensor tensor, std::string name);
+  CapturedTensor(Tensor tensor, std::string name, CaptureOptions options = {});
 
   bool defined() const { return slot_ != nullptr; }
   const std::string& name() const;
+  bool requiresGrad() const;
   DType dtype() const;
   int rank() const;
   Tensor tensor() const;  // the current binding
@@ -87,7 +97,8 @@ class CapturedTensor {
 
 // capture(tensor, name): a new capture of `tensor`; `name` appears in the
 // IR's parameter names and in errors.
-CapturedTensor capture(Tensor tensor, std::string name);
+//   capture(bias, "bias", {.requires_grad = true})   // a trainable tensor (see CaptureOptions)
+CapturedTensor capture(Tensor tensor, std::string name, CaptureOptions options = {});
 
 // The launch arguments of a trace's captured tensors (data, sizes, strides
 // each), for a launch on `space`. Throws, naming the capture, when a tensor

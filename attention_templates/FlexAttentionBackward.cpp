@@ -1,0 +1,732 @@
+// The backward template of flex_attention (attention_templates/FlexAttention.h).
+//
+// With p = softmax(s) per query row (s the modified scores), delta_i = rowsum(dO ∘ O)_i - dlse_i:
+//   dV_j  = sum_i p_ij dO_i
+//   dP_ij = <dO_i, V_j>
+//   dS_ij = p_ij (dP_ij - delta_i)                  (dloss / d score_mod's output)
+//   dS'   = dS · d score_mod / d (scale q·k)        (reverse mode over the mod's traced IR)
+//   dQ_i  = scale sum_j dS'_ij K_j,   dK_j = scale sum_i dS'_ij Q_i
+//
+// Three kernels, launched in order:
+//   preprocess  per query tile: delta, and the LSE in the exp2 domain (+inf for a row with no
+//               allowed key, so every p of that row recomputes as exactly 0);
+//   dkdv        per KV tile of BLOCK_N keys and KV head: K and V stay in registers while the
+//               program walks, for each query head of the GQA group, the BlockMask's transposed
+//               lists (full q blocks without mask_mod, then partial ones with it), recomputing
+//               pᵀ = exp2(K·Qᵀ - lse) tile by tile; dK and dV accumulate in registers and are
+//               written once (no atomics). Trainable captures get their gradient here, scattered
+//               with atomic adds (each (q, kv) pair is visited by exactly one dkdv program);
+//   dq          per query tile and query head: Q and dO stay in registers while the program walks
+//               the forward lists; dQ accumulates in registers.
+// The scores are computed transposed in dkdv ([BLOCK_N, BLOCK_M]) so that pᵀ and dSᵀ are the A
+// operands of their products straight from the accumulator, as P is in the forward; the mods see
+// q_idx [1, BLOCK_M] and kv_idx [BLOCK_N, 1] there (they are element-wise, so this is the same
+// function).
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <numbers>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/FlexAttentionCommon.h"
+#include "attention_templates/TemplateParams.h"
+#include "dsl/Capture.h"
+#include "dsl/DSL.h"
+#include "ir/passes/ReverseMode.h"
+#include "runtime/Device.h"
+
+namespace flextile::attention {
+
+using namespace flextile::dsl;
+using namespace flextile::attention::tmpl;
+using ir::Type;
+
+std::string FlexAttentionBackwardConfig::describe() const {
+  return "dkdv " + dkdv.describe() + " / dq " + dq.describe();
+}
+
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability) {
+  FlexAttentionBackwardConfig c;
+  if (headDim > 128 || ir::byteWidth(dtype) == 4) {
+    c.dkdv = {32, 32, 4, 2};
+    c.dq = {32, 32, 4, 2};
+  }
+  (void)capability;
+  return c;
+}
+
+const Tensor& FlexAttentionGrads::grad(const CapturedTensor& capture) const {
+  for (size_t i = 0; i < trainable.size(); ++i)
+    if (trainable[i].slot() == capture.slot()) return captureGrads[i];
+  throw Error("flex_attention_backward: capture '" + (capture.defined() ? capture.name() : std::string("<empty>")) +
+              "' has no gradient: it is not a trainable capture of the score_mod (capture it with "
+              "{.requires_grad = true} and list it in the mod's captures)");
+}
+
+namespace {
+
+constexpr double kLog2e = std::numbers::log2e;
+// Fixed-point scale of deterministic captured gradients.
+constexpr double kFixedPointScale = 4294967296.0;  // 2^32
+
+int64_t nextPow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// ---- kernel parameters -------------------------------------------------------
+
+template <template <class> class P>
+struct PreprocessParams {
+  BOOST_HANA_DEFINE_STRUCT(PreprocessParams, (P<Data>, out), (P<Data>, dout), (P<F32Ptr>, lse), (P<F32Ptr>, dlse),
+                           (P<F32Ptr>, delta), (P<F32Ptr>, lse2), (P<I32>, q_len), (P<I32>, q_heads),
+                           (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
+                           (P<I32>, dout_stride_b), (P<I32>, dout_stride_h), (P<I32>, dout_stride_m));
+};
+
+struct PreprocessConstants {
+  BOOST_HANA_DEFINE_STRUCT(PreprocessConstants, (int64_t, BM), (int64_t, D), (int64_t, DP), (int64_t, hasDlse));
+};
+
+// Shared by dkdv and dq: the inputs, the preprocess results, the mask lists and the strides.
+// `grad` is dK (dkdv) or dQ (dq); `grad2` is dV (dkdv) and unused by dq.
+template <template <class> class P>
+struct GradParams {
+  BOOST_HANA_DEFINE_STRUCT(GradParams, (P<Data>, q), (P<Data>, k), (P<Data>, v), (P<Data>, dout),
+                           (P<F32Ptr>, lse2), (P<F32Ptr>, delta), (P<Data>, grad), (P<Data>, grad2),
+                           (P<I32Ptr>, full_num), (P<I32Ptr>, full_indices), (P<I32Ptr>, partial_num),
+                           (P<I32Ptr>, partial_indices), (P<I32>, q_len), (P<I32>, kv_len), (P<I32>, q_offset),
+                           (P<I32>, q_phase), (P<I32>, mask_q_blocks), (P<I32>, mask_kv_blocks),
+                           (P<I32>, mask_b_stride), (P<I32>, mask_h_stride), (P<I32>, q_stride_b),
+                           (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
+                           (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
+                           (P<I32>, dout_stride_b), (P<I32>, dout_stride_h), (P<I32>, dout_stride_m),
+                           (P<I32>, q_heads), (P<F32>, scale), (P<F32>, grad_scale));
+};
+
+struct GradConstants {
+  BOOST_HANA_DEFINE_STRUCT(GradConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
+                           (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
+                           (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
+                           (int64_t, numTrainable), (int64_t, deterministic));
+};
+
+// ---- traced kernels ----------------------------------------------------------
+
+void tracePreprocess(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
+  const auto k = constantsFrom<PreprocessConstants>(constants);
+  const auto p = declareParams<PreprocessParams>(f, dt);
+  Tile mBlock = program_id(0), h = program_id(1), b = program_id(2);
+  Tile offsM = mBlock * k.BM + arange(0, k.BM);
+  Tile offsD = arange(0, k.DP);
+  Tile rowLive = offsM < p.q_len;
+  Tile live = rowLive.expand(1) & (offsD < k.D).expand(0);
+  Tile b64 = b.to(DType::I64), h64 = h.to(DType::I64);
+  Tile o = load(p.out + (b64 * p.out_stride_b + h64 * p.out_stride_h) + (offsM.expand(1) * p.out_stride_m + offsD.expand(0)), live);
+  Tile dO = load(p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
+                     (offsM.expand(1) * p.dout_stride_m + offsD.expand(0)),
+                 live);
+  Tile delta = sum(o.to(DType::F32) * dO.to(DType::F32), 1);
+  Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
+  if (k.hasDlse) delta = delta - load(p.dlse + rows, rowLive);
+  Tile lse = load(p.lse + rows, rowLive);
+  store(p.delta + rows, delta, rowLive);
+  store(p.lse2 + rows, where(lse == -INFINITY, INFINITY, lse * kLog2e), rowLive);
+}
+
+// The base parameter a pointer tile is computed from (through addptr and shape ops), or null.
+ir::Value* basePointer(ir::Value* ptr) {
+  while (ir::Op* def = ptr->definingOp()) {
+    switch (def->kind()) {
+      case ir::OpKind::AddPtr:
+      case ir::OpKind::Splat:
+      case ir::OpKind::Broadcast:
+      case ir::OpKind::ExpandDims:
+      case ir::OpKind::Reshape:
+      case ir::OpKind::Trans: ptr = def->operand(0); break;
+      default: return nullptr;
+    }
+  }
+  return ptr;
+}
+
+// `ptr`'s computation again, from `to` instead of the base parameter `from` (same offsets: the
+// gradient buffer has the captured tensor's shape and strides). Pointer results point to `to`'s
+// element type.
+ir::Value* rebasePointer(ir::Builder& bld, ir::Value* ptr, ir::Value* from, ir::Value* to) {
+  if (ptr == from) return to;
+  ir::Op* def = ptr->definingOp();
+  std::vector<ir::Value*> operands = def->operands();
+  operands[0] = rebasePointer(bld, operands[0], from, to);
+  Type result = Type::pointer(to->type().pointee(), ptr->type().shape());
+  return bld.create(def->kind(), operands, {result}, def->attrs())->result();
+}
+
+struct TrainableCapture {
+  std::shared_ptr<CaptureSlot> slot;
+  Tile grad;  // the gradient buffer's parameter: ptr<f32>, or ptr<i64> when deterministic
+};
+
+// The scores of one tile after score_mod, in the exp2 domain, and what the mod's derivative needs.
+struct ModScores {
+  Tile z;                      // score_mod(scale * s) * log2 e
+  Tile scaled;                 // scale * s, the mod's input (when there is a mod)
+  std::vector<ir::Op*> modOps; // the ops the mod traced to
+  Tile modOut;
+};
+
+ModScores modScores(const GradConstants& k, const Tile& s, const Tile& scale, const ScoreMod& scoreMod,
+                    const Tile& b, const Tile& h, const Tile& qPos, const Tile& kvPos) {
+  ModScores r;
+  if (!k.hasScoreMod) {
+    r.z = s * scale;  // the host folded log2 e into the scale
+    return r;
+  }
+  r.scaled = s * scale;
+  ir::Block* block = TraceContext::current(SourceLoc::current(), "flex_attention_backward").builder().block();
+  const size_t before = block->ops().size();
+  r.modOut = scoreMod(r.scaled, b, h, qPos, kvPos);
+  auto it = block->ops().begin();
+  std::advance(it, before);
+  for (; it != block->ops().end(); ++it) r.modOps.push_back(it->get());
+  r.z = r.modOut * kLog2e;
+  return r;
+}
+
+// dloss / d(scale * s) from dloss / d score_mod's output, through the mod's traced ops; reads of
+// trainable captures scatter their adjoints into the gradient buffers when `scatter` is set.
+Tile modAdjoint(const ModScores& m, const Tile& seed, const std::vector<TrainableCapture>* scatter,
+                bool deterministic) {
+  TraceContext& ctx = TraceContext::current(SourceLoc::current(), "flex_attention_backward");
+  auto trainableOf = [&](const ir::Op& load) -> const TrainableCapture* {
+    if (!scatter) return nullptr;
+    ir::Value* base = basePointer(load.operand(0));
+    if (!base) return nullptr;
+    for (const CaptureParams& c : ctx.captures())
+      if (c.data == base)
+        for (const TrainableCapture& t : *scatter)
+          if (t.slot == c.slot) return &t;
+    return nullptr;
+  };
+  ir::ReverseModeRequest request;
+  request.ops = m.modOps;
+  request.output = m.modOut.value();
+  request.seed = seed.value();
+  request.wrt = {m.scaled.value()};
+  request.isDifferentiableLoad = [&](const ir::Op& load) { return trainableOf(load) != nullptr; };
+  request.onLoadAdjoint = [&](ir::Builder& bld, const ir::Op& load, ir::Value* adjoint) {
+    const TrainableCapture* t = trainableOf(load);
+    ir::Value* base = basePointer(load.operand(0));
+    Tile gradPtr(rebasePointer(bld, load.operand(0), base, t->grad.value()));
+    Tile g = Tile(adjoint).to(DType::F32);
+    if (deterministic) g = (g * kFixedPointScale).to(DType::I64);
+    if (load.numOperands() > 1)
+      atomic_add(gradPtr, g, Tile(load.operand(1)));
+    else
+      atomic_add(gradPtr, g);
+  };
+  std::vector<ir::Value*> adj = ir::emitReverseMode(ctx.builder(), request);
+  return Tile(adj.at(0));
+}
+
+struct GradKernelArgs {
+  const GradConstants& k;
+  DType dt;
+  const ScoreMod& scoreMod;
+  const MaskMod& maskMod;
+};
+
+// Adds the gradient-buffer parameters of the trainable captures (before any mod is traced, so
+// they precede the captured tensors' own parameters).
+std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& scoreMod, bool deterministic) {
+  std::vector<TrainableCapture> out;
+  for (const CapturedTensor& c : scoreMod.captures())
+    if (c.requiresGrad())
+      out.push_back({c.slot(), Tile(f.addParam(Type::pointer(deterministic ? DType::I64 : DType::F32),
+                                               "grad_" + c.name()))});
+  return out;
+}
+
+void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
+               const MaskMod& maskMod) {
+  const auto k = constantsFrom<GradConstants>(constants);
+  const auto p = declareParams<GradParams>(f, dt);
+  const std::vector<TrainableCapture> trainable = declareTrainable(f, scoreMod, k.deterministic);
+  Tile nBlock = program_id(0), hkv = program_id(1), b = program_id(2);
+  Tile offsN = nBlock * k.BN + arange(0, k.BN);
+  Tile offsD = arange(0, k.DP);
+  Tile b64 = b.to(DType::I64);
+  Tile colLive = offsN < p.kv_len;
+  Tile dLive = offsD < k.D;
+  auto byD = [&](const Tile& rows) {
+    Tile m = rows.expand(1);
+    if (k.DP != k.D) m = m & dLive.expand(0);
+    return m;
+  };
+  Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+  Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
+  Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+  Tile kt = k.kvExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive));
+  Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+  Tile vt = k.kvExact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+  Tile kvPos = offsN.expand(1);
+  Tile maskCol = (nBlock * k.BN) / k.KVBS;
+  const int64_t R = k.QBS / k.BM;
+
+  auto headGroup = [&](const Tile& h, Tile dk, Tile dv) {
+    Tile h64 = h.to(DType::I64);
+    Tile qBase = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h);
+    Tile doBase = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h);
+    Tile rowBase = (b * p.q_heads + h).to(DType::I64) * p.q_len;
+    Tile colBase = b * p.mask_b_stride + h * p.mask_h_stride + maskCol;
+    auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile dk0, Tile dv0) {
+      Tile count = load(num + colBase);
+      Tile listBase = colBase * p.mask_q_blocks;
+      auto [dk2, dv2] = for_range(0, count * R, 1, std::tuple{dk0, dv0}, [&](Tile t, Tile dki, Tile dvi) {
+        Tile entry = t / R;
+        Tile block = load(indices + (listBase + entry), entry < count, 0);
+        Tile offsM = block * k.QBS + (t % R) * k.BM + arange(0, k.BM);
+        if (!k.qExact) offsM = offsM - p.q_phase;
+        Tile rowLive = offsM < p.q_len;
+        if (!k.qExact) rowLive = rowLive & (offsM >= 0);
+        Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
+        Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
+        const bool exact = k.qExact && k.DP == k.D;
+        Tile qt = exact ? load(qBase + qOffs) : load(qBase + qOffs, byD(rowLive));
+        Tile dOt = exact ? load(doBase + doOffs) : load(doBase + doOffs, byD(rowLive));
+        Tile lse2 = k.qExact ? load(p.lse2 + (rowBase + offsM)) : load(p.lse2 + (rowBase + offsM), rowLive, INFINITY);
+        Tile delta = k.qExact ? load(p.delta + (rowBase + offsM)) : load(p.delta + (rowBase + offsM), rowLive);
+        Tile qPos = (offsM + p.q_offset).expand(0);
+        Tile sT = dot(kt, qt.trans());  // [BN, BM]
+        ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
+        Tile z = m.z;
+        if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
+        // Keys past kv_len only reach rows of dK/dV that are not stored, but their scores must
+        // not reach the captured gradients.
+        if (!k.kvExact && k.numTrainable) z = where(colLive.expand(1), z, -INFINITY);
+        Tile pT = exp2(z - lse2.expand(0));
+        Tile dvNew = dot(pT.to(dt), dOt, dvi);
+        Tile dpT = dot(vt, dOt.trans());
+        Tile dsT = pT * (dpT - delta.expand(0));
+        if (k.hasScoreMod) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
+        Tile dkNew = dot(dsT.to(dt), qt, dki);
+        return std::tuple{dkNew, dvNew};
+      });
+      return std::tuple{dk2, dv2};
+    };
+    if (k.hasFull) std::tie(dk, dv) = walk(p.full_num, p.full_indices, false, dk, dv);
+    if (k.hasPartial) std::tie(dk, dv) = walk(p.partial_num, p.partial_indices, true, dk, dv);
+    return std::tuple{dk, dv};
+  };
+
+  Tile dk = zeros({k.BN, k.DP}, DType::F32), dv = zeros({k.BN, k.DP}, DType::F32);
+  if (k.G == 1) {
+    std::tie(dk, dv) = headGroup(hkv, dk, dv);
+  } else {
+    std::tie(dk, dv) = for_range(0, k.G, 1, std::tuple{dk, dv}, [&](Tile g, Tile dki, Tile dvi) {
+      return headGroup(hkv * k.G + g, dki, dvi);
+    });
+  }
+  // dK and dV are contiguous [B, Hkv, S, D].
+  Tile outOffs = ((b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len) * k.D +
+                 (offsN.expand(1) * k.D + offsD.expand(0));
+  Tile dkScaled = dk * p.grad_scale;
+  if (k.kvExact && k.DP == k.D) {
+    store(p.grad + outOffs, dkScaled.to(dt));
+    store(p.grad2 + outOffs, dv.to(dt));
+  } else {
+    store(p.grad + outOffs, dkScaled.to(dt), byD(colLive));
+    store(p.grad2 + outOffs, dv.to(dt), byD(colLive));
+  }
+}
+
+void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
+             const MaskMod& maskMod) {
+  const auto k = constantsFrom<GradConstants>(constants);
+  const auto p = declareParams<GradParams>(f, dt);
+  // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
+  declareTrainable(f, scoreMod, k.deterministic);
+  Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
+  Tile hkv = h / k.G;
+  Tile offsM = mBlock * k.BM + arange(0, k.BM);
+  Tile offsD = arange(0, k.DP);
+  Tile b64 = b.to(DType::I64), h64 = h.to(DType::I64);
+  Tile rowLive = offsM < p.q_len;
+  Tile dLive = offsD < k.D;
+  auto byD = [&](const Tile& rows) {
+    Tile m = rows.expand(1);
+    if (k.DP != k.D) m = m & dLive.expand(0);
+    return m;
+  };
+  const bool exact = k.qExact && k.DP == k.D;
+  Tile qPtrs = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
+  Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
+                (offsM.expand(1) * p.dout_stride_m + offsD.expand(0));
+  Tile qt = exact ? load(qPtrs) : load(qPtrs, byD(rowLive));
+  Tile dOt = exact ? load(doPtrs) : load(doPtrs, byD(rowLive));
+  Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
+  Tile lse2 = k.qExact ? load(p.lse2 + rows) : load(p.lse2 + rows, rowLive, INFINITY);
+  Tile delta = k.qExact ? load(p.delta + rows) : load(p.delta + rows, rowLive);
+  Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
+  Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+  Tile maskRow = minimum((mBlock * k.BM + p.q_phase) / k.QBS, p.mask_q_blocks - 1);
+  Tile rowBase = b * p.mask_b_stride + h * p.mask_h_stride + maskRow;
+  Tile qPos = (offsM + p.q_offset).expand(1);
+  const int64_t R = k.KVBS / k.BN;
+
+  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile dq0) {
+    Tile count = load(num + rowBase);
+    Tile listBase = rowBase * p.mask_kv_blocks;
+    return for_range(0, count * R, 1, dq0, [&](Tile t, Tile dqi) {
+      Tile entry = t / R;
+      Tile block = load(indices + (listBase + entry), entry < count, 0);
+      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      Tile colLive = offsN < p.kv_len;
+      Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+      const bool kvExact = k.kvExact && k.DP == k.D;
+      Tile kt = kvExact ? load(kBase + kOffs) : load(kBase + kOffs, byD(colLive));
+      Tile vt = kvExact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+      Tile kvPos = offsN.expand(0);
+      Tile s = dot(qt, kt.trans());  // [BM, BN]
+      ModScores m = modScores(k, s, p.scale, scoreMod, b, h, qPos, kvPos);
+      Tile z = m.z;
+      if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
+      if (!k.kvExact) z = where(colLive.expand(0), z, -INFINITY);
+      Tile pr = exp2(z - lse2.expand(1));
+      Tile dp = dot(dOt, vt.trans());
+      Tile ds = pr * (dp - delta.expand(1));
+      if (k.hasScoreMod) ds = modAdjoint(m, ds, nullptr, false);
+      return dot(ds.to(dt), kt, dqi);
+    });
+  };
+  Tile dq = zeros({k.BM, k.DP}, DType::F32);
+  if (k.hasFull) dq = walk(p.full_num, p.full_indices, false, dq);
+  if (k.hasPartial) dq = walk(p.partial_num, p.partial_indices, true, dq);
+  // dQ is contiguous [B, Hq, L, D].
+  Tile dqScaled = (dq * p.grad_scale).to(dt);
+  Tile outOffs = (rows.expand(1) * k.D) + offsD.expand(0);
+  if (exact)
+    store(p.grad + outOffs, dqScaled);
+  else
+    store(p.grad + outOffs, dqScaled, byD(rowLive));
+}
+
+// Deterministic captured gradients: 64-bit fixed point to f32.
+template <template <class> class P>
+struct FixedPointParams {
+  BOOST_HANA_DEFINE_STRUCT(FixedPointParams, (P<I64Ptr>, in), (P<F32Ptr>, out), (P<I32>, n));
+};
+struct FixedPointConstants {
+  BOOST_HANA_DEFINE_STRUCT(FixedPointConstants, (int64_t, BLOCK));
+};
+void traceFixedPoint(ir::Function& f, const std::vector<int64_t>& constants) {
+  const auto k = constantsFrom<FixedPointConstants>(constants);
+  const auto p = declareParams<FixedPointParams>(f, DType::F32);
+  Tile offs = program_id(0) * k.BLOCK + arange(0, k.BLOCK);
+  Tile ok = offs < p.n;
+  store(p.out + offs, load(p.in + offs, ok).to(DType::F32) * (1.0 / kFixedPointScale), ok);
+}
+
+// ---- host side ---------------------------------------------------------------
+
+std::string cleanName(const std::string& name) {
+  std::string clean;
+  for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return clean;
+}
+
+Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Kernel>> kernels;
+  std::lock_guard lock(mutex);
+  auto it = kernels.find(key);
+  if (it == kernels.end()) it = kernels.emplace(key, std::make_unique<Kernel>(make())).first;
+  return *it->second;
+}
+
+Kernel& preprocessKernel(DType dt) {
+  const std::string name = "flex_bwd_preprocess_" + std::string(ir::dtypeName(dt));
+  return sharedKernel(name, [&] {
+    return Kernel(name, [dt](ir::Function& f, const std::vector<int64_t>& c) { tracePreprocess(f, c, dt); },
+                  constantCount<PreprocessConstants>());
+  });
+}
+
+Kernel& fixedPointKernel() {
+  return sharedKernel("flex_bwd_fixed_point", [] {
+    return Kernel("flex_bwd_fixed_point", [](ir::Function& f, const std::vector<int64_t>& c) { traceFixedPoint(f, c); },
+                  constantCount<FixedPointConstants>());
+  });
+}
+
+// The gradient kernels live in the mask mod's state (as the forward's), keyed by the score mod's
+// state, the dtype and which of the two kernels.
+Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& maskMod, DType dt) {
+  char key[128];
+  std::snprintf(key, sizeof key, "flex_bwd_%s/%p/%s", which, static_cast<const void*>(&scoreMod.state()),
+                std::string(ir::dtypeName(dt)).c_str());
+  return maskMod.state().kernel(key, [&] {
+    const std::string name = cleanName(std::string("flex_bwd_") + which + "_" + scoreMod.name() + "_" + maskMod.name());
+    const bool dkdv = std::string(which) == "dkdv";
+    return Kernel(name,
+                  [dt, scoreMod, maskMod, dkdv](ir::Function& f, const std::vector<int64_t>& c) {
+                    if (dkdv)
+                      traceDkdv(f, c, dt, scoreMod, maskMod);
+                    else
+                      traceDq(f, c, dt, scoreMod, maskMod);
+                  },
+                  constantCount<GradConstants>());
+  });
+}
+
+void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
+  auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
+  if (!pow2(c.block_m) || !pow2(c.block_n))
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
+                ": BLOCK_M and BLOCK_N must be powers of two in [16, 256]");
+  if (c.num_stages < 1 || c.num_stages > 4)
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
+                ": num_stages must be 1 to 4");
+  if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
+                " does not tile the BlockMask's blocks (" + std::to_string(mask.qBlockSize()) + " x " +
+                std::to_string(mask.kvBlockSize()) + ")");
+}
+
+std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {
+  std::string s = "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c);
+  if (d >= 0) s += ", " + std::to_string(d);
+  return s + "]";
+}
+
+}  // namespace
+
+FlexAttentionGrads flex_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& lse, const Tensor& dout, const ScoreMod& scoreMod,
+                                           const std::optional<BlockMask>& blockMask,
+                                           const FlexAttentionBackwardOptions& options) {
+  detail::expectAttentionInput("flex_attention_backward", "q", q);
+  detail::expectAttentionInput("flex_attention_backward", "k", k);
+  FlexAttentionGrads grads;
+  grads.dq = Tensor::empty(q.dtype(), q.shape(), q.space());
+  grads.dk = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  flex_attention_backward_into(q, k, v, out, lse, dout, scoreMod, blockMask, grads, options);
+  return grads;
+}
+
+void flex_attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, const ScoreMod& scoreModIn,
+                                  const std::optional<BlockMask>& blockMask, FlexAttentionGrads& grads,
+                                  const FlexAttentionBackwardOptions& options) {
+  static const char* op = "flex_attention_backward";
+  detail::expectAttentionInput(op, "q", q);
+  detail::expectAttentionInput(op, "k", k);
+  detail::expectAttentionInput(op, "v", v);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const DType dt = q.dtype();
+  if (k.dtype() != dt || v.dtype() != dt)
+    throw Error(std::string(op) + ": q, k and v must have one dtype, got q " + q.describe() + ", k " + k.describe() +
+                ", v " + v.describe());
+  if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)
+    throw Error(std::string(op) + ": dtype must be bf16, f16 or f32, got " + q.describe());
+  if (k.size(0) != B || v.size(0) != B || v.size(1) != Hkv || v.size(2) != S || k.size(3) != D || v.size(3) != D)
+    throw Error(std::string(op) + ": k and v must be [B, Hkv, S, D] with q's B and D: q " + q.describe() + ", k " +
+                k.describe() + ", v " + v.describe());
+  if (Hkv < 1 || Hq % Hkv != 0)
+    throw Error(std::string(op) + ": the query heads (" + std::to_string(Hq) + ") must be a multiple of the kv heads (" +
+                std::to_string(Hkv) + ")");
+  if (D < 16 || D > 256 || D % 16 != 0)
+    throw Error(std::string(op) + ": head dim D = " + std::to_string(D) + " is not supported (a multiple of 16 up to 256)");
+  const MemorySpace space = q.space();
+  if (k.space() != space || v.space() != space)
+    throw Error(std::string(op) + ": q, k and v must be in one memory space");
+  auto expectLike = [&](const char* what, const Tensor& t) {
+    if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an empty tensor");
+    if (t.dtype() != dt || t.shape() != q.shape())
+      throw Error(std::string(op) + ": " + what + " must be " + std::string(ir::dtypeName(dt)) + shapeOf(B, Hq, L, D) +
+                  " like q, got " + t.describe());
+    detail::expectAttentionInput(op, what, t);
+    if (t.space() != space) throw Error(std::string(op) + ": " + what + " is in another memory space than q");
+  };
+  expectLike("out", out);
+  expectLike("dout", dout);
+  auto expectRows = [&](const char* what, const Tensor& t) {
+    if (!t.defined())
+      throw Error(std::string(op) + ": " + what + " is an empty tensor (run the forward with return_lse = true)");
+    if (t.dtype() != DType::F32 || t.shape() != Shape{B, Hq, L})
+      throw Error(std::string(op) + ": " + what + " must be f32" + shapeOf(B, Hq, L) + ", got " + t.describe());
+    if (!t.isContiguous() || t.space() != space)
+      throw Error(std::string(op) + ": " + what + " must be contiguous and in q's memory space, got " + t.describe());
+  };
+  expectRows("lse", lse);
+  if (options.dlse) expectRows("dlse", *options.dlse);
+  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(D));
+  if (!std::isfinite(scale) || scale == 0)
+    throw Error(std::string(op) + ": scale must be finite and non-zero, got " + std::to_string(scale));
+
+  const ScoreMod scoreMod = scoreModIn.defined() ? scoreModIn : noop_score();
+  const bool hasScoreMod = &scoreMod.state() != &noop_score().state();
+  if (scoreMod.captureSpace() && *scoreMod.captureSpace() != space)
+    throw Error(std::string(op) + ": score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
+
+  FlexAttentionBackwardConfig config =
+      options.config ? *options.config
+                     : defaultFlexAttentionBackwardConfig(
+                           dt, D, space == MemorySpace::Device ? runtime::Device::current().capabilityMajor() * 10 +
+                                                                     runtime::Device::current().capabilityMinor()
+                                                               : 0);
+  std::optional<BlockMask> ownedMask;
+  const BlockMask* maskPtr;
+  if (blockMask) {
+    maskPtr = &*blockMask;
+  } else {
+    const int64_t bq = std::max({int64_t(128), config.dkdv.block_m, config.dq.block_m});
+    const int64_t bkv = std::max({int64_t(128), config.dkdv.block_n, config.dq.block_n});
+    ownedMask = detail::denseBlockMask(L, S, {bq, bkv});
+    maskPtr = &*ownedMask;
+  }
+  const BlockMask& mask = *maskPtr;
+  mask.checkInputs(B, Hq, L, S);
+  if (!blockMask) {
+    // The dense mask's blocks are at least 128: narrow nothing.
+  } else {
+    if (!options.config) {  // narrow the default to tile a mask of smaller blocks
+      for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
+        c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
+        c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+      }
+    }
+  }
+  checkConfig("dkdv", config.dkdv, mask);
+  checkConfig("dq", config.dq, mask);
+  if (mask.qPhase() != 0 && mask.numQBlocks() != 1)
+    throw Error(std::string(op) + ": a BlockMask slice starting mid-block must have one row");
+  const BlockMaskTensors& lists = mask.tensors(space);
+  if (!lists.qNum.defined() || !lists.qIndices.defined() || !lists.fullQNum.defined())
+    throw Error(std::string(op) + ": the BlockMask has no transposed (per kv block) lists: " + mask.describe());
+  const MaskMod& maskMod = mask.maskMod();
+  if (maskMod.captureSpace() && *maskMod.captureSpace() != space)
+    throw Error(std::string(op) + ": mask_mod '" + maskMod.name() + "' captures tensors in the other memory space");
+
+  auto expectGrad = [&](const char* what, const Tensor& t, const Shape& shape) {
+    if (!t.defined() || t.dtype() != dt || t.shape() != shape || !t.isContiguous() || t.space() != space)
+      throw Error(std::string(op) + ": " + what + " must be a contiguous " + std::string(ir::dtypeName(dt)) +
+                  shapeOf(shape[0], shape[1], shape[2], shape[3]) + " tensor in q's memory space, got " +
+                  (t.defined() ? t.describe() : std::string("an empty tensor")));
+  };
+  expectGrad("dq", grads.dq, q.shape());
+  expectGrad("dk", grads.dk, {B, Hkv, S, D});
+  expectGrad("dv", grads.dv, {B, Hkv, S, D});
+  grads.trainable.clear();
+  grads.captureGrads.clear();
+  for (const CapturedTensor& c : scoreMod.captures()) {
+    if (!c.requiresGrad()) continue;
+    const Tensor t = c.tensor();
+    if (!t.isContiguous())
+      throw Error(std::string(op) + ": trainable capture '" + c.name() + "' must be contiguous, got " + t.describe());
+    grads.trainable.push_back(c);
+  }
+  const bool deterministic = options.deterministic;
+
+  Tensor delta = Tensor::empty(DType::F32, {B, Hq, L}, space);
+  Tensor lse2 = Tensor::empty(DType::F32, {B, Hq, L}, space);
+  std::vector<Tensor> gradBuffers;
+  for (const CapturedTensor& c : grads.trainable) {
+    gradBuffers.push_back(Tensor::zeros(deterministic ? DType::I64 : DType::F32, c.tensor().shape(), space));
+  }
+
+  std::vector<Launch> launches;
+  // Preprocess.
+  {
+    const int64_t BMP = 64, DP = nextPow2(D);
+    PreprocessConstants c{BMP, D, DP, options.dlse.has_value()};
+    LaunchOptions lo;
+    lo.grid = {cdiv(L, BMP), Hq, B};
+    lo.constants = constantList(c);
+    lo.num_warps = 4;
+    lo.num_stages = 1;
+    const auto& os = out.strides();
+    const auto& ds = dout.strides();
+    Kernel& kernel = preprocessKernel(dt);
+    launches.push_back({&kernel, lo,
+                        bindParams<PreprocessParams>(
+                            {.out = out, .dout = dout, .lse = lse, .dlse = options.dlse ? *options.dlse : lse,
+                             .delta = delta, .lse2 = lse2, .q_len = L, .q_heads = Hq, .out_stride_b = os[0],
+                             .out_stride_h = os[1], .out_stride_m = os[2], .dout_stride_b = ds[0],
+                             .dout_stride_h = ds[1], .dout_stride_m = ds[2]},
+                            kernel.name())});
+  }
+  const auto& qs = q.strides();
+  const auto& ks = k.strides();
+  const auto& vs = v.strides();
+  const auto& dos = dout.strides();
+  const double kernelScale = hasScoreMod ? scale : scale * kLog2e;
+  const int64_t maskB = mask.batch() > 1 ? mask.heads() * mask.numQBlocks() : 0;
+  const int64_t maskH = mask.heads() > 1 ? mask.numQBlocks() : 0;
+  // The transposed lists are [B, H, nKV] and [B, H, nKV, nQ]: their strides per batch and head.
+  const int64_t maskBT = mask.batch() > 1 ? mask.heads() * mask.numKvBlocks() : 0;
+  const int64_t maskHT = mask.heads() > 1 ? mask.numKvBlocks() : 0;
+  auto gradLaunch = [&](const char* which, const FlexAttentionConfig& c, bool dkdv) {
+    GradConstants gc{c.block_m,
+                     c.block_n,
+                     D,
+                     nextPow2(D),
+                     Hq / Hkv,
+                     mask.qBlockSize(),
+                     mask.kvBlockSize(),
+                     hasScoreMod,
+                     L % c.block_m == 0 && mask.qPhase() == 0,
+                     S % mask.kvBlockSize() == 0,
+                     mask.numFullBlocks() > 0,
+                     mask.numPartialBlocks() > 0,
+                     int64_t(grads.trainable.size()),
+                     deterministic};
+    if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
+    LaunchOptions lo;
+    lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};
+    lo.constants = constantList(gc);
+    lo.num_warps = c.num_warps;
+    lo.num_stages = c.num_stages;
+    Kernel& kernel = gradKernel(which, scoreMod, maskMod, dt);
+    std::vector<KernelArg> args = bindParams<GradParams>(
+        {.q = q, .k = k, .v = v, .dout = dout, .lse2 = lse2, .delta = delta,
+         .grad = dkdv ? grads.dk : grads.dq, .grad2 = dkdv ? grads.dv : grads.dq,
+         .full_num = dkdv ? lists.fullQNum : lists.fullKvNum,
+         .full_indices = dkdv ? lists.fullQIndices : lists.fullKvIndices,
+         .partial_num = dkdv ? lists.qNum : lists.kvNum, .partial_indices = dkdv ? lists.qIndices : lists.kvIndices,
+         .q_len = L, .kv_len = S, .q_offset = mask.qOffset(), .q_phase = mask.qPhase(),
+         .mask_q_blocks = mask.numQBlocks(), .mask_kv_blocks = mask.numKvBlocks(),
+         .mask_b_stride = dkdv ? maskBT : maskB, .mask_h_stride = dkdv ? maskHT : maskH, .q_stride_b = qs[0],
+         .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
+         .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2], .dout_stride_b = dos[0],
+         .dout_stride_h = dos[1], .dout_stride_m = dos[2], .q_heads = Hq, .scale = kernelScale, .grad_scale = scale},
+        kernel.name());
+    for (const Tensor& g : gradBuffers) args.push_back(KernelArg(g));
+    launches.push_back({&kernel, lo, std::move(args)});
+  };
+  gradLaunch("dkdv", config.dkdv, true);
+  gradLaunch("dq", config.dq, false);
+  for (const Tensor& g : gradBuffers) {
+    if (!deterministic) {
+      grads.captureGrads.push_back(g);
+      continue;
+    }
+    Tensor f32 = Tensor::empty(DType::F32, g.shape(), space);
+    const int64_t n = g.numel(), BLOCK = 1024;
+    LaunchOptions lo;
+    lo.grid = {cdiv(n, BLOCK), 1, 1};
+    lo.constants = constantList(FixedPointConstants{BLOCK});
+    lo.num_stages = 1;
+    Kernel& kernel = fixedPointKernel();
+    launches.push_back({&kernel, lo, bindParams<FixedPointParams>({.in = g, .out = f32, .n = n}, kernel.name())});
+    grads.captureGrads.push_back(f32);
+  }
+  runInOrder(launches, space);
+}
+
+}  // namespace flextile::attention

@@ -1,0 +1,16 @@
+// What the forward and backward templates share on the host side (not part of the public API).
+#pragma once
+
+#include "attention_templates/BlockMask.h"
+#include "dsl/Tensor.h"
+
+namespace flextile::attention::detail {
+
+// Throws unless `t` is a rank-4 [B, H, len, D] tensor whose last dim is contiguous and whose
+// strides fit the kernels' i32 parameters; `op` and `what` name the call and the tensor.
+void expectAttentionInput(const char* op, const char* what, const dsl::Tensor& t);
+
+// The mask that lists every block as full (no BlockMask given), kept per lengths and block sizes.
+BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes);
+
+}  // namespace flextile::attention::detail

@@ -1,0 +1,136 @@
+// Runs flex_attention forward and backward on fresh random inputs (gradients poisoned first) and
+// compares dq, dk, dv (and captured gradients) with the float64 reference written from the
+// formulas (attention_templates/Reference.h). Shared by the host tests (interpreter) and the GPU
+// tests.
+//
+// Element-wise, against a bound relative to the largest reference gradient of the tensor (the
+// gradients are sums of products of rounded P and dS, so their error scales with the tensor, not
+// with each element); rows with no allowed key (and keys no query sees) must be exactly 0.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "FlexAttentionCheck.h"
+
+namespace flextile::testing {
+
+// Bound on |error| / max |reference| per element; the Frobenius bound is half of it.
+inline double gradTolerance(dsl::DType dt) {
+  return dt == dsl::DType::BF16 ? 3e-2 : dt == dsl::DType::F16 ? 6e-3 : 6e-3;
+}
+
+inline bool compareGrad(const char* what, const std::vector<double>& got, const std::vector<double>& want,
+                        dsl::DType dt, const std::vector<char>* exactZeroRows = nullptr, int64_t rowLength = 1) {
+  if (got.size() != want.size()) {
+    ADD_FAILURE() << what << ": " << got.size() << " elements, reference " << want.size();
+    return false;
+  }
+  double maxRef = 0, num = 0, den = 0;
+  for (double x : want) maxRef = std::max(maxRef, std::abs(x));
+  const double bound = gradTolerance(dt) * std::max(maxRef, 1e-6);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool zeroRow = exactZeroRows && (*exactZeroRows)[i / size_t(rowLength)];
+    const double err = std::abs(got[i] - want[i]);
+    if (!std::isfinite(got[i]) || (zeroRow && got[i] != 0.0) || err > bound) {
+      ADD_FAILURE() << what << "[" << i << "] (row " << i / size_t(rowLength) << ", d " << i % size_t(rowLength)
+                    << ") = " << got[i] << ", reference " << want[i] << (zeroRow ? " (must be exactly 0)" : "")
+                    << ", |error| " << err << " > " << bound << " (max |reference| " << maxRef << ")";
+      return false;
+    }
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  if (den > 0 && rel > gradTolerance(dt) / 2) {
+    ADD_FAILURE() << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
+    return false;
+  }
+  return true;
+}
+
+struct BackwardCheck {
+  attention::RefScoreFn refScore;
+  attention::RefScoreGradFn refScoreGrad;
+  attention::RefMaskFn refMask;
+  // Reference gradients of the trainable captures: given a sink's calls, the expected gradient of
+  // each trainable capture (row-major, its shape), filled by `sink`.
+  attention::RefScoreGradSink sink;
+  std::vector<std::vector<double>>* expectedCaptureGrads = nullptr;
+  std::optional<attention::FlexAttentionConfig> forwardConfig;
+  attention::FlexAttentionBackwardOptions options;
+  bool withDlse = false;
+};
+
+// Fresh random inputs of case `c` in `space`; forward (return_lse), then backward into poisoned
+// gradients; compared with the reference. Returns false after the first failure.
+inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::MemorySpace space,
+                          const attention::ScoreMod& score, const std::optional<attention::BlockMask>& mask,
+                          const BackwardCheck& check) {
+  SCOPED_TRACE(c.describe() + (check.options.config ? " config " + check.options.config->describe()
+                                                    : std::string(" default config")) +
+               (mask ? " mask " + mask->describe() : std::string(" no mask")));
+  dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  dsl::Tensor dout = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  attention::FlexAttentionOptions fo{.scale = check.options.scale, .return_lse = true, .config = check.forwardConfig};
+  attention::FlexAttentionResult fwd = attention::flex_attention(q, k, v, score, mask, fo);
+  attention::FlexAttentionBackwardOptions bo = check.options;
+  std::vector<double> dlse;
+  if (check.withDlse) {
+    dsl::Tensor t = randomTensor(rng, dsl::DType::F32, {c.B, c.Hq, c.L}, space);
+    dlse = attention::toDoubles(t);
+    bo.dlse = t;
+  }
+  attention::FlexAttentionGrads g;
+  g.dq = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  g.dk = dsl::Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  g.dv = dsl::Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  poison(g.dq);
+  poison(g.dk);
+  poison(g.dv);
+  attention::flex_attention_backward_into(q, k, v, fwd.out, fwd.lse, dout, score, mask, g, bo);
+
+  const double scale = bo.scale ? *bo.scale : 1.0 / std::sqrt(double(c.D));
+  const int64_t qOffset = mask ? mask->qOffset() : 0;
+  const attention::ReferenceGrads ref = attention::referenceAttentionBackward(
+      q, k, v, dout, check.refScore, check.refScoreGrad, check.refMask, scale, qOffset,
+      check.withDlse ? &dlse : nullptr, check.sink);
+  // Rows with no allowed key, and keys that no query of their group sees: exactly 0.
+  const attention::ReferenceResult fref = attention::referenceAttention(q, k, v, check.refScore, check.refMask, scale, qOffset);
+  std::vector<char> deadRows(fref.lse.size());
+  for (size_t i = 0; i < deadRows.size(); ++i) deadRows[i] = std::isinf(fref.lse[i]);
+  std::vector<char> deadKeys(size_t(c.B * c.Hkv * c.S), 1);
+  const int64_t G = c.Hq / c.Hkv;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.L; ++i)
+        for (int64_t j = 0; j < c.S; ++j)
+          if (!check.refMask || check.refMask(b, h, i + qOffset, j))
+            deadKeys[size_t((b * c.Hkv + h / G) * c.S + j)] = 0;
+  if (!compareGrad("dq", attention::toDoubles(g.dq), ref.dq, c.dtype, &deadRows, c.D)) return false;
+  if (!compareGrad("dk", attention::toDoubles(g.dk), ref.dk, c.dtype, &deadKeys, c.D)) return false;
+  if (!compareGrad("dv", attention::toDoubles(g.dv), ref.dv, c.dtype, &deadKeys, c.D)) return false;
+  if (check.expectedCaptureGrads) {
+    if (g.captureGrads.size() != check.expectedCaptureGrads->size()) {
+      ADD_FAILURE() << g.captureGrads.size() << " captured gradients, expected " << check.expectedCaptureGrads->size();
+      return false;
+    }
+    for (size_t i = 0; i < g.captureGrads.size(); ++i) {
+      const std::string what = "gradient of capture '" + g.trainable[i].name() + "'";
+      // f32 accumulation of many bf16-rounded products: the same bound as the inputs' dtype.
+      if (!compareGrad(what.c_str(), attention::toDoubles(g.captureGrads[i]), (*check.expectedCaptureGrads)[i],
+                       c.dtype))
+        return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace flextile::testing
