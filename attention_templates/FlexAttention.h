@@ -190,6 +190,19 @@ void flex_attention_backward_into(const dsl::Tensor& q, const dsl::Tensor& k, co
                                   const dsl::Tensor& out, const dsl::Tensor& lse, const dsl::Tensor& dout,
                                   const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                                   FlexAttentionGrads& grads, const FlexAttentionBackwardOptions& options = {});
+// The backward's kernels compiled for `target` (the current GPU's when none), without running
+// them: for `flextile compile`, the ptxas tests and the docs. Any tensors of the right shapes do.
+struct FlexAttentionBackwardPlan {
+  FlexAttentionBackwardConfig config;
+  std::vector<std::string> kernelNames;                    // in launch order
+  std::vector<const codegen::CompiledKernel*> compiled;    // one per launch
+};
+FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                                       const dsl::Tensor& out, const dsl::Tensor& lse,
+                                                       const dsl::Tensor& dout, const ScoreMod& scoreMod,
+                                                       const std::optional<BlockMask>& blockMask,
+                                                       const FlexAttentionBackwardOptions& options = {},
+                                                       std::optional<codegen::Target> target = std::nullopt);
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted

@@ -519,10 +519,14 @@ FlexAttentionGrads flex_attention_backward(const Tensor& q, const Tensor& k, con
   return grads;
 }
 
-void flex_attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& lse, const Tensor& dout, const ScoreMod& scoreModIn,
-                                  const std::optional<BlockMask>& blockMask, FlexAttentionGrads& grads,
-                                  const FlexAttentionBackwardOptions& options) {
+namespace {
+
+// Validates the inputs and makes the launches (and the captured gradients' buffers) of one call.
+// `plan` set: compiles each launch for `target` instead of running it.
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+              const Tensor& dout, const ScoreMod& scoreModIn, const std::optional<BlockMask>& blockMask,
+              FlexAttentionGrads& grads, const FlexAttentionBackwardOptions& options,
+              FlexAttentionBackwardPlan* plan, std::optional<codegen::Target> target) {
   static const char* op = "flex_attention_backward";
   detail::expectAttentionInput(op, "q", q);
   detail::expectAttentionInput(op, "k", k);
@@ -574,12 +578,12 @@ void flex_attention_backward_into(const Tensor& q, const Tensor& k, const Tensor
   if (scoreMod.captureSpace() && *scoreMod.captureSpace() != space)
     throw Error(std::string(op) + ": score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
+  int capability = 0;  // host tensors run on the interpreter: the portable default
+  if (target) capability = target->capability;
+  else if (space == MemorySpace::Device)
+    capability = runtime::Device::current().capabilityMajor() * 10 + runtime::Device::current().capabilityMinor();
   FlexAttentionBackwardConfig config =
-      options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(
-                           dt, D, space == MemorySpace::Device ? runtime::Device::current().capabilityMajor() * 10 +
-                                                                     runtime::Device::current().capabilityMinor()
-                                                               : 0);
+      options.config ? *options.config : defaultFlexAttentionBackwardConfig(dt, D, capability);
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {
@@ -726,7 +730,40 @@ void flex_attention_backward_into(const Tensor& q, const Tensor& k, const Tensor
     launches.push_back({&kernel, lo, bindParams<FixedPointParams>({.in = g, .out = f32, .n = n}, kernel.name())});
     grads.captureGrads.push_back(f32);
   }
-  runInOrder(launches, space);
+  if (!plan) {
+    runInOrder(launches, space);
+    return;
+  }
+  plan->config = config;
+  for (const Launch& l : launches) {
+    plan->kernelNames.push_back(l.kernel->name());
+    plan->compiled.push_back(&l.kernel->compile(l.options, l.args, target));
+  }
+}
+
+}  // namespace
+
+void flex_attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, const ScoreMod& scoreMod,
+                                  const std::optional<BlockMask>& blockMask, FlexAttentionGrads& grads,
+                                  const FlexAttentionBackwardOptions& options) {
+  backward(q, k, v, out, lse, dout, scoreMod, blockMask, grads, options, nullptr, std::nullopt);
+}
+
+FlexAttentionBackwardPlan plan_flex_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                       const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                                       const ScoreMod& scoreMod,
+                                                       const std::optional<BlockMask>& blockMask,
+                                                       const FlexAttentionBackwardOptions& options,
+                                                       std::optional<codegen::Target> target) {
+  detail::expectAttentionInput("flex_attention_backward", "k", k);
+  FlexAttentionGrads grads;
+  grads.dq = Tensor::empty(q.dtype(), q.shape(), q.space());
+  grads.dk = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  FlexAttentionBackwardPlan plan;
+  backward(q, k, v, out, lse, dout, scoreMod, blockMask, grads, options, &plan, target);
+  return plan;
 }
 
 }  // namespace flextile::attention
