@@ -312,9 +312,10 @@ class ReverseMode {
         Value *a = x(0), *bm = x(1);
         const DType inputs = a->type().dtype();
         Value* gIn = g->type().dtype() == inputs ? g : b_.cast(g, inputs);
+        // The products keep the forward dot's attributes (its input_precision).
         auto product = [&](Value* l, Value* r, Value* like) {
-          Shape s{l->type().shape()[0], r->type().shape()[1]};
-          Value* p = b_.dot(l, r, constant(g->type().withShape(s), 0.0));
+          Type t = g->type().withShape({l->type().shape()[0], r->type().shape()[1]});
+          Value* p = b_.create1(OpKind::Dot, {l, r, constant(t, 0.0)}, t, op.attrs());
           return p->type().dtype() == like->type().dtype() ? p : b_.cast(p, like->type().dtype());
         };
         if (active(a)) accumulate(a, product(gIn, b_.trans(bm, {1, 0}), a));

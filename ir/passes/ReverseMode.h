@@ -42,7 +42,8 @@
 //   reduce max/min  da = (a == y ? g/count : 0) broadcast along the axis, where
 //                 count is how many elements tie for the extremum
 //   dot           da = g·bᵀ, db = aᵀ·g, dacc = g; g is cast to a's dtype for the
-//                 products, and each result back to its operand's dtype
+//                 products (which keep the dot's attributes, input_precision),
+//                 and each result back to its operand's dtype
 //   load          only a differentiable load gets an adjoint, and only through
 //                 onLoadAdjoint; `other` gets c ? 0 : g (c the load's mask)
 //   cmp, not, and, or, xor, shl, shr, integer arithmetic: zero derivative

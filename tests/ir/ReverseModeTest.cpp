@@ -572,11 +572,18 @@ TEST(ReverseMode, DotDifferentiatesBothOperandsAndTheAccumulator) {
   Problem p{.inputs = {{4, 2}, {2, 8}, kTile},
             .mod = [](Builder& b, auto& x, auto&) { return b.dot(x[0], x[1], x[2]); }};
   checkProblem(p, rng, -2, 2);
-  // a used for both operands: dot(a, aᵀ).
+  // a used for both operands: dot(a, aᵀ); the products keep the dot's input_precision.
   Problem q{.inputs = {{4, 4}}, .mod = [](Builder& b, auto& x, auto&) {
-              return b.dot(x[0], b.trans(x[0], {1, 0}), b.constant(Type(DType::F64, {4, 4}), 0.0));
+              Value* d = b.dot(x[0], b.trans(x[0], {1, 0}), b.constant(Type(DType::F64, {4, 4}), 0.0));
+              d->definingOp()->setAttr("input_precision", std::string("ieee"));
+              return d;
             }};
-  checkProblem(q, rng, -2, 2);
+  auto h = checkProblem(q, rng, -2, 2);
+  EXPECT_EQ(countOps(h->backward().emitted, OpKind::Dot), 2);
+  for (const Op* op : h->backward().emitted)
+    if (op->kind() == OpKind::Dot) {
+      EXPECT_EQ(op->strAttr("input_precision"), "ieee");
+    }
 }
 
 TEST(ReverseMode, LoadOtherGetsTheMaskedOffLanes) {
