@@ -26,6 +26,7 @@
 #include "ir/Passes.h"
 #include "ir/Printer.h"
 #include "ir/Verifier.h"
+#include "ir/passes/ReverseMode.h"
 
 namespace {
 
@@ -35,7 +36,8 @@ void usage() {
   std::fputs(
       "usage: flextile-opt [options] FILE|-\n"
       "  --passes=a,b,...     run these passes in order: canonicalize, cse, dce (ir/Passes.h),\n"
-      "                       assign-layouts, pipeline (codegen/Passes.h, for the --sm target)\n"
+      "                       assign-layouts, pipeline (codegen/Passes.h, for the --sm target),\n"
+      "                       reverse-mode (test-only, ir/passes/ReverseMode.h)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
       "  --split-input-file   handle each piece between '// -----' lines separately\n"
@@ -64,6 +66,7 @@ std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Targe
   if (auto p = ir::targetIndependentPass(name)) return p;
   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
   if (name == "pipeline") return codegen::pipelinePass();
+  if (name == "reverse-mode") return ir::reverseModeTestPass();  // test-only: differentiates per grad_* attributes
   return std::nullopt;
 }
 
