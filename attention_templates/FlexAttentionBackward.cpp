@@ -52,14 +52,15 @@ std::string FlexAttentionBackwardConfig::describe() const {
   return "dkdv " + dkdv.describe() + " / dq " + dq.describe();
 }
 
-FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability) {
-  FlexAttentionBackwardConfig c;
-  if (headDim > 128 || ir::byteWidth(dtype) == 4) {
-    c.dkdv = {32, 32, 4, 2};
-    c.dq = {32, 32, 4, 2};
-  }
-  (void)capability;
-  return c;
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability,
+                                                               bool hasScoreMod, bool gathersPerElement) {
+  // Chosen from ptxas -v at D = 128 (no spills; docs/backward.md has the table): dkdv keeps K, V,
+  // dK and dV of its BLOCK_N keys in registers plus two [BLOCK_N, BLOCK_M] score tiles, so its
+  // query step is narrow; on sm_90a 64 keys x 32 queries is the widest step without spills and
+  // runs every product of dkdv and dq on wgmma (a score_mod's extra live values need 16).
+  if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
+  if (capability == 90) return {{hasScoreMod ? 16 : 32, 64, 4, 2}, {64, 64, 4, 2}};
+  return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
 
 const Tensor& FlexAttentionGrads::grad(const CapturedTensor& capture) const {
@@ -587,8 +588,17 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (target) capability = target->capability;
   else if (space == MemorySpace::Device)
     capability = runtime::Device::current().capabilityMajor() * 10 + runtime::Device::current().capabilityMinor();
+  auto gathers = [](const auto& mod) {
+    try {
+      return mod.defined() && mod.gathersPerElement();
+    } catch (const Error&) {
+      return true;  // a mod the probe tiles do not fit: the small tile is the safe guess
+    }
+  };
   FlexAttentionBackwardConfig config =
-      options.config ? *options.config : defaultFlexAttentionBackwardConfig(dt, D, capability);
+      options.config ? *options.config
+                     : defaultFlexAttentionBackwardConfig(dt, D, capability, hasScoreMod,
+                                                          gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod())));
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {

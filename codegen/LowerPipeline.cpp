@@ -131,19 +131,38 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
   // Loads whose tile a wgmma reads from the ring (TensorCores.h): their slots
   // take the wgmma layout instead of the ldmatrix one.
   std::map<const ir::Op*, ir::SharedLayout> wgmmaTiles;
+  std::set<const ir::Op*> wgmmaConverts;  // the converts whose dot reads the slot itself
   for (const auto& op : forOp.region(0).ops())
     if (op->kind() == ir::OpKind::Dot)
-      if (auto w = wgmmaPlan(*op, target)) wgmmaTiles.emplace(w->load, w->smem);
-  // The convert of each load gives the ldmatrix plan (the only use, checked by the pass).
+      if (auto w = wgmmaPlan(*op, target)) {
+        wgmmaTiles.emplace(w->load, w->smem);
+        const ir::Op* first = op->operand(1)->definingOp();
+        wgmmaConverts.insert(first->kind() == ir::OpKind::Trans ? first->operand(0)->definingOp() : first);
+      }
+  // The converts of each load give the ldmatrix plans (all read one swizzled tile, checked by the
+  // pass); the ring is made at the first.
   for (const auto& op : forOp.region(0).ops())
     if (op->kind() == ir::OpKind::ConvertLayout)
       for (const ir::Op* load : loads)
         if (op->operand(0) == load->result()) {
           const DType t = load->result()->type().dtype();
+          const bool wgmma = wgmmaTiles.count(load) != 0;
+          if (wgmma != (wgmmaConverts.count(op.get()) != 0))
+            fail(*op, "reads a ring tile that another product reads with wgmma, but its own product cannot run "
+                      "on wgmma (one slot cannot hold both layouts)");
+          if (auto it = p->buffers.find(load); it != p->buffers.end()) {
+            if (!wgmma) {
+              auto ldm = ldmatrixPlan(layoutOf(load->result(), *load), layoutOf(op->result(), *op), t);
+              if (!ldm || !(ldm->smem == it->second.plan->smem))
+                fail(*op, "is a second reader of a pipelined tile but ldmatrix cannot read the ring's layout");
+              it->second.readers[op.get()] = std::make_shared<LdmatrixPlan>(*ldm);
+            }
+            continue;
+          }
           PipelinedBuffer buf;
           std::optional<LdmatrixPlan> ldm;
-          if (auto it = wgmmaTiles.find(load); it != wgmmaTiles.end()) {
-            ldm = LdmatrixPlan{it->second};
+          if (wgmma) {
+            ldm = LdmatrixPlan{wgmmaTiles.at(load)};
             buf.wgmma = true;
             p->feedsWgmma = true;
           } else {
@@ -151,6 +170,7 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
           }
           if (!ldm) fail(*op, "is marked for pipelining but ldmatrix cannot read its layout");
           buf.plan = std::make_shared<LdmatrixPlan>(*ldm);
+          buf.readers[op.get()] = buf.plan;
           buf.slotBytes = pipelineSlotBytes(*load);
           buf.offset = scratchOffset(*load, buf.slotBytes * stages);
           auto vw = plan.vectorWidth.count(load) ? plan.vectorWidth.at(load) : 1;
@@ -200,7 +220,7 @@ Regs Lowering::lowerPipelinedConvert(const ir::Op& cvt, const ir::Op& load) {
   const PipelinedBuffer& buf = p.buffers.at(&load);
   if (buf.wgmma) return {};  // the dot reads the slot itself (lowerWgmmaDot)
   llvm::Value* slotBase = b.CreateAdd(i32(buf.offset), b.CreateMul(p.readSlot, i32(buf.slotBytes)));
-  return ldmatrixFromShared(layoutOf(cvt.result(), cvt), *buf.plan, load.result()->type().dtype(), slotBase);
+  return ldmatrixFromShared(layoutOf(cvt.result(), cvt), *buf.readers.at(&cvt), load.result()->type().dtype(), slotBase);
 }
 
 }  // namespace flextile::codegen

@@ -32,7 +32,8 @@ struct WgmmaPlan;     // codegen/TensorCores.h
 
 // A pipelined load's ring of shared tiles (LowerPipeline.cpp).
 struct PipelinedBuffer {
-  std::shared_ptr<LdmatrixPlan> plan;  // the swizzled tile and the ldmatrix accesses of its convert
+  std::shared_ptr<LdmatrixPlan> plan;  // the swizzled tile (and the ldmatrix accesses of its first convert)
+  std::map<const ir::Op*, std::shared_ptr<LdmatrixPlan>> readers;  // each convert's ldmatrix accesses
   int64_t offset = 0;                  // byte offset of slot 0
   int64_t slotBytes = 0;               // bytes per slot
   int64_t width = 0;                   // elements per cp.async

@@ -229,7 +229,19 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const ir::Op* first = dot.operand(1)->definingOp();
   const bool transposed = first->kind() == OpKind::Trans;
   const ir::Op* cvt = transposed ? first->operand(0)->definingOp() : first;
-  if (!onlyUser(dot.operand(1), &dot, body) || !onlyUser(load->result(), cvt, body)) return std::nullopt;
+  // Other converts of the same ring tile may feed other products (LowerPipeline.cpp checks that
+  // each of them runs on wgmma too, since the slot then holds the wgmma layout).
+  if (!onlyUser(dot.operand(1), &dot, body)) return std::nullopt;
+  bool onlyConverts = true;
+  std::function<void(const ir::Block&)> scanUsers = [&](const ir::Block& blk) {
+    for (const auto& o : blk.ops()) {
+      for (const ir::Value* v : o->operands())
+        if (v == load->result() && o->kind() != OpKind::ConvertLayout) onlyConverts = false;
+      for (const auto& r : o->regions()) scanUsers(*r);
+    }
+  };
+  scanUsers(body);
+  if (!onlyConverts) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
 
   // Conservative until understood: a layout conversion through shared memory

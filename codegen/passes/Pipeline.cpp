@@ -3,9 +3,10 @@
 // Decides, the lowering does. The pass marks, in each `for` loop, every load
 // that only stages a dot operand and can be issued iterations ahead:
 //   * the load sits directly in the loop body and has a tile result,
-//   * its only use is a convert_layout (in the same body) to a layout that
-//     ldmatrix reads (codegen/TensorCores.h ldmatrixPlan): the staging of an
-//     mma operand,
+//   * its uses are convert_layouts (in the same body) to layouts that
+//     ldmatrix reads (codegen/TensorCores.h ldmatrixPlan) from one and the
+//     same swizzled tile: the staging of mma operands (the backward reads Q
+//     as the B operand of K·Qᵀ and of dSᵀ·Q from one ring slot),
 //   * `other` is absent or a constant zero (cp.async zero-fills masked bytes),
 //   * each thread's global accesses are at least 4 bytes wide and land as
 //     whole vectors in the swizzled shared tile (asyncCopyWidth >= 2 elements),
@@ -113,11 +114,25 @@ void pipelineLoads(ir::Function& f) {
       Op& load = *opPtr;
       if (load.kind() != OpKind::Load || !load.result()->type().isTile() || !load.result()->type().hasLayout()) continue;
       const auto& us = users[load.result()];
-      if (us.size() != 1 || us[0]->kind() != OpKind::ConvertLayout || us[0]->parentBlock() != &body) continue;
-      const Op& cvt = *us[0];
+      if (us.empty()) continue;
+      // Every reader stages a dot operand from the one ring tile: all of them must read the same
+      // swizzled layout (a tile used as Kᵀ in one product and as K in another, say).
       const ir::DType t = load.result()->type().dtype();
-      auto plan = ldmatrixPlan(*load.result()->type().layout(), *cvt.result()->type().layout(), t);
-      if (!plan) continue;
+      std::optional<LdmatrixPlan> plan;
+      bool readable = true;
+      for (const Op* cvt : us) {
+        if (cvt->kind() != OpKind::ConvertLayout || cvt->parentBlock() != &body) {
+          readable = false;
+          break;
+        }
+        auto p = ldmatrixPlan(*load.result()->type().layout(), *cvt->result()->type().layout(), t);
+        if (!p || (plan && !(p->smem == plan->smem))) {
+          readable = false;
+          break;
+        }
+        if (!plan) plan = p;
+      }
+      if (!readable) continue;
       if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
       const int64_t width = memoryAccessWidth(load, axis).width;
       if (asyncCopyWidth(*load.result()->type().layout(), *plan, width, t) < 2) continue;

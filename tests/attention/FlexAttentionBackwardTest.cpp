@@ -202,3 +202,134 @@ TEST(FlexAttentionBackward, BadInputsAreErrors) {
                                                  {.config = kBwdSmall});
   expectError([&] { g.grad(dsl::capture(Tensor::fromHost(std::vector<float>{1}, {1}), "x")); }, "not a trainable capture");
 }
+
+// ---- trainable captures ------------------------------------------------------
+
+namespace {
+
+struct TrainableCase {
+  std::string name;
+  ScoreMod mod;
+  RefScoreFn ref;
+  RefScoreGradFn refGrad;
+  // Adds dloss/dscore = g at (b, h, q, kv) into the expected gradients.
+  std::function<void(std::vector<std::vector<double>>&, double g, int64_t b, int64_t h, int64_t q, int64_t kv)> sink;
+  std::vector<size_t> sizes;  // elements of each trainable capture
+};
+
+// A bias table [H, L, S], learnable ALiBi slopes [H], and one tensor read twice in one mod.
+std::vector<TrainableCase> trainableCases(std::mt19937_64& rng, int64_t H, int64_t L, int64_t S, MemorySpace space) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> table(static_cast<size_t>(H * L * S)), slopes(static_cast<size_t>(H)), w(8);
+  for (auto& x : table) x = u(rng);
+  for (int64_t h = 0; h < H; ++h) slopes[size_t(h)] = std::exp2(-float(h + 1));
+  for (auto& x : w) x = u(rng);
+  CapturedTensor tableT = dsl::capture(Tensor::fromHost(table, {H, L, S}, space), "bias", {.requires_grad = true});
+  CapturedTensor slopesT = dsl::capture(Tensor::fromHost(slopes, {H}, space), "slopes", {.requires_grad = true});
+  CapturedTensor wT = dsl::capture(Tensor::fromHost(w, {8}, space), "w", {.requires_grad = true});
+  ScoreMod twice("w_q_times_w_kv",
+                 [wT](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+                   return s + wT(q % 8) * wT(kv % 8);
+                 },
+                 {wT});
+  return {
+      {"bias table", bias_table(tableT),
+       [table, L, S](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
+         return s + table[size_t((h * L + q) * S + kv)];
+       },
+       nullptr,
+       [L, S](std::vector<std::vector<double>>& g, double d, int64_t, int64_t h, int64_t q, int64_t kv) {
+         g[0][size_t((h * L + q) * S + kv)] += d;
+       },
+       {size_t(H * L * S)}},
+      {"learnable alibi", alibi(slopesT),
+       [slopes](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + slopes[size_t(h)] * double(kv - q); },
+       nullptr,
+       [](std::vector<std::vector<double>>& g, double d, int64_t, int64_t h, int64_t q, int64_t kv) {
+         g[0][size_t(h)] += d * double(kv - q);
+       },
+       {size_t(H)}},
+      {"one tensor read twice", twice,
+       [w](double s, int64_t, int64_t, int64_t q, int64_t kv) { return s + w[size_t(q % 8)] * w[size_t(kv % 8)]; },
+       nullptr,
+       [w](std::vector<std::vector<double>>& g, double d, int64_t, int64_t, int64_t q, int64_t kv) {
+         g[0][size_t(q % 8)] += d * w[size_t(kv % 8)];
+         g[0][size_t(kv % 8)] += d * w[size_t(q % 8)];
+       },
+       {8}},
+  };
+}
+
+}  // namespace
+
+TEST(FlexAttentionBackward, TrainableCapturesGetTheirGradients) {
+  SeededRandom rng;
+  for (bool deterministic : {false, true})
+    for (auto [B, Hq, Hkv, L, S, dt] : {std::tuple{2, 4, 1, 45, 50, DType::F32}, std::tuple{1, 2, 2, 70, 33, DType::BF16}}) {
+      for (TrainableCase& tc : trainableCases(rng, Hq, L, S, kHost)) {
+        AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = L, .S = S, .D = 32, .dtype = dt,
+                        .context = tc.name + (deterministic ? " deterministic" : "")};
+        std::vector<std::vector<double>> expected;
+        for (size_t n : tc.sizes) expected.emplace_back(n, 0.0);
+        BackwardCheck check = small(refCausal());
+        check.refScore = tc.ref;
+        check.refScoreGrad = tc.refGrad;
+        check.options.deterministic = deterministic;
+        check.sink = [&](double g, double, int64_t b, int64_t h, int64_t q, int64_t kv) { tc.sink(expected, g, b, h, q, kv); };
+        check.expectedCaptureGrads = &expected;
+        if (!checkBackward(rng, c, kHost, tc.mod, causalBlockMask(1, 1, L, S, kMaskBlocks), check)) return;
+      }
+    }
+}
+
+// Independent of the analytic reference: central differences in float64 of
+// loss = sum(dout * out) through the forward, for soft-cap (d/dq) and a captured bias (d/dbias).
+TEST(FlexAttentionBackward, FiniteDifferences) {
+  SeededRandom rng;
+  const int64_t B = 1, H = 1, L = 9, S = 11, D = 16;
+  Tensor q = randomTensor(rng, DType::F32, {B, H, L, D}, kHost), k = randomTensor(rng, DType::F32, {B, H, S, D}, kHost);
+  Tensor v = randomTensor(rng, DType::F32, {B, H, S, D}, kHost), dout = randomTensor(rng, DType::F32, {B, H, L, D}, kHost);
+  std::vector<float> table(size_t(L * S));
+  for (auto& x : table) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  CapturedTensor bias = dsl::capture(Tensor::fromHost(table, {L, S}, kHost), "bias", {.requires_grad = true});
+  const double cap = 0.7;  // small, so tanh bends
+  BlockMask mask = causalBlockMask(1, 1, L, S, {16, 16});
+  const FlexAttentionConfig fc{16, 16, 1, 1};
+  const FlexAttentionBackwardConfig bc{fc, fc};
+  const std::vector<double> dO = toDoubles(dout);
+  // loss(q, table) in float64 through the reference forward, the mods written in C++.
+  auto loss = [&](const Tensor& qq, const std::vector<float>& t, bool softcap) {
+    RefScoreFn score = softcap ? RefScoreFn([cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); })
+                               : RefScoreFn([&t](double s, int64_t, int64_t, int64_t q, int64_t kv) { return s + t[size_t(q * S + kv)]; });
+    ReferenceResult r = referenceAttention(qq, k, v, score, refCausal(), 1.0 / std::sqrt(double(D)));
+    double sum = 0;
+    for (size_t i = 0; i < r.out.size(); ++i) sum += r.out[i] * dO[i];
+    return sum;
+  };
+  for (bool softcap : {true, false}) {
+    SCOPED_TRACE(softcap ? "soft-cap, d/dq" : "bias, d/dbias");
+    ScoreMod mod = softcap ? soft_cap(cap) : bias_table(bias);
+    FlexAttentionResult fwd = flex_attention(q, k, v, mod, mask, {.return_lse = true, .config = fc});
+    FlexAttentionGrads g = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, mod, mask, {.config = bc});
+    const double h = 1e-3;
+    if (softcap) {
+      const std::vector<float> q0 = q.toHost<float>();
+      const std::vector<float> dq = g.dq.toHost<float>();
+      for (size_t i = 0; i < q0.size(); i += 7) {
+        std::vector<float> qp = q0, qm = q0;
+        qp[i] += float(h), qm[i] -= float(h);
+        const double fd = (loss(Tensor::fromHost(qp, q.shape()), table, true) -
+                           loss(Tensor::fromHost(qm, q.shape()), table, true)) / (double(qp[i]) - double(qm[i]));
+        EXPECT_NEAR(dq[i], fd, 2e-3 + 2e-3 * std::abs(fd)) << "dq[" << i << "]";
+      }
+    } else {
+      const std::vector<float> db = g.grad(bias).toHost<float>();
+      for (size_t i = 0; i < table.size(); i += 3) {
+        std::vector<float> tp = table, tm = table;
+        tp[i] += float(h), tm[i] -= float(h);
+        const double fd = (loss(q, tp, false) - loss(q, tm, false)) / (double(tp[i]) - double(tm[i]));
+        EXPECT_NEAR(db[i], fd, 2e-3 + 2e-3 * std::abs(fd)) << "dbias[" << i << "]";
+      }
+    }
+  }
+}

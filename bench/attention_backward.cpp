@@ -1,0 +1,292 @@
+// flex_attention_backward throughput on the yardstick variants (DESIGN.md): B=2, H=16, N=8192,
+// D=128, bf16 by default. For each variant:
+//   * the forward (untuned default) gives out and lse; dout is random (never zeros);
+//   * every backward config of a small sweep is checked on sampled rows of dq and sampled keys of
+//     dk and dv against float64 (delta from out and dout, p from the saved lse), then timed
+//     (median of many runs);
+//   * FLOPs: backward = 2.5 x forward = 10 * D * allowed pairs; a training step (forward +
+//     backward) = 14 * D * pairs over the sum of both times. Pairs are counted exactly.
+// Prints a table and one JSON line per variant (bench/compare_attention.py joins them with
+// torch_reference.py's JSON by variant).
+//
+//   flextile_attention_backward_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
+//                                     [--document-offsets FILE] [--deterministic]
+#include <Eigen/Core>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/Variants.h"
+#include "runtime/Device.h"
+#include "runtime/Event.h"
+
+using namespace flextile;
+using namespace flextile::attention;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+
+using H = Eigen::bfloat16;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+double allowedPairs(const BlockMask& m, const RefMaskFn& ref, int64_t B, int64_t Hq) {
+  double total = 0;
+  for (int64_t b = 0; b < m.batch(); ++b)
+    for (int64_t h = 0; h < m.heads(); ++h)
+      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
+        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
+        for (int32_t c : m.fullKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          total += double(q1 - q0) * double(k1 - k0);
+        }
+        for (int32_t c : m.partialKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          for (int64_t i = q0; i < q1; ++i)
+            for (int64_t j = k0; j < k1; ++j) total += ref(b, h, i, j) ? 1 : 0;
+        }
+      }
+  return total * double(B / m.batch()) * double(Hq / m.heads());
+}
+
+std::vector<std::vector<int64_t>> readOffsets(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) throw Error("flextile_attention_backward_bench: cannot read " + path);
+  std::string text;
+  for (int c; (c = std::fgetc(f)) != EOF;) text += char(c);
+  std::fclose(f);
+  std::vector<std::vector<int64_t>> out;
+  int depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '[' && ++depth == 2) out.emplace_back();
+    else if (c == ']') --depth;
+    else if (depth == 2 && std::isdigit(static_cast<unsigned char>(c))) {
+      size_t end = i;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      out.back().push_back(std::stoll(text.substr(i, end - i)));
+      i = end - 1;
+    }
+  }
+  if (out.empty()) throw Error("flextile_attention_backward_bench: no offset lists in " + path);
+  return out;
+}
+
+// The host copies the sampled check reads.
+struct HostData {
+  int64_t B, Hq, N, D;
+  std::vector<H> q, k, v, out, dout;
+  std::vector<float> lse;
+  double at(const std::vector<H>& t, int64_t b, int64_t h, int64_t i, int64_t d) const {
+    return double(float(t[size_t(((b * Hq + h) * N + i) * D + d)]));
+  }
+};
+
+// ds_ij / scale-free pieces of one (b, h, i, j): p_ij and dS_ij = p (dP - delta_i) * score'(s).
+struct PairGrad {
+  double p = 0, ds = 0;
+};
+PairGrad pairGrad(const HostData& x, const VariantInstance& var, int64_t b, int64_t h, int64_t i, int64_t j,
+                  double scale, double delta) {
+  if (var.refMask && !var.refMask(b, h, i, j)) return {};
+  const double lse = x.lse[size_t((b * x.Hq + h) * x.N + i)];
+  if (std::isinf(lse)) return {};
+  double s = 0, dp = 0;
+  for (int64_t d = 0; d < x.D; ++d) {
+    s += x.at(x.q, b, h, i, d) * x.at(x.k, b, h, j, d);
+    dp += x.at(x.dout, b, h, i, d) * x.at(x.v, b, h, j, d);
+  }
+  s *= scale;
+  const double z = var.refScore ? var.refScore(s, b, h, i, j) : s;
+  PairGrad g;
+  g.p = std::exp(z - lse);
+  g.ds = g.p * (dp - delta) * (var.refScoreGrad ? var.refScoreGrad(s, b, h, i, j) : 1.0);
+  return g;
+}
+
+// Largest error relative to the sampled vector's magnitude over sampled rows of dq and keys of
+// dk and dv (K/V heads equal the query heads here).
+double sampledError(const HostData& x, const std::vector<H>& dq, const std::vector<H>& dk, const std::vector<H>& dv,
+                    const VariantInstance& var, std::mt19937_64& rng) {
+  const double scale = 1.0 / std::sqrt(double(x.D));
+  std::vector<double> delta(size_t(x.B * x.Hq * x.N), -1);
+  auto deltaOf = [&](int64_t b, int64_t h, int64_t i) {
+    double& d = delta[size_t((b * x.Hq + h) * x.N + i)];
+    if (d == -1) {
+      d = 0;
+      for (int64_t c = 0; c < x.D; ++c) d += x.at(x.out, b, h, i, c) * x.at(x.dout, b, h, i, c);
+    }
+    return d;
+  };
+  std::uniform_int_distribution<int64_t> pb(0, x.B - 1), ph(0, x.Hq - 1), pi(0, x.N - 1);
+  double worst = 0;
+  auto relErr = [&](const std::vector<double>& want, const std::vector<H>& got, size_t base) {
+    double mag = 1e-6, err = 0;
+    for (int64_t d = 0; d < x.D; ++d) {
+      const double g = double(float(got[base + size_t(d)]));
+      if (!std::isfinite(g)) return double(INFINITY);
+      mag = std::max(mag, std::abs(want[size_t(d)]));
+      err = std::max(err, std::abs(g - want[size_t(d)]));
+    }
+    return err / mag;
+  };
+  for (int sample = 0; sample < 6; ++sample) {
+    const int64_t b = sample == 0 ? x.B - 1 : pb(rng), h = sample == 0 ? x.Hq - 1 : ph(rng);
+    const int64_t i = sample == 0 ? x.N - 1 : pi(rng);
+    std::vector<double> wantDq(size_t(x.D), 0), wantDk(size_t(x.D), 0), wantDv(size_t(x.D), 0);
+    for (int64_t j = 0; j < x.N; ++j) {  // row i of dq
+      PairGrad g = pairGrad(x, var, b, h, i, j, scale, deltaOf(b, h, i));
+      if (g.ds != 0)
+        for (int64_t d = 0; d < x.D; ++d) wantDq[size_t(d)] += scale * g.ds * x.at(x.k, b, h, j, d);
+    }
+    for (int64_t r = 0; r < x.N; ++r) {  // key i of dk and dv
+      PairGrad g = pairGrad(x, var, b, h, r, i, scale, deltaOf(b, h, r));
+      if (g.p == 0) continue;
+      for (int64_t d = 0; d < x.D; ++d) {
+        wantDk[size_t(d)] += scale * g.ds * x.at(x.q, b, h, r, d);
+        wantDv[size_t(d)] += g.p * x.at(x.dout, b, h, r, d);
+      }
+    }
+    const size_t base = size_t(((b * x.Hq + h) * x.N + i) * x.D);
+    worst = std::max({worst, relErr(wantDq, dq, base), relErr(wantDk, dk, base), relErr(wantDv, dv, base)});
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  int64_t B = 2, Hq = 16, N = 8192, D = 128;
+  std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
+  bool quick = false, deterministic = false;
+  std::vector<std::vector<int64_t>> documentOffsets;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error("flextile_attention_backward_bench: " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--variants") names = split(next());
+    else if (a == "--b") B = std::stoll(next());
+    else if (a == "--h") Hq = std::stoll(next());
+    else if (a == "--n") N = std::stoll(next());
+    else if (a == "--d") D = std::stoll(next());
+    else if (a == "--quick") quick = true;
+    else if (a == "--deterministic") deterministic = true;
+    else if (a == "--document-offsets") documentOffsets = readOffsets(next());
+    else throw Error("flextile_attention_backward_bench: unknown argument '" + a + "'");
+  }
+  std::string why;
+  if (!dsl::deviceAvailable(&why)) {
+    std::fprintf(stderr, "flextile_attention_backward_bench: needs a GPU (%s)\n", why.c_str());
+    return 2;
+  }
+  std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16 backward%s\n", runtime::Device::current().name().c_str(),
+              (long long)B, (long long)Hq, (long long)N, (long long)D, deterministic ? " (deterministic)" : "");
+  std::mt19937_64 rng(std::random_device{}());
+  auto randomHost = [&](size_t n) {
+    std::normal_distribution<float> g(0, 1);
+    std::vector<H> v(n);
+    for (auto& x : v) x = H(g(rng));
+    return v;
+  };
+  const size_t elems = size_t(B * Hq * N * D);
+  HostData x{B, Hq, N, D, randomHost(elems), randomHost(elems), randomHost(elems), {}, randomHost(elems), {}};
+  Tensor q = Tensor::fromHost(x.q, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor k = Tensor::fromHost(x.k, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor v = Tensor::fromHost(x.v, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor dout = Tensor::fromHost(x.dout, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor lse = Tensor::empty(DType::F32, {B, Hq, N}, MemorySpace::Device);
+  FlexAttentionGrads grads;
+  grads.dq = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+  grads.dk = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+  grads.dv = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+
+  std::vector<FlexAttentionBackwardConfig> configs{defaultFlexAttentionBackwardConfig(DType::BF16, D, 90)};
+  if (!quick)
+    for (FlexAttentionBackwardConfig c :
+         {FlexAttentionBackwardConfig{{32, 64, 4, 2}, {64, 64, 4, 2}}, FlexAttentionBackwardConfig{{32, 64, 4, 3}, {64, 64, 4, 3}},
+          FlexAttentionBackwardConfig{{32, 128, 8, 2}, {128, 64, 8, 2}}, FlexAttentionBackwardConfig{{32, 128, 8, 3}, {128, 32, 8, 3}},
+          FlexAttentionBackwardConfig{{16, 64, 4, 3}, {64, 32, 4, 3}}, FlexAttentionBackwardConfig{{64, 128, 8, 2}, {128, 64, 8, 3}}})
+      if (!(c == configs[0])) configs.push_back(c);
+
+  struct Row {
+    std::string variant, config;
+    double fwdMs = 0, bwdMs = INFINITY, tflops = 0, defaultTflops = 0, stepTflops = 0;
+  };
+  std::vector<Row> rows;
+  for (const std::string& name : names) {
+    Row row{name};
+    VariantInputs in{B, Hq, N, N, MemorySpace::Device, {128, 128}, 7, documentOffsets};
+    VariantInstance inst = variant(name).make(in);
+    const double pairs = inst.mask ? allowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
+    const double fwdFlops = 4.0 * double(D) * pairs;
+    flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse);
+    runtime::synchronize();
+    row.fwdMs = runtime::median(
+        runtime::timeKernel([&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse); }, 3, 20));
+    x.out = out.toHost<H>();
+    x.lse = lse.toHost<float>();
+    for (const FlexAttentionBackwardConfig& c : configs) {
+      FlexAttentionBackwardOptions opt{.deterministic = deterministic, .config = c};
+      double err = 0;
+      try {
+        for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv}) t->copyFromHost(std::vector<H>(elems, H(NAN)));
+        flex_attention_backward_into(q, k, v, out, lse, dout, inst.score, inst.mask, grads, opt);
+        runtime::synchronize();
+        err = sampledError(x, grads.dq.toHost<H>(), grads.dk.toHost<H>(), grads.dv.toHost<H>(), inst, rng);
+      } catch (const std::exception& e) {
+        std::printf("%-15s %-40s refused: %s\n", name.c_str(), c.describe().c_str(), e.what());
+        continue;
+      }
+      if (!(err < 3e-2)) {
+        std::printf("%-15s %-40s WRONG (error %.2e): not timed\n", name.c_str(), c.describe().c_str(), err);
+        continue;
+      }
+      auto samples = runtime::timeKernel(
+          [&] { flex_attention_backward_into(q, k, v, out, lse, dout, inst.score, inst.mask, grads, opt); }, 3, 15);
+      const double ms = runtime::median(samples), tflops = 2.5 * fwdFlops / ms / 1e9;
+      std::printf("%-15s %-40s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), c.describe().c_str(), ms, tflops,
+                  err);
+      std::fflush(stdout);
+      if (c == configs[0]) row.defaultTflops = tflops;
+      if (ms < row.bwdMs) {
+        row.bwdMs = ms;
+        row.tflops = tflops;
+        row.config = c.describe();
+      }
+    }
+    row.stepTflops = 3.5 * fwdFlops / (row.fwdMs + row.bwdMs) / 1e9;
+    rows.push_back(row);
+  }
+  std::printf("\n%-15s %-40s %9s %9s %9s %9s %10s\n", "variant", "best backward config", "fwd ms", "bwd ms",
+              "bwd TF/s", "default", "step TF/s");
+  for (const Row& r : rows) {
+    std::printf("%-15s %-40s %9.3f %9.3f %9.1f %9.1f %10.1f\n", r.variant.c_str(), r.config.c_str(), r.fwdMs, r.bwdMs,
+                r.tflops, r.defaultTflops, r.stepTflops);
+    std::printf("{\"impl\": \"flextile\", \"variant\": \"%s\", \"B\": %lld, \"H\": %lld, \"N\": %lld, \"D\": %lld, "
+                "\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"bwd_tflops\": %.2f, \"default_bwd_tflops\": %.2f, "
+                "\"step_tflops\": %.2f, \"config\": \"%s\", \"deterministic\": %s}\n",
+                r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, r.fwdMs, r.bwdMs, r.tflops,
+                r.defaultTflops, r.stepTflops, r.config.c_str(), deterministic ? "true" : "false");
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "flextile_attention_backward_bench: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,164 @@
+// flex_attention_backward on the GPU (label gpu; every test skips without one): every variant
+// with captures and lists on the device, GQA and MQA, lengths around the blocks up to 1000,
+// fully masked rows, trainable captures, the configs of the bench, and bitwise determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "FlexAttentionBackwardCheck.h"
+#include "MaskTestUtil.h"
+#include "attention_templates/Variants.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::CapturedTensor;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+using dsl::Tile;
+
+namespace {
+
+constexpr MemorySpace kDevice = MemorySpace::Device;
+
+const std::vector<std::optional<FlexAttentionBackwardConfig>> kConfigs = {
+    std::nullopt, FlexAttentionBackwardConfig{{32, 128, 8, 2}, {128, 64, 8, 2}},
+    FlexAttentionBackwardConfig{{16, 64, 4, 3}, {64, 32, 4, 3}}};
+
+BackwardCheck withConfig(const std::optional<FlexAttentionBackwardConfig>& c, const VariantInstance& inst) {
+  BackwardCheck b;
+  b.refScore = inst.refScore;
+  b.refScoreGrad = inst.refScoreGrad;
+  b.refMask = inst.refMask;
+  b.options.config = c;
+  return b;
+}
+
+}  // namespace
+
+TEST(FlexAttentionBackwardGpu, EveryVariantShapeAndConfig) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const AttentionCase shapes[] = {
+      {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 127, .D = 64, .dtype = DType::BF16},
+      {.B = 2, .Hq = 4, .Hkv = 2, .L = 300, .S = 300, .D = 128, .dtype = DType::BF16},
+      {.B = 1, .Hq = 2, .Hkv = 2, .L = 200, .S = 77, .D = 96, .dtype = DType::F16},
+      {.B = 1, .Hq = 2, .Hkv = 1, .L = 100, .S = 130, .D = 64, .dtype = DType::F32},
+  };
+  for (const Variant& var : variants())
+    for (AttentionCase c : shapes)
+      for (const auto& config : kConfigs) {
+        if (config && c.dtype == DType::F32) continue;  // the f32 default only
+        c.context = "variant " + var.name;
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
+      }
+}
+
+TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t lengths[] = {1, 3, 127, 128, 129, 1000};
+  int i = 0;
+  for (int64_t L : lengths)
+    for (int64_t S : {int64_t(3), int64_t(129), int64_t(1000)}) {
+      const bool mqa = i % 2;
+      AttentionCase c{.B = 1, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
+                      .dtype = i % 2 ? DType::BF16 : DType::F16, .context = mqa ? "softcap MQA" : "softcap GQA 4:1"};
+      ++i;
+      VariantInstance inst = variant("softcap").make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(std::nullopt, inst))) return;
+    }
+}
+
+TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  MaskMod blind("every_third_row_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (q % 3 != 0) & (kv <= q - 40);
+  });
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 333, .S = 333, .D = 128, .dtype = DType::BF16, .context = "blind rows"};
+  BackwardCheck check;
+  check.refMask = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q - 40; };
+  if (!checkBackward(rng, c, kDevice, noop_score(), createBlockMask(blind, 1, 1, 333, 333, {128, 128}, kDevice), check))
+    return;
+  for (const MaskCombo& combo : maskAlgebraCombos(rng, 2, 2, 400, 4, kDevice, 8)) {
+    AttentionCase mc{.B = 2, .Hq = 2, .Hkv = 1, .L = 400, .S = 400, .D = 64, .dtype = DType::F16, .context = combo.name};
+    BackwardCheck mcheck;
+    mcheck.refMask = combo.ref;
+    if (!checkBackward(rng, mc, kDevice, noop_score(),
+                       createBlockMask(combo.mod, combo.maskB, combo.maskH, 400, 400, {128, 128}, kDevice), mcheck))
+      return;
+  }
+}
+
+TEST(FlexAttentionBackwardGpu, TrainableBiasAndSlopes) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, H = 4, L = 257, S = 300;
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> table(static_cast<size_t>(H * L * S)), slopes(static_cast<size_t>(H));
+  for (auto& x : table) x = u(rng);
+  for (int64_t h = 0; h < H; ++h) slopes[size_t(h)] = std::exp2(-float(h + 1));
+  CapturedTensor tableT = dsl::capture(Tensor::fromHost(table, {H, L, S}, kDevice), "bias", {.requires_grad = true});
+  CapturedTensor slopesT = dsl::capture(Tensor::fromHost(slopes, {H}, kDevice), "slopes", {.requires_grad = true});
+  for (bool deterministic : {false, true}) {
+    {
+      std::vector<std::vector<double>> expected{std::vector<double>(table.size(), 0.0)};
+      AttentionCase c{.B = B, .Hq = H, .Hkv = 2, .L = L, .S = S, .D = 64, .dtype = DType::BF16, .context = "bias table"};
+      BackwardCheck check;
+      check.refMask = refCausal();
+      check.refScore = [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + table[size_t((h * L + q) * S + kv)]; };
+      check.sink = [&](double g, double, int64_t, int64_t h, int64_t q, int64_t kv) { expected[0][size_t((h * L + q) * S + kv)] += g; };
+      check.expectedCaptureGrads = &expected;
+      check.options.deterministic = deterministic;
+      if (!checkBackward(rng, c, kDevice, bias_table(tableT), causalBlockMask(1, 1, L, S), check)) return;
+    }
+    {
+      std::vector<std::vector<double>> expected{std::vector<double>(slopes.size(), 0.0)};
+      AttentionCase c{.B = B, .Hq = H, .Hkv = 1, .L = L, .S = S, .D = 128, .dtype = DType::F16, .context = "alibi slopes"};
+      BackwardCheck check;
+      check.refMask = refCausal();
+      check.refScore = [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + slopes[size_t(h)] * double(kv - q); };
+      check.sink = [&](double g, double, int64_t, int64_t h, int64_t q, int64_t kv) { expected[0][size_t(h)] += g * double(kv - q); };
+      check.expectedCaptureGrads = &expected;
+      check.options.deterministic = deterministic;
+      if (!checkBackward(rng, c, kDevice, alibi(slopesT), causalBlockMask(1, 1, L, S), check)) return;
+    }
+  }
+}
+
+// dq, dk, dv are deterministic in every mode; captured gradients with `deterministic`.
+TEST(FlexAttentionBackwardGpu, DeterministicIsBitwiseIdentical) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, H = 8, L = 1000, D = 128;
+  std::vector<float> table(size_t(H * L * L));
+  for (auto& x : table) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  CapturedTensor tableT = dsl::capture(Tensor::fromHost(table, {H, L, L}, kDevice), "bias", {.requires_grad = true});
+  Tensor q = randomTensor(rng, DType::BF16, {B, H, L, D}, kDevice), k = randomTensor(rng, DType::BF16, {B, 2, L, D}, kDevice);
+  Tensor v = randomTensor(rng, DType::BF16, {B, 2, L, D}, kDevice), dout = randomTensor(rng, DType::BF16, {B, H, L, D}, kDevice);
+  BlockMask mask = causalBlockMask(1, 1, L, L);
+  ScoreMod mod = bias_table(tableT);
+  FlexAttentionResult fwd = flex_attention(q, k, v, mod, mask, {.return_lse = true});
+  auto bytes = [](const Tensor& t) {
+    std::vector<float> f = t.dtype() == DType::F32 ? t.toHost<float>() : std::vector<float>();
+    if (t.dtype() == DType::F32) return std::vector<uint8_t>((uint8_t*)f.data(), (uint8_t*)(f.data() + f.size()));
+    auto h = t.toHost<Eigen::bfloat16>();
+    return std::vector<uint8_t>((uint8_t*)h.data(), (uint8_t*)(h.data() + h.size()));
+  };
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "default");
+    FlexAttentionGrads a = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, mod, mask, {.deterministic = deterministic});
+    FlexAttentionGrads b = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, mod, mask, {.deterministic = deterministic});
+    EXPECT_TRUE(bytes(a.dq) == bytes(b.dq));
+    EXPECT_TRUE(bytes(a.dk) == bytes(b.dk));
+    EXPECT_TRUE(bytes(a.dv) == bytes(b.dv));
+    if (deterministic) EXPECT_TRUE(bytes(a.grad(tableT)) == bytes(b.grad(tableT)));
+  }
+}
