@@ -37,11 +37,6 @@
 #include "ir/passes/ReverseMode.h"
 #include "runtime/Device.h"
 
-namespace flextile::dsl {  // TEMP until the atomic-add branch lands
-inline Tile atomic_add(Operand, Operand, SourceLoc = SourceLoc::current()) { throw flextile::Error("TEMP atomic_add"); }
-inline Tile atomic_add(Operand, Operand, Operand, SourceLoc = SourceLoc::current()) { throw flextile::Error("TEMP atomic_add"); }
-}  // namespace flextile::dsl
-
 namespace flextile::attention {
 
 using namespace flextile::dsl;

@@ -28,6 +28,7 @@ ALL_BENCHES=(
   "gemm|$BUNDLE/bin/flextile_gemm_bench"
   "torch_gemm|python3 bench/torch_gemm.py"
   "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
+  "attention_backward|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_BACKWARD_ARGS:-}"
   "attention_slsr|FLEXTILE_LLVM_SKIP_PASSES= $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
@@ -125,6 +126,7 @@ side_by_side() {
 side_by_side softmax torch_softmax compare_softmax.py "row softmax, side by side"
 side_by_side gemm torch_gemm compare_gemm.py "bf16 GEMM, side by side"
 side_by_side attention torch_attention compare_attention.py "flex_attention forward, side by side"
+side_by_side attention_backward torch_attention compare_backward.py "flex_attention backward and training step, side by side"
 side_by_side attention_slsr torch_attention compare_attention.py \
   "flex_attention forward with every LLVM pass (FLEXTILE_LLVM_SKIP_PASSES=, SLSR on), side by side"
 side_by_side autotune torch_attention compare_autotune.py "flextile autotune: tuned, default and PyTorch FlexAttention"
