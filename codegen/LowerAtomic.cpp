@@ -1,7 +1,7 @@
 // atomic_add: one `atomicrmw fadd/add ... syncscope("device") monotonic` per
-// element on its global (addrspace 1) pointer; NVPTX prints
-// `atom.global.add.{f32,u32,u64}` (ptxas issues RED where the old value is
-// unused).
+// element on its global (addrspace 1) pointer; NVPTX (LLVM 22) prints
+// `atom.global.add.{f32,u32,u64}` whether or not the old value is used (it
+// selects no `red`; an unused destination is left for ptxas to drop).
 //
 // One adder per element. A layout may give an element to several threads:
 // lanes or warps whose basis is zero (Layout::replicatedLaneMask /
