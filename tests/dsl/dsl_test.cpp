@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <random>
 
+#include "codegen/Ptxas.h"
 #include "dsl/DSL.h"
 #include "examples/kernels.h"
 #include "tests/dsl/AtomicKernels.h"
@@ -297,5 +298,42 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
     std::vector<float> acc(16, 0.0f), old(9 * 16, -1.0f);
     flextile::testing::atomicReplicated().interpret({{9, 1, 1}, {16, row}}, acc, old, 11);
     for (int j = 0; j < 16; ++j) EXPECT_EQ(acc[size_t(j)], j < 11 ? 9.0f : 0.0f) << "row " << row << " j " << j;
+  }
+}
+
+// What the GPU test launches compiles here, with the atomics it expects: one
+// per element a thread adds, the scalar one under the thread-0 branch, and
+// PTX that ptxas accepts (where ptxas is installed).
+TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
+  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const bool havePtxas = codegen::findPtxas().has_value();
+  Kernel histogram = flextile::testing::atomicHistogram(), sum = flextile::testing::atomicBinnedSum(),
+         ticket = flextile::testing::atomicTicket(), replicated = flextile::testing::atomicReplicated();
+  for (codegen::Target target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
+    for (int warps : {1, 4, 8}) {
+      SCOPED_TRACE("sm_" + std::to_string(target.capability) + ", warps " + std::to_string(warps));
+      std::vector<const codegen::CompiledKernel*> built;
+      built.push_back(&histogram.compile({{4, 1, 1}, {512}, warps}, {ptr(4096), ptr(4096), KernelArg(1000)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 512 / (32 * warps)) << built.back()->ptx;
+      built.push_back(&sum.compile({{4, 1, 1}, {1024, 3}, warps}, {ptr(4096), ptr(12), KernelArg(1000)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), 1024 / (32 * warps));
+      built.push_back(&ticket.compile({{4, 1, 1}, {256}, warps}, {ptr(4), ptr(4096)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 1);
+      EXPECT_EQ(count(built.back()->ptx, "bar.sync"), 2) << "the ticket reaches every thread through shared memory";
+      for (int row : {1, 0})
+        for (int N : {1, 16, 64}) {
+          built.push_back(&replicated.compile({{4, 1, 1}, {N, row}, warps}, {ptr(256), ptr(4096), KernelArg(N)}, target));
+          // Each thread adds at most one element (N <= the threads of one warp group's rows).
+          EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), std::max(1, N / (32 * warps))) << N;
+        }
+      if (havePtxas) {
+        for (const auto* k : built) EXPECT_NO_THROW(codegen::runPtxas(k->ptx, target)) << k->name;
+      }
+    }
   }
 }
