@@ -266,6 +266,7 @@ void storeImpl(const Operand& ptr, const Operand& value, const Operand* mask, co
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "store").value() : nullptr;
   builderAt(loc, "store").store(p.value(), v.value(), m);
 }
+
 Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc) {
   Tile p = pointerOperand(ptr, loc, "atomic_add");
   const DType t = p.type().pointee();
@@ -279,6 +280,8 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
                                         " (cast it first)");
     if (v.rank() > p.rank() || broadcastShapes(v.shape(), p.shape(), loc, "atomic_add") != p.shape())
       traceError(loc, "atomic_add", "value " + v.type().str() + " does not fit pointer tile " + p.type().str());
+  } else if (auto* x = std::get_if<double>(&value.v); x && ir::isInteger(t) && *x != std::trunc(*x)) {
+    traceError(loc, "atomic_add", "cannot add " + describe(value) + " to the integers of " + p.type().str());
   }
   Tile v = broadcastTile(asTile(value, t, loc), p.shape(), loc, "atomic_add");
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "atomic_add").value() : nullptr;

@@ -265,6 +265,8 @@ TEST(DslAtomic, MistakesNameTheOpTypesAndLine) {
   EXPECT_NE(msg.find("atomic_add: value f32[4,16] does not fit pointer tile ptr<f32>[1,16]"), std::string::npos) << msg;
   msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(p + arange(0, 16), 1.0, arange(0, 16)); }).trace(); });
   EXPECT_NE(msg.find("atomic_add: mask must be i1 (a comparison), got i32[16]"), std::string::npos) << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<i32> p) { atomic_add(p, 0.5); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: cannot add number 0.500000 to the integers of ptr<i32>"), std::string::npos) << msg;
   msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(arange(0, 16), 1.0); }).trace(); });
   EXPECT_NE(msg.find("atomic_add: expects a pointer"), std::string::npos) << msg;
 }
