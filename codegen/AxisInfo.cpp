@@ -491,6 +491,10 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       r = constancyOf(op.numOperands() == 1 ? all0 : op.numOperands() == 2 ? all1 : all2);
       break;
     }
+    case OpKind::AtomicAdd:
+      // Unlike a load, equal addresses do not give equal values: each element
+      // that adds to one address sees the sums before it. Nothing is known.
+      break;
     case OpKind::Reduce: {
       const AxisInfo& x = in(0);
       int axis = int(op.intAttr("axis"));

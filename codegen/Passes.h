@@ -22,6 +22,7 @@ class AxisInfoAnalysis;
 //   reshape / trans        result == operand.reshaped(shape) / .transposed(perm)
 //   reduce                 result == operand.sliced(axis) (a scalar result has none)
 //   load / store           ptr, mask, other and value share one layout
+//   atomic_add             ptr, value, mask and result share one layout
 //   dot                    acc and result share one layout; a, b any layout
 //   for                    init i, body arg i+1, result i, yield operand i share one
 //   convert_layout         any -> any

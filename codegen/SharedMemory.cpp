@@ -31,6 +31,20 @@ bool reduceNeedsScratch(const Op& reduce) {
   return false;
 }
 
+bool atomicOldValuesShared(const Op& atomic) {
+  const ir::Value* old = atomic.result();
+  if (old->type().isTile()) {
+    const auto& layout = old->type().layout();
+    if (!layout) throw Error(atomic.describe() + ": shared-memory planning needs layouts (run assignLayouts first)");
+    if (layout->replicatedLaneMask() == 0 && layout->replicatedWarpMask() == 0) return false;
+  }
+  bool used = false;
+  atomic.function()->walk([&](const Op& op) {
+    for (const ir::Value* v : op.operands()) used = used || v == old;
+  });
+  return used;
+}
+
 int64_t pipelineSlotBytes(const Op& load) { return alignUp(tileBytes(load.result()), kAlign); }
 
 namespace {
@@ -58,6 +72,8 @@ int64_t scratchBytes(const Op& op) {
       if (!op.operand(0)->type().isTile() || !reduceNeedsScratch(op)) return 0;
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
              ir::byteWidth(op.result()->type().dtype());
+    case OpKind::AtomicAdd:
+      return atomicOldValuesShared(op) ? tileBytes(op.result()) : 0;
     case OpKind::Dot:
       if (isMmaDot(op)) return 0;  // operands arrive in registers (dot-operand layouts)
       return dotScratchBOffset(op) + tileBytes(op.operand(1));

@@ -32,6 +32,12 @@
 //                   before the loop, copies land while other ops run), so it
 //                   never shares bytes with a scratch used inside the loop. The
 //                   convert_layout that reads it needs no scratch of its own.
+//   atomic_add      only when its old values are used and more than one thread
+//                   holds an element (a scalar, or a layout with replicated lane
+//                   or warp bits; atomicOldValuesShared): one tile of the result,
+//                   row-major as for convert_layout (a scalar: one element at
+//                   base). The one thread that added an element writes its old
+//                   value there and every holder reads it back.
 //   anything else   none.
 // Every base offset is a multiple of 16 bytes.
 //
@@ -70,6 +76,10 @@ int64_t scratchBytes(const ir::Op& op);
 bool reduceNeedsScratch(const ir::Op& reduce);
 // Bytes of one slot of a pipelined load's ring (the tile, rounded up to 16).
 int64_t pipelineSlotBytes(const ir::Op& load);
+// Whether an atomic_add hands its old values to the other holders of each
+// element through scratch: its result is used and is a scalar or replicated
+// (only one thread per element does the atomic; codegen/LowerAtomic.cpp).
+bool atomicOldValuesShared(const ir::Op& atomic);
 // Offset of a dot's b tile from the dot's scratch base.
 int64_t dotScratchBOffset(const ir::Op& dot);
 

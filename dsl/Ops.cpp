@@ -266,7 +266,33 @@ void storeImpl(const Operand& ptr, const Operand& value, const Operand* mask, co
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "store").value() : nullptr;
   builderAt(loc, "store").store(p.value(), v.value(), m);
 }
+
+Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc) {
+  Tile p = pointerOperand(ptr, loc, "atomic_add");
+  const DType t = p.type().pointee();
+  if (t != DType::F32 && t != DType::I32 && t != DType::I64)
+    traceError(loc, "atomic_add", "adds f32, i32 or i64 atomically, but the pointer is " + p.type().str());
+  if (value.isTile()) {
+    const Tile& v = value.tile();
+    // No silent casts: an f32 gradient added into an i32 counter is a bug, not a conversion.
+    if (v.dtype() != t)
+      traceError(loc, "atomic_add", "value " + v.type().str() + " does not match the pointee of " + p.type().str() +
+                                        " (cast it first)");
+    if (v.rank() > p.rank() || broadcastShapes(v.shape(), p.shape(), loc, "atomic_add") != p.shape())
+      traceError(loc, "atomic_add", "value " + v.type().str() + " does not fit pointer tile " + p.type().str());
+  } else if (auto* x = std::get_if<double>(&value.v); x && ir::isInteger(t) && *x != std::trunc(*x)) {
+    traceError(loc, "atomic_add", "cannot add " + describe(value) + " to the integers of " + p.type().str());
+  }
+  Tile v = broadcastTile(asTile(value, t, loc), p.shape(), loc, "atomic_add");
+  ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "atomic_add").value() : nullptr;
+  return Tile(builderAt(loc, "atomic_add").atomicAdd(p.value(), v.value(), m));
+}
 }  // namespace
+
+Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
+Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
+  return atomicAddImpl(ptr, value, &mask, loc);
+}
 
 Tile load(Operand ptr, SourceLoc loc) { return loadImpl(ptr, nullptr, nullptr, loc); }
 Tile load(Operand ptr, Operand mask, SourceLoc loc) { return loadImpl(ptr, &mask, nullptr, loc); }

@@ -60,6 +60,14 @@ Tile load(Operand ptr, Operand mask, SourceLoc loc = SourceLoc::current());
 Tile load(Operand ptr, Operand mask, Operand other, SourceLoc loc = SourceLoc::current());
 void store(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
 void store(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
+// `*ptr += value` atomically per element (where `mask` holds); returns the old
+// values (0 where masked off). The pointee is f32, i32 or i64; `value` is
+// broadcast to ptr's shape and must have the pointee's dtype (a C++ number
+// adopts it). Each element is added exactly once per program, even where
+// several threads hold it. Across programs the order is unspecified: f32 sums
+// may differ in their last bits from run to run, integer sums never.
+Tile atomic_add(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
+Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
 
 // Reductions along `axis` (negative counts from the end); the axis is removed.
 Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());

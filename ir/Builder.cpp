@@ -92,6 +92,12 @@ void Builder::store(Value* ptr, Value* value, Value* mask) {
   create(OpKind::Store, ops, {});
 }
 
+Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
+  std::vector<Value*> ops{ptr, value};
+  if (mask) ops.push_back(mask);
+  return create1(OpKind::AtomicAdd, ops, Type(ptr->type().pointee(), ptr->type().shape()));
+}
+
 Value* Builder::reduce(Value* x, int axis, std::string_view kind) {
   Shape s = x->type().shape();
   s.erase(s.begin() + axis);

@@ -48,6 +48,8 @@ class Builder {
   Value* addptr(Value* p, Value* offset);
   Value* load(Value* ptr, Value* mask = nullptr, Value* other = nullptr);
   void store(Value* ptr, Value* value, Value* mask = nullptr);
+  // *ptr += value where mask, atomically; gives the old values.
+  Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
   Value* reduce(Value* x, int axis, std::string_view kind);
   Value* dot(Value* a, Value* b, Value* acc);
   void ret();

@@ -573,6 +573,25 @@ class Checker {
         }
         return;
       }
+      case OpKind::AtomicAdd: {
+        count(op, 2, 3, 1);
+        const Value* p = op.operand(0);
+        loadStoreTarget(op, p);
+        const DType t = p->type().pointee();
+        if (t != DType::F32 && t != DType::I32 && t != DType::I64)
+          bad(op, "adds f32, i32 or i64 atomically, got pointer " + typeStr(p));
+        const Type& v = op.operand(1)->type();
+        if (v.dtype() != t || v.shape() != p->type().shape())
+          bad(op, "value " + v.str() + " does not match pointer " + typeStr(p));
+        const Type& r = op.result()->type();
+        if (r.dtype() != t || r.shape() != p->type().shape())
+          bad(op, "result " + r.str() + " does not match pointer " + typeStr(p));
+        if (op.numOperands() > 2) {
+          if (op.operand(2)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(2)));
+          maskOrOther(op, p, op.operand(2), "mask");
+        }
+        return;
+      }
       case OpKind::Reduce: {
         count(op, 1, 1, 1);
         int64_t axis = op.intAttr("axis");
@@ -778,6 +797,7 @@ class Program {
       }
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
+      case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
       case OpKind::For: return forLoop(op);
@@ -1069,6 +1089,36 @@ class Program {
         if (!mask || mask[i * maskStep]) M::write(address(op, "store", vt.shape(), i, p[i], width), v[i]);
       return 0;
     });
+  }
+
+  // Elements in row-major order, each read-modify-write one host atomic, so
+  // programs running on other threads may add to the same addresses.
+  DataRef atomicAdd(const Op& op, const Type& rt, size_t n) {
+    const PtrVal* p = inp<PtrVal>(op, 0);
+    const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
+    size_t maskStep = mask && op.operand(2)->type().isScalar() ? 0 : 1;
+    const Shape& shape = rt.shape();
+    const DType t = rt.dtype();
+    const int width = byteWidth(t);
+    auto active = [&](size_t i) { return !mask || mask[i * maskStep]; };
+    auto at = [&](size_t i) { return address(op, "atomic_add", shape, i, p[i], width); };
+    if (t == DType::F32) {
+      auto d = alloc<float>(n);  // zero: the result of inactive elements
+      const float* v = inp<float>(op, 1);
+      for (size_t i = 0; i < n; ++i)
+        if (active(i)) d->f32[i] = std::atomic_ref<float>(*reinterpret_cast<float*>(at(i))).fetch_add(v[i]);
+      return d;
+    }
+    auto d = alloc<int64_t>(n);
+    const int64_t* v = inp<int64_t>(op, 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (!active(i)) continue;
+      if (t == DType::I32)  // wraps: atomic arithmetic on signed integers is two's complement
+        d->ints[i] = std::atomic_ref<int32_t>(*reinterpret_cast<int32_t*>(at(i))).fetch_add(int32_t(v[i]));
+      else
+        d->ints[i] = std::atomic_ref<int64_t>(*reinterpret_cast<int64_t*>(at(i))).fetch_add(v[i]);
+    }
+    return d;
   }
 
   DataRef reduce(const Op& op, const Type& rt) {

@@ -10,7 +10,7 @@
 //     and run in parallel on a thread pool (InterpOptions::threads, 0 = all
 //     cores), in no particular order. Their stores are applied to memory as
 //     they run; programs that race on one address are the program's bug and
-//     are not detected.
+//     are not detected, except through atomic_add, which is atomic here too.
 //   * Before anything runs, the whole function is checked once (operand counts,
 //     shapes, dtypes, attributes, arguments); a malformed program is a
 //     flextile::Error naming the op, never a crash.
@@ -76,6 +76,15 @@
 //     are never touched; load gives `other` there (0 without it). i1 is one
 //     byte in memory (loads read != 0, stores write 0 or 1); f16/bf16 are their
 //     IEEE/bfloat bit patterns. Loads and stores of pointers are errors.
+//   * atomic_add (p, v [, mask]) -> T, T in f32 i32 i64: for every active
+//     element in row-major order, old = *p; *p = old + v (IEEE float add;
+//     integers wrap), as one host atomic (std::atomic_ref), so programs on
+//     other threads may add to the same address; the result is old, and 0 for
+//     inactive elements, which touch no memory. Addresses are checked as for a
+//     store. Several elements of one tile may name one address: each sees the
+//     sum of the ones before it. The final memory of f32 additions depends on
+//     the order programs run in (float addition is not associative); integer
+//     sums do not.
 //
 // Shapes
 //   * arange {start, end}: i32 start..end-1. splat: scalar -> tile.

@@ -209,6 +209,7 @@ class Verifier {
       case OpKind::Trans: trans(op); break;
       case OpKind::Load:
       case OpKind::Store: memory(op); break;
+      case OpKind::AtomicAdd: atomicAdd(op); break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;
       case OpKind::For: forLoop(op); break;
@@ -342,6 +343,34 @@ class Verifier {
       for (size_t i = 1; i < n; ++i)
         if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
       if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
+    }
+  }
+
+  // atomic_add (ptr, value [, mask]) -> T: the rules of a store, plus the
+  // dtypes the hardware adds atomically and a result shaped like the value.
+  void atomicAdd(const Op& op) {
+    size_t n = op.numOperands();
+    if (n < 2 || n > 3) return err(op, "takes 2 to 3 operands (ptr, value [, mask]), got " + std::to_string(n));
+    const Type& p = op.operand(0)->type();
+    if (!p.isPointer()) return err(op, "address must be a pointer, got " + p.str());
+    const DType t = p.pointee();
+    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
+      return err(op, "adds f32, i32 or i64 atomically, not " + std::string(dtypeName(t)) + " (address " + p.str() + ")");
+    Type value = Type(t, p.shape());
+    const Type& v = op.operand(1)->type();
+    if (!v.sameShapeAndElement(value))
+      err(op, "added value must be " + value.str() + " to match address " + p.str() + ", got " + v.str());
+    if (n > 2) {
+      const Type& m = op.operand(2)->type();
+      if (m.dtype() != DType::I1 || m.shape() != p.shape())
+        err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + m.str());
+    }
+    const Type& r = op.result()->type();
+    if (!r.sameShapeAndElement(value)) err(op, "result (the old values) must be " + value.str() + ", got " + r.str());
+    if (lay_ && !opFailed_ && p.isTile()) {
+      for (size_t i = 1; i < n; ++i)
+        if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
+      sameLayout(op, *r.layout(), *p.layout(), "result", "the address");
     }
   }
 

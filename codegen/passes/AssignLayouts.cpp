@@ -69,6 +69,10 @@
 //              found by walking requirements backwards through element-wise
 //              ops; failing that the coalesced layout of a pointer, or the
 //              default blocked layout.
+//   atomic_add like a store, and its old values keep that layout; its
+//              default is one element per thread (atomics do not vectorize).
+//              Never cheap or a view, even over cheap operands: it must run
+//              once, so it is never cloned into another layout.
 //   store      (no result) takes the layout of its value if computed, else of
 //              its pointer if computed, else its coalesced layout. A view
 //              value counts as computed when its layout follows from its
@@ -316,6 +320,19 @@ class LayoutAssigner {
     return coalesced(store);
   }
 
+  // An atomic_add's pointer, value, mask and old values share one layout: the
+  // value's when it is computed (a dQ tile adds from its accumulator layout),
+  // else the pointer's, else one element per thread along the contiguous
+  // dimension. Atomics are issued one element at a time, so a warp's 32
+  // lanes on 32 consecutive addresses is what coalesces them; wider
+  // per-thread vectors would only stride each instruction.
+  LayoutPtr atomicLayout(const Op& atomic) const {
+    if (auto l = forwardLayout(atomic.operand(1))) return l;
+    if (auto l = known(atomic.operand(0))) return l;
+    const Value* ptr = atomic.operand(0);
+    return ir::makeLayout(blockedLayout(ptr->type().shape(), numWarps_, fastestDim(ptr, *axis_), 1));
+  }
+
   // What a reduce's operand is laid out in (its result is this, sliced).
   LayoutPtr reduceOperandLayout(const Op& reduce) const { return anyLayoutFor(reduce.operand(0)); }
 
@@ -381,6 +398,9 @@ class LayoutAssigner {
       case OpKind::Load:
         l = known(op.operand(0));
         if (!l) l = coalesced(op);
+        break;
+      case OpKind::AtomicAdd:
+        l = atomicLayout(op);
         break;
       case OpKind::Dot:
         if (auto it = mma_.find(&op); it != mma_.end()) {
@@ -523,6 +543,12 @@ class LayoutAssigner {
       case OpKind::Store:
         if (LayoutPtr l = storeLayout(op))
           for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
+        break;
+      case OpKind::AtomicAdd:
+        if (op.result()->type().isTile()) {
+          LayoutPtr l = known(op.result());
+          for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
+        }
         break;
       case OpKind::Reduce:
         if (tile(0)) req[0] = reduceOperandLayout(op);

@@ -260,6 +260,38 @@ TEST(AssignLayouts, ElementwiseMixOfTwoLoadsConvertsTheSecond) {
   EXPECT_EQ(opsOf(f, OpKind::ConvertLayout)[0]->operand(0), at);
 }
 
+TEST(AssignLayouts, AtomicAddOverCheapOperandsRunsOnceInOneLayout) {
+  // Its pointer and value are cheap (recomputed per user's layout), but an
+  // atomic must run once: its old values are converted, never the op cloned.
+  // Alone it takes one element per thread along the contiguous dimension.
+  for (int warps : kWarpCounts) {
+    Function f("atomic");
+    Value* acc = f.addParam(Type::pointer(DType::F32), "acc");
+    Value* xt = f.addParam(Type::pointer(DType::F32), "xt");
+    Value* y = f.addParam(Type::pointer(DType::F32), "y");
+    setAttrs(f, warps, {});
+    Builder b(f);
+    K k{b};
+    const Shape tile{64, 64};
+    Value* r = b.arange(0, 64);
+    Value* c = b.arange(0, 64);
+    Value* sixtyFour = k.splat(k.i32(64), {64});
+    Value* rowMajor = k.add(k.col(k.mul(r, sixtyFour), tile), k.row(c, tile));
+    Value* colMajor = k.add(k.col(r, tile), k.row(k.mul(c, sixtyFour), tile));
+    Value* old = b.atomicAdd(k.ptrs(acc, rowMajor), b.constant(Type(DType::F32, tile), 1.0));
+    Value* at = b.load(k.ptrs(xt, colMajor));  // wants dim 0 fastest
+    b.store(k.ptrs(y, colMajor), k.add(at, old));
+    b.store(k.ptrs(y, rowMajor), old);
+    b.ret();
+    assignAndCheck(f, 1);
+    EXPECT_EQ(countOps(f, OpKind::AtomicAdd), 1);
+    EXPECT_EQ(opsOf(f, OpKind::ConvertLayout)[0]->operand(0), old);
+    const Layout& l = *old->type().layout();
+    EXPECT_EQ(l.contiguousRegisters(1), 1) << l.str();
+    EXPECT_EQ(l.laneBases()[0], (Layout::Coord{0, 1})) << l.str();
+  }
+}
+
 TEST(AssignLayouts, TransposeAndStoreTransposed) {
   for (int nw : kWarpCounts) {
     Function f("transpose");

@@ -90,7 +90,8 @@ inline std::vector<std::string> layoutRuleViolations(const Function& f) {
           expectEq(op, op.operand(0)->type().layout()->sliced(int(op.intAttr("axis"))), op.result(),
                    "reduce result == operand.sliced");
         break;
-      case OpKind::Load: {
+      case OpKind::Load:
+      case OpKind::AtomicAdd: {
         std::vector<const Value*> vs(op.operands().begin(), op.operands().end());
         vs.push_back(op.result());
         same(op, vs);

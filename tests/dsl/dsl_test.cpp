@@ -2,8 +2,13 @@
 // reported while tracing with the op, the operands and the user's line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
+#include "codegen/Ptxas.h"
 #include "dsl/DSL.h"
 #include "examples/kernels.h"
+#include "tests/dsl/AtomicKernels.h"
 #include "ir/Hash.h"
 #include "ir/Printer.h"
 
@@ -219,3 +224,118 @@ TEST(Dsl, DotInputPrecisionIsRecordedOnTheOp) {
 }
 
 }  // namespace
+
+// ---- atomic_add --------------------------------------------------------------
+
+TEST(DslAtomic, TracesOneOpAndBroadcastsTheValue) {
+  auto k = kernel("k", [](Ptr<f32> p, Int n) {
+    auto offs = arange(0, 16).expand(0) + arange(0, 8).expand(1) * 16;  // [8, 16]
+    auto old = atomic_add(p + offs, arange(0, 16).expand(0).to(f32{}), offs < n);  // [1, 16] value
+    EXPECT_EQ(old.dtype(), DType::F32);
+    EXPECT_EQ(old.shape(), (Shape{8, 16}));
+    atomic_add(p, 2);  // a number adopts the pointee's dtype; a scalar atomic
+  });
+  auto f = k.trace();
+  EXPECT_EQ(countOps(*f, ir::OpKind::AtomicAdd), 2);
+  std::string text = ir::printFunction(*f);
+  EXPECT_NE(text.find("atomic_add %"), std::string::npos) << text;
+  EXPECT_NE(text.find(": f32[8,16]"), std::string::npos) << text;
+}
+
+TEST(DslAtomic, MistakesNameTheOpTypesAndLine) {
+  int line = 0;
+  std::string msg = errorOf([&] {
+    kernel("bad", [&](Ptr<f16> p) {
+      line = __LINE__ + 1;
+      atomic_add(p + arange(0, 16), 1.0);
+    }).trace();
+  });
+  EXPECT_NE(msg.find("dsl_test.cpp:" + std::to_string(line)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("atomic_add: adds f32, i32 or i64 atomically, but the pointer is ptr<f16>[16]"), std::string::npos)
+      << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<i32> p) { atomic_add(p + arange(0, 16), zeros({16}, DType::F32)); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: value f32[16] does not match the pointee of ptr<i32>[16] (cast it first)"),
+            std::string::npos)
+      << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(p + arange(0, 16), zeros({32}, DType::F32)); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: shapes [32] and [16] cannot broadcast"), std::string::npos) << msg;
+  msg = errorOf([] {
+    kernel("bad", [](Ptr<f32> p) { atomic_add(p + arange(0, 16).expand(0), zeros({4, 16}, DType::F32)); }).trace();
+  });
+  EXPECT_NE(msg.find("atomic_add: value f32[4,16] does not fit pointer tile ptr<f32>[1,16]"), std::string::npos) << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(p + arange(0, 16), 1.0, arange(0, 16)); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: mask must be i1 (a comparison), got i32[16]"), std::string::npos) << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<i32> p) { atomic_add(p, 0.5); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: cannot add number 0.500000 to the integers of ptr<i32>"), std::string::npos) << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(arange(0, 16), 1.0); }).trace(); });
+  EXPECT_NE(msg.find("atomic_add: expects a pointer"), std::string::npos) << msg;
+}
+
+TEST(DslAtomic, InterpretedKernelsCountExactly) {
+  std::mt19937 gen(12345);
+  // Histogram of i32 keys.
+  const int n = 3001, bins = 50;
+  std::vector<int32_t> keys(n), counts(bins, 0), want(bins, 0);
+  for (auto& k : keys) ++want[size_t(k = int32_t(gen() % bins))];
+  flextile::testing::atomicHistogram().interpret({{cdiv(n, 256), 1, 1}, {256}}, keys, counts, n);
+  EXPECT_EQ(counts, want);
+  // f32 sums of small integers.
+  std::vector<float> values(n), sums(7, 0.0f), wantSums(7, 0.0f);
+  for (int i = 0; i < n; ++i) wantSums[size_t(i % 7)] += values[size_t(i)] = float(int(gen() % 9) - 4);
+  flextile::testing::atomicBinnedSum().interpret({{cdiv(n, 128), 1, 1}, {128, 7}}, values, sums, n);
+  EXPECT_EQ(sums, wantSums);
+  // A scalar ticket per program of a 2-D grid.
+  std::vector<int32_t> counter{0}, seen(6 * 5 * 32, -1);
+  flextile::testing::atomicTicket().interpret({{6, 5, 1}, {32}}, counter, seen);
+  EXPECT_EQ(counter[0], 30);
+  std::vector<int32_t> tickets;
+  for (int p = 0; p < 30; ++p) {
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(seen[size_t(p * 32 + i)], seen[size_t(p * 32)]) << p;
+    tickets.push_back(seen[size_t(p * 32)]);
+  }
+  std::sort(tickets.begin(), tickets.end());
+  for (int p = 0; p < 30; ++p) EXPECT_EQ(tickets[size_t(p)], p);
+  // Replicated rows and columns, masked.
+  for (int row : {1, 0}) {
+    std::vector<float> acc(16, 0.0f), old(9 * 16, -1.0f);
+    flextile::testing::atomicReplicated().interpret({{9, 1, 1}, {16, row}}, acc, old, 11);
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(acc[size_t(j)], j < 11 ? 9.0f : 0.0f) << "row " << row << " j " << j;
+  }
+}
+
+// What the GPU test launches compiles here, with the atomics it expects: one
+// per element a thread adds, the scalar one under the thread-0 branch, and
+// PTX that ptxas accepts (where ptxas is installed).
+TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
+  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const bool havePtxas = codegen::findPtxas().has_value();
+  Kernel histogram = flextile::testing::atomicHistogram(), sum = flextile::testing::atomicBinnedSum(),
+         ticket = flextile::testing::atomicTicket(), replicated = flextile::testing::atomicReplicated();
+  for (codegen::Target target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
+    for (int warps : {1, 4, 8}) {
+      SCOPED_TRACE("sm_" + std::to_string(target.capability) + ", warps " + std::to_string(warps));
+      std::vector<const codegen::CompiledKernel*> built;
+      built.push_back(&histogram.compile({{4, 1, 1}, {512}, warps}, {ptr(4096), ptr(4096), KernelArg(1000)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 512 / (32 * warps)) << built.back()->ptx;
+      built.push_back(&sum.compile({{4, 1, 1}, {1024, 3}, warps}, {ptr(4096), ptr(12), KernelArg(1000)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), 1024 / (32 * warps));
+      built.push_back(&ticket.compile({{4, 1, 1}, {256}, warps}, {ptr(4), ptr(4096)}, target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 1);
+      EXPECT_EQ(count(built.back()->ptx, "bar.sync"), 2) << "the ticket reaches every thread through shared memory";
+      for (int row : {1, 0})
+        for (int N : {1, 16, 64}) {
+          built.push_back(&replicated.compile({{4, 1, 1}, {N, row}, warps}, {ptr(256), ptr(4096), KernelArg(N)}, target));
+          // Each thread adds at most one element (N <= the threads of one warp group's rows).
+          EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), std::max(1, N / (32 * warps))) << N;
+        }
+      if (havePtxas) {
+        for (const auto* k : built) EXPECT_NO_THROW(codegen::runPtxas(k->ptx, target)) << k->name;
+      }
+    }
+  }
+}

@@ -687,6 +687,41 @@ func @k(%x: i32, %n: i32, %p: ptr<i32>) {
             "}\n");
 }
 
+TEST(Passes, AtomicAddsAreEffectsNeverMergedOrDropped) {
+  // Two equal atomics add twice; unused results still add; a loop whose
+  // only effect is an atomic stays.
+  const std::string text = R"(
+func @k(%x: f32, %n: i32, %p: ptr<f32>) {
+  %a = atomic_add %p, %x : f32
+  %b = atomic_add %p, %x : f32
+  %zero = constant {value = 0} : i32
+  %one = constant {value = 1} : i32
+  %r = for %zero, %n, %one, %x : f32 {
+  ^bb(%iv: i32, %c: f32):
+    %o = atomic_add %p, %c : f32
+    yield %c
+  }
+  return
+}
+)";
+  const std::string expected =
+      "func @k(%x: f32, %n: i32, %p: ptr<f32>) {\n"
+      "  %0 = atomic_add %p, %x : f32\n"
+      "  %1 = atomic_add %p, %x : f32\n"
+      "  %2 = constant {value = 0} : i32\n"
+      "  %3 = constant {value = 1} : i32\n"
+      "  %4 = for %2, %n, %3, %x : f32 {\n"
+      "  ^bb(%5: i32, %6: f32):\n"
+      "    %7 = atomic_add %p, %6 : f32\n"
+      "    yield %6\n"
+      "  }\n"
+      "  return\n"
+      "}\n";
+  EXPECT_EQ(after(cse, text), expected);
+  EXPECT_EQ(after(dce, text), expected);
+  EXPECT_EQ(after(canonicalize, text), expected);
+}
+
 TEST(DCE, ReturnsWhetherItChangedAnything) {
   auto f = testing::everyOpProgram();
   EXPECT_FALSE(dce(*f)) << "every value of the every-op program is used";

@@ -63,6 +63,10 @@ std::unique_ptr<Function> everyOpProgram() {
   b.setLoc({"every_op.cpp", 40});
   Value* scaled = b.binary(OpKind::Mul, results[0], b.splat(b.cast(results[1], DType::F32), {64}));
   b.store(b.addptr(b.splat(out, {64}), rows), scaled, inBounds);
+  // atomic_add on a tile under a mask, and on a scalar; results unused (the
+  // side effect alone keeps them).
+  b.atomicAdd(b.addptr(b.splat(out, {64}), rows), scaled, inBounds);
+  b.atomicAdd(out, b.cast(results[1], DType::F32));
   b.ret();
   return f;
 }
@@ -142,6 +146,7 @@ void assignTestLayouts(Function& f) {
         case OpKind::Dot: set(r, op.operand(2)->type().layout()); break;
         case OpKind::Load:
         case OpKind::Store:
+        case OpKind::AtomicAdd:
           if (!op.operand(0)->type().isTile()) break;
           for (size_t i = 1; i < op.numOperands(); ++i) fit(op, i, layoutOf(op.operand(0)));
           if (r) set(r, op.operand(0)->type().layout());

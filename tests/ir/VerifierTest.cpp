@@ -114,6 +114,35 @@ TEST(Verifier, StoreMatchesItsPointee) {
              "mask must be i1[64], got f32");
 }
 
+TEST(Verifier, AtomicAddTakesF32I32OrI64) {
+  const std::string params = "%x: f32, %i: i32, %p: ptr<f32>, %q: ptr<f16>, %c: ptr<i32>, %w: ptr<i64>, %d: ptr<f64>";
+  EXPECT_EQ(bodyError("  %a = atomic_add %p, %x : f32\n  %b = atomic_add %c, %i : i32\n"
+                      "  %one = constant {value = 1} : i64\n  %e = atomic_add %w, %one : i64\n",
+                      params),
+            "(valid)");
+  EXPECT_HAS(bodyError("  %v = constant {value = 1.0} : f16\n  %a = atomic_add %q, %v : f16\n", params),
+             "op 'atomic_add'", "adds f32, i32 or i64 atomically, not f16 (address ptr<f16>)");
+  EXPECT_HAS(bodyError("  %v = constant {value = 1.0} : f64\n  %a = atomic_add %d, %v : f64\n", params),
+             "op 'atomic_add'", "not f64");
+  EXPECT_HAS(bodyError("  %a = atomic_add %x, %x : f32\n", params), "op 'atomic_add'",
+             "address must be a pointer, got f32");
+}
+
+TEST(Verifier, AtomicAddValueMaskAndResultMatchTheAddress) {
+  EXPECT_HAS(bodyError("  %a = atomic_add %p, %i : f32\n"), "op 'atomic_add'",
+             "added value must be f32 to match address ptr<f32>, got i32");
+  EXPECT_HAS(bodyError("  %ps = splat %p : ptr<f32>[64]\n  %v = splat %x : f32[32]\n  %a = atomic_add %ps, %v : f32[64]\n"),
+             "op 'atomic_add'", "added value must be f32[64]", "got f32[32]");
+  EXPECT_HAS(bodyError("  %ps = splat %p : ptr<f32>[64]\n  %v = splat %x : f32[64]\n  %a = atomic_add %ps, %v, %x : f32[64]\n"),
+             "op 'atomic_add'", "mask must be i1[64], got f32");
+  EXPECT_HAS(bodyError("  %ps = splat %p : ptr<f32>[64]\n  %v = splat %x : f32[64]\n"
+                       "  %m = constant {value = 1} : i1[32]\n  %a = atomic_add %ps, %v, %m : f32[64]\n"),
+             "op 'atomic_add'", "mask must be i1[64], got i1[32]");
+  EXPECT_HAS(bodyError("  %ps = splat %p : ptr<f32>[64]\n  %v = splat %x : f32[64]\n  %a = atomic_add %ps, %v : i32[64]\n"),
+             "op 'atomic_add'", "result (the old values) must be f32[64], got i32[64]");
+  EXPECT_HAS(bodyError("  %a = atomic_add %p : f32\n"), "op 'atomic_add'", "takes 2 to 3 operands (ptr, value [, mask]), got 1");
+}
+
 TEST(Verifier, ReduceAxisKindAndShape) {
   const std::string tile = "  %t = constant {value = 1.0} : f32[64, 32]\n";
   EXPECT_HAS(bodyError(tile + "  %r = reduce %t {axis = 2, kind = \"sum\"} : f32[64]\n"), "op 'reduce'",
@@ -345,6 +374,12 @@ TEST(VerifierLayouts, LoadOperandsShareOneLayout) {
   auto f = layoutProgram();
   perturb(firstOp(*f, OpKind::Load));
   EXPECT_HAS(verifyError(*f), "op 'load'", "layout of result", "must equal the address");
+}
+
+TEST(VerifierLayouts, AtomicAddOperandsAndResultShareOneLayout) {
+  auto f = layoutProgram();
+  perturb(firstOp(*f, OpKind::AtomicAdd));
+  EXPECT_HAS(verifyError(*f), "op 'atomic_add'", "layout of result", "must equal the address");
 }
 
 TEST(VerifierLayouts, DotAccumulatorAndResultShareALayout) {

@@ -1,0 +1,57 @@
+// Kernels of the atomic_add tests, written in the DSL; run by the
+// interpreter in tests/dsl and on the GPU in tests/gpu/AtomicGpuTest.cpp,
+// which check the same exact counts.
+#pragma once
+
+#include "dsl/DSL.h"
+
+namespace flextile::testing {
+
+using namespace flextile::dsl;
+
+// counts[keys[i]] += 1 for i < n (i32 atomics); BLOCK keys per program.
+inline Kernel atomicHistogram() {
+  return kernel("atomic_histogram", [](Ptr<i32> keys, Ptr<i32> counts, Int n, Const<int> BLOCK) {
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    auto ok = offs < n;
+    atomic_add(counts + load(keys + offs, ok), 1, ok);
+  });
+}
+
+// sums[i % BINS] += values[i] for i < n (f32 atomics): with small integer
+// values every partial sum is exact in f32, so any order gives the same total.
+inline Kernel atomicBinnedSum() {
+  return kernel("atomic_binned_sum", [](Ptr<f32> values, Ptr<f32> sums, Int n, Const<int> BLOCK, Const<int> BINS) {
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    auto ok = offs < n;
+    atomic_add(sums + offs % BINS, load(values + offs, ok), ok);
+  });
+}
+
+// Every program takes one ticket from a scalar counter and writes it to
+// its BLOCK slots of `seen`: the counter ends at the number of programs, the
+// tickets are a permutation of 0..programs-1, and every thread of a program
+// got the same old value.
+inline Kernel atomicTicket() {
+  return kernel("atomic_ticket", [](Ptr<i32> counter, Ptr<i32> seen, Const<int> BLOCK) {
+    auto program = program_id(0) + program_id(1) * num_programs(0);
+    auto ticket = atomic_add(counter, 1);
+    store(seen + program * BLOCK + arange(0, BLOCK), ticket);
+  });
+}
+
+// acc[j] += 1 for j < N from a [1, N] tile (ROW = 1) or an [N, 1] tile
+// (ROW = 0), N smaller than the threads of the program, so lanes or warps
+// replicate every element; each program records the old values in
+// old[program * N + j]. After P programs acc[j] == P exactly, and the old
+// values of each j are 0..P-1: a replica that added too would show as more.
+// Only j < live add (the mask).
+inline Kernel atomicReplicated() {
+  return kernel("atomic_replicated", [](Ptr<f32> acc, Ptr<f32> old, Int live, Const<int> N, Const<int> ROW) {
+    auto j = arange(0, N).expand(ROW ? 0 : 1);
+    auto got = atomic_add(acc + j, 1.0f, j < live);
+    store(old + program_id(0) * N + j, got);
+  });
+}
+
+}  // namespace flextile::testing

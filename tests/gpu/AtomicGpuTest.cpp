@@ -1,0 +1,124 @@
+// atomic_add on the GPU, through the DSL (kernel(...).run), with exact
+// counts: a histogram of random i32 keys, f32 sums of small integers (exact
+// in f32 whatever the order), a scalar ticket from every program (each
+// program's threads all see its one old value), and [1, N] / [N, 1] tiles
+// whose elements several lanes and warps hold — any replica that adds too
+// shows as a count above the number of programs. The interpreter runs the
+// same launches and must agree where the order cannot matter.
+#include <algorithm>
+#include <random>
+
+#include "GpuTest.h"
+#include "examples/common.h"
+#include "tests/dsl/AtomicKernels.h"
+
+namespace flextile::testing {
+namespace {
+
+using examples::fromDevice;
+using examples::toDevice;
+
+TEST(AtomicGpu, HistogramOfRandomI32Keys) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  Kernel histogram = atomicHistogram();
+  for (int bins : {1, 7, 1000}) {  // 1: every key of every program on one address
+    for (int n : {1, 1000, 100003}) {
+      std::vector<int32_t> keys(static_cast<size_t>(n)), want(size_t(bins), 0), counts(size_t(bins), 0);
+      for (auto& k : keys) ++want[size_t(k = int32_t(rng() % uint64_t(bins)))];
+      auto dkeys = toDevice(keys), dcounts = toDevice(counts);
+      for (int warps : {1, 4, 8}) {
+        dcounts.fillBytes(0);
+        histogram.run({{cdiv(n, 512), 1, 1}, {512}, warps}, dkeys, dcounts, n);
+        runtime::synchronize();
+        fromDevice(dcounts, counts);
+        ASSERT_EQ(counts, want) << "bins " << bins << " n " << n << " warps " << warps;
+      }
+      std::vector<int32_t> interpreted(size_t(bins), 0);
+      histogram.interpret({{cdiv(n, 512), 1, 1}, {512}}, keys, interpreted, n);
+      ASSERT_EQ(interpreted, want);
+    }
+  }
+}
+
+TEST(AtomicGpu, F32SumsOfSmallIntegersAreExact) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  Kernel sum = atomicBinnedSum();
+  const int n = 200001;
+  for (int bins : {1, 3, 64}) {
+    std::vector<float> values(static_cast<size_t>(n)), want(size_t(bins), 0.0f), sums(size_t(bins), NAN);
+    double check = 0;
+    for (int i = 0; i < n; ++i) {
+      values[size_t(i)] = float(int(rng() % 17) - 8);
+      want[size_t(i % bins)] += values[size_t(i)];
+      check += values[size_t(i)];
+    }
+    ASSERT_LT(std::abs(check), double(1 << 24)) << "the test's sums must stay exact in f32";
+    auto dvalues = toDevice(values), dsums = toDevice(sums);
+    for (int warps : {2, 4}) {
+      dsums.fillBytes(0);
+      sum.run({{cdiv(n, 1024), 1, 1}, {1024, bins}, warps}, dvalues, dsums, n);
+      runtime::synchronize();
+      fromDevice(dsums, sums);
+      ASSERT_EQ(sums, want) << "bins " << bins << " warps " << warps;
+    }
+  }
+}
+
+TEST(AtomicGpu, AScalarAtomicRunsOncePerProgramAndEveryThreadSeesItsOldValue) {
+  FLEXTILE_REQUIRE_GPU();
+  Kernel ticket = atomicTicket();
+  const int gx = 37, gy = 11, block = 256;
+  for (int warps : {1, 4, 8}) {
+    std::vector<int32_t> counter{0}, seen(size_t(gx * gy * block), -1);
+    auto dcounter = toDevice(counter), dseen = toDevice(seen);
+    dseen.fillBytes(0xFF);
+    ticket.run({{gx, gy, 1}, {block}, warps}, dcounter, dseen);
+    runtime::synchronize();
+    fromDevice(dcounter, counter);
+    fromDevice(dseen, seen);
+    ASSERT_EQ(counter[0], gx * gy) << "warps " << warps << ": more than one thread per program added";
+    std::vector<int32_t> tickets;
+    for (int p = 0; p < gx * gy; ++p) {
+      for (int i = 0; i < block; ++i)
+        ASSERT_EQ(seen[size_t(p * block + i)], seen[size_t(p * block)]) << "program " << p << " slot " << i;
+      tickets.push_back(seen[size_t(p * block)]);
+    }
+    std::sort(tickets.begin(), tickets.end());
+    for (int p = 0; p < gx * gy; ++p) ASSERT_EQ(tickets[size_t(p)], p) << "warps " << warps;
+  }
+}
+
+TEST(AtomicGpu, ReplicatedRowsAndColumnsAddOncePerElement) {
+  FLEXTILE_REQUIRE_GPU();
+  Kernel replicated = atomicReplicated();
+  const int programs = 293;
+  for (int row : {1, 0}) {
+    for (int N : {1, 8, 16, 64}) {  // all smaller than 4 or 8 warps of 32 lanes: replicated lanes and warps
+      for (int warps : {1, 4, 8}) {
+        SCOPED_TRACE((row ? "[1, " : "[") + std::to_string(N) + (row ? "]" : ", 1]") + ", warps " +
+                     std::to_string(warps));
+        const int live = std::max(1, N - 3);
+        std::vector<float> acc(size_t(N), 0.0f), old(size_t(programs * N), NAN);
+        auto dacc = toDevice(acc), dold = toDevice(old);
+        dold.fillBytes(0xFF);
+        replicated.run({{programs, 1, 1}, {N, row}, warps}, dacc, dold, live);
+        runtime::synchronize();
+        fromDevice(dacc, acc);
+        fromDevice(dold, old);
+        for (int j = 0; j < N; ++j) {
+          ASSERT_EQ(acc[size_t(j)], j < live ? float(programs) : 0.0f) << "element " << j;
+          // The old values of element j over the programs: 0..programs-1 once each (0 where masked).
+          std::vector<float> seen;
+          for (int p = 0; p < programs; ++p) seen.push_back(old[size_t(p * N + j)]);
+          std::sort(seen.begin(), seen.end());
+          for (int p = 0; p < programs; ++p) ASSERT_EQ(seen[size_t(p)], j < live ? float(p) : 0.0f) << "element " << j;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flextile::testing
