@@ -69,10 +69,12 @@ ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tenso
 ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                                           const RefScoreFn& score, const RefScoreGradFn& scoreGrad,
                                           const RefMaskFn& mask, double scale, int64_t qOffset,
-                                          const std::vector<double>* dlse, const RefScoreGradSink& sink) {
+                                          const std::vector<double>* dlse, const RefScoreGradSink& sink,
+                                          const Tensor* out) {
   using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   const std::vector<double> qd = toDoubles(q), kd = toDoubles(k), vd = toDoubles(v), dod = toDoubles(dout);
+  const std::vector<double> od = out ? toDoubles(*out) : std::vector<double>();
   ReferenceGrads g;
   g.dq.assign(size_t(B * Hq * L * D), 0.0);
   g.dk.assign(size_t(B * Hkv * S * D), 0.0);
@@ -107,6 +109,11 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
         for (int64_t j = 0; j < S; ++j) l += P(i, j) = ok[size_t(j)] ? std::exp(P(i, j) - m) : 0.0;
         P.row(i) /= l;
         double delta = P.row(i).dot(dP.row(i));
+        if (out) {
+          delta = 0;
+          for (int64_t d = 0; d < D; ++d)
+            delta += od[size_t(((b * Hq + h) * L + i) * D + d)] * dod[size_t(((b * Hq + h) * L + i) * D + d)];
+        }
         if (dlse) delta -= (*dlse)[size_t((b * Hq + h) * L + i)];
         for (int64_t j = 0; j < S; ++j) {
           if (!ok[size_t(j)]) continue;

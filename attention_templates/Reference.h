@@ -45,11 +45,14 @@ struct ReferenceGrads {
 // optionally dlse ([B, Hq, L], row-major), from the formulas, in float64:
 //   p = softmax(score(scale q·k)) over allowed keys, dP = dout·vᵀ, delta_i = sum_j p_ij dP_ij - dlse_i,
 //   dS = p (dP - delta), dS' = dS · score'(s), dq = scale dS' k, dk = scale dS'ᵀ q, dv = pᵀ dout.
+// With `out` (the forward's output, as a backward receives it) delta_i = <dout_i, out_i> - dlse_i
+// instead: the same in exact arithmetic, and what a kernel computes from a rounded out (sums over
+// all pairs, such as an ALiBi slope's gradient, are sensitive to the difference).
 ReferenceGrads referenceAttentionBackward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                           const dsl::Tensor& dout, const RefScoreFn& score,
                                           const RefScoreGradFn& scoreGrad, const RefMaskFn& mask, double scale,
                                           int64_t qOffset = 0, const std::vector<double>* dlse = nullptr,
-                                          const RefScoreGradSink& sink = nullptr);
+                                          const RefScoreGradSink& sink = nullptr, const dsl::Tensor* out = nullptr);
 
 // Any float tensor's elements as float64, row-major.
 std::vector<double> toDoubles(const dsl::Tensor& t);

@@ -101,7 +101,7 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   const int64_t qOffset = mask ? mask->qOffset() : 0;
   const attention::ReferenceGrads ref = attention::referenceAttentionBackward(
       q, k, v, dout, check.refScore, check.refScoreGrad, check.refMask, scale, qOffset,
-      check.withDlse ? &dlse : nullptr, check.sink);
+      check.withDlse ? &dlse : nullptr, check.sink, &fwd.out);
   // Rows with no allowed key, and keys that no query of their group sees: exactly 0.
   const attention::ReferenceResult fref = attention::referenceAttention(q, k, v, check.refScore, check.refMask, scale, qOffset);
   std::vector<char> deadRows(fref.lse.size());
