@@ -49,12 +49,15 @@ std::string FlexAttentionBackwardConfig::describe() const {
 
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability,
                                                                bool hasScoreMod, bool gathersPerElement) {
-  // Chosen from ptxas -v at D = 128 (no spills; docs/backward.md has the table): dkdv keeps K, V,
-  // dK and dV of its BLOCK_N keys in registers plus two [BLOCK_N, BLOCK_M] score tiles, so its
-  // query step is narrow; on sm_90a 64 keys x 32 queries is the widest step without spills and
-  // runs every product of dkdv and dq on wgmma (a score_mod's extra live values need 16).
+  // dkdv keeps K, V, dK and dV of its BLOCK_N keys in registers plus two [BLOCK_N, BLOCK_M] score
+  // tiles, so its query step is narrow. On sm_90a, 64 keys x 32 queries runs every product of
+  // dkdv and dq on wgmma within the register file (ptxas -v: no spills without a score_mod, 40
+  // bytes with soft-cap's); on the H200 it was the best or within 3 % of the best dkdv tile for
+  // every yardstick variant, and 16 queries per step was 13-18 % slower (bench/RESULTS.md,
+  // 2026-12-01). dq's tile mattered by less than the run-to-run spread.
+  (void)hasScoreMod;
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
-  if (capability == 90) return {{hasScoreMod ? 16 : 32, 64, 4, 2}, {64, 64, 4, 2}};
+  if (capability == 90) return {{32, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
 
