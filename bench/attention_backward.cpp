@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <random>
 #include <sstream>
@@ -296,6 +297,38 @@ int main(int argc, char** argv) try {
     row.stepTflops = 3.5 * fwdFlops / (row.fwdMs + row.bwdMs) / 1e9;
     rows.push_back(row);
   }
+  // What determinism costs: learnable ALiBi slopes (a trainable capture: every dkdv step adds its
+  // tile's slope gradient with an atomic), f32 atomics against 64-bit fixed point, default config.
+  std::vector<std::pair<std::string, double>> trainableRows;
+  if (std::find(names.begin(), names.end(), "alibi") != names.end()) {
+    std::vector<float> slopes(static_cast<size_t>(Hq));
+    for (int64_t h = 0; h < Hq; ++h) slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(Hq));
+    dsl::CapturedTensor slopesT =
+        dsl::capture(Tensor::fromHost(slopes, {Hq}, MemorySpace::Device), "slopes", {.requires_grad = true});
+    ScoreMod learnable = alibi(slopesT);
+    BlockMask mask = causalBlockMask(1, 1, N, N);
+    const double fwdFlops = 4.0 * double(D) * double(B * Hq) * double(N) * double(N + 1) / 2;
+    flex_attention_into(q, k, v, learnable, mask, out, &lse);
+    std::vector<float> first;
+    for (bool det : {false, true}) {
+      FlexAttentionBackwardOptions opt{.deterministic = det};
+      FlexAttentionGrads g = grads;
+      flex_attention_backward_into(q, k, v, out, lse, dout, learnable, mask, g, opt);
+      runtime::synchronize();
+      std::vector<float> grad = g.grad(slopesT).toHost<float>();
+      double worst = 0;  // the two modes agree to f32 rounding
+      if (!first.empty())
+        for (size_t i = 0; i < grad.size(); ++i)
+          worst = std::max(worst, double(std::abs(grad[i] - first[i])) / (std::abs(first[i]) + 1e-6));
+      first = grad;
+      const double ms = runtime::median(runtime::timeKernel(
+          [&] { flex_attention_backward_into(q, k, v, out, lse, dout, learnable, mask, g, opt); }, 3, 15));
+      std::printf("alibi, learnable slopes, %-13s %9.3f ms %7.1f TFLOP/s%s\n", det ? "deterministic" : "f32 atomics",
+                  ms, 2.5 * fwdFlops / ms / 1e9,
+                  det ? (" (slope gradients within " + std::to_string(worst) + " of the atomic run)").c_str() : "");
+      trainableRows.push_back({det ? "deterministic" : "atomics", ms});
+    }
+  }
   std::printf("\n%-15s %-40s %9s %9s %9s %9s %10s\n", "variant", "best backward config", "fwd ms", "bwd ms",
               "bwd TF/s", "default", "step TF/s");
   for (const Row& r : rows) {
@@ -307,6 +340,9 @@ int main(int argc, char** argv) try {
                 r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, r.fwdMs, r.bwdMs, r.tflops,
                 r.defaultTflops, r.stepTflops, r.config.c_str(), deterministic ? "true" : "false");
   }
+  if (trainableRows.size() == 2)
+    std::printf("learnable ALiBi backward: %.3f ms with f32 atomics, %.3f ms deterministic (%.3fx)\n",
+                trainableRows[0].second, trainableRows[1].second, trainableRows[1].second / trainableRows[0].second);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "flextile_attention_backward_bench: %s\n", e.what());

@@ -162,7 +162,19 @@ TEST(FlexAttentionBackward, ScaleAndPaddedHeadDim) {
   AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 40, .S = 37, .D = 80, .dtype = DType::BF16, .context = "scale 0.3"};
   BackwardCheck check = small(refCausal());
   check.options.scale = 0.3;
-  checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, 40, 37, kMaskBlocks), check);
+  if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, 40, 37, kMaskBlocks), check)) return;
+  // The largest head dim, with the default config for it.
+  AttentionCase wide{.B = 1, .Hq = 2, .Hkv = 1, .L = 35, .S = 33, .D = 256, .dtype = DType::F16, .context = "D 256"};
+  BackwardCheck dflt;
+  dflt.refMask = refCausal();
+  checkBackward(rng, wide, kHost, soft_cap(20), causalBlockMask(1, 1, 35, 33), [&] {
+    dflt.refScore = [](double x, int64_t, int64_t, int64_t, int64_t) { return 20 * std::tanh(x / 20); };
+    dflt.refScoreGrad = [](double x, int64_t, int64_t, int64_t, int64_t) {
+      const double t = std::tanh(x / 20);
+      return 1 - t * t;
+    };
+    return dflt;
+  }());
 }
 
 TEST(FlexAttentionBackward, BadInputsAreErrors) {
