@@ -19,6 +19,7 @@
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
+#include "attention_templates/TemplateParams.h"
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Printer.h"
@@ -32,7 +33,7 @@
 namespace flextile::attention {
 
 using namespace flextile::dsl;
-using ir::Type;
+using namespace flextile::attention::tmpl;
 
 std::string FlexAttentionConfig::describe() const {
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
@@ -103,36 +104,37 @@ int64_t nextPow2(int64_t x) {
   return p;
 }
 
-// The kernel's compile-time constants, in the order the tracer reads them.
-struct FwdConstants {
-  int64_t BM, BN, D, DP, G, QBS, KVBS, hasScoreMod, hasLse, qDivisible, kvDivisible, hasFull, hasPartial;
-  std::vector<int64_t> list() const {
-    return {BM, BN, D, DP, G, QBS, KVBS, hasScoreMod, hasLse, qDivisible, kvDivisible, hasFull, hasPartial};
-  }
-  static FwdConstants from(const std::vector<int64_t>& c) {
-    return {c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12]};
-  }
+// ---- kernel parameters -------------------------------------------------------
+
+// The order is the kernel's ABI and the names are the IR parameters' (dumps and golden tests show
+// them); changing either changes the traced IR, its structural hash and every compile cache key.
+template <template <class> class P>
+struct ForwardParams {
+  BOOST_HANA_DEFINE_STRUCT(ForwardParams, (P<Data>, q), (P<Data>, k), (P<Data>, v), (P<Data>, out), (P<F32Ptr>, lse),
+                           (P<I32Ptr>, kv_num), (P<I32Ptr>, kv_indices), (P<I32Ptr>, full_kv_num),
+                           (P<I32Ptr>, full_kv_indices), (P<I32>, q_len), (P<I32>, kv_len), (P<I32>, q_offset),
+                           (P<I32>, q_phase), (P<I32>, mask_q_blocks), (P<I32>, mask_kv_blocks),
+                           (P<I32>, mask_b_stride), (P<I32>, mask_h_stride), (P<I32>, q_stride_b),
+                           (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
+                           (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
+                           (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
+                           (P<I32>, q_heads), (P<F32>, scale));
 };
-constexpr size_t kNumConstants = 13;
+
+// The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
+struct ForwardConstants {
+  BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
+                           (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
+                           (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial));
+};
+
+// ---- traced kernel -----------------------------------------------------------
 
 // The traced program. `scoreMod` and `maskMod` are inlined where they are called.
 void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
                   const MaskMod& maskMod) {
-  const FwdConstants k = FwdConstants::from(constants);
-  auto ptr = [&](DType t, const char* name) { return Tile(f.addParam(Type::pointer(t), name)); };
-  auto i32 = [&](const char* name) { return Tile(f.addParam(Type(DType::I32), name)); };
-  Tile Q = ptr(dt, "q"), K = ptr(dt, "k"), V = ptr(dt, "v"), O = ptr(dt, "out"), LSE = ptr(DType::F32, "lse");
-  Tile kvNum = ptr(DType::I32, "kv_num"), kvIndices = ptr(DType::I32, "kv_indices");
-  Tile fullNum = ptr(DType::I32, "full_kv_num"), fullIndices = ptr(DType::I32, "full_kv_indices");
-  Tile L = i32("q_len"), S = i32("kv_len"), qOffset = i32("q_offset"), qPhase = i32("q_phase");
-  Tile maskRows = i32("mask_q_blocks"), maskCols = i32("mask_kv_blocks");
-  Tile maskBStride = i32("mask_b_stride"), maskHStride = i32("mask_h_stride");
-  Tile sqb = i32("q_stride_b"), sqh = i32("q_stride_h"), sqm = i32("q_stride_m");
-  Tile skb = i32("k_stride_b"), skh = i32("k_stride_h"), skn = i32("k_stride_n");
-  Tile svb = i32("v_stride_b"), svh = i32("v_stride_h"), svn = i32("v_stride_n");
-  Tile sob = i32("out_stride_b"), soh = i32("out_stride_h"), som = i32("out_stride_m");
-  Tile Hq = i32("q_heads");
-  Tile scale = Tile(f.addParam(Type(DType::F32), "scale"));
+  const auto k = constantsFrom<ForwardConstants>(constants);
+  const auto p = declareParams<ForwardParams>(f, dt);
 
   const double log2e = std::numbers::log2e;
   // Query tiles in reverse launch order: under causal-like masks the last rows
@@ -142,7 +144,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile offsM = mBlock * k.BM + arange(0, k.BM);
   Tile offsD = arange(0, k.DP);
   Tile b64 = b.to(DType::I64);
-  Tile rowLive = offsM < L;
+  Tile rowLive = offsM < p.q_len;
   Tile dLive = offsD < k.D;
   auto rowsByD = [&](const Tile& rows) {  // [rows, DP] load/store mask
     Tile m = rows.expand(1);
@@ -150,15 +152,16 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     return m;
   };
 
-  Tile qPtrs = Q + (b64 * sqb + h.to(DType::I64) * sqh) + (offsM.expand(1) * sqm + offsD.expand(0));
+  Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
+              (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
   Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
-  Tile kBase = K + (b64 * skb + hkv.to(DType::I64) * skh);
-  Tile vBase = V + (b64 * svb + hkv.to(DType::I64) * svh);
+  Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
+  Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
 
   // The mask row of this query tile (B and H broadcast through zero strides).
-  Tile maskRow = minimum((mBlock * k.BM + qPhase) / k.QBS, maskRows - 1);
-  Tile rowBase = b * maskBStride + h * maskHStride + maskRow;
-  Tile qPos = (offsM + qOffset).expand(1);  // global query positions, for the mods
+  Tile maskRow = minimum((mBlock * k.BM + p.q_phase) / k.QBS, p.mask_q_blocks - 1);
+  Tile rowBase = b * p.mask_b_stride + h * p.mask_h_stride + maskRow;
+  Tile qPos = (offsM + p.q_offset).expand(1);  // global query positions, for the mods
   const int64_t R = k.KVBS / k.BN;
 
   Tile m0 = full({k.BM}, -INFINITY, DType::F32);
@@ -167,23 +170,23 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
 
   auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
     Tile count = load(num + rowBase);
-    Tile listBase = rowBase * maskCols;
+    Tile listBase = rowBase * p.mask_kv_blocks;
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
       Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
-      Tile colLive = offsN < S;
-      Tile kvOffs = offsN.expand(1) * skn + offsD.expand(0);
-      Tile vOffs = offsN.expand(1) * svn + offsD.expand(0);
+      Tile colLive = offsN < p.kv_len;
+      Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
       const bool exact = k.kvDivisible && k.DP == k.D;
       Tile kt = exact ? load(kBase + kvOffs) : load(kBase + kvOffs, rowsByD(colLive));
       Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, rowsByD(colLive));
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod) {
-        s = scoreMod(s * scale, b, h, qPos, kvPos) * log2e;
+        s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
       } else {
-        s = s * scale;  // the host folded log2 e into the scale
+        s = s * p.scale;  // the host folded log2 e into the scale
       }
       if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
       if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
@@ -199,19 +202,20 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   };
 
   Tile m = m0, l = l0, acc = acc0;
-  if (k.hasFull) std::tie(m, l, acc) = walk(fullNum, fullIndices, false, m, l, acc);
-  if (k.hasPartial) std::tie(m, l, acc) = walk(kvNum, kvIndices, true, m, l, acc);
+  if (k.hasFull) std::tie(m, l, acc) = walk(p.full_kv_num, p.full_kv_indices, false, m, l, acc);
+  if (k.hasPartial) std::tie(m, l, acc) = walk(p.kv_num, p.kv_indices, true, m, l, acc);
 
   Tile empty = l == 0.0;
   Tile out = acc / where(empty, 1.0, l).expand(1);
-  Tile oPtrs = O + (b64 * sob + h.to(DType::I64) * soh) + (offsM.expand(1) * som + offsD.expand(0));
+  Tile oPtrs = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
+              (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
   if (k.qDivisible && k.DP == k.D)
     store(oPtrs, out.to(dt));
   else
     store(oPtrs, out.to(dt), rowsByD(rowLive));
   if (k.hasLse) {
     Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
-    Tile lsePtrs = LSE + ((b * Hq + h).to(DType::I64) * L) + offsM;
+    Tile lsePtrs = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len) + offsM;
     if (k.qDivisible)
       store(lsePtrs, lse);
     else
@@ -226,7 +230,7 @@ struct Prepared {
   DType dtype;
   MemorySpace space;
   FlexAttentionConfig config;
-  FwdConstants constants;
+  ForwardConstants constants;
   double scale;
   const BlockMask* mask;
   std::optional<BlockMask> ownedMask;  // the dense mask when none was given
@@ -356,21 +360,21 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   // By identity, not by name: a user's mod may be called "noop" and still change the scores.
   const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
-  p.constants = FwdConstants{c.block_m,
-                             c.block_n,
-                             p.D,
-                             nextPow2(p.D),
-                             p.Hq / p.Hkv,
-                             mask.qBlockSize(),
-                             mask.kvBlockSize(),
-                             hasScoreMod,
-                             options.return_lse,
-                             p.L % c.block_m == 0,
-                             // Every inner step of every listed block inside the keys: BLOCK_N
-                             // dividing S is not enough when the last mask block reaches past S.
-                             p.S % mask.kvBlockSize() == 0,
-                             mask.numFullBlocks() > 0,
-                             mask.numPartialBlocks() > 0};
+  p.constants = ForwardConstants{c.block_m,
+                                 c.block_n,
+                                 p.D,
+                                 nextPow2(p.D),
+                                 p.Hq / p.Hkv,
+                                 mask.qBlockSize(),
+                                 mask.kvBlockSize(),
+                                 hasScoreMod,
+                                 options.return_lse,
+                                 p.L % c.block_m == 0,
+                                 // Every inner step of every listed block inside the keys: BLOCK_N
+                                 // dividing S is not enough when the last mask block reaches past S.
+                                 p.S % mask.kvBlockSize() == 0,
+                                 mask.numFullBlocks() > 0,
+                                 mask.numPartialBlocks() > 0};
   return p;
 }
 
@@ -396,21 +400,21 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
                   [dt, sm, maskMod](ir::Function& f, const std::vector<int64_t>& c) {
                     traceForward(f, c, dt, sm, maskMod);
                   },
-                  kNumConstants);
+                  constantCount<ForwardConstants>());
   });
 }
 
 LaunchOptions launchOptions(const Prepared& p) {
   LaunchOptions o;
   o.grid = {cdiv(p.L, p.config.block_m), p.Hq, p.B};
-  o.constants = p.constants.list();
+  o.constants = constantList(p.constants);
   o.num_warps = p.config.num_warps;
   o.num_stages = p.config.num_stages;
   return o;
 }
 
-std::vector<KernelArg> arguments(const Prepared& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                                 const Tensor& out, const Tensor* lse) {
+std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, const Tensor* lse) {
   const BlockMask& mask = *p.mask;
   const BlockMaskTensors& lists = mask.tensors(p.space);
   const auto& qs = q.strides();
@@ -420,37 +424,17 @@ std::vector<KernelArg> arguments(const Prepared& p, const Tensor& q, const Tenso
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
   const int64_t maskB = mask.batch() > 1 ? mask.heads() * mask.numQBlocks() : 0;
   const int64_t maskH = mask.heads() > 1 ? mask.numQBlocks() : 0;
-  return {KernelArg(q),
-          KernelArg(k),
-          KernelArg(v),
-          KernelArg(out),
-          lse ? KernelArg(*lse) : KernelArg(lists.kvNum),  // unused without return_lse
-          KernelArg(lists.kvNum),
-          KernelArg(lists.kvIndices),
-          KernelArg(lists.fullKvNum),
-          KernelArg(lists.fullKvIndices),
-          KernelArg(p.L),
-          KernelArg(p.S),
-          KernelArg(mask.qOffset()),
-          KernelArg(mask.qPhase()),
-          KernelArg(mask.numQBlocks()),
-          KernelArg(mask.numKvBlocks()),
-          KernelArg(maskB),
-          KernelArg(maskH),
-          KernelArg(qs[0]),
-          KernelArg(qs[1]),
-          KernelArg(qs[2]),
-          KernelArg(ks[0]),
-          KernelArg(ks[1]),
-          KernelArg(ks[2]),
-          KernelArg(vs[0]),
-          KernelArg(vs[1]),
-          KernelArg(vs[2]),
-          KernelArg(os[0]),
-          KernelArg(os[1]),
-          KernelArg(os[2]),
-          KernelArg(p.Hq),
-          KernelArg(scale)};
+  return bindParams<ForwardParams>(
+      {.q = q, .k = k, .v = v, .out = out,
+       .lse = lse ? *lse : lists.kvNum,  // unused without return_lse
+       .kv_num = lists.kvNum, .kv_indices = lists.kvIndices, .full_kv_num = lists.fullKvNum,
+       .full_kv_indices = lists.fullKvIndices, .q_len = p.L, .kv_len = p.S, .q_offset = mask.qOffset(),
+       .q_phase = mask.qPhase(), .mask_q_blocks = mask.numQBlocks(), .mask_kv_blocks = mask.numKvBlocks(),
+       .mask_b_stride = maskB, .mask_h_stride = maskH, .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2],
+       .k_stride_b = ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2], .v_stride_b = vs[0], .v_stride_h = vs[1],
+       .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
+       .scale = scale},
+      kernel.name());
 }
 
 }  // namespace
@@ -494,12 +478,7 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
       throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
   }
   Kernel& kernel = forwardKernel(p, scoreMod);
-  LaunchOptions lo = launchOptions(p);
-  std::vector<KernelArg> args = arguments(p, q, k, v, out, lse);
-  if (p.space == MemorySpace::Device)
-    kernel.runArgs(lo, args);
-  else
-    kernel.interpretArgs(lo, args);
+  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space);
 }
 
 FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
@@ -530,7 +509,7 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
     alignas(16) static std::byte anyAligned[16];
     Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
                                               : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
-    plan.compiled = &kernel.compile(lo, arguments(p, q, k, v, out, nullptr), target);
+    plan.compiled = &kernel.compile(lo, arguments(p, kernel, q, k, v, out, nullptr), target);
   }
   return plan;
 }

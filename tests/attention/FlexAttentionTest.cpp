@@ -14,6 +14,7 @@
 #include "attention_templates/Variants.h"
 #include "codegen/Ptxas.h"
 #include "gpu/GpuTest.h"
+#include "ir/Printer.h"
 
 // GCC 12 warns about members left to their defaults in designated
 // initializers, which is how the cases below are written on purpose.
@@ -515,6 +516,24 @@ TEST(FlexAttention, EveryVariantAssemblesForSm90a) {
     std::printf("%s: %d registers, %d bytes spilled, %d bytes of shared memory\n", var.name.c_str(), report.registers,
                 report.spillStoreBytes, plan.compiled->sharedBytes);
   }
+}
+
+// The forward kernel's parameters are its ABI, and their names and order are in the traced IR and
+// so in its structural hash and every compile cache key: a change to ForwardParams shows here, not
+// as a silent recompile. (Captured tensors' parameters follow these; none here.)
+TEST(FlexAttention, ForwardParametersKeepTheirNamesAndOrder) {
+  const Tensor q = Tensor::zeros(DType::BF16, {1, 2, 128, 64}, kHost);
+  const FlexAttentionPlan plan = plan_flex_attention(q, q, q, noop_score(), causalBlockMask(1, 1, 128, 128));
+  ASSERT_NE(plan.traced, nullptr);
+  const std::string text = ir::printFunction(*plan.traced);
+  EXPECT_EQ(text.substr(0, text.find(')') + 1),
+            "func @flex_fwd_noop_causal(%q: ptr<bf16>, %k: ptr<bf16>, %v: ptr<bf16>, %out: ptr<bf16>, "
+            "%lse: ptr<f32>, %kv_num: ptr<i32>, %kv_indices: ptr<i32>, %full_kv_num: ptr<i32>, "
+            "%full_kv_indices: ptr<i32>, %q_len: i32, %kv_len: i32, %q_offset: i32, %q_phase: i32, "
+            "%mask_q_blocks: i32, %mask_kv_blocks: i32, %mask_b_stride: i32, %mask_h_stride: i32, "
+            "%q_stride_b: i32, %q_stride_h: i32, %q_stride_m: i32, %k_stride_b: i32, %k_stride_h: i32, "
+            "%k_stride_n: i32, %v_stride_b: i32, %v_stride_h: i32, %v_stride_n: i32, %out_stride_b: i32, "
+            "%out_stride_h: i32, %out_stride_m: i32, %q_heads: i32, %scale: f32)");
 }
 
 // Regression: planning allocated (and cleared) a whole output tensor to describe the launch —
