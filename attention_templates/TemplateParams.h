@@ -9,7 +9,7 @@
 //   // trace side: one IR parameter per member, in declaration order, named after it
 //   auto p = declareParams<PreprocessParams>(f, dtype);        // p.out, p.lse, p.q_len are Tiles
 //   // host side: designated initializers name each argument; a member left out is an error
-//   auto args = bindParams(PreprocessParams<Bound>{.out = out, .lse = lse, .q_len = L}, "flex_bwd_preprocess");
+//   auto args = bindParams<PreprocessParams>({.out = out, .lse = lse, .q_len = L}, "flex_bwd_preprocess");
 //
 // Before this, every template kept two positional lists (addParam calls in the tracer, KernelArg
 // lists on the host) that had to agree by position; a swap of two i32 strides compiled and ran.
