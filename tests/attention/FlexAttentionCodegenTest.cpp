@@ -56,6 +56,32 @@ TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
   }
 }
 
+// Q is loaded once and read by both loops: on sm_90a it stays in a resident
+// shared tile (wgmma's A descriptor) instead of 32 registers per thread at
+// 128 x 128 on 8 warps (two warpgroups, rows 64g of the tile). The tile adds
+// its bytes to the plan (it overlaps no ring); FLEXTILE_WGMMA_SMEM_A=0 gives
+// back register A, Q's ldmatrix and the plan of before.
+TEST(FlexAttentionCodegen, LoopInvariantQIsReadFromSharedMemoryUnlessTurnedOff) {
+  const FlexAttentionConfig c{128, 128, 8, 2};
+  const auto& on = compileFor(codegen::Target::sm90a(), c);
+  ::setenv("FLEXTILE_WGMMA_SMEM_A", "0", 1);
+  const auto& off = compileFor(codegen::Target::sm90a(), c);
+  ::unsetenv("FLEXTILE_WGMMA_SMEM_A");
+  const std::string qk = "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16 \\{[^}]*\\}, ";
+  EXPECT_EQ(count(on.ptx, qk + "ad[0-9]+, %rd[0-9]+, [pz], 1, 1, 0, 0;"), 16);
+  EXPECT_EQ(count(off.ptx, qk + "ad[0-9]+"), 0);
+  EXPECT_EQ(count(off.ptx, qk + "\\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, %rd[0-9]+, [pz], 1, 1, 0;"), 16);
+  EXPECT_EQ(count(on.ptx, "ldmatrix"), 0);
+  EXPECT_GT(count(off.ptx, "ldmatrix"), 0);
+  EXPECT_EQ(on.sharedBytes, off.sharedBytes + 128 * 128 * 2);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport ron = codegen::runPtxas(on.ptx, codegen::Target::sm90a());
+    codegen::PtxasReport roff = codegen::runPtxas(off.ptx, codegen::Target::sm90a());
+    EXPECT_EQ(ron.spillStoreBytes, 0) << ron.log;
+    EXPECT_LT(ron.registers, roff.registers) << ron.log << roff.log;
+  }
+}
+
 // Regression (a GPU race seen on the H200 in the document variant): the
 // second loop's ring may reuse the bytes the first loop's last wgmma reads
 // (or Q's staging tile), so every prologue starts after a barrier.
