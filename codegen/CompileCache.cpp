@@ -1,4 +1,5 @@
 #include "codegen/CompileCache.h"
+#include "codegen/TensorCores.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -104,12 +105,16 @@ static std::string skippedPassesIdentity() {
   return out + "; " + llvmPipeline();
 }
 
-const std::string& compilerVersion() {
+std::string compilerVersion() {
   static const std::string v =
       std::string("flextile ") + FLEXTILE_VERSION + "; LLVM " + LLVM_VERSION_STRING + "; build " + buildIdentity() +
       (fpFusionEnabled() ? "" : "; no fp fusion") + skippedPassesIdentity();
-  return v;
+  // The wgmma switches are read on every compile (tests and benchmarks flip
+  // them within one process), so they are appended here rather than frozen.
+  return v + codegenSwitches();
 }
+
+std::string codegenSwitches() { return wgmmaSettingsIdentity(); }
 
 std::optional<fs::path> userCacheDirectory() {
   if (const char* d = std::getenv("FLEXTILE_CACHE_DIR"); d && *d) return fs::path(d);

@@ -30,8 +30,15 @@
 
 namespace flextile::codegen {
 
-// "flextile 0.1.0; LLVM 22.1.8; build <size>-<mtime>": part of every key.
-const std::string& compilerVersion();
+// "flextile 0.1.0; LLVM 22.1.8; build <size>-<mtime>", plus the settings
+// that change the code (no fp fusion, skipped passes, FLEXTILE_WGMMA=0,
+// FLEXTILE_WGMMA_SMEM_A=0): part of every key.
+std::string compilerVersion();
+// The environment switches that change the generated code and are read on
+// every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0) as text, "" at
+// their defaults: part of compilerVersion(), and of the in-memory caches'
+// keys (dsl::Kernel).
+std::string codegenSwitches();
 
 // The user's FlexTile cache folder (see above); nullopt when neither variable
 // nor HOME is set.

@@ -19,9 +19,12 @@
 // fences, issues one wgmma.mma_async m64nNk16 per 16 of K (A words from
 // registers as for mma.sync, B as a matrix descriptor of the pipelined ring
 // slot advanced by the k-step's byte offset), commits and waits for the
-// group. Keeping fence, mmas and wait in one statement means no instruction
-// the compiler schedules can touch the accumulators while they are in
-// flight. The accumulators go in and out as tied "+f" operands in the
+// group. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
+// second descriptor instead of the A words: its convert wrote the resident
+// tile once before the loop; the descriptor of k-step 0 goes in and the
+// others are formed inside the block. Keeping fence, mmas and wait in one
+// statement means no instruction the compiler schedules can touch the
+// accumulators while they are in flight. The accumulators go in and out as tied "+f" operands in the
 // fragment order d[4i + j] = (8*(j>>1), 8i + (j&1)) of n-block i.
 //
 // FMA (everything else): a and b are staged row-major through shared memory
@@ -221,6 +224,13 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   if (!pipe_ || !pipe_->buffers.count(w.load) || !pipe_->buffers.at(w.load).wgmma)
     fail(op, "is planned for wgmma but its B tile is not in a pipelined ring of this loop");
   const PipelinedBuffer& buf = pipe_->buffers.at(w.load);
+  // A resident in shared memory (TensorCores.h wgmmaResidentA): the plan decided, the convert wrote it.
+  const ir::Op* aConvert = a->definingOp();
+  std::optional<WgmmaResidentA> residentA;
+  if (aConvert && plan.residentA.count(aConvert)) {
+    residentA = wgmmaResidentA(*aConvert, target);
+    if (!residentA) fail(op, "reads a resident A tile that its convert cannot write for " + target.smName());
+  }
   auto reg = [&](const Layout& l, int64_t row, int64_t col, const char* what) {
     int64_t r = l.registerOf({row, col});
     if (r < 0)
@@ -228,7 +238,6 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
                    ", " + std::to_string(col) + ") of the wgmma fragment");
     return size_t(r);
   };
-  const Regs& as = get(a);
   Regs acc = get(op.operand(2));
   const int64_t numD = w.N / 2, steps = w.K / 16;
   std::vector<size_t> dReg(static_cast<size_t>(numD));
@@ -240,26 +249,59 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     llvm::Value* v = b.CreateInsertElement(llvm::PoisonValue::get(pairTy), lo, uint64_t(0));
     return b.CreateBitCast(b.CreateInsertElement(v, hi, uint64_t(1)), b.getInt32Ty());
   };
-  // Descriptor of the slot being read: start address (>> 4) in bits 0-13, the
-  // leading and stride byte offsets (>> 4) in 16-29 and 32-45, the swizzle in 62-63.
-  llvm::Value* slotByte = b.CreateAdd(i32(buf.offset), b.CreateMul(pipe_->readSlot, i32(buf.slotBytes)));
-  llvm::Value* smemAddr = b.CreateAdd(b.CreatePtrToInt(sharedBase, b.getInt32Ty()), slotByte);
-  const uint64_t fixed = (uint64_t((w.leadingByteOffset >> 4) & 0x3FFF) << 16) |
-                         (uint64_t((w.strideByteOffset >> 4) & 0x3FFF) << 32) | (uint64_t(w.swizzleMode) << 62);
-  auto descriptor = [&](int64_t s) {
-    llvm::Value* addr = b.CreateAdd(smemAddr, i32(w.kStepByteOffset(s)));
+  // Descriptor of a tile at byte `base` (i32, shared window): start address
+  // (>> 4) in bits 0-13, the leading and stride byte offsets (>> 4) in 16-29
+  // and 32-45, the swizzle in 62-63.
+  auto descriptor = [&](llvm::Value* base, const WgmmaTile& tile, int64_t s) {
+    llvm::Value* addr = b.CreateAdd(base, i32(tile.kStepByteOffset(s)));
     llvm::Value* start = b.CreateZExt(b.CreateLShr(b.CreateAnd(addr, i32(0x3FFFF)), i32(4)), b.getInt64Ty());
-    return b.CreateOr(start, b.getInt64(fixed));
+    return b.CreateOr(start, b.getInt64(tile.descriptorFixedBits()));
   };
+  llvm::Value* smemBase = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
+  // B: the slot being read.
+  llvm::Value* bBase = b.CreateAdd(smemBase, b.CreateAdd(i32(buf.offset), b.CreateMul(pipe_->readSlot, i32(buf.slotBytes))));
+  // A: warpgroup g reads rows [64g, 64g + 64) of the resident tile (whole
+  // 8-row swizzle groups, so the row offset is a plain byte offset: the
+  // XOR of the offsets of its bits).
+  llvm::Value* aBase = nullptr;
+  if (residentA) {
+    const ir::SharedLayout& smem = residentA->tile.smem;
+    aBase = b.CreateAdd(smemBase, i32(scratchOffset(*aConvert, smem.sizeBytes())));
+    llvm::Value* group = b.CreateLShr(warp, i32(2));
+    llvm::Value* rows = i32(0);
+    for (int64_t bit = 0; int64_t(64) << bit < smem.shape()[0]; ++bit) {
+      const int64_t bytes = smem.offsetOf({int64_t(64) << bit, 0}) * smem.elemBytes();
+      llvm::Value* on = b.CreateAnd(b.CreateLShr(group, i32(bit)), i32(1));
+      rows = b.CreateXor(rows, b.CreateMul(on, i32(bytes)));
+    }
+    aBase = b.CreateAdd(aBase, rows);
+  }
 
   // A zero accumulator (S = Q K^T) is not read: the first k-step runs with
   // scale-d false.
   const ir::Op* accDef = op.operand(2)->definingOp();
   const bool zeroAcc = accDef && accDef->kind() == ir::OpKind::Constant && accDef->floatAttr("value") == 0.0;
+  // Operands: numD accumulators out, the same tied in, then the A part (four
+  // words per k-step from registers, or the descriptor of k-step 0), the B
+  // descriptors, scale-d.
+  const int64_t aCount = residentA ? 1 : 4 * steps;
+  const int64_t aFirst = 2 * numD, bFirst = aFirst + aCount, scaleIndex = bFirst + steps;
   std::vector<llvm::Value*> operands;
-  const std::string scaleOperand = "$" + std::to_string(2 * numD + 5 * steps);
+  const std::string scaleOperand = "$" + std::to_string(scaleIndex);
   std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
-                                   scaleOperand + ", 0;\nwgmma.fence.sync.aligned;\n";
+                                   scaleOperand + ", 0;\n";
+  // A resident A tile's descriptor is loop-invariant: passed as LLVM values,
+  // the descriptors of all k-steps were hoisted out of the loop and held two
+  // registers each through it. One goes in; the others are that one plus the
+  // k-step's offset (>> 4: the start-address field, which cannot carry, shared
+  // addresses being below 2^18), computed here next to their wgmma.
+  if (residentA) {
+    text += ".reg .b64 ad<" + std::to_string(steps) + ">;\n";
+    for (int64_t s = 0; s < steps; ++s)
+      text += "add.s64 ad" + std::to_string(s) + ", $" + std::to_string(aFirst) + ", " +
+              std::to_string((residentA->tile.kStepByteOffset(s) - residentA->tile.kStepByteOffset(0)) >> 4) + ";\n";
+  }
+  text += "wgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
   for (int64_t j = 0; j < numD; ++j) {
     constraints += std::to_string(j) + ",";
@@ -273,21 +315,32 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   dList += "}";
   const std::string kind = std::string("wgmma.mma_async.sync.aligned.m64n") + std::to_string(w.N) + "k16.f32." +
                            (t == DType::BF16 ? "bf16.bf16" : "f16.f16");
+  auto ref = [](int64_t i) { return "$" + std::to_string(i); };
   for (int64_t s = 0; s < steps; ++s) {
-    const int64_t k0 = 16 * s;
-    auto at = [&](int i) { return as[reg(la, 8 * ((i >> 1) & 1), k0 ^ (i & 1) ^ 8 * (i >> 2), "A")]; };
-    const int64_t first = 2 * numD + 4 * s;
-    for (int i = 0; i < 8; i += 2) {
-      operands.push_back(pack(at(i), at(i + 1)));
-      constraints += "r,";
+    std::string aText;
+    if (residentA) {
+      if (s == 0) {
+        operands.push_back(descriptor(aBase, residentA->tile, 0));
+        constraints += "l,";
+      }
+      aText = "ad" + std::to_string(s);
+    } else {
+      const Regs& as = get(a);
+      const int64_t k0 = 16 * s;
+      auto at = [&](int i) { return as[reg(la, 8 * ((i >> 1) & 1), k0 ^ (i & 1) ^ 8 * (i >> 2), "A")]; };
+      for (int i = 0; i < 8; i += 2) {
+        operands.push_back(pack(at(i), at(i + 1)));
+        constraints += "r,";
+      }
+      const int64_t first = aFirst + 4 * s;
+      aText = "{" + ref(first) + ", " + ref(first + 1) + ", " + ref(first + 2) + ", " + ref(first + 3) + "}";
     }
-    text += kind + " " + dList + ", {$" + std::to_string(first) + ", $" + std::to_string(first + 1) + ", $" +
-            std::to_string(first + 2) + ", $" + std::to_string(first + 3) + "}, $" +
-            std::to_string(2 * numD + 4 * steps + s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
-            (w.mnMajor ? "1" : "0") + ";\n";
+    // Scale-d, imm-scale-a, imm-scale-b, [imm-trans-a (descriptor A only; K-major: 0),] imm-trans-b.
+    text += kind + " " + dList + ", " + aText + ", " + ref(bFirst + s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
+            (residentA ? "0, " : "") + (w.b.mnMajor ? "1" : "0") + ";\n";
   }
   for (int64_t s = 0; s < steps; ++s) {
-    operands.push_back(descriptor(s));
+    operands.push_back(descriptor(bBase, w.b, s));
     constraints += "l,";
   }
   operands.push_back(i32(1));  // scale-d: accumulate

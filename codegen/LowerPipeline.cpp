@@ -135,7 +135,7 @@ bool Lowering::beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Va
   for (const auto& op : forOp.region(0).ops())
     if (op->kind() == ir::OpKind::Dot)
       if (auto w = wgmmaPlan(*op, target)) {
-        wgmmaTiles.emplace(w->load, w->smem);
+        wgmmaTiles.emplace(w->load, w->b.smem);
         const ir::Op* first = op->operand(1)->definingOp();
         wgmmaConverts.insert(first->kind() == ir::OpKind::Trans ? first->operand(0)->definingOp() : first);
       }

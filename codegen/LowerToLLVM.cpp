@@ -428,9 +428,10 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 
 // ---- plan helpers ----------------------------------------------------------
 
-LoweringPlan planLowering(const ir::Function& f) {
+LoweringPlan planLowering(const ir::Function& f, const std::optional<Target>& target) {
   LoweringPlan plan;
-  SharedPlan shared = planSharedMemory(f);
+  SharedPlan shared = planSharedMemory(f, target);
+  plan.residentA = shared.residentA;
   for (const auto& [op, offset] : shared.offset) plan.scratchOffset[op] = offset;
   plan.sharedBytes = shared.totalBytes;
   AxisInfoAnalysis axis(f);

@@ -149,6 +149,14 @@ class Lowering {
   std::vector<std::unique_ptr<PipelineLoop>> pipes_;
   PipelineLoop* pipe_ = nullptr;
 
+  // Stores `xs` (layout `from`) into the swizzled tile `smem` at byte
+  // `offset`, from the owning threads, in vectors as wide as the registers'
+  // contiguity, the tile's chunks and every thread's alignment allow. No barriers.
+  void storeToSwizzledTile(const Regs& xs, const ir::Layout& from, const ir::SharedLayout& smem, ir::DType t,
+                           int64_t offset);
+  // convert_layout into a resident wgmma A tile (LowerLayoutConversion.cpp; TensorCores.h wgmmaResidentA).
+  void lowerResidentAConvert(const ir::Op& op);
+
   Regs convertThroughLdmatrix(const Regs& xs, const ir::Layout& from, const ir::Layout& to,
                               const LdmatrixPlan& plan, ir::DType t, int64_t offset);
 

@@ -3,6 +3,7 @@
 #include "codegen/TensorCores.h"
 
 #include <algorithm>
+#include <functional>
 #include <tuple>
 #include <vector>
 
@@ -82,8 +83,11 @@ int64_t scratchBytes(const Op& op) {
   }
 }
 
-SharedPlan planSharedMemory(const ir::Function& f) {
-  // Live ranges in program order: today every buffer lives exactly at its op.
+namespace {
+SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& residentA) {
+  // Live ranges in program order: a buffer lives at its op, except a ring
+  // (its loop) and a resident A tile (from its convert to the end of the last
+  // loop that reads it).
   struct Buffer {
     const Op* owner;
     int64_t bytes;
@@ -92,7 +96,7 @@ SharedPlan planSharedMemory(const ir::Function& f) {
   };
   std::vector<Buffer> buffers;
   int position = 0;
-  std::map<const Op*, std::pair<int, int>> forSpan;  // positions of each for op and its last nested op
+  std::map<const Op*, std::pair<int, int>> span;  // positions of each op and its last nested op
   auto requireLayout = [&](const ir::Value* v, const Op& op) {
     if (v->type().isTile() && !v->type().hasLayout())
       throw Error("shared-memory planning of '" + f.name() + "': " + op.describe() + " has a tile without a layout (" +
@@ -101,17 +105,35 @@ SharedPlan planSharedMemory(const ir::Function& f) {
   f.walk([&](const Op& op) {
     for (const ir::Value* v : op.operands()) requireLayout(v, op);
     for (const ir::Value* v : op.results()) requireLayout(v, op);
-    if (op.kind() == OpKind::For) forSpan[&op] = {position, position + int(countOps(op))};
+    span[&op] = {position, position + int(countOps(op))};
     int64_t b = scratchBytes(op);
     if (b > 0) {
       Buffer buf{&op, alignUp(b, kAlign), position, position};
       // A pipelined load's ring is written and read across the whole loop.
       const Op* loop = op.kind() == OpKind::Load && op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
-      if (loop && forSpan.count(loop)) std::tie(buf.start, buf.end) = forSpan[loop];
+      if (loop && loop->kind() == OpKind::For && span.count(loop)) std::tie(buf.start, buf.end) = span[loop];
       buffers.push_back(buf);
     }
     ++position;
   });
+  // A resident tile is read by wgmma in every iteration of its readers' loops:
+  // it lives until the end of the last of them (the op of the convert's block
+  // that holds each reader).
+  for (Buffer& buf : buffers) {
+    if (!residentA.count(buf.owner)) continue;
+    const ir::Block* home = buf.owner->parentBlock();
+    std::function<void(const ir::Block&)> scan = [&](const ir::Block& blk) {
+      for (const auto& o : blk.ops()) {
+        for (const auto& r : o->regions()) scan(*r);
+        if (o->kind() != OpKind::Dot || o->operand(0) != buf.owner->result()) continue;
+        const Op* outer = o.get();
+        while (outer && outer->parentBlock() != home)
+          outer = outer->parentBlock() ? outer->parentBlock()->parentOp() : nullptr;
+        if (outer) buf.end = std::max(buf.end, span.at(outer).second);
+      }
+    };
+    scan(*home);
+  }
   // Greedy by size (largest first): each buffer takes the lowest aligned
   // offset not used by an already placed buffer whose live range overlaps.
   std::vector<Buffer*> order;
@@ -145,7 +167,24 @@ SharedPlan planSharedMemory(const ir::Function& f) {
     plan.bytes[b.owner] = int(b.bytes);
   }
   plan.totalBytes = int(total);
+  plan.residentA = residentA;
   return plan;
+}
+}  // namespace
+
+SharedPlan planSharedMemory(const ir::Function& f, const std::optional<Target>& target) {
+  std::set<const Op*> resident;
+  if (target)
+    f.walk([&](const Op& op) {
+      if (op.kind() == OpKind::ConvertLayout && wgmmaResidentA(op, *target)) resident.insert(&op);
+    });
+  if (!resident.empty()) {
+    // Resident tiles add their bytes to every loop that reads them: when that
+    // no longer fits, the kernel keeps register A (it compiled so before).
+    SharedPlan plan = placeBuffers(f, resident);
+    if (plan.totalBytes <= target->maxSharedBytesPerBlock()) return plan;
+  }
+  return placeBuffers(f, {});
 }
 
 void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target) {

@@ -58,6 +58,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
@@ -68,6 +70,9 @@ struct SharedPlan {
   std::map<const ir::Op*, int> offset;  // base byte offset of each op with scratch
   std::map<const ir::Op*, int> bytes;   // its size in bytes
   int totalBytes = 0;                   // dynamic shared memory the kernel needs
+  // Converts whose tile stays resident for wgmma's A operand (TensorCores.h
+  // wgmmaResidentA): their scratch is live until the last loop that reads it.
+  std::set<const ir::Op*> residentA;
 };
 
 // The scratch bytes `op` needs (0: none). A reduce needs its operand's layout.
@@ -85,7 +90,10 @@ int64_t dotScratchBOffset(const ir::Op& dot);
 
 // Throws flextile::Error when a tile has no layout (run assignLayouts first).
 // codegen::planLowering (LowerToLLVM.h) turns the plan into the lowering's.
-SharedPlan planSharedMemory(const ir::Function& f);
+// With a target, the converts wgmmaResidentA accepts get resident tiles when
+// the plan with them fits the target's shared memory (else none does, and
+// every A operand stays in registers); without one, none does.
+SharedPlan planSharedMemory(const ir::Function& f, const std::optional<Target>& target = std::nullopt);
 
 // Throws flextile::Error naming the largest users when the plan does not fit
 // the target's shared memory.

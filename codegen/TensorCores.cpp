@@ -179,12 +179,29 @@ ir::SharedLayout wgmmaSharedLayout(const ir::Shape& shape, int contiguousDim, in
   return ir::SharedLayout(shape, order, vec, perPhase, maxPhase, elemBytes, panel);
 }
 
-int64_t WgmmaPlan::kStepByteOffset(int64_t s) const {
+int64_t WgmmaTile::kStepByteOffset(int64_t s) const {
   const int64_t eb = smem.elemBytes(), panelBytes = smem.panel() * eb;
   const int64_t panelStride = smem.rowsPerPanel() * panelBytes;
   if (mnMajor) return 16 * s * panelBytes;  // K runs along the lines of every panel
   const int64_t kBytes = 16 * s * eb;       // K runs along the panels
   return kBytes / panelBytes * panelStride + kBytes % panelBytes;
+}
+
+uint64_t WgmmaTile::descriptorFixedBits() const {
+  return (uint64_t((leadingByteOffset >> 4) & 0x3FFF) << 16) | (uint64_t((strideByteOffset >> 4) & 0x3FFF) << 32) |
+         (uint64_t(swizzleMode) << 62);
+}
+
+std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, int kDim, int64_t elemBytes) {
+  WgmmaTile tile{wgmmaSharedLayout(shape, contiguousDim, elemBytes)};
+  tile.mnMajor = contiguousDim != kDim;
+  const int64_t panelBytes = tile.smem.panel() * elemBytes;
+  if (panelBytes < 32 || tile.smem.rowsPerPanel() % 8 != 0) return std::nullopt;
+  tile.swizzleMode = panelBytes == 128 ? 1 : panelBytes == 64 ? 2 : 3;
+  const int64_t panelStride = tile.smem.rowsPerPanel() * panelBytes;
+  tile.leadingByteOffset = tile.mnMajor ? panelStride : 16;  // K-major swizzled: unused
+  tile.strideByteOffset = 8 * panelBytes;
+  return tile;
 }
 
 const ir::Op* wgmmaSourceLoad(const ir::Op& dot) {
@@ -278,17 +295,70 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
   // B = load ([K, N]) or trans(load) ([N, K]); K-major when B's K is contiguous.
   const int kDimOfLoad = transposed ? 1 : 0;
-  WgmmaPlan plan{load, wgmmaSharedLayout(load->result()->type().shape(), contiguous, ir::byteWidth(t))};
-  plan.mnMajor = contiguous != kDimOfLoad;
-  plan.N = N;
-  plan.K = K;
-  const int64_t panelBytes = plan.smem.panel() * plan.smem.elemBytes();
-  if (panelBytes < 32 || plan.smem.rowsPerPanel() % 8 != 0) return std::nullopt;
-  plan.swizzleMode = panelBytes == 128 ? 1 : panelBytes == 64 ? 2 : 3;
-  const int64_t panelStride = plan.smem.rowsPerPanel() * panelBytes;
-  plan.leadingByteOffset = plan.mnMajor ? panelStride : 16;  // K-major swizzled: unused
-  plan.strideByteOffset = 8 * panelBytes;
-  return plan;
+  auto tile = wgmmaTile(load->result()->type().shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
+  if (!tile) return std::nullopt;
+  return WgmmaPlan{load, *tile, N, K};
+}
+
+namespace {
+bool smemADisabled() {
+  const char* e = std::getenv("FLEXTILE_WGMMA_SMEM_A");
+  return e && std::strcmp(e, "0") == 0;
+}
+
+// The op of `block` that holds `op` (op itself, or the op whose regions nest it); null outside.
+const ir::Op* ancestorIn(const ir::Op* op, const ir::Block* block) {
+  while (op && op->parentBlock() != block) op = op->parentBlock() ? op->parentBlock()->parentOp() : nullptr;
+  return op;
+}
+}  // namespace
+
+std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
+  if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
+  if (target.capability != 90 || !target.archSpecific) return std::nullopt;
+  const ir::Value* x = cvt.operand(0);
+  const ir::Type& xt = x->type();
+  if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))
+    return std::nullopt;
+  // K-major only: an M-major A (imm-trans-a) would need its own warpgroup
+  // offsets and has no user yet.
+  const Layout& from = *xt.layout();
+  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
+  if (contiguous != 1) return std::nullopt;
+  const ir::Block* home = cvt.parentBlock();
+  if (!home) return std::nullopt;
+  auto tile = wgmmaTile(xt.shape(), 1, 1, ir::byteWidth(xt.dtype()));
+  if (!tile) return std::nullopt;
+  WgmmaResidentA out{*tile};
+  bool ok = true;
+  cvt.function()->walk([&](const ir::Op& op) {
+    if (!ok || &op == &cvt) return;
+    bool uses = false;
+    for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
+    if (!uses) return;
+    // Operand 0 of a wgmma dot and nothing else of it.
+    if (op.kind() != OpKind::Dot || op.operand(0) != cvt.result() || op.operand(1) == cvt.result() ||
+        op.operand(2) == cvt.result() || !wgmmaPlan(op, target)) {
+      ok = false;
+      return;
+    }
+    // In a loop the convert is outside of: the dot's for body is nested in the convert's block.
+    const ir::Op* loop = op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
+    if (!loop || loop->kind() != OpKind::For || ancestorIn(loop, home) == nullptr) {
+      ok = false;
+      return;
+    }
+    out.readers.push_back(&op);
+  });
+  if (!ok || out.readers.empty()) return std::nullopt;
+  return out;
+}
+
+std::string wgmmaSettingsIdentity() {
+  std::string out;
+  if (wgmmaDisabled()) out += "; FLEXTILE_WGMMA=0";
+  if (smemADisabled()) out += "; FLEXTILE_WGMMA_SMEM_A=0";
+  return out;
 }
 
 }  // namespace flextile::codegen

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "codegen/Target.h"
@@ -105,15 +106,54 @@ int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t
 // The B tile is K-major when its contiguous dimension is B's K (the K of
 // attention's Q K^T) and MN-major (imm-trans-b) when it is N (V of P V).
 // FLEXTILE_WGMMA=0 in the environment turns the path off (for comparisons).
+//
+// A from shared memory ("SS" wgmma; wgmmaResidentA). A loop-invariant A
+// operand (Q in the forward's Q K^T, K and V in the dkdv kernel, Q and dO in
+// the dq kernel) would otherwise hold 32-64 registers per thread for the
+// whole loop, which is what limits those tiles at ptxas's 255. It is kept in
+// shared memory instead, as FlashAttention-3 and Triton do, when
+//   * a = convert_layout(x) with the convert outside the dot's loop (the dot
+//     sits in a for body, the convert in an enclosing block), x a 16-bit
+//     [M, K] tile whose contiguous dimension is K (K-major A; an M-major x
+//     keeps registers);
+//   * every user of the convert is operand 0 of a dot that wgmmaPlan accepts
+//     (B from a ring as above) under this same rule, so no register copy of
+//     the operand is needed anywhere;
+//   * the shared-memory plan, which gives the tile a buffer live from the
+//     convert to the end of the last loop that reads it, still fits the
+//     target (else the kernel keeps register A; planSharedMemory decides and
+//     the lowering follows the plan).
+// The convert then writes x's registers once into a *resident* tile in
+// wgmmaSharedLayout (the layout of a K-major B), runs
+// fence.proxy.async.shared::cta (generic-proxy stores that the async proxy
+// reads) and a barrier, and produces no registers; each k-step of the dot
+// passes a second descriptor (same encoding as a K-major B) instead of the
+// four A words, warpgroup g's starting at row 64g. Loops whose A is computed
+// in the loop (P of P V, dS^T of dS^T Q) keep register A. The resident
+// convert sits outside the loop, so the loop's no-conversion rule above does
+// not see it. FLEXTILE_WGMMA_SMEM_A=0 keeps register A everywhere.
+
+// A tile that wgmma reads through a matrix descriptor.
+struct WgmmaTile {
+  ir::SharedLayout smem;  // wgmmaSharedLayout of the tile
+  bool mnMajor = false;   // the operand's M/N dimension is the contiguous one (imm-trans)
+  int swizzleMode = 1;    // descriptor bits 62-63: 1 = 128 B, 2 = 64 B, 3 = 32 B
+  int64_t leadingByteOffset = 0, strideByteOffset = 0;
+  // Byte offset, from the tile's start, of the sub-matrix of k-step s (16 of K).
+  int64_t kStepByteOffset(int64_t s) const;
+  // Descriptor bits 16-63 (leading and stride byte offsets, swizzle); the start address goes in 0-13.
+  uint64_t descriptorFixedBits() const;
+};
+// The descriptor view of a [rows, cols] tile stored in wgmmaSharedLayout with
+// `contiguousDim` fastest, whose K dimension (of the product) is `kDim`;
+// empty when wgmma cannot read that layout (rows narrower than 32 bytes, or
+// fewer than 8 lines per panel).
+std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, int kDim, int64_t elemBytes);
+
 struct WgmmaPlan {
   const ir::Op* load = nullptr;  // the pipelined load whose ring slot is B
-  ir::SharedLayout smem;         // wgmmaSharedLayout of the load's tile
-  bool mnMajor = false;          // B's N dimension is the contiguous one
-  int swizzleMode = 1;           // descriptor bits 62-63: 1 = 128 B, 2 = 64 B, 3 = 32 B
+  WgmmaTile b;                   // B in the ring slot
   int64_t N = 0, K = 0;
-  int64_t leadingByteOffset = 0, strideByteOffset = 0;
-  // Byte offset, from the tile's start, of the B sub-matrix of k-step s (16 rows of K).
-  int64_t kStepByteOffset(int64_t s) const;
 };
 
 // The tile layout wgmma reads: the contiguous dimension `contiguousDim` cut
@@ -127,5 +167,18 @@ const ir::Op* wgmmaSourceLoad(const ir::Op& dot);
 // The plan when `dot` runs on wgmma for `target` (rules above), else empty.
 // Needs layouts.
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
+
+// A convert whose tile the dots read from shared memory (the SS rule above,
+// except the fit, which the shared-memory plan checks): the resident tile and
+// the dots that read it.
+struct WgmmaResidentA {
+  WgmmaTile tile;
+  std::vector<const ir::Op*> readers;  // the dots, in program order
+};
+std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& convert, const Target& target);
+
+// The environment switches above as text for the compile cache's compiler
+// identity ("" when both are at their defaults).
+std::string wgmmaSettingsIdentity();
 
 }  // namespace flextile::codegen

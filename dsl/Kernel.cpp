@@ -201,7 +201,10 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   }
   // The launch key is cheap to form; the structural hash is taken only when
   // a new specialization is compiled.
-  std::string launchKey = constantsKey(options) + "|" + target->smName();
+  // The wgmma switches change the code of one specialization (tests and
+  // benchmarks compare both within a process).
+  const std::string settings = codegen::codegenSwitches();
+  std::string launchKey = constantsKey(options) + "|" + target->smName() + settings;
   for (auto d : div) launchKey += "," + std::to_string(d);
   {
     std::lock_guard lock(mutex_);
@@ -210,7 +213,7 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   auto spec = f.clone();
   spec->attrs()["arg_divisibility"] = div;
   const uint64_t hash = ir::structuralHash(*spec);
-  const std::string key = std::to_string(hash) + "/" + target->smName();
+  const std::string key = std::to_string(hash) + "/" + target->smName() + settings;
   {
     std::lock_guard lock(mutex_);
     if (auto it = cache_.find(key); it != cache_.end()) {

@@ -56,3 +56,33 @@ TEST(FlexAttentionBackwardCodegen, EveryVariantAssemblesWithoutSpills) {
       EXPECT_GT(count(dq, mma), 0) << plan.kernelNames[2];
     }
 }
+
+// dkdv holds K and V for its whole loop, dq Q and dO: on sm_90a they are A
+// operands read from resident shared tiles (K·Qᵀ, V·dOᵀ; Q·Kᵀ, dO·Vᵀ), while
+// Pᵀ·dO, dSᵀ·Q and dS·K, whose A is computed in the loop, keep register A.
+// That frees the registers that made 64 keys x 64 queries (4 warps) and 128 x
+// 64 (8 warps) spill.
+TEST(FlexAttentionBackwardCodegen, LoopInvariantOperandsAreReadFromSharedMemory) {
+  for (const FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 128, 8, 2}}) {
+    SCOPED_TRACE(c.describe());
+    FlexAttentionBackwardPlan plan = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
+    const std::string& dkdv = plan.compiled[1]->ptx;
+    const std::string ss = "wgmma\\.mma_async[^;]*\\}, ad[0-9]+, %rd[0-9]+, [pz], 1, 1, 0, 0;";
+    const std::string rs = "wgmma\\.mma_async[^;]*\\}, \\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, %rd[0-9]+, [pz], 1, 1, [01];";
+    // Two loops, each 8 k-steps (D = 128) of K·Qᵀ and of V·dOᵀ from shared A, and
+    // 4 (BM = 64 queries) of Pᵀ·dO and of dSᵀ·Q from register A.
+    EXPECT_EQ(count(dkdv, ss), 32) << plan.kernelNames[1];
+    EXPECT_EQ(count(dkdv, rs), 16) << plan.kernelNames[1];
+    EXPECT_EQ(count(dkdv, "mma\\.sync"), 0);
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(dkdv, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+    // The escape hatch keeps register A everywhere.
+    ::setenv("FLEXTILE_WGMMA_SMEM_A", "0", 1);
+    FlexAttentionBackwardPlan off = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
+    ::unsetenv("FLEXTILE_WGMMA_SMEM_A");
+    EXPECT_EQ(count(off.compiled[1]->ptx, ss), 0);
+    EXPECT_EQ(count(off.compiled[1]->ptx, rs), 48);
+  }
+}

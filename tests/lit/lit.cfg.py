@@ -42,7 +42,8 @@ for name, path in tools.items():
 
 # The tests must not depend on the caller's dump or timing settings.
 for var in ("FLEXTILE_DUMP", "FLEXTILE_DUMP_DIR", "FLEXTILE_TIMING", "FLEXTILE_LLVM_SKIP_PASSES",
-            "FLEXTILE_LLVM_PIPELINE", "FLEXTILE_LLVM_ARGS", "FLEXTILE_FP_FUSION"):
+            "FLEXTILE_LLVM_PIPELINE", "FLEXTILE_LLVM_ARGS", "FLEXTILE_FP_FUSION", "FLEXTILE_WGMMA",
+            "FLEXTILE_WGMMA_SMEM_A"):
     config.environment.pop(var, None)
 
 # Feature `ptxas`: NVIDIA's assembler is available (on PATH, else the CUDA
