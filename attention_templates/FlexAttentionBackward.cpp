@@ -49,15 +49,14 @@ std::string FlexAttentionBackwardConfig::describe() const {
 
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability,
                                                                bool hasScoreMod, bool gathersPerElement) {
-  // dkdv keeps K, V, dK and dV of its BLOCK_N keys in registers plus two [BLOCK_N, BLOCK_M] score
-  // tiles, so its query step is narrow. On sm_90a, 64 keys x 32 queries runs every product of
-  // dkdv and dq on wgmma within the register file (ptxas -v: no spills without a score_mod, 40
-  // bytes with soft-cap's); on the H200 it was the best or within 3 % of the best dkdv tile for
-  // every yardstick variant, and 16 queries per step was 13-18 % slower (bench/RESULTS.md,
-  // 2026-12-01). dq's tile mattered by less than the run-to-run spread.
+  // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
+  // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
+  // 64 keys x 64 queries on one warpgroup was the best dkdv tile for every yardstick variant on the
+  // H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01); dq's tile mattered by less than the
+  // run-to-run spread. ptxas -v: no spills without a score_mod, a few words with one.
   (void)hasScoreMod;
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
-  if (capability == 90) return {{32, 64, 4, 2}, {64, 64, 4, 2}};
+  if (capability == 90) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
 
@@ -245,12 +244,18 @@ struct GradKernelArgs {
 
 // Adds the gradient-buffer parameters of the trainable captures (before any mod is traced, so
 // they precede the captured tensors' own parameters).
+// The buffers are the template's own allocations, so the function declares them private_params:
+// the atomics into them leave the block lists readable ahead, and the loads stay pipelined.
 std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& scoreMod, bool deterministic) {
   std::vector<TrainableCapture> out;
+  std::vector<int64_t> privateParams;
   for (const CapturedTensor& c : scoreMod.captures())
-    if (c.requiresGrad())
+    if (c.requiresGrad()) {
+      privateParams.push_back(int64_t(f.params().size()));
       out.push_back({c.slot(), Tile(f.addParam(Type::pointer(deterministic ? DType::I64 : DType::F32),
                                                "grad_" + c.name()))});
+    }
+  if (!privateParams.empty()) f.attrs()["private_params"] = privateParams;
   return out;
 }
 

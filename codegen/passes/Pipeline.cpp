@@ -16,8 +16,9 @@
 //     value): so the lowering can recompute them for a later iteration.
 //     The scalar loads are what block-sparse loops need (the block index of
 //     step t is read from a list at t): re-reading them ahead is safe
-//     because nothing in the loop writes memory, and the template masks the
-//     list reads past the row's count.
+//     because nothing in the loop writes memory (writes through the
+//     function's `private_params` do not count: no other parameter reaches
+//     that memory), and the template masks the list reads past the row's count.
 // A marked load gets the attribute `async_stages = S` (S = the function's
 // num_stages). The IR's meaning is unchanged (the interpreter ignores the
 // attribute), which is why this is an annotation and not new ops: the
@@ -67,6 +68,29 @@ bool recomputable(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, 
   return true;
 }
 
+// Whether a store or atomic writes only through a pointer parameter that the function's
+// `private_params` attribute lists: memory no other parameter reaches (a buffer the template
+// allocated for itself, such as the backward's gradients of captured tensors). Such writes cannot
+// change what a scalar load of another parameter reads, so the loop still counts as read-only for
+// re-reading block indices ahead.
+bool writesOnlyPrivateMemory(const Op& op, const ir::Function& f) {
+  if (op.kind() != OpKind::Store && op.kind() != OpKind::AtomicAdd) return false;
+  auto it = f.attrs().find("private_params");
+  if (it == f.attrs().end()) return false;
+  const auto* indices = std::get_if<std::vector<int64_t>>(&it->second);
+  if (!indices) return false;
+  const ir::Value* p = op.operand(0);
+  while (const Op* d = p->definingOp()) {
+    if (d->kind() != OpKind::AddPtr && d->kind() != OpKind::Splat && d->kind() != OpKind::Broadcast &&
+        d->kind() != OpKind::ExpandDims && d->kind() != OpKind::Reshape)
+      return false;
+    p = d->operand(0);
+  }
+  for (int64_t i : *indices)
+    if (i >= 0 && size_t(i) < f.params().size() && f.params()[size_t(i)] == p) return true;
+  return false;
+}
+
 }  // namespace
 
 int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t) {
@@ -105,7 +129,7 @@ void pipelineLoads(ir::Function& f) {
     bool readOnlyLoop = true;
     std::function<void(ir::Block&)> findStores = [&](ir::Block& blk) {
       for (auto& op : blk.ops()) {
-        if (op->hasTrait(ir::kSideEffect)) readOnlyLoop = false;
+        if (op->hasTrait(ir::kSideEffect) && !writesOnlyPrivateMemory(*op, f)) readOnlyLoop = false;
         for (auto& r : op->regions()) findStores(*r);
       }
     };
