@@ -133,6 +133,9 @@ struct ForwardConstants {
 // The traced program. `scoreMod` and `maskMod` are inlined where they are called.
 void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
                   const MaskMod& maskMod) {
+  // Q stays in registers as the A operand of Q·Kᵀ: with Q resident in shared memory instead
+  // (codegen/TensorCores.h) the forward ran 3-6 % slower on the H200 (bench/RESULTS.md).
+  f.attrs()["wgmma_register_a"] = int64_t(1);
   const auto k = constantsFrom<ForwardConstants>(constants);
   const auto p = declareParams<ForwardParams>(f, dt);
 

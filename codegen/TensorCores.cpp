@@ -316,6 +316,9 @@ const ir::Op* ancestorIn(const ir::Op* op, const ir::Block* block) {
 std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
   if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
   if (target.capability != 90 || !target.archSpecific) return std::nullopt;
+  // A kernel may keep its A operands in registers: the forward measured 3-6 % slower with Q
+  // resident on the H200 (bench/RESULTS.md, 2026-12-01), the backward 15-18 % faster.
+  if (const ir::Function* f = cvt.function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return std::nullopt;
   const ir::Value* x = cvt.operand(0);
   const ir::Type& xt = x->type();
   if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))

@@ -119,6 +119,10 @@ int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t
 //   * every user of the convert is operand 0 of a dot that wgmmaPlan accepts
 //     (B from a ring as above) under this same rule, so no register copy of
 //     the operand is needed anywhere;
+//   * the kernel does not ask for register A (function attribute
+//     wgmma_register_a = 1: the forward, which measured 3-6 % slower with Q
+//     resident on the H200, while the backward is 15-18 % faster with K, V,
+//     Q and dO resident);
 //   * the shared-memory plan, which gives the tile a buffer live from the
 //     convert to the end of the last loop that reads it, still fits the
 //     target (else the kernel keeps register A; planSharedMemory decides and
