@@ -74,12 +74,6 @@ constexpr double kLog2e = std::numbers::log2e;
 // Fixed-point scale of deterministic captured gradients.
 constexpr double kFixedPointScale = 4294967296.0;  // 2^32
 
-int64_t nextPow2(int64_t x) {
-  int64_t p = 1;
-  while (p < x) p *= 2;
-  return p;
-}
-
 // ---- kernel parameters -------------------------------------------------------
 
 template <template <class> class P>
@@ -442,12 +436,6 @@ void traceFixedPoint(ir::Function& f, const std::vector<int64_t>& constants) {
 
 // ---- host side ---------------------------------------------------------------
 
-std::string cleanName(const std::string& name) {
-  std::string clean;
-  for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-  return clean;
-}
-
 Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<Kernel>> kernels;
@@ -479,7 +467,7 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   std::snprintf(key, sizeof key, "flex_bwd_%s/%p/%s", which, static_cast<const void*>(&scoreMod.state()),
                 std::string(ir::dtypeName(dt)).c_str());
   return maskMod.state().kernel(key, [&] {
-    const std::string name = cleanName(std::string("flex_bwd_") + which + "_" + scoreMod.name() + "_" + maskMod.name());
+    const std::string name = detail::kernelName(std::string("flex_bwd_") + which + "_" + scoreMod.name() + "_" + maskMod.name());
     const bool dkdv = std::string(which) == "dkdv";
     return Kernel(name,
                   [dt, scoreMod, maskMod, dkdv](ir::Function& f, const std::vector<int64_t>& c) {
@@ -665,7 +653,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   std::vector<Launch> launches;
   // Preprocess.
   {
-    const int64_t BMP = 64, DP = nextPow2(D);
+    const int64_t BMP = 64, DP = detail::paddedHeadDim(D);
     PreprocessConstants c{BMP, D, DP, options.dlse.has_value()};
     LaunchOptions lo;
     lo.grid = {cdiv(L, BMP), Hq, B};
@@ -697,7 +685,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     GradConstants gc{c.block_m,
                      c.block_n,
                      D,
-                     nextPow2(D),
+                     detail::paddedHeadDim(D),
                      Hq / Hkv,
                      mask.qBlockSize(),
                      mask.kvBlockSize(),

@@ -1,6 +1,8 @@
 // What the forward and backward templates share on the host side (not part of the public API).
 #pragma once
 
+#include <string>
+
 #include "attention_templates/BlockMask.h"
 #include "dsl/Tensor.h"
 
@@ -12,5 +14,15 @@ void expectAttentionInput(const char* op, const char* what, const dsl::Tensor& t
 
 // The mask that lists every block as full (no BlockMask given), kept per lengths and block sizes.
 BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes);
+
+// The head dim a template's tiles use: D rounded up to a power of two (aranges are powers of two).
+inline int64_t paddedHeadDim(int64_t D) {
+  int64_t p = 1;
+  while (p < D) p *= 2;
+  return p;
+}
+
+// A kernel name from a template's and the mods' names: anything but letters and digits becomes '_'.
+std::string kernelName(const std::string& name);
 
 }  // namespace flextile::attention::detail

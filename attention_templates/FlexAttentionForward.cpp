@@ -94,15 +94,15 @@ BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes) {
       .first->second;
 }
 
+std::string kernelName(const std::string& name) {
+  std::string clean;
+  for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return clean;
+}
+
 }  // namespace detail
 
 namespace {
-
-int64_t nextPow2(int64_t x) {
-  int64_t p = 1;
-  while (p < x) p *= 2;
-  return p;
-}
 
 // ---- kernel parameters -------------------------------------------------------
 
@@ -366,7 +366,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.constants = ForwardConstants{c.block_m,
                                  c.block_n,
                                  p.D,
-                                 nextPow2(p.D),
+                                 detail::paddedHeadDim(p.D),
                                  p.Hq / p.Hkv,
                                  mask.qBlockSize(),
                                  mask.kvBlockSize(),
@@ -396,10 +396,7 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
   return maskMod.state().kernel(forwardKernelKey(sm, dt), [&] {
-    const std::string name = "flex_fwd_" + sm.name() + "_" + maskMod.name();
-    std::string clean;
-    for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-    return Kernel(clean,
+    return Kernel(detail::kernelName("flex_fwd_" + sm.name() + "_" + maskMod.name()),
                   [dt, sm, maskMod](ir::Function& f, const std::vector<int64_t>& c) {
                     traceForward(f, c, dt, sm, maskMod);
                   },

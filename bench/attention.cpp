@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchUtil.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"
 #include "runtime/Device.h"
@@ -34,63 +35,12 @@ using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
 
+using flextile::bench::allowedPairs;
+using flextile::bench::split;
+
 namespace {
 
 using H = Eigen::bfloat16;
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// Allowed pairs of one (b, h) summed over the mask's batches (times the
-// broadcast factor): full blocks count their in-range pairs, partial blocks
-// ask the reference mask pair by pair.
-double allowedPairs(const BlockMask& m, const RefMaskFn& ref, int64_t B, int64_t Hq) {
-  double total = 0;
-  for (int64_t b = 0; b < m.batch(); ++b)
-    for (int64_t h = 0; h < m.heads(); ++h)
-      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
-        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
-        for (int32_t c : m.fullKvBlocks(b, h, r)) {
-          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
-          total += double(q1 - q0) * double(k1 - k0);
-        }
-        for (int32_t c : m.partialKvBlocks(b, h, r)) {
-          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
-          for (int64_t i = q0; i < q1; ++i)
-            for (int64_t j = k0; j < k1; ++j) total += ref(b, h, i, j) ? 1 : 0;
-        }
-      }
-  return total * double(B / m.batch()) * double(Hq / m.heads());
-}
-
-// {"offsets": [[0, 17, ..., N], [...]]}: the integers of each inner list.
-std::vector<std::vector<int64_t>> readOffsets(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) throw Error("flextile_attention_bench: cannot read " + path);
-  std::string text;
-  for (int c; (c = std::fgetc(f)) != EOF;) text += char(c);
-  std::fclose(f);
-  std::vector<std::vector<int64_t>> out;
-  int depth = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '[' && ++depth == 2) out.emplace_back();
-    else if (c == ']') --depth;
-    else if (depth == 2 && std::isdigit(static_cast<unsigned char>(c))) {
-      size_t end = i;
-      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-      out.back().push_back(std::stoll(text.substr(i, end - i)));
-      i = end - 1;
-    }
-  }
-  if (out.empty()) throw Error("flextile_attention_bench: no offset lists in " + path);
-  return out;
-}
 
 double msSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -160,7 +110,7 @@ int main(int argc, char** argv) try {
     else if (a == "--n") N = std::stoll(next());
     else if (a == "--d") D = std::stoll(next());
     else if (a == "--quick") quick = true;
-    else if (a == "--document-offsets") documentOffsets = readOffsets(next());
+    else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
   std::string why;
