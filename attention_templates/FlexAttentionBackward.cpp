@@ -481,17 +481,8 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
 }
 
 void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
-  auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
-  if (!pow2(c.block_m) || !pow2(c.block_n))
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": BLOCK_M and BLOCK_N must be powers of two in [16, 256]");
-  if (c.num_stages < 1 || c.num_stages > 4)
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": num_stages must be 1 to 4");
-  if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                " does not tile the BlockMask's blocks (" + std::to_string(mask.qBlockSize()) + " x " +
-                std::to_string(mask.kvBlockSize()) + ")");
+  if (auto why = detail::configProblem(c, &mask))
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {

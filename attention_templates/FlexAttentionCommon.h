@@ -1,9 +1,11 @@
 // What the forward and backward templates share on the host side (not part of the public API).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "attention_templates/BlockMask.h"
+#include "attention_templates/FlexAttention.h"
 #include "dsl/Tensor.h"
 
 namespace flextile::attention::detail {
@@ -21,6 +23,12 @@ inline int64_t paddedHeadDim(int64_t D) {
   while (p < D) p *= 2;
   return p;
 }
+
+// Why `config` cannot run an attention template over `mask` (nullptr: no mask), or nullopt: the
+// one check of a tile config that the forward, its config resolver and both backward kernels use.
+// BLOCK_M and BLOCK_N powers of two in [16, 256], num_warps 1-16 (a power of two), num_stages 1-4,
+// and the tiles dividing the mask's blocks (BLOCK_M | Q_BLOCK_SIZE, BLOCK_N | KV_BLOCK_SIZE).
+std::optional<std::string> configProblem(const FlexAttentionConfig& config, const BlockMask* mask);
 
 // A kernel name from a template's and the mods' names: anything but letters and digits becomes '_'.
 std::string kernelName(const std::string& name);

@@ -94,6 +94,18 @@ BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes) {
       .first->second;
 }
 
+std::optional<std::string> configProblem(const FlexAttentionConfig& c, const BlockMask* mask) {
+  auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
+  if (!pow2(c.block_m) || !pow2(c.block_n)) return "BLOCK_M and BLOCK_N must be powers of two in [16, 256]";
+  if (c.num_warps < 1 || c.num_warps > 16 || (c.num_warps & (c.num_warps - 1)) != 0)
+    return "num_warps must be 1, 2, 4, 8 or 16";
+  if (c.num_stages < 1 || c.num_stages > 4) return "num_stages must be 1, 2, 3 or 4";
+  if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
+    return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
+           std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";
+  return std::nullopt;
+}
+
 std::string kernelName(const std::string& name) {
   std::string clean;
   for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -290,13 +302,7 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
   } catch (const Error&) {
     return fallback;
   }
-  if (!c) return fallback;
-  auto pow2 = [](int64_t x) { return x >= 16 && x <= 256 && (x & (x - 1)) == 0; };
-  if (!pow2(c->block_m) || !pow2(c->block_n) || c->num_stages < 1 || c->num_stages > 4 ||
-      (c->num_warps != 1 && c->num_warps != 2 && c->num_warps != 4 && c->num_warps != 8 && c->num_warps != 16))
-    return fallback;
-  if (blockMask && (blockMask->qBlockSize() % c->block_m != 0 || blockMask->kvBlockSize() % c->block_n != 0))
-    return fallback;
+  if (!c || detail::configProblem(*c, blockMask ? &*blockMask : nullptr)) return fallback;
   return *c;
 }
 
@@ -339,9 +345,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
 
   p.config = options.config ? *options.config : resolveConfig(p, q, scoreMod, blockMask, target);
   const FlexAttentionConfig& c = p.config;
-  auto pow2 = [](int64_t x) { return x >= 16 && (x & (x - 1)) == 0; };
-  if (!pow2(c.block_m) || !pow2(c.block_n) || c.block_m > 256 || c.block_n > 256)
-    throw Error("flex_attention: config " + c.describe() + ": BLOCK_M and BLOCK_N must be powers of two in [16, 256]");
+  if (auto why = detail::configProblem(c, nullptr)) throw Error("flex_attention: config " + c.describe() + ": " + *why);
 
   if (blockMask) {
     p.mask = &*blockMask;
@@ -351,10 +355,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   }
   const BlockMask& mask = *p.mask;
   mask.checkInputs(p.B, p.Hq, p.L, p.S);
-  if (mask.qBlockSize() % c.block_m != 0 || mask.kvBlockSize() % c.block_n != 0)
-    throw Error("flex_attention: config " + c.describe() + " does not tile the BlockMask's blocks (" +
-                std::to_string(mask.qBlockSize()) + " x " + std::to_string(mask.kvBlockSize()) +
-                "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE");
+  if (auto why = detail::configProblem(c, &mask)) throw Error("flex_attention: config " + c.describe() + " " + *why);
   if (mask.qPhase() != 0 && mask.numQBlocks() != 1)
     throw Error("flex_attention: a BlockMask slice starting mid-block must have one row");
   if (mask.maskMod().captureSpace() && *mask.maskMod().captureSpace() != p.space)
