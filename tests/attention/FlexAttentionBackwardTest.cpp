@@ -345,3 +345,26 @@ TEST(FlexAttentionBackward, FiniteDifferences) {
     }
   }
 }
+
+// A score_mod that ignores the score (here: computes from it, then drops it) has a zero
+// derivative: dq and dk are exactly 0, dv is the softmax of the positions times dout.
+TEST(FlexAttentionBackward, AModThatIgnoresTheScore) {
+  SeededRandom rng;
+  ScoreMod positional("positional", [](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    Tile unused = tanh(s) * 3.0;  // traced, then dead: the result does not depend on s
+    (void)unused;
+    return (kv - q).to(DType::F32) * 0.1;
+  });
+  AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = 40, .S = 45, .D = 32, .dtype = DType::F32, .context = "ignores s"};
+  BackwardCheck check = small(refCausal());
+  check.refScore = [](double, int64_t, int64_t, int64_t q, int64_t kv) { return 0.1 * double(kv - q); };
+  check.refScoreGrad = [](double, int64_t, int64_t, int64_t, int64_t) { return 0.0; };
+  if (!checkBackward(rng, c, kHost, positional, causalBlockMask(1, 1, 40, 45, kMaskBlocks), check)) return;
+  Tensor q = randomTensor(rng, DType::F32, {1, 2, 40, 32}, kHost), k = randomTensor(rng, DType::F32, {1, 1, 45, 32}, kHost);
+  Tensor v = randomTensor(rng, DType::F32, {1, 1, 45, 32}, kHost), dout = randomTensor(rng, DType::F32, {1, 2, 40, 32}, kHost);
+  BlockMask mask = causalBlockMask(1, 1, 40, 45, kMaskBlocks);
+  FlexAttentionResult fwd = flex_attention(q, k, v, positional, mask, {.return_lse = true, .config = kFwdSmall});
+  FlexAttentionGrads g = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, positional, mask, {.config = kBwdSmall});
+  for (float x : g.dq.toHost<float>()) ASSERT_EQ(x, 0.0f);
+  for (float x : g.dk.toHost<float>()) ASSERT_EQ(x, 0.0f);
+}
