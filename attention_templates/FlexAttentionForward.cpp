@@ -362,6 +362,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     throw Error("flex_attention: mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
 
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
+  if (!std::isfinite(p.scale) || p.scale == 0)
+    throw Error("flex_attention: scale must be finite and non-zero, got " + std::to_string(p.scale));
   // By identity, not by name: a user's mod may be called "noop" and still change the scores.
   const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
   p.constants = ForwardConstants{c.block_m,

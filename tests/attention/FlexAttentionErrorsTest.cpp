@@ -204,3 +204,13 @@ TEST(FlexAttentionErrors, ModsOfTheWrongType) {
       BlockMask::fromKvLists(floatMask, 1, 1, 32, 32, {32, 32}, structural.partialKv(), structural.fullKv());
   expectError([&] { run(t, t, t, m); }, {"float_mask", "must return i1"});
 }
+
+// A NaN, infinite or zero scale is an error, not a NaN output.
+TEST(FlexAttentionErrors, ScalesThatAreNotFiniteOrZero) {
+  Tensor t = hostTensor(DType::F32, {1, 1, 8, 16});
+  for (double scale : {double(NAN), double(INFINITY), 0.0}) {
+    FlexAttentionOptions o = kSmall;
+    o.scale = scale;
+    expectError([&] { run(t, t, t, std::nullopt, o); }, {"scale must be finite and non-zero"});
+  }
+}
