@@ -1,6 +1,8 @@
 #include "dsl/Tensor.h"
 
+#include <Eigen/Core>
 #include <cstring>
+#include <vector>
 
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
@@ -169,8 +171,28 @@ std::string Tensor::describe() const {
   return s;
 }
 
+namespace {
+// float host data for a 16-bit float tensor: rounded to nearest even, as a cast in a kernel does.
+template <class Half>
+std::vector<Half> narrow(const void* data, size_t count) {
+  const float* f = static_cast<const float*>(data);
+  std::vector<Half> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = Half(f[i]);
+  return out;
+}
+bool isHalf(DType t) { return t == DType::BF16 || t == DType::F16; }
+}  // namespace
+
 void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
   if (!defined()) throw Error("tensor: copy into an empty Tensor");
+  if (type == DType::F32 && isHalf(dtype_)) {
+    if (int64_t(count) != numel())
+      throw Error("tensor: cannot copy " + std::to_string(count) + " elements into " + describe() + " (" +
+                  std::to_string(numel()) + " elements)");
+    if (dtype_ == DType::BF16) copyFromHostBytes(dtype_, narrow<Eigen::bfloat16>(data, count).data(), count);
+    else copyFromHostBytes(dtype_, narrow<Eigen::half>(data, count).data(), count);
+    return;
+  }
   if (type != dtype_)
     throw Error("tensor: cannot copy " + std::string(ir::dtypeName(type)) + " host data into " + describe());
   if (int64_t(count) != numel())
@@ -200,6 +222,21 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
 
 void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
   if (!defined()) throw Error("tensor: copy out of an empty Tensor");
+  if (type == DType::F32 && isHalf(dtype_)) {  // widened exactly
+    if (int64_t(count) != numel())
+      throw Error("tensor: cannot copy " + describe() + " into " + std::to_string(count) + " elements");
+    float* out = static_cast<float*>(data);
+    if (dtype_ == DType::BF16) {
+      std::vector<Eigen::bfloat16> h(count);
+      copyToHostBytes(dtype_, h.data(), count);
+      for (size_t i = 0; i < count; ++i) out[i] = float(h[i]);
+    } else {
+      std::vector<Eigen::half> h(count);
+      copyToHostBytes(dtype_, h.data(), count);
+      for (size_t i = 0; i < count; ++i) out[i] = float(h[i]);
+    }
+    return;
+  }
   if (type != dtype_)
     throw Error("tensor: cannot copy " + describe() + " into " + std::string(ir::dtypeName(type)) + " host memory");
   if (int64_t(count) != numel())

@@ -74,6 +74,15 @@ class Tensor {
   static Tensor fromHost(const std::vector<T>& data, Shape shape, MemorySpace space = MemorySpace::Host) {
     return fromHost(std::span<const T>(data), std::move(shape), space);
   }
+  // float data for a tensor of another float dtype: bf16 and f16 round to nearest even (as a
+  // cast does), f32 copies. toHost<float>() and copyFromHost(float data) convert the same way on
+  // bf16/f16 tensors, so filling and reading a tensor needs no Eigen types.
+  static Tensor fromHost(const std::vector<float>& data, DType dtype, Shape shape,
+                         MemorySpace space = MemorySpace::Host) {
+    Tensor t = empty(dtype, std::move(shape), space);
+    t.copyFromHost(data);
+    return t;
+  }
   // Views over memory the caller owns. Empty `strides` means row-major.
   static Tensor hostView(void* data, DType dtype, Shape shape, std::vector<int64_t> strides = {});
   static Tensor deviceView(uint64_t address, DType dtype, Shape shape, std::vector<int64_t> strides = {});
@@ -99,7 +108,8 @@ class Tensor {
   uint64_t deviceAddress() const;
 
   // Row-major copies between this tensor and host memory of element type T
-  // (T must be this tensor's dtype; the element count must match). Strided
+  // (T must be this tensor's dtype, or float for a bf16/f16 tensor, converted; the element count
+  // must match). Strided
   // host tensors are gathered/scattered element by element; device tensors
   // must be contiguous.
   template <class T>

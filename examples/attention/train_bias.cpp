@@ -17,8 +17,6 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include "attention_templates/FlexAttention.h"
 
 using namespace flextile;
@@ -56,9 +54,9 @@ int main(int argc, char** argv) try {
   std::mt19937_64 rng(12345);
   std::normal_distribution<float> normal(0, 1);
   auto random = [&](Shape shape) {
-    std::vector<Eigen::bfloat16> v(size_t(shape[0] * shape[1] * shape[2] * shape[3]));
-    for (auto& x : v) x = Eigen::bfloat16(normal(rng));
-    return Tensor::fromHost(v, shape, space);
+    std::vector<float> v(size_t(shape[0] * shape[1] * shape[2] * shape[3]));
+    for (auto& x : v) x = normal(rng);
+    return Tensor::fromHost(v, DType::BF16, shape, space);
   };
   Tensor q = random({B, H, N, D}), k = random({B, H, N, D}), v = random({B, H, N, D});
 
@@ -79,26 +77,21 @@ int main(int argc, char** argv) try {
   const ScoreMod teacher = relativeBias(teacherRel, "teacher_bias"), student = relativeBias(studentRel, "rel_bias");
   const BlockMask mask = causalBlockMask(1, 1, N, N);
 
-  std::vector<float> targetOut;
-  {
-    auto t = flex_attention(q, k, v, teacher, mask).out.toHost<Eigen::bfloat16>();
-    targetOut.assign(t.size(), 0);
-    for (size_t i = 0; i < t.size(); ++i) targetOut[i] = float(t[i]);
-  }
+  const std::vector<float> targetOut = flex_attention(q, k, v, teacher, mask).out.toHost<float>();  // bf16, widened
   const double numel = double(targetOut.size());
   double firstLoss = 0, loss = 0, lr = 0;
   for (int step = 0; step < steps; ++step) {
     FlexAttentionResult fwd = flex_attention(q, k, v, student, mask, {.return_lse = true});
-    const auto out = fwd.out.toHost<Eigen::bfloat16>();
-    std::vector<Eigen::bfloat16> dout(out.size());
+    const std::vector<float> out = fwd.out.toHost<float>();
+    std::vector<float> dout(out.size());
     loss = 0;
     for (size_t i = 0; i < out.size(); ++i) {
-      const double diff = double(float(out[i])) - targetOut[i];
+      const double diff = double(out[i]) - targetOut[i];
       loss += 0.5 * diff * diff / numel;
-      dout[i] = Eigen::bfloat16(float(diff / numel * 1e4));  // scaled: bf16 keeps its precision
+      dout[i] = float(diff / numel * 1e4);  // scaled, so that bf16 keeps its precision
     }
-    FlexAttentionGrads g = flex_attention_backward(q, k, v, fwd.out, fwd.lse, Tensor::fromHost(dout, fwd.out.shape(), space),
-                                                   student, mask);
+    FlexAttentionGrads g = flex_attention_backward(
+        q, k, v, fwd.out, fwd.lse, Tensor::fromHost(dout, DType::BF16, fwd.out.shape(), space), student, mask);
     std::vector<float> grad = g.grad(studentRel).toHost<float>();
     double norm = 0;
     for (float& x : grad) {

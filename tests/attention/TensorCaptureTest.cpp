@@ -40,6 +40,37 @@ TEST(Tensor, OwnedHostRoundTrip) {
   EXPECT_EQ(t.describe(), "f32[6, 7] host, owned");
 }
 
+// float data in and out of bf16 and f16 tensors, without Eigen's types: rounded to nearest even on
+// the way in, exact on the way out; strided views too; counts still checked.
+TEST(Tensor, FloatDataFillsAndReadsHalfTensors) {
+  const std::vector<float> data{1.0f, 1.00390625f, -2.5f, 3.0e-3f, 65504.0f, 1.0f / 3.0f};
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(ir::dtypeName(dt)));
+    Tensor t = Tensor::fromHost(data, dt, {2, 3});
+    EXPECT_EQ(t.dtype(), dt);
+    const std::vector<float> back = t.toHost<float>();
+    ASSERT_EQ(back.size(), data.size());
+    for (size_t i = 0; i < data.size(); ++i) {
+      const float want = dt == DType::BF16 ? float(Eigen::bfloat16(data[i])) : float(Eigen::half(data[i]));
+      EXPECT_EQ(back[i], want) << i;
+    }
+    EXPECT_EQ(back[0], 1.0f);
+    // 1 + 2^-8 is a tie for bf16 (8 bits): rounds to even, 1.0; f16 keeps it.
+    EXPECT_EQ(back[1], dt == DType::BF16 ? 1.0f : 1.00390625f);
+    std::vector<uint8_t> storage(32 * 2);
+    Tensor view = Tensor::hostView(storage.data(), dt, {2, 3}, {8, 2});
+    view.copyFromHost(data);
+    EXPECT_EQ(view.toHost<float>(), back);
+    try {
+      t.copyFromHost(std::vector<float>(5, 1.0f));
+      ADD_FAILURE() << "no error for 5 elements into 6";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot copy 5 elements"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(Tensor::fromHost(data, DType::I32, {6}), Error);  // no silent float -> int conversion
+}
+
 TEST(Tensor, HostViewWithStridesGathersAndScatters) {
   // A column slice of a caller's [4, 5] i32 matrix: columns 1..3, no copy.
   std::vector<int32_t> owner(20);
