@@ -549,8 +549,9 @@ MemorySpace defaultSpace(std::optional<MemorySpace> where) {
 }
 }  // namespace
 
-BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes) {
-  return BlockMaskBuilder::structural(causal_mask(), B, H, qLen, kvLen, sizes, "causalBlockMask", std::nullopt,
+BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                          std::optional<MemorySpace> where) {
+  return BlockMaskBuilder::structural(causal_mask(), B, H, qLen, kvLen, sizes, "causalBlockMask", where,
                                       [](int64_t, int64_t) {
                                         return BlockMaskBuilder::RowRule{[](int64_t) { return int64_t(0); },
                                                                          [](int64_t i) { return i; }};
@@ -568,7 +569,7 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
     if (w < 1 || w > INT32_MAX)
       throw Error(std::string(what) + ": windows must be in [1, 2^31) (a window counts the query), got " + std::to_string(w));
   MaskMod mod;
-  std::optional<MemorySpace> space;
+  std::optional<MemorySpace> space = where;
   if (windows.size() == 1) {
     mod = sliding_window_mask(windows[0]);
   } else {
@@ -582,9 +583,10 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
   });
 }
 
-BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength, BlockSizes sizes) {
+BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength, BlockSizes sizes,
+                            std::optional<MemorySpace> where) {
   MaskMod mod = prefix_lm_mask(prefixLength);
-  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, "prefixLmBlockMask", std::nullopt,
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, "prefixLmBlockMask", where,
                                       [prefixLength](int64_t, int64_t) {
                                         return BlockMaskBuilder::RowRule{
                                             [](int64_t) { return int64_t(0); },

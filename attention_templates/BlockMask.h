@@ -173,14 +173,18 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
 // standard mod, computed from each row block's interval end-points without
 // scanning the plane (O(1) per listed block). Each returns a mask whose
 // maskMod() is that standard mod.
-BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes = {});
+// `where` (every structural builder takes it): where the mask's own tensors are made and its
+// partial blocks are evaluated (space()); causal and prefix masks capture nothing, so by default
+// they follow the call that uses them.
+BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes = {},
+                          std::optional<dsl::MemorySpace> where = std::nullopt);
 // windowPerHead: one window (broadcast) or one per head (H entries; the mod
 // then reads a captured i32 [H] tensor made in `where`).
 BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                                  const std::vector<int64_t>& windowPerHead, BlockSizes sizes = {},
                                  std::optional<dsl::MemorySpace> where = std::nullopt);
 BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength,
-                            BlockSizes sizes = {});
+                            BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
 // Documents by start offsets, one list for all batches or one per batch:
 // 0 = o_0 < o_1 < ... < o_D with o_D >= max(qLen, kvLen). causal adds kv <= q.
 // The mod reads document ids (i32 [L] or [B, L], L = o_D) made in `where`.

@@ -374,3 +374,20 @@ TEST(BlockMask, TensorsForKernels) {
 }
 
 }  // namespace
+
+// Every structural builder takes the same placement argument (issue #15).
+TEST(BlockMask, EveryStructuralBuilderTakesThePlacement) {
+  using dsl::MemorySpace;
+  const MemorySpace host = MemorySpace::Host;
+  EXPECT_EQ(causalBlockMask(1, 1, 100, 100, {32, 32}, host).space(), std::optional<MemorySpace>(host));
+  EXPECT_EQ(prefixLmBlockMask(1, 1, 100, 100, 20, {32, 32}, host).space(), std::optional<MemorySpace>(host));
+  EXPECT_EQ(slidingWindowBlockMask(1, 1, 100, 100, {16}, {32, 32}, host).space(), std::optional<MemorySpace>(host));
+  EXPECT_EQ(slidingWindowBlockMask(1, 2, 100, 100, {16, 8}, {32, 32}, host).space(), std::optional<MemorySpace>(host));
+  EXPECT_EQ(documentBlockMask(1, 1, 100, 100, {{0, 40, 100}}, true, {32, 32}, host).space(),
+            std::optional<MemorySpace>(host));
+  // Without one, a mask that captures nothing follows the call that uses it.
+  EXPECT_EQ(causalBlockMask(1, 1, 100, 100, {32, 32}).space(), std::nullopt);
+  // The placement changes nothing about the lists.
+  BlockMask a = causalBlockMask(1, 1, 100, 70, {32, 32}), b = causalBlockMask(1, 1, 100, 70, {32, 32}, host);
+  EXPECT_EQ(a.toDenseBlocks(), b.toDenseBlocks());
+}
