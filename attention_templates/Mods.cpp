@@ -1,5 +1,7 @@
 #include "attention_templates/Mods.h"
 
+#include <filesystem>
+
 #include <climits>
 #include <cmath>
 
@@ -102,9 +104,18 @@ void requireDefined(const std::vector<MaskMod>& masks, const char* op) {
 
 // ---- MaskMod / ScoreMod ----------------------------------------------------
 
-MaskMod::MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
+namespace {
+// " (called from FlexAttentionForward.cpp:200)": where the template traced the mod, after the
+// user's line where it was made.
+std::string calledFrom(const SourceLoc& loc) {
+  return " (called from " + std::filesystem::path(loc.file_name()).filename().string() + ":" +
+         std::to_string(loc.line()) + ")";
+}
+}  // namespace
+
+MaskMod::MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
     : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
-      state_(std::make_shared<detail::ModState>()) {
+      state_(std::make_shared<detail::ModState>()), defined_(defined) {
   if (!fn_) throw Error("mask_mod '" + name_ + "': the function is empty");
   for (const auto& c : captures_)
     if (!c.defined()) throw Error("mask_mod '" + name_ + "': an empty CapturedTensor in its captures");
@@ -115,12 +126,12 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
   if (!fn_) traceError(loc, "mask_mod", "an empty MaskMod was called");
   Tile r = fn_(b, h, q, kv);
   const Shape shape = broadcastShape(q.shape(), kv.shape());
-  if (!r.valid()) traceError(loc, what, "returned an empty Tile");
+  if (!r.valid()) traceError(defined_, what, "returned an empty Tile" + calledFrom(loc));
   if (r.dtype() != DType::I1)
-    traceError(loc, what, "must return i1 (a comparison), got " + r.type().str());
+    traceError(defined_, what, "must return i1 (a comparison), got " + r.type().str() + calledFrom(loc));
   if (!broadcastsTo(r.shape(), shape))
-    traceError(loc, what, "returned " + r.type().str() + ", which does not broadcast to the index tiles' shape " +
-                              ir::shapeString(shape));
+    traceError(defined_, what, "returned " + r.type().str() + ", which does not broadcast to the index tiles' shape " +
+                                   ir::shapeString(shape) + calledFrom(loc));
   return r.shape() == shape ? r : r.broadcast_to(shape, loc);
 }
 
@@ -141,9 +152,9 @@ const detail::ModState::ProbeFacts& MaskMod::probe() const {
 
 std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures_); }
 
-ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures)
+ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
     : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
-      state_(std::make_shared<detail::ModState>()) {
+      state_(std::make_shared<detail::ModState>()), defined_(defined) {
   if (!fn_) throw Error("score_mod '" + name_ + "': the function is empty");
 }
 
@@ -152,10 +163,12 @@ Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const
   const std::string what = "score_mod '" + name_ + "'";
   if (!fn_) traceError(loc, "score_mod", "an empty ScoreMod was called");
   Tile r = fn_(score, b, h, q, kv);
-  if (!r.valid()) traceError(loc, what, "returned an empty Tile");
-  if (!ir::isFloat(r.dtype())) traceError(loc, what, "must return a floating-point score, got " + r.type().str());
+  if (!r.valid()) traceError(defined_, what, "returned an empty Tile" + calledFrom(loc));
+  if (!ir::isFloat(r.dtype()))
+    traceError(defined_, what, "must return a floating-point score, got " + r.type().str() + calledFrom(loc));
   if (!broadcastsTo(r.shape(), score.shape()))
-    traceError(loc, what, "returned " + r.type().str() + ", which does not broadcast to the score " + score.type().str());
+    traceError(defined_, what, "returned " + r.type().str() + ", which does not broadcast to the score " +
+                                   score.type().str() + calledFrom(loc));
   if (r.dtype() != score.dtype()) r = r.to(score.dtype(), loc);
   return r.shape() == score.shape() ? r : r.broadcast_to(score.shape(), loc);
 }

@@ -65,7 +65,10 @@ class MaskMod {
   MaskMod() = default;  // empty; use noop_mask() for "everything allowed"
   // `captures` lists the tensors `fn` reads: they decide where the mask is
   // built (host or GPU) and are validated before a launch.
-  MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {});
+  // `defined` is where the mod is made (the caller's line by default): errors about what the
+  // mod returns point there rather than into the template that called it.
+  MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {},
+          SourceLoc defined = SourceLoc::current());
 
   // Traces the mod; the result is i1 of the broadcast shape of q_idx and
   // kv_idx. A result of another dtype or shape is an error naming the mod.
@@ -96,6 +99,7 @@ class MaskMod {
   Fn fn_;
   std::vector<CapturedTensor> captures_;
   std::shared_ptr<detail::ModState> state_;
+  SourceLoc defined_;
 };
 
 class ScoreMod {
@@ -104,7 +108,8 @@ class ScoreMod {
                                 const Tile& kv_idx)>;
 
   ScoreMod() = default;
-  ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {});
+  ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {},
+           SourceLoc defined = SourceLoc::current());
 
   // Traces the mod; the result has the score's shape and dtype (float results
   // are converted to it). A non-float result is an error naming the mod.
@@ -128,6 +133,7 @@ class ScoreMod {
   Fn fn_;
   std::vector<CapturedTensor> captures_;
   std::shared_ptr<detail::ModState> state_;
+  SourceLoc defined_;
 };
 
 // ---- mask algebra ----------------------------------------------------------

@@ -192,17 +192,28 @@ TEST(FlexAttentionErrors, StridesPastInt32) {
 // mod's name.
 TEST(FlexAttentionErrors, ModsOfTheWrongType) {
   Tensor t = hostTensor(DType::BF16, {1, 1, 32, 64});
+  const int first = __LINE__ + 1;  // the statement that makes intScore (compilers name its first or last line)
   ScoreMod intScore("int_score", [](const Tile&, const Tile&, const Tile&, const Tile& q, const Tile& kv) {
     return q + kv;
   });
-  expectError([&] { run(t, t, t, std::nullopt, kSmall, intScore); }, {"int_score", "floating-point score"});
+  const int last = __LINE__ - 1;
+  // The error points at the user's line where the mod is made, then names the template's call.
+  expectError([&] { run(t, t, t, std::nullopt, kSmall, intScore); },
+              {"FlexAttentionErrorsTest.cpp:", "int_score", "floating-point score", "called from FlexAttentionForward.cpp"});
+  try {
+    run(t, t, t, std::nullopt, kSmall, intScore);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const int line = std::stoi(what.substr(what.find(':') + 1));
+    EXPECT_TRUE(line >= first && line <= last) << what << " (expected a line in " << first << "-" << last << ")";
+  }
   MaskMod floatMask("float_mask", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
     return (q + kv).to(DType::F32);
   });
   BlockMask structural = causalBlockMask(1, 1, 32, 32, {32, 32});
   BlockMask m =
       BlockMask::fromKvLists(floatMask, 1, 1, 32, 32, {32, 32}, structural.partialKv(), structural.fullKv());
-  expectError([&] { run(t, t, t, m); }, {"float_mask", "must return i1"});
+  expectError([&] { run(t, t, t, m); }, {"float_mask", "must return i1", "FlexAttentionErrorsTest.cpp:"});
 }
 
 // A NaN, infinite or zero scale is an error, not a NaN output.
