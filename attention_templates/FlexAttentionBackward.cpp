@@ -469,12 +469,14 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   return maskMod.state().kernel(key, [&] {
     const std::string name = detail::kernelName(std::string("flex_bwd_") + which + "_" + scoreMod.name() + "_" + maskMod.name());
     const bool dkdv = std::string(which) == "dkdv";
+    // The kernel lives in the mask mod's state: it holds a detached copy of the mod (no cycle);
+    // the score mod it holds keeps the state whose address keys the kernel alive.
     return Kernel(name,
-                  [dt, scoreMod, maskMod, dkdv](ir::Function& f, const std::vector<int64_t>& c) {
+                  [dt, scoreMod, held = maskMod.detached(), dkdv](ir::Function& f, const std::vector<int64_t>& c) {
                     if (dkdv)
-                      traceDkdv(f, c, dt, scoreMod, maskMod);
+                      traceDkdv(f, c, dt, scoreMod, held);
                     else
-                      traceDq(f, c, dt, scoreMod, maskMod);
+                      traceDq(f, c, dt, scoreMod, held);
                   },
                   constantCount<GradConstants>());
   });

@@ -399,9 +399,10 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
   return maskMod.state().kernel(forwardKernelKey(sm, dt), [&] {
+    // The kernel lives in the mask mod's state: it holds a detached copy of the mod (no cycle).
     return Kernel(detail::kernelName("flex_fwd_" + sm.name() + "_" + maskMod.name()),
-                  [dt, sm, maskMod](ir::Function& f, const std::vector<int64_t>& c) {
-                    traceForward(f, c, dt, sm, maskMod);
+                  [dt, sm, held = maskMod.detached()](ir::Function& f, const std::vector<int64_t>& c) {
+                    traceForward(f, c, dt, sm, held);
                   },
                   constantCount<ForwardConstants>());
   });

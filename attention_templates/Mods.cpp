@@ -135,6 +135,12 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
   return r.shape() == shape ? r : r.broadcast_to(shape, loc);
 }
 
+MaskMod MaskMod::detached() const {
+  MaskMod copy = *this;
+  copy.state_ = std::make_shared<detail::ModState>();
+  return copy;
+}
+
 uint64_t MaskMod::structuralHash() const { return probe().structuralHash; }
 bool MaskMod::gathersPerElement() const { return probe().gathersPerElement; }
 

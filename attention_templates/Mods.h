@@ -83,6 +83,10 @@ class MaskMod {
   // are an error.
   std::optional<dsl::MemorySpace> captureSpace() const;
   detail::ModState& state() const { return *state_; }
+  // The same function, captures, name and source line with a state of its own: what a kernel kept
+  // in this mod's state holds. Holding the mod itself would be a cycle (state -> kernel -> tracer
+  // -> mod -> state) that keeps the mod and every kernel traced with it alive for ever.
+  MaskMod detached() const;
   // The structural hash of what the mod computes: the IR it traces to on
   // probe index tiles, captured tensors as parameters (their dtype and rank,
   // not their values). Two mods with one name but different bodies differ;

@@ -368,3 +368,27 @@ TEST(FlexAttentionBackward, AModThatIgnoresTheScore) {
   for (float x : g.dq.toHost<float>()) ASSERT_EQ(x, 0.0f);
   for (float x : g.dk.toHost<float>()) ASSERT_EQ(x, 0.0f);
 }
+
+// Regression (LeakSanitizer): the kernels flex_attention and flex_attention_backward trace are
+// kept in the mask mod's state, and their tracers held the mod itself — a cycle that kept every
+// fresh mod, its captured tensors and its kernels alive for ever. Now the tracers hold a detached
+// copy: when the last handle goes, the captured tensor goes too.
+TEST(FlexAttentionBackward, AModAndItsKernelsAreFreedWithItsLastHandle) {
+  SeededRandom rng;
+  std::weak_ptr<dsl::CaptureSlot> slot;
+  {
+    std::vector<int32_t> ids(40);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i / 13);
+    CapturedTensor docs = dsl::capture(Tensor::fromHost(ids, {40}, kHost), "doc_ids");
+    slot = docs.slot();
+    MaskMod sameDoc("same_doc", [docs](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+      return docs(q) == docs(kv);
+    }, {docs});
+    BlockMask mask = createBlockMask(sameDoc, 1, 1, 40, 40, kMaskBlocks, kHost);
+    Tensor q = randomTensor(rng, DType::F32, {1, 1, 40, 16}, kHost);
+    FlexAttentionResult fwd = flex_attention(q, q, q, noop_score(), mask, {.return_lse = true, .config = kFwdSmall});
+    flex_attention_backward(q, q, q, fwd.out, fwd.lse, q, noop_score(), mask, {.config = kBwdSmall});
+    EXPECT_FALSE(slot.expired());
+  }
+  EXPECT_TRUE(slot.expired()) << "the mask mod (and the kernels traced with it) outlived its last handle";
+}
