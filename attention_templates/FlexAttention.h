@@ -197,7 +197,9 @@ void flex_attention_backward_into(const dsl::Tensor& q, const dsl::Tensor& k, co
 struct FlexAttentionBackwardPlan {
   FlexAttentionBackwardConfig config;
   std::vector<std::string> kernelNames;                    // in launch order
-  std::vector<const codegen::CompiledKernel*> compiled;    // one per launch
+  // One per launch; owned by the kernels, which live in the mask mod's state: valid while the mods
+  // (a copy of the BlockMask or of its maskMod()) are.
+  std::vector<const codegen::CompiledKernel*> compiled;
 };
 FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                                        const dsl::Tensor& out, const dsl::Tensor& lse,

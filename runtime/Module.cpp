@@ -23,7 +23,13 @@ struct Module::State {
   ~State() {
     if (!handle) return;
     cu::Result result = cu::api().ctxSetCurrent(static_cast<cu::Context>(device->context()));
-    if (result == cu::kSuccess) result = cu::api().moduleUnload(handle);
+    // A module dies with the mod whose kernels it holds, which may be right after an asynchronous
+    // launch from it (a temporary BlockMask): let that work finish before its code is unloaded.
+    // (Its own error, if any, is the launch's and was or will be reported by a checked call.)
+    if (result == cu::kSuccess) {
+      (void)cu::api().ctxSynchronize();
+      result = cu::api().moduleUnload(handle);
+    }
     if (result != cu::kSuccess && result != cu::kErrorDeinitialized)
       std::fprintf(stderr, "flextile: %s\n",
                    DriverError::format("cuModuleUnload", result, "module '" + name + "'").c_str());

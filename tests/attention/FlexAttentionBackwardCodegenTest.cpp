@@ -21,13 +21,21 @@ int count(const std::string& text, const std::string& re) {
   return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
 }
 
-FlexAttentionBackwardPlan planFor(codegen::Target target, const std::optional<FlexAttentionBackwardConfig>& config,
-                                  const std::string& variantName, int64_t D = 128, DType dt = DType::BF16) {
+// The compiled kernels live in the mask mod's state, so the plan keeps the variant (its mods) alive.
+struct VariantPlan : FlexAttentionBackwardPlan {
+  VariantInstance instance;
+};
+
+VariantPlan planFor(codegen::Target target, const std::optional<FlexAttentionBackwardConfig>& config,
+                    const std::string& variantName, int64_t D = 128, DType dt = DType::BF16) {
   const int64_t B = 1, H = 2, L = 1024;
   Tensor q = Tensor::empty(dt, {B, H, L, D}, MemorySpace::Host);
   Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
-  VariantInstance inst = variant(variantName).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
-  return plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, {.config = config}, target);
+  VariantPlan p;
+  p.instance = variant(variantName).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  static_cast<FlexAttentionBackwardPlan&>(p) = plan_flex_attention_backward(
+      q, q, q, q, lse, q, p.instance.score, p.instance.mask, {.config = config}, target);
+  return p;
 }
 
 }  // namespace
@@ -38,7 +46,7 @@ TEST(FlexAttentionBackwardCodegen, EveryVariantAssemblesWithoutSpills) {
     for (auto target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
       SCOPED_TRACE(var.name + " " + target.smName());
       // The default config (what the call picks with no config given).
-      FlexAttentionBackwardPlan plan = planFor(target, std::nullopt, var.name);
+      VariantPlan plan = planFor(target, std::nullopt, var.name);
       SCOPED_TRACE(plan.config.describe());
       ASSERT_GE(plan.compiled.size(), 3u);
       for (size_t i = 0; i < plan.compiled.size(); ++i) {
@@ -65,7 +73,7 @@ TEST(FlexAttentionBackwardCodegen, EveryVariantAssemblesWithoutSpills) {
 TEST(FlexAttentionBackwardCodegen, LoopInvariantOperandsAreReadFromSharedMemory) {
   for (const FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 128, 8, 2}}) {
     SCOPED_TRACE(c.describe());
-    FlexAttentionBackwardPlan plan = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
+    VariantPlan plan = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
     const std::string& dkdv = plan.compiled[1]->ptx;
     const std::string ss = "wgmma\\.mma_async[^;]*\\}, ad[0-9]+, %rd[0-9]+, [pz], 1, 1, 0, 0;";
     const std::string rs = "wgmma\\.mma_async[^;]*\\}, \\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, %rd[0-9]+, [pz], 1, 1, [01];";
@@ -80,7 +88,7 @@ TEST(FlexAttentionBackwardCodegen, LoopInvariantOperandsAreReadFromSharedMemory)
     }
     // The escape hatch keeps register A everywhere.
     ::setenv("FLEXTILE_WGMMA_SMEM_A", "0", 1);
-    FlexAttentionBackwardPlan off = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
+    VariantPlan off = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
     ::unsetenv("FLEXTILE_WGMMA_SMEM_A");
     EXPECT_EQ(count(off.compiled[1]->ptx, ss), 0);
     EXPECT_EQ(count(off.compiled[1]->ptx, rs), 48);
