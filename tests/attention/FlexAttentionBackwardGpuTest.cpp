@@ -163,3 +163,25 @@ TEST(FlexAttentionBackwardGpu, DeterministicIsBitwiseIdentical) {
     if (deterministic) EXPECT_TRUE(bytes(a.grad(tableT)) == bytes(b.grad(tableT)));
   }
 }
+
+// A slice of a longer mask (decode-style row blocks and a one-row slice starting mid-block): the
+// mods see global query positions in both gradient kernels.
+TEST(FlexAttentionBackwardGpu, SlicedMaskWithQueryOffset) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t S = 700;
+  BlockMask causal = causalBlockMask(1, 1, S, S);
+  struct Slice {
+    int64_t start, count;
+    std::optional<int64_t> offset, length;
+  };
+  for (Slice s : {Slice{2, 1, {}, {}}, Slice{1, 3, {}, {}}, Slice{3, 1, 400, 1}, Slice{4, 1, 530, 17}}) {
+    BlockMask slice = causal.sliceRows(s.start, s.count, s.offset, s.length);
+    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = slice.qLen(), .S = S, .D = 128, .dtype = DType::BF16};
+    c.context = "causal slice offset " + std::to_string(slice.qOffset());
+    VariantInstance inst = variant("softcap").make({c.B, c.Hq, c.L, S, kDevice, BlockSizes{}, rng()});
+    BackwardCheck check = withConfig(std::nullopt, inst);
+    check.refMask = refCausal();
+    if (!checkBackward(rng, c, kDevice, inst.score, slice, check)) return;
+  }
+}
