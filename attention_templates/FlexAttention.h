@@ -154,10 +154,10 @@ struct FlexAttentionBackwardConfig {
   std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM64 BN64 w4 s2"
   bool operator==(const FlexAttentionBackwardConfig&) const = default;
 };
-// The untuned backward config for a dtype, head dim and GPU capability (0: the portable one), for
-// a score_mod or none, and for mods that read a captured tensor per score (ScoreMod::gathersPerElement).
+// The untuned backward config for a dtype, head dim and GPU capability (0: the portable one), and
+// for mods that read a captured tensor per score (ScoreMod::gathersPerElement).
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim, int capability = 0,
-                                                               bool hasScoreMod = false, bool gathersPerElement = false);
+                                                               bool gathersPerElement = false);
 
 struct FlexAttentionBackwardOptions {
   std::optional<double> scale;  // must be the forward's (default 1 / sqrt(D))

@@ -48,13 +48,12 @@ std::string FlexAttentionBackwardConfig::describe() const {
 }
 
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability,
-                                                               bool hasScoreMod, bool gathersPerElement) {
+                                                               bool gathersPerElement) {
   // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
   // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
   // 64 keys x 64 queries on one warpgroup was the best dkdv tile for every yardstick variant on the
   // H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01); dq's tile mattered by less than the
   // run-to-run spread. ptxas -v: no spills without a score_mod, a few words with one.
-  (void)hasScoreMod;
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
   if (capability == 90) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
@@ -134,22 +133,6 @@ void tracePreprocess(ir::Function& f, const std::vector<int64_t>& constants, DTy
   store(p.lse2 + rows, where(lse == -INFINITY, INFINITY, lse * kLog2e), rowLive);
 }
 
-// The base parameter a pointer tile is computed from (through addptr and shape ops), or null.
-ir::Value* basePointer(ir::Value* ptr) {
-  while (ir::Op* def = ptr->definingOp()) {
-    switch (def->kind()) {
-      case ir::OpKind::AddPtr:
-      case ir::OpKind::Splat:
-      case ir::OpKind::Broadcast:
-      case ir::OpKind::ExpandDims:
-      case ir::OpKind::Reshape:
-      case ir::OpKind::Trans: ptr = def->operand(0); break;
-      default: return nullptr;
-    }
-  }
-  return ptr;
-}
-
 // `ptr`'s computation again, from `to` instead of the base parameter `from` (same offsets: the
 // gradient buffer has the captured tensor's shape and strides). Pointer results point to `to`'s
 // element type.
@@ -160,6 +143,13 @@ ir::Value* rebasePointer(ir::Builder& bld, ir::Value* ptr, ir::Value* from, ir::
   operands[0] = rebasePointer(bld, operands[0], from, to);
   Type result = Type::pointer(to->type().pointee(), ptr->type().shape());
   return bld.create(def->kind(), operands, {result}, def->attrs())->result();
+}
+
+// The load/store mask of a [rows, DP] tile: its live rows, and the first D of the padded head dim.
+Tile rowsByHeadDim(const Tile& rows, const Tile& dLive, const GradConstants& k) {
+  Tile m = rows.expand(1);
+  if (k.DP != k.D) m = m & dLive.expand(0);
+  return m;
 }
 
 struct TrainableCapture {
@@ -200,7 +190,7 @@ Tile modAdjoint(const ModScores& m, const Tile& seed, const std::vector<Trainabl
   TraceContext& ctx = TraceContext::current(SourceLoc::current(), "flex_attention_backward");
   auto trainableOf = [&](const ir::Op& load) -> const TrainableCapture* {
     if (!scatter) return nullptr;
-    ir::Value* base = basePointer(load.operand(0));
+    ir::Value* base = ir::pointerBase(load.operand(0));
     if (!base) return nullptr;
     for (const CaptureParams& c : ctx.captures())
       if (c.data == base)
@@ -216,8 +206,7 @@ Tile modAdjoint(const ModScores& m, const Tile& seed, const std::vector<Trainabl
   request.isDifferentiableLoad = [&](const ir::Op& load) { return trainableOf(load) != nullptr; };
   request.onLoadAdjoint = [&](ir::Builder& bld, const ir::Op& load, ir::Value* adjoint) {
     const TrainableCapture* t = trainableOf(load);
-    ir::Value* base = basePointer(load.operand(0));
-    Tile gradPtr(rebasePointer(bld, load.operand(0), base, t->grad.value()));
+    Tile gradPtr(rebasePointer(bld, load.operand(0), ir::pointerBase(load.operand(0)), t->grad.value()));
     Tile g = Tile(adjoint).to(DType::F32);
     if (deterministic) g = (g * kFixedPointScale).to(DType::I64);
     if (load.numOperands() > 1)
@@ -228,13 +217,6 @@ Tile modAdjoint(const ModScores& m, const Tile& seed, const std::vector<Trainabl
   std::vector<ir::Value*> adj = ir::emitReverseMode(ctx.builder(), request);
   return Tile(adj.at(0));
 }
-
-struct GradKernelArgs {
-  const GradConstants& k;
-  DType dt;
-  const ScoreMod& scoreMod;
-  const MaskMod& maskMod;
-};
 
 // Adds the gradient-buffer parameters of the trainable captures (before any mod is traced, so
 // they precede the captured tensors' own parameters).
@@ -264,11 +246,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   Tile b64 = b.to(DType::I64);
   Tile colLive = offsN < p.kv_len;
   Tile dLive = offsD < k.D;
-  auto byD = [&](const Tile& rows) {
-    Tile m = rows.expand(1);
-    if (k.DP != k.D) m = m & dLive.expand(0);
-    return m;
-  };
+  auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
   Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
@@ -359,11 +337,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   Tile b64 = b.to(DType::I64), h64 = h.to(DType::I64);
   Tile rowLive = offsM < p.q_len;
   Tile dLive = offsD < k.D;
-  auto byD = [&](const Tile& rows) {
-    Tile m = rows.expand(1);
-    if (k.DP != k.D) m = m & dLive.expand(0);
-    return m;
-  };
+  auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
   const bool exact = k.qExact && k.DP == k.D;
   Tile qPtrs = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
   Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
@@ -568,21 +542,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (scoreMod.captureSpace() && *scoreMod.captureSpace() != space)
     throw Error(std::string(op) + ": score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
-  int capability = 0;  // host tensors run on the interpreter: the portable default
-  if (target) capability = target->capability;
-  else if (space == MemorySpace::Device)
-    capability = runtime::Device::current().capabilityMajor() * 10 + runtime::Device::current().capabilityMinor();
-  auto gathers = [](const auto& mod) {
-    try {
-      return mod.defined() && mod.gathersPerElement();
-    } catch (const Error&) {
-      return true;  // a mod the probe tiles do not fit: the small tile is the safe guess
-    }
-  };
   FlexAttentionBackwardConfig config =
       options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(dt, D, capability, hasScoreMod,
-                                                          gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod())));
+                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsCapability(space, target),
+                                                          detail::modsGatherPerElement(scoreMod, blockMask));
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {
@@ -595,16 +558,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   }
   const BlockMask& mask = *maskPtr;
   mask.checkInputs(B, Hq, L, S);
-  if (!blockMask) {
-    // The dense mask's blocks are at least 128: narrow nothing.
-  } else {
-    if (!options.config) {  // narrow the default to tile a mask of smaller blocks
-      for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
-        c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
-        c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
-      }
+  if (blockMask && !options.config)  // the default narrowed to tile a mask of smaller blocks
+    for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
+      c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
+      c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
     }
-  }
   checkConfig("dkdv", config.dkdv, mask);
   checkConfig("dq", config.dq, mask);
   if (mask.qPhase() != 0 && mask.numQBlocks() != 1)

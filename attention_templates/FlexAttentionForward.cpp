@@ -106,6 +106,24 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   return std::nullopt;
 }
 
+int defaultsCapability(MemorySpace space, const std::optional<codegen::Target>& target) {
+  if (target) return target->capability;
+  if (space != MemorySpace::Device) return 0;
+  runtime::Device& device = runtime::Device::current();
+  return device.capabilityMajor() * 10 + device.capabilityMinor();
+}
+
+bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  auto gathers = [](const auto& mod) {
+    try {
+      return mod.defined() && mod.gathersPerElement();
+    } catch (const Error&) {
+      return true;
+    }
+  };
+  return gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod()));
+}
+
 std::string kernelName(const std::string& name) {
   std::string clean;
   for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -522,24 +540,10 @@ FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const ScoreMod& 
                                                const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target) {
   expectRank4("q", q);
-  int capability = 0;  // host tensors run on the interpreter: the portable default
-  if (target) capability = target->capability;
-  else if (q.space() == MemorySpace::Device) {
-    runtime::Device& device = runtime::Device::current();
-    capability = device.capabilityMajor() * 10 + device.capabilityMinor();
-  }
+  const int capability = detail::defaultsCapability(q.space(), target);
   const int64_t queryTiles = q.size(0) * q.size(1) * ((q.size(2) + 127) / 128);
-  // A mod that cannot be probed (it insists on its template's tile shapes) counts as gathering:
-  // the smaller tile is the safe guess, and the real trace reports anything truly wrong with it.
-  auto gathers = [](const auto& mod) {
-    try {
-      return mod.defined() && mod.gathersPerElement();
-    } catch (const Error&) {
-      return true;
-    }
-  };
-  const bool gathering = gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod()));
-  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles, gathering);
+  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles,
+                                                     detail::modsGatherPerElement(scoreMod, blockMask));
   if (blockMask) {  // narrowed to tile a mask with smaller blocks, keeping 16 query rows per warp
     c.block_m = std::min(c.block_m, std::max<int64_t>(16, blockMask->qBlockSize()));
     c.block_n = std::min(c.block_n, std::max<int64_t>(16, blockMask->kvBlockSize()));

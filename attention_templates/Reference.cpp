@@ -108,12 +108,12 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
         double l = 0;
         for (int64_t j = 0; j < S; ++j) l += P(i, j) = ok[size_t(j)] ? std::exp(P(i, j) - m) : 0.0;
         P.row(i) /= l;
-        double delta = P.row(i).dot(dP.row(i));
-        if (out) {
-          delta = 0;
+        double delta = 0;
+        if (out)
           for (int64_t d = 0; d < D; ++d)
             delta += od[size_t(((b * Hq + h) * L + i) * D + d)] * dod[size_t(((b * Hq + h) * L + i) * D + d)];
-        }
+        else
+          delta = P.row(i).dot(dP.row(i));
         if (dlse) delta -= (*dlse)[size_t((b * Hq + h) * L + i)];
         for (int64_t j = 0; j < S; ++j) {
           if (!ok[size_t(j)]) continue;

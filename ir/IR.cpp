@@ -234,4 +234,19 @@ Function* Module::lookup(std::string_view name) const {
   return nullptr;
 }
 
+Value* pointerBase(Value* ptr) {
+  while (const Op* def = ptr->definingOp()) {
+    switch (def->kind()) {
+      case OpKind::AddPtr:
+      case OpKind::Splat:
+      case OpKind::Broadcast:
+      case OpKind::ExpandDims:
+      case OpKind::Reshape:
+      case OpKind::Trans: ptr = def->operand(0); break;
+      default: return nullptr;
+    }
+  }
+  return ptr->ownerBlock() && !ptr->ownerBlock()->parentOp() ? ptr : nullptr;
+}
+
 }  // namespace flextile::ir

@@ -228,6 +228,12 @@ class Function {
   std::vector<std::unique_ptr<Value>> values_;
 };
 
+// The value a pointer tile is computed from through addptr and shape ops (splat, broadcast,
+// expand_dims, reshape, trans): a function parameter, or null when another op computes it.
+// Passes and templates use it to ask which buffer a load, store or atomic touches.
+Value* pointerBase(Value* ptr);
+inline const Value* pointerBase(const Value* ptr) { return pointerBase(const_cast<Value*>(ptr)); }
+
 // A module is what gets compiled together: one or more kernels.
 struct Module {
   std::vector<std::unique_ptr<Function>> functions;

@@ -79,13 +79,8 @@ bool writesOnlyPrivateMemory(const Op& op, const ir::Function& f) {
   if (it == f.attrs().end()) return false;
   const auto* indices = std::get_if<std::vector<int64_t>>(&it->second);
   if (!indices) return false;
-  const ir::Value* p = op.operand(0);
-  while (const Op* d = p->definingOp()) {
-    if (d->kind() != OpKind::AddPtr && d->kind() != OpKind::Splat && d->kind() != OpKind::Broadcast &&
-        d->kind() != OpKind::ExpandDims && d->kind() != OpKind::Reshape)
-      return false;
-    p = d->operand(0);
-  }
+  const ir::Value* p = ir::pointerBase(op.operand(0));
+  if (!p) return false;
   for (int64_t i : *indices)
     if (i >= 0 && size_t(i) < f.params().size() && f.params()[size_t(i)] == p) return true;
   return false;
