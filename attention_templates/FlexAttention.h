@@ -66,10 +66,36 @@ FlexAttentionConfig untunedFlexAttentionConfig(const dsl::Tensor& q, const Score
                                                const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target = std::nullopt);
 
+// Which template runs a call. Auto: the decode template when options give a decode_config or a
+// query_offset, or for at most kDecodeMaxQueries queries unless options give a prefill config; the
+// prefill template otherwise. Both compute the same function (to rounding).
+enum class AttentionTemplate { Auto, Prefill, Decode };
+inline constexpr int64_t kDecodeMaxQueries = 16;
+
+// The decode template's tiles (attention_templates/FlexAttentionDecode.cpp): one program per
+// (KV split, group of query heads sharing a KV head, batch), whose rows are those heads' queries.
+struct FlexDecodeConfig {
+  int64_t block_n = 64;  // keys per inner step (a power of two >= 16 dividing KV_BLOCK_SIZE)
+  int num_warps = 4;
+  int num_stages = 3;    // K/V tiles in flight
+  // Programs each (batch, head group) row of live blocks is split across; 0: chosen from the
+  // BlockMask's live block counts and the GPU's size (decodeSplitCount).
+  int64_t splits = 0;
+  std::string describe() const;  // "BN64 w4 s3 splits auto"
+  bool operator==(const FlexDecodeConfig&) const = default;
+};
+
 struct FlexAttentionOptions {
   std::optional<double> scale;                // default 1 / sqrt(D)
   bool return_lse = false;
   std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
+  AttentionTemplate kernel = AttentionTemplate::Auto;
+  std::optional<FlexDecodeConfig> decode_config;  // the decode template's; default decodeConfigFor
+  // The global position of q's first row inside the BlockMask's queries, for a mask built for more
+  // queries than q has (decode against a mask pre-built at the maximum length, without slicing it):
+  // q's L queries are [query_offset, query_offset + L) and must lie inside the mask's. Decode only.
+  // Without it the mask must have exactly q's length (sliceRows makes such a mask).
+  std::optional<int64_t> query_offset;
 };
 
 // What a config resolver sees of a call that gave no config.
@@ -207,6 +233,34 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, con
                                                        const std::optional<BlockMask>& blockMask,
                                                        const FlexAttentionBackwardOptions& options = {},
                                                        std::optional<codegen::Target> target = std::nullopt);
+
+// ---- decode (attention_templates/FlexAttentionDecode.cpp) --------------------
+//
+// A few queries per head (decoding, L <= kDecodeMaxQueries) against a long KV: flex_attention runs
+// this template by itself for small L (options.kernel overrides). The query heads of one GQA group
+// share the rows of one program, so K and V are read once per group; the live KV blocks of a
+// BlockMask row are split across programs, each writing a partial (lse, out) per query, and a
+// merge kernel combines them exactly: out = sum_s 2^(lse_s - LSE) out_s, LSE = log2 sum_s 2^lse_s.
+// Which blocks are live is computed for the call's queries exactly (DecodeLists.h).
+
+// The decode config for a problem: dtype, head dim, capability (0: portable) and the rows one
+// program holds (query heads per program x queries).
+FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram);
+// Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
+// steps, on a GPU of `multiprocessors` SMs (0: the interpreter, one split).
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors);
+
+// What the decode template would run for these inputs (names, the split count, the configs), for
+// tests, tools and the docs; nothing is launched.
+struct FlexDecodePlan {
+  FlexDecodeConfig config;  // with splits resolved
+  int64_t headsPerProgram = 1, rowsPerProgram = 16;
+  std::vector<std::string> kernelNames;  // in launch order (the merge kernel only with splits > 1)
+  const ir::Function* traced = nullptr;  // the split kernel's traced IR (owned by its kernel)
+};
+FlexDecodePlan plan_flex_decode(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                                const FlexAttentionOptions& options = {});
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted

@@ -14,6 +14,12 @@ namespace flextile::attention::detail {
 // strides fit the kernels' i32 parameters; `op` and `what` name the call and the tensor.
 void expectAttentionInput(const char* op, const char* what, const dsl::Tensor& t);
 
+// Throws unless q [B, Hq, L, D], k and v [B, Hkv, S, D] are inputs both attention templates take:
+// one float dtype, agreeing shapes, Hq a multiple of Hkv, D a multiple of 16 up to 256, one memory
+// space, and the score mod's captures in that space.
+void checkAttentionInputs(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                          const ScoreMod& scoreMod);
+
 // The mask that lists every block as full (no BlockMask given), kept per lengths and block sizes.
 BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes);
 
@@ -38,6 +44,14 @@ int defaultsCapability(dsl::MemorySpace space, const std::optional<codegen::Targ
 // gathersPerElement). A mod the probe tiles do not fit counts as gathering: the smaller tile is the
 // safe guess, and the real trace reports anything truly wrong with it.
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
+
+// Whether a call runs the decode template (options.kernel, else L <= kDecodeMaxQueries or a
+// query_offset, which only decode takes).
+bool usesDecodeTemplate(const dsl::Tensor& q, const FlexAttentionOptions& options);
+// flex_attention_into's decode path (FlexAttentionDecode.cpp); out and lse already checked.
+void flexDecodeInto(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, const ScoreMod& scoreMod,
+                    const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
+                    const FlexAttentionOptions& options);
 
 // A kernel name from a template's and the mods' names: anything but letters and digits becomes '_'.
 std::string kernelName(const std::string& name);

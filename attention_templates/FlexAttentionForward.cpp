@@ -74,6 +74,37 @@ void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
       throw Error(std::string(op) + ": " + what + "'s strides exceed int32: " + t.describe());
 }
 
+void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod) {
+  expectAttentionInput("flex_attention", "q", q);
+  expectAttentionInput("flex_attention", "k", k);
+  expectAttentionInput("flex_attention", "v", v);
+  auto shapeStr = [](const Tensor& t) { return t.describe(); };
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw Error("flex_attention: q, k and v must have one dtype, got q " + shapeStr(q) + ", k " + shapeStr(k) +
+                ", v " + shapeStr(v));
+  if (q.dtype() != DType::BF16 && q.dtype() != DType::F16 && q.dtype() != DType::F32)
+    throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + shapeStr(q));
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0))
+    throw Error("flex_attention: batch sizes differ: q " + shapeStr(q) + ", k " + shapeStr(k) + ", v " + shapeStr(v));
+  if (v.size(1) != k.size(1) || v.size(2) != k.size(2))
+    throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
+                shapeStr(v));
+  if (k.size(3) != q.size(3) || v.size(3) != q.size(3))
+    throw Error("flex_attention: q, k and v must have the same head dim D: q " + shapeStr(q) + ", k " +
+                shapeStr(k) + ", v " + shapeStr(v));
+  if (k.size(1) < 1 || q.size(1) % k.size(1) != 0)
+    throw Error("flex_attention: the query heads (" + std::to_string(q.size(1)) + ") must be a multiple of the kv heads (" +
+                std::to_string(k.size(1)) + ")");
+  if (q.size(3) < 16 || q.size(3) > 256 || q.size(3) % 16 != 0)
+    throw Error("flex_attention: head dim D = " + std::to_string(q.size(3)) + " is not supported (a multiple of 16 up to 256)");
+  if (q.size(2) < 1 || k.size(2) < 1 || q.size(0) < 1)
+    throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
+  if (k.space() != q.space() || v.space() != q.space())
+    throw Error("flex_attention: q, k and v must be in one memory space (all host or all device)");
+  if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != q.space())
+    throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
+}
+
 // A mask that lists every block as full (no mask given). Kept per (L, S,
 // block sizes), so repeated calls neither rebuild nor re-upload its lists
 // (BlockMask keeps its tensors); a few shapes at a time.
@@ -334,32 +365,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3);
   p.Hkv = k.size(1), p.S = k.size(2);
   p.dtype = q.dtype();
-  auto shapeStr = [](const Tensor& t) { return t.describe(); };
-  if (k.dtype() != p.dtype || v.dtype() != p.dtype)
-    throw Error("flex_attention: q, k and v must have one dtype, got q " + shapeStr(q) + ", k " + shapeStr(k) +
-                ", v " + shapeStr(v));
-  if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
-    throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + shapeStr(q));
-  if (k.size(0) != p.B || v.size(0) != p.B)
-    throw Error("flex_attention: batch sizes differ: q " + shapeStr(q) + ", k " + shapeStr(k) + ", v " + shapeStr(v));
-  if (v.size(1) != p.Hkv || v.size(2) != p.S)
-    throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
-                shapeStr(v));
-  if (k.size(3) != p.D || v.size(3) != p.D)
-    throw Error("flex_attention: q, k and v must have the same head dim D: q " + shapeStr(q) + ", k " +
-                shapeStr(k) + ", v " + shapeStr(v));
-  if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
-    throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
-                std::to_string(p.Hkv) + ")");
-  if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
-    throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)");
-  if (p.L < 1 || p.S < 1 || p.B < 1)
-    throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
+  detail::checkAttentionInputs(q, k, v, scoreMod);
   p.space = q.space();
-  if (k.space() != p.space || v.space() != p.space)
-    throw Error("flex_attention: q, k and v must be in one memory space (all host or all device)");
-  if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != p.space)
-    throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
   p.config = options.config ? *options.config : resolveConfig(p, q, scoreMod, blockMask, target);
   const FlexAttentionConfig& c = p.config;
@@ -482,23 +489,52 @@ void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
   resolverSlot() = std::move(resolver);
 }
 
+namespace detail {
+bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
+  switch (options.kernel) {
+    case AttentionTemplate::Prefill: return false;
+    case AttentionTemplate::Decode: return true;
+    case AttentionTemplate::Auto: break;
+  }
+  // A prefill config given by the caller asks for the prefill template.
+  if (options.query_offset || options.decode_config) return true;
+  return !options.config && q.rank() == 4 && q.size(2) <= kDecodeMaxQueries;
+}
+}  // namespace detail
+
+namespace {
+void expectOutputs(const Tensor& q, const Tensor& out, const Tensor* lse) {
+  expectRank4("q", q);
+  expectRank4("out", out);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
+  out.expectDType("flex_attention: out", q.dtype());
+  if (out.shape() != Shape{B, Hq, L, D})
+    throw Error("flex_attention: out must be [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " +
+                std::to_string(L) + ", " + std::to_string(D) + "], got " + out.describe());
+  if (out.space() != q.space()) throw Error("flex_attention: out is in another memory space than q");
+  if (lse) {
+    lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
+    if (!lse->isContiguous() || lse->space() != q.space())
+      throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
+  }
+}
+}  // namespace
+
 void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                          const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
-  expectRank4("out", out);
-  out.expectDType("flex_attention: out", p.dtype);
-  if (out.shape() != Shape{p.B, p.Hq, p.L, p.D})
-    throw Error("flex_attention: out must be [" + std::to_string(p.B) + ", " + std::to_string(p.Hq) + ", " +
-                std::to_string(p.L) + ", " + std::to_string(p.D) + "], got " + out.describe());
-  if (out.space() != p.space) throw Error("flex_attention: out is in another memory space than q");
-  if (lse) {
-    lse->expect("flex_attention: lse", DType::F32, {p.B, p.Hq, p.L});
-    if (!lse->isContiguous() || lse->space() != p.space)
-      throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
+  if (detail::usesDecodeTemplate(q, o)) {
+    expectOutputs(q, out, lse);
+    detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o);
+    return;
   }
+  if (o.query_offset)
+    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
+                "(BlockMask::sliceRows) for the prefill template");
+  Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
+  expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
   runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space);
 }

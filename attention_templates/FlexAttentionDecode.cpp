@@ -1,0 +1,516 @@
+// The decode template of flex_attention (FlexAttention.h, "decode"): split-KV attention for a few
+// queries per head against a long KV.
+//
+// Split kernel: one program per (split s, group of HP query heads sharing one KV head, batch).
+// Its BM rows are the HP heads' L queries (row r: head hg*HP + r / L, query r % L; rows past HP*L
+// repeat the last real row and are never stored), so each K/V tile is loaded once for the whole
+// group. The program walks its share of the row's live blocks — the full list, then the partial
+// list, each cut into `splits` contiguous runs of inner steps, so every split gets an equal share
+// of both kinds and the order is stable — with the forward's online softmax in the exp2 domain.
+// With one split it writes out and lse itself; otherwise a partial (out_s = acc / l, lse_s =
+// m + log2 l) per (row, split).
+//
+// Merge kernel: per query row, LSE = log2 sum_s 2^lse_s and out = sum_s 2^(lse_s - LSE) out_s —
+// the online-softmax combination, exact (never an average of softmaxes). Empty splits have
+// lse_s = -inf and weigh nothing; a row with no live key anywhere ends with out 0, lse -inf.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numbers>
+
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/FlexAttentionCommon.h"
+#include "attention_templates/TemplateParams.h"
+#include "runtime/Device.h"
+
+namespace flextile::attention {
+
+using namespace flextile::dsl;
+using namespace flextile::attention::tmpl;
+
+std::string FlexDecodeConfig::describe() const {
+  return "BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" + std::to_string(num_stages) +
+         " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto"));
+}
+
+FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram) {
+  FlexDecodeConfig c;
+  if (headDim > 128 || ir::byteWidth(dtype) == 4) c.block_n = 32;
+  // Warps beyond BM / 16 compute the same rows again (the chained-dot warp split puts warps along
+  // M only); they still issue loads, which is what a decode program is waiting on.
+  c.num_warps = 4;
+  c.num_stages = capability >= 80 ? 3 : 2;
+  (void)rowsPerProgram;
+  return c;
+}
+
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors) {
+  if (multiprocessors <= 0 || liveSteps <= 1) return 1;
+  // Enough programs for a few per SM; no split shorter than kMinStepsPerSplit inner steps, whose
+  // partials and merge would cost more than they spread.
+  constexpr int64_t kProgramsPerSm = 4, kMinStepsPerSplit = 4, kMaxSplits = 128;
+  const int64_t wanted = cdiv(int64_t(multiprocessors) * kProgramsPerSm, std::max<int64_t>(1, programsPerSplit));
+  const int64_t longest = std::max<int64_t>(1, liveSteps / kMinStepsPerSplit);
+  return std::clamp<int64_t>(std::min(wanted, longest), 1, kMaxSplits);
+}
+
+namespace {
+
+// ---- kernel parameters -------------------------------------------------------
+
+template <template <class> class P>
+struct DecodeParams {
+  BOOST_HANA_DEFINE_STRUCT(DecodeParams, (P<Data>, q), (P<Data>, k), (P<Data>, v), (P<Data>, out), (P<F32Ptr>, lse),
+                           (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<I32Ptr>, kv_num),
+                           (P<I32Ptr>, kv_indices), (P<I32Ptr>, full_kv_num), (P<I32Ptr>, full_kv_indices),
+                           (P<I32>, list_b_stride), (P<I32>, list_h_stride), (P<I32>, list_kv_blocks),
+                           (P<I32>, q_len), (P<I32>, kv_len), (P<I32>, q_offset), (P<I32>, q_stride_b),
+                           (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
+                           (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
+                           (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
+                           (P<I32>, q_heads), (P<F32>, scale));
+};
+
+struct DecodeConstants {
+  BOOST_HANA_DEFINE_STRUCT(DecodeConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
+                           (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
+                           (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split));
+};
+
+template <template <class> class P>
+struct MergeParams {
+  BOOST_HANA_DEFINE_STRUCT(MergeParams, (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<Data>, out),
+                           (P<F32Ptr>, lse), (P<I32>, rows), (P<I32>, splits), (P<I32>, q_len), (P<I32>, q_heads),
+                           (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m));
+};
+
+struct MergeConstants {
+  BOOST_HANA_DEFINE_STRUCT(MergeConstants, (int64_t, RM), (int64_t, SP), (int64_t, D), (int64_t, DP),
+                           (int64_t, hasLse));
+};
+
+// ---- traced kernels ----------------------------------------------------------
+
+void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
+                 const MaskMod& maskMod) {
+  f.attrs()["wgmma_register_a"] = int64_t(1);
+  const auto k = constantsFrom<DecodeConstants>(constants);
+  const auto p = declareParams<DecodeParams>(f, dt);
+  const double log2e = std::numbers::log2e;
+
+  Tile split = program_id(0), group = program_id(1), b = program_id(2);
+  Tile splits = num_programs(0);
+  Tile b64 = b.to(DType::I64);
+  const int64_t realRows = k.HP * k.LQ;
+  Tile rows = arange(0, k.BM);
+  Tile rowLive = rows < realRows;
+  Tile r = minimum(rows, realRows - 1);  // padding rows repeat the last real one: valid addresses
+  Tile head = group * k.HP + r / k.LQ;   // [BM] query head of each row
+  Tile query = r % k.LQ;                 // [BM] query index of each row
+  Tile hkv = (group * k.HP) / k.G;
+  Tile offsD = arange(0, k.DP);
+  Tile dLive = offsD < k.D;
+  auto byD = [&](const Tile& rowMask) {
+    Tile m = rowMask.expand(1);
+    return k.DP != k.D ? m & dLive.expand(0) : m;
+  };
+
+  Tile qRows = head.to(DType::I64) * p.q_stride_h + (query * p.q_stride_m).to(DType::I64);
+  Tile qPtrs = p.q + b64 * p.q_stride_b + (qRows.expand(1) + offsD.expand(0));
+  Tile q = k.DP == k.D ? load(qPtrs) : load(qPtrs, byD(rows >= 0));
+  Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
+  Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+
+  // The mods see the row's own head (a scalar when the program holds one head) and global positions.
+  Tile modHead = k.HP == 1 ? group : head.expand(1);
+  Tile qPos = (query + p.q_offset).expand(1);
+  Tile listRow = b * p.list_b_stride + group * p.list_h_stride;
+  const int64_t R = k.KVBS / k.BN;
+
+  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
+    Tile count = load(num + listRow);
+    Tile steps = count * R;
+    Tile share = (steps + splits - 1) / splits;
+    Tile begin = minimum(split * share, steps);
+    Tile end = minimum(begin + share, steps);
+    Tile listBase = listRow * p.list_kv_blocks;
+    auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+      Tile entry = t / R;
+      Tile block = load(indices + (listBase + entry), entry < count, 0);
+      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      Tile colLive = offsN < p.kv_len;
+      Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+      const bool exact = k.kvDivisible && k.DP == k.D;
+      Tile kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(colLive));
+      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+      Tile s = dot(q, kt.trans());
+      Tile kvPos = offsN.expand(0);
+      if (k.hasScoreMod)
+        s = scoreMod(s * p.scale, b, modHead, qPos, kvPos) * log2e;
+      else
+        s = s * p.scale;  // the host folded log2 e into the scale
+      if (partial) s = where(maskMod(b, modHead, qPos, kvPos), s, -INFINITY);
+      if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
+      Tile mNew = maximum(mi, max(s, 1));
+      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+      Tile pr = exp2(s - mSafe.expand(1));
+      Tile alpha = exp2(mi - mSafe);
+      Tile lNew = li * alpha + sum(pr, 1);
+      Tile aNew = dot(pr.to(dt), vt, ai * alpha.expand(1));
+      return std::tuple{mNew, lNew, aNew};
+    });
+    return std::tuple{m2, l2, acc2};
+  };
+
+  Tile m = full({k.BM}, -INFINITY, DType::F32);
+  Tile l = zeros({k.BM}, DType::F32);
+  Tile acc = zeros({k.BM, k.DP}, DType::F32);
+  if (k.hasFull) std::tie(m, l, acc) = walk(p.full_kv_num, p.full_kv_indices, false, m, l, acc);
+  if (k.hasPartial) std::tie(m, l, acc) = walk(p.kv_num, p.kv_indices, true, m, l, acc);
+
+  Tile empty = l == 0.0;
+  Tile out = acc / where(empty, 1.0, l).expand(1);
+  Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
+  if (k.split) {
+    Tile slot = rowId.to(DType::I64) * splits + split;
+    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), out, rowLive.expand(1));
+    store(p.part_lse + slot, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))), rowLive);
+    return;
+  }
+  Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
+  store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), out.to(dt), byD(rowLive));
+  if (k.hasLse) {
+    Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+    store(p.lse + rowId.to(DType::I64), lse, rowLive);
+  }
+}
+
+void traceMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
+  const auto k = constantsFrom<MergeConstants>(constants);
+  const auto p = declareParams<MergeParams>(f, dt);
+  Tile rows = program_id(0) * k.RM + arange(0, k.RM);
+  Tile live = rows < p.rows;
+  Tile row = minimum(rows, p.rows - 1).to(DType::I64);
+  Tile offsS = arange(0, k.SP);
+  Tile offsD = arange(0, k.DP);
+  Tile first = row * p.splits;  // [RM] the row's first partial
+
+  Tile lseAll = load(p.part_lse + (first.expand(1) + offsS.expand(0)), (offsS < p.splits).expand(0), -INFINITY);
+  Tile top = max(lseAll, 1);
+  Tile topSafe = where(top == -INFINITY, 0.0, top);
+  Tile weightSum = sum(exp2(lseAll - topSafe.expand(1)), 1);
+  Tile acc = for_range(0, p.splits, 1, zeros({k.RM, k.DP}, DType::F32), [&](Tile s, Tile a) {
+    Tile slot = first + s;
+    Tile w = exp2(load(p.part_lse + slot) - topSafe);
+    return a + w.expand(1) * load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)));
+  });
+  Tile empty = weightSum == 0.0;
+  Tile out = acc / where(empty, 1.0, weightSum).expand(1);
+  Tile row32 = minimum(rows, p.rows - 1);
+  Tile query = row32 % p.q_len, head = (row32 / p.q_len) % p.q_heads, b = row32 / (p.q_len * p.q_heads);
+  Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
+               (query * p.out_stride_m).to(DType::I64);
+  Tile mask = live.expand(1);
+  if (k.DP != k.D) mask = mask & (offsD < k.D).expand(0);
+  store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), mask);
+  if (k.hasLse)
+    store(p.lse + row, where(empty, -INFINITY, (topSafe + log2(where(empty, 1.0, weightSum))) * std::numbers::ln2),
+          live);
+}
+
+// ---- the block lists of the call's queries -------------------------------------
+
+// One list row per (b, h) of the mask, covering all of the call's queries.
+struct DecodeLists {
+  Tensor fullNum, fullIndices, partialNum, partialIndices;
+  int64_t batch = 1, heads = 1, numKvBlocks = 1;
+  int64_t maxLiveBlocks = 0;
+  bool anyFull = false, anyPartial = false;
+};
+
+// The union of the mask rows that hold queries [start, start + count) (global): a block is full
+// when every covering row lists it full, partial when any lists it (mask_mod then decides per pair).
+DecodeLists coveringRowLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space) {
+  const int64_t rowStart = mask.qOffset() - mask.qPhase();  // global position of row 0's first query
+  const int64_t r0 = (start - rowStart) / mask.qBlockSize();
+  const int64_t r1 = (start + count - 1 - rowStart) / mask.qBlockSize();
+  const int64_t B = mask.batch(), H = mask.heads(), nQ = mask.numQBlocks(), nKv = mask.numKvBlocks();
+  std::vector<int32_t> fullNum(size_t(B * H)), partialNum(size_t(B * H));
+  std::vector<int32_t> fullIdx(size_t(B * H * nKv), 0), partialIdx(size_t(B * H * nKv), 0);
+  DecodeLists lists;
+  lists.batch = B, lists.heads = H, lists.numKvBlocks = nKv;
+  std::vector<uint8_t> state(static_cast<size_t>(nKv));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      std::fill(state.begin(), state.end(), uint8_t(0));  // bit 0: listed by some row; bit 1: not full in some row
+      for (int64_t r = r0; r <= r1; ++r) {
+        std::vector<uint8_t> seen(size_t(nKv), 0);
+        for (int32_t j : mask.fullKvBlocks(b, h, r)) seen[size_t(j)] = 2;
+        for (int32_t j : mask.partialKvBlocks(b, h, r)) seen[size_t(j)] = 1;
+        for (int64_t j = 0; j < nKv; ++j) {
+          if (seen[size_t(j)]) state[size_t(j)] |= 1;
+          if (seen[size_t(j)] != 2) state[size_t(j)] |= 2;
+        }
+      }
+      const size_t row = size_t(b * H + h);
+      int32_t nf = 0, np = 0;
+      for (int64_t j = 0; j < nKv; ++j) {
+        if (!(state[size_t(j)] & 1)) continue;
+        if (state[size_t(j)] & 2) partialIdx[row * size_t(nKv) + size_t(np++)] = int32_t(j);
+        else fullIdx[row * size_t(nKv) + size_t(nf++)] = int32_t(j);
+      }
+      fullNum[row] = nf, partialNum[row] = np;
+      lists.maxLiveBlocks = std::max<int64_t>(lists.maxLiveBlocks, nf + np);
+      lists.anyFull |= nf > 0;
+      lists.anyPartial |= np > 0;
+    }
+  (void)nQ;
+  lists.fullNum = Tensor::fromHost(fullNum, {B, H}, space);
+  lists.partialNum = Tensor::fromHost(partialNum, {B, H}, space);
+  lists.fullIndices = Tensor::fromHost(fullIdx, {B, H, nKv}, space);
+  lists.partialIndices = Tensor::fromHost(partialIdx, {B, H, nKv}, space);
+  return lists;
+}
+
+// ---- host side ---------------------------------------------------------------
+
+// Grow-only f32 scratch for the partials, one per thread and memory space: a decode step must not
+// allocate (cuMemFree synchronizes). Reuse is safe because every launch of this thread goes to one
+// stream in order: the next call's split kernel cannot start before this call's merge has read.
+// Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
+// takes all its views before using any.
+Tensor partialScratch(MemorySpace space, int64_t offset, int64_t count) {
+  thread_local Tensor device, host;
+  Tensor& slot = space == MemorySpace::Device ? device : host;
+  const int64_t needed = offset + count;
+  if (!slot.defined() || slot.numel() < needed)
+    slot = Tensor::empty(DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
+  if (space == MemorySpace::Device)
+    return Tensor::deviceView(slot.deviceAddress() + uint64_t(offset) * 4, DType::F32, {count});
+  return Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, DType::F32, {count});
+}
+
+struct DecodePrepared {
+  int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
+  DType dtype;
+  MemorySpace space;
+  FlexDecodeConfig config;
+  double scale;
+  bool hasScoreMod;
+  const BlockMask* mask;
+  std::optional<BlockMask> ownedMask;
+  DecodeLists lists;
+};
+
+DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+  const char* me = "flex_attention (decode)";
+  auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
+  detail::checkAttentionInputs(q, k, v, scoreMod);
+  DecodePrepared p{};
+  p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = k.size(1), p.S = k.size(2);
+  p.dtype = q.dtype();
+  p.space = q.space();
+  if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
+  p.G = p.Hq / p.Hkv;
+
+  const int capability = detail::defaultsCapability(p.space, std::nullopt);
+  if (blockMask) {
+    p.mask = &*blockMask;
+  } else {
+    p.ownedMask = detail::denseBlockMask(p.L, p.S, {128, 128});
+    p.mask = &*p.ownedMask;
+  }
+  const BlockMask& mask = *p.mask;
+  if (options.query_offset) {
+    // A mask pre-built for more queries: q's rows are [query_offset, query_offset + L) of its positions.
+    const int64_t first = mask.qOffset(), end = mask.qOffset() + mask.qLen();
+    if (*options.query_offset < first || *options.query_offset + p.L > end)
+      fail("queries [" + std::to_string(*options.query_offset) + ", " + std::to_string(*options.query_offset + p.L) +
+           ") (query_offset " + std::to_string(*options.query_offset) + ", L " + std::to_string(p.L) +
+           ") lie outside the BlockMask's queries [" + std::to_string(first) + ", " + std::to_string(end) +
+           "): " + mask.describe());
+    mask.checkInputs(p.B, p.Hq, mask.qLen(), p.S);
+    p.queryStart = *options.query_offset;
+  } else {
+    mask.checkInputs(p.B, p.Hq, p.L, p.S);
+    p.queryStart = mask.qOffset();
+  }
+  if (mask.maskMod().captureSpace() && *mask.maskMod().captureSpace() != p.space)
+    fail("mask_mod '" + mask.maskMod().name() + "' captures tensors in the other memory space");
+
+  // Heads per program: the whole GQA group when the mask is the same for all heads, else one head
+  // (each head then walks its own list); never more than 128 rows.
+  p.HP = mask.heads() > 1 ? 1 : p.G;
+  while (p.HP > 1 && p.HP * p.L > 128) p.HP /= 2;
+  while (p.G % p.HP != 0) --p.HP;
+  p.BM = 16;
+  while (p.BM < p.HP * p.L) p.BM *= 2;
+
+  p.config = options.decode_config ? *options.decode_config
+                                   : defaultFlexDecodeConfig(p.dtype, p.D, capability, p.BM);
+  FlexDecodeConfig& c = p.config;
+  c.block_n = std::min(c.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+  if (auto why = detail::configProblem({p.BM, c.block_n, c.num_warps, c.num_stages}, nullptr))
+    fail("config " + c.describe() + ": " + *why);
+  if (mask.kvBlockSize() % c.block_n != 0)
+    fail("config " + c.describe() + ": BLOCK_N must divide the BlockMask's KV_BLOCK_SIZE (" +
+         std::to_string(mask.kvBlockSize()) + ")");
+  if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
+
+  p.lists = coveringRowLists(mask, p.queryStart, p.L, p.space);
+  if (c.splits == 0) {
+    const int sms = p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
+    c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n), sms);
+  }
+  p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
+  if (!std::isfinite(p.scale) || p.scale == 0)
+    fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
+  p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
+  return p;
+}
+
+DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
+  return DecodeConstants{p.BM,
+                         p.config.block_n,
+                         p.D,
+                         detail::paddedHeadDim(p.D),
+                         p.G,
+                         p.HP,
+                         p.L,
+                         p.mask->kvBlockSize(),
+                         p.hasScoreMod,
+                         hasLse,
+                         p.S % p.mask->kvBlockSize() == 0,
+                         p.lists.anyFull,
+                         p.lists.anyPartial,
+                         p.config.splits > 1};
+}
+
+std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype) {
+  char key[96];
+  std::snprintf(key, sizeof key, "flex_decode/%p/%s", static_cast<const void*>(&scoreMod.state()),
+                std::string(ir::dtypeName(dtype)).c_str());
+  return key;
+}
+
+Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {
+  const MaskMod& maskMod = p.mask->maskMod();
+  const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
+  const DType dt = p.dtype;
+  return maskMod.state().kernel(decodeKernelKey(sm, dt), [&] {
+    return Kernel(detail::kernelName("flex_decode_" + sm.name() + "_" + maskMod.name()),
+                  [dt, sm, held = maskMod.detached()](ir::Function& f, const std::vector<int64_t>& c) {
+                    traceDecode(f, c, dt, sm, held);
+                  },
+                  constantCount<DecodeConstants>());
+  });
+}
+
+// The merge kernel depends on the dtype only: one per process and dtype.
+Kernel& mergeKernel(DType dt) {
+  static std::mutex mutex;
+  static std::map<DType, std::unique_ptr<Kernel>> kernels;
+  std::lock_guard lock(mutex);
+  auto& slot = kernels[dt];
+  if (!slot)
+    slot = std::make_unique<Kernel>(std::string("flex_decode_merge_") + std::string(ir::dtypeName(dt)),
+                                    [dt](ir::Function& f, const std::vector<int64_t>& c) { traceMerge(f, c, dt); },
+                                    constantCount<MergeConstants>());
+  return *slot;
+}
+
+constexpr int64_t kMergeRows = 8;
+
+std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& out, const Tensor* lse) {
+  const FlexDecodeConfig& c = p.config;
+  const DecodeConstants constants = decodeConstants(p, lse != nullptr);
+  const int64_t DP = constants.DP;
+  const int64_t rows = p.B * p.Hq * p.L;
+  const bool split = constants.split;
+  Tensor partOut, partLse;
+  if (split) {
+    const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
+    partLse = partialScratch(p.space, outElems, lseElems);  // the far end first: it sizes the buffer
+    partOut = partialScratch(p.space, 0, outElems);
+  }
+  const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
+  Kernel& kernel = decodeKernel(p, scoreMod);
+  LaunchOptions lo;
+  lo.grid = {c.splits, p.Hq / p.HP, p.B};
+  lo.constants = constantList(constants);
+  lo.num_warps = c.num_warps;
+  lo.num_stages = c.num_stages;
+  const auto& qs = q.strides();
+  const auto& ks = k.strides();
+  const auto& vs = v.strides();
+  const auto& os = out.strides();
+  const DecodeLists& lists = p.lists;
+  const double scale = p.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
+  std::vector<Launch> result;
+  result.push_back(
+      {&kernel, lo,
+       bindParams<DecodeParams>(
+           {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
+            .part_lse = split ? partLse : anyF32, .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
+            .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
+            .list_b_stride = lists.batch > 1 ? lists.heads : 0, .list_h_stride = lists.heads > 1 ? 1 : 0,
+            .list_kv_blocks = lists.numKvBlocks, .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
+            .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1],
+            .k_stride_n = ks[2], .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
+            .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale},
+           kernel.name())});
+  if (split) {
+    Kernel& merge = mergeKernel(p.dtype);
+    int64_t SP = 1;
+    while (SP < c.splits) SP *= 2;
+    LaunchOptions mo;
+    mo.grid = {cdiv(rows, kMergeRows), 1, 1};
+    mo.constants = constantList(MergeConstants{kMergeRows, SP, p.D, DP, lse != nullptr});
+    mo.num_warps = 2;
+    mo.num_stages = 1;
+    result.push_back({&merge, mo,
+                      bindParams<MergeParams>({.part_out = partOut, .part_lse = partLse, .out = out,
+                                               .lse = lse ? *lse : partLse, .rows = rows, .splits = c.splits,
+                                               .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0],
+                                               .out_stride_h = os[1], .out_stride_m = os[2]},
+                                              merge.name())});
+  }
+  return result;
+}
+
+}  // namespace
+
+namespace detail {
+
+// flex_attention_into's decode path (outputs already checked by the caller).
+void flexDecodeInto(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                    const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
+                    const FlexAttentionOptions& options) {
+  const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
+  runInOrder(launches(p, scoreMod, q, k, v, out, lse), p.space);
+}
+
+}  // namespace detail
+
+FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                                const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+  const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
+  FlexDecodePlan plan;
+  plan.config = p.config;
+  plan.headsPerProgram = p.HP;
+  plan.rowsPerProgram = p.BM;
+  Tensor out = Tensor::empty(q.dtype(), q.shape(), q.space());
+  for (const Launch& l : launches(p, scoreMod, q, k, v, out, nullptr)) plan.kernelNames.push_back(l.kernel->name());
+  Kernel& kernel = decodeKernel(p, scoreMod);
+  const DecodeConstants constants = decodeConstants(p, false);
+  plan.traced = &kernel.cachedTrace(TraceOptions{constantList(constants), p.config.num_warps, p.config.num_stages});
+  return plan;
+}
+
+}  // namespace flextile::attention

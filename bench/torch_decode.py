@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""PyTorch FlexAttention (compiled; its FlexDecoding kernel for one query) and SDPA on the decode
+shapes of bench/attention_decode.cpp, in the same run on the same GPU: TB/s of K and V read (the
+live blocks' bytes for a sliding window) and microseconds per call, median of many calls.
+
+  python3 bench/torch_decode.py [--json out.json]
+"""
+import argparse, json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def median_ms(fn, iters=50, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask
+    ("decode", 8, 32, 8, 32768, 1, 0, False),
+    ("decode_causal", 8, 32, 8, 32768, 1, 0, True),
+    ("decode_window4096", 8, 32, 8, 32768, 1, 4096, False),
+    ("decode_b1", 1, 32, 8, 32768, 1, 0, False),
+    ("decode_s2048", 8, 32, 8, 2048, 1, 0, False),
+    ("decode_b1_s2048", 1, 32, 8, 2048, 1, 0, False),
+    ("decode_l4", 8, 32, 8, 32768, 4, 0, False),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    dev, dt, D = "cuda", torch.bfloat16, 128
+    torch.manual_seed(0)
+    flex = torch.compile(flex_attention, dynamic=False)
+    results = []
+    for name, B, Hq, Hkv, S, L, window, causal in SHAPES:
+        q = torch.randn(B, Hq, L, D, device=dev, dtype=dt)
+        k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=dt) for _ in range(2))
+        pos = S - L
+        bm, keys = None, S
+        if window or causal:
+            def mm(b, h, qi, kv):
+                ok = (qi + pos) >= kv
+                return ok & ((qi + pos) - kv < window) if window else ok
+            bm = create_block_mask(mm, None, None, L, S, device=dev)
+            if window:  # the blocks a window reads: its 128-key blocks, clamped to S
+                first = max(0, (pos - window + 1) // 128) * 128
+                keys = min(S, (pos // 128 + 1) * 128) - first
+        kv_bytes = 2 * B * Hkv * keys * D * k.element_size()
+        r = {"variant": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "L": L}
+        try:
+            ms = median_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True))
+            r.update(flex_us=ms * 1e3, flex_tbps=kv_bytes / ms / 1e9)
+        except Exception as ex:
+            r.update(flex_error=repr(ex)[:200])
+        if not window:
+            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+            r.update(sdpa_us=ms * 1e3, sdpa_tbps=kv_bytes / ms / 1e9)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+        del q, k, v
+        torch.cuda.empty_cache()
+    print("\n%-18s %10s %10s %10s %10s" % ("shape", "flex us", "flex TB/s", "sdpa us", "sdpa TB/s"))
+    for r in results:
+        print("%-18s %10.1f %10.2f %10s %10s" % (r["variant"], r.get("flex_us", float("nan")), r.get("flex_tbps", float("nan")),
+              "%.1f" % r["sdpa_us"] if "sdpa_us" in r else "-", "%.2f" % r["sdpa_tbps"] if "sdpa_tbps" in r else "-"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

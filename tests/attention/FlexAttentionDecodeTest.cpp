@@ -1,0 +1,144 @@
+// The decode template through the IR interpreter (host tensors) against the float64 reference and
+// against the prefill template: every registered variant, 1 to 16 queries per head, GQA 1:1, 4:1,
+// 8:1 and MQA, KV lengths around the blocks, queries addressed inside a pre-built mask, one split
+// and several, per-head masks, fully masked rows, and the errors of bad offsets.
+#include <gtest/gtest.h>
+
+#include "FlexAttentionDecodeCheck.h"
+#include "MaskTestUtil.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+using dsl::Tile;
+
+namespace {
+constexpr MemorySpace kHost = MemorySpace::Host;
+constexpr BlockSizes kBlocks{32, 32};
+}  // namespace
+
+TEST(FlexDecode, EveryVariantMatchesTheReferenceAndThePrefillTemplate) {
+  SeededRandom rng;
+  const std::vector<AttentionCase> cases = {
+      {.B = 1, .Hq = 2, .Hkv = 2, .L = 1, .S = 1, .D = 64, .dtype = DType::BF16},
+      {.B = 2, .Hq = 4, .Hkv = 1, .L = 2, .S = 127, .D = 64, .dtype = DType::F16},
+      {.B = 1, .Hq = 8, .Hkv = 2, .L = 5, .S = 129, .D = 64, .dtype = DType::BF16},
+      {.B = 1, .Hq = 4, .Hkv = 4, .L = 1, .S = 200, .D = 96, .dtype = DType::BF16},
+  };
+  for (const Variant& v : variants())
+    for (const AttentionCase& c : cases)
+      if (!checkDecodeVariant(rng, v, c, kHost)) return;
+}
+
+TEST(FlexDecode, SixteenQueriesOfAnEightHeadGroupFillOneProgram) {
+  SeededRandom rng;
+  AttentionCase c{.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 70, .D = 64, .dtype = DType::F32};
+  for (const char* name : {"causal", "sliding_window", "alibi"})
+    if (!checkDecodeVariant(rng, variant(name), c, kHost, {.splits = {0, 2}})) return;
+  // 8 heads x 16 queries = 128 rows in one program.
+  Tensor q = Tensor::empty(DType::F32, {1, 8, 16, 64}, kHost), k = Tensor::empty(DType::F32, {1, 1, 70, 64}, kHost);
+  FlexDecodePlan plan = plan_flex_decode(q, k, k, noop_score(), std::nullopt, {});
+  EXPECT_EQ(plan.headsPerProgram, 8);
+  EXPECT_EQ(plan.rowsPerProgram, 128);
+}
+
+TEST(FlexDecode, PerHeadMasksWalkEachHeadsOwnList) {
+  SeededRandom rng;
+  const std::vector<int64_t> windows = {3, 20, 45, 300};
+  const int64_t S = 150, L = 3, pos = 140;
+  BlockMask mask = slidingWindowBlockMask(1, 4, S + L, S, windows, kBlocks, kHost);
+  AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = L, .S = S, .D = 64, .dtype = DType::BF16};
+  Tensor q = randomTensor(rng, c.dtype, {2, 4, L, 64}, kHost);
+  Tensor k = randomTensor(rng, c.dtype, {2, 2, S, 64}, kHost), v = randomTensor(rng, c.dtype, {2, 2, S, 64}, kHost);
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow(windows), 0.125, pos);
+  for (int64_t splits : {0, 1, 4}) {
+    Tensor out = Tensor::empty(c.dtype, q.shape(), kHost), lse = Tensor::empty(DType::F32, {2, 4, L}, kHost);
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), mask, out, &lse,
+                        {.decode_config = FlexDecodeConfig{.splits = splits}, .query_offset = pos});
+    if (!compareWithReference(out, lse, ref, 64, c.dtype)) return;
+  }
+  Tensor q1 = Tensor::empty(DType::BF16, {1, 4, 1, 64}, kHost), k1 = Tensor::empty(DType::BF16, {1, 2, S, 64}, kHost);
+  EXPECT_EQ(plan_flex_decode(q1, k1, k1, noop_score(), mask, {.query_offset = 10}).headsPerProgram, 1);
+}
+
+TEST(FlexDecode, FullyMaskedQueriesGiveZeroAndMinusInfinity) {
+  SeededRandom rng;
+  MaskMod oddQueriesBlind("odd_queries_blind",
+                          [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q % 2 == 0) & (kv <= q); });
+  RefMaskFn ref = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 2 == 0 && kv <= q; };
+  const int64_t S = 90, L = 4;
+  BlockMask mask = createBlockMask(oddQueriesBlind, 1, 1, S + L, S, kBlocks, kHost);
+  BlockMask none = createBlockMask(or_masks(std::vector<MaskMod>{}), 1, 1, S + L, S, kBlocks, kHost);
+  Tensor q = randomTensor(rng, DType::F16, {1, 4, L, 64}, kHost);
+  Tensor k = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost), v = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost);
+  for (auto [m, r] : {std::pair{&mask, ref}, std::pair{&none, RefMaskFn([](int64_t, int64_t, int64_t, int64_t) {
+                                                    return false;
+                                                  })}})
+    for (int64_t pos : {int64_t(0), int64_t(43), S})
+      for (int64_t splits : {1, 3}) {
+        SCOPED_TRACE(m->maskMod().name() + " at " + std::to_string(pos) + " splits " + std::to_string(splits));
+        const ReferenceResult want = referenceAttention(q, k, v, nullptr, r, 0.125, pos);
+        Tensor out = Tensor::empty(DType::F16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {1, 4, L}, kHost);
+        poison(out);
+        poison(lse);
+        flex_attention_into(q, k, v, noop_score(), *m, out, &lse,
+                            {.decode_config = FlexDecodeConfig{.splits = splits}, .query_offset = pos});
+        if (!compareWithReference(out, lse, want, 64, DType::F16)) return;
+      }
+}
+
+TEST(FlexDecode, SmallQueryCountsPickTheDecodeTemplateByThemselves) {
+  SeededRandom rng;
+  MaskMod fresh("fresh_causal", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return kv <= q; });
+  const int64_t S = 64;
+  BlockMask mask = createBlockMask(fresh, 1, 1, S, S, kBlocks, kHost);
+  BlockMask decodeRow = mask.sliceRows(1, 1, 40, 1);
+  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 1, 64}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {1, 2, S, 64}, kHost), v = randomTensor(rng, DType::BF16, {1, 2, S, 64}, kHost);
+  FlexAttentionResult r = flex_attention(q, k, v, noop_score(), decodeRow, {.return_lse = true});
+  EXPECT_EQ(cachedForwardKernel(fresh, noop_score(), DType::BF16), nullptr) << "L = 1 ran the prefill template";
+  compareWithReference(r.out, r.lse, referenceAttention(q, k, v, nullptr, refCausal(), 0.125, 40), 64, DType::BF16);
+  // An explicit prefill config, or kernel = Prefill, runs the prefill template.
+  flex_attention(q, k, v, noop_score(), decodeRow, {.config = FlexAttentionConfig{32, 32, 4, 2}});
+  EXPECT_NE(cachedForwardKernel(fresh, noop_score(), DType::BF16), nullptr);
+}
+
+TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
+  const int64_t S = 100;
+  BlockMask mask = causalBlockMask(1, 1, S, S, kBlocks, kHost);
+  Tensor q = Tensor::zeros(DType::BF16, {1, 2, 3, 64}, kHost), k = Tensor::zeros(DType::BF16, {1, 2, S, 64}, kHost);
+  Tensor q1 = Tensor::zeros(DType::BF16, {1, 2, 1, 64}, kHost);
+  expectError([&] { flex_attention(q, k, k, noop_score(), mask, {.query_offset = 98}); },
+              {"queries [98, 101)", "outside the BlockMask's queries [0, 100)"});
+  expectError([&] { flex_attention(q, k, k, noop_score(), mask, {.query_offset = -1}); }, {"queries [-1, 2)"});
+  // Without an offset the mask must have q's length: never a silent crop.
+  expectError([&] { flex_attention(q1, k, k, noop_score(), mask); }, {"Q_LEN=100", "build a mask for these lengths"});
+  // A mask for fewer keys than the cache holds.
+  Tensor k2 = Tensor::zeros(DType::BF16, {1, 2, S + 1, 64}, kHost);
+  expectError([&] { flex_attention(q1, k2, k2, noop_score(), mask, {.query_offset = 5}); }, {"KV_LEN=101"});
+  expectError([&] { flex_attention(q, k, k, noop_score(), mask, {.kernel = AttentionTemplate::Prefill, .query_offset = 5}); },
+              {"query_offset is taken by the decode template only"});
+  expectError([&] {
+    flex_attention(q1, k, k, noop_score(), mask, {.decode_config = FlexDecodeConfig{.block_n = 24}, .query_offset = 5});
+  }, {"BLOCK_M and BLOCK_N must be powers of two"});
+  Tensor q200 = Tensor::zeros(DType::BF16, {1, 2, 200, 64}, kHost), k200 = Tensor::zeros(DType::BF16, {1, 2, 200, 64}, kHost);
+  expectError([&] { flex_attention(q200, k200, k200, noop_score(), std::nullopt, {.kernel = AttentionTemplate::Decode}); },
+              {"at most 128 queries per head, got L = 200"});
+}
+
+TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
+  // A sliding window of 4 blocks in a KV of 256 blocks: splits are chosen from the 4 live blocks.
+  EXPECT_EQ(decodeSplitCount(64, 4 * 2, 132), 2);
+  EXPECT_EQ(decodeSplitCount(64, 256 * 2, 132), 9);
+  EXPECT_EQ(decodeSplitCount(64, 0, 132), 1);
+  EXPECT_EQ(decodeSplitCount(64, 512, 0), 1);  // the interpreter: one split
+  EXPECT_EQ(decodeSplitCount(1, 1 << 20, 132), 128);
+}
