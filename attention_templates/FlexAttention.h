@@ -247,8 +247,11 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, con
 // program holds (query heads per program x queries).
 FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram);
 // Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
-// steps, on a GPU of `multiprocessors` SMs (0: the interpreter, one split).
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors);
+// steps (live blocks x KV_BLOCK_SIZE / BLOCK_N: the BlockMask's counts, never the raw KV length),
+// on a GPU of `multiprocessors` SMs (0: the interpreter, one split), for programs whose K/V ring
+// takes `programSharedBytes`: the count whose waves x steps per program is least.
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors,
+                         int64_t programSharedBytes, int64_t paddedHeadDim);
 
 // What the decode template would run for these inputs (names, the split count, the configs), for
 // tests, tools and the docs; nothing is launched.

@@ -37,24 +37,37 @@ std::string FlexDecodeConfig::describe() const {
 }
 
 FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram) {
-  FlexDecodeConfig c;
-  if (headDim > 128 || ir::byteWidth(dtype) == 4) c.block_n = 32;
-  // Warps beyond BM / 16 compute the same rows again (the chained-dot warp split puts warps along
-  // M only); they still issue loads, which is what a decode program is waiting on.
-  c.num_warps = 4;
-  c.num_stages = capability >= 80 ? 3 : 2;
   (void)rowsPerProgram;
-  return c;
+  // A decode program waits on its K/V loads: what matters is bytes in flight per SM. Warps beyond
+  // BM / 16 compute the same rows again (the chained-dot warp split puts warps along M only) but
+  // issue their share of the loads.
+  if (headDim > 128 || ir::byteWidth(dtype) == 4) return {32, 4, 2, 0};
+  // The H200 sweep (bench/RESULTS.md, 2026-12-01; B=8 Hq=32 Hkv=8 S=32768 D=128): 128-key steps on
+  // two warpgroups with two stages in flight led (one 128 KB ring per SM).
+  if (capability >= 90) return {128, 8, 2, 0};
+  return {64, 4, 2, 0};
 }
 
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors) {
-  if (multiprocessors <= 0 || liveSteps <= 1) return 1;
-  // Enough programs for a few per SM; no split shorter than kMinStepsPerSplit inner steps, whose
-  // partials and merge would cost more than they spread.
-  constexpr int64_t kProgramsPerSm = 4, kMinStepsPerSplit = 4, kMaxSplits = 128;
-  const int64_t wanted = cdiv(int64_t(multiprocessors) * kProgramsPerSm, std::max<int64_t>(1, programsPerSplit));
-  const int64_t longest = std::max<int64_t>(1, liveSteps / kMinStepsPerSplit);
-  return std::clamp<int64_t>(std::min(wanted, longest), 1, kMaxSplits);
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programSharedBytes,
+                         int64_t paddedHeadDim) {
+  if (multiprocessors <= 0 || liveSteps <= 1 || programsPerSplit < 1) return 1;
+  // Programs resident per SM, from the K/V ring's shared memory (the rest of a decode program is
+  // small); the merge's [splits, D] tile bounds the count from above.
+  constexpr int64_t kSharedPerSm = 227 * 1024, kMergeTileElements = 16384, kMinStepsPerSplit = 4;
+  const int64_t resident = std::clamp<int64_t>(kSharedPerSm / std::max<int64_t>(1, programSharedBytes), 1, 8);
+  const int64_t slots = int64_t(multiprocessors) * resident;
+  const int64_t most = std::clamp<int64_t>(std::min(liveSteps / kMinStepsPerSplit, kMergeTileElements / paddedHeadDim),
+                                           1, 128);
+  // The time of a grid is about its waves times the steps of one program; a split more costs its
+  // partials and merge, so ties (within 3 %) go to fewer splits.
+  int64_t best = 1;
+  double bestCost = INFINITY;
+  for (int64_t s = 1; s <= most; ++s) {
+    const double waves = double(cdiv(programsPerSplit * s, slots));
+    const double cost = waves * double(cdiv(liveSteps, s)) * (1.0 + 0.002 * double(s));
+    if (cost < bestCost * 0.97) best = s, bestCost = cost;
+  }
+  return best;
 }
 
 namespace {
@@ -66,7 +79,8 @@ struct DecodeParams {
   BOOST_HANA_DEFINE_STRUCT(DecodeParams, (P<Data>, q), (P<Data>, k), (P<Data>, v), (P<Data>, out), (P<F32Ptr>, lse),
                            (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<I32Ptr>, kv_num),
                            (P<I32Ptr>, kv_indices), (P<I32Ptr>, full_kv_num), (P<I32Ptr>, full_kv_indices),
-                           (P<I32>, list_b_stride), (P<I32>, list_h_stride), (P<I32>, list_kv_blocks),
+                           (P<I32>, list_b_stride), (P<I32>, list_h_stride), (P<I32>, list_row),
+                           (P<I32>, list_kv_blocks),
                            (P<I32>, q_len), (P<I32>, kv_len), (P<I32>, q_offset), (P<I32>, q_stride_b),
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
@@ -83,13 +97,12 @@ struct DecodeConstants {
 template <template <class> class P>
 struct MergeParams {
   BOOST_HANA_DEFINE_STRUCT(MergeParams, (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<Data>, out),
-                           (P<F32Ptr>, lse), (P<I32>, rows), (P<I32>, splits), (P<I32>, q_len), (P<I32>, q_heads),
+                           (P<F32Ptr>, lse), (P<I32>, splits), (P<I32>, q_len), (P<I32>, q_heads),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m));
 };
 
 struct MergeConstants {
-  BOOST_HANA_DEFINE_STRUCT(MergeConstants, (int64_t, RM), (int64_t, SP), (int64_t, D), (int64_t, DP),
-                           (int64_t, hasLse));
+  BOOST_HANA_DEFINE_STRUCT(MergeConstants, (int64_t, SP), (int64_t, D), (int64_t, DP), (int64_t, hasLse));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -127,7 +140,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // The mods see the row's own head (a scalar when the program holds one head) and global positions.
   Tile modHead = k.HP == 1 ? group : head.expand(1);
   Tile qPos = (query + p.q_offset).expand(1);
-  Tile listRow = b * p.list_b_stride + group * p.list_h_stride;
+  Tile listRow = b * p.list_b_stride + group * p.list_h_stride + p.list_row;
   const int64_t R = k.KVBS / k.BN;
 
   auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
@@ -192,45 +205,70 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
 void traceMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
   const auto k = constantsFrom<MergeConstants>(constants);
   const auto p = declareParams<MergeParams>(f, dt);
-  Tile rows = program_id(0) * k.RM + arange(0, k.RM);
-  Tile live = rows < p.rows;
-  Tile row = minimum(rows, p.rows - 1).to(DType::I64);
+  // One program per query row: all of its partials in one [SP, DP] tile, so the merge waits on one
+  // round of loads rather than one per split.
+  Tile row = program_id(0);
   Tile offsS = arange(0, k.SP);
   Tile offsD = arange(0, k.DP);
-  Tile first = row * p.splits;  // [RM] the row's first partial
-
-  Tile lseAll = load(p.part_lse + (first.expand(1) + offsS.expand(0)), (offsS < p.splits).expand(0), -INFINITY);
-  Tile top = max(lseAll, 1);
+  Tile slot = row.to(DType::I64) * p.splits + offsS;
+  Tile splitLive = offsS < p.splits;
+  Tile lse = load(p.part_lse + slot, splitLive, -INFINITY);
+  Tile top = max(lse, 0);
   Tile topSafe = where(top == -INFINITY, 0.0, top);
-  Tile weightSum = sum(exp2(lseAll - topSafe.expand(1)), 1);
-  Tile acc = for_range(0, p.splits, 1, zeros({k.RM, k.DP}, DType::F32), [&](Tile s, Tile a) {
-    Tile slot = first + s;
-    Tile w = exp2(load(p.part_lse + slot) - topSafe);
-    return a + w.expand(1) * load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)));
-  });
+  Tile w = exp2(lse - topSafe);
+  Tile weightSum = sum(w, 0);
+  Tile parts = load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), splitLive.expand(1), 0.0);
+  Tile acc = sum(parts * w.expand(1), 0);
   Tile empty = weightSum == 0.0;
-  Tile out = acc / where(empty, 1.0, weightSum).expand(1);
-  Tile row32 = minimum(rows, p.rows - 1);
-  Tile query = row32 % p.q_len, head = (row32 / p.q_len) % p.q_heads, b = row32 / (p.q_len * p.q_heads);
-  Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
+  Tile out = acc / where(empty, 1.0, weightSum);
+  Tile query = row % p.q_len, head = (row / p.q_len) % p.q_heads, b = row / (p.q_len * p.q_heads);
+  Tile oBase = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
                (query * p.out_stride_m).to(DType::I64);
-  Tile mask = live.expand(1);
-  if (k.DP != k.D) mask = mask & (offsD < k.D).expand(0);
-  store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), mask);
+  if (k.DP != k.D)
+    store(p.out + (oBase + offsD), out.to(dt), offsD < k.D);
+  else
+    store(p.out + (oBase + offsD), out.to(dt));
   if (k.hasLse)
-    store(p.lse + row, where(empty, -INFINITY, (topSafe + log2(where(empty, 1.0, weightSum))) * std::numbers::ln2),
-          live);
+    store(p.lse + row.to(DType::I64),
+          where(empty, -INFINITY, (topSafe + log2(where(empty, 1.0, weightSum))) * std::numbers::ln2));
 }
 
 // ---- the block lists of the call's queries -------------------------------------
 
-// One list row per (b, h) of the mask, covering all of the call's queries.
+// One list row per (b, h) of the mask, covering all of the call's queries: row (b, h) of the lists
+// is at b * bStride + h * hStride + row (in list rows of numKvBlocks entries).
 struct DecodeLists {
   Tensor fullNum, fullIndices, partialNum, partialIndices;
-  int64_t batch = 1, heads = 1, numKvBlocks = 1;
-  int64_t maxLiveBlocks = 0;
+  int64_t bStride = 0, hStride = 0, row = 0, numKvBlocks = 1;
+  int64_t maxLiveBlocks = 0;  // of any (b, h) row, full + partial
   bool anyFull = false, anyPartial = false;
 };
+
+// The mask row that holds the queries [start, start + count) (global), or -1 when they straddle two.
+int64_t onlyRow(const BlockMask& mask, int64_t start, int64_t count) {
+  const int64_t rowStart = mask.qOffset() - mask.qPhase();  // global position of row 0's first query
+  const int64_t r0 = (start - rowStart) / mask.qBlockSize(), r1 = (start + count - 1 - rowStart) / mask.qBlockSize();
+  return r0 == r1 ? r0 : -1;
+}
+
+// The mask's own lists at one row: nothing is built or uploaded (the mask keeps its tensors).
+DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) {
+  const BlockMaskTensors& t = mask.tensors(space);
+  DecodeLists lists{t.fullKvNum, t.fullKvIndices, t.kvNum, t.kvIndices};
+  const int64_t nQ = mask.numQBlocks();
+  lists.bStride = mask.batch() > 1 ? mask.heads() * nQ : 0;
+  lists.hStride = mask.heads() > 1 ? nQ : 0;
+  lists.row = row;
+  lists.numKvBlocks = mask.numKvBlocks();
+  for (int64_t b = 0; b < mask.batch(); ++b)
+    for (int64_t h = 0; h < mask.heads(); ++h) {
+      const int64_t nf = int64_t(mask.fullKvBlocks(b, h, row).size()), np = int64_t(mask.partialKvBlocks(b, h, row).size());
+      lists.maxLiveBlocks = std::max(lists.maxLiveBlocks, nf + np);
+      lists.anyFull |= nf > 0;
+      lists.anyPartial |= np > 0;
+    }
+  return lists;
+}
 
 // The union of the mask rows that hold queries [start, start + count) (global): a block is full
 // when every covering row lists it full, partial when any lists it (mask_mod then decides per pair).
@@ -242,7 +280,7 @@ DecodeLists coveringRowLists(const BlockMask& mask, int64_t start, int64_t count
   std::vector<int32_t> fullNum(size_t(B * H)), partialNum(size_t(B * H));
   std::vector<int32_t> fullIdx(size_t(B * H * nKv), 0), partialIdx(size_t(B * H * nKv), 0);
   DecodeLists lists;
-  lists.batch = B, lists.heads = H, lists.numKvBlocks = nKv;
+  lists.bStride = B > 1 ? H : 0, lists.hStride = H > 1 ? 1 : 0, lists.numKvBlocks = nKv;
   std::vector<uint8_t> state(static_cast<size_t>(nKv));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
@@ -362,10 +400,14 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
          std::to_string(mask.kvBlockSize()) + ")");
   if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
 
-  p.lists = coveringRowLists(mask, p.queryStart, p.L, p.space);
+  const int64_t row = onlyRow(mask, p.queryStart, p.L);
+  p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : coveringRowLists(mask, p.queryStart, p.L, p.space);
   if (c.splits == 0) {
     const int sms = p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
-    c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n), sms);
+    const int64_t programBytes = int64_t(c.num_stages) * 2 * c.block_n * detail::paddedHeadDim(p.D) *
+                                 ir::byteWidth(p.dtype);
+    c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
+                                sms, programBytes, detail::paddedHeadDim(p.D));
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)
@@ -424,8 +466,6 @@ Kernel& mergeKernel(DType dt) {
   return *slot;
 }
 
-constexpr int64_t kMergeRows = 8;
-
 std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor* lse) {
   const FlexDecodeConfig& c = p.config;
@@ -459,7 +499,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
            {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
             .part_lse = split ? partLse : anyF32, .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
-            .list_b_stride = lists.batch > 1 ? lists.heads : 0, .list_h_stride = lists.heads > 1 ? 1 : 0,
+            .list_b_stride = lists.bStride, .list_h_stride = lists.hStride, .list_row = lists.row,
             .list_kv_blocks = lists.numKvBlocks, .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
             .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1],
             .k_stride_n = ks[2], .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
@@ -470,13 +510,13 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
     int64_t SP = 1;
     while (SP < c.splits) SP *= 2;
     LaunchOptions mo;
-    mo.grid = {cdiv(rows, kMergeRows), 1, 1};
-    mo.constants = constantList(MergeConstants{kMergeRows, SP, p.D, DP, lse != nullptr});
-    mo.num_warps = 2;
+    mo.grid = {rows, 1, 1};
+    mo.constants = constantList(MergeConstants{SP, p.D, DP, lse != nullptr});
+    mo.num_warps = 4;
     mo.num_stages = 1;
     result.push_back({&merge, mo,
                       bindParams<MergeParams>({.part_out = partOut, .part_lse = partLse, .out = out,
-                                               .lse = lse ? *lse : partLse, .rows = rows, .splits = c.splits,
+                                               .lse = lse ? *lse : partLse, .splits = c.splits,
                                                .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0],
                                                .out_stride_h = os[1], .out_stride_m = os[2]},
                                               merge.name())});

@@ -135,10 +135,18 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
 }
 
 TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
-  // A sliding window of 4 blocks in a KV of 256 blocks: splits are chosen from the 4 live blocks.
-  EXPECT_EQ(decodeSplitCount(64, 4 * 2, 132), 2);
-  EXPECT_EQ(decodeSplitCount(64, 256 * 2, 132), 9);
-  EXPECT_EQ(decodeSplitCount(64, 0, 132), 1);
-  EXPECT_EQ(decodeSplitCount(64, 512, 0), 1);  // the interpreter: one split
-  EXPECT_EQ(decodeSplitCount(1, 1 << 20, 132), 128);
+  const int64_t ring = 128 * 1024, dp = 128;  // one program per SM
+  // 64 programs on 132 SMs over 256 steps: two splits fill one wave.
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, ring, dp), 2);
+  // A sliding window of 33 live blocks in a KV of 256: the split follows the 33.
+  EXPECT_EQ(decodeSplitCount(64, 33, 132, ring, dp), 2);
+  EXPECT_EQ(decodeSplitCount(64, 7, 132, ring, dp), 1);  // too short to split
+  EXPECT_EQ(decodeSplitCount(8, 256, 132, ring, dp), 16);  // B = 1: 8 groups x 16 splits
+  EXPECT_EQ(decodeSplitCount(64, 0, 132, ring, dp), 1);
+  EXPECT_EQ(decodeSplitCount(64, 512, 0, ring, dp), 1);  // the interpreter: one split
+  EXPECT_GE(decodeSplitCount(1, 1 << 20, 132, ring, dp), 120);  // one long row: about one program per SM
+  EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring, dp), 128);
+  EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring, 256), 64);  // the merge tile bounds it
+  // Three programs per SM: more slots, more splits.
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 64 * 1024, dp), 6);
 }
