@@ -298,16 +298,17 @@ StepLaunch prepareStep(const BlockMask& mask, int64_t queryStart, int64_t queryC
   hostBounds(mask, firstRow, lastRow, out);
   acquire(out, space);
 
-  const BlockMaskTensors& lists = mask.tensors(space);
+  const BlockMaskTensors& lists = mask.kvTensors(space);
   step.kernel = &mod.state().kernel("decode_block_lists", [&] { return makeDecodeListsKernel(mod.detached()); });
   step.options = LaunchOptions{.grid = {out.batch * out.heads, 1, 1},
                                .constants = {QBS, KVBS, maxRows, queryTile},
                                .num_warps = queryTile * KVBS >= 8192 ? 8 : 4,
                                .num_stages = 1};
-  const int64_t nQ = mask.numQBlocks();
-  step.args = {lists.fullKvNum, lists.fullKvIndices, lists.kvNum,     lists.kvIndices, out.fullNum,
-               out.fullIndices, out.partialNum,      out.partialIndices, out.heads,    out.heads * nQ,
-               nQ,              out.numKvBlocks,     mask.kvLen(),    rowStart,        queryStart,
+  // Row strides from the list tensors: 0 on a broadcast dimension reads the same row for every
+  // b (or h), which is right there, and a slice's lists keep its parent's strides.
+  step.args = {lists.fullKvNum, lists.fullKvIndices, lists.kvNum,         lists.kvIndices,     out.fullNum,
+               out.fullIndices, out.partialNum,      out.partialIndices,  out.heads,           lists.kvBatchStride,
+               lists.kvHeadStride, out.numKvBlocks,  mask.kvLen(),        rowStart,            queryStart,
                queryCount};
   return step;
 }
