@@ -49,8 +49,9 @@ struct DecodeBlockLists {
 // through the interpreter (Host). The mask's mod must capture its tensors in `space`, if any.
 //
 // The queries must lie inside the mask's queries [qOffset(), qOffset() + qLen()) (any of its
-// block rows, a slice's too), queryCount >= 1, queryCount * KV_BLOCK_SIZE <= 16384 (one tile of
-// queries by a kv block), and the queries may cover at most 8 block rows of the mask.
+// block rows, a slice's too), queryCount >= 1, queryCount rounded up to a power of two times
+// KV_BLOCK_SIZE at most 16384 (one tile of queries by a kv block: 128 queries at 128 keys), and
+// the queries may cover at most 8 block rows of the mask.
 //
 // Buffers: the tensors own their memory, which comes from a pool kept per (space, Bm, Hm,
 // numKvBlocks) and goes back to it when the last handle to it is gone (copies of the struct or of
