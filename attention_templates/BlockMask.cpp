@@ -12,7 +12,9 @@ using namespace flextile::dsl;
 
 struct BlockMask::TensorCache {
   std::mutex mutex;
-  std::optional<BlockMaskTensors> host, device;
+  // Per space (0 host, 1 device): the forward lists (kvTensors; views of the parent's for a slice)
+  // and all eight (tensors).
+  std::optional<BlockMaskTensors> kv[2], all[2];
 };
 
 namespace {
@@ -462,6 +464,25 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
       }
     }
   m.deriveTransposes();
+  // The forward list tensors: views of this mask's rows [qBlockStart, qBlockStart + count), with
+  // this mask's strides (rows of a (b, h) stay nQ apart in the parent's storage).
+  auto viewRows = [&](const BlockMaskTensors& p) {
+    BlockMaskTensors v;
+    const int64_t bStride = p.kvBatchStride, hStride = p.kvHeadStride;
+    const Shape rows{B_, H_, count}, cells{B_, H_, count, nKv_};
+    const std::vector<int64_t> rowStrides{bStride, hStride, 1}, cellStrides{bStride * nKv_, hStride * nKv_, nKv_, 1};
+    v.kvNum = Tensor::viewOf(p.kvNum, qBlockStart, rows, rowStrides);
+    v.fullKvNum = Tensor::viewOf(p.fullKvNum, qBlockStart, rows, rowStrides);
+    v.kvIndices = Tensor::viewOf(p.kvIndices, qBlockStart * nKv_, cells, cellStrides);
+    v.fullKvIndices = Tensor::viewOf(p.fullKvIndices, qBlockStart * nKv_, cells, cellStrides);
+    v.kvBatchStride = bStride;
+    v.kvHeadStride = hStride;
+    return v;
+  };
+  (void)kvTensors(chooseSpace(space_, mask_.captureSpace()));  // made once in this mask, shared by every slice
+  std::lock_guard lock(tensors_->mutex);
+  for (int s = 0; s < 2; ++s)
+    if (tensors_->kv[s]) m.tensors_->kv[s] = viewRows(*tensors_->kv[s]);
   return m;
 }
 
@@ -522,16 +543,34 @@ void BlockMask::checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) c
                 " query heads (a mask's H is 1, to broadcast, or the number of query heads)");
 }
 
-const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const {
+namespace {
+int spaceSlot(MemorySpace space) { return space == MemorySpace::Device ? 1 : 0; }
+}  // namespace
+
+const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space) const {
   std::lock_guard lock(tensors_->mutex);
-  auto& slot = space == MemorySpace::Device ? tensors_->device : tensors_->host;
+  auto& slot = tensors_->kv[spaceSlot(space)];
   if (!slot) {
     BlockMaskTensors t;
-    const Shape rowsQ{B_, H_, nQ_}, rowsKv{B_, H_, nKv_}, cellsQ{B_, H_, nQ_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};
+    const Shape rowsQ{B_, H_, nQ_}, cellsQ{B_, H_, nQ_, nKv_};
     t.kvNum = Tensor::fromHost(partialKv_.num, rowsQ, space);
     t.kvIndices = Tensor::fromHost(partialKv_.indices, cellsQ, space);
     t.fullKvNum = Tensor::fromHost(fullKv_.num, rowsQ, space);
     t.fullKvIndices = Tensor::fromHost(fullKv_.indices, cellsQ, space);
+    t.kvBatchStride = B_ > 1 ? H_ * nQ_ : 0;
+    t.kvHeadStride = H_ > 1 ? nQ_ : 0;
+    slot = std::move(t);
+  }
+  return *slot;
+}
+
+const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const {
+  const BlockMaskTensors& kv = kvTensors(space);
+  std::lock_guard lock(tensors_->mutex);
+  auto& slot = tensors_->all[spaceSlot(space)];
+  if (!slot) {
+    BlockMaskTensors t = kv;
+    const Shape rowsKv{B_, H_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};
     t.qNum = Tensor::fromHost(partialQ_.num, rowsKv, space);
     t.qIndices = Tensor::fromHost(partialQ_.indices, cellsKv, space);
     t.fullQNum = Tensor::fromHost(fullQ_.num, rowsKv, space);

@@ -57,6 +57,12 @@ struct BlockLists {
 struct BlockMaskTensors {
   dsl::Tensor kvNum, kvIndices, fullKvNum, fullKvIndices;
   dsl::Tensor qNum, qIndices, fullQNum, fullQIndices;
+  // Where row (b, h, q block) of the forward lists is: its count at kvNum + b * kvBatchStride +
+  // h * kvHeadStride + q block, its indices at that row index times numKvBlocks() (the same for
+  // the full lists). 0 on a broadcast dimension (B or H of 1), so that any b or h reads row 0. A
+  // mask's own lists are contiguous (H * nQ and nQ); a slice's are views of its parent's tensors
+  // and keep the parent's strides, which is why kernels must take them from here.
+  int64_t kvBatchStride = 0, kvHeadStride = 0;
 };
 
 class BlockMask {
@@ -120,6 +126,12 @@ class BlockMask {
   // a row is allowed for a one-row slice. Full and empty stay exact for any
   // subset of a row's queries; a partial block may become conservative (its
   // mask_mod still decides), never wrong.
+  // Zero-copy: the slice's forward list tensors (kvTensors) are views of the parent's, in the
+  // parent's space (its placement, else where its mod's captures live, else the GPU when there is
+  // one, else the host; made in the parent once if they were not yet) and in any other space where
+  // the parent has them already. A decode loop that slices a row per step neither allocates nor
+  // uploads lists; the slice's host lists are copies (cheap), and its transposes are its own.
+  // For exact lists of a decode step's queries, see decodeBlockLists (DecodeLists.h).
   BlockMask sliceRows(int64_t qBlockStart, int64_t count, std::optional<int64_t> queryOffset = std::nullopt,
                       std::optional<int64_t> queryLength = std::nullopt) const;
 
@@ -133,6 +145,11 @@ class BlockMask {
 
   // The lists as tensors in `space`, made on first use and kept.
   const BlockMaskTensors& tensors(dsl::MemorySpace space) const;
+  // The forward lists alone (kvNum, kvIndices, fullKvNum, fullKvIndices and the strides; the
+  // transposes left empty): what the forward and decode kernels read. A slice's are views of its
+  // parent's tensors (see sliceRows): no allocation, no upload. tensors() adds the transposes,
+  // which a slice makes of its own (the backward's).
+  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const;
 
   // Where partial-block kernels of this mask run: where its captured tensors
   // live (set by the builder).

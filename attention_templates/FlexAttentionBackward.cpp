@@ -627,8 +627,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const auto& vs = v.strides();
   const auto& dos = dout.strides();
   const double kernelScale = hasScoreMod ? scale : scale * kLog2e;
-  const int64_t maskB = mask.batch() > 1 ? mask.heads() * mask.numQBlocks() : 0;
-  const int64_t maskH = mask.heads() > 1 ? mask.numQBlocks() : 0;
+  // The forward lists' row strides (a slice's lists are views of its parent's, with its strides).
+  const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
   // The transposed lists are [B, H, nKV] and [B, H, nKV, nQ]: their strides per batch and head.
   const int64_t maskBT = mask.batch() > 1 ? mask.heads() * mask.numKvBlocks() : 0;
   const int64_t maskHT = mask.heads() > 1 ? mask.numKvBlocks() : 0;

@@ -445,14 +445,13 @@ LaunchOptions launchOptions(const Prepared& p) {
 std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor* lse) {
   const BlockMask& mask = *p.mask;
-  const BlockMaskTensors& lists = mask.tensors(p.space);
+  const BlockMaskTensors& lists = mask.kvTensors(p.space);  // a slice's are views of its parent's
   const auto& qs = q.strides();
   const auto& ks = k.strides();
   const auto& vs = v.strides();
   const auto& os = out.strides();
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
-  const int64_t maskB = mask.batch() > 1 ? mask.heads() * mask.numQBlocks() : 0;
-  const int64_t maskH = mask.heads() > 1 ? mask.numQBlocks() : 0;
+  const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
   return bindParams<ForwardParams>(
       {.q = q, .k = k, .v = v, .out = out,
        .lse = lse ? *lse : lists.kvNum,  // unused without return_lse

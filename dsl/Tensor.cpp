@@ -17,6 +17,9 @@ struct Tensor::Storage {
   runtime::DeviceBuffer deviceBuffer;  // owned device memory
   void* host = nullptr;                // first byte (owned or viewed)
   uint64_t device = 0;
+  // What a view made by viewOf keeps alive: the storage it points into, and the caller's object.
+  std::shared_ptr<const Storage> base;
+  std::shared_ptr<const void> keepAlive;
 };
 
 bool deviceAvailable(std::string* whyNot) { return runtime::Driver::available(whyNot); }
@@ -112,6 +115,23 @@ Tensor Tensor::deviceView(uint64_t address, DType dtype, Shape shape, std::vecto
   if (!address && t.numel() > 0) throw Error("tensor: device view of " + t.describe() + " at address 0");
   if (address % uint64_t(t.elementBytes()) != 0)
     throw Error("tensor: device view of " + t.describe() + " is not aligned to its element size");
+  return t;
+}
+
+Tensor Tensor::viewOf(const Tensor& base, int64_t offset, Shape shape, std::vector<int64_t> strides,
+                      std::shared_ptr<const void> keepAlive) {
+  if (!base.defined()) throw Error("tensor: a view of an empty Tensor");
+  auto s = std::make_shared<Storage>();
+  s->space = base.storage_->space;
+  s->base = base.storage_;
+  s->keepAlive = std::move(keepAlive);
+  Tensor t = make(s, base.dtype_, std::move(shape), std::move(strides));
+  const size_t begin = size_t(offset) * size_t(t.elementBytes());
+  if (offset < 0 || (t.numel() > 0 && begin + t.extentBytes() > base.extentBytes()))
+    throw Error("tensor: a view of " + t.describe() + " from element " + std::to_string(offset) +
+                " reaches past " + base.describe() + " (" + std::to_string(base.extentBytes()) + " bytes)");
+  if (s->space == MemorySpace::Host) s->host = static_cast<std::byte*>(base.storage_->host) + begin;
+  else s->device = base.storage_->device + begin;
   return t;
 }
 

@@ -86,6 +86,13 @@ class Tensor {
   // Views over memory the caller owns. Empty `strides` means row-major.
   static Tensor hostView(void* data, DType dtype, Shape shape, std::vector<int64_t> strides = {});
   static Tensor deviceView(uint64_t address, DType dtype, Shape shape, std::vector<int64_t> strides = {});
+  // A view of part of `base` (its dtype; `shape` and `strides` in elements, empty strides: row-major),
+  // from element `offset` past base's first element, that shares base's storage: the memory lives
+  // as long as any handle to either does, so a slice needs no copy and cannot dangle. `keepAlive`,
+  // when given, is held as long as the view (a pool's lease, say). The view must lie inside base's
+  // extent.
+  static Tensor viewOf(const Tensor& base, int64_t offset, Shape shape, std::vector<int64_t> strides = {},
+                       std::shared_ptr<const void> keepAlive = nullptr);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -264,6 +264,51 @@ TEST(BlockMask, SlicingKeepsGlobalQueryPositions) {
   expectError([&] { (void)m.sliceRows(1, 2, 32, 10); }, {"without queries"});
 }
 
+// A slice's forward list tensors are views of its parent's: same memory, the parent's strides, no
+// allocation or upload; the values are the slice's rows, they outlive the parent, and a slice of
+// a slice views the same memory. Its transposes are its own.
+TEST(BlockMask, SlicesViewTheParentsListTensors) {
+  std::optional<BlockMask> parent = slidingWindowBlockMask(2, 3, 300, 260, {40, 7, 100}, {32, 32}, MemorySpace::Host);
+  const BlockMaskTensors& p = parent->kvTensors(MemorySpace::Host);
+  const int64_t nQ = parent->numQBlocks(), nKv = parent->numKvBlocks();
+  EXPECT_EQ(p.kvBatchStride, 3 * nQ);
+  EXPECT_EQ(p.kvHeadStride, nQ);
+  auto at = [](const Tensor& t) { return static_cast<const int32_t*>(t.hostData()); };
+  BlockMask rows = parent->sliceRows(4, 3);
+  BlockMask one = parent->sliceRows(8, 1, 270, 5);
+  const BlockMaskTensors& r = rows.kvTensors(MemorySpace::Host);
+  EXPECT_EQ(at(r.kvNum), at(p.kvNum) + 4);
+  EXPECT_EQ(at(r.fullKvNum), at(p.fullKvNum) + 4);
+  EXPECT_EQ(at(r.kvIndices), at(p.kvIndices) + 4 * nKv);
+  EXPECT_EQ(at(r.fullKvIndices), at(p.fullKvIndices) + 4 * nKv);
+  EXPECT_EQ(r.kvBatchStride, 3 * nQ);
+  EXPECT_EQ(r.kvHeadStride, nQ);
+  EXPECT_EQ(r.kvIndices.shape(), (Shape{2, 3, 3, nKv}));
+  EXPECT_EQ(r.kvIndices.strides(), (std::vector<int64_t>{3 * nQ * nKv, nQ * nKv, nKv, 1}));
+  BlockMask again = rows.sliceRows(1, 1);  // parent row 5
+  EXPECT_EQ(at(again.kvTensors(MemorySpace::Host).fullKvIndices), at(p.fullKvIndices) + 5 * nKv);
+  EXPECT_EQ(again.kvTensors(MemorySpace::Host).kvBatchStride, 3 * nQ);
+  // The parent goes; the views keep its storage and read the slices' own rows.
+  parent.reset();
+  for (const BlockMask* s : {&rows, &one, &again}) {
+    const BlockMaskTensors& t = s->kvTensors(MemorySpace::Host);
+    EXPECT_EQ(t.kvNum.toHost<int32_t>(), s->partialKv().num);
+    EXPECT_EQ(t.kvIndices.toHost<int32_t>(), s->partialKv().indices);
+    EXPECT_EQ(t.fullKvNum.toHost<int32_t>(), s->fullKv().num);
+    EXPECT_EQ(t.fullKvIndices.toHost<int32_t>(), s->fullKv().indices);
+    const BlockMaskTensors& all = s->tensors(MemorySpace::Host);
+    EXPECT_EQ(at(all.kvIndices), at(t.kvIndices));  // tensors() adds the transposes to the views
+    EXPECT_EQ(all.qIndices.shape(), (Shape{2, 3, nKv, s->numQBlocks()}));
+    EXPECT_EQ(all.fullQIndices.toHost<int32_t>(), s->fullQ().indices);
+  }
+  // A broadcast mask's views have stride 0 where it broadcasts.
+  BlockMask causal = causalBlockMask(1, 1, 300, 300, {32, 32}, MemorySpace::Host);
+  const BlockMaskTensors& c = causal.sliceRows(2, 2).kvTensors(MemorySpace::Host);
+  EXPECT_EQ(c.kvBatchStride, 0);
+  EXPECT_EQ(c.kvHeadStride, 0);
+  EXPECT_EQ(at(c.kvNum), at(causal.kvTensors(MemorySpace::Host).kvNum) + 2);
+}
+
 TEST(BlockMask, PictureOfASmallCausalMask) {
   BlockMask m = causalBlockMask(1, 1, 100, 100, {32, 32});
   EXPECT_EQ(m.picture(),

@@ -145,6 +145,15 @@ TEST(FlexAttentionBackward, SlicedMaskWithQueryOffset) {
     c.context = "causal slice offset " + std::to_string(slice.qOffset());
     if (!checkBackward(rng, c, kHost, noop_score(), slice, small(refCausal()))) return;
   }
+  // A slice of a mask with rows per batch and per head: its forward lists are views of the
+  // parent's with the parent's strides (the dq kernel reads them), its transposes its own (dk, dv).
+  BlockMask windows = slidingWindowBlockMask(2, 2, S, S, {9, 60}, kMaskBlocks, kHost);
+  for (Slice s : {Slice{2, 2, {}, {}}, Slice{3, 1, 100, 5}}) {
+    BlockMask slice = windows.sliceRows(s.start, s.count, s.offset, s.length);
+    AttentionCase c{.B = 2, .Hq = 2, .Hkv = 1, .L = slice.qLen(), .S = S, .D = 32, .dtype = DType::F32};
+    c.context = "per-head window slice offset " + std::to_string(slice.qOffset());
+    if (!checkBackward(rng, c, kHost, noop_score(), slice, small(refWindow({9, 60})))) return;
+  }
 }
 
 // The gradient flowing into the LSE output.

@@ -391,6 +391,26 @@ TEST(FlexAttention, SlicedRows) {
                   std::to_string(slice.qOffset());
       if (!checkFlexAttention(rng, c, kHost, noop_score(), slice, nullptr, full.ref, kSmall)) return;
     }
+  // Documents per batch and windows per head: B = 2 and H = 2 rows, so a slice's list views step
+  // by the parent's strides in both.
+  {
+    const int64_t docsLen = 300;
+    std::vector<std::vector<int64_t>> offsets{{0, 70, 300}, {0, 150, 180, 300}};
+    const BlockMask perBatch = documentBlockMask(2, 1, docsLen, docsLen, offsets, true, kMaskBlocks, kHost);
+    RefMaskFn ref = refAnd(refCausal(), refDocuments({idsFromOffsets(offsets[0], docsLen),
+                                                       idsFromOffsets(offsets[1], docsLen)}));
+    for (const Slice& s : std::vector<Slice>{{4, 3, {}, {}}, {5, 1, 170, 1}, {9, 1, 290, 10}}) {
+      BlockMask slice = perBatch.sliceRows(s.start, s.count, s.offset, s.length);
+      AttentionCase c{.B = 2, .Hq = 2, .Hkv = 1, .L = slice.qLen(), .S = docsLen, .D = 32, .dtype = DType::F32};
+      c.context = "documents per batch, offset " + std::to_string(slice.qOffset());
+      if (!checkFlexAttention(rng, c, kHost, noop_score(), slice, nullptr, ref, kSmall)) return;
+    }
+    const BlockMask perHead = slidingWindowBlockMask(2, 2, docsLen, docsLen, {20, 90}, kMaskBlocks, kHost);
+    BlockMask slice = perHead.sliceRows(3, 2);
+    AttentionCase c{.B = 2, .Hq = 2, .Hkv = 2, .L = slice.qLen(), .S = docsLen, .D = 32, .dtype = DType::F32,
+                    .context = "windows per head, B = 2"};
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), slice, nullptr, refWindow({20, 90}), kSmall)) return;
+  }
   // A score mod sees global query positions in a slice too.
   std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f};
   ScoreMod mod = alibi(dsl::capture(Tensor::fromHost(slopes, {4}, kHost), "slopes"));

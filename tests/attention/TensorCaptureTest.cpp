@@ -89,6 +89,29 @@ TEST(Tensor, HostViewWithStridesGathersAndScatters) {
   EXPECT_NE(v.describe().find("strides [5, 1] host view"), std::string::npos) << v.describe();
 }
 
+TEST(Tensor, ViewOfSharesAndKeepsTheStorage) {
+  std::vector<int32_t> values(24);
+  std::iota(values.begin(), values.end(), 0);
+  Tensor view;
+  std::weak_ptr<const int> lease;
+  {
+    Tensor base = Tensor::fromHost(values, {2, 3, 4});
+    auto token = std::make_shared<const int>(7);
+    lease = token;
+    // Row 1 of the [2, 3, 4] tensor, as a [3, 4] tensor of its own.
+    view = Tensor::viewOf(base, 12, {3, 4}, {}, token);
+    EXPECT_EQ(static_cast<int32_t*>(view.hostData()), static_cast<int32_t*>(base.hostData()) + 12);
+    EXPECT_FALSE(view.owned());
+    expectError([&] { (void)Tensor::viewOf(base, 13, {3, 4}); }, {"from element 13", "reaches past", "96 bytes"});
+    expectError([&] { (void)Tensor::viewOf(base, -1, {1}); }, {"from element -1"});
+  }
+  // The base handle and the token are gone; the view keeps both alive.
+  EXPECT_FALSE(lease.expired());
+  EXPECT_EQ(view.toHost<int32_t>(), std::vector<int32_t>(values.begin() + 12, values.end()));
+  view = Tensor();
+  EXPECT_TRUE(lease.expired());
+}
+
 TEST(Tensor, HalfAndBfloatElements) {
   std::vector<Eigen::half> h{Eigen::half(1.5f), Eigen::half(-2.0f)};
   Tensor t = Tensor::fromHost(h, {2});
