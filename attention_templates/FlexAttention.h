@@ -260,10 +260,13 @@ struct FlexDecodePlan {
   int64_t headsPerProgram = 1, rowsPerProgram = 16;
   std::vector<std::string> kernelNames;  // in launch order (the merge kernel only with splits > 1)
   const ir::Function* traced = nullptr;  // the split kernel's traced IR (owned by its kernel)
+  // With a target: each launch compiled for it (no GPU needed), owned by the kernels.
+  std::vector<const codegen::CompiledKernel*> compiled;
 };
 FlexDecodePlan plan_flex_decode(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                 const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
-                                const FlexAttentionOptions& options = {});
+                                const FlexAttentionOptions& options = {},
+                                std::optional<codegen::Target> target = std::nullopt);
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
 // the number of (query, key) pairs the mask allows (dense: L * S), counted

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "attention_templates/DecodeLists.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/TemplateParams.h"
@@ -142,6 +143,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile qPos = (query + p.q_offset).expand(1);
   Tile listRow = b * p.list_b_stride + group * p.list_h_stride + p.list_row;
   const int64_t R = k.KVBS / k.BN;
+  constexpr int64_t kLiveBits = 64;
 
   auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
     Tile count = load(num + listRow);
@@ -150,16 +152,36 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile begin = minimum(split * share, steps);
     Tile end = minimum(begin + share, steps);
     Tile listBase = listRow * p.list_kv_blocks;
-    auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+    auto keysOf = [&](const Tile& t) {
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
-      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      return block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+    };
+    // A partial block of the mask row may hold no allowed pair for this call's few queries (a
+    // sliding window's left edge, say). Before the walk, mask_mod decides which of the program's
+    // first kLiveBits steps have one; the others are never loaded (their scores are -inf anyway).
+    Tile liveBits;
+    if (partial) {
+      liveBits = for_range(begin, minimum(end, begin + kLiveBits), 1, zeros({}, DType::I64), [&](Tile t, Tile bits) {
+        Tile offsN = keysOf(t);
+        Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < p.kv_len).expand(0);
+        Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64);
+        return bits | (any << (t - begin).to(DType::I64));
+      });
+    }
+    auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+      Tile offsN = keysOf(t);
       Tile colLive = offsN < p.kv_len;
       Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
       Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
-      const bool exact = k.kvDivisible && k.DP == k.D;
-      Tile kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(colLive));
-      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+      Tile loadCols = colLive;
+      if (partial) {
+        Tile step = (t - begin).to(DType::I64);
+        loadCols = colLive & ((step >= kLiveBits) | (((liveBits >> step) & 1) != 0));
+      }
+      const bool exact = !partial && k.kvDivisible && k.DP == k.D;
+      Tile kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(loadCols));
+      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(loadCols));
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod)
@@ -270,47 +292,16 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) 
   return lists;
 }
 
-// The union of the mask rows that hold queries [start, start + count) (global): a block is full
-// when every covering row lists it full, partial when any lists it (mask_mod then decides per pair).
-DecodeLists coveringRowLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space) {
-  const int64_t rowStart = mask.qOffset() - mask.qPhase();  // global position of row 0's first query
-  const int64_t r0 = (start - rowStart) / mask.qBlockSize();
-  const int64_t r1 = (start + count - 1 - rowStart) / mask.qBlockSize();
-  const int64_t B = mask.batch(), H = mask.heads(), nQ = mask.numQBlocks(), nKv = mask.numKvBlocks();
-  std::vector<int32_t> fullNum(size_t(B * H)), partialNum(size_t(B * H));
-  std::vector<int32_t> fullIdx(size_t(B * H * nKv), 0), partialIdx(size_t(B * H * nKv), 0);
-  DecodeLists lists;
-  lists.bStride = B > 1 ? H : 0, lists.hStride = H > 1 ? 1 : 0, lists.numKvBlocks = nKv;
-  std::vector<uint8_t> state(static_cast<size_t>(nKv));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      std::fill(state.begin(), state.end(), uint8_t(0));  // bit 0: listed by some row; bit 1: not full in some row
-      for (int64_t r = r0; r <= r1; ++r) {
-        std::vector<uint8_t> seen(size_t(nKv), 0);
-        for (int32_t j : mask.fullKvBlocks(b, h, r)) seen[size_t(j)] = 2;
-        for (int32_t j : mask.partialKvBlocks(b, h, r)) seen[size_t(j)] = 1;
-        for (int64_t j = 0; j < nKv; ++j) {
-          if (seen[size_t(j)]) state[size_t(j)] |= 1;
-          if (seen[size_t(j)] != 2) state[size_t(j)] |= 2;
-        }
-      }
-      const size_t row = size_t(b * H + h);
-      int32_t nf = 0, np = 0;
-      for (int64_t j = 0; j < nKv; ++j) {
-        if (!(state[size_t(j)] & 1)) continue;
-        if (state[size_t(j)] & 2) partialIdx[row * size_t(nKv) + size_t(np++)] = int32_t(j);
-        else fullIdx[row * size_t(nKv) + size_t(nf++)] = int32_t(j);
-      }
-      fullNum[row] = nf, partialNum[row] = np;
-      lists.maxLiveBlocks = std::max<int64_t>(lists.maxLiveBlocks, nf + np);
-      lists.anyFull |= nf > 0;
-      lists.anyPartial |= np > 0;
-    }
-  (void)nQ;
-  lists.fullNum = Tensor::fromHost(fullNum, {B, H}, space);
-  lists.partialNum = Tensor::fromHost(partialNum, {B, H}, space);
-  lists.fullIndices = Tensor::fromHost(fullIdx, {B, H, nKv}, space);
-  lists.partialIndices = Tensor::fromHost(partialIdx, {B, H, nKv}, space);
+// Exact lists for queries that straddle mask rows, made on the device (DecodeLists.h).
+DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space) {
+  DecodeBlockLists d = decodeBlockLists(mask, start, count, space);
+  DecodeLists lists{d.fullNum, d.fullIndices, d.partialNum, d.partialIndices};
+  lists.bStride = d.batch > 1 ? d.heads : 0;
+  lists.hStride = d.heads > 1 ? 1 : 0;
+  lists.numKvBlocks = d.numKvBlocks;
+  lists.maxLiveBlocks = d.maxLiveBlocks;
+  lists.anyFull = d.mayHaveFull;
+  lists.anyPartial = d.mayHavePartial;
   return lists;
 }
 
@@ -345,7 +336,8 @@ struct DecodePrepared {
 };
 
 DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
-                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                       const std::optional<codegen::Target>& target = std::nullopt) {
   const char* me = "flex_attention (decode)";
   auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
   detail::checkAttentionInputs(q, k, v, scoreMod);
@@ -356,7 +348,7 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
-  const int capability = detail::defaultsCapability(p.space, std::nullopt);
+  const int capability = detail::defaultsCapability(p.space, target);
   if (blockMask) {
     p.mask = &*blockMask;
   } else {
@@ -401,9 +393,10 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
 
   const int64_t row = onlyRow(mask, p.queryStart, p.L);
-  p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : coveringRowLists(mask, p.queryStart, p.L, p.space);
+  p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : straddlingLists(mask, p.queryStart, p.L, p.space);
   if (c.splits == 0) {
-    const int sms = p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
+    const int sms = target ? 132 /* a plan for a target: an H100/H200-sized part */
+                    : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     const int64_t programBytes = int64_t(c.num_stages) * 2 * c.block_n * detail::paddedHeadDim(p.D) *
                                  ir::byteWidth(p.dtype);
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
@@ -539,17 +532,24 @@ void flexDecodeInto(const Tensor& q, const Tensor& k, const Tensor& v, const Sco
 }  // namespace detail
 
 FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
-                                const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
-  const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
+                                const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                                std::optional<codegen::Target> target) {
+  const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options, target);
   FlexDecodePlan plan;
   plan.config = p.config;
   plan.headsPerProgram = p.HP;
   plan.rowsPerProgram = p.BM;
-  Tensor out = Tensor::empty(q.dtype(), q.shape(), q.space());
-  for (const Launch& l : launches(p, scoreMod, q, k, v, out, nullptr)) plan.kernelNames.push_back(l.kernel->name());
+  // Compiling reads shapes, strides and alignment only: a 16-byte-aligned view stands in for out.
+  alignas(16) static std::byte anyAligned[16];
+  Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
+                                            : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
+  for (const Launch& l : launches(p, scoreMod, q, k, v, out, nullptr)) {
+    plan.kernelNames.push_back(l.kernel->name());
+    if (target) plan.compiled.push_back(&l.kernel->compile(l.options, l.args, target));
+  }
   Kernel& kernel = decodeKernel(p, scoreMod);
-  const DecodeConstants constants = decodeConstants(p, false);
-  plan.traced = &kernel.cachedTrace(TraceOptions{constantList(constants), p.config.num_warps, p.config.num_stages});
+  plan.traced = &kernel.cachedTrace(TraceOptions{constantList(decodeConstants(p, false)), p.config.num_warps,
+                                                 p.config.num_stages});
   return plan;
 }
 

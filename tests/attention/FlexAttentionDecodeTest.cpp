@@ -6,7 +6,11 @@
 
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
+#include "codegen/Ptxas.h"
 #include "gpu/GpuTest.h"
+
+#include <chrono>
+#include <cstdio>
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -95,6 +99,31 @@ TEST(FlexDecode, FullyMaskedQueriesGiveZeroAndMinusInfinity) {
       }
 }
 
+// The mask row [96, 128) lists the window's block 2 (keys 64-95) as partial, but query 127 sees
+// keys 108-127 only: the template must not load block 2. Its values are NaN, which any load would
+// spread into the output (0 * NaN), while the reference never reads them.
+TEST(FlexDecode, APartialBlockWithoutAnAllowedPairForTheQueriesIsNeverLoaded) {
+  SeededRandom rng;
+  const int64_t S = 160, W = 20;
+  BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, kBlocks, kHost);
+  ASSERT_EQ(mask.partialKvBlocks(0, 0, 3).size(), 2u);
+  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 1, 64}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {1, 1, S, 64}, kHost);
+  std::vector<float> vHost = randomTensor(rng, DType::F32, {1, 1, S, 64}, kHost).toHost<float>();
+  for (int64_t j = 64 * 64; j < 96 * 64; ++j) vHost[size_t(j)] = NAN;
+  Tensor v = Tensor::fromHost(vHost, DType::BF16, {1, 1, S, 64}, kHost);
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({W}), 0.125, 127);
+  for (BlockMask m : {mask, mask.sliceRows(3, 1, 127, 1)}) {
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {1, 2, 1}, kHost);
+    poison(out);
+    poison(lse);
+    FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
+    if (m.qLen() != 1) o.query_offset = 127;
+    flex_attention_into(q, k, v, noop_score(), m, out, &lse, o);
+    if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
+  }
+}
+
 TEST(FlexDecode, SmallQueryCountsPickTheDecodeTemplateByThemselves) {
   SeededRandom rng;
   MaskMod fresh("fresh_causal", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return kv <= q; });
@@ -149,4 +178,33 @@ TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
   EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring, 256), 64);  // the merge tile bounds it
   // Three programs per SM: more slots, more splits.
   EXPECT_EQ(decodeSplitCount(64, 256, 132, 64 * 1024, dp), 6);
+}
+
+// Every variant's decode kernels (split and merge) compile for sm_90a and ptxas accepts them; the
+// compile time of each is printed (a GPU test compiles dozens).
+TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin): not assembling";
+  SeededRandom rng;
+  const codegen::Target target = codegen::Target::sm90a();
+  for (int64_t D : {64, 128, 256})
+    for (const Variant& var : variants()) {
+      const int64_t B = 2, Hq = 8, Hkv = 2, S = 4097;
+      VariantInstance inst = var.make({B, Hq, S, S, kHost, BlockSizes{}, rng()});
+      const DType dt = D == 256 ? DType::F32 : DType::BF16;
+      Tensor q = Tensor::zeros(dt, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(dt, {B, Hkv, S, D}, kHost);
+      FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
+      if (inst.mask) o.query_offset = S - 1;
+      const auto start = std::chrono::steady_clock::now();
+      FlexDecodePlan plan;
+      ASSERT_NO_THROW(plan = plan_flex_decode(q, kv, kv, inst.score, inst.mask, o, target)) << var.name;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      ASSERT_EQ(plan.compiled.size(), plan.kernelNames.size());
+      for (const codegen::CompiledKernel* c : plan.compiled) {
+        codegen::PtxasReport report;
+        ASSERT_NO_THROW(report = codegen::runPtxas(c->ptx, target)) << var.name;
+        std::printf("D=%ld %s %s: %s, %d registers, %d bytes spilled, %d bytes of shared memory (compiled in %.0f ms)\n",
+                    long(D), var.name.c_str(), c->name.c_str(), plan.config.describe().c_str(), report.registers,
+                    report.spillStoreBytes, c->sharedBytes, ms);
+      }
+    }
 }
