@@ -37,6 +37,8 @@
 
 namespace flextile::attention {
 
+struct PagedKV;  // attention_templates/PagedKVCache.h
+
 // One point of the template's tuning space.
 struct FlexAttentionConfig {
   int64_t block_m = 64;   // queries per program (a power of two >= 16)
@@ -135,6 +137,23 @@ void flex_attention_into(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::
                          const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
                          const FlexAttentionOptions& options = {});
 
+// The same over a paged K/V (attention_templates/PagedKVCache.h, docs/paged-kv.md): keys and
+// values are read through kv.pageTable inside the kernel, never gathered into a contiguous copy.
+// kv's page table has q's batch B, its storage q's dtype, head dim and memory space, and its kv
+// heads divide Hq. Everything above holds with S = kv.length and the keys of batch b cut at
+// kv.lengths[b] (when given) exactly as keys past S are: score_mod and mask_mod see logical key
+// positions, and the BlockMask (kvLen = kv.length) is logical too: it is used as it is, never
+// converted to physical blocks. Without a config, BLOCK_N is narrowed to the page size so that
+// each inner step reads one page (one table load per step, pipelined like the block index); a
+// given config with BLOCK_N above the page size reads the table per key, which is correct but
+// keeps K and V out of the software pipeline.
+FlexAttentionResult flex_attention(const dsl::Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod = noop_score(),
+                                   const std::optional<BlockMask>& blockMask = std::nullopt,
+                                   const FlexAttentionOptions& options = {});
+void flex_attention_into(const dsl::Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                         const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
+                         const FlexAttentionOptions& options = {});
+
 // What flex_attention would run, without running it: the traced IR and the
 // compiled kernel (for `flextile compile`, the tests and the docs). Compiling
 // needs no GPU when a target is given.
@@ -150,11 +169,18 @@ FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k
                                       const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                                       const FlexAttentionOptions& options = {}, bool compile = false,
                                       std::optional<codegen::Target> target = std::nullopt);
+// The plan of flex_attention over a paged K/V (its own kernel, "flex_fwd_paged_...").
+FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                                      const std::optional<BlockMask>& blockMask,
+                                      const FlexAttentionOptions& options = {}, bool compile = false,
+                                      std::optional<codegen::Target> target = std::nullopt);
 
 // The forward kernel flex_attention has traced for this pair of mods and
 // dtype, or nullptr (it lives in the mask mod's state, keyed by the score
-// mod's). For tests and tools that count traces and compilations.
-const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, dsl::DType dtype);
+// mod's). `paged`: the kernel of paged K/V inputs. For tests and tools that
+// count traces and compilations.
+const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, dsl::DType dtype,
+                                       bool paged = false);
 
 // ---- backward (attention_templates/FlexAttentionBackward.cpp) ----------------
 //

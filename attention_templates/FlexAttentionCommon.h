@@ -1,4 +1,5 @@
-// What the forward and backward templates share on the host side (not part of the public API).
+// What the attention templates share (not part of the public API): host-side checks and
+// defaults, and the trace-side reading of a paged K/V (attention_templates/PagedKVCache.h).
 #pragma once
 
 #include <optional>
@@ -6,9 +7,80 @@
 
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/FlexAttention.h"
+#include "attention_templates/PagedKVCache.h"
+#include "attention_templates/TemplateParams.h"
 #include "dsl/Tensor.h"
 
+namespace flextile::attention::tmpl {
+
+// The kernel parameters a template reading a paged K/V declares after its own (the order is the
+// ABI): the page table, the stride between its batch rows, and the per-batch lengths (bound to
+// the page table when PagedKV::lengths is undefined: then never read).
+template <template <class> class P>
+struct PagedKvParams {
+  BOOST_HANA_DEFINE_STRUCT(PagedKvParams, (P<I32Ptr>, page_table), (P<I32>, page_table_stride_b),
+                           (P<I32Ptr>, kv_lengths));
+};
+
+// The compile-time constants of a paged K/V, after the template's own: the page size and whether
+// the per-batch lengths are read.
+struct PagedKvConstants {
+  BOOST_HANA_DEFINE_STRUCT(PagedKvConstants, (int64_t, PAGE), (int64_t, hasLengths));
+};
+
+}  // namespace flextile::attention::tmpl
+
 namespace flextile::attention::detail {
+
+// ---- paged K/V, trace side -----------------------------------------------------------------
+//
+// A template walks logical key positions (the mods and the BlockMask see those) and asks for the
+// physical K/V rows of each step:
+//
+//   const auto paged = declareParams<PagedKvParams>(f, dt);            // after the template's own
+//   const PagedKvRows rows = pagedKvRows(paged, pagedConstants, b);
+//   Tile keyEnd = pagedKeyEnd(paged, pagedConstants, b, p.kv_len);     // keys >= keyEnd are dead
+//   ... in the loop, for the keys [start, start + BN):
+//   Tile offsN = start + arange(0, BN);                                // logical: for the mods
+//   Tile phys = kvStorageRows(rows, start, BN, keyEnd);                // physical: for the loads
+//   Tile kt = load(kBase + phys.expand(1) * k_stride_n + offsD.expand(0), (offsN < keyEnd) ...);
+//
+// kBase is the head's base pointer (the storage's batch stride is 0), and the K/V loads must be
+// masked with offsN < keyEnd whenever keys past keyEnd may be visited: their rows are not real.
+
+// The program's view of a paged K/V: its batch row of the page table and the page size.
+struct PagedKvRows {
+  dsl::Tile batchTable;  // ptr<i32> scalar: page_table + b * page_table_stride_b
+  int64_t pageSize;      // PagedKvConstants::PAGE, a power of two
+};
+PagedKvRows pagedKvRows(const tmpl::PagedKvParams<tmpl::Traced>& params, const tmpl::PagedKvConstants& constants,
+                        const dsl::Tile& batch);
+
+// The end of batch `batch`'s keys: kvLen, or min(kvLen, kv_lengths[batch]) with per-batch lengths
+// (an i32 scalar, loaded once outside the key loop).
+dsl::Tile pagedKeyEnd(const tmpl::PagedKvParams<tmpl::Traced>& params, const tmpl::PagedKvConstants& constants,
+                      const dsl::Tile& batch, const dsl::Tile& kvLen);
+
+// The physical storage rows (i32 [blockN]) of the logical keys [start, start + blockN), `start` an
+// i32 scalar multiple of blockN. The page-table entries of keys at or past `keyEnd` are not read
+// (those rows come out as rows of page 0: mask the loads).
+//   * pageSize >= blockN: the keys lie in one page, so one scalar load of the table gives them
+//     (rows page * pageSize + start % pageSize + arange(blockN)): the software pipeline can
+//     recompute it for the iterations it prefetches (codegen/passes/Pipeline.cpp re-reads
+//     scalar loads of a read-only loop), and K/V stream through cp.async as for contiguous keys.
+//   * pageSize < blockN: one table load per key (a gather). Correct, but a tile-valued load in
+//     the address keeps the K/V loads out of the pipeline: choose blockN <= pageSize.
+dsl::Tile kvStorageRows(const PagedKvRows& paged, const dsl::Tile& start, int64_t blockN, const dsl::Tile& keyEnd);
+
+// ---- paged K/V, host side ------------------------------------------------------------------
+
+// Checks `kv` (checkPagedKV) and that it fits a query of batch B, dtype `dtype`, head dim D in
+// `space`; `op` names the call in the errors.
+void expectPagedKvFor(const char* op, const PagedKV& kv, int64_t B, int64_t D, dsl::DType dtype,
+                      dsl::MemorySpace space);
+// The arguments and constants of kv's PagedKvParams (kv checked).
+tmpl::PagedKvParams<tmpl::Bound> pagedKvArguments(const PagedKV& kv);
+tmpl::PagedKvConstants pagedKvConstants(const PagedKV& kv);
 
 // Throws unless `t` is a rank-4 [B, H, len, D] tensor whose last dim is contiguous and whose
 // strides fit the kernels' i32 parameters; `op` and `what` name the call and the tensor.

@@ -8,6 +8,12 @@
 // reads the block index at t / R, so K/V addresses depend on one scalar load,
 // which the pipeline pass recomputes for the iterations it prefetches.
 //
+// Paged K/V (flex_attention(q, PagedKV, ...)) is a kernel of its own (key "flex_fwd_paged"), so the
+// contiguous kernel's IR is unchanged: its parameters and constants are followed by PagedKvParams
+// and PagedKvConstants, the loop's key positions stay logical for the mods and the masks, and only
+// the K/V rows go through the page table (detail::kvStorageRows). Keys at or past the batch's
+// length are masked like keys past S.
+//
 // Online softmax in the exp2 domain (scores are scaled by log2 e once), with
 // the running max clamped to 0 while a row has seen nothing but -inf, so a
 // fully masked row ends with l = 0: out 0, lse -inf.
@@ -191,14 +197,24 @@ struct ForwardConstants {
 
 // ---- traced kernel -----------------------------------------------------------
 
-// The traced program. `scoreMod` and `maskMod` are inlined where they are called.
+// The traced program. `scoreMod` and `maskMod` are inlined where they are called. `paged`: the
+// kernel reads a paged K/V (its constants follow ForwardConstants, its parameters ForwardParams).
 void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
-                  const MaskMod& maskMod) {
+                  const MaskMod& maskMod, bool paged) {
   // Q stays in registers as the A operand of Q·Kᵀ: with Q resident in shared memory instead
   // (codegen/TensorCores.h) the forward ran 3-6 % slower on the H200 (bench/RESULTS.md).
   f.attrs()["wgmma_register_a"] = int64_t(1);
-  const auto k = constantsFrom<ForwardConstants>(constants);
+  const size_t ownConstants = constantCount<ForwardConstants>();
+  const auto k = constantsFrom<ForwardConstants>(
+      std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(ownConstants)));
   const auto p = declareParams<ForwardParams>(f, dt);
+  std::optional<PagedKvConstants> pc;
+  std::optional<PagedKvParams<Traced>> pp;
+  if (paged) {
+    pc = constantsFrom<PagedKvConstants>(
+        std::vector<int64_t>(constants.begin() + std::ptrdiff_t(ownConstants), constants.end()));
+    pp = declareParams<PagedKvParams>(f, dt);
+  }
 
   const double log2e = std::numbers::log2e;
   // Query tiles in reverse launch order: under causal-like masks the last rows
@@ -221,6 +237,16 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+  // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).
+  std::optional<detail::PagedKvRows> pagedRows;
+  Tile keyEnd = p.kv_len;
+  if (paged) {
+    pagedRows = detail::pagedKvRows(*pp, *pc, b);
+    keyEnd = detail::pagedKeyEnd(*pp, *pc, b, p.kv_len);
+  }
+  // Keys past the end may be visited (the last mask block reaching past S, a batch shorter than S):
+  // their loads are masked and their scores set to -inf.
+  const bool keysMayEnd = !k.kvDivisible || (paged && pc->hasLengths);
 
   // The mask row of this query tile (B and H broadcast through zero strides).
   Tile maskRow = minimum((mBlock * k.BM + p.q_phase) / k.QBS, p.mask_q_blocks - 1);
@@ -238,11 +264,22 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
-      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
-      Tile colLive = offsN < p.kv_len;
-      Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
-      const bool exact = k.kvDivisible && k.DP == k.D;
+      Tile offsN, colLive, kvOffs, vOffs;
+      if (!paged) {
+        offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+        colLive = offsN < p.kv_len;
+        kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+        vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+      } else {
+        // Logical positions for the mods and the masks; physical rows for the loads.
+        Tile start = block * k.KVBS + (t % R) * k.BN;
+        offsN = start + arange(0, k.BN);
+        colLive = offsN < keyEnd;
+        Tile rows = detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd);
+        kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+        vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
+      }
+      const bool exact = !keysMayEnd && k.DP == k.D;
       Tile kt = exact ? load(kBase + kvOffs) : load(kBase + kvOffs, rowsByD(colLive));
       Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, rowsByD(colLive));
       Tile s = dot(q, kt.trans());
@@ -253,7 +290,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         s = s * p.scale;  // the host folded log2 e into the scale
       }
       if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
-      if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
+      if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
       Tile mNew = maximum(mi, max(s, 1));
       Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
       Tile p = exp2(s - mSafe.expand(1));
@@ -298,6 +335,8 @@ struct Prepared {
   double scale;
   const BlockMask* mask;
   std::optional<BlockMask> ownedMask;  // the dense mask when none was given
+  const PagedKV* paged = nullptr;      // the paged K/V, or null for contiguous k and v
+  PagedKvConstants pagedConstants{};
 };
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
@@ -355,6 +394,9 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
   return *c;
 }
 
+void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                   const FlexAttentionOptions& options, std::optional<codegen::Target> target);
+
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                  std::optional<codegen::Target> target = std::nullopt) {
@@ -367,8 +409,47 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.dtype = q.dtype();
   detail::checkAttentionInputs(q, k, v, scoreMod);
   p.space = q.space();
+  finishPrepare(p, q, scoreMod, blockMask, options, target);
+  return p;
+}
+
+// A paged K/V: q as for contiguous inputs; B, Hkv, S and the dtype from the PagedKV (checked).
+Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                      const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                      std::optional<codegen::Target> target = std::nullopt) {
+  expectRank4("q", q);
+  Prepared p{};
+  p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3);
+  p.dtype = q.dtype();
+  p.space = q.space();
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
+    throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + q.describe());
+  detail::expectPagedKvFor("flex_attention", kv, p.B, p.D, p.dtype, p.space);
+  p.Hkv = kv.kvHeads(), p.S = kv.length;
+  if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
+    throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
+                std::to_string(p.Hkv) + ")");
+  if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
+    throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)");
+  if (p.L < 1) throw Error("flex_attention: empty input: q " + q.describe());
+  p.paged = &kv;
+  p.pagedConstants = detail::pagedKvConstants(kv);
+  finishPrepare(p, q, scoreMod, blockMask, options, target);
+  return p;
+}
+
+// What contiguous and paged inputs share once the shapes are known: the config, the mask and the
+// constants.
+void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                   const FlexAttentionOptions& options, std::optional<codegen::Target> target) {
+  if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != p.space)
+    throw Error("flex_attention: score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
   p.config = options.config ? *options.config : resolveConfig(p, q, scoreMod, blockMask, target);
+  // A paged K/V streams through the pipeline only when an inner step's keys lie in one page
+  // (detail::kvStorageRows): a chosen config narrows BLOCK_N to the page size. A config the
+  // caller gave is kept (it gathers per key, unpipelined, when its BLOCK_N is larger).
+  if (p.paged && !options.config) p.config.block_n = std::min(p.config.block_n, p.paged->pageSize);
   const FlexAttentionConfig& c = p.config;
   if (auto why = detail::configProblem(c, nullptr)) throw Error("flex_attention: config " + c.describe() + ": " + *why);
 
@@ -403,19 +484,21 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                                  p.L % c.block_m == 0,
                                  // Every inner step of every listed block inside the keys: BLOCK_N
                                  // dividing S is not enough when the last mask block reaches past S.
-                                 p.S % mask.kvBlockSize() == 0,
+                                 // With per-batch lengths the keys are masked anyway: not a constant
+                                 // then, so decode steps across a block boundary share one kernel.
+                                 !(p.paged && p.pagedConstants.hasLengths) && p.S % mask.kvBlockSize() == 0,
                                  mask.numFullBlocks() > 0,
                                  mask.numPartialBlocks() > 0};
-  return p;
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming
 // the score mod's state (which the kernel's tracer keeps alive, so the
 // address is never reused) and the dtype.
-std::string forwardKernelKey(const ScoreMod& scoreMod, DType dtype) {
-  char key[96];
-  std::snprintf(key, sizeof key, "flex_fwd/%p/%s", static_cast<const void*>(&scoreMod.state()),
-                std::string(ir::dtypeName(dtype)).c_str());
+// The paged kernel is a kernel of its own ("flex_fwd_paged/..."), so the contiguous one keeps its IR.
+std::string forwardKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged = false) {
+  char key[128];
+  std::snprintf(key, sizeof key, "%s/%p/%s", paged ? "flex_fwd_paged" : "flex_fwd",
+                static_cast<const void*>(&scoreMod.state()), std::string(ir::dtypeName(dtype)).c_str());
   return key;
 }
 
@@ -423,13 +506,14 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
   const MaskMod& maskMod = p.mask->maskMod();
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
-  return maskMod.state().kernel(forwardKernelKey(sm, dt), [&] {
+  const bool paged = p.paged != nullptr;
+  return maskMod.state().kernel(forwardKernelKey(sm, dt, paged), [&] {
     // The kernel lives in the mask mod's state: it holds a detached copy of the mod (no cycle).
-    return Kernel(detail::kernelName("flex_fwd_" + sm.name() + "_" + maskMod.name()),
-                  [dt, sm, held = maskMod.detached()](ir::Function& f, const std::vector<int64_t>& c) {
-                    traceForward(f, c, dt, sm, held);
+    return Kernel(detail::kernelName((paged ? "flex_fwd_paged_" : "flex_fwd_") + sm.name() + "_" + maskMod.name()),
+                  [dt, sm, held = maskMod.detached(), paged](ir::Function& f, const std::vector<int64_t>& c) {
+                    traceForward(f, c, dt, sm, held, paged);
                   },
-                  constantCount<ForwardConstants>());
+                  constantCount<ForwardConstants>() + (paged ? constantCount<PagedKvConstants>() : 0));
   });
 }
 
@@ -437,6 +521,10 @@ LaunchOptions launchOptions(const Prepared& p) {
   LaunchOptions o;
   o.grid = {cdiv(p.L, p.config.block_m), p.Hq, p.B};
   o.constants = constantList(p.constants);
+  if (p.paged) {
+    const std::vector<int64_t> paged = constantList(p.pagedConstants);
+    o.constants.insert(o.constants.end(), paged.begin(), paged.end());
+  }
   o.num_warps = p.config.num_warps;
   o.num_stages = p.config.num_stages;
   return o;
@@ -452,26 +540,33 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
   const auto& os = out.strides();
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
   const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
-  return bindParams<ForwardParams>(
+  std::vector<KernelArg> args = bindParams<ForwardParams>(
       {.q = q, .k = k, .v = v, .out = out,
        .lse = lse ? *lse : lists.kvNum,  // unused without return_lse
        .kv_num = lists.kvNum, .kv_indices = lists.kvIndices, .full_kv_num = lists.fullKvNum,
        .full_kv_indices = lists.fullKvIndices, .q_len = p.L, .kv_len = p.S, .q_offset = mask.qOffset(),
        .q_phase = mask.qPhase(), .mask_q_blocks = mask.numQBlocks(), .mask_kv_blocks = mask.numKvBlocks(),
        .mask_b_stride = maskB, .mask_h_stride = maskH, .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2],
-       .k_stride_b = ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2], .v_stride_b = vs[0], .v_stride_h = vs[1],
+       // A paged storage is one [1, Hkv, rows, D] pool for the whole batch: batch stride 0.
+       .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
+       .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
        .scale = scale},
       kernel.name());
+  if (p.paged) {
+    const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
+    args.insert(args.end(), paged.begin(), paged.end());
+  }
+  return args;
 }
 
 }  // namespace
 
-const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, DType dtype) {
+const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, DType dtype, bool paged) {
   if (!maskMod.defined()) return nullptr;
   detail::ModState& state = maskMod.state();
   std::lock_guard lock(state.mutex);
-  auto it = state.kernels.find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype));
+  auto it = state.kernels.find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype, paged));
   return it == state.kernels.end() ? nullptr : it->second.get();
 }
 
@@ -517,6 +612,27 @@ void expectOutputs(const Tensor& q, const Tensor& out, const Tensor* lse) {
       throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
   }
 }
+
+// A plan's compile: it reads the output's shape, strides and alignment only, so a contiguous
+// view at a 16-byte-aligned address specializes exactly as a fresh allocation would, without
+// allocating (and clearing) B*H*L*D elements per plan — the autotuner plans every config.
+FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const ScoreMod& scoreMod, bool compile, std::optional<codegen::Target> target) {
+  Kernel& kernel = forwardKernel(p, scoreMod);
+  LaunchOptions lo = launchOptions(p);
+  FlexAttentionPlan plan;
+  plan.kernelName = kernel.name();
+  plan.config = p.config;
+  TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
+  plan.traced = &kernel.cachedTrace(to);
+  if (compile) {
+    alignas(16) static std::byte anyAligned[16];
+    Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
+                                              : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
+    plan.compiled = &kernel.compile(lo, arguments(p, kernel, q, k, v, out, nullptr), target);
+  }
+  return plan;
+}
 }  // namespace
 
 void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
@@ -538,6 +654,34 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
   runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space);
 }
 
+void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                         const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
+                         const FlexAttentionOptions& options) {
+  FlexAttentionOptions o = options;
+  o.return_lse = lse != nullptr;
+  Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
+  expectOutputs(q, out, lse);
+  Kernel& kernel = forwardKernel(p, scoreMod);
+  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, kv.k, kv.v, out, lse)}}, p.space);
+}
+
+FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                                   const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
+  expectRank4("q", q);
+  FlexAttentionResult r;
+  r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
+  if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
+  flex_attention_into(q, kv, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
+  return r;
+}
+
+FlexAttentionPlan plan_flex_attention(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                                      const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                                      bool compile, std::optional<codegen::Target> target) {
+  Prepared p = preparePaged(q, kv, scoreMod, blockMask, options, target);
+  return makePlan(p, q, kv.k, kv.v, scoreMod, compile, target);
+}
+
 FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                    const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
   expectRank4("q", q);
@@ -552,23 +696,7 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const Tensor& k, const Te
                                       const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                                       bool compile, std::optional<codegen::Target> target) {
   Prepared p = prepare(q, k, v, scoreMod, blockMask, options, target);
-  Kernel& kernel = forwardKernel(p, scoreMod);
-  LaunchOptions lo = launchOptions(p);
-  FlexAttentionPlan plan;
-  plan.kernelName = kernel.name();
-  plan.config = p.config;
-  TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
-  plan.traced = &kernel.cachedTrace(to);
-  if (compile) {
-    // Compiling reads the output's shape, strides and alignment only: a contiguous view at a
-    // 16-byte-aligned address specializes exactly as a fresh allocation would, without allocating
-    // (and clearing) B*H*L*D elements per plan — the autotuner plans every config.
-    alignas(16) static std::byte anyAligned[16];
-    Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
-                                              : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
-    plan.compiled = &kernel.compile(lo, arguments(p, kernel, q, k, v, out, nullptr), target);
-  }
-  return plan;
+  return makePlan(p, q, k, v, scoreMod, compile, target);
 }
 
 FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const ScoreMod& scoreMod,
