@@ -89,8 +89,9 @@ void expectAttentionInput(const char* op, const char* what, const dsl::Tensor& t
 // Throws unless q [B, Hq, L, D], k and v [B, Hkv, S, D] are inputs both attention templates take:
 // one float dtype, agreeing shapes, Hq a multiple of Hkv, D a multiple of 16 up to 256, one memory
 // space, and the score mod's captures in that space.
+// `sameBatch` false: k and v are a paged pool ([1, Hkv, rows, D]) for any batch.
 void checkAttentionInputs(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
-                          const ScoreMod& scoreMod);
+                          const ScoreMod& scoreMod, bool sameBatch = true);
 
 // The mask that lists every block as full (no BlockMask given), kept per lengths and block sizes.
 BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes);
@@ -122,6 +123,9 @@ bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMas
 bool usesDecodeTemplate(const dsl::Tensor& q, const FlexAttentionOptions& options);
 // flex_attention_into's decode path (FlexAttentionDecode.cpp); out and lse already checked.
 void flexDecodeInto(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v, const ScoreMod& scoreMod,
+                    const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
+                    const FlexAttentionOptions& options);
+void flexDecodeInto(const dsl::Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                     const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
                     const FlexAttentionOptions& options);
 

@@ -108,11 +108,20 @@ struct MergeConstants {
 
 // ---- traced kernels ----------------------------------------------------------
 
+// `paged`: K/V are read through a page table (PagedKvParams and PagedKvConstants follow the
+// template's own); the mods and the lists keep seeing logical key positions.
 void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
-                 const MaskMod& maskMod) {
+                 const MaskMod& maskMod, bool paged) {
   f.attrs()["wgmma_register_a"] = int64_t(1);
-  const auto k = constantsFrom<DecodeConstants>(constants);
+  const size_t own = constantCount<DecodeConstants>();
+  const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
   const auto p = declareParams<DecodeParams>(f, dt);
+  std::optional<PagedKvConstants> pc;
+  std::optional<PagedKvParams<Traced>> pp;
+  if (paged) {
+    pc = constantsFrom<PagedKvConstants>(std::vector<int64_t>(constants.begin() + std::ptrdiff_t(own), constants.end()));
+    pp = declareParams<PagedKvParams>(f, dt);
+  }
   const double log2e = std::numbers::log2e;
 
   Tile split = program_id(0), group = program_id(1), b = program_id(2);
@@ -137,6 +146,13 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile q = k.DP == k.D ? load(qPtrs) : load(qPtrs, byD(rows >= 0));
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+  std::optional<detail::PagedKvRows> pagedRows;
+  Tile keyEnd = p.kv_len;  // keys at or past it are dead (S, or a paged batch's own length)
+  if (paged) {
+    pagedRows = detail::pagedKvRows(*pp, *pc, b);
+    keyEnd = detail::pagedKeyEnd(*pp, *pc, b, p.kv_len);
+  }
+  const bool keysMayEnd = !k.kvDivisible || (paged && pc->hasLengths);
 
   // The mods see the row's own head (a scalar when the program holds one head) and global positions.
   Tile modHead = k.HP == 1 ? group : head.expand(1);
@@ -152,10 +168,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile begin = minimum(split * share, steps);
     Tile end = minimum(begin + share, steps);
     Tile listBase = listRow * p.list_kv_blocks;
-    auto keysOf = [&](const Tile& t) {
+    auto stepStart = [&](const Tile& t) {  // the logical position of step t's first key
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
-      return block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      return block * k.KVBS + (t % R) * k.BN;
     };
     // A partial block of the mask row may hold no allowed pair for this call's few queries (a
     // sliding window's left edge, say). Before the walk, mask_mod decides which of the program's
@@ -163,23 +179,25 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile liveBits;
     if (partial) {
       liveBits = for_range(begin, minimum(end, begin + kLiveBits), 1, zeros({}, DType::I64), [&](Tile t, Tile bits) {
-        Tile offsN = keysOf(t);
-        Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < p.kv_len).expand(0);
+        Tile offsN = stepStart(t) + arange(0, k.BN);
+        Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
         Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64);
         return bits | (any << (t - begin).to(DType::I64));
       });
     }
     auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
-      Tile offsN = keysOf(t);
-      Tile colLive = offsN < p.kv_len;
-      Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+      Tile start = stepStart(t);
+      Tile offsN = start + arange(0, k.BN);
+      Tile colLive = offsN < keyEnd;
+      Tile rows = paged ? detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd) : offsN;
+      Tile kOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+      Tile vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
       Tile loadCols = colLive;
       if (partial) {
         Tile step = (t - begin).to(DType::I64);
         loadCols = colLive & ((step >= kLiveBits) | (((liveBits >> step) & 1) != 0));
       }
-      const bool exact = !partial && k.kvDivisible && k.DP == k.D;
+      const bool exact = !partial && !keysMayEnd && k.DP == k.D;
       Tile kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(loadCols));
       Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(loadCols));
       Tile s = dot(q, kt.trans());
@@ -189,7 +207,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       else
         s = s * p.scale;  // the host folded log2 e into the scale
       if (partial) s = where(maskMod(b, modHead, qPos, kvPos), s, -INFINITY);
-      if (!k.kvDivisible) s = where(colLive.expand(0), s, -INFINITY);
+      if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
       Tile mNew = maximum(mi, max(s, 1));
       Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
       Tile pr = exp2(s - mSafe.expand(1));
@@ -333,7 +351,12 @@ struct DecodePrepared {
   const BlockMask* mask;
   std::optional<BlockMask> ownedMask;
   DecodeLists lists;
+  const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
+  PagedKvConstants pagedConstants{};
 };
+
+void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                   const FlexAttentionOptions& options, const std::optional<codegen::Target>& target);
 
 DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                        const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
@@ -345,6 +368,31 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = k.size(1), p.S = k.size(2);
   p.dtype = q.dtype();
   p.space = q.space();
+  finishPrepare(p, scoreMod, blockMask, options, target);
+  return p;
+}
+
+// A paged K/V: B, Hkv, S and the dtype checked against q by the PagedKV.
+DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                            const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
+                            const std::optional<codegen::Target>& target = std::nullopt) {
+  detail::expectAttentionInput("flex_attention (decode)", "q", q);
+  detail::expectPagedKvFor("flex_attention (decode)", kv, q.size(0), q.size(3), q.dtype(), q.space());
+  detail::checkAttentionInputs(q, kv.k, kv.v, scoreMod, /*sameBatch=*/false);
+  DecodePrepared p{};
+  p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = kv.kvHeads(), p.S = kv.length;
+  p.dtype = q.dtype();
+  p.space = q.space();
+  p.paged = &kv;
+  p.pagedConstants = detail::pagedKvConstants(kv);
+  finishPrepare(p, scoreMod, blockMask, options, target);
+  return p;
+}
+
+void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                   const FlexAttentionOptions& options, const std::optional<codegen::Target>& target) {
+  const char* me = "flex_attention (decode)";
+  auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
@@ -385,6 +433,9 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
                                    : defaultFlexDecodeConfig(p.dtype, p.D, capability, p.BM);
   FlexDecodeConfig& c = p.config;
   c.block_n = std::min(c.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+  // Paged: an inner step's keys must lie in one page for the K/V to stream through the pipeline
+  // (detail::kvStorageRows); a config the caller gave is kept (it gathers per key).
+  if (p.paged && !options.decode_config) c.block_n = std::min(c.block_n, p.paged->pageSize);
   if (auto why = detail::configProblem({p.BM, c.block_n, c.num_warps, c.num_stages}, nullptr))
     fail("config " + c.describe() + ": " + *why);
   if (mask.kvBlockSize() % c.block_n != 0)
@@ -406,7 +457,6 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (!std::isfinite(p.scale) || p.scale == 0)
     fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
-  return p;
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -420,16 +470,16 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.mask->kvBlockSize(),
                          p.hasScoreMod,
                          hasLse,
-                         p.S % p.mask->kvBlockSize() == 0,
+                         !(p.paged && p.pagedConstants.hasLengths) && p.S % p.mask->kvBlockSize() == 0,
                          p.lists.anyFull,
                          p.lists.anyPartial,
                          p.config.splits > 1};
 }
 
-std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype) {
+std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
   char key[96];
-  std::snprintf(key, sizeof key, "flex_decode/%p/%s", static_cast<const void*>(&scoreMod.state()),
-                std::string(ir::dtypeName(dtype)).c_str());
+  std::snprintf(key, sizeof key, "%s/%p/%s", paged ? "flex_decode_paged" : "flex_decode",
+                static_cast<const void*>(&scoreMod.state()), std::string(ir::dtypeName(dtype)).c_str());
   return key;
 }
 
@@ -437,12 +487,13 @@ Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {
   const MaskMod& maskMod = p.mask->maskMod();
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
-  return maskMod.state().kernel(decodeKernelKey(sm, dt), [&] {
-    return Kernel(detail::kernelName("flex_decode_" + sm.name() + "_" + maskMod.name()),
-                  [dt, sm, held = maskMod.detached()](ir::Function& f, const std::vector<int64_t>& c) {
-                    traceDecode(f, c, dt, sm, held);
+  const bool paged = p.paged != nullptr;
+  return maskMod.state().kernel(decodeKernelKey(sm, dt, paged), [&] {
+    return Kernel(detail::kernelName((paged ? "flex_decode_paged_" : "flex_decode_") + sm.name() + "_" + maskMod.name()),
+                  [dt, sm, held = maskMod.detached(), paged](ir::Function& f, const std::vector<int64_t>& c) {
+                    traceDecode(f, c, dt, sm, held, paged);
                   },
-                  constantCount<DecodeConstants>());
+                  constantCount<DecodeConstants>() + (paged ? constantCount<PagedKvConstants>() : 0));
   });
 }
 
@@ -477,6 +528,10 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   LaunchOptions lo;
   lo.grid = {c.splits, p.Hq / p.HP, p.B};
   lo.constants = constantList(constants);
+  if (p.paged) {
+    const std::vector<int64_t> paged = constantList(p.pagedConstants);
+    lo.constants.insert(lo.constants.end(), paged.begin(), paged.end());
+  }
   lo.num_warps = c.num_warps;
   lo.num_stages = c.num_stages;
   const auto& qs = q.strides();
@@ -494,10 +549,16 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
             .list_b_stride = lists.bStride, .list_h_stride = lists.hStride, .list_row = lists.row,
             .list_kv_blocks = lists.numKvBlocks, .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
-            .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1],
-            .k_stride_n = ks[2], .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
+            .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2],
+            // A paged storage is one [1, Hkv, rows, D] pool for the whole batch: batch stride 0.
+            .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
+            .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale},
            kernel.name())});
+  if (p.paged) {
+    const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
+    result.back().args.insert(result.back().args.end(), paged.begin(), paged.end());
+  }
   if (split) {
     Kernel& merge = mergeKernel(p.dtype);
     int64_t SP = 1;
@@ -527,6 +588,13 @@ void flexDecodeInto(const Tensor& q, const Tensor& k, const Tensor& v, const Sco
                     const FlexAttentionOptions& options) {
   const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
   runInOrder(launches(p, scoreMod, q, k, v, out, lse), p.space);
+}
+
+void flexDecodeInto(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
+                    const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
+                    const FlexAttentionOptions& options) {
+  const DecodePrepared p = preparePaged(q, kv, scoreMod, blockMask, options);
+  runInOrder(launches(p, scoreMod, q, kv.k, kv.v, out, lse), p.space);
 }
 
 }  // namespace detail

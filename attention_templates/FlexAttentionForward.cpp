@@ -80,7 +80,7 @@ void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
       throw Error(std::string(op) + ": " + what + "'s strides exceed int32: " + t.describe());
 }
 
-void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod) {
+void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod, bool sameBatch) {
   expectAttentionInput("flex_attention", "q", q);
   expectAttentionInput("flex_attention", "k", k);
   expectAttentionInput("flex_attention", "v", v);
@@ -90,7 +90,7 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
                 ", v " + shapeStr(v));
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16 && q.dtype() != DType::F32)
     throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + shapeStr(q));
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0))
+  if (sameBatch && (k.size(0) != q.size(0) || v.size(0) != q.size(0)))
     throw Error("flex_attention: batch sizes differ: q " + shapeStr(q) + ", k " + shapeStr(k) + ", v " + shapeStr(v));
   if (v.size(1) != k.size(1) || v.size(2) != k.size(2))
     throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
@@ -659,6 +659,14 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
+  if (detail::usesDecodeTemplate(q, o)) {
+    expectOutputs(q, out, lse);
+    detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o);
+    return;
+  }
+  if (o.query_offset)
+    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
+                "(BlockMask::sliceRows) for the prefill template");
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
