@@ -43,9 +43,11 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim, int capab
   // BM / 16 compute the same rows again (the chained-dot warp split puts warps along M only) but
   // issue their share of the loads.
   if (headDim > 128 || ir::byteWidth(dtype) == 4) return {32, 4, 2, 0};
-  // The H200 sweep (bench/RESULTS.md, 2026-12-01; B=8 Hq=32 Hkv=8 S=32768 D=128): 128-key steps on
-  // two warpgroups with two stages in flight led (one 128 KB ring per SM).
-  if (capability >= 90) return {128, 8, 2, 0};
+  // The H200 sweep (bench/RESULTS.md, 2026-12-01; B=8 Hq=32 Hkv=8 S=32768 D=128): 64-key steps on
+  // one warpgroup with two stages in flight (a 64 KB ring, three programs per SM) led at 4.37 TB/s,
+  // 128-key steps on two warpgroups (one 128 KB ring per SM) reached 4.31; both need the split
+  // count to fill whole waves (decodeSplitCount).
+  (void)capability;
   return {64, 4, 2, 0};
 }
 

@@ -3,11 +3,13 @@
 //
 //   flextile_attention_decode_bench              # the shapes, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
+//   flextile_attention_decode_bench --sweep-splits   # block size x split count on every shape
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
 // shape here in the same run. Before timing, every call is checked against the prefill template
 // on the same inputs (itself checked against float64 by the tests); a wrong config is not timed.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "attention_templates/FlexAttention.h"
+#include "attention_templates/PagedKVCache.h"
 #include "attention_templates/Reference.h"
 #include "dsl/DSL.h"
 #include "runtime/Device.h"
@@ -36,7 +39,33 @@ struct Shape {
   int64_t B, Hq, Hkv, S, L, D;
   int64_t window = 0;  // > 0: a sliding-window mask of this many keys (causal)
   bool causalMask = false;
+  int64_t pageSize = 0;  // > 0: K/V in a paged pool of pages in random physical order
 };
+
+// The same logical K/V as `k`, `v` in a pool of pages at random physical positions.
+PagedKV pagedCopy(std::mt19937_64& rng, const Tensor& k, const Tensor& v, int64_t pageSize) {
+  const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3), perSeq = (S + pageSize - 1) / pageSize;
+  std::vector<int32_t> perm(size_t(B * perSeq));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<float> kh = k.toHost<float>(), vh = v.toHost<float>();
+  std::vector<float> kp(size_t(H * B * perSeq * pageSize * D)), vp(kp.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < S; ++t) {
+        const int64_t phys = int64_t(perm[size_t(b * perSeq + t / pageSize)]) * pageSize + t % pageSize;
+        const size_t from = size_t(((b * H + h) * S + t) * D), to = size_t((h * B * perSeq * pageSize + phys) * D);
+        std::copy_n(kh.begin() + std::ptrdiff_t(from), D, kp.begin() + std::ptrdiff_t(to));
+        std::copy_n(vh.begin() + std::ptrdiff_t(from), D, vp.begin() + std::ptrdiff_t(to));
+      }
+  PagedKV kv;
+  kv.k = Tensor::fromHost(kp, DType::BF16, {1, H, B * perSeq * pageSize, D}, MemorySpace::Device);
+  kv.v = Tensor::fromHost(vp, DType::BF16, {1, H, B * perSeq * pageSize, D}, MemorySpace::Device);
+  kv.pageTable = Tensor::fromHost(perm, {B, perSeq}, MemorySpace::Device);
+  kv.pageSize = pageSize;
+  kv.length = S;
+  return kv;
+}
 
 Tensor randomBf16(std::mt19937_64& rng, dsl::Shape shape) {
   std::normal_distribution<float> n(0.f, 1.f);
@@ -54,25 +83,30 @@ double maxAbsDiff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-// Bytes of K and V in the blocks the decode lists hold for the queries at `pos`.
+// Bytes of K and V in the blocks the call reads: every key without a mask; with one, the listed
+// blocks that hold a key the query at `pos` may see (the template skips a listed partial block
+// without one: a window's left edge).
 double kvBytesRead(const Shape& s, const std::optional<BlockMask>& mask, int64_t pos) {
   const double perKey = double(s.B) * double(s.Hkv) * double(s.D) * 2 /*bytes*/ * 2 /*K and V*/;
   if (!mask) return perKey * double(s.S);
-  const int64_t row = (pos - mask->qOffset()) / mask->qBlockSize();
+  const int64_t row = (pos - mask->qOffset()) / mask->qBlockSize(), kvbs = mask->kvBlockSize();
+  const int64_t firstKey = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
   double keys = 0;
   for (auto list : {mask->fullKvBlocks(0, 0, row), mask->partialKvBlocks(0, 0, row)})
-    for (int32_t j : list) keys += double(std::min<int64_t>(mask->kvBlockSize(), s.S - j * mask->kvBlockSize()));
+    for (int32_t j : list)
+      if ((j + 1) * kvbs > firstKey && j * kvbs <= pos) keys += double(std::min<int64_t>(kvbs, s.S - j * kvbs));
   return perKey * keys;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false;
+  bool sweep = false, sweepSplits = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+    if (!std::strcmp(argv[i], "--sweep")) sweep = sweepSplits = true;
+    else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits]\n", argv[0]);
       return 2;
     }
   }
@@ -88,6 +122,8 @@ int main(int argc, char** argv) {
       {"decode_s2048", 8, 32, 8, 2048, 1, 128},
       {"decode_b1_s2048", 1, 32, 8, 2048, 1, 128},
       {"decode_l4", 8, 32, 8, 32768, 4, 128},
+      {"decode_paged128", 8, 32, 8, 32768, 1, 128, 0, false, 128},
+      {"decode_paged64", 8, 32, 8, 32768, 1, 128, 0, false, 64},
   };
   struct Row {
     std::string shape, config;
@@ -114,12 +150,21 @@ int main(int argc, char** argv) {
       flex_attention_into(q, k, v, noop_score(), slice, want, nullptr, {.kernel = AttentionTemplate::Prefill});
     }
     const double bytes = kvBytesRead(s, mask, pos);
+    std::optional<PagedKV> paged;
+    if (s.pageSize > 0) paged = pagedCopy(rng, k, v, s.pageSize);
+    auto run = [&](const FlexAttentionOptions& o) {
+      if (paged) flex_attention_into(q, *paged, noop_score(), mask, out, &lse, o);
+      else flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    };
     std::vector<FlexDecodeConfig> configs = {FlexDecodeConfig{}};
+    if (sweepSplits && (s.name != "decode" || !sweep))
+      for (int64_t bn : {64, 128})
+        for (int64_t sp : {2, 4, 8, 16}) configs.push_back({bn, bn == 64 ? 4 : 8, 2, sp});
     if (sweep && s.name == "decode")
       for (int64_t bn : {64, 128})
-        for (int w : {1, 2, 4, 8})
-          for (int st : {2, 3, 4})
-            for (int64_t sp : {0, 4, 8, 16, 32}) configs.push_back({bn, w, st, sp});
+        for (int w : {4, 8})
+          for (int st : {2, 3})
+            for (int64_t sp : {0, 1, 2, 3, 4, 6, 8, 16}) configs.push_back({bn, w, st, sp});
     double dfltTbps = 0;
     Row best{s.name, "", INFINITY, 0, 0};
     for (size_t ci = 0; ci < configs.size(); ++ci) {
@@ -129,7 +174,7 @@ int main(int argc, char** argv) {
       std::string label = ci == 0 ? "default" : configs[ci].describe();
       try {
         out.copyFromHost(std::vector<float>(size_t(out.numel()), NAN));
-        flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+        run(o);
         runtime::synchronize();
         const double err = maxAbsDiff(out, want);
         if (!(err < 2e-2)) {
@@ -137,8 +182,8 @@ int main(int argc, char** argv) {
           continue;
         }
         if (ci == 0) label = "default " + plan_flex_decode(q, k, v, noop_score(), mask, o).config.describe();
-        const double ms = runtime::median(
-            runtime::timeKernel([&] { flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o); }, 5, 50));
+        if (ci == 0 && paged) label = "default (paged)";
+        const double ms = runtime::median(runtime::timeKernel([&] { run(o); }, 5, 50));
         const double tbps = bytes / ms / 1e9;
         if (ci == 0) dfltTbps = tbps;
         std::printf("%-18s %-34s %9.1f us %6.2f TB/s\n", s.name.c_str(), label.c_str(), ms * 1e3, tbps);

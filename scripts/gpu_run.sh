@@ -65,15 +65,20 @@ start=$(now)
 (
   timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter=$FLEXTILE_GPU_TEST_FILTER} 2>&1
   rc1=$?
-  # The forward and the backward halves of attention_gpu_tests each get their own timeout (together
-  # they run past one: about 280 s and 110 s on the H200).
+  # The forward, backward and serving (decode, paged K/V) parts of attention_gpu_tests each get
+  # their own timeout (together they run past one: about 280 s, 110 s and 150 s on the H200).
   if [ -n "${FLEXTILE_ATTN_TEST_FILTER:-}" ]; then
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$FLEXTILE_ATTN_TEST_FILTER" 2>&1
     rc2=$?
   else
-    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter='-FlexAttentionBackwardGpu.*' 2>&1
+    serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*'
+    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="-FlexAttentionBackwardGpu.*:$serving" 2>&1
     rc2=$?
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter='FlexAttentionBackwardGpu.*' 2>&1
+    rc=$?
+    [ "$rc2" = 0 ] && rc2=$rc
+    # Decode, paged K/V and decode lists (the serving half).
+    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$serving" 2>&1
     rc=$?
     [ "$rc2" = 0 ] && rc2=$rc
   fi

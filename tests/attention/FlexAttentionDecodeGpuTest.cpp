@@ -7,6 +7,9 @@
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
 
+#include <chrono>
+#include <cstdio>
+
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 using namespace flextile;
@@ -31,11 +34,19 @@ TEST(FlexDecodeGpu, EveryVariantAtTheIssueShapes) {
       {.B = 2, .Hq = 4, .Hkv = 4, .L = 16, .S = 129, .D = 64, .dtype = DType::BF16},
       {.B = 2, .Hq = 16, .Hkv = 2, .L = 1, .S = 4097, .D = 128, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 16, .S = 4097, .D = 64, .dtype = DType::F16},
-      {.B = 1, .Hq = 4, .Hkv = 2, .L = 3, .S = 300, .D = 256, .dtype = DType::F32},
+      {.B = 1, .Hq = 4, .Hkv = 2, .L = 3, .S = 300, .D = 256, .dtype = DType::BF16},
+      {.B = 1, .Hq = 4, .Hkv = 4, .L = 2, .S = 300, .D = 64, .dtype = DType::F32},
   };
-  for (const Variant& v : variants())
-    for (const AttentionCase& c : cases)
-      if (!checkDecodeVariant(rng, v, c, kDevice, kDefaultBlocks)) return;
+  for (const AttentionCase& c : cases)
+    for (const Variant& v : variants()) {
+      const auto start = std::chrono::steady_clock::now();
+      const bool ok = checkDecodeVariant(rng, v, c, kDevice, kDefaultBlocks);
+      // Progress, so a slow or stuck case shows in the log.
+      std::printf("  %-16s %s: %.2f s\n", v.name.c_str(), c.describe().c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::fflush(stdout);
+      if (!ok) return;
+    }
 }
 
 TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
