@@ -293,13 +293,13 @@ int64_t onlyRow(const BlockMask& mask, int64_t start, int64_t count) {
   return r0 == r1 ? r0 : -1;
 }
 
-// The mask's own lists at one row: nothing is built or uploaded (the mask keeps its tensors).
+// The mask's own lists at one row: nothing is built or uploaded (the mask keeps its tensors; a
+// row slice's are views of its parent's, with the parent's row strides).
 DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) {
-  const BlockMaskTensors& t = mask.tensors(space);
+  const BlockMaskTensors& t = mask.kvTensors(space);
   DecodeLists lists{t.fullKvNum, t.fullKvIndices, t.kvNum, t.kvIndices};
-  const int64_t nQ = mask.numQBlocks();
-  lists.bStride = mask.batch() > 1 ? mask.heads() * nQ : 0;
-  lists.hStride = mask.heads() > 1 ? nQ : 0;
+  lists.bStride = t.kvBatchStride;
+  lists.hStride = t.kvHeadStride;
   lists.row = row;
   lists.numKvBlocks = mask.numKvBlocks();
   for (int64_t b = 0; b < mask.batch(); ++b)

@@ -278,3 +278,24 @@ TEST(FlexDecode, PagedCacheServingLoop) {
     }
   }
 }
+
+// Regression (H200, 2026-12-01): a row slice of a per-head, per-batch mask is a view of its
+// parent's lists with the parent's row strides; the decode template once recomputed the strides
+// from the slice's own shape and read other heads' rows (zero outputs).
+TEST(FlexDecode, RowSlicesOfPerHeadMasksKeepTheirParentsStrides) {
+  SeededRandom rng;
+  const int64_t S = 200, pos = 150;
+  const std::vector<int64_t> windows = {3, 40, 90, 300};
+  BlockMask windowsMask = slidingWindowBlockMask(2, 4, S, S, windows, kBlocks, kHost);
+  BlockMask slice = windowsMask.sliceRows(pos / 32, 1, pos, 1);
+  Tensor q = randomTensor(rng, DType::BF16, {2, 4, 1, 64}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {2, 2, S, 64}, kHost), v = randomTensor(rng, DType::BF16, {2, 2, S, 64}, kHost);
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow(windows), 0.125, pos);
+  for (int64_t splits : {0, 3}) {
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {2, 4, 1}, kHost);
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), slice, out, &lse, decodeWithSplits(splits));
+    if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
+  }
+}
