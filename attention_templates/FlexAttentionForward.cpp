@@ -633,6 +633,20 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
   }
   return plan;
 }
+// Runs `decode` (the decode template) when the call chooses it and returns true; otherwise refuses a
+// query_offset, which the prefill template does not take.
+template <class Decode>
+bool decodeIfChosen(const Tensor& q, Tensor& out, Tensor* lse, const FlexAttentionOptions& o, Decode&& decode) {
+  if (detail::usesDecodeTemplate(q, o)) {
+    expectOutputs(q, out, lse);
+    decode();
+    return true;
+  }
+  if (o.query_offset)
+    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
+                "(BlockMask::sliceRows) for the prefill template");
+  return false;
+}
 }  // namespace
 
 void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
@@ -640,14 +654,8 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  if (detail::usesDecodeTemplate(q, o)) {
-    expectOutputs(q, out, lse);
-    detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o);
+  if (decodeIfChosen(q, out, lse, o, [&] { detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o); }))
     return;
-  }
-  if (o.query_offset)
-    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
-                "(BlockMask::sliceRows) for the prefill template");
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
@@ -659,14 +667,8 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  if (detail::usesDecodeTemplate(q, o)) {
-    expectOutputs(q, out, lse);
-    detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o);
+  if (decodeIfChosen(q, out, lse, o, [&] { detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o); }))
     return;
-  }
-  if (o.query_offset)
-    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
-                "(BlockMask::sliceRows) for the prefill template");
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
