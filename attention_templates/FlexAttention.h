@@ -98,6 +98,11 @@ struct FlexAttentionOptions {
   // q's L queries are [query_offset, query_offset + L) and must lie inside the mask's. Decode only.
   // Without it the mask must have exactly q's length (sliceRows makes such a mask).
   std::optional<int64_t> query_offset;
+  // The same per sequence, for a batch of requests at different positions: i32 [B] in q's memory
+  // space, sequence b's queries being [query_offsets[b], query_offsets[b] + L). Decode only; each
+  // sequence's queries must lie in one BlockMask row (always true for L = 1). Device values are read
+  // by the kernel, so a serving loop can advance them on the GPU without a host round trip.
+  std::optional<dsl::Tensor> query_offsets;
 };
 
 // What a config resolver sees of a call that gave no config.

@@ -83,7 +83,8 @@ struct DecodeParams {
                            (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<I32Ptr>, kv_num),
                            (P<I32Ptr>, kv_indices), (P<I32Ptr>, full_kv_num), (P<I32Ptr>, full_kv_indices),
                            (P<I32>, list_b_stride), (P<I32>, list_h_stride), (P<I32>, list_row),
-                           (P<I32>, list_kv_blocks),
+                           (P<I32>, list_kv_blocks), (P<I32Ptr>, q_offsets), (P<I32>, mask_row_start),
+                           (P<I32>, mask_q_blocks),
                            (P<I32>, q_len), (P<I32>, kv_len), (P<I32>, q_offset), (P<I32>, q_stride_b),
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
@@ -94,7 +95,8 @@ struct DecodeParams {
 struct DecodeConstants {
   BOOST_HANA_DEFINE_STRUCT(DecodeConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
-                           (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split));
+                           (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
+                           (int64_t, QBS), (int64_t, perSequenceOffsets));
 };
 
 template <template <class> class P>
@@ -158,8 +160,15 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
 
   // The mods see the row's own head (a scalar when the program holds one head) and global positions.
   Tile modHead = k.HP == 1 ? group : head.expand(1);
-  Tile qPos = (query + p.q_offset).expand(1);
-  Tile listRow = b * p.list_b_stride + group * p.list_h_stride + p.list_row;
+  // Where this sequence's queries are: one offset for the call, or its own (query_offsets), whose
+  // mask row is then found here (clamped into the mask: the host checks what it can see).
+  Tile qStart = p.q_offset, row = p.list_row;
+  if (k.perSequenceOffsets) {
+    qStart = load(p.q_offsets + b);
+    row = minimum(maximum((qStart - p.mask_row_start) / k.QBS, 0), p.mask_q_blocks - 1);
+  }
+  Tile qPos = (query + qStart).expand(1);
+  Tile listRow = b * p.list_b_stride + group * p.list_h_stride + row;
   const int64_t R = k.KVBS / k.BN;
   constexpr int64_t kLiveBits = 64;
 
@@ -312,6 +321,21 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) 
   return lists;
 }
 
+// The mask's own lists for a row each sequence's kernel program finds itself (query_offsets): the
+// host bounds are those of the whole mask.
+DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space) {
+  DecodeLists lists = maskRowLists(mask, 0, space);
+  lists.maxLiveBlocks = 0;
+  for (int64_t b = 0; b < mask.batch(); ++b)
+    for (int64_t h = 0; h < mask.heads(); ++h)
+      for (int64_t r = 0; r < mask.numQBlocks(); ++r)
+        lists.maxLiveBlocks = std::max<int64_t>(
+            lists.maxLiveBlocks, int64_t(mask.fullKvBlocks(b, h, r).size() + mask.partialKvBlocks(b, h, r).size()));
+  lists.anyFull = mask.numFullBlocks() > 0;
+  lists.anyPartial = mask.numPartialBlocks() > 0;
+  return lists;
+}
+
 // Exact lists for queries that straddle mask rows, made on the device (DecodeLists.h).
 DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space) {
   DecodeBlockLists d = decodeBlockLists(mask, start, count, space);
@@ -353,6 +377,7 @@ struct DecodePrepared {
   const BlockMask* mask;
   std::optional<BlockMask> ownedMask;
   DecodeLists lists;
+  std::optional<Tensor> queryOffsets;  // i32 [B]: each sequence's own position (options.query_offsets)
   const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
 };
@@ -406,7 +431,37 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     p.mask = &*p.ownedMask;
   }
   const BlockMask& mask = *p.mask;
-  if (options.query_offset) {
+  if (options.query_offset && options.query_offsets)
+    fail("give query_offset (one position for the call) or query_offsets (one per sequence), not both");
+  if (options.query_offsets) {
+    // Each sequence's own position in a mask pre-built for more queries: an i32 [B] tensor in q's
+    // space, read by the kernel. Host values are checked here; device values cannot be without a
+    // round trip (the kernel clamps the mask row, so a bad one reads a wrong row, never past the lists).
+    const Tensor& t = *options.query_offsets;
+    t.expect(std::string(me) + ": query_offsets", DType::I32, {p.B});
+    if (t.space() != p.space || !t.isContiguous())
+      fail("query_offsets must be contiguous and in q's memory space, got " + t.describe());
+    mask.checkInputs(p.B, p.Hq, mask.qLen(), p.S);
+    const int64_t rowStart = mask.qOffset() - mask.qPhase();
+    if (t.space() == MemorySpace::Host) {
+      const std::vector<int32_t> offsets = t.toHost<int32_t>();
+      for (int64_t b = 0; b < p.B; ++b) {
+        const int64_t o = offsets[size_t(b)];
+        if (o < mask.qOffset() || o + p.L > mask.qOffset() + mask.qLen())
+          fail("sequence " + std::to_string(b) + "'s queries [" + std::to_string(o) + ", " + std::to_string(o + p.L) +
+               ") lie outside the BlockMask's queries [" + std::to_string(mask.qOffset()) + ", " +
+               std::to_string(mask.qOffset() + mask.qLen()) + "): " + mask.describe());
+        if ((o - rowStart) / mask.qBlockSize() != (o + p.L - 1 - rowStart) / mask.qBlockSize())
+          fail("sequence " + std::to_string(b) + "'s queries [" + std::to_string(o) + ", " + std::to_string(o + p.L) +
+               ") straddle two rows of the BlockMask (Q_BLOCK_SIZE " + std::to_string(mask.qBlockSize()) +
+               "): with query_offsets each sequence's queries must lie in one row");
+      }
+    } else if (p.L > 1 && p.L > mask.qBlockSize()) {
+      fail("with query_offsets each sequence's L = " + std::to_string(p.L) + " queries must fit one BlockMask row");
+    }
+    p.queryOffsets = t;
+    p.queryStart = mask.qOffset();
+  } else if (options.query_offset) {
     // A mask pre-built for more queries: q's rows are [query_offset, query_offset + L) of its positions.
     const int64_t first = mask.qOffset(), end = mask.qOffset() + mask.qLen();
     if (*options.query_offset < first || *options.query_offset + p.L > end)
@@ -445,8 +500,12 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
          std::to_string(mask.kvBlockSize()) + ")");
   if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
 
-  const int64_t row = onlyRow(mask, p.queryStart, p.L);
-  p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : straddlingLists(mask, p.queryStart, p.L, p.space);
+  if (p.queryOffsets) {
+    p.lists = maskListsForAnyRow(mask, p.space);
+  } else {
+    const int64_t row = onlyRow(mask, p.queryStart, p.L);
+    p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : straddlingLists(mask, p.queryStart, p.L, p.space);
+  }
   if (c.splits == 0) {
     const int sms = target ? 132 /* a plan for a target: an H100/H200-sized part */
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
@@ -475,7 +534,9 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          !(p.paged && p.pagedConstants.hasLengths) && p.S % p.mask->kvBlockSize() == 0,
                          p.lists.anyFull,
                          p.lists.anyPartial,
-                         p.config.splits > 1};
+                         p.config.splits > 1,
+                         p.mask->qBlockSize(),
+                         p.queryOffsets.has_value()};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -550,7 +611,10 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .part_lse = split ? partLse : anyF32, .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
             .list_b_stride = lists.bStride, .list_h_stride = lists.hStride, .list_row = lists.row,
-            .list_kv_blocks = lists.numKvBlocks, .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
+            .list_kv_blocks = lists.numKvBlocks,
+            .q_offsets = p.queryOffsets ? *p.queryOffsets : lists.fullNum,  // read only with per-sequence offsets
+            .mask_row_start = p.mask->qOffset() - p.mask->qPhase(), .mask_q_blocks = p.mask->numQBlocks(),
+            .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
             .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2],
             // A paged storage is one [1, Hkv, rows, D] pool for the whole batch: batch stride 0.
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],

@@ -591,7 +591,7 @@ bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
     case AttentionTemplate::Auto: break;
   }
   // A prefill config given by the caller asks for the prefill template.
-  if (options.query_offset || options.decode_config) return true;
+  if (options.query_offset || options.query_offsets || options.decode_config) return true;
   return !options.config && q.rank() == 4 && q.size(2) <= kDecodeMaxQueries;
 }
 }  // namespace detail
@@ -642,8 +642,8 @@ bool decodeIfChosen(const Tensor& q, Tensor& out, Tensor* lse, const FlexAttenti
     decode();
     return true;
   }
-  if (o.query_offset)
-    throw Error("flex_attention: query_offset is taken by the decode template only; slice the BlockMask "
+  if (o.query_offset || o.query_offsets)
+    throw Error("flex_attention: query_offset(s) is taken by the decode template only; slice the BlockMask "
                 "(BlockMask::sliceRows) for the prefill template");
   return false;
 }

@@ -155,7 +155,7 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
   Tensor k2 = Tensor::zeros(DType::BF16, {1, 2, S + 1, 64}, kHost);
   expectError([&] { flex_attention(q1, k2, k2, noop_score(), mask, {.query_offset = 5}); }, {"KV_LEN=101"});
   expectError([&] { flex_attention(q, k, k, noop_score(), mask, {.kernel = AttentionTemplate::Prefill, .query_offset = 5}); },
-              {"query_offset is taken by the decode template only"});
+              {"is taken by the decode template only"});
   expectError([&] {
     flex_attention(q1, k, k, noop_score(), mask, {.decode_config = FlexDecodeConfig{.block_n = 24}, .query_offset = 5});
   }, {"BLOCK_M and BLOCK_N must be powers of two"});
@@ -298,4 +298,46 @@ TEST(FlexDecode, RowSlicesOfPerHeadMasksKeepTheirParentsStrides) {
     flex_attention_into(q, k, v, noop_score(), slice, out, &lse, decodeWithSplits(splits));
     if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
   }
+}
+
+// A batch of requests at different positions (query_offsets, one per sequence): each sequence's
+// query sees its own window, against a reference run per sequence at its own offset. Contiguous
+// and paged K/V.
+TEST(FlexDecode, EverySequenceAtItsOwnPosition) {
+  SeededRandom rng;
+  const int64_t B = 3, Hq = 4, Hkv = 2, S = 160, D = 64, W = 37;
+  const std::vector<int32_t> positions = {40, 97, 159};
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, kBlocks, kHost);
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, D}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost);
+  // The reference, sequence by sequence, at each one's own position.
+  ReferenceResult ref;
+  for (int64_t b = 0; b < B; ++b) {
+    auto one = [&](const Tensor& t) {
+      return Tensor::viewOf(t, b * t.strides()[0], {1, t.size(1), t.size(2), t.size(3)}, t.strides());
+    };
+    ReferenceResult r = referenceAttention(one(q), one(k), one(v), nullptr, refWindow({W}), 0.125, positions[size_t(b)]);
+    ref.out.insert(ref.out.end(), r.out.begin(), r.out.end());
+    ref.lse.insert(ref.lse.end(), r.lse.begin(), r.lse.end());
+  }
+  const Tensor offsets = Tensor::fromHost(positions, {B}, kHost);
+  for (int64_t splits : {0, 1, 3}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    FlexAttentionOptions o = decodeWithSplits(splits);
+    o.query_offsets = offsets;
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {B, Hq, 1}, kHost);
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
+  }
+  // A position outside the mask, and both kinds of offset at once, are errors.
+  FlexAttentionOptions bad{.query_offsets = Tensor::fromHost(std::vector<int32_t>{40, 97, 160}, {B}, kHost)};
+  expectError([&] { flex_attention(q, k, v, noop_score(), mask, bad); },
+              {"sequence 2's queries [160, 161)", "outside the BlockMask's queries [0, 160)"});
+  bad.query_offsets = offsets;
+  bad.query_offset = 3;
+  expectError([&] { flex_attention(q, k, v, noop_score(), mask, bad); }, {"not both"});
+  FlexAttentionOptions wrongShape{.query_offsets = Tensor::fromHost(std::vector<int32_t>{1, 2}, {2}, kHost)};
+  expectError([&] { flex_attention(q, k, v, noop_score(), mask, wrongShape); }, {"query_offsets"});
 }
