@@ -58,3 +58,35 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
                                                                  .prefillConfig = {64, 64, 4, 2}}))
       return;
 }
+
+// query_offsets on the device: a batch of requests at different positions of a window mask, each
+// against a reference run at its own position (the offsets are never read by the host).
+TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 4, Hq = 32, Hkv = 8, S = 4097, D = 128, W = 1000;
+  const std::vector<int32_t> positions = {0, 1500, 2900, 4096};
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, {128, 128}, kDevice);
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, D}, kDevice);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice);
+  ReferenceResult ref;
+  for (int64_t b = 0; b < B; ++b) {
+    auto one = [&](const Tensor& t) {
+      return Tensor::viewOf(t, b * t.strides()[0], {1, t.size(1), t.size(2), t.size(3)}, t.strides()).to(MemorySpace::Host);
+    };
+    ReferenceResult r = referenceAttention(one(q), one(k), one(v), nullptr, refWindow({W}), 1.0 / std::sqrt(double(D)),
+                                           positions[size_t(b)]);
+    ref.out.insert(ref.out.end(), r.out.begin(), r.out.end());
+    ref.lse.insert(ref.lse.end(), r.lse.begin(), r.lse.end());
+  }
+  const Tensor offsets = Tensor::fromHost(positions, {B}, kDevice);
+  for (int64_t splits : {0, 1, 7}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    FlexAttentionOptions o{.decode_config = FlexDecodeConfig{.splits = splits}, .query_offsets = offsets};
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), kDevice), lse = Tensor::empty(DType::F32, {B, Hq, 1}, kDevice);
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
+  }
+}
