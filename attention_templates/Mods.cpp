@@ -43,13 +43,22 @@ constexpr int kProbe = 16;
 
 // The facts of a probe trace; `ownLoads` is how many full-tile loads the probe itself makes (the
 // score probe reads its scores).
-detail::ModState::ProbeFacts probeFacts(const ir::Function& f, int ownLoads) {
+detail::ModState::ProbeFacts probeFacts(Kernel& probe, int ownLoads, const std::vector<CapturedTensor>& given) {
+  const auto traced = probe.trace();  // owns the function
+  const ir::Function& f = *traced;
   int fullTileLoads = 0;
   f.walk([&](const ir::Op& op) {
     if (op.kind() == ir::OpKind::Load && op.result()->type().shape() == ir::Shape{kProbe, kProbe}) ++fullTileLoads;
   });
-  return {ir::structuralHash(f), fullTileLoads > ownLoads};
+  std::vector<CapturedTensor> captures = given;
+  for (const auto& slot : probe.captures()) {
+    bool known = false;
+    for (const CapturedTensor& c : captures) known = known || c.slot() == slot;
+    if (!known) captures.push_back(CapturedTensor::fromSlot(slot));
+  }
+  return {ir::structuralHash(f), fullTileLoads > ownLoads, std::move(captures)};
 }
+
 
 std::optional<MemorySpace> spaceOf(const std::string& what, const std::vector<CapturedTensor>& captures) {
   std::optional<MemorySpace> space;
@@ -152,11 +161,19 @@ const detail::ModState::ProbeFacts& MaskMod::probe() const {
       auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
       store(out + q * kProbe + kv, self(b, h, q, kv));
     });
-    return probeFacts(*probe.trace(), 0);
+    return probeFacts(probe, 0, captures_);
   });
 }
 
-std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures_); }
+const std::vector<CapturedTensor>& MaskMod::captures() const {
+  if (!fn_) return captures_;
+  try {
+    return probe().captures;
+  } catch (const Error&) {
+    return captures_;  // the probe tiles do not fit this mod: what it was given
+  }
+}
+std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures()); }
 
 ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
     : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
@@ -191,11 +208,19 @@ const detail::ModState::ProbeFacts& ScoreMod::probe() const {
       auto at = scores + q * kProbe + kv;
       store(at, self(load(at), b, h, q, kv));
     });
-    return probeFacts(*probe.trace(), 1);
+    return probeFacts(probe, 1, captures_);
   });
 }
 
-std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("score_mod '" + name_ + "'", captures_); }
+const std::vector<CapturedTensor>& ScoreMod::captures() const {
+  if (!fn_) return captures_;
+  try {
+    return probe().captures;
+  } catch (const Error&) {
+    return captures_;  // the probe tiles do not fit this mod: what it was given
+  }
+}
+std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("score_mod '" + name_ + "'", captures()); }
 
 // ---- algebra ---------------------------------------------------------------
 

@@ -50,6 +50,8 @@ struct ModState {
   struct ProbeFacts {
     uint64_t structuralHash;
     bool gathersPerElement;  // loads a tile of the index tiles' full shape (a value per score)
+    // The captures the mod was given followed by those it reads without having been given them.
+    std::vector<dsl::CapturedTensor> captures;
   };
   std::optional<ProbeFacts> probe;
   std::optional<std::string> probeError;  // why the probe trace failed, once it has
@@ -63,8 +65,9 @@ class MaskMod {
   using Fn = std::function<Tile(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx)>;
 
   MaskMod() = default;  // empty; use noop_mask() for "everything allowed"
-  // `captures` lists the tensors `fn` reads: they decide where the mask is
-  // built (host or GPU) and are validated before a launch.
+  // `captures` may list the tensors `fn` reads; a capture `fn` reads without being listed is found
+  // by tracing it (captures()), so listing them is optional. They decide where the mask is built
+  // (host or GPU) and are validated before a launch.
   // `defined` is where the mod is made (the caller's line by default): errors about what the
   // mod returns point there rather than into the template that called it.
   MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {},
@@ -78,7 +81,10 @@ class MaskMod {
   bool defined() const { return fn_ != nullptr; }
   const std::string& name() const { return name_; }
   const Fn& fn() const { return fn_; }
-  const std::vector<CapturedTensor>& captures() const { return captures_; }
+  // Every tensor the mod reads: those it was given, then those its probe trace reads without having
+  // been given them (a capture is declared once, where the lambda reads it). A mod the probe tiles
+  // cannot trace reports the given ones.
+  const std::vector<CapturedTensor>& captures() const;
   // Where the captured tensors live; nullopt without captures. Mixed spaces
   // are an error.
   std::optional<dsl::MemorySpace> captureSpace() const;
@@ -123,7 +129,8 @@ class ScoreMod {
   bool defined() const { return fn_ != nullptr; }
   const std::string& name() const { return name_; }
   const Fn& fn() const { return fn_; }
-  const std::vector<CapturedTensor>& captures() const { return captures_; }
+  // As MaskMod::captures: the given captures, then those the mod reads without having been given.
+  const std::vector<CapturedTensor>& captures() const;
   std::optional<dsl::MemorySpace> captureSpace() const;
   // Kernels traced with this mod (shared by its copies; see MaskMod::state).
   detail::ModState& state() const { return *state_; }

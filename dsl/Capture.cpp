@@ -35,6 +35,13 @@ void CaptureSlot::rebind(Tensor tensor) {
 CapturedTensor::CapturedTensor(Tensor tensor, std::string name, CaptureOptions options)
     : slot_(std::make_shared<CaptureSlot>(std::move(tensor), std::move(name), options)) {}
 
+CapturedTensor CapturedTensor::fromSlot(std::shared_ptr<CaptureSlot> slot) {
+  if (!slot) throw Error("CapturedTensor::fromSlot: an empty slot");
+  CapturedTensor c;
+  c.slot_ = std::move(slot);
+  return c;
+}
+
 CapturedTensor capture(Tensor tensor, std::string name, CaptureOptions options) {
   return CapturedTensor(std::move(tensor), std::move(name), options);
 }

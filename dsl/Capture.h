@@ -68,6 +68,8 @@ class CapturedTensor {
  public:
   CapturedTensor() = default;
   CapturedTensor(Tensor tensor, std::string name, CaptureOptions options = {});
+  // Another handle to an existing binding (a trace's Kernel::captures() lists slots).
+  static CapturedTensor fromSlot(std::shared_ptr<CaptureSlot> slot);
 
   bool defined() const { return slot_ != nullptr; }
   const std::string& name() const;

@@ -253,7 +253,18 @@ std::vector<TrainableCase> trainableCases(std::mt19937_64& rng, int64_t H, int64
                    return s + wT(q % 8) * wT(kv % 8);
                  },
                  {wT});
+  // Read by the mod but not listed with it: the mod finds it by tracing (a capture is declared once).
+  CapturedTensor unlistedT = dsl::capture(Tensor::fromHost(w, {8}, space), "w_unlisted", {.requires_grad = true});
+  // (A bias by key: one by query would be a row constant, whose gradient the softmax makes 0.)
+  ScoreMod unlisted("unlisted_w_kv", [unlistedT](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile& kv) {
+    return s + unlistedT(kv % 8);
+  });
   return {
+      {"a trainable capture the mod does not list", unlisted,
+       [w](double s, int64_t, int64_t, int64_t, int64_t kv) { return s + w[size_t(kv % 8)]; },
+       nullptr,
+       [](std::vector<std::vector<double>>& g, double d, int64_t, int64_t, int64_t, int64_t kv) { g[0][size_t(kv % 8)] += d; },
+       {8}},
       {"bias table", bias_table(tableT),
        [table, L, S](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
          return s + table[size_t((h * L + q) * S + kv)];

@@ -258,3 +258,32 @@ TEST(Mods, MistakesNameTheMod) {
 }
 
 }  // namespace
+
+// A capture is declared once, where the lambda reads it: a mod finds the tensors it reads by
+// tracing itself, so one left out of the captures list still decides where a BlockMask is built
+// and is validated before a launch. Given captures keep their order, read ones follow.
+TEST(Mods, CapturesReadButNotListedAreFoundByTracing) {
+  CapturedTensor ids = capture(Tensor::fromHost(std::vector<int32_t>(64, 0), {64}, MemorySpace::Host), "ids");
+  CapturedTensor listed = capture(Tensor::fromHost(std::vector<int32_t>(64, 1), {64}, MemorySpace::Host), "listed");
+  MaskMod sameDoc("same_doc_unlisted", [ids](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return ids(q) == ids(kv);
+  });
+  ASSERT_EQ(sameDoc.captures().size(), 1u);
+  EXPECT_EQ(sameDoc.captures()[0].slot(), ids.slot());
+  EXPECT_EQ(sameDoc.captureSpace(), MemorySpace::Host);
+  // Built where the capture lives (the GPU would be chosen for a mod without captures).
+  EXPECT_EQ(createBlockMask(sameDoc, 1, 1, 64, 64, {16, 16}).space(), MemorySpace::Host);
+  MaskMod both("both", [ids, listed](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (ids(q) == ids(kv)) & (listed(q) > 0);
+  }, {listed});
+  ASSERT_EQ(both.captures().size(), 2u);
+  EXPECT_EQ(both.captures()[0].slot(), listed.slot());
+  EXPECT_EQ(both.captures()[1].slot(), ids.slot());
+  // The algebra merges what its parts read.
+  EXPECT_EQ(and_masks({sameDoc, causal_mask()}).captures().size(), 1u);
+  ScoreMod bias("bias_unlisted", [listed](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile&) {
+    return s + listed(q).to(DType::F32);
+  });
+  ASSERT_EQ(bias.captures().size(), 1u);
+  EXPECT_EQ(bias.captureSpace(), MemorySpace::Host);
+}
