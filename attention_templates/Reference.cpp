@@ -1,8 +1,17 @@
 #include "attention_templates/Reference.h"
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
 
+#include "attention_templates/BlockMask.h"
 #include "ir/IR.h"
 
 namespace flextile::attention {
@@ -31,39 +40,231 @@ std::vector<double> toDoubles(const Tensor& t) {
   }
 }
 
-ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tensor& v, const RefScoreFn& score,
-                                   const RefMaskFn& mask, double scale, int64_t qOffset) {
-  using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
-  const std::vector<double> qd = toDoubles(q), kd = toDoubles(k), vd = toDoubles(v);
-  ReferenceResult r;
-  r.out.assign(size_t(B * Hq * L * D), 0.0);
-  r.lse.assign(size_t(B * Hq * L), -INFINITY);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t hk = h / (Hq / Hkv);
-      Eigen::Map<const Mat> Q(qd.data() + (b * Hq + h) * L * D, L, D);
-      Eigen::Map<const Mat> K(kd.data() + (b * Hkv + hk) * S * D, S, D);
-      Eigen::Map<const Mat> V(vd.data() + (b * Hkv + hk) * S * D, S, D);
-      Mat s = (Q * K.transpose()) * scale;
-      Eigen::Map<Mat> O(r.out.data() + (b * Hq + h) * L * D, L, D);
-      for (int64_t i = 0; i < L; ++i) {
-        double m = -INFINITY;
-        for (int64_t j = 0; j < S; ++j) {
-          const bool ok = !mask || mask(b, h, i + qOffset, j);
-          if (ok) ++r.allowedPairs;
-          double x = ok ? (score ? score(s(i, j), b, h, i + qOffset, j) : s(i, j)) : -INFINITY;
-          s(i, j) = x;
-          m = std::max(m, x);
-        }
-        if (m == -INFINITY) continue;  // no allowed key: out 0, lse -inf
-        double l = 0;
-        for (int64_t j = 0; j < S; ++j) l += s(i, j) = std::exp(s(i, j) - m);
-        O.row(i) = (s.row(i) * V) / l;
-        r.lse[size_t((b * Hq + h) * L + i)] = m + std::log(l);
+namespace {
+
+using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The tensor itself when its memory is the host's (any strides), else a host copy.
+Tensor onHost(const Tensor& t) { return t.isHost() ? t : t.to(dsl::MemorySpace::Host); }
+
+inline double widen(float x) { return x; }
+inline double widen(double x) { return x; }
+inline double widen(Eigen::half x) { return double(float(x)); }
+inline double widen(Eigen::bfloat16 x) { return double(float(x)); }
+
+// Rows rowOf(0..n-1) of t[b, h] ([B, H, N, D], host memory, any strides) as doubles, row-major
+// into dst [n, D].
+template <class T, class RowOf>
+void gatherRowsAs(const Tensor& t, int64_t b, int64_t h, int64_t n, const RowOf& rowOf, double* dst) {
+  const T* base = static_cast<const T*>(t.hostData());
+  const std::vector<int64_t>& st = t.strides();
+  const int64_t D = t.size(3);
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = base + b * st[0] + h * st[1] + rowOf(r) * st[2];
+    for (int64_t d = 0; d < D; ++d) dst[r * D + d] = widen(row[d * st[3]]);
+  }
+}
+template <class RowOf>
+void gatherRows(const Tensor& t, int64_t b, int64_t h, int64_t n, const RowOf& rowOf, double* dst) {
+  switch (t.dtype()) {
+    case DType::F32: return gatherRowsAs<float>(t, b, h, n, rowOf, dst);
+    case DType::F64: return gatherRowsAs<double>(t, b, h, n, rowOf, dst);
+    case DType::F16: return gatherRowsAs<Eigen::half>(t, b, h, n, rowOf, dst);
+    case DType::BF16: return gatherRowsAs<Eigen::bfloat16>(t, b, h, n, rowOf, dst);
+    default: throw Error("referenceAttention: expected a float tensor, got " + t.describe());
+  }
+}
+
+int threadCount(int requested, size_t tasks) {
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  return int(std::min<size_t>(size_t(requested > 0 ? requested : cores), std::max<size_t>(tasks, 1)));
+}
+
+// Runs task(0..count-1) on `threads` threads (the caller's alone for one); the first exception a
+// task throws is rethrown here, after every thread has stopped.
+void parallelFor(size_t count, int threads, const std::function<void(size_t)>& task) {
+  if (threads <= 1) {
+    for (size_t i = 0; i < count; ++i) task(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex errorMutex;
+  auto worker = [&] {
+    for (size_t i; !failed && (i = next++) < count;) {
+      try {
+        task(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(errorMutex);
+        if (!error) error = std::current_exception();
+        failed = true;
       }
     }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+std::vector<QueryRow> allQueryRows(int64_t B, int64_t H, int64_t L) {
+  std::vector<QueryRow> rows;
+  rows.reserve(size_t(B * H * L));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i) rows.push_back({b, h, i});
+  return rows;
+}
+
+ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn, const RefScoreFn& score,
+                                     const RefMaskFn& mask, double scale, std::span<const QueryRow> rows,
+                                     int64_t qOffset, int threads) {
+  const Tensor q = onHost(qIn), k = onHost(kIn), v = onHost(vIn);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  for (const QueryRow& r : rows)
+    if (r.b < 0 || r.b >= B || r.h < 0 || r.h >= Hq || r.i < 0 || r.i >= L)
+      throw Error("referenceAttentionRows: row (" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " +
+                  std::to_string(r.i) + ") is outside q " + q.describe());
+  // Tasks: up to kChunk rows that share a kv head (so its K and V are converted once per task,
+  // and a score block of kChunk x S doubles bounds the memory of each thread).
+  constexpr size_t kChunk = 64;
+  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> byKvHead;
+  for (size_t n = 0; n < rows.size(); ++n) byKvHead[{rows[n].b, rows[n].h / (Hq / Hkv)}].push_back(n);
+  struct Task {
+    int64_t b, hk;
+    std::vector<size_t> rows;  // indices into `rows`
+  };
+  std::vector<Task> tasks;
+  for (auto& [key, indices] : byKvHead)
+    for (size_t first = 0; first < indices.size(); first += kChunk)
+      tasks.push_back({key.first, key.second,
+                       std::vector<size_t>(indices.begin() + first,
+                                           indices.begin() + std::min(indices.size(), first + kChunk))});
+
+  ReferenceRows r;
+  r.out.assign(rows.size() * size_t(D), 0.0);
+  r.lse.assign(rows.size(), -INFINITY);
+  std::atomic<int64_t> allowedPairs{0};
+  parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
+    const Task& task = tasks[t];
+    const int64_t n = int64_t(task.rows.size());
+    Mat K(S, D), V(S, D), Q(n, D);
+    gatherRows(k, task.b, task.hk, S, [](int64_t j) { return j; }, K.data());
+    gatherRows(v, task.b, task.hk, S, [](int64_t j) { return j; }, V.data());
+    for (int64_t x = 0; x < n; ++x) {  // the task's rows may belong to different query heads
+      const QueryRow& row = rows[task.rows[size_t(x)]];
+      gatherRows(q, row.b, row.h, 1, [&](int64_t) { return row.i; }, Q.data() + x * D);
+    }
+    Mat s = (Q * K.transpose()) * scale;
+    int64_t pairs = 0;
+    for (int64_t x = 0; x < n; ++x) {
+      const size_t index = task.rows[size_t(x)];
+      const QueryRow& row = rows[index];
+      const int64_t qPos = row.i + qOffset;
+      double m = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        const bool ok = !mask || mask(row.b, row.h, qPos, j);
+        pairs += ok;
+        const double y = ok ? (score ? score(s(x, j), row.b, row.h, qPos, j) : s(x, j)) : -INFINITY;
+        s(x, j) = y;
+        m = std::max(m, y);
+      }
+      if (m == -INFINITY) continue;  // no allowed key: out 0, lse -inf
+      double l = 0;
+      for (int64_t j = 0; j < S; ++j) l += s(x, j) = std::exp(s(x, j) - m);
+      Eigen::Map<Eigen::RowVectorXd>(r.out.data() + index * size_t(D), D) = (s.row(x) * V) / l;
+      r.lse[index] = m + std::log(l);
+    }
+    allowedPairs += pairs;
+  });
+  r.allowedPairs = allowedPairs;
   return r;
+}
+
+ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tensor& v, const RefScoreFn& score,
+                                   const RefMaskFn& mask, double scale, int64_t qOffset) {
+  // One thread: callers of this form may pass mods that are not safe to call concurrently.
+  const std::vector<QueryRow> rows = allQueryRows(q.size(0), q.size(1), q.size(2));
+  ReferenceRows rr = referenceAttentionRows(q, k, v, score, mask, scale, rows, qOffset, /*threads=*/1);
+  ReferenceResult r;
+  r.out = std::move(rr.out);  // rows in [B, Hq, L] order: the [B, Hq, L, D] layout
+  r.lse = std::move(rr.lse);
+  r.allowedPairs = rr.allowedPairs;
+  return r;
+}
+
+std::vector<QueryRow> sampleQueryRows(int64_t B, int64_t H, int64_t L, const BlockMask* mask, const RefMaskFn& refMask,
+                                      const RowSample& o) {
+  std::vector<QueryRow> rows;
+  if (B <= 0 || H <= 0 || L <= 0) return rows;
+  std::mt19937_64 rng(o.seed);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      rows.push_back({b, h, 0});
+      rows.push_back({b, h, L - 1});
+      for (int64_t n = 0; n < o.randomPerHead; ++n) rows.push_back({b, h, int64_t(rng() % uint64_t(L))});
+    }
+
+  // First rows of blocks: of the kernel's tiles (which start at row 0) and of the mask's blocks
+  // (which a one-row slice may enter mid-block: qPhase).
+  std::set<int64_t> boundaries;
+  if (o.boundaryBlock > 0)
+    for (int64_t x = o.boundaryBlock; x < L; x += o.boundaryBlock) boundaries.insert(x);
+  if (mask)
+    for (int64_t x = mask->qBlockSize() - mask->qPhase(); x < L; x += mask->qBlockSize())
+      if (x > 0) boundaries.insert(x);
+  const std::vector<int64_t> firstRows(boundaries.begin(), boundaries.end());
+  const int64_t heads = B * H, nb = int64_t(firstRows.size());
+  for (int64_t t = 0; nb > 0 && t < std::max(nb, heads); ++t) {
+    const int64_t x = firstRows[size_t(t % nb)], bh = t % heads;
+    rows.push_back({bh / H, bh % H, x - 1});
+    rows.push_back({bh / H, bh % H, x});
+  }
+
+  // Rows with no allowed key, per (b, h) of the mask (0 on a broadcast dimension).
+  if (mask) {
+    const int64_t mB = mask->batch(), mH = mask->heads(), nQ = mask->numQBlocks(), BQ = mask->qBlockSize();
+    const int64_t BKV = mask->kvBlockSize(), S = mask->kvLen();
+    std::vector<std::vector<int64_t>> maskedRows(size_t(mB * mH * nQ));  // per row block, ascending
+    parallelFor(maskedRows.size(), threadCount(o.threads, maskedRows.size()), [&](size_t task) {
+      const int64_t mb = int64_t(task) / (mH * nQ), mh = int64_t(task) / nQ % mH, r = int64_t(task) % nQ;
+      if (!mask->fullKvBlocks(mb, mh, r).empty()) return;  // every row of the block sees its full block
+      const std::span<const int32_t> partial = mask->partialKvBlocks(mb, mh, r);
+      if (!partial.empty() && !refMask) return;  // cannot tell without the element mask
+      for (int64_t i = std::max<int64_t>(0, r * BQ - mask->qPhase()); i < std::min(L, (r + 1) * BQ - mask->qPhase());
+           ++i) {
+        bool anyKey = false;
+        for (size_t c = 0; c < partial.size() && !anyKey; ++c)
+          for (int64_t j = int64_t(partial[c]) * BKV; j < std::min(S, (int64_t(partial[c]) + 1) * BKV) && !anyKey; ++j)
+            anyKey = refMask(mb, mh, i + mask->qOffset(), j);
+        if (!anyKey) maskedRows[task].push_back(i);
+      }
+    });
+    for (int64_t mb = 0; mb < mB; ++mb)
+      for (int64_t mh = 0; mh < mH; ++mh) {
+        std::vector<int64_t> ends;  // first and last row of each run, up to kMaxMaskedRunsPerHead runs
+        int64_t runStart = -1, previous = -2;
+        auto closeRun = [&] {
+          if (runStart >= 0 && int64_t(ends.size()) < 2 * kMaxMaskedRunsPerHead) ends.insert(ends.end(), {runStart, previous});
+        };
+        for (int64_t r = 0; r < nQ; ++r)
+          for (int64_t i : maskedRows[size_t((mb * mH + mh) * nQ + r)]) {
+            if (i != previous + 1) closeRun(), runStart = i;
+            previous = i;
+          }
+        closeRun();
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            if ((mB == 1 || b == mb) && (mH == 1 || h == mh))
+              for (int64_t i : ends) rows.push_back({b, h, i});
+      }
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
 }
 
 ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,

@@ -5,11 +5,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "dsl/Tensor.h"
 
 namespace flextile::attention {
+
+class BlockMask;
 
 // allowed(b, h, q, kv) and score(s, b, h, q, kv) at global positions; h is
 // the query head.
@@ -27,6 +30,51 @@ struct ReferenceResult {
 ReferenceResult referenceAttention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                    const RefScoreFn& score, const RefMaskFn& mask, double scale,
                                    int64_t qOffset = 0);
+
+// One query row: batch b, query head h, row i of q (global position i + qOffset).
+struct QueryRow {
+  int64_t b = 0, h = 0, i = 0;
+  auto operator<=>(const QueryRow&) const = default;
+};
+
+struct ReferenceRows {
+  std::vector<double> out;   // [rows.size(), D], in the order of the rows asked for
+  std::vector<double> lse;   // [rows.size()], natural log; -inf for a row with no allowed key
+  int64_t allowedPairs = 0;  // over these rows
+};
+
+// The reference of some rows only, on `threads` threads (0: every core): how a check of a large
+// problem stays within seconds (a sample), or uses the whole machine (every row). The rows are
+// grouped by (batch, kv head) so that each task converts its K and V once. Unlike
+// referenceAttention, the mods are called from several threads at once and must be safe to call
+// concurrently (pure functions of their arguments are).
+ReferenceRows referenceAttentionRows(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                     const RefScoreFn& score, const RefMaskFn& mask, double scale,
+                                     std::span<const QueryRow> rows, int64_t qOffset = 0, int threads = 0);
+
+// Every row of [B, H, L] in row-major order (the rows of referenceAttention).
+std::vector<QueryRow> allQueryRows(int64_t B, int64_t H, int64_t L);
+
+// The rows a sampled check reads, chosen where attention kernels go wrong:
+//   * every (b, h): its first and last row, and `randomPerHead` seeded random rows;
+//   * both sides of every query block boundary (multiples of `boundaryBlock`, the kernel's
+//     BLOCK_M, and of the mask's Q_BLOCK_SIZE): each boundary in at least one (b, h), and each
+//     (b, h) at least one boundary, dealt round-robin so the sample grows with B * H + L / block
+//     and not with their product;
+//   * rows the mask leaves without any key (out 0, lse -inf): the first and last row of every such
+//     run, up to kMaxMaskedRunsPerHead runs per (b, h). Found from the BlockMask's lists (a row
+//     block with a full block has none), asking `refMask` only in row blocks of partial blocks
+//     alone, and stopping at a row's first allowed key.
+// Sorted, without duplicates. `mask` may be null (no mask: no row is masked).
+struct RowSample {
+  int64_t randomPerHead = 16;
+  int64_t boundaryBlock = 0;  // 0: the mask's Q_BLOCK_SIZE only (or no boundaries without a mask)
+  uint64_t seed = 0;
+  int threads = 0;            // for the search of masked rows (0: every core)
+};
+inline constexpr int64_t kMaxMaskedRunsPerHead = 8;
+std::vector<QueryRow> sampleQueryRows(int64_t B, int64_t H, int64_t L, const BlockMask* mask, const RefMaskFn& refMask,
+                                      const RowSample& options = {});
 
 // d score / d s of a RefScoreFn at s (empty: 1, the identity's).
 using RefScoreGradFn = std::function<double(double s, int64_t b, int64_t h, int64_t q, int64_t kv)>;

@@ -4,7 +4,7 @@
 // compile, bench, blockmask — with your variants next to the built-ins:
 //
 //   add_executable(my_flextile user_variant_cli.cpp)
-//   target_link_libraries(my_flextile PRIVATE flextile_main)
+//   target_link_libraries(my_flextile PRIVATE FlexTile::flextile_main)   # find_package(FlexTile) or in-tree
 //
 //   ./my_flextile list
 //   ./my_flextile run local_256 --shape 1,2,512,64 --check        # interpreter without a GPU

@@ -1,6 +1,8 @@
 #include "autotune/cli/Cli.h"
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attention_templates/FlexAttention.h"
@@ -56,6 +59,7 @@ struct Command {
   const char* usage;
   std::set<std::string> valueFlags, boolFlags;
   bool needsVariant;
+  std::set<std::string> optionalValueFlags = {};  // `--flag` alone or `--flag=value`
 };
 
 const std::vector<Command>& commands() {
@@ -64,14 +68,17 @@ const std::vector<Command>& commands() {
        false},
       {"run",
        "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S]\n"
-       "                    [--check] [--host] [--seed S] [--document-offsets FILE]\n"
+       "                    [--check[=all]] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
-       "  suits small shapes only. --check compares with the float64 reference (exit 1 when it differs).\n"
+       "  suits small shapes only. --check compares with the float64 reference (exit 1 when it differs) on a\n"
+       "  seeded sample of rows: every batch and head, first and last rows, both sides of every block\n"
+       "  boundary, rows the mask leaves without keys, and random rows (seconds at any shape);\n"
+       "  --check=all compares every row, on every core.\n"
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--seed", "--document-offsets"}, {"--check", "--host"}, true},
+       {"--shape", "--dtype", "--gqa", "--config", "--seed", "--document-offsets"}, {"--host"}, true, {"--check"}},
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE]\n"
@@ -175,6 +182,9 @@ void parse(int argc, const char* const* argv, Args& a) {
       if (a.command->boolFlags.count(flag)) {
         if (eq != std::string::npos) throw UsageError{flag + " takes no value"};
         a.flags.insert(flag);
+      } else if (a.command->optionalValueFlags.count(flag)) {
+        if (eq == std::string::npos) a.flags.insert(flag);
+        else a.values[flag] = value;
       } else if (a.command->valueFlags.count(flag)) {
         if (eq == std::string::npos) {
           if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
@@ -194,26 +204,39 @@ void parse(int argc, const char* const* argv, Args& a) {
     throw UsageError{"'" + name + "' needs a VARIANT (see `flextile list`)"};
 }
 
-Tensor randomTensor(std::mt19937_64& rng, DType dt, dsl::Shape shape, MemorySpace space) {
+int coreCount() { return std::max(1, int(std::thread::hardware_concurrency())); }
+
+// N(0, 1) inputs of element type T, reproducible from (seed, which tensor) alone: each chunk of
+// elements has its own generator, so chunks fill (and round to T) in parallel — one generator took
+// 3.5 s for q, k and v at 2,32,4096,128 — and the values do not depend on the thread count.
+template <class T>
+Tensor randomTensorOf(uint64_t seed, uint64_t which, dsl::Shape shape, MemorySpace space) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
-  std::normal_distribution<float> g(0, 1);
+  std::vector<T> values(static_cast<size_t>(n));
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  auto fill = [&] {
+    for (int64_t c; (c = next++) < chunks;) {
+      std::seed_seq seq{uint64_t(seed), which, uint64_t(c)};
+      std::mt19937_64 rng(seq);
+      std::normal_distribution<float> g(0, 1);
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) values[size_t(i)] = T(g(rng));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int64_t>(coreCount(), chunks); ++t) pool.emplace_back(fill);
+  fill();
+  for (std::thread& t : pool) t.join();
+  return Tensor::fromHost(values, std::move(shape), space);
+}
+
+Tensor randomTensor(uint64_t seed, uint64_t which, DType dt, dsl::Shape shape, MemorySpace space) {
   switch (dt) {
-    case DType::BF16: {
-      std::vector<Eigen::bfloat16> v(static_cast<size_t>(n));
-      for (auto& x : v) x = Eigen::bfloat16(g(rng));
-      return Tensor::fromHost(v, shape, space);
-    }
-    case DType::F16: {
-      std::vector<Eigen::half> v(static_cast<size_t>(n));
-      for (auto& x : v) x = Eigen::half(g(rng));
-      return Tensor::fromHost(v, shape, space);
-    }
-    default: {
-      std::vector<float> v(static_cast<size_t>(n));
-      for (auto& x : v) x = g(rng);
-      return Tensor::fromHost(v, shape, space);
-    }
+    case DType::BF16: return randomTensorOf<Eigen::bfloat16>(seed, which, std::move(shape), space);
+    case DType::F16: return randomTensorOf<Eigen::half>(seed, which, std::move(shape), space);
+    default: return randomTensorOf<float>(seed, which, std::move(shape), space);
   }
 }
 
@@ -284,10 +307,9 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
   }
   p.instance = var.make(inputs);
   if (needTensors) {
-    std::mt19937_64 rng(seed);
-    p.q = randomTensor(rng, p.dtype, {p.B, p.H, p.N, p.D}, space);
-    p.k = randomTensor(rng, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
-    p.v = randomTensor(rng, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
+    p.q = randomTensor(seed, 0, p.dtype, {p.B, p.H, p.N, p.D}, space);
+    p.k = randomTensor(seed, 1, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
+    p.v = randomTensor(seed, 2, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
   }
   return p;
 }
@@ -331,7 +353,100 @@ int cmdList(const Args&, std::ostream& out) {
   return 0;
 }
 
+// What `run --check` compares.
+enum class CheckScope { None, Sample, All };
+
+CheckScope parseCheck(const Args& a) {
+  if (!a.has("--check")) return CheckScope::None;
+  const std::string value = a.get("--check", "sample");
+  if (value == "sample") return CheckScope::Sample;
+  if (value == "all") return CheckScope::All;
+  throw UsageError{"--check=" + value + ": use --check (a sample of rows) or --check=all (every row)"};
+}
+
+// Compares the result with the float64 reference on the rows `scope` asks for and prints what
+// was checked and how it went; true when it passed. Each row is held to a bound of its own (one
+// bad row — a tail, a block boundary, a row without keys — hides in a norm over thousands) as well
+// as the whole to the dtype's tolerance; a row whose reference has no key must be exactly 0 with
+// lse -inf.
+bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResult& r, CheckScope scope, uint64_t seed,
+                           int64_t blockM, std::ostream& out) {
+  const int threads = coreCount();
+  const int64_t totalRows = p.B * p.H * p.N;
+  const attention::BlockMask* mask = p.instance.mask ? &*p.instance.mask : nullptr;
+  const std::vector<attention::QueryRow> rows =
+      scope == CheckScope::All
+          ? attention::allQueryRows(p.B, p.H, p.N)
+          : attention::sampleQueryRows(p.B, p.H, p.N, mask, p.instance.refMask,
+                                       {.boundaryBlock = blockM, .seed = seed, .threads = threads});
+  char what[160];
+  if (scope == CheckScope::All)
+    std::snprintf(what, sizeof what, "%lld of %lld rows (all)", (long long)rows.size(), (long long)totalRows);
+  else
+    std::snprintf(what, sizeof what, "%lld of %lld rows (sample, seed %llu)", (long long)rows.size(),
+                  (long long)totalRows, (unsigned long long)seed);
+  out << "checking " << what << " against the float64 reference on " << threads << " threads\n";
+
+  // FLEXTILE_CLI_WRONG_REFERENCE=1 adds 1 to every third reference score, so the check must fail:
+  // the test suite runs it so to prove that a failed check is reported and exits non-zero.
+  const bool wrongReference = std::getenv("FLEXTILE_CLI_WRONG_REFERENCE") != nullptr;
+  if (wrongReference) out << "FLEXTILE_CLI_WRONG_REFERENCE is set: the reference is wrong on purpose\n";
+  attention::RefScoreFn score = p.instance.refScore;
+  if (wrongReference)
+    score = [base = p.instance.refScore](double x, int64_t b, int64_t h, int64_t i, int64_t j) {
+      const double y = base ? base(x, b, h, i, j) : x;
+      return (i + j) % 3 == 0 ? y + 1 : y;
+    };
+  const double scale = 1.0 / std::sqrt(double(p.D));
+  const attention::ReferenceRows ref =
+      attention::referenceAttentionRows(p.q, p.k, p.v, score, p.instance.refMask, scale, rows, 0, threads);
+
+  const Tensor outHost = r.out.to(MemorySpace::Host), lseHost = r.lse.to(MemorySpace::Host);
+  const float* lse = static_cast<const float*>(lseHost.hostData());
+  const double tol = p.dtype == DType::BF16 ? 2e-2 : 4e-3;
+  double num = 0, den = 0, worstRow = 0, lseErr = 0;
+  std::string firstProblem;
+  for (size_t n = 0; n < rows.size(); ++n) {
+    const attention::QueryRow& row = rows[n];
+    const int64_t flat = (row.b * p.H + row.h) * p.N + row.i;
+    const Tensor rowView = Tensor::hostView(static_cast<char*>(outHost.hostData()) + flat * p.D * outHost.elementBytes(),
+                                            p.dtype, {p.D});
+    const std::vector<double> got = attention::toDoubles(rowView);
+    const std::string where = std::to_string(row.b) + ", " + std::to_string(row.h) + ", " + std::to_string(row.i);
+    double rowNum = 0, rowDen = 0;
+    for (int64_t d = 0; d < p.D; ++d) {
+      const double g = got[size_t(d)], want = ref.out[n * size_t(p.D) + size_t(d)];
+      if (!std::isfinite(g) && firstProblem.empty()) firstProblem = "out[" + where + ", " + std::to_string(d) + "] is " + std::to_string(g);
+      rowNum += (g - want) * (g - want);
+      rowDen += want * want;
+    }
+    num += rowNum;
+    den += rowDen;
+    const double rowRel = rowDen > 0 ? std::sqrt(rowNum / rowDen) : (rowNum == 0 ? 0 : INFINITY);
+    worstRow = std::max(worstRow, rowRel);
+    if (!(rowRel <= 2 * tol) && firstProblem.empty())
+      firstProblem = "row [" + where + "] of out has relative error " + std::to_string(rowRel);
+    const double want = ref.lse[n], have = lse[flat];
+    const bool lseOk = std::isinf(want) ? std::isinf(have) && have < 0
+                                        : std::isfinite(have) && std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
+    if (std::isfinite(want) && std::isfinite(have)) lseErr = std::max(lseErr, std::abs(have - want));
+    if (!lseOk && firstProblem.empty())
+      firstProblem = "lse[" + where + "] is " + std::to_string(have) + ", reference " + std::to_string(want);
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (!(rel <= tol) && firstProblem.empty()) firstProblem = "the relative error of out is above the tolerance";
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "check vs float64 reference, %s: relative error %.2e (tolerance %.0e), worst row %.2e, "
+                "max |lse error| %.2e: %s\n",
+                what, rel, tol, worstRow, lseErr, firstProblem.empty() ? "PASS" : "FAIL");
+  out << line;
+  if (!firstProblem.empty()) out << "  first problem: " << firstProblem << "\n";
+  return firstProblem.empty();
+}
+
 int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
+  const CheckScope check = parseCheck(a);
   std::string why;
   const bool device = !a.has("--host") && gpuPresent(&why);
   if (!device && !a.has("--host")) err << "flextile run: no GPU (" << why << "); running on the interpreter\n";
@@ -339,7 +454,15 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   Problem p = makeProblem(a, a.variant, "1,2,256,64", device ? MemorySpace::Device : MemorySpace::Host, seed);
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
-  options.return_lse = a.has("--check");
+  options.return_lse = check != CheckScope::None;
+  char line[512];
+  // Each line is printed as soon as it is known (the streams flush per write: flextileMain), so a
+  // run stopped during a long step shows how far it got.
+  std::snprintf(line, sizeof line, "%s B=%lld H=%lld Hkv=%lld N=%lld D=%lld %s on %s, seed %llu\n", a.variant.c_str(),
+                (long long)p.B, (long long)p.H, (long long)p.Hkv, (long long)p.N, (long long)p.D,
+                std::string(ir::dtypeName(p.dtype)).c_str(),
+                device ? runtime::Device::current().name().c_str() : "the interpreter", (unsigned long long)seed);
+  out << line;
   // The first call traces and compiles (or reads the compile cache).
   auto t0 = std::chrono::steady_clock::now();
   attention::FlexAttentionResult r = attention::flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask, options);
@@ -347,6 +470,9 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   const double firstMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const attention::FlexAttentionPlan plan =
       attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask, options);
+  std::snprintf(line, sizeof line, "config %s%s; first call %.1f ms (trace + compile or cache + run)\n",
+                plan.config.describe().c_str(), options.config ? "" : " (tuned or default)", firstMs);
+  out << line;
   double ms = firstMs;
   if (device) {
     auto samples = runtime::timeKernel(
@@ -354,41 +480,12 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
         3, 20);
     ms = runtime::median(samples);
   }
-  const double flops = 4.0 * double(p.D) * allowedPairs(p);
-  char line[512];
-  std::snprintf(line, sizeof line, "%s B=%lld H=%lld Hkv=%lld N=%lld D=%lld %s on %s, config %s%s\n", a.variant.c_str(),
-                (long long)p.B, (long long)p.H, (long long)p.Hkv, (long long)p.N, (long long)p.D,
-                std::string(ir::dtypeName(p.dtype)).c_str(),
-                device ? runtime::Device::current().name().c_str() : "the interpreter", plan.config.describe().c_str(),
-                options.config ? "" : " (tuned or default)");
+  const double flops = attention::flexAttentionFlops(p.B, p.H, p.D, allowedPairs(p) / double(p.B * p.H));
+  std::snprintf(line, sizeof line, "%s %.3f ms, %.2f TFLOP/s\n", device ? "median of 20 calls" : "interpreted", ms,
+                flops / ms / 1e9);
   out << line;
-  std::snprintf(line, sizeof line, "first call %.1f ms (trace + compile or cache + run); %s %.3f ms, %.2f TFLOP/s\n",
-                firstMs, device ? "median" : "interpreted", ms, flops / ms / 1e9);
-  out << line;
-  if (!a.has("--check")) return 0;
-  const double scale = 1.0 / std::sqrt(double(p.D));
-  attention::ReferenceResult ref =
-      attention::referenceAttention(p.q, p.k, p.v, p.instance.refScore, p.instance.refMask, scale);
-  const std::vector<double> got = attention::toDoubles(r.out);
-  const std::vector<float> lse = r.lse.toHost<float>();
-  double num = 0, den = 0, lseErr = 0;
-  bool finite = true;
-  for (size_t i = 0; i < got.size(); ++i) {
-    finite = finite && std::isfinite(got[i]);
-    num += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
-    den += ref.out[i] * ref.out[i];
-  }
-  for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(ref.lse[i])) lseErr = std::max(lseErr, std::isinf(lse[i]) && lse[i] < 0 ? 0.0 : INFINITY);
-    else lseErr = std::max(lseErr, std::abs(double(lse[i]) - ref.lse[i]));
-  }
-  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double tol = p.dtype == DType::BF16 ? 2e-2 : 4e-3;
-  const bool ok = finite && rel <= tol && lseErr <= 2e-2 + 1e-3 * 20;
-  std::snprintf(line, sizeof line, "check vs float64 reference: relative error %.2e (tolerance %.0e), max |lse error| %.2e: %s\n",
-                rel, tol, lseErr, ok ? "PASS" : "FAIL");
-  out << line;
-  return ok ? 0 : 1;
+  if (check == CheckScope::None) return 0;
+  return checkAgainstReference(p, r, check, seed, plan.config.block_m, out) ? 0 : 1;
 }
 
 int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
@@ -495,7 +592,25 @@ int cmdBlockmask(const Args& a, std::ostream& out) {
 
 }  // namespace
 
+namespace {
+// Every write to the tool's streams reaches the terminal (or the pipe, or the log) at once: std::cout
+// is fully buffered on a pipe, and a run killed during a long step printed nothing. The caller's
+// stream flags come back when the command ends.
+class FlushEachWrite {
+ public:
+  explicit FlushEachWrite(std::ostream& s) : stream_(s), flags_(s.flags()) { stream_ << std::unitbuf; }
+  ~FlushEachWrite() { stream_.flags(flags_); }
+  FlushEachWrite(const FlushEachWrite&) = delete;
+  FlushEachWrite& operator=(const FlushEachWrite&) = delete;
+
+ private:
+  std::ostream& stream_;
+  std::ios_base::fmtflags flags_;
+};
+}  // namespace
+
 int flextileMain(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  const FlushEachWrite flushOut(out), flushErr(err);
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help")) {
     out << kUsage;
     return 0;

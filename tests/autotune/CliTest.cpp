@@ -3,12 +3,27 @@
 // interpreter at a tiny shape.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "attention_templates/Variants.h"
 #include "autotune/cli/Cli.h"
+
+using namespace flextile::attention;
+
+// Queries before 40 see no key: rows a check must compare exactly (out 0, lse -inf).
+FLEXTILE_REGISTER_VARIANT(test_first_rows_blind, "causal, queries < 40 see nothing (a test variant)",
+                          [](const VariantInputs& in) {
+                            VariantInstance v;
+                            MaskMod mod("first_40_rows_blind", [](const Tile&, const Tile&, const Tile& q,
+                                                                  const Tile& kv) { return (q >= 40) & (kv <= q); });
+                            v.mask = createBlockMask(mod, 1, 1, in.L, in.S, in.blocks, in.space);
+                            v.refMask = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q; };
+                            return v;
+                          });
 
 namespace flextile {
 namespace {
@@ -42,7 +57,8 @@ TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
       {{"compile", "causal", "--emit", "sass"}, "got 'sass'"},
       {{"compile", "causal", "--emit", "ptx", "--target", "sm_70"}, "--target must be"},
       {{"list", "extra"}, "unexpected argument 'extra'"},
-      {{"run", "causal", "--check=yes"}, "takes no value"},
+      {{"run", "causal", "--host=yes"}, "takes no value"},
+      {{"run", "causal", "--host", "--check=yes"}, "--check=all (every row)"},
       {{"autotune", "causal", "--budget", "-3"}, "non-negative number"},
   };
   for (const auto& [args, message] : cases) {
@@ -92,6 +108,38 @@ TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
     EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("Hkv=2"), std::string::npos) << r.out;
   }
+}
+
+// --check reads a seeded sample of rows and says so; --check=all reads every row. Both compare a
+// row the mask leaves without keys exactly (out 0, lse -inf).
+TEST(Cli, RunCheckSaysWhichRowsItChecked) {
+  Result sample = run({"run", "causal", "--host", "--shape", "2,2,300,32", "--check", "--seed", "9"});
+  EXPECT_EQ(sample.status, 0) << sample.out << sample.err;
+  EXPECT_NE(sample.out.find("of 1200 rows (sample, seed 9)"), std::string::npos) << sample.out;
+  EXPECT_NE(sample.out.find("PASS"), std::string::npos) << sample.out;
+  EXPECT_NE(sample.out.find("seed 9"), std::string::npos) << "the first line names the inputs' seed";
+
+  Result all = run({"run", "causal", "--host", "--shape", "2,2,300,32", "--gqa", "2", "--check=all", "--seed", "9"});
+  EXPECT_EQ(all.status, 0) << all.out << all.err;
+  EXPECT_NE(all.out.find("1200 of 1200 rows (all)"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("PASS"), std::string::npos) << all.out;
+
+  Result blind = run({"run", "test_first_rows_blind", "--host", "--shape", "1,2,200,32", "--check"});
+  EXPECT_EQ(blind.status, 0) << blind.out << blind.err;
+  EXPECT_NE(blind.out.find("PASS"), std::string::npos) << blind.out;
+}
+
+// The check can fail: with a reference that is wrong on purpose (FLEXTILE_CLI_WRONG_REFERENCE), both
+// the sample and the whole check report FAIL and exit 1.
+TEST(Cli, RunCheckFailsWhenTheResultDisagrees) {
+  ::setenv("FLEXTILE_CLI_WRONG_REFERENCE", "1", 1);
+  for (const char* check : {"--check", "--check=all"}) {
+    Result r = run({"run", "causal", "--host", "--shape", "1,2,300,32", check});
+    EXPECT_EQ(r.status, 1) << check << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("first problem:"), std::string::npos) << r.out;
+  }
+  ::unsetenv("FLEXTILE_CLI_WRONG_REFERENCE");
 }
 
 // The document variant runs on cuts read from a file (what bench/torch_document_cuts.py writes), so

@@ -1,0 +1,145 @@
+// The float64 reference on a subset of rows (referenceAttentionRows) and the rows a sampled check
+// reads (sampleQueryRows): what `flextile run --check` relies on to check a large problem in
+// seconds without missing the rows where attention kernels go wrong.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "FlexAttentionCheck.h"
+#include "attention_templates/BlockMask.h"
+#include "attention_templates/Reference.h"
+
+namespace flextile::attention {
+namespace {
+
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+const RefMaskFn kCausal = [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; };
+
+bool contains(const std::vector<QueryRow>& rows, QueryRow r) { return std::binary_search(rows.begin(), rows.end(), r); }
+
+// Any rows, in any order, on any number of threads: the same values as the whole reference (GQA,
+// a score mod that reads every index, a query offset, a strided q view).
+TEST(ReferenceRows, AgreeWithTheWholeReference) {
+  std::mt19937_64 rng(3);
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 150, S = 170, D = 32;
+  const Tensor qBig = testing::randomTensor(rng, DType::BF16, {B, Hq, L, 2 * D}, MemorySpace::Host);
+  const Tensor q = Tensor::viewOf(qBig, 0, {B, Hq, L, D}, {Hq * L * 2 * D, L * 2 * D, 2 * D, 1});
+  const Tensor k = testing::randomTensor(rng, DType::BF16, {B, Hkv, S, D}, MemorySpace::Host);
+  const Tensor v = testing::randomTensor(rng, DType::F32, {B, Hkv, S, D}, MemorySpace::Host);
+  const RefScoreFn score = [](double s, int64_t b, int64_t h, int64_t q, int64_t kv) {
+    return s + 0.01 * double(b + h) - 0.002 * double(q - kv);
+  };
+  const int64_t offset = 20;
+  const ReferenceResult whole = referenceAttention(q, k, v, score, kCausal, 0.2, offset);
+
+  std::vector<QueryRow> rows{{1, 3, 149}, {0, 0, 0}, {1, 0, 77}, {0, 2, 5}, {0, 2, 5}, {1, 1, 64}};
+  for (int i = 0; i < 200; ++i) rows.push_back({int64_t(rng() % B), int64_t(rng() % Hq), int64_t(rng() % L)});
+  for (int threads : {1, 3}) {
+    const ReferenceRows some = referenceAttentionRows(q, k, v, score, kCausal, 0.2, rows, offset, threads);
+    ASSERT_EQ(some.out.size(), rows.size() * size_t(D));
+    ASSERT_EQ(some.lse.size(), rows.size());
+    int64_t pairs = 0;
+    for (size_t n = 0; n < rows.size(); ++n) {
+      const QueryRow& r = rows[n];
+      const size_t flat = size_t((r.b * Hq + r.h) * L + r.i);
+      EXPECT_NEAR(some.lse[n], whole.lse[flat], 1e-12) << r.b << " " << r.h << " " << r.i;
+      for (int64_t d = 0; d < D; ++d)
+        EXPECT_NEAR(some.out[n * size_t(D) + size_t(d)], whole.out[flat * size_t(D) + size_t(d)], 1e-12);
+      pairs += std::min(S, r.i + offset + 1);
+    }
+    EXPECT_EQ(some.allowedPairs, pairs);
+  }
+}
+
+TEST(ReferenceRows, ARowOutsideQIsAnError) {
+  std::mt19937_64 rng(1);
+  const Tensor q = testing::randomTensor(rng, DType::F32, {1, 2, 10, 16}, MemorySpace::Host);
+  const std::vector<QueryRow> rows{{0, 2, 0}};
+  try {
+    (void)referenceAttentionRows(q, q, q, nullptr, nullptr, 1.0, rows);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row (0, 2, 0) is outside q"), std::string::npos) << e.what();
+  }
+}
+
+// Every (b, h) has its first and last row; every block boundary (of the kernel's BLOCK_M and of the
+// mask's blocks) is checked on both sides in some (b, h), and every (b, h) gets a boundary.
+TEST(SampleQueryRows, CoverEveryHeadEveryBoundaryAndBothEnds) {
+  const int64_t B = 2, H = 3, L = 1000;
+  const BlockMask mask = causalBlockMask(1, 1, L, L, {128, 128}, MemorySpace::Host);
+  const std::vector<QueryRow> rows = sampleQueryRows(B, H, L, &mask, kCausal, {.boundaryBlock = 64, .seed = 5});
+  ASSERT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+  EXPECT_EQ(std::adjacent_find(rows.begin(), rows.end()), rows.end()) << "no duplicates";
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_TRUE(contains(rows, {b, h, 0}));
+      EXPECT_TRUE(contains(rows, {b, h, L - 1}));
+      int64_t boundaryPairs = 0;
+      for (int64_t x = 64; x < L; x += 64) boundaryPairs += contains(rows, {b, h, x - 1}) && contains(rows, {b, h, x});
+      EXPECT_GE(boundaryPairs, 1) << b << " " << h;
+    }
+  for (int64_t x = 64; x < L; x += 64) {
+    bool seen = false;
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      seen = seen || (contains(rows, {bh / H, bh % H, x - 1}) && contains(rows, {bh / H, bh % H, x}));
+    EXPECT_TRUE(seen) << "boundary " << x;
+  }
+  // A sample, not the problem: per (b, h) 2 ends + 16 random rows, and 2 rows per boundary.
+  EXPECT_LE(rows.size(), size_t(B * H * 18 + 2 * 15));
+}
+
+// Rows that see no key (out 0, lse -inf) are where a kernel writes NaN or garbage: the first and
+// last row of each run are in the sample, whether the run fills whole row blocks (no block listed)
+// or sits inside row blocks of partial blocks, for every (b, h) the mask broadcasts to.
+TEST(SampleQueryRows, IncludeTheEndsOfEveryRunOfRowsWithoutKeys) {
+  const int64_t B = 2, H = 2, L = 1000;
+  auto blind = [](const dsl::Tile& q) { return (q >= 40) & ((q < 500) | (q >= 510)) & ((q < 700) | (q >= 900)); };
+  const MaskMod mod("blind_runs", [blind](const dsl::Tile&, const dsl::Tile&, const dsl::Tile& q, const dsl::Tile& kv) {
+    return blind(q) & (kv <= q);
+  });
+  const RefMaskFn ref = [](int64_t, int64_t, int64_t q, int64_t kv) {
+    return q >= 40 && (q < 500 || q >= 510) && (q < 700 || q >= 900) && kv <= q;
+  };
+  const BlockMask mask = createBlockMask(mod, 1, 1, L, L, {128, 128}, MemorySpace::Host);
+  const std::vector<QueryRow> rows =
+      sampleQueryRows(B, H, L, &mask, ref, {.randomPerHead = 0, .boundaryBlock = 128, .seed = 1});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i : {0, 39, 500, 509, 700, 899}) EXPECT_TRUE(contains(rows, {b, h, i})) << b << " " << h << " " << i;
+
+  // A whole row block without any listed block (no mask_mod call needed), and many short runs:
+  // at most kMaxMaskedRunsPerHead of them.
+  const BlockMask late = createBlockMask(
+      MaskMod("late", [](const dsl::Tile&, const dsl::Tile&, const dsl::Tile& q, const dsl::Tile& kv) {
+        return (q >= 256) & (q % 50 != 7) & (kv <= q);
+      }),
+      1, 1, L, L, {128, 128}, MemorySpace::Host);
+  const RefMaskFn lateRef = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 256 && q % 50 != 7 && kv <= q; };
+  const std::vector<QueryRow> lateRows = sampleQueryRows(1, 1, L, &late, lateRef, {.randomPerHead = 0, .seed = 1});
+  EXPECT_TRUE(contains(lateRows, {0, 0, 0}));
+  EXPECT_TRUE(contains(lateRows, {0, 0, 255}));
+  int64_t shortRuns = 0;
+  for (int64_t i = 257; i < L; i += 50) shortRuns += contains(lateRows, {0, 0, i});
+  EXPECT_EQ(shortRuns, kMaxMaskedRunsPerHead - 1) << "the run [0, 255], then the first single rows";
+}
+
+TEST(SampleQueryRows, TheSeedDecidesTheRandomRows) {
+  const BlockMask mask = causalBlockMask(1, 1, 4096, 4096, {128, 128}, MemorySpace::Host);
+  auto sample = [&](uint64_t seed) { return sampleQueryRows(2, 4, 4096, &mask, kCausal, {.seed = seed}); };
+  EXPECT_EQ(sample(7), sample(7));
+  EXPECT_NE(sample(7), sample(8));
+  // Without a mask nor a kernel block: ends and random rows only.
+  const std::vector<QueryRow> plain = sampleQueryRows(1, 1, 10, nullptr, nullptr, {.randomPerHead = 3});
+  EXPECT_TRUE(contains(plain, {0, 0, 0}) && contains(plain, {0, 0, 9}));
+  EXPECT_LE(plain.size(), 5u);
+}
+
+}  // namespace
+}  // namespace flextile::attention
