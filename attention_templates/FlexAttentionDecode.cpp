@@ -116,6 +116,7 @@ struct MergeConstants {
 // template's own); the mods and the lists keep seeing logical key positions.
 void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
                  const MaskMod& maskMod, bool paged) {
+  // Q stays in registers as the A operand of Q·Kᵀ, as in the forward (codegen/TensorCores.h).
   f.attrs()["wgmma_register_a"] = int64_t(1);
   const size_t own = constantCount<DecodeConstants>();
   const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
