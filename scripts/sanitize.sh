@@ -15,7 +15,9 @@ build="${1:-$root/build-asan}"
 shift $(( $# > 0 ? 1 : 0 ))
 
 if [ ! -f "$build/build.ninja" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXTILE_SANITIZE=address,undefined
+  # No GPU test binaries (never run here: ctest -LE gpu) and no benchmarks: a sixth of the compile.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXTILE_SANITIZE=address,undefined \
+    -DFLEXTILE_GPU_TESTS=OFF -DFLEXTILE_BENCHES=OFF
 fi
 cmake --build "$build" -j "$(nproc)"
 
