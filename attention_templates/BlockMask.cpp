@@ -547,7 +547,7 @@ namespace {
 int spaceSlot(MemorySpace space) { return space == MemorySpace::Device ? 1 : 0; }
 }  // namespace
 
-const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space) const {
+const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space) const& {
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->kv[spaceSlot(space)];
   if (!slot) {
@@ -564,7 +564,7 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space) const {
   return *slot;
 }
 
-const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const {
+const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const& {
   const BlockMaskTensors& kv = kvTensors(space);
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->all[spaceSlot(space)];

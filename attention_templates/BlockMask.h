@@ -144,12 +144,18 @@ class BlockMask {
   void checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) const;
 
   // The lists as tensors in `space`, made on first use and kept.
-  const BlockMaskTensors& tensors(dsl::MemorySpace space) const;
+  //
+  // Both return a reference into this mask's cache, so they are for lvalues only: on a temporary
+  // (`m.sliceRows(2, 2).kvTensors(space)`) the reference would dangle once the statement ends
+  // — ASan found a test doing that (BlockMask.SlicesViewTheParentsListTensors). Name the mask.
+  const BlockMaskTensors& tensors(dsl::MemorySpace space) const&;
+  const BlockMaskTensors& tensors(dsl::MemorySpace space) const&& = delete;
   // The forward lists alone (kvNum, kvIndices, fullKvNum, fullKvIndices and the strides; the
   // transposes left empty): what the forward and decode kernels read. A slice's are views of its
   // parent's tensors (see sliceRows): no allocation, no upload. tensors() adds the transposes,
   // which a slice makes of its own (the backward's).
-  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const;
+  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const&;
+  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const&& = delete;
 
   // Where partial-block kernels of this mask run: where its captured tensors
   // live (set by the builder).

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <unordered_map>
 
 namespace flextile::ir {
@@ -464,13 +466,18 @@ class Parser {
       loc.file = expect(Tok::String, "a file name string").text;
       expectPunct(':');
       Token line = expect(Tok::Int, "a line number");
-      loc.line = int(integer(line));
+      int64_t n = integer(line);
+      // Location::line is an int; a wider number would silently become another line.
+      if (n < 0 || n > INT32_MAX) failAt(line, "line number " + line.text + " is out of range");
+      loc.line = int(n);
       expectPunct(')');
       op->setLoc(std::move(loc));
     }
   }
 
   void region(Block& block) {
+    if (scopes_.size() > size_t(kMaxRegionDepth))  // scopes_: the function's, then one per open region
+      fail("regions nested more than " + std::to_string(kMaxRegionDepth) + " deep");
     expectPunct('{');
     expect(Tok::Label, "a block label '^bb'");
     scopes_.emplace_back();

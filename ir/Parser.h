@@ -7,6 +7,10 @@
 // The parser checks what it needs to build the IR (defined values, known ops,
 // operand counts of fixed-arity ops, region structure); the verifier checks the
 // rest, so parse-then-verify is the way to read untrusted text.
+//
+// Regions nest at most kMaxRegionDepth deep: the parser, the verifier, the printer and the IR's
+// destructors recurse once per level, and deeper text (a few kilobytes of "for ... {" suffice)
+// would overflow the stack instead of failing with a message. Real kernels nest two or three.
 #pragma once
 
 #include <memory>
@@ -15,6 +19,8 @@
 #include "ir/IR.h"
 
 namespace flextile::ir {
+
+inline constexpr int kMaxRegionDepth = 64;
 
 Module parseModule(std::string_view text, std::string_view sourceName = "<input>");
 // Text with exactly one function (and its layout aliases).

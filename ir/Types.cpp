@@ -1,5 +1,6 @@
 #include "ir/Types.h"
 
+#include <cstdint>
 #include <sstream>
 
 #include "ir/Layout.h"
@@ -48,9 +49,12 @@ std::string shapeString(const Shape& s) {
   return out + "]";
 }
 
+// Saturates at INT64_MAX rather than overflow: the verifier checks the element count of shapes
+// parsed from untrusted text (f32[4611686018427387904,4]) before anything has refused them.
 int64_t numElements(const Shape& s) {
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s)
+    if (__builtin_mul_overflow(n, d, &n)) return INT64_MAX;
   return n;
 }
 

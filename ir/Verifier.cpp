@@ -59,6 +59,8 @@ class Verifier {
         problem(where + " has shape " + shapeString(t.shape()) + ": tile dimensions must be powers of two");
         break;
       }
+    if (t.numElements() > kMaxTileElements)  // numElements saturates: no overflow on any shape
+      problem(where + " has shape " + shapeString(t.shape()) + ": more than 2^31 elements in one tile");
     if (t.isScalar()) {
       if (t.hasLayout()) problem(where + " is a scalar (" + t.str() + ") but has a layout; scalars never do");
       return;

@@ -15,12 +15,19 @@
 //     Layout's derived constructors say (sliced, projected, reshaped, ...).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ir/IR.h"
 
 namespace flextile::ir {
+
+// The most elements one tile may have; the verifier refuses larger tiles. A tile lives in the
+// registers and shared memory of one program and is indexed by i32 aranges; FlexTile's own tiles
+// are far smaller (a [128, 256] accumulator has 2^15), so 2^31 leaves room while every element
+// count and byte size of a verified tile stays far inside int64.
+inline constexpr int64_t kMaxTileElements = int64_t(1) << 31;
 
 // Throws one flextile::Error listing every problem found (each naming its op
 // with op->describe()).

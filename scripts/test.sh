@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite (unit, golden lit/FileCheck,
 # interpreter numerics, ptxas; GPU tests run where a CUDA GPU is present and
-# skip with a message elsewhere). Extra arguments go to ctest (e.g. -L gpu).
+# skip with a message elsewhere), then the reliability checks of
+# docs/reliability.md: the host suite again under ASan+UBSan
+# (scripts/sanitize.sh, build folder build-asan) and each fuzzer for a bounded
+# time (scripts/fuzz.sh, build-fuzz).
+#
+# Extra arguments go to ctest (e.g. -L gpu) and run the normal suite only.
+# FLEXTILE_RELIABILITY=0 skips the sanitizer suite and the fuzzers;
+# FLEXTILE_FUZZ_SECONDS sets the fuzzing time per target (default 60).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh" "$root/build"
 ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)" "$@"
+
+if (($#)) || [ "${FLEXTILE_RELIABILITY:-1}" = 0 ]; then
+  exit 0
+fi
+t0=$(date +%s)
+"$root/scripts/sanitize.sh" "$root/build-asan"
+t1=$(date +%s)
+"$root/scripts/fuzz.sh" "${FLEXTILE_FUZZ_SECONDS:-60}" "$root/build-fuzz"
+t2=$(date +%s)
+echo "test: sanitizer suite $((t1 - t0)) s (build + run), fuzzers $((t2 - t1)) s (build + run)"

@@ -6,6 +6,8 @@
 // misuse is a clear error.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "attention_templates/BlockMask.h"
 #include "gpu/GpuTest.h"
 #include "MaskTestUtil.h"
@@ -303,11 +305,24 @@ TEST(BlockMask, SlicesViewTheParentsListTensors) {
   }
   // A broadcast mask's views have stride 0 where it broadcasts.
   BlockMask causal = causalBlockMask(1, 1, 300, 300, {32, 32}, MemorySpace::Host);
-  const BlockMaskTensors& c = causal.sliceRows(2, 2).kvTensors(MemorySpace::Host);
+  // The slice is named: a reference into a temporary slice's tensors dangled here (ASan:
+  // heap-use-after-free); kvTensors() on an rvalue no longer compiles (see below).
+  BlockMask causalRows = causal.sliceRows(2, 2);
+  const BlockMaskTensors& c = causalRows.kvTensors(MemorySpace::Host);
   EXPECT_EQ(c.kvBatchStride, 0);
   EXPECT_EQ(c.kvHeadStride, 0);
   EXPECT_EQ(at(c.kvNum), at(causal.kvTensors(MemorySpace::Host).kvNum) + 2);
 }
+
+// tensors() and kvTensors() return references into the mask's cache: callable on a named mask,
+// not on a temporary whose cache dies at the end of the statement.
+template <class M>
+concept CanAskForKvTensors = requires(M&& m) { std::forward<M>(m).kvTensors(MemorySpace::Host); };
+template <class M>
+concept CanAskForTensors = requires(M&& m) { std::forward<M>(m).tensors(MemorySpace::Host); };
+static_assert(CanAskForKvTensors<BlockMask&> && CanAskForKvTensors<const BlockMask&>);
+static_assert(!CanAskForKvTensors<BlockMask> && !CanAskForKvTensors<BlockMask&&>);
+static_assert(CanAskForTensors<const BlockMask&> && !CanAskForTensors<BlockMask>);
 
 TEST(BlockMask, PictureOfASmallCausalMask) {
   BlockMask m = causalBlockMask(1, 1, 100, 100, {32, 32});

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz (clang-22, ASan + UBSan) and runs each for a bounded
+# time: first on every input it has ever crashed on (tests/fuzz/regressions/<target>/), then from
+# its seed corpus (tests/fuzz/corpus/<target>/). scripts/test.sh runs it for 60 s a target, so CI
+# does; docs/reliability.md says how to fuzz for longer and what to do with a crash. Usage:
+#
+#   scripts/fuzz.sh [seconds per target] [build-dir]     (defaults: 60, build-fuzz)
+#   FUZZ_JOBS=2 scripts/fuzz.sh 3600                     (an hour, two processes)
+#
+# New inputs that reach new code go to <build-dir>/corpus/<target>/, never into the repository;
+# a crash, hang (-timeout), out-of-memory (-rss_limit_mb) or sanitizer report stops the run with a
+# non-zero status and leaves the input in <build-dir>/artifacts/<target>/.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+seconds="${1:-60}"
+build="${2:-$root/build-fuzz}"
+jobs="${FUZZ_JOBS:-1}"
+cxx="${FUZZ_CXX:-clang++-22}"
+
+if ! command -v "$cxx" >/dev/null; then
+  echo "fuzz: $cxx not found (scripts/setup.sh installs clang-22 and libfuzzer-22-dev)" >&2
+  exit 1
+fi
+if [ ! -f "$build/build.ninja" ]; then
+  cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx"
+fi
+cmake --build "$build" -j "$(nproc)"
+
+# Fuzzer reports are fatal and symbolized (file:line) like the sanitizer suite's.
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1"
+
+for target in ir_parser; do
+  bin="$build/${target}_fuzzer"
+  seeds="$root/tests/fuzz/corpus/$target"
+  regressions="$root/tests/fuzz/regressions/$target"
+  work="$build/corpus/$target"
+  artifacts="$build/artifacts/$target/"
+  mkdir -p "$work" "$artifacts"
+  dict=()
+  [ -f "$root/tests/fuzz/$target.dict" ] && dict=(-dict="$root/tests/fuzz/$target.dict")
+
+  # Every input that once crashed must pass (the normal suite replays them too, without sanitizers).
+  mapfile -t old < <(find "$regressions" -type f ! -name '*.md' 2>/dev/null | sort)
+  if ((${#old[@]})); then
+    echo "fuzz: $target: replaying ${#old[@]} regression inputs"
+    "$bin" "${dict[@]}" -timeout=5 -rss_limit_mb=2048 "${old[@]}" > "$build/$target-regressions.log" 2>&1 ||
+      { cat "$build/$target-regressions.log" >&2; echo "fuzz: $target: a regression input fails again" >&2; exit 1; }
+  fi
+
+  echo "fuzz: $target: ${seconds} s from $(find "$seeds" -type f | wc -l) seeds (${jobs} job(s))"
+  # -timeout: one input running 5 s is a hang. -rss_limit_mb: a parser that allocates 2 GB for a
+  # few kilobytes of text is a bug. -max_len: inputs as long as the largest seed's double
+  # (libFuzzer's default stops at the largest seed), so nesting and long programs get explored.
+  # More than one job: libFuzzer forks workers that share the corpus folder, each logging to
+  # fuzz-N.log in the current folder (hence the cd).
+  parallel=()
+  ((jobs > 1)) && parallel=(-jobs="$jobs" -workers="$jobs")
+  status=0
+  (cd "$build" && "$bin" "${dict[@]}" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 -max_len=8192 \
+    -artifact_prefix="$artifacts" -print_final_stats=1 "${parallel[@]}" \
+    "$work" "$seeds") > "$build/$target.log" 2>&1 || status=$?
+  tail -n 25 "$build/$target.log"
+  if ((status)); then
+    echo "fuzz: $target FAILED (status $status); the input is in $artifacts:" >&2
+    ls -l "$artifacts" >&2
+    echo "fuzz: fix it, then keep the input in tests/fuzz/regressions/$target/ and add a test (docs/reliability.md)" >&2
+    exit 1
+  fi
+done
+echo "fuzz: every target ran ${seconds} s without a finding"

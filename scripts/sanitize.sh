@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The host test suite under AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer:
+# configures a second build folder with -DFLEXTILE_SANITIZE=address,undefined (CMakeLists.txt),
+# builds it and runs every host test (ctest -LE gpu) with options that make any report fatal.
+# scripts/test.sh runs it, so CI does; docs/reliability.md says what it covers and how to read a
+# report. Usage:
+#
+#   scripts/sanitize.sh [build-dir] [ctest arguments...]   (default build-dir: build-asan)
+#
+# Expects the packages of scripts/setup.sh. LLVM is linked statically from llvm-22-dev and is not
+# instrumented; everything of FlexTile's own (library, tests, tools, the fake libcuda) is.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build-asan}"
+shift $(( $# > 0 ? 1 : 0 ))
+
+if [ ! -f "$build/build.ninja" ]; then
+  # No GPU test binaries (never run here: ctest -LE gpu) and no benchmarks: a sixth of the compile.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXTILE_SANITIZE=address,undefined \
+    -DFLEXTILE_GPU_TESTS=OFF -DFLEXTILE_BUILD_BENCHMARKS=OFF
+fi
+cmake --build "$build" -j "$(nproc)"
+
+# halt_on_error / -fno-sanitize-recover: the first report ends the process, so the test fails.
+# abort_on_error: end it with SIGABRT rather than exit(1), so that a test expecting a failing
+# exit status (lit's `not flextile-opt`, ctest's WILL_FAIL) cannot mistake a report for the
+# expected error. detect_leaks: LeakSanitizer at exit. Suppressions (third-party code only, each
+# with its reason) live in scripts/sanitizers/.
+supp="$root/scripts/sanitizers"
+# llvm-symbolizer names file:line in reports much faster than the addr2line fallback.
+sym=""
+[ -x /usr/lib/llvm-22/bin/llvm-symbolizer ] && sym=":external_symbolizer_path=/usr/lib/llvm-22/bin/llvm-symbolizer"
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1$sym"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:suppressions=$supp/ubsan.supp$sym"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+
+start=$(date +%s)
+ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)" "$@"
+echo "sanitize: the host suite passed under ASan+UBSan in $(( $(date +%s) - start )) s"
