@@ -274,9 +274,8 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, con
 // merge kernel combines them exactly: out = sum_s 2^(lse_s - LSE) out_s, LSE = log2 sum_s 2^lse_s.
 // Which blocks are live is computed for the call's queries exactly (DecodeLists.h).
 
-// The decode config for a problem: dtype, head dim, capability (0: portable) and the rows one
-// program holds (query heads per program x queries).
-FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram);
+// The decode config for a dtype and head dim (the split count is chosen per call: splits 0).
+FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
 // steps (live blocks x KV_BLOCK_SIZE / BLOCK_N: the BlockMask's counts, never the raw KV length),
 // on a GPU of `multiprocessors` SMs (0: the interpreter, one split), for programs whose K/V ring

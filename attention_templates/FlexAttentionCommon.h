@@ -129,6 +129,11 @@ void flexDecodeInto(const dsl::Tensor& q, const PagedKV& kv, const ScoreMod& sco
                     const std::optional<BlockMask>& blockMask, dsl::Tensor& out, dsl::Tensor* lse,
                     const FlexAttentionOptions& options);
 
+// Where a template's kernel is kept in the mask mod's state: "<kind>/<score mod state>/<dtype>".
+// The score mod's state (which the kernel's tracer keeps alive, so the address is never reused)
+// names the pair of mods; `kind` names the template ("flex_fwd", "flex_decode_paged", ...).
+std::string templateKernelKey(const char* kind, const ScoreMod& scoreMod, dsl::DType dtype);
+
 // A kernel name from a template's and the mods' names: anything but letters and digits becomes '_'.
 std::string kernelName(const std::string& name);
 

@@ -37,8 +37,7 @@ std::string FlexDecodeConfig::describe() const {
          " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto"));
 }
 
-FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim, int capability, int64_t rowsPerProgram) {
-  (void)rowsPerProgram;
+FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   // A decode program waits on its K/V loads: what matters is bytes in flight per SM. Warps beyond
   // BM / 16 compute the same rows again (the chained-dot warp split puts warps along M only) but
   // issue their share of the loads.
@@ -46,8 +45,8 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim, int capab
   // The H200 sweep (bench/RESULTS.md, 2026-12-01; B=8 Hq=32 Hkv=8 S=32768 D=128): 64-key steps on
   // one warpgroup with two stages in flight (a 64 KB ring, three programs per SM) led at 4.37 TB/s,
   // 128-key steps on two warpgroups (one 128 KB ring per SM) reached 4.31; both need the split
-  // count to fill whole waves (decodeSplitCount).
-  (void)capability;
+  // count to fill whole waves (decodeSplitCount). No other GPU has been measured: the same point
+  // serves every capability until one is.
   return {64, 4, 2, 0};
 }
 
@@ -424,7 +423,6 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
-  const int capability = detail::defaultsCapability(p.space, target);
   if (blockMask) {
     p.mask = &*blockMask;
   } else {
@@ -488,7 +486,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   while (p.BM < p.HP * p.L) p.BM *= 2;
 
   p.config = options.decode_config ? *options.decode_config
-                                   : defaultFlexDecodeConfig(p.dtype, p.D, capability, p.BM);
+                                   : defaultFlexDecodeConfig(p.dtype, p.D);
   FlexDecodeConfig& c = p.config;
   c.block_n = std::min(c.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
   // Paged: an inner step's keys must lie in one page for the K/V to stream through the pipeline
@@ -541,10 +539,7 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
-  char key[96];
-  std::snprintf(key, sizeof key, "%s/%p/%s", paged ? "flex_decode_paged" : "flex_decode",
-                static_cast<const void*>(&scoreMod.state()), std::string(ir::dtypeName(dtype)).c_str());
-  return key;
+  return detail::templateKernelKey(paged ? "flex_decode_paged" : "flex_decode", scoreMod, dtype);
 }
 
 Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {

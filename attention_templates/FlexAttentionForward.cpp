@@ -161,6 +161,13 @@ bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMas
   return gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod()));
 }
 
+std::string templateKernelKey(const char* kind, const ScoreMod& scoreMod, DType dtype) {
+  char key[128];
+  std::snprintf(key, sizeof key, "%s/%p/%s", kind, static_cast<const void*>(&scoreMod.state()),
+                std::string(ir::dtypeName(dtype)).c_str());
+  return key;
+}
+
 std::string kernelName(const std::string& name) {
   std::string clean;
   for (char ch : name) clean += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -496,10 +503,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 // address is never reused) and the dtype.
 // The paged kernel is a kernel of its own ("flex_fwd_paged/..."), so the contiguous one keeps its IR.
 std::string forwardKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged = false) {
-  char key[128];
-  std::snprintf(key, sizeof key, "%s/%p/%s", paged ? "flex_fwd_paged" : "flex_fwd",
-                static_cast<const void*>(&scoreMod.state()), std::string(ir::dtypeName(dtype)).c_str());
-  return key;
+  return detail::templateKernelKey(paged ? "flex_fwd_paged" : "flex_fwd", scoreMod, dtype);
 }
 
 Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
