@@ -345,7 +345,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   }
   operands.push_back(i32(1));  // scale-d: accumulate
   constraints += "r,~{memory}";
-  text += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+  text += "wgmma.commit_group.sync.aligned;\n}";
 
   std::vector<llvm::Type*> outTys(static_cast<size_t>(numD), b.getFloatTy()), inTys;
   for (llvm::Value* v : operands) inTys.push_back(v->getType());
@@ -355,6 +355,57 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   call->addFnAttr(llvm::Attribute::NoUnwind);
   for (int64_t j = 0; j < numD; ++j) acc[dReg[size_t(j)]] = b.CreateExtractValue(call, unsigned(j));
   set(op.result(), std::move(acc));
+  pendingWgmma_.push_back({op.result(), ++wgmmaGroupsIssued_});
+}
+
+void Lowering::awaitWgmmaFor(const ir::Op& op) {
+  using ir::OpKind;
+  // Control flow and terminators: every group completes in the block that issued it (a loop's
+  // next iteration overwrites the ring slots its wgmmas read, a yield hands the accumulators to
+  // phis). Ops with shared-memory scratch: their barriers and stores are not ordered with the
+  // async proxy's reads (a pipelined load's ring is written only at its iteration's first
+  // convert, into the slot the pending groups do not read).
+  const bool pipelinedLoad = op.kind() == OpKind::Load && isPipelinedLoad(&op);
+  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return ||
+      !op.regions().empty() || (plan.scratchOffset.count(&op) && !pipelinedLoad)) {
+    awaitWgmmaGroup(wgmmaGroupsIssued_);
+    return;
+  }
+  int64_t needed = 0;
+  for (const ir::Value* v : op.operands())
+    for (const PendingWgmma& p : pendingWgmma_)
+      if (p.result == v) needed = std::max(needed, p.group);
+  if (needed) awaitWgmmaGroup(needed);
+}
+
+void Lowering::awaitWgmmaGroup(int64_t group) {
+  // Groups complete in commit order: at most (issued - group) newer ones may stay in flight.
+  std::vector<const ir::Value*> done;
+  std::vector<llvm::Value*> regs;
+  for (const PendingWgmma& p : pendingWgmma_)
+    if (p.group <= group) {
+      done.push_back(p.result);
+      for (llvm::Value* r : get(p.result)) regs.push_back(r);
+    }
+  if (done.empty()) return;
+  // The accumulators go through the wait as tied operands: every read of them depends on the
+  // wait's outputs, so nothing the compiler schedules reads a register still being written.
+  std::string constraints;
+  for (size_t i = 0; i < regs.size(); ++i) constraints += "=f,";
+  for (size_t i = 0; i < regs.size(); ++i) constraints += std::to_string(i) + ",";
+  constraints += "~{memory}";
+  std::vector<llvm::Type*> outTys(regs.size(), b.getFloatTy()), inTys(regs.size(), b.getFloatTy());
+  auto* asmTy = llvm::FunctionType::get(llvm::StructType::get(ctx, outTys), inTys, false);
+  const std::string text = "wgmma.wait_group.sync.aligned " + std::to_string(wgmmaGroupsIssued_ - group) + ";";
+  auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), regs);
+  call->addFnAttr(llvm::Attribute::NoUnwind);
+  size_t next = 0;
+  for (const ir::Value* v : done) {
+    Regs out = get(v);
+    for (llvm::Value*& r : out) r = b.CreateExtractValue(call, unsigned(next++));
+    set(v, std::move(out));
+  }
+  std::erase_if(pendingWgmma_, [&](const PendingWgmma& p) { return p.group <= group; });
 }
 
 }  // namespace flextile::codegen
