@@ -18,14 +18,20 @@
 // Hopper (wgmmaPlan, TensorCores.h): one inline-asm block per dot that
 // fences, issues one wgmma.mma_async m64nNk16 per 16 of K (A words from
 // registers as for mma.sync, B as a matrix descriptor of the pipelined ring
-// slot advanced by the k-step's byte offset), commits and waits for the
-// group. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
+// slot advanced by the k-step's byte offset) and commits the group. The wait
+// is a separate statement (awaitWgmmaFor), emitted before the first op that
+// reads the accumulator, or that needs shared memory scratch or is control
+// flow: `wgmma.wait_group N` with N the groups issued since, which may stay
+// in flight (groups complete in commit order), so products that do not
+// depend on each other, and the element-wise work between them, overlap. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
 // second descriptor instead of the A words: its convert wrote the resident
 // tile once before the loop; the descriptor of k-step 0 goes in and the
-// others are formed inside the block. Keeping fence, mmas and wait in one
-// statement means no instruction the compiler schedules can touch the
-// accumulators while they are in flight. The accumulators go in and out as tied "+f" operands in the
-// fragment order d[4i + j] = (8*(j>>1), 8i + (j&1)) of n-block i.
+// others are formed inside the block. The accumulators go in and out of the
+// issue as tied "+f" operands in the fragment order d[4i + j] = (8*(j>>1),
+// 8i + (j&1)) of n-block i, and through the wait the same way: every read of
+// them depends on the wait's outputs, so nothing the compiler schedules
+// touches a register still in flight (ptxas would serialize the wgmmas and
+// say so; the backward's PTX assembles without that warning).
 //
 // FMA (everything else): a and b are staged row-major through shared memory
 // (codegen/SharedMemory.h: a at the scratch base, b at dotScratchBOffset),
