@@ -29,6 +29,8 @@ struct AttentionCase {
   dsl::DType dtype = dsl::DType::BF16;
   std::string context;
 
+  int64_t work() const { return B * Hq * L * S; }  // score elements (TestBudget.h's inScope)
+
   std::string describe() const {
     return context + " B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
            " L=" + std::to_string(L) + " S=" + std::to_string(S) + " D=" + std::to_string(D) + " " +

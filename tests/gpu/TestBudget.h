@@ -117,7 +117,7 @@ inline bool fullSweeps() { return gpuTestScope() == GpuTestScope::Full; }
 
 // Under FLEXTILE_GPU_TEST_SMALL=1, false for a problem of more than `kSmallProblemWork`
 // score elements (B * H * L * S, or M * N * K): a shape the sanitizer pass leaves out.
-inline constexpr int64_t kSmallProblemWork = int64_t(1) << 20;
+inline constexpr int64_t kSmallProblemWork = int64_t(1) << 21;
 inline bool inScope(int64_t work) { return gpuTestScope() != GpuTestScope::Small || work <= kSmallProblemWork; }
 
 // First statement after FLEXTILE_REQUIRE_GPU() of a test made only of large shapes.
