@@ -169,9 +169,11 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
   done
   sanitizer=${FLEXTILE_COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer /opt/nvidia/cuda/bin/compute-sanitizer 2>/dev/null | sort -V | tail -1)}
   if [ -z "$sanitizer" ] || [ ! -x "$sanitizer" ]; then
-    echo "gpu_run.sh: compute-sanitizer not found (PATH, /usr/local/cuda*/bin); set FLEXTILE_COMPUTE_SANITIZER" >&2
+    where=${FLEXTILE_COMPUTE_SANITIZER:+"'$FLEXTILE_COMPUTE_SANITIZER' (FLEXTILE_COMPUTE_SANITIZER) is not an executable"}
+    where=${where:-"compute-sanitizer is not on PATH nor in /usr/local/cuda*/bin: set FLEXTILE_COMPUTE_SANITIZER"}
+    echo "gpu_run.sh: $where" >&2
     FAILED=1
-    SUMMARY+=("sanitizer|MISSING|0|compute-sanitizer not found; set FLEXTILE_COMPUTE_SANITIZER")
+    SUMMARY+=("sanitizer|MISSING|0|$where")
   else
     echo "== compute-sanitizer ($sanitizer: $("$sanitizer" --version 2>&1 | grep -i version | head -1)) tools: $tools"
     SANITIZER_TIMEOUT=${FLEXTILE_SANITIZER_TIMEOUT:-240}
