@@ -1,10 +1,12 @@
 // The GPU test budget's sampler and seed parsing (gpu/TestBudget.h), on the host: a sampled sweep
 // must still visit every config, and a bad FLEXTILE_TEST_SEED must be refused, not misread.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <map>
 #include <set>
 
+#include "FlexAttentionCheck.h"
 #include "gpu/GpuTest.h"
 
 using namespace flextile::testing;
@@ -69,4 +71,57 @@ TEST(TestBudget, EachTestGetsItsOwnSeed) {
   // The same run seed, another test name: another seed (testSeed mixes in the name).
   EXPECT_NE(detail::mix(runSeed() ^ detail::hashName("A.b")), detail::mix(runSeed() ^ detail::hashName("A.c")));
   EXPECT_EQ(testSeed(), testSeed());
+}
+
+// The comparison a GPU check of a large problem makes against a sampled reference (rows left out
+// have lse NaN): exact where sampled, and every other element must still have been written.
+TEST(TestBudget, ASampledReferenceStillCatchesAnUnwrittenElement) {
+  using flextile::dsl::DType;
+  using flextile::dsl::MemorySpace;
+  using flextile::dsl::Tensor;
+  SeededRandom rng;
+  const int64_t B = 1, H = 2, L = 40, S = 30, D = 16;
+  const Tensor q = randomTensor(rng, DType::F32, {B, H, L, D}, MemorySpace::Host);
+  const Tensor k = randomTensor(rng, DType::F32, {B, H, S, D}, MemorySpace::Host);
+  const Tensor v = randomTensor(rng, DType::F32, {B, H, S, D}, MemorySpace::Host);
+  // Row 7 of each head sees no key: out 0, lse -inf.
+  const flextile::attention::RefMaskFn mask = [](int64_t, int64_t, int64_t i, int64_t j) { return i != 7 && j <= i; };
+  const flextile::attention::ReferenceResult full = flextile::attention::referenceAttention(q, k, v, nullptr, mask, 0.25);
+  flextile::attention::ReferenceResult sampled = full;
+  for (int64_t row = 0; row < B * H * L; ++row)
+    if (row % 5 != 0 && row % L != 7) {  // keep every fifth row and the masked ones
+      sampled.lse[size_t(row)] = NAN;
+      std::fill_n(sampled.out.begin() + row * D, D, NAN);
+    }
+  auto asTensors = [&](std::vector<float> out, std::vector<float> lse) {
+    return std::pair{Tensor::fromHost(out, {B, H, L, D}, MemorySpace::Host),
+                     Tensor::fromHost(lse, {B, H, L}, MemorySpace::Host)};
+  };
+  const std::vector<float> goodOut(full.out.begin(), full.out.end()), goodLse(full.lse.begin(), full.lse.end());
+  {
+    auto [out, lse] = asTensors(goodOut, goodLse);
+    EXPECT_TRUE(compareWithReference(out, lse, sampled, D, DType::F32));
+  }
+  {  // an element of a row outside the sample never written (still the poison)
+    std::vector<float> out = goodOut;
+    out[size_t(3 * D + 5)] = NAN;
+    auto [o, l] = asTensors(out, goodLse);
+    EXPECT_NONFATAL_FAILURE(compareWithReference(o, l, sampled, D, DType::F32), "outside the reference's sample");
+  }
+  {  // an lse outside the sample never written
+    std::vector<float> lse = goodLse;
+    lse[3] = NAN;
+    auto [o, l] = asTensors(goodOut, lse);
+    EXPECT_NONFATAL_FAILURE(compareWithReference(o, l, sampled, D, DType::F32), "lse[3]");
+  }
+  {  // a wrong value in a sampled row, and a masked row that is not 0
+    std::vector<float> out = goodOut;
+    out[size_t(5 * D + 2)] += 0.1f;
+    auto [o, l] = asTensors(out, goodLse);
+    EXPECT_NONFATAL_FAILURE(compareWithReference(o, l, sampled, D, DType::F32), "out[82]");
+    std::vector<float> masked = goodOut;
+    masked[size_t(7 * D)] = 1e-3f;
+    auto [m, ml] = asTensors(masked, goodLse);
+    EXPECT_NONFATAL_FAILURE(compareWithReference(m, ml, sampled, D, DType::F32), "a row with no allowed key");
+  }
 }
