@@ -201,5 +201,13 @@ TEST(Pictures, BlockmaskWithoutAVariantTabulatesTheYardstick) {
   EXPECT_EQ(bad.status, 2) << bad.err;
 }
 
+// A plot that cannot be written is refused before the sweep starts (a sweep takes many seconds).
+TEST(Pictures, AutotunePlotToAnUnwritablePathFailsFirst) {
+  const Result r = run({"autotune", "causal", "--shape", "1,1,128,64", "--plot", "/nonexistent-folder/sweep.png"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("--plot: cannot write '/nonexistent-folder/sweep.png'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("BM"), std::string::npos) << "no config was compiled:\n" << r.out;
+}
+
 }  // namespace
 }  // namespace flextile
