@@ -24,13 +24,6 @@ void Canvas::text(int x, int y, std::string s, int size, bool vertical) {
   labels_.push_back({x, y, size, vertical, std::move(s)});
 }
 
-Rgb Canvas::pixel(int x, int y) const {
-  Rgb c = colour::background;
-  for (const Rect& r : rects_)
-    if (x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h) c = r.c;
-  return c;
-}
-
 void Canvas::writePng(const std::string& path) const {
   std::vector<uint8_t> rgb(size_t(width_) * size_t(height_) * 3);
   for (size_t i = 0; i < rgb.size(); i += 3) {

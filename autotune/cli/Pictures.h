@@ -47,7 +47,6 @@ class Canvas {
   void fill(int x, int y, int w, int h, Rgb c);
   // A label at (x, y) (its baseline's left end; rotated -90 degrees if `vertical`). SVG only.
   void text(int x, int y, std::string s, int size = 12, bool vertical = false);
-  Rgb pixel(int x, int y) const;  // as the PNG draws it
   void writePng(const std::string& path) const;
   std::string svg() const;
   void writeSvg(const std::string& path) const;
