@@ -128,6 +128,14 @@ TEST(Verifier, AtomicAddTakesF32I32OrI64) {
              "address must be a pointer, got f32");
 }
 
+// fence means acq_rel at GPU scope and nothing else: an attribute (a scope, an ordering) that
+// would be ignored is an error, as are operands.
+TEST(Verifier, FenceTakesNothing) {
+  EXPECT_EQ(bodyError("  store %p, %x\n  fence\n  %y = load %p : f32\n"), "(valid)");
+  EXPECT_HAS(bodyError("  fence {scope = \"cta\"}\n"), "op 'fence'", "takes no attributes (it is acq_rel at GPU scope), got 'scope'");
+  EXPECT_HAS(bodyError("  fence %x\n"), "op 'fence'", "expects 0 operands, got 1");
+}
+
 TEST(Verifier, AtomicAddValueMaskAndResultMatchTheAddress) {
   EXPECT_HAS(bodyError("  %a = atomic_add %p, %i : f32\n"), "op 'atomic_add'",
              "added value must be f32 to match address ptr<f32>, got i32");
