@@ -134,7 +134,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
   for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
     Tile rows = chunk * MC + arange(0, MC);
     Tile rowLive = rows < realRows;
-    Tile r = minimum(rows, realRows - 1);  // rows past the real ones re-read the last: valid addresses
+    Tile r = minimum(rows, realRows - 1);  // rows past the real ones: valid addresses, never read
     Tile head = group * k.HP + r / k.LQ, query = r % k.LQ;
     Tile rowId = (b * p.q_heads + head) * p.q_len + query;
     Tile firstSlot = rowId.to(DType::I64) * splits;
@@ -145,10 +145,11 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
       std::vector<Tile> lse, part;
       for (int64_t u = 0; u < kMergeSplitsPerRound; ++u) {
         Tile s = round * kMergeSplitsPerRound + u;
-        Tile live = s < splits;  // past the last split: lse -inf, weight 0, nothing read
+        // Past the last split or the real rows: lse -inf, weight 0, nothing read.
+        Tile live = rowLive & (s < splits);
         Tile slot = firstSlot + s.to(DType::I64);
         lse.push_back(load(p.part_lse + slot, live, -INFINITY));
-        part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live, 0.0));
+        part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       }
       Tile mNew = mi;
       for (const Tile& x : lse) mNew = maximum(mNew, x);
