@@ -270,8 +270,9 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, con
 // A few queries per head (decoding, L <= kDecodeMaxQueries) against a long KV: flex_attention runs
 // this template by itself for small L (options.kernel overrides). The query heads of one GQA group
 // share the rows of one program, so K and V are read once per group; the live KV blocks of a
-// BlockMask row are split across programs, each writing a partial (lse, out) per query, and a
-// merge kernel combines them exactly: out = sum_s 2^(lse_s - LSE) out_s, LSE = log2 sum_s 2^lse_s.
+// BlockMask row are split across programs, each writing a partial (lse, out) per query, and the
+// last program of each group to finish (an atomic ticket) combines them exactly, in the same
+// kernel: out = sum_s 2^(lse_s - LSE) out_s, LSE = log2 sum_s 2^lse_s.
 // Which blocks are live is computed for the call's queries exactly (DecodeLists.h).
 
 // The decode config for a dtype and head dim (the split count is chosen per call: splits 0).
@@ -281,14 +282,14 @@ FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // on a GPU of `multiprocessors` SMs (0: the interpreter, one split), for programs whose K/V ring
 // takes `programSharedBytes`: the count whose waves x steps per program is least.
 int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors,
-                         int64_t programSharedBytes, int64_t paddedHeadDim);
+                         int64_t programSharedBytes);
 
 // What the decode template would run for these inputs (names, the split count, the configs), for
 // tests, tools and the docs; nothing is launched.
 struct FlexDecodePlan {
   FlexDecodeConfig config;  // with splits resolved
   int64_t headsPerProgram = 1, rowsPerProgram = 16;
-  std::vector<std::string> kernelNames;  // in launch order (the merge kernel only with splits > 1)
+  std::vector<std::string> kernelNames;  // in launch order (one: the merge is fused into the kernel)
   const ir::Function* traced = nullptr;  // the split kernel's traced IR (owned by its kernel)
   // With a target: each launch compiled for it (no GPU needed), owned by the kernels.
   std::vector<const codegen::CompiledKernel*> compiled;

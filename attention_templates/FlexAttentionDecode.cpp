@@ -8,11 +8,29 @@
 // list, each cut into `splits` contiguous runs of inner steps, so every split gets an equal share
 // of both kinds and the order is stable — with the forward's online softmax in the exp2 domain.
 // With one split it writes out and lse itself; otherwise a partial (out_s = acc / l, lse_s =
-// m + log2 l) per (row, split).
+// m + log2 l) per (row, split), and the last of a group's programs to finish merges them.
 //
-// Merge kernel: per query row, LSE = log2 sum_s 2^lse_s and out = sum_s 2^(lse_s - LSE) out_s —
-// the online-softmax combination, exact (never an average of softmaxes). Empty splits have
-// lse_s = -inf and weigh nothing; a row with no live key anywhere ends with out 0, lse -inf.
+// The merge, fused: each program of a (group, batch) writes its partials, then takes a ticket
+// from the group's counter (atomic_add); the program that draws ticket splits - 1 knows every
+// other program's partials are written, merges the group's rows and resets the counter to 0
+// (self-cleaning: the counters are zeroed once, when allocated). Per row, in split order, it
+// folds the partials by the online-softmax rule: LSE = log2 sum_s 2^lse_s and out = sum_s
+// 2^(lse_s - LSE) out_s — exact, never an average of softmaxes, and independent of which program
+// came last. Empty splits have lse_s = -inf and weigh nothing; a row with no live key anywhere
+// ends with out 0, lse -inf.
+//
+// Why the last program sees the others' partials (the PTX memory model's release/acquire
+// through a fence and an atomic, as in CUDA's threadFenceReduction sample): a writer's
+// partial stores come before its fence (ir fence: bar.sync, fence.acq_rel.gpu, bar.sync;
+// codegen/LowerAtomic.cpp) and its fence before its ticket (a relaxed atom.add.gpu, issued
+// once, by thread 0): that is a release. The last program's ticket reads a value that every
+// writer's atomic precedes (the model's observation order runs along the chain of atomics on
+// one counter), and its own fence follows the ticket: an acquire. So every writer's stores
+// happen before the last program's merge loads.
+// Those loads are plain ld.global (LowerMemory never emits ld.global.nc, and the pointers are
+// not noalias), coherent at L2 once ordered by the acquire fence. The ticket reaches all of the
+// program's threads through shared memory (one uniform value), so the merge's branch is taken
+// by the whole program or by none of it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -50,18 +68,16 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   return {64, 4, 2, 0};
 }
 
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programSharedBytes,
-                         int64_t paddedHeadDim) {
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programSharedBytes) {
   if (multiprocessors <= 0 || liveSteps <= 1 || programsPerSplit < 1) return 1;
   // Programs resident per SM, from the K/V ring's shared memory (the rest of a decode program is
-  // small); the merge's [splits, D] tile bounds the count from above.
-  constexpr int64_t kSharedPerSm = 227 * 1024, kMergeTileElements = 16384, kMinStepsPerSplit = 4;
+  // small). At most 128 splits: the last program of a group folds them, four a round of loads.
+  constexpr int64_t kSharedPerSm = 227 * 1024, kMinStepsPerSplit = 4;
   const int64_t resident = std::clamp<int64_t>(kSharedPerSm / std::max<int64_t>(1, programSharedBytes), 1, 8);
   const int64_t slots = int64_t(multiprocessors) * resident;
-  const int64_t most = std::clamp<int64_t>(std::min(liveSteps / kMinStepsPerSplit, kMergeTileElements / paddedHeadDim),
-                                           1, 128);
+  const int64_t most = std::clamp<int64_t>(liveSteps / kMinStepsPerSplit, 1, 128);
   // The time of a grid is about its waves times the steps of one program; a split more costs its
-  // partials and merge, so ties (within 3 %) go to fewer splits.
+  // partials and a round of the merge, so ties (within 3 %) go to fewer splits.
   int64_t best = 1;
   double bestCost = INFINITY;
   for (int64_t s = 1; s <= most; ++s) {
@@ -79,7 +95,8 @@ namespace {
 template <template <class> class P>
 struct DecodeParams {
   BOOST_HANA_DEFINE_STRUCT(DecodeParams, (P<Data>, q), (P<Data>, k), (P<Data>, v), (P<Data>, out), (P<F32Ptr>, lse),
-                           (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<I32Ptr>, kv_num),
+                           (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<I32Ptr>, merge_counters),
+                           (P<I32Ptr>, kv_num),
                            (P<I32Ptr>, kv_indices), (P<I32Ptr>, full_kv_num), (P<I32Ptr>, full_kv_indices),
                            (P<I32>, list_b_stride), (P<I32>, list_h_stride), (P<I32>, list_row),
                            (P<I32>, list_kv_blocks), (P<I32Ptr>, q_offsets), (P<I32>, mask_row_start),
@@ -98,18 +115,65 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets));
 };
 
-template <template <class> class P>
-struct MergeParams {
-  BOOST_HANA_DEFINE_STRUCT(MergeParams, (P<F32Ptr>, part_out), (P<F32Ptr>, part_lse), (P<Data>, out),
-                           (P<F32Ptr>, lse), (P<I32>, splits), (P<I32>, q_len), (P<I32>, q_heads),
-                           (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m));
-};
-
-struct MergeConstants {
-  BOOST_HANA_DEFINE_STRUCT(MergeConstants, (int64_t, SP), (int64_t, D), (int64_t, DP), (int64_t, hasLse));
-};
-
 // ---- traced kernels ----------------------------------------------------------
+
+// The merge, run by the last program of a (group, batch): its HP * L real rows, MC at a time, each
+// folding the `splits` partials in split order by the online-softmax rule (running maximum,
+// rescaled sum and accumulator). A round loads kMergeSplitsPerRound splits' partials at once, so
+// the program waits on one L2 round trip per that many splits, not one per split (the main
+// shape's 6 splits take 2). It writes out and lse as the one-split kernel does.
+void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, const Tile& b, const Tile& group,
+                    const Tile& splits, DType dt) {
+  const int64_t realRows = k.HP * k.LQ;
+  // 16 rows of DP = 128 floats are 16 registers a thread at 4 warps: four loaded partials and the
+  // accumulator stay well inside the register file. 128 rows (L = 16, HP = 8) take 8 rounds.
+  constexpr int64_t kMergeSplitsPerRound = 4;
+  const int64_t MC = 16;
+  Tile offsD = arange(0, k.DP);
+  Tile dLive = offsD < k.D;
+  for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
+    Tile rows = chunk * MC + arange(0, MC);
+    Tile rowLive = rows < realRows;
+    Tile r = minimum(rows, realRows - 1);  // rows past the real ones: valid addresses, never read
+    Tile head = group * k.HP + r / k.LQ, query = r % k.LQ;
+    Tile rowId = (b * p.q_heads + head) * p.q_len + query;
+    Tile firstSlot = rowId.to(DType::I64) * splits;
+    Tile m0 = full({MC}, -INFINITY, DType::F32), l0 = zeros({MC}, DType::F32), a0 = zeros({MC, k.DP}, DType::F32);
+    Tile rounds = (splits + (kMergeSplitsPerRound - 1)) / kMergeSplitsPerRound;
+    auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
+      // Every load of the round first (independent of each other and of the fold), then the fold.
+      std::vector<Tile> lse, part;
+      for (int64_t u = 0; u < kMergeSplitsPerRound; ++u) {
+        Tile s = round * kMergeSplitsPerRound + u;
+        // Past the last split or the real rows: lse -inf, weight 0, nothing read.
+        Tile live = rowLive & (s < splits);
+        Tile slot = firstSlot + s.to(DType::I64);
+        lse.push_back(load(p.part_lse + slot, live, -INFINITY));
+        part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
+      }
+      Tile mNew = mi;
+      for (const Tile& x : lse) mNew = maximum(mNew, x);
+      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+      Tile alpha = exp2(mi - mSafe);
+      Tile lNew = li * alpha, aNew = ai * alpha.expand(1);
+      for (int64_t u = 0; u < kMergeSplitsPerRound; ++u) {
+        Tile w = exp2(lse[size_t(u)] - mSafe);
+        lNew = lNew + w;
+        aNew = aNew + part[size_t(u)] * w.expand(1);
+      }
+      return std::tuple{mNew, lNew, aNew};
+    });
+    Tile empty = l == 0.0;
+    Tile out = acc / where(empty, 1.0, l).expand(1);
+    Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
+                 (query * p.out_stride_m).to(DType::I64);
+    Tile oMask = k.DP != k.D ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
+    store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), oMask);
+    if (k.hasLse)
+      store(p.lse + rowId.to(DType::I64), where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2),
+            rowLive);
+  });
+}
 
 // `paged`: K/V are read through a page table (PagedKvParams and PagedKvConstants follow the
 // template's own); the mods and the lists keep seeing logical key positions.
@@ -243,6 +307,17 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile slot = rowId.to(DType::I64) * splits + split;
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), out, rowLive.expand(1));
     store(p.part_lse + slot, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))), rowLive);
+    // Release the partials, take a ticket; the last of the group merges (the ordering argument
+    // is in the file's header). There is no `if` in the IR: a loop of 0 or 1 trips is one.
+    fence();
+    Tile counter = p.merge_counters + (b * num_programs(1) + group);
+    Tile ticket = atomic_add(counter, 1);
+    Tile last = (ticket == splits - 1).to(DType::I32);
+    for_range(0, last, 1, [&](Tile) {
+      fence();  // acquire: the other programs' partials are visible from here on
+      mergeGroupRows(k, p, b, group, splits, dt);
+      store(counter, zeros({}, DType::I32));  // every other program of the group has added
+    });
     return;
   }
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
@@ -251,37 +326,6 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
   }
-}
-
-void traceMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
-  const auto k = constantsFrom<MergeConstants>(constants);
-  const auto p = declareParams<MergeParams>(f, dt);
-  // One program per query row: all of its partials in one [SP, DP] tile, so the merge waits on one
-  // round of loads rather than one per split.
-  Tile row = program_id(0);
-  Tile offsS = arange(0, k.SP);
-  Tile offsD = arange(0, k.DP);
-  Tile slot = row.to(DType::I64) * p.splits + offsS;
-  Tile splitLive = offsS < p.splits;
-  Tile lse = load(p.part_lse + slot, splitLive, -INFINITY);
-  Tile top = max(lse, 0);
-  Tile topSafe = where(top == -INFINITY, 0.0, top);
-  Tile w = exp2(lse - topSafe);
-  Tile weightSum = sum(w, 0);
-  Tile parts = load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), splitLive.expand(1), 0.0);
-  Tile acc = sum(parts * w.expand(1), 0);
-  Tile empty = weightSum == 0.0;
-  Tile out = acc / where(empty, 1.0, weightSum);
-  Tile query = row % p.q_len, head = (row / p.q_len) % p.q_heads, b = row / (p.q_len * p.q_heads);
-  Tile oBase = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
-               (query * p.out_stride_m).to(DType::I64);
-  if (k.DP != k.D)
-    store(p.out + (oBase + offsD), out.to(dt), offsD < k.D);
-  else
-    store(p.out + (oBase + offsD), out.to(dt));
-  if (k.hasLse)
-    store(p.lse + row.to(DType::I64),
-          where(empty, -INFINITY, (topSafe + log2(where(empty, 1.0, weightSum))) * std::numbers::ln2));
 }
 
 // ---- the block lists of the call's queries -------------------------------------
@@ -353,7 +397,7 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 
 // Grow-only f32 scratch for the partials, one per thread and memory space: a decode step must not
 // allocate (cuMemFree synchronizes). Reuse is safe because every launch of this thread goes to one
-// stream in order: the next call's split kernel cannot start before this call's merge has read.
+// stream in order: the next call's kernel cannot start before this call's last programs have read.
 // Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
 // takes all its views before using any.
 Tensor partialScratch(MemorySpace space, int64_t offset, int64_t count) {
@@ -365,6 +409,29 @@ Tensor partialScratch(MemorySpace space, int64_t offset, int64_t count) {
   if (space == MemorySpace::Device)
     return Tensor::deviceView(slot.deviceAddress() + uint64_t(offset) * 4, DType::F32, {count});
   return Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, DType::F32, {count});
+}
+
+// The fused merge's ticket counters, one i32 per (batch, head group), grow-only and zeroed when
+// allocated, per thread and memory space like the partials. Every call leaves them at 0 again (the
+// last program of each group resets its own), so a step neither clears nor allocates them. A call
+// that fails part-way may leave tickets behind: resetMergeCounters clears them (the host path does
+// on an error; a device kernel that faults leaves the context unusable anyway).
+Tensor& mergeCounterSlot(MemorySpace space) {
+  thread_local Tensor device, host;
+  return space == MemorySpace::Device ? device : host;
+}
+
+Tensor mergeCounters(MemorySpace space, int64_t count) {
+  Tensor& slot = mergeCounterSlot(space);
+  if (!slot.defined() || slot.numel() < count)
+    slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space);
+  if (space == MemorySpace::Device) return Tensor::deviceView(slot.deviceAddress(), DType::I32, {count});
+  return Tensor::hostView(slot.hostData(), DType::I32, {count});
+}
+
+void resetMergeCounters(MemorySpace space) {
+  Tensor& slot = mergeCounterSlot(space);
+  if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
 }
 
 struct DecodePrepared {
@@ -511,7 +578,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     const int64_t programBytes = int64_t(c.num_stages) * 2 * c.block_n * detail::paddedHeadDim(p.D) *
                                  ir::byteWidth(p.dtype);
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                sms, programBytes, detail::paddedHeadDim(p.D));
+                                sms, programBytes);
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)
@@ -556,19 +623,6 @@ Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {
   });
 }
 
-// The merge kernel depends on the dtype only: one per process and dtype.
-Kernel& mergeKernel(DType dt) {
-  static std::mutex mutex;
-  static std::map<DType, std::unique_ptr<Kernel>> kernels;
-  std::lock_guard lock(mutex);
-  auto& slot = kernels[dt];
-  if (!slot)
-    slot = std::make_unique<Kernel>(std::string("flex_decode_merge_") + std::string(ir::dtypeName(dt)),
-                                    [dt](ir::Function& f, const std::vector<int64_t>& c) { traceMerge(f, c, dt); },
-                                    constantCount<MergeConstants>());
-  return *slot;
-}
-
 std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor* lse) {
   const FlexDecodeConfig& c = p.config;
@@ -576,11 +630,12 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const int64_t DP = constants.DP;
   const int64_t rows = p.B * p.Hq * p.L;
   const bool split = constants.split;
-  Tensor partOut, partLse;
+  Tensor partOut, partLse, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
     partLse = partialScratch(p.space, outElems, lseElems);  // the far end first: it sizes the buffer
     partOut = partialScratch(p.space, 0, outElems);
+    counters = mergeCounters(p.space, p.B * (p.Hq / p.HP));
   }
   const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
@@ -604,7 +659,9 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
       {&kernel, lo,
        bindParams<DecodeParams>(
            {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
-            .part_lse = split ? partLse : anyF32, .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
+            .part_lse = split ? partLse : anyF32,
+            .merge_counters = split ? counters : lists.fullNum,  // touched only with several splits
+            .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
             .list_b_stride = lists.bStride, .list_h_stride = lists.hStride, .list_row = lists.row,
             .list_kv_blocks = lists.numKvBlocks,
@@ -621,23 +678,19 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
     result.back().args.insert(result.back().args.end(), paged.begin(), paged.end());
   }
-  if (split) {
-    Kernel& merge = mergeKernel(p.dtype);
-    int64_t SP = 1;
-    while (SP < c.splits) SP *= 2;
-    LaunchOptions mo;
-    mo.grid = {rows, 1, 1};
-    mo.constants = constantList(MergeConstants{SP, p.D, DP, lse != nullptr});
-    mo.num_warps = 4;
-    mo.num_stages = 1;
-    result.push_back({&merge, mo,
-                      bindParams<MergeParams>({.part_out = partOut, .part_lse = partLse, .out = out,
-                                               .lse = lse ? *lse : partLse, .splits = c.splits,
-                                               .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0],
-                                               .out_stride_h = os[1], .out_stride_m = os[2]},
-                                              merge.name())});
-  }
   return result;
+}
+
+// Runs a call's launches. An interpreted call that stops on an error may have left some groups'
+// tickets taken (their last program never ran): the counters are cleared so the next call starts
+// from 0.
+void runDecode(const std::vector<Launch>& calls, MemorySpace space) {
+  try {
+    runInOrder(calls, space);
+  } catch (...) {
+    if (space == MemorySpace::Host) resetMergeCounters(space);
+    throw;
+  }
 }
 
 }  // namespace
@@ -649,14 +702,14 @@ void flexDecodeInto(const Tensor& q, const Tensor& k, const Tensor& v, const Sco
                     const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                     const FlexAttentionOptions& options) {
   const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
-  runInOrder(launches(p, scoreMod, q, k, v, out, lse), p.space);
+  runDecode(launches(p, scoreMod, q, k, v, out, lse), p.space);
 }
 
 void flexDecodeInto(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                     const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                     const FlexAttentionOptions& options) {
   const DecodePrepared p = preparePaged(q, kv, scoreMod, blockMask, options);
-  runInOrder(launches(p, scoreMod, q, kv.k, kv.v, out, lse), p.space);
+  runDecode(launches(p, scoreMod, q, kv.k, kv.v, out, lse), p.space);
 }
 
 }  // namespace detail

@@ -18,6 +18,22 @@
 // op's scratch and every holder reads its elements back, with the two
 // barriers of the scratch rule (codegen/SharedMemory.h). A non-replicated
 // tile needs nothing: each element has exactly one holder.
+//
+// fence: `bar.sync 0; fence.acq_rel.gpu; bar.sync 0` (LLVM `fence syncscope("device")
+// acq_rel`), every thread. The IR's fence orders the accesses of the whole program, but
+// fence.acq_rel.gpu orders only its own thread's, and the atomic that follows it (a ticket)
+// is one thread's. In the PTX memory model (PTX ISA, "Memory Consistency Model") a release
+// pattern is a fence followed *in program order* by a strong write, and bar.sync makes the
+// threads of a CTA synchronize. So:
+//   release — thread T's stores, bar.sync, thread 0's fence, thread 0's atomic: T's stores
+//     precede the fence in causality order (through the barrier), and fence + atomic are
+//     thread 0's release pattern;
+//   acquire — thread 0's atomic, thread 0's fence, bar.sync, thread T's loads: atomic +
+//     fence are thread 0's acquire pattern, and the barrier puts T's loads after it.
+// The first barrier serves the release, the second the acquire; causality order is
+// transitive, so a writer program's stores happen before the reader program's loads. Each
+// thread fences (not only thread 0) because the op does not know which thread a later
+// atomic runs on (a tile atomic runs on many).
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -102,6 +118,13 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
     }
   }
   set(res, std::move(old));
+}
+
+void Lowering::lowerFence(const ir::Op& op) {
+  if (op.numOperands() != 0 || op.numResults() != 0) fail(op, "fence takes no operands and gives no results");
+  barrier();
+  b.CreateFence(llvm::AtomicOrdering::AcquireRelease, ctx.getOrInsertSyncScopeID("device"));
+  barrier();
 }
 
 }  // namespace flextile::codegen

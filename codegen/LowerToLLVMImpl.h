@@ -7,7 +7,7 @@
 //   LowerToLLVM.cpp            driver, kernel ABI, thread coordinates, shape ops
 //   LowerElementwise.cpp       unary/binary math, cmp, select, cast, addptr
 //   LowerMemory.cpp            global load/store (predicated, vectorized)
-//   LowerAtomic.cpp            atomic_add (one adder per replicated element)
+//   LowerAtomic.cpp            atomic_add (one adder per replicated element), fence
 //   LowerReduce.cpp            reduce: registers, warp shuffles, shared memory
 //   LowerDot.cpp               dot: mma.sync on tensor cores, or f32 FMAs through shared memory
 //   LowerControlFlow.cpp       for/yield
@@ -132,6 +132,7 @@ class Lowering {
   void lowerLoad(const ir::Op& op);            // LowerMemory.cpp
   void lowerStore(const ir::Op& op);
   void lowerAtomicAdd(const ir::Op& op);       // LowerAtomic.cpp
+  void lowerFence(const ir::Op& op);
   void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp

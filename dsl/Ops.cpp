@@ -290,6 +290,7 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
 }  // namespace
 
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
+void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
   return atomicAddImpl(ptr, value, &mask, loc);
 }

@@ -68,6 +68,12 @@ void store(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::
 // may differ in their last bits from run to run, integer sums never.
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
+// An acq_rel memory fence at GPU scope for the whole program: every load and store of the
+// program before it (all of its threads') is ordered before every one after it, for any other
+// program that synchronizes with this one through an atomic_add (ir/Ops.def). The pattern it
+// serves: write partials, fence, take a ticket; the last ticket's holder fences, then reads
+// everyone's partials (attention_templates/FlexAttentionDecode.cpp).
+void fence(SourceLoc loc = SourceLoc::current());
 
 // Reductions along `axis` (negative counts from the end); the axis is removed.
 Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());

@@ -98,6 +98,8 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
   return create1(OpKind::AtomicAdd, ops, Type(ptr->type().pointee(), ptr->type().shape()));
 }
 
+void Builder::fence() { create(OpKind::Fence, {}, {}); }
+
 Value* Builder::reduce(Value* x, int axis, std::string_view kind) {
   Shape s = x->type().shape();
   s.erase(s.begin() + axis);

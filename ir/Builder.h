@@ -50,6 +50,8 @@ class Builder {
   void store(Value* ptr, Value* value, Value* mask = nullptr);
   // *ptr += value where mask, atomically; gives the old values.
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
+  // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
+  void fence();
   Value* reduce(Value* x, int axis, std::string_view kind);
   Value* dot(Value* a, Value* b, Value* acc);
   void ret();

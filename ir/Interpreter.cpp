@@ -592,6 +592,7 @@ class Checker {
         }
         return;
       }
+      case OpKind::Fence: count(op, 0, 0, 0); return;
       case OpKind::Reduce: {
         count(op, 1, 1, 1);
         int64_t axis = op.intAttr("axis");
@@ -710,6 +711,12 @@ class Program {
   }
 
   void exec(const Op& op) {
+    if (op.kind() == OpKind::Fence) {
+      // Programs run on several host threads: their plain stores before the fence must be visible
+      // to a program that learns of them through an atomic_add after its own fence.
+      std::atomic_thread_fence(std::memory_order_acq_rel);
+      return;
+    }
     const Type& rt = op.numResults() ? op.result()->type() : op.operand(0)->type();
     const size_t n = size_t(rt.numElements());
     switch (op.kind()) {
@@ -798,6 +805,7 @@ class Program {
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
       case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
+      case OpKind::Fence: return;  // run above: it has neither operands nor results
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
       case OpKind::For: return forLoop(op);

@@ -85,6 +85,10 @@
 //     sum of the ones before it. The final memory of f32 additions depends on
 //     the order programs run in (float addition is not associative); integer
 //     sums do not.
+//   * fence: a host std::atomic_thread_fence(acq_rel). With the atomic_add
+//     above (itself sequentially consistent) it orders a program's stores
+//     before a ticket it takes, and another program's loads after the ticket
+//     it got, as the GPU's fence.acq_rel.gpu does.
 //
 // Shapes
 //   * arange {start, end}: i32 start..end-1. splat: scalar -> tile.

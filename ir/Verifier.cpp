@@ -212,6 +212,11 @@ class Verifier {
       case OpKind::Load:
       case OpKind::Store: memory(op); break;
       case OpKind::AtomicAdd: atomicAdd(op); break;
+      case OpKind::Fence:
+        // Its only meaning is acq_rel at GPU scope: an attribute asking for another (a scope,
+        // an ordering) would otherwise be ignored without a word.
+        if (!op.attrs().empty()) err(op, "takes no attributes (it is acq_rel at GPU scope), got '" + op.attrs().begin()->first + "'");
+        break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;
       case OpKind::For: forLoop(op); break;

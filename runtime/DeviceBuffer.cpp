@@ -93,6 +93,13 @@ void DeviceBuffer::fillBytes(uint8_t value) {
             "filling " + std::to_string(bytes_) + " bytes" + onDevice(device_));
 }
 
+void copyDeviceToDevice(uint64_t destination, uint64_t source, size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  Device::current().makeCurrent();
+  cu::check(cu::api().memcpyDtoD(destination, source, bytes), "cuMemcpyDtoD_v2",
+            "copying " + std::to_string(bytes) + " bytes: " + what);
+}
+
 void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what) {
   if (bytes == 0) return;
   Device::current().makeCurrent();

@@ -54,5 +54,8 @@ void checkCopyRange(const char* operation, const void* hostPointer, size_t bytes
 // the destination or source in error messages.
 void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what);
 void copyDeviceToHost(void* destination, uint64_t deviceAddress, size_t bytes, const std::string& what);
+// Copies `bytes` from one device address to another on the current device (cuMemcpyDtoD: queued
+// on the legacy default stream, the host does not wait). `what` names the copy in errors.
+void copyDeviceToDevice(uint64_t destination, uint64_t source, size_t bytes, const std::string& what);
 
 }  // namespace flextile::runtime

@@ -54,6 +54,7 @@ bool resolveAll(void* library, cu::Api& api, std::string* missing) {
          resolve(library, api.memFree, {"cuMemFree_v2"}, missing) &&
          resolve(library, api.memcpyHtoD, {"cuMemcpyHtoD_v2"}, missing) &&
          resolve(library, api.memcpyDtoH, {"cuMemcpyDtoH_v2"}, missing) &&
+         resolve(library, api.memcpyDtoD, {"cuMemcpyDtoD_v2"}, missing) &&
          resolve(library, api.memsetD8, {"cuMemsetD8_v2"}, missing) &&
          resolve(library, api.moduleLoadDataEx, {"cuModuleLoadDataEx"}, missing) &&
          resolve(library, api.moduleGetFunction, {"cuModuleGetFunction"}, missing) &&

@@ -110,6 +110,7 @@ struct Api {
   Result (*memFree)(DevicePtr pointer);                                              // _v2
   Result (*memcpyHtoD)(DevicePtr destination, const void* source, size_t bytes);     // _v2
   Result (*memcpyDtoH)(void* destination, DevicePtr source, size_t bytes);           // _v2
+  Result (*memcpyDtoD)(DevicePtr destination, DevicePtr source, size_t bytes);       // _v2
   Result (*memsetD8)(DevicePtr destination, unsigned char value, size_t count);      // _v2
 
   Result (*moduleLoadDataEx)(Module* module, const void* image, unsigned numOptions, JitOption* options,

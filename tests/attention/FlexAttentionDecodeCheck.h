@@ -90,4 +90,64 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
   return true;
 }
 
+// The fused merge (the last program of each group merges the group's partials and resets the
+// group's ticket counter) over many splits, call after call on the thread's one scratch. Each call
+// must find every counter at 0: a counter left at n by one call would make the program drawing
+// ticket splits - 1 - n of the next call merge before the others have written, or nobody merge
+// (the output stays poisoned), and the split counts here change from call to call. The mask is
+// causal with an optional window, built past the keys (the queries [S, S + L) at its end); with
+// `blindOddQueries` the odd query positions see no key at all (their rows end with out 0 and
+// lse -inf, next to live rows of the same program). More splits than inner steps leave splits
+// empty (lse -inf partials).
+struct FusedMergeCase {
+  int64_t B, Hq, Hkv, L, S, D;
+  dsl::DType dtype = dsl::DType::BF16;
+  int64_t window = 0;  // 0: causal only
+  bool blindOddQueries = false;
+  attention::BlockSizes blocks{32, 32};
+  int64_t blockN = 16;
+  std::vector<int64_t> splits;  // one call per entry, in order
+  std::string describe() const {
+    return "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " L=" +
+           std::to_string(L) + " S=" + std::to_string(S) + " D=" + std::to_string(D) + " " +
+           std::string(ir::dtypeName(dtype)) + " window " + std::to_string(window) +
+           (blindOddQueries ? " odd queries blind" : "");
+  }
+};
+
+inline bool checkFusedMergeCalls(std::mt19937_64& rng, const FusedMergeCase& c, dsl::MemorySpace space) {
+  using namespace attention;
+  using dsl::Tile;
+  SCOPED_TRACE(c.describe());
+  const int64_t window = c.window > 0 ? c.window : c.S + c.L;
+  const bool blind = c.blindOddQueries;
+  MaskMod mod("fused_merge_case", [window, blind](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    Tile ok = (kv <= q) & (q - kv < window);
+    return blind ? ok & (q % 2 == 0) : ok;
+  });
+  RefMaskFn ref = [window, blind](int64_t, int64_t, int64_t q, int64_t kv) {
+    return kv <= q && q - kv < window && (!blind || q % 2 == 0);
+  };
+  const BlockMask mask = createBlockMask(mod, 1, 1, c.S + c.L, c.S, c.blocks, space);
+  const dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  const dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {c.B, c.Hq, c.L}, space);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  for (size_t call = 0; call < c.splits.size(); ++call) {
+    SCOPED_TRACE("call " + std::to_string(call) + ", splits " + std::to_string(c.splits[call]));
+    const dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+    const ReferenceResult want = referenceAttention(q, k, v, nullptr, ref, scale, c.S);
+    FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
+                           .decode_config = FlexDecodeConfig{.block_n = c.blockN, .splits = c.splits[call]},
+                           .query_offset = c.S};
+    EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, o).kernelNames.size(), 1u) << "the merge is fused";
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    if (!compareWithReference(out, lse, want, c.D, c.dtype)) return false;
+  }
+  return true;
+}
+
 }  // namespace flextile::testing

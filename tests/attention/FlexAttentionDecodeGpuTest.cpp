@@ -66,6 +66,27 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
       return;
 }
 
+// The fused merge on the GPU: many splits (up to 128, more than the steps of some rows), the split
+// count changing from call to call on one scratch, so a ticket counter not reset to 0 by the last
+// program of its group, or a merge that read another program's partials before they were visible,
+// shows as a wrong or poisoned output; fully masked rows beside live ones, GQA 4:1 and 8:1, L > 1,
+// 128 rows a program, KV lengths off the block.
+TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .blocks = {128, 128}, .blockN = 64,
+       .splits = {64, 7, 128, 7, 33, 2}},
+      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {16, 3, 40, 3}},
+      {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {20, 9, 47}},
+  };
+  for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
+    for (const FusedMergeCase& c : cases)
+      if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+}
+
 // query_offsets on the device: a batch of requests at different positions of a window mask, each
 // against a reference run at its own position (the offsets are never read by the host).
 TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {

@@ -164,24 +164,39 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
               {"at most 128 queries per head, got L = 200"});
 }
 
-TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
-  const int64_t ring = 128 * 1024, dp = 128;  // one program per SM
-  // 64 programs on 132 SMs over 256 steps: two splits fill one wave.
-  EXPECT_EQ(decodeSplitCount(64, 256, 132, ring, dp), 2);
-  // A sliding window of 33 live blocks in a KV of 256: the split follows the 33.
-  EXPECT_EQ(decodeSplitCount(64, 33, 132, ring, dp), 2);
-  EXPECT_EQ(decodeSplitCount(64, 7, 132, ring, dp), 1);  // too short to split
-  EXPECT_EQ(decodeSplitCount(8, 256, 132, ring, dp), 16);  // B = 1: 8 groups x 16 splits
-  EXPECT_EQ(decodeSplitCount(64, 0, 132, ring, dp), 1);
-  EXPECT_EQ(decodeSplitCount(64, 512, 0, ring, dp), 1);  // the interpreter: one split
-  EXPECT_GE(decodeSplitCount(1, 1 << 20, 132, ring, dp), 120);  // one long row: about one program per SM
-  EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring, dp), 128);
-  EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring, 256), 64);  // the merge tile bounds it
-  // Three programs per SM: more slots, more splits.
-  EXPECT_EQ(decodeSplitCount(64, 256, 132, 64 * 1024, dp), 6);
+// The fused merge through the interpreter (whose programs run on several host threads, so the
+// ticket and the fences are exercised for real): many splits, the split count changing from call
+// to call on one scratch (the counters must be back at 0 after every call), fully masked rows
+// beside live ones, GQA 4:1 and MQA, L > 1, empty splits, and 128 rows a program (4 merge rounds).
+TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
+  SeededRandom rng;
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
+      {.B = 3, .Hq = 4, .Hkv = 1, .L = 1, .S = 257, .D = 32, .dtype = DType::F16, .window = 90, .splits = {3, 9, 2, 9}},
+      {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 70, .D = 32, .dtype = DType::F32, .blindOddQueries = true,
+       .splits = {4, 11, 2}},
+  };
+  for (const FusedMergeCase& c : cases)
+    if (!checkFusedMergeCalls(rng, c, kHost)) return;
 }
 
-// Every variant's decode kernels (split and merge) compile for sm_90a and ptxas accepts them; the
+TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
+  const int64_t ring = 128 * 1024;  // one program per SM
+  // 64 programs on 132 SMs over 256 steps: two splits fill one wave.
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, ring), 2);
+  // A sliding window of 33 live blocks in a KV of 256: the split follows the 33.
+  EXPECT_EQ(decodeSplitCount(64, 33, 132, ring), 2);
+  EXPECT_EQ(decodeSplitCount(64, 7, 132, ring), 1);  // too short to split
+  EXPECT_EQ(decodeSplitCount(8, 256, 132, ring), 16);  // B = 1: 8 groups x 16 splits
+  EXPECT_EQ(decodeSplitCount(64, 0, 132, ring), 1);
+  EXPECT_EQ(decodeSplitCount(64, 512, 0, ring), 1);  // the interpreter: one split
+  EXPECT_GE(decodeSplitCount(1, 1 << 20, 132, ring), 120);  // one long row: about one program per SM
+  EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring), 128);
+  // Three programs per SM: more slots, more splits.
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 64 * 1024), 6);
+}
+
+// Every variant's decode kernel (the merge fused into it) compiles for sm_90a and ptxas accepts them; the
 // compile time of each is printed (a GPU test compiles dozens).
 TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
   if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin): not assembling";

@@ -54,4 +54,29 @@ inline Kernel atomicReplicated() {
   });
 }
 
+// The fused decode merge's pattern, alone: every program writes a BLOCK-wide partial (3 x its
+// values, stored by all of its threads), fences, and takes a ticket; the program that draws the
+// last one fences, adds every program's partial into sums, records its id in `last` and resets
+// the counter. sums[i] == 3 * sum over programs of values[p * BLOCK + i] exactly when every
+// partial was visible to the last program, and the counter ends at 0, launch after launch.
+inline Kernel fencedLastProgramSum() {
+  return kernel("fenced_last_program_sum", [](Ptr<i32> values, Ptr<i32> partials, Ptr<i32> counter, Ptr<i32> sums,
+                                              Ptr<i32> last, Const<int> BLOCK) {
+    auto program = program_id(0);
+    auto programs = num_programs(0);
+    auto offs = arange(0, BLOCK);
+    store(partials + program * BLOCK + offs, load(values + program * BLOCK + offs) * 3);
+    fence();
+    auto ticket = atomic_add(counter, 1);
+    for_range(0, (ticket == programs - 1).to(i32{}), 1, [&](Tile) {
+      fence();
+      Tile total = for_range(0, programs, 1, zeros({int64_t(BLOCK)}, DType::I32),
+                             [&](Tile p, Tile acc) { return acc + load(partials + p * BLOCK + offs); });
+      store(sums + offs, total);
+      store(last, program);
+      store(counter, 0);
+    });
+  });
+}
+
 }  // namespace flextile::testing

@@ -295,6 +295,20 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
   }
   std::sort(tickets.begin(), tickets.end());
   for (int p = 0; p < 30; ++p) EXPECT_EQ(tickets[size_t(p)], p);
+  // The last of 40 programs sums everyone's partials (on the interpreter's threads), three launches
+  // on one counter that the last program of each resets.
+  {
+    const int programs = 40, block = 64;
+    std::vector<int32_t> partials(size_t(programs * block), -1), counter{0}, last{-1};
+    for (int launch = 0; launch < 3; ++launch) {
+      std::vector<int32_t> in(size_t(programs * block)), sums(size_t(block), -1), want(size_t(block), 0);
+      for (size_t i = 0; i < in.size(); ++i) want[i % size_t(block)] += 3 * (in[i] = int32_t(gen() % 2001) - 1000);
+      flextile::testing::fencedLastProgramSum().interpret({{programs, 1, 1}, {block}}, in, partials, counter, sums, last);
+      EXPECT_EQ(sums, want) << "launch " << launch;
+      EXPECT_EQ(counter[0], 0) << "launch " << launch;
+      EXPECT_TRUE(last[0] >= 0 && last[0] < programs) << last[0];
+    }
+  }
   // Replicated rows and columns, masked.
   for (int row : {1, 0}) {
     std::vector<float> acc(16, 0.0f), old(9 * 16, -1.0f);
@@ -315,7 +329,8 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
   };
   const bool havePtxas = codegen::findPtxas().has_value();
   Kernel histogram = flextile::testing::atomicHistogram(), sum = flextile::testing::atomicBinnedSum(),
-         ticket = flextile::testing::atomicTicket(), replicated = flextile::testing::atomicReplicated();
+         ticket = flextile::testing::atomicTicket(), replicated = flextile::testing::atomicReplicated(),
+         lastSum = flextile::testing::fencedLastProgramSum();
   for (codegen::Target target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
     for (int warps : {1, 4, 8}) {
       SCOPED_TRACE("sm_" + std::to_string(target.capability) + ", warps " + std::to_string(warps));
@@ -327,6 +342,11 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
       built.push_back(&ticket.compile({{4, 1, 1}, {256}, warps}, {ptr(4), ptr(4096)}, target));
       EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 1);
       EXPECT_EQ(count(built.back()->ptx, "bar.sync"), 2) << "the ticket reaches every thread through shared memory";
+      built.push_back(&lastSum.compile({{4, 1, 1}, {256}, warps}, {ptr(4096), ptr(4096), ptr(4), ptr(1024), ptr(4)},
+                                       target));
+      EXPECT_EQ(count(built.back()->ptx, "atom.global.add.u32"), 1) << "one ticket per program";
+      EXPECT_EQ(count(built.back()->ptx, "fence.acq_rel.gpu"), 2) << built.back()->ptx;
+      EXPECT_EQ(count(built.back()->ptx, "ld.global.nc"), 0);
       for (int row : {1, 0})
         for (int N : {1, 16, 64}) {
           built.push_back(&replicated.compile({{4, 1, 1}, {N, row}, warps}, {ptr(256), ptr(4096), KernelArg(N)}, target));

@@ -90,6 +90,37 @@ TEST(AtomicGpu, AScalarAtomicRunsOncePerProgramAndEveryThreadSeesItsOldValue) {
   }
 }
 
+// Release/acquire through fence + ticket: 3000 programs (many waves, so writers and the last
+// program run at different times on different SMs) write partials with all of their threads; the
+// last sums them. A partial the last program could not see shows as a wrong sum; a counter not
+// reset shows in the next launch (nobody, or the wrong program, sums). Launch after launch on one
+// counter, which the host never clears.
+TEST(AtomicGpu, TheLastProgramThroughAFenceSeesEveryProgramsWrites) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  Kernel lastSum = fencedLastProgramSum();
+  const int programs = 3000, block = 256;
+  std::vector<int32_t> zero{0};
+  auto dcounter = toDevice(zero), dlast = toDevice(zero);
+  auto dpartials = toDevice(std::vector<int32_t>(size_t(programs * block), 0));
+  for (int warps : {1, 4, 8})
+    for (int launch = 0; launch < 10; ++launch) {
+      std::vector<int32_t> in(size_t(programs * block)), sums(size_t(block), 0), want(size_t(block), 0);
+      for (size_t i = 0; i < in.size(); ++i) want[i % size_t(block)] += 3 * (in[i] = int32_t(rng() % 2001) - 1000);
+      auto din = toDevice(in), dsums = toDevice(sums);
+      dsums.fillBytes(0xFF);
+      lastSum.run({{programs, 1, 1}, {block}, warps}, din, dpartials, dcounter, dsums, dlast);
+      runtime::synchronize();
+      std::vector<int32_t> counter{-1}, last{-1};
+      fromDevice(dsums, sums);
+      fromDevice(dcounter, counter);
+      fromDevice(dlast, last);
+      ASSERT_EQ(sums, want) << "warps " << warps << " launch " << launch;
+      ASSERT_EQ(counter[0], 0) << "warps " << warps << " launch " << launch;
+      ASSERT_TRUE(last[0] >= 0 && last[0] < programs) << last[0];
+    }
+}
+
 TEST(AtomicGpu, ReplicatedRowsAndColumnsAddOncePerElement) {
   FLEXTILE_REQUIRE_GPU();
   Kernel replicated = atomicReplicated();

@@ -244,6 +244,27 @@ TEST(RuntimeGpu, CopyRoundTripOfRandomBytes) {
   EXPECT_THROW(moved.copyToHost(back.data(), bytes + 1), DriverError);
 }
 
+// copyDeviceToDevice (the decode bench's yardstick): an odd range between odd offsets lands
+// exactly there, and nothing else changes; a zero-byte copy does nothing.
+TEST(RuntimeGpu, DeviceToDeviceCopyMovesExactlyItsRange) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom random;
+  const size_t bytes = 200003 + random() % 4096, from = 1 + random() % 1000, to = 3 + random() % 1000,
+               length = bytes / 2 + random() % 1000;
+  std::vector<uint8_t> source(bytes), destination(bytes);
+  for (auto& byte : source) byte = uint8_t(random());
+  for (auto& byte : destination) byte = uint8_t(random());
+  DeviceBuffer a(bytes), b(bytes);
+  a.copyFromHost(source.data(), bytes);
+  b.copyFromHost(destination.data(), bytes);
+  copyDeviceToDevice(b.address() + to, a.address() + from, length, "a test range");
+  std::copy_n(source.begin() + std::ptrdiff_t(from), length, destination.begin() + std::ptrdiff_t(to));
+  std::vector<uint8_t> back(bytes);
+  b.copyToHost(back.data(), bytes);
+  EXPECT_TRUE(back == destination);
+  copyDeviceToDevice(b.address(), a.address(), 0, "nothing");  // a no-op
+}
+
 TEST(RuntimeGpu, PoisonFillSetsEveryByte) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom random;

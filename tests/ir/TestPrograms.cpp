@@ -67,6 +67,7 @@ std::unique_ptr<Function> everyOpProgram() {
   // side effect alone keeps them).
   b.atomicAdd(b.addptr(b.splat(out, {64}), rows), scaled, inBounds);
   b.atomicAdd(out, b.cast(results[1], DType::F32));
+  b.fence();  // orders the stores and atomics above for other programs
   b.ret();
   return f;
 }

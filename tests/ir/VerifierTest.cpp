@@ -128,6 +128,20 @@ TEST(Verifier, AtomicAddTakesF32I32OrI64) {
              "address must be a pointer, got f32");
 }
 
+// fence means acq_rel at GPU scope and nothing else: an attribute (a scope, an ordering) that
+// would be ignored is an error, as are operands.
+TEST(Verifier, FenceTakesNothing) {
+  EXPECT_EQ(bodyError("  store %p, %x\n  fence\n  %y = load %p : f32\n"), "(valid)");
+  EXPECT_HAS(bodyError("  fence {scope = \"cta\"}\n"), "op 'fence'", "takes no attributes (it is acq_rel at GPU scope), got 'scope'");
+  std::string parseError = "(parsed)";  // the parser already counts operands against ir/Ops.def
+  try {
+    bodyError("  fence %x\n");
+  } catch (const std::exception& e) {
+    parseError = e.what();
+  }
+  EXPECT_HAS(parseError, "v.ftir:2:3", "op 'fence' expects 0 operands, got 1");
+}
+
 TEST(Verifier, AtomicAddValueMaskAndResultMatchTheAddress) {
   EXPECT_HAS(bodyError("  %a = atomic_add %p, %i : f32\n"), "op 'atomic_add'",
              "added value must be f32 to match address ptr<f32>, got i32");

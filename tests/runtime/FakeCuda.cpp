@@ -50,6 +50,7 @@ int cuMemAlloc_v2(...) { return kNotSupported; }
 int cuMemFree_v2(...) { return kNotSupported; }
 int cuMemcpyHtoD_v2(...) { return kNotSupported; }
 int cuMemcpyDtoH_v2(...) { return kNotSupported; }
+int cuMemcpyDtoD_v2(...) { return kNotSupported; }
 int cuMemsetD8_v2(...) { return kNotSupported; }
 int cuModuleLoadDataEx(...) { return kNotSupported; }
 int cuModuleGetFunction(...) { return kNotSupported; }
