@@ -366,13 +366,13 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
 
 void Lowering::awaitWgmmaFor(const ir::Op& op) {
   using ir::OpKind;
-  // Control flow and terminators: every group completes in the block that issued it (a loop's
+  // Control flow, terminators and fences (whose barriers order memory the groups may read): every group completes in the block that issued it (a loop's
   // next iteration overwrites the ring slots its wgmmas read, a yield hands the accumulators to
   // phis). Ops with shared-memory scratch: their barriers and stores are not ordered with the
   // async proxy's reads (a pipelined load's ring is written only at its iteration's first
   // convert, into the slot the pending groups do not read).
   const bool pipelinedLoad = op.kind() == OpKind::Load && isPipelinedLoad(&op);
-  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return ||
+  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return || op.kind() == OpKind::Fence ||
       !op.regions().empty() || (plan.scratchOffset.count(&op) && !pipelinedLoad)) {
     awaitWgmmaGroup(wgmmaGroupsIssued_);
     return;
