@@ -11,6 +11,8 @@
 #include "runtime/Stream.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace flextile::dsl {
 
@@ -247,14 +249,20 @@ const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, con
 // the binary whose registers and spills were judged), else the cubin the driver's JIT made of this
 // PTX on this GPU and driver in an earlier process (codegen/CompileCache.h), else the PTX, JIT-
 // compiled through the driver's linker so that its cubin goes into the compile cache entry.
+// FLEXTILE_DRIVER_CUBINS=0 turns driver cubins off (neither read nor kept): the path before they
+// existed, for bench/first_call.sh's comparison.
 void Kernel::loadModule(Compiled& c) {
   const codegen::CompiledKernel& code = c.code;
   runtime::Device& device = runtime::Device::current();
   const std::string identity = device.codeIdentity();
   codegen::CompileCache& cache = codegen::CompileCache::global();
-  const codegen::DriverCubin* kept = code.cubin.empty() ? code.driverCubinFor(identity) : nullptr;
+  static const bool driverCubins = [] {
+    const char* v = std::getenv("FLEXTILE_DRIVER_CUBINS");
+    return !(v && (std::string_view(v) == "0" || std::string_view(v) == "off"));
+  }();
+  const codegen::DriverCubin* kept = code.cubin.empty() && driverCubins ? code.driverCubinFor(identity) : nullptr;
   const std::string& image = kept ? kept->image : code.cubin;
-  const bool keepJitImage = cache.enabled() && code.irHash != 0;
+  const bool keepJitImage = driverCubins && cache.enabled() && code.irHash != 0;
   auto module = std::make_unique<runtime::Module>(
       runtime::Module::fromCompiled(code.ptx, image, code.name, &device, keepJitImage));
   if (kept && !module->cubinFallbackReason().empty())

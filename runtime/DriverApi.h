@@ -89,6 +89,7 @@ enum JitOption : int {
 inline constexpr int kJitInputPtx = 1;  // CU_JIT_INPUT_PTX
 
 inline constexpr unsigned kStreamDefault = 0x0;    // CU_STREAM_DEFAULT
+inline constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
 inline constexpr unsigned kEventDefault = 0x0;     // CU_EVENT_DEFAULT
 inline constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 

@@ -9,10 +9,14 @@
 
 namespace flextile::runtime {
 
-Stream::Stream(Device* device) : device_(device ? device : &Device::current()) {
+Stream::Stream(Device* device) : Stream(device, cu::kStreamDefault) {}
+
+Stream Stream::nonBlocking(Device* device) { return Stream(device, cu::kStreamNonBlocking); }
+
+Stream::Stream(Device* device, unsigned flags) : device_(device ? device : &Device::current()) {
   device_->makeCurrent();
   cu::Stream stream = nullptr;
-  cu::check(cu::api().streamCreate(&stream, cu::kStreamDefault), "cuStreamCreate",
+  cu::check(cu::api().streamCreate(&stream, flags), "cuStreamCreate",
             "device " + std::to_string(device_->ordinal()));
   handle_ = stream;
 }

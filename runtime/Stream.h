@@ -17,6 +17,10 @@ class Device;
 class Stream {
  public:
   explicit Stream(Device* device = nullptr);  // Device::current() when null
+  // An owned stream that does not synchronize with the legacy default stream (CU_STREAM_NON_BLOCKING),
+  // as the side streams of frameworks such as PyTorch are: work on it is ordered only by its own
+  // queue, so a call on it must keep every copy it depends on in that queue too.
+  static Stream nonBlocking(Device* device = nullptr);
   // A stream FlexTile does not own: `cuStream` (a CUstream; null is the legacy default stream) on
   // `device` (Device::current() when null), which must be the device whose context made it.
   static Stream borrow(void* cuStream, Device* device = nullptr);
@@ -36,6 +40,7 @@ class Stream {
  private:
   struct BorrowTag {};
   Stream(BorrowTag, void* handle, Device* device);
+  Stream(Device* device, unsigned flags);
   void destroy();
   void* handle_ = nullptr;
   Device* device_ = nullptr;

@@ -33,6 +33,9 @@ ALL_BENCHES=(
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "attention_decode|$BUNDLE/bin/flextile_attention_decode_bench ${FLEXTILE_DECODE_ARGS:-}"
   "torch_decode|python3 bench/torch_decode.py --json $LOGS/torch_decode.json"
+  "first_call|bench/first_call.sh $BUNDLE/bin ${FLEXTILE_FIRST_CALL_SHAPE:-}"
+  "torch_first_call|python3 bench/torch_first_call.py ${FLEXTILE_FIRST_CALL_SHAPE:-}"
+  "streams|$BUNDLE/bin/flextile_streams_bench"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
 SELECTED=${FLEXTILE_BENCHES:-attention torch_attention}
