@@ -145,6 +145,11 @@ std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKe
   putField(out, "ptx", k.ptx);
   putField(out, "ptxas", k.ptxasInfo);
   putField(out, "cubin", k.cubin);
+  // Optional fields (entries written before them parse as having none).
+  for (size_t i = 0; i < k.driverCubins.size(); ++i) {
+    putField(out, "driver_cubin_identity." + std::to_string(i), k.driverCubins[i].identity);
+    putField(out, "driver_cubin." + std::to_string(i), k.driverCubins[i].image);
+  }
   out += "end " + hex16(checksum(out)) + "\n";
   return out;
 }
