@@ -74,13 +74,13 @@ start=$(now)
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$FLEXTILE_ATTN_TEST_FILTER" 2>&1
     rc2=$?
   else
-    serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*'
+    serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="-FlexAttentionBackwardGpu.*:$serving" 2>&1
     rc2=$?
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter='FlexAttentionBackwardGpu.*' 2>&1
     rc=$?
     [ "$rc2" = 0 ] && rc2=$rc
-    # Decode, paged K/V and decode lists (the serving half).
+    # Decode, paged K/V, decode lists and calls on streams (the serving half).
     timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$serving" 2>&1
     rc=$?
     [ "$rc2" = 0 ] && rc2=$rc
