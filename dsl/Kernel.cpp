@@ -270,6 +270,9 @@ void Kernel::loadModule(Compiled& c) {
                  "flextile: warning: the driver refused the cached cubin of kernel '%s' (%s); JIT-compiled its PTX "
                  "instead and replaced the cubin\n",
                  code.name.c_str(), module->cubinFallbackReason().c_str());
+  if (!module->jitImageFailure().empty())
+    std::fprintf(stderr, "flextile: warning: kernel '%s': the driver's linker failed (%s); JIT-compiled its PTX the "
+                 "plain way, and its cubin is not kept\n", code.name.c_str(), module->jitImageFailure().c_str());
   if (!module->jitImage().empty())
     cache.storeDriverCubin(codegen::CompileCacheKey{code.irHash, code.target}, code.ptx,
                            codegen::DriverCubin{identity, module->jitImage()});

@@ -20,6 +20,7 @@ struct Module::State {
   bool fromCubin = false;
   std::string cubinFallbackReason;
   std::string jitImage;
+  std::string jitImageFailure;
 
   ~State() {
     if (!handle) return;
@@ -151,7 +152,18 @@ Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, 
 
 Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name, Device* device,
                             bool keepJitImage) {
-  auto jit = [&] { return keepJitImage ? jitKeepingImage(ptx, name, device) : Module(ptx, name, device); };
+  auto jit = [&] {
+    if (!keepJitImage) return Module(ptx, name, device);
+    try {
+      return jitKeepingImage(ptx, name, device);
+    } catch (const DriverError& e) {
+      // Keeping the cubin is an optimization: a linker that fails must not fail the load. The plain
+      // JIT runs instead and throws its own error (with its log) if the PTX itself is at fault.
+      Module plain(ptx, name, device);
+      plain.state_->jitImageFailure = e.what();
+      return plain;
+    }
+  };
   if (cubin.empty()) return jit();
   Module m;
   m.state_ = newState(ptx, name, device);
@@ -171,6 +183,7 @@ Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, co
 }
 
 const std::string& Module::jitImage() const { return state_->jitImage; }
+const std::string& Module::jitImageFailure() const { return state_->jitImageFailure; }
 
 bool Module::loadedFromCubin() const { return state_->fromCubin; }
 const std::string& Module::cubinFallbackReason() const { return state_->cubinFallbackReason; }

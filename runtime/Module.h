@@ -39,6 +39,9 @@ class Module {
   // The cubin the driver's JIT made for this device (jitKeepingImage, or fromCompiled with
   // keepJitImage when it had to JIT), else empty.
   const std::string& jitImage() const;
+  // Why the linker could not keep the image when fromCompiled was asked to (its DriverError's
+  // message; the module was then JIT-compiled the plain way), else empty.
+  const std::string& jitImageFailure() const;
 
   // The kernel `.entry name`; throws DriverError listing the module's entries when absent.
   Kernel function(const std::string& name) const;

@@ -6,7 +6,7 @@
 //   link <kernel bytes of PTX>               load ptx | load cubin | refuse image
 // The "cubin" its linker makes is "FAKECUBIN " plus the PTX's length; cuModuleLoadDataEx loads PTX
 // text and such images and refuses anything else (CUDA_ERROR_INVALID_IMAGE), so a test can plant a
-// corrupt cubin. Tests point FLEXTILE_CUDA_LIBRARY here (tests/runtime/StreamsAndCubinTest.cpp).
+// corrupt cubin; FLEXTILE_FAKE_CUDA_LINK_FAILS=1 makes its linker refuse any PTX. Tests point FLEXTILE_CUDA_LIBRARY here (tests/runtime/StreamsAndCubinTest.cpp).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -160,6 +160,10 @@ int cuLinkCreate_v2(unsigned, void*, void**, void** state) {
 }
 int cuLinkAddData_v2(void* state, int type, void* data, size_t size, const char*, unsigned, void*, void**) {
   if (type != 1 || !data || size == 0) return kInvalidValue;
+  if (const char* fail = std::getenv("FLEXTILE_FAKE_CUDA_LINK_FAILS"); fail && *fail == '1') {
+    record("link fails");
+    return kInvalidImage;
+  }
   static_cast<LinkState*>(state)->image = "FAKECUBIN " + std::to_string(std::strlen(static_cast<const char*>(data)));
   record("link " + std::to_string(std::strlen(static_cast<const char*>(data))));
   return 0;

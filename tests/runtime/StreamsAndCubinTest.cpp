@@ -199,6 +199,27 @@ TEST(DriverCubin, ARefusedCubinFallsBackToThePtxWithAWarningAndIsReplaced) {
   EXPECT_EQ(entry->driverCubinFor(identity)->image, "FAKECUBIN " + std::to_string(code.ptx.size()));
 }
 
+TEST(DriverCubin, AFailingLinkerFallsBackToThePlainJitWithAWarning) {
+  Tensor x = Tensor::empty(DType::F32, {300}, MemorySpace::Device), y = Tensor::empty(DType::F32, {300}, MemorySpace::Device);
+  Kernel k = scaleKernel("scale_linker_fails");
+  take();
+  setenv("FLEXTILE_FAKE_CUDA_LINK_FAILS", "1", 1);
+  ::testing::internal::CaptureStderr();
+  k.run({.grid = {3, 1, 1}, .constants = {32}}, x, y, 300, 1.5f);
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  unsetenv("FLEXTILE_FAKE_CUDA_LINK_FAILS");
+  const auto lines = take();
+  EXPECT_EQ(matching(lines, "link fails").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "load ptx").size(), 1u) << "the plain JIT:\n" << joined(lines);
+  EXPECT_EQ(matching(lines, "launch ").size(), 1u) << joined(lines);
+  EXPECT_NE(warning.find("kernel 'scale_linker_fails': the driver's linker failed"), std::string::npos) << warning;
+  const codegen::CompiledKernel& code = k.compile({.grid = {3, 1, 1}, .constants = {32}}, {x, y, 300, 1.5f});
+  std::optional<codegen::CompiledKernel> entry =
+      codegen::CompileCache::global().load(codegen::CompileCacheKey{code.irHash, code.target});
+  ASSERT_TRUE(entry);
+  EXPECT_TRUE(entry->driverCubins.empty()) << "nothing to keep";
+}
+
 // q, k, v in fake device memory: the kernels do not run, so any values do.
 struct Inputs {
   Tensor q, k, v;
