@@ -1,5 +1,7 @@
 #include "attention_templates/BlockMask.h"
 
+#include "runtime/Stream.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -45,11 +47,19 @@ MemorySpace chooseSpace(const std::optional<MemorySpace>& where, const std::opti
   return deviceAvailable() ? MemorySpace::Device : MemorySpace::Host;
 }
 
-// Runs a kernel on the GPU or through the interpreter.
+// Runs a kernel on the GPU (on options.stream) or through the interpreter.
 template <class... A>
 void launch(Kernel& k, MemorySpace space, const LaunchOptions& options, A&&... args) {
   if (space == MemorySpace::Device) k.run(options, std::forward<A>(args)...);
   else k.interpret(options, std::forward<A>(args)...);
+}
+
+// A captured tensor a builder makes: later calls on any stream read it, so an upload on the
+// builder's stream is waited for.
+Tensor uploadCapture(const std::vector<int32_t>& values, Shape shape, MemorySpace space, runtime::Stream* stream) {
+  Tensor t = Tensor::fromHost(values, std::move(shape), space, stream);
+  if (stream && space == MemorySpace::Device) stream->synchronize();
+  return t;
 }
 
 // One state byte per block: 0 no allowed in-range pair, 1 some, 2 all.
@@ -265,21 +275,22 @@ BlockMask BlockMask::fromLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qL
 }
 
 BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
-                          std::optional<MemorySpace> where) {
+                          BlockMaskPlacement where) {
   BlockMask m = BlockMaskBuilder::init(maskMod, B, H, qLen, kvLen, sizes, "createBlockMask");
-  const MemorySpace space = chooseSpace(where, maskMod.captureSpace());
+  const MemorySpace space = chooseSpace(where.space, maskMod.captureSpace());
   const int64_t nQ = m.numQBlocks(), nKv = m.numKvBlocks();
   if (space == MemorySpace::Device && (nKv > 65535 || B * H > 65535))
     throw Error("createBlockMask: the grid (" + std::to_string(nQ) + ", " + std::to_string(nKv) + ", " +
                 std::to_string(B * H) + ") of q blocks, kv blocks and B*H exceeds CUDA's 65535 on its last two axes; "
                 "use larger blocks");
   Kernel& k = maskMod.state().kernel("block_mask_states", [&] { return makeStateKernel(maskMod); });
-  Tensor states = Tensor::zeros(DType::I8, {B * H * nQ * nKv}, space);
+  Tensor states = Tensor::zeros(DType::I8, {B * H * nQ * nKv}, space, where.stream);
   // [BQ, BKV] tiles of i32 and i1: 8 warps keep it under 64 elements a thread at 128 x 128.
   const int warps = sizes.q * sizes.kv >= 128 * 64 ? 8 : 4;
-  LaunchOptions options{.grid = {nQ, nKv, B * H}, .constants = {sizes.q, sizes.kv}, .num_warps = warps};
+  LaunchOptions options{
+      .grid = {nQ, nKv, B * H}, .constants = {sizes.q, sizes.kv}, .num_warps = warps, .stream = where.stream};
   launch(k, space, options, states, H, qLen, kvLen, nQ, nKv);
-  BlockMaskBuilder::compact(m, states.toHost<int8_t>(), space);
+  BlockMaskBuilder::compact(m, states.toHost<int8_t>(where.stream), space);
   return m;
 }
 
@@ -547,34 +558,44 @@ namespace {
 int spaceSlot(MemorySpace space) { return space == MemorySpace::Device ? 1 : 0; }
 }  // namespace
 
-const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space) const& {
+namespace {
+// Kept list tensors are read by later calls on any stream, so an upload on a call's stream is
+// waited for before the tensors are published: a stall at a mask's first use on the device only.
+void finishUpload(MemorySpace space, runtime::Stream* stream) {
+  if (stream && space == MemorySpace::Device) stream->synchronize();
+}
+}  // namespace
+
+const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream* stream) const& {
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->kv[spaceSlot(space)];
   if (!slot) {
     BlockMaskTensors t;
     const Shape rowsQ{B_, H_, nQ_}, cellsQ{B_, H_, nQ_, nKv_};
-    t.kvNum = Tensor::fromHost(partialKv_.num, rowsQ, space);
-    t.kvIndices = Tensor::fromHost(partialKv_.indices, cellsQ, space);
-    t.fullKvNum = Tensor::fromHost(fullKv_.num, rowsQ, space);
-    t.fullKvIndices = Tensor::fromHost(fullKv_.indices, cellsQ, space);
+    t.kvNum = Tensor::fromHost(partialKv_.num, rowsQ, space, stream);
+    t.kvIndices = Tensor::fromHost(partialKv_.indices, cellsQ, space, stream);
+    t.fullKvNum = Tensor::fromHost(fullKv_.num, rowsQ, space, stream);
+    t.fullKvIndices = Tensor::fromHost(fullKv_.indices, cellsQ, space, stream);
     t.kvBatchStride = B_ > 1 ? H_ * nQ_ : 0;
     t.kvHeadStride = H_ > 1 ? nQ_ : 0;
+    finishUpload(space, stream);
     slot = std::move(t);
   }
   return *slot;
 }
 
-const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const& {
-  const BlockMaskTensors& kv = kvTensors(space);
+const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* stream) const& {
+  const BlockMaskTensors& kv = kvTensors(space, stream);
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->all[spaceSlot(space)];
   if (!slot) {
     BlockMaskTensors t = kv;
     const Shape rowsKv{B_, H_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};
-    t.qNum = Tensor::fromHost(partialQ_.num, rowsKv, space);
-    t.qIndices = Tensor::fromHost(partialQ_.indices, cellsKv, space);
-    t.fullQNum = Tensor::fromHost(fullQ_.num, rowsKv, space);
-    t.fullQIndices = Tensor::fromHost(fullQ_.indices, cellsKv, space);
+    t.qNum = Tensor::fromHost(partialQ_.num, rowsKv, space, stream);
+    t.qIndices = Tensor::fromHost(partialQ_.indices, cellsKv, space, stream);
+    t.fullQNum = Tensor::fromHost(fullQ_.num, rowsKv, space, stream);
+    t.fullQIndices = Tensor::fromHost(fullQ_.indices, cellsKv, space, stream);
+    finishUpload(space, stream);
     slot = std::move(t);
   }
   return *slot;
@@ -583,14 +604,14 @@ const BlockMaskTensors& BlockMask::tensors(MemorySpace space) const& {
 // ---- structural builders ---------------------------------------------------
 
 namespace {
-MemorySpace defaultSpace(std::optional<MemorySpace> where) {
-  return where ? *where : (deviceAvailable() ? MemorySpace::Device : MemorySpace::Host);
+MemorySpace defaultSpace(const BlockMaskPlacement& where) {
+  return where.space ? *where.space : (deviceAvailable() ? MemorySpace::Device : MemorySpace::Host);
 }
 }  // namespace
 
 BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
-                          std::optional<MemorySpace> where) {
-  return BlockMaskBuilder::structural(causal_mask(), B, H, qLen, kvLen, sizes, "causalBlockMask", where,
+                          BlockMaskPlacement where) {
+  return BlockMaskBuilder::structural(causal_mask(), B, H, qLen, kvLen, sizes, "causalBlockMask", where.space,
                                       [](int64_t, int64_t) {
                                         return BlockMaskBuilder::RowRule{[](int64_t) { return int64_t(0); },
                                                                          [](int64_t i) { return i; }};
@@ -599,7 +620,7 @@ BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, Blo
 
 BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                                  const std::vector<int64_t>& windows, BlockSizes sizes,
-                                 std::optional<MemorySpace> where) {
+                                 BlockMaskPlacement where) {
   const char* what = "slidingWindowBlockMask";
   if (windows.size() != 1 && int64_t(windows.size()) != H)
     throw Error(std::string(what) + ": give one window or one per head (H=" + std::to_string(H) + "), got " +
@@ -608,13 +629,13 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
     if (w < 1 || w > INT32_MAX)
       throw Error(std::string(what) + ": windows must be in [1, 2^31) (a window counts the query), got " + std::to_string(w));
   MaskMod mod;
-  std::optional<MemorySpace> space = where;
+  std::optional<MemorySpace> space = where.space;
   if (windows.size() == 1) {
     mod = sliding_window_mask(windows[0]);
   } else {
     space = defaultSpace(where);
     std::vector<int32_t> w(windows.begin(), windows.end());
-    mod = sliding_window_mask(capture(Tensor::fromHost(w, {H}, *space), "window"));
+    mod = sliding_window_mask(capture(uploadCapture(w, {H}, *space, where.stream), "window"));
   }
   return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what, space, [&](int64_t, int64_t h) {
     const int64_t w = windows.size() == 1 ? windows[0] : windows[size_t(h)];
@@ -623,9 +644,9 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
 }
 
 BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength, BlockSizes sizes,
-                            std::optional<MemorySpace> where) {
+                            BlockMaskPlacement where) {
   MaskMod mod = prefix_lm_mask(prefixLength);
-  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, "prefixLmBlockMask", where,
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, "prefixLmBlockMask", where.space,
                                       [prefixLength](int64_t, int64_t) {
                                         return BlockMaskBuilder::RowRule{
                                             [](int64_t) { return int64_t(0); },
@@ -635,7 +656,7 @@ BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, i
 
 BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                             const std::vector<std::vector<int64_t>>& offsetsPerBatch, bool causal, BlockSizes sizes,
-                            std::optional<MemorySpace> where) {
+                            BlockMaskPlacement where) {
   const char* what = "documentBlockMask";
   validate(what, B, H, qLen, kvLen, sizes);
   if (offsetsPerBatch.size() != 1 && int64_t(offsetsPerBatch.size()) != B)
@@ -662,7 +683,7 @@ BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
     for (size_t d = 0; d + 1 < o.size() && o[d] < L; ++d)
       for (int64_t i = o[d]; i < std::min(o[d + 1], L); ++i) ids.push_back(int32_t(d));
   Shape idShape = offsetsPerBatch.size() == 1 ? Shape{L} : Shape{B, L};
-  MaskMod docs = document_mask(capture(Tensor::fromHost(ids, idShape, space), "document_ids"));
+  MaskMod docs = document_mask(capture(uploadCapture(ids, idShape, space, where.stream), "document_ids"));
   MaskMod mod = causal ? and_masks(causal_mask(), docs) : docs;
   return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what, space, [&](int64_t b, int64_t) {
     const std::vector<int64_t>* o = &offsetsPerBatch[offsetsPerBatch.size() == 1 ? 0 : size_t(b)];

@@ -194,14 +194,17 @@ class BlockMask {
   // Both return a reference into this mask's cache, so they are for lvalues only: on a temporary
   // (`m.sliceRows(2, 2).kvTensors(space)`) the reference would dangle once the statement ends
   // — ASan found a test doing that (BlockMask.SlicesViewTheParentsListTensors). Name the mask.
-  const BlockMaskTensors& tensors(dsl::MemorySpace space) const&;
-  const BlockMaskTensors& tensors(dsl::MemorySpace space) const&& = delete;
+  //
+  // `stream`: where a first use uploads them (then waits for that stream, since later calls on any
+  // stream read them); null: the legacy default stream's synchronous copies.
+  const BlockMaskTensors& tensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&;
+  const BlockMaskTensors& tensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&& = delete;
   // The forward lists alone (kvNum, kvIndices, fullKvNum, fullKvIndices and the strides; the
   // transposes left empty): what the forward and decode kernels read. A slice's are views of its
   // parent's tensors (see sliceRows): no allocation, no upload. tensors() adds the transposes,
   // which a slice makes of its own (the backward's).
-  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const&;
-  const BlockMaskTensors& kvTensors(dsl::MemorySpace space) const&& = delete;
+  const BlockMaskTensors& kvTensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&;
+  const BlockMaskTensors& kvTensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&& = delete;
 
   // Where partial-block kernels of this mask run: where its captured tensors
   // live (set by the builder).
@@ -228,6 +231,18 @@ class BlockMask {
 // `where`: Device builds on the GPU (Kernel::run), Host through the
 // interpreter (Kernel::interpret). By default: where the mod's captured
 // tensors live, else the GPU when one is present, else the host.
+// Its stream (device only; null: the legacy default stream): where the builder's kernel, its
+// copies and the uploads of the tensors it captures go, in order. The builder returns once the
+// mask is on the host, having waited for that stream only; tensors it uploads for later calls are
+// waited for too, since those calls may run on any stream.
+struct BlockMaskPlacement {
+  std::optional<dsl::MemorySpace> space;
+  runtime::Stream* stream = nullptr;
+  BlockMaskPlacement() = default;
+  BlockMaskPlacement(std::nullopt_t) {}
+  BlockMaskPlacement(dsl::MemorySpace s) : space(s) {}
+  BlockMaskPlacement(std::optional<dsl::MemorySpace> s, runtime::Stream* st = nullptr) : space(s), stream(st) {}
+};
 
 // The generic builder: a kernel evaluates mask_mod on one [BQ, BKV] tile per
 // program (grid: q blocks x kv blocks x B*H), reduces it to none / some / all
@@ -236,7 +251,7 @@ class BlockMask {
 // The kernel is cached in the mod: a second call with the same mod (new
 // captured values, other lengths) neither retraces nor recompiles.
 BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
-                          BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
+                          BlockSizes sizes = {}, BlockMaskPlacement where = {});
 
 // Structural builders: the same lists as createBlockMask with the matching
 // standard mod, computed from each row block's interval end-points without
@@ -246,19 +261,19 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
 // partial blocks are evaluated (space()); causal and prefix masks capture nothing, so by default
 // they follow the call that uses them.
 BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes = {},
-                          std::optional<dsl::MemorySpace> where = std::nullopt);
+                          BlockMaskPlacement where = {});
 // windowPerHead: one window (broadcast) or one per head (H entries; the mod
 // then reads a captured i32 [H] tensor made in `where`).
 BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                                  const std::vector<int64_t>& windowPerHead, BlockSizes sizes = {},
-                                 std::optional<dsl::MemorySpace> where = std::nullopt);
+                                 BlockMaskPlacement where = {});
 BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength,
-                            BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
+                            BlockSizes sizes = {}, BlockMaskPlacement where = {});
 // Documents by start offsets, one list for all batches or one per batch:
 // 0 = o_0 < o_1 < ... < o_D with o_D >= max(qLen, kvLen). causal adds kv <= q.
 // The mod reads document ids (i32 [L] or [B, L], L = o_D) made in `where`.
 BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                             const std::vector<std::vector<int64_t>>& offsetsPerBatch, bool causal,
-                            BlockSizes sizes = {}, std::optional<dsl::MemorySpace> where = std::nullopt);
+                            BlockSizes sizes = {}, BlockMaskPlacement where = {});
 
 }  // namespace flextile::attention

@@ -1,5 +1,7 @@
 #include "attention_templates/DecodeLists.h"
 
+#include "runtime/Stream.h"
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -150,9 +152,11 @@ struct ListBuffers {
   bool inUse = false;
 };
 
+// Keyed by the stream as well as the shape: a buffer goes back to the pool before the kernels that
+// read it have run, which is safe only for the next user on the same stream (see DecodeLists.h).
 struct Pool {
   std::mutex mutex;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::vector<std::unique_ptr<ListBuffers>>> entries;
+  std::map<std::tuple<int, void*, int64_t, int64_t, int64_t>, std::vector<std::unique_ptr<ListBuffers>>> entries;
 };
 
 // Never destroyed: buffers may be handed out until the process ends, and device memory must not
@@ -168,7 +172,7 @@ constexpr size_t kPoolBuffersPerShape = 8;
 
 int64_t roundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
-void acquire(DecodeBlockLists& out, MemorySpace space) {
+void acquire(DecodeBlockLists& out, MemorySpace space, runtime::Stream* stream) {
   const int64_t rows = out.batch * out.heads, cells = rows * out.numKvBlocks;
   const int64_t cellsPadded = roundUp16(cells), rowsPadded = roundUp16(rows);
   const int64_t total = 2 * cellsPadded + 2 * rowsPadded;
@@ -177,7 +181,8 @@ void acquire(DecodeBlockLists& out, MemorySpace space) {
   std::shared_ptr<const void> lease;
   {
     std::lock_guard lock(p.mutex);
-    auto& list = p.entries[{int(space), out.batch, out.heads, out.numKvBlocks}];
+    void* queue = space == MemorySpace::Device ? runtime::streamHandle(stream) : nullptr;
+    auto& list = p.entries[{int(space), queue, out.batch, out.heads, out.numKvBlocks}];
     for (auto& e : list)
       if (!e->inUse) {
         entry = e.get();
@@ -264,7 +269,8 @@ struct StepLaunch {
   std::vector<KernelArg> args;
 };
 
-StepLaunch prepareStep(const BlockMask& mask, int64_t queryStart, int64_t queryCount, MemorySpace space) {
+StepLaunch prepareStep(const BlockMask& mask, int64_t queryStart, int64_t queryCount, MemorySpace space,
+                       runtime::Stream* stream) {
   auto fail = [&](const std::string& m) { throw Error("decodeBlockLists: " + m + " (" + mask.describe() + ")"); };
   const int64_t maskFirst = mask.qOffset(), maskEnd = mask.qOffset() + mask.qLen();
   if (queryCount < 1) fail("queryCount must be at least 1, got " + std::to_string(queryCount));
@@ -296,14 +302,15 @@ StepLaunch prepareStep(const BlockMask& mask, int64_t queryStart, int64_t queryC
   out.heads = mask.heads();
   out.numKvBlocks = mask.numKvBlocks();
   hostBounds(mask, firstRow, lastRow, out);
-  acquire(out, space);
+  acquire(out, space, stream);
 
-  const BlockMaskTensors& lists = mask.kvTensors(space);
+  const BlockMaskTensors& lists = mask.kvTensors(space, stream);
   step.kernel = &mod.state().kernel("decode_block_lists", [&] { return makeDecodeListsKernel(mod.detached()); });
   step.options = LaunchOptions{.grid = {out.batch * out.heads, 1, 1},
                                .constants = {QBS, KVBS, maxRows, queryTile},
                                .num_warps = queryTile * KVBS >= 8192 ? 8 : 4,
-                               .num_stages = 1};
+                               .num_stages = 1,
+                               .stream = stream};
   // Row strides from the list tensors: 0 on a broadcast dimension reads the same row for every
   // b (or h), which is right there, and a slice's lists keep its parent's strides.
   step.args = {lists.fullKvNum, lists.fullKvIndices, lists.kvNum,         lists.kvIndices,     out.fullNum,
@@ -315,8 +322,9 @@ StepLaunch prepareStep(const BlockMask& mask, int64_t queryStart, int64_t queryC
 
 }  // namespace
 
-DecodeBlockLists decodeBlockLists(const BlockMask& mask, int64_t queryStart, int64_t queryCount, MemorySpace space) {
-  StepLaunch step = prepareStep(mask, queryStart, queryCount, space);
+DecodeBlockLists decodeBlockLists(const BlockMask& mask, int64_t queryStart, int64_t queryCount, MemorySpace space,
+                                  runtime::Stream* stream) {
+  StepLaunch step = prepareStep(mask, queryStart, queryCount, space, stream);
   if (space == MemorySpace::Device) step.kernel->runArgs(step.options, step.args);
   else step.kernel->interpretArgs(step.options, step.args);
   return std::move(step.out);
@@ -325,7 +333,7 @@ DecodeBlockLists decodeBlockLists(const BlockMask& mask, int64_t queryStart, int
 const codegen::CompiledKernel& compileDecodeBlockLists(const BlockMask& mask, int64_t queryStart, int64_t queryCount,
                                                        codegen::Target target) {
   const MemorySpace space = mask.maskMod().captureSpace().value_or(MemorySpace::Host);
-  StepLaunch step = prepareStep(mask, queryStart, queryCount, space);
+  StepLaunch step = prepareStep(mask, queryStart, queryCount, space, nullptr);
   return step.kernel->compile(step.options, step.args, target);
 }
 

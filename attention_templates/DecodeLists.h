@@ -61,10 +61,15 @@ struct DecodeBlockLists {
 // live at once. Reuse is safe without a synchronization because every launch goes to one stream in
 // order: a buffer returns to the pool when its host handles die, which may be before the kernels
 // that read it have run, but the next kernel that writes it is launched after them and runs after
-// them. What a caller must not do is read these tensors from another stream or from the host
-// (toHost) without the stream's order in between: the kernel that fills them may not have run yet.
+// them. With streams, the pool is kept per stream (and shape), so that next kernel is always on the
+// same stream; a call on another stream gets another buffer. What a caller must not do is read
+// these tensors from another stream or from the host (toHost) without the stream's order in
+// between: the kernel that fills them may not have run yet.
+//
+// `stream`: where the kernel (and a first upload of the mask's lists) goes on the device; null is
+// the legacy default stream. The interpreter ignores it.
 DecodeBlockLists decodeBlockLists(const BlockMask& mask, int64_t queryStart, int64_t queryCount,
-                                  dsl::MemorySpace space);
+                                  dsl::MemorySpace space, runtime::Stream* stream = nullptr);
 
 // The kernel a step of these queries launches, compiled for `target` with that step's arguments
 // and launched nowhere (no GPU needed): for codegen tests and ptxas checks. The kernel's

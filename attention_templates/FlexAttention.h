@@ -103,6 +103,13 @@ struct FlexAttentionOptions {
   // sequence's queries must lie in one BlockMask row (always true for L = 1). Device values are read
   // by the kernel, so a serving loop can advance them on the GPU without a host round trip.
   std::optional<dsl::Tensor> query_offsets;
+  // The stream every launch and copy of the call goes to, in order (the decode template's split and
+  // merge kernels, the decode lists' kernel, uploads of per-call data); null: the legacy default
+  // stream, as before. A framework's CUstream goes in through runtime::Stream::borrow. Scratch the
+  // call reuses from earlier calls (the decode partials, the decode lists' pool) is kept per stream,
+  // so calls on two streams never share a buffer (docs/architecture.md, "Streams"). Host tensors
+  // ignore it.
+  runtime::Stream* stream = nullptr;
 };
 
 // What a config resolver sees of a call that gave no config.
@@ -223,6 +230,9 @@ struct FlexAttentionBackwardOptions {
   bool deterministic = false;
   std::optional<dsl::Tensor> dlse;  // dloss/dlse [B, Hq, L] f32, when the LSE output is used
   std::optional<FlexAttentionBackwardConfig> config;
+  // Where the backward's kernels, the zeroing of its gradient accumulators and its f32 conversions
+  // run, in order (FlexAttentionOptions::stream).
+  runtime::Stream* stream = nullptr;
 };
 
 struct FlexAttentionGrads {

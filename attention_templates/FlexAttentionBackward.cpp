@@ -36,6 +36,7 @@
 #include "dsl/DSL.h"
 #include "ir/passes/ReverseMode.h"
 #include "runtime/Device.h"
+#include "runtime/Stream.h"
 
 namespace flextile::attention {
 
@@ -575,7 +576,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   checkConfig("dq", config.dq, mask);
   if (mask.qPhase() != 0 && mask.numQBlocks() != 1)
     throw Error(std::string(op) + ": a BlockMask slice starting mid-block must have one row");
-  const BlockMaskTensors& lists = mask.tensors(space);
+  const BlockMaskTensors& lists = mask.tensors(space, options.stream);
   if (!lists.qNum.defined() || !lists.qIndices.defined() || !lists.fullQNum.defined())
     throw Error(std::string(op) + ": the BlockMask has no transposed (per kv block) lists: " + mask.describe());
   const MaskMod& maskMod = mask.maskMod();
@@ -602,11 +603,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   }
   const bool deterministic = options.deterministic;
 
+  // Scratch of this call alone (no buffer is shared with another call, on any stream): freed when
+  // the call returns, which cuMemFree makes wait for the call's kernels.
   Tensor delta = Tensor::empty(DType::F32, {B, Hq, L}, space);
   Tensor lse2 = Tensor::empty(DType::F32, {B, Hq, L}, space);
   std::vector<Tensor> gradBuffers;
   for (const CapturedTensor& c : grads.trainable) {
-    gradBuffers.push_back(Tensor::zeros(deterministic ? DType::I64 : DType::F32, c.tensor().shape(), space));
+    gradBuffers.push_back(
+        Tensor::zeros(deterministic ? DType::I64 : DType::F32, c.tensor().shape(), space, options.stream));
   }
 
   std::vector<Launch> launches;
@@ -696,7 +700,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     grads.captureGrads.push_back(f32);
   }
   if (!plan) {
-    runInOrder(launches, space);
+    runInOrder(launches, space, options.stream);
     return;
   }
   plan->config = config;

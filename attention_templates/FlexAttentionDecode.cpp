@@ -44,6 +44,7 @@
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/TemplateParams.h"
 #include "runtime/Device.h"
+#include "runtime/Stream.h"
 
 namespace flextile::attention {
 
@@ -348,8 +349,8 @@ int64_t onlyRow(const BlockMask& mask, int64_t start, int64_t count) {
 
 // The mask's own lists at one row: nothing is built or uploaded (the mask keeps its tensors; a
 // row slice's are views of its parent's, with the parent's row strides).
-DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) {
-  const BlockMaskTensors& t = mask.kvTensors(space);
+DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, runtime::Stream* stream) {
+  const BlockMaskTensors& t = mask.kvTensors(space, stream);
   DecodeLists lists{t.fullKvNum, t.fullKvIndices, t.kvNum, t.kvIndices};
   lists.bStride = t.kvBatchStride;
   lists.hStride = t.kvHeadStride;
@@ -367,8 +368,8 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space) 
 
 // The mask's own lists for a row each sequence's kernel program finds itself (query_offsets): the
 // host bounds are those of the whole mask.
-DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space) {
-  DecodeLists lists = maskRowLists(mask, 0, space);
+DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space, runtime::Stream* stream) {
+  DecodeLists lists = maskRowLists(mask, 0, space, stream);
   lists.maxLiveBlocks = 0;
   for (int64_t b = 0; b < mask.batch(); ++b)
     for (int64_t h = 0; h < mask.heads(); ++h)
@@ -381,8 +382,9 @@ DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space) {
 }
 
 // Exact lists for queries that straddle mask rows, made on the device (DecodeLists.h).
-DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space) {
-  DecodeBlockLists d = decodeBlockLists(mask, start, count, space);
+DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space,
+                            runtime::Stream* stream) {
+  DecodeBlockLists d = decodeBlockLists(mask, start, count, space, stream);
   DecodeLists lists{d.fullNum, d.fullIndices, d.partialNum, d.partialIndices};
   lists.bStride = d.batch > 1 ? d.heads : 0;
   lists.hStride = d.heads > 1 ? 1 : 0;
@@ -395,14 +397,17 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 
 // ---- host side ---------------------------------------------------------------
 
-// Grow-only f32 scratch for the partials, one per thread and memory space: a decode step must not
-// allocate (cuMemFree synchronizes). Reuse is safe because every launch of this thread goes to one
-// stream in order: the next call's kernel cannot start before this call's last programs have read.
+// Grow-only f32 scratch for the partials, one per thread, memory space and stream: a decode step
+// must not allocate (cuMemFree synchronizes). Reuse is safe because the buffer's launches all go to
+// one stream in order: the next call's kernel cannot start before this call's last programs have
+// read. Per thread, so that one thread's growth never frees what another's views point into; per
+// stream, because a call on another stream may run while this one still does.
 // Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
 // takes all its views before using any.
-Tensor partialScratch(MemorySpace space, int64_t offset, int64_t count) {
-  thread_local Tensor device, host;
-  Tensor& slot = space == MemorySpace::Device ? device : host;
+Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset, int64_t count) {
+  thread_local Tensor host;
+  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
+  Tensor& slot = space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
   const int64_t needed = offset + count;
   if (!slot.defined() || slot.numel() < needed)
     slot = Tensor::empty(DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
@@ -416,21 +421,25 @@ Tensor partialScratch(MemorySpace space, int64_t offset, int64_t count) {
 // last program of each group resets its own), so a step neither clears nor allocates them. A call
 // that fails part-way may leave tickets behind: resetMergeCounters clears them (the host path does
 // on an error; a device kernel that faults leaves the context unusable anyway).
-Tensor& mergeCounterSlot(MemorySpace space) {
-  thread_local Tensor device, host;
-  return space == MemorySpace::Device ? device : host;
+// Per thread, memory space and stream, as the partials' scratch (a call on another stream may
+// still be counting in its own).
+Tensor& mergeCounterSlot(MemorySpace space, runtime::Stream* stream) {
+  thread_local Tensor host;
+  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
+  return space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
 }
 
-Tensor mergeCounters(MemorySpace space, int64_t count) {
-  Tensor& slot = mergeCounterSlot(space);
+Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) {
+  Tensor& slot = mergeCounterSlot(space, stream);
+  // Zeroed on the call's own stream, so the first launch on it sees zeros.
   if (!slot.defined() || slot.numel() < count)
-    slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space);
+    slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
   if (space == MemorySpace::Device) return Tensor::deviceView(slot.deviceAddress(), DType::I32, {count});
   return Tensor::hostView(slot.hostData(), DType::I32, {count});
 }
 
 void resetMergeCounters(MemorySpace space) {
-  Tensor& slot = mergeCounterSlot(space);
+  Tensor& slot = mergeCounterSlot(space, nullptr);
   if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
 }
 
@@ -445,6 +454,7 @@ struct DecodePrepared {
   std::optional<BlockMask> ownedMask;
   DecodeLists lists;
   std::optional<Tensor> queryOffsets;  // i32 [B]: each sequence's own position (options.query_offsets)
+  runtime::Stream* stream = nullptr;    // options.stream
   const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
 };
@@ -497,6 +507,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     p.mask = &*p.ownedMask;
   }
   const BlockMask& mask = *p.mask;
+  p.stream = options.stream;
   if (options.query_offset && options.query_offsets)
     fail("give query_offset (one position for the call) or query_offsets (one per sequence), not both");
   if (options.query_offsets) {
@@ -567,10 +578,11 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
 
   if (p.queryOffsets) {
-    p.lists = maskListsForAnyRow(mask, p.space);
+    p.lists = maskListsForAnyRow(mask, p.space, p.stream);
   } else {
     const int64_t row = onlyRow(mask, p.queryStart, p.L);
-    p.lists = row >= 0 ? maskRowLists(mask, row, p.space) : straddlingLists(mask, p.queryStart, p.L, p.space);
+    p.lists = row >= 0 ? maskRowLists(mask, row, p.space, p.stream)
+                       : straddlingLists(mask, p.queryStart, p.L, p.space, p.stream);
   }
   if (c.splits == 0) {
     const int sms = target ? 132 /* a plan for a target: an H100/H200-sized part */
@@ -633,9 +645,9 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   Tensor partOut, partLse, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
-    partLse = partialScratch(p.space, outElems, lseElems);  // the far end first: it sizes the buffer
-    partOut = partialScratch(p.space, 0, outElems);
-    counters = mergeCounters(p.space, p.B * (p.Hq / p.HP));
+    partLse = partialScratch(p.space, p.stream, outElems, lseElems);  // the far end first: it sizes the buffer
+    partOut = partialScratch(p.space, p.stream, 0, outElems);
+    counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
   const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
@@ -684,9 +696,9 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
 // Runs a call's launches. An interpreted call that stops on an error may have left some groups'
 // tickets taken (their last program never ran): the counters are cleared so the next call starts
 // from 0.
-void runDecode(const std::vector<Launch>& calls, MemorySpace space) {
+void runDecode(const std::vector<Launch>& calls, MemorySpace space, runtime::Stream* stream) {
   try {
-    runInOrder(calls, space);
+    runInOrder(calls, space, stream);
   } catch (...) {
     if (space == MemorySpace::Host) resetMergeCounters(space);
     throw;
@@ -702,14 +714,14 @@ void flexDecodeInto(const Tensor& q, const Tensor& k, const Tensor& v, const Sco
                     const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                     const FlexAttentionOptions& options) {
   const DecodePrepared p = prepare(q, k, v, scoreMod, blockMask, options);
-  runDecode(launches(p, scoreMod, q, k, v, out, lse), p.space);
+  runDecode(launches(p, scoreMod, q, k, v, out, lse), p.space, p.stream);
 }
 
 void flexDecodeInto(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                     const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                     const FlexAttentionOptions& options) {
   const DecodePrepared p = preparePaged(q, kv, scoreMod, blockMask, options);
-  runDecode(launches(p, scoreMod, q, kv.k, kv.v, out, lse), p.space);
+  runDecode(launches(p, scoreMod, q, kv.k, kv.v, out, lse), p.space, p.stream);
 }
 
 }  // namespace detail

@@ -30,6 +30,7 @@
 #include "ir/Hash.h"
 #include "ir/Printer.h"
 #include "runtime/Device.h"
+#include "runtime/Stream.h"
 
 #include <cctype>
 #include <climits>
@@ -344,6 +345,7 @@ struct Prepared {
   std::optional<BlockMask> ownedMask;  // the dense mask when none was given
   const PagedKV* paged = nullptr;      // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
+  runtime::Stream* stream = nullptr;   // options.stream
 };
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
@@ -416,6 +418,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.dtype = q.dtype();
   detail::checkAttentionInputs(q, k, v, scoreMod);
   p.space = q.space();
+  p.stream = options.stream;
   finishPrepare(p, q, scoreMod, blockMask, options, target);
   return p;
 }
@@ -429,6 +432,7 @@ Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreM
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3);
   p.dtype = q.dtype();
   p.space = q.space();
+  p.stream = options.stream;
   if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
     throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + q.describe());
   detail::expectPagedKvFor("flex_attention", kv, p.B, p.D, p.dtype, p.space);
@@ -537,7 +541,7 @@ LaunchOptions launchOptions(const Prepared& p) {
 std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor* lse) {
   const BlockMask& mask = *p.mask;
-  const BlockMaskTensors& lists = mask.kvTensors(p.space);  // a slice's are views of its parent's
+  const BlockMaskTensors& lists = mask.kvTensors(p.space, p.stream);  // a slice's are views of its parent's
   const auto& qs = q.strides();
   const auto& ks = k.strides();
   const auto& vs = v.strides();
@@ -663,7 +667,7 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
-  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space);
+  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space, p.stream);
 }
 
 void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
@@ -676,7 +680,7 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
-  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, kv.k, kv.v, out, lse)}}, p.space);
+  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, kv.k, kv.v, out, lse)}}, p.space, p.stream);
 }
 
 FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,

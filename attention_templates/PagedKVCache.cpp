@@ -11,6 +11,8 @@
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/TemplateParams.h"
 #include "dsl/DSL.h"
+#include "runtime/Device.h"
+#include "runtime/Stream.h"
 
 namespace flextile::attention {
 
@@ -425,11 +427,21 @@ void PagedKVCache::erase(int64_t batch) {
   lengths_[size_t(batch)] = 0;
 }
 
+void PagedKVCache::setStream(runtime::Stream* stream) {
+  if (stream == stream_) return;
+  if (space_ == MemorySpace::Device) {
+    if (stream_) stream_->synchronize();
+    else runtime::Device::current().synchronize();  // the legacy default stream's work
+  }
+  stream_ = stream;
+}
+
 void PagedKVCache::uploadPending() {
-  if (tableDirty_) table_.copyFromHost(tableHost_);
+  runtime::Stream* stream = space_ == MemorySpace::Device ? stream_ : nullptr;
+  if (tableDirty_) table_.copyFromHost(tableHost_, stream);
   if (lengthsDirty_) {
     for (int64_t b = 0; b < maxBatch_; ++b) lengthsHost_[size_t(b)] = int32_t(lengths_[size_t(b)]);
-    lengthsTensor_.copyFromHost(lengthsHost_);
+    lengthsTensor_.copyFromHost(lengthsHost_, stream);
   }
   tableDirty_ = lengthsDirty_ = false;
 }
@@ -494,7 +506,7 @@ void PagedKVCache::write(std::span<const int64_t> batches, const Tensor& kNew, c
   }
   if (maxCount > 0) {
     uploadPending();
-    plan_.copyFromHost(planHost_);
+    plan_.copyFromHost(planHost_, space_ == MemorySpace::Device ? stream_ : nullptr);
     const int64_t BT = maxCount <= 16 ? 16 : 32;
     LaunchOptions lo;
     lo.grid = {cdiv(maxCount, BT), kvHeads_, rows};
@@ -511,7 +523,7 @@ void PagedKVCache::write(std::span<const int64_t> batches, const Tensor& kNew, c
          .k_cache_stride_n = k_.strides()[2], .v_cache_stride_h = v_.strides()[1],
          .v_cache_stride_n = v_.strides()[2]},
         writeKernel_->name());
-    runInOrder({{writeKernel_.get(), lo, args}}, space_);
+    runInOrder({{writeKernel_.get(), lo, args}}, space_, stream_);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t b = batches[size_t(i)], n = tokenCounts.empty() ? T : tokenCounts[size_t(i)];
@@ -566,7 +578,10 @@ PagedKV PagedKVCache::view(const PagedViewOptions& options) {
 
 LogicalKV PagedKVCache::materialize(std::optional<int64_t> batches, std::optional<int64_t> length,
                                     MemorySpace space) {
-  return materializePagedKV(view({.batches = batches, .length = length}), space);
+  PagedKV kv = view({.batches = batches, .length = length});
+  // The gather reads with the legacy default stream's copies: the cache's stream's work first.
+  if (stream_ && space_ == MemorySpace::Device) stream_->synchronize();
+  return materializePagedKV(kv, space);
 }
 
 std::string PagedKVCache::describe() const {

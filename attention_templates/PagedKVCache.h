@@ -162,6 +162,14 @@ class PagedKVCache {
   LogicalKV materialize(std::optional<int64_t> batches = std::nullopt, std::optional<int64_t> length = std::nullopt,
                         dsl::MemorySpace space = dsl::MemorySpace::Host);
 
+  // The stream the cache's uploads (page table, lengths, a write's plan) and write kernels go to,
+  // in order; null (the default) is the legacy default stream. The attention calls that read a
+  // view() should run on the same stream (FlexAttentionOptions::stream), or be ordered after it by
+  // the caller. Changing it first waits for the previous stream, since the cache reuses its plan
+  // and table buffers from one write to the next. Host caches ignore it.
+  void setStream(runtime::Stream* stream);
+  runtime::Stream* stream() const { return stream_; }
+
   // "PagedKVCache bf16 Hkv=8 D=128: 4096 pages of 64 tokens (4000 free), 16 sequences of at most 512 pages"
   std::string describe() const;
 
@@ -192,6 +200,7 @@ class PagedKVCache {
   // count (uploaded per write; allocated once).
   std::vector<int32_t> planHost_;
   dsl::Tensor plan_;
+  runtime::Stream* stream_ = nullptr;
 };
 
 }  // namespace flextile::attention

@@ -117,12 +117,17 @@ struct Launch {
   dsl::LaunchOptions options;
   std::vector<dsl::KernelArg> args;
 };
-inline void runInOrder(const std::vector<Launch>& launches, dsl::MemorySpace space) {
+// On the device all go to `stream` (the legacy default stream when null), whatever their options
+// say; the interpreter ignores it.
+inline void runInOrder(const std::vector<Launch>& launches, dsl::MemorySpace space, runtime::Stream* stream = nullptr) {
   for (const Launch& l : launches) {
-    if (space == dsl::MemorySpace::Device)
-      l.kernel->runArgs(l.options, l.args);
-    else
+    if (space == dsl::MemorySpace::Device) {
+      dsl::LaunchOptions options = l.options;
+      options.stream = stream;
+      l.kernel->runArgs(options, l.args);
+    } else {
       l.kernel->interpretArgs(l.options, l.args);
+    }
   }
 }
 

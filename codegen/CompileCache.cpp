@@ -145,6 +145,11 @@ std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKe
   putField(out, "ptx", k.ptx);
   putField(out, "ptxas", k.ptxasInfo);
   putField(out, "cubin", k.cubin);
+  // Optional fields (entries written before them parse as having none).
+  for (size_t i = 0; i < k.driverCubins.size(); ++i) {
+    putField(out, "driver_cubin_identity." + std::to_string(i), k.driverCubins[i].identity);
+    putField(out, "driver_cubin." + std::to_string(i), k.driverCubins[i].image);
+  }
   out += "end " + hex16(checksum(out)) + "\n";
   return out;
 }
@@ -211,9 +216,32 @@ std::optional<CompiledKernel> parseCompiledKernel(const CompileCacheKey& key, st
   k.ptx = field("ptx");
   k.ptxasInfo = field("ptxas");
   k.cubin = field("cubin");
+  for (size_t i = 0;; ++i) {
+    auto identity = fields.find("driver_cubin_identity." + std::to_string(i));
+    auto image = fields.find("driver_cubin." + std::to_string(i));
+    if (identity == fields.end() && image == fields.end()) break;
+    if (identity == fields.end() || image == fields.end())
+      throw Error("driver cubin " + std::to_string(i) + " lacks its " + (identity == fields.end() ? "identity" : "image"));
+    if (identity->second.empty() || image->second.empty())
+      throw Error("driver cubin " + std::to_string(i) + " has an empty " + (identity->second.empty() ? "identity" : "image"));
+    k.driverCubins.push_back({std::string(identity->second), std::string(image->second)});
+  }
   if (k.ptx.empty() || k.name.empty()) throw Error("empty PTX or kernel name");
   if (!(k.target == key.target)) throw Error("target " + k.target.smName() + " differs from the key's");
   return k;
+}
+
+const DriverCubin* CompiledKernel::driverCubinFor(const std::string& identity) const {
+  for (const DriverCubin& c : driverCubins)
+    if (c.identity == identity) return &c;
+  return nullptr;
+}
+
+void addDriverCubin(CompiledKernel& kernel, DriverCubin cubin) {
+  std::vector<DriverCubin> kept{std::move(cubin)};
+  for (DriverCubin& c : kernel.driverCubins)
+    if (c.identity != kept.front().identity && kept.size() < kMaxDriverCubins) kept.push_back(std::move(c));
+  kernel.driverCubins = std::move(kept);
 }
 
 CompileCache::CompileCache(fs::path dir) : dir_(std::move(dir)) {}
@@ -225,6 +253,18 @@ CompileCache& CompileCache::global() {
     return base ? *base / "kernels" : fs::path();
   }());
   return cache;
+}
+
+bool CompileCache::storeDriverCubin(const CompileCacheKey& key, const std::string& ptx, DriverCubin cubin) {
+  if (!enabled()) return false;
+  // Read again rather than trusting the caller's copy: another process may have added the cubin
+  // of another GPU meanwhile (two writers racing keep one of the two, which costs a JIT later).
+  std::optional<CompiledKernel> entry = load(key);
+  if (!entry || entry->ptx != ptx) return false;
+  addDriverCubin(*entry, std::move(cubin));
+  const size_t failuresBefore = stats().storeFailures;
+  store(key, *entry);
+  return stats().storeFailures == failuresBefore;
 }
 
 CompileCache::Stats CompileCache::stats() const {

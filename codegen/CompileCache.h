@@ -14,6 +14,14 @@
 // never reads the kernels of another build. The whole key text is stored in
 // the entry and compared on load; a file name clash is a miss, not a wrong hit.
 //
+// Driver cubins: the first launch of a kernel in a process JIT-compiles its PTX through the
+// driver's linker and stores the cubin it made in the entry (CompiledKernel::driverCubins), tagged
+// with runtime::Device::codeIdentity() — the GPU's name, compute capability and the driver's
+// version. A later process on the same GPU and driver loads that cubin (milliseconds) instead of
+// JIT-compiling (hundreds of milliseconds on an H200 for an attention kernel). Up to
+// kMaxDriverCubins GPUs are kept per entry, newest first; another GPU or driver simply JITs and
+// adds its own. A cubin the driver refuses falls back to the PTX with one warning and is replaced.
+//
 // Entries are written to a temporary file and renamed into place (readers
 // never see half an entry; concurrent writers of one key both write the same
 // bytes). An entry that does not parse or whose checksum fails gives one
@@ -75,6 +83,10 @@ class CompileCache {
   // Writes the entry atomically; a failure (read-only folder, full disk) is a
   // warning, never an error: the cache is an optimization.
   void store(const CompileCacheKey& key, const CompiledKernel& kernel);
+
+  // Adds `cubin` to the stored entry of `key` whose PTX is `ptx` (dsl::Kernel, after a JIT);
+  // false when there is no such entry or the write failed (a warning, as for store).
+  bool storeDriverCubin(const CompileCacheKey& key, const std::string& ptx, DriverCubin cubin);
 
   Stats stats() const;
 

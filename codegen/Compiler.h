@@ -29,6 +29,14 @@ struct CompileOptions {
   bool runPtxas = false;
 };
 
+// A cubin the driver's JIT made of a kernel's PTX on one GPU, and what it is valid for:
+// runtime::Device::codeIdentity() of that GPU (its name, compute capability and driver version).
+struct DriverCubin {
+  std::string identity;
+  std::string image;
+  bool operator==(const DriverCubin&) const = default;
+};
+
 struct CompiledKernel {
   std::string name;       // the PTX entry symbol
   std::string ir;         // the IR after every IR-level pass, with layouts
@@ -40,10 +48,20 @@ struct CompiledKernel {
   std::vector<ir::Type> params;  // in launch order
   std::string ptxasInfo;  // `ptxas -v` output when runPtxas
   std::string cubin;      // the ptxas output (an ELF) when runPtxas, else empty
+  // The cubins the driver made of `ptx` on the GPUs that ran it, newest first (at most
+  // kMaxDriverCubins): kept in the compile cache so a fresh process skips the JIT.
+  std::vector<DriverCubin> driverCubins;
+  // The image for a GPU of this codeIdentity, or nullptr.
+  const DriverCubin* driverCubinFor(const std::string& identity) const;
   uint64_t irHash = 0;    // the structural hash it was compiled under (set by compileCached; 0 otherwise)
   double compileMs = 0;   // for a compile-cache hit: the time of the lookup
   bool fromCache = false; // read from the on-disk compile cache (codegen/CompileCache.h)
 };
+
+inline constexpr size_t kMaxDriverCubins = 4;
+// `cubin` first, then the others of `kernel.driverCubins` except one of the same identity, at most
+// kMaxDriverCubins in all.
+void addDriverCubin(CompiledKernel& kernel, DriverCubin cubin);
 
 // Runs the whole pipeline on a copy of `f`: IR passes, layout assignment,
 // shared-memory planning, lowering to LLVM IR, the NVPTX backend.

@@ -8,6 +8,11 @@
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
 #include "runtime/Module.h"
+#include "runtime/Stream.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace flextile::dsl {
 
@@ -240,6 +245,41 @@ const codegen::CompiledKernel& Kernel::compile(const LaunchOptions& options, con
   return compiled(options, args, target).code;
 }
 
+// Which machine code a launch loads, best first: the ptxas cubin the autotuner assembled (it is
+// the binary whose registers and spills were judged), else the cubin the driver's JIT made of this
+// PTX on this GPU and driver in an earlier process (codegen/CompileCache.h), else the PTX, JIT-
+// compiled through the driver's linker so that its cubin goes into the compile cache entry.
+// FLEXTILE_DRIVER_CUBINS=0 turns driver cubins off (neither read nor kept): the path before they
+// existed, for bench/first_call.sh's comparison.
+void Kernel::loadModule(Compiled& c) {
+  const codegen::CompiledKernel& code = c.code;
+  runtime::Device& device = runtime::Device::current();
+  const std::string identity = device.codeIdentity();
+  codegen::CompileCache& cache = codegen::CompileCache::global();
+  static const bool driverCubins = [] {
+    const char* v = std::getenv("FLEXTILE_DRIVER_CUBINS");
+    return !(v && (std::string_view(v) == "0" || std::string_view(v) == "off"));
+  }();
+  const codegen::DriverCubin* kept = code.cubin.empty() && driverCubins ? code.driverCubinFor(identity) : nullptr;
+  const std::string& image = kept ? kept->image : code.cubin;
+  const bool keepJitImage = driverCubins && cache.enabled() && code.irHash != 0;
+  auto module = std::make_unique<runtime::Module>(
+      runtime::Module::fromCompiled(code.ptx, image, code.name, &device, keepJitImage));
+  if (kept && !module->cubinFallbackReason().empty())
+    std::fprintf(stderr,
+                 "flextile: warning: the driver refused the cached cubin of kernel '%s' (%s); JIT-compiled its PTX "
+                 "instead and replaced the cubin\n",
+                 code.name.c_str(), module->cubinFallbackReason().c_str());
+  if (!module->jitImageFailure().empty())
+    std::fprintf(stderr, "flextile: warning: kernel '%s': the driver's linker failed (%s); JIT-compiled its PTX the "
+                 "plain way, and its cubin is not kept\n", code.name.c_str(), module->jitImageFailure().c_str());
+  if (!module->jitImage().empty())
+    cache.storeDriverCubin(codegen::CompileCacheKey{code.irHash, code.target}, code.ptx,
+                           codegen::DriverCubin{identity, module->jitImage()});
+  c.function = module->function(code.name);
+  c.module = std::move(module);
+}
+
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
   const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Device);
   checkArgs(name_, traced(options), args, ArgMode::Device);
@@ -251,12 +291,7 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   const codegen::CompiledKernel& code = c.code;
   {
     std::lock_guard lock(mutex_);
-    if (!c.module) {
-      // A cubin is present when the autotuner assembled this kernel (it is then kept in the compile
-      // cache entry); the driver falls back to the PTX when it cannot load it.
-      c.module = std::make_unique<runtime::Module>(runtime::Module::fromCompiled(code.ptx, code.cubin, code.name));
-      c.function = c.module->function(code.name);
-    }
+    if (!c.module) loadModule(c);
   }
   // Kernel parameters in the ABI of codegen/Compiler.h.
   std::vector<uint64_t> storage(args.size());
@@ -274,7 +309,7 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     ptrs[i] = slot;
   }
   c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
-                     unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data());
+                     unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data(), options.stream);
 }
 
 void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {

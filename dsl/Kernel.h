@@ -37,6 +37,7 @@
 
 namespace flextile::runtime {
 class DeviceBuffer;
+class Stream;
 }
 
 namespace flextile::dsl {
@@ -70,6 +71,10 @@ struct LaunchOptions {
   // in flight hide the global latency at 128x128x32 tiles (bench/RESULTS.md)
   // with 48 KB of shared memory.
   int num_stages = 3;
+  // Where run() queues the launch: null is the legacy default stream (the behaviour before streams
+  // were an option); runtime::Stream::borrow wraps another framework's CUstream. interpret()
+  // ignores it (the interpreter runs on the calling thread, synchronously).
+  runtime::Stream* stream = nullptr;
 };
 
 // One argument of a launch: a device buffer or address (run), a host buffer
@@ -168,6 +173,7 @@ class Kernel {
   const ir::Function& traced(const LaunchOptions& options);
   Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                      std::optional<codegen::Target> target);
+  void loadModule(Compiled& c);  // with mutex_ held
 
   std::string name_;
   Tracer tracer_;

@@ -90,10 +90,18 @@ Tensor Tensor::empty(DType dtype, Shape shape, MemorySpace space) {
   return t;
 }
 
-Tensor Tensor::zeros(DType dtype, Shape shape, MemorySpace space) {
+Tensor Tensor::zeros(DType dtype, Shape shape, MemorySpace space, runtime::Stream* stream) {
   Tensor t = empty(dtype, std::move(shape), space);
-  if (space == MemorySpace::Device) t.storage_->deviceBuffer.fillBytes(0);
+  if (space == MemorySpace::Device) t.storage_->deviceBuffer.fillBytes(0, stream);
   return t;
+}
+
+void Tensor::fillBytes(uint8_t value, runtime::Stream* stream) {
+  if (!defined()) throw Error("tensor: fill of an empty Tensor");
+  if (!isContiguous()) throw Error("tensor: fillBytes needs a contiguous tensor, got " + describe());
+  const size_t bytes = size_t(numel()) * size_t(elementBytes());
+  if (isDevice()) runtime::fillDeviceBytes(deviceAddress(), value, bytes, describe(), stream);
+  else if (bytes) std::memset(hostData(), value, bytes);
 }
 
 Tensor Tensor::hostView(void* data, DType dtype, Shape shape, std::vector<int64_t> strides) {
@@ -203,14 +211,14 @@ std::vector<Half> narrow(const void* data, size_t count) {
 bool isHalf(DType t) { return t == DType::BF16 || t == DType::F16; }
 }  // namespace
 
-void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
+void Tensor::copyFromHostBytes(DType type, const void* data, size_t count, runtime::Stream* stream) {
   if (!defined()) throw Error("tensor: copy into an empty Tensor");
   if (type == DType::F32 && isHalf(dtype_)) {
     if (int64_t(count) != numel())
       throw Error("tensor: cannot copy " + std::to_string(count) + " elements into " + describe() + " (" +
                   std::to_string(numel()) + " elements)");
-    if (dtype_ == DType::BF16) copyFromHostBytes(dtype_, narrow<Eigen::bfloat16>(data, count).data(), count);
-    else copyFromHostBytes(dtype_, narrow<Eigen::half>(data, count).data(), count);
+    if (dtype_ == DType::BF16) copyFromHostBytes(dtype_, narrow<Eigen::bfloat16>(data, count).data(), count, stream);
+    else copyFromHostBytes(dtype_, narrow<Eigen::half>(data, count).data(), count, stream);
     return;
   }
   if (type != dtype_)
@@ -222,9 +230,9 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
   if (isDevice()) {
     if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe());
     if (storage_->owned) {
-      storage_->deviceBuffer.copyFromHost(data, count * eb);
+      storage_->deviceBuffer.copyFromHost(data, count * eb, 0, stream);
     } else {
-      runtime::copyHostToDevice(storage_->device, data, count * eb, describe());
+      runtime::copyHostToDevice(storage_->device, data, count * eb, describe(), stream);
     }
     return;
   }
@@ -240,7 +248,7 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
   });
 }
 
-void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
+void Tensor::copyToHostBytes(DType type, void* data, size_t count, runtime::Stream* stream) const {
   if (!defined()) throw Error("tensor: copy out of an empty Tensor");
   if (type == DType::F32 && isHalf(dtype_)) {  // widened exactly
     if (int64_t(count) != numel())
@@ -248,11 +256,11 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
     float* out = static_cast<float*>(data);
     if (dtype_ == DType::BF16) {
       std::vector<Eigen::bfloat16> h(count);
-      copyToHostBytes(dtype_, h.data(), count);
+      copyToHostBytes(dtype_, h.data(), count, stream);
       for (size_t i = 0; i < count; ++i) out[i] = float(h[i]);
     } else {
       std::vector<Eigen::half> h(count);
-      copyToHostBytes(dtype_, h.data(), count);
+      copyToHostBytes(dtype_, h.data(), count, stream);
       for (size_t i = 0; i < count; ++i) out[i] = float(h[i]);
     }
     return;
@@ -265,9 +273,9 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
   if (isDevice()) {
     if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe());
     if (storage_->owned) {
-      storage_->deviceBuffer.copyToHost(data, count * eb);
+      storage_->deviceBuffer.copyToHost(data, count * eb, 0, stream);
     } else {
-      runtime::copyDeviceToHost(data, storage_->device, count * eb, describe());
+      runtime::copyDeviceToHost(data, storage_->device, count * eb, describe(), stream);
     }
     return;
   }
@@ -288,8 +296,8 @@ Tensor Tensor::to(MemorySpace space) const {
   Tensor out = empty(dtype_, shape_, space);
   const size_t bytes = size_t(numel()) * size_t(elementBytes());
   std::vector<std::byte> staging(bytes);
-  copyToHostBytes(dtype_, staging.data(), size_t(numel()));
-  out.copyFromHostBytes(dtype_, staging.data(), size_t(numel()));
+  copyToHostBytes(dtype_, staging.data(), size_t(numel()), nullptr);
+  out.copyFromHostBytes(dtype_, staging.data(), size_t(numel()), nullptr);
   return out;
 }
 

@@ -29,6 +29,10 @@
 #include "ir/IR.h"
 #include "ir/Types.h"
 
+namespace flextile::runtime {
+class Stream;
+}
+
 namespace Eigen {
 struct half;
 struct bfloat16;
@@ -61,26 +65,32 @@ class Tensor {
 
   // Owned storage of a contiguous (row-major) tensor: host memory is zeroed,
   // device memory is left as cuMemAlloc gives it.
+  //
+  // `stream` (here and in every copy below): device copies and fills are queued on it, in order
+  // with the launches of a call on that stream, and a copy to the host waits for that stream only;
+  // null is the legacy default stream's synchronous copy. Host tensors ignore it.
   static Tensor empty(DType dtype, Shape shape, MemorySpace space);
-  static Tensor zeros(DType dtype, Shape shape, MemorySpace space);
+  static Tensor zeros(DType dtype, Shape shape, MemorySpace space, runtime::Stream* stream = nullptr);
   // Owned and filled from `data` (row-major, exactly numel(shape) elements).
   template <class T>
-  static Tensor fromHost(std::span<const T> data, Shape shape, MemorySpace space = MemorySpace::Host) {
+  static Tensor fromHost(std::span<const T> data, Shape shape, MemorySpace space = MemorySpace::Host,
+                         runtime::Stream* stream = nullptr) {
     Tensor t = empty(DTypeOf<T>::value, std::move(shape), space);
-    t.copyFromHost(data);
+    t.copyFromHost(data, stream);
     return t;
   }
   template <class T>
-  static Tensor fromHost(const std::vector<T>& data, Shape shape, MemorySpace space = MemorySpace::Host) {
-    return fromHost(std::span<const T>(data), std::move(shape), space);
+  static Tensor fromHost(const std::vector<T>& data, Shape shape, MemorySpace space = MemorySpace::Host,
+                         runtime::Stream* stream = nullptr) {
+    return fromHost(std::span<const T>(data), std::move(shape), space, stream);
   }
   // float data for a tensor of another float dtype: bf16 and f16 round to nearest even (as a
   // cast does), f32 copies. toHost<float>() and copyFromHost(float data) convert the same way on
   // bf16/f16 tensors, so filling and reading a tensor needs no Eigen types.
   static Tensor fromHost(const std::vector<float>& data, DType dtype, Shape shape,
-                         MemorySpace space = MemorySpace::Host) {
+                         MemorySpace space = MemorySpace::Host, runtime::Stream* stream = nullptr) {
     Tensor t = empty(dtype, std::move(shape), space);
-    t.copyFromHost(data);
+    t.copyFromHost(data, stream);
     return t;
   }
   // Views over memory the caller owns. Empty `strides` means row-major.
@@ -120,19 +130,21 @@ class Tensor {
   // host tensors are gathered/scattered element by element; device tensors
   // must be contiguous.
   template <class T>
-  void copyFromHost(std::span<const T> data) {
-    copyFromHostBytes(DTypeOf<T>::value, data.data(), data.size());
+  void copyFromHost(std::span<const T> data, runtime::Stream* stream = nullptr) {
+    copyFromHostBytes(DTypeOf<T>::value, data.data(), data.size(), stream);
   }
   template <class T>
-  void copyFromHost(const std::vector<T>& data) {
-    copyFromHost(std::span<const T>(data));
+  void copyFromHost(const std::vector<T>& data, runtime::Stream* stream = nullptr) {
+    copyFromHost(std::span<const T>(data), stream);
   }
   template <class T>
-  std::vector<T> toHost() const {
+  std::vector<T> toHost(runtime::Stream* stream = nullptr) const {
     std::vector<T> out(static_cast<size_t>(numel()));
-    copyToHostBytes(DTypeOf<T>::value, out.data(), out.size());
+    copyToHostBytes(DTypeOf<T>::value, out.data(), out.size(), stream);
     return out;
   }
+  // Sets every byte of a contiguous tensor to `value`.
+  void fillBytes(uint8_t value, runtime::Stream* stream = nullptr);
 
   // A contiguous owned copy in `space`.
   Tensor to(MemorySpace space) const;
@@ -147,8 +159,8 @@ class Tensor {
 
  private:
   struct Storage;
-  void copyFromHostBytes(DType type, const void* data, size_t count);
-  void copyToHostBytes(DType type, void* data, size_t count) const;
+  void copyFromHostBytes(DType type, const void* data, size_t count, runtime::Stream* stream);
+  void copyToHostBytes(DType type, void* data, size_t count, runtime::Stream* stream) const;
   static Tensor make(std::shared_ptr<Storage> storage, DType dtype, Shape shape, std::vector<int64_t> strides);
 
   std::shared_ptr<Storage> storage_;

@@ -106,6 +106,10 @@ Device& Device::current() {
 
 int Device::count() { return Driver::get().deviceCount(); }
 
+std::string Device::codeIdentity() const {
+  return name_ + " sm_" + std::to_string(capability()) + "; driver " + std::to_string(driverVersion_);
+}
+
 void Device::makeCurrent() {
   // cuCtxSetCurrent only stores a thread-local pointer in the driver; calling it every time
   // is cheaper than tracking whether some other library switched contexts since.

@@ -40,6 +40,9 @@ class Device {
   int memoryClockRateKHz() const { return memoryClockRateKHz_; }
   int memoryBusWidthBits() const { return memoryBusWidthBits_; }
   int driverVersion() const { return driverVersion_; }
+  // What the machine code the driver's JIT makes depends on: "NVIDIA H200 sm_90; driver 13000".
+  // A cubin the JIT made is reused only where this is the same (the compile cache's key for it).
+  std::string codeIdentity() const;
 
   // Free and total device memory now (cuMemGetInfo).
   std::array<size_t, 2> memoryInfo();

@@ -3,6 +3,7 @@
 #include "runtime/Device.h"
 #include "runtime/DriverApi.h"
 #include "runtime/DriverError.h"
+#include "runtime/Stream.h"
 
 #include <cstdio>
 #include <utility>
@@ -12,6 +13,33 @@ namespace flextile::runtime {
 namespace {
 
 std::string onDevice(const Device* device) { return " on device " + std::to_string(device->ordinal()); }
+
+cu::Stream cuStream(Stream* stream) { return static_cast<cu::Stream>(streamHandle(stream)); }
+
+// The copies and fills of this file: the synchronous call without a stream (what they were before
+// streams were an option), the stream-ordered one with it.
+cu::Result copyIn(cu::DevicePtr to, const void* from, size_t bytes, Stream* stream) {
+  if (!stream) return cu::api().memcpyHtoD(to, from, bytes);
+  stream->device()->makeCurrent();
+  return cu::api().memcpyHtoDAsync(to, from, bytes, cuStream(stream));
+}
+cu::Result copyOut(void* to, cu::DevicePtr from, size_t bytes, Stream* stream) {
+  if (!stream) return cu::api().memcpyDtoH(to, from, bytes);
+  stream->device()->makeCurrent();
+  // To pageable memory the driver returns only once the bytes have arrived; a pinned destination
+  // would return at once, so wait for the stream as well: the caller reads the data next.
+  cu::Result result = cu::api().memcpyDtoHAsync(to, from, bytes, cuStream(stream));
+  if (result == cu::kSuccess) result = cu::api().streamSynchronize(cuStream(stream));
+  return result;
+}
+cu::Result fill(cu::DevicePtr to, uint8_t value, size_t bytes, Stream* stream) {
+  if (!stream) return cu::api().memsetD8(to, value, bytes);
+  stream->device()->makeCurrent();
+  return cu::api().memsetD8Async(to, value, bytes, cuStream(stream));
+}
+const char* copyInName(Stream* stream) { return stream ? "cuMemcpyHtoDAsync_v2" : "cuMemcpyHtoD_v2"; }
+const char* copyOutName(Stream* stream) { return stream ? "cuMemcpyDtoHAsync_v2" : "cuMemcpyDtoH_v2"; }
+const char* fillName(Stream* stream) { return stream ? "cuMemsetD8Async" : "cuMemsetD8_v2"; }
 
 }  // namespace
 
@@ -68,28 +96,28 @@ void DeviceBuffer::reset() {
   bytes_ = 0;
 }
 
-void DeviceBuffer::copyFromHost(const void* source, size_t bytes, size_t offset) {
+void DeviceBuffer::copyFromHost(const void* source, size_t bytes, size_t offset, Stream* stream) {
   checkCopyRange("DeviceBuffer::copyFromHost", source, bytes, offset, bytes_);
   if (bytes == 0) return;
   device_->makeCurrent();
-  cu::check(cu::api().memcpyHtoD(address_ + offset, source, bytes), "cuMemcpyHtoD_v2",
+  cu::check(copyIn(address_ + offset, source, bytes, stream), copyInName(stream),
             "copying " + std::to_string(bytes) + " bytes to offset " + std::to_string(offset) + onDevice(device_));
 }
 
-void DeviceBuffer::copyToHost(void* destination, size_t bytes, size_t offset) const {
+void DeviceBuffer::copyToHost(void* destination, size_t bytes, size_t offset, Stream* stream) const {
   checkCopyRange("DeviceBuffer::copyToHost", destination, bytes, offset, bytes_);
   if (bytes == 0) return;
   device_->makeCurrent();
   // A failure here is often a kernel's error surfacing at the next synchronous call.
-  cu::check(cu::api().memcpyDtoH(destination, address_ + offset, bytes), "cuMemcpyDtoH_v2",
+  cu::check(copyOut(destination, address_ + offset, bytes, stream), copyOutName(stream),
             "copying " + std::to_string(bytes) + " bytes from offset " + std::to_string(offset) + onDevice(device_) +
                 " (an earlier kernel may have failed)");
 }
 
-void DeviceBuffer::fillBytes(uint8_t value) {
+void DeviceBuffer::fillBytes(uint8_t value, Stream* stream) {
   if (bytes_ == 0) return;
   device_->makeCurrent();
-  cu::check(cu::api().memsetD8(address_, value, bytes_), "cuMemsetD8_v2",
+  cu::check(fill(address_, value, bytes_, stream), fillName(stream),
             "filling " + std::to_string(bytes_) + " bytes" + onDevice(device_));
 }
 
@@ -100,18 +128,27 @@ void copyDeviceToDevice(uint64_t destination, uint64_t source, size_t bytes, con
             "copying " + std::to_string(bytes) + " bytes: " + what);
 }
 
-void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what) {
+void copyHostToDevice(uint64_t deviceAddress, const void* source, size_t bytes, const std::string& what,
+                      Stream* stream) {
   if (bytes == 0) return;
   Device::current().makeCurrent();
-  cu::check(cu::api().memcpyHtoD(deviceAddress, source, bytes), "cuMemcpyHtoD_v2",
+  cu::check(copyIn(deviceAddress, source, bytes, stream), copyInName(stream),
             "copying " + std::to_string(bytes) + " bytes into " + what);
 }
 
-void copyDeviceToHost(void* destination, uint64_t deviceAddress, size_t bytes, const std::string& what) {
+void copyDeviceToHost(void* destination, uint64_t deviceAddress, size_t bytes, const std::string& what,
+                      Stream* stream) {
   if (bytes == 0) return;
   Device::current().makeCurrent();
-  cu::check(cu::api().memcpyDtoH(destination, deviceAddress, bytes), "cuMemcpyDtoH_v2",
+  cu::check(copyOut(destination, deviceAddress, bytes, stream), copyOutName(stream),
             "copying " + std::to_string(bytes) + " bytes out of " + what + " (an earlier kernel may have failed)");
+}
+
+void fillDeviceBytes(uint64_t deviceAddress, uint8_t value, size_t bytes, const std::string& what, Stream* stream) {
+  if (bytes == 0) return;
+  Device::current().makeCurrent();
+  cu::check(fill(deviceAddress, value, bytes, stream), fillName(stream),
+            "filling " + std::to_string(bytes) + " bytes of " + what);
 }
 
 }  // namespace flextile::runtime

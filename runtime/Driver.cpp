@@ -56,6 +56,13 @@ bool resolveAll(void* library, cu::Api& api, std::string* missing) {
          resolve(library, api.memcpyDtoH, {"cuMemcpyDtoH_v2"}, missing) &&
          resolve(library, api.memcpyDtoD, {"cuMemcpyDtoD_v2"}, missing) &&
          resolve(library, api.memsetD8, {"cuMemsetD8_v2"}, missing) &&
+         resolve(library, api.memcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, missing) &&
+         resolve(library, api.memcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, missing) &&
+         resolve(library, api.memsetD8Async, {"cuMemsetD8Async"}, missing) &&
+         resolve(library, api.linkCreate, {"cuLinkCreate_v2"}, missing) &&
+         resolve(library, api.linkAddData, {"cuLinkAddData_v2"}, missing) &&
+         resolve(library, api.linkComplete, {"cuLinkComplete"}, missing) &&
+         resolve(library, api.linkDestroy, {"cuLinkDestroy"}, missing) &&
          resolve(library, api.moduleLoadDataEx, {"cuModuleLoadDataEx"}, missing) &&
          resolve(library, api.moduleGetFunction, {"cuModuleGetFunction"}, missing) &&
          resolve(library, api.moduleUnload, {"cuModuleUnload"}, missing) &&

@@ -32,6 +32,7 @@ using Module = struct Module_st*;      // CUmodule
 using Function = struct Function_st*;  // CUfunction
 using Stream = struct Stream_st*;      // CUstream
 using Event = struct Event_st*;        // CUevent
+using LinkState = struct LinkState_st*;  // CUlinkState
 
 // CUresult values the runtime reasons about (the rest are named by cuGetErrorName).
 inline constexpr Result kSuccess = 0;
@@ -84,7 +85,11 @@ enum JitOption : int {
   kJitLogVerbose = 12,
 };
 
+// CUjitInputType
+inline constexpr int kJitInputPtx = 1;  // CU_JIT_INPUT_PTX
+
 inline constexpr unsigned kStreamDefault = 0x0;    // CU_STREAM_DEFAULT
+inline constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
 inline constexpr unsigned kEventDefault = 0x0;     // CU_EVENT_DEFAULT
 inline constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 
@@ -112,9 +117,21 @@ struct Api {
   Result (*memcpyDtoH)(void* destination, DevicePtr source, size_t bytes);           // _v2
   Result (*memcpyDtoD)(DevicePtr destination, DevicePtr source, size_t bytes);       // _v2
   Result (*memsetD8)(DevicePtr destination, unsigned char value, size_t count);      // _v2
+  // Stream-ordered forms, for work of a call given a stream. From or to pageable host memory the
+  // driver stages the bytes: HtoD returns once the source may be reused, DtoH once the data is there.
+  Result (*memcpyHtoDAsync)(DevicePtr destination, const void* source, size_t bytes, Stream stream);  // _v2
+  Result (*memcpyDtoHAsync)(void* destination, DevicePtr source, size_t bytes, Stream stream);        // _v2
+  Result (*memsetD8Async)(DevicePtr destination, unsigned char value, size_t count, Stream stream);
 
   Result (*moduleLoadDataEx)(Module* module, const void* image, unsigned numOptions, JitOption* options,
                              void** optionValues);
+  // The JIT as a linker: the same PTX compile as moduleLoadDataEx, but it hands back the cubin it
+  // made (owned by the link state until linkDestroy), which a later process loads without a JIT.
+  Result (*linkCreate)(unsigned numOptions, JitOption* options, void** optionValues, LinkState* state);  // _v2
+  Result (*linkAddData)(LinkState state, int type, void* data, size_t size, const char* name, unsigned numOptions,
+                        JitOption* options, void** optionValues);  // _v2
+  Result (*linkComplete)(LinkState state, void** cubin, size_t* size);
+  Result (*linkDestroy)(LinkState state);
   Result (*moduleGetFunction)(Function* function, Module module, const char* name);
   Result (*moduleUnload)(Module module);
   Result (*funcGetAttribute)(int* value, int attribute, Function function);

@@ -19,6 +19,8 @@ struct Module::State {
   std::vector<std::string> entries;
   bool fromCubin = false;
   std::string cubinFallbackReason;
+  std::string jitImage;
+  std::string jitImageFailure;
 
   ~State() {
     if (!handle) return;
@@ -94,8 +96,75 @@ Module::Module(const std::string& ptx, const std::string& name, Device* device) 
   state_->jitMilliseconds = wallMilliseconds;
 }
 
-Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name, Device* device) {
-  if (cubin.empty()) return Module(ptx, name, device);
+namespace {
+std::string trimmed(const char* text) {
+  std::string log = text;
+  while (!log.empty() && std::isspace(static_cast<unsigned char>(log.back()))) log.pop_back();
+  return log;
+}
+}  // namespace
+
+Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, Device* device) {
+  Module m;
+  m.state_ = newState(ptx, name, device);
+  const cu::Api& api = cu::api();
+  constexpr size_t kLogBytes = 64 * 1024;
+  std::vector<char> infoLog(kLogBytes, '\0'), errorLog(kLogBytes, '\0');
+  float wallMilliseconds = 0;
+  cu::JitOption options[] = {cu::kJitInfoLogBuffer,  cu::kJitInfoLogBufferSizeBytes, cu::kJitErrorLogBuffer,
+                             cu::kJitErrorLogBufferSizeBytes, cu::kJitLogVerbose, cu::kJitWallTime};
+  void* values[] = {infoLog.data(),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
+                    errorLog.data(),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
+                    reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
+                    &wallMilliseconds};
+  const std::string where = "JIT-compiling PTX module '" + name + "' (" + std::to_string(ptx.size()) + " bytes) for " +
+                            m.state_->device->name() + " (sm_" + std::to_string(m.state_->device->capability()) + ")";
+  cu::LinkState link = nullptr;
+  cu::check(api.linkCreate(sizeof options / sizeof options[0], options, values, &link), "cuLinkCreate_v2", where);
+  // The image belongs to the link state: copied out before it is destroyed, on every path.
+  struct Destroy {
+    cu::LinkState link;
+    ~Destroy() { (void)cu::api().linkDestroy(link); }
+  } destroyLater{link};
+  auto fail = [&](const char* function, cu::Result result) {
+    const std::string log = trimmed(errorLog.data());
+    throw DriverError(function, result, where + (log.empty() ? "; the JIT wrote no error log" : "; JIT error log:\n" + log));
+  };
+  // The driver reads the PTX up to its terminating zero (the size counts it).
+  if (cu::Result r = api.linkAddData(link, cu::kJitInputPtx, const_cast<char*>(ptx.c_str()), ptx.size() + 1,
+                                     name.c_str(), 0, nullptr, nullptr);
+      r != cu::kSuccess)
+    fail("cuLinkAddData_v2", r);
+  void* image = nullptr;
+  size_t imageBytes = 0;
+  if (cu::Result r = api.linkComplete(link, &image, &imageBytes); r != cu::kSuccess) fail("cuLinkComplete", r);
+  m.state_->jitImage.assign(static_cast<const char*>(image), imageBytes);
+  cu::Module handle = nullptr;
+  cu::check(api.moduleLoadDataEx(&handle, m.state_->jitImage.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx",
+            "loading the cubin the JIT made of '" + name + "'");
+  m.state_->handle = handle;
+  m.state_->infoLog = infoLog.data();
+  m.state_->jitMilliseconds = wallMilliseconds;
+  return m;
+}
+
+Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name, Device* device,
+                            bool keepJitImage) {
+  auto jit = [&] {
+    if (!keepJitImage) return Module(ptx, name, device);
+    try {
+      return jitKeepingImage(ptx, name, device);
+    } catch (const DriverError& e) {
+      // Keeping the cubin is an optimization: a linker that fails must not fail the load. The plain
+      // JIT runs instead and throws its own error (with its log) if the PTX itself is at fault.
+      Module plain(ptx, name, device);
+      plain.state_->jitImageFailure = e.what();
+      return plain;
+    }
+  };
+  if (cubin.empty()) return jit();
   Module m;
   m.state_ = newState(ptx, name, device);
   cu::Module handle = nullptr;
@@ -105,13 +174,16 @@ Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, co
     m.state_->fromCubin = true;
     return m;
   }
-  Module jit(ptx, name, device);
-  jit.state_->cubinFallbackReason = DriverError::format(
+  Module fallback = jit();
+  fallback.state_->cubinFallbackReason = DriverError::format(
       "cuModuleLoadDataEx", result, "the cubin of '" + name + "' (" + std::to_string(cubin.size()) + " bytes) for " +
-                                        jit.state_->device->name() + " (sm_" +
-                                        std::to_string(jit.state_->device->capability()) + ")");
-  return jit;
+                                        fallback.state_->device->name() + " (sm_" +
+                                        std::to_string(fallback.state_->device->capability()) + ")");
+  return fallback;
 }
+
+const std::string& Module::jitImage() const { return state_->jitImage; }
+const std::string& Module::jitImageFailure() const { return state_->jitImageFailure; }
 
 bool Module::loadedFromCubin() const { return state_->fromCubin; }
 const std::string& Module::cubinFallbackReason() const { return state_->cubinFallbackReason; }

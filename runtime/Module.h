@@ -24,12 +24,24 @@ class Module {
   // driver runs exactly the binary ptxas reported registers and spills for and no JIT runs; falls
   // back to JIT-compiling `ptx` when the driver refuses the image (another architecture, a ptxas
   // newer than the driver). `ptx` is always required: it names the entries and is the fallback.
+  // With `keepJitImage`, a JIT (no cubin given, or the driver refused it) runs through the driver's
+  // linker (cuLinkCreate/cuLinkAddData/cuLinkComplete), which compiles the same PTX the same way
+  // and hands back the cubin it made: jitImage(). The compile cache keeps it so that the next
+  // process loads it in milliseconds instead of paying the JIT again.
   static Module fromCompiled(const std::string& ptx, const std::string& cubin, const std::string& name = "module",
-                             Device* device = nullptr);
+                             Device* device = nullptr, bool keepJitImage = false);
+  // The PTX JIT-compiled through the driver's linker, its cubin kept (jitImage()).
+  static Module jitKeepingImage(const std::string& ptx, const std::string& name = "module", Device* device = nullptr);
   // Whether the loaded code is the cubin (false: the driver JIT-compiled the PTX), and why a given
   // cubin was not used (empty when it was, or when none was given).
   bool loadedFromCubin() const;
   const std::string& cubinFallbackReason() const;
+  // The cubin the driver's JIT made for this device (jitKeepingImage, or fromCompiled with
+  // keepJitImage when it had to JIT), else empty.
+  const std::string& jitImage() const;
+  // Why the linker could not keep the image when fromCompiled was asked to (its DriverError's
+  // message; the module was then JIT-compiled the plain way), else empty.
+  const std::string& jitImageFailure() const;
 
   // The kernel `.entry name`; throws DriverError listing the module's entries when absent.
   Kernel function(const std::string& name) const;

@@ -58,6 +58,9 @@ ALL_BENCHES=(
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "attention_decode|$BUNDLE/bin/flextile_attention_decode_bench ${FLEXTILE_DECODE_ARGS:-}"
   "torch_decode|python3 bench/torch_decode.py --json $LOGS/torch_decode.json"
+  "first_call|bench/first_call.sh $BUNDLE/bin ${FLEXTILE_FIRST_CALL_SHAPE:-}"
+  "torch_first_call|python3 bench/torch_first_call.py ${FLEXTILE_FIRST_CALL_SHAPE:-}"
+  "streams|$BUNDLE/bin/flextile_streams_bench"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
 SELECTED=${FLEXTILE_BENCHES:-attention torch_attention}
@@ -121,7 +124,8 @@ kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "
 if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts $TEST_JOBS at once)"
   start=$(now)
-  serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*'
+  # The serving part: decode, paged K/V, decode lists and calls on user streams.
+  serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
   attention=()
   if [ -n "${FLEXTILE_ATTN_TEST_FILTER:-}" ]; then
     attention=("attention|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$FLEXTILE_ATTN_TEST_FILTER'")

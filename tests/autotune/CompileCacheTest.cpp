@@ -173,6 +173,101 @@ TEST(CompileCache, RoundTripKeepsEveryFieldIncludingBinaryCubin) {
   EXPECT_FALSE(codegen::parseCompiledKernel(other, bytes));
 }
 
+// A minimal entry of the given PTX (what the driver-cubin tests below store and read).
+codegen::CompiledKernel minimalKernel(const std::string& ptx) {
+  codegen::CompiledKernel k;
+  k.name = "kernel_y";
+  k.ptx = ptx;
+  k.target = codegen::Target::sm90a();
+  return k;
+}
+
+std::string randomBytes(flextile::testing::SeededRandom& rng, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out.push_back(char(rng() % 256));
+  return out;
+}
+
+TEST(CompileCache, DriverCubinsRoundTripPerGpuAndAnEntryWithoutThemHasNone) {
+  flextile::testing::SeededRandom rng;
+  codegen::CompiledKernel k = minimalKernel(".version 8.0\n.entry kernel_y\n");
+  const codegen::CompileCacheKey key{rng(), k.target};
+  std::optional<codegen::CompiledKernel> plain = codegen::parseCompiledKernel(key, codegen::serializeCompiledKernel(key, k));
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(plain->driverCubins.empty());
+  EXPECT_EQ(plain->driverCubinFor("NVIDIA H200 sm_90; driver 13000"), nullptr);
+
+  const codegen::DriverCubin h200{"NVIDIA H200 sm_90; driver 13000", randomBytes(rng, 777)};
+  const codegen::DriverCubin h100{"NVIDIA H100 80GB HBM3 sm_90; driver 12080", randomBytes(rng, 513)};
+  codegen::addDriverCubin(k, h100);
+  codegen::addDriverCubin(k, h200);
+  std::optional<codegen::CompiledKernel> back = codegen::parseCompiledKernel(key, codegen::serializeCompiledKernel(key, k));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->driverCubins, (std::vector<codegen::DriverCubin>{h200, h100}));  // newest first
+  ASSERT_NE(back->driverCubinFor(h100.identity), nullptr);
+  EXPECT_EQ(back->driverCubinFor(h100.identity)->image, h100.image);
+  // Another driver version of the same GPU is another identity: its JIT may make other code.
+  EXPECT_EQ(back->driverCubinFor("NVIDIA H200 sm_90; driver 13010"), nullptr);
+}
+
+TEST(CompileCache, AddDriverCubinReplacesTheSameGpuAndKeepsTheNewestFew) {
+  flextile::testing::SeededRandom rng;
+  codegen::CompiledKernel k = minimalKernel(".entry kernel_y");
+  for (size_t i = 0; i < codegen::kMaxDriverCubins + 2; ++i)
+    codegen::addDriverCubin(k, {"gpu " + std::to_string(i), randomBytes(rng, 16)});
+  ASSERT_EQ(k.driverCubins.size(), codegen::kMaxDriverCubins);
+  EXPECT_EQ(k.driverCubins.front().identity, "gpu " + std::to_string(codegen::kMaxDriverCubins + 1));
+  EXPECT_EQ(k.driverCubinFor("gpu 0"), nullptr) << "the oldest goes first";
+  const std::string fresh = randomBytes(rng, 32);
+  codegen::addDriverCubin(k, {"gpu 3", fresh});
+  EXPECT_EQ(k.driverCubins.size(), codegen::kMaxDriverCubins);
+  EXPECT_EQ(k.driverCubins.front().image, fresh);
+  int copies = 0;
+  for (const auto& c : k.driverCubins) copies += c.identity == "gpu 3";
+  EXPECT_EQ(copies, 1);
+}
+
+TEST(CompileCache, StoreDriverCubinAddsToTheStoredEntryOfThatPtxOnly) {
+  TempDir dir;
+  codegen::CompileCache cache(dir.path);
+  flextile::testing::SeededRandom rng;
+  const codegen::CompiledKernel k = minimalKernel(".entry kernel_y // " + std::to_string(rng()));
+  const codegen::CompileCacheKey key{rng(), k.target};
+  const codegen::DriverCubin cubin{"Some GPU sm_90; driver 12080", randomBytes(rng, 300)};
+  EXPECT_FALSE(cache.storeDriverCubin(key, k.ptx, cubin)) << "no entry yet";
+  cache.store(key, k);
+  EXPECT_FALSE(cache.storeDriverCubin(key, k.ptx + " ", cubin)) << "the cubin of other PTX";
+  EXPECT_TRUE(cache.storeDriverCubin(key, k.ptx, cubin));
+  std::optional<codegen::CompiledKernel> back = cache.load(key);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->driverCubins, std::vector<codegen::DriverCubin>{cubin});
+  EXPECT_EQ(back->ptx, k.ptx);
+}
+
+TEST(CompileCache, ADriverCubinWithoutItsIdentityMakesTheEntryCorruptNotAFailure) {
+  TempDir dir;
+  codegen::CompileCache cache(dir.path);
+  flextile::testing::SeededRandom rng;
+  codegen::CompiledKernel k = minimalKernel(".entry kernel_y");
+  codegen::addDriverCubin(k, {"gpu", "image"});
+  const codegen::CompileCacheKey key{rng(), k.target};
+  std::string bytes = codegen::serializeCompiledKernel(key, k);
+  // A damaged identity field: the checksum names the damage, and the cache treats it as a miss.
+  const size_t at = bytes.find("driver_cubin_identity.0");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 23, "driver_cubin_identitx.0");
+  try {
+    (void)codegen::parseCompiledKernel(key, bytes);  // the checksum fails first
+    ADD_FAILURE() << "an altered entry parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  writeAll(cache.pathOf(key), bytes);
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(cache.load(key)) << "a corrupt entry is a miss (recompiled), never an error";
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("is corrupt"), std::string::npos);
+}
+
 TEST(CompileCache, CorruptEntriesWarnRecompileAndAreOverwritten) {
   flextile::testing::SeededRandom rng;
   TempDir dir;

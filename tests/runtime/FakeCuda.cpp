@@ -52,6 +52,13 @@ int cuMemcpyHtoD_v2(...) { return kNotSupported; }
 int cuMemcpyDtoH_v2(...) { return kNotSupported; }
 int cuMemcpyDtoD_v2(...) { return kNotSupported; }
 int cuMemsetD8_v2(...) { return kNotSupported; }
+int cuMemcpyHtoDAsync_v2(...) { return kNotSupported; }
+int cuMemcpyDtoHAsync_v2(...) { return kNotSupported; }
+int cuMemsetD8Async(...) { return kNotSupported; }
+int cuLinkCreate_v2(...) { return kNotSupported; }
+int cuLinkAddData_v2(...) { return kNotSupported; }
+int cuLinkComplete(...) { return kNotSupported; }
+int cuLinkDestroy(...) { return kNotSupported; }
 int cuModuleLoadDataEx(...) { return kNotSupported; }
 int cuModuleGetFunction(...) { return kNotSupported; }
 int cuModuleUnload(...) { return kNotSupported; }

@@ -1,0 +1,247 @@
+// A stand-in for libcuda.so.1 that behaves like one healthy sm_90 GPU without running anything:
+// device memory is host memory, copies copy, kernels do not run. It writes one line per call that
+// matters to the streams and to the cubin cache into the file $FLEXTILE_FAKE_CUDA_LOG:
+//   launch <kernel> stream <CUstream>        htod <bytes> stream <CUstream|sync>
+//   dtoh <bytes> stream <CUstream|sync>      memset <bytes> stream <CUstream|sync>
+//   link <kernel bytes of PTX>               load ptx | load cubin | refuse image
+// The "cubin" its linker makes is "FAKECUBIN " plus the PTX's length; cuModuleLoadDataEx loads PTX
+// text and such images and refuses anything else (CUDA_ERROR_INVALID_IMAGE), so a test can plant a
+// corrupt cubin; FLEXTILE_FAKE_CUDA_LINK_FAILS=1 makes its linker refuse any PTX. Tests point FLEXTILE_CUDA_LIBRARY here (tests/runtime/StreamsAndCubinTest.cpp).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace {
+
+constexpr int kInvalidValue = 1, kInvalidImage = 200, kNotFound = 500;
+
+std::mutex gMutex;
+
+void record(const std::string& line) {
+  std::lock_guard lock(gMutex);
+  const char* path = std::getenv("FLEXTILE_FAKE_CUDA_LOG");
+  if (!path || !*path) return;
+  if (std::FILE* f = std::fopen(path, "a")) {
+    std::fprintf(f, "%s\n", line.c_str());
+    std::fclose(f);
+  }
+}
+
+std::string streamText(void* stream) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", stream);
+  return stream ? buf : "0";
+}
+
+void* addressOf(uint64_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+struct Function {
+  std::string name;
+};
+struct LinkState {
+  std::string image;
+};
+
+int gStreams = 0;
+
+}  // namespace
+
+extern "C" {
+
+int cuInit(unsigned) { return 0; }
+int cuDriverGetVersion(int* version) {
+  *version = 12080;
+  return 0;
+}
+int cuDeviceGetCount(int* count) {
+  *count = 1;
+  return 0;
+}
+int cuGetErrorName(int, const char** name) {
+  *name = "CUDA_ERROR_FAKE";
+  return 0;
+}
+int cuGetErrorString(int, const char** description) {
+  *description = "reported by the recording fake driver";
+  return 0;
+}
+int cuDeviceGet(int* device, int ordinal) {
+  if (ordinal != 0) return 101;
+  *device = 0;
+  return 0;
+}
+int cuDeviceGetName(char* name, int length, int) {
+  std::snprintf(name, size_t(length), "Fake GPU");
+  return 0;
+}
+int cuDeviceGetAttribute(int* value, int attribute, int) {
+  switch (attribute) {
+    case 1: *value = 1024; break;                          // max threads per block
+    case 2: *value = 1024; break;                          // max block dim x
+    case 5: *value = 2147483647; break;                    // max grid x
+    case 6: case 7: *value = 65535; break;                 // max grid y, z
+    case 8: *value = 48 * 1024; break;                     // shared per block
+    case 10: *value = 32; break;                           // warp size
+    case 13: *value = 1980000; break;                      // clock
+    case 16: *value = 132; break;                          // SMs
+    case 36: *value = 2619000; break;                      // memory clock
+    case 37: *value = 6144; break;                         // bus width
+    case 38: *value = 60 * 1024 * 1024; break;             // L2
+    case 75: *value = 9; break;                            // capability major
+    case 76: *value = 0; break;                            // capability minor
+    case 81: *value = 228 * 1024; break;                   // shared per SM
+    case 97: *value = 227 * 1024; break;                   // shared per block, opt-in
+    default: *value = 0; break;
+  }
+  return 0;
+}
+int cuDeviceTotalMem_v2(size_t* bytes, int) {
+  *bytes = size_t(1) << 34;
+  return 0;
+}
+int cuDevicePrimaryCtxRetain(void** context, int) {
+  static int fakeContext;
+  *context = &fakeContext;
+  return 0;
+}
+int cuCtxSetCurrent(void*) { return 0; }
+int cuCtxSynchronize() { return 0; }
+int cuMemGetInfo_v2(size_t* freeBytes, size_t* totalBytes) {
+  *freeBytes = *totalBytes = size_t(1) << 34;
+  return 0;
+}
+int cuMemAlloc_v2(uint64_t* pointer, size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!p) return 2;
+  *pointer = reinterpret_cast<uintptr_t>(p);
+  return 0;
+}
+int cuMemFree_v2(uint64_t pointer) {
+  std::free(addressOf(pointer));
+  return 0;
+}
+int cuMemcpyHtoD_v2(uint64_t to, const void* from, size_t bytes) {
+  std::memcpy(addressOf(to), from, bytes);
+  record("htod " + std::to_string(bytes) + " stream sync");
+  return 0;
+}
+int cuMemcpyDtoH_v2(void* to, uint64_t from, size_t bytes) {
+  std::memcpy(to, addressOf(from), bytes);
+  record("dtoh " + std::to_string(bytes) + " stream sync");
+  return 0;
+}
+int cuMemcpyDtoD_v2(uint64_t to, uint64_t from, size_t bytes) {
+  std::memmove(addressOf(to), addressOf(from), bytes);
+  record("dtod " + std::to_string(bytes) + " stream sync");
+  return 0;
+}
+int cuMemsetD8_v2(uint64_t to, unsigned char value, size_t bytes) {
+  std::memset(addressOf(to), value, bytes);
+  record("memset " + std::to_string(bytes) + " stream sync");
+  return 0;
+}
+int cuMemcpyHtoDAsync_v2(uint64_t to, const void* from, size_t bytes, void* stream) {
+  std::memcpy(addressOf(to), from, bytes);
+  record("htod " + std::to_string(bytes) + " stream " + streamText(stream));
+  return 0;
+}
+int cuMemcpyDtoHAsync_v2(void* to, uint64_t from, size_t bytes, void* stream) {
+  std::memcpy(to, addressOf(from), bytes);
+  record("dtoh " + std::to_string(bytes) + " stream " + streamText(stream));
+  return 0;
+}
+int cuMemsetD8Async(uint64_t to, unsigned char value, size_t bytes, void* stream) {
+  std::memset(addressOf(to), value, bytes);
+  record("memset " + std::to_string(bytes) + " stream " + streamText(stream));
+  return 0;
+}
+
+int cuLinkCreate_v2(unsigned, void*, void**, void** state) {
+  *state = new LinkState;
+  return 0;
+}
+int cuLinkAddData_v2(void* state, int type, void* data, size_t size, const char*, unsigned, void*, void**) {
+  if (type != 1 || !data || size == 0) return kInvalidValue;
+  if (const char* fail = std::getenv("FLEXTILE_FAKE_CUDA_LINK_FAILS"); fail && *fail == '1') {
+    record("link fails");
+    return kInvalidImage;
+  }
+  static_cast<LinkState*>(state)->image = "FAKECUBIN " + std::to_string(std::strlen(static_cast<const char*>(data)));
+  record("link " + std::to_string(std::strlen(static_cast<const char*>(data))));
+  return 0;
+}
+int cuLinkComplete(void* state, void** cubin, size_t* size) {
+  auto* s = static_cast<LinkState*>(state);
+  *cubin = s->image.data();
+  *size = s->image.size();
+  return 0;
+}
+int cuLinkDestroy(void* state) {
+  delete static_cast<LinkState*>(state);
+  return 0;
+}
+
+int cuModuleLoadDataEx(void** module, const void* image, unsigned, void*, void**) {
+  const char* text = static_cast<const char*>(image);
+  if (std::strncmp(text, "FAKECUBIN ", 10) == 0) {
+    record("load cubin");
+  } else if (std::strstr(text, ".entry") != nullptr) {
+    record("load ptx");
+  } else {
+    record("refuse image");
+    return kInvalidImage;
+  }
+  static int fakeModule;
+  *module = &fakeModule;
+  return 0;
+}
+int cuModuleGetFunction(void** function, void*, const char* name) {
+  if (!name || !*name) return kNotFound;
+  *function = new Function{name};  // one per lookup; a test process makes few
+  return 0;
+}
+int cuModuleUnload(void*) { return 0; }
+int cuFuncGetAttribute(int* value, int attribute, void*) {
+  switch (attribute) {
+    case 0: *value = 1024; break;  // max threads per block
+    case 4: *value = 32; break;    // registers
+    case 5: *value = 80; break;    // PTX version
+    case 6: *value = 90; break;    // binary version
+    case 8: *value = 48 * 1024; break;
+    default: *value = 0; break;
+  }
+  return 0;
+}
+int cuFuncSetAttribute(void*, int, int) { return 0; }
+int cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void* stream,
+                   void**, void**) {
+  record("launch " + static_cast<Function*>(function)->name + " stream " + streamText(stream));
+  return 0;
+}
+
+int cuStreamCreate(void** stream, unsigned) {
+  *stream = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + 0x10 * ++gStreams));
+  return 0;
+}
+int cuStreamSynchronize(void*) { return 0; }
+int cuStreamDestroy_v2(void* stream) {
+  record("destroy stream " + streamText(stream));
+  return 0;
+}
+int cuEventCreate(void** event, unsigned) {
+  static int fakeEvent;
+  *event = &fakeEvent;
+  return 0;
+}
+int cuEventRecord(void*, void*) { return 0; }
+int cuEventSynchronize(void*) { return 0; }
+int cuEventElapsedTime(float* ms, void*, void*) {
+  *ms = 0;
+  return 0;
+}
+int cuEventDestroy_v2(void*) { return 0; }
+
+}  // extern "C"

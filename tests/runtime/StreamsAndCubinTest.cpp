@@ -1,0 +1,281 @@
+// Streams and the driver-cubin cache against the recording fake driver (RecordingCuda.cpp): which
+// stream every launch and copy of a call went to, and which code a launch loaded (PTX through the
+// driver's linker, a cached cubin, or the PTX again after a refused cubin). No GPU is needed; the
+// kernels do not run, so only where work goes is checked here (tests/attention/*GpuTest.cpp check
+// results on streams on a real GPU).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/BlockMask.h"
+#include "attention_templates/DecodeLists.h"
+#include "attention_templates/FlexAttention.h"
+#include "attention_templates/PagedKVCache.h"
+#include "codegen/CompileCache.h"
+#include "dsl/DSL.h"
+#include "runtime/Device.h"
+#include "runtime/Stream.h"
+
+namespace flextile {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace flextile::dsl;
+using namespace flextile::attention;
+
+// Before anything loads the driver or opens the cache: this process's fake driver, log and cache.
+const fs::path kScratch = [] {
+  std::random_device rd;
+  fs::path dir = fs::temp_directory_path() / ("flextile-fake-driver-" + std::to_string(rd()) + std::to_string(rd()));
+  fs::create_directories(dir);
+  setenv("FLEXTILE_CUDA_LIBRARY", FLEXTILE_RECORDING_CUDA_LIBRARY, 1);
+  setenv("FLEXTILE_FAKE_CUDA_LOG", (dir / "calls.log").c_str(), 1);
+  setenv("FLEXTILE_CACHE_DIR", (dir / "cache").c_str(), 1);
+  return dir;
+}();
+
+struct RemoveScratch {
+  ~RemoveScratch() {
+    std::error_code ec;
+    fs::remove_all(kScratch, ec);
+  }
+} removeScratch;
+
+// The calls logged since the last take().
+std::vector<std::string> take() {
+  const fs::path log = kScratch / "calls.log";
+  std::vector<std::string> lines;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  in.close();
+  std::error_code ec;
+  fs::remove(log, ec);
+  return lines;
+}
+
+std::string handleText(const runtime::Stream& s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", s.handle());
+  return s.handle() ? buf : "0";
+}
+
+std::vector<std::string> matching(const std::vector<std::string>& lines, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const std::string& l : lines)
+    if (l.rfind(prefix, 0) == 0) out.push_back(l);
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
+// Every launch and copy in `lines` went to `stream`, and there were at least `minLaunches` launches.
+void expectAllOn(const std::vector<std::string>& lines, const runtime::Stream& stream, size_t minLaunches) {
+  const std::string suffix = " stream " + handleText(stream);
+  size_t launches = 0;
+  for (const std::string& l : lines) {
+    if (l.rfind("launch ", 0) != 0 && l.rfind("htod ", 0) != 0 && l.rfind("dtoh ", 0) != 0 && l.rfind("memset ", 0) != 0)
+      continue;
+    EXPECT_TRUE(l.size() >= suffix.size() && l.compare(l.size() - suffix.size(), suffix.size(), suffix) == 0)
+        << "'" << l << "' is not on stream " << handleText(stream) << "; all calls:\n" << joined(lines);
+    launches += l.rfind("launch ", 0) == 0;
+  }
+  EXPECT_GE(launches, minLaunches) << joined(lines);
+}
+
+Kernel scaleKernel(const std::string& name) {
+  return kernel(name, [](Ptr<f32> x, Ptr<f32> y, Int n, Float a, Const<int> BLOCK) {
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    auto ok = offs < n;
+    store(y + offs, load(x + offs, ok) * a, ok);
+  });
+}
+
+TEST(FakeDriver, IsTheOneLoaded) {
+  ASSERT_TRUE(deviceAvailable());
+  EXPECT_EQ(runtime::Device::current().codeIdentity(), "Fake GPU sm_90; driver 12080");
+}
+
+TEST(Streams, KernelRunGoesToTheGivenStreamAndBorrowedStreamsAreNeverDestroyed) {
+  Tensor x = Tensor::empty(DType::F32, {1000}, MemorySpace::Device), y = Tensor::empty(DType::F32, {1000}, MemorySpace::Device);
+  Kernel k = scaleKernel("scale_on_streams");
+  k.run({.grid = {8, 1, 1}, .constants = {128}}, x, y, 1000, 2.0f);  // compile and load first
+  take();
+  {
+    runtime::Stream owned;
+    runtime::Stream borrowed = runtime::Stream::borrow(reinterpret_cast<void*>(uintptr_t(0xabc0)));
+    EXPECT_TRUE(owned.owned());
+    EXPECT_FALSE(borrowed.owned());
+    k.run({.grid = {8, 1, 1}, .constants = {128}, .stream = &owned}, x, y, 1000, 2.0f);
+    k.run({.grid = {8, 1, 1}, .constants = {128}, .stream = &borrowed}, x, y, 1000, 2.0f);
+    k.run({.grid = {8, 1, 1}, .constants = {128}}, x, y, 1000, 2.0f);
+    const auto launches = matching(take(), "launch ");
+    ASSERT_EQ(launches.size(), 3u);
+    EXPECT_EQ(launches[0], "launch scale_on_streams stream " + handleText(owned));
+    EXPECT_EQ(launches[1], "launch scale_on_streams stream 0xabc0");
+    EXPECT_EQ(launches[2], "launch scale_on_streams stream 0");
+    runtime::Stream moved = std::move(borrowed);  // a moved borrowed stream stays borrowed
+    EXPECT_FALSE(moved.owned());
+  }
+  const auto destroyed = matching(take(), "destroy stream");
+  ASSERT_EQ(destroyed.size(), 1u) << "only the owned stream is destroyed";
+  EXPECT_NE(destroyed[0], "destroy stream 0xabc0");
+}
+
+TEST(Streams, TensorCopiesAndFillsGoToTheGivenStream) {
+  runtime::Stream s;
+  take();
+  std::vector<int32_t> values{1, 2, 3, 4, 5};
+  Tensor t = Tensor::fromHost(values, {5}, MemorySpace::Device, &s);
+  EXPECT_EQ(t.toHost<int32_t>(&s), values);
+  t.fillBytes(0, &s);
+  Tensor z = Tensor::zeros(DType::F32, {7}, MemorySpace::Device, &s);
+  const auto lines = take();
+  EXPECT_EQ(lines, (std::vector<std::string>{"htod 20 stream " + handleText(s), "dtoh 20 stream " + handleText(s),
+                                             "memset 20 stream " + handleText(s), "memset 28 stream " + handleText(s)}));
+  (void)t.toHost<int32_t>();  // no stream: the legacy synchronous copy, as before
+  EXPECT_EQ(take(), std::vector<std::string>{"dtoh 20 stream sync"});
+}
+
+TEST(DriverCubin, TheFirstRunKeepsTheJitsCubinAndAFreshKernelLoadsItWithoutAJit) {
+  Tensor x = Tensor::empty(DType::F32, {300}, MemorySpace::Device), y = Tensor::empty(DType::F32, {300}, MemorySpace::Device);
+  take();
+  Kernel first = scaleKernel("scale_cubin_kept");
+  first.run({.grid = {3, 1, 1}, .constants = {128}}, x, y, 300, 1.5f);
+  std::vector<std::string> lines = take();
+  EXPECT_EQ(matching(lines, "link ").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "load cubin").size(), 1u) << joined(lines);
+  EXPECT_TRUE(matching(lines, "load ptx").empty()) << joined(lines);
+
+  const codegen::CompiledKernel& code = first.compile({.grid = {3, 1, 1}, .constants = {128}}, {x, y, 300, 1.5f});
+  std::optional<codegen::CompiledKernel> entry =
+      codegen::CompileCache::global().load(codegen::CompileCacheKey{code.irHash, code.target});
+  ASSERT_TRUE(entry);
+  ASSERT_EQ(entry->driverCubins.size(), 1u);
+  EXPECT_EQ(entry->driverCubins[0].identity, "Fake GPU sm_90; driver 12080");
+  EXPECT_EQ(entry->driverCubins[0].image, "FAKECUBIN " + std::to_string(code.ptx.size()));
+
+  // What a second process does: a kernel with an empty in-memory cache reads the disk entry.
+  Kernel second = scaleKernel("scale_cubin_kept");
+  second.run({.grid = {3, 1, 1}, .constants = {128}}, x, y, 300, 1.5f);
+  lines = take();
+  EXPECT_TRUE(matching(lines, "link ").empty()) << "a kept cubin must not JIT again:\n" << joined(lines);
+  EXPECT_EQ(matching(lines, "load cubin").size(), 1u) << joined(lines);
+}
+
+TEST(DriverCubin, ARefusedCubinFallsBackToThePtxWithAWarningAndIsReplaced) {
+  Tensor x = Tensor::empty(DType::F32, {300}, MemorySpace::Device), y = Tensor::empty(DType::F32, {300}, MemorySpace::Device);
+  Kernel first = scaleKernel("scale_cubin_refused");
+  first.run({.grid = {3, 1, 1}, .constants = {64}}, x, y, 300, 1.5f);
+  const codegen::CompiledKernel& code = first.compile({.grid = {3, 1, 1}, .constants = {64}}, {x, y, 300, 1.5f});
+  const codegen::CompileCacheKey key{code.irHash, code.target};
+  const std::string identity = runtime::Device::current().codeIdentity();
+  // A cubin the driver will not load (stale, or damaged in a way the checksum cannot see).
+  ASSERT_TRUE(codegen::CompileCache::global().storeDriverCubin(key, code.ptx, {identity, "GARBAGE"}));
+  take();
+
+  Kernel second = scaleKernel("scale_cubin_refused");
+  ::testing::internal::CaptureStderr();
+  second.run({.grid = {3, 1, 1}, .constants = {64}}, x, y, 300, 1.5f);
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  const auto lines = take();
+  EXPECT_EQ(matching(lines, "refuse image").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "link ").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "launch ").size(), 1u) << "the launch still happens:\n" << joined(lines);
+  EXPECT_NE(warning.find("the driver refused the cached cubin of kernel 'scale_cubin_refused'"), std::string::npos)
+      << warning;
+  std::optional<codegen::CompiledKernel> entry = codegen::CompileCache::global().load(key);
+  ASSERT_TRUE(entry);
+  ASSERT_NE(entry->driverCubinFor(identity), nullptr);
+  EXPECT_EQ(entry->driverCubinFor(identity)->image, "FAKECUBIN " + std::to_string(code.ptx.size()));
+}
+
+TEST(DriverCubin, AFailingLinkerFallsBackToThePlainJitWithAWarning) {
+  Tensor x = Tensor::empty(DType::F32, {300}, MemorySpace::Device), y = Tensor::empty(DType::F32, {300}, MemorySpace::Device);
+  Kernel k = scaleKernel("scale_linker_fails");
+  take();
+  setenv("FLEXTILE_FAKE_CUDA_LINK_FAILS", "1", 1);
+  ::testing::internal::CaptureStderr();
+  k.run({.grid = {3, 1, 1}, .constants = {32}}, x, y, 300, 1.5f);
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  unsetenv("FLEXTILE_FAKE_CUDA_LINK_FAILS");
+  const auto lines = take();
+  EXPECT_EQ(matching(lines, "link fails").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "load ptx").size(), 1u) << "the plain JIT:\n" << joined(lines);
+  EXPECT_EQ(matching(lines, "launch ").size(), 1u) << joined(lines);
+  EXPECT_NE(warning.find("kernel 'scale_linker_fails': the driver's linker failed"), std::string::npos) << warning;
+  const codegen::CompiledKernel& code = k.compile({.grid = {3, 1, 1}, .constants = {32}}, {x, y, 300, 1.5f});
+  std::optional<codegen::CompiledKernel> entry =
+      codegen::CompileCache::global().load(codegen::CompileCacheKey{code.irHash, code.target});
+  ASSERT_TRUE(entry);
+  EXPECT_TRUE(entry->driverCubins.empty()) << "nothing to keep";
+}
+
+// q, k, v in fake device memory: the kernels do not run, so any values do.
+struct Inputs {
+  Tensor q, k, v;
+  Inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D)
+      : q(Tensor::zeros(DType::BF16, {B, Hq, L, D}, MemorySpace::Device)),
+        k(Tensor::zeros(DType::BF16, {B, Hkv, S, D}, MemorySpace::Device)),
+        v(Tensor::zeros(DType::BF16, {B, Hkv, S, D}, MemorySpace::Device)) {}
+};
+
+TEST(Streams, FlexAttentionPrefillDecodeAndBackwardLaunchOnlyOnTheGivenStream) {
+  runtime::Stream s;
+  Inputs prefill(1, 4, 2, 100, 300, 64);
+  BlockMask mask = causalBlockMask(1, 1, 100, 300, {64, 64}, {MemorySpace::Device, &s});
+  take();
+  auto fwd = flex_attention(prefill.q, prefill.k, prefill.v, noop_score(), mask, {.return_lse = true, .stream = &s});
+  expectAllOn(take(), s, 1);
+
+  Tensor dout = Tensor::zeros(DType::BF16, prefill.q.shape(), MemorySpace::Device);
+  take();
+  FlexAttentionGrads g = flex_attention_backward(prefill.q, prefill.k, prefill.v, fwd.out, fwd.lse, dout, noop_score(),
+                                                 mask, {.stream = &s});
+  expectAllOn(take(), s, 3);  // preprocess, dkdv, dq
+
+  Inputs decode(1, 8, 2, 1, 4096, 64);
+  BlockMask decodeMask = causalBlockMask(1, 1, 4096, 4096, {128, 128}, {MemorySpace::Device, &s});
+  BlockMask row = decodeMask.sliceRows(31, 1, 4095, 1);
+  Tensor out = Tensor::empty(DType::BF16, decode.q.shape(), MemorySpace::Device);
+  take();
+  flex_attention_into(decode.q, decode.k, decode.v, noop_score(), row, out, nullptr, {.stream = &s});
+  const auto lines = take();
+  expectAllOn(lines, s, 1);
+  EXPECT_FALSE(matching(lines, "launch flex_decode").empty()) << "L = 1 takes the decode template:\n" << joined(lines);
+}
+
+TEST(Streams, BlockMaskBuilderDecodeListsAndPagedWritesUseTheGivenStream) {
+  runtime::Stream s;
+  std::vector<int32_t> ids(200, 0);
+  MaskMod docs = document_mask(capture(Tensor::fromHost(ids, {200}, MemorySpace::Device), "ids"));
+  take();
+  BlockMask built = createBlockMask(docs, 1, 1, 200, 200, {64, 64}, {MemorySpace::Device, &s});
+  expectAllOn(take(), s, 1);  // the state kernel, its zeroing and the read of its states
+
+  BlockMask causal = causalBlockMask(1, 1, 512, 512, {64, 64}, {MemorySpace::Device, &s});
+  take();
+  DecodeBlockLists lists = decodeBlockLists(causal, 60, 8, MemorySpace::Device, &s);  // straddles two rows
+  expectAllOn(take(), s, 1);
+
+  PagedKVCache cache(DType::BF16, 2, 64, 16, 16, 2, 8, MemorySpace::Device);
+  cache.setStream(&s);
+  Tensor kNew = Tensor::zeros(DType::BF16, {2, 2, 5, 64}, MemorySpace::Device);
+  take();
+  cache.append(kNew, kNew);
+  expectAllOn(take(), s, 1);
+  EXPECT_EQ(cache.stream(), &s);
+  cache.setStream(nullptr);
+}
+
+}  // namespace
+}  // namespace flextile
