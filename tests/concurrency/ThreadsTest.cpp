@@ -70,7 +70,7 @@ struct SharedCase {
   VariantInstance instance;
 };
 
-// Variants with captured tensors (alibi's slopes, bias_table's table, document's ids), a
+// Variants with captured tensors (alibi's slopes, bias's table, document's ids), a
 // score-only mod (softcap) and structural masks; shapes not multiples of the blocks, GQA, all
 // three dtypes.
 std::vector<SharedCase> sharedCases(uint64_t seed) {
@@ -80,7 +80,7 @@ std::vector<SharedCase> sharedCases(uint64_t seed) {
       {.B = 1, .Hq = 2, .Hkv = 2, .L = 17, .S = 70, .D = 32, .dtype = DType::F32},
   };
   std::vector<SharedCase> out;
-  for (const char* name : {"causal", "alibi", "softcap", "document", "bias_table"})
+  for (const char* name : {"causal", "alibi", "softcap", "document", "bias"})
     for (const AttentionCase& c : shapes)
       out.push_back({name, c, variant(name).make({c.B, c.Hq, c.L, c.S, MemorySpace::Host, {32, 32}, seed})});
   return out;
@@ -198,7 +198,9 @@ TEST(ConcurrencyThreads, CompileCacheStoresAndLoadsOnManyThreads) {
         const codegen::CompiledKernel k =
             codegen::compileCached(*functions[f], hashes[f], {codegen::Target::sm80()}, cache);
         EXPECT_EQ(k.ptx, expected[f]) << "thread " << t << " wave " << wave;
-        if (wave == 1) EXPECT_TRUE(k.fromCache) << "thread " << t << ": the first wave's entry is missing";
+        if (wave == 1) {
+          EXPECT_TRUE(k.fromCache) << "thread " << t << ": the first wave's entry is missing";
+        }
       }
     });
   const codegen::CompileCache::Stats s = cache.stats();
