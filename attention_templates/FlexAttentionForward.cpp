@@ -695,7 +695,8 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
 
 FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                                    const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
-  expectRank4("q", q);
+  // Before allocating the outputs: a shape past the kernels' limits is refused, not allocated.
+  detail::expectAttentionInput("flex_attention", "q", q);
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
@@ -712,7 +713,9 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const PagedKV& kv, const 
 
 FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                    const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
-  expectRank4("q", q);
+  // Before allocating the outputs (and before asking a GPU for its defaults): a shape past the
+  // kernels' limits is refused, not allocated (faults/LimitsTest.cpp).
+  detail::checkAttentionInputs(q, k, v, scoreMod);
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());

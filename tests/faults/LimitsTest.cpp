@@ -36,9 +36,11 @@ TEST(Limits, OneHeadSpanningMoreThan2To31ElementsIsRefusedBeforeLaunch) {
   // Zero batch and head strides (broadcast), so that the row span alone passes the limit.
   Tensor q = Tensor::deviceView(kNowhere, DType::BF16, {1, 1, L, D}, {0, 0, D, 1});
   Tensor small = Tensor::deviceView(kNowhere, DType::BF16, {1, 1, 64, D});
-  // plan_flex_attention runs every check flex_attention runs before a launch; with a target it
-  // needs no GPU (flex_attention on device tensors asks the GPU for its default config first).
-  for (auto run : {std::function<void()>([&] {
+  // flex_attention checks before it allocates its outputs or asks the GPU anything, so this runs
+  // without one; plan_flex_attention runs the same checks.
+  for (auto run : {std::function<void()>([&] { flex_attention(q, small, small, noop_score(), std::nullopt); }),
+                   std::function<void()>([&] { flex_attention(small, q, q, noop_score(), std::nullopt); }),
+                   std::function<void()>([&] {
                      plan_flex_attention(q, small, small, noop_score(), std::nullopt, {}, true, codegen::Target::sm90a());
                    }),
                    std::function<void()>([&] {
@@ -67,10 +69,16 @@ TEST(Limits, BatchTimesHeadsPast2To31IsRefused) {
   std::vector<uint16_t> data(64 * 32);
   const int64_t B = int64_t(1) << 16, H = int64_t(1) << 16;
   Tensor q = Tensor::hostView(data.data(), DType::BF16, {B, H, 64, 32}, {0, 0, 32, 1});
-  const std::string e =
-      errorOf([&] { plan_flex_attention(q, q, q, noop_score(), std::nullopt, {}, true, codegen::Target::sm80()); });
-  EXPECT_NE(e.find("B * Hq = 65536 * 65536"), std::string::npos) << e;
-  EXPECT_NE(e.find("2^31 - 1"), std::string::npos) << e;
+  // flex_attention would allocate an output of 2^32 * 64 * 32 elements (512 GiB) before this check
+  // existed; it is refused first.
+  for (auto run : {std::function<void()>([&] { flex_attention(q, q, q, noop_score(), std::nullopt); }),
+                   std::function<void()>([&] {
+                     plan_flex_attention(q, q, q, noop_score(), std::nullopt, {}, true, codegen::Target::sm80());
+                   })}) {
+    const std::string e = errorOf(run);
+    EXPECT_NE(e.find("B * Hq = 65536 * 65536"), std::string::npos) << e;
+    EXPECT_NE(e.find("2^31 - 1"), std::string::npos) << e;
+  }
 }
 
 TEST(Limits, StridesPastInt32AreRefused) {
