@@ -15,7 +15,10 @@
 #include <random>
 #include <thread>
 
+#include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
+#include "MaskTestUtil.h"
+#include "PagedKVCheck.h"
 #include "attention_templates/Variants.h"
 #include "autotune/TuneCache.h"
 #include "codegen/CompileCache.h"
@@ -128,6 +131,54 @@ TEST(ConcurrencyThreads, FreshModsOfOneVariantOnManyThreads) {
       ++checked;
   });
   EXPECT_EQ(checked.load(), kThreads);
+}
+
+// The other templates at once on shared mods: the decode template (a few queries, no config:
+// split KV, GQA packing, its list and kernel caches), the backward (three kernels, the mods'
+// reverse-mode traces) and the paged forward (its own kernel of the mods).
+TEST(ConcurrencyThreads, DecodeBackwardAndPagedTemplatesOnManyThreads) {
+  SeededRandom rng;
+  const uint64_t seed = rng();
+  const BlockSizes blocks{32, 32};
+  const VariantInstance decodeMods = variant("alibi").make({2, 4, 3, 77, MemorySpace::Host, blocks, seed});
+  const VariantInstance backwardMods = variant("softcap").make({1, 2, 33, 40, MemorySpace::Host, blocks, seed});
+  const BlockMask pagedMask = causalBlockMask(1, 1, 45, 45, blocks, MemorySpace::Host);
+  std::atomic<int> checked{0};
+  onThreads([&](int t) {
+    std::mt19937_64 local(seed + uint64_t(t));
+    SCOPED_TRACE("thread " + std::to_string(t) + " seed " + std::to_string(seed));
+    for (int round = 0; round < 2; ++round) {
+      bool ok = false;
+      switch ((t + round) % 3) {
+        case 0: {
+          AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 3, .S = 77, .D = 32, .dtype = DType::BF16, .context = "decode"};
+          ok = checkFlexAttention(local, c, MemorySpace::Host, decodeMods.score, decodeMods.mask, decodeMods.refScore,
+                                  decodeMods.refMask);
+          break;
+        }
+        case 1: {
+          AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = 33, .S = 40, .D = 32, .dtype = DType::F32, .context = "backward"};
+          BackwardCheck check;
+          check.refScore = backwardMods.refScore;
+          check.refScoreGrad = backwardMods.refScoreGrad;
+          check.refMask = backwardMods.refMask;
+          check.forwardConfig = FlexAttentionConfig{32, 16, 4, 2};
+          check.options.config = FlexAttentionBackwardConfig{{16, 32, 4, 2}, {32, 16, 4, 2}};
+          ok = checkBackward(local, c, MemorySpace::Host, backwardMods.score, backwardMods.mask, check);
+          break;
+        }
+        default: {
+          PagedCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 45, .D = 32, .pageSize = 16, .lengths = {45, 29}, .S = 45,
+                      .dtype = DType::F16, .context = "paged"};
+          ok = checkPaged(local, c, MemorySpace::Host, noop_score(), pagedMask, nullptr, refCausal(),
+                          {.config = FlexAttentionConfig{32, 16, 4, 2}});
+          break;
+        }
+      }
+      if (ok) ++checked;
+    }
+  });
+  EXPECT_EQ(checked.load(), kThreads * 2);
 }
 
 // PTX of the forward template for several (mods, config, target) at once, each key compiled by
