@@ -181,6 +181,35 @@ TEST(ConcurrencyThreads, DecodeBackwardAndPagedTemplatesOnManyThreads) {
   EXPECT_EQ(checked.load(), kThreads * 2);
 }
 
+// Regression (TSan): variants() returned the registry itself and variant() a reference into a
+// vector that registerVariant grew, so a variant registered on one thread while another looked
+// one up or listed them was a data race, and a reallocation left the reader's reference dangling.
+TEST(ConcurrencyThreads, RegisteringVariantsWhileOthersLookThemUp) {
+  const size_t builtins = variants().size();
+  constexpr int kPerThread = 40;
+  std::atomic<int> lookups{0};
+  onThreads([&](int t) {
+    if (t % 2 == 0) {
+      for (int i = 0; i < kPerThread; ++i)
+        registerVariant({"concurrency_test_" + std::to_string(t) + "_" + std::to_string(i), "registered by a test",
+                         [](const VariantInputs&) { return VariantInstance{}; }});
+      return;
+    }
+    for (int i = 0; i < kPerThread; ++i) {
+      const Variant& causal = variant("causal");
+      EXPECT_EQ(causal.name, "causal");
+      EXPECT_TRUE(causal.make({1, 1, 64, 64, MemorySpace::Host, {32, 32}, 1}).mask.has_value());
+      size_t named = 0;
+      for (const Variant& v : variants()) named += !v.name.empty();
+      EXPECT_GE(named, builtins);
+      ++lookups;
+    }
+  });
+  EXPECT_EQ(lookups.load(), kThreads / 2 * kPerThread);
+  EXPECT_EQ(variants().size(), builtins + size_t(kThreads / 2 * kPerThread));
+  EXPECT_EQ(variant("concurrency_test_0_0").description, "registered by a test");
+}
+
 // PTX of the forward template for several (mods, config, target) at once, each key compiled by
 // two threads together: the in-memory caches and the disk cache (this test binary's
 // FLEXTILE_CACHE_DIR) must give both threads one kernel, and no torn entry may be read.
