@@ -47,6 +47,41 @@ struct BlockSizes {
 
 enum class BlockState : uint8_t { Empty = 0, Partial = 1, Full = 2 };
 
+// The distribution of live (full + partial) blocks over query-block rows. Percentiles are
+// nearest-rank: P95 is the smallest count that at least 95 % of the rows do not exceed.
+struct RowLengthStats {
+  double mean = 0;
+  int64_t p50 = 0, p95 = 0, max = 0;
+};
+
+// The statistics of one (b, h) of a mask, or of all of them (BlockMask::stats).
+struct BlockMaskHeadStats {
+  int64_t b = -1, h = -1;     // the mask's (b, h); -1, -1 for the overall entry
+  int64_t rows = 0;           // query-block rows
+  int64_t fullBlocks = 0, partialBlocks = 0;
+  int64_t emptyRows = 0;      // rows without a live block: their queries see no key
+  RowLengthStats live;        // live blocks per row
+  int64_t allowedPairs = 0;   // in-range (q, kv) pairs the mask allows, counted exactly
+  int64_t computedPairs = 0;  // in-range pairs of the kernel tiles that touch a live block
+  // computedPairs / allowedPairs: 1 when every computed score is used. +inf when work is done for
+  // no allowed pair (a list that says more than its mod), NaN when nothing is allowed or computed.
+  double gamma = 0;
+};
+
+// Bytes of the lists, int32 as stored (padded to the block count, see BlockLists).
+struct BlockMaskMetadataBytes {
+  int64_t forward = 0;      // partial and full kv lists: counts and padded indices
+  int64_t transposes = 0;   // partial and full q lists (the backward's)
+  int64_t liveForward = 0;  // what the forward loop reads: the counts and the live indices only
+};
+
+struct BlockMaskStats {
+  BlockSizes tile;                        // the kernel tile (BLOCK_M x BLOCK_N) gamma counts with
+  std::vector<BlockMaskHeadStats> heads;  // one per (b, h) of the mask, b-major
+  BlockMaskHeadStats overall;             // over every row of every (b, h)
+  BlockMaskMetadataBytes metadata;
+};
+
 // One list kind: per row a count, and the row's indices padded to a stride.
 struct BlockLists {
   std::vector<int32_t> num;      // [B, H, rows]
@@ -118,6 +153,17 @@ class BlockMask {
   double sparsity() const;
   int64_t numPartialBlocks() const;
   int64_t numFullBlocks() const;
+
+  // Row lengths, the full/partial split, the metadata bytes and the amplification gamma of a
+  // kernel that computes BLOCK_M x BLOCK_N tiles (`kernelTile`, by default the mask's blocks;
+  // any positive sizes). The kernel computes a tile when it touches a live block — every tile of
+  // a listed block when the tile divides the block, as FlexTile's templates do, and a whole tile
+  // around blocks smaller than it. Tiles start on the mask's block grid (a slice's grid starts
+  // qPhase() before its first query); pairs past qLen or kvLen are counted neither as computed nor
+  // as allowed. Allowed pairs are counted exactly: full blocks by their size, partial blocks by a
+  // kernel that evaluates mask_mod where the mask's captured tensors live. Per (b, h) of the mask:
+  // a broadcast dimension (B or H of 1) has one entry, which every batch or head shares.
+  BlockMaskStats stats(std::optional<BlockSizes> kernelTile = std::nullopt) const;
 
   // Query-block rows [qBlockStart, qBlockStart + count) as a mask of their
   // own, for decode: the slice describes queries [queryOffset, queryOffset +

@@ -281,7 +281,13 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile lse2 = k.qExact ? load(p.lse2 + (rowBase + offsM)) : load(p.lse2 + (rowBase + offsM), rowLive, INFINITY);
         Tile delta = k.qExact ? load(p.delta + (rowBase + offsM)) : load(p.delta + (rowBase + offsM), rowLive);
         Tile qPos = (offsM + p.q_offset).expand(0);
+        // Without a score_mod both products go first: on sm_90a their wgmmas are in flight
+        // together, and dPᵀ's while the scores go through the mask and exp2 (codegen/LowerDot.cpp
+        // waits at first use). A score_mod's live values and dPᵀ's together spill (soft-cap: 132
+        // bytes), so then dPᵀ waits for pᵀ.
         Tile sT = dot(kt, qt.trans());  // [BN, BM]
+        std::optional<Tile> dpEarly;
+        if (!k.hasScoreMod) dpEarly = dot(vt, dOt.trans());
         ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
         Tile z = m.z;
         if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
@@ -290,7 +296,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (!k.kvExact && k.numTrainable) z = where(colLive.expand(1), z, -INFINITY);
         Tile pT = exp2(z - lse2.expand(0));
         Tile dvNew = dot(pT.to(dt), dOt, dvi);
-        Tile dpT = dot(vt, dOt.trans());
+        Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
         Tile dsT = pT * (dpT - delta.expand(0));
         if (k.hasScoreMod) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
         Tile dkNew = dot(dsT.to(dt), qt, dki);
@@ -369,12 +375,14 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile vt = kvExact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt, kt.trans());  // [BM, BN]
+      std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
+      if (!k.hasScoreMod) dpEarly = dot(dOt, vt.trans());
       ModScores m = modScores(k, s, p.scale, scoreMod, b, h, qPos, kvPos);
       Tile z = m.z;
       if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
       if (!k.kvExact) z = where(colLive.expand(0), z, -INFINITY);
       Tile pr = exp2(z - lse2.expand(1));
-      Tile dp = dot(dOt, vt.trans());
+      Tile dp = dpEarly ? *dpEarly : dot(dOt, vt.trans());
       Tile ds = pr * (dp - delta.expand(1));
       if (k.hasScoreMod) ds = modAdjoint(m, ds, nullptr, false);
       return dot(ds.to(dt), kt, dqi);

@@ -18,14 +18,20 @@
 // Hopper (wgmmaPlan, TensorCores.h): one inline-asm block per dot that
 // fences, issues one wgmma.mma_async m64nNk16 per 16 of K (A words from
 // registers as for mma.sync, B as a matrix descriptor of the pipelined ring
-// slot advanced by the k-step's byte offset), commits and waits for the
-// group. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
+// slot advanced by the k-step's byte offset) and commits the group. The wait
+// is a separate statement (awaitWgmmaFor), emitted before the first op that
+// reads the accumulator, or that needs shared memory scratch or is control
+// flow: `wgmma.wait_group N` with N the groups issued since, which may stay
+// in flight (groups complete in commit order), so products that do not
+// depend on each other, and the element-wise work between them, overlap. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
 // second descriptor instead of the A words: its convert wrote the resident
 // tile once before the loop; the descriptor of k-step 0 goes in and the
-// others are formed inside the block. Keeping fence, mmas and wait in one
-// statement means no instruction the compiler schedules can touch the
-// accumulators while they are in flight. The accumulators go in and out as tied "+f" operands in the
-// fragment order d[4i + j] = (8*(j>>1), 8i + (j&1)) of n-block i.
+// others are formed inside the block. The accumulators go in and out of the
+// issue as tied "+f" operands in the fragment order d[4i + j] = (8*(j>>1),
+// 8i + (j&1)) of n-block i, and through the wait the same way: every read of
+// them depends on the wait's outputs, so nothing the compiler schedules
+// touches a register still in flight (ptxas would serialize the wgmmas and
+// say so; the backward's PTX assembles without that warning).
 //
 // FMA (everything else): a and b are staged row-major through shared memory
 // (codegen/SharedMemory.h: a at the scratch base, b at dotScratchBOffset),
@@ -345,7 +351,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   }
   operands.push_back(i32(1));  // scale-d: accumulate
   constraints += "r,~{memory}";
-  text += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+  text += "wgmma.commit_group.sync.aligned;\n}";
 
   std::vector<llvm::Type*> outTys(static_cast<size_t>(numD), b.getFloatTy()), inTys;
   for (llvm::Value* v : operands) inTys.push_back(v->getType());
@@ -355,6 +361,57 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   call->addFnAttr(llvm::Attribute::NoUnwind);
   for (int64_t j = 0; j < numD; ++j) acc[dReg[size_t(j)]] = b.CreateExtractValue(call, unsigned(j));
   set(op.result(), std::move(acc));
+  pendingWgmma_.push_back({op.result(), ++wgmmaGroupsIssued_});
+}
+
+void Lowering::awaitWgmmaFor(const ir::Op& op) {
+  using ir::OpKind;
+  // Control flow and terminators: every group completes in the block that issued it (a loop's
+  // next iteration overwrites the ring slots its wgmmas read, a yield hands the accumulators to
+  // phis). Ops with shared-memory scratch: their barriers and stores are not ordered with the
+  // async proxy's reads (a pipelined load's ring is written only at its iteration's first
+  // convert, into the slot the pending groups do not read).
+  const bool pipelinedLoad = op.kind() == OpKind::Load && isPipelinedLoad(&op);
+  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return ||
+      !op.regions().empty() || (plan.scratchOffset.count(&op) && !pipelinedLoad)) {
+    awaitWgmmaGroup(wgmmaGroupsIssued_);
+    return;
+  }
+  int64_t needed = 0;
+  for (const ir::Value* v : op.operands())
+    for (const PendingWgmma& p : pendingWgmma_)
+      if (p.result == v) needed = std::max(needed, p.group);
+  if (needed) awaitWgmmaGroup(needed);
+}
+
+void Lowering::awaitWgmmaGroup(int64_t group) {
+  // Groups complete in commit order: at most (issued - group) newer ones may stay in flight.
+  std::vector<const ir::Value*> done;
+  std::vector<llvm::Value*> regs;
+  for (const PendingWgmma& p : pendingWgmma_)
+    if (p.group <= group) {
+      done.push_back(p.result);
+      for (llvm::Value* r : get(p.result)) regs.push_back(r);
+    }
+  if (done.empty()) return;
+  // The accumulators go through the wait as tied operands: every read of them depends on the
+  // wait's outputs, so nothing the compiler schedules reads a register still being written.
+  std::string constraints;
+  for (size_t i = 0; i < regs.size(); ++i) constraints += "=f,";
+  for (size_t i = 0; i < regs.size(); ++i) constraints += std::to_string(i) + ",";
+  constraints += "~{memory}";
+  std::vector<llvm::Type*> outTys(regs.size(), b.getFloatTy()), inTys(regs.size(), b.getFloatTy());
+  auto* asmTy = llvm::FunctionType::get(llvm::StructType::get(ctx, outTys), inTys, false);
+  const std::string text = "wgmma.wait_group.sync.aligned " + std::to_string(wgmmaGroupsIssued_ - group) + ";";
+  auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), regs);
+  call->addFnAttr(llvm::Attribute::NoUnwind);
+  size_t next = 0;
+  for (const ir::Value* v : done) {
+    Regs out = get(v);
+    for (llvm::Value*& r : out) r = b.CreateExtractValue(call, unsigned(next++));
+    set(v, std::move(out));
+  }
+  std::erase_if(pendingWgmma_, [&](const PendingWgmma& p) { return p.group <= group; });
 }
 
 }  // namespace flextile::codegen

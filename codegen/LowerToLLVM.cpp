@@ -352,6 +352,7 @@ void Lowering::lowerOp(const ir::Op& op) {
 void Lowering::lowerBlock(const ir::Block& block) {
   for (const auto& op : block.ops()) {
     try {
+      if (!pendingWgmma_.empty()) awaitWgmmaFor(*op);
       lowerOp(*op);
     } catch (const Error&) {
       throw;

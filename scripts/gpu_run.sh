@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The ONE command run on the GPU machine, from the repo root, using only ./bundle (made by
-# scripts/bundle.sh). Lists the GPUs, runs the GPU tests, runs the benches listed below, and
+# scripts/bundle.sh). Lists the GPUs, runs the GPU tests (budgeted to a few minutes), the
+# compute-sanitizer pass when asked, the attention examples and the benches listed below, and
 # prints a summary table last. Logs go to $OUT, or ./gpu-logs when OUT is unset.
 #
 # From this (GPU-less) machine, after a build:
@@ -9,8 +10,32 @@
 # (A helper's worktree is not what the tool sends: copy bundle/ and scripts/ into an ignored
 # folder of the session's checkout, carry that folder and cd into it first.)
 #
-# The device tool returns at most 8 files from $OUT: gpu_tests.log, gpu_tests.xml and
-# summary.txt, plus one log per bench, so keep BENCHES to five entries or fewer.
+# GPU tests (docs/testing.md). Every shape, variant and edge case runs; the configs per shape are
+# a random sample, drawn from FLEXTILE_TEST_SEED (printed in the summary; set it to replay a run).
+#   FLEXTILE_GPU_TESTS=0              skip them (say, for a sanitizer-only call)
+#   FLEXTILE_GPU_TESTS_FULL=1         every config of every shape, full references (the suite took
+#                                     about 9 minutes on the H200 so, before the budget)
+#   FLEXTILE_GPU_TEST_JOBS=N          attention parts run at once (default 3: forward, backward,
+#                                     serving; their time is host compiles and references, not the GPU)
+#   FLEXTILE_GPU_TEST_FILTER, FLEXTILE_ATTN_TEST_FILTER, FLEXTILE_AUTOTUNE_TEST_FILTER: gtest filters
+#   FLEXTILE_GPU_TEST_TIMEOUT         seconds per test process (default 300)
+#
+# compute-sanitizer pass (docs/reliability.md, "GPU"): FLEXTILE_SANITIZER=memcheck|racecheck|
+# synccheck|all (or a list, "memcheck racecheck") runs the GPU test binaries under each tool with
+# FLEXTILE_GPU_TEST_SMALL=1 (small shapes only, sampled configs): memcheck (--leak-check full) on
+# all three binaries, racecheck and synccheck on the kernels with shared memory and barriers (the
+# attention templates; matmul, pipeline, reduction and atomic kernels). --error-exitcode 1: any
+# finding fails the run. One log per tool (sanitizer_<tool>.log) and a summary row per tool:
+# findings, leaked bytes, tests run, kernels built.
+#   FLEXTILE_COMPUTE_SANITIZER        the executable (default: PATH, then /usr/local/cuda*/bin)
+#   FLEXTILE_SANITIZER_JOBS=N         sanitized processes at once (default 8: all seven of "all")
+#   FLEXTILE_SANITIZER_TIMEOUT        seconds per sanitized process (default 240)
+#   FLEXTILE_SANITIZER_ATTN_FILTER, FLEXTILE_SANITIZER_CORE_FILTER: gtest filters of
+#                                     attention_gpu_tests and flextile_gpu_tests under every tool
+#
+# The device tool returns at most 8 files from $OUT: gpu_tests.log, summary.txt, examples.log,
+# tables.txt (when a side-by-side table was made), one log per sanitizer tool and one per bench:
+# keep the tools plus BENCHES to four or fewer (FLEXTILE_BENCHES=none runs no bench).
 set -uo pipefail
 
 BUNDLE=./bundle
@@ -60,49 +85,148 @@ seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; 
 # Status of a finished command from its exit code (124: killed by timeout).
 status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)" ;; esac; }
 
-echo "== flextile_gpu_tests + attention_gpu_tests (forward, backward) + autotune_gpu_tests"
-start=$(now)
-(
-  timeout "$TEST_TIMEOUT" "$BUNDLE/bin/flextile_gpu_tests" ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter=$FLEXTILE_GPU_TEST_FILTER} 2>&1
-  rc1=$?
-  # The forward, backward and serving (decode, paged K/V) parts of attention_gpu_tests each get
-  # their own timeout (together they run past one: about 280 s, 110 s and 150 s on the H200).
+# One seed for every test process of the run (each test mixes in its own name: TestBudget.h).
+export FLEXTILE_TEST_SEED=${FLEXTILE_TEST_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
+TEST_JOBS=${FLEXTILE_GPU_TEST_JOBS:-3}
+SANITIZER_JOBS=${FLEXTILE_SANITIZER_JOBS:-8}
+for n in "$TEST_JOBS" "$SANITIZER_JOBS"; do
+  case "$n" in ''|*[!0-9]*|0) echo "gpu_run.sh: FLEXTILE_GPU_TEST_JOBS and FLEXTILE_SANITIZER_JOBS must be positive integers, got '$n'" >&2; exit 2 ;; esac
+done
+PARTS=$(mktemp -d)
+trap 'rm -rf "$PARTS"' EXIT
+
+# run_parts JOBS ENTRY...: runs each "name|timeout|command" with at most JOBS at once, the output
+# of each to $PARTS/<name>.log and its exit status to $PARTS/<name>.rc, its seconds to .secs.
+run_parts() {
+  local jobs=$1 entry name limit command
+  shift
+  for entry in "$@"; do
+    name=${entry%%|*}; entry=${entry#*|}; limit=${entry%%|*}; command=${entry#*|}
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    (
+      begin=$(now)
+      timeout --kill-after=15 "$limit" bash -c "$command" > "$PARTS/$name.log" 2>&1
+      echo $? > "$PARTS/$name.rc"
+      seconds_since "$begin" > "$PARTS/$name.secs"
+    ) &
+  done
+  wait
+}
+
+# count_in LOG WORD: the tests gtest counted as WORD (PASSED, FAILED, SKIPPED) in LOG.
+count_in() { sed -n "s/^\[  $2 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$1" | awk '{ s += $1 } END { print s + 0 }'; }
+failed_names() { sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$@" | sort -u | head -5 | tr '\n' ' '; }
+kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "$@" | awk '{ s += $1 } END { print s + 0 }'; }
+
+if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
+  echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts $TEST_JOBS at once)"
+  start=$(now)
+  serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*'
+  attention=()
   if [ -n "${FLEXTILE_ATTN_TEST_FILTER:-}" ]; then
-    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$FLEXTILE_ATTN_TEST_FILTER" 2>&1
-    rc2=$?
+    attention=("attention|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$FLEXTILE_ATTN_TEST_FILTER'")
   else
-    serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*'
-    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="-FlexAttentionBackwardGpu.*:$serving" 2>&1
-    rc2=$?
-    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter='FlexAttentionBackwardGpu.*' 2>&1
-    rc=$?
-    [ "$rc2" = 0 ] && rc2=$rc
-    # Decode, paged K/V and decode lists (the serving half).
-    timeout "$TEST_TIMEOUT" "$BUNDLE/bin/attention_gpu_tests" --gtest_filter="$serving" 2>&1
-    rc=$?
-    [ "$rc2" = 0 ] && rc2=$rc
+    attention=("attention_forward|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='-FlexAttentionBackwardGpu.*:$serving'"
+               "attention_backward|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='FlexAttentionBackwardGpu.*'"
+               "attention_serving|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$serving'")
   fi
-  timeout "$TEST_TIMEOUT" "$BUNDLE/bin/autotune_gpu_tests" ${FLEXTILE_AUTOTUNE_TEST_FILTER:+--gtest_filter=$FLEXTILE_AUTOTUNE_TEST_FILTER} 2>&1
-  rc3=$?
-  exit $(( rc1 != 0 ? rc1 : rc2 != 0 ? rc2 : rc3 ))
-) > "$LOGS/gpu_tests.log"
-rc=$?
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$LOGS/gpu_tests.log" | head -40
-log="$LOGS/gpu_tests.log"
-count_of() { sed -n "s/^\[  $1 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$log" | awk '{ s += $1 } END { print s + 0 }'; }
-passed=$(count_of PASSED); failed=$(count_of FAILED); skipped=$(count_of SKIPPED)
-detail="${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
-if [ "${failed:-0}" != 0 ]; then
-  detail+=": $(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$log" | sort -u | head -5 | tr '\n' ' ')"
+  # flextile_gpu_tests and autotune_gpu_tests time kernels (events, the tuner's ranking): each
+  # runs alone, before and after the attention parts.
+  run_parts 1 "core|$TEST_TIMEOUT|$BUNDLE/bin/flextile_gpu_tests ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter='$FLEXTILE_GPU_TEST_FILTER'}"
+  run_parts "$TEST_JOBS" "${attention[@]}"
+  run_parts 1 "autotune|$TEST_TIMEOUT|$BUNDLE/bin/autotune_gpu_tests ${FLEXTILE_AUTOTUNE_TEST_FILTER:+--gtest_filter='$FLEXTILE_AUTOTUNE_TEST_FILTER'}"
+  log="$LOGS/gpu_tests.log"
+  : > "$log"
+  rc=0; part_rows=()
+  for part in core "${attention[@]%%|*}" autotune; do
+    part_rc=$(cat "$PARTS/$part.rc"); part_secs=$(cat "$PARTS/$part.secs")
+    { echo "== part $part: exit $part_rc, $part_secs s"; cat "$PARTS/$part.log"; } >> "$log"
+    [ "$part_rc" != 0 ] && [ "$rc" = 0 ] && rc=$part_rc  # the first failing part's status
+    part_rows+=("  $part|$(status_of "$part_rc")|$part_secs|$(count_in "$PARTS/$part.log" PASSED) passed, $(count_in "$PARTS/$part.log" FAILED) failed, $(count_in "$PARTS/$part.log" SKIPPED) skipped, $(kernels_in "$PARTS/$part.log") kernels built")
+  done
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$log" | head -40
+  passed=$(count_in "$log" PASSED); failed=$(count_in "$log" FAILED); skipped=$(count_in "$log" SKIPPED)
+  detail="$passed passed, $failed failed, $skipped skipped, seed $FLEXTILE_TEST_SEED"
+  [ "$failed" != 0 ] && detail+=": $(failed_names "$log")"
+  status=$(status_of "$rc")
+  # On the GPU machine a run in which nothing ran is a failure (the driver was not found, say).
+  if [ "$rc" = 0 ] && [ "$passed" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then
+    status="NO-GPU"
+    rc=1
+  fi
+  [ "$rc" = 0 ] || FAILED=1
+  SUMMARY+=("gpu tests|$status|$(seconds_since "$start")|$detail" "${part_rows[@]}")
 fi
-status=$(status_of "$rc")
-# On the GPU machine a run in which nothing ran is a failure (the driver was not found, say).
-if [ "$rc" = 0 ] && [ "${passed:-0}" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then
-  status="NO-GPU"
-  rc=1
+
+# The compute-sanitizer pass: the tools asked for, each over its binaries, in small scope.
+if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
+  tools=$(echo "$FLEXTILE_SANITIZER" | tr ',' ' ')
+  [ "$tools" = all ] && tools="memcheck racecheck synccheck"
+  for tool in $tools; do
+    case "$tool" in memcheck|racecheck|synccheck) ;;
+      *) echo "gpu_run.sh: FLEXTILE_SANITIZER='$FLEXTILE_SANITIZER': '$tool' is not memcheck, racecheck, synccheck or all" >&2; exit 2 ;;
+    esac
+  done
+  sanitizer=${FLEXTILE_COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer /opt/nvidia/cuda/bin/compute-sanitizer 2>/dev/null | sort -V | tail -1)}
+  if [ -z "$sanitizer" ] || [ ! -x "$sanitizer" ]; then
+    where=${FLEXTILE_COMPUTE_SANITIZER:+"'$FLEXTILE_COMPUTE_SANITIZER' (FLEXTILE_COMPUTE_SANITIZER) is not an executable"}
+    where=${where:-"compute-sanitizer is not on PATH nor in /usr/local/cuda*/bin: set FLEXTILE_COMPUTE_SANITIZER"}
+    echo "gpu_run.sh: $where" >&2
+    FAILED=1
+    SUMMARY+=("sanitizer|MISSING|0|$where")
+  else
+    echo "== compute-sanitizer ($sanitizer: $("$sanitizer" --version 2>&1 | grep -i version | head -1)) tools: $tools"
+    SANITIZER_TIMEOUT=${FLEXTILE_SANITIZER_TIMEOUT:-240}
+    attn_filter=${FLEXTILE_SANITIZER_ATTN_FILTER:-*}
+    # Kernels with shared memory and barriers: matmuls (ldmatrix, cp.async rings), reductions
+    # across warps, atomics; the runtime tests' hand-written PTX has none.
+    core_smem='MmaGpu.*:PipelineGpu.*:CompiledGpu.*:AtomicGpu.*'
+    env="FLEXTILE_GPU_TEST_SMALL=1 FLEXTILE_TEST_SEED=$FLEXTILE_TEST_SEED"
+    runs=()
+    for tool in $tools; do
+      flags="--tool $tool --error-exitcode 1"
+      [ "$tool" = memcheck ] && flags+=" --leak-check full"
+      core_filter=${FLEXTILE_SANITIZER_CORE_FILTER:-$([ "$tool" = memcheck ] && echo '*' || echo "$core_smem")}
+      # Longest first: the attention binary.
+      runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
+      runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
+      [ "$tool" = memcheck ] && runs+=("${tool}_autotune|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/autotune_gpu_tests")
+    done
+    start=$(now)
+    run_parts "$SANITIZER_JOBS" "${runs[@]}"
+    for tool in $tools; do
+      tool_log="$LOGS/sanitizer_$tool.log"
+      : > "$tool_log"
+      worst=0; secs=0; findings=0; leaked=0; incomplete=""
+      for part in "$PARTS/${tool}"_*.log; do
+        name=$(basename "$part" .log)
+        part_rc=$(cat "$PARTS/$name.rc")
+        { echo "== $name: exit $part_rc, $(cat "$PARTS/$name.secs") s"; cat "$part"; } >> "$tool_log"
+        secs=$(awk -v a="$secs" -v b="$(cat "$PARTS/$name.secs")" 'BEGIN { print (b > a ? b : a) }')
+        [ "$part_rc" = 0 ] || worst=$part_rc
+        # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+        # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (the errors count: a
+        # warning is a hazard racecheck could not prove harmful or harmful); none: it did not finish.
+        summary_line=$(grep -E "(ERROR|RACECHECK) SUMMARY:" "$part" | tail -1)
+        if [ -z "$summary_line" ]; then incomplete+="${name#"${tool}_"} "; continue; fi
+        n=$(echo "$summary_line" | sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p; s/.*RACECHECK SUMMARY: .*(\([0-9][0-9]*\) errors\{0,1\}.*/\1/p')
+        findings=$((findings + ${n:-0}))
+        bytes=$(sed -n 's/.*LEAK SUMMARY: \([0-9][0-9]*\) bytes leaked.*/\1/p' "$part" | tail -1)
+        leaked=$((leaked + ${bytes:-0}))
+      done
+      tests="$(count_in "$tool_log" PASSED) passed, $(count_in "$tool_log" FAILED) failed, $(count_in "$tool_log" SKIPPED) skipped"
+      detail="$findings findings$([ "$tool" = memcheck ] && echo ", $leaked bytes leaked"), $tests, $(kernels_in "$tool_log") kernels built"
+      [ -n "$incomplete" ] && detail+=", no sanitizer summary from: $incomplete"
+      status=$(status_of "$worst")
+      [ "$worst" = 0 ] && { [ "$findings" != 0 ] || [ -n "$incomplete" ]; } && status=FAIL
+      if [ "$status" = ok ] && [ "$(count_in "$tool_log" PASSED)" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then status=NO-GPU; fi
+      [ "$status" = ok ] || FAILED=1
+      SUMMARY+=("sanitizer $tool|$status|$secs|$detail; log: sanitizer_$tool.log")
+      grep -E "^=========" "$tool_log" | grep -v "^========= *$" | head -20
+    done
+    SUMMARY+=("  sanitizer pass|-|$(seconds_since "$start")|wall time, $SANITIZER_JOBS processes at once")
+  fi
 fi
-[ "$rc" = 0 ] || FAILED=1
-SUMMARY+=("gpu tests|$status|$(seconds_since "$start")|$detail")
 
 # The attention examples at the yardstick shape, each checking itself against float64
 # (FLEXTILE_EXAMPLES=0 skips them).
@@ -157,4 +281,5 @@ side_by_side autotune torch_attention compare_autotune.py "flextile autotune: tu
     printf '%-24s %-10s %8s  %s\n' "$step" "$status" "$secs" "$detail"
   done
 } | tee "$LOGS/summary.txt"
+[ -s "$LOGS/tables.txt" ] || rm -f "$LOGS/tables.txt"  # the device tool returns 8 files at most
 exit "$FAILED"

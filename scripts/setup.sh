@@ -9,7 +9,7 @@ build="${1:-$root/build}"
 # clang-22, libfuzzer-22-dev and libclang-rt-22-dev (clang's sanitizer runtimes) build the fuzz
 # targets (tests/fuzz, scripts/fuzz.sh); GCC's sanitizer runtimes come with build-essential.
 packages=(build-essential cmake ninja-build ccache python3 llvm-22-dev llvm-22-tools libzstd-dev zlib1g-dev
-          libboost-dev libeigen3-dev libgtest-dev clang-22 libfuzzer-22-dev libclang-rt-22-dev)
+          libboost-dev libeigen3-dev libgtest-dev libpng-dev clang-22 libfuzzer-22-dev libclang-rt-22-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

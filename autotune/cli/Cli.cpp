@@ -22,6 +22,7 @@
 #include "autotune/Autotune.h"
 #include "autotune/Json.h"
 #include "autotune/TuneCache.h"
+#include "autotune/cli/Pictures.h"
 #include "ir/Printer.h"
 #include "codegen/CompileCache.h"
 #include "runtime/Device.h"
@@ -50,7 +51,7 @@ const char* kUsage =
     "  autotune VARIANT           sweep configs, print a table, store the winner for this GPU\n"
     "  compile VARIANT            print the kernel at a stage (--emit ir|traced|llvm|ptx)\n"
     "  bench                      time every variant (the yardstick table; needs a GPU)\n"
-    "  blockmask VARIANT          the BlockMask's block picture, counts and sparsity\n"
+    "  blockmask [VARIANT]        the BlockMask's statistics and block picture (PNG/SVG on request)\n"
     "\n"
     "`flextile <command> --help` describes each command's options.\n";
 
@@ -60,6 +61,7 @@ struct Command {
   std::set<std::string> valueFlags, boolFlags;
   bool needsVariant;
   std::set<std::string> optionalValueFlags = {};  // `--flag` alone or `--flag=value`
+  bool takesVariant = false;                      // a VARIANT may be given (needsVariant: must be)
 };
 
 const std::vector<Command>& commands() {
@@ -81,11 +83,14 @@ const std::vector<Command>& commands() {
        {"--shape", "--dtype", "--gqa", "--config", "--seed", "--document-offsets"}, {"--host"}, true, {"--check"}},
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
-       "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE]\n"
+       "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
        "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
-       "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n",
-       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets"}, {"--no-store"}, true},
+       "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n"
+       "  --plot FILE draws the sweep (TFLOP/s per config; pruned, failed, wrong and skipped configs marked):\n"
+       "  SVG when FILE ends in .svg, else PNG.\n",
+       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot"},
+       {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S]\n"
        "                        [--target sm_80|sm_90a] --emit traced|ir|llvm|ptx\n"
@@ -98,10 +103,16 @@ const std::vector<Command>& commands() {
        "  Default shape 2,16,8192,128 (DESIGN.md's yardstick).\n",
        {"--shape", "--dtype", "--variants", "--document-offsets"}, {}, false},
       {"blockmask",
-       "usage: flextile blockmask VARIANT --shape B,H,N[,D] [--block Q[,KV]]\n"
+       "usage: flextile blockmask [VARIANT] --shape B,H,N[,D] [--block Q[,KV]] [--tile BM[,BN]] [--png FILE]\n"
+       "                          [--svg FILE] [--document-offsets FILE]\n"
        "  Builds the variant's BlockMask on the host and prints its block picture (full, partial and\n"
-       "  empty blocks), the block counts and the sparsity.\n",
-       {"--shape", "--block"}, {}, true},
+       "  empty blocks) and its statistics per (b, h) of the mask and overall: live blocks per query-block\n"
+       "  row (mean, P50, P95, max), full and partial blocks, rows without keys, allowed pairs, the\n"
+       "  amplification gamma = computed / allowed pairs of a kernel with BM x BN tiles (--tile; default\n"
+       "  the mask's blocks) and the lists' bytes. Without VARIANT: the statistics of the seven yardstick\n"
+       "  variants. --png / --svg FILE draw the block classification of every (b, h) (without VARIANT,\n"
+       "  one file per masked variant: FILE with -VARIANT before its extension).\n",
+       {"--shape", "--block", "--tile", "--png", "--svg", "--document-offsets"}, {}, false, {}, true},
   };
   return c;
 }
@@ -194,7 +205,7 @@ void parse(int argc, const char* const* argv, Args& a) {
       } else {
         throw UsageError{"unknown option '" + flag + "' for '" + name + "'"};
       }
-    } else if (a.command->needsVariant && a.variant.empty()) {
+    } else if ((a.command->needsVariant || a.command->takesVariant) && a.variant.empty()) {
       a.variant = arg;
     } else {
       throw UsageError{"unexpected argument '" + arg + "'"};
@@ -492,6 +503,9 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   std::string why;
   const bool device = gpuPresent(&why);
   if (!device) err << "flextile autotune: no GPU (" << why << "): a dry run (compile and prune only), nothing is timed\n";
+  // A plot that cannot be written should say so before a sweep of many seconds, not after it.
+  if (a.has("--plot") && !std::ofstream(a.get("--plot", "")))
+    throw UsageError{"--plot: cannot write '" + a.get("--plot", "") + "'"};
   Problem p = makeProblem(a, a.variant, "2,16,8192,128", device ? MemorySpace::Device : MemorySpace::Host, 7, device);
   if (!device) {  // dry run: shapes only (nothing is computed)
     p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
@@ -508,6 +522,13 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   autotune::TuneReport r = autotune::tuneFlexAttention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                        autotune::defaultSpace(p.dtype, p.D), o);
   out << formatReport(r);
+  if (a.has("--plot")) {
+    const std::string path = a.get("--plot", "");
+    const SweepPicture pic = drawSweep(r, "flextile autotune " + a.variant + " " + a.get("--shape", "2,16,8192,128"));
+    writePicture(pic.canvas, path);
+    out << "wrote " << path << " (" << pic.canvas.width() << " x " << pic.canvas.height() << " pixels, "
+        << r.candidates.size() << " configs)\n";
+  }
   if (r.timed && r.best < 0) {
     err << "flextile autotune: no config ran correctly\n";
     return 1;
@@ -571,22 +592,123 @@ int cmdBench(const Args& a, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+// "12.3K" for byte counts in the statistics table.
+std::string bytesText(int64_t bytes) {
+  char s[32];
+  if (bytes < 10 * 1024) std::snprintf(s, sizeof s, "%lld", (long long)bytes);
+  else if (bytes < 10 * 1024 * 1024) std::snprintf(s, sizeof s, "%.1fK", double(bytes) / 1024);
+  else if (bytes < int64_t(10) * 1024 * 1024 * 1024) std::snprintf(s, sizeof s, "%.1fM", double(bytes) / 1048576);
+  else std::snprintf(s, sizeof s, "%.1fG", double(bytes) / 1073741824);
+  return s;
+}
+
+std::string gammaText(double gamma) {
+  if (std::isnan(gamma)) return "n/a";  // nothing allowed, nothing computed
+  if (std::isinf(gamma)) return "inf";  // work for no allowed pair
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3f", gamma);
+  return s;
+}
+
+void statsHeader(std::ostream& out) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%-16s %-7s %7s %8s %8s | %8s %5s %5s %5s | %6s %14s %7s | %8s %8s %8s\n", "variant",
+                "b,h", "rows", "full", "partial", "live/row", "P50", "P95", "max", "no-key", "allowed pairs", "gamma",
+                "fwd B", "live B", "bwd B");
+  out << line;
+}
+
+// One line of the table: an entry of BlockMask::stats(); metadata only on the overall line.
+void statsLine(std::ostream& out, const std::string& name, const std::string& bh, const attention::BlockMaskHeadStats& s,
+               const attention::BlockMaskMetadataBytes* metadata) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%-16s %-7s %7lld %8lld %8lld | %8.2f %5lld %5lld %5lld | %6lld %14lld %7s | %8s %8s %8s\n",
+                name.c_str(), bh.c_str(), (long long)s.rows, (long long)s.fullBlocks, (long long)s.partialBlocks,
+                s.live.mean, (long long)s.live.p50, (long long)s.live.p95, (long long)s.live.max, (long long)s.emptyRows,
+                (long long)s.allowedPairs, gammaText(s.gamma).c_str(),
+                metadata ? bytesText(metadata->forward).c_str() : "", metadata ? bytesText(metadata->liveForward).c_str() : "",
+                metadata ? bytesText(metadata->transposes).c_str() : "");
+  out << line;
+}
+
+// "masks.png" -> "masks-causal.png" (one picture per variant).
+std::string pathFor(const std::string& path, const std::string& variant) {
+  const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "-" + variant;
+  return path.substr(0, dot) + "-" + variant + path.substr(dot);
+}
+
+// A mask listing every block full: what the attention templates walk without a BlockMask.
+attention::BlockMask everyBlockFull(int64_t L, int64_t S, attention::BlockSizes sizes) {
+  const int64_t nQ = (L + sizes.q - 1) / sizes.q, nKv = (S + sizes.kv - 1) / sizes.kv;
+  attention::BlockLists partial{std::vector<int32_t>(size_t(nQ), 0), std::vector<int32_t>(size_t(nQ * nKv), 0)};
+  attention::BlockLists full{std::vector<int32_t>(size_t(nQ), int32_t(nKv)), std::vector<int32_t>(size_t(nQ * nKv))};
+  for (int64_t i = 0; i < nQ; ++i)
+    for (int64_t j = 0; j < nKv; ++j) full.indices[size_t(i * nKv + j)] = int32_t(j);
+  return attention::BlockMask::fromKvLists(attention::noop_mask(), 1, 1, L, S, sizes, std::move(partial), std::move(full));
+}
+
 int cmdBlockmask(const Args& a, std::ostream& out) {
   const std::vector<int64_t> s = parseInts("--shape", a.get("--shape", ""), 3, 4);
   const std::vector<int64_t> block = parseInts("--block", a.get("--block", "128"), 1, 2);
   const attention::BlockSizes sizes{block[0], block.size() > 1 ? block[1] : block[0]};
-  attention::VariantInstance inst =
-      attention::variant(a.variant).make({s[0], s[1], s[2], s[2], MemorySpace::Host, sizes, 1});
-  if (!inst.mask) {
-    out << a.variant << ": no BlockMask (every pair allowed)\n";
-    return 0;
+  std::optional<attention::BlockSizes> tile;
+  if (a.has("--tile")) {
+    const std::vector<int64_t> t = parseInts("--tile", a.get("--tile", ""), 1, 2);
+    tile = attention::BlockSizes{t[0], t.size() > 1 ? t[1] : t[0]};
   }
-  const attention::BlockMask& m = *inst.mask;
-  out << m.describe() << "\n" << m.picture() << "\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "full blocks %lld, partial blocks %lld, sparsity %.1f%%\n",
-                (long long)m.numFullBlocks(), (long long)m.numPartialBlocks(), 100.0 * m.sparsity());
+  const bool all = a.variant.empty();
+  const std::vector<std::string> names =
+      all ? std::vector<std::string>{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}
+          : std::vector<std::string>{a.variant};
+  if (a.has("--document-offsets") && std::find(names.begin(), names.end(), "document") == names.end())
+    throw UsageError{"--document-offsets applies to the document variant, not '" + a.variant + "'"};
+  const attention::BlockSizes shownTile = tile.value_or(sizes);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "BlockMask statistics at B=%lld H=%lld N=%lld, blocks %lld x %lld; gamma = computed / allowed pairs "
+                "for a %lld x %lld kernel tile\n",
+                (long long)s[0], (long long)s[1], (long long)s[2], (long long)sizes.q, (long long)sizes.kv,
+                (long long)shownTile.q, (long long)shownTile.kv);
   out << line;
+  bool headerShown = false;
+  for (const std::string& name : names) {
+    attention::VariantInputs inputs{s[0], s[1], s[2], s[2], MemorySpace::Host, sizes, 1};
+    if (name == "document" && a.has("--document-offsets")) inputs.documentOffsets = readDocumentOffsets(a.get("--document-offsets", ""));
+    attention::VariantInstance inst = attention::variant(name).make(inputs);
+    const bool masked = inst.mask.has_value();
+    const attention::BlockMask m = masked ? *inst.mask : everyBlockFull(s[2], s[2], sizes);
+    if (!all) {
+      if (masked) out << m.picture() << "\n";
+      else out << name << ": no BlockMask (every pair allowed); the template walks every block full\n";
+      std::snprintf(line, sizeof line, "full blocks %lld, partial blocks %lld, sparsity %.1f%%\n",
+                    (long long)m.numFullBlocks(), (long long)m.numPartialBlocks(), 100.0 * m.sparsity());
+      out << line;
+    }
+    const attention::BlockMaskStats st = m.stats(tile);
+    if (!headerShown) statsHeader(out), headerShown = true;
+    // The mask's own (b, h): a broadcast dimension is one entry for every batch or head.
+    auto label = [&](int64_t b, int64_t h) {
+      return (m.batch() == 1 ? std::string("*") : std::to_string(b)) + "," + (m.heads() == 1 ? "*" : std::to_string(h));
+    };
+    const size_t shown = st.heads.size() == 1 ? 0 : std::min<size_t>(st.heads.size(), all ? 8 : 64);
+    for (size_t i = 0; i < shown; ++i) statsLine(out, name, label(st.heads[i].b, st.heads[i].h), st.heads[i], nullptr);
+    if (shown < st.heads.size() && shown > 0)
+      out << "  ... " << st.heads.size() - shown << " more (b, h) of the mask\n";
+    statsLine(out, name, st.heads.size() == 1 ? label(0, 0) : "all", st.overall, &st.metadata);
+    for (const char* flag : {"--png", "--svg"}) {
+      if (!a.has(flag) || !masked) continue;
+      const std::string path = all ? pathFor(a.get(flag, ""), name) : a.get(flag, "");
+      const BlockMaskPicture pic = drawBlockMask(m, m.describe());
+      if (std::string(flag) == "--png") pic.canvas.writePng(path);
+      else pic.canvas.writeSvg(path);
+      out << "wrote " << path << " (" << pic.canvas.width() << " x " << pic.canvas.height() << " pixels, "
+          << pic.panelOrigin.size() << " (b, h))\n";
+    }
+  }
+  out << "rows: query-block rows; live/row, P50, P95, max: full + partial blocks per row; no-key: rows without a\n"
+         "live block; b,h '*': one entry serves every batch or head (broadcast); fwd/live/bwd B: bytes of the\n"
+         "forward lists as stored, of what the forward loop reads (counts + live indices), of the transposes\n";
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <tuple>
 
 #include "attention_templates/BlockMask.h"
 #include "gpu/GpuTest.h"
@@ -122,6 +123,7 @@ TEST(AttentionGpu, CapturedValuesChangeWithoutRecompiling) {
 // and checks it against the structural builder.
 TEST(AttentionGpu, LargeMaskBuildsOnTheGpu) {
   FLEXTILE_REQUIRE_GPU();
+  FLEXTILE_SKIP_WHEN_SMALL("only an 8192 x 8192 mask of 16 heads");
   const int64_t B = 2, H = 16, N = 8192;
   MaskMod mod = sliding_window_mask(1024);
   BlockMask first = createBlockMask(mod, B, H, N, N);  // compiles
@@ -139,3 +141,41 @@ TEST(AttentionGpu, LargeMaskBuildsOnTheGpu) {
 }
 
 }  // namespace
+
+// BlockMask::stats() counts the allowed pairs of partial blocks with a kernel where the mask's
+// captures live: on the GPU it must give the host's counts and the reference mask's, pair by pair.
+TEST(AttentionGpu, StatsCountAllowedPairsOnTheGpu) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, H = 3, Q = 1000, KV = 777;
+  const BlockSizes s{64, 32};
+  const int64_t L = std::max(Q, KV);
+  std::vector<std::vector<int64_t>> offsets;
+  std::vector<std::vector<int32_t>> ids;
+  for (int64_t b = 0; b < B; ++b) {
+    offsets.push_back(randomOffsets(rng, L, 9));
+    ids.push_back(ft::idsFromOffsets(offsets.back(), L));
+  }
+  std::vector<int64_t> windows{1, 1 + int64_t(rng() % 300), 500};
+  const RefMask refDocs = ft::refAnd(ft::refCausal(), ft::refDocuments(ids)), refWindows = ft::refWindow(windows);
+  const BlockMask docs = documentBlockMask(B, 1, Q, KV, offsets, true, s, kDevice);
+  const BlockMask docsHost = documentBlockMask(B, 1, Q, KV, offsets, true, s, kHost);
+  const BlockMask win = slidingWindowBlockMask(1, H, Q, KV, windows, s, kDevice);
+  const BlockMask winHost = slidingWindowBlockMask(1, H, Q, KV, windows, s, kHost);
+  for (auto [m, host, ref, name] : {std::tuple{&docs, &docsHost, refDocs, "documents"},
+                                    std::tuple{&win, &winHost, refWindows, "windows"}}) {
+    ASSERT_EQ(m->space(), kDevice);
+    const BlockMaskStats st = m->stats(BlockSizes{128, 16}), hostSt = host->stats(BlockSizes{128, 16});
+    ASSERT_EQ(st.heads.size(), hostSt.heads.size()) << name;
+    for (size_t i = 0; i < st.heads.size(); ++i) {
+      const BlockMaskHeadStats& e = st.heads[i];
+      int64_t allowed = 0;
+      for (int64_t q = 0; q < Q; ++q)
+        for (int64_t kv = 0; kv < KV; ++kv) allowed += ref(e.b, e.h, q, kv) ? 1 : 0;
+      EXPECT_EQ(e.allowedPairs, allowed) << name << " (b " << e.b << ", h " << e.h << ")";
+      EXPECT_EQ(e.allowedPairs, hostSt.heads[i].allowedPairs) << name;
+      EXPECT_EQ(e.computedPairs, hostSt.heads[i].computedPairs) << name;
+      EXPECT_GE(e.gamma, 1.0) << name;
+    }
+  }
+}

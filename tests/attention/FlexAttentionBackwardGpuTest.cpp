@@ -1,6 +1,8 @@
 // flex_attention_backward on the GPU (label gpu; every test skips without one): every variant
 // with captures and lists on the device, GQA and MQA, lengths around the blocks up to 1000,
 // fully masked rows, trainable captures, the configs of the bench, and bitwise determinism.
+// Budget (gpu/TestBudget.h, docs/testing.md): every shape and variant runs each time, with a
+// random sample of the configs (all of them with FLEXTILE_GPU_TESTS_FULL=1).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,14 +53,18 @@ TEST(FlexAttentionBackwardGpu, EveryVariantShapeAndConfig) {
       {.B = 1, .Hq = 2, .Hkv = 1, .L = 100, .S = 130, .D = 64, .dtype = DType::F32},
       {.B = 1, .Hq = 2, .Hkv = 1, .L = 150, .S = 140, .D = 256, .dtype = DType::F16},
   };
+  ConfigSample configs(kConfigs, 1, rng);
+  const std::vector<std::optional<FlexAttentionBackwardConfig>> defaultOnly{std::nullopt};
   for (const Variant& var : variants())
-    for (AttentionCase c : shapes)
-      for (const auto& config : kConfigs) {
-        if (config && (c.dtype == DType::F32 || c.D > 128)) continue;  // their defaults only
+    for (AttentionCase c : shapes) {
+      if (!inScope(c.work())) continue;
+      // f32 and D > 128 run their defaults only.
+      for (const auto& config : c.dtype == DType::F32 || c.D > 128 ? defaultOnly : configs.next()) {
         c.context = "variant " + var.name;
         VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
         if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
       }
+    }
 }
 
 TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
@@ -72,6 +78,7 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
       AttentionCase c{.B = 1, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
                       .dtype = i % 2 ? DType::BF16 : DType::F16, .context = mqa ? "softcap MQA" : "softcap GQA 4:1"};
       ++i;
+      if (!inScope(c.work())) continue;
       VariantInstance inst = variant("softcap").make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
       if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(std::nullopt, inst))) return;
     }
@@ -137,6 +144,7 @@ TEST(FlexAttentionBackwardGpu, TrainableBiasAndSlopes) {
 // dq, dk, dv are deterministic in every mode; captured gradients with `deterministic`.
 TEST(FlexAttentionBackwardGpu, DeterministicIsBitwiseIdentical) {
   FLEXTILE_REQUIRE_GPU();
+  FLEXTILE_SKIP_WHEN_SMALL("only L=1000 with 8 heads");
   SeededRandom rng;
   const int64_t B = 2, H = 8, L = 1000, D = 128;
   std::vector<float> table(size_t(H * L * L));

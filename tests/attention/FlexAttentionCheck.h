@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -19,6 +20,7 @@
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Reference.h"
+#include "gpu/TestBudget.h"
 
 namespace flextile::testing {
 
@@ -26,6 +28,8 @@ struct AttentionCase {
   int64_t B = 1, Hq = 2, Hkv = 2, L = 129, S = 129, D = 64;
   dsl::DType dtype = dsl::DType::BF16;
   std::string context;
+
+  int64_t work() const { return B * Hq * L * S; }  // score elements (TestBudget.h's inScope)
 
   std::string describe() const {
     return context + " B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
@@ -86,6 +90,8 @@ inline double elementTolerance(dsl::DType dt) {
 inline double tolerance(dsl::DType dt) { return dt == dsl::DType::F16 ? 4e-3 : dt == dsl::DType::BF16 ? 1e-2 : 4e-3; }
 
 // Compares flex_attention's out and lse with the reference of the same inputs.
+// A reference row whose lse is NaN was not computed (a sampled reference, see referenceFor):
+// there the output must only be finite and the lse not NaN, i.e. written over the poison.
 // Returns false after the first reported failure.
 inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse, const attention::ReferenceResult& ref,
                                  int64_t D, dsl::DType dtype) {
@@ -98,6 +104,14 @@ inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse,
   }
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(ref.lse[i / size_t(D)])) {  // a row the sampled reference left out
+      if (!std::isfinite(got[i])) {
+        ADD_FAILURE() << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
+                      << ": not written, or not finite (a row outside the reference's sample)";
+        return false;
+      }
+      continue;
+    }
     const bool maskedRow = std::isinf(ref.lse[i / size_t(D)]);
     const double err = std::abs(got[i] - ref.out[i]);
     if (!std::isfinite(got[i]) || (maskedRow && got[i] != 0.0) || err > elementTolerance(dtype)) {
@@ -116,8 +130,9 @@ inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse,
   }
   for (size_t i = 0; i < gotLse.size(); ++i) {
     const double want = ref.lse[i], have = gotLse[i];
-    const bool ok =
-        std::isinf(want) ? (std::isinf(have) && have < 0) : std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
+    const bool ok = std::isnan(want)   ? !std::isnan(have)
+                    : std::isinf(want) ? (std::isinf(have) && have < 0)
+                                       : std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
     if (!ok) {
       ADD_FAILURE() << "lse[" << i << "] = " << have << ", reference " << want;
       return false;
@@ -145,13 +160,41 @@ inline bool runAndCompare(const dsl::Tensor& q, const dsl::Tensor& k, const dsl:
   return compareWithReference(out, lse, ref, D, q.dtype());
 }
 
+// Above this many score elements (B * Hq * L * S) a GPU check's float64 reference covers a sample
+// of the rows (unless FLEXTILE_GPU_TESTS_FULL=1): the full one of B=2 Hq=8 L=S=1000 takes seconds
+// on one core, of L=S=8190 most of a minute, while the kernel runs in microseconds.
+inline constexpr int64_t kFullReferenceWork = int64_t(1) << 22;
+
+// The reference of q's rows (all of them, or a sample of a large problem on the device; the rows
+// left out have lse NaN): the sample (attention::sampleQueryRows) keeps every (b, h)'s first and
+// last row, 16 random rows per (b, h), both sides of every 16-row boundary (every BLOCK_M a config
+// may use, and the mask's blocks) and the ends of every run of rows the mask leaves without a key.
 inline attention::ReferenceResult referenceFor(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                                const attention::RefScoreFn& refScore,
                                                const attention::RefMaskFn& refMask,
                                                const std::optional<attention::BlockMask>& mask,
-                                               const attention::FlexAttentionOptions& options = {}) {
+                                               const attention::FlexAttentionOptions& options = {},
+                                               uint64_t rowSampleSeed = 0) {
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(q.size(3)));
-  return attention::referenceAttention(q, k, v, refScore, refMask, scale, mask ? mask->qOffset() : 0);
+  const int64_t qOffset = mask ? mask->qOffset() : 0;
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), S = k.size(2);
+  if (q.space() != dsl::MemorySpace::Device || fullSweeps() || B * H * L * S <= kFullReferenceWork)
+    return attention::referenceAttention(q, k, v, refScore, refMask, scale, qOffset);
+  const std::vector<attention::QueryRow> rows = attention::sampleQueryRows(
+      B, H, L, mask ? &*mask : nullptr, refMask, {.randomPerHead = 16, .boundaryBlock = 16, .seed = rowSampleSeed});
+  // One thread: the tests' reference mods need not be safe to call concurrently.
+  const attention::ReferenceRows some =
+      attention::referenceAttentionRows(q, k, v, refScore, refMask, scale, rows, qOffset, /*threads=*/1);
+  attention::ReferenceResult ref;
+  ref.out.assign(size_t(B * H * L * D), NAN);
+  ref.lse.assign(size_t(B * H * L), NAN);
+  ref.allowedPairs = some.allowedPairs;
+  for (size_t n = 0; n < rows.size(); ++n) {
+    const size_t row = size_t((rows[n].b * H + rows[n].h) * L + rows[n].i);
+    ref.lse[row] = some.lse[n];
+    std::copy_n(some.out.begin() + std::ptrdiff_t(n * size_t(D)), D, ref.out.begin() + std::ptrdiff_t(row * size_t(D)));
+  }
+  return ref;
 }
 
 // The same with the reference computed here.
@@ -159,8 +202,8 @@ inline bool checkFlexAttentionOn(const dsl::Tensor& q, const dsl::Tensor& k, con
                                  const std::string& context, const attention::ScoreMod& score,
                                  const std::optional<attention::BlockMask>& mask,
                                  const attention::RefScoreFn& refScore, const attention::RefMaskFn& refMask,
-                                 const attention::FlexAttentionOptions& options = {}) {
-  const attention::ReferenceResult ref = referenceFor(q, k, v, refScore, refMask, mask, options);
+                                 const attention::FlexAttentionOptions& options = {}, uint64_t rowSampleSeed = 0) {
+  const attention::ReferenceResult ref = referenceFor(q, k, v, refScore, refMask, mask, options, rowSampleSeed);
   return runAndCompare(q, k, v, out, ref, context, score, mask, options);
 }
 
@@ -173,7 +216,7 @@ inline bool checkFlexAttention(std::mt19937_64& rng, const AttentionCase& c, dsl
   dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
   dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
   dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
-  return checkFlexAttentionOn(q, k, v, out, c.describe(), score, mask, refScore, refMask, options);
+  return checkFlexAttentionOn(q, k, v, out, c.describe(), score, mask, refScore, refMask, options, rng());
 }
 
 // The forward kernel flex_attention cached for this pair of mods and dtype,

@@ -1,6 +1,8 @@
 // The decode template on the GPU against the float64 reference and the prefill template: every
 // variant at the issue's shapes (L 1, 2, 5, 16; GQA 1:1, 4:1, 8:1, MQA; KV lengths 1, 127, 128,
 // 129, 4097 with the default 128-blocks), one split and many, and a serving-like sequence of steps.
+// Budget (gpu/TestBudget.h, docs/testing.md): every shape and variant runs each time, with a
+// random sample of the split counts (each a kernel to build; all with FLEXTILE_GPU_TESTS_FULL=1).
 #include <gtest/gtest.h>
 
 #include "FlexAttentionDecodeCheck.h"
@@ -37,10 +39,14 @@ TEST(FlexDecodeGpu, EveryVariantAtTheIssueShapes) {
       {.B = 1, .Hq = 4, .Hkv = 2, .L = 3, .S = 300, .D = 256, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 4, .L = 2, .S = 300, .D = 64, .dtype = DType::F32},
   };
+  ConfigSample splits(kDefaultBlocks.splits, 1, rng);
   for (const AttentionCase& c : cases)
     for (const Variant& v : variants()) {
+      if (!inScope(c.B * c.Hq * c.L * c.S)) continue;
+      DecodeCheck how = kDefaultBlocks;
+      how.splits = splits.next();
       const auto start = std::chrono::steady_clock::now();
-      const bool ok = checkDecodeVariant(rng, v, c, kDevice, kDefaultBlocks);
+      const bool ok = checkDecodeVariant(rng, v, c, kDevice, how);
       // Progress, so a slow or stuck case shows in the log.
       std::printf("  %-16s %s: %.2f s\n", v.name.c_str(), c.describe().c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -53,8 +59,9 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   AttentionCase c{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 20000, .D = 128, .dtype = DType::BF16};
+  ConfigSample splits(std::vector<int64_t>{0, 64, 128}, 2, rng, /*alwaysFirst=*/true);  // the template's choice, and one
   for (const char* name : {"full", "sliding_window", "document"})
-    if (!checkDecodeVariant(rng, variant(name), c, kDevice, {.splits = {0, 64, 128}, .blocks = {128, 128},
+    if (!checkDecodeVariant(rng, variant(name), c, kDevice, {.splits = splits.next(), .blocks = {128, 128},
                                                                  .prefillConfig = {64, 64, 4, 2}}))
       return;
 }

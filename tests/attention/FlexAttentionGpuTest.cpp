@@ -3,6 +3,10 @@
 // device, against the float64 reference: every variant, GQA and MQA, lengths
 // up to 8192, fully masked rows, the configs the tuner visits, strided views,
 // and a repeated call that neither retraces nor recompiles.
+//
+// Budget (gpu/TestBudget.h, docs/testing.md): every shape and variant runs each time, the configs
+// per shape are a random sample (all of them with FLEXTILE_GPU_TESTS_FULL=1), and large problems
+// are checked on a sample of rows (FlexAttentionCheck.h's referenceFor).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,21 +60,24 @@ const std::vector<AttentionCase> kVariantCases = {
 
 }  // namespace
 
-// Every variant x every shape x every config, captures and lists on the
-// device; one reference per (variant, shape) serves all configs.
+// Every variant x every shape x the configs (one sampled per pair, so each config runs for about
+// a quarter of the pairs; every one with FLEXTILE_GPU_TESTS_FULL=1), captures and lists on the
+// device; one reference per (variant, shape) serves its configs.
 TEST(FlexAttentionGpu, EveryVariantEveryShapeEveryConfig) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  ConfigSample configs(kConfigs, 1, rng);
   for (const Variant& var : variants())
     for (AttentionCase c : kVariantCases) {
+      if (!inScope(c.work())) continue;
       c.context = "variant " + var.name;
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
       Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
       Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
       Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
       Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask);
-      for (const auto& config : kConfigs)
+      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
+      for (const auto& config : configs.next())
         if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
     }
 }
@@ -78,6 +85,7 @@ TEST(FlexAttentionGpu, EveryVariantEveryShapeEveryConfig) {
 // The yardstick's window and prefix cut at 8192 (the one long case: the float64 reference is slow).
 TEST(FlexAttentionGpu, Length8192) {
   FLEXTILE_REQUIRE_GPU();
+  FLEXTILE_SKIP_WHEN_SMALL("only lengths of 8190");
   SeededRandom rng;
   for (const char* name : {"sliding_window", "prefix_lm"}) {
     AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = 8190, .S = 8190, .D = 128, .dtype = DType::BF16};
@@ -93,6 +101,7 @@ TEST(FlexAttentionGpu, SmallWindowsAndPrefixes) {
   SeededRandom rng;
   for (int64_t W : {1, 7, 100, 300}) {
     AttentionCase c{.B = 2, .Hq = 4, .Hkv = 1, .L = 1000, .S = 1000, .D = 64, .dtype = DType::BF16};
+    if (!inScope(c.work())) break;
     c.context = "window " + std::to_string(W);
     BlockMask m = slidingWindowBlockMask(1, 1, c.L, c.S, {W}, {}, kDevice);
     if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refWindow({W}))) return;
@@ -101,9 +110,10 @@ TEST(FlexAttentionGpu, SmallWindowsAndPrefixes) {
   AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 700, .S = 650, .D = 128, .dtype = DType::F16};
   c.context = "per-head windows";
   BlockMask m = slidingWindowBlockMask(1, 4, c.L, c.S, windows, {}, kDevice);
-  if (!checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refWindow(windows))) return;
+  if (inScope(c.work()) && !checkFlexAttention(rng, c, kDevice, noop_score(), m, nullptr, refWindow(windows))) return;
   for (int64_t P : {1, 60, 300}) {
     AttentionCase p{.B = 1, .Hq = 8, .Hkv = 1, .L = 500, .S = 520, .D = 64, .dtype = DType::BF16};
+    if (!inScope(p.work())) break;
     p.context = "prefix " + std::to_string(P);
     if (!checkFlexAttention(rng, p, kDevice, noop_score(), prefixLmBlockMask(1, 1, p.L, p.S, P), nullptr,
                             refPrefix(P)))
@@ -127,10 +137,12 @@ TEST(FlexAttentionGpu, FullyMaskedRows) {
     return where(q % 3 == 0, -INFINITY, s);
   });
   RefScoreFn refKill = [](double s, int64_t, int64_t, int64_t q, int64_t) { return q % 3 == 0 ? -INFINITY : s; };
+  ConfigSample configs(kConfigs, 2, rng);  // two per shape: the three shapes cover all four
   for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 1, .L = 1000, .S = 1000, .D = 64, .dtype = DType::BF16},
                           AttentionCase{.B = 1, .Hq = 2, .Hkv = 2, .L = 1, .S = 7, .D = 128, .dtype = DType::F16},
-                          AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 513, .S = 200, .D = 128, .dtype = DType::BF16}})
-    for (const auto& config : kConfigs) {
+                          AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 513, .S = 200, .D = 128, .dtype = DType::BF16}}) {
+    if (!inScope(c.work())) continue;
+    for (const auto& config : configs.next()) {
       const FlexAttentionOptions o = withConfig(config);
       c.context = "every third row blind " + configName(config);
       BlockMask m = createBlockMask(everyThirdRowBlind, 1, 1, c.L, c.S, {}, kDevice);
@@ -147,6 +159,7 @@ TEST(FlexAttentionGpu, FullyMaskedRows) {
       if (!checkFlexAttention(rng, c, kDevice, killRows, causalBlockMask(1, 1, c.L, c.S), refKill, refCausal(), o))
         return;
     }
+  }
 }
 
 // Mask algebra with device-captured document ids, per (b, h) lists.
@@ -154,6 +167,7 @@ TEST(FlexAttentionGpu, MaskAlgebra) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const int64_t B = 2, Hq = 4, Hkv = 2, L = 1000, S = 900;
+  if (!inScope(B * Hq * L * S)) GTEST_SKIP() << "FLEXTILE_GPU_TEST_SMALL=1: only L=1000 S=900";
   const std::vector<MaskCombo> combos = maskAlgebraCombos(rng, B, Hq, L, 6, kDevice, 10);
   for (const MaskCombo& combo : combos)
     for (DType dt : {DType::BF16, DType::F16}) {
@@ -174,6 +188,7 @@ TEST(FlexAttentionGpu, SlicedRows) {
         {3, 2, {}, {}}, {7, 1, {}, {}}, {7, 1, 999, 1}, {4, 1, 555, 1}, {4, 1, 520, 33}}) {
     BlockMask slice = window.sliceRows(start, count, offset, length);
     AttentionCase c{.B = 2, .Hq = 8, .Hkv = 1, .L = slice.qLen(), .S = S, .D = 128, .dtype = DType::BF16};
+    if (!inScope(c.work())) continue;
     c.context = "window 300 slice at " + std::to_string(slice.qOffset());
     if (!checkFlexAttention(rng, c, kDevice, noop_score(), slice, nullptr, refWindow({300}),
                             {.config = FlexAttentionConfig{64, 64, 4, 2}}))
@@ -230,6 +245,7 @@ TEST(FlexAttentionGpu, StridedDeviceViews) {
 // the traced and compiled kernel again.
 TEST(FlexAttentionGpu, RepeatedCallsNeitherRetraceNorRecompile) {
   FLEXTILE_REQUIRE_GPU();
+  FLEXTILE_SKIP_WHEN_SMALL("only L=1000 (a cache test, not a kernel's)");
   SeededRandom rng;
   const int64_t H = 4, L = 1000;
   std::vector<float> slopes(static_cast<size_t>(H));

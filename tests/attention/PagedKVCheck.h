@@ -114,13 +114,13 @@ inline bool checkPagedOn(const dsl::Tensor& q, const attention::PagedKV& kv, con
                          const dsl::Tensor& v, const std::vector<int64_t>& lengths, const std::string& context,
                          const attention::ScoreMod& score, const std::optional<attention::BlockMask>& mask,
                          const attention::RefScoreFn& refScore, const attention::RefMaskFn& refMask,
-                         const attention::FlexAttentionOptions& options = {}) {
+                         const attention::FlexAttentionOptions& options = {}, uint64_t rowSampleSeed = 0) {
   SCOPED_TRACE(context + (options.config ? " config " + options.config->describe() : std::string(" default config")) +
                (mask ? " mask " + mask->maskMod().name() : std::string(" no mask")));
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
-  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(D));
-  const attention::ReferenceResult ref = attention::referenceAttention(
-      q, k, v, refScore, withLengths(refMask, lengths), scale, mask ? mask->qOffset() : 0);
+  // A sample of the rows for a large problem on the device (FlexAttentionCheck.h).
+  const attention::ReferenceResult ref =
+      referenceFor(q, k, v, refScore, withLengths(refMask, lengths), mask, options, rowSampleSeed);
   dsl::Tensor out = dsl::Tensor::empty(q.dtype(), q.shape(), q.space());
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
   poison(out);
@@ -137,7 +137,7 @@ inline bool checkPaged(std::mt19937_64& rng, const PagedCase& c, dsl::MemorySpac
   const PagedInputs in = makePagedInputs(rng, c, space);
   const dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   return checkPagedOn(q, in.kv, in.kLogical, in.vLogical, in.lengths, c.describe(), score, mask, refScore, refMask,
-                      options);
+                      options, rng());
 }
 
 // Host-side logical K/V of a cache test: what the test appended, per batch, as rows of

@@ -4,6 +4,8 @@
 // BLOCK_N gathers per key), GQA, causal / window / document masks with per-batch lengths up to a
 // few thousand, prefill and decode steps through the cache's write kernel, shared prefix pages and
 // erased sequences.
+// Budget (gpu/TestBudget.h, docs/testing.md): every page size and mask runs each time, with a
+// random sample of the configs (all of them with FLEXTILE_GPU_TESTS_FULL=1).
 #include <gtest/gtest.h>
 
 #include "MaskTestUtil.h"
@@ -47,6 +49,7 @@ std::vector<int64_t> randomLengths(std::mt19937_64& rng, int64_t B, int64_t lo, 
 TEST(PagedKVGpu, DecodeShapesEveryPageSizeEveryConfig) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  ConfigSample configs(kConfigs, 1, rng);  // the five page sizes cover all four
   int i = 0;
   for (int64_t ps : {16, 32, 64, 128, 256}) {
     const DType dt = i++ % 2 ? DType::F16 : DType::BF16;  // rotating: each page size is a kernel per config
@@ -56,9 +59,9 @@ TEST(PagedKVGpu, DecodeShapesEveryPageSizeEveryConfig) {
     c.S = 3000;
     const PagedInputs in = makePagedInputs(rng, c, kDevice);
     const Tensor q = randomTensor(rng, dt, {c.B, c.Hq, c.L, c.D}, kDevice);
-    for (const auto& config : kConfigs)
+    for (const auto& config : configs.next())
       if (!checkPagedOn(q, in.kv, in.kLogical, in.vLogical, in.lengths, c.describe(), noop_score(), std::nullopt,
-                        nullptr, nullptr, withConfig(config)))
+                        nullptr, nullptr, withConfig(config), rng()))
         return;
   }
 }
@@ -67,6 +70,7 @@ TEST(PagedKVGpu, DecodeShapesEveryPageSizeEveryConfig) {
 // that are not multiples of the blocks, D 64 and 128.
 TEST(PagedKVGpu, MasksOverFragmentedPages) {
   FLEXTILE_REQUIRE_GPU();
+  FLEXTILE_SKIP_WHEN_SMALL("only L=S=1000 prefills");
   SeededRandom rng;
   const int64_t S = 1000;
   for (int64_t ps : {16, 64, 128}) {

@@ -8,6 +8,8 @@
 #include <random>
 #include <string>
 
+#include "TestBudget.h"
+
 // First statement of every GPU test: skips it, with the reason, where no driver or device is
 // present, so the suite passes (as skipped) on machines without a GPU.
 #define FLEXTILE_REQUIRE_GPU()                                            \
@@ -19,14 +21,16 @@
 
 namespace flextile::testing {
 
-// A generator seeded from std::random_device; the seed goes into every failure message of the
-// test (through SCOPED_TRACE), so a failing run can be replayed by fixing it.
+// A generator seeded from the run's seed and the test's name (TestBudget.h: FLEXTILE_TEST_SEED
+// replays a run); the seeds go into every failure message of the test (through SCOPED_TRACE).
 // Usage: `flextile::testing::SeededRandom random;` in the test body (the trace lives as long).
 class SeededRandom : public std::mt19937_64 {
  public:
-  SeededRandom() : SeededRandom(std::random_device{}()) {}
-  explicit SeededRandom(uint64_t seed)
-      : std::mt19937_64(seed), seed_(seed), trace_(__FILE__, __LINE__, "random seed " + std::to_string(seed)) {}
+  SeededRandom() : SeededRandom(testSeed(), "replay: FLEXTILE_TEST_SEED=" + std::to_string(runSeed())) {}
+  explicit SeededRandom(uint64_t seed, const std::string& how = "")
+      : std::mt19937_64(seed),
+        seed_(seed),
+        trace_(__FILE__, __LINE__, "random seed " + std::to_string(seed) + (how.empty() ? "" : " (" + how + ")")) {}
   uint64_t seed() const { return seed_; }
 
  private:

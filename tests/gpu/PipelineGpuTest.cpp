@@ -1,7 +1,9 @@
 // Software-pipelined matmuls (cp.async rings, num_stages 1-4) on the GPU
 // against float64 Eigen references: bf16 and f16, M, N, K not multiples of
 // the block (masked and zero-filled copies, stages past the end of the loop),
-// 4 and 8 warps.
+// 4 and 8 warps. Budget (TestBudget.h, docs/testing.md): each shape runs a random quarter of the
+// (tile, stages) points, so every point runs each time over the four shapes (all of them for
+// every shape with FLEXTILE_GPU_TESTS_FULL=1).
 #include <Eigen/Core>
 #include <cmath>
 
@@ -53,9 +55,15 @@ void pipelinedGrid() {
   // {M, N, K}: ragged in every dimension; K = 40 has fewer iterations than 4 stages.
   const std::array<int, 3> shapes[] = {{200, 136, 328}, {129, 72, 40}, {64, 64, 1000}, {131, 257, 200}};
   const std::array<int, 4> tiles[] = {{64, 64, 32, 4}, {128, 128, 32, 8}, {128, 64, 64, 4}, {64, 128, 16, 8}};
+  std::vector<std::pair<std::array<int, 4>, int>> points;  // (tile, stages)
+  for (const auto& tile : tiles)
+    for (int stages = 1; stages <= 4; ++stages) points.push_back({tile, stages});
+  ConfigSample sample(points, points.size() / std::size(shapes), rng);
   for (auto [M, N, K] : shapes)
-    for (auto [bm, bn, bk, warps] : tiles)
-      for (int stages = 1; stages <= 4; ++stages) checkPipelined<T>(M, N, K, bm, bn, bk, warps, stages, gen);
+    for (const auto& [tile, stages] : sample.next()) {
+      const auto [bm, bn, bk, warps] = tile;
+      checkPipelined<T>(M, N, K, bm, bn, bk, warps, stages, gen);
+    }
 }
 
 TEST(PipelineGpu, MatmulBf16Stages1To4) {

@@ -2,7 +2,8 @@
 """Fails when an #include crosses the layering of docs/architecture.md.
 
 Each layer may include its own headers and those of the layers listed for it. LLVM headers are
-allowed only in codegen/*.cpp; CUDA headers nowhere (the driver is reached through dlopen).
+allowed only in codegen/*.cpp; CUDA headers nowhere (the driver is reached through dlopen); libpng's only
+in autotune/cli/Pictures.cpp (the tool's pictures; no installed header may pull it).
 """
 import pathlib
 import re
@@ -38,6 +39,9 @@ def main(root):
                         problems.append(f"{where}: LLVM headers belong in codegen/*.cpp only")
                 elif inc.startswith(("cuda", "cuda.h", "cuda_runtime")) or inc in ("cuda.h", "cudaTypedefs.h"):
                     problems.append(f"{where}: CUDA headers are not used; the driver is loaded with dlopen")
+                elif inc in ("png.h", "pngconf.h") or inc.startswith("libpng"):
+                    if path.relative_to(root).as_posix() != "autotune/cli/Pictures.cpp":
+                        problems.append(f"{where}: libpng belongs in autotune/cli/Pictures.cpp only")
                 elif inc in INTERNAL and INTERNAL[inc] != layer:
                     problems.append(f"{where}: {inc} is internal to {INTERNAL[inc]}/")
                 elif top in ALLOWED and top not in allowed:
