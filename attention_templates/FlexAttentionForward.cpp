@@ -79,6 +79,14 @@ void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
   for (int i = 0; i < 4; ++i)
     if (t.strides()[size_t(i)] > INT32_MAX)
       throw Error(std::string(op) + ": " + what + "'s strides exceed int32: " + t.describe());
+  // The templates offset by batch and head in 64 bits but by row and column within one head in
+  // 32 (row * row stride + d: i32 tiles, the fast path on the GPU), so one head's rows must lie
+  // within 2^31 - 1 elements of its first.
+  const double headSpan = double(t.size(2) - 1) * double(t.strides()[2]) + double(t.size(3) - 1);
+  if (t.size(2) > 0 && t.size(3) > 0 && headSpan > double(INT32_MAX))
+    throw Error(std::string(op) + ": " + what + " " + t.describe() + ": one head's rows span " +
+                std::to_string(int64_t(headSpan) + 1) + " elements ((len - 1) * row stride + D), more than the " +
+                "32-bit row offsets of the kernels reach (2^31 - 1 = 2147483647); split the sequence");
 }
 
 void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod, bool sameBatch) {
@@ -106,6 +114,10 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
     throw Error("flex_attention: head dim D = " + std::to_string(q.size(3)) + " is not supported (a multiple of 16 up to 256)");
   if (q.size(2) < 1 || k.size(2) < 1 || q.size(0) < 1)
     throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
+  // The kernels number the rows of lse and the (batch, head) pairs in i32 (b * Hq + h).
+  if (double(q.size(0)) * double(q.size(1)) > double(INT32_MAX))
+    throw Error("flex_attention: B * Hq = " + std::to_string(q.size(0)) + " * " + std::to_string(q.size(1)) +
+                " passes the kernels' 32-bit (batch, head) index (2^31 - 1 = 2147483647): q " + shapeStr(q));
   if (k.space() != q.space() || v.space() != q.space())
     throw Error("flex_attention: q, k and v must be in one memory space (all host or all device)");
   if (scoreMod.defined() && scoreMod.captureSpace() && *scoreMod.captureSpace() != q.space())
@@ -614,6 +626,8 @@ void expectOutputs(const Tensor& q, const Tensor& out, const Tensor* lse) {
     throw Error("flex_attention: out must be [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " +
                 std::to_string(L) + ", " + std::to_string(D) + "], got " + out.describe());
   if (out.space() != q.space()) throw Error("flex_attention: out is in another memory space than q");
+  // out is written through the same i32 strides and row offsets as q is read.
+  detail::expectAttentionInput("flex_attention", "out", out);
   if (lse) {
     lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
     if (!lse->isContiguous() || lse->space() != q.space())
@@ -685,7 +699,8 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
 
 FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                                    const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
-  expectRank4("q", q);
+  // Before allocating the outputs: a shape past the kernels' limits is refused, not allocated.
+  detail::expectAttentionInput("flex_attention", "q", q);
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
@@ -702,7 +717,9 @@ FlexAttentionPlan plan_flex_attention(const Tensor& q, const PagedKV& kv, const 
 
 FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                    const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options) {
-  expectRank4("q", q);
+  // Before allocating the outputs (and before asking a GPU for its defaults): a shape past the
+  // kernels' limits is refused, not allocated (faults/LimitsTest.cpp).
+  detail::checkAttentionInputs(q, k, v, scoreMod);
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <random>
 
@@ -17,8 +18,13 @@ std::vector<Variant> builtins();
 
 // The built-ins are in place before any registration (a function-local
 // static: no dependence on the order of static initializers across files).
-std::vector<Variant>& registry() {
-  static std::vector<Variant> r = builtins();
+// A deque: registering appends without moving the variants already there, so the references
+// variant() handed out stay valid while another thread registers.
+std::deque<Variant>& registry() {
+  static std::deque<Variant> r = [] {
+    std::vector<Variant> b = builtins();
+    return std::deque<Variant>(std::make_move_iterator(b.begin()), std::make_move_iterator(b.end()));
+  }();
   return r;
 }
 std::mutex& registryMutex() {
@@ -138,16 +144,17 @@ std::vector<int64_t> randomDocumentOffsets(int64_t L, int docs, uint64_t seed) {
   return o;
 }
 
-const std::vector<Variant>& variants() {
+std::vector<Variant> variants() {
   std::lock_guard lock(registryMutex());
-  return registry();
+  return {registry().begin(), registry().end()};
 }
 
 const Variant& variant(const std::string& name) {
-  for (const Variant& v : variants())
+  std::lock_guard lock(registryMutex());
+  for (const Variant& v : registry())
     if (v.name == name) return v;
   std::string known;
-  for (const Variant& v : variants()) known += (known.empty() ? "" : ", ") + v.name;
+  for (const Variant& v : registry()) known += (known.empty() ? "" : ", ") + v.name;
   throw Error("unknown attention variant '" + name + "' (known: " + known + ")");
 }
 

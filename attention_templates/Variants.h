@@ -49,8 +49,9 @@ struct Variant {
   std::function<VariantInstance(const VariantInputs&)> make;
 };
 
-// All registered variants, in registration order (the built-ins first).
-const std::vector<Variant>& variants();
+// All registered variants, in registration order (the built-ins first): a copy, so that a
+// registration on another thread cannot change the list under the caller's loop.
+std::vector<Variant> variants();
 // The variant called `name`; an unknown name is an error listing the known ones.
 const Variant& variant(const std::string& name);
 // Adds a variant; a duplicate name is an error. Returns true (for the macro).

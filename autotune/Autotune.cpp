@@ -20,6 +20,7 @@
 #include "ir/Hash.h"
 #include "runtime/Device.h"
 #include "runtime/Event.h"
+#include "runtime/FaultInjection.h"
 
 namespace flextile::autotune {
 
@@ -214,6 +215,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
       if (c.status == Candidate::Status::Pruned) continue;
       const auto t0 = std::chrono::steady_clock::now();
       try {
+        runtime::maybeInjectFault(runtime::FaultSite::AutotuneCompile, c.config.describe());
         attention::FlexAttentionOptions o;
         o.config = c.config;
         attention::FlexAttentionPlan plan = attention::plan_flex_attention(q, k, v, scoreMod, blockMask, o, true, target);
@@ -322,8 +324,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
         t.shape = "B=" + std::to_string(problem.B) + " H=" + std::to_string(problem.Hq) + " L=" +
                   std::to_string(problem.L) + " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D);
         report.key = tuneKey(problem, *gpu);
-        cache->put(report.key, t);
-        report.storedIn = cache->file().string();
+        if (cache->put(report.key, t)) report.storedIn = cache->file().string();
       }
     }
   }

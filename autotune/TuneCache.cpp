@@ -1,6 +1,11 @@
 #include "autotune/TuneCache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <cctype>
@@ -80,15 +85,13 @@ TuneCache* TuneCache::forCurrentGpu() {
   return cache.get();
 }
 
-void TuneCache::loadLocked() {
-  if (loaded_) return;
-  loaded_ = true;
-  entries_ = Json::obj();
+// The entries of the file on disk; an absent file is empty, a damaged or foreign one is empty
+// with `problem` saying why.
+Json TuneCache::readEntries(std::string& problem) const {
   std::ifstream in(file_, std::ios::binary);
-  if (!in) return;
+  if (!in) return Json::obj();
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string problem;
   try {
     Json doc = parseJson(ss.str());
     const Json* format = doc.find("format");
@@ -103,10 +106,18 @@ void TuneCache::loadLocked() {
       problem = "written under driver " + (driver ? std::to_string(int(driver->number)) : "?") + ", now " +
                 std::to_string(gpu_.driver);
     else if (!entries || !entries->isObject()) problem = "no entries object";
-    else entries_ = *entries;
+    else return *entries;
   } catch (const Error& e) {
     problem = std::string("corrupt: ") + e.what();
   }
+  return Json::obj();
+}
+
+void TuneCache::loadLocked() {
+  if (loaded_) return;
+  loaded_ = true;
+  std::string problem;
+  entries_ = readEntries(problem);
   if (!problem.empty())
     warn("autotune cache " + file_.string() + " is " + problem + "; ignoring it (it is rebuilt on the next tune)");
 }
@@ -136,7 +147,30 @@ size_t TuneCache::size() {
   return entries_.object.size();
 }
 
-void TuneCache::put(const std::string& key, const TunedConfig& t) {
+namespace {
+// An exclusive flock on `path` (created if absent) while alive; other processes block.
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("cannot open the lock file " + path.string() + ": " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) {
+        const int e = errno;
+        ::close(fd_);
+        throw Error("cannot lock " + path.string() + ": " + std::strerror(e));
+      }
+  }
+  ~FileLock() { ::close(fd_); }  // closing releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+}  // namespace
+
+bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   std::lock_guard lock(mutex_);
   loadLocked();
   Json e = Json::obj();
@@ -147,30 +181,53 @@ void TuneCache::put(const std::string& key, const TunedConfig& t) {
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);
+  // Kept in memory whatever the disk says, so this process uses what it tuned.
   entries_.object[key] = e;
-  Json doc = Json::obj();
-  doc.object["format"] = Json::str(kFormat);
-  doc.object["gpu"] = Json::str(gpu_.name);
-  doc.object["capability"] = Json::num(gpu_.capability);
-  doc.object["driver"] = Json::num(gpu_.driver);
-  doc.object["flextile"] = Json::str(FLEXTILE_VERSION);
-  doc.object["entries"] = entries_;
-  const std::string text = doc.dump(2) + "\n";
-  std::error_code ec;
-  fs::create_directories(file_.parent_path(), ec);
-  static std::atomic<int> counter{0};
-  const fs::path tmp = file_.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) throw Error("autotune cache: cannot write " + tmp.string());
+  std::string why;
+  try {
+    std::error_code ec;
+    fs::create_directories(file_.parent_path(), ec);
+    if (ec) throw Error("cannot create " + file_.parent_path().string() + ": " + ec.message());
+    // Every process rewrites the whole file: without the lock and the re-read, two processes
+    // tuning at once each wrote the entries they had loaded plus their own, and the last rename
+    // lost the other's (ConcurrencyThreads.TuneCachePutsFromManyThreadsAndObjectsKeepEveryEntry,
+    // ConcurrencyProcesses.SharedCacheFolderKeepsEveryEntryIntact).
+    FileLock fileLock(file_.string() + ".lock");
+    std::string problem;  // a damaged or foreign file was warned about at load and is replaced
+    for (auto& [k, v] : readEntries(problem).object)
+      if (k != key) entries_.object[k] = v;
+    Json doc = Json::obj();
+    doc.object["format"] = Json::str(kFormat);
+    doc.object["gpu"] = Json::str(gpu_.name);
+    doc.object["capability"] = Json::num(gpu_.capability);
+    doc.object["driver"] = Json::num(gpu_.driver);
+    doc.object["flextile"] = Json::str(FLEXTILE_VERSION);
+    doc.object["entries"] = entries_;
+    const std::string text = doc.dump(2) + "\n";
+    static std::atomic<int> counter{0};
+    const fs::path tmp = file_.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << text;
+      out.close();
+      if (!out) {
+        fs::remove(tmp, ec);
+        throw Error("cannot write " + tmp.string());
+      }
+    }
+    fs::rename(tmp, file_, ec);
+    if (ec) {
+      fs::remove(tmp, ec);
+      throw Error("cannot replace " + file_.string() + ": " + ec.message());
+    }
+  } catch (const Error& err) {
+    why = err.what();
   }
-  fs::rename(tmp, file_, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error("autotune cache: cannot replace " + file_.string() + ": " + ec.message());
-  }
+  if (why.empty()) return true;
+  // The tuned config stays in memory: a cache that cannot be written is not an error.
+  if (!warnedStore_) warn("autotune cache: " + why + " (tuned configs are kept in memory only)");
+  warnedStore_ = true;
+  return false;
 }
 
 void installResolver() {

@@ -11,6 +11,8 @@
 //
 // A file that does not parse, or that another GPU or driver wrote, gives a
 // warning and is rebuilt from empty on the next store; nothing else is lost.
+// Processes tuning at once share the file: each store re-reads it under a
+// lock file (<file>.lock) and adds its entry, so none is lost.
 #pragma once
 
 #include <filesystem>
@@ -52,16 +54,20 @@ class TuneCache {
 
   const std::filesystem::path& file() const { return file_; }
   std::optional<TunedConfig> find(const std::string& key);
-  // Stores (replacing) an entry and rewrites the file atomically.
-  void put(const std::string& key, const TunedConfig& entry);
+  // Stores (replacing) an entry and rewrites the file atomically, merged with the entries other
+  // processes stored since this one loaded it (under a lock file next to it). False, with one
+  // warning per cache, when the file cannot be written: the entry is then kept in memory only.
+  bool put(const std::string& key, const TunedConfig& entry);
   size_t size();
 
  private:
   void loadLocked();
+  Json readEntries(std::string& problem) const;
   std::filesystem::path file_;
   GpuIdentity gpu_;
   std::mutex mutex_;
   bool loaded_ = false;
+  bool warnedStore_ = false;
   Json entries_ = Json::obj();
 };
 

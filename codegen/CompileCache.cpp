@@ -97,6 +97,21 @@ ir::Type parseTypeText(std::string_view s) {
   return pointer ? ir::Type::pointer(*d) : ir::Type(*d);
 }
 
+// Who wrote an intact entry of another key or format, for the warning: its key text, or its
+// header line.
+std::string entryOrigin(std::string_view bytes) {
+  const std::string_view keyField = "\nkey ";
+  if (bytes.starts_with(kMagic)) {
+    const size_t at = bytes.find(keyField);
+    const size_t start = at == std::string_view::npos ? at : bytes.find('\n', at + 1);
+    if (start != std::string_view::npos) {
+      const size_t stop = bytes.find('\n', start + 1);
+      if (stop != std::string_view::npos) return "key '" + std::string(bytes.substr(start + 1, stop - start - 1)) + "'";
+    }
+  }
+  return "header '" + std::string(bytes.substr(0, std::min(bytes.find('\n'), size_t(40)))) + "'";
+}
+
 }  // namespace
 
 static std::string skippedPassesIdentity() {
@@ -284,17 +299,30 @@ std::optional<CompiledKernel> CompileCache::load(const CompileCacheKey& key) {
       ++stats_.misses;
       return std::nullopt;
     }
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(path, ec);
-    bytes.resize(ec ? 0 : size_t(size));
+    // The size of the file this handle opened, not of whatever the path names by now: another
+    // thread or process may rename a new entry over it in between (a size taken from the path
+    // read a shorter old file as a truncated new one, called it corrupt and rewrote it).
+    struct stat st {};
+    bytes.resize(::fstat(::fileno(in), &st) == 0 ? size_t(st.st_size) : 0);
     bytes.resize(std::fread(bytes.data(), 1, bytes.size(), in));
     std::fclose(in);
   }
   try {
     std::optional<CompiledKernel> k = parseCompiledKernel(key, bytes);
     std::lock_guard lock(mutex_);
-    ++(k ? stats_.hits : stats_.misses);
-    return k;
+    if (k) {
+      ++stats_.hits;
+      return k;
+    }
+    ++stats_.misses;
+    ++stats_.foreign;
+    // Intact, but another compiler (version, build or settings) or entry format wrote it: a
+    // miss, said once per cache so that a rebuilt library does not print a line per kernel.
+    if (!warnedForeign_)
+      warn("compile cache entry " + path.string() + " was written by another FlexTile build or format (" +
+           entryOrigin(bytes) + "); recompiling and overwriting it (further such entries are replaced silently)");
+    warnedForeign_ = true;
+    return std::nullopt;
   } catch (const Error& e) {
     warn("compile cache entry " + path.string() + " is corrupt (" + e.what() + "); recompiling and overwriting it");
     std::lock_guard lock(mutex_);

@@ -25,7 +25,10 @@
 // Entries are written to a temporary file and renamed into place (readers
 // never see half an entry; concurrent writers of one key both write the same
 // bytes). An entry that does not parse or whose checksum fails gives one
-// warning on stderr, is recompiled and overwritten.
+// warning on stderr, is recompiled and overwritten; an intact entry that
+// another build or entry format wrote is a miss, with one warning per cache.
+// A folder that cannot be written (read-only, full) warns once and leaves
+// the kernels in memory only (docs/reliability.md tests each case).
 #pragma once
 
 #include <cstdint>
@@ -64,7 +67,9 @@ struct CompileCacheKey {
 class CompileCache {
  public:
   struct Stats {
-    size_t hits = 0, misses = 0, corrupt = 0, stores = 0, storeFailures = 0;
+    // foreign: intact entries of another key or entry format (another compiler build), counted
+    // in misses too.
+    size_t hits = 0, misses = 0, corrupt = 0, foreign = 0, stores = 0, storeFailures = 0;
   };
 
   // A cache in `dir` (created on the first store). An empty path disables it.
@@ -95,6 +100,7 @@ class CompileCache {
   mutable std::mutex mutex_;
   Stats stats_;
   bool warnedStore_ = false;
+  bool warnedForeign_ = false;
 };
 
 // compile() through `cache`: a hit returns the stored kernel (fromCache set,

@@ -1,5 +1,6 @@
 #include "dsl/Tensor.h"
 
+#include <algorithm>
 #include <Eigen/Core>
 #include <cstring>
 #include <vector>
@@ -39,6 +40,22 @@ void checkShape(const Shape& shape, const std::vector<int64_t>& strides) {
                 std::to_string(strides.size()) + " strides were given " + ir::shapeString(strides));
   for (auto s : strides)
     if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides));
+  // Element counts, extents and byte sizes are int64 everywhere (numel, extentBytes, copies): a
+  // shape past that range is refused here rather than wrapping later.
+  int64_t count = 1, last = 0;
+  bool overflow = false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return;
+    int64_t span = 0;
+    overflow |= __builtin_mul_overflow(count, shape[d], &count);
+    overflow |= __builtin_mul_overflow(shape[d] - 1, strides[d], &span);
+    overflow |= __builtin_add_overflow(last, span, &last);
+  }
+  int64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(std::max(count, last + 1), int64_t(16), &bytes);
+  if (overflow)
+    throw Error("tensor: shape " + ir::shapeString(shape) + " with strides " + ir::shapeString(strides) +
+                " holds or spans more elements than a 64-bit byte offset can address");
 }
 
 // Calls f(elementOffset) for every element in row-major order.

@@ -1,4 +1,5 @@
 #include "runtime/Kernel.h"
+#include "runtime/FaultInjection.h"
 
 #include "runtime/Device.h"
 #include "runtime/DriverApi.h"
@@ -85,6 +86,7 @@ void Kernel::launch(std::array<unsigned, 3> grid, unsigned threads, unsigned sha
                   });
     dynamicSharedLimit_->store(int(sharedBytes), std::memory_order_relaxed);
   }
+  maybeInjectFault(FaultSite::Launch, name_);
   cu::checkLazy(api.launchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, sharedBytes,
                                  stream ? static_cast<cu::Stream>(stream->handle()) : nullptr, args, nullptr),
                 "cuLaunchKernel", [&] {

@@ -1,4 +1,5 @@
 #include "runtime/Module.h"
+#include "runtime/FaultInjection.h"
 
 #include "runtime/Device.h"
 #include "runtime/DriverApi.h"
@@ -80,6 +81,7 @@ Module::Module(const std::string& ptx, const std::string& name, Device* device) 
                     reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
                     reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
                     &wallMilliseconds};
+  maybeInjectFault(FaultSite::ModuleLoad, name);
   cu::Module handle = nullptr;
   cu::Result result = cu::api().moduleLoadDataEx(&handle, ptx.c_str(), sizeof options / sizeof options[0], options,
                                                  values);
@@ -165,6 +167,7 @@ Module Module::fromCompiled(const std::string& ptx, const std::string& cubin, co
     }
   };
   if (cubin.empty()) return jit();
+  maybeInjectFault(FaultSite::ModuleLoad, name);
   Module m;
   m.state_ = newState(ptx, name, device);
   cu::Module handle = nullptr;

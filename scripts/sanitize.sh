@@ -6,11 +6,38 @@
 # report. Usage:
 #
 #   scripts/sanitize.sh [build-dir] [ctest arguments...]   (default build-dir: build-asan)
+#   scripts/sanitize.sh --thread [build-dir] [ctest arguments...]   (default build-dir: build-tsan)
+#
+# --thread: ThreadSanitizer instead (it cannot be combined with ASan). It builds only the library
+# and the threaded test binary (tests/concurrency, label `threads`) and runs those tests: the rest
+# of the suite is single-threaded or covered by them, and the whole build would not fit CI.
 #
 # Expects the packages of scripts/setup.sh. LLVM is linked statically from llvm-22-dev and is not
 # instrumented; everything of FlexTile's own (library, tests, tools, the fake libcuda) is.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+supp="$root/scripts/sanitizers"
+sym=""
+[ -x /usr/lib/llvm-22/bin/llvm-symbolizer ] && sym=":external_symbolizer_path=/usr/lib/llvm-22/bin/llvm-symbolizer"
+
+if [ "${1:-}" = "--thread" ]; then
+  shift
+  build="${1:-$root/build-tsan}"
+  shift $(( $# > 0 ? 1 : 0 ))
+  if [ ! -f "$build/build.ninja" ]; then
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXTILE_SANITIZE=thread \
+      -DFLEXTILE_GPU_TESTS=OFF -DFLEXTILE_BUILD_BENCHMARKS=OFF
+  fi
+  cmake --build "$build" -j "$(nproc)" --target flextile concurrency_tests
+  # halt_on_error + abort_on_error: the first race ends the process with SIGABRT (the test fails);
+  # second_deadlock_stack: both stacks of a lock-order inversion. Suppressions: third-party only.
+  export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp$sym"
+  start=$(date +%s)
+  ctest --test-dir "$build" -L threads --output-on-failure -j "$(nproc)" "$@"
+  echo "sanitize: the threaded tests passed under ThreadSanitizer in $(( $(date +%s) - start )) s"
+  exit 0
+fi
+
 build="${1:-$root/build-asan}"
 shift $(( $# > 0 ? 1 : 0 ))
 
@@ -26,10 +53,7 @@ cmake --build "$build" -j "$(nproc)"
 # exit status (lit's `not flextile-opt`, ctest's WILL_FAIL) cannot mistake a report for the
 # expected error. detect_leaks: LeakSanitizer at exit. Suppressions (third-party code only, each
 # with its reason) live in scripts/sanitizers/.
-supp="$root/scripts/sanitizers"
-# llvm-symbolizer names file:line in reports much faster than the addr2line fallback.
-sym=""
-[ -x /usr/lib/llvm-22/bin/llvm-symbolizer ] && sym=":external_symbolizer_path=/usr/lib/llvm-22/bin/llvm-symbolizer"
+# llvm-symbolizer (sym, above) names file:line in reports much faster than the addr2line fallback.
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1$sym"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:suppressions=$supp/ubsan.supp$sym"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"

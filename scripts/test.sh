@@ -3,8 +3,9 @@
 # interpreter numerics, ptxas; GPU tests run where a CUDA GPU is present and
 # skip with a message elsewhere), then the reliability checks of
 # docs/reliability.md: the host suite again under ASan+UBSan
-# (scripts/sanitize.sh, build folder build-asan) and each fuzzer for a bounded
-# time (scripts/fuzz.sh, build-fuzz).
+# (scripts/sanitize.sh, build folder build-asan), the threaded tests under
+# ThreadSanitizer (scripts/sanitize.sh --thread, build-tsan) and each fuzzer for
+# a bounded time (scripts/fuzz.sh, build-fuzz).
 #
 # Extra arguments go to ctest (e.g. -L gpu) and run the normal suite only.
 # FLEXTILE_RELIABILITY=0 skips the sanitizer suite and the fuzzers;
@@ -19,7 +20,9 @@ if (($#)) || [ "${FLEXTILE_RELIABILITY:-1}" = 0 ]; then
 fi
 t0=$(date +%s)
 "$root/scripts/sanitize.sh" "$root/build-asan"
+t1a=$(date +%s)
+"$root/scripts/sanitize.sh" --thread "$root/build-tsan"
 t1=$(date +%s)
 "$root/scripts/fuzz.sh" "${FLEXTILE_FUZZ_SECONDS:-60}" "$root/build-fuzz"
 t2=$(date +%s)
-echo "test: sanitizer suite $((t1 - t0)) s (build + run), fuzzers $((t2 - t1)) s (build + run)"
+echo "test: ASan+UBSan suite $((t1a - t0)) s, TSan threaded tests $((t1 - t1a)) s, fuzzers $((t2 - t1)) s (each build + run)"

@@ -9,6 +9,7 @@
 #include "attention_templates/Variants.h"
 #include "autotune/Autotune.h"
 #include "gpu/GpuTest.h"
+#include "runtime/FaultInjection.h"
 
 namespace flextile {
 namespace {
@@ -35,6 +36,43 @@ TEST(AutotuneGpu, SmallShapeEndToEnd) {
   ASSERT_GE(r.best, 0) << formatReport(r);
   for (const Candidate& c : r.candidates) EXPECT_NE(c.status, Candidate::Status::Wrong) << formatReport(r);
   EXPECT_LE(r.candidates[size_t(r.best)].ms, r.candidates[size_t(r.defaultIndex)].ms);
+}
+
+// A launch that fails in the middle of the timing loop (runtime/FaultInjection.h; a simulated
+// CUDA_ERROR_LAUNCH_FAILED, which, unlike a real one, leaves the context usable): that candidate
+// is reported failed with the driver's message, the others are timed and the winner is still
+// checked against the default config's output.
+TEST(AutotuneGpu, InjectedLaunchFailureFailsOneCandidateOnly) {
+  FLEXTILE_REQUIRE_GPU();
+  flextile::testing::SeededRandom rng;
+  const int64_t L = 700, D = 64;
+  std::normal_distribution<float> g(0, 1);
+  std::vector<Eigen::bfloat16> h(size_t(1 * 2 * L * D));
+  for (auto& x : h) x = Eigen::bfloat16(g(rng));
+  Tensor q = Tensor::fromHost(h, {1, 2, L, D}, MemorySpace::Device);
+  VariantInstance inst = variant("causal").make({1, 2, L, L, MemorySpace::Device, {128, 128}, 1});
+  TuneOptions o;
+  o.store = false;
+  o.warmup = 1;
+  o.repetitions = 3;
+  // Launches: the default's reference, then per candidate one checked run, warm-up and
+  // repetitions; the 8th falls inside the second candidate's.
+  runtime::armFault(runtime::FaultSite::Launch, 8);
+  TuneReport r = tuneFlexAttention(q, q, q, inst.score, inst.mask, ConfigSpace{{64, 128}, {64}, {4}, {2}}, o);
+  runtime::armFault(runtime::FaultSite::Launch, 0);
+  int failed = 0, timed = 0;
+  for (const Candidate& c : r.candidates) {
+    EXPECT_NE(c.status, Candidate::Status::Wrong) << formatReport(r);
+    if (c.status == Candidate::Status::Failed) {
+      ++failed;
+      EXPECT_NE(c.reason.find("injected fault"), std::string::npos) << formatReport(r);
+    }
+    timed += c.status == Candidate::Status::Timed;
+  }
+  EXPECT_EQ(failed, 1) << formatReport(r);
+  EXPECT_GE(timed, 1) << formatReport(r);
+  ASSERT_GE(r.best, 0) << formatReport(r);
+  EXPECT_EQ(r.candidates[size_t(r.best)].status, Candidate::Status::Timed);
 }
 
 }  // namespace
