@@ -435,7 +435,7 @@ TEST(BlockMask, TensorsForKernels) {
 
 }  // namespace
 
-// Every structural builder takes the same placement argument (issue #15).
+// Every structural builder takes the same placement argument.
 TEST(BlockMask, EveryStructuralBuilderTakesThePlacement) {
   using dsl::MemorySpace;
   const MemorySpace host = MemorySpace::Host;
