@@ -53,12 +53,11 @@ void launch(Kernel& k, MemorySpace space, const LaunchOptions& options, A&&... a
 }
 
 // One state byte per block: 0 no allowed in-range pair, 1 some, 2 all.
+// The kernels hold a detached copy of the mod (see MaskMod::detached): the same source line, so
+// an error in what the user's mod returns points at the user's code, not at this file.
 Kernel makeStateKernel(const MaskMod& mod) {
-  MaskMod::Fn fn = mod.fn();
-  std::string name = mod.name();
-  return kernel("block_mask_states", [fn, name](Ptr<i8> states, Int H, Int qLen, Int kvLen, Int numQ, Int numKv,
-                                                Const<int> BQ, Const<int> BKV) {
-    MaskMod mask(name, fn);
+  return kernel("block_mask_states", [mask = mod.detached()](Ptr<i8> states, Int H, Int qLen, Int kvLen, Int numQ,
+                                                             Int numKv, Const<int> BQ, Const<int> BKV) {
     auto qb = program_id(0), kb = program_id(1), bh = program_id(2);
     auto q = (qb * BQ + arange(0, BQ)).expand(1);    // [BQ, 1]
     auto kv = (kb * BKV + arange(0, BKV)).expand(0);  // [1, BKV]
@@ -72,11 +71,9 @@ Kernel makeStateKernel(const MaskMod& mod) {
 
 // The element mask of listed blocks: (bh, q block, kv block) triples.
 Kernel makeDenseKernel(const MaskMod& mod) {
-  MaskMod::Fn fn = mod.fn();
-  std::string name = mod.name();
-  return kernel("block_mask_dense", [fn, name](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen, Int kvLen,
-                                               Int rowStart, Int qOffset, Const<int> BQ, Const<int> BKV) {
-    MaskMod mask(name, fn);
+  return kernel("block_mask_dense", [mask = mod.detached()](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen,
+                                                            Int kvLen, Int rowStart, Int qOffset, Const<int> BQ,
+                                                            Const<int> BKV) {
     auto e = program_id(0) * 3;
     auto bh = load(blocks + e), qb = load(blocks + e + 1), kb = load(blocks + e + 2);
     auto g = (rowStart + qb * BQ + arange(0, BQ)).expand(1);  // global query positions
