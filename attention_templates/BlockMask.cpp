@@ -619,6 +619,37 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
   });
 }
 
+BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                 const CapturedTensor& windowPerHead, BlockSizes sizes,
+                                 std::optional<MemorySpace> where) {
+  const std::string what = "slidingWindowBlockMask";
+  MaskMod mod = sliding_window_mask(windowPerHead);  // checks it is a defined integer tensor [H]
+  const Tensor t = windowPerHead.tensor();
+  if (t.size(0) != H)
+    throw Error(what + ": the windows '" + windowPerHead.name() + "' must have one entry per head (H=" +
+                std::to_string(H) + "), got " + t.describe());
+  if (where && *where != t.space())
+    throw Error(what + ": the windows '" + windowPerHead.name() + "' are in " +
+                (t.space() == MemorySpace::Host ? "host" : "device") + " memory, but the placement asks for " +
+                (*where == MemorySpace::Host ? "host" : "device") +
+                " memory (the mask's partial blocks read the tensor where it is)");
+  std::vector<int64_t> windows;
+  switch (t.dtype()) {
+    case DType::I8: for (int8_t w : t.toHost<int8_t>()) windows.push_back(w); break;
+    case DType::I32: for (int32_t w : t.toHost<int32_t>()) windows.push_back(w); break;
+    case DType::I64: windows = t.toHost<int64_t>(); break;
+    default: throw Error(what + ": the windows must be i8, i32 or i64, got " + t.describe());
+  }
+  for (size_t h = 0; h < windows.size(); ++h)
+    if (windows[h] < 1 || windows[h] > INT32_MAX)
+      throw Error(what + ": the window of head " + std::to_string(h) + " in '" + windowPerHead.name() +
+                  "' must be in [1, 2^31) (a window counts the query), got " + std::to_string(windows[h]));
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what.c_str(), t.space(), [&](int64_t, int64_t h) {
+    const int64_t w = windows[size_t(h)];
+    return BlockMaskBuilder::RowRule{[w](int64_t i) { return i - w + 1; }, [](int64_t i) { return i; }};
+  });
+}
+
 BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength, BlockSizes sizes,
                             std::optional<MemorySpace> where) {
   MaskMod mod = prefix_lm_mask(prefixLength);
