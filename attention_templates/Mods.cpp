@@ -22,12 +22,12 @@ const detail::ModState::ProbeFacts& detail::ModState::probeOnce(const std::funct
   std::lock_guard lock(mutex);
   // A mod that cannot be traced on the probe tiles fails the same way every time: remember why, so
   // the calls that ask (every untuned flex_attention call does) do not trace it again.
-  if (probeError) throw Error(*probeError);
+  if (probeError) throw *probeError;
   if (!probe) {
     try {
       probe = compute();
     } catch (const Error& e) {
-      probeError = e.what();
+      probeError = e;
       throw;
     }
   }

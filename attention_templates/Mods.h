@@ -54,7 +54,7 @@ struct ModState {
     std::vector<dsl::CapturedTensor> captures;
   };
   std::optional<ProbeFacts> probe;
-  std::optional<std::string> probeError;  // why the probe trace failed, once it has
+  std::optional<Error> probeError;  // why the probe trace failed, once it has
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
   const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
 };

@@ -38,7 +38,7 @@ void checkShape(const Shape& shape, const std::vector<int64_t>& strides) {
     throw Error("tensor: shape " + ir::shapeString(shape) + " has rank " + std::to_string(shape.size()) + " but " +
                 std::to_string(strides.size()) + " strides were given " + ir::shapeString(strides));
   for (auto s : strides)
-    if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides));
+    if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides), ErrorKind::Unsupported);
 }
 
 // Calls f(elementOffset) for every element in row-major order.
@@ -63,7 +63,7 @@ void forEachOffset(const Shape& shape, const std::vector<int64_t>& strides, F&& 
 }  // namespace
 
 Tensor Tensor::make(std::shared_ptr<Storage> storage, DType dtype, Shape shape, std::vector<int64_t> strides) {
-  if (dtype == DType::Ptr) throw Error("tensor: a tensor of pointers is not supported");
+  if (dtype == DType::Ptr) throw Error("tensor: a tensor of pointers is not supported", ErrorKind::Unsupported);
   if (strides.empty() && !shape.empty()) strides = contiguousStrides(shape);
   checkShape(shape, strides);
   Tensor t;
@@ -220,7 +220,7 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count) {
                 std::to_string(numel()) + " elements)");
   const size_t eb = size_t(elementBytes());
   if (isDevice()) {
-    if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe());
+    if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe(), ErrorKind::Unsupported);
     if (storage_->owned) {
       storage_->deviceBuffer.copyFromHost(data, count * eb);
     } else {
@@ -263,7 +263,7 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count) const {
     throw Error("tensor: cannot copy " + describe() + " into " + std::to_string(count) + " elements");
   const size_t eb = size_t(elementBytes());
   if (isDevice()) {
-    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe());
+    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe(), ErrorKind::Unsupported);
     if (storage_->owned) {
       storage_->deviceBuffer.copyToHost(data, count * eb);
     } else {

@@ -619,10 +619,13 @@ int flextileMain(int argc, const char* const* argv, std::ostream& out, std::ostr
   } catch (const UsageError& e) {
     err << "flextile: " << e.message << "\n\n" << (args.command ? args.command->usage : kUsage);
     return 2;
+  } catch (const Error& e) {
+    err << "flextile: " << e.what() << "\n";
+    // An unknown name (a variant) is a usage problem too.
+    return e.kind() == ErrorKind::UnknownName ? 2 : 1;
   } catch (const std::exception& e) {
     err << "flextile: " << e.what() << "\n";
-    // An unknown variant is a usage problem too.
-    return std::string(e.what()).find("unknown attention variant") != std::string::npos ? 2 : 1;
+    return 1;
   }
   return 2;
 }

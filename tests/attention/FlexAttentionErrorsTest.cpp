@@ -84,6 +84,23 @@ TEST(FlexAttentionErrors, UnsupportedHeadDims) {
     Tensor t = hostTensor(DType::BF16, {1, 1, 16, D});
     expectError([&] { run(t, t, t); }, {"head dim D = " + std::to_string(D) + " is not supported",
                                         "multiple of 16 up to 256"});
+    try {
+      run(t, t, t);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+    }
+  }
+  // An ordinary mistake in the input is the default kind, and an unknown variant says so.
+  try {
+    run(hostTensor(DType::BF16, {2, 16, 64}), hostTensor(DType::BF16, {1, 1, 16, 64}), hostTensor(DType::BF16, {1, 1, 16, 64}));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+  }
+  try {
+    (void)variant("no_such_variant");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::UnknownName) << e.what();
   }
 }
 
