@@ -63,12 +63,11 @@ Tensor uploadCapture(const std::vector<int32_t>& values, Shape shape, MemorySpac
 }
 
 // One state byte per block: 0 no allowed in-range pair, 1 some, 2 all.
+// The kernels hold a detached copy of the mod (see MaskMod::detached): the same source line, so
+// an error in what the user's mod returns points at the user's code, not at this file.
 Kernel makeStateKernel(const MaskMod& mod) {
-  MaskMod::Fn fn = mod.fn();
-  std::string name = mod.name();
-  return kernel("block_mask_states", [fn, name](Ptr<i8> states, Int H, Int qLen, Int kvLen, Int numQ, Int numKv,
-                                                Const<int> BQ, Const<int> BKV) {
-    MaskMod mask(name, fn);
+  return kernel("block_mask_states", [mask = mod.detached()](Ptr<i8> states, Int H, Int qLen, Int kvLen, Int numQ,
+                                                             Int numKv, Const<int> BQ, Const<int> BKV) {
     auto qb = program_id(0), kb = program_id(1), bh = program_id(2);
     auto q = (qb * BQ + arange(0, BQ)).expand(1);    // [BQ, 1]
     auto kv = (kb * BKV + arange(0, BKV)).expand(0);  // [1, BKV]
@@ -82,11 +81,9 @@ Kernel makeStateKernel(const MaskMod& mod) {
 
 // The element mask of listed blocks: (bh, q block, kv block) triples.
 Kernel makeDenseKernel(const MaskMod& mod) {
-  MaskMod::Fn fn = mod.fn();
-  std::string name = mod.name();
-  return kernel("block_mask_dense", [fn, name](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen, Int kvLen,
-                                               Int rowStart, Int qOffset, Const<int> BQ, Const<int> BKV) {
-    MaskMod mask(name, fn);
+  return kernel("block_mask_dense", [mask = mod.detached()](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen,
+                                                            Int kvLen, Int rowStart, Int qOffset, Const<int> BQ,
+                                                            Const<int> BKV) {
     auto e = program_id(0) * 3;
     auto bh = load(blocks + e), qb = load(blocks + e + 1), kb = load(blocks + e + 2);
     auto g = (rowStart + qb * BQ + arange(0, BQ)).expand(1);  // global query positions
@@ -639,6 +636,38 @@ BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvL
   }
   return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what, space, [&](int64_t, int64_t h) {
     const int64_t w = windows.size() == 1 ? windows[0] : windows[size_t(h)];
+    return BlockMaskBuilder::RowRule{[w](int64_t i) { return i - w + 1; }, [](int64_t i) { return i; }};
+  });
+}
+
+BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                 const CapturedTensor& windowPerHead, BlockSizes sizes,
+                                 BlockMaskPlacement placement) {
+  const std::optional<MemorySpace> where = placement.space;
+  const std::string what = "slidingWindowBlockMask";
+  MaskMod mod = sliding_window_mask(windowPerHead);  // checks it is a defined integer tensor [H]
+  const Tensor t = windowPerHead.tensor();
+  if (t.size(0) != H)
+    throw Error(what + ": the windows '" + windowPerHead.name() + "' must have one entry per head (H=" +
+                std::to_string(H) + "), got " + t.describe());
+  if (where && *where != t.space())
+    throw Error(what + ": the windows '" + windowPerHead.name() + "' are in " +
+                (t.space() == MemorySpace::Host ? "host" : "device") + " memory, but the placement asks for " +
+                (*where == MemorySpace::Host ? "host" : "device") +
+                " memory (the mask's partial blocks read the tensor where it is)");
+  std::vector<int64_t> windows;
+  switch (t.dtype()) {
+    case DType::I8: for (int8_t w : t.toHost<int8_t>(placement.stream)) windows.push_back(w); break;
+    case DType::I32: for (int32_t w : t.toHost<int32_t>(placement.stream)) windows.push_back(w); break;
+    case DType::I64: windows = t.toHost<int64_t>(placement.stream); break;
+    default: throw Error(what + ": the windows must be i8, i32 or i64, got " + t.describe());
+  }
+  for (size_t h = 0; h < windows.size(); ++h)
+    if (windows[h] < 1 || windows[h] > INT32_MAX)
+      throw Error(what + ": the window of head " + std::to_string(h) + " in '" + windowPerHead.name() +
+                  "' must be in [1, 2^31) (a window counts the query), got " + std::to_string(windows[h]));
+  return BlockMaskBuilder::structural(mod, B, H, qLen, kvLen, sizes, what.c_str(), t.space(), [&](int64_t, int64_t h) {
+    const int64_t w = windows[size_t(h)];
     return BlockMaskBuilder::RowRule{[w](int64_t i) { return i - w + 1; }, [](int64_t i) { return i; }};
   });
 }

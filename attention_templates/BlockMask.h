@@ -267,6 +267,15 @@ BlockMask causalBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, Blo
 BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                                  const std::vector<int64_t>& windowPerHead, BlockSizes sizes = {},
                                  BlockMaskPlacement where = {});
+// The same with the per-head windows in a capture of the caller's (an integer tensor [H], in
+// either space): the mask's mod, sliding_window_mask(windowPerHead), reads that very tensor, so a
+// user's own mod can read it too and the two share one capture (and one set of kernel
+// parameters). The lists are made from the tensor's values now (a device tensor is read back
+// once): build a new mask after changing them. `where` defaults to the tensor's space; another
+// space is an error, since the mask's partial blocks read the tensor where it is.
+BlockMask slidingWindowBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                 const CapturedTensor& windowPerHead, BlockSizes sizes = {},
+                                 BlockMaskPlacement where = {});
 BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, int64_t prefixLength,
                             BlockSizes sizes = {}, BlockMaskPlacement where = {});
 // Documents by start offsets, one list for all batches or one per batch:

@@ -310,11 +310,15 @@ FlexDecodePlan plan_flex_decode(const dsl::Tensor& q, const dsl::Tensor& k, cons
                                 std::optional<codegen::Target> target = std::nullopt);
 
 // FLOPs of one forward call as DESIGN.md counts them: 4 * B * Hq * D times
-// the number of (query, key) pairs the mask allows (dense: L * S), counted
-// exactly from the mask (partial blocks through mask_mod on the host is too
-// slow, so the caller gives the allowed-pair count; see bench/attention.cpp).
+// the number of (query, key) pairs the mask allows per head (dense: L * S),
+// counted exactly from the mask (evaluating mask_mod on the host is too slow,
+// so the caller gives the count; countAllowedPairs in Reference.h makes it).
 inline double flexAttentionFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {
   return 4.0 * double(B) * double(Hq) * double(D) * allowedPairsPerHead;
+}
+// The backward's FLOPs (DESIGN.md): 2.5 times the forward's, whatever the kernels recompute.
+inline double flexAttentionBackwardFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {
+  return 2.5 * flexAttentionFlops(B, Hq, D, allowedPairsPerHead);
 }
 
 }  // namespace flextile::attention

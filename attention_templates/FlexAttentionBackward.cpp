@@ -518,7 +518,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     throw Error(std::string(op) + ": the query heads (" + std::to_string(Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(Hkv) + ")");
   if (D < 16 || D > 256 || D % 16 != 0)
-    throw Error(std::string(op) + ": head dim D = " + std::to_string(D) + " is not supported (a multiple of 16 up to 256)");
+    throw Error(std::string(op) + ": head dim D = " + std::to_string(D) + " is not supported (a multiple of 16 up to 256)",
+                ErrorKind::Unsupported);
   const MemorySpace space = q.space();
   if (k.space() != space || v.space() != space)
     throw Error(std::string(op) + ": q, k and v must be in one memory space");

@@ -111,7 +111,8 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
     throw Error("flex_attention: the query heads (" + std::to_string(q.size(1)) + ") must be a multiple of the kv heads (" +
                 std::to_string(k.size(1)) + ")");
   if (q.size(3) < 16 || q.size(3) > 256 || q.size(3) % 16 != 0)
-    throw Error("flex_attention: head dim D = " + std::to_string(q.size(3)) + " is not supported (a multiple of 16 up to 256)");
+    throw Error("flex_attention: head dim D = " + std::to_string(q.size(3)) + " is not supported (a multiple of 16 up to 256)",
+                ErrorKind::Unsupported);
   if (q.size(2) < 1 || k.size(2) < 1 || q.size(0) < 1)
     throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
   // The kernels number the rows of lse and the (batch, head) pairs in i32 (b * Hq + h).
@@ -453,7 +454,8 @@ Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreM
     throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(p.Hkv) + ")");
   if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
-    throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)");
+    throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)",
+                ErrorKind::Unsupported);
   if (p.L < 1) throw Error("flex_attention: empty input: q " + q.describe());
   p.paged = &kv;
   p.pagedConstants = detail::pagedKvConstants(kv);

@@ -22,12 +22,12 @@ const detail::ModState::ProbeFacts& detail::ModState::probeOnce(const std::funct
   std::lock_guard lock(mutex);
   // A mod that cannot be traced on the probe tiles fails the same way every time: remember why, so
   // the calls that ask (every untuned flex_attention call does) do not trace it again.
-  if (probeError) throw Error(*probeError);
+  if (probeError) throw *probeError;
   if (!probe) {
     try {
       probe = compute();
     } catch (const Error& e) {
-      probeError = e.what();
+      probeError = e;
       throw;
     }
   }
@@ -122,17 +122,65 @@ std::string calledFrom(const SourceLoc& loc) {
 }
 }  // namespace
 
-MaskMod::MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
+template <class Mod, class Fn>
+detail::ModBase<Mod, Fn>::ModBase(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
     : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
       state_(std::make_shared<detail::ModState>()), defined_(defined) {
-  if (!fn_) throw Error("mask_mod '" + name_ + "': the function is empty");
+  if (!fn_) throw Error(describe() + ": the function is empty");
   for (const auto& c : captures_)
-    if (!c.defined()) throw Error("mask_mod '" + name_ + "': an empty CapturedTensor in its captures");
+    if (!c.defined()) throw Error(describe() + ": an empty CapturedTensor in its captures");
 }
 
+template <class Mod, class Fn>
+Mod detail::ModBase<Mod, Fn>::detached() const {
+  Mod copy = static_cast<const Mod&>(*this);
+  copy.state_ = std::make_shared<detail::ModState>();
+  return copy;
+}
+
+template <class Mod, class Fn>
+uint64_t detail::ModBase<Mod, Fn>::structuralHash() const {
+  return probe().structuralHash;
+}
+template <class Mod, class Fn>
+bool detail::ModBase<Mod, Fn>::gathersPerElement() const {
+  return probe().gathersPerElement;
+}
+
+template <class Mod, class Fn>
+const detail::ModState::ProbeFacts& detail::ModBase<Mod, Fn>::probe() const {
+  if (!fn_) throw Error(std::string(Mod::kKind) + ": structuralHash of an empty " + Mod::kClass);
+  return state_->probeOnce([&] {
+    // A copy with its own state: the probe kernel does not keep ours alive.
+    Kernel probe = Mod::probeKernel(detached());
+    return probeFacts(probe, Mod::kProbeOwnLoads, captures_);
+  });
+}
+
+template <class Mod, class Fn>
+const std::vector<CapturedTensor>& detail::ModBase<Mod, Fn>::captures() const {
+  if (!fn_) return captures_;
+  try {
+    return probe().captures;
+  } catch (const Error&) {
+    return captures_;  // the probe tiles do not fit this mod: what it was given
+  }
+}
+
+template <class Mod, class Fn>
+std::optional<MemorySpace> detail::ModBase<Mod, Fn>::captureSpace() const {
+  return spaceOf(describe(), captures());
+}
+
+template class detail::ModBase<MaskMod, detail::MaskModFn>;
+template class detail::ModBase<ScoreMod, detail::ScoreModFn>;
+
+MaskMod::MaskMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
+    : ModBase(std::move(name), std::move(fn), std::move(captures), defined) {}
+
 Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile& kv, SourceLoc loc) const {
-  const std::string what = "mask_mod '" + name_ + "'";
-  if (!fn_) traceError(loc, "mask_mod", "an empty MaskMod was called");
+  if (!fn_) traceError(loc, kKind, "an empty MaskMod was called");
+  const std::string what = describe();
   Tile r = fn_(b, h, q, kv);
   const Shape shape = broadcastShape(q.shape(), kv.shape());
   if (!r.valid()) traceError(defined_, what, "returned an empty Tile" + calledFrom(loc));
@@ -144,47 +192,20 @@ Tile MaskMod::operator()(const Tile& b, const Tile& h, const Tile& q, const Tile
   return r.shape() == shape ? r : r.broadcast_to(shape, loc);
 }
 
-MaskMod MaskMod::detached() const {
-  MaskMod copy = *this;
-  copy.state_ = std::make_shared<detail::ModState>();
-  return copy;
-}
-
-uint64_t MaskMod::structuralHash() const { return probe().structuralHash; }
-bool MaskMod::gathersPerElement() const { return probe().gathersPerElement; }
-
-const detail::ModState::ProbeFacts& MaskMod::probe() const {
-  if (!fn_) throw Error("mask_mod: structuralHash of an empty MaskMod");
-  return state_->probeOnce([&] {
-    const MaskMod self(name_, fn_, captures_);  // its own state: the probe kernel does not keep ours alive
-    Kernel probe = kernel("mod_probe", [self](Ptr<i8> out, Int b, Int h) {
-      auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
-      store(out + q * kProbe + kv, self(b, h, q, kv));
-    });
-    return probeFacts(probe, 0, captures_);
+Kernel MaskMod::probeKernel(const MaskMod& self) {
+  return kernel("mod_probe", [self](Ptr<i8> out, Int b, Int h) {
+    auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
+    store(out + q * kProbe + kv, self(b, h, q, kv));
   });
 }
 
-const std::vector<CapturedTensor>& MaskMod::captures() const {
-  if (!fn_) return captures_;
-  try {
-    return probe().captures;
-  } catch (const Error&) {
-    return captures_;  // the probe tiles do not fit this mod: what it was given
-  }
-}
-std::optional<MemorySpace> MaskMod::captureSpace() const { return spaceOf("mask_mod '" + name_ + "'", captures()); }
-
 ScoreMod::ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined)
-    : name_(std::move(name)), fn_(std::move(fn)), captures_(std::move(captures)),
-      state_(std::make_shared<detail::ModState>()), defined_(defined) {
-  if (!fn_) throw Error("score_mod '" + name_ + "': the function is empty");
-}
+    : ModBase(std::move(name), std::move(fn), std::move(captures), defined) {}
 
 Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const Tile& q, const Tile& kv,
                           SourceLoc loc) const {
-  const std::string what = "score_mod '" + name_ + "'";
-  if (!fn_) traceError(loc, "score_mod", "an empty ScoreMod was called");
+  if (!fn_) traceError(loc, kKind, "an empty ScoreMod was called");
+  const std::string what = describe();
   Tile r = fn_(score, b, h, q, kv);
   if (!r.valid()) traceError(defined_, what, "returned an empty Tile" + calledFrom(loc));
   if (!ir::isFloat(r.dtype()))
@@ -196,31 +217,13 @@ Tile ScoreMod::operator()(const Tile& score, const Tile& b, const Tile& h, const
   return r.shape() == score.shape() ? r : r.broadcast_to(score.shape(), loc);
 }
 
-uint64_t ScoreMod::structuralHash() const { return probe().structuralHash; }
-bool ScoreMod::gathersPerElement() const { return probe().gathersPerElement; }
-
-const detail::ModState::ProbeFacts& ScoreMod::probe() const {
-  if (!fn_) throw Error("score_mod: structuralHash of an empty ScoreMod");
-  return state_->probeOnce([&] {
-    const ScoreMod self(name_, fn_, captures_);
-    Kernel probe = kernel("mod_probe", [self](Ptr<f32> scores, Int b, Int h) {
-      auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
-      auto at = scores + q * kProbe + kv;
-      store(at, self(load(at), b, h, q, kv));
-    });
-    return probeFacts(probe, 1, captures_);
+Kernel ScoreMod::probeKernel(const ScoreMod& self) {
+  return kernel("mod_probe", [self](Ptr<f32> scores, Int b, Int h) {
+    auto q = arange(0, kProbe).expand(1), kv = arange(0, kProbe).expand(0);
+    auto at = scores + q * kProbe + kv;
+    store(at, self(load(at), b, h, q, kv));
   });
 }
-
-const std::vector<CapturedTensor>& ScoreMod::captures() const {
-  if (!fn_) return captures_;
-  try {
-    return probe().captures;
-  } catch (const Error&) {
-    return captures_;  // the probe tiles do not fit this mod: what it was given
-  }
-}
-std::optional<MemorySpace> ScoreMod::captureSpace() const { return spaceOf("score_mod '" + name_ + "'", captures()); }
 
 // ---- algebra ---------------------------------------------------------------
 

@@ -54,15 +54,71 @@ struct ModState {
     std::vector<dsl::CapturedTensor> captures;
   };
   std::optional<ProbeFacts> probe;
-  std::optional<std::string> probeError;  // why the probe trace failed, once it has
+  std::optional<Error> probeError;  // why the probe trace failed, once it has
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
   const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
 };
 }  // namespace detail
 
-class MaskMod {
+class MaskMod;
+class ScoreMod;
+
+namespace detail {
+using MaskModFn = std::function<Tile(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx)>;
+using ScoreModFn = std::function<Tile(const Tile& score, const Tile& b, const Tile& h, const Tile& q_idx,
+                                      const Tile& kv_idx)>;
+
+// What a MaskMod and a ScoreMod are, but for their signature and what they must return: a name, the
+// function, the captures, the kernels kept for it (ModState) and the facts of its probe trace.
+// `Mod` is the derived class; it gives the kind's names (kKind "mask_mod", kClass "MaskMod") and
+// its probe kernel (probeKernel), and checks what its function returns in operator().
+template <class Mod, class Fn>
+class ModBase {
  public:
-  using Fn = std::function<Tile(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx)>;
+  bool defined() const { return fn_ != nullptr; }
+  const std::string& name() const { return name_; }
+  const Fn& fn() const { return fn_; }
+  // Every tensor the mod reads: those it was given, then those its probe trace reads without having
+  // been given them (a capture is declared once, where the lambda reads it). A mod the probe tiles
+  // cannot trace reports the given ones.
+  const std::vector<CapturedTensor>& captures() const;
+  // Where the captured tensors live; nullopt without captures. Mixed spaces are an error.
+  std::optional<dsl::MemorySpace> captureSpace() const;
+  // Kernels made for this mod (the BlockMask builders, the templates), shared by its copies.
+  ModState& state() const { return *state_; }
+  // The same function, captures, name and source line with a state of its own: what a kernel kept
+  // in this mod's state holds. Holding the mod itself would be a cycle (state -> kernel -> tracer
+  // -> mod -> state) that keeps the mod and every kernel traced with it alive for ever.
+  Mod detached() const;
+  // The structural hash of what the mod computes: the IR it traces to on probe index tiles (and,
+  // for a score mod, an f32 probe score), captured tensors as parameters (their dtype and rank, not
+  // their values). Two mods with one name but different bodies differ; the same body under two
+  // names agrees. Traced once per mod (and its copies). The autotuner keys its per-GPU cache by it.
+  uint64_t structuralHash() const;
+  // Whether the mod reads a captured tensor once per (q, kv) pair (a gather of the whole tile),
+  // from the same probe trace; such mods keep the smaller default tile. Throws as structuralHash.
+  bool gathersPerElement() const;
+
+ protected:
+  ModBase() = default;
+  ModBase(std::string name, Fn fn, std::vector<CapturedTensor> captures, SourceLoc defined);
+  // "mask_mod 'causal'": how errors name the mod.
+  std::string describe() const { return std::string(Mod::kKind) + " '" + name_ + "'"; }
+
+  std::string name_;
+  Fn fn_;
+  std::vector<CapturedTensor> captures_;
+  std::shared_ptr<ModState> state_;
+  SourceLoc defined_;  // where the user made the mod: errors about what it returns point there
+
+ private:
+  const ModState::ProbeFacts& probe() const;
+};
+}  // namespace detail
+
+class MaskMod : public detail::ModBase<MaskMod, detail::MaskModFn> {
+ public:
+  using Fn = detail::MaskModFn;
 
   MaskMod() = default;  // empty; use noop_mask() for "everything allowed"
   // `captures` may list the tensors `fn` reads; a capture `fn` reads without being listed is found
@@ -78,46 +134,20 @@ class MaskMod {
   Tile operator()(const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx,
                   SourceLoc loc = SourceLoc::current()) const;
 
-  bool defined() const { return fn_ != nullptr; }
-  const std::string& name() const { return name_; }
-  const Fn& fn() const { return fn_; }
-  // Every tensor the mod reads: those it was given, then those its probe trace reads without having
-  // been given them (a capture is declared once, where the lambda reads it). A mod the probe tiles
-  // cannot trace reports the given ones.
-  const std::vector<CapturedTensor>& captures() const;
-  // Where the captured tensors live; nullopt without captures. Mixed spaces
-  // are an error.
-  std::optional<dsl::MemorySpace> captureSpace() const;
-  detail::ModState& state() const { return *state_; }
-  // The same function, captures, name and source line with a state of its own: what a kernel kept
-  // in this mod's state holds. Holding the mod itself would be a cycle (state -> kernel -> tracer
-  // -> mod -> state) that keeps the mod and every kernel traced with it alive for ever.
-  MaskMod detached() const;
-  // The structural hash of what the mod computes: the IR it traces to on
-  // probe index tiles, captured tensors as parameters (their dtype and rank,
-  // not their values). Two mods with one name but different bodies differ;
-  // the same body under two names agrees. Traced once per mod (and its
-  // copies). The autotuner keys its per-GPU cache by it.
-  uint64_t structuralHash() const;
-  // Whether the mod reads a captured tensor once per (q, kv) pair (a gather of the whole tile),
-  // from the same probe trace; such mods keep the smaller default tile. Throws as structuralHash.
-  bool gathersPerElement() const;
-
  private:
-  const detail::ModState::ProbeFacts& probe() const;
-  std::string name_;
-  Fn fn_;
-  std::vector<CapturedTensor> captures_;
-  std::shared_ptr<detail::ModState> state_;
-  SourceLoc defined_;
+  friend class detail::ModBase<MaskMod, Fn>;
+  static constexpr const char* kKind = "mask_mod";
+  static constexpr const char* kClass = "MaskMod";
+  static constexpr int kProbeOwnLoads = 0;  // full-tile loads the probe kernel makes itself
+  static dsl::Kernel probeKernel(const MaskMod& self);
 };
 
-class ScoreMod {
+class ScoreMod : public detail::ModBase<ScoreMod, detail::ScoreModFn> {
  public:
-  using Fn = std::function<Tile(const Tile& score, const Tile& b, const Tile& h, const Tile& q_idx,
-                                const Tile& kv_idx)>;
+  using Fn = detail::ScoreModFn;
 
   ScoreMod() = default;
+  // As MaskMod's.
   ScoreMod(std::string name, Fn fn, std::vector<CapturedTensor> captures = {},
            SourceLoc defined = SourceLoc::current());
 
@@ -126,26 +156,16 @@ class ScoreMod {
   Tile operator()(const Tile& score, const Tile& b, const Tile& h, const Tile& q_idx, const Tile& kv_idx,
                   SourceLoc loc = SourceLoc::current()) const;
 
-  bool defined() const { return fn_ != nullptr; }
-  const std::string& name() const { return name_; }
-  const Fn& fn() const { return fn_; }
-  // As MaskMod::captures: the given captures, then those the mod reads without having been given.
-  const std::vector<CapturedTensor>& captures() const;
-  std::optional<dsl::MemorySpace> captureSpace() const;
-  // Kernels traced with this mod (shared by its copies; see MaskMod::state).
-  detail::ModState& state() const { return *state_; }
-  // See MaskMod::structuralHash (the probe score is an f32 tile) and gathersPerElement.
-  uint64_t structuralHash() const;
-  bool gathersPerElement() const;
-
  private:
-  const detail::ModState::ProbeFacts& probe() const;
-  std::string name_;
-  Fn fn_;
-  std::vector<CapturedTensor> captures_;
-  std::shared_ptr<detail::ModState> state_;
-  SourceLoc defined_;
+  friend class detail::ModBase<ScoreMod, Fn>;
+  static constexpr const char* kKind = "score_mod";
+  static constexpr const char* kClass = "ScoreMod";
+  static constexpr int kProbeOwnLoads = 1;  // the probe reads its scores
+  static dsl::Kernel probeKernel(const ScoreMod& self);
 };
+
+extern template class detail::ModBase<MaskMod, detail::MaskModFn>;
+extern template class detail::ModBase<ScoreMod, detail::ScoreModFn>;
 
 // ---- mask algebra ----------------------------------------------------------
 // Intersection and union of the allowed sets (captures are merged). and_masks

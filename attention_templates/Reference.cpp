@@ -196,6 +196,34 @@ ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tenso
   return r;
 }
 
+double countAllowedPairs(const BlockMask& m, const RefMaskFn& refMask, int64_t B, int64_t Hq) {
+  if ((m.batch() != 1 && m.batch() != B) || (m.heads() != 1 && m.heads() != Hq))
+    throw Error("countAllowedPairs: the mask (" + m.describe() + ") does not fit batch " + std::to_string(B) + " and " +
+                std::to_string(Hq) + " query heads");
+  double total = 0;
+  for (int64_t b = 0; b < m.batch(); ++b)
+    for (int64_t h = 0; h < m.heads(); ++h)
+      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
+        // Global query positions of row block r (a slice's first block may start mid-block).
+        const int64_t q0 = std::max(m.qOffset(), m.qOffset() - m.qPhase() + r * m.qBlockSize());
+        const int64_t q1 = std::min(m.qOffset() - m.qPhase() + (r + 1) * m.qBlockSize(), m.qOffset() + m.qLen());
+        for (int32_t c : m.fullKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          total += double(q1 - q0) * double(k1 - k0);
+        }
+        for (int32_t c : m.partialKvBlocks(b, h, r)) {
+          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
+          if (!refMask) {
+            total += double(q1 - q0) * double(k1 - k0);
+            continue;
+          }
+          for (int64_t i = q0; i < q1; ++i)
+            for (int64_t j = k0; j < k1; ++j) total += refMask(b, h, i, j) ? 1 : 0;
+        }
+      }
+  return total * double(B / m.batch()) * double(Hq / m.heads());
+}
+
 std::vector<QueryRow> sampleQueryRows(int64_t B, int64_t H, int64_t L, const BlockMask* mask, const RefMaskFn& refMask,
                                       const RowSample& o) {
   std::vector<QueryRow> rows;

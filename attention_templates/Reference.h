@@ -76,6 +76,12 @@ inline constexpr int64_t kMaxMaskedRunsPerHead = 8;
 std::vector<QueryRow> sampleQueryRows(int64_t B, int64_t H, int64_t L, const BlockMask* mask, const RefMaskFn& refMask,
                                       const RowSample& options = {});
 
+// The (query, key) pairs `mask` allows for inputs of batch B and Hq query heads, summed over every
+// (b, h) (a mask's broadcast B or H of 1 counts B or Hq times): full blocks count their in-range
+// pairs, partial blocks ask `refMask` pair by pair (empty: every in-range pair of a partial block
+// counts). For FLOPs (flexAttentionFlops takes the count per head: divide by B * Hq).
+double countAllowedPairs(const BlockMask& mask, const RefMaskFn& refMask, int64_t B, int64_t Hq);
+
 // d score / d s of a RefScoreFn at s (empty: 1, the identity's).
 using RefScoreGradFn = std::function<double(double s, int64_t b, int64_t h, int64_t q, int64_t kv)>;
 // Called for every allowed pair with g = dloss / d(score_mod's output) and the mod's input s: where a

@@ -155,7 +155,7 @@ const Variant& variant(const std::string& name) {
     if (v.name == name) return v;
   std::string known;
   for (const Variant& v : registry()) known += (known.empty() ? "" : ", ") + v.name;
-  throw Error("unknown attention variant '" + name + "' (known: " + known + ")");
+  throw Error("unknown attention variant '" + name + "' (known: " + known + ")", ErrorKind::UnknownName);
 }
 
 bool registerVariant(Variant v) {

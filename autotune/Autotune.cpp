@@ -121,6 +121,12 @@ std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64
   return std::nullopt;
 }
 
+Candidate::Status statusOfCompileFailure(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  // The shared-memory planner refuses what does not fit: a pruning, not a bug.
+  return error && error->kind() == ErrorKind::ResourceLimit ? Candidate::Status::Pruned : Candidate::Status::Failed;
+}
+
 namespace {
 
 double secondsSince(std::chrono::steady_clock::time_point t0) {
@@ -234,8 +240,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
         }
       } catch (const std::exception& e) {
         const std::string what = e.what();
-        // The shared-memory planner refuses what does not fit: a pruning, not a bug.
-        c.status = what.find("shared memory") != std::string::npos ? Candidate::Status::Pruned : Candidate::Status::Failed;
+        c.status = statusOfCompileFailure(e);
         c.reason = what.substr(0, what.find('\n'));
       }
       c.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

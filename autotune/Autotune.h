@@ -16,6 +16,7 @@
 //      after step 3 (a dry run: what would compile and fit).
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -62,6 +63,11 @@ struct Candidate {
   bool compileCached = false;  // from the on-disk compile cache
   double ms = 0, tflops = 0, error = 0;
 };
+
+// How a candidate whose compile threw counts: Pruned when the error's kind says the config needs
+// more of the GPU than the target has (ErrorKind::ResourceLimit: the shared-memory planner refuses
+// it), Failed for anything else, whatever its message says.
+Candidate::Status statusOfCompileFailure(const std::exception& e);
 const char* statusName(Candidate::Status s);
 
 struct TuneOptions {

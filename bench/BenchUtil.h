@@ -1,5 +1,4 @@
-// What the attention benches share: argument lists, exact allowed-pair counts and PyTorch's
-// document cuts.
+// What the attention benches share: argument lists and PyTorch's document cuts.
 #pragma once
 
 #include <cctype>
@@ -20,27 +19,6 @@ inline std::vector<std::string> split(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-// Allowed pairs of one (b, h) summed over the mask's batches (times the broadcast factor): full
-// blocks count their in-range pairs, partial blocks ask the reference mask pair by pair.
-inline double allowedPairs(const attention::BlockMask& m, const attention::RefMaskFn& ref, int64_t B, int64_t Hq) {
-  double total = 0;
-  for (int64_t b = 0; b < m.batch(); ++b)
-    for (int64_t h = 0; h < m.heads(); ++h)
-      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
-        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
-        for (int32_t c : m.fullKvBlocks(b, h, r)) {
-          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
-          total += double(q1 - q0) * double(k1 - k0);
-        }
-        for (int32_t c : m.partialKvBlocks(b, h, r)) {
-          const int64_t k0 = c * m.kvBlockSize(), k1 = std::min(k0 + m.kvBlockSize(), m.kvLen());
-          for (int64_t i = q0; i < q1; ++i)
-            for (int64_t j = k0; j < k1; ++j) total += ref(b, h, i, j) ? 1 : 0;
-        }
-      }
-  return total * double(B / m.batch()) * double(Hq / m.heads());
 }
 
 // {"offsets": [[0, 17, ..., N], [...]]}: the integers of each inner list (bench/torch_document_cuts.py).

@@ -35,7 +35,6 @@ using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
 
-using flextile::bench::allowedPairs;
 using flextile::bench::split;
 
 namespace {
@@ -178,8 +177,8 @@ int main(int argc, char** argv) try {
       row.maskGenericMs = runtime::median(generic);
       row.sparsity = inst.mask->sparsity();
     }
-    const double pairs = inst.mask ? allowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
-    const double flops = 4.0 * double(D) * pairs;
+    const double pairs = inst.mask ? countAllowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
+    const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq));
     for (const FlexAttentionConfig& c : configs) {
       FlexAttentionOptions opt{.config = c};
       double err = 0;

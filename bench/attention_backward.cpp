@@ -35,7 +35,6 @@ using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
 
-using flextile::bench::allowedPairs;
 using flextile::bench::split;
 
 namespace {
@@ -189,8 +188,9 @@ int main(int argc, char** argv) try {
     Row row{name};
     VariantInputs in{B, Hq, N, N, MemorySpace::Device, {128, 128}, 7, documentOffsets};
     VariantInstance inst = variant(name).make(in);
-    const double pairs = inst.mask ? allowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
-    const double fwdFlops = 4.0 * double(D) * pairs;
+    const double pairs = inst.mask ? countAllowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
+    const double fwdFlops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq));
+    const double bwdFlops = flexAttentionBackwardFlops(B, Hq, D, pairs / double(B * Hq));
     flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse);
     runtime::synchronize();
     row.fwdMs = runtime::median(
@@ -228,7 +228,7 @@ int main(int argc, char** argv) try {
       }
       auto samples = runtime::timeKernel(
           [&] { flex_attention_backward_into(q, k, v, out, lse, dout, inst.score, inst.mask, grads, opt); }, 3, 15);
-      const double ms = runtime::median(samples), tflops = 2.5 * fwdFlops / ms / 1e9;
+      const double ms = runtime::median(samples), tflops = bwdFlops / ms / 1e9;
       std::printf("%-15s %-40s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), c.describe().c_str(), ms, tflops,
                   err);
       std::fflush(stdout);
@@ -242,12 +242,12 @@ int main(int argc, char** argv) try {
     };
     for (size_t i = 0; i < configs.size(); ++i) {
       const double ms = timeConfig(configs[i]);
-      if (i == 0) row.defaultTflops = std::isfinite(ms) ? 2.5 * fwdFlops / ms / 1e9 : 0;
+      if (i == 0) row.defaultTflops = std::isfinite(ms) ? bwdFlops / ms / 1e9 : 0;
       if (configs[i].dq == dflt.dq && ms < bestDkdvMs) bestDkdvMs = ms, bestDkdv = configs[i].dkdv;
       if (configs[i].dkdv == dflt.dkdv && ms < bestDqMs) bestDqMs = ms, bestDq = configs[i].dq;
     }
     if (!quick) timeConfig({bestDkdv, bestDq});
-    row.stepTflops = 3.5 * fwdFlops / (row.fwdMs + row.bwdMs) / 1e9;
+    row.stepTflops = (fwdFlops + bwdFlops) / (row.fwdMs + row.bwdMs) / 1e9;
     rows.push_back(row);
   }
   // What determinism costs: learnable ALiBi slopes (a trainable capture: every dkdv step adds its
@@ -260,7 +260,7 @@ int main(int argc, char** argv) try {
         dsl::capture(Tensor::fromHost(slopes, {Hq}, MemorySpace::Device), "slopes", {.requires_grad = true});
     ScoreMod learnable = alibi(slopesT);
     BlockMask mask = causalBlockMask(1, 1, N, N);
-    const double fwdFlops = 4.0 * double(D) * double(B * Hq) * double(N) * double(N + 1) / 2;
+    const double bwdFlops = flexAttentionBackwardFlops(B, Hq, D, double(N) * double(N + 1) / 2);  // causal
     flex_attention_into(q, k, v, learnable, mask, out, &lse);
     std::vector<float> first;
     for (bool det : {false, true}) {
@@ -277,7 +277,7 @@ int main(int argc, char** argv) try {
       const double ms = runtime::median(runtime::timeKernel(
           [&] { flex_attention_backward_into(q, k, v, out, lse, dout, learnable, mask, g, opt); }, 3, 15));
       std::printf("alibi, learnable slopes, %-13s %9.3f ms %7.1f TFLOP/s%s\n", det ? "deterministic" : "f32 atomics",
-                  ms, 2.5 * fwdFlops / ms / 1e9,
+                  ms, bwdFlops / ms / 1e9,
                   det ? (" (slope gradients within " + std::to_string(worst) + " of the atomic run)").c_str() : "");
       trainableRows.push_back({det ? "deterministic" : "atomics", ms});
     }

@@ -1,7 +1,7 @@
 // Decode bench: a few new queries against a long KV cache, in TB/s of K and V read (the bytes of
 // the KV blocks the call reads: all of them without a mask, the live ones with one) and µs per call.
 //
-//   flextile_attention_decode_bench              # the shapes, default configs
+//   flextile_attention_decode_bench              # the decode shapes below, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
 //   flextile_attention_decode_bench --sweep-splits   # block size x split count on every shape
 //

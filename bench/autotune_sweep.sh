@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The autotune proof of issue #5 on one GPU: `flextile autotune` for each yardstick variant at
+# The autotune measurement on one GPU: `flextile autotune` for each yardstick variant at
 # DESIGN.md's shape (from a cold compile cache when the machine is fresh), the wall time of each
 # sweep, then `flextile bench`, which runs every variant with the winner the sweeps stored.
 # The document variant uses the cuts in DOCUMENT_CUTS (bench/torch_document_cuts.py), the same

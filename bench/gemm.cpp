@@ -1,7 +1,7 @@
-// bf16 GEMM throughput: examples::matmul (f32 accumulation) on the shapes of
-// issue #3 — a large square product and the skinny shape of an attention block
-// product — over a small sweep of tile configurations. Each configuration is
-// checked against float64 on sampled outputs before it is timed. Prints a
+// bf16 GEMM throughput: examples::matmul (f32 accumulation) on two shapes — a
+// large square product and the skinny shape of an attention block product —
+// over a small sweep of tile configurations. Each configuration is checked
+// against float64 on sampled outputs before it is timed. Prints a
 // table and one JSON line per shape (bench/compare_gemm.py reads them).
 //
 //   flextile_gemm_bench [MxNxK ...]     (default 8192x8192x8192 16384x128x128)

@@ -341,7 +341,7 @@ void CompileCache::store(const CompileCacheKey& key, const CompiledKernel& kerne
     const std::string bytes = serializeCompiledKernel(key, kernel);
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    if (ec) throw Error("cannot create " + dir_.string() + ": " + ec.message());
+    if (ec) throw Error("cannot create " + dir_.string() + ": " + ec.message(), ErrorKind::Io);
     // A name no other thread or process uses, in the same folder (rename is
     // atomic only within one file system).
     const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
@@ -353,13 +353,13 @@ void CompileCache::store(const CompileCacheKey& key, const CompiledKernel& kerne
       out.close();
       if (!out) {
         fs::remove(tmp, ec);
-        throw Error("cannot write " + tmp.string());
+        throw Error("cannot write " + tmp.string(), ErrorKind::Io);
       }
     }
     fs::rename(tmp, path, ec);
     if (ec) {
       fs::remove(tmp, ec);
-      throw Error("cannot rename into " + path.string() + ": " + ec.message());
+      throw Error("cannot rename into " + path.string() + ": " + ec.message(), ErrorKind::Io);
     }
   } catch (const Error& e) {
     why = e.what();

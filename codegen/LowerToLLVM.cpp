@@ -358,7 +358,7 @@ void Lowering::lowerBlock(const ir::Block& block) {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // an internal mistake: say where it happened
-      throw Error("lowering " + op->describe() + ": internal error: " + e.what());
+      throw Error("lowering " + op->describe() + ": internal error: " + e.what(), ErrorKind::Internal);
     }
   }
 }
@@ -424,7 +424,7 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   std::string err;
   llvm::raw_string_ostream os(err);
   if (llvm::verifyModule(*module, &os))
-    throw Error("lowering kernel '" + func.name() + "' produced invalid LLVM IR: " + err);
+    throw Error("lowering kernel '" + func.name() + "' produced invalid LLVM IR: " + err, ErrorKind::Internal);
   return std::move(module);
 }
 

@@ -169,7 +169,8 @@ NVPTXTarget::NVPTXTarget(const Target& target) : target_(target), cpu_(target.sm
     case 120: ptxVersion_ = 87; break;
     default:
       throw Error("codegen: no NVPTX target for compute capability " + std::to_string(target.capability / 10) + "." +
-                  std::to_string(target.capability % 10) + " (supported: 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0)");
+                  std::to_string(target.capability % 10) + " (supported: 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0)",
+                  ErrorKind::Unsupported);
   }
 }
 
@@ -190,7 +191,7 @@ llvm::TargetMachine& NVPTXTarget::machine() const {
     std::string err;
     llvm::Triple tt(triple());
     const llvm::Target* t = llvm::TargetRegistry::lookupTarget(tt, err);
-    if (!t) throw Error("codegen: LLVM has no NVPTX target: " + err);
+    if (!t) throw Error("codegen: LLVM has no NVPTX target: " + err, ErrorKind::Compile);
     llvm::TargetOptions options;
     // Multiplies and adds may fuse into fma, as Triton does by default (enable_fp_fusion): one
     // rounding instead of two, and the softmax's scale, log2(e) and running-max subtraction become
@@ -198,7 +199,7 @@ llvm::TargetMachine& NVPTXTarget::machine() const {
     options.AllowFPOpFusion = fpFusionEnabled() ? llvm::FPOpFusion::Fast : llvm::FPOpFusion::Standard;
     tm.reset(t->createTargetMachine(tt, cpu_, features(), options, std::nullopt, std::nullopt,
                                     llvm::CodeGenOptLevel::Aggressive));
-    if (!tm) throw Error("codegen: LLVM could not create a TargetMachine for " + cpu_ + " " + features());
+    if (!tm) throw Error("codegen: LLVM could not create a TargetMachine for " + cpu_ + " " + features(), ErrorKind::Compile);
   }
   return *tm;
 }
@@ -253,7 +254,7 @@ std::string NVPTXTarget::emitPTX(llvm::Module& module) const {
   llvm::raw_svector_ostream os(buffer);
   llvm::legacy::PassManager pm;
   if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
-    throw Error("codegen: the NVPTX backend cannot emit assembly for " + cpu_);
+    throw Error("codegen: the NVPTX backend cannot emit assembly for " + cpu_, ErrorKind::Compile);
   pm.run(module);
   static std::once_flag namesChecked;
   std::call_once(namesChecked, checkSkippedPassNames);

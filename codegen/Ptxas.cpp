@@ -72,17 +72,18 @@ PtxasReport runPtxas(const std::string& ptx, const Target& target) {
   std::optional<std::string> ptxas = findPtxas();
   if (!ptxas)
     throw Error("ptxas: not found on PATH or in /usr/local/cuda/bin; install the CUDA toolkit (ptxas) to assemble "
-                "PTX for " + target.smName());
+                "PTX for " + target.smName(),
+                ErrorKind::Compile);
   std::string tmpl = (fs::temp_directory_path() / "flextile-ptxas-XXXXXX").string();
   std::vector<char> dirName(tmpl.begin(), tmpl.end());
   dirName.push_back('\0');
-  if (!::mkdtemp(dirName.data())) throw Error("ptxas: cannot create a temporary directory from " + tmpl);
+  if (!::mkdtemp(dirName.data())) throw Error("ptxas: cannot create a temporary directory from " + tmpl, ErrorKind::Io);
   const fs::path dir(dirName.data());
   const fs::path ptxFile = dir / "kernel.ptx", cubin = dir / "kernel.cubin", logFile = dir / "ptxas.log";
   {
     std::ofstream out(ptxFile);
     out << ptx;
-    if (!out) throw Error("ptxas: cannot write " + ptxFile.string());
+    if (!out) throw Error("ptxas: cannot write " + ptxFile.string(), ErrorKind::Io);
   }
   const std::string arch = "-arch=" + target.smName();
   std::vector<std::string> args{*ptxas, arch, "-v", ptxFile.string(), "-o", cubin.string()};
@@ -111,7 +112,8 @@ PtxasReport runPtxas(const std::string& ptx, const Target& target) {
                                           : "was killed by signal " + std::to_string(WTERMSIG(status));
     throw Error("ptxas " + why + " assembling PTX for " + target.smName() + ":\n" + log +
                 "repro: " + quoteForShell(*ptxas) + " " + arch + " -v " + quoteForShell(ptxFile.string()) +
-                " -o /dev/null");
+                " -o /dev/null",
+                ErrorKind::Compile);
   }
   PtxasReport report = parsePtxasLog(log);
   {

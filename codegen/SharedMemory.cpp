@@ -162,7 +162,8 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
   SharedPlan plan;
   for (const auto& b : buffers) {
     if (b.offset + b.bytes > int64_t(1) << 30)
-      throw Error(b.owner->describe() + ": needs " + std::to_string(b.bytes) + " bytes of shared memory");
+      throw Error(b.owner->describe() + ": needs " + std::to_string(b.bytes) + " bytes of shared memory",
+                  ErrorKind::ResourceLimit);
     plan.offset[b.owner] = int(b.offset);
     plan.bytes[b.owner] = int(b.bytes);
   }
@@ -201,7 +202,8 @@ void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const 
                                   ? " (" + std::to_string(biggest->intAttr("async_stages")) +
                                         " pipeline stages: lower num_stages or the tile sizes)"
                                   : "")
-                       : ""));
+                       : ""),
+              ErrorKind::ResourceLimit);
 }
 
 }  // namespace flextile::codegen

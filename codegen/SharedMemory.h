@@ -51,9 +51,9 @@
 //   2. bar.sync between its writes and its reads.
 // Nothing follows the reads: the next user's barrier 1. protects them (the
 // golden test tests/lit/codegen/ptx.ftir checks this order in the PTX).
-// Buffers that live longer (pipelined K/V stages, issue #3) will get live
-// ranges spanning loops, and the allocator gives overlapping ranges disjoint
-// bytes.
+// Buffers that live longer (the pipelined K/V stages of a software-pipelined
+// loop) have live ranges spanning the loop, and the allocator gives
+// overlapping ranges disjoint bytes.
 #pragma once
 
 #include <cstdint>

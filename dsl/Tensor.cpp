@@ -39,7 +39,7 @@ void checkShape(const Shape& shape, const std::vector<int64_t>& strides) {
     throw Error("tensor: shape " + ir::shapeString(shape) + " has rank " + std::to_string(shape.size()) + " but " +
                 std::to_string(strides.size()) + " strides were given " + ir::shapeString(strides));
   for (auto s : strides)
-    if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides));
+    if (s < 0) throw Error("tensor: negative strides are not supported, got " + ir::shapeString(strides), ErrorKind::Unsupported);
   // Element counts, extents and byte sizes are int64 everywhere (numel, extentBytes, copies): a
   // shape past that range is refused here rather than wrapping later.
   int64_t count = 1, last = 0;
@@ -80,7 +80,7 @@ void forEachOffset(const Shape& shape, const std::vector<int64_t>& strides, F&& 
 }  // namespace
 
 Tensor Tensor::make(std::shared_ptr<Storage> storage, DType dtype, Shape shape, std::vector<int64_t> strides) {
-  if (dtype == DType::Ptr) throw Error("tensor: a tensor of pointers is not supported");
+  if (dtype == DType::Ptr) throw Error("tensor: a tensor of pointers is not supported", ErrorKind::Unsupported);
   if (strides.empty() && !shape.empty()) strides = contiguousStrides(shape);
   checkShape(shape, strides);
   Tensor t;
@@ -245,7 +245,7 @@ void Tensor::copyFromHostBytes(DType type, const void* data, size_t count, runti
                 std::to_string(numel()) + " elements)");
   const size_t eb = size_t(elementBytes());
   if (isDevice()) {
-    if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe());
+    if (!isContiguous()) throw Error("tensor: copying into a strided device tensor is not supported: " + describe(), ErrorKind::Unsupported);
     if (storage_->owned) {
       storage_->deviceBuffer.copyFromHost(data, count * eb, 0, stream);
     } else {
@@ -288,7 +288,7 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count, runtime::Stre
     throw Error("tensor: cannot copy " + describe() + " into " + std::to_string(count) + " elements");
   const size_t eb = size_t(elementBytes());
   if (isDevice()) {
-    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe());
+    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe(), ErrorKind::Unsupported);
     if (storage_->owned) {
       storage_->deviceBuffer.copyToHost(data, count * eb, 0, stream);
     } else {

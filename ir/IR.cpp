@@ -4,6 +4,23 @@
 #include <sstream>
 #include <unordered_map>
 
+namespace flextile {
+
+const char* errorKindName(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::InvalidArgument: return "invalid argument";
+    case ErrorKind::UnknownName: return "unknown name";
+    case ErrorKind::Unsupported: return "unsupported";
+    case ErrorKind::ResourceLimit: return "resource limit";
+    case ErrorKind::Compile: return "compile";
+    case ErrorKind::Io: return "i/o";
+    case ErrorKind::Internal: return "internal";
+  }
+  return "unknown";
+}
+
+}  // namespace flextile
+
 namespace flextile::ir {
 
 namespace {

@@ -27,12 +27,37 @@
 
 namespace flextile {
 
+// What kind of failure an Error is, for code that must react differently to
+// different failures (the autotuner prunes a config that needs more shared
+// memory than the GPU has and reports any other failure; the CLI treats an
+// unknown name as a usage error). Set where the error is thrown; code never
+// reads the kind from the message.
+enum class ErrorKind : uint8_t {
+  InvalidArgument,  // the caller's input is wrong: shapes, dtypes, values, what a mod returns, IR text
+  UnknownName,      // a name that names nothing known: an attention variant
+  Unsupported,      // well-formed, but FlexTile does not do it: a head dim, a strided device copy, a GPU
+  ResourceLimit,    // the kernel needs more of the GPU than the target has: shared memory
+  Compile,          // the compilers below FlexTile (LLVM, ptxas) failed or are missing
+  Io,               // a file or folder could not be read or written
+  Internal,         // a FlexTile bug: something that must hold did not
+};
+// "invalid argument", "resource limit", ...
+const char* errorKindName(ErrorKind kind);
+
 // Every compile-side error (tracing, verification, parsing, codegen) is a
 // flextile::Error whose message names what is wrong and, where known, the
-// user's source line.
+// user's source line. Failures of the CUDA driver are runtime::DriverError
+// (runtime/ stands alone and has its own type).
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, ErrorKind kind = ErrorKind::InvalidArgument)
+      : std::runtime_error(message), kind_(kind) {}
+  // A new message for `cause`, of its kind: what a wrapper that adds context throws.
+  Error(const std::string& message, const Error& cause) : Error(message, cause.kind()) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
 };
 
 }  // namespace flextile

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -1322,7 +1323,7 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
   std::atomic<bool> stop{false};
   std::mutex errorMutex;
   int64_t errorProgram = total;
-  std::string errorMessage;
+  std::exception_ptr error;  // the first failing program's, rethrown as it was
   auto worker = [&] {
     Program program(launch);
     for (;;) {
@@ -1332,10 +1333,12 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
       try {
         program.run({l % grid[0], (l / grid[0]) % grid[1], l / (grid[0] * grid[1])});
       } catch (const std::exception& e) {
+        // An Error goes on as it is (its kind intact); anything else was a bug of the interpreter's.
+        const bool isError = dynamic_cast<const Error*>(&e) != nullptr;
         std::lock_guard<std::mutex> lock(errorMutex);
         if (l < errorProgram) {
           errorProgram = l;
-          errorMessage = e.what();
+          error = isError ? std::current_exception() : std::make_exception_ptr(Error(e.what(), ErrorKind::Internal));
         }
         stop = true;
       }
@@ -1348,7 +1351,7 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
     for (int64_t t = 0; t < threads; ++t) pool.emplace_back(worker);
     for (auto& th : pool) th.join();
   }
-  if (errorProgram < total) throw Error(errorMessage);
+  if (errorProgram < total) std::rethrow_exception(error);
 }
 
 }  // namespace flextile::ir

@@ -351,7 +351,7 @@ std::string Layout::verify() const {
 
 
 // =============================================================================
-// Tensor-core layouts (issue 3): mma.sync accumulators and dot operands.
+// Tensor-core layouts: mma.sync accumulators and dot operands.
 // The formulas and the register order are documented in Layout.h; pictures
 // are in docs/layouts.md.
 // =============================================================================

@@ -18,7 +18,7 @@
 //                registers repeat the pattern when the tile is larger.
 //   * sliced    (reduction results): drop one coordinate; register bases that
 //                become zero merge, lane/warp bases that become zero replicate.
-//   * mmaAccumulator and dotOperand (tensor cores, issue 3): see the section
+//   * mmaAccumulator and dotOperand (tensor cores): see the section
 //                at the end of the class and docs/layouts.md. Shared-memory
 //                tiles have their own class, SharedLayout (ir/SharedLayout.h).
 //
@@ -109,7 +109,7 @@ class Layout {
   std::string verify() const;
 
   // ---------------------------------------------------------------------------
-  // Tensor-core layouts (issue 3). Pictures in docs/layouts.md.
+  // Tensor-core layouts (mma.sync and wgmma operands). Pictures in docs/layouts.md.
   //
   // Accumulator of mma.sync.aligned.m16n8k16 (and m16n8k8) with f32 C/D, for a
   // tile [M, N]. Within one 16x8 instruction tile, lane l holds rows l/4 and

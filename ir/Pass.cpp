@@ -16,7 +16,7 @@ std::vector<PassTiming> PassPipeline::run(Function& f) const {
   try {
     verify(f);
   } catch (const Error& e) {
-    throw Error("pass pipeline input: " + std::string(e.what()));
+    throw Error("pass pipeline input: " + std::string(e.what()), e);
   }
   std::vector<PassTiming> timings;
   for (const Pass& p : passes_) {
@@ -24,7 +24,7 @@ std::vector<PassTiming> PassPipeline::run(Function& f) const {
     try {
       p.run(f);
     } catch (const Error& e) {
-      throw Error("pass '" + p.name + "' failed on @" + f.name() + ": " + e.what());
+      throw Error("pass '" + p.name + "' failed on @" + f.name() + ": " + e.what(), e);
     }
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     timings.push_back({p.name, ms});
@@ -34,7 +34,7 @@ std::vector<PassTiming> PassPipeline::run(Function& f) const {
       std::string msg = "pass '" + p.name + "' produced invalid IR: " + std::string(e.what());
       // When dumping, the broken IR (with locations) is the most useful thing to see.
       if (dumpEnabled("passes")) dump("passes", "invalid IR after " + p.name, printFunction(f, {.locations = true}));
-      throw Error(msg);
+      throw Error(msg, ErrorKind::Internal);  // a pass broke the IR it was given
     }
     if (dumpEnabled("passes")) dump("passes", "IR after " + p.name + " (@" + f.name() + ")", printFunction(f));
   }

@@ -331,24 +331,11 @@ std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
   return FlexAttentionConfig{c[0], c[1], int(c[2]), int(c[3])};
 }
 
-// Allowed (q, kv) pairs of the whole problem (for FLOPs): full blocks counted
-// by area, partial blocks through the reference mask.
-double allowedPairs(const Problem& p) {
-  if (!p.instance.mask) return double(p.B * p.H) * double(p.N) * double(p.N);
-  const attention::BlockMask& m = *p.instance.mask;
-  double total = 0;
-  for (int64_t b = 0; b < m.batch(); ++b)
-    for (int64_t h = 0; h < m.heads(); ++h)
-      for (int64_t r = 0; r < m.numQBlocks(); ++r) {
-        const int64_t q0 = r * m.qBlockSize(), q1 = std::min(q0 + m.qBlockSize(), m.qLen());
-        for (int32_t c : m.fullKvBlocks(b, h, r))
-          total += double(q1 - q0) * double(std::min((c + 1) * m.kvBlockSize(), m.kvLen()) - c * m.kvBlockSize());
-        for (int32_t c : m.partialKvBlocks(b, h, r))
-          for (int64_t i = q0; i < q1; ++i)
-            for (int64_t j = c * m.kvBlockSize(); j < std::min((c + 1) * m.kvBlockSize(), m.kvLen()); ++j)
-              total += !p.instance.refMask || p.instance.refMask(b, h, i, j) ? 1 : 0;
-      }
-  return total * double(p.B / m.batch()) * double(p.H / m.heads());
+// FLOPs of one forward call on the problem (pairs counted exactly from its mask).
+double forwardFlops(const Problem& p) {
+  const double pairs = p.instance.mask ? attention::countAllowedPairs(*p.instance.mask, p.instance.refMask, p.B, p.H)
+                                       : double(p.B * p.H) * double(p.N) * double(p.N);
+  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H));
 }
 
 bool gpuPresent(std::string* why = nullptr) { return dsl::deviceAvailable(why); }
@@ -491,7 +478,7 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
         3, 20);
     ms = runtime::median(samples);
   }
-  const double flops = attention::flexAttentionFlops(p.B, p.H, p.D, allowedPairs(p) / double(p.B * p.H));
+  const double flops = forwardFlops(p);
   std::snprintf(line, sizeof line, "%s %.3f ms, %.2f TFLOP/s\n", device ? "median of 20 calls" : "interpreted", ms,
                 flops / ms / 1e9);
   out << line;
@@ -517,7 +504,7 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   if (a.has("--threads")) o.threads = int(parseInts("--threads", a.get("--threads", ""), 1, 1)[0]);
   if (a.has("--target")) o.target = parseTarget(a.get("--target", ""));
   o.store = !a.has("--no-store");
-  o.flops = device ? 4.0 * double(p.D) * allowedPairs(p) : 0;
+  o.flops = device ? forwardFlops(p) : 0;
   o.progress = [&](const std::string& line) { err << line << "\n" << std::flush; };
   autotune::TuneReport r = autotune::tuneFlexAttention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                        autotune::defaultSpace(p.dtype, p.D), o);
@@ -586,7 +573,7 @@ int cmdBench(const Args& a, std::ostream& out, std::ostream& err) {
     const double ms = runtime::median(samples);
     const auto plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask);
     std::snprintf(line, sizeof line, "%-16s %-18s %10.3f %9.1f %10.1f\n", name.c_str(), plan.config.describe().c_str(),
-                  ms, 4.0 * double(p.D) * allowedPairs(p) / ms / 1e9, first);
+                  ms, forwardFlops(p) / ms / 1e9, first);
     out << line << std::flush;
   }
   return 0;
@@ -754,10 +741,13 @@ int flextileMain(int argc, const char* const* argv, std::ostream& out, std::ostr
   } catch (const UsageError& e) {
     err << "flextile: " << e.message << "\n\n" << (args.command ? args.command->usage : kUsage);
     return 2;
+  } catch (const Error& e) {
+    err << "flextile: " << e.what() << "\n";
+    // An unknown name (a variant) is a usage problem too.
+    return e.kind() == ErrorKind::UnknownName ? 2 : 1;
   } catch (const std::exception& e) {
     err << "flextile: " << e.what() << "\n";
-    // An unknown variant is a usage problem too.
-    return std::string(e.what()).find("unknown attention variant") != std::string::npos ? 2 : 1;
+    return 1;
   }
   return 2;
 }

@@ -415,7 +415,7 @@ class LayoutAssigner {
         break;
       default:
         if (!op.hasTrait(ir::kElementwise))
-          throw Error(op.describe() + ": layout assignment does not know this op");
+          throw Error(op.describe() + ": layout assignment does not know this op", ErrorKind::Internal);
         for (Value* o : op.operands())
           if ((l = known(o))) break;
         break;

@@ -435,7 +435,7 @@ TEST(BlockMask, TensorsForKernels) {
 
 }  // namespace
 
-// Every structural builder takes the same placement argument (issue #15).
+// Every structural builder takes the same placement argument.
 TEST(BlockMask, EveryStructuralBuilderTakesThePlacement) {
   using dsl::MemorySpace;
   const MemorySpace host = MemorySpace::Host;
@@ -450,4 +450,44 @@ TEST(BlockMask, EveryStructuralBuilderTakesThePlacement) {
   // The placement changes nothing about the lists.
   BlockMask a = causalBlockMask(1, 1, 100, 70, {32, 32}), b = causalBlockMask(1, 1, 100, 70, {32, 32}, host);
   EXPECT_EQ(a.toDenseBlocks(), b.toDenseBlocks());
+}
+
+// A per-head window mask built from the caller's own capture: exact lists (lengths not multiples
+// of the blocks, random windows per head, an i64 tensor too), the mask's mod reads the caller's
+// tensor itself (one capture slot), and the windows' mistakes are clear errors.
+TEST(BlockMask, PerHeadWindowsFromTheCallersCapture) {
+  SeededRandom rng;
+  const int64_t H = 3;
+  for (auto [qLen, kvLen] : {std::pair<int64_t, int64_t>{203, 150}, {129, 129}, {17, 64}}) {
+    std::vector<int32_t> w32(static_cast<size_t>(H));
+    for (auto& w : w32) w = int32_t(1 + rng() % 80);
+    std::vector<int64_t> w64(w32.begin(), w32.end());
+    const std::string context = "lengths " + std::to_string(qLen) + "x" + std::to_string(kvLen);
+    CapturedTensor windows = capture(Tensor::fromHost(w32, {H}, MemorySpace::Host), "windows");
+    BlockMask m = slidingWindowBlockMask(2, H, qLen, kvLen, windows, {32, 16});
+    EXPECT_EQ(m.space(), std::optional<MemorySpace>(MemorySpace::Host));
+    if (!expectExact(m, ft::refWindow(w64), context)) return;
+    // The same lists as the builder that makes its own tensor, and as the generic builder.
+    expectSameLists(m, slidingWindowBlockMask(2, H, qLen, kvLen, w64, {32, 16}, MemorySpace::Host), context);
+    expectSameLists(m, createBlockMask(sliding_window_mask(windows), 2, H, qLen, kvLen, {32, 16}, MemorySpace::Host),
+                    context);
+    ASSERT_EQ(m.maskMod().captures().size(), 1u);
+    EXPECT_EQ(m.maskMod().captures()[0].slot(), windows.slot()) << "the mask must read the caller's tensor";
+    // A caller's mod reading the same capture and the mask's mod together still hold one capture.
+    MaskMod mine("not_first_key", [windows](const Tile&, const Tile& h, const Tile&, const Tile& kv) {
+      return kv >= windows(h) - windows(h);
+    });
+    EXPECT_EQ(and_masks(mine, m.maskMod()).captures().size(), 1u);
+    CapturedTensor windows64 = capture(Tensor::fromHost(w64, {H}, MemorySpace::Host), "windows64");
+    expectSameLists(m, slidingWindowBlockMask(2, H, qLen, kvLen, windows64, {32, 16}), context + " i64");
+  }
+  CapturedTensor two = capture(Tensor::fromHost(std::vector<int32_t>{4, 8}, {2}, MemorySpace::Host), "two");
+  expectError([&] { (void)slidingWindowBlockMask(1, 3, 64, 64, two); }, {"'two'", "one entry per head (H=3)"});
+  expectError([&] { (void)slidingWindowBlockMask(1, 2, 64, 64, two, {32, 32}, MemorySpace::Device); },
+              {"'two'", "host memory", "placement asks for device"});
+  CapturedTensor zero = capture(Tensor::fromHost(std::vector<int32_t>{4, 0}, {2}, MemorySpace::Host), "zero");
+  expectError([&] { (void)slidingWindowBlockMask(1, 2, 64, 64, zero); }, {"head 1", "'zero'", "got 0"});
+  CapturedTensor floats = capture(Tensor::fromHost(std::vector<float>{4, 8}, {2}, MemorySpace::Host), "floats");
+  expectError([&] { (void)slidingWindowBlockMask(1, 2, 64, 64, floats); }, {"integer tensor [H]"});
+  expectError([&] { (void)slidingWindowBlockMask(1, 2, 64, 64, CapturedTensor()); }, {"empty CapturedTensor"});
 }

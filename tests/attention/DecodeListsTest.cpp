@@ -1,5 +1,5 @@
 // decodeBlockLists through the interpreter: exact against a brute-force reference for every
-// standard mask, slices, straddling ranges and boundary lengths; the window case of issue #12; no
+// standard mask, slices, straddling ranges and boundary lengths; a window query at the end of a row; no
 // retrace from step to step; buffers reused; clear errors.
 #include <gtest/gtest.h>
 
@@ -22,7 +22,7 @@ TEST(DecodeLists, ExactAgainstBruteForce) {
   ft::runDecodeListsSuite(rng, kHost);
 }
 
-// Issue #12: one query at the end of a row of a sliding window must not keep the row's leftmost
+// One query at the end of a row of a sliding window must not keep the row's leftmost
 // partial block when none of its keys is in the window (and blocks partial for the row become full).
 TEST(DecodeLists, WindowQueryAtTheEndOfARowDropsTheRowsLeftEdge) {
   BlockMask m = slidingWindowBlockMask(1, 1, 1024, 1024, {256}, {128, 128}, kHost);

@@ -1,5 +1,5 @@
 // The decode template on the GPU against the float64 reference and the prefill template: every
-// variant at the issue's shapes (L 1, 2, 5, 16; GQA 1:1, 4:1, 8:1, MQA; KV lengths 1, 127, 128,
+// variant at the decode shapes (L 1, 2, 5, 16; GQA 1:1, 4:1, 8:1, MQA; KV lengths 1, 127, 128,
 // 129, 4097 with the default 128-blocks), one split and many, and a serving-like sequence of steps.
 // Budget (gpu/TestBudget.h, docs/testing.md): every shape and variant runs each time, with a
 // random sample of the split counts (each a kernel to build; all with FLEXTILE_GPU_TESTS_FULL=1).
@@ -26,7 +26,7 @@ constexpr MemorySpace kDevice = MemorySpace::Device;
 const DecodeCheck kDefaultBlocks{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}};
 }  // namespace
 
-TEST(FlexDecodeGpu, EveryVariantAtTheIssueShapes) {
+TEST(FlexDecodeGpu, EveryVariantAtTheDecodeShapes) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const std::vector<AttentionCase> cases = {

@@ -84,6 +84,23 @@ TEST(FlexAttentionErrors, UnsupportedHeadDims) {
     Tensor t = hostTensor(DType::BF16, {1, 1, 16, D});
     expectError([&] { run(t, t, t); }, {"head dim D = " + std::to_string(D) + " is not supported",
                                         "multiple of 16 up to 256"});
+    try {
+      run(t, t, t);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+    }
+  }
+  // An ordinary mistake in the input is the default kind, and an unknown variant says so.
+  try {
+    run(hostTensor(DType::BF16, {2, 16, 64}), hostTensor(DType::BF16, {1, 1, 16, 64}), hostTensor(DType::BF16, {1, 1, 16, 64}));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+  }
+  try {
+    (void)variant("no_such_variant");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::UnknownName) << e.what();
   }
 }
 
@@ -214,6 +231,75 @@ TEST(FlexAttentionErrors, ModsOfTheWrongType) {
   BlockMask m =
       BlockMask::fromKvLists(floatMask, 1, 1, 32, 32, {32, 32}, structural.partialKv(), structural.fullKv());
   expectError([&] { run(t, t, t, m); }, {"float_mask", "must return i1", "FlexAttentionErrorsTest.cpp:"});
+}
+
+namespace {
+// Runs `f`, which must throw an Error that starts at this file's line in [first, last] (where the
+// user made the mod; compilers name a multi-line statement's first or last line) and contains
+// every one of `parts`.
+void expectErrorAtUsersLine(const std::function<void()>& f, int first, int last, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one at FlexAttentionErrorsTest.cpp:" << first << "-" << last;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const std::string file = "FlexAttentionErrorsTest.cpp:";
+    ASSERT_EQ(what.rfind(file, 0), 0u) << "the error does not start at the user's file: " << what;
+    const int line = std::stoi(what.substr(file.size()));
+    EXPECT_TRUE(line >= first && line <= last) << what << " (expected a line in " << first << "-" << last << ")";
+    for (const std::string& part : parts) EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
+  }
+}
+}  // namespace
+
+// Every path that traces a user's mod (the forward, the decode template, the generic BlockMask
+// builder, BlockMask::toDense) reports what the mod returns wrongly at the user's line, whatever
+// the mistake: a boolean score, a score of the wrong shape, a float mask, a mask of the wrong shape.
+TEST(FlexAttentionErrors, ModErrorsPointAtTheUsersLine) {
+  Tensor t = hostTensor(DType::F32, {1, 2, 40, 32});
+  const int boolFirst = __LINE__ + 1;
+  ScoreMod boolScore("bool_score", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) {
+    return s > 0.0;
+  });
+  const int boolLast = __LINE__ - 1;
+  expectErrorAtUsersLine([&] { run(t, t, t, std::nullopt, kSmall, boolScore); }, boolFirst, boolLast,
+                         {"score_mod 'bool_score'", "floating-point score, got i1", "called from FlexAttentionForward.cpp"});
+  FlexAttentionOptions decode = kSmall;
+  decode.config.reset();
+  Tensor oneQuery = hostTensor(DType::F32, {1, 2, 1, 32});
+  expectErrorAtUsersLine([&] { run(oneQuery, t, t, std::nullopt, decode, boolScore); }, boolFirst, boolLast,
+                         {"bool_score", "floating-point score", "called from FlexAttentionDecode.cpp"});
+
+  const int shapeFirst = __LINE__ + 1;
+  ScoreMod rowScore("row_score", [](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile&) {
+    return dsl::zeros({q.shape()[0], 2}, s.dtype());
+  });
+  const int shapeLast = __LINE__ - 1;
+  expectErrorAtUsersLine([&] { run(t, t, t, std::nullopt, kSmall, rowScore); }, shapeFirst, shapeLast,
+                         {"row_score", "does not broadcast to the score"});
+
+  const int floatFirst = __LINE__ + 1;
+  MaskMod floatMask("float_mask", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (q - kv).to(DType::F32);
+  });
+  const int floatLast = __LINE__ - 1;
+  expectErrorAtUsersLine([&] { (void)createBlockMask(floatMask, 1, 1, 40, 40, {32, 32}, kHost); }, floatFirst,
+                         floatLast, {"mask_mod 'float_mask'", "must return i1", "called from BlockMask.cpp"});
+  // A mask built from lists traces the mod first where the template meets a partial block.
+  BlockMask structural = causalBlockMask(1, 1, 40, 40, {32, 32});
+  BlockMask listed =
+      BlockMask::fromKvLists(floatMask, 1, 1, 40, 40, {32, 32}, structural.partialKv(), structural.fullKv());
+  expectErrorAtUsersLine([&] { run(t, t, t, listed); }, floatFirst, floatLast,
+                         {"float_mask", "called from FlexAttentionForward.cpp"});
+  expectErrorAtUsersLine([&] { (void)listed.toDense(); }, floatFirst, floatLast, {"float_mask", "must return i1"});
+
+  const int wideFirst = __LINE__ + 1;
+  MaskMod wideMask("wide_mask", [](const Tile&, const Tile&, const Tile& q, const Tile&) {
+    return dsl::zeros({q.shape()[0], 2}, DType::I1);
+  });
+  const int wideLast = __LINE__ - 1;
+  expectErrorAtUsersLine([&] { (void)createBlockMask(wideMask, 1, 1, 40, 40, {32, 32}, kHost); }, wideFirst, wideLast,
+                         {"wide_mask", "does not broadcast to the index tiles' shape"});
 }
 
 // A NaN, infinite or zero scale is an error, not a NaN output.

@@ -270,6 +270,30 @@ TEST(FlexAttention, CapturedSlopesFollowNewValuesWithoutRetracing) {
   EXPECT_EQ(k->numTraces(), 1u);
 }
 
+// A user's score mod and the per-head window BlockMask share one captured tensor: the output
+// follows the reference for both reading the same values (GQA, a broadcast batch in the mask,
+// lengths not multiples of the blocks), and both mods hold the caller's capture itself.
+TEST(FlexAttention, ScoreModAndWindowMaskShareOneCapture) {
+  SeededRandom rng;
+  AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 77, .S = 90, .D = 32, .dtype = DType::F32, .context = "shared"};
+  std::vector<int32_t> windows(size_t(c.Hq));
+  for (auto& w : windows) w = int32_t(1 + rng() % 60);
+  CapturedTensor captured = dsl::capture(Tensor::fromHost(windows, {c.Hq}, kHost), "windows");
+  // Scores fade with the distance, relative to the head's window.
+  ScoreMod fade("fade_in_window", [captured](const Tile& s, const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
+    return s - (q - kv).to(s.dtype()) / captured(h).to(s.dtype());
+  });
+  BlockMask mask = slidingWindowBlockMask(1, c.Hq, c.L, c.S, captured, kMaskBlocks);
+  auto refScore = [&windows](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
+    return s - double(q - kv) / double(windows[size_t(h)]);
+  };
+  std::vector<int64_t> perHead(windows.begin(), windows.end());
+  if (!checkFlexAttention(rng, c, kHost, fade, mask, refScore, refWindow(perHead), kSmall)) return;
+  ASSERT_EQ(mask.maskMod().captures().size(), 1u);
+  EXPECT_EQ(mask.maskMod().captures()[0].slot(), captured.slot());
+  EXPECT_EQ(fade.captures()[0].slot(), captured.slot());
+}
+
 // Document ids captured in the mask mod: each round new ids (a new BlockMask
 // from the same mod), one forward trace for all rounds.
 TEST(FlexAttention, CapturedDocumentIdsFollowNewValuesWithoutRetracing) {

@@ -130,6 +130,42 @@ TEST(SampleQueryRows, IncludeTheEndsOfEveryRunOfRowsWithoutKeys) {
   EXPECT_EQ(shortRuns, kMaxMaskedRunsPerHead - 1) << "the run [0, 255], then the first single rows";
 }
 
+// The pair count behind every FLOP figure: brute force over the plane agrees with the count from
+// the lists (lengths not multiples of the blocks, per-head windows, a broadcast batch, a slice that
+// starts mid-block), and the FLOP formulas apply DESIGN.md's factors to it.
+TEST(CountAllowedPairs, AgreesWithTheWholePlane) {
+  const int64_t B = 3, H = 2, L = 203, S = 150;
+  const std::vector<int64_t> windows{17, 64};
+  const RefMaskFn window = [&](int64_t, int64_t h, int64_t q, int64_t kv) {
+    return kv <= q && q - kv < windows[size_t(h)];
+  };
+  auto bruteForce = [&](const RefMaskFn& ref, int64_t q0, int64_t q1) {
+    double n = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t q = q0; q < q1; ++q)
+          for (int64_t kv = 0; kv < S; ++kv) n += ref(b, h, q, kv) ? 1 : 0;
+    return n;
+  };
+  const BlockMask m = slidingWindowBlockMask(1, H, L, S, windows, {32, 64}, MemorySpace::Host);
+  EXPECT_EQ(countAllowedPairs(m, window, B, H), bruteForce(window, 0, L));
+  const BlockMask causal = causalBlockMask(1, 1, L, S, {64, 32}, MemorySpace::Host);
+  EXPECT_EQ(countAllowedPairs(causal, kCausal, B, H), bruteForce(kCausal, 0, L));
+  // Queries 100-119 of row 1 (64-127): the count is of those queries, at global positions; and
+  // rows 2-3 whole (queries 128-202).
+  const BlockMask slice = causal.sliceRows(1, 1, 100, 20);
+  EXPECT_EQ(countAllowedPairs(slice, kCausal, B, H), bruteForce(kCausal, 100, 120));
+  const BlockMask rows = causal.sliceRows(2, 2);
+  EXPECT_EQ(countAllowedPairs(rows, kCausal, B, H), bruteForce(kCausal, 128, L));
+  // Without a reference mask a partial block counts whole: an upper bound.
+  EXPECT_GT(countAllowedPairs(causal, nullptr, B, H), bruteForce(kCausal, 0, L));
+  EXPECT_THROW(countAllowedPairs(m, window, B, 4), Error);  // 2 heads in the mask, 4 in the inputs
+
+  const double pairsPerHead = bruteForce(window, 0, L) / double(B * H);
+  EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 64, pairsPerHead), 4.0 * 64 * bruteForce(window, 0, L));
+  EXPECT_DOUBLE_EQ(flexAttentionBackwardFlops(B, H, 64, pairsPerHead), 10.0 * 64 * bruteForce(window, 0, L));
+}
+
 TEST(SampleQueryRows, TheSeedDecidesTheRandomRows) {
   const BlockMask mask = causalBlockMask(1, 1, 4096, 4096, {128, 128}, MemorySpace::Host);
   auto sample = [&](uint64_t seed) { return sampleQueryRows(2, 4, 4096, &mask, kCausal, {.seed = seed}); };

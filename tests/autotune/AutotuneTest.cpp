@@ -16,6 +16,7 @@
 #include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
 #include "gpu/GpuTest.h"
+#include "runtime/DriverError.h"
 
 namespace flextile {
 namespace {
@@ -26,6 +27,7 @@ using namespace flextile::autotune;
 using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
+using dsl::Tile;
 
 struct TempDir {
   fs::path path;
@@ -251,6 +253,48 @@ TEST(AutotuneResolver, FlexAttentionUsesTheResolversConfigWhenUsable) {
   // autotune's resolver: host tensors are never tuned.
   installResolver();
   EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+}
+
+// A compile that throws is a pruning only when the error's kind says the config needs more of the
+// GPU than the target has; the message's words do not count.
+TEST(AutotuneSweep, CompileFailuresAreClassifiedByTheirKind) {
+  EXPECT_EQ(statusOfCompileFailure(Error("needs 300000 bytes of shared memory", ErrorKind::ResourceLimit)),
+            Candidate::Status::Pruned);
+  EXPECT_EQ(statusOfCompileFailure(Error("too big", ErrorKind::ResourceLimit)), Candidate::Status::Pruned);
+  EXPECT_EQ(statusOfCompileFailure(Error("a bug near the shared memory planner", ErrorKind::Internal)),
+            Candidate::Status::Failed);
+  EXPECT_EQ(statusOfCompileFailure(Error("shared memory")), Candidate::Status::Failed);
+  EXPECT_EQ(statusOfCompileFailure(std::runtime_error("shared memory")), Candidate::Status::Failed);
+  EXPECT_EQ(statusOfCompileFailure(runtime::DriverError("cuModuleLoadData", 218)), Candidate::Status::Failed);
+}
+
+// End to end: a score mod that transposes its [128, 128] f32 score tile converts it through shared
+// memory (64 KiB) inside the key loop, next to the 128 KiB K/V ring of a 128 x 128 tile with
+// 2 stages. The ring alone passes the static estimate on sm_80; the shared-memory planner then
+// refuses the whole kernel (ErrorKind::ResourceLimit, through the pass pipeline and the template),
+// which prunes the config with the planner's reason.
+TEST(AutotuneSweep, ThePlannersSharedMemoryRefusalPrunes) {
+  const int64_t L = 256, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {1, 1, L, D}, MemorySpace::Host);
+  ScoreMod transposed("plus_transpose", [](const Tile& s, const Tile&, const Tile&, const Tile&, const Tile&) {
+    return s + s.trans();
+  });
+  BlockMask mask = causalBlockMask(1, 1, L, L, {128, 128}, MemorySpace::Host);
+  ConfigSpace space{{128}, {128}, {8}, {2}};
+  TuneOptions o;
+  o.threads = 1;
+  o.runPtxas = false;
+  o.target = codegen::Target::sm80();
+  TuneReport r = tuneFlexAttention(q, q, q, transposed, mask, space, o);
+  bool sawRefusal = false;
+  for (const Candidate& c : r.candidates) {
+    if (!(c.config == FlexAttentionConfig{128, 128, 8, 2})) continue;
+    SCOPED_TRACE(c.reason);
+    EXPECT_EQ(c.status, Candidate::Status::Pruned);
+    EXPECT_NE(c.reason.find("bytes of shared memory, sm_80 allows"), std::string::npos);
+    sawRefusal = true;
+  }
+  EXPECT_TRUE(sawRefusal);
 }
 
 TEST(AutotuneSweep, DryRunCompilesAGridInParallelAndReportsEveryConfig) {

@@ -65,6 +65,34 @@ TEST(PassPipeline, ErrorsThrownByAPassNameIt) {
   EXPECT_EQ(errorOf([&] { p.run(*f); }), "pass 'explode' failed on @every_op: cannot do it");
 }
 
+// The pipeline adds its context to a pass's error and keeps what kind of error it is; the IR a pass
+// breaks is the pass's bug (Internal); an error's kind defaults to InvalidArgument.
+TEST(PassPipeline, ErrorsKeepTheirKind) {
+  EXPECT_EQ(Error("bad input").kind(), ErrorKind::InvalidArgument);
+  EXPECT_STREQ(errorKindName(ErrorKind::ResourceLimit), "resource limit");
+  for (ErrorKind kind : {ErrorKind::ResourceLimit, ErrorKind::Unsupported, ErrorKind::Compile}) {
+    auto f = testing::everyOpProgram();
+    PassPipeline p;
+    p.add({"explode", [kind](Function&) { throw Error("cannot do it", kind); }});
+    try {
+      p.run(*f);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), kind) << e.what();
+      EXPECT_EQ(std::string(e.what()), "pass 'explode' failed on @every_op: cannot do it");
+    }
+  }
+  auto f = testing::everyOpProgram();
+  PassPipeline p;
+  p.add({"break-types", [](Function& g) { testing::firstOp(g, OpKind::Add)->result()->setType(Type(DType::F64)); }});
+  try {
+    p.run(*f);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Internal) << e.what();
+  }
+}
+
 TEST(PassPipeline, RejectsInvalidInputBeforeAnyPass) {
   auto f = parseFunction("func @bad(%x: f32) {\n  %0 = exp2 %x : f64\n  return\n}\n");
   bool ran = false;
