@@ -29,17 +29,20 @@ int seedCount(int fallback) {
 
 TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramCompiles) {
   const int seeds = seedCount(60);
-  int64_t ops = 0, writers = 0;
+  int64_t ops = 0, writers = 0, compiled = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};
     TileProgramOutcome outcome = checkTileProgram(choices);
     ASSERT_TRUE(outcome.broken.empty()) << "seed " << seed << ": " << outcome.broken;
     ops += outcome.ops;
     writers += outcome.changedBytes > 0;
+    compiled += outcome.compiled;
   }
-  std::cout << seeds << " random programs, " << ops << " ops in all, " << writers << " of them changed memory\n";
-  // A property over programs that do nothing would prove nothing.
+  std::cout << seeds << " random programs, " << ops << " ops in all; " << writers << " changed memory, " << compiled
+            << " were lowered to PTX\n";
+  // A property over programs that do nothing, or that are never lowered, would prove nothing.
   EXPECT_GE(writers, seeds * 3 / 4);
+  EXPECT_GE(compiled, seeds * 3 / 4);
 }
 
 std::vector<fs::path> filesIn(const fs::path& dir) {

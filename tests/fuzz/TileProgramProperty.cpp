@@ -180,6 +180,8 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
     }
   }
 
+  out.compiled = g.lowerable;
+  if (!g.lowerable) return out;
   try {
     codegen::CompiledKernel k = codegen::compile(f, {.target = target});
     if (k.ptx.find(".entry random_program") == std::string::npos)

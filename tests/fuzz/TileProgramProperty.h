@@ -7,7 +7,8 @@
 //     (codegen::tilePassPipeline) keep it verified, and the interpreter then leaves every buffer
 //     with the same contents: bit for bit, integers and floats alike, except that any NaN equals
 //     any NaN;
-//   * codegen::compile lowers it to PTX (sm_80 or sm_90a) without an error.
+//   * codegen::compile lowers it to PTX (sm_80 or sm_90a) without an error — unless it holds an op
+//     the lowering refuses by design with a clear error (GeneratedProgram::lowerable: f64 dots).
 //
 // Why floats are compared bitwise and not to a tolerance: none of these passes may reassociate.
 // canonicalize folds with the interpreter's own arithmetic and applies only the float identities
@@ -29,6 +30,7 @@ struct TileProgramOutcome {
   std::string program;  // the generated program (ir::printFunction), for the report
   int64_t changedBytes = 0;  // bytes of the buffers the original program changed
   int ops = 0;               // ops in the generated program
+  bool compiled = false;     // it was lowered to PTX (see GeneratedProgram::lowerable)
 };
 
 TileProgramOutcome checkTileProgram(Choices& choices);
