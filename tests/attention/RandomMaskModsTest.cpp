@@ -28,7 +28,7 @@ int seedCount(int fallback) {
 }
 
 TEST(RandomMaskMods, BlockMaskIsExactAndAttentionMatchesTheReference) {
-  const int seeds = seedCount(40);
+  const int seeds = seedCount(30);
   int64_t empty = 0, partial = 0, full = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};

@@ -28,7 +28,7 @@ int seedCount(int fallback) {
 }
 
 TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramCompiles) {
-  const int seeds = seedCount(60);
+  const int seeds = seedCount(40);
   int64_t ops = 0, writers = 0, compiled = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};

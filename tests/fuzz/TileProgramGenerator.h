@@ -66,8 +66,10 @@ struct GeneratedProgram {
   float alpha = 1;
   uint64_t dataSeed = 0;  // the input buffers' contents
   int numStages = 1;
-  // False when the program holds an op the PTX lowering refuses by design, with a clear error
-  // (a dot of f64 inputs: the interpreter and the passes take it, codegen/LowerDot.cpp does not).
+  // False when the program holds an op the PTX lowering refuses by design, with a clear error,
+  // though the IR allows it and the interpreter and the passes take it: a dot other than
+  // f16/bf16/f32 x same into f32 (codegen/LowerDot.cpp), exp/exp2/log/log2/tanh of f64
+  // (codegen/LowerElementwise.cpp: no approximate f64 instruction).
   bool lowerable = true;
 };
 
@@ -118,7 +120,6 @@ class TileProgramGenerator {
   using Value = ir::Value;
   using OpKind = ir::OpKind;
 
-  static constexpr DType kFloats[] = {DType::F16, DType::BF16, DType::F32, DType::F64};
   static constexpr DType kInts[] = {DType::I1, DType::I8, DType::I32, DType::I64};
   static constexpr DType kAll[] = {DType::I1, DType::I8, DType::I32, DType::I64,
                                    DType::F16, DType::BF16, DType::F32, DType::F64};
@@ -145,7 +146,8 @@ class TileProgramGenerator {
     return s;
   }
   DType pickDType(uint32_t traits) {
-    if (traits & ir::kFloatOnly) return c_.of(kFloats);
+    if (traits & ir::kFloatOnly)  // f64 rarely: most of these ops do not lower for it (lowerable)
+      return c_.percent(8) ? DType::F64 : c_.of({DType::F16, DType::BF16, DType::F32});
     if (traits & ir::kIntOnly) return c_.of(kInts);
     // The buffers' dtypes more often: their values come from memory rather than constants.
     if (c_.percent(50)) return c_.of({DType::F32, DType::F16, DType::I32});
@@ -346,6 +348,9 @@ class TileProgramGenerator {
       default: break;
     }
     const DType dt = pickDType(op.traits);
+    const bool approximate = op.kind == OpKind::Exp || op.kind == OpKind::Exp2 || op.kind == OpKind::Log ||
+                             op.kind == OpKind::Log2 || op.kind == OpKind::Tanh;
+    if (approximate && dt == DType::F64) g_->lowerable = false;
     std::vector<Value*> operands;
     for (int i = 0; i < op.operands; ++i) operands.push_back(value(s, dt));
     if ((op.kind == OpKind::Div || op.kind == OpKind::Rem) && ir::isInteger(dt)) {
@@ -396,14 +401,15 @@ class TileProgramGenerator {
   Value* dot() {
     const int64_t m = dim(), k = dim(), n = dim();
     DType in, acc;
-    if (c_.percent(15)) {
+    // Rarely what the lowering refuses (lowerable): i8 into i32, f64 inputs, an f16 accumulator.
+    if (c_.percent(3)) {
       in = DType::I8;
       acc = DType::I32;
     } else {
-      in = c_.of({DType::F16, DType::BF16, DType::F32, DType::F16, DType::F64});
-      acc = c_.percent(80) ? DType::F32 : DType::F16;
+      in = c_.percent(4) ? DType::F64 : c_.of({DType::F16, DType::BF16, DType::F32});
+      acc = c_.percent(96) ? DType::F32 : DType::F16;
     }
-    if (in == DType::F64) g_->lowerable = false;
+    if (in == DType::F64 || in == DType::I8 || acc != DType::F32) g_->lowerable = false;
     return b_->dot(value({m, k}, in), value({k, n}, in), value({m, n}, acc));
   }
 
