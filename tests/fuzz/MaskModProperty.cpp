@@ -266,6 +266,29 @@ MaskModOutcome checkMaskMod(Choices& c) {
   out.fullBlocks = blockMask->numFullBlocks();
   out.emptyBlocks = mB * mH * blockMask->numQBlocks() * blockMask->numKvBlocks() - out.partialBlocks - out.fullBlocks;
 
+  // The template and its tiles: the default (as a user gets it), or a random valid config of the
+  // prefill template, or of the decode template for a few queries.
+  attention::FlexAttentionOptions options;
+  const int which = c.below(3);
+  auto blockUpTo = [&](int64_t limit) {
+    int64_t b = c.of({int64_t(16), int64_t(32), int64_t(64)});
+    while (b > limit) b /= 2;
+    return b;
+  };
+  if (which == 1) {
+    options.kernel = attention::AttentionTemplate::Prefill;
+    options.config = attention::FlexAttentionConfig{blockUpTo(sizes.q), blockUpTo(sizes.kv), c.of({1, 2, 4, 8}),
+                                                    c.of({1, 2, 3})};
+    out.description += ", prefill " + options.config->describe();
+  } else if (which == 2 && Q <= attention::kDecodeMaxQueries) {
+    options.kernel = attention::AttentionTemplate::Decode;
+    options.decode_config =
+        attention::FlexDecodeConfig{blockUpTo(sizes.kv), c.of({1, 2, 4, 8}), c.of({1, 2, 3}), int64_t(c.below(4))};
+    out.description += ", decode " + options.decode_config->describe();
+  } else {
+    out.description += ", default config";
+  }
+
   std::mt19937_64 rng(c.bits());
   try {
     dsl::Tensor q = testing::randomTensor(rng, dtype, {B, Hq, Q, D}, dsl::MemorySpace::Host);
@@ -275,7 +298,7 @@ MaskModOutcome checkMaskMod(Choices& c) {
     dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, Q}, dsl::MemorySpace::Host);
     testing::poison(o);
     testing::poison(lse);
-    attention::flex_attention_into(q, k, v, attention::noop_score(), blockMask, o, &lse);
+    attention::flex_attention_into(q, k, v, attention::noop_score(), blockMask, o, &lse, options);
     const attention::ReferenceResult ref =
         attention::referenceAttention(q, k, v, {}, mask.ref, 1.0 / std::sqrt(double(D)));
     if (std::string mismatch = testing::attentionMismatch(o, lse, ref, D, dtype); !mismatch.empty())

@@ -15,8 +15,9 @@
 //     with an allowed pair is empty, no block with a forbidden in-range pair is full, full blocks
 //     are full, empty blocks empty, and toDense() equals the reference pair by pair;
 //   * flex_attention through the interpreter (random q, k, v of f32, bf16 or f16, D 16 or 32,
-//     outputs poisoned) matches the float64 reference (AttentionComparison.h): rows with no
-//     allowed key give exactly 0 and lse -inf.
+//     outputs poisoned; the default config, or a random valid one of the prefill template, or of
+//     the decode template for 16 queries or fewer) matches the float64 reference
+//     (AttentionComparison.h): rows with no allowed key give exactly 0 and lse -inf.
 #pragma once
 
 #include <cstdint>
