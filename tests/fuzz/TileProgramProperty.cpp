@@ -10,6 +10,7 @@
 #include "TileProgramGenerator.h"
 #include "codegen/Compiler.h"
 #include "codegen/Passes.h"
+#include "codegen/Ptxas.h"
 #include "ir/Interpreter.h"
 #include "ir/Pass.h"
 #include "ir/Passes.h"
@@ -183,7 +184,9 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
   out.compiled = g.lowerable;
   if (!g.lowerable) return out;
   try {
-    codegen::CompiledKernel k = codegen::compile(f, {.target = target});
+    // ptxas, where there is one, checks that the PTX is valid, not only that it was emitted.
+    static const bool havePtxas = codegen::findPtxas().has_value();
+    codegen::CompiledKernel k = codegen::compile(f, {.target = target, .runPtxas = havePtxas});
     if (k.ptx.find(".entry random_program") == std::string::npos)
       out.broken = "compile for " + target.smName() + " gave PTX without the kernel's entry" + where;
   } catch (const std::exception& e) {

@@ -7,7 +7,8 @@
 //     (codegen::tilePassPipeline) keep it verified, and the interpreter then leaves every buffer
 //     with the same contents: bit for bit, integers and floats alike, except that any NaN equals
 //     any NaN;
-//   * codegen::compile lowers it to PTX (sm_80 or sm_90a) without an error — unless it holds an op
+//   * codegen::compile lowers it to PTX (sm_80 or sm_90a) without an error, and ptxas (where
+//     there is one) assembles that PTX — unless it holds an op
 //     the lowering refuses by design with a clear error (GeneratedProgram::lowerable: f64 dots).
 //
 // Why floats are compared bitwise and not to a tolerance: none of these passes may reassociate.
