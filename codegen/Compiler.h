@@ -19,7 +19,6 @@
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
-#include "ir/Pass.h"
 
 namespace flextile::codegen {
 
@@ -45,10 +44,6 @@ struct CompiledKernel {
   double compileMs = 0;   // for a compile-cache hit: the time of the lookup
   bool fromCache = false; // read from the on-disk compile cache (codegen/CompileCache.h)
 };
-
-// The tile-level passes compile() runs, in order (canonicalize, cse, dce, assign-layouts,
-// pipeline): the one list, so that what tests run is what the compiler runs.
-ir::PassPipeline tilePassPipeline(const Target& target);
 
 // Runs the whole pipeline on a copy of `f`: IR passes, layout assignment,
 // shared-memory planning, lowering to LLVM IR, the NVPTX backend.
