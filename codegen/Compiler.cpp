@@ -46,6 +46,16 @@ class StepTimer {
 
 }  // namespace
 
+ir::PassPipeline tilePassPipeline(const Target& target) {
+  ir::PassPipeline pipeline;
+  pipeline.add(ir::canonicalizePass())
+      .add(ir::csePass())
+      .add(ir::dcePass())
+      .add(assignLayoutsPass(target))
+      .add(pipelinePass());
+  return pipeline;
+}
+
 CompiledKernel compile(const ir::Function& input, const CompileOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   StepTimer timer;
@@ -53,13 +63,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   NVPTXTarget nvptx(target);  // rejects an unsupported target before any work
   std::unique_ptr<ir::Function> f = input.clone();
 
-  ir::PassPipeline pipeline;
-  pipeline.add(ir::canonicalizePass())
-      .add(ir::csePass())
-      .add(ir::dcePass())
-      .add({"assign-layouts", [&](ir::Function& fn) { assignLayouts(fn, target); }})
-      .add(pipelinePass());
-  pipeline.run(*f);
+  tilePassPipeline(target).run(*f);
   timer.step("IR passes (verified after each)");
 
   CompiledKernel k;

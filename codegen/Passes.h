@@ -39,6 +39,10 @@ ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 void pipelineLoads(ir::Function& f);
 ir::Pass pipelinePass();  // "pipeline"
 
+// The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
+// assign-layouts, pipeline. The one list, so that what tests run is what the compiler runs.
+ir::PassPipeline tilePassPipeline(const Target& target);
+
 // The layout a load or store "wants" for coalesced, vectorized accesses: a
 // blocked layout whose fastest dimension is the pointer's most contiguous
 // one, with vectorWidth(ptr, mask) elements per thread along it (fewer when

@@ -508,7 +508,7 @@ class Checker {
         DType t = op.result()->type().dtype();
         if (t == DType::Ptr) bad(op, "does not apply to pointers");
         if ((op.hasTrait(kFloatOnly)) && !isFloat(t)) bad(op, "needs a float dtype, got " + typeStr(op.result()));
-        if ((op.hasTrait(kIntOnly) || k == OpKind::Not) && !isInteger(t))
+        if (op.hasTrait(kIntOnly) && !isInteger(t))
           bad(op, "needs an integer dtype, got " + typeStr(op.result()));
         return;
       }

@@ -315,7 +315,7 @@ class Verifier {
                                ", result is " + r.str());
         if (r.isPointer()) return err(op, "does not apply to pointers (" + r.str() + "); use addptr");
         if (op.hasTrait(kFloatOnly) && !isFloat(r.dtype())) err(op, "needs a float dtype, got " + r.str());
-        if ((op.hasTrait(kIntOnly) || op.kind() == OpKind::Not) && !isInteger(r.dtype()))
+        if (op.hasTrait(kIntOnly) && !isInteger(r.dtype()))
           err(op, "needs an integer dtype, got " + r.str());
         break;
     }

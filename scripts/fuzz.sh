@@ -6,6 +6,11 @@
 #
 #   scripts/fuzz.sh [seconds per target] [build-dir]     (defaults: 60, build-fuzz)
 #   FUZZ_JOBS=2 scripts/fuzz.sh 3600                     (an hour, two processes)
+#   FUZZ_TARGETS="mask_mod" scripts/fuzz.sh 600          (one target; default: all three)
+#
+# The targets: ir_parser (arbitrary text into the IR parser and verifier), tile_program (random
+# tile programs through the passes and the PTX lowering) and mask_mod (random mask_mods through
+# the BlockMask builder and flex_attention); docs/reliability.md says what each checks.
 #
 # New inputs that reach new code go to <build-dir>/corpus/<target>/, never into the repository;
 # a crash, hang (-timeout), out-of-memory (-rss_limit_mb) or sanitizer report stops the run with a
@@ -15,6 +20,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-60}"
 build="${2:-$root/build-fuzz}"
 jobs="${FUZZ_JOBS:-1}"
+targets="${FUZZ_TARGETS:-ir_parser tile_program mask_mod}"
 cxx="${FUZZ_CXX:-clang++-22}"
 
 if ! command -v "$cxx" >/dev/null; then
@@ -30,7 +36,14 @@ cmake --build "$build" -j "$(nproc)"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1"
 
-for target in ir_parser; do
+# Per target: how long one input may run before it counts as a hang, and the longest input. A
+# parser input is text (5 s is a hang); a generator input is decisions, and one input is a whole
+# program compiled to PTX, or a mask built and attention run through the interpreter, under the
+# sanitizers (seconds on a loaded machine; 60 s is a hang).
+declare -A timeout=([ir_parser]=5 [tile_program]=60 [mask_mod]=60)
+declare -A max_len=([ir_parser]=8192 [tile_program]=4096 [mask_mod]=1024)
+
+for target in $targets; do
   bin="$build/${target}_fuzzer"
   seeds="$root/tests/fuzz/corpus/$target"
   regressions="$root/tests/fuzz/regressions/$target"
@@ -44,20 +57,20 @@ for target in ir_parser; do
   mapfile -t old < <(find "$regressions" -type f ! -name '*.md' 2>/dev/null | sort)
   if ((${#old[@]})); then
     echo "fuzz: $target: replaying ${#old[@]} regression inputs"
-    "$bin" "${dict[@]}" -timeout=5 -rss_limit_mb=2048 "${old[@]}" > "$build/$target-regressions.log" 2>&1 ||
+    "$bin" "${dict[@]}" -timeout="${timeout[$target]}" -rss_limit_mb=2048 "${old[@]}" > "$build/$target-regressions.log" 2>&1 ||
       { cat "$build/$target-regressions.log" >&2; echo "fuzz: $target: a regression input fails again" >&2; exit 1; }
   fi
 
   echo "fuzz: $target: ${seconds} s from $(find "$seeds" -type f | wc -l) seeds (${jobs} job(s))"
-  # -timeout: one input running 5 s is a hang. -rss_limit_mb: a parser that allocates 2 GB for a
-  # few kilobytes of text is a bug. -max_len: inputs as long as the largest seed's double
-  # (libFuzzer's default stops at the largest seed), so nesting and long programs get explored.
+  # -timeout: see above. -rss_limit_mb: 2 GB for a few kilobytes of input is a bug. -max_len: longer
+  # than the largest seed (libFuzzer's default stops there), so nesting and long programs get explored.
   # More than one job: libFuzzer forks workers that share the corpus folder, each logging to
   # fuzz-N.log in the current folder (hence the cd).
   parallel=()
   ((jobs > 1)) && parallel=(-jobs="$jobs" -workers="$jobs")
   status=0
-  (cd "$build" && "$bin" "${dict[@]}" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 -max_len=8192 \
+  (cd "$build" && "$bin" "${dict[@]}" -max_total_time="$seconds" -timeout="${timeout[$target]}" -rss_limit_mb=2048 \
+    -max_len="${max_len[$target]}" \
     -artifact_prefix="$artifacts" -print_final_stats=1 "${parallel[@]}" \
     "$work" "$seeds") > "$build/$target.log" 2>&1 || status=$?
   tail -n 25 "$build/$target.log"

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "AttentionComparison.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Reference.h"
 #include "gpu/TestBudget.h"
@@ -38,107 +39,14 @@ struct AttentionCase {
   }
 };
 
-// Row-major random values in [lo, hi) of dtype `dt` (bf16, f16 or f32).
-inline void fillRandom(std::mt19937_64& rng, dsl::Tensor& t, double lo = -1, double hi = 1) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  const size_t n = size_t(t.numel());
-  switch (t.dtype()) {
-    case dsl::DType::BF16: {
-      std::vector<Eigen::bfloat16> v(n);
-      for (auto& x : v) x = Eigen::bfloat16(float(u(rng)));
-      t.copyFromHost(v);
-      break;
-    }
-    case dsl::DType::F16: {
-      std::vector<Eigen::half> v(n);
-      for (auto& x : v) x = Eigen::half(float(u(rng)));
-      t.copyFromHost(v);
-      break;
-    }
-    default: {
-      std::vector<float> v(n);
-      for (auto& x : v) x = float(u(rng));
-      t.copyFromHost(v);
-      break;
-    }
-  }
-}
-
-inline dsl::Tensor randomTensor(std::mt19937_64& rng, dsl::DType dt, dsl::Shape shape, dsl::MemorySpace space,
-                                double lo = -1, double hi = 1) {
-  dsl::Tensor t = dsl::Tensor::empty(dt, std::move(shape), space);
-  fillRandom(rng, t, lo, hi);
-  return t;
-}
-
-// NaN everywhere, so an element the kernel forgets to write fails the check.
-inline void poison(dsl::Tensor& t) {
-  switch (t.dtype()) {
-    case dsl::DType::BF16: t.copyFromHost(std::vector<Eigen::bfloat16>(size_t(t.numel()), Eigen::bfloat16(NAN))); break;
-    case dsl::DType::F16: t.copyFromHost(std::vector<Eigen::half>(size_t(t.numel()), Eigen::half(NAN))); break;
-    default: t.copyFromHost(std::vector<float>(size_t(t.numel()), NAN)); break;
-  }
-}
-
-// Element-wise bound on |out - reference|. Outputs are convex combinations
-// of values in [-1, 1]: bf16 (8-bit mantissa) rounds P and out to ~2^-9
-// relative; f16 to ~2^-12; f32 runs its dots on tf32 (10-bit) on the GPU.
-inline double elementTolerance(dsl::DType dt) {
-  return dt == dsl::DType::BF16 ? 1.6e-2 : dt == dsl::DType::F16 ? 3e-3 : 4e-3;
-}
-// Relative Frobenius bound over the whole output (tighter than the element one).
-inline double tolerance(dsl::DType dt) { return dt == dsl::DType::F16 ? 4e-3 : dt == dsl::DType::BF16 ? 1e-2 : 4e-3; }
-
-// Compares flex_attention's out and lse with the reference of the same inputs.
-// A reference row whose lse is NaN was not computed (a sampled reference, see referenceFor):
-// there the output must only be finite and the lse not NaN, i.e. written over the poison.
-// Returns false after the first reported failure.
+// Compares flex_attention's out and lse with the reference of the same inputs
+// (attentionMismatch, AttentionComparison.h). Returns false after the first reported failure.
 inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse, const attention::ReferenceResult& ref,
                                  int64_t D, dsl::DType dtype) {
-  const std::vector<double> got = attention::toDoubles(out);
-  const std::vector<float> gotLse = lse.toHost<float>();
-  if (got.size() != ref.out.size() || gotLse.size() != ref.lse.size()) {
-    ADD_FAILURE() << "sizes differ from the reference: out " << got.size() << " vs " << ref.out.size() << ", lse "
-                  << gotLse.size() << " vs " << ref.lse.size();
-    return false;
-  }
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(ref.lse[i / size_t(D)])) {  // a row the sampled reference left out
-      if (!std::isfinite(got[i])) {
-        ADD_FAILURE() << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
-                      << ": not written, or not finite (a row outside the reference's sample)";
-        return false;
-      }
-      continue;
-    }
-    const bool maskedRow = std::isinf(ref.lse[i / size_t(D)]);
-    const double err = std::abs(got[i] - ref.out[i]);
-    if (!std::isfinite(got[i]) || (maskedRow && got[i] != 0.0) || err > elementTolerance(dtype)) {
-      ADD_FAILURE() << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
-                    << ", reference " << ref.out[i] << (maskedRow ? " (a row with no allowed key)" : "")
-                    << ", |error| " << err << " > " << elementTolerance(dtype);
-      return false;
-    }
-    num += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
-    den += ref.out[i] * ref.out[i];
-  }
-  const double rel = std::sqrt(num / std::max(den, 1e-30));
-  if (den == 0 ? num != 0 : rel > tolerance(dtype)) {
-    ADD_FAILURE() << "relative error of out " << rel << " > " << tolerance(dtype);
-    return false;
-  }
-  for (size_t i = 0; i < gotLse.size(); ++i) {
-    const double want = ref.lse[i], have = gotLse[i];
-    const bool ok = std::isnan(want)   ? !std::isnan(have)
-                    : std::isinf(want) ? (std::isinf(have) && have < 0)
-                                       : std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
-    if (!ok) {
-      ADD_FAILURE() << "lse[" << i << "] = " << have << ", reference " << want;
-      return false;
-    }
-  }
-  return true;
+  const std::string mismatch = attentionMismatch(out, lse, ref, D, dtype);
+  if (mismatch.empty()) return true;
+  ADD_FAILURE() << mismatch;
+  return false;
 }
 
 // Runs flex_attention on the given inputs into `out` (any view of the right

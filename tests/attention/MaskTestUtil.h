@@ -12,14 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "BlockMaskExactness.h"
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/Variants.h"
 #include "dsl/Capture.h"
 
 namespace flextile::testing {
-
-// allowed(b, h, q, kv) at global positions.
-using RefMask = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t kv)>;
 
 inline RefMask refCausal() {
   return [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; };
@@ -103,64 +101,14 @@ inline std::vector<MaskCombo> maskAlgebraCombos(std::mt19937_64& rng, int64_t B,
   };
 }
 
-// Checks, for every (b, h, block) and every (b, h, i, j) of the mask, that
-//   * the lists are consistent (check());
-//   * the block state is exact against `ref`: empty iff no in-range pair is
-//     allowed, full iff every in-range pair is, partial otherwise;
-//   * toDense() equals `ref` element by element.
-// Queries are at global positions qOffset() + i. A slice may keep a partial
-// block in which its own queries have no allowed pair (sound, not exact):
-// `exactPartial = false` accepts that. Returns false after the first mismatch
-// (reported with `context`).
+// Checks that `m` is exact against `ref` (blockMaskMismatch, BlockMaskExactness.h); returns false
+// after reporting the first mismatch with `context`.
 inline bool expectExact(const attention::BlockMask& m, const RefMask& ref, const std::string& context,
                         bool exactPartial = true) {
-  using attention::BlockState;
-  try {
-    m.check();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << context << ": check() failed: " << e.what();
-    return false;
-  }
-  const int64_t B = m.batch(), H = m.heads(), Q = m.qLen(), KV = m.kvLen();
-  const int64_t BQ = m.qBlockSize(), BKV = m.kvBlockSize(), off = m.qOffset(), phase = m.qPhase();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t r = 0; r < m.numQBlocks(); ++r)
-        for (int64_t c = 0; c < m.numKvBlocks(); ++c) {
-          int64_t inRange = 0, allowed = 0;
-          for (int64_t i = std::max<int64_t>(r * BQ - phase, 0); i < std::min<int64_t>((r + 1) * BQ - phase, Q); ++i)
-            for (int64_t j = c * BKV; j < std::min<int64_t>((c + 1) * BKV, KV); ++j) {
-              ++inRange;
-              allowed += ref(b, h, off + i, j) ? 1 : 0;
-            }
-          BlockState want = allowed == 0 ? BlockState::Empty : allowed == inRange ? BlockState::Full : BlockState::Partial;
-          BlockState got = m.state(b, h, r, c);
-          if (!exactPartial && got == BlockState::Partial) continue;
-          if (got != want) {
-            ADD_FAILURE() << context << ": block (b " << b << ", h " << h << ", q block " << r << ", kv block " << c
-                          << ") is " << int(got) << " but " << allowed << " of " << inRange
-                          << " in-range pairs are allowed (0 empty, 1 partial, 2 full)\n"
-                          << m.picture(b, h);
-            return false;
-          }
-        }
-  const std::vector<uint8_t> dense = m.toDense();
-  if (dense.size() != size_t(B * H * Q * KV)) {
-    ADD_FAILURE() << context << ": toDense() has " << dense.size() << " elements";
-    return false;
-  }
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < Q; ++i)
-        for (int64_t j = 0; j < KV; ++j) {
-          bool got = dense[size_t(((b * H + h) * Q + i) * KV + j)] != 0, want = ref(b, h, off + i, j);
-          if (got != want) {
-            ADD_FAILURE() << context << ": toDense()[b " << b << ", h " << h << ", q " << i << ", kv " << j
-                          << "] is " << got << ", the reference says " << want;
-            return false;
-          }
-        }
-  return true;
+  const std::string mismatch = blockMaskMismatch(m, ref, exactPartial);
+  if (mismatch.empty()) return true;
+  ADD_FAILURE() << context << ": " << mismatch;
+  return false;
 }
 
 // The four list pairs of two masks are identical.

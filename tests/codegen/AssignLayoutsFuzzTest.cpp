@@ -1,15 +1,17 @@
-// Layout assignment on random programs: loads with assorted access patterns,
-// reductions, broadcasts back, element-wise mixes, trans, reshape, dots and
-// loops carrying tiles. Whatever the program, the result must satisfy every
-// layout rule, compute the same thing (semantic fingerprint), plan its shared
-// memory, and survive a second run.
+// Layout assignment on random programs (the tile_program fuzzer's generator,
+// tests/fuzz/TileProgramGenerator.h: every element-wise op and dtype, loads
+// and stores at assorted access patterns, reductions, shape ops, dots and
+// loops). Whatever the program, the result must satisfy every layout rule,
+// compute the same thing (semantic fingerprint), plan its shared memory, and
+// survive a second run. That the interpreted results stay the same is
+// RandomTileProgramsTest's property.
 #include <gtest/gtest.h>
 
 #include <iostream>
 #include <random>
 
 #include "LayoutTestUtil.h"
-#include "RandomPrograms.h"
+#include "TileProgramGenerator.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "ir/Verifier.h"
@@ -25,12 +27,11 @@ TEST(AssignLayoutsFuzz, RandomProgramsKeepRulesAndMeaning) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   int converts = 0, programs = 0;
-  for (int trial = 0; trial < 300; ++trial) {
-    Function f("fuzz");
-    ProgramGenerator gen(rng, f);
-    const int nw = 1 << gen.pick(5);
-    setAttrs(f, nw, {16, 16, int64_t(1) << gen.pick(5)});
-    gen.generate(4 + gen.pick(12));
+  for (int trial = 0; trial < 150; ++trial) {
+    fuzz::Choices choices(rng());
+    fuzz::GeneratedProgram program = fuzz::TileProgramGenerator(choices).generate();
+    Function& f = *program.f;
+    const int nw = f.numWarps();
     auto before = semanticFingerprint(f);
     SCOPED_TRACE("trial " + std::to_string(trial) + ", num_warps " + std::to_string(nw));
     ASSERT_NO_THROW(assignLayouts(f, Target::sm80())) << dump(f);

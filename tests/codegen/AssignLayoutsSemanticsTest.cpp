@@ -6,11 +6,9 @@
 
 #include <Eigen/Core>
 #include <cstring>
-#include <iostream>
 #include <random>
 
 #include "LayoutTestUtil.h"
-#include "RandomPrograms.h"
 #include "codegen/Passes.h"
 #include "ir/Interpreter.h"
 #include "ir/Verifier.h"
@@ -106,26 +104,6 @@ TEST(AssignLayoutsSemantics, Kernels) {
       expectSameResults(*rowSumLoop(16, 32, nw, online), args, {(M + 15) / 16, 1, 1}, rng);
     }
   }
-}
-
-// The random programs of the fuzz test, interpreted: these do need
-// conversions, so this is where a wrongly wired conversion or clone shows.
-TEST(AssignLayoutsSemantics, RandomPrograms) {
-  const unsigned seed = testSeed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  int converts = 0;
-  for (int trial = 0; trial < 120; ++trial) {
-    SCOPED_TRACE("trial " + std::to_string(trial));
-    Function f("fuzz");
-    ProgramGenerator gen(rng, f);
-    setAttrs(f, 1 << gen.pick(4), {16, 16, 4});
-    gen.generate(4 + gen.pick(10), /*storeAll=*/true);
-    std::vector<Arg> args{{DType::F32, 65536}, {DType::F32, 65536}, {DType::I32, 0, 12}};
-    converts += expectSameResults(f, args, {1, 1, 1}, rng);
-    if (::testing::Test::HasFailure()) break;
-  }
-  std::cout << "random programs needed " << converts << " conversions in all\n";
 }
 
 }  // namespace

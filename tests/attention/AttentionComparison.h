@@ -1,0 +1,128 @@
+// Random attention inputs and the comparison of flex_attention's results with the float64
+// reference, without gtest: the attention tests (FlexAttentionCheck.h) and the mask_mod fuzzer
+// (tests/fuzz/MaskModProperty.cpp) share them.
+//
+// The comparison is element-wise (one bad row among thousands must not hide
+// in a norm) and exact where the semantics are: a row with no allowed key
+// must give out 0 (bit-exact) and lse -inf.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_templates/Reference.h"
+#include "dsl/Tensor.h"
+
+namespace flextile::testing {
+
+// Row-major random values in [lo, hi) of dtype `dt` (bf16, f16 or f32).
+inline void fillRandom(std::mt19937_64& rng, dsl::Tensor& t, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  const size_t n = size_t(t.numel());
+  switch (t.dtype()) {
+    case dsl::DType::BF16: {
+      std::vector<Eigen::bfloat16> v(n);
+      for (auto& x : v) x = Eigen::bfloat16(float(u(rng)));
+      t.copyFromHost(v);
+      break;
+    }
+    case dsl::DType::F16: {
+      std::vector<Eigen::half> v(n);
+      for (auto& x : v) x = Eigen::half(float(u(rng)));
+      t.copyFromHost(v);
+      break;
+    }
+    default: {
+      std::vector<float> v(n);
+      for (auto& x : v) x = float(u(rng));
+      t.copyFromHost(v);
+      break;
+    }
+  }
+}
+
+inline dsl::Tensor randomTensor(std::mt19937_64& rng, dsl::DType dt, dsl::Shape shape, dsl::MemorySpace space,
+                                double lo = -1, double hi = 1) {
+  dsl::Tensor t = dsl::Tensor::empty(dt, std::move(shape), space);
+  fillRandom(rng, t, lo, hi);
+  return t;
+}
+
+// NaN everywhere, so an element the kernel forgets to write fails the check.
+inline void poison(dsl::Tensor& t) {
+  switch (t.dtype()) {
+    case dsl::DType::BF16: t.copyFromHost(std::vector<Eigen::bfloat16>(size_t(t.numel()), Eigen::bfloat16(NAN))); break;
+    case dsl::DType::F16: t.copyFromHost(std::vector<Eigen::half>(size_t(t.numel()), Eigen::half(NAN))); break;
+    default: t.copyFromHost(std::vector<float>(size_t(t.numel()), NAN)); break;
+  }
+}
+
+// Element-wise bound on |out - reference|. Outputs are convex combinations
+// of values in [-1, 1]: bf16 (8-bit mantissa) rounds P and out to ~2^-9
+// relative; f16 to ~2^-12; f32 runs its dots on tf32 (10-bit) on the GPU.
+inline double elementTolerance(dsl::DType dt) {
+  return dt == dsl::DType::BF16 ? 1.6e-2 : dt == dsl::DType::F16 ? 3e-3 : 4e-3;
+}
+// Relative Frobenius bound over the whole output (tighter than the element one).
+inline double tolerance(dsl::DType dt) { return dt == dsl::DType::F16 ? 4e-3 : dt == dsl::DType::BF16 ? 1e-2 : 4e-3; }
+
+// Compares flex_attention's out and lse with the reference of the same inputs: the first
+// difference past the tolerances (or a masked row that is not exactly 0 / -inf), "" if none.
+// A reference row whose lse is NaN was not computed (a sampled reference, see referenceFor):
+// there the output must only be finite and the lse not NaN, i.e. written over the poison.
+inline std::string attentionMismatch(const dsl::Tensor& out, const dsl::Tensor& lse, const attention::ReferenceResult& ref,
+                                     int64_t D, dsl::DType dtype) {
+  const std::vector<double> got = attention::toDoubles(out);
+  const std::vector<float> gotLse = lse.toHost<float>();
+  if (got.size() != ref.out.size() || gotLse.size() != ref.lse.size()) {
+    std::ostringstream os;
+    os << "sizes differ from the reference: out " << got.size() << " vs " << ref.out.size() << ", lse "
+                  << gotLse.size() << " vs " << ref.lse.size();
+    return os.str();
+  }
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(ref.lse[i / size_t(D)])) {  // a row the sampled reference left out
+      if (!std::isfinite(got[i])) {
+        std::ostringstream os;
+        os << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
+           << ": not written, or not finite (a row outside the reference's sample)";
+        return os.str();
+      }
+      continue;
+    }
+    const bool maskedRow = std::isinf(ref.lse[i / size_t(D)]);
+    const double err = std::abs(got[i] - ref.out[i]);
+    if (!std::isfinite(got[i]) || (maskedRow && got[i] != 0.0) || err > elementTolerance(dtype)) {
+      std::ostringstream os;
+      os << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
+                    << ", reference " << ref.out[i] << (maskedRow ? " (a row with no allowed key)" : "")
+                    << ", |error| " << err << " > " << elementTolerance(dtype);
+      return os.str();
+    }
+    num += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
+    den += ref.out[i] * ref.out[i];
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  if (den == 0 ? num != 0 : rel > tolerance(dtype)) {
+    return "relative error of out " + std::to_string(rel) + " > " + std::to_string(tolerance(dtype));
+  }
+  for (size_t i = 0; i < gotLse.size(); ++i) {
+    const double want = ref.lse[i], have = gotLse[i];
+    const bool ok = std::isnan(want)   ? !std::isnan(have)
+                    : std::isinf(want) ? (std::isinf(have) && have < 0)
+                                       : std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
+    if (!ok) {
+      std::ostringstream os;
+      os << "lse[" << i << "] = " << have << ", reference " << want;
+      return os.str();
+    }
+  }
+  return "";
+}
+
+}  // namespace flextile::testing

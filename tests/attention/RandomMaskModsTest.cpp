@@ -1,0 +1,78 @@
+// Random mask_mods from the mask algebra over random structural pieces and captured tables
+// (tests/fuzz/MaskModProperty.h): the BlockMask is exact against the dense reference and
+// flex_attention through the interpreter matches the float64 reference. The same seeds run every
+// time (a failure names its seed); FLEXTILE_FUZZ_SEEDS=<count> runs more. Every input the
+// mask_mod fuzzer has failed on (tests/fuzz/regressions/mask_mod/) and every seed of its corpus is
+// replayed too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "fuzz/MaskModProperty.h"
+
+namespace flextile::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+int seedCount(int fallback) {
+  if (const char* s = std::getenv("FLEXTILE_FUZZ_SEEDS")) return std::max(1, std::atoi(s));
+  return fallback;
+}
+
+TEST(RandomMaskMods, BlockMaskIsExactAndAttentionMatchesTheReference) {
+  const int seeds = seedCount(30);
+  int64_t empty = 0, partial = 0, full = 0;
+  for (int seed = 0; seed < seeds; ++seed) {
+    Choices choices{uint64_t(seed)};
+    MaskModOutcome outcome = checkMaskMod(choices);
+    ASSERT_TRUE(outcome.broken.empty()) << "seed " << seed << ", " << outcome.description << ": " << outcome.broken;
+    empty += outcome.emptyBlocks;
+    partial += outcome.partialBlocks;
+    full += outcome.fullBlocks;
+  }
+  std::cout << seeds << " random masks: " << empty << " empty, " << partial << " partial, " << full << " full blocks\n";
+  // The seeds must reach every block state, or exactness would be checked for only some of them.
+  EXPECT_GT(empty, 0);
+  EXPECT_GT(partial, 0);
+  EXPECT_GT(full, 0);
+}
+
+std::vector<fs::path> filesIn(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (fs::exists(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && e.path().extension() != ".md") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void replay(const fs::path& dir, size_t atLeast) {
+  auto files = filesIn(dir);
+  ASSERT_GE(files.size(), atLeast) << dir;
+  for (const auto& p : files) {
+    std::ifstream in(p, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Choices choices(bytes.data(), bytes.size());
+    MaskModOutcome outcome = checkMaskMod(choices);
+    EXPECT_TRUE(outcome.broken.empty()) << p.filename() << ", " << outcome.description << ": " << outcome.broken;
+  }
+}
+
+TEST(RandomMaskMods, EveryInputTheFuzzerFailedOnIsHandled) {
+  replay(FLEXTILE_SOURCE_DIR "/tests/fuzz/regressions/mask_mod", 0);
+}
+
+TEST(RandomMaskMods, EverySeedOfTheFuzzerKeepsItsProperty) {
+  replay(FLEXTILE_SOURCE_DIR "/tests/fuzz/corpus/mask_mod", 8);
+}
+
+}  // namespace
+}  // namespace flextile::fuzz

@@ -1,0 +1,486 @@
+// A generator of random well-typed tile programs, for the property that the tile-level passes do
+// not change what a program computes (TileProgramProperty.h) and that every such program lowers to
+// PTX. What it emits:
+//   * every element-wise op of ir/Ops.def, enumerated from the table's traits (kElementwise, with
+//     kFloatOnly / kIntOnly deciding the dtypes), on tiles and scalars of every dtype but ptr;
+//     cmp with every predicate, select, cast between any two dtypes; integer div/rem get divisors
+//     made non-zero with a select;
+//   * reduce (sum, max, min on any axis), dot (f16/bf16/f32/f64 inputs into an f32 or f16
+//     accumulator, i8 x i8 into i32), every shape op (splat, broadcast, expand_dims, reshape,
+//     trans), constants including -0, inf and NaN, arange, program_id and num_programs;
+//   * loads, stores and atomic_add with and without masks and `other`, at row-major,
+//     column-major, repeated, strided and data-dependent (gathered) offsets, and at offsets that
+//     are out of the buffer exactly where the mask is off (a pass that dropped or reordered a
+//     mask makes the interpreter report an out-of-bounds access);
+//   * for loops (nested twice at most) with 0 to 40 iterations, i32 or i64 bounds, carrying 1 to
+//     3 values of any shape and dtype, bodies that load, store and use the induction variable.
+//
+// Memory: three buffers, f32, f16 and i32, each both read and written; program p of the grid
+// touches only elements [p * kRegion, (p + 1) * kRegion) of each (every local offset is below
+// kRegion by construction), so programs never race and a run is deterministic. The other
+// parameters are n (i32, 1..40, the length the masks compare with) and alpha (f32).
+//
+// Tile dims are powers of two (layout assignment requires them); n is not, so masks cut tiles
+// anywhere.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "Choices.h"
+#include "ir/Builder.h"
+#include "ir/IR.h"
+
+namespace flextile::fuzz {
+
+// Elements of each buffer one program may touch.
+inline constexpr int64_t kRegion = 4096;
+// Added to the offsets of masked-off lanes: past the end of any buffer.
+inline constexpr int64_t kOutOfBuffer = int64_t(1) << 24;
+
+// The element-wise ops of the op table, with their operand count and traits.
+struct ElementwiseOp {
+  ir::OpKind kind;
+  int operands;
+  uint32_t traits;
+};
+inline const std::vector<ElementwiseOp>& elementwiseOps() {
+  static const std::vector<ElementwiseOp> ops = [] {
+    using namespace flextile::ir;
+    std::vector<ElementwiseOp> v;
+#define FT_OP(Enum, name, nops, nres, traits) \
+  if ((traits) & kElementwise) v.push_back({OpKind::Enum, nops, uint32_t(traits)});
+#include "ir/Ops.def"
+    return v;
+  }();
+  return ops;
+}
+
+struct GeneratedProgram {
+  std::unique_ptr<ir::Function> f;
+  int64_t programs = 1;  // grid (programs, 1, 1)
+  int64_t n = 1;
+  float alpha = 1;
+  uint64_t dataSeed = 0;  // the input buffers' contents
+  int numStages = 1;
+  // False when the program holds an op the PTX lowering refuses by design, with a clear error,
+  // though the IR allows it and the interpreter and the passes take it: a dot other than
+  // f16/bf16/f32 x same into f32 (codegen/LowerDot.cpp), exp/exp2/log/log2/tanh of f64
+  // (codegen/LowerElementwise.cpp: no approximate f64 instruction).
+  bool lowerable = true;
+};
+
+class TileProgramGenerator {
+ public:
+  explicit TileProgramGenerator(Choices& c) : c_(c) {}
+
+  GeneratedProgram generate() {
+    using namespace flextile::ir;
+    GeneratedProgram g;
+    g_ = &g;
+    g.f = std::make_unique<Function>("random_program");
+    f_ = g.f.get();
+    b_ = std::make_unique<Builder>(*f_);
+    bufF32_ = f_->addParam(Type::pointer(DType::F32), "xf32");
+    bufF16_ = f_->addParam(Type::pointer(DType::F16), "xf16");
+    bufI32_ = f_->addParam(Type::pointer(DType::I32), "xi32");
+    n_ = f_->addParam(Type(DType::I32), "n");
+    alpha_ = f_->addParam(Type(DType::F32), "alpha");
+    g.programs = 1 + c_.below(3);
+    g.n = 1 + c_.below(40);
+    g.alpha = c_.of({1.0f, -2.5f, 0.375f, 1e-3f, 3e4f});
+    g.numStages = c_.of({1, 2, 3});
+    g.dataSeed = c_.bits();
+    f_->attrs()["num_warps"] = int64_t(c_.of({1, 2, 4, 8}));
+    if (g.numStages > 1) f_->attrs()["num_stages"] = int64_t(g.numStages);
+    // What a launcher promises: 16-byte aligned buffers, nothing about n.
+    f_->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 1, 1};
+
+    const int baseShapes = 1 + c_.below(3);
+    for (int i = 0; i < baseShapes; ++i) shapes_.push_back(randomShape());
+    pid_ = b_->programId(0);
+    regionBase_ = mul(pid_, i32(kRegion));
+
+    const int steps = 3 + c_.below(14);
+    for (int i = 0; i < steps; ++i) step(0);
+    // Everything left alive is observable: a sample of it is stored.
+    const int stores = int(pool_.size() < 6 ? pool_.size() : 6);
+    for (int i = 0; i < stores; ++i) store(pool_[size_t(c_.below(int(pool_.size())))]);
+    b_->ret();
+    return g;
+  }
+
+ private:
+  using DType = ir::DType;
+  using Shape = ir::Shape;
+  using Type = ir::Type;
+  using Value = ir::Value;
+  using OpKind = ir::OpKind;
+
+  static constexpr DType kInts[] = {DType::I1, DType::I8, DType::I32, DType::I64};
+  static constexpr DType kAll[] = {DType::I1, DType::I8, DType::I32, DType::I64,
+                                   DType::F16, DType::BF16, DType::F32, DType::F64};
+
+  // ---- small helpers ----
+  Value* i32(int64_t v) { return b_->constantInt(Type(DType::I32), v); }
+  Value* add(Value* a, Value* b) { return b_->binary(OpKind::Add, a, b); }
+  Value* mul(Value* a, Value* b) { return b_->binary(OpKind::Mul, a, b); }
+  Value* splatTo(Value* scalar, const Shape& s) { return s.empty() ? scalar : b_->splat(scalar, s); }
+  Value* i32Tile(int64_t v, const Shape& s) { return b_->constantInt(Type(DType::I32, s), v); }
+
+  int64_t dim() { return int64_t(1) << c_.below(6); }  // 1 .. 32
+  Shape randomShape() {
+    int r = c_.below(10);
+    if (r == 0) return {};
+    if (r < 4) return {dim()};
+    return {dim(), dim()};
+  }
+  Shape pickShape() {
+    if (!pool_.empty() && c_.percent(40)) return pool_[size_t(c_.below(int(pool_.size())))]->type().shape();
+    if (c_.percent(85)) return shapes_[size_t(c_.below(int(shapes_.size())))];
+    Shape s = randomShape();
+    shapes_.push_back(s);
+    return s;
+  }
+  DType pickDType(uint32_t traits) {
+    if (traits & ir::kFloatOnly)  // f64 rarely: most of these ops do not lower for it (lowerable)
+      return c_.percent(8) ? DType::F64 : c_.of({DType::F16, DType::BF16, DType::F32});
+    if (traits & ir::kIntOnly) return c_.of(kInts);
+    // The buffers' dtypes more often: their values come from memory rather than constants.
+    if (c_.percent(50)) return c_.of({DType::F32, DType::F16, DType::I32});
+    return c_.of(kAll);
+  }
+
+  // A constant of dtype dt: ordinary values and the edge cases (signed zero, infinities, NaN,
+  // the integer extremes).
+  Value* constantOf(const Shape& s, DType dt) {
+    Type t(dt, s);
+    if (ir::isFloat(dt)) {
+      const double inf = std::numeric_limits<double>::infinity();
+      double v = c_.of({0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -7.25, 1e-5, 65504.0, 1e30, inf, -inf,
+                        std::numeric_limits<double>::quiet_NaN()});
+      return splatOrConstant(t, [&](const Type& tt) { return b_->constant(tt, v); });
+    }
+    const int bits = ir::bitWidth(dt);
+    int64_t v;
+    if (bits == 1) {
+      v = c_.below(2);
+    } else {
+      const int64_t hi = bits == 64 ? std::numeric_limits<int64_t>::max() : (int64_t(1) << (bits - 1)) - 1;
+      const int64_t lo = -hi - 1;
+      v = c_.of({int64_t(0), int64_t(1), int64_t(-1), int64_t(2), int64_t(7), int64_t(-100), hi, lo});
+      if (v > hi || v < lo) v = 3;
+    }
+    return splatOrConstant(t, [&](const Type& tt) { return b_->constantInt(tt, v); });
+  }
+  template <class Make>
+  Value* splatOrConstant(const Type& t, const Make& make) {
+    if (t.isScalar() || c_.percent(70)) return make(t);
+    return b_->splat(make(Type(t.dtype())), t.shape());  // canonicalize turns it into a constant tile
+  }
+
+  // A value of shape s and dtype dt: from the pool mostly, else made fresh.
+  Value* value(const Shape& s, DType dt, int depth = 0) {
+    std::vector<Value*> fits;
+    for (Value* v : pool_)
+      if (v->type().shape() == s && v->type().dtype() == dt) fits.push_back(v);
+    if (!fits.empty() && c_.percent(75)) return fits[size_t(c_.below(int(fits.size())))];
+    const bool buffered = dt == DType::F32 || dt == DType::F16 || dt == DType::I32;
+    switch (depth > 2 ? c_.below(2) : c_.below(7)) {
+      case 0: return constantOf(s, dt);
+      case 1:
+      case 2:
+        if (buffered) return load(s, dt);
+        [[fallthrough]];
+      case 3: return b_->cast(value(s, c_.of({DType::F32, DType::I32, DType::F16}), depth + 1), dt);
+      case 4:
+        if (dt == DType::I32 && !s.empty()) return iotaLike(s);
+        [[fallthrough]];
+      case 5: {
+        Value* scalar = c_.percent(50) ? n_ : alpha_;
+        if (c_.percent(20)) scalar = b_->numPrograms(0);
+        if (!loopIvs_.empty() && c_.percent(40)) scalar = loopIvs_.back();
+        return splatTo(b_->cast(scalar, dt), s);
+      }
+      default: return load(s, buffered ? dt : DType::F32, dt);
+    }
+  }
+
+  // An i32 tile of shape s counting along one of its axes.
+  Value* iotaLike(const Shape& s) {
+    const int axis = c_.below(int(s.size()));
+    Value* r = b_->arange(0, s[size_t(axis)]);
+    if (s.size() == 1) return r;
+    return b_->broadcast(b_->expandDims(r, axis == 0 ? 1 : 0), s);
+  }
+
+  // Local offsets of shape s, every one below 2048 (kRegion less room for the induction variable).
+  // Tiles have at most 1024 elements (dims up to 32, or a reshape of such a tile): row-major
+  // offsets reach (s0 - 1) * ld + s1 - 1 < 1536 with ld <= s1 + 1, or 31 * 40 + 31 with ld = n
+  // (used only for s0 <= 32); the base adds up to 511.
+  Value* localOffsets(const Shape& s) {
+    Value* base = i32(c_.below(512));
+    if (s.empty()) return add(base, c_.percent(50) ? n_ : i32(c_.below(64)));
+    Value* offs;
+    const int pattern = c_.below(s.size() == 1 ? 2 : 6);
+    if (s.size() == 1) {
+      // Strided by up to 3 while that stays below 1024 (a reshaped tile has up to 1024 elements).
+      const int64_t stride = s[0] <= 256 ? 1 + c_.below(3) : 1;
+      offs = pattern == 0 ? mul(b_->arange(0, s[0]), i32Tile(stride, s)) : gathered(s);
+    } else {
+      Value* r = b_->arange(0, s[0]);
+      Value* col = b_->arange(0, s[1]);
+      auto asCol = [&](Value* x) { return b_->broadcast(b_->expandDims(x, 1), s); };
+      auto asRow = [&](Value* x) { return b_->broadcast(b_->expandDims(x, 0), s); };
+      switch (pattern) {
+        case 0: {  // row-major with a leading dimension of the tile's width, one more, or n
+          Value* ld = s[0] <= 32 && c_.percent(40) ? n_ : i32(s[1] + c_.below(2));
+          offs = add(asCol(mul(r, b_->splat(ld, {s[0]}))), asRow(col));
+          break;
+        }
+        case 1: offs = add(asCol(r), asRow(mul(col, i32Tile(s[0], {s[1]})))); break;  // column-major
+        case 2: offs = asCol(r); break;  // every column the same: repeated addresses
+        case 3: offs = gathered(s); break;
+        case 4: {  // a reshaped arange
+          Value* flat = b_->arange(0, s[0] * s[1]);
+          offs = b_->reshape(flat, s);
+          break;
+        }
+        default: {  // the transpose of a row-major tile of the transposed shape
+          Value* rt = b_->arange(0, s[1]);
+          Value* ct = b_->arange(0, s[0]);
+          Shape t{s[1], s[0]};
+          Value* rowMajor = add(b_->broadcast(b_->expandDims(mul(rt, i32Tile(s[0], {s[1]})), 1), t),
+                                b_->broadcast(b_->expandDims(ct, 0), t));
+          offs = b_->trans(rowMajor, {1, 0});
+          break;
+        }
+      }
+    }
+    return add(offs, b_->splat(base, s));
+  }
+  // Offsets read from data: an i32 value of the pool (or loaded) masked to [0, 1024).
+  Value* gathered(const Shape& s) {
+    return b_->binary(OpKind::And, value(s, DType::I32, 3), i32Tile(1023, s));
+  }
+
+  // Pointers of dtype dt at shape s inside this program's region (with the innermost induction
+  // variable added sometimes, so loop iterations touch different elements), and optionally a mask;
+  // with a mask, the masked-off lanes may point out of the buffer.
+  struct Access {
+    Value* ptrs;
+    Value* mask = nullptr;
+  };
+  Access access(const Shape& s, DType dt, bool allowMask) {
+    Value* local = localOffsets(s);
+    if (!loopIvs_.empty() && c_.percent(50)) {
+      Value* iv = loopIvs_.back();
+      if (iv->type().dtype() != DType::I32) iv = b_->cast(iv, DType::I32);
+      local = add(local, splatTo(b_->binary(OpKind::And, iv, i32(63)), s));
+    }
+    Value* offs = add(local, splatTo(regionBase_, s));
+    Access a;
+    if (allowMask && !s.empty() && c_.percent(60)) {
+      a.mask = mask(s, local);
+      if (c_.percent(40)) offs = b_->select(a.mask, offs, add(offs, i32Tile(kOutOfBuffer, s)));
+    }
+    Value* base = dt == DType::F32 ? bufF32_ : dt == DType::F16 ? bufF16_ : bufI32_;
+    a.ptrs = b_->addptr(splatTo(base, s), offs);
+    return a;
+  }
+  Value* mask(const Shape& s, Value* local) {
+    switch (c_.below(4)) {
+      case 0: return b_->cmp("lt", local, b_->splat(mul(n_, i32(1 + c_.below(40))), s));
+      case 1: return value(s, DType::I1, 2);
+      case 2: return b_->binary(c_.percent(50) ? OpKind::And : OpKind::Or, value(s, DType::I1, 2),
+                                b_->cmp("lt", iotaLike(s), b_->splat(n_, s)));
+      default: return b_->cmp(c_.of({"lt", "le", "gt", "ge", "eq", "ne"}), local, b_->splat(mul(n_, n_), s));
+    }
+  }
+
+  // A load of shape s from the buffer of dtype `from`, cast to `to` (default: from).
+  Value* load(const Shape& s, DType from, DType to = DType::Ptr) {
+    Access a = access(s, from, true);
+    Value* v;
+    if (!a.mask) v = b_->load(a.ptrs);
+    else if (c_.percent(50)) v = b_->load(a.ptrs, a.mask);
+    else v = b_->load(a.ptrs, a.mask, constantOf(s, from));
+    if (to != DType::Ptr && to != from) v = b_->cast(v, to);
+    return v;
+  }
+
+  // Stores v (cast to a buffer's dtype) into this program's region.
+  void store(Value* v) {
+    const Shape s = v->type().shape();
+    DType dt = v->type().dtype();
+    if (dt != DType::F32 && dt != DType::F16 && dt != DType::I32) dt = c_.of({DType::F32, DType::F16, DType::I32});
+    if (v->type().dtype() != dt) v = b_->cast(v, dt);
+    Access a = access(s, dt, true);
+    b_->store(a.ptrs, v, a.mask);
+  }
+
+  void push(Value* v) {
+    if (v && !v->type().isPointer()) pool_.push_back(v);
+  }
+  Value* any() {
+    if (pool_.empty() || c_.percent(15)) return value(pickShape(), pickDType(0));
+    return pool_[size_t(c_.below(int(pool_.size())))];
+  }
+
+  Value* elementwise() {
+    const auto& ops = elementwiseOps();
+    const ElementwiseOp& op = ops[size_t(c_.below(int(ops.size())))];
+    const Shape s = pickShape();
+    switch (op.kind) {
+      case OpKind::AddPtr: return load(s, c_.of({DType::F32, DType::F16, DType::I32}));  // addresses are addptrs
+      case OpKind::Cmp: {
+        DType dt = pickDType(0);
+        return b_->cmp(c_.of({"eq", "ne", "lt", "le", "gt", "ge"}), value(s, dt), value(s, dt));
+      }
+      case OpKind::Select: {
+        DType dt = pickDType(0);
+        return b_->select(value(s, DType::I1), value(s, dt), value(s, dt));
+      }
+      case OpKind::Cast: return b_->cast(value(s, pickDType(0)), c_.of(kAll));
+      default: break;
+    }
+    const DType dt = pickDType(op.traits);
+    const bool approximate = op.kind == OpKind::Exp || op.kind == OpKind::Exp2 || op.kind == OpKind::Log ||
+                             op.kind == OpKind::Log2 || op.kind == OpKind::Tanh;
+    if (approximate && dt == DType::F64) g_->lowerable = false;
+    std::vector<Value*> operands;
+    for (int i = 0; i < op.operands; ++i) operands.push_back(value(s, dt));
+    if ((op.kind == OpKind::Div || op.kind == OpKind::Rem) && ir::isInteger(dt)) {
+      // A zero divisor is an error in the interpreter (and undefined on the GPU): make it 1.
+      Value* d = operands[1];
+      Value* zero = splatTo(b_->constantInt(Type(dt), 0), s);
+      Value* one = splatTo(b_->constantInt(Type(dt), 1), s);
+      operands[1] = b_->select(b_->cmp("eq", d, zero), one, d);
+    }
+    Type result(dt, s);
+    return b_->create1(op.kind, operands, result);
+  }
+
+  Value* shapeOp() {
+    Value* x = any();
+    const Shape s = x->type().shape();
+    switch (c_.below(5)) {
+      case 0:
+        if (s.size() <= 1) return b_->expandDims(x, c_.below(int(s.size()) + 1));
+        break;
+      case 1: {  // a dim of 1 broadcast to a power of two
+        if (s.size() != 1 || s[0] > 32) break;
+        const int axis = c_.below(2);
+        Shape to = axis == 0 ? Shape{dim(), s[0]} : Shape{s[0], dim()};
+        return b_->broadcast(b_->expandDims(x, axis), to);
+      }
+      case 2:
+        if (s.size() == 2) return b_->trans(x, {1, 0});
+        break;
+      case 3:
+        if (s.size() == 2) return b_->reshape(x, c_.percent(50) ? Shape{s[0] * s[1]} : Shape{s[1], s[0]});
+        if (s.size() == 1 && s[0] >= 2) return b_->reshape(x, {2, s[0] / 2});
+        break;
+      default:
+        if (s.empty()) return b_->splat(x, shapes_[0].empty() ? Shape{dim(), dim()} : shapes_[0]);
+        break;
+    }
+    return nullptr;
+  }
+
+  Value* reduce() {
+    Value* x = any();
+    if (x->type().isScalar()) return nullptr;
+    const int axis = c_.below(x->type().rank());
+    return b_->reduce(x, axis, c_.of({"sum", "max", "min"}));
+  }
+
+  Value* dot() {
+    const int64_t m = dim(), k = dim(), n = dim();
+    DType in, acc;
+    // Rarely what the lowering refuses (lowerable): i8 into i32, f64 inputs, an f16 accumulator.
+    if (c_.percent(3)) {
+      in = DType::I8;
+      acc = DType::I32;
+    } else {
+      in = c_.percent(4) ? DType::F64 : c_.of({DType::F16, DType::BF16, DType::F32});
+      acc = c_.percent(96) ? DType::F32 : DType::F16;
+    }
+    if (in == DType::F64 || in == DType::I8 || acc != DType::F32) g_->lowerable = false;
+    return b_->dot(value({m, k}, in), value({k, n}, in), value({m, n}, acc));
+  }
+
+  Value* atomic() {
+    const Shape s = pickShape();
+    const DType dt = c_.percent(50) ? DType::F32 : DType::I32;
+    Access a = access(s, dt, true);
+    return b_->atomicAdd(a.ptrs, value(s, dt), a.mask);
+  }
+
+  void loop(int depth) {
+    const bool wide = c_.percent(25);  // i64 bounds
+    auto bound = [&](Value* v) { return wide ? b_->cast(v, DType::I64) : v; };
+    Value* lb = bound(i32(c_.below(3)));
+    Value* ub;
+    switch (c_.below(3)) {
+      case 0: ub = bound(n_); break;
+      case 1: ub = bound(i32(c_.below(6))); break;  // sometimes no iteration at all
+      default: ub = bound(b_->binary(OpKind::Shr, n_, i32(2))); break;
+    }
+    Value* stepV = bound(i32(1 + c_.below(3)));
+    std::vector<Value*> inits;
+    for (int i = 0, carried = 1 + c_.below(3); i < carried; ++i) inits.push_back(any());
+    const auto saved = pool_;
+    auto results = b_->forLoop(lb, ub, stepV, inits, [&](Value* iv, std::vector<Value*> args) {
+      loopIvs_.push_back(iv);
+      for (Value* a : args) push(a);
+      for (int i = 0, steps = 1 + c_.below(6); i < steps; ++i) step(depth + 1);
+      std::vector<Value*> next;
+      for (Value* a : args) next.push_back(c_.percent(80) ? value(a->type().shape(), a->type().dtype()) : a);
+      loopIvs_.pop_back();
+      return next;
+    });
+    pool_ = saved;
+    for (Value* r : results) push(r);
+  }
+
+  void step(int depth) {
+    Value* r = nullptr;
+    switch (c_.below(16)) {
+      case 0:
+      case 1:
+      case 2:
+      case 3:
+      case 4: r = elementwise(); break;
+      case 5: r = reduce(); break;
+      case 6:
+      case 7: r = shapeOp(); break;
+      case 8: r = dot(); break;
+      case 9: r = load(pickShape(), c_.of({DType::F32, DType::F16, DType::I32})); break;
+      case 10:
+      case 11: store(any()); break;
+      case 12: r = atomic(); break;
+      case 13:
+      case 14:
+        if (depth < 2) loop(depth);
+        break;
+      default: r = value(pickShape(), pickDType(0)); break;
+    }
+    push(r);
+  }
+
+  Choices& c_;
+  GeneratedProgram* g_ = nullptr;
+  ir::Function* f_ = nullptr;
+  std::unique_ptr<ir::Builder> b_;
+  Value *bufF32_ = nullptr, *bufF16_ = nullptr, *bufI32_ = nullptr, *n_ = nullptr, *alpha_ = nullptr;
+  Value *pid_ = nullptr, *regionBase_ = nullptr;
+  std::vector<Shape> shapes_;
+  std::vector<Value*> pool_;
+  std::vector<Value*> loopIvs_;
+};
+
+}  // namespace flextile::fuzz
