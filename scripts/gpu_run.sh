@@ -190,7 +190,12 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
     for tool in $tools; do
       flags="--tool $tool --error-exitcode 1"
       [ "$tool" = memcheck ] && flags+=" --leak-check full"
-      core_filter=${FLEXTILE_SANITIZER_CORE_FILTER:-$([ "$tool" = memcheck ] && echo '*' || echo "$core_smem")}
+      # Under memcheck, the runtime tests that provoke driver errors on purpose (an allocation past
+      # the card, a missing symbol, bad PTX, a refused cubin: each an API error the tool reports) and
+      # the free-memory test (the tool's own allocations move the figure) are left out; the first
+      # run (2026-12-01) reported exactly those five and nothing in a kernel.
+      core_memcheck='-RuntimeGpu.AllocationShowsInFreeMemory:RuntimeGpu.HandWrittenPtxLaunchesOverARaggedSize:RuntimeGpu.BadPtxReportsTheJitLog:RuntimeGpu.CubinLoadsAsItIsAndFallsBackToPtx'
+      core_filter=${FLEXTILE_SANITIZER_CORE_FILTER:-$([ "$tool" = memcheck ] && echo "$core_memcheck" || echo "$core_smem")}
       # Longest first: the attention binary.
       runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
       runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
