@@ -65,74 +65,65 @@ std::shared_ptr<Module::State> newState(const std::string& ptx, const std::strin
   state->device->makeCurrent();
   return state;
 }
+
+// The JIT's options for cuModuleLoadDataEx and cuLinkCreate: it writes its logs into these buffers
+// and the bytes it used back into the size slots (so the object stays where it was made).
+struct JitLogs {
+  static constexpr size_t kBytes = 64 * 1024;
+  std::vector<char> info = std::vector<char>(kBytes, '\0'), error = std::vector<char>(kBytes, '\0');
+  float wallMilliseconds = 0;
+  cu::JitOption options[6] = {cu::kJitInfoLogBuffer,  cu::kJitInfoLogBufferSizeBytes, cu::kJitErrorLogBuffer,
+                              cu::kJitErrorLogBufferSizeBytes, cu::kJitLogVerbose, cu::kJitWallTime};
+  void* values[6] = {info.data(),
+                     reinterpret_cast<void*>(static_cast<uintptr_t>(kBytes - 1)),
+                     error.data(),
+                     reinterpret_cast<void*>(static_cast<uintptr_t>(kBytes - 1)),
+                     reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
+                     &wallMilliseconds};
+  static constexpr unsigned count = 6;
+  JitLogs() = default;
+  JitLogs(const JitLogs&) = delete;
+  JitLogs& operator=(const JitLogs&) = delete;
+  // " + the JIT's error log" for an error message.
+  std::string errorSuffix() const {
+    std::string log = error.data();
+    while (!log.empty() && std::isspace(static_cast<unsigned char>(log.back()))) log.pop_back();
+    return log.empty() ? "; the JIT wrote no error log" : "; JIT error log:\n" + log;
+  }
+};
 }  // namespace
 
 Module::Module(const std::string& ptx, const std::string& name, Device* device) : state_(newState(ptx, name, device)) {
-
-  // The JIT writes its logs into these buffers and the bytes it used back into the size slots.
-  constexpr size_t kLogBytes = 64 * 1024;
-  std::vector<char> infoLog(kLogBytes, '\0'), errorLog(kLogBytes, '\0');
-  float wallMilliseconds = 0;
-  cu::JitOption options[] = {cu::kJitInfoLogBuffer,  cu::kJitInfoLogBufferSizeBytes, cu::kJitErrorLogBuffer,
-                             cu::kJitErrorLogBufferSizeBytes, cu::kJitLogVerbose, cu::kJitWallTime};
-  void* values[] = {infoLog.data(),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
-                    errorLog.data(),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
-                    &wallMilliseconds};
+  JitLogs logs;
   maybeInjectFault(FaultSite::ModuleLoad, name);
   cu::Module handle = nullptr;
-  cu::Result result = cu::api().moduleLoadDataEx(&handle, ptx.c_str(), sizeof options / sizeof options[0], options,
-                                                 values);
+  cu::Result result = cu::api().moduleLoadDataEx(&handle, ptx.c_str(), JitLogs::count, logs.options, logs.values);
   if (result != cu::kSuccess) {
     std::string context = "loading PTX module '" + name + "' (" + std::to_string(ptx.size()) + " bytes) for " +
                           state_->device->name() + " (sm_" + std::to_string(state_->device->capability()) + ")";
-    std::string log = errorLog.data();
-    while (!log.empty() && std::isspace(static_cast<unsigned char>(log.back()))) log.pop_back();
-    context += log.empty() ? "; the JIT wrote no error log" : "; JIT error log:\n" + log;
-    throw DriverError("cuModuleLoadDataEx", result, context);
+    throw DriverError("cuModuleLoadDataEx", result, context + logs.errorSuffix());
   }
   state_->handle = handle;
-  state_->infoLog = infoLog.data();
-  state_->jitMilliseconds = wallMilliseconds;
+  state_->infoLog = logs.info.data();
+  state_->jitMilliseconds = logs.wallMilliseconds;
 }
-
-namespace {
-std::string trimmed(const char* text) {
-  std::string log = text;
-  while (!log.empty() && std::isspace(static_cast<unsigned char>(log.back()))) log.pop_back();
-  return log;
-}
-}  // namespace
 
 Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, Device* device) {
   Module m;
   m.state_ = newState(ptx, name, device);
   const cu::Api& api = cu::api();
-  constexpr size_t kLogBytes = 64 * 1024;
-  std::vector<char> infoLog(kLogBytes, '\0'), errorLog(kLogBytes, '\0');
-  float wallMilliseconds = 0;
-  cu::JitOption options[] = {cu::kJitInfoLogBuffer,  cu::kJitInfoLogBufferSizeBytes, cu::kJitErrorLogBuffer,
-                             cu::kJitErrorLogBufferSizeBytes, cu::kJitLogVerbose, cu::kJitWallTime};
-  void* values[] = {infoLog.data(),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
-                    errorLog.data(),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(kLogBytes - 1)),
-                    reinterpret_cast<void*>(static_cast<uintptr_t>(1)),
-                    &wallMilliseconds};
+  JitLogs logs;
   const std::string where = "JIT-compiling PTX module '" + name + "' (" + std::to_string(ptx.size()) + " bytes) for " +
                             m.state_->device->name() + " (sm_" + std::to_string(m.state_->device->capability()) + ")";
   cu::LinkState link = nullptr;
-  cu::check(api.linkCreate(sizeof options / sizeof options[0], options, values, &link), "cuLinkCreate_v2", where);
+  cu::check(api.linkCreate(JitLogs::count, logs.options, logs.values, &link), "cuLinkCreate_v2", where);
   // The image belongs to the link state: copied out before it is destroyed, on every path.
   struct Destroy {
     cu::LinkState link;
     ~Destroy() { (void)cu::api().linkDestroy(link); }
   } destroyLater{link};
   auto fail = [&](const char* function, cu::Result result) {
-    const std::string log = trimmed(errorLog.data());
-    throw DriverError(function, result, where + (log.empty() ? "; the JIT wrote no error log" : "; JIT error log:\n" + log));
+    throw DriverError(function, result, where + logs.errorSuffix());
   };
   // The driver reads the PTX up to its terminating zero (the size counts it).
   if (cu::Result r = api.linkAddData(link, cu::kJitInputPtx, const_cast<char*>(ptx.c_str()), ptx.size() + 1,
@@ -147,8 +138,8 @@ Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, 
   cu::check(api.moduleLoadDataEx(&handle, m.state_->jitImage.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx",
             "loading the cubin the JIT made of '" + name + "'");
   m.state_->handle = handle;
-  m.state_->infoLog = infoLog.data();
-  m.state_->jitMilliseconds = wallMilliseconds;
+  m.state_->infoLog = logs.info.data();
+  m.state_->jitMilliseconds = logs.wallMilliseconds;
   return m;
 }
 
