@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/FuzzInputs.h"
 #include "fuzz/TileProgramProperty.h"
 
 namespace flextile::fuzz {
@@ -22,13 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int seedCount(int fallback) {
-  if (const char* s = std::getenv("FLEXTILE_FUZZ_SEEDS")) return std::max(1, std::atoi(s));
-  return fallback;
-}
-
 TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramCompiles) {
-  const int seeds = seedCount(40);
+  const int seeds = fuzzSeedCount(40);
   int64_t ops = 0, writers = 0, compiled = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};
@@ -45,21 +41,11 @@ TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramComp
   EXPECT_GE(compiled, seeds * 3 / 4);
 }
 
-std::vector<fs::path> filesIn(const fs::path& dir) {
-  std::vector<fs::path> out;
-  if (fs::exists(dir))
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_regular_file() && e.path().extension() != ".md") out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 void replay(const fs::path& dir, size_t atLeast) {
-  auto files = filesIn(dir);
+  auto files = fuzzInputFiles(dir);
   ASSERT_GE(files.size(), atLeast) << dir;
   for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::vector<uint8_t> bytes = readFuzzInput(p);
     Choices choices(bytes.data(), bytes.size());
     const std::string broken = checkTileProgram(choices).broken;
     EXPECT_TRUE(broken.empty()) << p.filename() << ": " << broken;

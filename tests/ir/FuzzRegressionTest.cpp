@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/FuzzInputs.h"
 #include "fuzz/IrParserProperty.h"
 #include "ir/Parser.h"
 #include "ir/Verifier.h"
@@ -19,28 +20,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<fs::path> filesIn(const fs::path& dir) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() != ".md") out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string text(const fs::path& p) {
+  const std::vector<uint8_t> bytes = fuzz::readFuzzInput(p);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 void replay(const fs::path& dir, size_t atLeast) {
-  auto files = filesIn(dir);
+  auto files = fuzz::fuzzInputFiles(dir);
   ASSERT_GE(files.size(), atLeast) << dir;
   for (const auto& p : files) {
     SCOPED_TRACE(p.filename().string());
     fuzz::IrTextOutcome outcome;
-    ASSERT_NO_THROW(outcome = fuzz::checkIrText(slurp(p)));
+    ASSERT_NO_THROW(outcome = fuzz::checkIrText(text(p)));
     EXPECT_EQ(outcome.broken, "");
   }
 }
