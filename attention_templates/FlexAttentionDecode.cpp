@@ -397,17 +397,26 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 
 // ---- host side ---------------------------------------------------------------
 
+// One buffer per thread, memory space and (on the device) stream, for each kind of buffer `Kind`:
+// per thread, so that one thread's growth never frees what another's views point into; per stream,
+// because a call on another stream may still be using its own.
+template <class Kind>
+Tensor& perStreamSlot(MemorySpace space, runtime::Stream* stream) {
+  thread_local Tensor host;
+  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
+  return space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
+}
+struct PartialsSlot;
+struct MergeCountersSlot;
+
 // Grow-only f32 scratch for the partials, one per thread, memory space and stream: a decode step
 // must not allocate (cuMemFree synchronizes). Reuse is safe because the buffer's launches all go to
 // one stream in order: the next call's kernel cannot start before this call's last programs have
-// read. Per thread, so that one thread's growth never frees what another's views point into; per
-// stream, because a call on another stream may run while this one still does.
+// read (perStreamSlot says why per thread and per stream).
 // Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
 // takes all its views before using any.
 Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset, int64_t count) {
-  thread_local Tensor host;
-  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
-  Tensor& slot = space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
+  Tensor& slot = perStreamSlot<PartialsSlot>(space, stream);
   const int64_t needed = offset + count;
   if (!slot.defined() || slot.numel() < needed)
     slot = Tensor::empty(DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
@@ -417,20 +426,12 @@ Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset
 }
 
 // The fused merge's ticket counters, one i32 per (batch, head group), grow-only and zeroed when
-// allocated, per thread and memory space like the partials. Every call leaves them at 0 again (the
+// allocated, per thread, memory space and stream like the partials. Every call leaves them at 0 again (the
 // last program of each group resets its own), so a step neither clears nor allocates them. A call
 // that fails part-way may leave tickets behind: resetMergeCounters clears them (the host path does
 // on an error; a device kernel that faults leaves the context unusable anyway).
-// Per thread, memory space and stream, as the partials' scratch (a call on another stream may
-// still be counting in its own).
-Tensor& mergeCounterSlot(MemorySpace space, runtime::Stream* stream) {
-  thread_local Tensor host;
-  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
-  return space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
-}
-
 Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) {
-  Tensor& slot = mergeCounterSlot(space, stream);
+  Tensor& slot = perStreamSlot<MergeCountersSlot>(space, stream);
   // Zeroed on the call's own stream, so the first launch on it sees zeros.
   if (!slot.defined() || slot.numel() < count)
     slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
@@ -439,7 +440,7 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
 }
 
 void resetMergeCounters(MemorySpace space) {
-  Tensor& slot = mergeCounterSlot(space, nullptr);
+  Tensor& slot = perStreamSlot<MergeCountersSlot>(space, nullptr);
   if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
 }
 
