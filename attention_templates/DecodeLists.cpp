@@ -159,11 +159,12 @@ struct Pool {
   std::map<std::tuple<int, void*, int64_t, int64_t, int64_t>, std::vector<std::unique_ptr<ListBuffers>>> entries;
 };
 
-// Never destroyed: buffers may be handed out until the process ends, and device memory must not
-// be freed after the driver is gone.
-Pool& pool() {
-  static Pool* p = new Pool;
-  return *p;
+// Destroyed at exit, after the last lease (each holds the pool), so that every device buffer is
+// freed while the driver is still there (its loader and the devices are never destroyed):
+// compute-sanitizer's memcheck counted the pool's buffers as leaks when it was never destroyed.
+const std::shared_ptr<Pool>& pool() {
+  static const std::shared_ptr<Pool> p = std::make_shared<Pool>();
+  return p;
 }
 
 // A key keeps at most this many buffers; lists kept alive beyond it get buffers of their own
@@ -176,7 +177,8 @@ void acquire(DecodeBlockLists& out, MemorySpace space, runtime::Stream* stream) 
   const int64_t rows = out.batch * out.heads, cells = rows * out.numKvBlocks;
   const int64_t cellsPadded = roundUp16(cells), rowsPadded = roundUp16(rows);
   const int64_t total = 2 * cellsPadded + 2 * rowsPadded;
-  Pool& p = pool();
+  const std::shared_ptr<Pool>& owner = pool();
+  Pool& p = *owner;
   ListBuffers* entry = nullptr;
   std::shared_ptr<const void> lease;
   {
@@ -196,8 +198,8 @@ void acquire(DecodeBlockLists& out, MemorySpace space, runtime::Stream* stream) 
     if (entry) {
       entry->inUse = true;
       // The lease goes back to the pool with the last view of this entry.
-      lease = std::shared_ptr<const void>(entry, [&p](const void* e) {
-        std::lock_guard lock(p.mutex);
+      lease = std::shared_ptr<const void>(entry, [owner](const void* e) {
+        std::lock_guard lock(owner->mutex);
         const_cast<ListBuffers*>(static_cast<const ListBuffers*>(e))->inUse = false;
       });
     }
@@ -338,7 +340,7 @@ const codegen::CompiledKernel& compileDecodeBlockLists(const BlockMask& mask, in
 }
 
 DecodeListsPoolStats decodeListsPoolStats() {
-  Pool& p = pool();
+  Pool& p = *pool();
   std::lock_guard lock(p.mutex);
   DecodeListsPoolStats s;
   for (const auto& [key, list] : p.entries)

@@ -289,10 +289,13 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const dsl::Tensor& q, con
 FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
 // steps (live blocks x KV_BLOCK_SIZE / BLOCK_N: the BlockMask's counts, never the raw KV length),
-// on a GPU of `multiprocessors` SMs (0: the interpreter, one split), for programs whose K/V ring
-// takes `programSharedBytes`: the count whose waves x steps per program is least.
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors,
-                         int64_t programSharedBytes);
+// on a GPU of `multiprocessors` SMs (0: the interpreter, one split), `programsPerSm` of them
+// resident on each (decodeProgramsPerSm): the count whose waves x steps per program is least.
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm);
+// Decode programs of `numWarps` warps whose K/V ring takes `ringBytes` that one SM keeps resident:
+// as many as the shared memory holds, but no more than leave each thread 128 registers. The
+// kernel asks ptxas for this residency (min_programs_per_sm), so registers never lower it.
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps);
 
 // What the decode template would run for these inputs (names, the split count, the configs), for
 // tests, tools and the docs; nothing is launched.

@@ -69,13 +69,19 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   return {64, 4, 2, 0};
 }
 
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programSharedBytes) {
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps) {
+  // The rest of a decode program's shared memory (the cross-warp reductions) is small.
+  constexpr int64_t kSharedPerSm = 227 * 1024, kRegistersPerSm = 65536, kRegistersPerThread = 128;
+  const int64_t byShared = std::clamp<int64_t>(kSharedPerSm / std::max<int64_t>(1, ringBytes), 1, 8);
+  const int64_t byRegisters = std::max<int64_t>(1, kRegistersPerSm / (kRegistersPerThread * 32 * std::max(1, numWarps)));
+  return std::min(byShared, byRegisters);
+}
+
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm) {
   if (multiprocessors <= 0 || liveSteps <= 1 || programsPerSplit < 1) return 1;
-  // Programs resident per SM, from the K/V ring's shared memory (the rest of a decode program is
-  // small). At most 128 splits: the last program of a group folds them, four a round of loads.
-  constexpr int64_t kSharedPerSm = 227 * 1024, kMinStepsPerSplit = 4;
-  const int64_t resident = std::clamp<int64_t>(kSharedPerSm / std::max<int64_t>(1, programSharedBytes), 1, 8);
-  const int64_t slots = int64_t(multiprocessors) * resident;
+  // At most 128 splits: the last program of a group folds them all.
+  constexpr int64_t kMinStepsPerSplit = 4;
+  const int64_t slots = int64_t(multiprocessors) * std::max<int64_t>(1, programsPerSm);
   const int64_t most = std::clamp<int64_t>(liveSteps / kMinStepsPerSplit, 1, 128);
   // The time of a grid is about its waves times the steps of one program; a split more costs its
   // partials and a round of the merge, so ties (within 3 %) go to fewer splits.
@@ -90,6 +96,14 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
 }
 
 namespace {
+
+// The shared memory of a decode program's K/V ring.
+int64_t ringBytes(int64_t stages, int64_t blockN, int64_t paddedD, DType dt) {
+  return stages * 2 * blockN * paddedD * ir::byteWidth(dt);
+}
+int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, DType dt) {
+  return ringBytes(c.num_stages, c.block_n, paddedD, dt);
+}
 
 // ---- kernel parameters -------------------------------------------------------
 
@@ -120,16 +134,16 @@ struct DecodeConstants {
 
 // The merge, run by the last program of a (group, batch): its HP * L real rows, MC at a time, each
 // folding the `splits` partials in split order by the online-softmax rule (running maximum,
-// rescaled sum and accumulator). A round loads kMergeSplitsPerRound splits' partials at once, so
-// the program waits on one L2 round trip per that many splits, not one per split (the main
-// shape's 6 splits take 2). It writes out and lse as the one-split kernel does.
+// rescaled sum and accumulator). A round loads `perRound` splits' partials at once, so the program
+// waits on one L2 round trip per that many splits, not one per split: the loaded partials of a
+// round take about 64 registers a thread, so few rows (GQA 4:1 at L = 1 has four) load many splits
+// a round — B = 1 over 32768 keys has 47 splits, three rounds of 16 — and 16 rows load four.
 void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, const Tile& b, const Tile& group,
-                    const Tile& splits, DType dt) {
+                    const Tile& splits, DType dt, int numWarps) {
   const int64_t realRows = k.HP * k.LQ;
-  // 16 rows of DP = 128 floats are 16 registers a thread at 4 warps: four loaded partials and the
-  // accumulator stay well inside the register file. 128 rows (L = 16, HP = 8) take 8 rounds.
-  constexpr int64_t kMergeSplitsPerRound = 4;
-  const int64_t MC = 16;
+  int64_t MC = 4;
+  while (MC < std::min<int64_t>(realRows, 16)) MC *= 2;
+  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP), 1, 16);
   Tile offsD = arange(0, k.DP);
   Tile dLive = offsD < k.D;
   for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
@@ -140,12 +154,12 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile rowId = (b * p.q_heads + head) * p.q_len + query;
     Tile firstSlot = rowId.to(DType::I64) * splits;
     Tile m0 = full({MC}, -INFINITY, DType::F32), l0 = zeros({MC}, DType::F32), a0 = zeros({MC, k.DP}, DType::F32);
-    Tile rounds = (splits + (kMergeSplitsPerRound - 1)) / kMergeSplitsPerRound;
+    Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
       // Every load of the round first (independent of each other and of the fold), then the fold.
       std::vector<Tile> lse, part;
-      for (int64_t u = 0; u < kMergeSplitsPerRound; ++u) {
-        Tile s = round * kMergeSplitsPerRound + u;
+      for (int64_t u = 0; u < perRound; ++u) {
+        Tile s = round * perRound + u;
         // Past the last split or the real rows: lse -inf, weight 0, nothing read.
         Tile live = rowLive & (s < splits);
         Tile slot = firstSlot + s.to(DType::I64);
@@ -157,7 +171,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
       Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
       Tile alpha = exp2(mi - mSafe);
       Tile lNew = li * alpha, aNew = ai * alpha.expand(1);
-      for (int64_t u = 0; u < kMergeSplitsPerRound; ++u) {
+      for (int64_t u = 0; u < perRound; ++u) {
         Tile w = exp2(lse[size_t(u)] - mSafe);
         lNew = lNew + w;
         aNew = aNew + part[size_t(u)] * w.expand(1);
@@ -184,6 +198,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   f.attrs()["wgmma_register_a"] = int64_t(1);
   const size_t own = constantCount<DecodeConstants>();
   const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
+  // A decode program waits on memory: the residency its ring allows is what keeps the SM's loads in
+  // flight, so registers must not lower it (the driver's JIT otherwise may).
+  f.attrs()["min_programs_per_sm"] =
+      decodeProgramsPerSm(ringBytes(f.intAttrOr("num_stages", 1), k.BN, k.DP, dt), f.numWarps());
   const auto p = declareParams<DecodeParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;
@@ -316,7 +334,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile last = (ticket == splits - 1).to(DType::I32);
     for_range(0, last, 1, [&](Tile) {
       fence();  // acquire: the other programs' partials are visible from here on
-      mergeGroupRows(k, p, b, group, splits, dt);
+      mergeGroupRows(k, p, b, group, splits, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added
     });
     return;
@@ -466,8 +484,6 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
 DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                        const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                        const std::optional<codegen::Target>& target = std::nullopt) {
-  const char* me = "flex_attention (decode)";
-  auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
   detail::checkAttentionInputs(q, k, v, scoreMod);
   DecodePrepared p{};
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = k.size(1), p.S = k.size(2);
@@ -588,10 +604,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   if (c.splits == 0) {
     const int sms = target ? 132 /* a plan for a target: an H100/H200-sized part */
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
-    const int64_t programBytes = int64_t(c.num_stages) * 2 * c.block_n * detail::paddedHeadDim(p.D) *
-                                 ir::byteWidth(p.dtype);
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                sms, programBytes);
+                                sms, decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps));
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)

@@ -4,6 +4,7 @@
 //   flextile_attention_decode_bench              # the decode shapes below, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
 //   flextile_attention_decode_bench --sweep-splits   # block size x split count on every shape
+//   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
@@ -126,11 +127,13 @@ double copyMicroseconds(double bytesMoved) {
 
 int main(int argc, char** argv) {
   bool sweep = false, sweepSplits = false;
+  std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--only SHAPE]...\n", argv[0]);
       return 2;
     }
   }
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
+    if (!only.empty() && std::find(only.begin(), only.end(), s.name) == only.end()) continue;
     Tensor q = randomBf16(rng, {s.B, s.Hq, s.L, s.D});
     Tensor k = randomBf16(rng, {s.B, s.Hkv, s.S, s.D});
     Tensor v = randomBf16(rng, {s.B, s.Hkv, s.S, s.D});
@@ -225,7 +229,7 @@ int main(int argc, char** argv) {
                 best.copyUs, best.copyTbps, bytes / 1e6);
     rows.push_back(best);
   }
-  std::printf("\n%-18s %8s %10s %10s %10s %10s %8s  %s\n", "shape", "MB read", "best us", "best TB/s", "dflt TB/s",
+  std::printf("\n%-18s %8s %10s %10s %10s %10s %10s %8s  %s\n", "shape", "MB read", "best us", "best TB/s", "dflt TB/s",
               "copy us", "copy TB/s", "of copy", "best config");
   for (const Row& r : rows)
     std::printf("%-18s %8.0f %10.1f %10.2f %10.2f %10.1f %10.2f %7.0f%%  %s\n", r.shape.c_str(),

@@ -393,6 +393,10 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   kernel = llvm::Function::Create(fnTy, llvm::GlobalValue::ExternalLinkage, func.name(), module.get());
   kernel->setCallingConv(llvm::CallingConv::PTX_Kernel);
   kernel->addFnAttr("nvvm.maxntid", std::to_string(32 * func.numWarps()));
+  // A residency the template sized its shared memory for: without it the driver's JIT may take
+  // registers that leave fewer programs per SM than the shared memory allows.
+  if (const int64_t programs = func.intAttrOr("min_programs_per_sm", 0); programs > 0)
+    kernel->addFnAttr("nvvm.minctasm", std::to_string(programs));
   kernel->addFnAttr(llvm::Attribute::NoUnwind);
 
   // Dynamic shared memory: one extern array, sized at launch.

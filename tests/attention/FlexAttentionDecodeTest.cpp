@@ -181,7 +181,7 @@ TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
 }
 
 TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
-  const int64_t ring = 128 * 1024;  // one program per SM
+  const int64_t ring = 1;  // one program per SM (a 128 KB ring)
   // 64 programs on 132 SMs over 256 steps: two splits fill one wave.
   EXPECT_EQ(decodeSplitCount(64, 256, 132, ring), 2);
   // A sliding window of 33 live blocks in a KV of 256: the split follows the 33.
@@ -193,11 +193,22 @@ TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
   EXPECT_GE(decodeSplitCount(1, 1 << 20, 132, ring), 120);  // one long row: about one program per SM
   EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring), 128);
   // Three programs per SM: more slots, more splits.
-  EXPECT_EQ(decodeSplitCount(64, 256, 132, 64 * 1024), 6);
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 3), 6);
 }
 
-// Every variant's decode kernel (the merge fused into it) compiles for sm_90a and ptxas accepts them; the
-// compile time of each is printed (a GPU test compiles dozens).
+// Residency: what the ring's shared memory allows, capped where a thread would keep fewer than 128
+// registers (the default BN64 w4 s2 ring at D = 128 is 64 KB: three programs per SM).
+TEST(FlexDecode, ProgramsPerSmFollowTheRingAndKeepRegisters) {
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 4), 3);
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 128 * 128 * 2, 8), 1);
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 64 * 2, 4), 4);   // the shared memory would allow 7
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 8), 2);  // 256 threads
+  EXPECT_EQ(decodeProgramsPerSm(1 << 20, 4), 1);
+}
+
+// Every variant's decode kernel (the merge fused into it) compiles for sm_90a and ptxas accepts them
+// at the residency the template asks for, without spilling; the compile time of each is printed (a
+// GPU test compiles dozens).
 TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
   if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin): not assembling";
   SeededRandom rng;
@@ -221,6 +232,15 @@ TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
         std::printf("D=%ld %s %s: %s, %d registers, %d bytes spilled, %d bytes of shared memory (compiled in %.0f ms)\n",
                     long(D), var.name.c_str(), c->name.c_str(), plan.config.describe().c_str(), report.registers,
                     report.spillStoreBytes, c->sharedBytes, ms);
+        // The residency the ring allows is asked of ptxas, and it fits without spilling.
+        const int64_t programs = decodeProgramsPerSm(
+            2 * plan.config.num_stages * plan.config.block_n * (D == 256 ? 256 : D) * ir::byteWidth(dt), plan.config.num_warps);
+        EXPECT_NE(c->ptx.find(".minnctapersm " + std::to_string(programs)), std::string::npos) << var.name << " D=" << D;
+        EXPECT_LE(report.registers * 32 * plan.config.num_warps * programs, 65536) << var.name << " D=" << D;
+        // (f32 at D = 256 runs on FMAs at ptxas's 255-register ceiling and spills, with or without it.)
+        if (dt != DType::F32) {
+          EXPECT_EQ(report.spillStoreBytes, 0) << var.name << " D=" << D;
+        }
       }
     }
 }
