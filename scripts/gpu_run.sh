@@ -28,7 +28,7 @@
 # finding fails the run. One log per tool (sanitizer_<tool>.log) and a summary row per tool:
 # findings, leaked bytes, tests run, kernels built.
 #   FLEXTILE_COMPUTE_SANITIZER        the executable (default: PATH, then /usr/local/cuda*/bin)
-#   FLEXTILE_SANITIZER_JOBS=N         sanitized processes at once (default 8: all seven of "all")
+#   FLEXTILE_SANITIZER_JOBS=N         sanitized processes at once (default 16: all sixteen of "all")
 #   FLEXTILE_SANITIZER_TIMEOUT        seconds per sanitized process (default 240)
 #   FLEXTILE_SANITIZER_ATTN_FILTER, FLEXTILE_SANITIZER_CORE_FILTER: gtest filters of
 #                                     attention_gpu_tests and flextile_gpu_tests under every tool
@@ -91,7 +91,7 @@ status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)"
 # One seed for every test process of the run (each test mixes in its own name: TestBudget.h).
 export FLEXTILE_TEST_SEED=${FLEXTILE_TEST_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
 TEST_JOBS=${FLEXTILE_GPU_TEST_JOBS:-3}
-SANITIZER_JOBS=${FLEXTILE_SANITIZER_JOBS:-8}
+SANITIZER_JOBS=${FLEXTILE_SANITIZER_JOBS:-16}
 for n in "$TEST_JOBS" "$SANITIZER_JOBS"; do
   case "$n" in ''|*[!0-9]*|0) echo "gpu_run.sh: FLEXTILE_GPU_TEST_JOBS and FLEXTILE_SANITIZER_JOBS must be positive integers, got '$n'" >&2; exit 2 ;; esac
 done
@@ -121,11 +121,12 @@ count_in() { sed -n "s/^\[  $2 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$1" | aw
 failed_names() { sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$@" | sort -u | head -5 | tr '\n' ' '; }
 kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "$@" | awk '{ s += $1 } END { print s + 0 }'; }
 
+# The serving part of attention_gpu_tests: decode, paged K/V, decode lists and calls on user streams.
+serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
+
 if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts $TEST_JOBS at once)"
   start=$(now)
-  # The serving part: decode, paged K/V, decode lists and calls on user streams.
-  serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
   attention=()
   if [ -n "${FLEXTILE_ATTN_TEST_FILTER:-}" ]; then
     attention=("attention|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$FLEXTILE_ATTN_TEST_FILTER'")
@@ -196,8 +197,21 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
       # run (2026-12-01) reported exactly those five and nothing in a kernel.
       core_memcheck='-RuntimeGpu.AllocationShowsInFreeMemory:RuntimeGpu.HandWrittenPtxLaunchesOverARaggedSize:RuntimeGpu.BadPtxReportsTheJitLog:RuntimeGpu.CubinLoadsAsItIsAndFallsBackToPtx'
       core_filter=${FLEXTILE_SANITIZER_CORE_FILTER:-$([ "$tool" = memcheck ] && echo "$core_memcheck" || echo "$core_smem")}
-      # Longest first: the attention binary.
-      runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
+      # Longest first: the attention binary, in four processes (under racecheck the whole binary
+      # took longer than 420 s on the H200). Tests that time overlap are left out: a tool that
+      # serializes kernels makes them meaningless.
+      if [ -n "${FLEXTILE_SANITIZER_ATTN_FILTER:-}" ]; then
+        runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
+      else
+        timed='FlexAttentionStreamsGpu.*OverlapInTime*'
+        attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving"
+                    "backward|FlexAttentionBackwardGpu.*"
+                    "decode|FlexDecodeGpu.*"
+                    "serving|${serving#FlexDecodeGpu.*:}-$timed")
+        for attn_part in "${attn_parts[@]}"; do
+          runs+=("${tool}_attention_${attn_part%%|*}|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='${attn_part#*|}'")
+        done
+      fi
       runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
       [ "$tool" = memcheck ] && runs+=("${tool}_autotune|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/autotune_gpu_tests")
     done
