@@ -3,7 +3,7 @@
 //
 //   flextile_attention_decode_bench              # the decode shapes below, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
-//   flextile_attention_decode_bench --sweep-splits   # block size x split count on every shape
+//   flextile_attention_decode_bench --sweep-splits   # block size x stages x split count on every shape
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
@@ -187,7 +187,8 @@ int main(int argc, char** argv) {
     std::vector<FlexDecodeConfig> configs = {FlexDecodeConfig{}};
     if (sweepSplits && (s.name != "decode" || !sweep))
       for (int64_t bn : {64, 128})
-        for (int64_t sp : {2, 4, 8, 16}) configs.push_back({bn, bn == 64 ? 4 : 8, 2, sp});
+        for (int st : {2, 3})
+          for (int64_t sp : {0, 2, 4, 8, 16}) configs.push_back({bn, bn == 64 ? 4 : 8, st, sp});
     if (sweep && s.name == "decode")
       for (int64_t bn : {64, 128})
         for (int w : {4, 8})
