@@ -4,9 +4,10 @@
 // Split kernel: one program per (split s, group of HP query heads sharing one KV head, batch).
 // Its BM rows are the HP heads' L queries (row r: head hg*HP + r / L, query r % L; rows past HP*L
 // repeat the last real row and are never stored), so each K/V tile is loaded once for the whole
-// group. The program walks its share of the row's live blocks — the full list, then the partial
-// list, each cut into `splits` contiguous runs of inner steps, so every split gets an equal share
-// of both kinds and the order is stable — with the forward's online softmax in the exp2 domain.
+// group. The program walks its share of the row's live blocks — the full list's inner steps, then
+// the partial list's, laid end to end and cut into `splits` equal contiguous runs, so the order is
+// stable and no program has more than its share — with the forward's online softmax in the exp2
+// domain.
 // With one split it writes out and lse itself; otherwise a partial (out_s = acc / l, lse_s =
 // m + log2 l) per (row, split), and the last of a group's programs to finish merges them.
 //
@@ -255,12 +256,21 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   const int64_t R = k.KVBS / k.BN;
   constexpr int64_t kLiveBits = 64;
 
-  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
-    Tile count = load(num + listRow);
-    Tile steps = count * R;
-    Tile share = (steps + splits - 1) / splits;
-    Tile begin = minimum(split * share, steps);
-    Tile end = minimum(begin + share, steps);
+  // The row's inner steps, the full list's then the partial list's, cut into `splits` equal
+  // contiguous runs: this program walks run `split` (steps [first, last) of the two lists laid end
+  // to end). One cut over both lists, not one per list: per list, a sliding window of 4096 (62 full
+  // steps and 4 partial ones over 6 splits) gave four programs 12 steps where 11 is the most needed.
+  Tile fullCount = k.hasFull ? load(p.full_kv_num + listRow) : zeros({}, DType::I32);
+  Tile partialCount = k.hasPartial ? load(p.kv_num + listRow) : zeros({}, DType::I32);
+  Tile fullSteps = fullCount * R;
+  Tile rowSteps = fullSteps + partialCount * R;
+  Tile share = (rowSteps + splits - 1) / splits;
+  Tile first = minimum(split * share, rowSteps);
+  Tile last = minimum(first + share, rowSteps);
+
+  // Steps [begin, end) of one list of `count` entries.
+  auto walk = [&](const Tile& count, const Tile& indices, bool partial, const Tile& begin, const Tile& end, Tile m,
+                  Tile l, Tile acc) {
     Tile listBase = listRow * p.list_kv_blocks;
     auto stepStart = [&](const Tile& t) {  // the logical position of step t's first key
       Tile entry = t / R;
@@ -316,8 +326,12 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile m = full({k.BM}, -INFINITY, DType::F32);
   Tile l = zeros({k.BM}, DType::F32);
   Tile acc = zeros({k.BM, k.DP}, DType::F32);
-  if (k.hasFull) std::tie(m, l, acc) = walk(p.full_kv_num, p.full_kv_indices, false, m, l, acc);
-  if (k.hasPartial) std::tie(m, l, acc) = walk(p.kv_num, p.kv_indices, true, m, l, acc);
+  if (k.hasFull)
+    std::tie(m, l, acc) =
+        walk(fullCount, p.full_kv_indices, false, minimum(first, fullSteps), minimum(last, fullSteps), m, l, acc);
+  if (k.hasPartial)
+    std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, maximum(first - fullSteps, 0),
+                               maximum(last - fullSteps, 0), m, l, acc);
 
   Tile empty = l == 0.0;
   Tile out = acc / where(empty, 1.0, l).expand(1);
