@@ -4,6 +4,7 @@
 //   launch <kernel> stream <CUstream>        htod <bytes> stream <CUstream|sync>
 //   dtoh <bytes> stream <CUstream|sync>      memset <bytes> stream <CUstream|sync>
 //   link <kernel bytes of PTX>               load ptx | load cubin | refuse image
+//   alloc <address> <bytes>                  free <address>
 // The "cubin" its linker makes is "FAKECUBIN " plus the PTX's length; cuModuleLoadDataEx loads PTX
 // text and such images and refuses anything else (CUDA_ERROR_INVALID_IMAGE), so a test can plant a
 // corrupt cubin; FLEXTILE_FAKE_CUDA_LINK_FAILS=1 makes its linker refuse any PTX. Tests point FLEXTILE_CUDA_LIBRARY here (tests/runtime/StreamsAndCubinTest.cpp).
@@ -118,9 +119,11 @@ int cuMemAlloc_v2(uint64_t* pointer, size_t bytes) {
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!p) return 2;
   *pointer = reinterpret_cast<uintptr_t>(p);
+  record("alloc " + streamText(p) + " " + std::to_string(bytes));
   return 0;
 }
 int cuMemFree_v2(uint64_t pointer) {
+  record("free " + streamText(addressOf(pointer)));
   std::free(addressOf(pointer));
   return 0;
 }
