@@ -494,6 +494,9 @@ FlexAttentionGrads flex_attention_backward(const Tensor& q, const Tensor& k, con
 
 namespace {
 
+// The backward's per-row scratch (delta, lse2), one buffer per thread, space and stream.
+struct BackwardRowsSlot;
+
 // Validates the inputs and makes the launches (and the captured gradients' buffers) of one call.
 // `plan` set: compiles each launch for `target` instead of running it.
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
@@ -604,10 +607,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   }
   const bool deterministic = options.deterministic;
 
-  // Scratch of this call alone (no buffer is shared with another call, on any stream): freed when
-  // the call returns, which cuMemFree makes wait for the call's kernels.
-  Tensor delta = Tensor::empty(DType::F32, {B, Hq, L}, space);
-  Tensor lse2 = Tensor::empty(DType::F32, {B, Hq, L}, space);
+  // delta and the exp2-domain LSE: kept per thread and stream between calls (detail::perStreamSlot).
+  // Allocating them per call made every backward blocking: their cuMemFree at return synchronized
+  // the device. The next call on the stream writes them only after this call's kernels have read.
+  // lse2 starts at a multiple of 16 floats, so both keep the alignment a fresh allocation has (the
+  // kernels are specialized on it); the far end is taken first.
+  const int64_t lse2Offset = (B * Hq * L + 15) / 16 * 16;
+  Tensor lse2 = detail::f32Scratch<BackwardRowsSlot>(space, options.stream, lse2Offset, {B, Hq, L});
+  Tensor delta = detail::f32Scratch<BackwardRowsSlot>(space, options.stream, 0, {B, Hq, L});
   std::vector<Tensor> gradBuffers;
   for (const CapturedTensor& c : grads.trainable) {
     gradBuffers.push_back(

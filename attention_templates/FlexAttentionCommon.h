@@ -2,6 +2,8 @@
 // defaults, and the trace-side reading of a paged K/V (attention_templates/PagedKVCache.h).
 #pragma once
 
+#include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -10,6 +12,7 @@
 #include "attention_templates/PagedKVCache.h"
 #include "attention_templates/TemplateParams.h"
 #include "dsl/Tensor.h"
+#include "runtime/Stream.h"
 
 namespace flextile::attention::tmpl {
 
@@ -136,5 +139,34 @@ std::string templateKernelKey(const char* kind, const ScoreMod& scoreMod, dsl::D
 
 // A kernel name from a template's and the mods' names: anything but letters and digits becomes '_'.
 std::string kernelName(const std::string& name);
+
+// A template's own scratch, kept between calls so that a call does not allocate (cuMemFree
+// synchronizes the device, which would make every call blocking): one buffer per thread, memory
+// space and (on the device) stream, for each kind of buffer `Kind`. Per thread, so that one
+// thread's growth never frees what another's views point into; per stream, because a call on
+// another stream may still be using its own. Reuse is safe because one slot's launches all go to
+// one stream in order.
+template <class Kind>
+dsl::Tensor& perStreamSlot(dsl::MemorySpace space, runtime::Stream* stream) {
+  thread_local dsl::Tensor host;
+  thread_local std::map<void*, dsl::Tensor> device;  // by CUstream (null: the legacy default stream)
+  return space == dsl::MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
+}
+
+// A view of shape `shape` (contiguous f32) at element `offset` of Kind's grow-only f32 buffer
+// (grown, by reallocation, to twice what is needed when it is too small): a call takes all its
+// views before launching anything, the far end first, since a later view may reallocate the buffer.
+template <class Kind>
+dsl::Tensor f32Scratch(dsl::MemorySpace space, runtime::Stream* stream, int64_t offset, const dsl::Shape& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  dsl::Tensor& slot = perStreamSlot<Kind>(space, stream);
+  const int64_t needed = offset + count;
+  if (!slot.defined() || slot.numel() < needed)
+    slot = dsl::Tensor::empty(dsl::DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
+  if (space == dsl::MemorySpace::Device)
+    return dsl::Tensor::deviceView(slot.deviceAddress() + uint64_t(offset) * 4, dsl::DType::F32, shape);
+  return dsl::Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, dsl::DType::F32, shape);
+}
 
 }  // namespace flextile::attention::detail

@@ -429,32 +429,17 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 
 // ---- host side ---------------------------------------------------------------
 
-// One buffer per thread, memory space and (on the device) stream, for each kind of buffer `Kind`:
-// per thread, so that one thread's growth never frees what another's views point into; per stream,
-// because a call on another stream may still be using its own.
-template <class Kind>
-Tensor& perStreamSlot(MemorySpace space, runtime::Stream* stream) {
-  thread_local Tensor host;
-  thread_local std::map<void*, Tensor> device;  // by CUstream (null: the legacy default stream)
-  return space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
-}
 struct PartialsSlot;
 struct MergeCountersSlot;
 
 // Grow-only f32 scratch for the partials, one per thread, memory space and stream: a decode step
 // must not allocate (cuMemFree synchronizes). Reuse is safe because the buffer's launches all go to
 // one stream in order: the next call's kernel cannot start before this call's last programs have
-// read (perStreamSlot says why per thread and per stream).
+// read (detail::perStreamSlot says why per thread and per stream).
 // Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
 // takes all its views before using any.
 Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset, int64_t count) {
-  Tensor& slot = perStreamSlot<PartialsSlot>(space, stream);
-  const int64_t needed = offset + count;
-  if (!slot.defined() || slot.numel() < needed)
-    slot = Tensor::empty(DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
-  if (space == MemorySpace::Device)
-    return Tensor::deviceView(slot.deviceAddress() + uint64_t(offset) * 4, DType::F32, {count});
-  return Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, DType::F32, {count});
+  return detail::f32Scratch<PartialsSlot>(space, stream, offset, {count});
 }
 
 // The fused merge's ticket counters, one i32 per (batch, head group), grow-only and zeroed when
@@ -463,7 +448,7 @@ Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset
 // that fails part-way may leave tickets behind: resetMergeCounters clears them (the host path does
 // on an error; a device kernel that faults leaves the context unusable anyway).
 Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) {
-  Tensor& slot = perStreamSlot<MergeCountersSlot>(space, stream);
+  Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, stream);
   // Zeroed on the call's own stream, so the first launch on it sees zeros.
   if (!slot.defined() || slot.numel() < count)
     slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
@@ -472,7 +457,7 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
 }
 
 void resetMergeCounters(MemorySpace space) {
-  Tensor& slot = perStreamSlot<MergeCountersSlot>(space, nullptr);
+  Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, nullptr);
   if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
 }
 

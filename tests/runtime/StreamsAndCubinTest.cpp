@@ -280,6 +280,25 @@ TEST(Streams, BlockMaskBuilderDecodeListsAndPagedWritesUseTheGivenStream) {
   cache.setStream(nullptr);
 }
 
+// A training loop's backward must not allocate or free per call: each call's cuMemFree of its own
+// scratch synchronized the device, so no backward overlapped host work or other streams. After
+// the first call on a stream, a call with caller-owned gradients makes no allocation and no free.
+TEST(Streams, RepeatedBackwardCallsNeitherAllocateNorFree) {
+  runtime::Stream s;
+  Inputs in(1, 4, 2, 100, 300, 64);
+  BlockMask mask = causalBlockMask(1, 1, 100, 300, {64, 64}, {MemorySpace::Device, &s});
+  auto fwd = flex_attention(in.q, in.k, in.v, noop_score(), mask, {.return_lse = true, .stream = &s});
+  Tensor dout = Tensor::zeros(DType::BF16, in.q.shape(), MemorySpace::Device);
+  FlexAttentionGrads g = flex_attention_backward(in.q, in.k, in.v, fwd.out, fwd.lse, dout, noop_score(), mask,
+                                                 {.stream = &s});  // the first call sizes the scratch
+  take();
+  for (int call = 0; call < 3; ++call)
+    flex_attention_backward_into(in.q, in.k, in.v, fwd.out, fwd.lse, dout, noop_score(), mask, g, {.stream = &s});
+  const auto lines = take();
+  expectAllOn(lines, s, 9);  // three calls of preprocess, dkdv, dq
+  EXPECT_TRUE(matching(lines, "alloc ").empty() && matching(lines, "free ").empty()) << joined(lines);
+}
+
 // compute-sanitizer's memcheck (H200, 2026-12-01) found the decode-lists pool's buffers still
 // allocated at exit: the pool was never destroyed. A child process that leases pool buffers, lets
 // the lists go and exits must free every device allocation it made by the time it is gone (the
