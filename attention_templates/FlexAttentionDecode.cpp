@@ -200,9 +200,14 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   const size_t own = constantCount<DecodeConstants>();
   const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
   // A decode program waits on memory: the residency its ring allows is what keeps the SM's loads in
-  // flight, so registers must not lower it (the driver's JIT otherwise may).
-  f.attrs()["min_programs_per_sm"] =
-      decodeProgramsPerSm(ringBytes(f.intAttrOr("num_stages", 1), k.BN, k.DP, dt), f.numWarps());
+  // flight, so registers must not lower it (the driver's JIT otherwise may). Asked for programs of
+  // one mma tile of rows (16: GQA up to 16 heads x queries), whose registers fit it with room to
+  // spare (offline ptxas: 114-157 at D = 64 and 128); more rows need more registers than three
+  // programs leave (32 rows at D = 128 spilled 112 bytes at 168, 128 rows 4 KB), so those keep
+  // ptxas's own choice.
+  if (k.BM <= 16)
+    f.attrs()["min_programs_per_sm"] =
+        decodeProgramsPerSm(ringBytes(f.intAttrOr("num_stages", 1), k.BN, k.DP, dt), f.numWarps());
   const auto p = declareParams<DecodeParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;

@@ -245,6 +245,34 @@ TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
     }
 }
 
+// The residency request (min_programs_per_sm) is made for programs of 16 rows, and a kernel that
+// carries it never spills: at first it was made for every program, and the 32- to 128-row ones
+// (L = 4..16 queries of a GQA 8:1 group) spilled up to 4 KB at the 168 registers it leaves.
+TEST(FlexDecode, AResidencyRequestNeverMakesPtxasSpill) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin): not assembling";
+  const codegen::Target target = codegen::Target::sm90a();
+  for (int64_t L : {1, 4, 16})
+    for (int64_t G : {4, 8})
+      for (int64_t D : {64, 128}) {
+        const int64_t B = 2, Hq = 32, S = 4096;
+        Tensor q = Tensor::zeros(DType::BF16, {B, Hq, L, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hq / G, S, D}, kHost);
+        FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .query_offset = S - L};
+        FlexDecodePlan plan;
+        ASSERT_NO_THROW(plan = plan_flex_decode(q, kv, kv, noop_score(), causalBlockMask(1, 1, S, S, {128, 128}, kHost), o,
+                                                target));
+        for (const codegen::CompiledKernel* c : plan.compiled) {
+          SCOPED_TRACE("L=" + std::to_string(L) + " G=" + std::to_string(G) + " D=" + std::to_string(D) + " rows " +
+                       std::to_string(plan.rowsPerProgram));
+          const bool requested = c->ptx.find(".minnctapersm") != std::string::npos;
+          EXPECT_EQ(requested, plan.rowsPerProgram <= 16);
+          if (!requested) continue;
+          codegen::PtxasReport report;
+          ASSERT_NO_THROW(report = codegen::runPtxas(c->ptx, target));
+          EXPECT_EQ(report.spillStoreBytes, 0);
+        }
+      }
+}
+
 // ---- paged K/V ---------------------------------------------------------------
 
 namespace {
