@@ -449,17 +449,18 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   char key[128];
   std::snprintf(key, sizeof key, "flex_bwd_%s/%p/%s", which, static_cast<const void*>(&scoreMod.state()),
                 std::string(ir::dtypeName(dt)).c_str());
-  return maskMod.state().kernel(key, [&] {
+  return maskMod.state().kernel(key, scoreMod.lifetime(), [&] {
     const std::string name = detail::kernelName(std::string("flex_bwd_") + which + "_" + scoreMod.name() + "_" + maskMod.name());
     const bool dkdv = std::string(which) == "dkdv";
-    // The kernel lives in the mask mod's state: it holds a detached copy of the mod (no cycle);
-    // the score mod it holds keeps the state whose address keys the kernel alive.
+    // The kernel lives in the mask mod's state and holds detached copies of both mods: no cycle, and
+    // the entry goes with the score mod (ModState::kernel).
     return Kernel(name,
-                  [dt, scoreMod, held = maskMod.detached(), dkdv](ir::Function& f, const std::vector<int64_t>& c) {
+                  [dt, score = scoreMod.detached(), held = maskMod.detached(), dkdv](ir::Function& f,
+                                                                                    const std::vector<int64_t>& c) {
                     if (dkdv)
-                      traceDkdv(f, c, dt, scoreMod, held);
+                      traceDkdv(f, c, dt, score, held);
                     else
-                      traceDq(f, c, dt, scoreMod, held);
+                      traceDq(f, c, dt, score, held);
                   },
                   constantCount<GradConstants>());
   });

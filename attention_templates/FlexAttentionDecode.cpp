@@ -645,10 +645,11 @@ Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
   const bool paged = p.paged != nullptr;
-  return maskMod.state().kernel(decodeKernelKey(sm, dt, paged), [&] {
+  return maskMod.state().kernel(decodeKernelKey(sm, dt, paged), sm.lifetime(), [&] {
     return Kernel(detail::kernelName((paged ? "flex_decode_paged_" : "flex_decode_") + sm.name() + "_" + maskMod.name()),
-                  [dt, sm, held = maskMod.detached(), paged](ir::Function& f, const std::vector<int64_t>& c) {
-                    traceDecode(f, c, dt, sm, held, paged);
+                  [dt, score = sm.detached(), held = maskMod.detached(), paged](ir::Function& f,
+                                                                               const std::vector<int64_t>& c) {
+                    traceDecode(f, c, dt, score, held, paged);
                   },
                   constantCount<DecodeConstants>() + (paged ? constantCount<PagedKvConstants>() : 0));
   });

@@ -517,8 +517,8 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming
-// the score mod's state (which the kernel's tracer keeps alive, so the
-// address is never reused) and the dtype.
+// the score mod's state (an entry whose score mod is gone is never found:
+// ModState::kernel watches its lifetime) and the dtype.
 // The paged kernel is a kernel of its own ("flex_fwd_paged/..."), so the contiguous one keeps its IR.
 std::string forwardKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged = false) {
   return detail::templateKernelKey(paged ? "flex_fwd_paged" : "flex_fwd", scoreMod, dtype);
@@ -529,11 +529,13 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
   const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
   const DType dt = p.dtype;
   const bool paged = p.paged != nullptr;
-  return maskMod.state().kernel(forwardKernelKey(sm, dt, paged), [&] {
-    // The kernel lives in the mask mod's state: it holds a detached copy of the mod (no cycle).
+  return maskMod.state().kernel(forwardKernelKey(sm, dt, paged), sm.lifetime(), [&] {
+    // The kernel lives in the mask mod's state and holds detached copies of both mods: no cycle, and
+    // the entry goes with the score mod (ModState::kernel).
     return Kernel(detail::kernelName((paged ? "flex_fwd_paged_" : "flex_fwd_") + sm.name() + "_" + maskMod.name()),
-                  [dt, sm, held = maskMod.detached(), paged](ir::Function& f, const std::vector<int64_t>& c) {
-                    traceForward(f, c, dt, sm, held, paged);
+                  [dt, score = sm.detached(), held = maskMod.detached(), paged](ir::Function& f,
+                                                                               const std::vector<int64_t>& c) {
+                    traceForward(f, c, dt, score, held, paged);
                   },
                   constantCount<ForwardConstants>() + (paged ? constantCount<PagedKvConstants>() : 0));
   });
@@ -589,7 +591,8 @@ const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& s
   detail::ModState& state = maskMod.state();
   std::lock_guard lock(state.mutex);
   auto it = state.kernels.find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype, paged));
-  return it == state.kernels.end() ? nullptr : it->second.get();
+  if (it == state.kernels.end() || (it->second.hasPartner && it->second.partner.expired())) return nullptr;
+  return it->second.kernel.get();
 }
 
 FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, const ScoreMod& scoreMod,

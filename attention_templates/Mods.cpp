@@ -11,11 +11,34 @@ namespace flextile::attention {
 
 using namespace flextile::dsl;
 
+// make() runs outside the lock: a kernel's factory detaches the mods it holds, which reads their
+// probe facts under their states' locks (this one's included). Two threads that both miss make two
+// kernels; the first stored is kept. Making a Kernel traces nothing, so the loser costs little.
 dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::function<dsl::Kernel()>& make) {
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = kernels.find(key); it != kernels.end()) return *it->second.kernel;
+  }
+  auto made = std::make_unique<dsl::Kernel>(make());
   std::lock_guard lock(mutex);
-  auto it = kernels.find(key);
-  if (it == kernels.end()) it = kernels.emplace(key, std::make_unique<dsl::Kernel>(make())).first;
-  return *it->second;
+  auto it = kernels.emplace(key, KernelEntry{std::move(made), {}, false}).first;
+  return *it->second.kernel;
+}
+
+dsl::Kernel& detail::ModState::kernel(const std::string& key, std::weak_ptr<const void> partner,
+                                      const std::function<dsl::Kernel()>& make) {
+  auto live = [](const KernelEntry& e) { return !e.hasPartner || !e.partner.expired(); };
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = kernels.find(key); it != kernels.end() && live(it->second)) return *it->second.kernel;
+  }
+  auto made = std::make_unique<dsl::Kernel>(make());
+  std::lock_guard lock(mutex);
+  // Drop the entries whose partner is gone (a caller holds this one's: it is making a kernel for it),
+  // and one found under this key with an expired partner (its address reused by a new mod).
+  std::erase_if(kernels, [&](const auto& entry) { return !live(entry.second); });
+  auto it = kernels.emplace(key, KernelEntry{std::move(made), std::move(partner), true}).first;
+  return *it->second.kernel;
 }
 
 const detail::ModState::ProbeFacts& detail::ModState::probeOnce(const std::function<ProbeFacts()>& compute) {
@@ -132,9 +155,25 @@ detail::ModBase<Mod, Fn>::ModBase(std::string name, Fn fn, std::vector<CapturedT
 }
 
 template <class Mod, class Fn>
-Mod detail::ModBase<Mod, Fn>::detached() const {
+Mod detail::ModBase<Mod, Fn>::withOwnState() const {
   Mod copy = static_cast<const Mod&>(*this);
   copy.state_ = std::make_shared<detail::ModState>();
+  return copy;
+}
+
+template <class Mod, class Fn>
+Mod detail::ModBase<Mod, Fn>::detached() const {
+  Mod copy = withOwnState();
+  if (!fn_) return copy;
+  // The copy knows what this mod's probe found (its captures among them), so a kernel tracing the
+  // copy sees the same parameters as the host that binds them, without probing again mid-trace.
+  try {
+    (void)probe();
+  } catch (const Error&) {
+  }
+  std::lock_guard lock(state_->mutex);
+  copy.state_->probe = state_->probe;
+  copy.state_->probeError = state_->probeError;
   return copy;
 }
 
@@ -152,7 +191,7 @@ const detail::ModState::ProbeFacts& detail::ModBase<Mod, Fn>::probe() const {
   if (!fn_) throw Error(std::string(Mod::kKind) + ": structuralHash of an empty " + Mod::kClass);
   return state_->probeOnce([&] {
     // A copy with its own state: the probe kernel does not keep ours alive.
-    Kernel probe = Mod::probeKernel(detached());
+    Kernel probe = Mod::probeKernel(withOwnState());
     return probeFacts(probe, Mod::kProbeOwnLoads, captures_);
   });
 }

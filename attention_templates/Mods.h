@@ -45,7 +45,14 @@ namespace detail {
 // building a second mask with the same mod neither retraces nor recompiles.
 struct ModState {
   std::mutex mutex;
-  std::map<std::string, std::unique_ptr<dsl::Kernel>> kernels;
+  // A kernel and, for one made for a pair of mods (a template's kernel, kept in the mask mod's
+  // state), the other mod's lifetime (ModBase::lifetime): the entry goes once that mod is gone.
+  struct KernelEntry {
+    std::unique_ptr<dsl::Kernel> kernel;
+    std::weak_ptr<const void> partner;
+    bool hasPartner = false;
+  };
+  std::map<std::string, KernelEntry> kernels;
   // What the probe trace of the mod shows, computed once (MaskMod/ScoreMod::structuralHash).
   struct ProbeFacts {
     uint64_t structuralHash;
@@ -56,6 +63,14 @@ struct ModState {
   std::optional<ProbeFacts> probe;
   std::optional<Error> probeError;  // why the probe trace failed, once it has
   dsl::Kernel& kernel(const std::string& key, const std::function<dsl::Kernel()>& make);
+  // The kernel of `key` made for this mod together with the mod whose lifetime is `partner`. The
+  // kernel must not hold that mod (it holds a detached copy): once the partner and its copies are
+  // gone, its entries are dropped at the next insertion, so a long-lived mask used with a fresh
+  // score mod per call (one per request, say) keeps a bounded number of kernels, not one per mod
+  // for the life of the process. A key found with an expired partner (its address reused by a new
+  // mod) is made again.
+  dsl::Kernel& kernel(const std::string& key, std::weak_ptr<const void> partner,
+                      const std::function<dsl::Kernel()>& make);
   const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
 };
 }  // namespace detail
@@ -86,8 +101,11 @@ class ModBase {
   std::optional<dsl::MemorySpace> captureSpace() const;
   // Kernels made for this mod (the BlockMask builders, the templates), shared by its copies.
   ModState& state() const { return *state_; }
-  // The same function, captures, name and source line with a state of its own: what a kernel kept
-  // in this mod's state holds. Holding the mod itself would be a cycle (state -> kernel -> tracer
+  // Expires when this mod and all its copies are gone (not its detached copies): what a kernel
+  // kept in another mod's state for this one watches (ModState::kernel with a partner).
+  std::weak_ptr<const void> lifetime() const { return state_; }
+  // The same function, captures, name, source line and probe facts with a state of its own: what a
+  // kernel kept in a mod's state holds. Holding the mod itself would be a cycle (state -> kernel -> tracer
   // -> mod -> state) that keeps the mod and every kernel traced with it alive for ever.
   Mod detached() const;
   // The structural hash of what the mod computes: the IR it traces to on probe index tiles (and,
@@ -113,6 +131,7 @@ class ModBase {
 
  private:
   const ModState::ProbeFacts& probe() const;
+  Mod withOwnState() const;  // detached() without the probe facts (what the probe itself traces)
 };
 }  // namespace detail
 

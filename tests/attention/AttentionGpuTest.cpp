@@ -114,7 +114,7 @@ TEST(AttentionGpu, CapturedValuesChangeWithoutRecompiling) {
     BlockMask m = createBlockMask(mod, 1, 2, L, L, {64, 64});
     if (!expectExact(m, ft::refAnd(ft::refCausal(), ft::refDocuments({row})), "round " + std::to_string(round))) return;
   }
-  Kernel& k = *mod.state().kernels.at("block_mask_states");
+  Kernel& k = *mod.state().kernels.at("block_mask_states").kernel;
   EXPECT_EQ(k.numTraces(), 1u);
   EXPECT_EQ(k.numCompiled(), 1u);
 }

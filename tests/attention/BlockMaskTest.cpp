@@ -171,7 +171,7 @@ TEST(BlockMask, CapturedValuesChangeWithoutRetracing) {
     if (!expectExact(m, ft::refAnd(ft::refCausal(), ft::refDocuments(rows)), "round " + std::to_string(round))) return;
   }
   ASSERT_EQ(mod.state().kernels.count("block_mask_states"), 1u);
-  EXPECT_EQ(mod.state().kernels.at("block_mask_states")->numTraces(), 1u);
+  EXPECT_EQ(mod.state().kernels.at("block_mask_states").kernel->numTraces(), 1u);
 
   // Per-head window sizes, captured: new values, then a rebind to a new tensor.
   std::vector<int32_t> w{3, 40, 100};
@@ -184,10 +184,10 @@ TEST(BlockMask, CapturedValuesChangeWithoutRetracing) {
     BlockMask m = createBlockMask(sliding, 1, 3, 150, 190, {16, 64}, MemorySpace::Host);
     if (!expectExact(m, ft::refWindow({w[0], w[1], w[2]}), "windows round " + std::to_string(round))) return;
   }
-  EXPECT_EQ(sliding.state().kernels.at("block_mask_states")->numTraces(), 1u);
+  EXPECT_EQ(sliding.state().kernels.at("block_mask_states").kernel->numTraces(), 1u);
   // Other block sizes are another trace (they are constants of the kernel).
   (void)createBlockMask(sliding, 1, 3, 150, 190, {32, 32}, MemorySpace::Host);
-  EXPECT_EQ(sliding.state().kernels.at("block_mask_states")->numTraces(), 2u);
+  EXPECT_EQ(sliding.state().kernels.at("block_mask_states").kernel->numTraces(), 2u);
 }
 
 TEST(BlockMask, CausalIsTopLeftAlignedForUnequalLengths) {

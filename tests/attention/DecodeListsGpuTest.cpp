@@ -46,7 +46,7 @@ TEST(DecodeListsGpu, DecodeLoopMatchesTheInterpreter) {
   const Kernel* k = nullptr;
   {
     std::lock_guard lock(device.maskMod().state().mutex);
-    k = device.maskMod().state().kernels.at("decode_block_lists").get();
+    k = device.maskMod().state().kernels.at("decode_block_lists").kernel.get();
   }
   EXPECT_EQ(k->numTraces(), 1u);
   EXPECT_LE(decodeListsPoolStats().buffers, base.buffers + 2);  // this loop's and the host's second

@@ -56,7 +56,7 @@ TEST(DecodeLists, StepsNeitherRetraceNorAllocate) {
   const Kernel* k = nullptr;
   {
     std::lock_guard lock(m.maskMod().state().mutex);
-    k = m.maskMod().state().kernels.at("decode_block_lists").get();
+    k = m.maskMod().state().kernels.at("decode_block_lists").kernel.get();
   }
   EXPECT_EQ(k->numTraces(), 1u);
   EXPECT_LE(decodeListsPoolStats().buffers, base.buffers + 1);  // step t's and step t + 1's

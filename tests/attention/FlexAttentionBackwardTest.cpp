@@ -393,6 +393,49 @@ TEST(FlexAttentionBackward, AModThatIgnoresTheScore) {
 // kept in the mask mod's state, and their tracers held the mod itself — a cycle that kept every
 // fresh mod, its captured tensors and its kernels alive for ever. Now the tracers hold a detached
 // copy: when the last handle goes, the captured tensor goes too.
+// A long-lived mask used with a fresh score mod per call (one per request in a server): each call's
+// kernels (forward and backward, kept in the mask mod's state) go with their score mod, so the mask
+// keeps a bounded number, and a gone score mod's captured tensors are freed. Before, every score
+// mod and its kernels stayed alive with the mask for the life of the process. The bodies alternate,
+// so a kernel found under a reused address would give the other body's result.
+TEST(FlexAttentionBackward, FreshScoreModsPerCallKeepTheMasksKernelsBounded) {
+  SeededRandom rng;
+  const int64_t B = 1, H = 2, L = 37, S = 41, D = 16;
+  const BlockMask mask = causalBlockMask(1, 1, L, S, kMaskBlocks, kHost);
+  const Tensor q = randomTensor(rng, DType::F32, {B, H, L, D}, kHost), k = randomTensor(rng, DType::F32, {B, H, S, D}, kHost);
+  const Tensor v = randomTensor(rng, DType::F32, {B, H, S, D}, kHost);
+  std::vector<std::weak_ptr<dsl::CaptureSlot>> slots;
+  size_t most = 0;
+  for (int call = 0; call < 8; ++call) {
+    std::vector<float> slopes(static_cast<size_t>(H), 0.0f);
+    for (float& x : slopes) x = std::uniform_real_distribution<float>(-0.5f, 0.5f)(rng);
+    const double cap = 0.5 + call;
+    CapturedTensor captured = dsl::capture(Tensor::fromHost(slopes, {H}, kHost), "slopes");
+    slots.push_back(captured.slot());
+    const ScoreMod sm = call % 2 ? alibi(captured) : soft_cap(cap);
+    const RefScoreFn ref = call % 2 ? RefScoreFn([slopes](double x, int64_t, int64_t h, int64_t qi, int64_t kv) {
+                                        return x + double(slopes[size_t(h)]) * double(kv - qi);
+                                      })
+                                    : RefScoreFn([cap](double x, int64_t, int64_t, int64_t, int64_t) {
+                                        return cap * std::tanh(x / cap);
+                                      });
+    captured = CapturedTensor();
+    FlexAttentionResult fwd = flex_attention(q, k, v, sm, mask, {.return_lse = true, .config = kFwdSmall});
+    (void)flex_attention_backward(q, k, v, fwd.out, fwd.lse, q, sm, mask, {.config = kBwdSmall});
+    const ReferenceResult want = referenceAttention(q, k, v, ref, refCausal(), 1.0 / std::sqrt(double(D)));
+    const std::vector<float> got = fwd.out.toHost<float>();
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want.out[i]));
+    EXPECT_LT(worst, 1e-4) << "call " << call << " (" << sm.name() << ")";
+    most = std::max(most, mask.maskMod().state().kernels.size());
+  }
+  // The forward and the two backward kernels of the live score mod, and those of the one before it
+  // (dropped at the next insertion).
+  EXPECT_LE(most, 6u);
+  for (size_t i = 0; i + 1 < slots.size(); ++i)
+    if (i % 2) EXPECT_TRUE(slots[i].expired()) << "call " << i << "'s captured slopes outlived its score mod";
+}
+
 TEST(FlexAttentionBackward, AModAndItsKernelsAreFreedWithItsLastHandle) {
   SeededRandom rng;
   std::weak_ptr<dsl::CaptureSlot> slot;
