@@ -74,13 +74,15 @@ TEST(TargetDescription, TensorCoreShapes) {
     EXPECT_EQ(t.description().mmaSyncShape(32), (MmaShape{16, 8, 8}));
     EXPECT_FALSE(t.description().mmaSyncShape(8));
   }
-  EXPECT_FALSE(Target{75, false}.description().mmaSyncShape(16));
+  EXPECT_FALSE((Target{75, false}.description().mmaSyncShape(16)));
   const TargetDescription& hopper = Target::sm90a().description();
   for (int64_t n = 0; n <= 264; ++n) {
     const bool takes = n >= 8 && n <= 256 && n % 8 == 0;
     EXPECT_EQ(hopper.wgmmaTakesN(n), takes) << n;
     EXPECT_EQ(hopper.wgmmaShape(n).has_value(), takes) << n;
-    if (takes) EXPECT_EQ(*hopper.wgmmaShape(n), (MmaShape{64, int(n), 16}));
+    if (takes) {
+      EXPECT_EQ(*hopper.wgmmaShape(n), (MmaShape{64, int(n), 16}));
+    }
   }
   for (const Target& t : {Target::sm80(), Target{90, false}}) {
     EXPECT_FALSE(t.description().wgmmaTakesN(64)) << t.smName();
