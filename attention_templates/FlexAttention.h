@@ -49,16 +49,17 @@ struct FlexAttentionConfig {
   bool operator==(const FlexAttentionConfig&) const = default;
 };
 
-// The untuned default for a problem: its dtype and head dim, the GPU's compute capability
-// (10 * major + minor; 0 = none, the portable default) and how many 128-row query tiles the grid
-// holds (B * Hq * ceil(L / 128)). Without a capability: 64 x 64, 4 warps, 2 stages (BLOCK_N 32 for
-// f32 or D > 128), which runs everywhere.
+// The untuned default for a problem: its dtype and head dim, the target GPU (none: the portable
+// default; a target with wgmma takes the points measured on the H200) and how many 128-row query
+// tiles the grid holds (B * Hq * ceil(L / 128)). Without a target: 64 x 64, 4 warps, 2 stages
+// (BLOCK_N 32 for f32 or D > 128), which runs everywhere.
 // `gathersPerElement`: a mod reads a captured tensor per (q, kv) pair (ScoreMod::gathersPerElement);
 // those keep the 64-row tile, which the gathers' registers fit (the bias-table example runs 3.3x
 // slower on the larger one).
-FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim, int capability = 0,
+FlexAttentionConfig defaultFlexAttentionConfig(dsl::DType dtype, int64_t headDim,
+                                               std::optional<codegen::Target> target = std::nullopt,
                                                int64_t queryTiles = 0, bool gathersPerElement = false);
-// Grids of at least this many 128-row query tiles take the larger sm_90 tile at D = 128.
+// Grids of at least this many 128-row query tiles take the larger wgmma tile at D = 128.
 inline constexpr int64_t kManyQueryTiles = 1024;
 // The config flex_attention runs for these inputs when neither options.config nor a resolver gives
 // one (and what autotune starts from): defaultFlexAttentionConfig for the target (the current
@@ -218,9 +219,11 @@ struct FlexAttentionBackwardConfig {
   std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM64 BN64 w4 s2"
   bool operator==(const FlexAttentionBackwardConfig&) const = default;
 };
-// The untuned backward config for a dtype, head dim and GPU capability (0: the portable one), and
-// for mods that read a captured tensor per score (ScoreMod::gathersPerElement).
-FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim, int capability = 0,
+// The untuned backward config for a dtype, head dim and target GPU (none: the portable one; a
+// target with wgmma takes the H200's measured point), and for mods that read a captured tensor per
+// score (ScoreMod::gathersPerElement).
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim,
+                                                               std::optional<codegen::Target> target = std::nullopt,
                                                                bool gathersPerElement = false);
 
 struct FlexAttentionBackwardOptions {
@@ -292,10 +295,11 @@ FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // on a GPU of `multiprocessors` SMs (0: the interpreter, one split), `programsPerSm` of them
 // resident on each (decodeProgramsPerSm): the count whose waves x steps per program is least.
 int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm);
-// Decode programs of `numWarps` warps whose K/V ring takes `ringBytes` that one SM keeps resident:
-// as many as the shared memory holds, but no more than leave each thread 128 registers. The
-// kernel asks ptxas for this residency (min_programs_per_sm), so registers never lower it.
-int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps);
+// Decode programs of `numWarps` warps whose K/V ring takes `ringBytes` that one SM of `arch` keeps
+// resident: as many as its shared memory holds (each with the system's per-block reservation), at
+// most 8, but no more than leave each thread 128 registers. The kernel asks ptxas for this
+// residency (min_programs_per_sm), so registers never lower it.
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch);
 
 // What the decode template would run for these inputs (names, the split count, the configs), for
 // tests, tools and the docs; nothing is launched.

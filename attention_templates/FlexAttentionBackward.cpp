@@ -48,7 +48,8 @@ std::string FlexAttentionBackwardConfig::describe() const {
   return "dkdv " + dkdv.describe() + " / dq " + dq.describe();
 }
 
-FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim, int capability,
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim,
+                                                               std::optional<codegen::Target> target,
                                                                bool gathersPerElement) {
   // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
   // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
@@ -56,7 +57,7 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01); dq's tile mattered by less than the
   // run-to-run spread. ptxas -v: no spills without a score_mod, a few words with one.
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
-  if (capability == 90) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
+  if (target && target->has(codegen::Feature::Wgmma)) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
 
@@ -558,7 +559,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 
   FlexAttentionBackwardConfig config =
       options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsCapability(space, target),
+                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
                                                           detail::modsGatherPerElement(scoreMod, blockMask));
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;

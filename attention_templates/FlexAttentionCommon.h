@@ -112,9 +112,9 @@ inline int64_t paddedHeadDim(int64_t D) {
 // and the tiles dividing the mask's blocks (BLOCK_M | Q_BLOCK_SIZE, BLOCK_N | KV_BLOCK_SIZE).
 std::optional<std::string> configProblem(const FlexAttentionConfig& config, const BlockMask* mask);
 
-// The compute capability a call's defaults are chosen for: the target's, else the current
-// device's for device tensors, else 0 (host tensors run on the interpreter: the portable default).
-int defaultsCapability(dsl::MemorySpace space, const std::optional<codegen::Target>& target);
+// The target a call's defaults are chosen for: the given one, else the current device's for device
+// tensors, else none (host tensors run on the interpreter: the portable default).
+std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std::optional<codegen::Target>& target);
 
 // Whether a mod of the call reads a captured tensor once per score (ScoreMod/MaskMod::
 // gathersPerElement). A mod the probe tiles do not fit counts as gathering: the smaller tile is the

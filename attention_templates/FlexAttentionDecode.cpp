@@ -66,15 +66,18 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   // one warpgroup with two stages in flight (a 64 KB ring, three programs per SM) led at 4.37 TB/s,
   // 128-key steps on two warpgroups (one 128 KB ring per SM) reached 4.31; both need the split
   // count to fill whole waves (decodeSplitCount). No other GPU has been measured: the same point
-  // serves every capability until one is.
+  // serves every target until one is.
   return {64, 4, 2, 0};
 }
 
-int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps) {
-  // The rest of a decode program's shared memory (the cross-warp reductions) is small.
-  constexpr int64_t kSharedPerSm = 227 * 1024, kRegistersPerSm = 65536, kRegistersPerThread = 128;
-  const int64_t byShared = std::clamp<int64_t>(kSharedPerSm / std::max<int64_t>(1, ringBytes), 1, 8);
-  const int64_t byRegisters = std::max<int64_t>(1, kRegistersPerSm / (kRegistersPerThread * 32 * std::max(1, numWarps)));
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch) {
+  // The rest of a decode program's shared memory (the cross-warp reductions) is small. 128 registers
+  // a thread is the template's floor, well under the architecture's ceiling (registersPerThread).
+  constexpr int64_t kRegistersPerThread = 128;
+  const int64_t perProgram = std::max<int64_t>(1, ringBytes) + arch.reservedSharedBytesPerBlock;
+  const int64_t byShared = std::clamp<int64_t>(arch.sharedBytesPerSm / perProgram, 1, 8);
+  const int64_t byRegisters =
+      std::max<int64_t>(1, arch.registersPerSm / (kRegistersPerThread * 32 * std::max(1, numWarps)));
   return std::min(byShared, byRegisters);
 }
 
@@ -128,7 +131,7 @@ struct DecodeConstants {
   BOOST_HANA_DEFINE_STRUCT(DecodeConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
-                           (int64_t, QBS), (int64_t, perSequenceOffsets));
+                           (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -199,15 +202,14 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   f.attrs()["wgmma_register_a"] = int64_t(1);
   const size_t own = constantCount<DecodeConstants>();
   const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
-  // A decode program waits on memory: the residency its ring allows is what keeps the SM's loads in
-  // flight, so registers must not lower it (the driver's JIT otherwise may). Asked for programs of
-  // one mma tile of rows (16: GQA up to 16 heads x queries), whose registers fit it with room to
-  // spare (offline ptxas: 114-157 at D = 64 and 128); more rows need more registers than three
-  // programs leave (32 rows at D = 128 spilled 112 bytes at 168, 128 rows 4 KB), so those keep
-  // ptxas's own choice.
-  if (k.BM <= 16)
-    f.attrs()["min_programs_per_sm"] =
-        decodeProgramsPerSm(ringBytes(f.intAttrOr("num_stages", 1), k.BN, k.DP, dt), f.numWarps());
+  // A decode program waits on memory: the residency its ring allows on the target (PPSM, from
+  // decodeProgramsPerSm) is what keeps the SM's loads in flight, so registers must not lower it (the
+  // driver's JIT otherwise may). 0: planned for no GPU (the interpreter), nothing to ask. Asked for
+  // programs of one mma tile of rows (16: GQA up to 16 heads x queries), whose registers fit it
+  // with room to spare (offline ptxas: 114-157 at D = 64 and 128); more rows need more registers
+  // than three programs leave (32 rows at D = 128 spilled 112 bytes at 168, 128 rows 4 KB), so
+  // those keep ptxas's own choice.
+  if (k.PPSM > 0 && k.BM <= 16) f.attrs()["min_programs_per_sm"] = k.PPSM;
   const auto p = declareParams<DecodeParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;
@@ -468,6 +470,7 @@ void resetMergeCounters(MemorySpace space) {
 
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
+  int64_t programsPerSm;  // resident on one SM of the GPU planned for (decodeProgramsPerSm); 0: none
   DType dtype;
   MemorySpace space;
   FlexDecodeConfig config;
@@ -605,11 +608,17 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     p.lists = row >= 0 ? maskRowLists(mask, row, p.space, p.stream)
                        : straddlingLists(mask, p.queryStart, p.L, p.space, p.stream);
   }
+  // The GPU the programs are sized for: the target's, else the current device's (device tensors),
+  // else none (the interpreter: one split, no residency).
+  const std::optional<codegen::Target> gpu = detail::defaultsTarget(p.space, target);
+  p.programsPerSm =
+      gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps, gpu->description()) : 0;
   if (c.splits == 0) {
-    const int sms = target ? 132 /* a plan for a target: an H100/H200-sized part */
+    // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
+    const int sms = target ? target->description().part.multiprocessors
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                sms, decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps));
+                                sms, std::max<int64_t>(1, p.programsPerSm));
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)
@@ -633,7 +642,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.lists.anyPartial,
                          p.config.splits > 1,
                          p.mask->qBlockSize(),
-                         p.queryOffsets.has_value()};
+                         p.queryOffsets.has_value(),
+                         p.programsPerSm};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

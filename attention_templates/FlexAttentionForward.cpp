@@ -47,8 +47,8 @@ std::string FlexAttentionConfig::describe() const {
          std::to_string(num_stages);
 }
 
-FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int capability, int64_t queryTiles,
-                                               bool gathersPerElement) {
+FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std::optional<codegen::Target> target,
+                                               int64_t queryTiles, bool gathersPerElement) {
   // 64 x 64 tiles on one warpgroup: the portable point, small enough for three programs per SM and
   // the fastest untuned one on small grids.
   FlexAttentionConfig c{64, 64, 4, 2};
@@ -56,11 +56,12 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, int
     c.block_n = 32;
     return c;
   }
-  // The H200 figures behind the sm_90 points (bench/RESULTS.md, 2026-11-29): at D <= 64, 64 x 128
+  // The H200 figures behind the wgmma points (bench/RESULTS.md, 2026-11-29): at D <= 64, 64 x 128
   // beats 64 x 64 by 6-10 % on every variant measured; at D = 128, 128 x 128 on two warpgroups is
   // 1.05x over the seven variants when the grid holds 2048 tiles of 128 rows (causal and prefix LM
-  // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below.
-  if (capability == 90) {
+  // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below. Measured with the products on
+  // wgmma, so a target without it (sm_90 rather than sm_90a, too) keeps the portable point.
+  if (target && target->has(codegen::Feature::Wgmma)) {
     if (headDim <= 64) c.block_n = 128;
     else if (queryTiles >= kManyQueryTiles && !gathersPerElement) c = {128, 128, 8, 2};
   }
@@ -157,11 +158,11 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   return std::nullopt;
 }
 
-int defaultsCapability(MemorySpace space, const std::optional<codegen::Target>& target) {
-  if (target) return target->capability;
-  if (space != MemorySpace::Device) return 0;
+std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::optional<codegen::Target>& target) {
+  if (target) return target;
+  if (space != MemorySpace::Device) return std::nullopt;
   runtime::Device& device = runtime::Device::current();
-  return device.capabilityMajor() * 10 + device.capabilityMinor();
+  return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
@@ -743,9 +744,8 @@ FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const ScoreMod& 
                                                const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target) {
   expectRank4("q", q);
-  const int capability = detail::defaultsCapability(q.space(), target);
   const int64_t queryTiles = q.size(0) * q.size(1) * ((q.size(2) + 127) / 128);
-  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), capability, queryTiles,
+  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), detail::defaultsTarget(q.space(), target), queryTiles,
                                                      detail::modsGatherPerElement(scoreMod, blockMask));
   if (blockMask) {  // narrowed to tile a mask with smaller blocks, keeping 16 query rows per warp
     c.block_m = std::min(c.block_m, std::max<int64_t>(16, blockMask->qBlockSize()));

@@ -38,7 +38,7 @@ struct ConfigSpace {
 ConfigSpace defaultSpace(dsl::DType dtype, int64_t headDim);
 
 struct DeviceLimits {
-  int64_t sharedBytesPerBlock = 227 * 1024;  // after opting in
+  int64_t sharedBytesPerBlock = codegen::Target::sm90a().maxSharedBytesPerBlock();  // after opting in
   int threadsPerBlock = 1024;
   int registersPerBlock = 64 * 1024;
   static DeviceLimits of(const codegen::Target& target);

@@ -199,7 +199,10 @@ int main(int argc, char** argv) try {
     x.lse = lse.toHost<float>();
     auto isGathering = [](const auto& mod) { return mod.defined() && mod.gathersPerElement(); };
     const FlexAttentionBackwardConfig dflt = defaultFlexAttentionBackwardConfig(
-        DType::BF16, D, 90, isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())));
+        DType::BF16, D,
+        codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
+                                        runtime::Device::current().capabilityMinor()),
+        isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())));
     std::vector<FlexAttentionBackwardConfig> configs{dflt};
     if (!quick) {
       for (const FlexAttentionConfig& t : dkdvTiles) configs.push_back({t, dflt.dq});

@@ -135,8 +135,9 @@ void Lowering::lowerMmaDot(const ir::Op& op) {
   const Layout& lc = layoutOf(op.result(), op);
   const DType t = a->type().dtype();
   const bool tf32 = t == DType::F32;
-  const int64_t K = a->type().shape()[1], instrK = tf32 ? 8 : 16;
-  if (target.capability < 80) fail(op, "mma.sync needs sm_80 or later, the target is " + target.smName());
+  const std::optional<MmaShape> shape = target.description().mmaSyncShape(tf32 ? 32 : 16);
+  if (!shape) fail(op, "the target " + target.smName() + " has no mma.sync for " + std::string(ir::dtypeName(t)) + " operands");
+  const int64_t K = a->type().shape()[1], instrK = shape->k;
 
   // Repetition origins (register parts of coordinates): every XOR combination
   // of the accumulator's register bases beyond c0..c3, split by dimension.

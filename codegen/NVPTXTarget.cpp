@@ -157,22 +157,8 @@ const std::string& llvmPipeline() {
   return pipeline;
 }
 
-NVPTXTarget::NVPTXTarget(const Target& target) : target_(target), cpu_(target.smName()) {
-  switch (target.capability) {
-    case 75:
-    case 80:
-    case 86:
-    case 87:
-    case 89:
-    case 90: ptxVersion_ = 80; break;
-    case 100:
-    case 120: ptxVersion_ = 87; break;
-    default:
-      throw Error("codegen: no NVPTX target for compute capability " + std::to_string(target.capability / 10) + "." +
-                  std::to_string(target.capability % 10) + " (supported: 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0)",
-                  ErrorKind::Unsupported);
-  }
-}
+NVPTXTarget::NVPTXTarget(const Target& target)
+    : target_(target), cpu_(target.description().name), ptxVersion_(target.description().ptxVersion) {}
 
 bool fpFusionEnabled() {
   static const bool enabled = [] {

@@ -1,10 +1,6 @@
-// The one owner of LLVM's NVPTX target: capability -> CPU name and PTX
-// version, the TargetMachine, the O3 pipeline and PTX emission.
-//
-// PTX ISA version: 8.0 for sm_75..sm_90a (the least that sm_90a accepts, so
-// the PTX loads on any driver of CUDA 12.0 or later), 8.7 for sm_100/sm_120.
-// LLVM 22 emits up to PTX 9.0 and ptxas 13 reads it; a lower version only
-// widens the set of drivers that can JIT the result.
+// The one owner of LLVM's NVPTX target: the TargetMachine for a target's CPU
+// name and PTX version (both from its TargetDescription, codegen/Target.h),
+// the O3 pipeline and PTX emission.
 //
 // Thread safety: LLVM is initialised once (std::call_once). Each thread owns
 // its TargetMachine per target, created on first use, because LLVM does not
@@ -45,7 +41,7 @@ const std::string& llvmPipeline();
 
 class NVPTXTarget {
  public:
-  // Throws flextile::Error for a capability FlexTile does not compile for.
+  // Throws flextile::Error for a target that has no TargetDescription.
   explicit NVPTXTarget(const Target& target);
 
   const Target& target() const { return target_; }

@@ -18,7 +18,7 @@ using ir::OpKind;
 int mmaOperandBits(DType t) { return t == DType::F32 ? 32 : 16; }
 
 bool mmaEligible(const ir::Op& dot, const Target& target) {
-  if (dot.kind() != OpKind::Dot || target.capability < 80) return false;
+  if (dot.kind() != OpKind::Dot || !target.has(Feature::MmaSync)) return false;
   const ir::Type &at = dot.operand(0)->type(), &bt = dot.operand(1)->type(), &ct = dot.result()->type();
   if (at.rank() != 2 || bt.rank() != 2 || ct.rank() != 2) return false;
   const DType t = at.dtype();
@@ -26,7 +26,8 @@ bool mmaEligible(const ir::Op& dot, const Target& target) {
   if (t != DType::F16 && t != DType::BF16 && t != DType::F32) return false;
   if (t == DType::F32 && dot.hasAttr("input_precision") && dot.strAttr("input_precision") == "ieee") return false;
   const int64_t M = at.shape()[0], K = at.shape()[1], N = bt.shape()[1];
-  return M >= 16 && N >= 8 && K >= (t == DType::F32 ? 8 : 16);
+  const MmaShape shape = *target.description().mmaSyncShape(mmaOperandBits(t));
+  return M >= shape.m && N >= shape.n && K >= shape.k;
 }
 
 std::vector<int64_t> mmaWarpsPerCTA(int64_t M, int64_t N, int numWarps, bool chained) {
@@ -236,7 +237,7 @@ bool onlyUser(const ir::Value* v, const ir::Op* user, const ir::Block& block) {
 }  // namespace
 
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
-  if (target.capability != 90 || !target.archSpecific || wgmmaDisabled() || !isMmaDot(dot)) return std::nullopt;
+  if (!target.has(Feature::Wgmma) || wgmmaDisabled() || !isMmaDot(dot)) return std::nullopt;
   const DType t = dot.operand(0)->type().dtype();
   if (t != DType::BF16 && t != DType::F16) return std::nullopt;
   const ir::Op* load = wgmmaSourceLoad(dot);
@@ -285,7 +286,9 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const Layout& lc = *dot.result()->type().layout();
   const int numWarps = lc.numWarps();
   const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
-  if (numWarps % 4 != 0 || M != 16 * numWarps || N % 8 != 0 || N > 256 || K % 16 != 0) return std::nullopt;
+  // One m64nNk16 per warpgroup and K step: each warp of a warpgroup holds 16 of its 64 rows.
+  const std::optional<MmaShape> shape = target.description().wgmmaShape(N);
+  if (!shape || numWarps % 4 != 0 || M != (shape->m / 4) * numWarps || K % shape->k != 0) return std::nullopt;
   for (size_t i = 0; i < lc.warpBases().size(); ++i)
     if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
   for (const auto& basis : lc.regBases())
@@ -315,7 +318,7 @@ const ir::Op* ancestorIn(const ir::Op* op, const ir::Block* block) {
 
 std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
   if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
-  if (target.capability != 90 || !target.archSpecific) return std::nullopt;
+  if (!target.has(Feature::Wgmma)) return std::nullopt;
   // A kernel may keep its A operands in registers: the forward measured 3-6 % slower with Q
   // resident on the H200 (bench/RESULTS.md, 2026-12-01), the backward 15-18 % faster.
   if (const ir::Function* f = cvt.function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return std::nullopt;

@@ -5,7 +5,7 @@
 // this file only decides and recognises.
 //
 // A dot runs on tensor cores ("mma dot") when
-//   * the target has capability >= 80 (mma.sync m16n8k16 / m16n8k8),
+//   * the target has Feature::MmaSync (mma.sync m16n8k16 / m16n8k8; Target.h),
 //   * a and b are rank 2 and both f16, or both bf16 (m16n8k16), or both f32
 //     (tf32 m16n8k8; the inputs are rounded to tf32, 10 mantissa bits, as
 //     Triton's default input precision does: opt out per dot with the
@@ -85,7 +85,7 @@ std::optional<LdmatrixPlan> ldmatrixPlan(const ir::Layout& from, const ir::Layou
 int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t);
 
 // ---------------------------------------------------------------------------
-// Hopper warpgroup MMA. On sm_90a an mma dot runs as
+// Hopper warpgroup MMA. On a target with Feature::Wgmma (sm_90a) an mma dot runs as
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}
 // (A from registers, B read by the tensor cores straight from shared memory
 // through a matrix descriptor) when

@@ -168,12 +168,8 @@ DType parseDType(const std::string& s) {
 }
 
 codegen::Target parseTarget(const std::string& s) {
-  if (s == "sm_80") return codegen::Target::sm80();
-  if (s == "sm_90a") return codegen::Target::sm90a();
-  if (s == "sm_90") return codegen::Target{90, false};
-  if (s == "sm_86") return codegen::Target{86, false};
-  if (s == "sm_89") return codegen::Target{89, false};
-  throw UsageError{"--target must be sm_80, sm_86, sm_89, sm_90 or sm_90a, got '" + s + "'"};
+  if (auto target = codegen::Target::fromName(s); target && s.rfind("sm_", 0) == 0) return *target;
+  throw UsageError{"--target must be one of " + codegen::supportedTargetNames() + ", got '" + s + "'"};
 }
 
 void parse(int argc, const char* const* argv, Args& a) {

@@ -37,7 +37,7 @@
 //              (codegen::coalescedLayout: contiguous dim fastest, as many
 //              elements per thread as a 16-byte vector, alignment, contiguity
 //              and mask constancy allow).
-//   dot        on tensor cores (codegen/TensorCores.h: capability >= 80,
+//   dot        on tensor cores (codegen/TensorCores.h: a target with mma.sync,
 //              f16/bf16/f32 operands, M >= 16, N >= 8, K >= 16 or 8): the mma
 //              accumulator layout with the warp split of mmaWarpsPerCTA
 //              (chained dots, as in attention, put all warps along M); its

@@ -199,11 +199,16 @@ TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
 // Residency: what the ring's shared memory allows, capped where a thread would keep fewer than 128
 // registers (the default BN64 w4 s2 ring at D = 128 is 64 KB: three programs per SM).
 TEST(FlexDecode, ProgramsPerSmFollowTheRingAndKeepRegisters) {
-  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 4), 3);
-  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 128 * 128 * 2, 8), 1);
-  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 64 * 2, 4), 4);   // the shared memory would allow 7
-  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 8), 2);  // 256 threads
-  EXPECT_EQ(decodeProgramsPerSm(1 << 20, 4), 1);
+  const codegen::TargetDescription& h200 = codegen::Target::sm90a().description();
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 4, h200), 3);
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 128 * 128 * 2, 8, h200), 1);
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 64 * 2, 4, h200), 4);   // the shared memory would allow 6
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 64 * 2, 1, h200), 6);   // 228 KB / (32 KB + 1 KB reserved)
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 8, h200), 2);  // 256 threads
+  EXPECT_EQ(decodeProgramsPerSm(1 << 20, 4, h200), 1);
+  // An A100 holds 164 KB per SM: two 64 KB rings, not three; an sm_86 part's 100 KB one.
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 4, codegen::Target::sm80().description()), 2);
+  EXPECT_EQ(decodeProgramsPerSm(2 * 2 * 64 * 128 * 2, 4, codegen::Target{86, false}.description()), 1);
 }
 
 // Every variant's decode kernel (the merge fused into it) compiles for sm_90a and ptxas accepts them
@@ -234,7 +239,8 @@ TEST(FlexDecode, EveryVariantAssemblesForSm90a) {
                     report.spillStoreBytes, c->sharedBytes, ms);
         // The residency the ring allows is asked of ptxas, and it fits without spilling.
         const int64_t programs = decodeProgramsPerSm(
-            2 * plan.config.num_stages * plan.config.block_n * (D == 256 ? 256 : D) * ir::byteWidth(dt), plan.config.num_warps);
+            2 * plan.config.num_stages * plan.config.block_n * (D == 256 ? 256 : D) * ir::byteWidth(dt), plan.config.num_warps,
+            target.description());
         EXPECT_NE(c->ptx.find(".minnctapersm " + std::to_string(programs)), std::string::npos) << var.name << " D=" << D;
         EXPECT_LE(report.registers * 32 * plan.config.num_warps * programs, 65536) << var.name << " D=" << D;
         // (f32 at D = 256 runs on FMAs at ptxas's 255-register ceiling and spills, with or without it.)

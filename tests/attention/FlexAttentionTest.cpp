@@ -620,22 +620,36 @@ TEST(FlexAttention, NewMasksWithTheSameParameterReuseTheKernel) {
   EXPECT_NE(&sliding_window_mask(9).state(), &sliding_window_mask(10).state());
 }
 
-TEST(FlexAttentionDefaults, Sm90PicksTheTileByHeadDimAndGridElsewhereThePortableOne) {
+TEST(FlexAttentionDefaults, WgmmaTargetsPickTheTileByHeadDimAndGridElsewhereThePortableOne) {
   using C = FlexAttentionConfig;
+  const codegen::Target hopper = codegen::Target::sm90a();
   for (DType d : {DType::BF16, DType::F16}) {
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 64, 90, 0), (C{64, 128, 4, 2}));
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 32, 90, 4096), (C{64, 128, 4, 2}));
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, 90, kManyQueryTiles), (C{128, 128, 8, 2}));
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, 90, kManyQueryTiles - 1), (C{64, 64, 4, 2}));
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 96, 90, 4096), (C{128, 128, 8, 2}));
-    for (int capability : {0, 80, 86, 89, 100}) {
-      EXPECT_EQ(defaultFlexAttentionConfig(d, 64, capability, 4096), (C{64, 64, 4, 2})) << capability;
-      EXPECT_EQ(defaultFlexAttentionConfig(d, 128, capability, 4096), (C{64, 64, 4, 2})) << capability;
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 64, hopper, 0), (C{64, 128, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 32, hopper, 4096), (C{64, 128, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, hopper, kManyQueryTiles), (C{128, 128, 8, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 128, hopper, kManyQueryTiles - 1), (C{64, 64, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 96, hopper, 4096), (C{128, 128, 8, 2}));
+    // No target, or one whose products run on mma.sync (sm_90 without the "a" has no wgmma).
+    for (std::optional<codegen::Target> other : {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()),
+                                                 std::optional(codegen::Target{86, false}),
+                                                 std::optional(codegen::Target{89, false}),
+                                                 std::optional(codegen::Target{90, false})}) {
+      const std::string name = other ? other->smName() : "none";
+      EXPECT_EQ(defaultFlexAttentionConfig(d, 64, other, 4096), (C{64, 64, 4, 2})) << name;
+      EXPECT_EQ(defaultFlexAttentionConfig(d, 128, other, 4096), (C{64, 64, 4, 2})) << name;
     }
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, 90, 4096), (C{64, 32, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, hopper, 4096), (C{64, 32, 4, 2}));
   }
-  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 128, 90, 4096), (C{64, 32, 4, 2}));
-  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 64, 90, 4096), (C{64, 32, 4, 2}));
+  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 128, hopper, 4096), (C{64, 32, 4, 2}));
+  EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 64, hopper, 4096), (C{64, 32, 4, 2}));
+  // A target FlexTile has no description of is an error naming it, not the portable default.
+  try {
+    defaultFlexAttentionConfig(DType::BF16, 128, codegen::Target{120, false}, 4096);
+    ADD_FAILURE() << "sm_120 gave a default config";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_120"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sm_90a"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FlexAttentionDefaults, UntunedConfigFollowsTheTargetTheGridAndTheMasksBlocks) {

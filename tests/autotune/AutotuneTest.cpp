@@ -52,9 +52,10 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
     ConfigSpace s = defaultSpace(DType::BF16, D);
     auto configs = s.configs();
     EXPECT_EQ(configs.size(), s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size());
-    for (int capability : {0, 80, 90})
+    for (std::optional<codegen::Target> target :
+         {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})
       for (int64_t tiles : {int64_t(1), attention::kManyQueryTiles}) {
-        const FlexAttentionConfig d = defaultFlexAttentionConfig(DType::BF16, D, capability, tiles);
+        const FlexAttentionConfig d = defaultFlexAttentionConfig(DType::BF16, D, target, tiles);
         EXPECT_NE(std::find(configs.begin(), configs.end(), d), configs.end()) << d.describe();
       }
   }

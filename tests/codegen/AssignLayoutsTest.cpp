@@ -22,7 +22,7 @@ using namespace flextile::ir;
 using namespace flextile::testing;
 
 const Target kTarget = Target::sm90a();
-const Target kNoTensorCores{75, false};  // layout assignment only reads the capability
+const Target kNoTensorCores{75, false};  // sm_75: no mma.sync of the shapes FlexTile uses (codegen/Target.h)
 const int kWarpCounts[] = {1, 2, 4, 8, 16};
 
 std::string joinErrors(const std::vector<std::string>& errs) {
@@ -151,7 +151,7 @@ TEST(AssignLayouts, MatmulNeedsNoConversion) {
       // a, b, then the f32 store of c straight from the mma accumulator
       // (c0, c1 are adjacent columns: 8-byte stores).
       EXPECT_EQ(widths, (std::vector<int64_t>{8, 8, 2}));
-      // Without tensor cores (capability < 80) the FMA dot takes the
+      // Without tensor cores (sm_75: no mma.sync) the FMA dot takes the
       // operands as loaded and c keeps a 16-byte-store blocked layout.
       auto g = matmul(128, 128, 64, nw, carried);
       assignAndCheck(*g, 0, kNoTensorCores);

@@ -16,7 +16,7 @@ using namespace flextile::ir;
 using namespace flextile::testing;
 
 const Target kTarget = Target::sm90a();
-// The FMA dot (capability < 80; layout assignment only reads the capability)
+// The FMA dot (sm_75 has no mma.sync of the shapes FlexTile uses: codegen/Target.h)
 // stages its operands in its own scratch; mma dots have none (tests/codegen/MmaTest.cpp).
 const Target kFmaTarget{75, false};
 
