@@ -336,8 +336,9 @@ void Lowering::lowerElementwise(const ir::Op& op) {
           } else {
             const Regs& x = operandRegs(0);
             const Regs& y = operandRegs(1);
-            auto f = [&](llvm::Value* u, llvm::Value* v) { return L::onFloat(b, u, v); };
-            set(res, mapRegs(n, [&](size_t r) { return fromCompute(f(toCompute(x[r], t), toCompute(y[r], t)), t); }));
+            set(res, mapRegs(n, [&](size_t r) {
+                  return fromCompute(L::onFloat(b, toCompute(x[r], t), toCompute(y[r], t)), t);
+                }));
           }
           return;
         }
