@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "ir/Elementwise.h"
+
 namespace flextile::codegen {
 
 using ir::DType;
@@ -46,22 +48,10 @@ AxisInfo join(const AxisInfo& a, const AxisInfo& b) {
   return r;
 }
 
-std::optional<int64_t> foldBinary(OpKind k, int64_t a, int64_t b) {
-  switch (k) {
-    case OpKind::Add: return a + b;
-    case OpKind::Sub: return a - b;
-    case OpKind::Mul: return a * b;
-    case OpKind::Div: return b != 0 ? std::optional<int64_t>(a / b) : std::nullopt;
-    case OpKind::Rem: return b != 0 ? std::optional<int64_t>(a % b) : std::nullopt;
-    case OpKind::Maximum: return std::max(a, b);
-    case OpKind::Minimum: return std::min(a, b);
-    case OpKind::And: return a & b;
-    case OpKind::Or: return a | b;
-    case OpKind::Xor: return a ^ b;
-    case OpKind::Shl: return b >= 0 && b < 63 ? std::optional<int64_t>(a << b) : std::nullopt;
-    case OpKind::Shr: return b >= 0 && b < 63 ? std::optional<int64_t>(a >> b) : std::nullopt;
-    default: return std::nullopt;
-  }
+// Constants fold as the interpreter computes them (ir/Elementwise.h): wrapped
+// to the dtype's width; nullopt for a zero divisor.
+std::optional<int64_t> foldConstants(const Op& op, int64_t a, int64_t b = 0) {
+  return ir::evaluateIntArithmetic(op.kind(), op.result()->type().dtype(), a, b);
 }
 
 std::string vecStr(const std::vector<int64_t>& v) {
@@ -328,7 +318,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
         r.divisibility[d] = std::min(alignedDiv(a, d, c), clampDiv(alignedDiv(b, d, c) * scaleB));
       }
       if (op.kind() != OpKind::AddPtr && a.constantValue && b.constantValue)
-        r = AxisInfo::constant(type.shape(), *foldBinary(op.kind(), *a.constantValue, *b.constantValue));
+        r = AxisInfo::constant(type.shape(), *foldConstants(op, *a.constantValue, *b.constantValue));
       if (!intLike && !pointer) r = constancyOf({0, 1});
       break;
     }
@@ -337,7 +327,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       if (!intLike) {
         r = constancyOf({0, 1});
       } else if (a.constantValue && b.constantValue) {
-        r = AxisInfo::constant(type.shape(), *a.constantValue * *b.constantValue);
+        r = AxisInfo::constant(type.shape(), *foldConstants(op, *a.constantValue, *b.constantValue));
       } else if ((a.constantValue && *a.constantValue == 0) || (b.constantValue && *b.constantValue == 0)) {
         r = AxisInfo::constant(type.shape(), 0);
       } else if (b.constantValue && *b.constantValue == 1) {
@@ -359,7 +349,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       r = constancyOf({0, 1});
       if (!intLike) break;
       if (a.constantValue && b.constantValue) {
-        if (auto v = foldBinary(op.kind(), *a.constantValue, *b.constantValue)) r = AxisInfo::constant(type.shape(), *v);
+        if (auto v = foldConstants(op, *a.constantValue, *b.constantValue)) r = AxisInfo::constant(type.shape(), *v);
         break;
       }
       if (op.kind() == OpKind::Div && b.constantValue && *b.constantValue == 1) {
@@ -383,7 +373,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       r = constancyOf({0, 1});
       if (!intLike) break;
       if (a.constantValue && b.constantValue) {
-        if (auto v = foldBinary(op.kind(), *a.constantValue, *b.constantValue)) r = AxisInfo::constant(type.shape(), *v);
+        if (auto v = foldConstants(op, *a.constantValue, *b.constantValue)) r = AxisInfo::constant(type.shape(), *v);
         break;
       }
       std::optional<int64_t> s = b.constantValue;
@@ -417,7 +407,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       r = constancyOf({0, 1});
       if (!intLike) break;
       if (a.constantValue && b.constantValue) {
-        r = AxisInfo::constant(type.shape(), *foldBinary(op.kind(), *a.constantValue, *b.constantValue));
+        r = AxisInfo::constant(type.shape(), *foldConstants(op, *a.constantValue, *b.constantValue));
         break;
       }
       int64_t ea = a.elementDivisibility(), eb = b.elementDivisibility();
@@ -432,8 +422,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
       if (!intLike) break;
       const AxisInfo& a = in(0);
       if (a.constantValue) {
-        int64_t v = op.kind() == OpKind::Neg ? -*a.constantValue : std::abs(*a.constantValue);
-        r = AxisInfo::constant(type.shape(), v);
+        r = AxisInfo::constant(type.shape(), *foldConstants(op, *a.constantValue));
         break;
       }
       for (int d = 0; d < rank; ++d) r.divisibility[d] = a.elementDivisibility();

@@ -30,10 +30,265 @@ namespace flextile::codegen {
 
 using ir::DType;
 using ir::OpKind;
+// The trait names Ops.def writes unqualified.
+using ir::kCommutative;
+using ir::kFloatOnly;
+using ir::kIntOnly;
 
 namespace {
 
 bool isHalfLike(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+// ---- arithmetic ops -------------------------------------------------------------
+//
+// ArithmeticLowering<K> is the LLVM code of the arithmetic op K (FT_ARITHMETIC_OP
+// in ir/Ops.def), one register at a time:
+//   onFloat(b, a[, c])     for float dtypes (unless the op is kIntOnly), on
+//                          values of the compute type: f32 for f16/bf16 (the
+//                          caller extends and rounds back), unless
+//                          kFloatOnStorageType, where the register is used as is
+//   kF64                   false where there is no f64 instruction (an error)
+//   onInt(ints, a[, c])    for integer dtypes (unless the op is kFloatOnly)
+// The static_asserts after the table make an op without its lowering, or with
+// one that disagrees with the table's traits, a compile error.
+
+struct IntOperands {
+  llvm::IRBuilder<>& b;
+  DType t;
+  bool isBool() const { return t == DType::I1; }
+  unsigned bits() const { return unsigned(ir::bitWidth(t)); }
+  llvm::ConstantInt* cst(llvm::Type* ty, int64_t v) const { return llvm::ConstantInt::get(llvm::cast<llvm::IntegerType>(ty), uint64_t(v), true); }
+};
+
+template <OpKind K>
+struct ArithmeticLowering {
+  static constexpr bool kDefined = false;
+};
+
+struct UnaryLowering {
+  static constexpr bool kDefined = true;
+  static constexpr int kOperands = 1;
+  static constexpr bool kFloatOnStorageType = false;
+  static constexpr bool kF64 = true;
+};
+struct BinaryLowering {
+  static constexpr bool kDefined = true;
+  static constexpr int kOperands = 2;
+  static constexpr bool kFloatOnStorageType = false;
+  static constexpr bool kF64 = true;
+};
+struct FloatsAndInts {
+  static constexpr bool kOnFloats = true, kOnInts = true;
+};
+struct FloatsOnly {
+  static constexpr bool kOnFloats = true, kOnInts = false;
+};
+struct IntsOnly {
+  static constexpr bool kOnFloats = false, kOnInts = true;
+};
+// The approximate instructions attention kernels want: no f64 form.
+struct ApproximateF32Only : UnaryLowering, FloatsOnly {
+  static constexpr bool kF64 = false;
+};
+
+llvm::Value* ex2(llvm::IRBuilder<>& b, llvm::Value* v) {
+  return b.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx, {v->getType()}, {v});
+}
+llvm::Value* lg2(llvm::IRBuilder<>& b, llvm::Value* v) {
+  return b.CreateIntrinsic(llvm::Intrinsic::nvvm_lg2_approx_f, llvm::ArrayRef<llvm::Value*>{v});
+}
+
+template <>
+struct ArithmeticLowering<OpKind::Neg> : UnaryLowering, FloatsAndInts {
+  static constexpr bool kFloatOnStorageType = true;  // exact in any float type
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) { return b.CreateFNeg(x); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x) { return i.b.CreateNeg(x); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Not> : UnaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x) { return i.b.CreateNot(x); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Abs> : UnaryLowering, FloatsAndInts {
+  static constexpr bool kFloatOnStorageType = true;  // exact in any float type
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    return b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x);
+  }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x) {
+    if (i.isBool()) return x;
+    return i.b.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x, i.b.getFalse());
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Exp2> : ApproximateF32Only {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) { return ex2(b, x); }
+};
+// exp(x) = ex2(x * log2(e))
+template <>
+struct ArithmeticLowering<OpKind::Exp> : ApproximateF32Only {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    return ex2(b, b.CreateFMul(x, llvm::ConstantFP::get(b.getFloatTy(), std::numbers::log2e)));
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Log2> : ApproximateF32Only {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) { return lg2(b, x); }
+};
+// log(x) = lg2(x) * ln(2)
+template <>
+struct ArithmeticLowering<OpKind::Log> : ApproximateF32Only {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    return b.CreateFMul(lg2(b, x), llvm::ConstantFP::get(b.getFloatTy(), std::numbers::ln2));
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Tanh> : ApproximateF32Only {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    llvm::Type* f32 = b.getFloatTy();
+    auto* asmTy = llvm::FunctionType::get(f32, {f32}, false);
+    auto* tanhAsm = llvm::InlineAsm::get(asmTy, "tanh.approx.f32 $0, $1;", "=f,f", /*hasSideEffects=*/false);
+    return b.CreateCall(asmTy, tanhAsm, {x});
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Sqrt> : UnaryLowering, FloatsOnly {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    return b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, x);
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Rsqrt> : UnaryLowering, FloatsOnly {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
+    return b.CreateIntrinsic(x->getType()->isDoubleTy() ? llvm::Intrinsic::nvvm_rsqrt_approx_d
+                                                        : llvm::Intrinsic::nvvm_rsqrt_approx_f,
+                             llvm::ArrayRef<llvm::Value*>{x});
+  }
+};
+
+template <>
+struct ArithmeticLowering<OpKind::Add> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) { return b.CreateFAdd(x, y); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateAdd(x, y); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Sub> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) { return b.CreateFSub(x, y); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateSub(x, y); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Mul> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) { return b.CreateFMul(x, y); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateMul(x, y); }
+};
+
+// Integer div/rem: LLVM must never see a zero divisor or the overflowing
+// INT_MIN / -1 (both are poison), so the divisor is guarded and those two
+// cases are selected: x / 0 = x, x % 0 = 0, x / -1 = -x, x % -1 = 0.
+llvm::Value* guardedDivRem(const IntOperands& i, llvm::Value* a, llvm::Value* c, bool div) {
+  llvm::IRBuilder<>& b = i.b;
+  if (i.isBool()) {  // x / true = x, x % true = 0; by false as by zero
+    llvm::Value* q = div ? a : b.getFalse();
+    return b.CreateSelect(c, q, div ? a : b.getFalse());
+  }
+  llvm::Type* ty = a->getType();
+  llvm::Value* isZero = b.CreateICmpEQ(c, i.cst(ty, 0));
+  llvm::Value* isMinusOne = b.CreateICmpEQ(c, i.cst(ty, -1));
+  llvm::Value* safe = b.CreateSelect(b.CreateOr(isZero, isMinusOne), i.cst(ty, 1), c);
+  llvm::Value* q = div ? b.CreateSDiv(a, safe) : b.CreateSRem(a, safe);
+  llvm::Value* byMinusOne = div ? b.CreateNeg(a) : i.cst(ty, 0);
+  llvm::Value* byZero = div ? a : i.cst(ty, 0);
+  return b.CreateSelect(isZero, byZero, b.CreateSelect(isMinusOne, byMinusOne, q));
+}
+
+template <>
+struct ArithmeticLowering<OpKind::Div> : BinaryLowering, FloatsAndInts {
+  // fdiv lowers to div.rn: no fast-math flags are set
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) { return b.CreateFDiv(x, y); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    return guardedDivRem(i, x, y, /*div=*/true);
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Rem> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) { return b.CreateFRem(x, y); }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    return guardedDivRem(i, x, y, /*div=*/false);
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Maximum> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+    return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, x, y);
+  }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    return i.b.CreateBinaryIntrinsic(i.isBool() ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, x, y);
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Minimum> : BinaryLowering, FloatsAndInts {
+  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+    return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, x, y);
+  }
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    return i.b.CreateBinaryIntrinsic(i.isBool() ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, x, y);
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::And> : BinaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateAnd(x, y); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Or> : BinaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateOr(x, y); }
+};
+template <>
+struct ArithmeticLowering<OpKind::Xor> : BinaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) { return i.b.CreateXor(x, y); }
+};
+// Shifts by the bit width or more give 0 (shl) or the sign (shr), as PTX's
+// clamped shifts do; LLVM would make them poison.
+template <>
+struct ArithmeticLowering<OpKind::Shl> : BinaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    llvm::IRBuilder<>& b = i.b;
+    if (i.isBool()) return b.CreateAnd(x, b.CreateNot(y));  // shifting a bit by 1 drops it
+    llvm::Type* ty = x->getType();
+    llvm::Value* big = b.CreateICmpUGE(y, i.cst(ty, i.bits()));
+    return b.CreateSelect(big, i.cst(ty, 0), b.CreateShl(x, b.CreateSelect(big, i.cst(ty, 0), y)));
+  }
+};
+template <>
+struct ArithmeticLowering<OpKind::Shr> : BinaryLowering, IntsOnly {
+  static llvm::Value* onInt(const IntOperands& i, llvm::Value* x, llvm::Value* y) {
+    if (i.isBool()) return x;  // arithmetic shift of a 1-bit value keeps its sign bit
+    llvm::Value* amount = i.b.CreateBinaryIntrinsic(llvm::Intrinsic::umin, y, i.cst(x->getType(), i.bits() - 1));
+    return i.b.CreateAShr(x, amount);
+  }
+};
+
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits)                                                           \
+  static_assert(ArithmeticLowering<OpKind::Enum>::kDefined, "codegen: no ArithmeticLowering for the op " name); \
+  static_assert(ArithmeticLowering<OpKind::Enum>::kOperands == (nops), "lowering of " name ": operand count");  \
+  static_assert(ArithmeticLowering<OpKind::Enum>::kOnFloats == (((traits) & ir::kIntOnly) == 0),             \
+                "lowering of " name ": kOnFloats must match kIntOnly in Ops.def");                           \
+  static_assert(ArithmeticLowering<OpKind::Enum>::kOnInts == (((traits) & ir::kFloatOnly) == 0),             \
+                "lowering of " name ": kOnInts must match kFloatOnly in Ops.def");
+#include "ir/Ops.def"
+
+// Calls f(ArithmeticLowering<K>{}) for the arithmetic op k.
+template <class F>
+void withArithmeticLowering(const ir::Op& op, F&& f) {
+  switch (op.kind()) {
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits) \
+  case OpKind::Enum:                               \
+    return f(ArithmeticLowering<OpKind::Enum>{});
+#include "ir/Ops.def"
+    default: break;
+  }
+  throw Error(op.describe() + ": internal: not an arithmetic op", ErrorKind::Internal);
+}
 
 }  // namespace
 
@@ -60,88 +315,48 @@ void Lowering::lowerElementwise(const ir::Op& op) {
   const bool fp = ir::isFloat(t);
   auto operandRegs = [&](size_t i) -> const Regs& { return get(op.operand(i)); };
 
-  auto floatOnlyF32 = [&](const char* what) {
-    if (t == DType::F64) fail(op, std::string(what) + " of f64 is not supported (no approximate f64 instruction)");
-  };
-  auto needFloat = [&]() {
-    if (!fp) fail(op, "needs a float operand, got " + op.operand(0)->type().str());
-  };
-  auto needInt = [&]() {
-    if (!ir::isInteger(t)) fail(op, "needs an integer operand, got " + op.operand(0)->type().str());
-  };
-
-  // Applies f to the compute-type (f32 for f16/bf16) value of each register.
-  auto unaryFloat = [&](auto f) {
-    const Regs& x = operandRegs(0);
-    set(res, mapRegs(n, [&](size_t r) { return fromCompute(f(toCompute(x[r], t)), t); }));
-  };
-  auto ex2 = [&](llvm::Value* v) { return b.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx, {v->getType()}, {v}); };
-  auto lg2 = [&](llvm::Value* v) { return b.CreateIntrinsic(llvm::Intrinsic::nvvm_lg2_approx_f, llvm::ArrayRef<llvm::Value*>{v}); };
-  llvm::Type* f32 = b.getFloatTy();
-
-  switch (op.kind()) {
-    case OpKind::Neg: {
-      const Regs& x = operandRegs(0);
-      set(res, mapRegs(n, [&](size_t r) { return fp ? b.CreateFNeg(x[r]) : b.CreateNeg(x[r]); }));
-      return;
-    }
-    case OpKind::Not: {
-      needInt();
-      const Regs& x = operandRegs(0);
-      set(res, mapRegs(n, [&](size_t r) { return b.CreateNot(x[r]); }));
-      return;
-    }
-    case OpKind::Abs: {
-      const Regs& x = operandRegs(0);
-      set(res, mapRegs(n, [&](size_t r) -> llvm::Value* {
-            if (fp) return b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x[r]);
-            if (t == DType::I1) return x[r];
-            return b.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x[r], b.getFalse());
-          }));
-      return;
-    }
-    case OpKind::Exp2:
-      needFloat();
-      floatOnlyF32("exp2");
-      unaryFloat(ex2);
-      return;
-    case OpKind::Exp:
-      needFloat();
-      floatOnlyF32("exp");
-      unaryFloat([&](llvm::Value* v) { return ex2(b.CreateFMul(v, llvm::ConstantFP::get(f32, std::numbers::log2e))); });
-      return;
-    case OpKind::Log2:
-      needFloat();
-      floatOnlyF32("log2");
-      unaryFloat(lg2);
-      return;
-    case OpKind::Log:
-      needFloat();
-      floatOnlyF32("log");
-      unaryFloat([&](llvm::Value* v) { return b.CreateFMul(lg2(v), llvm::ConstantFP::get(f32, std::numbers::ln2)); });
-      return;
-    case OpKind::Tanh: {
-      needFloat();
-      floatOnlyF32("tanh");
-      auto* asmTy = llvm::FunctionType::get(f32, {f32}, false);
-      auto* tanhAsm = llvm::InlineAsm::get(asmTy, "tanh.approx.f32 $0, $1;", "=f,f", /*hasSideEffects=*/false);
-      unaryFloat([&](llvm::Value* v) { return b.CreateCall(asmTy, tanhAsm, {v}); });
-      return;
-    }
-    case OpKind::Sqrt:
-      needFloat();
-      unaryFloat([&](llvm::Value* v) { return b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, v); });
-      return;
-    case OpKind::Rsqrt:
-      needFloat();
-      unaryFloat([&](llvm::Value* v) {
-        return b.CreateIntrinsic(v->getType()->isDoubleTy() ? llvm::Intrinsic::nvvm_rsqrt_approx_d
-                                                             : llvm::Intrinsic::nvvm_rsqrt_approx_f,
-                                 llvm::ArrayRef<llvm::Value*>{v});
-      });
-      return;
-    default: break;
+  if (op.hasTrait(ir::kArithmetic)) {
+    withArithmeticLowering(op, [&](auto lowering) {
+      using L = decltype(lowering);
+      if (t == DType::Ptr) fail(op, "arithmetic on pointers: use addptr");
+      for (const ir::Value* v : op.operands())
+        if (v->type().dtype() != t) fail(op, "operands differ in dtype");
+      if (!L::kOnInts && !fp) fail(op, "needs a float operand, got " + op.operand(0)->type().str());
+      if (!L::kOnFloats && fp) fail(op, "needs an integer operand, got " + op.operand(0)->type().str());
+      if (!L::kF64 && t == DType::F64)
+        fail(op, std::string(op.name()) + " of f64 is not supported (no approximate f64 instruction)");
+      if constexpr (L::kOnFloats) {
+        if (fp) {
+          if constexpr (L::kOperands == 1) {
+            const Regs& x = operandRegs(0);
+            if constexpr (L::kFloatOnStorageType)
+              set(res, mapRegs(n, [&](size_t r) { return L::onFloat(b, x[r]); }));
+            else
+              set(res, mapRegs(n, [&](size_t r) { return fromCompute(L::onFloat(b, toCompute(x[r], t)), t); }));
+          } else {
+            const Regs& x = operandRegs(0);
+            const Regs& y = operandRegs(1);
+            set(res, mapRegs(n, [&](size_t r) {
+                  return fromCompute(L::onFloat(b, toCompute(x[r], t), toCompute(y[r], t)), t);
+                }));
+          }
+          return;
+        }
+      }
+      if constexpr (L::kOnInts) {
+        const IntOperands ints{b, t};
+        const Regs& x = operandRegs(0);
+        if constexpr (L::kOperands == 1) {
+          set(res, mapRegs(n, [&](size_t r) { return L::onInt(ints, x[r]); }));
+        } else {
+          const Regs& y = operandRegs(1);
+          set(res, mapRegs(n, [&](size_t r) { return L::onInt(ints, x[r], y[r]); }));
+        }
+      }
+    });
+    return;
   }
+  llvm::Type* f32 = b.getFloatTy();
 
   if (op.kind() == OpKind::Cast) {
     const Regs& x = operandRegs(0);
@@ -217,80 +432,7 @@ void Lowering::lowerElementwise(const ir::Op& op) {
     set(res, mapRegs(n, [&](size_t r) { return b.CreateCmp(p, toCompute(x[r], t), toCompute(y[r], t)); }));
     return;
   }
-
-  // Binary arithmetic and bitwise ops.
-  const Regs& x = operandRegs(0);
-  const Regs& y = operandRegs(1);
-  if (op.operand(1)->type().dtype() != t) fail(op, "operands differ in dtype");
-  if (t == DType::Ptr) fail(op, "arithmetic on pointers: use addptr");
-  if (fp) {
-    auto floatBinary = [&](auto f) {
-      set(res, mapRegs(n, [&](size_t r) { return fromCompute(f(toCompute(x[r], t), toCompute(y[r], t)), t); }));
-    };
-    switch (op.kind()) {
-      case OpKind::Add: floatBinary([&](auto* a, auto* c) { return b.CreateFAdd(a, c); }); return;
-      case OpKind::Sub: floatBinary([&](auto* a, auto* c) { return b.CreateFSub(a, c); }); return;
-      case OpKind::Mul: floatBinary([&](auto* a, auto* c) { return b.CreateFMul(a, c); }); return;
-      case OpKind::Div: floatBinary([&](auto* a, auto* c) { return b.CreateFDiv(a, c); }); return;
-      case OpKind::Rem: floatBinary([&](auto* a, auto* c) { return b.CreateFRem(a, c); }); return;
-      case OpKind::Maximum:
-        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, a, c); });
-        return;
-      case OpKind::Minimum:
-        floatBinary([&](auto* a, auto* c) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, a, c); });
-        return;
-      default: fail(op, "is not defined on float operands (" + op.operand(0)->type().str() + ")");
-    }
-  }
-
-  const bool isBool = t == DType::I1;
-  llvm::Type* ty = llvmType(t);
-  const unsigned bits = unsigned(ir::bitWidth(t));
-  auto cst = [&](int64_t v) { return llvm::ConstantInt::get(ty, uint64_t(v), true); };
-  set(res, mapRegs(n, [&](size_t r) -> llvm::Value* {
-        llvm::Value* a = x[r];
-        llvm::Value* c = y[r];
-        switch (op.kind()) {
-          case OpKind::Add: return b.CreateAdd(a, c);
-          case OpKind::Sub: return b.CreateSub(a, c);
-          case OpKind::Mul: return b.CreateMul(a, c);
-          case OpKind::Div:
-          case OpKind::Rem: {
-            bool div = op.kind() == OpKind::Div;
-            if (isBool) {  // x / true = x, x % true = 0; by false as by zero below
-              llvm::Value* q = div ? a : b.getFalse();
-              return b.CreateSelect(c, q, div ? a : b.getFalse());
-            }
-            // Guard the divisor so LLVM never sees division by zero or the
-            // overflowing INT_MIN / -1 (both are poison in LLVM).
-            llvm::Value* isZero = b.CreateICmpEQ(c, cst(0));
-            llvm::Value* isMinusOne = b.CreateICmpEQ(c, cst(-1));
-            llvm::Value* safe = b.CreateSelect(b.CreateOr(isZero, isMinusOne), cst(1), c);
-            llvm::Value* q = div ? b.CreateSDiv(a, safe) : b.CreateSRem(a, safe);
-            llvm::Value* byMinusOne = div ? b.CreateNeg(a) : cst(0);
-            llvm::Value* byZero = div ? a : cst(0);
-            return b.CreateSelect(isZero, byZero, b.CreateSelect(isMinusOne, byMinusOne, q));
-          }
-          case OpKind::Maximum:
-            return b.CreateBinaryIntrinsic(isBool ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, a, c);
-          case OpKind::Minimum:
-            return b.CreateBinaryIntrinsic(isBool ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, a, c);
-          case OpKind::And: return b.CreateAnd(a, c);
-          case OpKind::Or: return b.CreateOr(a, c);
-          case OpKind::Xor: return b.CreateXor(a, c);
-          case OpKind::Shl: {
-            if (isBool) return b.CreateAnd(a, b.CreateNot(c));  // shifting a bit by 1 drops it
-            llvm::Value* big = b.CreateICmpUGE(c, cst(bits));
-            return b.CreateSelect(big, cst(0), b.CreateShl(a, b.CreateSelect(big, cst(0), c)));
-          }
-          case OpKind::Shr: {
-            if (isBool) return a;  // arithmetic shift of a 1-bit value keeps its sign bit
-            llvm::Value* amount = b.CreateBinaryIntrinsic(llvm::Intrinsic::umin, c, cst(bits - 1));
-            return b.CreateAShr(a, amount);
-          }
-          default: fail(op, "is not defined on integer operands (" + op.operand(0)->type().str() + ")");
-        }
-      }));
+  fail(op, "is not an element-wise op");
 }
 
 }  // namespace flextile::codegen

@@ -310,28 +310,9 @@ void Lowering::lowerOp(const ir::Op& op) {
       }
       lowerShapeOp(op);
       return;
-    case OpKind::Neg:
-    case OpKind::Not:
-    case OpKind::Exp:
-    case OpKind::Exp2:
-    case OpKind::Log:
-    case OpKind::Log2:
-    case OpKind::Tanh:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Abs:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Rem:
-    case OpKind::Maximum:
-    case OpKind::Minimum:
-    case OpKind::And:
-    case OpKind::Or:
-    case OpKind::Xor:
-    case OpKind::Shl:
-    case OpKind::Shr:
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits) case OpKind::Enum:
+#include "ir/Ops.def"
     case OpKind::Cmp:
     case OpKind::Select:
     case OpKind::Cast:

@@ -79,6 +79,9 @@ enum OpTrait : uint32_t {
   kTerminator = 1u << 6,
   kFloatOnly = 1u << 7,
   kIntOnly = 1u << 8,
+  // Element-wise arithmetic (FT_ARITHMETIC_OP in Ops.def): operands and result
+  // of one dtype, the scalar semantics in ir/Elementwise.h.
+  kArithmetic = 1u << 9,
 };
 
 struct OpInfo {

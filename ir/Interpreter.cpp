@@ -8,6 +8,8 @@
 // expand_dims, convert_layout and loop-carried values cost no copy.
 #include "ir/Interpreter.h"
 
+#include "ir/Elementwise.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
@@ -121,87 +123,27 @@ decltype(auto) withStorage(Storage s, F&& f) {
   return f(PtrVal{});
 }
 
-// ---- rounding ---------------------------------------------------------------
-
-float roundF16(float x) { return static_cast<float>(Eigen::half(x)); }
-float roundBF16(float x) { return static_cast<float>(Eigen::bfloat16(x)); }
+// ---- rounding (ir/Elementwise.h) ----------------------------------------------
 
 // Rounds float-held results to their dtype (a no-op for f32).
 void roundFloats(float* v, size_t n, DType t) {
-  if (t == DType::F16)
-    for (size_t i = 0; i < n; ++i) v[i] = roundF16(v[i]);
-  else if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) v[i] = roundBF16(v[i]);
-}
-
-// Wraps int64-held results to their dtype's width (two's complement).
-int64_t wrapInt(int64_t v, DType t) {
-  switch (t) {
-    case DType::I1: return v & 1;
-    case DType::I8: return int8_t(uint8_t(uint64_t(v)));
-    case DType::I32: return int32_t(uint32_t(uint64_t(v)));
-    default: return v;
-  }
+  if (t == DType::F32) return;
+  for (size_t i = 0; i < n; ++i) v[i] = roundToDType(v[i], t);
 }
 
 void wrapInts(int64_t* v, size_t n, DType t) {
   if (t == DType::I64) return;
-  for (size_t i = 0; i < n; ++i) v[i] = wrapInt(v[i], t);
-}
-
-// Round-to-odd to float: truncate, then set the last bit when inexact. A value
-// rounded to odd with at least two extra bits and then rounded to nearest even
-// to a narrower format gives the correctly rounded result, so double -> f16
-// never suffers double rounding.
-float toFloatRoundToOdd(double d) {
-  float f = static_cast<float>(d);
-  if (std::isnan(d) || static_cast<double>(f) == d) return f;
-  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
-}
-
-float toFloatRoundToOdd(int64_t v) {
-  uint64_t mag = v < 0 ? 0 - uint64_t(v) : uint64_t(v);
-  if (mag < (uint64_t(1) << 24)) return static_cast<float>(v);
-  int shift = 64 - std::countl_zero(mag) - 24;
-  uint64_t kept = mag >> shift;
-  if (mag & ((uint64_t(1) << shift) - 1)) kept |= 1;
-  float f = std::ldexp(static_cast<float>(kept), shift);
-  return v < 0 ? -f : f;
-}
-
-// A double (or int64) rounded once to a float-held dtype.
-template <class Src>
-float narrowTo(Src x, DType t) {
-  if (t == DType::F32) return static_cast<float>(x);
-  float odd = toFloatRoundToOdd(x);
-  return t == DType::F16 ? roundF16(odd) : roundBF16(odd);
-}
-
-int64_t floatToInt(double x, DType t) {
-  if (t == DType::I1) return x != 0;
-  if (std::isnan(x)) return 0;
-  double tr = std::trunc(x);
-  int bits = bitWidth(t);
-  double hi = std::ldexp(1.0, bits - 1);
-  if (tr >= hi) return int64_t((uint64_t(1) << (bits - 1)) - 1);
-  if (tr < -hi) return bits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t(1) << (bits - 1));
-  return int64_t(tr);
+  for (size_t i = 0; i < n; ++i) v[i] = wrapToWidth(v[i], t);
 }
 
 template <class T>
 T maxNaN(T a, T b) {
-  if (std::isnan(a) || std::isnan(b)) return a + b;
-  if (a == b) return std::signbit(a) ? b : a;
-  return a > b ? a : b;
+  return elementwise::Semantics<OpKind::Maximum>::onFloat(a, b);
 }
 
 template <class T>
 T minNaN(T a, T b) {
-  if (std::isnan(a) || std::isnan(b)) return a + b;
-  if (a == b) return std::signbit(a) ? a : b;
-  return a < b ? a : b;
+  return elementwise::Semantics<OpKind::Minimum>::onFloat(a, b);
 }
 
 std::string coordString(const Shape& shape, int64_t linear) {
@@ -480,28 +422,10 @@ class Checker {
         sameStorage(op, op.operand(0), op.result());
         return;
       }
-      case OpKind::Neg:
-      case OpKind::Not:
-      case OpKind::Exp:
-      case OpKind::Exp2:
-      case OpKind::Log:
-      case OpKind::Log2:
-      case OpKind::Tanh:
-      case OpKind::Sqrt:
-      case OpKind::Rsqrt:
-      case OpKind::Abs:
-      case OpKind::Add:
-      case OpKind::Sub:
-      case OpKind::Mul:
-      case OpKind::Div:
-      case OpKind::Rem:
-      case OpKind::Maximum:
-      case OpKind::Minimum:
-      case OpKind::And:
-      case OpKind::Or:
-      case OpKind::Xor:
-      case OpKind::Shl:
-      case OpKind::Shr: {
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits) case OpKind::Enum:
+#include "ir/Ops.def"
+      {
         size_t n = size_t(op.info().numOperands);
         count(op, n, n, 1);
         for (const Value* v : op.operands()) sameType(op, v, op.result());
@@ -518,7 +442,7 @@ class Checker {
         sameShape(op, op.operand(0), op.result());
         if (op.result()->type().dtype() != DType::I1) bad(op, "result must be i1, got " + typeStr(op.result()));
         const std::string& p = op.strAttr("pred");
-        if (p != "eq" && p != "ne" && p != "lt" && p != "le" && p != "gt" && p != "ge") bad(op, "unknown pred '" + p + "'");
+        if (!parseComparePredicate(p)) bad(op, "unknown pred '" + p + "'");
         if (op.operand(0)->type().isPointer() && p != "eq" && p != "ne") bad(op, "pointers compare only with eq or ne");
         return;
       }
@@ -725,14 +649,14 @@ class Program {
       case OpKind::NumPrograms: {
         auto d = alloc<int64_t>(1);
         size_t axis = size_t(op.intAttr("axis"));
-        d->ints[0] = wrapInt(op.kind() == OpKind::ProgramId ? pid_[axis] : l_.grid[axis], rt.dtype());
+        d->ints[0] = wrapToWidth(op.kind() == OpKind::ProgramId ? pid_[axis] : l_.grid[axis], rt.dtype());
         return set(op.result(), std::move(d));
       }
       case OpKind::Constant: return set(op.result(), constant(op, rt, n));
       case OpKind::Arange: {
         auto d = alloc<int64_t>(n);
         int64_t start = op.intAttr("start");
-        for (size_t i = 0; i < n; ++i) d->ints[i] = wrapInt(start + int64_t(i), DType::I32);
+        for (size_t i = 0; i < n; ++i) d->ints[i] = wrapToWidth(start + int64_t(i), DType::I32);
         return set(op.result(), std::move(d));
       }
       case OpKind::Splat:
@@ -761,28 +685,10 @@ class Program {
       case OpKind::ExpandDims:
       case OpKind::Reshape:
       case OpKind::ConvertLayout: return set(op.result(), slots_[size_t(op.operand(0)->id())]);
-      case OpKind::Neg:
-      case OpKind::Not:
-      case OpKind::Exp:
-      case OpKind::Exp2:
-      case OpKind::Log:
-      case OpKind::Log2:
-      case OpKind::Tanh:
-      case OpKind::Sqrt:
-      case OpKind::Rsqrt:
-      case OpKind::Abs: return set(op.result(), unary(op, rt, n));
-      case OpKind::Add:
-      case OpKind::Sub:
-      case OpKind::Mul:
-      case OpKind::Div:
-      case OpKind::Rem:
-      case OpKind::Maximum:
-      case OpKind::Minimum:
-      case OpKind::And:
-      case OpKind::Or:
-      case OpKind::Xor:
-      case OpKind::Shl:
-      case OpKind::Shr: return set(op.result(), binary(op, rt, n));
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits) case OpKind::Enum:
+#include "ir/Ops.def"
+        return set(op.result(), arithmetic(op, rt, n));
       case OpKind::Cmp: return set(op.result(), compare(op, n));
       case OpKind::Select:
         return set(op.result(), withStorage(storageOf(rt.dtype()), [&](auto tag) -> DataRef {
@@ -822,7 +728,7 @@ class Program {
     switch (storageOf(rt.dtype())) {
       case Storage::F32: {
         auto d = alloc<float>(n);
-        float v = iv ? narrowTo(*iv, rt.dtype()) : narrowTo(dv, rt.dtype());
+        float v = iv ? narrowToFloat(*iv, rt.dtype()) : narrowToFloat(dv, rt.dtype());
         std::fill(d->f32.begin(), d->f32.end(), v);
         return d;
       }
@@ -833,7 +739,7 @@ class Program {
       }
       default: {
         auto d = alloc<int64_t>(n);
-        int64_t v = iv ? (rt.dtype() == DType::I1 ? *iv != 0 : wrapInt(*iv, rt.dtype())) : floatToInt(dv, rt.dtype());
+        int64_t v = iv ? (rt.dtype() == DType::I1 ? *iv != 0 : wrapToWidth(*iv, rt.dtype())) : floatToInt(dv, rt.dtype());
         std::fill(d->ints.begin(), d->ints.end(), v);
         return d;
       }
@@ -849,142 +755,67 @@ class Program {
     });
   }
 
-  template <class T>
-  static void floatUnary(OpKind k, const T* x, T* o, size_t n) {
-    switch (k) {
-      case OpKind::Neg: for (size_t i = 0; i < n; ++i) o[i] = -x[i]; break;
-      case OpKind::Abs: for (size_t i = 0; i < n; ++i) o[i] = std::fabs(x[i]); break;
-      case OpKind::Exp: for (size_t i = 0; i < n; ++i) o[i] = std::exp(x[i]); break;
-      case OpKind::Exp2: for (size_t i = 0; i < n; ++i) o[i] = std::exp2(x[i]); break;
-      case OpKind::Log: for (size_t i = 0; i < n; ++i) o[i] = std::log(x[i]); break;
-      case OpKind::Log2: for (size_t i = 0; i < n; ++i) o[i] = std::log2(x[i]); break;
-      case OpKind::Tanh: for (size_t i = 0; i < n; ++i) o[i] = std::tanh(x[i]); break;
-      case OpKind::Sqrt: for (size_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
-      case OpKind::Rsqrt: for (size_t i = 0; i < n; ++i) o[i] = T(1) / std::sqrt(x[i]); break;
-      default: break;
-    }
-  }
-
-  DataRef unary(const Op& op, const Type& rt, size_t n) {
-    const OpKind k = op.kind();
-    switch (storageOf(rt.dtype())) {
-      case Storage::F32: {
-        auto d = alloc<float>(n);
-        floatUnary(k, inp<float>(op, 0), d->f32.data(), n);
-        roundFloats(d->f32.data(), n, rt.dtype());
-        return d;
-      }
-      case Storage::F64: {
-        auto d = alloc<double>(n);
-        floatUnary(k, inp<double>(op, 0), d->f64.data(), n);
-        return d;
-      }
-      default: {
-        auto d = alloc<int64_t>(n);
-        const int64_t* x = inp<int64_t>(op, 0);
-        int64_t* o = d->ints.data();
-        if (k == OpKind::Neg)
-          for (size_t i = 0; i < n; ++i) o[i] = int64_t(0 - uint64_t(x[i]));
-        else if (k == OpKind::Not)
-          for (size_t i = 0; i < n; ++i) o[i] = ~x[i];
-        else  // abs
-          for (size_t i = 0; i < n; ++i) o[i] = x[i] < 0 ? int64_t(0 - uint64_t(x[i])) : x[i];
-        wrapInts(o, n, rt.dtype());
-        return d;
-      }
-    }
-  }
-
-  template <class T>
-  static void floatBinary(OpKind k, const T* a, const T* b, T* o, size_t n) {
-    switch (k) {
-      case OpKind::Add: for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i]; break;
-      case OpKind::Sub: for (size_t i = 0; i < n; ++i) o[i] = a[i] - b[i]; break;
-      case OpKind::Mul: for (size_t i = 0; i < n; ++i) o[i] = a[i] * b[i]; break;
-      case OpKind::Div: for (size_t i = 0; i < n; ++i) o[i] = a[i] / b[i]; break;
-      case OpKind::Rem: for (size_t i = 0; i < n; ++i) o[i] = std::fmod(a[i], b[i]); break;
-      case OpKind::Maximum: for (size_t i = 0; i < n; ++i) o[i] = maxNaN(a[i], b[i]); break;
-      case OpKind::Minimum: for (size_t i = 0; i < n; ++i) o[i] = minNaN(a[i], b[i]); break;
-      default: break;
-    }
-  }
-
-  DataRef binary(const Op& op, const Type& rt, size_t n) {
-    const OpKind k = op.kind();
-    switch (storageOf(rt.dtype())) {
-      case Storage::F32: {
-        auto d = alloc<float>(n);
-        floatBinary(k, inp<float>(op, 0), inp<float>(op, 1), d->f32.data(), n);
-        roundFloats(d->f32.data(), n, rt.dtype());
-        return d;
-      }
-      case Storage::F64: {
-        auto d = alloc<double>(n);
-        floatBinary(k, inp<double>(op, 0), inp<double>(op, 1), d->f64.data(), n);
-        return d;
-      }
-      default: break;
-    }
-    auto d = alloc<int64_t>(n);
-    const int64_t *a = inp<int64_t>(op, 0), *b = inp<int64_t>(op, 1);
-    int64_t* o = d->ints.data();
-    const DType t = rt.dtype();
-    const int bits = bitWidth(t);
-    auto u = [](int64_t v) { return uint64_t(v); };
-    switch (k) {
-      case OpKind::Add: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) + u(b[i])); break;
-      case OpKind::Sub: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) - u(b[i])); break;
-      case OpKind::Mul: for (size_t i = 0; i < n; ++i) o[i] = int64_t(u(a[i]) * u(b[i])); break;
-      case OpKind::Div:
-      case OpKind::Rem: {
-        for (size_t i = 0; i < n; ++i)
-          if (b[i] == 0)
-            fail(op, "integer division by zero at element " + coordString(rt.shape(), int64_t(i)) + " (dividend " +
-                         std::to_string(a[i]) + ")");
-        bool div = k == OpKind::Div;
-        for (size_t i = 0; i < n; ++i) {
-          if (b[i] == -1) o[i] = div ? int64_t(0 - u(a[i])) : 0;  // INT_MIN / -1 wraps instead of trapping
-          else o[i] = div ? a[i] / b[i] : a[i] % b[i];
+  // One loop per op and held type, over the op's scalar semantics (ir/Elementwise.h).
+  DataRef arithmetic(const Op& op, const Type& rt, size_t n) {
+    return elementwise::withArithmetic(op.kind(), [&](auto sem) -> DataRef {
+      using S = decltype(sem);
+      const DType t = rt.dtype();
+      auto run = [&](auto tag) -> DataRef {
+        using T = decltype(tag);
+        auto d = alloc<T>(n);
+        T* o = d->template vec<T>().data();
+        const T* a = inp<T>(op, 0);
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if constexpr (S::kOperands == 1) {
+            for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], t);
+          } else {
+            const T* b = inp<T>(op, 1);
+            if constexpr (S::kZeroDivisorIsError)
+              for (size_t i = 0; i < n; ++i)
+                if (b[i] == 0)
+                  fail(op, "integer division by zero at element " + coordString(rt.shape(), int64_t(i)) +
+                               " (dividend " + std::to_string(a[i]) + ")");
+            for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], b[i], t);
+          }
+          wrapInts(o, n, t);
+        } else {
+          if constexpr (S::kOperands == 1) {
+            for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i]);
+          } else {
+            const T* b = inp<T>(op, 1);
+            for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i], b[i]);
+          }
+          if constexpr (std::is_same_v<T, float>) roundFloats(o, n, t);
         }
-        break;
+        return d;
+      };
+      switch (storageOf(t)) {
+        case Storage::F32:
+          if constexpr (S::kOnFloats) return run(float{});
+          break;
+        case Storage::F64:
+          if constexpr (S::kOnFloats) return run(double{});
+          break;
+        case Storage::Int:
+          if constexpr (S::kOnInts) return run(int64_t{});
+          break;
+        case Storage::Ptr: break;
       }
-      case OpKind::Maximum: for (size_t i = 0; i < n; ++i) o[i] = std::max(a[i], b[i]); break;
-      case OpKind::Minimum: for (size_t i = 0; i < n; ++i) o[i] = std::min(a[i], b[i]); break;
-      case OpKind::And: for (size_t i = 0; i < n; ++i) o[i] = a[i] & b[i]; break;
-      case OpKind::Or: for (size_t i = 0; i < n; ++i) o[i] = a[i] | b[i]; break;
-      case OpKind::Xor: for (size_t i = 0; i < n; ++i) o[i] = a[i] ^ b[i]; break;
-      case OpKind::Shl:
-        for (size_t i = 0; i < n; ++i) {
-          uint64_t s = u(b[i]) & (bits == 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1);  // as unsigned
-          o[i] = s >= uint64_t(bits) ? 0 : int64_t(u(a[i]) << s);
-        }
-        break;
-      case OpKind::Shr:
-        for (size_t i = 0; i < n; ++i) {
-          uint64_t s = u(b[i]) & (bits == 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1);
-          if (t == DType::I1) o[i] = a[i];  // the only bit is the sign bit
-          else o[i] = s >= uint64_t(bits) ? (a[i] < 0 ? -1 : 0) : (a[i] >> s);
-        }
-        break;
-      default: break;
-    }
-    wrapInts(o, n, t);
-    return d;
+      fail(op, "is not defined on " + rt.str());  // unreachable after checkFunction
+    });
   }
 
   template <class T>
-  static void compareLoop(const std::string& p, const T* a, const T* b, int64_t* o, size_t n) {
-    if (p == "eq") for (size_t i = 0; i < n; ++i) o[i] = a[i] == b[i];
-    else if (p == "ne") for (size_t i = 0; i < n; ++i) o[i] = !(a[i] == b[i]);  // unordered: true with a NaN
-    else if (p == "lt") for (size_t i = 0; i < n; ++i) o[i] = a[i] < b[i];
-    else if (p == "le") for (size_t i = 0; i < n; ++i) o[i] = a[i] <= b[i];
-    else if (p == "gt") for (size_t i = 0; i < n; ++i) o[i] = a[i] > b[i];
-    else for (size_t i = 0; i < n; ++i) o[i] = a[i] >= b[i];
+  static void compareLoop(ComparePredicate p, const T* a, const T* b, int64_t* o, size_t n) {
+    withComparePredicate(p, [&](auto pred) {
+      for (size_t i = 0; i < n; ++i) o[i] = compareValues<decltype(pred)::value>(a[i], b[i]);
+    });
   }
 
   DataRef compare(const Op& op, size_t n) {
     auto d = alloc<int64_t>(n);
-    const std::string& p = op.strAttr("pred");
+    const std::string& pred = op.strAttr("pred");
+    const ComparePredicate p = *parseComparePredicate(pred);  // checked by checkFunction
     int64_t* o = d->ints.data();
     switch (storageOf(op.operand(0)->type().dtype())) {
       case Storage::F32: compareLoop(p, inp<float>(op, 0), inp<float>(op, 1), o, n); break;
@@ -992,7 +823,7 @@ class Program {
       case Storage::Int: compareLoop(p, inp<int64_t>(op, 0), inp<int64_t>(op, 1), o, n); break;
       case Storage::Ptr: {
         const PtrVal *a = inp<PtrVal>(op, 0), *b = inp<PtrVal>(op, 1);
-        bool eq = p == "eq";
+        bool eq = p == ComparePredicate::Eq;
         for (size_t i = 0; i < n; ++i) o[i] = ((a[i].buffer == b[i].buffer && a[i].offset == b[i].offset) == eq);
         break;
       }
@@ -1021,7 +852,7 @@ class Program {
               for (size_t i = 0; i < n; ++i) o[i] = x[i];
               roundFloats(o, n, to);
             } else {
-              for (size_t i = 0; i < n; ++i) o[i] = narrowTo(x[i], to);
+              for (size_t i = 0; i < n; ++i) o[i] = narrowToFloat(x[i], to);
             }
             return d;
           }
@@ -1037,7 +868,7 @@ class Program {
               if (to == DType::I1)
                 for (size_t i = 0; i < n; ++i) o[i] = x[i] != 0;
               else
-                for (size_t i = 0; i < n; ++i) o[i] = wrapInt(x[i], to);
+                for (size_t i = 0; i < n; ++i) o[i] = wrapToWidth(x[i], to);
             } else {
               for (size_t i = 0; i < n; ++i) o[i] = floatToInt(double(x[i]), to);
             }
@@ -1157,8 +988,8 @@ class Program {
             for (int64_t k = 0; k < len; ++k)
               for (int64_t i = 0; i < inner; ++i) sum[size_t(i)] += Acc(blk[k * inner + i]);
             for (int64_t i = 0; i < inner; ++i) {
-              if constexpr (isInt) out[i] = wrapInt(int64_t(sum[size_t(i)]), t);
-              else if constexpr (std::is_same_v<T, float>) out[i] = narrowTo(sum[size_t(i)], t);
+              if constexpr (isInt) out[i] = wrapToWidth(int64_t(sum[size_t(i)]), t);
+              else if constexpr (std::is_same_v<T, float>) out[i] = narrowToFloat(sum[size_t(i)], t);
               else out[i] = sum[size_t(i)];
             }
           } else {
@@ -1205,7 +1036,7 @@ class Program {
           for (int64_t j = 0; j < nn; ++j) {
             uint64_t acc = uint64_t(c[(q * m + i) * nn + j]);
             for (int64_t p = 0; p < k; ++p) acc += uint64_t(a[(q * m + i) * k + p]) * uint64_t(b[(q * k + p) * nn + j]);
-            d->ints[size_t((q * m + i) * nn + j)] = wrapInt(int64_t(acc), t);
+            d->ints[size_t((q * m + i) * nn + j)] = wrapToWidth(int64_t(acc), t);
           }
       return d;
     }
@@ -1219,7 +1050,7 @@ class Program {
         for (int64_t j = 0; j < nn; ++j) {
           size_t idx = size_t((q * m + i) * nn + j);
           if (f64) d->f64[idx] = prod(i, j);
-          else d->f32[idx] = narrowTo(prod(i, j), t);
+          else d->f32[idx] = narrowToFloat(prod(i, j), t);
         }
     }
     return d;
@@ -1267,7 +1098,7 @@ DataRef bindParam(const Function& f, size_t i, InterpArg& arg) {
   if (isInteger(t.dtype())) {
     if (arg.kind() != InterpArg::Kind::Integer) return fail("expects an integer, got " + arg.describe());
     int64_t v = arg.intValue();
-    if ((t.dtype() == DType::I1 && v != 0 && v != 1) || wrapInt(v, t.dtype()) != v)
+    if ((t.dtype() == DType::I1 && v != 0 && v != 1) || wrapToWidth(v, t.dtype()) != v)
       return fail("value " + std::to_string(v) + " does not fit");
     auto d = alloc<int64_t>(1);
     d->ints[0] = v;
@@ -1280,7 +1111,7 @@ DataRef bindParam(const Function& f, size_t i, InterpArg& arg) {
     return d;
   }
   auto d = alloc<float>(1);
-  d->f32[0] = narrowTo(arg.realValue(), t.dtype());
+  d->f32[0] = narrowToFloat(arg.realValue(), t.dtype());
   return d;
 }
 

@@ -33,7 +33,8 @@
 //   * Integer results wrap to their width (two's complement); i1 results are
 //     reduced modulo 2 (bitwise ops on i1 are the logical ops).
 //
-// Element-wise ops (operands have identical shapes and dtypes)
+// Element-wise ops (operands have identical shapes and dtypes; the code of
+// each rule is in ir/Elementwise.h, which constant folding calls too)
 //   * neg, abs: wrap for integers (abs(INT_MIN) == INT_MIN). not: bitwise
 //     complement on integers, logical on i1; not on floats is an error.
 //   * exp exp2 log log2 tanh sqrt rsqrt: std:: functions in float (double for

@@ -253,6 +253,42 @@ TEST(Lowering, EveryElementwiseOpAndCast) {
     }
 }
 
+// Walks the arithmetic ops of the table (FT_ARITHMETIC_OP in ir/Ops.def) over
+// every dtype: the lowering takes each op on each dtype its traits allow, and
+// refuses the others with an error naming the op. exp, exp2, log, log2 and
+// tanh have no f64 form (approximate f32 instructions only).
+TEST(Lowering, EveryArithmeticOpOfTheTableOnEveryDType) {
+  const DType all[] = {DType::I1, DType::I8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64};
+  const OpKind approximateOnly[] = {OpKind::Exp, OpKind::Exp2, OpKind::Log, OpKind::Log2, OpKind::Tanh};
+  int accepted = 0, refused = 0;
+  auto check = [&](OpKind k, uint32_t traits) {
+    for (DType t : all) {
+      SCOPED_TRACE(std::string(opName(k)) + " " + std::string(dtypeName(t)));
+      bool allowed = !((traits & ir::kIntOnly) && !ir::isInteger(t)) && !((traits & ir::kFloatOnly) && !ir::isFloat(t));
+      if (t == DType::F64 && std::find(std::begin(approximateOnly), std::end(approximateOnly), k) != std::end(approximateOnly))
+        allowed = false;
+      auto f = elementwise(k, t, t, 128, 4);
+      if (allowed) {
+        EXPECT_NO_THROW(compile(*f));
+        ++accepted;
+        continue;
+      }
+      try {
+        compile(*f);
+        ADD_FAILURE() << "compiled an op its traits do not allow";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'" + std::string(opName(k)) + "'"), std::string::npos) << e.what();
+      }
+      ++refused;
+    }
+  };
+#define FT_OP(Enum, name, nops, nres, traits)
+#define FT_ARITHMETIC_OP(Enum, name, nops, traits) check(OpKind::Enum, uint32_t((traits) | ir::kArithmetic));
+#include "ir/Ops.def"
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 30);
+}
+
 TEST(Lowering, F64TranscendentalsAreRejected) {
   auto f = elementwise(OpKind::Exp2, DType::F64, DType::F64, 128, 4);
   try {
