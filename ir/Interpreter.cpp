@@ -755,51 +755,56 @@ class Program {
     });
   }
 
-  // One loop per op and held type, over the op's scalar semantics (ir/Elementwise.h).
+  // One loop per op and held type, over the op's scalar semantics (ir/Elementwise.h). Each loop is
+  // a template of its own, instantiated only for the storage the op is defined on (an int-only op
+  // has no onFloat: clang checks a generic lambda's non-dependent names eagerly).
+  template <class S, class T>
+  DataRef floatLoop(const Op& op, const Type& rt, size_t n) {
+    const DType t = rt.dtype();
+    auto d = alloc<T>(n);
+    T* o = d->template vec<T>().data();
+    const T* a = inp<T>(op, 0);
+    if constexpr (S::kOperands == 1) {
+      for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i]);
+    } else {
+      const T* b = inp<T>(op, 1);
+      for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i], b[i]);
+    }
+    if constexpr (std::is_same_v<T, float>) roundFloats(o, n, t);
+    return d;
+  }
+
+  template <class S>
+  DataRef intLoop(const Op& op, const Type& rt, size_t n) {
+    const DType t = rt.dtype();
+    auto d = alloc<int64_t>(n);
+    int64_t* o = d->template vec<int64_t>().data();
+    const int64_t* a = inp<int64_t>(op, 0);
+    if constexpr (S::kOperands == 1) {
+      for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], t);
+    } else {
+      const int64_t* b = inp<int64_t>(op, 1);
+      if constexpr (S::kZeroDivisorIsError)
+        for (size_t i = 0; i < n; ++i)
+          if (b[i] == 0)
+            fail(op, "integer division by zero at element " + coordString(rt.shape(), int64_t(i)) + " (dividend " +
+                         std::to_string(a[i]) + ")");
+      for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], b[i], t);
+    }
+    wrapInts(o, n, t);
+    return d;
+  }
+
   DataRef arithmetic(const Op& op, const Type& rt, size_t n) {
     return elementwise::withArithmetic(op.kind(), [&](auto sem) -> DataRef {
       using S = decltype(sem);
-      const DType t = rt.dtype();
-      auto run = [&](auto tag) -> DataRef {
-        using T = decltype(tag);
-        auto d = alloc<T>(n);
-        T* o = d->template vec<T>().data();
-        const T* a = inp<T>(op, 0);
-        if constexpr (std::is_same_v<T, int64_t>) {
-          if constexpr (S::kOperands == 1) {
-            for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], t);
-          } else {
-            const T* b = inp<T>(op, 1);
-            if constexpr (S::kZeroDivisorIsError)
-              for (size_t i = 0; i < n; ++i)
-                if (b[i] == 0)
-                  fail(op, "integer division by zero at element " + coordString(rt.shape(), int64_t(i)) +
-                               " (dividend " + std::to_string(a[i]) + ")");
-            for (size_t i = 0; i < n; ++i) o[i] = S::onInt(a[i], b[i], t);
-          }
-          wrapInts(o, n, t);
-        } else {
-          if constexpr (S::kOperands == 1) {
-            for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i]);
-          } else {
-            const T* b = inp<T>(op, 1);
-            for (size_t i = 0; i < n; ++i) o[i] = S::onFloat(a[i], b[i]);
-          }
-          if constexpr (std::is_same_v<T, float>) roundFloats(o, n, t);
-        }
-        return d;
-      };
-      switch (storageOf(t)) {
-        case Storage::F32:
-          if constexpr (S::kOnFloats) return run(float{});
-          break;
-        case Storage::F64:
-          if constexpr (S::kOnFloats) return run(double{});
-          break;
-        case Storage::Int:
-          if constexpr (S::kOnInts) return run(int64_t{});
-          break;
-        case Storage::Ptr: break;
+      const Storage storage = storageOf(rt.dtype());
+      if constexpr (S::kOnFloats) {
+        if (storage == Storage::F32) return this->template floatLoop<S, float>(op, rt, n);
+        if (storage == Storage::F64) return this->template floatLoop<S, double>(op, rt, n);
+      }
+      if constexpr (S::kOnInts) {
+        if (storage == Storage::Int) return this->template intLoop<S>(op, rt, n);
       }
       fail(op, "is not defined on " + rt.str());  // unreachable after checkFunction
     });
