@@ -436,18 +436,11 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 
 // ---- host side ---------------------------------------------------------------
 
+// The partials' grow-only f32 scratch (detail::f32Scratch): a decode step must not allocate
+// (cuMemFree synchronizes), and the next call's kernel on the stream cannot start before this
+// call's last programs have read.
 struct PartialsSlot;
 struct MergeCountersSlot;
-
-// Grow-only f32 scratch for the partials, one per thread, memory space and stream: a decode step
-// must not allocate (cuMemFree synchronizes). Reuse is safe because the buffer's launches all go to
-// one stream in order: the next call's kernel cannot start before this call's last programs have
-// read (detail::perStreamSlot says why per thread and per stream).
-// Returns a view of `count` floats at `offset`; a call may grow (reallocate) the buffer, so a caller
-// takes all its views before using any.
-Tensor partialScratch(MemorySpace space, runtime::Stream* stream, int64_t offset, int64_t count) {
-  return detail::f32Scratch<PartialsSlot>(space, stream, offset, {count});
-}
 
 // The fused merge's ticket counters, one i32 per (batch, head group), grow-only and zeroed when
 // allocated, per thread, memory space and stream like the partials. Every call leaves them at 0 again (the
@@ -675,8 +668,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   Tensor partOut, partLse, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
-    partLse = partialScratch(p.space, p.stream, outElems, lseElems);  // the far end first: it sizes the buffer
-    partOut = partialScratch(p.space, p.stream, 0, outElems);
+    partLse = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems, {lseElems});  // the far end first
+    partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
     counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
   const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);

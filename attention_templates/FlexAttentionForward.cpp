@@ -589,11 +589,7 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
 
 const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& scoreMod, DType dtype, bool paged) {
   if (!maskMod.defined()) return nullptr;
-  detail::ModState& state = maskMod.state();
-  std::lock_guard lock(state.mutex);
-  auto it = state.kernels.find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype, paged));
-  if (it == state.kernels.end() || (it->second.hasPartner && it->second.partner.expired())) return nullptr;
-  return it->second.kernel.get();
+  return maskMod.state().find(forwardKernelKey(scoreMod.defined() ? scoreMod : noop_score(), dtype, paged));
 }
 
 FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, const ScoreMod& scoreMod,

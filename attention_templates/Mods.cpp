@@ -11,33 +11,33 @@ namespace flextile::attention {
 
 using namespace flextile::dsl;
 
-// make() runs outside the lock: a kernel's factory detaches the mods it holds, which reads their
-// probe facts under their states' locks (this one's included). Two threads that both miss make two
-// kernels; the first stored is kept. Making a Kernel traces nothing, so the loser costs little.
 dsl::Kernel& detail::ModState::kernel(const std::string& key, const std::function<dsl::Kernel()>& make) {
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = kernels.find(key); it != kernels.end()) return *it->second.kernel;
-  }
-  auto made = std::make_unique<dsl::Kernel>(make());
-  std::lock_guard lock(mutex);
-  auto it = kernels.emplace(key, KernelEntry{std::move(made), {}, false}).first;
-  return *it->second.kernel;
+  return kernelFor(key, std::nullopt, make);
 }
 
 dsl::Kernel& detail::ModState::kernel(const std::string& key, std::weak_ptr<const void> partner,
                                       const std::function<dsl::Kernel()>& make) {
-  auto live = [](const KernelEntry& e) { return !e.hasPartner || !e.partner.expired(); };
-  {
-    std::lock_guard lock(mutex);
-    if (auto it = kernels.find(key); it != kernels.end() && live(it->second)) return *it->second.kernel;
-  }
+  return kernelFor(key, std::move(partner), make);
+}
+
+dsl::Kernel* detail::ModState::find(const std::string& key) {
+  std::lock_guard lock(mutex);
+  auto it = kernels.find(key);
+  return it != kernels.end() && it->second.live() ? it->second.kernel.get() : nullptr;
+}
+
+// make() runs outside the lock: a kernel's factory detaches the mods it holds, which reads their
+// probe facts under their states' locks (this one's included). Two threads that both miss make two
+// kernels; the first stored is kept. Making a Kernel traces nothing, so the loser costs little.
+dsl::Kernel& detail::ModState::kernelFor(const std::string& key, std::optional<std::weak_ptr<const void>> partner,
+                                         const std::function<dsl::Kernel()>& make) {
+  if (dsl::Kernel* found = find(key)) return *found;
   auto made = std::make_unique<dsl::Kernel>(make());
   std::lock_guard lock(mutex);
-  // Drop the entries whose partner is gone (a caller holds this one's: it is making a kernel for it),
-  // and one found under this key with an expired partner (its address reused by a new mod).
-  std::erase_if(kernels, [&](const auto& entry) { return !live(entry.second); });
-  auto it = kernels.emplace(key, KernelEntry{std::move(made), std::move(partner), true}).first;
+  // Drop the entries whose partner is gone (a caller holds this one's: it is making a kernel for
+  // it), among them one found under this key with an expired partner (its address reused by a new mod).
+  std::erase_if(kernels, [](const auto& entry) { return !entry.second.live(); });
+  auto it = kernels.emplace(key, KernelEntry{std::move(made), std::move(partner)}).first;
   return *it->second.kernel;
 }
 

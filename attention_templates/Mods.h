@@ -49,8 +49,8 @@ struct ModState {
   // state), the other mod's lifetime (ModBase::lifetime): the entry goes once that mod is gone.
   struct KernelEntry {
     std::unique_ptr<dsl::Kernel> kernel;
-    std::weak_ptr<const void> partner;
-    bool hasPartner = false;
+    std::optional<std::weak_ptr<const void>> partner;
+    bool live() const { return !partner || !partner->expired(); }
   };
   std::map<std::string, KernelEntry> kernels;
   // What the probe trace of the mod shows, computed once (MaskMod/ScoreMod::structuralHash).
@@ -71,7 +71,13 @@ struct ModState {
   // mod) is made again.
   dsl::Kernel& kernel(const std::string& key, std::weak_ptr<const void> partner,
                       const std::function<dsl::Kernel()>& make);
+  // The live kernel of `key`, or nullptr (nothing is made).
+  dsl::Kernel* find(const std::string& key);
   const ProbeFacts& probeOnce(const std::function<ProbeFacts()>& compute);
+
+ private:
+  dsl::Kernel& kernelFor(const std::string& key, std::optional<std::weak_ptr<const void>> partner,
+                         const std::function<dsl::Kernel()>& make);
 };
 }  // namespace detail
 

@@ -3,9 +3,9 @@
 // slower than the default.
 #include <gtest/gtest.h>
 
-#include <Eigen/Core>
 #include <random>
 
+#include "attention/AttentionComparison.h"
 #include "attention_templates/Variants.h"
 #include "autotune/Autotune.h"
 #include "gpu/GpuTest.h"
@@ -23,10 +23,7 @@ TEST(AutotuneGpu, SmallShapeEndToEnd) {
   FLEXTILE_REQUIRE_GPU();
   flextile::testing::SeededRandom rng;
   const int64_t L = 1000, D = 64;
-  std::normal_distribution<float> g(0, 1);
-  std::vector<Eigen::bfloat16> h(size_t(2 * 4 * L * D));
-  for (auto& x : h) x = Eigen::bfloat16(g(rng));
-  Tensor q = Tensor::fromHost(h, {2, 4, L, D}, MemorySpace::Device);
+  Tensor q = flextile::testing::randomTensor(rng, dsl::DType::BF16, {2, 4, L, D}, MemorySpace::Device);
   VariantInstance inst = variant("causal").make({2, 4, L, L, MemorySpace::Device, {128, 128}, 1});
   TuneOptions o;
   o.store = false;
@@ -46,10 +43,7 @@ TEST(AutotuneGpu, InjectedLaunchFailureFailsOneCandidateOnly) {
   FLEXTILE_REQUIRE_GPU();
   flextile::testing::SeededRandom rng;
   const int64_t L = 700, D = 64;
-  std::normal_distribution<float> g(0, 1);
-  std::vector<Eigen::bfloat16> h(size_t(1 * 2 * L * D));
-  for (auto& x : h) x = Eigen::bfloat16(g(rng));
-  Tensor q = Tensor::fromHost(h, {1, 2, L, D}, MemorySpace::Device);
+  Tensor q = flextile::testing::randomTensor(rng, dsl::DType::BF16, {1, 2, L, D}, MemorySpace::Device);
   VariantInstance inst = variant("causal").make({1, 2, L, L, MemorySpace::Device, {128, 128}, 1});
   TuneOptions o;
   o.store = false;
