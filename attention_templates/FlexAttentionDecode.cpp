@@ -102,11 +102,8 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
 namespace {
 
 // The shared memory of a decode program's K/V ring.
-int64_t ringBytes(int64_t stages, int64_t blockN, int64_t paddedD, DType dt) {
-  return stages * 2 * blockN * paddedD * ir::byteWidth(dt);
-}
 int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, DType dt) {
-  return ringBytes(c.num_stages, c.block_n, paddedD, dt);
+  return int64_t(c.num_stages) * 2 * c.block_n * paddedD * ir::byteWidth(dt);
 }
 
 // ---- kernel parameters -------------------------------------------------------
