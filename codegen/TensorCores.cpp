@@ -194,6 +194,9 @@ uint64_t WgmmaTile::descriptorFixedBits() const {
 }
 
 std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, int kDim, int64_t elemBytes) {
+  // Lines narrower than 32 bytes have no swizzle mode; refuse before building a layout for them.
+  if (shape.size() != 2 || (contiguousDim != 0 && contiguousDim != 1) || shape[size_t(contiguousDim)] * elemBytes < 32)
+    return std::nullopt;
   WgmmaTile tile{wgmmaSharedLayout(shape, contiguousDim, elemBytes)};
   tile.mnMajor = contiguousDim != kDim;
   const int64_t panelBytes = tile.smem.panel() * elemBytes;

@@ -342,6 +342,17 @@ TEST(Mma, StagingConvertsDeliverEveryElement) {
 
 // ---- PTX --------------------------------------------------------------------
 
+// Regression (tile_program fuzzer, tests/fuzz/regressions/tile_program/wgmma_operand_with_4_byte_lines):
+// an f16 operand tile [4, 2] has 4-byte lines, which no wgmma swizzle mode covers; the shared
+// layout of such a tile used to be built first (maxPhase = 0) and threw out of the compiler.
+TEST(Mma, WgmmaRefusesOperandLinesNarrowerThan32Bytes) {
+  EXPECT_FALSE(wgmmaTile({4, 2}, 1, 1, 2).has_value());
+  EXPECT_FALSE(wgmmaTile({64, 8}, 1, 1, 2).has_value());
+  EXPECT_FALSE(wgmmaTile({64, 4}, 1, 1, 4).has_value());
+  ASSERT_TRUE(wgmmaTile({64, 16}, 1, 1, 2).has_value());
+  EXPECT_EQ(wgmmaTile({64, 16}, 1, 1, 2)->smem.panel(), 16);
+}
+
 TEST(Mma, PtxHoldsMmaAndLdmatrix) {
   struct Case {
     DType in;
