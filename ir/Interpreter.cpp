@@ -21,6 +21,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 namespace flextile::ir {
 
@@ -574,6 +575,35 @@ class Checker {
       case OpKind::Yield:
       case OpKind::Return:
         return;
+      // The memory/async level: the structural rules are ir::verify's (run by the caller of every
+      // pass that makes these ops); here only what running them needs.
+      case OpKind::LocalAlloc:
+        count(op, 0, 0, 1);
+        if (!op.result()->type().isSharedBuffer()) bad(op, "result must be a shared buffer, got " + typeStr(op.result()));
+        return;
+      case OpKind::AsyncCopy:
+      case OpKind::LocalLoad: {
+        count(op, 2, k == OpKind::AsyncCopy ? 4 : 2, k == OpKind::AsyncCopy ? 0 : 1);
+        const Type& buf = op.operand(0)->type();
+        if (!buf.isSharedBuffer()) bad(op, "operand 0 must be a shared buffer, got " + typeStr(op.operand(0)));
+        intScalar(op, op.operand(1), "the slot");
+        const Type& tile = k == OpKind::AsyncCopy ? (op.numOperands() > 2 ? op.operand(2)->type() : buf)
+                                                   : op.result()->type();
+        if (k == OpKind::AsyncCopy && (op.numOperands() < 3 || !tile.isPointer() || tile.pointee() != buf.dtype()))
+          bad(op, "needs a ptr<" + std::string(dtypeName(buf.dtype())) + "> tile as operand 2");
+        if (k == OpKind::LocalLoad && tile.dtype() != buf.dtype()) bad(op, "result " + tile.str() + " must hold " + buf.str());
+        if (tile.shape() != buf.shape()) bad(op, "tile " + tile.str() + " is not one slot of " + buf.str());
+        if (op.numOperands() > 3 &&
+            (op.operand(3)->type().dtype() != DType::I1 || op.operand(3)->type().shape() != buf.shape()))
+          bad(op, "mask must be i1" + shapeString(buf.shape()) + ", got " + typeStr(op.operand(3)));
+        return;
+      }
+      case OpKind::AsyncCommit:
+      case OpKind::AsyncWait:
+      case OpKind::Barrier:
+      case OpKind::FenceAsyncShared:
+        count(op, 0, 0, 0);
+        return;
     }
     bad(op, "is not known to the interpreter");
   }
@@ -609,6 +639,8 @@ class Program {
  private:
   const Launch& l_;
   std::vector<DataRef> slots_;
+  // The writable storage of this program's shared buffers (slots_ holds a read-only view).
+  std::unordered_map<const Value*, std::shared_ptr<Data>> buffers_;
   std::array<int64_t, 3> pid_{};
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {
@@ -636,6 +668,18 @@ class Program {
   }
 
   void exec(const Op& op) {
+    switch (op.kind()) {
+      // Every async op runs at once, in program order: a copy is complete when issued, so waits,
+      // commits, barriers and proxy fences have nothing left to do (the program is one thread here).
+      case OpKind::AsyncCommit:
+      case OpKind::AsyncWait:
+      case OpKind::Barrier:
+      case OpKind::FenceAsyncShared: return;
+      case OpKind::LocalAlloc: return localAlloc(op);
+      case OpKind::AsyncCopy: return asyncCopy(op);
+      case OpKind::LocalLoad: return localLoad(op);
+      default: break;
+    }
     if (op.kind() == OpKind::Fence) {
       // Programs run on several host threads: their plain stores before the fence must be visible
       // to a program that learns of them through an atomic_add after its own fence.
@@ -712,7 +756,14 @@ class Program {
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
       case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
-      case OpKind::Fence: return;  // run above: it has neither operands nor results
+      case OpKind::Fence:  // run above: it has neither operands nor results
+      case OpKind::LocalAlloc:
+      case OpKind::AsyncCopy:
+      case OpKind::AsyncCommit:
+      case OpKind::AsyncWait:
+      case OpKind::LocalLoad:
+      case OpKind::Barrier:
+      case OpKind::FenceAsyncShared: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
       case OpKind::For: return forLoop(op);
@@ -918,6 +969,52 @@ class Program {
       }
       return d;
     });
+  }
+
+  // ---- shared buffers: one mutable array of slots * tile elements per local_alloc ----
+
+  int64_t slotOf(const Op& op) const {
+    const int64_t slot = scalarInt(op.operand(1)), slots = op.operand(0)->type().slots();
+    if (slot < 0 || slot >= slots)
+      fail(op, "slot " + std::to_string(slot) + " is outside the buffer's " + std::to_string(slots) + " slots");
+    return slot;
+  }
+
+  void localAlloc(const Op& op) {
+    const Type& t = op.result()->type();
+    const size_t n = size_t(t.slots() * numElements(t.shape()));
+    std::shared_ptr<Data> d = withStorage(storageOf(t.dtype()), [&](auto held) { return alloc<decltype(held)>(n); });
+    buffers_[op.result()] = d;
+    set(op.result(), d);
+  }
+
+  void asyncCopy(const Op& op) {
+    const Type& t = op.operand(0)->type();
+    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    Data& buf = *buffers_.at(op.operand(0));
+    const PtrVal* p = inp<PtrVal>(op, 2);
+    const int64_t* mask = op.numOperands() > 3 ? inp<int64_t>(op, 3) : nullptr;
+    const int width = byteWidth(t.dtype());
+    withMemDType(t.dtype(), [&](auto mem) {
+      using M = decltype(mem);
+      using T = typename M::Held;
+      T* o = buf.template vec<T>().data() + base;
+      for (size_t i = 0; i < n; ++i) o[i] = mask && !mask[i] ? T{} : M::read(address(op, "async_copy", t.shape(), i, p[i], width));
+      return 0;
+    });
+  }
+
+  void localLoad(const Op& op) {
+    const Type& t = op.operand(0)->type();
+    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    const Data& buf = in(op, 0);
+    set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
+          using T = decltype(held);
+          auto d = alloc<T>(n);
+          const T* src = buf.template vec<T>().data() + base;
+          std::copy(src, src + n, d->template vec<T>().begin());
+          return d;
+        }));
   }
 
   void store(const Op& op, size_t n) {

@@ -1,5 +1,7 @@
 #include "ir/Parser.h"
 
+#include "ir/SharedLayout.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -12,7 +14,7 @@ namespace flextile::ir {
 
 namespace {
 
-enum class Tok { Eof, Value, Symbol, Alias, InlineLayout, Label, Ident, Int, Float, String, Punct };
+enum class Tok { Eof, Value, Symbol, Alias, InlineLayout, InlineShared, Label, Ident, Int, Float, String, Punct };
 
 struct Token {
   Tok kind = Tok::Eof;
@@ -28,7 +30,8 @@ std::string describeToken(const Token& t) {
     case Tok::Alias: return "'#" + t.text + "'";
     case Tok::Label: return "'^" + t.text + "'";
     case Tok::String: return "string \"" + t.text + "\"";
-    case Tok::InlineLayout: return "'" + t.text.substr(0, 20) + "...'";
+    case Tok::InlineLayout:
+    case Tok::InlineShared: return "'" + t.text.substr(0, 20) + "...'";
     default: return "'" + t.text + "'";
   }
 }
@@ -133,7 +136,7 @@ class Lexer {
       size_t b = p_++;
       while (p_ < s_.size() && (isNameChar(s_[p_]) || s_[p_] == '.')) ++p_;
       std::string word(s_.substr(b + 1, p_ - b - 1));
-      if (word == "ft.linear" && p_ < s_.size() && s_[p_] == '<') {
+      if ((word == "ft.linear" || word == "ft.shared") && p_ < s_.size() && s_[p_] == '<') {
         int depth = 0;
         do {
           if (s_[p_] == '<') ++depth;
@@ -142,7 +145,7 @@ class Lexer {
           ++p_;
         } while (depth > 0 && p_ < s_.size());
         if (depth) fail("unterminated layout");
-        t.kind = Tok::InlineLayout;
+        t.kind = word == "ft.linear" ? Tok::InlineLayout : Tok::InlineShared;
         t.text = std::string(s_.substr(b, p_ - b));
         return;
       }
@@ -282,9 +285,46 @@ class Parser {
     aliases_[name.text] = layoutText(body);
   }
 
+  // smem<SLOTS x DTYPE[DIMS], #ft.shared<...>>
+  Type sharedBufferType() {
+    expectPunct('<');
+    Token slots = expect(Tok::Int, "a slot count");
+    const int64_t n = integer(slots);
+    if (n < 1 || n > 64) failAt(slots, "a shared buffer has 1 to 64 slots, got " + slots.text);
+    expectIdent("x");
+    Token et = expect(Tok::Ident, "an element dtype");
+    auto d = parseDType(et.text);
+    if (!d || *d == DType::Ptr) failAt(et, "a shared buffer holds numbers, not '" + et.text + "'");
+    expectPunct('[');
+    Shape shape;
+    do {
+      Token dim = expect(Tok::Int, "a tile dimension");
+      int64_t v = integer(dim);
+      if (v <= 0) failAt(dim, "tile dimension " + dim.text + " is not positive");
+      shape.push_back(v);
+    } while (eatPunct(','));
+    expectPunct(']');
+    expectPunct(',');
+    Token lt = expect(Tok::InlineShared, "a shared layout '#ft.shared<...>'");
+    std::shared_ptr<const SharedLayout> layout;
+    try {
+      layout = std::make_shared<const SharedLayout>(SharedLayout::parse(lt.text));
+    } catch (const Error& e) {
+      failAt(lt, e.what());
+    }
+    if (layout->shape() != shape)
+      failAt(lt, "the shared layout's shape " + shapeString(layout->shape()) + " is not the tile's " + shapeString(shape));
+    if (layout->elemBytes() != byteWidth(*d))
+      failAt(lt, "the shared layout stores " + std::to_string(layout->elemBytes()) + "-byte elements, " + et.text +
+                     " has " + std::to_string(byteWidth(*d)));
+    expectPunct('>');
+    return Type::sharedBuffer(*d, n, std::move(layout));
+  }
+
   Type type() {
     Token t = expect(Tok::Ident, "a type");
     Type result;
+    if (t.text == "smem") return sharedBufferType();
     if (t.text == "ptr") {
       expectPunct('<');
       Token pt = expect(Tok::Ident, "a pointee dtype");

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "ir/Layout.h"
+#include "ir/SharedLayout.h"
 
 namespace flextile::ir {
 
@@ -64,10 +65,19 @@ Type Type::pointer(DType pointee, Shape shape) {
   return t;
 }
 
+Type Type::sharedBuffer(DType element, int64_t slots, std::shared_ptr<const SharedLayout> layout) {
+  Type t(element, layout ? layout->shape() : Shape{});
+  t.sharedLayout_ = std::move(layout);
+  t.slots_ = slots;
+  return t;
+}
+
 Type Type::withShape(Shape s) const {
   Type t = *this;
   t.shape_ = std::move(s);
   t.layout_.reset();
+  t.sharedLayout_.reset();
+  t.slots_ = 0;
   return t;
 }
 
@@ -85,6 +95,11 @@ Type Type::withLayout(std::shared_ptr<const Layout> l) const {
 Type Type::scalarType() const { return withShape({}); }
 
 std::string Type::str() const {
+  if (sharedLayout_) {
+    std::string out = "smem<" + std::to_string(slots_) + " x " + std::string(dtypeName(dtype_)) + "[";
+    for (size_t i = 0; i < shape_.size(); ++i) out += (i ? "," : "") + std::to_string(shape_[i]);
+    return out + "], " + sharedLayout_->str() + ">";
+  }
   std::string out = isPointer() ? "ptr<" + std::string(dtypeName(pointee_)) + ">" : std::string(dtypeName(dtype_));
   if (!shape_.empty()) {
     out += "[";
@@ -95,11 +110,13 @@ std::string Type::str() const {
 }
 
 bool Type::sameShapeAndElement(const Type& o) const {
-  return dtype_ == o.dtype_ && (!isPointer() || pointee_ == o.pointee_) && shape_ == o.shape_;
+  return dtype_ == o.dtype_ && (!isPointer() || pointee_ == o.pointee_) && shape_ == o.shape_ &&
+         isSharedBuffer() == o.isSharedBuffer();
 }
 
 bool Type::operator==(const Type& o) const {
   if (!sameShapeAndElement(o)) return false;
+  if (isSharedBuffer() && (slots_ != o.slots_ || !(*sharedLayout_ == *o.sharedLayout_))) return false;
   if (!layout_ || !o.layout_) return layout_ == o.layout_;
   return *layout_ == *o.layout_;
 }

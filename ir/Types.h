@@ -6,6 +6,12 @@
 // rank >= 1 is a *tile*: a block of elements distributed over the program's
 // threads. Tile dimensions are powers of two (as in Triton); that is what lets
 // layouts be linear maps over bits (see Layout.h).
+//
+// A value of a *shared buffer* type (the memory/async level, below the tile
+// level: only passes after layout assignment create them) is neither: it is a
+// ring of `slots` tiles of `shape` in the program's shared memory, stored in a
+// SharedLayout, written by async_copy and read by local_load (ir/Ops.def).
+// Printed `smem<3 x bf16[64,64], #ft.shared<...>>`.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +24,7 @@
 namespace flextile::ir {
 
 class Layout;
+class SharedLayout;
 
 enum class DType : uint8_t { I1, I8, I32, I64, F16, BF16, F32, F64, Ptr };
 
@@ -37,14 +44,20 @@ class Type {
   Type() = default;
   Type(DType dtype, Shape shape = {}) : dtype_(dtype), shape_(std::move(shape)) {}
   static Type pointer(DType pointee, Shape shape = {});
+  // A ring of `slots` tiles of `element`[layout.shape()] stored in `layout`.
+  static Type sharedBuffer(DType element, int64_t slots, std::shared_ptr<const SharedLayout> layout);
 
   DType dtype() const { return dtype_; }
   DType pointee() const { return pointee_; }  // meaningful only when isPointer()
   bool isPointer() const { return dtype_ == DType::Ptr; }
   const Shape& shape() const { return shape_; }
   int rank() const { return int(shape_.size()); }
-  bool isScalar() const { return shape_.empty(); }
-  bool isTile() const { return !shape_.empty(); }
+  bool isScalar() const { return shape_.empty() && !sharedLayout_; }
+  bool isTile() const { return !shape_.empty() && !sharedLayout_; }
+  // A shared buffer: shape() is one slot's tile shape, dtype() its element.
+  bool isSharedBuffer() const { return sharedLayout_ != nullptr; }
+  int64_t slots() const { return slots_; }  // meaningful only when isSharedBuffer()
+  const std::shared_ptr<const SharedLayout>& sharedLayout() const { return sharedLayout_; }
   int64_t numElements() const { return ir::numElements(shape_); }
 
   const std::shared_ptr<const Layout>& layout() const { return layout_; }
@@ -56,7 +69,8 @@ class Type {
   Type scalarType() const;            // same element, rank 0
   Type elementType() const { return scalarType(); }
 
-  // "f32", "ptr<f16>", "i32[64, 32]", with a layout alias appended by the printer.
+  // "f32", "ptr<f16>", "i32[64, 32]", with a layout alias appended by the printer;
+  // a shared buffer prints whole, its SharedLayout inline.
   std::string str() const;
 
   bool operator==(const Type& o) const;
@@ -68,6 +82,8 @@ class Type {
   DType pointee_ = DType::F32;
   Shape shape_;
   std::shared_ptr<const Layout> layout_;
+  std::shared_ptr<const SharedLayout> sharedLayout_;
+  int64_t slots_ = 0;
 };
 
 }  // namespace flextile::ir

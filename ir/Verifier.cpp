@@ -1,5 +1,7 @@
 #include "ir/Verifier.h"
 
+#include "ir/SharedLayout.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <unordered_set>
@@ -54,6 +56,15 @@ class Verifier {
 
   // Rules for one value's type, independent of the op that makes it.
   void checkValue(const Type& t, const std::string& where) {
+    if (t.isSharedBuffer()) {
+      const SharedLayout& l = *t.sharedLayout();
+      if (auto e = l.verify(); !e.empty()) problem(where + " has an invalid shared layout " + l.str() + ": " + e);
+      else if (l.shape() != t.shape() || l.elemBytes() != byteWidth(t.dtype()) || t.dtype() == DType::Ptr)
+        problem(where + " (" + t.str() + "): the shared layout must store the tile's shape and element size");
+      if (t.slots() < 1 || t.slots() > 64) problem(where + " (" + t.str() + ") must have 1 to 64 slots");
+      if (t.hasLayout()) problem(where + " (" + t.str() + ") is a shared buffer but has a register layout");
+      return;
+    }
     for (int64_t d : t.shape())
       if (!isPow2(d)) {
         problem(where + " has shape " + shapeString(t.shape()) + ": tile dimensions must be powers of two");
@@ -108,6 +119,16 @@ class Verifier {
       if (op.kind() == OpKind::Yield && (!parent || parent->kind() != OpKind::For))
         err(op, "'yield' may only end the body of a 'for'");
       for (size_t i = 0; i < op.numResults(); ++i) checkValue(op.result(i)->type(), op.describe() + ": " + nth("result", i));
+      // Shared buffers are made by local_alloc and used by the async level's ops only: a buffer
+      // carried by a loop, stored or computed on would have no meaning in registers.
+      for (size_t i = 0; i < op.numResults(); ++i)
+        if (op.result(i)->type().isSharedBuffer() && op.kind() != OpKind::LocalAlloc)
+          err(op, nth("result", i) + " is a shared buffer (" + op.result(i)->type().str() + "); only local_alloc makes one");
+      for (size_t i = 0; i < op.numOperands(); ++i)
+        if (op.operand(i) && op.operand(i)->type().isSharedBuffer() &&
+            !(i == 0 && (op.kind() == OpKind::AsyncCopy || op.kind() == OpKind::LocalLoad)))
+          err(op, nth("operand", i) + " is a shared buffer (" + op.operand(i)->type().str() +
+                      "); only operand 0 of async_copy and local_load may be one");
       if (!opFailed_) this->op(op);
       for (const auto& region : op.regions()) block(*region, &op);
       for (Value* r : op.results()) scopes_.back().insert(r);
@@ -222,6 +243,27 @@ class Verifier {
       case OpKind::For: forLoop(op); break;
       case OpKind::Yield:
       case OpKind::Return: break;  // placement is checked in block(), yield types in forLoop()
+      case OpKind::LocalAlloc:
+        if (!out().isSharedBuffer()) err(op, "result must be a shared buffer smem<S x T[...], #ft.shared<...>>, got " + out().str());
+        if (!layoutsOn_) err(op, "appears before layout assignment (no tile has a layout)");
+        break;
+      case OpKind::AsyncCopy: asyncCopy(op); break;
+      case OpKind::AsyncWait: intAttrIn(op, "pending", 0, 64); break;
+      case OpKind::LocalLoad:
+        if (!in(0).isSharedBuffer()) {
+          err(op, "operand 0 must be a shared buffer, got " + in(0).str());
+          break;
+        }
+        expectScalarOf(op, in(1), DType::I32, "the slot");
+        if (!out().isTile() || out().shape() != in(0).shape() || out().dtype() != in(0).dtype())
+          err(op, "result must be a " + std::string(dtypeName(in(0).dtype())) + shapeString(in(0).shape()) +
+                      " tile (one slot of " + in(0).str() + "), got " + out().str());
+        break;
+      case OpKind::AsyncCommit:
+      case OpKind::Barrier:
+      case OpKind::FenceAsyncShared:
+        if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+        break;
       case OpKind::ConvertLayout:
         if (in(0).shape() != out().shape() || !sameElement(in(0), out()))
           err(op, "result " + out().str() + " must have the operand's shape and element type " + in(0).str());
@@ -351,6 +393,31 @@ class Verifier {
         if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
       if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
     }
+  }
+
+  // async_copy (buf, slot, ptr [, mask]) {vec}: one slot's tile from global memory.
+  void asyncCopy(const Op& op) {
+    const size_t n = op.numOperands();
+    if (n < 3 || n > 4) return err(op, "takes 3 to 4 operands (buf, slot, ptr [, mask]), got " + std::to_string(n));
+    const Type& buf = op.operand(0)->type();
+    if (!buf.isSharedBuffer()) return err(op, "operand 0 must be a shared buffer, got " + buf.str());
+    expectScalarOf(op, op.operand(1)->type(), DType::I32, "the slot");
+    const Type& p = op.operand(2)->type();
+    if (!p.isPointer() || !p.isTile() || p.shape() != buf.shape() || p.pointee() != buf.dtype())
+      return err(op, "address must be a ptr<" + std::string(dtypeName(buf.dtype())) + ">" + shapeString(buf.shape()) +
+                         " tile (one slot of " + buf.str() + "), got " + p.str());
+    if (n > 3) {
+      const Type& m = op.operand(3)->type();
+      if (m.dtype() != DType::I1 || m.shape() != p.shape()) err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + m.str());
+      else if (lay_ && !sameLayout(op, *m.layout(), *p.layout(), "mask", "the address")) return;
+    }
+    if (!intAttrIn(op, "vec", 1, 16)) return;
+    const int64_t bytes = op.intAttr("vec") * byteWidth(buf.dtype());
+    if (bytes != 4 && bytes != 8 && bytes != 16)
+      err(op, "copies " + std::to_string(bytes) + " bytes per instruction (vec = " + std::to_string(op.intAttr("vec")) +
+                  "); cp.async copies 4, 8 or 16");
+    else if (lay_ && p.layout()->contiguousRegisters(buf.sharedLayout()->order()[0]) % op.intAttr("vec") != 0)
+      err(op, "vec = " + std::to_string(op.intAttr("vec")) + " is wider than the address layout's contiguous registers");
   }
 
   // atomic_add (ptr, value [, mask]) -> T: the rules of a store, plus the
