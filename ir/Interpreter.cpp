@@ -1,7 +1,7 @@
 // The tile-IR interpreter. The rules it implements are written at the top of
 // Interpreter.h; this file keeps to them.
 //
-// Shape of the implementation: the function is checked once (checkFunction),
+// Shape of the implementation: the function is verified once (ir::verify),
 // arguments are bound once, then every program instance walks the op list with
 // one dispatch per op; each op runs a tight typed loop over whole tiles. Values
 // are immutable, reference-counted arrays indexed by Value::id, so reshape,
@@ -9,6 +9,7 @@
 #include "ir/Interpreter.h"
 
 #include "ir/Elementwise.h"
+#include "ir/Verifier.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -272,351 +273,6 @@ decltype(auto) withMemDType(DType t, F&& f) {
   return f(Mem<DType::F32>{});
 }
 
-// ---- static checks ----------------------------------------------------------
-
-[[noreturn]] void bad(const Op& op, const std::string& what) { throw Error(op.describe() + ": " + what); }
-
-std::string typeStr(const Value* v) { return v->type().str(); }
-
-// Checks, once per launch, everything the interpreter relies on: operand
-// counts, shapes, dtypes, attributes, and that every operand is defined before
-// use. After it, execution needs no checks other than data-dependent ones.
-class Checker {
- public:
-  explicit Checker(const Function& f) : defined_(size_t(f.numValues()), false) {
-    for (Value* p : f.params()) define(p);
-  }
-
-  void block(const Block& b, bool isFunctionBody) {
-    for (auto it = b.ops().begin(); it != b.ops().end(); ++it) {
-      const Op& op = **it;
-      bool last = std::next(it) == b.ops().end();
-      for (Value* v : op.operands())
-        if (!v || size_t(v->id()) >= defined_.size() || !defined_[size_t(v->id())])
-          bad(op, "uses a value that is not defined before it");
-      if (op.kind() == OpKind::Yield && (isFunctionBody || !last)) bad(op, "yield must end a for body");
-      if (op.kind() == OpKind::Return && (!isFunctionBody || !last)) bad(op, "return must end the function body");
-      checkOp(op);
-      if (op.kind() == OpKind::For) forLoop(op);
-      for (Value* r : op.results()) define(r);
-    }
-  }
-
- private:
-  std::vector<bool> defined_;
-
-  void define(Value* v) {
-    if (size_t(v->id()) < defined_.size()) defined_[size_t(v->id())] = true;
-  }
-
-  static void count(const Op& op, size_t lo, size_t hi, size_t results) {
-    if (op.numOperands() < lo || op.numOperands() > hi)
-      bad(op, "has " + std::to_string(op.numOperands()) + " operands, expected " + std::to_string(lo) +
-                  (hi != lo ? " to " + std::to_string(hi) : ""));
-    if (op.numResults() != results)
-      bad(op, "has " + std::to_string(op.numResults()) + " results, expected " + std::to_string(results));
-  }
-  static void sameShape(const Op& op, const Value* a, const Value* b) {
-    if (a->type().shape() != b->type().shape())
-      bad(op, "shape mismatch: " + typeStr(a) + " vs " + typeStr(b));
-  }
-  static void sameType(const Op& op, const Value* a, const Value* b) {
-    if (!a->type().sameShapeAndElement(b->type())) bad(op, "type mismatch: " + typeStr(a) + " vs " + typeStr(b));
-  }
-  static void sameStorage(const Op& op, const Value* a, const Value* b) {
-    if (a->type().dtype() != b->type().dtype() || (a->type().isPointer() && a->type().pointee() != b->type().pointee()))
-      bad(op, "dtype mismatch: " + typeStr(a) + " vs " + typeStr(b));
-  }
-  static void sameCount(const Op& op, const Value* a, const Value* b) {
-    if (a->type().numElements() != b->type().numElements())
-      bad(op, "element count mismatch: " + typeStr(a) + " vs " + typeStr(b));
-  }
-  static void intScalar(const Op& op, const Value* v, const char* what) {
-    if (!v->type().isScalar() || !isInteger(v->type().dtype()))
-      bad(op, std::string(what) + " must be an integer scalar, got " + typeStr(v));
-  }
-  static void maskOrOther(const Op& op, const Value* p, const Value* v, const char* what) {
-    if (!v->type().isScalar() && v->type().shape() != p->type().shape())
-      bad(op, std::string(what) + " " + typeStr(v) + " must be a scalar or have the pointer's shape " +
-                  shapeString(p->type().shape()));
-  }
-  static void loadStoreTarget(const Op& op, const Value* p) {
-    if (!p->type().isPointer()) bad(op, "needs a pointer, got " + typeStr(p));
-    if (p->type().pointee() == DType::Ptr) bad(op, "cannot load or store pointers");
-  }
-
-  void checkOp(const Op& op) {
-    for (const Value* v : op.operands())
-      for (int64_t d : v->type().shape())
-        if (d < 1) bad(op, "operand " + typeStr(v) + " has a dimension < 1");
-    for (const Value* v : op.results())
-      for (int64_t d : v->type().shape())
-        if (d < 1) bad(op, "result " + typeStr(v) + " has a dimension < 1");
-    const OpKind k = op.kind();
-    switch (k) {
-      case OpKind::ProgramId:
-      case OpKind::NumPrograms: {
-        count(op, 0, 0, 1);
-        int64_t axis = op.intAttr("axis");
-        if (axis < 0 || axis > 2) bad(op, "axis " + std::to_string(axis) + " is not 0, 1 or 2");
-        intScalar(op, op.result(), "result");
-        return;
-      }
-      case OpKind::Constant:
-        count(op, 0, 0, 1);
-        (void)op.floatAttr("value");
-        if (op.result()->type().isPointer()) bad(op, "a constant cannot be a pointer");
-        return;
-      case OpKind::Arange: {
-        count(op, 0, 0, 1);
-        int64_t start = op.intAttr("start"), end = op.intAttr("end");
-        const Type& t = op.result()->type();
-        if (t.dtype() != DType::I32 || t.shape() != Shape{end - start})
-          bad(op, "result " + t.str() + " does not match [" + std::to_string(start) + ", " + std::to_string(end) + ")");
-        return;
-      }
-      case OpKind::Splat:
-        count(op, 1, 1, 1);
-        if (!op.operand(0)->type().isScalar()) bad(op, "operand must be a scalar, got " + typeStr(op.operand(0)));
-        sameStorage(op, op.operand(0), op.result());
-        return;
-      case OpKind::Broadcast: {
-        count(op, 1, 1, 1);
-        const Shape& in = op.operand(0)->type().shape();
-        const Shape& out = op.result()->type().shape();
-        sameStorage(op, op.operand(0), op.result());
-        bool ok = in.empty() || in.size() == out.size();
-        for (size_t d = 0; ok && d < in.size(); ++d) ok = in[d] == out[d] || in[d] == 1;
-        if (!ok) bad(op, "cannot broadcast " + shapeString(in) + " to " + shapeString(out));
-        return;
-      }
-      case OpKind::ExpandDims: {
-        count(op, 1, 1, 1);
-        int64_t axis = op.intAttr("axis");
-        Shape s = op.operand(0)->type().shape();
-        if (axis < 0 || axis > int64_t(s.size())) bad(op, "axis " + std::to_string(axis) + " out of range");
-        s.insert(s.begin() + axis, 1);
-        if (s != op.result()->type().shape()) bad(op, "result shape " + typeStr(op.result()) + ", expected " + shapeString(s));
-        sameStorage(op, op.operand(0), op.result());
-        return;
-      }
-      case OpKind::Reshape:
-      case OpKind::ConvertLayout:
-        count(op, 1, 1, 1);
-        sameCount(op, op.operand(0), op.result());
-        sameStorage(op, op.operand(0), op.result());
-        if (k == OpKind::ConvertLayout) sameShape(op, op.operand(0), op.result());
-        return;
-      case OpKind::Trans: {
-        count(op, 1, 1, 1);
-        const auto& perm = op.intsAttr("perm");
-        const Shape& in = op.operand(0)->type().shape();
-        std::vector<bool> seen(in.size(), false);
-        if (perm.size() != in.size()) bad(op, "perm has " + std::to_string(perm.size()) + " entries for " + shapeString(in));
-        Shape out;
-        for (int64_t p : perm) {
-          if (p < 0 || p >= int64_t(in.size()) || seen[size_t(p)]) bad(op, "perm " + attrString(perm) + " is not a permutation");
-          seen[size_t(p)] = true;
-          out.push_back(in[size_t(p)]);
-        }
-        if (out != op.result()->type().shape()) bad(op, "result " + typeStr(op.result()) + ", expected " + shapeString(out));
-        sameStorage(op, op.operand(0), op.result());
-        return;
-      }
-#define FT_OP(Enum, name, nops, nres, traits)
-#define FT_ARITHMETIC_OP(Enum, name, nops, traits) case OpKind::Enum:
-#include "ir/Ops.def"
-      {
-        size_t n = size_t(op.info().numOperands);
-        count(op, n, n, 1);
-        for (const Value* v : op.operands()) sameType(op, v, op.result());
-        DType t = op.result()->type().dtype();
-        if (t == DType::Ptr) bad(op, "does not apply to pointers");
-        if ((op.hasTrait(kFloatOnly)) && !isFloat(t)) bad(op, "needs a float dtype, got " + typeStr(op.result()));
-        if (op.hasTrait(kIntOnly) && !isInteger(t))
-          bad(op, "needs an integer dtype, got " + typeStr(op.result()));
-        return;
-      }
-      case OpKind::Cmp: {
-        count(op, 2, 2, 1);
-        sameType(op, op.operand(0), op.operand(1));
-        sameShape(op, op.operand(0), op.result());
-        if (op.result()->type().dtype() != DType::I1) bad(op, "result must be i1, got " + typeStr(op.result()));
-        const std::string& p = op.strAttr("pred");
-        if (!parseComparePredicate(p)) bad(op, "unknown pred '" + p + "'");
-        if (op.operand(0)->type().isPointer() && p != "eq" && p != "ne") bad(op, "pointers compare only with eq or ne");
-        return;
-      }
-      case OpKind::Select:
-        count(op, 3, 3, 1);
-        if (op.operand(0)->type().dtype() != DType::I1) bad(op, "condition must be i1, got " + typeStr(op.operand(0)));
-        sameShape(op, op.operand(0), op.result());
-        sameType(op, op.operand(1), op.result());
-        sameType(op, op.operand(2), op.result());
-        return;
-      case OpKind::Cast: {
-        count(op, 1, 1, 1);
-        sameShape(op, op.operand(0), op.result());
-        bool fromPtr = op.operand(0)->type().isPointer(), toPtr = op.result()->type().isPointer();
-        if (fromPtr != toPtr) bad(op, "cannot cast " + typeStr(op.operand(0)) + " to " + typeStr(op.result()));
-        return;
-      }
-      case OpKind::AddPtr:
-        count(op, 2, 2, 1);
-        if (!op.operand(0)->type().isPointer()) bad(op, "first operand must be a pointer, got " + typeStr(op.operand(0)));
-        if (!isInteger(op.operand(1)->type().dtype()) || op.operand(1)->type().dtype() == DType::I1)
-          bad(op, "offset must be an integer, got " + typeStr(op.operand(1)));
-        sameShape(op, op.operand(0), op.operand(1));
-        sameType(op, op.operand(0), op.result());
-        return;
-      case OpKind::Load: {
-        count(op, 1, 3, 1);
-        const Value* p = op.operand(0);
-        loadStoreTarget(op, p);
-        const Type& r = op.result()->type();
-        if (r.dtype() != p->type().pointee() || r.shape() != p->type().shape())
-          bad(op, "result " + r.str() + " does not match pointer " + typeStr(p));
-        if (op.numOperands() > 1) {
-          if (op.operand(1)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(1)));
-          maskOrOther(op, p, op.operand(1), "mask");
-        }
-        if (op.numOperands() > 2) {
-          if (op.operand(2)->type().dtype() != r.dtype()) bad(op, "other " + typeStr(op.operand(2)) + " must be " + r.str());
-          maskOrOther(op, p, op.operand(2), "other");
-        }
-        return;
-      }
-      case OpKind::Store: {
-        count(op, 2, 3, 0);
-        const Value* p = op.operand(0);
-        loadStoreTarget(op, p);
-        const Type& v = op.operand(1)->type();
-        if (v.dtype() != p->type().pointee() || v.shape() != p->type().shape())
-          bad(op, "value " + v.str() + " does not match pointer " + typeStr(p));
-        if (op.numOperands() > 2) {
-          if (op.operand(2)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(2)));
-          maskOrOther(op, p, op.operand(2), "mask");
-        }
-        return;
-      }
-      case OpKind::AtomicAdd: {
-        count(op, 2, 3, 1);
-        const Value* p = op.operand(0);
-        loadStoreTarget(op, p);
-        const DType t = p->type().pointee();
-        if (t != DType::F32 && t != DType::I32 && t != DType::I64)
-          bad(op, "adds f32, i32 or i64 atomically, got pointer " + typeStr(p));
-        const Type& v = op.operand(1)->type();
-        if (v.dtype() != t || v.shape() != p->type().shape())
-          bad(op, "value " + v.str() + " does not match pointer " + typeStr(p));
-        const Type& r = op.result()->type();
-        if (r.dtype() != t || r.shape() != p->type().shape())
-          bad(op, "result " + r.str() + " does not match pointer " + typeStr(p));
-        if (op.numOperands() > 2) {
-          if (op.operand(2)->type().dtype() != DType::I1) bad(op, "mask must be i1, got " + typeStr(op.operand(2)));
-          maskOrOther(op, p, op.operand(2), "mask");
-        }
-        return;
-      }
-      case OpKind::Fence: count(op, 0, 0, 0); return;
-      case OpKind::Reduce: {
-        count(op, 1, 1, 1);
-        int64_t axis = op.intAttr("axis");
-        Shape s = op.operand(0)->type().shape();
-        if (axis < 0 || axis >= int64_t(s.size())) bad(op, "axis " + std::to_string(axis) + " out of range for " + typeStr(op.operand(0)));
-        s.erase(s.begin() + axis);
-        if (s != op.result()->type().shape()) bad(op, "result " + typeStr(op.result()) + ", expected shape " + shapeString(s));
-        sameStorage(op, op.operand(0), op.result());
-        if (op.result()->type().isPointer()) bad(op, "cannot reduce pointers");
-        const std::string& kind = op.strAttr("kind");
-        if (kind != "sum" && kind != "max" && kind != "min") bad(op, "unknown reduce kind '" + kind + "'");
-        return;
-      }
-      case OpKind::Dot: {
-        count(op, 3, 3, 1);
-        const Shape& a = op.operand(0)->type().shape();
-        const Shape& b = op.operand(1)->type().shape();
-        const Shape& c = op.operand(2)->type().shape();
-        size_t r = a.size();
-        bool ok = (r == 2 || r == 3) && b.size() == r && c.size() == r && a[r - 1] == b[r - 2] && c[r - 2] == a[r - 2] &&
-                  c[r - 1] == b[r - 1] && (r == 2 || (a[0] == b[0] && a[0] == c[0]));
-        if (!ok) bad(op, "shapes " + shapeString(a) + " @ " + shapeString(b) + " + " + shapeString(c) + " do not fit");
-        sameType(op, op.operand(2), op.result());
-        DType ta = op.operand(0)->type().dtype(), tb = op.operand(1)->type().dtype(), tc = op.result()->type().dtype();
-        bool floats = isFloat(ta) && isFloat(tb) && isFloat(tc);
-        bool ints = isInteger(ta) && isInteger(tb) && isInteger(tc);
-        if (!floats && !ints)
-          bad(op, "operand dtypes " + typeStr(op.operand(0)) + ", " + typeStr(op.operand(1)) + ", " +
-                      typeStr(op.operand(2)) + " must be all float or all integer");
-        return;
-      }
-      case OpKind::For: {
-        if (op.numOperands() < 3) bad(op, "needs lb, ub and step");
-        intScalar(op, op.operand(0), "lb");
-        intScalar(op, op.operand(1), "ub");
-        intScalar(op, op.operand(2), "step");
-        size_t n = op.numOperands() - 3;
-        if (op.numResults() != n) bad(op, "has " + std::to_string(op.numResults()) + " results for " + std::to_string(n) + " carried values");
-        if (op.regions().size() != 1) bad(op, "needs exactly one region");
-        const Block& body = op.region(0);
-        if (body.args().size() != n + 1) bad(op, "body has " + std::to_string(body.args().size()) + " arguments, expected " + std::to_string(n + 1));
-        if (!body.arg(0)->type().isScalar() || !isInteger(body.arg(0)->type().dtype()))
-          bad(op, "induction variable must be an integer scalar, got " + typeStr(body.arg(0)));
-        for (size_t i = 0; i < n; ++i) {
-          sameType(op, op.operand(3 + i), body.arg(1 + i));
-          sameType(op, op.operand(3 + i), op.result(i));
-        }
-        const Op* y = body.terminator();
-        if (!y || y->kind() != OpKind::Yield) bad(op, "body must end with yield");
-        if (y->numOperands() != n) bad(*y, "yields " + std::to_string(y->numOperands()) + " values for " + std::to_string(n) + " carried");
-        for (size_t i = 0; i < n; ++i) sameType(*y, y->operand(i), body.arg(1 + i));
-        return;
-      }
-      case OpKind::Yield:
-      case OpKind::Return:
-        return;
-      // The memory/async level: the structural rules are ir::verify's (run by the caller of every
-      // pass that makes these ops); here only what running them needs.
-      case OpKind::LocalAlloc:
-        count(op, 0, 0, 1);
-        if (!op.result()->type().isSharedBuffer()) bad(op, "result must be a shared buffer, got " + typeStr(op.result()));
-        return;
-      case OpKind::AsyncCopy:
-      case OpKind::LocalLoad: {
-        count(op, 2, k == OpKind::AsyncCopy ? 4 : 2, k == OpKind::AsyncCopy ? 0 : 1);
-        const Type& buf = op.operand(0)->type();
-        if (!buf.isSharedBuffer()) bad(op, "operand 0 must be a shared buffer, got " + typeStr(op.operand(0)));
-        intScalar(op, op.operand(1), "the slot");
-        const Type& tile = k == OpKind::AsyncCopy ? (op.numOperands() > 2 ? op.operand(2)->type() : buf)
-                                                   : op.result()->type();
-        if (k == OpKind::AsyncCopy && (op.numOperands() < 3 || !tile.isPointer() || tile.pointee() != buf.dtype()))
-          bad(op, "needs a ptr<" + std::string(dtypeName(buf.dtype())) + "> tile as operand 2");
-        if (k == OpKind::LocalLoad && tile.dtype() != buf.dtype()) bad(op, "result " + tile.str() + " must hold " + buf.str());
-        if (tile.shape() != buf.shape()) bad(op, "tile " + tile.str() + " is not one slot of " + buf.str());
-        if (op.numOperands() > 3 &&
-            (op.operand(3)->type().dtype() != DType::I1 || op.operand(3)->type().shape() != buf.shape()))
-          bad(op, "mask must be i1" + shapeString(buf.shape()) + ", got " + typeStr(op.operand(3)));
-        return;
-      }
-      case OpKind::AsyncCommit:
-      case OpKind::AsyncWait:
-      case OpKind::Barrier:
-      case OpKind::FenceAsyncShared:
-        count(op, 0, 0, 0);
-        return;
-    }
-    bad(op, "is not known to the interpreter");
-  }
-
-  void forLoop(const Op& op) {
-    const Block& body = op.region(0);
-    std::vector<bool> saved = defined_;
-    for (Value* a : body.args()) define(a);
-    block(body, false);
-    defined_ = std::move(saved);  // values of the body are not visible after the loop
-  }
-};
-
 // ---- execution --------------------------------------------------------------
 
 struct Launch {
@@ -712,11 +368,9 @@ class Program {
         }));
       case OpKind::Broadcast: {
         const Shape& inShape = op.operand(0)->type().shape();
-        Shape strides(rt.rank(), 0);
-        if (!inShape.empty()) {
-          Shape st = rowMajorStrides(inShape);
-          for (size_t d = 0; d < inShape.size(); ++d) strides[d] = inShape[d] == 1 ? 0 : st[d];
-        }
+        Shape strides = rowMajorStrides(inShape);  // the verifier: same rank, each dim equal or 1
+        for (size_t d = 0; d < inShape.size(); ++d)
+          if (inShape[d] == 1) strides[d] = 0;
         return set(op.result(), regather(op, rt, strides));
       }
       case OpKind::Trans: {
@@ -857,7 +511,7 @@ class Program {
       if constexpr (S::kOnInts) {
         if (storage == Storage::Int) return this->template intLoop<S>(op, rt, n);
       }
-      fail(op, "is not defined on " + rt.str());  // unreachable after checkFunction
+      fail(op, "is not defined on " + rt.str());  // unreachable: the verifier checks kIntOnly/kFloatOnly
     });
   }
 
@@ -871,7 +525,7 @@ class Program {
   DataRef compare(const Op& op, size_t n) {
     auto d = alloc<int64_t>(n);
     const std::string& pred = op.strAttr("pred");
-    const ComparePredicate p = *parseComparePredicate(pred);  // checked by checkFunction
+    const ComparePredicate p = *parseComparePredicate(pred);  // checked by the verifier
     int64_t* o = d->ints.data();
     switch (storageOf(op.operand(0)->type().dtype())) {
       case Storage::F32: compareLoop(p, inp<float>(op, 0), inp<float>(op, 1), o, n); break;
@@ -890,14 +544,13 @@ class Program {
   DataRef cast(const Op& op, const Type& rt, size_t n) {
     const DType from = op.operand(0)->type().dtype(), to = rt.dtype();
     const Storage sf = storageOf(from), st = storageOf(to);
-    if (sf == Storage::Ptr) return slots_[size_t(op.operand(0)->id())];  // same address, another pointee
     if (sf == st && from == to) return slots_[size_t(op.operand(0)->id())];
     // Source values as one of float / double / int64; destination by storage.
     return withStorage(sf, [&](auto tag) -> DataRef {
       using S = decltype(tag);
       const S* x = inp<S>(op, 0);
       if constexpr (std::is_same_v<S, PtrVal>) {
-        return nullptr;  // unreachable: handled above
+        return nullptr;  // unreachable: the verifier refuses pointer casts
       } else {
         switch (st) {
           case Storage::F32: {
@@ -949,9 +602,7 @@ class Program {
   DataRef load(const Op& op, const Type& rt, size_t n) {
     const PtrVal* p = inp<PtrVal>(op, 0);
     const int64_t* mask = op.numOperands() > 1 ? inp<int64_t>(op, 1) : nullptr;
-    size_t maskStep = mask && op.operand(1)->type().isScalar() ? 0 : 1;
     const Value* other = op.numOperands() > 2 ? op.operand(2) : nullptr;
-    size_t otherStep = other && other->type().isScalar() ? 0 : 1;
     const Shape& shape = rt.shape();
     const int width = byteWidth(rt.dtype());
     return withMemDType(rt.dtype(), [&](auto mem) -> DataRef {
@@ -961,8 +612,8 @@ class Program {
       T* o = d->template vec<T>().data();
       const T* oth = other ? inp<T>(op, 2) : nullptr;
       for (size_t i = 0; i < n; ++i) {
-        if (mask && !mask[i * maskStep]) {
-          if (oth) o[i] = oth[i * otherStep];
+        if (mask && !mask[i]) {
+          if (oth) o[i] = oth[i];
           continue;
         }
         o[i] = M::read(address(op, "load", shape, i, p[i], width));
@@ -1020,7 +671,6 @@ class Program {
   void store(const Op& op, size_t n) {
     const PtrVal* p = inp<PtrVal>(op, 0);
     const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
-    size_t maskStep = mask && op.operand(2)->type().isScalar() ? 0 : 1;
     const Type& vt = op.operand(1)->type();
     const int width = byteWidth(vt.dtype());
     withMemDType(vt.dtype(), [&](auto mem) {
@@ -1028,7 +678,7 @@ class Program {
       using T = typename M::Held;
       const T* v = inp<T>(op, 1);
       for (size_t i = 0; i < n; ++i)
-        if (!mask || mask[i * maskStep]) M::write(address(op, "store", vt.shape(), i, p[i], width), v[i]);
+        if (!mask || mask[i]) M::write(address(op, "store", vt.shape(), i, p[i], width), v[i]);
       return 0;
     });
   }
@@ -1038,11 +688,10 @@ class Program {
   DataRef atomicAdd(const Op& op, const Type& rt, size_t n) {
     const PtrVal* p = inp<PtrVal>(op, 0);
     const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
-    size_t maskStep = mask && op.operand(2)->type().isScalar() ? 0 : 1;
     const Shape& shape = rt.shape();
     const DType t = rt.dtype();
     const int width = byteWidth(t);
-    auto active = [&](size_t i) { return !mask || mask[i * maskStep]; };
+    auto active = [&](size_t i) { return !mask || mask[i]; };
     auto at = [&](size_t i) { return address(op, "atomic_add", shape, i, p[i], width); };
     if (t == DType::F32) {
       auto d = alloc<float>(n);  // zero: the result of inactive elements
@@ -1074,7 +723,7 @@ class Program {
     return withStorage(storageOf(t), [&](auto tag) -> DataRef {
       using T = decltype(tag);
       if constexpr (std::is_same_v<T, PtrVal>) {
-        return nullptr;  // rejected by the checker
+        return nullptr;  // the verifier refuses reductions of pointers
       } else {
         const T* x = inp<T>(op, 0);
         auto d = alloc<T>(size_t(outer * inner));
@@ -1115,46 +764,41 @@ class Program {
   }
 
   // A float-held or double-held operand as a double matrix (row-major input).
-  Eigen::MatrixXd asDouble(const Op& op, size_t i, int64_t batch, int64_t rows, int64_t cols) const {
+  Eigen::MatrixXd asDouble(const Op& op, size_t i, int64_t rows, int64_t cols) const {
     using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     using RowMajorD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    int64_t off = batch * rows * cols;
     if (storageOf(op.operand(i)->type().dtype()) == Storage::F64)
-      return Eigen::Map<const RowMajorD>(inp<double>(op, i) + off, rows, cols);
-    return Eigen::Map<const RowMajorF>(inp<float>(op, i) + off, rows, cols).cast<double>();
+      return Eigen::Map<const RowMajorD>(inp<double>(op, i), rows, cols);
+    return Eigen::Map<const RowMajorF>(inp<float>(op, i), rows, cols).cast<double>();
   }
 
+  // a[M, K] @ b[K, N] + acc[M, N]: float inputs with a float accumulator, or i8 inputs with i32 (the verifier's rule).
   DataRef dot(const Op& op, const Type& rt) {
-    const Shape& as = op.operand(0)->type().shape();
-    const Shape& bs = op.operand(1)->type().shape();
-    const size_t r = as.size();
-    const int64_t batches = r == 3 ? as[0] : 1, m = as[r - 2], k = as[r - 1], nn = bs[r - 1];
+    const int64_t m = op.operand(0)->type().shape()[0], k = op.operand(0)->type().shape()[1],
+                  nn = op.operand(1)->type().shape()[1];
     const DType t = rt.dtype();
     if (isInteger(t)) {
-      auto d = alloc<int64_t>(size_t(batches * m * nn));
+      auto d = alloc<int64_t>(size_t(m * nn));
       const int64_t *a = inp<int64_t>(op, 0), *b = inp<int64_t>(op, 1), *c = inp<int64_t>(op, 2);
-      for (int64_t q = 0; q < batches; ++q)
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < nn; ++j) {
-            uint64_t acc = uint64_t(c[(q * m + i) * nn + j]);
-            for (int64_t p = 0; p < k; ++p) acc += uint64_t(a[(q * m + i) * k + p]) * uint64_t(b[(q * k + p) * nn + j]);
-            d->ints[size_t((q * m + i) * nn + j)] = wrapToWidth(int64_t(acc), t);
-          }
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < nn; ++j) {
+          uint64_t acc = uint64_t(c[i * nn + j]);
+          for (int64_t p = 0; p < k; ++p) acc += uint64_t(a[i * k + p]) * uint64_t(b[p * nn + j]);
+          d->ints[size_t(i * nn + j)] = wrapToWidth(int64_t(acc), t);
+        }
       return d;
     }
     const bool f64 = storageOf(t) == Storage::F64;
-    auto d = f64 ? alloc<double>(size_t(batches * m * nn)) : alloc<float>(size_t(batches * m * nn));
+    auto d = f64 ? alloc<double>(size_t(m * nn)) : alloc<float>(size_t(m * nn));
     Eigen::MatrixXd prod;
-    for (int64_t q = 0; q < batches; ++q) {
-      prod.noalias() = asDouble(op, 0, q, m, k) * asDouble(op, 1, q, k, nn);
-      prod += asDouble(op, 2, q, m, nn);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < nn; ++j) {
-          size_t idx = size_t((q * m + i) * nn + j);
-          if (f64) d->f64[idx] = prod(i, j);
-          else d->f32[idx] = narrowToFloat(prod(i, j), t);
-        }
-    }
+    prod.noalias() = asDouble(op, 0, m, k) * asDouble(op, 1, k, nn);
+    prod += asDouble(op, 2, m, nn);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < nn; ++j) {
+        size_t idx = size_t(i * nn + j);
+        if (f64) d->f64[idx] = prod(i, j);
+        else d->f32[idx] = narrowToFloat(prod(i, j), t);
+      }
     return d;
   }
 
@@ -1179,7 +823,7 @@ class Program {
   }
 };
 
-// Binds one argument to its parameter, checking its kind and range.
+// Binds one argument to its (verified: scalar) parameter, checking its kind and range.
 DataRef bindParam(const Function& f, size_t i, InterpArg& arg) {
   const Value* p = f.params()[i];
   const Type& t = p->type();
@@ -1187,7 +831,6 @@ DataRef bindParam(const Function& f, size_t i, InterpArg& arg) {
   auto fail = [&](const std::string& what) -> DataRef {
     throw Error("interpret '" + f.name() + "': " + pname + " of type " + t.str() + ": " + what);
   };
-  if (!t.isScalar()) return fail("tile parameters are not supported");
   if (t.isPointer()) {
     if (arg.kind() != InterpArg::Kind::Buffer) return fail("expects a buffer, got " + arg.describe());
     if (!arg.base() && arg.bytes() != 0) return fail("null buffer of " + std::to_string(arg.bytes()) + " bytes");
@@ -1235,7 +878,7 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
     throw Error("interpret '" + f.name() + "': " + std::to_string(argsIn.size()) + " arguments for " +
                 std::to_string(f.params().size()) + " parameters" + which);
   }
-  Checker(f).block(f.body(), true);
+  verify(f);
 
   std::vector<InterpArg> args = argsIn;  // gets default buffer names
   Launch launch;

@@ -11,9 +11,12 @@
 //     cores), in no particular order. Their stores are applied to memory as
 //     they run; programs that race on one address are the program's bug and
 //     are not detected, except through atomic_add, which is atomic here too.
-//   * Before anything runs, the whole function is checked once (operand counts,
-//     shapes, dtypes, attributes, arguments); a malformed program is a
-//     flextile::Error naming the op, never a crash.
+//   * Before anything runs, the function is verified once with ir::verify
+//     (ir/Verifier.h, the rules of docs/ir-reference.md), and the arguments
+//     are checked against the parameters (count, kind, integer range). A
+//     malformed program is one flextile::Error listing every problem, each
+//     naming its op and source line; never a crash. So the programs run here
+//     are exactly those the compiler accepts.
 //   * A run-time error (out-of-bounds access, integer division by zero, a
 //     non-positive loop step) stops further programs from starting; the error
 //     of the lowest-numbered failing program (x fastest, then y, then z) is
@@ -62,14 +65,14 @@
 //       integer -> float: rounds to nearest even, once.
 //       integer -> integer: wraps (truncates) to the target width; i1 sources
 //         are 0 or 1 (zero-extended); any -> i1 is x != 0.
-//       ptr -> ptr: the same address with another pointee. ptr <-> other: error.
+//       Pointers are never cast (the verifier refuses it).
 //   * addptr (p, off): byte offset += off * sizeof(pointee); off is i32 or i64.
 //     The pointer keeps its buffer (provenance); it may leave the buffer, only
 //     an access outside it is an error.
 //
 // Memory
-//   * load (p [, mask [, other]]), store (p, v [, mask]): mask and other may be
-//     tiles of p's shape or scalars. For every active element (mask true, or no
+//   * load (p [, mask [, other]]), store (p, v [, mask]): mask and other have
+//     p's shape. For every active element (mask true, or no
 //     mask) the access must lie inside its argument buffer ([offset, offset +
 //     size) within [0, bytes)) and be aligned to the element size in host
 //     memory; otherwise it is an Error naming the op, the program id, the tile
@@ -93,7 +96,7 @@
 //
 // Shapes
 //   * arange {start, end}: i32 start..end-1. splat: scalar -> tile.
-//     broadcast: size-1 dims (or a scalar) repeated to the result shape.
+//     broadcast: size-1 dims repeated to the result shape (of the same rank).
 //     expand_dims, reshape: the same row-major elements with another shape.
 //     trans {perm}: result dim i is x's dim perm[i].
 //   * reduce (x) {axis, kind in sum max min}: drops dim `axis`. Integer sums
@@ -101,11 +104,10 @@
 //     dtype, and round once to the dtype: closer to the exact sum than any f32
 //     summation order a GPU tree reduction may use (compare with tolerances).
 //     max/min follow the element-wise maximum/minimum (NaN propagates).
-//   * dot (a, b, acc): a[..., M, K] @ b[..., K, N] + acc[..., M, N] (an optional
-//     leading batch dim). Float inputs of any float dtype: products and sums in
-//     double (f16/bf16/f32 products are exact there), then + acc in double,
-//     rounded once to acc's dtype. Integer inputs: int64 arithmetic wrapped to
-//     acc's dtype.
+//   * dot (a, b, acc): a[M, K] @ b[K, N] + acc[M, N]. Float inputs of any float
+//     dtype: products and sums in double (f16/bf16/f32 products are exact
+//     there), then + acc in double, rounded once to acc's dtype. i8 inputs with
+//     an i32 acc: int64 arithmetic wrapped to i32.
 //
 // Control flow
 //   * for (lb, ub, step, init...) {iv, carried... ; yield v...}: integer

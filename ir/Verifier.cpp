@@ -330,11 +330,15 @@ class Verifier {
                            op.operand(i)->type().str() + ", result is " + r.str());
     auto in = [&](size_t i) -> const Type& { return op.operand(i)->type(); };
     switch (op.kind()) {
-      case OpKind::Cmp:
-        strAttrIn(op, "pred", {"eq", "ne", "lt", "le", "gt", "ge"});
+      case OpKind::Cmp: {
+        bool predOk = strAttrIn(op, "pred", {"eq", "ne", "lt", "le", "gt", "ge"});
         if (!sameElement(in(0), in(1))) err(op, "compares " + in(0).str() + " with " + in(1).str() + "; dtypes must match");
+        // Pointers of different buffers have no order (the interpreter keeps a pointer as buffer and offset).
+        if (predOk && in(0).isPointer() && op.strAttr("pred") != "eq" && op.strAttr("pred") != "ne")
+          err(op, "pointers compare only with eq or ne, got pred \"" + op.strAttr("pred") + "\"");
         if (r.dtype() != DType::I1) err(op, "result must be i1, got " + r.str());
         break;
+      }
       case OpKind::Select:
         if (in(0).dtype() != DType::I1) err(op, "condition must be i1, got " + in(0).str());
         if (!sameElement(in(1), r) || !sameElement(in(2), r))
@@ -375,6 +379,7 @@ class Verifier {
                          std::to_string(n));
     const Type& p = op.operand(0)->type();
     if (!p.isPointer()) return err(op, "address must be a pointer, got " + p.str());
+    if (p.pointee() == DType::Ptr) return err(op, "cannot load or store pointers (address " + p.str() + ")");
     Type value = Type(p.pointee(), p.shape());
     const Type& v = isLoad ? op.result()->type() : op.operand(1)->type();
     if (!v.sameShapeAndElement(value))

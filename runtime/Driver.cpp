@@ -109,7 +109,7 @@ LoadOutcome load(const std::string& path) {
       outcome.whyNot = "no CUDA driver (" + path + " could not be loaded: " + text + ")" + kConsequence;
     return outcome;
   }
-  auto api = std::make_unique<cu::Api>();
+  auto api = std::make_unique<cu::Api>();  // value-initialised: optional entry points start null
   std::string missing;
   if (!resolveAll(library, *api, &missing)) {
     dlclose(library);  // nothing was called: safe to unload
@@ -117,6 +117,8 @@ LoadOutcome load(const std::string& path) {
                      "; FlexTile needs the driver of CUDA 12 or newer)" + kConsequence;
     return outcome;
   }
+  // Optional entry points: their users say what is missing (runtime/TensorMap.cpp).
+  api->tensorMapEncodeTiled = reinterpret_cast<decltype(api->tensorMapEncodeTiled)>(dlsym(library, "cuTensorMapEncodeTiled"));
   if (cu::Result result = api->init(0); result != cu::kSuccess) {
     outcome.whyNot = "no usable CUDA driver (cuInit failed: " + describeWith(*api, result) + ")" + kConsequence;
     return outcome;

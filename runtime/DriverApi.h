@@ -93,6 +93,33 @@ inline constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
 inline constexpr unsigned kEventDefault = 0x0;     // CU_EVENT_DEFAULT
 inline constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 
+// CUtensorMap: an opaque 128-byte descriptor (CU_TENSOR_MAP_NUM_QWORDS = 16) that the driver
+// requires 64-byte aligned.
+struct alignas(64) TensorMapWords {
+  uint64_t words[16];
+};
+static_assert(sizeof(TensorMapWords) == 128);
+
+// CUtensorMapDataType (the types FlexTile's kernels move; the driver has more).
+enum TensorMapDataType : int {
+  kTensorMapUInt8 = 0,
+  kTensorMapUInt16 = 1,
+  kTensorMapUInt32 = 2,
+  kTensorMapInt32 = 3,
+  kTensorMapUInt64 = 4,
+  kTensorMapInt64 = 5,
+  kTensorMapFloat16 = 6,
+  kTensorMapFloat32 = 7,
+  kTensorMapFloat64 = 8,
+  kTensorMapBFloat16 = 9,
+};
+inline constexpr int kTensorMapInterleaveNone = 0;  // CU_TENSOR_MAP_INTERLEAVE_NONE
+// CUtensorMapSwizzle
+enum TensorMapSwizzleMode : int { kSwizzleNone = 0, kSwizzle32B = 1, kSwizzle64B = 2, kSwizzle128B = 3 };
+// CUtensorMapL2promotion
+enum TensorMapL2Promotion : int { kL2PromotionNone = 0, kL2Promotion64B = 1, kL2Promotion128B = 2, kL2Promotion256B = 3 };
+inline constexpr int kTensorMapOobFillNone = 0;  // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out-of-bounds reads give zeros
+
 // The entry points, one pointer each, filled by Driver when libcuda loads.
 struct Api {
   Result (*init)(unsigned flags);
@@ -149,6 +176,14 @@ struct Api {
   Result (*eventSynchronize)(Event event);
   Result (*eventElapsedTime)(float* milliseconds, Event start, Event stop);  // _v2 where exported
   Result (*eventDestroy)(Event event);                                        // _v2
+
+  // Optional: null when the driver lacks it (it came with CUDA 12.0; everything else above is
+  // older), so an old driver still runs every kernel that uses no tensor map. The enum arguments
+  // are C enums, passed as int. Not versioned: cuda.h maps no other name to it.
+  Result (*tensorMapEncodeTiled)(TensorMapWords* tensorMap, int dataType, uint32_t rank, void* globalAddress,
+                                 const uint64_t* globalDim, const uint64_t* globalStrides, const uint32_t* boxDim,
+                                 const uint32_t* elementStrides, int interleave, int swizzle, int l2Promotion,
+                                 int oobFill);
 };
 
 // The process-wide table; throws DriverError with the plain reason when no driver is usable.

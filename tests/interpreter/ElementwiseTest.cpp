@@ -371,7 +371,7 @@ TEST(InterpreterElementwise, ConstantsRoundToTheirDType) {
   Builder b(*f);
   b.store(ptrTile(b, o16, b.arange(0, 4)), b.constant(Type(DType::F16, {4}), 0.1));
   b.store(ptrTile(b, o32, b.arange(0, 4)), b.constant(Type(DType::F32, {4}), 0.1));
-  b.store(ptrTile(b, oi, b.arange(0, 4)), b.constantInt(Type(DType::I32, {4}), (int64_t(1) << 32) + 5));
+  b.store(ptrTile(b, oi, b.arange(0, 4)), b.constantInt(Type(DType::I32, {4}), INT32_MIN + 5));
   b.ret();
   HostBuf h(DType::F16, 4), s(DType::F32, 4), i(DType::I32, 4);
   h.poison(), s.poison(), i.poison();
@@ -379,7 +379,7 @@ TEST(InterpreterElementwise, ConstantsRoundToTheirDType) {
   for (size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(h.get(k), roundTo(0.1, DType::F16));
     EXPECT_EQ(s.get(k), double(0.1f));
-    EXPECT_EQ(i.getInt(k), 5);
+    EXPECT_EQ(i.getInt(k), INT32_MIN + 5);
   }
 }
 

@@ -78,22 +78,23 @@ TEST(InterpreterMemory, MaskedOffAccessesFarOutsideAreNeverTouched) {
 }
 
 TEST(InterpreterMemory, MisalignedAccessIsAnError) {
-  // ptr<f32> -> ptr<i8>, +1 byte, back to ptr<f32>: a valid provenance, a misaligned address.
+  // A buffer one byte past an f32 boundary: inside it, but misaligned (pointer casts, the other way
+  // to a misaligned address, are refused by the verifier; see MalformedProgramsAreErrorsNamingTheOp).
   auto f = std::make_unique<Function>("misaligned");
   Value* x = f->addParam(Type::pointer(DType::F32), "x");
   Value* out = f->addParam(Type::pointer(DType::F32), "out");
   Builder b(*f);
-  Value* p8 = b.create1(OpKind::Cast, {x}, Type::pointer(DType::I8));
-  Value* p8b = b.addptr(p8, b.constantInt(Type(DType::I32), 1));
-  Value* p32 = b.create1(OpKind::Cast, {p8b}, Type::pointer(DType::F32));
-  b.store(out, b.load(p32));
+  b.store(out, b.load(b.addptr(x, b.constantInt(Type(DType::I32), 1))));
   b.ret();
   HostBuf xb(DType::F32, 4), ob(DType::F32, 1);
-  std::string msg = errorOf([&] { interpret(*f, {xb.arg(), ob.arg()}, {1, 1, 1}); });
+  ob.poison();
+  char* shifted = static_cast<char*>(xb.arg().base()) + 1;
+  std::string msg = errorOf([&] { interpret(*f, {InterpArg::buffer(shifted, 12, "x"), ob.arg()}, {1, 1, 1}); });
   EXPECT_TRUE(contains(msg, "op 'load'")) << msg;
   EXPECT_TRUE(contains(msg, "misaligned")) << msg;
-  EXPECT_TRUE(contains(msg, "byte offset 1")) << msg;
+  EXPECT_TRUE(contains(msg, "byte offset 4")) << msg;
   EXPECT_TRUE(contains(msg, "(scalar)")) << msg;
+  EXPECT_TRUE(ob.poisoned(0)) << "the misaligned load stored something";
 }
 
 TEST(InterpreterMemory, MemoryFormatsOfBoolAndHalf) {
@@ -257,7 +258,48 @@ TEST(InterpreterChecks, MalformedProgramsAreErrorsNamingTheOp) {
     b.dot(a, a, c);
     b.ret();
     std::string msg = errorOf([&] { interpret(*f, {}, {1, 1, 1}); });
-    EXPECT_TRUE(contains(msg, "op 'dot'") && contains(msg, "[4, 8] @ [4, 8]")) << msg;
+    EXPECT_TRUE(contains(msg, "op 'dot'") && contains(msg, "f32[4,8], f32[4,8], f32[4,4]")) << msg;
+  }
+  {
+    // Batched (rank-3) dots are not tile IR: the interpreter refuses what the compiler refuses.
+    auto f = std::make_unique<Function>("batched_dot");
+    Builder b(*f);
+    Value* a = b.constant(Type(DType::F32, {2, 4, 4}), 1.0);
+    b.dot(a, a, a);
+    b.ret();
+    std::string msg = errorOf([&] { interpret(*f, {}, {1, 1, 1}); });
+    EXPECT_TRUE(contains(msg, "op 'dot'") && contains(msg, "needs a[M,K] b[K,N] acc[M,N]")) << msg;
+  }
+  {
+    // Pointer casts, a scalar broadcast (splat is the op for that) and an integer constant that does
+    // not fit its dtype: all problems are listed, each naming its op and source line.
+    auto f = std::make_unique<Function>("several");
+    Value* x = f->addParam(Type::pointer(DType::F32), "x");
+    Builder b(*f);
+    b.setLoc({"several.cpp", 7});
+    b.create1(OpKind::Cast, {x}, Type::pointer(DType::I8));
+    b.setLoc({"several.cpp", 8});
+    b.broadcast(b.constant(Type(DType::F32), 1.0), {4, 8});
+    b.setLoc({"several.cpp", 9});
+    b.constantInt(Type(DType::I32), (int64_t(1) << 32) + 5);
+    b.ret();
+    HostBuf xb(DType::F32, 4);
+    std::string msg = errorOf([&] { interpret(*f, {xb.arg()}, {1, 1, 1}); });
+    EXPECT_TRUE(contains(msg, "3 problems")) << msg;
+    EXPECT_TRUE(contains(msg, "op 'cast' (several.cpp:7)") && contains(msg, "no pointer casts")) << msg;
+    EXPECT_TRUE(contains(msg, "op 'broadcast' (several.cpp:8)") && contains(msg, "cannot broadcast f32 to f32[4,8]")) << msg;
+    EXPECT_TRUE(contains(msg, "op 'constant' (several.cpp:9)") && contains(msg, "does not fit in i32")) << msg;
+  }
+  {
+    // Pointers have no order: only eq and ne compare them.
+    auto f = std::make_unique<Function>("ptr_lt");
+    Value* x = f->addParam(Type::pointer(DType::F32), "x");
+    Builder b(*f);
+    b.cmp("lt", x, x);
+    b.ret();
+    HostBuf xb(DType::F32, 4);
+    std::string msg = errorOf([&] { interpret(*f, {xb.arg()}, {1, 1, 1}); });
+    EXPECT_TRUE(contains(msg, "op 'cmp'") && contains(msg, "pointers compare only with eq or ne")) << msg;
   }
   {
     // A value of a loop body used after the loop.

@@ -96,6 +96,26 @@ TEST(Verifier, CastHasNoPointers) {
   EXPECT_HAS(bodyError("  %c = cast %p : i64\n"), "op 'cast'", "no pointer casts");
 }
 
+TEST(Verifier, PointersCompareOnlyForEquality) {
+  EXPECT_EQ(bodyError("  %c = cmp %p, %p {pred = \"eq\"} : i1\n  %d = cmp %p, %p {pred = \"ne\"} : i1\n"), "(valid)");
+  for (const char* pred : {"lt", "le", "gt", "ge"})
+    EXPECT_HAS(bodyError("  %c = cmp %p, %p {pred = \"" + std::string(pred) + "\"} : i1\n"), std::string("op 'cmp'"),
+               "pointers compare only with eq or ne, got pred \"" + std::string(pred) + "\"");
+}
+
+TEST(Verifier, PointersAreNeverLoadedOrStored) {
+  // ptr<ptr> has no text form: built directly.
+  Function f("v");
+  Value* pp = f.addParam(Type::pointer(DType::Ptr), "pp");
+  Value* p = f.addParam(Type::pointer(DType::F32), "p");
+  Builder b(f);
+  b.create1(OpKind::Load, {pp}, Type::pointer(DType::F32));
+  b.create(OpKind::Store, {pp, p}, {});
+  b.ret();
+  std::string msg = verifyError(f);
+  EXPECT_HAS(msg, "2 problems", "op 'load': cannot load or store pointers (address ptr<", "op 'store': cannot load or store pointers");
+}
+
 TEST(Verifier, LoadMatchesItsPointee) {
   EXPECT_HAS(bodyError("  %c = load %p : f16\n"), "op 'load'", "result must be f32 to match address ptr<f32>, got f16");
   EXPECT_HAS(bodyError("  %c = load %x : f32\n"), "op 'load'", "address must be a pointer, got f32");

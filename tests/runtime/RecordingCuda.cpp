@@ -8,6 +8,15 @@
 // The "cubin" its linker makes is "FAKECUBIN " plus the PTX's length; cuModuleLoadDataEx loads PTX
 // text and such images and refuses anything else (CUDA_ERROR_INVALID_IMAGE), so a test can plant a
 // corrupt cubin; FLEXTILE_FAKE_CUDA_LINK_FAILS=1 makes its linker refuse any PTX. Tests point FLEXTILE_CUDA_LIBRARY here (tests/runtime/StreamsAndCubinTest.cpp).
+//
+// cuTensorMapEncodeTiled logs every argument as it arrived, one line:
+//   tensormap dtype <n> rank <r> address <p> dims <d,...> strides <s,...> box <b,...>
+//             elementstrides <e,...> interleave <i> swizzle <s> l2 <l> oobfill <f>
+// (strides: rank - 1 entries) and writes a map whose 16 words are 0x7E45_0000_0000_0000 + i + 1,
+// so a test can tell the driver's bytes from any other. It refuses a map not 64-byte aligned, as
+// the driver requires, and any map when FLEXTILE_FAKE_CUDA_TENSOR_MAP_FAILS=1 (CUDA_ERROR_INVALID_VALUE).
+// Built with FLEXTILE_FAKE_CUDA_OLD_DRIVER it is a CUDA 11.8 driver instead: no
+// cuTensorMapEncodeTiled at all (tests/runtime/TensorMapOldDriverTest.cpp).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,7 +64,11 @@ extern "C" {
 
 int cuInit(unsigned) { return 0; }
 int cuDriverGetVersion(int* version) {
+#ifdef FLEXTILE_FAKE_CUDA_OLD_DRIVER
+  *version = 11080;
+#else
   *version = 12080;
+#endif
   return 0;
 }
 int cuDeviceGetCount(int* count) {
@@ -252,5 +265,27 @@ int cuEventElapsedTime(float* ms, void*, void*) {
   return 0;
 }
 int cuEventDestroy_v2(void*) { return 0; }
+
+#ifndef FLEXTILE_FAKE_CUDA_OLD_DRIVER
+int cuTensorMapEncodeTiled(void* tensorMap, int dataType, uint32_t rank, void* globalAddress, const uint64_t* globalDim,
+                           const uint64_t* globalStrides, const uint32_t* boxDim, const uint32_t* elementStrides,
+                           int interleave, int swizzle, int l2Promotion, int oobFill) {
+  auto join = [&](auto* values, uint32_t n) {
+    std::string out;
+    for (uint32_t i = 0; i < n; ++i) out += (i ? "," : "") + std::to_string(values[i]);
+    return out;
+  };
+  record("tensormap dtype " + std::to_string(dataType) + " rank " + std::to_string(rank) + " address " +
+         streamText(globalAddress) + " dims " + join(globalDim, rank) + " strides " +
+         join(globalStrides, rank ? rank - 1 : 0) + " box " + join(boxDim, rank) + " elementstrides " +
+         join(elementStrides, rank) + " interleave " + std::to_string(interleave) + " swizzle " +
+         std::to_string(swizzle) + " l2 " + std::to_string(l2Promotion) + " oobfill " + std::to_string(oobFill));
+  if (reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0) return kInvalidValue;
+  if (const char* fail = std::getenv("FLEXTILE_FAKE_CUDA_TENSOR_MAP_FAILS"); fail && *fail == '1') return kInvalidValue;
+  auto* words = static_cast<uint64_t*>(tensorMap);
+  for (uint64_t i = 0; i < 16; ++i) words[i] = 0x7E45000000000000ull + i + 1;
+  return 0;
+}
+#endif
 
 }  // extern "C"

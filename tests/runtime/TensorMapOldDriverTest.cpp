@@ -1,0 +1,55 @@
+// A CUDA 11.8 driver (the recording fake built without cuTensorMapEncodeTiled): FlexTile still
+// loads it (nothing else needs CUDA 12), and a tensor map is refused with the reason, naming the
+// driver and its version, instead of a null call or a bare "symbol not found".
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "runtime/Driver.h"
+#include "runtime/DriverError.h"
+#include "runtime/TensorMap.h"
+
+namespace flextile::runtime {
+namespace {
+
+const bool kOldDriver = [] {
+  setenv("FLEXTILE_CUDA_LIBRARY", FLEXTILE_OLD_RECORDING_CUDA_LIBRARY, 1);
+  return true;
+}();
+
+TEST(TensorMapOldDriver, AMissingEncoderIsAClearError) {
+  ASSERT_TRUE(kOldDriver);
+  std::string whyNot;
+  ASSERT_TRUE(Driver::available(&whyNot)) << "the old driver must still load: " << whyNot;
+  EXPECT_EQ(Driver::get().versionString(), "11.8");
+  TensorMapDesc desc;
+  desc.globalAddress = 0x7f0000001000;
+  desc.dtype = TensorMapDType::BF16;
+  desc.globalDims = {64, 6000};
+  desc.globalStrides = {128};
+  desc.boxDims = {64, 128};
+  std::string msg;
+  try {
+    TensorMap map(desc);
+  } catch (const DriverError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("cuTensorMapEncodeTiled is missing from the CUDA driver"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(FLEXTILE_OLD_RECORDING_CUDA_LIBRARY), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(version 11.8)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("need the driver of CUDA 12.0 or newer"), std::string::npos) << msg;
+
+  // A bad argument is still named first: validation needs no driver.
+  desc.boxDims = {64, 300};
+  try {
+    TensorMap map(desc);
+    msg = "(encoded)";
+  } catch (const DriverError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("boxDims[1] = 300 is outside 1..256"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace flextile::runtime
