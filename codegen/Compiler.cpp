@@ -52,7 +52,7 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(ir::csePass())
       .add(ir::dcePass())
       .add(assignLayoutsPass(target))
-      .add(pipelinePass());
+      .add(pipelinePass(target));
   return pipeline;
 }
 

@@ -41,7 +41,6 @@ void Lowering::lowerFor(const ir::Op& op) {
   llvm::Value* ub = asIv(get(op.operand(1))[0]);
   llvm::Value* step = asIv(get(op.operand(2))[0]);
 
-  const bool pipelined = beginPipelinedLoop(op, lb, ub, step);  // its prologue, before the loop
   llvm::BasicBlock* pre = b.GetInsertBlock();
   auto* header = llvm::BasicBlock::Create(ctx, "for.header", kernel);
   auto* bodyBB = llvm::BasicBlock::Create(ctx, "for.body", kernel);
@@ -62,28 +61,12 @@ void Lowering::lowerFor(const ir::Op& op) {
     set(body.arg(1 + i), regs);
     set(op.result(i), std::move(regs));
   }
-  llvm::PHINode* readSlot = nullptr;
-  if (pipelined) {
-    readSlot = b.CreatePHI(b.getInt32Ty(), 2, "slot");
-    readSlot->addIncoming(i32(0), pre);
-  }
   b.CreateCondBr(b.CreateICmpSLT(iv, ub), bodyBB, exit);
 
   b.SetInsertPoint(bodyBB);
   set(body.arg(0), {iv});
-  if (pipelined) {
-    pipe_->iv = iv;
-    pipe_->readSlot = readSlot;
-    const int s = pipe_->stages;
-    pipe_->writeSlot = b.CreateSelect(b.CreateICmpEQ(readSlot, i32(0)), i32(s - 1), b.CreateSub(readSlot, i32(1)));
-    pipe_->waitedThisIteration = false;
-  }
   lowerBlock(body);
   llvm::BasicBlock* latch = b.GetInsertBlock();
-  if (pipelined) {
-    llvm::Value* next = b.CreateAdd(readSlot, i32(1));
-    readSlot->addIncoming(b.CreateSelect(b.CreateICmpEQ(next, i32(pipe_->stages)), i32(0), next), latch);
-  }
   for (size_t i = 0; i < numCarried; ++i) {
     const Regs& next = get(yield->operand(i));
     for (size_t r = 0; r < next.size(); ++r) phis[i][r]->addIncoming(next[r], latch);
@@ -91,7 +74,6 @@ void Lowering::lowerFor(const ir::Op& op) {
   iv->addIncoming(b.CreateAdd(iv, step, "iv.next"), latch);
   b.CreateBr(header);
   b.SetInsertPoint(exit);
-  if (pipelined) endPipelinedLoop();
 }
 
 }  // namespace flextile::codegen

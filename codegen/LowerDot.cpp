@@ -228,9 +228,8 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   const Layout& la = layoutOf(a, op);
   const Layout& lc = layoutOf(op.result(), op);
   const DType t = a->type().dtype();
-  if (!pipe_ || !pipe_->buffers.count(w.load) || !pipe_->buffers.at(w.load).wgmma)
-    fail(op, "is planned for wgmma but its B tile is not in a pipelined ring of this loop");
-  const PipelinedBuffer& buf = pipe_->buffers.at(w.load);
+  if (w.load->kind() != ir::OpKind::LocalLoad || !localLoadsReadByWgmma_.count(w.load))
+    fail(op, "is planned for wgmma but its B tile is not a slot of a shared buffer");
   // A resident in shared memory (TensorCores.h wgmmaResidentA): the plan decided, the convert wrote it.
   const ir::Op* aConvert = a->definingOp();
   std::optional<WgmmaResidentA> residentA;
@@ -266,7 +265,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   };
   llvm::Value* smemBase = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
   // B: the slot being read.
-  llvm::Value* bBase = b.CreateAdd(smemBase, b.CreateAdd(i32(buf.offset), b.CreateMul(pipe_->readSlot, i32(buf.slotBytes))));
+  llvm::Value* bBase = b.CreateAdd(smemBase, slotByteOffset(*w.load));
   // A: warpgroup g reads rows [64g, 64g + 64) of the resident tile (whole
   // 8-row swizzle groups, so the row offset is a plain byte offset: the
   // XOR of the offsets of its bits).
@@ -370,11 +369,10 @@ void Lowering::awaitWgmmaFor(const ir::Op& op) {
   // Control flow, terminators and fences (whose barriers order memory the groups may read): every group completes in the block that issued it (a loop's
   // next iteration overwrites the ring slots its wgmmas read, a yield hands the accumulators to
   // phis). Ops with shared-memory scratch: their barriers and stores are not ordered with the
-  // async proxy's reads (a pipelined load's ring is written only at its iteration's first
-  // convert, into the slot the pending groups do not read).
-  const bool pipelinedLoad = op.kind() == OpKind::Load && isPipelinedLoad(&op);
+  // async proxy's reads. The async level's copies and barriers are not such ops: a ring's
+  // async_copy writes the slot that the pending groups do not read (the pipeline pass's schedule).
   if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return || op.kind() == OpKind::Fence ||
-      !op.regions().empty() || (plan.scratchOffset.count(&op) && !pipelinedLoad)) {
+      !op.regions().empty() || plan.scratchOffset.count(&op)) {
     awaitWgmmaGroup(wgmmaGroupsIssued_);
     return;
   }

@@ -155,10 +155,6 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
     set(res, mapRegs(map.size(), [&](size_t r) { return xs[size_t(map[r])]; }));
     return;
   }
-  if (isPipelinedLoad(x->definingOp())) {
-    set(res, lowerPipelinedConvert(op, *x->definingOp()));
-    return;
-  }
   const DType t = x->type().dtype();
   int64_t offset = scratchOffset(op, scratchBytes(op));
   if (auto plan = ldmatrixPlan(from, to, t)) {

@@ -74,10 +74,6 @@ int64_t accessWidth(const LoweringPlan& plan, const ir::Op& op, const ir::Layout
 }  // namespace
 
 void Lowering::lowerLoad(const ir::Op& op) {
-  if (isPipelinedLoad(&op)) {
-    set(op.result(), {});  // its tile arrives by cp.async; its convert reads it (LowerPipeline.cpp)
-    return;
-  }
   const ir::Value* res = op.result();
   const ir::Type& rt = res->type();
   if (op.numOperands() < 1 || op.numOperands() > 3) fail(op, "load takes (ptr [, mask [, other]])");

@@ -8,6 +8,7 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/TensorCores.h"
 #include "codegen/AxisInfo.h"
 #include "codegen/NVPTXTarget.h"
 #include "codegen/SharedMemory.h"
@@ -327,6 +328,13 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::Yield: return;  // read by lowerFor
     case OpKind::Return: b.CreateRetVoid(); return;
     case OpKind::ConvertLayout: lowerConvertLayout(op); return;
+    case OpKind::LocalAlloc:
+    case OpKind::AsyncCopy:
+    case OpKind::AsyncCommit:
+    case OpKind::AsyncWait:
+    case OpKind::LocalLoad:
+    case OpKind::Barrier:
+    case OpKind::FenceAsyncShared: lowerAsyncOp(op); return;
   }
   fail(op, "unknown op");
 }
@@ -403,6 +411,10 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   b.CreateBr(body);
   b.SetInsertPoint(body);
 
+  func.walk([&](const ir::Op& op) {
+    if (op.kind() == OpKind::Dot)
+      if (auto w = wgmmaPlan(op, target); w && w->load->kind() == OpKind::LocalLoad) localLoadsReadByWgmma_.insert(w->load);
+  });
   lowerBlock(func.body());
   if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
 

@@ -11,6 +11,7 @@
 //   LowerReduce.cpp            reduce: registers, warp shuffles, shared memory
 //   LowerDot.cpp               dot: mma.sync on tensor cores, or f32 FMAs through shared memory
 //   LowerControlFlow.cpp       for/yield
+//   LowerAsync.cpp             the memory/async level: shared buffers, cp.async, barriers
 //   LowerLayoutConversion.cpp  convert_layout and the shared-memory helpers
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <string>
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -30,27 +32,6 @@ namespace flextile::codegen {
 using Regs = std::vector<llvm::Value*>;
 struct LdmatrixPlan;  // codegen/TensorCores.h
 struct WgmmaPlan;     // codegen/TensorCores.h
-
-// A pipelined load's ring of shared tiles (LowerPipeline.cpp).
-struct PipelinedBuffer {
-  std::shared_ptr<LdmatrixPlan> plan;  // the swizzled tile (and the ldmatrix accesses of its first convert)
-  std::map<const ir::Op*, std::shared_ptr<LdmatrixPlan>> readers;  // each convert's ldmatrix accesses
-  int64_t offset = 0;                  // byte offset of slot 0
-  int64_t slotBytes = 0;               // bytes per slot
-  int64_t width = 0;                   // elements per cp.async
-  bool wgmma = false;                  // read by wgmma from the slot (no ldmatrix; TensorCores.h)
-};
-// The for loop being lowered with pipelined loads.
-struct PipelineLoop {
-  const ir::Op* forOp = nullptr;
-  int stages = 0;
-  std::vector<const ir::Op*> loads;
-  std::map<const ir::Op*, PipelinedBuffer> buffers;
-  llvm::Value *iv = nullptr, *ub = nullptr, *step = nullptr;
-  llvm::Value *readSlot = nullptr, *writeSlot = nullptr;  // i32 slots of iterations i and i+S-1
-  bool waitedThisIteration = false;
-  bool feedsWgmma = false;  // some slot is read through the async proxy: fence after the copies land
-};
 
 class Lowering {
  public:
@@ -155,16 +136,16 @@ class Lowering {
   // wgmma.wait_group until group `group` is complete; its accumulators (and older ones) pass
   // through the wait so that every later read is ordered after it.
   void awaitWgmmaGroup(int64_t group);
+  // The memory/async level (LowerAsync.cpp).
+  void lowerAsyncOp(const ir::Op& op);
+  void lowerAsyncCopy(const ir::Op& op);
+  void lowerLocalLoad(const ir::Op& op);
+  // Byte offset (i32) of slot operand(1) of the buffer operand(0) of an async_copy or local_load.
+  llvm::Value* slotByteOffset(const ir::Op& op);
+  // The local_loads whose slot a wgmma dot reads itself (no registers).
+  std::set<const ir::Op*> localLoadsReadByWgmma_;
   // convert_layout through a swizzled shared tile and ldmatrix (LowerLayoutConversion.cpp).
-  // Software pipelining (LowerPipeline.cpp).
-  bool isPipelinedLoad(const ir::Op* op) const;
-  bool beginPipelinedLoop(const ir::Op& forOp, llvm::Value* lb, llvm::Value* ub, llvm::Value* step);
-  void endPipelinedLoop();
-  void issueAsyncCopies(PipelineLoop& p, llvm::Value* ivValue, llvm::Value* slot);
-  Regs lowerPipelinedConvert(const ir::Op& cvt, const ir::Op& load);
   Regs ldmatrixFromShared(const ir::Layout& to, const LdmatrixPlan& plan, ir::DType t, llvm::Value* byteBase);
-  std::vector<std::unique_ptr<PipelineLoop>> pipes_;
-  PipelineLoop* pipe_ = nullptr;
 
   // Stores `xs` (layout `from`) into the swizzled tile `smem` at byte
   // `offset`, from the owning threads, in vectors as wide as the registers'

@@ -32,12 +32,15 @@ class AxisInfoAnalysis;
 void assignLayouts(ir::Function& f, const Target& target);
 ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 
-// Software pipelining (codegen/passes/Pipeline.cpp): marks the loads of a
-// for loop that stage dot operands with async_stages = num_stages (function
-// attribute; absent means 1, nothing pipelined); the lowering turns them
-// into a cp.async ring. Runs after assignLayouts.
-void pipelineLoads(ir::Function& f);
-ir::Pass pipelinePass();  // "pipeline"
+// Software pipelining (codegen/passes/Pipeline.cpp): the loads of a for loop
+// that stage dot operands become a ring of num_stages shared tiles (function
+// attribute; absent means 1, nothing pipelined) filled iterations ahead, in
+// the memory/async level of the IR: local_alloc, async_copy, async_commit,
+// async_wait, local_load, barrier and fence_async_shared (ir/Ops.def). The
+// ring takes the layout wgmma reads where a dot reads it on wgmma (target
+// sm_90a), else the one its ldmatrix readers share. Runs after assignLayouts.
+void pipelineLoads(ir::Function& f, const Target& target);
+ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
 // assign-layouts, pipeline. The one list, so that what tests run is what the compiler runs.

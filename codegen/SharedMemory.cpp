@@ -46,13 +46,11 @@ bool atomicOldValuesShared(const Op& atomic) {
   return used;
 }
 
-int64_t pipelineSlotBytes(const Op& load) { return alignUp(tileBytes(load.result()), kAlign); }
+int64_t sharedSlotBytes(const ir::Type& buffer) {
+  return alignUp(ir::numElements(buffer.shape()) * ir::byteWidth(buffer.dtype()), kAlign);
+}
 
 namespace {
-bool isAsyncLoad(const ir::Value* v) {
-  const Op* d = v->definingOp();
-  return d && d->kind() == OpKind::Load && d->hasAttr("async_stages");
-}
 int64_t countOps(const Op& op) {
   int64_t n = 0;
   for (const auto& r : op.regions())
@@ -65,10 +63,8 @@ int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(
 
 int64_t scratchBytes(const Op& op) {
   switch (op.kind()) {
-    case OpKind::ConvertLayout:
-      return isAsyncLoad(op.operand(0)) ? 0 : tileBytes(op.operand(0));  // a pipelined load's ring holds it
-    case OpKind::Load:
-      return op.hasAttr("async_stages") ? op.intAttr("async_stages") * pipelineSlotBytes(op) : 0;
+    case OpKind::ConvertLayout: return tileBytes(op.operand(0));
+    case OpKind::LocalAlloc: return op.result()->type().slots() * sharedSlotBytes(op.result()->type());
     case OpKind::Reduce:
       if (!op.operand(0)->type().isTile() || !reduceNeedsScratch(op)) return 0;
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
@@ -107,15 +103,22 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
     for (const ir::Value* v : op.results()) requireLayout(v, op);
     span[&op] = {position, position + int(countOps(op))};
     int64_t b = scratchBytes(op);
-    if (b > 0) {
-      Buffer buf{&op, alignUp(b, kAlign), position, position};
-      // A pipelined load's ring is written and read across the whole loop.
-      const Op* loop = op.kind() == OpKind::Load && op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
-      if (loop && loop->kind() == OpKind::For && span.count(loop)) std::tie(buf.start, buf.end) = span[loop];
-      buffers.push_back(buf);
-    }
+    if (b > 0) buffers.push_back(Buffer{&op, alignUp(b, kAlign), position, position});
     ++position;
   });
+  // A shared buffer lives until its last use, and through the whole of each loop that uses it
+  // but does not hold its alloc (the op of the alloc's block that holds the use).
+  for (Buffer& buf : buffers) {
+    if (buf.owner->kind() != OpKind::LocalAlloc) continue;
+    const ir::Value* v = buf.owner->result();
+    const ir::Block* home = buf.owner->parentBlock();
+    f.walk([&](const Op& op) {
+      if (std::find(op.operands().begin(), op.operands().end(), v) == op.operands().end()) return;
+      const Op* outer = &op;
+      while (outer && outer->parentBlock() != home) outer = outer->parentBlock() ? outer->parentBlock()->parentOp() : nullptr;
+      if (outer) buf.end = std::max(buf.end, span.at(outer).second);
+    });
+  }
   // A resident tile is read by wgmma in every iteration of its readers' loops:
   // it lives until the end of the last of them (the op of the convert's block
   // that holds each reader).
@@ -198,8 +201,8 @@ void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const 
               std::to_string(target.maxSharedBytesPerBlock()) +
               (biggest ? "; the largest user is " + biggest->describe() + " with " +
                              std::to_string(plan.bytes.at(biggest)) + " bytes" +
-                             (biggest->hasAttr("async_stages")
-                                  ? " (" + std::to_string(biggest->intAttr("async_stages")) +
+                             (biggest->kind() == OpKind::LocalAlloc
+                                  ? " (" + std::to_string(biggest->result()->type().slots()) +
                                         " pipeline stages: lower num_stages or the tile sizes)"
                                   : "")
                        : ""),

@@ -24,14 +24,14 @@
 //                   at base + dotScratchBOffset(op) (a's bytes rounded up to 16).
 //                   mma dots (isMmaDot) need none: their operands arrive in
 //                   registers, staged by the convert_layout that produced them.
-//   load            only when pipelined (attribute async_stages = S, the
-//                   "pipeline" pass): a ring of S slots of pipelineSlotBytes
-//                   each, slot s at base + s * pipelineSlotBytes, each in the
-//                   swizzled SharedLayout of its convert's ldmatrixPlan. Live
-//                   over the whole enclosing for loop (its prologue writes
-//                   before the loop, copies land while other ops run), so it
-//                   never shares bytes with a scratch used inside the loop. The
-//                   convert_layout that reads it needs no scratch of its own.
+//   local_alloc     a shared buffer (the memory/async level): its S slots of
+//                   sharedSlotBytes each, slot s at base + s * sharedSlotBytes,
+//                   each in the buffer type's SharedLayout. Live from the alloc
+//                   to its last use, and through the whole of every loop that
+//                   uses it without containing the alloc (copies issued in one
+//                   iteration land in the next), so a ring never shares bytes
+//                   with a scratch used inside its loop. Its async_copy and
+//                   local_load ops need no scratch of their own.
 //   atomic_add      only when its old values are used and more than one thread
 //                   holds an element (a scalar, or a layout with replicated lane
 //                   or warp bits; atomicOldValuesShared): one tile of the result,
@@ -51,9 +51,10 @@
 //   2. bar.sync between its writes and its reads.
 // Nothing follows the reads: the next user's barrier 1. protects them (the
 // golden test tests/lit/codegen/ptx.ftir checks this order in the PTX).
-// Buffers that live longer (the pipelined K/V stages of a software-pipelined
-// loop) have live ranges spanning the loop, and the allocator gives
-// overlapping ranges disjoint bytes.
+// Buffers that live longer (the shared buffers of the async level, such as the
+// K/V rings of a software-pipelined loop, and resident wgmma A tiles) have
+// longer live ranges, and the allocator gives overlapping ranges disjoint
+// bytes; their ordering is the IR's barriers and waits (codegen/passes/Pipeline.cpp).
 #pragma once
 
 #include <cstdint>
@@ -79,8 +80,8 @@ struct SharedPlan {
 int64_t scratchBytes(const ir::Op& op);
 // Whether a reduce combines partials of several warps through shared memory.
 bool reduceNeedsScratch(const ir::Op& reduce);
-// Bytes of one slot of a pipelined load's ring (the tile, rounded up to 16).
-int64_t pipelineSlotBytes(const ir::Op& load);
+// Bytes of one slot of a shared buffer (its tile, rounded up to 16).
+int64_t sharedSlotBytes(const ir::Type& buffer);
 // Whether an atomic_add hands its old values to the other holders of each
 // element through scratch: its result is used and is a scalar or replicated
 // (only one thread per element does the atomic; codegen/LowerAtomic.cpp).

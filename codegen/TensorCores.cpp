@@ -64,21 +64,12 @@ bool isMmaDot(const ir::Op& dot) {
 
 namespace {
 
-std::optional<LdmatrixPlan> computeLdmatrixPlan(const Layout& from, const Layout& to, DType t) {
-  if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
+// The plan of reading a 16-bit dot-operand layout `to` from `stored` (the checks below).
+std::optional<LdmatrixPlan> computeLdmatrixPlan(const ir::SharedLayout& stored, const Layout& to) {
   if (to.numRegisters() < 2) return std::nullopt;
-  // Rows along the source's contiguous dimension keep its vector registers
-  // contiguous in shared memory.
-  const bool dim0Contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1);
-  // Every access of warp 0 and of each power-of-two warp, read element by element: the plan's
-  // linear form (a base per access, XOR a term per lane bit and per warp bit) is built from them.
-  // A dot operand's layout replicates over many warps and holds hundreds of registers, so reading
-  // every warp so (131072 elements for a 128 x 128 B operand on 8 warps, 15 ms) is left to the
-  // cheaper check below.
   std::map<int, std::vector<ir::LdmatrixAccess>> basisWarps;
-  std::optional<ir::SharedLayout> smem;
+  std::optional<ir::SharedLayout> smem = stored;
   try {
-    smem = ir::SharedLayout::forDotOperand(to.shape(), 2, 0, dim0Contiguous);
     for (int w = 0, bit = -1; w < to.numWarps(); w = w ? 2 * w : 1, ++bit) {
       // A warp bit the layout ignores (the operand is replicated over those warps) reads what warp 0 reads.
       const bool replicated = bit >= 0 && std::all_of(to.warpBases()[size_t(bit)].begin(),
@@ -143,27 +134,47 @@ std::optional<LdmatrixPlan> computeLdmatrixPlan(const Layout& from, const Layout
   return plan;
 }
 
-}  // namespace
 
-// The plan is a pure function of the two layouts and the element width, and
+// The plan is a pure function of the stored layout and the operand layout, and
 // the pipeline pass, the shared-memory planner and two lowerings each ask for
 // the same converts: computing it (every lane of every warp of every access)
 // was ~10% of compiling the attention kernel. Memoized by the layouts' text,
 // behind a mutex since the autotuner compiles on several threads.
-std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, DType t) {
-  if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
+std::optional<LdmatrixPlan> memoizedLdmatrixPlan(const ir::SharedLayout& stored, const Layout& to) {
   static std::mutex mutex;
-  static std::map<std::tuple<std::string, std::string, int>, std::optional<LdmatrixPlan>> plans;
-  auto key = std::make_tuple(from.str(), to.str(), ir::byteWidth(t));
+  static std::map<std::pair<std::string, std::string>, std::optional<LdmatrixPlan>> plans;
+  auto key = std::make_pair(stored.str(), to.str());
   {
     std::lock_guard lock(mutex);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
   }
-  std::optional<LdmatrixPlan> plan = computeLdmatrixPlan(from, to, t);
+  std::optional<LdmatrixPlan> plan = computeLdmatrixPlan(stored, to);
   std::lock_guard lock(mutex);
   if (plans.size() > 4096) plans.clear();  // bounded: a long autotune sweep sees many layouts
   plans.emplace(std::move(key), plan);
   return plan;
+}
+
+}  // namespace
+
+std::optional<LdmatrixPlan> ldmatrixPlan(const Layout& from, const Layout& to, DType t) {
+  if (ir::byteWidth(t) != 2 || from.rank() != 2 || to.rank() != 2 || from.shape() != to.shape()) return std::nullopt;
+  // Rows along the source's contiguous dimension keep its vector registers
+  // contiguous in shared memory.
+  const bool dim0Contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1);
+  std::optional<ir::SharedLayout> smem;
+  try {
+    smem = ir::SharedLayout::forDotOperand(to.shape(), 2, 0, dim0Contiguous);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  return memoizedLdmatrixPlan(*smem, to);
+}
+
+std::optional<LdmatrixPlan> ldmatrixReadPlan(const ir::SharedLayout& stored, const Layout& to, DType t) {
+  if (ir::byteWidth(t) != 2 || stored.elemBytes() != 2 || to.rank() != 2 || stored.shape() != to.shape())
+    return std::nullopt;
+  return memoizedLdmatrixPlan(stored, to);
 }
 
 // ---- wgmma -------------------------------------------------------------------
@@ -208,10 +219,11 @@ std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, in
   return tile;
 }
 
-const ir::Op* wgmmaSourceLoad(const ir::Op& dot) {
+const ir::Op* wgmmaSource(const ir::Op& dot) {
   if (dot.kind() != OpKind::Dot) return nullptr;
   const ir::Op* d = dot.operand(1)->definingOp();
   if (d && d->kind() == OpKind::Trans) d = d->operand(0)->definingOp();
+  if (d && d->kind() == OpKind::LocalLoad) return d;
   if (!d || d->kind() != OpKind::ConvertLayout) return nullptr;
   const ir::Op* load = d->operand(0)->definingOp();
   if (!load || load->kind() != OpKind::Load || !load->hasAttr("async_stages")) return nullptr;
@@ -243,8 +255,9 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   if (!target.has(Feature::Wgmma) || wgmmaDisabled() || !isMmaDot(dot)) return std::nullopt;
   const DType t = dot.operand(0)->type().dtype();
   if (t != DType::BF16 && t != DType::F16) return std::nullopt;
-  const ir::Op* load = wgmmaSourceLoad(dot);
+  const ir::Op* load = wgmmaSource(dot);
   if (!load || load->parentBlock() != dot.parentBlock()) return std::nullopt;
+  const bool fromBuffer = load->kind() == OpKind::LocalLoad;
   // The convert (and trans) between the load and the dot feed nothing else.
   const ir::Block& body = *dot.parentBlock();
   const ir::Op* first = dot.operand(1)->definingOp();
@@ -253,8 +266,9 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   // Other converts of the same ring tile may feed other products (LowerPipeline.cpp checks that
   // each of them runs on wgmma too, since the slot then holds the wgmma layout).
   if (!onlyUser(dot.operand(1), &dot, body)) return std::nullopt;
-  bool onlyConverts = true;
+  bool onlyConverts = true;  // (a local_load is its own convert)
   std::function<void(const ir::Block&)> scanUsers = [&](const ir::Block& blk) {
+    if (fromBuffer) return;
     for (const auto& o : blk.ops()) {
       for (const ir::Value* v : o->operands())
         if (v == load->result() && o->kind() != OpKind::ConvertLayout) onlyConverts = false;
@@ -297,12 +311,15 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   for (const auto& basis : lc.regBases())
     if (basis[0] >= 16) return std::nullopt;  // no M repetition inside a warp
 
-  const Layout& from = *load->result()->type().layout();
-  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
+  // The contiguous dimension: the buffer's, or the one the load's registers run along.
+  const ir::Type& source = fromBuffer ? load->operand(0)->type() : load->result()->type();
+  const int contiguous =
+      fromBuffer ? source.sharedLayout()->order()[0]
+                 : (source.layout()->contiguousRegisters(0) > source.layout()->contiguousRegisters(1) ? 0 : 1);
   // B = load ([K, N]) or trans(load) ([N, K]); K-major when B's K is contiguous.
   const int kDimOfLoad = transposed ? 1 : 0;
-  auto tile = wgmmaTile(load->result()->type().shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
-  if (!tile) return std::nullopt;
+  auto tile = wgmmaTile(source.shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
+  if (!tile || (fromBuffer && !(tile->smem == *source.sharedLayout()))) return std::nullopt;
   return WgmmaPlan{load, *tile, N, K};
 }
 

@@ -76,23 +76,29 @@ struct LdmatrixPlan {
 // layout, or a plan that does not validate); such converts take the generic
 // row-major path.
 std::optional<LdmatrixPlan> ldmatrixPlan(const ir::Layout& from, const ir::Layout& to, ir::DType t);
+// The ldmatrix accesses that fill `to` from a tile already stored in `stored`
+// (a shared buffer's layout: the local_load of the async level); empty when
+// ldmatrix cannot read `to` from that layout.
+std::optional<LdmatrixPlan> ldmatrixReadPlan(const ir::SharedLayout& stored, const ir::Layout& to, ir::DType t);
 
 // Elements per cp.async when a tile in layout `from` (global accesses of
-// `globalWidth` elements) is copied into plan.smem: the largest power of two
+// `globalWidth` elements) is copied into `smem`: the largest power of two
 // that is contiguous in registers, within one 16-byte chunk of the swizzled
 // tile and aligned there for every thread. Below 2 (4 bytes) cp.async cannot
 // copy it and the load is not pipelined.
-int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t);
+int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t);
 
 // ---------------------------------------------------------------------------
 // Hopper warpgroup MMA. On a target with Feature::Wgmma (sm_90a) an mma dot runs as
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}
 // (A from registers, B read by the tensor cores straight from shared memory
 // through a matrix descriptor) when
-//   * its B operand is a pipelined load's tile: b = convert_layout(load) or
-//     trans(convert_layout(load)), the load marked async_stages, the convert
-//     (and trans) used by this dot only; the ring slot then *is* the operand,
-//     stored in wgmmaSharedLayout, and no ldmatrix or B register exists;
+//   * its B operand is a slot of a shared buffer: b = local_load(buf, slot)
+//     or trans(local_load(buf, slot)), used by this dot only, the buffer
+//     stored in wgmmaSharedLayout; the slot then *is* the operand, and no
+//     ldmatrix or B register exists. (While the pipeline pass decides, before
+//     it makes the buffers, the same holds of convert_layout(load) with the
+//     load marked async_stages: its ring then takes wgmmaSharedLayout.);
 //   * every warp holds exactly 16 accumulator rows, warp w rows [16w, 16w+16)
 //     (the chained-dot split with M = 16 * num_warps, num_warps a multiple of
 //     4): warpgroup g is then the m64 block [64g, 64g+64), and the wgmma
@@ -155,7 +161,7 @@ struct WgmmaTile {
 std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, int kDim, int64_t elemBytes);
 
 struct WgmmaPlan {
-  const ir::Op* load = nullptr;  // the pipelined load whose ring slot is B
+  const ir::Op* load = nullptr;  // the local_load whose slot is B (a marked load inside the pipeline pass)
   WgmmaTile b;                   // B in the ring slot
   int64_t N = 0, K = 0;
 };
@@ -165,9 +171,9 @@ struct WgmmaPlan {
 // 64 or 32 bytes), rows swizzled in 16-byte chunks (SharedLayout panels).
 ir::SharedLayout wgmmaSharedLayout(const ir::Shape& shape, int contiguousDim, int64_t elemBytes);
 
-// The pipelined load that feeds `dot`'s B operand through a convert (and a
-// trans), or null.
-const ir::Op* wgmmaSourceLoad(const ir::Op& dot);
+// The local_load (or, inside the pipeline pass, the marked load behind a
+// convert) that feeds `dot`'s B operand, through a trans or not; else null.
+const ir::Op* wgmmaSource(const ir::Op& dot);
 // The plan when `dot` runs on wgmma for `target` (rules above), else empty.
 // Needs layouts.
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);

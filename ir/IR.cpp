@@ -177,6 +177,14 @@ std::unique_ptr<Op> Function::createOp(OpKind kind, std::vector<Value*> operands
   return op;
 }
 
+Value* Op::addResult(Type t) {
+  Value* v = func_->newValue(std::move(t));
+  v->def_ = this;
+  v->index_ = int(results_.size());
+  results_.push_back(v);
+  return v;
+}
+
 namespace {
 template <class F>
 void walkBlock(Block& b, const F& f) {

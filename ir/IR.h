@@ -173,6 +173,9 @@ class Op {
   size_t numOperands() const { return operands_.size(); }
   void setOperand(size_t i, Value* v) { operands_.at(i) = v; }
   void setOperands(std::vector<Value*> v) { operands_ = std::move(v); }
+  void addOperand(Value* v) { operands_.push_back(v); }
+  // Appends a fresh result (a pass that gives a loop one more carried value).
+  Value* addResult(Type t);
 
   const std::vector<Value*>& results() const { return results_; }
   Value* result(size_t i = 0) const { return results_.at(i); }

@@ -245,7 +245,6 @@ class Verifier {
       case OpKind::Return: break;  // placement is checked in block(), yield types in forLoop()
       case OpKind::LocalAlloc:
         if (!out().isSharedBuffer()) err(op, "result must be a shared buffer smem<S x T[...], #ft.shared<...>>, got " + out().str());
-        if (!layoutsOn_) err(op, "appears before layout assignment (no tile has a layout)");
         break;
       case OpKind::AsyncCopy: asyncCopy(op); break;
       case OpKind::AsyncWait: intAttrIn(op, "pending", 0, 64); break;

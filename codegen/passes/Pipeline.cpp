@@ -1,7 +1,11 @@
-// Software pipelining of dot-operand loads (pass "pipeline").
+// Software pipelining of dot-operand loads (pass "pipeline"): the loads of a
+// `for` loop that stage dot operands become a ring of shared tiles filled
+// iterations ahead by async copies, written out in the memory/async level of
+// the IR (ir/Ops.def: local_alloc, async_copy, async_commit, async_wait,
+// local_load, barrier, fence_async_shared).
 //
-// Decides, the lowering does. The pass marks, in each `for` loop, every load
-// that only stages a dot operand and can be issued iterations ahead:
+// Which loads. In each loop, every load that only stages a dot operand and
+// can be issued iterations ahead:
 //   * the load sits directly in the loop body and has a tile result,
 //   * its uses are convert_layouts (in the same body) to layouts that
 //     ldmatrix reads (codegen/TensorCores.h ldmatrixPlan) from one and the
@@ -13,24 +17,55 @@
 //   * its pointer and mask are computed from the induction variable, values
 //     defined outside the loop, pure region-free ops of the body and, when
 //     the loop stores nothing, scalar loads of the body (no loop-carried
-//     value): so the lowering can recompute them for a later iteration.
+//     value): so the pass can recompute them for a later iteration.
 //     The scalar loads are what block-sparse loops need (the block index of
 //     step t is read from a list at t): re-reading them ahead is safe
 //     because nothing in the loop writes memory (writes through the
 //     function's `private_params` do not count: no other parameter reaches
 //     that memory), and the template masks the list reads past the row's count.
-// A marked load gets the attribute `async_stages = S` (S = the function's
-// num_stages). The IR's meaning is unchanged (the interpreter ignores the
-// attribute), which is why this is an annotation and not new ops: the
-// schedule lives in the lowering (LowerPipeline.cpp): a ring of S swizzled
-// shared tiles per marked load, a prologue issuing iterations 0..S-2 with
-// cp.async + commit_group, and in iteration i: cp.async.wait_group S-2, one
-// barrier, issue of iteration i+S-1, ldmatrix from slot i mod S.
-// num_stages 1 (or a function without the attribute) pipelines nothing.
+// S = the function's num_stages; 1 (or no attribute) pipelines nothing.
+//
+// The ring's layout. A load whose tile a dot reads with wgmma (TensorCores.h
+// wgmmaPlan, sm_90a) is stored in wgmmaSharedLayout and its converts become
+// local_loads that the dot reads as a descriptor; any other is stored in the
+// swizzled layout its converts' ldmatrix plans share.
+//
+// The schedule written (per loop with marked loads L1..Lk, in body order):
+//
+//   %buf_j = local_alloc : smem<S x T[...], #ft.shared<...>>     (each Lj)
+//   barrier                       the ring may reuse bytes a slower warp still
+//                                 reads (an earlier convert's tile, a previous
+//                                 loop's ring)
+//   for s in 0 .. S-2:            the prologue: iteration s into slot s
+//     the address ops of every Lj cloned at iv = lb + s*step,
+//     async_copy %buf_j[s] (mask and (iv < ub)) {vec}; async_commit
+//   for ... (iv, ..., %slot = 0):
+//     %write = %slot == 0 ? S-1 : %slot - 1     (the slot of iteration i+S-1)
+//     ... up to the first convert of a marked load:
+//     async_wait {pending = S-2}  the group of iteration i is complete
+//     fence_async_shared          (only when wgmma reads a ring: cp.async
+//                                 wrote through the generic proxy)
+//     barrier                     every thread's copies are visible, and every
+//                                 thread finished reading slot %write in
+//                                 iteration i-1
+//     the address ops cloned at iv + (S-1)*step,
+//     async_copy %buf_j[%write] ...; async_commit
+//     local_load %buf_j[%slot]    in place of each convert_layout of Lj
+//     ...
+//     yield ..., (%slot + 1 == S ? 0 : %slot + 1)
+//   async_wait {pending = 0}      no copy (of the zero-filled stages past the
+//                                 end) lands in bytes a later op reuses
+// One barrier per iteration instead of the staged path's two per operand.
+// Groups are committed uniformly (possibly empty), so the wait count is the
+// constant S-2. The loads, their converts and their now unused address ops
+// are erased. The lowering (codegen/LowerAsync.cpp) turns each op into its
+// instruction and follows nothing else: the schedule is the IR's.
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/TensorCores.h"
 
+#include <functional>
+#include <map>
 #include <set>
 
 namespace flextile::codegen {
@@ -88,26 +123,227 @@ bool writesOnlyPrivateMemory(const Op& op, const ir::Function& f) {
 
 }  // namespace
 
-int64_t asyncCopyWidth(const ir::Layout& from, const LdmatrixPlan& plan, int64_t globalWidth, ir::DType t) {
-  const int fast = plan.smem.order()[0];
-  int64_t v = std::min({globalWidth, from.contiguousRegisters(fast), plan.smem.vec(), int64_t(16 / ir::byteWidth(t))});
+int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t) {
+  const int fast = smem.order()[0];
+  int64_t v = std::min({globalWidth, from.contiguousRegisters(fast), smem.vec(), int64_t(16 / ir::byteWidth(t))});
   int64_t p = 1;
   while (p * 2 <= v) p *= 2;
   for (const ir::Layout::Bases* bases : {&from.laneBases(), &from.warpBases()})
     for (const auto& basis : *bases)
-      while (p > 1 && plan.smem.offsetOf(basis) % p != 0) p /= 2;
+      while (p > 1 && smem.offsetOf(basis) % p != 0) p /= 2;
   // The register groups must also start at multiples of p in shared memory.
   for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += p)
-    if (plan.smem.offsetOf(from.regCoord(r0)) % p != 0) return 1;
+    if (smem.offsetOf(from.regCoord(r0)) % p != 0) return 1;
   return p;
 }
 
-void pipelineLoads(ir::Function& f) {
+namespace {
+
+// The ops of `body` that compute the load's pointer and mask, in body order.
+std::vector<Op*> addressSlice(const Op& load, ir::Block& body) {
+  std::set<const Op*> need;
+  std::vector<const ir::Value*> work;
+  for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i) work.push_back(load.operand(i));
+  while (!work.empty()) {
+    const ir::Value* v = work.back();
+    work.pop_back();
+    const Op* d = v->definingOp();
+    if (!d || d->parentBlock() != &body || !need.insert(d).second) continue;
+    for (const ir::Value* o : d->operands()) work.push_back(o);
+  }
+  std::vector<Op*> out;
+  for (auto& op : body.ops())
+    if (need.count(op.get())) out.push_back(op.get());
+  return out;
+}
+
+// Inserts ops before `pos` of one block.
+struct Inserter {
+  ir::Function& f;
+  ir::Block& block;
+  ir::Block::OpList::iterator pos;
+  ir::Location loc;
+
+  Op* op(OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> results, ir::Attrs attrs = {}) {
+    return block.insert(pos, f.createOp(k, std::move(operands), std::move(results), std::move(attrs), loc));
+  }
+  ir::Value* value(OpKind k, std::vector<ir::Value*> operands, ir::Type result, ir::Attrs attrs = {}) {
+    return op(k, std::move(operands), {std::move(result)}, std::move(attrs))->result();
+  }
+  ir::Value* constant(int64_t v, ir::DType t) { return value(OpKind::Constant, {}, ir::Type(t), {{"value", v}}); }
+};
+
+// One ring of the schedule: a marked load, its buffer and its copy width.
+struct Ring {
+  Op* load;
+  ir::Value* buffer = nullptr;
+  int64_t vec = 0;
+  bool wgmma = false;
+};
+
+// Clones the address ops of every ring's load at induction value `iv` and issues their copies
+// into `slot`, then commits the group (the prologue's stages and each iteration's issue).
+void issueStage(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
+                ir::Value* slot) {
+  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
+  auto mapped = [&](ir::Value* v) {
+    auto it = clone.find(v);
+    return it == clone.end() ? v : it->second;
+  };
+  ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
+  for (Ring& ring : rings) {
+    for (Op* op : addressSlice(*ring.load, body)) {
+      if (clone.count(op->result())) continue;
+      std::vector<ir::Value*> operands;
+      for (ir::Value* o : op->operands()) operands.push_back(mapped(o));
+      std::vector<ir::Type> types;
+      for (ir::Value* r : op->results()) types.push_back(r->type());
+      Op* copy = at.block.insert(at.pos, at.f.createOp(op->kind(), std::move(operands), std::move(types), op->attrs(), op->loc()));
+      for (size_t i = 0; i < op->numResults(); ++i) clone[op->result(i)] = copy->result(i);
+    }
+    const ir::Type& ptr = ring.load->operand(0)->type();
+    ir::Type maskType = ir::Type(ir::DType::I1, ptr.shape()).withLayout(ptr.layout());
+    ir::Value* on = at.value(OpKind::Splat, {exists}, maskType);
+    if (ring.load->numOperands() >= 2) on = at.value(OpKind::And, {mapped(ring.load->operand(1)), on}, maskType);
+    at.op(OpKind::AsyncCopy, {ring.buffer, slot, mapped(ring.load->operand(0)), on}, {}, {{"vec", ring.vec}});
+  }
+  at.op(OpKind::AsyncCommit, {}, {});
+}
+
+void writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<const Op*, int64_t>& globalWidth,
+                   const Target& target) {
+  ir::Block& body = forOp.region(0);
+  std::vector<Ring> rings;
+  for (auto& op : body.ops())
+    if (op->kind() == OpKind::Load && op->hasAttr("async_stages")) rings.push_back({op.get()});
+  if (rings.empty()) return;
+  // Loads whose slot a wgmma reads take its layout; the converts that are those dots' operands.
+  std::map<const Op*, ir::SharedLayout> wgmmaLayouts;
+  std::set<const Op*> wgmmaConverts;
+  for (auto& op : body.ops())
+    if (op->kind() == OpKind::Dot)
+      if (auto w = wgmmaPlan(*op, target)) {
+        wgmmaLayouts.emplace(w->load, w->b.smem);
+        const Op* first = op->operand(1)->definingOp();
+        wgmmaConverts.insert(first->kind() == OpKind::Trans ? first->operand(0)->definingOp() : first);
+      }
+  // Each ring's layout, and the converts that read it (in body order).
+  std::vector<Op*> converts;
+  std::map<const Op*, Ring*> ringOfLoad;
+  for (Ring& ring : rings) ringOfLoad[ring.load] = &ring;
+  std::map<const Op*, ir::SharedLayout> layoutOf;
+  for (auto& op : body.ops()) {
+    if (op->kind() != OpKind::ConvertLayout) continue;
+    auto it = ringOfLoad.find(op->operand(0)->definingOp());
+    if (it == ringOfLoad.end()) continue;
+    Ring& ring = *it->second;
+    const bool wgmma = wgmmaLayouts.count(ring.load) != 0;
+    if (wgmma != (wgmmaConverts.count(op.get()) != 0))
+      throw Error(op->describe() + ": reads a ring tile that another product reads with wgmma, but its own product "
+                  "cannot run on wgmma (one slot cannot hold both layouts)", ErrorKind::Internal);
+    ring.wgmma = wgmma;
+    if (!layoutOf.count(ring.load)) {
+      const ir::Layout& from = *ring.load->result()->type().layout();
+      const ir::DType t = ring.load->result()->type().dtype();
+      std::optional<ir::SharedLayout> smem;
+      if (wgmma) smem = wgmmaLayouts.at(ring.load);
+      else if (auto plan = ldmatrixPlan(from, *op->result()->type().layout(), t)) smem = plan->smem;
+      if (!smem) throw Error(op->describe() + ": is marked for pipelining but ldmatrix cannot read its layout", ErrorKind::Internal);
+      ring.vec = asyncCopyWidth(from, *smem, globalWidth.at(ring.load), t);
+      if (ring.vec < 2)
+        throw Error(ring.load->describe() + ": is marked for pipelining but its accesses are narrower than 4 bytes",
+                    ErrorKind::Internal);
+      layoutOf.emplace(ring.load, *smem);
+    }
+    converts.push_back(op.get());
+  }
+  for (Ring& ring : rings)
+    if (!layoutOf.count(ring.load))
+      throw Error(ring.load->describe() + ": is marked for pipelining but no convert_layout reads it", ErrorKind::Internal);
+
+  ir::Block& outer = *forOp.parentBlock();
+  const ir::Location loc = forOp.loc();
+  const ir::Type ivType = body.arg(0)->type();
+  ir::Value* lb = forOp.operand(0);
+  ir::Value* ub = forOp.operand(1);
+  ir::Value* step = forOp.operand(2);
+  Inserter before{f, outer, outer.find(&forOp), loc};
+  if (ub->type() != ivType) ub = before.value(OpKind::Cast, {ub}, ivType);
+  if (step->type() != ivType) step = before.value(OpKind::Cast, {step}, ivType);
+  for (Ring& ring : rings) {
+    const ir::Type& t = ring.load->result()->type();
+    ring.buffer = before.value(OpKind::LocalAlloc, {},
+                               ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(layoutOf.at(ring.load))));
+  }
+  before.op(OpKind::Barrier, {}, {});
+  for (int64_t s = 0; s + 1 < stages; ++s) {
+    ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
+    issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
+  }
+
+  // The slot read in iteration i (carried), and the one its issue writes.
+  const ir::Type i32(ir::DType::I32);
+  forOp.addOperand(before.constant(0, ir::DType::I32));
+  ir::Value* slot = body.addArg(i32, "slot");
+  forOp.addResult(i32);
+  Inserter top{f, body, body.ops().begin(), loc};
+  ir::Value* isFirst = top.value(OpKind::Cmp, {slot, top.constant(0, ir::DType::I32)}, ir::Type(ir::DType::I1), {{"pred", std::string("eq")}});
+  ir::Value* writeSlot = top.value(
+      OpKind::Select, {isFirst, top.constant(stages - 1, ir::DType::I32), top.value(OpKind::Sub, {slot, top.constant(1, ir::DType::I32)}, i32)}, i32);
+
+  Inserter issue{f, body, body.find(converts.front()), loc};
+  issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
+  if (std::any_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; })) issue.op(OpKind::FenceAsyncShared, {}, {});
+  issue.op(OpKind::Barrier, {}, {});
+  ir::Value* ahead = issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
+  issueStage(issue, body, rings, ahead, ub, writeSlot);
+
+  for (Op* cvt : converts) {
+    Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
+    Inserter at{f, body, body.find(cvt), cvt->loc()};
+    ir::Value* tile = at.value(OpKind::LocalLoad, {ring.buffer, slot}, cvt->result()->type());
+    f.replaceAllUsesWith(cvt->result(), tile);
+    body.erase(cvt);
+  }
+  Op* yield = body.terminator();
+  Inserter end{f, body, body.find(yield), loc};
+  ir::Value* next = end.value(OpKind::Add, {slot, end.constant(1, ir::DType::I32)}, i32);
+  ir::Value* wraps = end.value(OpKind::Cmp, {next, end.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1), {{"pred", std::string("eq")}});
+  yield->addOperand(end.value(OpKind::Select, {wraps, end.constant(0, ir::DType::I32), next}, i32));
+
+  Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
+  after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
+
+  // The loads and the address ops only they used.
+  for (Ring& ring : rings) body.erase(ring.load);
+  for (bool erased = true; erased;) {
+    erased = false;
+    std::set<const ir::Value*> used;
+    f.walk([&](const Op& op) {
+      for (const ir::Value* v : op.operands()) used.insert(v);
+    });
+    for (auto it = body.ops().begin(); it != body.ops().end();) {
+      Op& op = **it++;
+      const bool dead = !op.hasTrait(ir::kSideEffect) && op.regions().empty() && op.numResults() > 0 &&
+                        std::none_of(op.results().begin(), op.results().end(), [&](const ir::Value* r) { return used.count(r); });
+      if (dead) {
+        body.erase(&op);
+        erased = true;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void pipelineLoads(ir::Function& f, const Target& target) {
   const int64_t stages = f.intAttrOr("num_stages", 1);
   if (stages < 1 || stages > 4)
     throw Error("function '" + f.name() + "': num_stages must be 1, 2, 3 or 4, got " + std::to_string(stages));
   if (stages == 1) return;
   AxisInfoAnalysis axis(f);
+  std::map<const Op*, int64_t> globalWidth;
+  std::vector<Op*> loops;
   f.walk([&](Op& forOp) {
     if (forOp.kind() != OpKind::For || forOp.regions().size() != 1) return;
     ir::Block& body = forOp.region(0);
@@ -154,17 +390,22 @@ void pipelineLoads(ir::Function& f) {
       if (!readable) continue;
       if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
       const int64_t width = memoryAccessWidth(load, axis).width;
-      if (asyncCopyWidth(*load.result()->type().layout(), *plan, width, t) < 2) continue;
+      if (asyncCopyWidth(*load.result()->type().layout(), plan->smem, width, t) < 2) continue;
       std::set<const ir::Value*> seen;
       bool ok = true;
       for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i)
         ok = ok && recomputable(load.operand(i), body, readOnlyLoop, seen);
       if (!ok) continue;
       load.setAttr("async_stages", stages);
+      globalWidth[&load] = width;
     }
+    loops.push_back(&forOp);
   });
+  for (Op* forOp : loops) writeSchedule(f, *forOp, stages, globalWidth, target);
 }
 
-ir::Pass pipelinePass() { return {"pipeline", [](ir::Function& f) { pipelineLoads(f); }}; }
+ir::Pass pipelinePass(const Target& target) {
+  return {"pipeline", [target](ir::Function& f) { pipelineLoads(f, target); }};
+}
 
 }  // namespace flextile::codegen

@@ -154,7 +154,7 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
   variants.push_back({"dce", single(ir::dcePass())});
   variants.push_back({"assign-layouts (sm_80)", single(codegen::assignLayoutsPass(sm80))});
   variants.push_back(
-      {"assign-layouts + pipeline (sm_90a)", ir::PassPipeline().add(codegen::assignLayoutsPass(sm90)).add(codegen::pipelinePass())});
+      {"assign-layouts + pipeline (sm_90a)", ir::PassPipeline().add(codegen::assignLayoutsPass(sm90)).add(codegen::pipelinePass(sm90))});
   const codegen::Target target = choices.percent(50) ? sm80 : sm90;
   variants.push_back({"the compiler's tile pipeline (" + target.smName() + ")", codegen::tilePassPipeline(target)});
 

@@ -1,5 +1,7 @@
 #include "TestPrograms.h"
 
+#include "ir/SharedLayout.h"
+
 #include <functional>
 
 namespace flextile::ir::testing {
@@ -50,6 +52,20 @@ std::unique_ptr<Function> everyOpProgram() {
   Value* nIdx = b.broadcast(b.expandDims(b.arange(0, 16), 0), {32, 16});
   Value* bOff = b.binary(OpKind::Add, b.binary(OpKind::Mul, kIdx, b.constantInt(Type(DType::I32, {32, 16}), 16)), nIdx);
   Value* bTile = b.load(b.addptr(b.splat(bp, {32, 16}), bOff));
+  // The memory/async level: B staged again through a two-slot shared ring.
+  Value* ring = b.create1(OpKind::LocalAlloc, {},
+                          Type::sharedBuffer(DType::F16, 2, std::make_shared<const SharedLayout>(
+                                                               SharedLayout::forDotOperand({32, 16}, 2, 1, false))));
+  Value* slot = b.constantInt(Type(DType::I32), 1);
+  b.create(OpKind::Barrier, {}, {});
+  b.create(OpKind::AsyncCopy, {ring, slot, b.addptr(b.splat(bp, {32, 16}), bOff), b.cmp("lt", kIdx, b.splat(n, {32, 16}))},
+           {}, {{"vec", int64_t(4)}});
+  b.create(OpKind::AsyncCommit, {}, {});
+  b.create(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
+  b.create(OpKind::FenceAsyncShared, {}, {});
+  b.create(OpKind::Barrier, {}, {});
+  Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));
+  bTile = b.binary(OpKind::Add, bTile, staged);
   Value* prod = b.dot(b.cast(z, DType::F16), bTile, b.constant(Type(DType::F32, {64, 16}), 0.0));
   Value* rowMax = b.reduce(prod, 1, "max");
   b.setLoc({"every_op.cpp", 30});
@@ -153,6 +169,10 @@ void assignTestLayouts(Function& f) {
           if (r) set(r, op.operand(0)->type().layout());
           break;
         case OpKind::ConvertLayout: break;
+        case OpKind::AsyncCopy:  // 4 contiguous elements per thread: the op's vec
+          fit(op, 2, Layout::defaultBlocked(op.operand(2)->type().shape(), warps, 4));
+          for (size_t i = 3; i < op.numOperands(); ++i) fit(op, i, layoutOf(op.operand(2)));
+          break;
         default:
           if (!tileResult) break;
           if (op.hasTrait(kElementwise)) {

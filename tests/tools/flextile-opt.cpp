@@ -65,7 +65,7 @@ std::vector<std::string> splitComma(const std::string& s) {
 std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Target& target) {
   if (auto p = ir::targetIndependentPass(name)) return p;
   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
-  if (name == "pipeline") return codegen::pipelinePass();
+  if (name == "pipeline") return codegen::pipelinePass(target);
   if (name == "reverse-mode") return ir::reverseModeTestPass();  // test-only: differentiates per grad_* attributes
   return std::nullopt;
 }

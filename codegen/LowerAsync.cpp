@@ -1,0 +1,115 @@
+// The memory/async level (ir/Ops.def): shared buffers, async copies and their
+// groups, slot reads, barriers and the async-proxy fence. Each op becomes its
+// instruction and nothing more: the schedule (what is issued when, into which
+// slot, which wait guards which read) is the IR's, written by the pipeline
+// pass (codegen/passes/Pipeline.cpp) or by hand, and the lowering adds no
+// barrier or wait of its own.
+//
+//   local_alloc         nothing: the buffer's bytes are the shared-memory
+//                       plan's (SharedMemory.h; slot s at offset + s *
+//                       sharedSlotBytes, live from the alloc to its last use)
+//   async_copy          each owning thread (one per element group of the
+//                       address layout) issues cp.async of `vec` elements per
+//                       vector into its offset of the slot's swizzled tile,
+//                       src-size 0 (zero fill, no global read) where the mask
+//                       is off
+//   async_commit        cp.async.commit_group
+//   async_wait          cp.async.wait_group pending
+//   local_load          ldmatrix from the slot (TensorCores.h ldmatrixReadPlan),
+//                       or no registers when a wgmma dot reads the slot
+//                       itself (wgmmaPlan; LowerDot.cpp takes its address)
+//   barrier             bar.sync 0
+//   fence_async_shared  fence.proxy.async.shared::cta
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InlineAsm.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include "codegen/LowerToLLVMImpl.h"
+#include "codegen/SharedMemory.h"
+#include "codegen/TensorCores.h"
+
+namespace flextile::codegen {
+
+using ir::DType;
+using ir::Layout;
+
+namespace {
+// The local_alloc that made a buffer operand.
+const ir::Op& allocOf(const ir::Op& op) {
+  const ir::Op* alloc = op.operand(0)->definingOp();
+  if (!alloc || alloc->kind() != ir::OpKind::LocalAlloc)
+    throw Error(op.describe() + ": its buffer does not come from a local_alloc", ErrorKind::Internal);
+  return *alloc;
+}
+}  // namespace
+
+llvm::Value* Lowering::slotByteOffset(const ir::Op& op) {
+  const ir::Type& buf = op.operand(0)->type();
+  const int64_t slotBytes = sharedSlotBytes(buf);
+  const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
+  return b.CreateAdd(i32(base), b.CreateMul(get(op.operand(1))[0], i32(slotBytes)));
+}
+
+void Lowering::lowerAsyncOp(const ir::Op& op) {
+  switch (op.kind()) {
+    case ir::OpKind::LocalAlloc: set(op.result(), {}); return;  // addressed through the plan
+    case ir::OpKind::AsyncCommit:
+      b.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, llvm::ArrayRef<llvm::Value*>{});
+      return;
+    case ir::OpKind::AsyncWait:
+      b.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group,
+                        llvm::ArrayRef<llvm::Value*>{i32(op.intAttr("pending"))});
+      return;
+    case ir::OpKind::Barrier: barrier(); return;
+    case ir::OpKind::FenceAsyncShared: {
+      // cp.async and ordinary stores write through the generic proxy; wgmma reads through the async one.
+      auto* fenceTy = llvm::FunctionType::get(b.getVoidTy(), false);
+      b.CreateCall(fenceTy, llvm::InlineAsm::get(fenceTy, "fence.proxy.async.shared::cta;", "~{memory}", true));
+      return;
+    }
+    case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);
+    case ir::OpKind::LocalLoad: return lowerLocalLoad(op);
+    default: fail(op, "is not an op of the memory/async level");
+  }
+}
+
+void Lowering::lowerAsyncCopy(const ir::Op& op) {
+  if (!target.has(Feature::CpAsync)) fail(op, "needs cp.async, which " + target.smName() + " does not have");
+  const ir::Type& buf = op.operand(0)->type();
+  const ir::SharedLayout& smem = *buf.sharedLayout();
+  const Layout& from = layoutOf(op.operand(2), op);
+  const DType t = buf.dtype();
+  const int64_t v = op.intAttr("vec"), bytes = v * ir::byteWidth(t);
+  const Regs& ptrs = get(op.operand(2));
+  const Regs* mask = op.numOperands() >= 4 ? &get(op.operand(3)) : nullptr;
+  llvm::Value* slotBase = slotByteOffset(op);
+  onlyWhere(ownerPredicate(from), "cp.async", [&] {
+    llvm::Value* threadOff = sharedThreadOffset(from, smem);
+    const llvm::Intrinsic::ID id = bytes == 16 ? llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s
+                                   : bytes == 8 ? llvm::Intrinsic::nvvm_cp_async_ca_shared_global_8_s
+                                                : llvm::Intrinsic::nvvm_cp_async_ca_shared_global_4_s;
+    for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
+      llvm::Value* elem = b.CreateXor(threadOff, i32(smem.offsetOf(from.regCoord(r0))));
+      llvm::Value* dst = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(slotBase, b.CreateMul(elem, i32(ir::byteWidth(t)))));
+      llvm::Value* srcSize = mask ? b.CreateSelect((*mask)[size_t(r0)], i32(bytes), i32(0)) : i32(bytes);
+      b.CreateIntrinsic(id, llvm::ArrayRef<llvm::Value*>{dst, ptrs[size_t(r0)], srcSize});
+    }
+  });
+}
+
+void Lowering::lowerLocalLoad(const ir::Op& op) {
+  const ir::Type& buf = op.operand(0)->type();
+  if (localLoadsReadByWgmma_.count(&op)) {
+    set(op.result(), {});  // the dot reads the slot itself (lowerWgmmaDot)
+    return;
+  }
+  const Layout& to = layoutOf(op.result(), op);
+  auto plan = ldmatrixReadPlan(*buf.sharedLayout(), to, buf.dtype());
+  if (!plan)
+    fail(op, "reads " + to.str() + " from " + buf.str() + ", which ldmatrix cannot (only 16-bit dot operands are read)");
+  set(op.result(), ldmatrixFromShared(to, *plan, buf.dtype(), slotByteOffset(op)));
+}
+
+}  // namespace flextile::codegen

@@ -1,0 +1,146 @@
+// The memory/async level in the interpreter (ir/Ops.def): a shared buffer's slots are written
+// by async_copy (zero where the mask is off, nothing read there) and read by local_load; waits,
+// commits, barriers and fences order nothing on the host. Bad slots are run-time errors naming
+// the op; malformed async ops are the verifier's errors.
+#include "ir/Parser.h"
+#include "ir/Printer.h"
+#include "tests/interpreter/TestUtil.h"
+
+namespace flextile::test {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A two-slot ring per program p: rows [4p, 4p + 4) of x (8 f16 each) copied into slot 1 under
+// `row < n`, rows [4p + 4, 4p + 8) into slot 0 without a mask; slot `first` is stored to
+// out[64p .. 64p + 32), the other to out[64p + 32 .. 64p + 64).
+const char* kRing = R"(
+func @ring(%x: ptr<f16>, %out: ptr<f16>, %n: i32, %first: i32) {
+  %pid = program_id {axis = 0} : i32
+  %rows = arange {start = 0, end = 4} : i32[4]
+  %cols = arange {start = 0, end = 8} : i32[8]
+  %c4 = constant {value = 4} : i32
+  %c8 = constant {value = 8} : i32
+  %c64 = constant {value = 64} : i32
+  %rbase = mul %pid, %c4 : i32
+  %rb = splat %rbase : i32[4]
+  %r = add %rb, %rows : i32[4]
+  %r2 = expand_dims %r {axis = 1} : i32[4,1]
+  %r3 = broadcast %r2 : i32[4,8]
+  %c2 = expand_dims %cols {axis = 0} : i32[1,8]
+  %c3 = broadcast %c2 : i32[4,8]
+  %eight = splat %c8 : i32[4,8]
+  %roff = mul %r3, %eight : i32[4,8]
+  %off = add %roff, %c3 : i32[4,8]
+  %xs = splat %x : ptr<f16>[4,8]
+  %p = addptr %xs, %off : ptr<f16>[4,8]
+  %ns = splat %n : i32[4,8]
+  %ok = cmp %r3, %ns {pred = "lt"} : i1[4,8]
+  %next = constant {value = 32} : i32[4,8]
+  %p2 = addptr %p, %next : ptr<f16>[4,8]
+  %buf = local_alloc : smem<2 x f16[4,8], #ft.shared<[4, 8], order=[1,0], vec=8, perPhase=1, maxPhase=1, bytes=2>>
+  %s0 = constant {value = 0} : i32
+  %s1 = constant {value = 1} : i32
+  barrier
+  async_copy %buf, %s1, %p, %ok {vec = 2}
+  async_commit
+  async_copy %buf, %s0, %p2 {vec = 8}
+  async_commit
+  async_wait {pending = 0}
+  fence_async_shared
+  barrier
+  %a = local_load %buf, %first : f16[4,8]
+  %other = sub %s1, %first : i32
+  %b = local_load %buf, %other : f16[4,8]
+  %obase = mul %pid, %c64 : i32
+  %os = splat %obase : i32[4,8]
+  %o1 = add %os, %off : i32[4,8]
+  %lo = constant {value = 0} : i32[4,8]
+  %o = sub %o1, %roff : i32[4,8]
+  %rowsOut = arange {start = 0, end = 4} : i32[4]
+  %ro2 = expand_dims %rowsOut {axis = 1} : i32[4,1]
+  %ro3 = broadcast %ro2 : i32[4,8]
+  %ro = mul %ro3, %eight : i32[4,8]
+  %oo = add %o, %ro : i32[4,8]
+  %outs = splat %out : ptr<f16>[4,8]
+  %q = addptr %outs, %oo : ptr<f16>[4,8]
+  store %q, %a
+  %half = constant {value = 32} : i32[4,8]
+  %q2 = addptr %q, %half : ptr<f16>[4,8]
+  store %q2, %b
+  return
+}
+)";
+
+TEST(InterpreterAsync, CopiesLandInTheirSlotsZeroFilledWhereMaskedAndPrintParseRoundTrips) {
+  FT_SEEDED_RNG(rng);
+  auto f = parseFunction(kRing, "ring.ftir");
+  EXPECT_EQ(printFunction(*parseFunction(printFunction(*f))), printFunction(*f));
+  const int programs = 3;
+  const int n = int(uniformInt(rng, 1, 4 * programs - 1));  // slot 1's rows at or past n read nothing
+  for (int first : {0, 1}) {
+    SCOPED_TRACE("first slot " + std::to_string(first) + ", n " + std::to_string(n));
+    std::vector<Eigen::half> x(size_t(programs) * 64 + 32), out(size_t(programs) * 64, Eigen::half(-7.0f));
+    for (auto& v : x) v = Eigen::half(float(uniform(rng, -4, 4)));
+    interpret(*f, {InterpArg::buffer(x.data(), x.size() * 2), InterpArg::buffer(out.data(), out.size() * 2),
+                   InterpArg::integer(n), InterpArg::integer(first)},
+              {programs, 1, 1});
+    for (int p = 0; p < programs; ++p)
+      for (int i = 0; i < 32; ++i) {
+        const int row = 4 * p + i / 8;  // slot 1 holds rows [4p, 4p + 4), slot 0 the four after them
+        const size_t src = size_t(row) * 8 + size_t(i % 8);
+        const float slot1 = row < n ? float(x[src]) : 0.0f;
+        const float slot0 = float(x[src + 32]);
+        const float wantA = first == 1 ? slot1 : slot0, wantB = first == 1 ? slot0 : slot1;
+        EXPECT_EQ(float(out[size_t(p) * 64 + size_t(i)]), wantA) << "program " << p << " element " << i;
+        EXPECT_EQ(float(out[size_t(p) * 64 + 32 + size_t(i)]), wantB) << "program " << p << " element " << i;
+      }
+  }
+}
+
+TEST(InterpreterAsync, ASlotOutsideTheBufferIsAnErrorNamingTheOp) {
+  auto f = parseFunction(kRing, "ring.ftir");
+  std::vector<Eigen::half> x(64 + 32), out(64);
+  for (int64_t bad : {2, -1}) {
+    const std::string msg = errorOf([&] {
+      interpret(*f, {InterpArg::buffer(x.data(), x.size() * 2), InterpArg::buffer(out.data(), out.size() * 2),
+                     InterpArg::integer(4), InterpArg::integer(bad)},
+                {1, 1, 1});
+    });
+    EXPECT_TRUE(contains(msg, "op 'local_load'")) << msg;
+    EXPECT_TRUE(contains(msg, "slot " + std::to_string(bad) + " is outside the buffer's 2 slots")) << msg;
+  }
+}
+
+TEST(InterpreterAsync, MalformedAsyncOpsAreVerifierErrors) {
+  struct Case {
+    std::string from, to, message;
+  };
+  const std::vector<Case> cases = {
+      {"async_copy %buf, %s1, %p, %ok {vec = 2}", "async_copy %buf, %s1, %p, %ok {vec = 1}",
+       "copies 2 bytes per instruction"},
+      {"async_copy %buf, %s0, %p2 {vec = 8}", "async_copy %buf, %s0, %p2", "vec"},
+      {"%a = local_load %buf, %first : f16[4,8]", "%a = local_load %buf, %first : f32[4,8]", "one slot of"},
+      {"async_wait {pending = 0}", "async_wait {pending = -1}", "pending"},
+      {"%b = local_load %buf, %other : f16[4,8]", "%b = local_load %p, %other : f16[4,8]", "must be a shared buffer"},
+      {"bytes=2>>", "bytes=4>>", "4-byte elements"},
+      {"smem<2 x", "smem<0 x", "1 to 64 slots"},
+  };
+  for (const Case& c : cases) {
+    std::string text = kRing;
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    text.replace(at, c.from.size(), c.to);
+    const std::string msg = errorOf([&] {
+      auto f = parseFunction(text, "ring.ftir");
+      std::vector<Eigen::half> x(96), out(64);
+      interpret(*f, {InterpArg::buffer(x.data(), x.size() * 2), InterpArg::buffer(out.data(), out.size() * 2),
+                     InterpArg::integer(4), InterpArg::integer(0)},
+                {1, 1, 1});
+    });
+    EXPECT_TRUE(contains(msg, c.message)) << c.to << ": " << msg;
+  }
+}
+
+}  // namespace
+}  // namespace flextile::test
