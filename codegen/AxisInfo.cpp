@@ -190,7 +190,10 @@ void AxisInfoAnalysis::visitFor(const Op& op) {
 
 void AxisInfoAnalysis::visitOp(const Op& op) {
   if (op.kind() == OpKind::For) return visitFor(op);
-  if (op.numResults() != 1) return;  // store, yield, return
+  if (op.numResults() != 1) {  // store, yield, return; a wgmma_wait of several accumulators
+    for (const Value* r : op.results()) set(r, AxisInfo::unknown(r->type().shape()));
+    return;
+  }
   const Value* res = op.result();
   const ir::Type& type = res->type();
   const Shape shape = factShape(type.shape());

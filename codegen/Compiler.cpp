@@ -52,7 +52,8 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(ir::csePass())
       .add(ir::dcePass())
       .add(assignLayoutsPass(target))
-      .add(pipelinePass(target));
+      .add(pipelinePass(target))
+      .add(wgmmaPass(target));
   return pipeline;
 }
 

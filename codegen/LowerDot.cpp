@@ -19,11 +19,12 @@
 // fences, issues one wgmma.mma_async m64nNk16 per 16 of K (A words from
 // registers as for mma.sync, B as a matrix descriptor of the pipelined ring
 // slot advanced by the k-step's byte offset) and commits the group. The wait
-// is a separate statement (awaitWgmmaFor), emitted before the first op that
-// reads the accumulator, or that needs shared memory scratch or is control
-// flow: `wgmma.wait_group N` with N the groups issued since, which may stay
-// in flight (groups complete in commit order), so products that do not
-// depend on each other, and the element-wise work between them, overlap. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
+// is an op of its own, `wgmma_wait {pending = N}` placed by the "wgmma" pass
+// (codegen/passes/Wgmma.cpp) before the first op that reads the accumulator,
+// or that needs shared-memory scratch or is control flow: `wgmma.wait_group
+// N`, N the groups that may stay in flight (groups complete in commit order),
+// so products that do not depend on each other, and the element-wise work
+// between them, overlap. A wgmma dot without `async = 1` is waited at once. A loop-invariant A kept in shared memory (wgmmaResidentA) is a
 // second descriptor instead of the A words: its convert wrote the resident
 // tile once before the loop; the descriptor of k-step 0 goes in and the
 // others are formed inside the block. The accumulators go in and out of the
@@ -361,56 +362,42 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   call->addFnAttr(llvm::Attribute::NoUnwind);
   for (int64_t j = 0; j < numD; ++j) acc[dReg[size_t(j)]] = b.CreateExtractValue(call, unsigned(j));
   set(op.result(), std::move(acc));
-  pendingWgmma_.push_back({op.result(), ++wgmmaGroupsIssued_});
+  // An async dot is waited for by a wgmma_wait the "wgmma" pass placed; any other at once.
+  if (!op.hasAttr("async") || op.intAttr("async") == 0) set(op.result(), waitForWgmma(get(op.result()), 0));
 }
 
-void Lowering::awaitWgmmaFor(const ir::Op& op) {
-  using ir::OpKind;
-  // Control flow, terminators and fences (whose barriers order memory the groups may read): every group completes in the block that issued it (a loop's
-  // next iteration overwrites the ring slots its wgmmas read, a yield hands the accumulators to
-  // phis). Ops with shared-memory scratch: their barriers and stores are not ordered with the
-  // async proxy's reads. The async level's copies and barriers are not such ops: a ring's
-  // async_copy writes the slot that the pending groups do not read (the pipeline pass's schedule).
-  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return || op.kind() == OpKind::Fence ||
-      !op.regions().empty() || plan.scratchOffset.count(&op)) {
-    awaitWgmmaGroup(wgmmaGroupsIssued_);
-    return;
-  }
-  int64_t needed = 0;
-  for (const ir::Value* v : op.operands())
-    for (const PendingWgmma& p : pendingWgmma_)
-      if (p.result == v) needed = std::max(needed, p.group);
-  if (needed) awaitWgmmaGroup(needed);
-}
-
-void Lowering::awaitWgmmaGroup(int64_t group) {
-  // Groups complete in commit order: at most (issued - group) newer ones may stay in flight.
-  std::vector<const ir::Value*> done;
-  std::vector<llvm::Value*> regs;
-  for (const PendingWgmma& p : pendingWgmma_)
-    if (p.group <= group) {
-      done.push_back(p.result);
-      for (llvm::Value* r : get(p.result)) regs.push_back(r);
-    }
-  if (done.empty()) return;
+Regs Lowering::waitForWgmma(const Regs& accumulators, int64_t pending) {
+  if (!target.has(Feature::Wgmma)) throw Error("wgmma_wait needs wgmma, which " + target.smName() + " does not have");
   // The accumulators go through the wait as tied operands: every read of them depends on the
   // wait's outputs, so nothing the compiler schedules reads a register still being written.
   std::string constraints;
-  for (size_t i = 0; i < regs.size(); ++i) constraints += "=f,";
-  for (size_t i = 0; i < regs.size(); ++i) constraints += std::to_string(i) + ",";
+  for (size_t i = 0; i < accumulators.size(); ++i) constraints += "=f,";
+  for (size_t i = 0; i < accumulators.size(); ++i) constraints += std::to_string(i) + ",";
   constraints += "~{memory}";
-  std::vector<llvm::Type*> outTys(regs.size(), b.getFloatTy()), inTys(regs.size(), b.getFloatTy());
+  std::vector<llvm::Type*> outTys(accumulators.size(), b.getFloatTy()), inTys(accumulators.size(), b.getFloatTy());
   auto* asmTy = llvm::FunctionType::get(llvm::StructType::get(ctx, outTys), inTys, false);
-  const std::string text = "wgmma.wait_group.sync.aligned " + std::to_string(wgmmaGroupsIssued_ - group) + ";";
-  auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), regs);
+  const std::string text = "wgmma.wait_group.sync.aligned " + std::to_string(pending) + ";";
+  auto* call = b.CreateCall(asmTy, llvm::InlineAsm::get(asmTy, text, constraints, /*hasSideEffects=*/true), accumulators);
   call->addFnAttr(llvm::Attribute::NoUnwind);
-  size_t next = 0;
-  for (const ir::Value* v : done) {
-    Regs out = get(v);
-    for (llvm::Value*& r : out) r = b.CreateExtractValue(call, unsigned(next++));
-    set(v, std::move(out));
+  Regs out;
+  for (size_t i = 0; i < accumulators.size(); ++i) out.push_back(b.CreateExtractValue(call, unsigned(i)));
+  return out;
+}
+
+void Lowering::lowerWgmmaWait(const ir::Op& op) {
+  Regs all;
+  for (const ir::Value* v : op.operands()) {
+    if (!v->type().isTile() || v->type().dtype() != DType::F32)
+      fail(op, "passes through wgmma accumulators (f32 tiles), got " + v->type().str());
+    for (llvm::Value* r : get(v)) all.push_back(r);
   }
-  std::erase_if(pendingWgmma_, [&](const PendingWgmma& p) { return p.group <= group; });
+  Regs waited = waitForWgmma(all, op.intAttr("pending"));
+  size_t next = 0;
+  for (size_t i = 0; i < op.numResults(); ++i) {
+    const size_t n = get(op.operand(i)).size();
+    set(op.result(i), Regs(waited.begin() + long(next), waited.begin() + long(next + n)));
+    next += n;
+  }
 }
 
 }  // namespace flextile::codegen

@@ -335,6 +335,7 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::LocalLoad:
     case OpKind::Barrier:
     case OpKind::FenceAsyncShared: lowerAsyncOp(op); return;
+    case OpKind::WgmmaWait: lowerWgmmaWait(op); return;
   }
   fail(op, "unknown op");
 }
@@ -342,7 +343,6 @@ void Lowering::lowerOp(const ir::Op& op) {
 void Lowering::lowerBlock(const ir::Block& block) {
   for (const auto& op : block.ops()) {
     try {
-      if (!pendingWgmma_.empty()) awaitWgmmaFor(*op);
       lowerOp(*op);
     } catch (const Error&) {
       throw;

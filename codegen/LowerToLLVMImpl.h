@@ -120,22 +120,10 @@ class Lowering {
   void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
   void lowerMmaDot(const ir::Op& op);          // LowerDot.cpp: mma.sync
   void lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& plan);  // LowerDot.cpp: wgmma (sm_90a)
-  // wgmma groups in flight (LowerDot.cpp): a dot's wgmma is issued and committed where the dot
-  // is, and waited for only before the first op that needs its accumulator (or that could
-  // disturb it: shared-memory scratch, control flow), so independent products and the
-  // element-wise work between them overlap on the tensor cores.
-  struct PendingWgmma {
-    const ir::Value* result;
-    int64_t group;  // commit-group number, in issue order
-  };
-  std::vector<PendingWgmma> pendingWgmma_;
-  int64_t wgmmaGroupsIssued_ = 0;
-  // Waits, before `op`, for the groups whose results it reads (all groups before control flow,
-  // terminators and ops with shared-memory scratch).
-  void awaitWgmmaFor(const ir::Op& op);
-  // wgmma.wait_group until group `group` is complete; its accumulators (and older ones) pass
-  // through the wait so that every later read is ordered after it.
-  void awaitWgmmaGroup(int64_t group);
+  // wgmma.wait_group `pending` with the accumulators tied through it (LowerDot.cpp): the
+  // registers to read them from afterwards.
+  Regs waitForWgmma(const Regs& accumulators, int64_t pending);
+  void lowerWgmmaWait(const ir::Op& op);          // LowerDot.cpp
   // The memory/async level (LowerAsync.cpp).
   void lowerAsyncOp(const ir::Op& op);
   void lowerAsyncCopy(const ir::Op& op);

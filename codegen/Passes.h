@@ -42,8 +42,17 @@ ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 void pipelineLoads(ir::Function& f, const Target& target);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
+// Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on
+// wgmma for the target (TensorCores.h wgmmaPlan) becomes asynchronous
+// (attribute async = 1), and wgmma_wait ops pass its accumulator through
+// where it is first needed (or before control flow, fences and shared-memory
+// scratch users), with `pending` the groups that may stay in flight. Runs
+// after "pipeline".
+void selectWgmma(ir::Function& f, const Target& target);
+ir::Pass wgmmaPass(const Target& target);  // "wgmma"
+
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, pipeline. The one list, so that what tests run is what the compiler runs.
+// assign-layouts, pipeline, wgmma. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

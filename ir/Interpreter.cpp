@@ -334,6 +334,9 @@ class Program {
       case OpKind::LocalAlloc: return localAlloc(op);
       case OpKind::AsyncCopy: return asyncCopy(op);
       case OpKind::LocalLoad: return localLoad(op);
+      case OpKind::WgmmaWait:  // the accumulators pass through: an async dot was complete at issue
+        for (size_t i = 0; i < op.numOperands(); ++i) set(op.result(i), slots_[size_t(op.operand(i)->id())]);
+        return;
       default: break;
     }
     if (op.kind() == OpKind::Fence) {
@@ -417,7 +420,8 @@ class Program {
       case OpKind::AsyncWait:
       case OpKind::LocalLoad:
       case OpKind::Barrier:
-      case OpKind::FenceAsyncShared: return;  // the memory/async level, run above
+      case OpKind::FenceAsyncShared:
+      case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
       case OpKind::For: return forLoop(op);

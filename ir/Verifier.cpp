@@ -258,6 +258,15 @@ class Verifier {
           err(op, "result must be a " + std::string(dtypeName(in(0).dtype())) + shapeString(in(0).shape()) +
                       " tile (one slot of " + in(0).str() + "), got " + out().str());
         break;
+      case OpKind::WgmmaWait:
+        if (!intAttrIn(op, "pending", 0, 64)) break;
+        if (op.numOperands() != op.numResults() || op.numOperands() == 0)
+          err(op, "passes its operands through: it needs as many results as operands (at least one), got " +
+                      std::to_string(op.numOperands()) + " and " + std::to_string(op.numResults()));
+        else
+          for (size_t i = 0; i < op.numOperands(); ++i)
+            if (in(i) != out(i)) err(op, nth("result", i) + " must be " + nth("operand", i) + "'s type " + in(i).str() + ", got " + out(i).str());
+        break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:
@@ -479,6 +488,7 @@ class Verifier {
       return err(op, "supports float inputs with a float accumulator, or i8 inputs with i32; got " + elementString(a) +
                          " x " + elementString(b) + " + " + elementString(c));
     if (lay_) sameLayout(op, *r.layout(), *c.layout(), "result", "the accumulator");
+    if (op.hasAttr("async") && !intAttrIn(op, "async", 0, 1)) return;
   }
 
   void forLoop(const Op& op) {

@@ -67,6 +67,8 @@ std::unique_ptr<Function> everyOpProgram() {
   Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));
   bTile = b.binary(OpKind::Add, bTile, staged);
   Value* prod = b.dot(b.cast(z, DType::F16), bTile, b.constant(Type(DType::F32, {64, 16}), 0.0));
+  // wgmma_wait passes the accumulator through (the "wgmma" pass writes it after an async dot).
+  prod = b.create(OpKind::WgmmaWait, {prod}, {prod->type()}, {{"pending", int64_t(0)}})->result();
   Value* rowMax = b.reduce(prod, 1, "max");
   b.setLoc({"every_op.cpp", 30});
   auto results = b.forLoop(b.constantInt(Type(DType::I32), 0), n, b.constantInt(Type(DType::I32), 1),
@@ -169,6 +171,9 @@ void assignTestLayouts(Function& f) {
           if (r) set(r, op.operand(0)->type().layout());
           break;
         case OpKind::ConvertLayout: break;
+        case OpKind::WgmmaWait:
+          for (size_t i = 0; i < op.numResults(); ++i) set(op.result(i), op.operand(i)->type().layout());
+          break;
         case OpKind::AsyncCopy:  // 4 contiguous elements per thread: the op's vec
           fit(op, 2, Layout::defaultBlocked(op.operand(2)->type().shape(), warps, 4));
           for (size_t i = 3; i < op.numOperands(); ++i) fit(op, i, layoutOf(op.operand(2)));

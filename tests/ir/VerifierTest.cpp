@@ -404,6 +404,37 @@ TEST(VerifierLayouts, ReduceResultIsTheSlicedOperandLayout) {
   EXPECT_HAS(verifyError(*f), "op 'reduce'", "must equal the operand's layout sliced at the axis");
 }
 
+// The memory/async level: shared buffers only where the async ops take them, and each op's rules.
+TEST(Verifier, SharedBuffersAndAsyncOps) {
+  const std::string ring =
+      "  %buf = local_alloc : smem<2 x f16[4,8], #ft.shared<[4, 8], order=[1,0], vec=8, perPhase=1, maxPhase=1, bytes=2>>\n"
+      "  %s = constant {value = 0} : i32\n"
+      "  %ps = splat %q : ptr<f16>[4,8]\n";
+  EXPECT_EQ(bodyError(ring + "  async_copy %buf, %s, %ps {vec = 2}\n  async_commit\n  async_wait {pending = 0}\n"
+                             "  barrier\n  %t = local_load %buf, %s : f16[4,8]\n"),
+            "(valid)");
+  EXPECT_HAS(bodyError(ring + "  %t = local_load %buf, %x : f16[4,8]\n"), "op 'local_load'", "the slot must be a scalar i32");
+  EXPECT_HAS(bodyError(ring + "  %pp = splat %p : ptr<f32>[4,8]\n  async_copy %buf, %s, %pp {vec = 2}\n"), "op 'async_copy'",
+             "address must be a ptr<f16>[4, 8]");
+  EXPECT_HAS(bodyError(ring + "  %m = splat %n : i32[4,8]\n  async_copy %buf, %s, %ps, %m {vec = 2}\n"), "op 'async_copy'",
+             "mask must be i1[4,8]");
+  EXPECT_HAS(bodyError(ring + "  async_copy %buf, %s, %ps {vec = 32}\n"), "op 'async_copy'", "vec");
+  EXPECT_HAS(bodyError(ring + "  %u = add %buf, %buf : smem<2 x f16[4,8], #ft.shared<[4, 8], order=[1,0], vec=8, perPhase=1, maxPhase=1, bytes=2>>\n"),
+             "op 'add'", "only local_alloc makes one", "only operand 0 of async_copy and local_load");
+  EXPECT_HAS(bodyError("  barrier {scope = 1}\n"), "op 'barrier'", "takes no attributes");
+  EXPECT_HAS(bodyError("  async_wait\n"), "op 'async_wait'", "pending");
+}
+
+TEST(Verifier, WgmmaWaitPassesItsOperandsThrough) {
+  const std::string acc = "  %a = splat %x : f32[64,16]\n  %b = splat %x : f32[64,16]\n";
+  EXPECT_EQ(bodyError(acc + "  %c, %d = wgmma_wait %a, %b {pending = 1} : f32[64,16], f32[64,16]\n"), "(valid)");
+  EXPECT_HAS(bodyError(acc + "  %c = wgmma_wait %a, %b {pending = 0} : f32[64,16]\n"), "op 'wgmma_wait'",
+             "as many results as operands");
+  EXPECT_HAS(bodyError(acc + "  %c = wgmma_wait %a {pending = 0} : f32[64,32]\n"), "op 'wgmma_wait'",
+             "result #0 must be operand #0's type");
+  EXPECT_HAS(bodyError(acc + "  %c = wgmma_wait %a {pending = 65} : f32[64,16]\n"), "op 'wgmma_wait'", "pending");
+}
+
 TEST(VerifierLayouts, LoadOperandsShareOneLayout) {
   auto f = layoutProgram();
   perturb(firstOp(*f, OpKind::Load));
