@@ -107,6 +107,17 @@ TEST(FlexAttentionCodegen, LoopsWithSharedConversionsKeepMmaSync) {
   auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {}, true, codegen::Target::sm90a());
   EXPECT_EQ(count(plan.compiled->ptx, "wgmma"), 0);
   EXPECT_GT(count(plan.compiled->ptx, "mma\\.sync"), 0);
+  // FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 (for the GPU test that decides the refusal,
+  // FlexAttentionGpu.WgmmaInLoopsWithSharedConversions) puts the loop on wgmma, and it assembles.
+  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
+  auto allowed = plan_flex_attention(q, k, k, noop_score(), mask, {.config = FlexAttentionConfig{64, 64, 4, 2}}, true,
+                                     codegen::Target::sm90a());
+  ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS");
+  EXPECT_GT(count(allowed.compiled->ptx, "wgmma\\.mma_async"), 0);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(allowed.compiled->ptx, codegen::Target::sm90a());
+    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+  }
 }
 
 // The document mask reads ids at the query and key positions: small loads

@@ -177,6 +177,46 @@ TEST(FlexAttentionGpu, MaskAlgebra) {
     }
 }
 
+// Decides wgmmaPlan's refusal of loops that convert a layout through shared memory
+// (codegen/TensorCores.cpp; docs/performance.md): the mask mod compares document ids ^ 1, which
+// loads them in one layout and compares them in another, so its loop converts through shared
+// memory. With FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 such loops run on wgmma; D = 64 at BLOCK_N 64
+// is where the H200 once returned wrong rows. The plan is checked to really use wgmma.
+TEST(FlexAttentionGpu, WgmmaInLoopsWithSharedConversions) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
+  struct Restore {
+    ~Restore() { ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS"); }
+  } restore;
+  for (auto [B, Hq, Hkv, L, S] : std::vector<std::array<int64_t, 5>>{{1, 8, 2, 127, 129}, {2, 4, 1, 1000, 1000}, {1, 2, 2, 300, 777}}) {
+    std::vector<int32_t> ids(size_t(B * S));
+    int32_t doc = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i % size_t(S) == 0 || rng() % 97 == 0) ++doc;
+      ids[i] = doc;
+    }
+    CapturedTensor idsT = dsl::capture(Tensor::fromHost(ids, {B, S}).to(kDevice), "ids");
+    MaskMod docs = and_masks(causal_mask(), MaskMod("shifted_documents",
+                                                    [idsT](const Tile& b, const Tile&, const Tile& q, const Tile& kv) {
+                                                      return (idsT(b, q) ^ 1) == (idsT(b, kv) ^ 1);
+                                                    },
+                                                    {idsT}));
+    RefMaskFn ref = [ids, S](int64_t b, int64_t, int64_t q, int64_t kv) {
+      return kv <= q && ids[size_t(b * S + q)] == ids[size_t(b * S + kv)];
+    };
+    BlockMask mask = createBlockMask(docs, B, 1, L, S, {}, kDevice);
+    for (const FlexAttentionConfig config : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2}}) {
+      AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = L, .S = S, .D = 64, .dtype = DType::BF16};
+      c.context = "shifted documents, " + config.describe();
+      const Tensor hq = Tensor::empty(DType::BF16, {B, Hq, L, 64}, kHost), hk = Tensor::empty(DType::BF16, {B, Hkv, S, 64}, kHost);
+      auto plan = plan_flex_attention(hq, hk, hk, noop_score(), mask, {.config = config}, true, codegen::Target::sm90a());
+      ASSERT_NE(plan.compiled->ptx.find("wgmma.mma_async"), std::string::npos) << c.context << ": the loop is not on wgmma";
+      if (!checkFlexAttention(rng, c, kDevice, noop_score(), mask, nullptr, ref, {.config = config})) return;
+    }
+  }
+}
+
 // Decode-like row slices: one query block, one query mid-block.
 TEST(FlexAttentionGpu, SlicedRows) {
   FLEXTILE_REQUIRE_GPU();
