@@ -75,8 +75,8 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   ir::dump("ir", f->name(), k.ir);
   timer.step("print IR");
 
-  checkSharedMemoryFits(planSharedMemory(*f, target), *f, target);
-  LoweringPlan plan = planLowering(*f, target);
+  checkSharedMemoryFits(planSharedMemory(*f), *f, target);
+  LoweringPlan plan = planLowering(*f);
   timer.step("shared-memory and access plan");
 
   llvm::LLVMContext ctx;

@@ -16,8 +16,13 @@
 //   async_commit        cp.async.commit_group
 //   async_wait          cp.async.wait_group pending
 //   local_load          ldmatrix from the slot (TensorCores.h ldmatrixReadPlan),
-//                       or no registers when a wgmma dot reads the slot
-//                       itself (wgmmaPlan; LowerDot.cpp takes its address)
+//                       or no registers when wgmma dots read the slot
+//                       themselves: a B slot (wgmmaPlan), or an A tile whose
+//                       readers are all wgmma dots (wgmmaResidentATile);
+//                       LowerDot.cpp takes its address
+//   local_store         each owning thread stores its registers into its
+//                       swizzled offset of the slot, in vectors as wide as the
+//                       registers' contiguity and the layout's chunks allow
 //   barrier             bar.sync 0
 //   fence_async_shared  fence.proxy.async.shared::cta
 #include <llvm/IR/IRBuilder.h>
@@ -71,6 +76,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
     }
     case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);
     case ir::OpKind::LocalLoad: return lowerLocalLoad(op);
+    case ir::OpKind::LocalStore: return lowerLocalStore(op);
     default: fail(op, "is not an op of the memory/async level");
   }
 }
@@ -110,6 +116,11 @@ void Lowering::lowerLocalLoad(const ir::Op& op) {
   if (!plan)
     fail(op, "reads " + to.str() + " from " + buf.str() + ", which ldmatrix cannot (only 16-bit dot operands are read)");
   set(op.result(), ldmatrixFromShared(to, *plan, buf.dtype(), slotByteOffset(op)));
+}
+
+void Lowering::lowerLocalStore(const ir::Op& op) {
+  const ir::Type& buf = op.operand(0)->type();
+  storeToSwizzledTile(get(op.operand(2)), layoutOf(op.operand(2), op), *buf.sharedLayout(), buf.dtype(), slotByteOffset(op));
 }
 
 }  // namespace flextile::codegen

@@ -231,12 +231,13 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   const DType t = a->type().dtype();
   if (w.load->kind() != ir::OpKind::LocalLoad || !localLoadsReadByWgmma_.count(w.load))
     fail(op, "is planned for wgmma but its B tile is not a slot of a shared buffer");
-  // A resident in shared memory (TensorCores.h wgmmaResidentA): the plan decided, the convert wrote it.
-  const ir::Op* aConvert = a->definingOp();
-  std::optional<WgmmaResidentA> residentA;
-  if (aConvert && plan.residentA.count(aConvert)) {
-    residentA = wgmmaResidentA(*aConvert, target);
-    if (!residentA) fail(op, "reads a resident A tile that its convert cannot write for " + target.smName());
+  // A resident in shared memory (TensorCores.h wgmmaResidentA): a slot of a buffer that the
+  // "wgmma" pass wrote before the loop, read here through a descriptor.
+  const ir::Op* aLoad = a->definingOp();
+  std::optional<WgmmaTile> residentA;
+  if (aLoad && localLoadsReadByWgmma_.count(aLoad)) {
+    residentA = wgmmaResidentATile(*aLoad);
+    if (!residentA) fail(op, "reads its A operand from a shared buffer wgmma cannot read as A");
   }
   auto reg = [&](const Layout& l, int64_t row, int64_t col, const char* what) {
     int64_t r = l.registerOf({row, col});
@@ -272,8 +273,8 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   // XOR of the offsets of its bits).
   llvm::Value* aBase = nullptr;
   if (residentA) {
-    const ir::SharedLayout& smem = residentA->tile.smem;
-    aBase = b.CreateAdd(smemBase, i32(scratchOffset(*aConvert, smem.sizeBytes())));
+    const ir::SharedLayout& smem = residentA->smem;
+    aBase = b.CreateAdd(smemBase, slotByteOffset(*aLoad));
     llvm::Value* group = b.CreateLShr(warp, i32(2));
     llvm::Value* rows = i32(0);
     for (int64_t bit = 0; int64_t(64) << bit < smem.shape()[0]; ++bit) {
@@ -306,7 +307,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     text += ".reg .b64 ad<" + std::to_string(steps) + ">;\n";
     for (int64_t s = 0; s < steps; ++s)
       text += "add.s64 ad" + std::to_string(s) + ", $" + std::to_string(aFirst) + ", " +
-              std::to_string((residentA->tile.kStepByteOffset(s) - residentA->tile.kStepByteOffset(0)) >> 4) + ";\n";
+              std::to_string((residentA->kStepByteOffset(s) - residentA->kStepByteOffset(0)) >> 4) + ";\n";
   }
   text += "wgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
@@ -327,7 +328,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     std::string aText;
     if (residentA) {
       if (s == 0) {
-        operands.push_back(descriptor(aBase, residentA->tile, 0));
+        operands.push_back(descriptor(aBase, *residentA, 0));
         constraints += "l,";
       }
       aText = "ad" + std::to_string(s);

@@ -148,7 +148,6 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
     fail(op, "converts " + x->type().str() + " to " + res->type().str() + "; it needs one tile type on both sides");
   const Layout& from = layoutOf(x, op);
   const Layout& to = layoutOf(res, op);
-  if (plan.residentA.count(&op)) return lowerResidentAConvert(op);
   const Regs& xs = get(x);
   std::vector<int64_t> map = registerRenaming(from, to, kIdentity);
   if (!map.empty()) {
@@ -213,7 +212,7 @@ Regs Lowering::loadTileFromSharedLayout(const Layout& to, const ir::SharedLayout
 namespace flextile::codegen {
 
 void Lowering::storeToSwizzledTile(const Regs& xs, const Layout& from, const ir::SharedLayout& smem, DType t,
-                                   int64_t offset) {
+                                   llvm::Value* byteBase) {
   llvm::Type* elemTy = llvmType(t);
   const int64_t eb = ir::byteWidth(t);
   // Groups of v registers consecutive along the shared rows are one vector
@@ -231,7 +230,7 @@ void Lowering::storeToSwizzledTile(const Regs& xs, const Layout& from, const ir:
     auto* vecTy = llvm::FixedVectorType::get(elemTy, unsigned(v));
     for (int64_t r0 = 0; r0 < from.numRegisters(); r0 += v) {
       llvm::Value* elem = b.CreateXor(threadOff, i32(smem.offsetOf(from.regCoord(r0))));
-      llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(offset), b.CreateMul(elem, i32(eb))));
+      llvm::Value* addr = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(byteBase, b.CreateMul(elem, i32(eb))));
       llvm::Value* packed = llvm::PoisonValue::get(vecTy);
       for (int64_t i = 0; i < v; ++i) packed = b.CreateInsertElement(packed, xs[size_t(r0 + i)], uint64_t(i));
       b.CreateAlignedStore(v == 1 ? xs[size_t(r0)] : packed, addr, llvm::Align(uint64_t(eb * v)));
@@ -239,31 +238,11 @@ void Lowering::storeToSwizzledTile(const Regs& xs, const Layout& from, const ir:
   });
 }
 
-// The tile is written once, before the loops that read it: the barrier before
-// (the planner may give these bytes to an op before the convert, which a
-// slower warp may still be reading), the owners' stores, a proxy fence (the
-// stores go through the generic proxy, wgmma reads through the async one) and
-// the barrier after, so that every warpgroup's first wgmma sees the whole tile.
-void Lowering::lowerResidentAConvert(const ir::Op& op) {
-  auto resident = wgmmaResidentA(op, target);
-  if (!resident)
-    fail(op, "the shared-memory plan keeps this tile resident for wgmma, but its users cannot read it so on " +
-                 target.smName());
-  const ir::Value* x = op.operand(0);
-  const int64_t offset = scratchOffset(op, resident->tile.smem.sizeBytes());
-  barrier();
-  storeToSwizzledTile(get(x), layoutOf(x, op), resident->tile.smem, x->type().dtype(), offset);
-  auto* fenceTy = llvm::FunctionType::get(b.getVoidTy(), false);
-  b.CreateCall(fenceTy, llvm::InlineAsm::get(fenceTy, "fence.proxy.async.shared::cta;", "~{memory}", true));
-  barrier();
-  set(op.result(), {});  // the dots read the tile (lowerWgmmaDot)
-}
-
 Regs Lowering::convertThroughLdmatrix(const Regs& xs, const Layout& from, const Layout& to, const LdmatrixPlan& plan,
                                       DType t, int64_t offset) {
   barrier();  // an earlier user of these bytes may still be reading them
   // 1. Store (storeToSwizzledTile).
-  storeToSwizzledTile(xs, from, plan.smem, t, offset);
+  storeToSwizzledTile(xs, from, plan.smem, t, i32(offset));
   barrier();
   return ldmatrixFromShared(to, plan, t, i32(offset));
 }

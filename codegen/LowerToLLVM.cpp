@@ -333,6 +333,7 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::AsyncCommit:
     case OpKind::AsyncWait:
     case OpKind::LocalLoad:
+    case OpKind::LocalStore:
     case OpKind::Barrier:
     case OpKind::FenceAsyncShared: lowerAsyncOp(op); return;
     case OpKind::WgmmaWait: lowerWgmmaWait(op); return;
@@ -411,10 +412,24 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   b.CreateBr(body);
   b.SetInsertPoint(body);
 
+  // The local_loads that wgmma reads through descriptors: B slots, and A tiles all of whose
+  // readers are wgmma dots taking them as A in the layout wgmma reads (TensorCores.h).
+  std::map<const ir::Value*, bool> aOnlyByWgmma;
   func.walk([&](const ir::Op& op) {
     if (op.kind() == OpKind::Dot)
       if (auto w = wgmmaPlan(op, target); w && w->load->kind() == OpKind::LocalLoad) localLoadsReadByWgmma_.insert(w->load);
   });
+  func.walk([&](const ir::Op& op) {
+    for (size_t i = 0; i < op.numOperands(); ++i) {
+      const ir::Op* d = op.operand(i)->definingOp();
+      if (!d || d->kind() != OpKind::LocalLoad) continue;
+      const bool asA = op.kind() == OpKind::Dot && i == 0 && wgmmaResidentATile(*d).has_value() && wgmmaPlan(op, target);
+      auto [it, fresh] = aOnlyByWgmma.emplace(op.operand(i), asA);
+      if (!fresh) it->second = it->second && asA;
+    }
+  });
+  for (const auto& [v, onlyA] : aOnlyByWgmma)
+    if (onlyA) localLoadsReadByWgmma_.insert(v->definingOp());
   lowerBlock(func.body());
   if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
 
@@ -427,10 +442,9 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 
 // ---- plan helpers ----------------------------------------------------------
 
-LoweringPlan planLowering(const ir::Function& f, const std::optional<Target>& target) {
+LoweringPlan planLowering(const ir::Function& f) {
   LoweringPlan plan;
-  SharedPlan shared = planSharedMemory(f, target);
-  plan.residentA = shared.residentA;
+  SharedPlan shared = planSharedMemory(f);
   for (const auto& [op, offset] : shared.offset) plan.scratchOffset[op] = offset;
   plan.sharedBytes = shared.totalBytes;
   AxisInfoAnalysis axis(f);

@@ -45,18 +45,13 @@ struct LoweringPlan {
   // contiguous dimension (1 when absent). The lowering lowers it further when
   // the layout holds fewer contiguous registers.
   std::map<const ir::Op*, int> vectorWidth;
-  // Converts whose tile stays in shared memory as wgmma's A operand
-  // (SharedPlan::residentA); the lowering follows this, not its own check.
-  std::set<const ir::Op*> residentA;
 };
 
 // The plan for a function that carries layouts: scratch offsets from
 // planSharedMemory (codegen/SharedMemory.h, whose formulas and barrier rule
 // the lowering follows) and access widths from the axis analysis
 // (codegen/AxisInfo.h: memoryAccessWidth).
-// The target decides which A operands stay resident in shared memory
-// (planSharedMemory); without one, none does.
-LoweringPlan planLowering(const ir::Function& f, const std::optional<Target>& target = std::nullopt);
+LoweringPlan planLowering(const ir::Function& f);
 
 // Lowering, LLVM O3 and PTX emission of a function that already carries
 // layouts, under a given plan: compile() without the IR passes, for tests

@@ -128,6 +128,7 @@ class Lowering {
   void lowerAsyncOp(const ir::Op& op);
   void lowerAsyncCopy(const ir::Op& op);
   void lowerLocalLoad(const ir::Op& op);
+  void lowerLocalStore(const ir::Op& op);
   // Byte offset (i32) of slot operand(1) of the buffer operand(0) of an async_copy or local_load.
   llvm::Value* slotByteOffset(const ir::Op& op);
   // The local_loads whose slot a wgmma dot reads itself (no registers).
@@ -136,12 +137,10 @@ class Lowering {
   Regs ldmatrixFromShared(const ir::Layout& to, const LdmatrixPlan& plan, ir::DType t, llvm::Value* byteBase);
 
   // Stores `xs` (layout `from`) into the swizzled tile `smem` at byte
-  // `offset`, from the owning threads, in vectors as wide as the registers'
+  // `byteBase` (i32), from the owning threads, in vectors as wide as the registers'
   // contiguity, the tile's chunks and every thread's alignment allow. No barriers.
   void storeToSwizzledTile(const Regs& xs, const ir::Layout& from, const ir::SharedLayout& smem, ir::DType t,
-                           int64_t offset);
-  // convert_layout into a resident wgmma A tile (LowerLayoutConversion.cpp; TensorCores.h wgmmaResidentA).
-  void lowerResidentAConvert(const ir::Op& op);
+                           llvm::Value* byteBase);
 
   Regs convertThroughLdmatrix(const Regs& xs, const ir::Layout& from, const ir::Layout& to,
                               const LdmatrixPlan& plan, ir::DType t, int64_t offset);

@@ -80,10 +80,11 @@ int64_t scratchBytes(const Op& op) {
 }
 
 namespace {
-SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& residentA) {
-  // Live ranges in program order: a buffer lives at its op, except a ring
-  // (its loop) and a resident A tile (from its convert to the end of the last
-  // loop that reads it).
+// A convert that would keep its tile resident (placeBuffers' `resident`): its scratch lives from
+// the convert to the end of the last loop whose dots read it as A.
+SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& resident) {
+  // Live ranges in program order: a buffer lives at its op, except a shared
+  // buffer (from its alloc to its last use, through the loops that use it).
   struct Buffer {
     const Op* owner;
     int64_t bytes;
@@ -106,36 +107,36 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
     if (b > 0) buffers.push_back(Buffer{&op, alignUp(b, kAlign), position, position});
     ++position;
   });
-  // A shared buffer lives until its last use, and through the whole of each loop that uses it
-  // but does not hold its alloc (the op of the alloc's block that holds the use).
-  for (Buffer& buf : buffers) {
-    if (buf.owner->kind() != OpKind::LocalAlloc) continue;
-    const ir::Value* v = buf.owner->result();
+  // The end of `buf` grows to cover `op`: the op itself, or, when it sits in a loop that does
+  // not hold the buffer's op, the whole of that loop (the op of the owner's block holding it).
+  auto cover = [&](Buffer& buf, const Op& op) {
     const ir::Block* home = buf.owner->parentBlock();
-    f.walk([&](const Op& op) {
-      if (std::find(op.operands().begin(), op.operands().end(), v) == op.operands().end()) return;
-      const Op* outer = &op;
-      while (outer && outer->parentBlock() != home) outer = outer->parentBlock() ? outer->parentBlock()->parentOp() : nullptr;
-      if (outer) buf.end = std::max(buf.end, span.at(outer).second);
-    });
-  }
-  // A resident tile is read by wgmma in every iteration of its readers' loops:
-  // it lives until the end of the last of them (the op of the convert's block
-  // that holds each reader).
+    const Op* outer = &op;
+    while (outer && outer->parentBlock() != home) outer = outer->parentBlock() ? outer->parentBlock()->parentOp() : nullptr;
+    if (outer) buf.end = std::max(buf.end, span.at(outer).second);
+  };
+  auto uses = [](const Op& op, const ir::Value* v) {
+    return std::find(op.operands().begin(), op.operands().end(), v) != op.operands().end();
+  };
   for (Buffer& buf : buffers) {
-    if (!residentA.count(buf.owner)) continue;
-    const ir::Block* home = buf.owner->parentBlock();
-    std::function<void(const ir::Block&)> scan = [&](const ir::Block& blk) {
-      for (const auto& o : blk.ops()) {
-        for (const auto& r : o->regions()) scan(*r);
-        if (o->kind() != OpKind::Dot || o->operand(0) != buf.owner->result()) continue;
-        const Op* outer = o.get();
-        while (outer && outer->parentBlock() != home)
-          outer = outer->parentBlock() ? outer->parentBlock()->parentOp() : nullptr;
-        if (outer) buf.end = std::max(buf.end, span.at(outer).second);
-      }
-    };
-    scan(*home);
+    if (buf.owner->kind() == OpKind::LocalAlloc) {
+      // A shared buffer lives until its last use, and until the last use of every tile read
+      // from it: a local_load that a wgmma reads through a descriptor is the buffer's bytes.
+      const ir::Value* v = buf.owner->result();
+      std::set<const ir::Value*> reads;
+      f.walk([&](const Op& op) {
+        if (op.kind() == OpKind::LocalLoad && op.operand(0) == v) reads.insert(op.result());
+      });
+      f.walk([&](const Op& op) {
+        bool touches = uses(op, v);
+        for (const ir::Value* r : reads) touches = touches || uses(op, r);
+        if (touches) cover(buf, op);
+      });
+    } else if (resident.count(buf.owner)) {
+      f.walk([&](const Op& op) {
+        if (op.kind() == OpKind::Dot && op.operand(0) == buf.owner->result()) cover(buf, op);
+      });
+    }
   }
   // Greedy by size (largest first): each buffer takes the lowest aligned
   // offset not used by an already placed buffer whose live range overlaps.
@@ -171,24 +172,21 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
     plan.bytes[b.owner] = int(b.bytes);
   }
   plan.totalBytes = int(total);
-  plan.residentA = residentA;
   return plan;
 }
 }  // namespace
 
-SharedPlan planSharedMemory(const ir::Function& f, const std::optional<Target>& target) {
+SharedPlan planSharedMemory(const ir::Function& f) { return placeBuffers(f, {}); }
+
+std::set<const Op*> residentAConverts(const ir::Function& f, const Target& target) {
   std::set<const Op*> resident;
-  if (target)
-    f.walk([&](const Op& op) {
-      if (op.kind() == OpKind::ConvertLayout && wgmmaResidentA(op, *target)) resident.insert(&op);
-    });
-  if (!resident.empty()) {
-    // Resident tiles add their bytes to every loop that reads them: when that
-    // no longer fits, the kernel keeps register A (it compiled so before).
-    SharedPlan plan = placeBuffers(f, resident);
-    if (plan.totalBytes <= target->maxSharedBytesPerBlock()) return plan;
-  }
-  return placeBuffers(f, {});
+  f.walk([&](const Op& op) {
+    if (op.kind() == OpKind::ConvertLayout && wgmmaResidentA(op, target)) resident.insert(&op);
+  });
+  // Resident tiles add their bytes to every loop that reads them: when that no longer fits,
+  // the kernel keeps register A (it compiled so before).
+  if (!resident.empty() && placeBuffers(f, resident).totalBytes > target.maxSharedBytesPerBlock()) return {};
+  return resident;
 }
 
 void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target) {

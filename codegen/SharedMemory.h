@@ -71,9 +71,6 @@ struct SharedPlan {
   std::map<const ir::Op*, int> offset;  // base byte offset of each op with scratch
   std::map<const ir::Op*, int> bytes;   // its size in bytes
   int totalBytes = 0;                   // dynamic shared memory the kernel needs
-  // Converts whose tile stays resident for wgmma's A operand (TensorCores.h
-  // wgmmaResidentA): their scratch is live until the last loop that reads it.
-  std::set<const ir::Op*> residentA;
 };
 
 // The scratch bytes `op` needs (0: none). A reduce needs its operand's layout.
@@ -91,10 +88,14 @@ int64_t dotScratchBOffset(const ir::Op& dot);
 
 // Throws flextile::Error when a tile has no layout (run assignLayouts first).
 // codegen::planLowering (LowerToLLVM.h) turns the plan into the lowering's.
-// With a target, the converts wgmmaResidentA accepts get resident tiles when
-// the plan with them fits the target's shared memory (else none does, and
-// every A operand stays in registers); without one, none does.
-SharedPlan planSharedMemory(const ir::Function& f, const std::optional<Target>& target = std::nullopt);
+SharedPlan planSharedMemory(const ir::Function& f);
+
+// The converts whose tile may stay resident in shared memory as wgmma's A
+// operand (TensorCores.h wgmmaResidentA) when the plan with all of them, each
+// live from the convert to the end of the last loop whose dots read it, fits
+// the target's shared memory; none when it does not. The "wgmma" pass turns
+// them into shared buffers (codegen/passes/Wgmma.cpp).
+std::set<const ir::Op*> residentAConverts(const ir::Function& f, const Target& target);
 
 // Throws flextile::Error naming the largest users when the plan does not fit
 // the target's shared memory.

@@ -389,6 +389,20 @@ std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& ta
   return out;
 }
 
+std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad) {
+  if (localLoad.kind() != OpKind::LocalLoad) return std::nullopt;
+  const ir::Type& buf = localLoad.operand(0)->type();
+  // One slot: the resident tiles the "wgmma" pass writes. An A ring of the pipeline (the
+  // matmul's, whose swizzle can equal wgmma's) keeps ldmatrix until A from a ring slot has been
+  // checked on the GPU.
+  if (!buf.isSharedBuffer() || buf.slots() != 1 || buf.rank() != 2 ||
+      (buf.dtype() != DType::BF16 && buf.dtype() != DType::F16))
+    return std::nullopt;
+  auto tile = wgmmaTile(buf.shape(), 1, 1, ir::byteWidth(buf.dtype()));
+  if (!tile || !(tile->smem == *buf.sharedLayout())) return std::nullopt;
+  return tile;
+}
+
 std::string wgmmaSettingsIdentity() {
   std::string out;
   if (wgmmaDisabled()) out += "; FLEXTILE_WGMMA=0";

@@ -131,14 +131,15 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 //     Q and dO resident);
 //   * the shared-memory plan, which gives the tile a buffer live from the
 //     convert to the end of the last loop that reads it, still fits the
-//     target (else the kernel keeps register A; planSharedMemory decides and
-//     the lowering follows the plan).
-// The convert then writes x's registers once into a *resident* tile in
-// wgmmaSharedLayout (the layout of a K-major B), runs
-// fence.proxy.async.shared::cta (generic-proxy stores that the async proxy
-// reads) and a barrier, and produces no registers; each k-step of the dot
-// passes a second descriptor (same encoding as a K-major B) instead of the
-// four A words, warpgroup g's starting at row 64g. Loops whose A is computed
+//     target (else the kernel keeps register A; SharedMemory.h
+//     residentAConverts decides).
+// The "wgmma" pass (codegen/passes/Wgmma.cpp) then replaces the convert by a
+// one-slot shared buffer in wgmmaSharedLayout (the layout of a K-major B):
+// local_alloc, barrier, local_store of x, fence_async_shared (generic-proxy
+// stores that the async proxy reads), barrier, and a local_load that produces
+// no registers (wgmmaResidentATile); each k-step of the dot passes a second
+// descriptor (same encoding as a K-major B) instead of the four A words,
+// warpgroup g's starting at row 64g. Loops whose A is computed
 // in the loop (P of P V, dS^T of dS^T Q) keep register A. The resident
 // convert sits outside the loop, so the loop's no-conversion rule above does
 // not see it. FLEXTILE_WGMMA_SMEM_A=0 keeps register A everywhere.
@@ -186,6 +187,10 @@ struct WgmmaResidentA {
   std::vector<const ir::Op*> readers;  // the dots, in program order
 };
 std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& convert, const Target& target);
+// The descriptor view of the tile a local_load reads, when its buffer has one
+// slot stored as a K-major wgmma A (what the "wgmma" pass makes of a resident
+// A tile); else empty. (Rings of the pipeline keep ldmatrix for A.)
+std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad);
 
 // The environment switches above as text for the compile cache's compiler
 // identity ("" when both are at their defaults).

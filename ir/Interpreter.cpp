@@ -334,6 +334,7 @@ class Program {
       case OpKind::LocalAlloc: return localAlloc(op);
       case OpKind::AsyncCopy: return asyncCopy(op);
       case OpKind::LocalLoad: return localLoad(op);
+      case OpKind::LocalStore: return localStore(op);
       case OpKind::WgmmaWait:  // the accumulators pass through: an async dot was complete at issue
         for (size_t i = 0; i < op.numOperands(); ++i) set(op.result(i), slots_[size_t(op.operand(i)->id())]);
         return;
@@ -421,6 +422,7 @@ class Program {
       case OpKind::LocalLoad:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:
+      case OpKind::LocalStore:
       case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
@@ -670,6 +672,19 @@ class Program {
           std::copy(src, src + n, d->template vec<T>().begin());
           return d;
         }));
+  }
+
+  void localStore(const Op& op) {
+    const Type& t = op.operand(0)->type();
+    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    Data& buf = *buffers_.at(op.operand(0));
+    const Data& v = in(op, 2);
+    withStorage(storageOf(t.dtype()), [&](auto held) {
+      using T = decltype(held);
+      const T* src = v.template vec<T>().data();
+      std::copy(src, src + n, buf.template vec<T>().begin() + long(base));
+      return 0;
+    });
   }
 
   void store(const Op& op, size_t n) {

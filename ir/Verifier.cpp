@@ -126,9 +126,10 @@ class Verifier {
           err(op, nth("result", i) + " is a shared buffer (" + op.result(i)->type().str() + "); only local_alloc makes one");
       for (size_t i = 0; i < op.numOperands(); ++i)
         if (op.operand(i) && op.operand(i)->type().isSharedBuffer() &&
-            !(i == 0 && (op.kind() == OpKind::AsyncCopy || op.kind() == OpKind::LocalLoad)))
+            !(i == 0 && (op.kind() == OpKind::AsyncCopy || op.kind() == OpKind::LocalLoad ||
+                         op.kind() == OpKind::LocalStore)))
           err(op, nth("operand", i) + " is a shared buffer (" + op.operand(i)->type().str() +
-                      "); only operand 0 of async_copy and local_load may be one");
+                      "); only operand 0 of async_copy, local_load and local_store may be one");
       if (!opFailed_) this->op(op);
       for (const auto& region : op.regions()) block(*region, &op);
       for (Value* r : op.results()) scopes_.back().insert(r);
@@ -266,6 +267,16 @@ class Verifier {
         else
           for (size_t i = 0; i < op.numOperands(); ++i)
             if (in(i) != out(i)) err(op, nth("result", i) + " must be " + nth("operand", i) + "'s type " + in(i).str() + ", got " + out(i).str());
+        break;
+      case OpKind::LocalStore:
+        if (!in(0).isSharedBuffer()) {
+          err(op, "operand 0 must be a shared buffer, got " + in(0).str());
+          break;
+        }
+        expectScalarOf(op, in(1), DType::I32, "the slot");
+        if (!in(2).isTile() || in(2).shape() != in(0).shape() || in(2).dtype() != in(0).dtype())
+          err(op, "stored value must be a " + std::string(dtypeName(in(0).dtype())) + shapeString(in(0).shape()) +
+                      " tile (one slot of " + in(0).str() + "), got " + in(2).str());
         break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:

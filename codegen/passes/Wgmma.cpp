@@ -1,5 +1,10 @@
 // Hopper warpgroup MMA as an asynchronous op (pass "wgmma").
 //
+// Resident A. First, each loop-invariant A operand that may stay in shared memory
+// (codegen/SharedMemory.h residentAConverts: TensorCores.h wgmmaResidentA, and the plan with all
+// of them fits) becomes a one-slot shared buffer: local_alloc, barrier, local_store, proxy fence,
+// barrier, local_load in place of its convert; the dots read that slot through a descriptor.
+//
 // Selection. Every dot that wgmmaPlan accepts for the target (codegen/TensorCores.h: sm_90a,
 // a ring slot as B, the accumulator split of 16 rows per warp) gets `async = 1`: the lowering
 // issues it as one wgmma group and does not wait for it (LowerDot.cpp). A dot without the
@@ -23,11 +28,13 @@
 // wgmma of the forward is waited at the softmax that reads it, the O += PV one at the yield.
 // Runs after "pipeline" (wgmma reads its rings). FLEXTILE_WGMMA=0 selects nothing.
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
+#include "ir/SharedLayout.h"
 
 namespace flextile::codegen {
 
@@ -85,7 +92,33 @@ struct WaitWriter {
 
 }  // namespace
 
+// A loop-invariant A operand kept in shared memory (TensorCores.h wgmmaResidentA; the fit is
+// residentAConverts'): the convert becomes a one-slot buffer written once where the convert was,
+// with the barrier before (the planner may give these bytes to an op before it that a slower
+// warp still reads), the owners' stores, a proxy fence (generic-proxy stores, async-proxy reads)
+// and the barrier after, and a local_load that the dots read through a descriptor.
+namespace {
+void keepResident(ir::Function& f, Op& cvt, const Target& target) {
+  ir::Block& block = *cvt.parentBlock();
+  auto resident = wgmmaResidentA(cvt, target);
+  const ir::Type& x = cvt.operand(0)->type();
+  auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
+    return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
+  };
+  ir::Value* buf = at(OpKind::LocalAlloc, {}, {ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem))})->result();
+  at(OpKind::Barrier, {}, {});
+  ir::Value* slot = at(OpKind::Constant, {}, {ir::Type(ir::DType::I32)}, {{"value", int64_t(0)}})->result();
+  at(OpKind::LocalStore, {buf, slot, cvt.operand(0)}, {});
+  at(OpKind::FenceAsyncShared, {}, {});
+  at(OpKind::Barrier, {}, {});
+  ir::Value* tile = at(OpKind::LocalLoad, {buf, slot}, {cvt.result()->type()})->result();
+  f.replaceAllUsesWith(cvt.result(), tile);
+  block.erase(&cvt);
+}
+}  // namespace
+
 void selectWgmma(ir::Function& f, const Target& target) {
+  for (const Op* cvt : residentAConverts(f, target)) keepResident(f, const_cast<Op&>(*cvt), target);
   bool any = false;
   f.walk([&](Op& op) {
     if (op.kind() == OpKind::Dot && wgmmaPlan(op, target)) {

@@ -95,8 +95,8 @@ TEST(Pipeline, TheScheduleLowersTheSameAfterPrintingAndParsing) {
     auto g = ir::parseFunction(text);
     ir::verify(*g);
     EXPECT_EQ(ir::printFunction(*g), text);
-    const std::string direct = lowerAndEmit(*f, target, planLowering(*f, target)).ptx;
-    const std::string parsed = lowerAndEmit(*g, target, planLowering(*g, target)).ptx;
+    const std::string direct = lowerAndEmit(*f, target, planLowering(*f)).ptx;
+    const std::string parsed = lowerAndEmit(*g, target, planLowering(*g)).ptx;
     EXPECT_EQ(direct, parsed);
     EXPECT_EQ(count(text, "fence_async_shared"), target.has(Feature::Wgmma) ? 1 : 0) << text;
     EXPECT_EQ(count(direct, "wgmma\\.mma_async"), target.has(Feature::Wgmma) ? 2 : 0);

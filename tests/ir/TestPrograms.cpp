@@ -65,6 +65,7 @@ std::unique_ptr<Function> everyOpProgram() {
   b.create(OpKind::FenceAsyncShared, {}, {});
   b.create(OpKind::Barrier, {}, {});
   Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));
+  b.create(OpKind::LocalStore, {ring, b.constantInt(Type(DType::I32), 0), staged}, {});
   bTile = b.binary(OpKind::Add, bTile, staged);
   Value* prod = b.dot(b.cast(z, DType::F16), bTile, b.constant(Type(DType::F32, {64, 16}), 0.0));
   // wgmma_wait passes the accumulator through (the "wgmma" pass writes it after an async dot).
