@@ -7,7 +7,8 @@
 #   diff -r /tmp/ptx-before /tmp/ptx-after
 #
 # CHECKOUT must have a built build/ (libflextile.so, tests/tools/flextile-opt). Dumped: every attention
-# variant's forward, backward and decode kernels (dump_attention_ptx.cpp) and every lit test's
+# variant's forward, backward and decode kernels and the GEMM example at four configs
+# (dump_attention_ptx.cpp) and every lit test's
 # kernels (flextile-opt --emit=ptx, errors included), for sm_80, sm_86, sm_89, sm_90 and sm_90a.
 # The compile cache is a fresh temporary folder, so every kernel is compiled, not read back.
 set -euo pipefail

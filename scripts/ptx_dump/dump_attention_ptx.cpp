@@ -5,14 +5,18 @@
 // which builds it against a checkout's libflextile.
 //
 //   dump_attention_ptx OUT sm_80 sm_90a ...
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"
 #include "codegen/Compiler.h"
+#include "dsl/Kernel.h"
+#include "examples/kernels.h"
 
 using namespace flextile;
 using namespace flextile::attention;
@@ -93,6 +97,19 @@ int main(int argc, char** argv) {
               put(dir / (tag + "_dec" + std::to_string(i) + ".ptx"), p.config.describe() + "\n" + p.compiled[i]->ptx);
           });
         }
+    // The GEMM example (bf16; mma.sync, and wgmma where BLOCK_N gives every warp 16 rows).
+    for (auto [bm, bn, bk, warps, stages] : std::vector<std::array<int, 5>>{
+             {128, 128, 32, 8, 3}, {128, 16, 32, 8, 3}, {128, 128, 64, 8, 2}, {64, 128, 16, 4, 4}}) {
+      const std::string tag = "gemm_" + std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + "_w" +
+                              std::to_string(warps) + "_s" + std::to_string(stages);
+      attempt(tag, [&] {
+        dsl::Kernel mm = examples::matmul<dsl::bf16>();
+        auto f = mm.trace({.constants = {bm, bn, bk}, .num_warps = warps, .num_stages = stages});
+        f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 16, 16, 16};
+        put(dir / (tag + ".ptx"), codegen::compile(*f, codegen::CompileOptions{*target, false}).ptx);
+        ++kernels;
+      });
+    }
     std::printf("%s: %d kernels, %d failed plans\n", argv[a], kernels, failures);
   }
   return 0;
