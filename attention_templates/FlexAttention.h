@@ -77,6 +77,8 @@ inline constexpr int64_t kDecodeMaxQueries = 16;
 
 // The decode template's tiles (attention_templates/FlexAttentionDecode.cpp): one program per
 // (KV split, group of query heads sharing a KV head, batch), whose rows are those heads' queries.
+// The members' defaults are a starting point for a config given by hand; without one, a call
+// takes defaultFlexDecodeConfig (below), which picks per dtype and head dimension.
 struct FlexDecodeConfig {
   int64_t block_n = 64;  // keys per inner step (a power of two >= 16 dividing KV_BLOCK_SIZE)
   int num_warps = 4;
@@ -93,7 +95,7 @@ struct FlexAttentionOptions {
   bool return_lse = false;
   std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
   AttentionTemplate kernel = AttentionTemplate::Auto;
-  std::optional<FlexDecodeConfig> decode_config;  // the decode template's; default decodeConfigFor
+  std::optional<FlexDecodeConfig> decode_config;  // the decode template's; default defaultFlexDecodeConfig
   // The global position of q's first row inside the BlockMask's queries, for a mask built for more
   // queries than q has (decode against a mask pre-built at the maximum length, without slicing it):
   // q's L queries are [query_offset, query_offset + L) and must lie inside the mask's. Decode only.

@@ -10,13 +10,14 @@
 // Three kernels, launched in order:
 //   preprocess  per query tile: delta, and the LSE in the exp2 domain (+inf for a row with no
 //               allowed key, so every p of that row recomputes as exactly 0);
-//   dkdv        per KV tile of BLOCK_N keys and KV head: K and V stay in registers while the
+//   dkdv        per KV tile of BLOCK_N keys and KV head: K and V stay resident (in registers, or on
+//               sm_90a in shared memory as wgmma's A, codegen/TensorCores.h) while the
 //               program walks, for each query head of the GQA group, the BlockMask's transposed
 //               lists (full q blocks without mask_mod, then partial ones with it), recomputing
 //               pᵀ = exp2(K·Qᵀ - lse) tile by tile; dK and dV accumulate in registers and are
 //               written once (no atomics). Trainable captures get their gradient here, scattered
 //               with atomic adds (each (q, kv) pair is visited by exactly one dkdv program);
-//   dq          per query tile and query head: Q and dO stay in registers while the program walks
+//   dq          per query tile and query head: Q and dO stay resident (the same way) while the program walks
 //               the forward lists; dQ accumulates in registers.
 // The scores are computed transposed in dkdv ([BLOCK_N, BLOCK_M]) so that pᵀ and dSᵀ are the A
 // operands of their products straight from the accumulator, as P is in the forward; the mods see
