@@ -267,9 +267,7 @@ void writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   ir::Value* lb = forOp.operand(0);
   ir::Value* ub = forOp.operand(1);
   ir::Value* step = forOp.operand(2);
-  Inserter before{f, outer, outer.find(&forOp), loc};
-  if (ub->type() != ivType) ub = before.value(OpKind::Cast, {ub}, ivType);
-  if (step->type() != ivType) step = before.value(OpKind::Cast, {step}, ivType);
+  Inserter before{f, outer, outer.find(&forOp), loc};  // (the verifier gives lb, ub, step and iv one dtype)
   for (Ring& ring : rings) {
     const ir::Type& t = ring.load->result()->type();
     ring.buffer = before.value(OpKind::LocalAlloc, {},
