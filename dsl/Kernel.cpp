@@ -1,6 +1,7 @@
 #include "dsl/Kernel.h"
 
 #include "codegen/CompileCache.h"
+#include "codegen/Passes.h"
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Interpreter.h"
@@ -187,10 +188,8 @@ std::vector<KernelArg> Kernel::withCaptures(const Traced& t, const std::vector<K
   return all;
 }
 
-Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
-                                   std::optional<codegen::Target> target) {
-  const ir::Function& f = traced(options);
-  // What the code generator may assume about each argument.
+// What the code generator may assume about each argument (the attribute arg_divisibility).
+static std::vector<int64_t> argumentDivisibility(const ir::Function& f, const std::vector<KernelArg>& args) {
   std::vector<int64_t> div;
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg& a = args[i];
@@ -200,6 +199,13 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
       div.push_back(divisibility(uint64_t(a.integer())));
     else div.push_back(1);
   }
+  return div;
+}
+
+Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                   std::optional<codegen::Target> target) {
+  const ir::Function& f = traced(options);
+  const std::vector<int64_t> div = argumentDivisibility(f, args);
   if (!target) {
     auto& dev = runtime::Device::current();
     target = codegen::Target::fromCapability(dev.capabilityMajor(), dev.capabilityMinor());
@@ -312,9 +318,26 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data(), options.stream);
 }
 
+// FLEXTILE_INTERPRET_AFTER_PASSES=<target> (sm_80, sm_90a, ...): the interpreter runs the IR after
+// the compiler's tile passes for that target (codegen::tilePassPipeline: layouts, the pipeline's
+// rings and async copies, wgmma's waits and resident tiles) instead of the traced IR, so host
+// tests check what those passes write against the float64 references. The arguments specialize
+// the IR as a compile for them would (arg_divisibility), so the passes decide as they would there.
+static std::unique_ptr<ir::Function> afterTilePasses(const ir::Function& f, const std::vector<KernelArg>& args) {
+  const char* name = std::getenv("FLEXTILE_INTERPRET_AFTER_PASSES");
+  if (!name || !*name) return nullptr;
+  const std::optional<codegen::Target> target = codegen::Target::fromName(name);
+  if (!target) throw Error(std::string("FLEXTILE_INTERPRET_AFTER_PASSES names no known target: '") + name + "'");
+  std::unique_ptr<ir::Function> g = f.clone();
+  g->attrs()["arg_divisibility"] = argumentDivisibility(f, args);
+  codegen::tilePassPipeline(*target).run(*g);
+  return g;
+}
+
 void Kernel::interpretArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
   const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Host);
-  const ir::Function* f = &traced(options);
+  const std::unique_ptr<ir::Function> passed = afterTilePasses(traced(options), args);
+  const ir::Function* f = passed ? passed.get() : &traced(options);
   checkArgs(name_, *f, args, ArgMode::Host);
   std::vector<ir::InterpArg> iargs;
   for (size_t i = 0; i < args.size(); ++i) {

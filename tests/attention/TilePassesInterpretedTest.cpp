@@ -1,0 +1,90 @@
+// The compiler's tile passes keep what the templates compute: with FLEXTILE_INTERPRET_AFTER_PASSES
+// the interpreter runs each kernel's IR after codegen::tilePassPipeline for a target — layouts,
+// the pipeline pass's rings (local_alloc, async_copy, async_wait, barriers, local_load), and on
+// sm_90a the wgmma pass's async dots, wgmma_waits and resident A buffers — and the forward,
+// backward and decode templates are checked against float64 there. Configs of 64-row tiles on 4
+// warps, so that sm_90a puts their products on wgmma; two stages, so that the loops pipeline.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "FlexAttentionBackwardCheck.h"
+#include "FlexAttentionCheck.h"
+#include "FlexAttentionDecodeCheck.h"
+#include "MaskTestUtil.h"
+#include "attention_templates/Variants.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::Host;
+const FlexAttentionConfig kWgmmaTiles{64, 64, 4, 2};
+
+struct InterpretAfterPasses {
+  explicit InterpretAfterPasses(const char* target) { ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", target, 1); }
+  ~InterpretAfterPasses() { ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES"); }
+};
+
+}  // namespace
+
+TEST(TilePassesInterpreted, ForwardVariants) {
+  SeededRandom rng;
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    for (const char* name : {"causal", "document", "alibi"}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 127, .S = 129, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(target) + " " + name;
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{64, 64}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = kWgmmaTiles}))
+        return;
+    }
+  }
+}
+
+TEST(TilePassesInterpreted, BackwardCausalGqa) {
+  SeededRandom rng;
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16, .context = target};
+    BackwardCheck check;
+    check.refMask = refCausal();
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+    if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check)) return;
+  }
+}
+
+TEST(TilePassesInterpreted, DecodeSplits) {
+  SeededRandom rng;
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    for (int64_t L : {1, 4}) {
+      AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = L, .S = 300, .D = 64, .dtype = DType::BF16, .context = target};
+      if (!checkDecodeVariant(rng, variant("sliding_window"), c, kHost,
+                              {.splits = {0, 3}, .blocks = {64, 64}, .prefillConfig = kWgmmaTiles}))
+        return;
+    }
+  }
+}
+
+TEST(TilePassesInterpreted, AnUnknownTargetIsAnError) {
+  InterpretAfterPasses scope("sm_12");
+  SeededRandom rng;
+  AttentionCase c{.B = 1, .Hq = 1, .Hkv = 1, .L = 3, .S = 5, .D = 16, .dtype = DType::F32};
+  try {
+    checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {});
+    FAIL() << "the hook ignored FLEXTILE_INTERPRET_AFTER_PASSES";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FLEXTILE_INTERPRET_AFTER_PASSES names no known target: 'sm_12'"),
+              std::string::npos)
+        << e.what();
+  }
+}
