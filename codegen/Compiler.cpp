@@ -57,6 +57,8 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
   return pipeline;
 }
 
+void runTilePasses(ir::Function& f, const Target& target) { tilePassPipeline(target).run(f); }
+
 CompiledKernel compile(const ir::Function& input, const CompileOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   StepTimer timer;

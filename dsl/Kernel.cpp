@@ -1,7 +1,6 @@
 #include "dsl/Kernel.h"
 
 #include "codegen/CompileCache.h"
-#include "codegen/Passes.h"
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Interpreter.h"
@@ -330,7 +329,7 @@ static std::unique_ptr<ir::Function> afterTilePasses(const ir::Function& f, cons
   if (!target) throw Error(std::string("FLEXTILE_INTERPRET_AFTER_PASSES names no known target: '") + name + "'");
   std::unique_ptr<ir::Function> g = f.clone();
   g->attrs()["arg_divisibility"] = argumentDivisibility(f, args);
-  codegen::tilePassPipeline(*target).run(*g);
+  codegen::runTilePasses(*g, *target);
   return g;
 }
 
