@@ -414,22 +414,22 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 
   // The local_loads that wgmma reads through descriptors: B slots, and A tiles all of whose
   // readers are wgmma dots taking them as A in the layout wgmma reads (TensorCores.h).
-  std::map<const ir::Value*, bool> aOnlyByWgmma;
+  std::map<const ir::Op*, bool> onlyWgmmaA;  // per local_load read by some op: every reader is such a dot
   func.walk([&](const ir::Op& op) {
-    if (op.kind() == OpKind::Dot)
-      if (auto w = wgmmaPlan(op, target); w && w->load->kind() == OpKind::LocalLoad) localLoadsReadByWgmma_.insert(w->load);
+    const bool wgmma = op.kind() == OpKind::Dot && [&] {
+      auto w = wgmmaPlan(op, target);
+      if (w && w->load->kind() == OpKind::LocalLoad) localLoadsReadByWgmma_.insert(w->load);
+      return w.has_value();
+    }();
+    for (size_t i = 0; i < op.numOperands(); ++i)
+      if (const ir::Op* d = op.operand(i)->definingOp(); d && d->kind() == OpKind::LocalLoad) {
+        const bool asA = wgmma && i == 0 && wgmmaResidentATile(*d).has_value();
+        auto [it, fresh] = onlyWgmmaA.emplace(d, asA);
+        if (!fresh) it->second = it->second && asA;
+      }
   });
-  func.walk([&](const ir::Op& op) {
-    for (size_t i = 0; i < op.numOperands(); ++i) {
-      const ir::Op* d = op.operand(i)->definingOp();
-      if (!d || d->kind() != OpKind::LocalLoad) continue;
-      const bool asA = op.kind() == OpKind::Dot && i == 0 && wgmmaResidentATile(*d).has_value() && wgmmaPlan(op, target);
-      auto [it, fresh] = aOnlyByWgmma.emplace(op.operand(i), asA);
-      if (!fresh) it->second = it->second && asA;
-    }
-  });
-  for (const auto& [v, onlyA] : aOnlyByWgmma)
-    if (onlyA) localLoadsReadByWgmma_.insert(v->definingOp());
+  for (const auto& [load, onlyA] : onlyWgmmaA)
+    if (onlyA) localLoadsReadByWgmma_.insert(load);
   lowerBlock(func.body());
   if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
 

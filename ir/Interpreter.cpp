@@ -630,11 +630,17 @@ class Program {
 
   // ---- shared buffers: one mutable array of slots * tile elements per local_alloc ----
 
-  int64_t slotOf(const Op& op) const {
-    const int64_t slot = scalarInt(op.operand(1)), slots = op.operand(0)->type().slots();
+  // The elements [first, first + count) of the buffer operand 0 that slot operand 1 names.
+  struct SlotElements {
+    size_t first, count;
+  };
+  SlotElements slotElements(const Op& op) const {
+    const Type& t = op.operand(0)->type();
+    const int64_t slot = scalarInt(op.operand(1)), slots = t.slots();
     if (slot < 0 || slot >= slots)
       fail(op, "slot " + std::to_string(slot) + " is outside the buffer's " + std::to_string(slots) + " slots");
-    return slot;
+    const size_t count = size_t(numElements(t.shape()));
+    return {size_t(slot) * count, count};
   }
 
   void localAlloc(const Op& op) {
@@ -647,7 +653,7 @@ class Program {
 
   void asyncCopy(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    const auto [base, n] = slotElements(op);
     Data& buf = *buffers_.at(op.operand(0));
     const PtrVal* p = inp<PtrVal>(op, 2);
     const int64_t* mask = op.numOperands() > 3 ? inp<int64_t>(op, 3) : nullptr;
@@ -663,7 +669,7 @@ class Program {
 
   void localLoad(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    const auto [base, n] = slotElements(op);
     const Data& buf = in(op, 0);
     set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
           using T = decltype(held);
@@ -676,7 +682,7 @@ class Program {
 
   void localStore(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const size_t n = size_t(numElements(t.shape())), base = size_t(slotOf(op)) * n;
+    const auto [base, n] = slotElements(op);
     Data& buf = *buffers_.at(op.operand(0));
     const Data& v = in(op, 2);
     withStorage(storageOf(t.dtype()), [&](auto held) {

@@ -285,6 +285,19 @@ class Parser {
     aliases_[name.text] = layoutText(body);
   }
 
+  // The dimensions after a tile type's '[', through its ']'.
+  Shape tileDims() {
+    Shape shape;
+    do {
+      Token dim = expect(Tok::Int, "a tile dimension");
+      int64_t v = integer(dim);
+      if (v <= 0) failAt(dim, "tile dimension " + dim.text + " is not positive");
+      shape.push_back(v);
+    } while (eatPunct(','));
+    expectPunct(']');
+    return shape;
+  }
+
   // smem<SLOTS x DTYPE[DIMS], #ft.shared<...>>
   Type sharedBufferType() {
     expectPunct('<');
@@ -296,14 +309,7 @@ class Parser {
     auto d = parseDType(et.text);
     if (!d || *d == DType::Ptr) failAt(et, "a shared buffer holds numbers, not '" + et.text + "'");
     expectPunct('[');
-    Shape shape;
-    do {
-      Token dim = expect(Tok::Int, "a tile dimension");
-      int64_t v = integer(dim);
-      if (v <= 0) failAt(dim, "tile dimension " + dim.text + " is not positive");
-      shape.push_back(v);
-    } while (eatPunct(','));
-    expectPunct(']');
+    Shape shape = tileDims();
     expectPunct(',');
     Token lt = expect(Tok::InlineShared, "a shared layout '#ft.shared<...>'");
     std::shared_ptr<const SharedLayout> layout;
@@ -338,14 +344,7 @@ class Parser {
       result = Type(*d);
     }
     if (eatPunct('[')) {
-      Shape shape;
-      do {
-        Token dim = expect(Tok::Int, "a tile dimension");
-        int64_t v = integer(dim);
-        if (v <= 0) failAt(dim, "tile dimension " + dim.text + " is not positive");
-        shape.push_back(v);
-      } while (eatPunct(','));
-      expectPunct(']');
+      Shape shape = tileDims();
       result = result.isPointer() ? Type::pointer(result.pointee(), shape) : result.withShape(shape);
     }
     if (at(Tok::Alias)) {

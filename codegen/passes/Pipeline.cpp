@@ -63,6 +63,7 @@
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/TensorCores.h"
+#include "ir/Passes.h"
 
 #include <functional>
 #include <map>
@@ -210,13 +211,14 @@ void issueStage(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Val
   at.op(OpKind::AsyncCommit, {}, {});
 }
 
-void writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<const Op*, int64_t>& globalWidth,
+// Whether the loop had loads to pipeline (and now has their rings).
+bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<const Op*, int64_t>& globalWidth,
                    const Target& target) {
   ir::Block& body = forOp.region(0);
   std::vector<Ring> rings;
   for (auto& op : body.ops())
     if (op->kind() == OpKind::Load && op->hasAttr("async_stages")) rings.push_back({op.get()});
-  if (rings.empty()) return;
+  if (rings.empty()) return false;
   // Loads whose slot a wgmma reads take its layout; the converts that are those dots' operands.
   std::map<const Op*, ir::SharedLayout> wgmmaLayouts;
   std::set<const Op*> wgmmaConverts;
@@ -312,24 +314,10 @@ void writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
 
-  // The loads and the address ops only they used.
+  // The loads; their address ops, now unused, go with the function's dead code (ir::dce, after
+  // every loop is rewritten).
   for (Ring& ring : rings) body.erase(ring.load);
-  for (bool erased = true; erased;) {
-    erased = false;
-    std::set<const ir::Value*> used;
-    f.walk([&](const Op& op) {
-      for (const ir::Value* v : op.operands()) used.insert(v);
-    });
-    for (auto it = body.ops().begin(); it != body.ops().end();) {
-      Op& op = **it++;
-      const bool dead = !op.hasTrait(ir::kSideEffect) && op.regions().empty() && op.numResults() > 0 &&
-                        std::none_of(op.results().begin(), op.results().end(), [&](const ir::Value* r) { return used.count(r); });
-      if (dead) {
-        body.erase(&op);
-        erased = true;
-      }
-    }
-  }
+  return true;
 }
 
 }  // namespace
@@ -399,7 +387,9 @@ void pipelineLoads(ir::Function& f, const Target& target) {
     }
     loops.push_back(&forOp);
   });
-  for (Op* forOp : loops) writeSchedule(f, *forOp, stages, globalWidth, target);
+  bool rewritten = false;
+  for (Op* forOp : loops) rewritten = writeSchedule(f, *forOp, stages, globalWidth, target) || rewritten;
+  if (rewritten) ir::dce(f);
 }
 
 ir::Pass pipelinePass(const Target& target) {

@@ -22,6 +22,7 @@
 #include "dsl/DSL.h"
 #include "runtime/Device.h"
 #include "runtime/Stream.h"
+#include "tests/runtime/RecordingDriverLog.h"
 
 namespace flextile {
 namespace {
@@ -31,34 +32,10 @@ using namespace flextile::dsl;
 using namespace flextile::attention;
 
 // Before anything loads the driver or opens the cache: this process's fake driver, log and cache.
-const fs::path kScratch = [] {
-  std::random_device rd;
-  fs::path dir = fs::temp_directory_path() / ("flextile-fake-driver-" + std::to_string(rd()) + std::to_string(rd()));
-  fs::create_directories(dir);
-  setenv("FLEXTILE_CUDA_LIBRARY", FLEXTILE_RECORDING_CUDA_LIBRARY, 1);
-  setenv("FLEXTILE_FAKE_CUDA_LOG", (dir / "calls.log").c_str(), 1);
-  setenv("FLEXTILE_CACHE_DIR", (dir / "cache").c_str(), 1);
-  return dir;
-}();
-
-struct RemoveScratch {
-  ~RemoveScratch() {
-    std::error_code ec;
-    fs::remove_all(kScratch, ec);
-  }
-} removeScratch;
+const flextile::testing::RecordingDriverLog kDriver("fake-driver", /*withCache=*/true);
 
 // The calls logged since the last take().
-std::vector<std::string> take() {
-  const fs::path log = kScratch / "calls.log";
-  std::vector<std::string> lines;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  in.close();
-  std::error_code ec;
-  fs::remove(log, ec);
-  return lines;
-}
+std::vector<std::string> take() { return kDriver.take(); }
 
 std::string handleText(const runtime::Stream& s) {
   char buf[32];
@@ -305,7 +282,7 @@ TEST(Streams, RepeatedBackwardCallsNeitherAllocateNorFree) {
 // last lines of its log are the static destructors' frees).
 TEST(DeviceMemory, EveryAllocationOfADecodeStepIsFreedByExit) {
   // Outside the scratch folder, which the child's static destructors remove.
-  const fs::path log = fs::path(kScratch.string() + "-exit.log");
+  const fs::path log = fs::path(kDriver.dir().string() + "-exit.log");
   EXPECT_EXIT(
       {
         setenv("FLEXTILE_FAKE_CUDA_LOG", log.c_str(), 1);

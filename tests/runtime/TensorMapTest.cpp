@@ -16,6 +16,7 @@
 
 #include "runtime/DriverError.h"
 #include "runtime/TensorMap.h"
+#include "tests/runtime/RecordingDriverLog.h"
 
 namespace flextile::runtime {
 namespace {
@@ -23,34 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // Before anything loads the driver: this process's fake driver and its log.
-const fs::path kScratch = [] {
-  std::random_device rd;
-  fs::path dir = fs::temp_directory_path() / ("flextile-tensor-map-" + std::to_string(rd()) + std::to_string(rd()));
-  fs::create_directories(dir);
-  setenv("FLEXTILE_CUDA_LIBRARY", FLEXTILE_RECORDING_CUDA_LIBRARY, 1);
-  setenv("FLEXTILE_FAKE_CUDA_LOG", (dir / "calls.log").c_str(), 1);
-  return dir;
-}();
-
-struct RemoveScratch {
-  ~RemoveScratch() {
-    std::error_code ec;
-    fs::remove_all(kScratch, ec);
-  }
-} removeScratch;
+const flextile::testing::RecordingDriverLog kDriver("tensor-map");
 
 // The tensor-map calls logged since the last take().
-std::vector<std::string> takeEncodes() {
-  const fs::path log = kScratch / "calls.log";
-  std::vector<std::string> lines;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("tensormap", 0) == 0) lines.push_back(line);
-  in.close();
-  std::error_code ec;
-  fs::remove(log, ec);
-  return lines;
-}
+std::vector<std::string> takeEncodes() { return kDriver.take("tensormap"); }
 
 std::string errorOf(const TensorMapDesc& desc) {
   try {
