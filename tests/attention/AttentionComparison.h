@@ -8,6 +8,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -85,27 +86,47 @@ inline std::string attentionMismatch(const dsl::Tensor& out, const dsl::Tensor& 
     return os.str();
   }
   double num = 0, den = 0;
+  // The first element over tolerance, then how many there are and in which rows: a race shows as
+  // a scatter of rows, a wrong layout or mask as a pattern.
+  std::string first;
+  size_t bad = 0;
+  double worst = 0;
+  std::vector<size_t> badRows;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(ref.lse[i / size_t(D)])) {  // a row the sampled reference left out
+    const size_t row = i / size_t(D);
+    if (std::isnan(ref.lse[row])) {  // a row the sampled reference left out
       if (!std::isfinite(got[i])) {
         std::ostringstream os;
-        os << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
+        os << "out[" << i << "] (row " << row << ", d " << i % size_t(D) << ") = " << got[i]
            << ": not written, or not finite (a row outside the reference's sample)";
         return os.str();
       }
       continue;
     }
-    const bool maskedRow = std::isinf(ref.lse[i / size_t(D)]);
+    const bool maskedRow = std::isinf(ref.lse[row]);
     const double err = std::abs(got[i] - ref.out[i]);
     if (!std::isfinite(got[i]) || (maskedRow && got[i] != 0.0) || err > elementTolerance(dtype)) {
-      std::ostringstream os;
-      os << "out[" << i << "] (row " << i / size_t(D) << ", d " << i % size_t(D) << ") = " << got[i]
-                    << ", reference " << ref.out[i] << (maskedRow ? " (a row with no allowed key)" : "")
-                    << ", |error| " << err << " > " << elementTolerance(dtype);
-      return os.str();
+      if (first.empty()) {
+        std::ostringstream os;
+        os << "out[" << i << "] (row " << row << ", d " << i % size_t(D) << ") = " << got[i] << ", reference "
+           << ref.out[i] << (maskedRow ? " (a row with no allowed key)" : "") << ", |error| " << err << " > "
+           << elementTolerance(dtype);
+        first = os.str();
+      }
+      ++bad;
+      worst = std::isfinite(err) ? std::max(worst, err) : worst;
+      if (badRows.empty() || badRows.back() != row) badRows.push_back(row);
     }
     num += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
     den += ref.out[i] * ref.out[i];
+  }
+  if (bad) {
+    std::ostringstream os;
+    os << first << "; " << bad << " of " << got.size() << " elements over the tolerance, largest error " << worst
+       << ", in " << badRows.size() << " rows of " << got.size() / size_t(D) << " (rows";
+    for (size_t r = 0; r < std::min<size_t>(badRows.size(), 12); ++r) os << " " << badRows[r];
+    os << (badRows.size() > 12 ? " ...)" : ")");
+    return os.str();
   }
   const double rel = std::sqrt(num / std::max(den, 1e-30));
   if (den == 0 ? num != 0 : rel > tolerance(dtype)) {

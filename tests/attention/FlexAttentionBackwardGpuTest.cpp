@@ -168,7 +168,9 @@ TEST(FlexAttentionBackwardGpu, DeterministicIsBitwiseIdentical) {
     EXPECT_TRUE(bytes(a.dq) == bytes(b.dq));
     EXPECT_TRUE(bytes(a.dk) == bytes(b.dk));
     EXPECT_TRUE(bytes(a.dv) == bytes(b.dv));
-    if (deterministic) EXPECT_TRUE(bytes(a.grad(tableT)) == bytes(b.grad(tableT)));
+    if (deterministic) {
+      EXPECT_TRUE(bytes(a.grad(tableT)) == bytes(b.grad(tableT)));
+    }
   }
 }
 

@@ -460,5 +460,7 @@ TEST(PagedKV, WholePageStepsArePipelinedOnSm90a) {
   const PagedInputs in = makePagedInputs(rng, small, kHost);
   const FlexAttentionPlan gathered = plan_flex_attention(q, in.kv, noop_score(), mask, opts, true, codegen::Target::sm90a());
   EXPECT_EQ(count(gathered.compiled->ptx, copy), 0);
-  if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(gathered.compiled->ptx, codegen::Target::sm90a()));
+  if (codegen::findPtxas()) {
+    EXPECT_NO_THROW(codegen::runPtxas(gathered.compiled->ptx, codegen::Target::sm90a()));
+  }
 }

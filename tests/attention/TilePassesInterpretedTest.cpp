@@ -21,6 +21,8 @@ using namespace flextile;
 using namespace flextile::attention;
 using namespace flextile::testing;
 using dsl::DType;
+using dsl::Tensor;
+using dsl::Tile;
 using dsl::MemorySpace;
 
 namespace {
@@ -87,4 +89,35 @@ TEST(TilePassesInterpreted, AnUnknownTargetIsAnError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The loop of FlexAttentionGpu.WgmmaInLoopsWithSharedConversions: ids ^ 1 compared in another
+// layout than they are loaded in, so the loop converts through shared memory while its products
+// run on async wgmma (FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 lifts wgmmaPlan's refusal).
+TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
+  struct Restore {
+    ~Restore() { ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS"); }
+  } restore;
+  const int64_t B = 1, S = 129;
+  std::vector<int32_t> ids(size_t(B * S));
+  int32_t doc = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % size_t(S) == 0 || rng() % 17 == 0) ++doc;
+    ids[i] = doc;
+  }
+  dsl::CapturedTensor idsT = dsl::capture(Tensor::fromHost(ids, {B, S}), "ids");
+  MaskMod docs = and_masks(causal_mask(), MaskMod("shifted_documents",
+                                                  [idsT](const Tile& b, const Tile&, const Tile& q, const Tile& kv) {
+                                                    return (idsT(b, q) ^ 1) == (idsT(b, kv) ^ 1);
+                                                  },
+                                                  {idsT}));
+  RefMaskFn ref = [ids, S](int64_t b, int64_t, int64_t q, int64_t kv) {
+    return kv <= q && ids[size_t(b * S + q)] == ids[size_t(b * S + kv)];
+  };
+  AttentionCase c{.B = B, .Hq = 8, .Hkv = 2, .L = 127, .S = S, .D = 64, .dtype = DType::BF16, .context = "shifted documents"};
+  BlockMask mask = createBlockMask(docs, B, 1, c.L, c.S, {128, 128}, kHost);
+  checkFlexAttention(rng, c, kHost, noop_score(), mask, nullptr, ref, {.config = kWgmmaTiles});
 }
