@@ -20,6 +20,7 @@
 #include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/TensorCores.h"
 #include "ir/Dump.h"
 #include "ir/Pass.h"
 #include "ir/Passes.h"
@@ -97,7 +98,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
     module->print(os, nullptr);
   }
   timer.step("print LLVM IR");
-  k.ptx = nvptx.emitPTX(*module);
+  k.ptx = nvptx.emitPTX(*module, {.keepBlockOrder = hasWgmmaDots(*f, target)});
   timer.step("NVPTX backend (PTX)");
 
   k.sharedBytes = int(plan.sharedBytes);

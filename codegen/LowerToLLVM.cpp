@@ -472,7 +472,7 @@ LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const Lo
   LoweredKernel out;
   llvm::raw_string_ostream os(out.llvmIR);
   module->print(os, nullptr);
-  out.ptx = nvptx.emitPTX(*module);
+  out.ptx = nvptx.emitPTX(*module, {.keepBlockOrder = hasWgmmaDots(f, target)});
   return out;
 }
 

@@ -55,22 +55,29 @@ void initializeLLVMOnce() {
   });
 }
 
-// Refuses the passes of skippedLLVMPasses(). Legacy passes ask it through skipFunction(); the IR
-// pipeline asks it through OptPassGateInstrumentation. One stateless gate, installed on each
-// compile's own LLVMContext (never LLVM's global one), so threads may compile at once.
+// Refuses the passes of skippedLLVMPasses(), and with keepBlockOrder the backend's block placement
+// (see emitPTX). Legacy passes ask it through skipFunction(); the IR pipeline asks it through
+// OptPassGateInstrumentation. Two stateless gates, one installed on each compile's own LLVMContext
+// (never LLVM's global one), so threads may compile at once.
 class SkipPassesGate final : public llvm::OptPassGate {
  public:
+  explicit SkipPassesGate(bool keepBlockOrder) : keepBlockOrder_(keepBlockOrder) {}
   bool shouldRunPass(llvm::StringRef pass, llvm::StringRef) const override {
+    if (keepBlockOrder_ && pass == "block-placement") return false;
     for (const std::string& skipped : skippedLLVMPasses())
       if (pass == skipped) return false;
     return true;
   }
-  bool isEnabled() const override { return !skippedLLVMPasses().empty(); }
+  bool isEnabled() const override { return keepBlockOrder_ || !skippedLLVMPasses().empty(); }
+
+ private:
+  bool keepBlockOrder_;
 };
 
-void installPassGate(llvm::LLVMContext& context) {
-  static SkipPassesGate gate;
-  if (gate.isEnabled()) context.setOptPassGate(gate);
+void installPassGate(llvm::LLVMContext& context, bool keepBlockOrder = false) {
+  static SkipPassesGate gate(false), keepingBlockOrder(true);
+  SkipPassesGate& chosen = keepBlockOrder ? keepingBlockOrder : gate;
+  if (chosen.isEnabled()) context.setOptPassGate(chosen);
 }
 
 // A misspelt name in FLEXTILE_LLVM_SKIP_PASSES would skip nothing and say nothing, so each name must
@@ -229,13 +236,13 @@ void NVPTXTarget::optimize(llvm::Module& module) const {
   mpm.run(module, mam);
 }
 
-std::string NVPTXTarget::emitPTX(llvm::Module& module) const {
+std::string NVPTXTarget::emitPTX(llvm::Module& module, const EmitOptions& options) const {
   llvm::TargetMachine& tm = machine();
   if (module.getDataLayout() != tm.createDataLayout()) {
     module.setTargetTriple(llvm::Triple(triple()));
     module.setDataLayout(tm.createDataLayout());
   }
-  installPassGate(module.getContext());
+  installPassGate(module.getContext(), options.keepBlockOrder);
   llvm::SmallString<0> buffer;
   llvm::raw_svector_ostream os(buffer);
   llvm::legacy::PassManager pm;

@@ -52,8 +52,17 @@ class NVPTXTarget {
 
   // Sets the module's triple and data layout, then runs LLVM's O3 pipeline.
   void optimize(llvm::Module& module) const;
+  struct EmitOptions {
+    // Leave the machine blocks in the order of the LLVM IR (no `block-placement`). For kernels
+    // that issue wgmma from registers: when block placement rotates such a loop so that its header
+    // is laid out after the latch and entered by a forward branch, ptxas (CUDA 13.0, offline and
+    // the driver's JIT) treats the loop-invariant A registers of a wgmma in the header as dead
+    // after the first iteration and reuses them (docs/performance.md, "wrong rows with wgmma").
+    bool keepBlockOrder = false;
+  };
   // The NVPTX backend: PTX text of the module.
-  std::string emitPTX(llvm::Module& module) const;
+  std::string emitPTX(llvm::Module& module, const EmitOptions& options) const;
+  std::string emitPTX(llvm::Module& module) const { return emitPTX(module, EmitOptions{}); }
 
  private:
   llvm::TargetMachine& machine() const;

@@ -389,6 +389,12 @@ std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& ta
   return out;
 }
 
+bool hasWgmmaDots(const ir::Function& f, const Target& target) {
+  bool any = false;
+  f.walk([&](const ir::Op& op) { any = any || (op.kind() == OpKind::Dot && wgmmaPlan(op, target)); });
+  return any;
+}
+
 std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad) {
   if (localLoad.kind() != OpKind::LocalLoad) return std::nullopt;
   const ir::Type& buf = localLoad.operand(0)->type();

@@ -178,6 +178,9 @@ const ir::Op* wgmmaSource(const ir::Op& dot);
 // The plan when `dot` runs on wgmma for `target` (rules above), else empty.
 // Needs layouts.
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
+// Whether any dot of `f` runs on wgmma for `target` (the PTX backend then keeps its block order:
+// NVPTXTarget::EmitOptions::keepBlockOrder).
+bool hasWgmmaDots(const ir::Function& f, const Target& target);
 
 // A convert whose tile the dots read from shared memory (the SS rule above,
 // except the fit, which the shared-memory plan checks): the resident tile and

@@ -4,7 +4,10 @@
 // both without spills.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
+#include <sstream>
+#include <vector>
 
 #include "attention_templates/FlexAttention.h"
 #include "codegen/Ptxas.h"
@@ -19,6 +22,32 @@ namespace {
 int count(const std::string& text, const std::string& re) {
   std::regex r(re);
   return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
+}
+
+// Branches from above a loop into its middle: a loop spans from a label to the last branch back to
+// it, and an entry below that label means the layout that LLVM's block placement makes when it
+// rotates a loop (the header after the latch, entered by a jump), under which ptxas loses a
+// wgmma's loop-invariant A registers (NVPTXTarget::EmitOptions::keepBlockOrder).
+std::vector<std::string> jumpsIntoLoops(const std::string& ptx) {
+  std::map<std::string, size_t> labelLine;
+  std::vector<std::pair<size_t, std::string>> branches;  // (line, target label)
+  std::istringstream in(ptx);
+  size_t n = 0;
+  const std::regex label(R"(^\$(L__BB\w+):)"), branch(R"(\bbra(\.uni)?\s+\$(L__BB\w+);)");
+  for (std::string line; std::getline(in, line); ++n) {
+    std::smatch m;
+    if (std::regex_search(line, m, label)) labelLine[m[1]] = n;
+    if (std::regex_search(line, m, branch)) branches.push_back({n, m[2].str()});
+  }
+  std::vector<std::string> out;
+  for (const auto& [back, header] : branches) {
+    if (!labelLine.count(header) || labelLine[header] > back) continue;  // not a back edge
+    const size_t top = labelLine[header];
+    for (const auto& [from, target] : branches)
+      if (labelLine.count(target) && from < top && labelLine[target] > top && labelLine[target] <= back)
+        out.push_back("line " + std::to_string(from) + " jumps to " + target + " inside the loop of " + header);
+  }
+  return out;
 }
 
 const codegen::CompiledKernel& compileFor(codegen::Target target, FlexAttentionConfig config, int64_t D = 128) {
@@ -114,6 +143,12 @@ TEST(FlexAttentionCodegen, LoopsWithSharedConversionsKeepMmaSync) {
                                      codegen::Target::sm90a());
   ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS");
   EXPECT_GT(count(allowed.compiled->ptx, "wgmma\\.mma_async"), 0);
+  // Regression (the wrong rows of FlexAttentionGpu.WgmmaInLoopsWithSharedConversions): the
+  // conversions' owner-only stores split the loop into blocks, and LLVM's block placement laid
+  // its header out after the latch, entered by a forward jump; ptxas then reused Q's registers
+  // after the first iteration. With wgmma the backend keeps the IR's block order.
+  const std::vector<std::string> entries = jumpsIntoLoops(allowed.compiled->ptx);
+  EXPECT_TRUE(entries.empty()) << entries.front() << "\n" << allowed.compiled->ptx;
   if (codegen::findPtxas()) {
     codegen::PtxasReport r = codegen::runPtxas(allowed.compiled->ptx, codegen::Target::sm90a());
     EXPECT_EQ(r.spillStoreBytes, 0) << r.log;

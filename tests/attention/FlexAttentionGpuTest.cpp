@@ -185,10 +185,7 @@ TEST(FlexAttentionGpu, MaskAlgebra) {
 TEST(FlexAttentionGpu, WgmmaInLoopsWithSharedConversions) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
-  struct Restore {
-    ~Restore() { ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS"); }
-  } restore;
+  ScopedSetenv sharedConversions("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1");
   for (auto [B, Hq, Hkv, L, S] : std::vector<std::array<int64_t, 5>>{{1, 8, 2, 127, 129}, {2, 4, 1, 1000, 1000}, {1, 2, 2, 300, 777}}) {
     std::vector<int32_t> ids(size_t(B * S));
     int32_t doc = 0;

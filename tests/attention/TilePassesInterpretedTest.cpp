@@ -97,10 +97,7 @@ TEST(TilePassesInterpreted, AnUnknownTargetIsAnError) {
 TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
-  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
-  struct Restore {
-    ~Restore() { ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS"); }
-  } restore;
+  ScopedSetenv sharedConversions("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1");
   const int64_t B = 1, S = 129;
   std::vector<int32_t> ids(size_t(B * S));
   int32_t doc = 0;
