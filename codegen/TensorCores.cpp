@@ -235,12 +235,6 @@ bool wgmmaDisabled() {
   const char* e = std::getenv("FLEXTILE_WGMMA");
   return e && std::strcmp(e, "0") == 0;
 }
-// FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 lifts the refusal below, for the GPU test that decides it.
-bool sharedConversionsAllowed() {
-  const char* e = std::getenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS");
-  return e && std::strcmp(e, "1") == 0;
-}
-
 // Whether `v` is used only by `user` among the ops of `block` (and their regions).
 bool onlyUser(const ir::Value* v, const ir::Op* user, const ir::Block& block) {
   bool ok = true;
@@ -283,31 +277,6 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   scanUsers(body);
   if (!onlyConverts) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
-
-  // Conservative until understood: a layout conversion through shared memory
-  // in the same loop (document ids loaded in one layout and compared in
-  // another, say) made the H200 return wrong rows for D = 64, BLOCK_N = 64
-  // (tests/attention FlexAttentionGpu, document variant), before the waits
-  // were flushed ahead of every scratch user and the tied accumulators were
-  // made defined. Such loops keep mma.sync unless
-  // FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 (FlexAttentionGpu.
-  // WgmmaInLoopsWithSharedConversions decides whether the refusal still
-  // guards anything); see docs/performance.md.
-  bool sharedConversion = false;
-  std::function<void(const ir::Block&)> scanConverts = [&](const ir::Block& blk) {
-    for (const auto& o : blk.ops()) {
-      if (o->kind() == OpKind::ConvertLayout) {
-        const ir::Op* src = o->operand(0)->definingOp();
-        const bool ring = src && src->kind() == OpKind::Load && src->hasAttr("async_stages");
-        const auto& from = o->operand(0)->type().layout();
-        const auto& to = o->result()->type().layout();
-        if (!ring && !(from && to && *from == *to)) sharedConversion = true;
-      }
-      for (const auto& r : o->regions()) scanConverts(*r);
-    }
-  };
-  scanConverts(body);
-  if (sharedConversion && !sharedConversionsAllowed()) return std::nullopt;
 
   const Layout& lc = *dot.result()->type().layout();
   const int numWarps = lc.numWarps();
@@ -413,7 +382,6 @@ std::string wgmmaSettingsIdentity() {
   std::string out;
   if (wgmmaDisabled()) out += "; FLEXTILE_WGMMA=0";
   if (smemADisabled()) out += "; FLEXTILE_WGMMA_SMEM_A=0";
-  if (sharedConversionsAllowed()) out += "; FLEXTILE_WGMMA_SHARED_CONVERSIONS=1";
   return out;
 }
 

@@ -105,10 +105,11 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 //     accumulator fragment of each warp is the mma.sync one repeated along N
 //     (d[4i..4i+3] of n-block i at the m16n8 positions), so layouts, softmax
 //     and the P operand are the same as on mma.sync;
-//   * N is a multiple of 8 up to 256 and K a multiple of 16;
-//   * the loop converts no other layout (through shared memory): such loops
-//     gave wrong rows on the H200 (document ids at D = 64) and keep mma.sync
-//     until the cause is found.
+//   * N is a multiple of 8 up to 256 and K a multiple of 16.
+// Other layout conversions in the loop (through shared memory) are allowed: the
+// wrong rows they once gave on the H200 were ptxas losing a register A operand
+// in a loop whose blocks LLVM had rotated, which the backend now prevents
+// (NVPTXTarget::EmitOptions::keepBlockOrder).
 // The B tile is K-major when its contiguous dimension is B's K (the K of
 // attention's Q K^T) and MN-major (imm-trans-b) when it is N (V of P V).
 // FLEXTILE_WGMMA=0 in the environment turns the path off (for comparisons).
@@ -140,9 +141,8 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 // no registers (wgmmaResidentATile); each k-step of the dot passes a second
 // descriptor (same encoding as a K-major B) instead of the four A words,
 // warpgroup g's starting at row 64g. Loops whose A is computed
-// in the loop (P of P V, dS^T of dS^T Q) keep register A. The resident
-// convert sits outside the loop, so the loop's no-conversion rule above does
-// not see it. FLEXTILE_WGMMA_SMEM_A=0 keeps register A everywhere.
+// in the loop (P of P V, dS^T of dS^T Q) keep register A.
+// FLEXTILE_WGMMA_SMEM_A=0 keeps register A everywhere.
 
 // A tile that wgmma reads through a matrix descriptor.
 struct WgmmaTile {

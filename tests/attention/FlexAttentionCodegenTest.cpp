@@ -116,9 +116,13 @@ TEST(FlexAttentionCodegen, EveryRingPrologueWaitsForTheCtaFirst) {
   }
 }
 
-// Regression (wrong rows on the H200 for the document variant at D = 64): a
-// loop that also converts a layout through shared memory keeps mma.sync.
-TEST(FlexAttentionCodegen, LoopsWithSharedConversionsKeepMmaSync) {
+// Regression (wrong rows on the H200 for the document variant at D = 64, and in
+// FlexAttentionGpu.WgmmaInLoopsWithSharedConversions until 38b2184): a loop that also converts a
+// layout through shared memory runs both products on wgmma, and its PTX keeps the loop's blocks
+// in order. The conversions' owner-only stores split the loop into blocks; LLVM's block placement
+// then laid the header out after the latch, entered by a forward jump, and ptxas reused Q's
+// registers after the first iteration. With wgmma the backend keeps the IR's block order.
+TEST(FlexAttentionCodegen, LoopsWithSharedConversionsRunWgmmaWithTheirBlocksInOrder) {
   Tensor q = Tensor::empty(DType::BF16, {1, 8, 127, 64}, MemorySpace::Host);
   Tensor k = Tensor::empty(DType::BF16, {1, 2, 129, 64}, MemorySpace::Host);
   std::vector<int32_t> ids(129);
@@ -133,25 +137,18 @@ TEST(FlexAttentionCodegen, LoopsWithSharedConversionsKeepMmaSync) {
                                                   },
                                                   {idsT}));
   BlockMask mask = createBlockMask(docs, 1, 1, 127, 129, {128, 128}, MemorySpace::Host);
-  auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {}, true, codegen::Target::sm90a());
-  EXPECT_EQ(count(plan.compiled->ptx, "wgmma"), 0);
-  EXPECT_GT(count(plan.compiled->ptx, "mma\\.sync"), 0);
-  // FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 (for the GPU test that decides the refusal,
-  // FlexAttentionGpu.WgmmaInLoopsWithSharedConversions) puts the loop on wgmma, and it assembles.
-  ::setenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1", 1);
-  auto allowed = plan_flex_attention(q, k, k, noop_score(), mask, {.config = FlexAttentionConfig{64, 64, 4, 2}}, true,
-                                     codegen::Target::sm90a());
-  ::unsetenv("FLEXTILE_WGMMA_SHARED_CONVERSIONS");
-  EXPECT_GT(count(allowed.compiled->ptx, "wgmma\\.mma_async"), 0);
-  // Regression (the wrong rows of FlexAttentionGpu.WgmmaInLoopsWithSharedConversions): the
-  // conversions' owner-only stores split the loop into blocks, and LLVM's block placement laid
-  // its header out after the latch, entered by a forward jump; ptxas then reused Q's registers
-  // after the first iteration. With wgmma the backend keeps the IR's block order.
-  const std::vector<std::string> entries = jumpsIntoLoops(allowed.compiled->ptx);
-  EXPECT_TRUE(entries.empty()) << entries.front() << "\n" << allowed.compiled->ptx;
-  if (codegen::findPtxas()) {
-    codegen::PtxasReport r = codegen::runPtxas(allowed.compiled->ptx, codegen::Target::sm90a());
-    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+  for (const FlexAttentionConfig config : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2}}) {
+    SCOPED_TRACE(config.describe());
+    auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {.config = config}, true, codegen::Target::sm90a());
+    EXPECT_GT(count(plan.compiled->ir, "convert_layout %[0-9]+ : i32"), 0) << "the loop no longer converts";
+    EXPECT_EQ(count(plan.compiled->ptx, "wgmma\\.mma_async"), 8);
+    EXPECT_EQ(count(plan.compiled->ptx, "mma\\.sync"), 0);
+    const std::vector<std::string> entries = jumpsIntoLoops(plan.compiled->ptx);
+    EXPECT_TRUE(entries.empty()) << entries.front() << "\n" << plan.compiled->ptx;
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
   }
 }
 

@@ -177,15 +177,14 @@ TEST(FlexAttentionGpu, MaskAlgebra) {
     }
 }
 
-// Decides wgmmaPlan's refusal of loops that convert a layout through shared memory
-// (codegen/TensorCores.cpp; docs/performance.md): the mask mod compares document ids ^ 1, which
-// loads them in one layout and compares them in another, so its loop converts through shared
-// memory. With FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 such loops run on wgmma; D = 64 at BLOCK_N 64
-// is where the H200 once returned wrong rows. The plan is checked to really use wgmma.
+// wgmma in a loop that converts a layout through shared memory (docs/performance.md, "Wrong rows
+// with wgmma"): the mask mod compares document ids ^ 1, which loads them in one layout and
+// compares them in another. D = 64 at BLOCK_N 64 is where the H200 returned wrong rows in every
+// iteration after the first, until the backend kept such loops' blocks in order (38b2184). The
+// plan is checked to really use wgmma.
 TEST(FlexAttentionGpu, WgmmaInLoopsWithSharedConversions) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  ScopedSetenv sharedConversions("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1");
   for (auto [B, Hq, Hkv, L, S] : std::vector<std::array<int64_t, 5>>{{1, 8, 2, 127, 129}, {2, 4, 1, 1000, 1000}, {1, 2, 2, 300, 777}}) {
     std::vector<int32_t> ids(size_t(B * S));
     int32_t doc = 0;

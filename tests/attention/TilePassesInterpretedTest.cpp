@@ -93,11 +93,10 @@ TEST(TilePassesInterpreted, AnUnknownTargetIsAnError) {
 
 // The loop of FlexAttentionGpu.WgmmaInLoopsWithSharedConversions: ids ^ 1 compared in another
 // layout than they are loaded in, so the loop converts through shared memory while its products
-// run on async wgmma (FLEXTILE_WGMMA_SHARED_CONVERSIONS=1 lifts wgmmaPlan's refusal).
+// run on async wgmma.
 TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
-  ScopedSetenv sharedConversions("FLEXTILE_WGMMA_SHARED_CONVERSIONS", "1");
   const int64_t B = 1, S = 129;
   std::vector<int32_t> ids(size_t(B * S));
   int32_t doc = 0;
@@ -111,8 +110,8 @@ TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
                                                     return (idsT(b, q) ^ 1) == (idsT(b, kv) ^ 1);
                                                   },
                                                   {idsT}));
-  RefMaskFn ref = [ids, S](int64_t b, int64_t, int64_t q, int64_t kv) {
-    return kv <= q && ids[size_t(b * S + q)] == ids[size_t(b * S + kv)];
+  RefMaskFn ref = [ids, stride = S](int64_t b, int64_t, int64_t q, int64_t kv) {
+    return kv <= q && ids[size_t(b * stride + q)] == ids[size_t(b * stride + kv)];
   };
   AttentionCase c{.B = B, .Hq = 8, .Hkv = 2, .L = 127, .S = S, .D = 64, .dtype = DType::BF16, .context = "shifted documents"};
   BlockMask mask = createBlockMask(docs, B, 1, c.L, c.S, {128, 128}, kHost);
