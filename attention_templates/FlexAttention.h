@@ -228,8 +228,20 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype,
                                                                std::optional<codegen::Target> target = std::nullopt,
                                                                bool gathersPerElement = false);
 
+// How the backward sums dQ over the key blocks.
+enum class DqAccumulation {
+  // A dq kernel per query tile walks the forward lists and sums dQ in registers (it computes Q·Kᵀ
+  // and dO·Vᵀ again): written once, bitwise reproducible. The default.
+  Separate,
+  // The dkdv programs add their dS·K to an f32 buffer with atomics, and a cast writes dQ: five
+  // products instead of seven, but the order of the adds (and so the last bits of dQ) varies
+  // from run to run. Not with `deterministic`.
+  Atomic,
+};
+
 struct FlexAttentionBackwardOptions {
   std::optional<double> scale;  // must be the forward's (default 1 / sqrt(D))
+  DqAccumulation dq_accumulation = DqAccumulation::Separate;
   // Captured-tensor gradients accumulated in 64-bit fixed point (2^-32 resolution, |total| < 2^31)
   // instead of f32 atomics, so they too are bitwise identical from run to run.
   bool deterministic = false;

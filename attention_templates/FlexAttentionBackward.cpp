@@ -103,14 +103,14 @@ struct GradParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, dout_stride_b), (P<I32>, dout_stride_h), (P<I32>, dout_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale), (P<F32>, grad_scale));
+                           (P<I32>, q_heads), (P<F32>, scale), (P<F32>, grad_scale), (P<F32Ptr>, dq_accum));
 };
 
 struct GradConstants {
   BOOST_HANA_DEFINE_STRUCT(GradConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
-                           (int64_t, numTrainable), (int64_t, deterministic));
+                           (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -295,14 +295,23 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile z = m.z;
         if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
         // Keys past kv_len only reach rows of dK/dV that are not stored, but their scores must
-        // not reach the captured gradients.
-        if (!k.kvExact && k.numTrainable) z = where(colLive.expand(1), z, -INFINITY);
+        // not reach the captured gradients, nor dQ.
+        if (!k.kvExact && (k.numTrainable || k.atomicDq)) z = where(colLive.expand(1), z, -INFINITY);
         Tile pT = exp2(z - lse2.expand(0));
         Tile dvNew = dot(pT.to(dt), dOt, dvi);
         Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
         Tile dsT = pT * (dpT - delta.expand(0));
         if (k.hasScoreMod) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
-        Tile dkNew = dot(dsT.to(dt), qt, dki);
+        Tile dsLow = dsT.to(dt);
+        Tile dkNew = dot(dsLow, qt, dki);
+        if (k.atomicDq) {  // dQ_i += scale sum_j dS'_ij K_j, into the f32 buffer [B, Hq, L, D]
+          Tile dq = dot(dsLow.trans(), kt) * p.grad_scale;  // [BM, DP]
+          Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + offsD.expand(0));
+          if (exact)
+            atomic_add(dqPtrs, dq);
+          else
+            atomic_add(dqPtrs, dq, byD(rowLive));
+        }
         return std::tuple{dkNew, dvNew};
       });
       return std::tuple{dk2, dv2};
@@ -419,6 +428,19 @@ void traceFixedPoint(ir::Function& f, const std::vector<int64_t>& constants) {
   store(p.out + offs, load(p.in + offs, ok).to(DType::F32) * (1.0 / kFixedPointScale), ok);
 }
 
+// Atomic dQ: the f32 sums to q's dtype.
+template <template <class> class P>
+struct CastParams {
+  BOOST_HANA_DEFINE_STRUCT(CastParams, (P<F32Ptr>, in), (P<Data>, out), (P<I32>, n));
+};
+void traceCast(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
+  const auto k = constantsFrom<FixedPointConstants>(constants);
+  const auto p = declareParams<CastParams>(f, dt);
+  Tile offs = program_id(0) * k.BLOCK + arange(0, k.BLOCK);
+  Tile ok = offs < p.n;
+  store(p.out + offs, load(p.in + offs, ok).to(dt), ok);
+}
+
 // ---- host side ---------------------------------------------------------------
 
 Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {
@@ -441,6 +463,14 @@ Kernel& preprocessKernel(DType dt) {
 Kernel& fixedPointKernel() {
   return sharedKernel("flex_bwd_fixed_point", [] {
     return Kernel("flex_bwd_fixed_point", [](ir::Function& f, const std::vector<int64_t>& c) { traceFixedPoint(f, c); },
+                  constantCount<FixedPointConstants>());
+  });
+}
+
+Kernel& castKernel(DType dt) {
+  const std::string name = "flex_bwd_cast_dq_" + std::string(ir::dtypeName(dt));
+  return sharedKernel(name, [&] {
+    return Kernel(name, [dt](ir::Function& f, const std::vector<int64_t>& c) { traceCast(f, c, dt); },
                   constantCount<FixedPointConstants>());
   });
 }
@@ -499,6 +529,7 @@ namespace {
 
 // The backward's per-row scratch (delta, lse2), one buffer per thread, space and stream.
 struct BackwardRowsSlot;
+struct BackwardDqSlot;
 
 // Validates the inputs and makes the launches (and the captured gradients' buffers) of one call.
 // `plan` set: compiles each launch for `target` instead of running it.
@@ -609,6 +640,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     grads.trainable.push_back(c);
   }
   const bool deterministic = options.deterministic;
+  const bool atomicDq = options.dq_accumulation == DqAccumulation::Atomic;
+  if (atomicDq && deterministic)
+    throw Error(std::string(op) + ": dq_accumulation = Atomic sums dQ in a varying order, so it cannot be "
+                "deterministic; use DqAccumulation::Separate (the default) with deterministic = true");
 
   // delta and the exp2-domain LSE: kept per thread and stream between calls (detail::perStreamSlot).
   // Allocating them per call made every backward blocking: their cuMemFree at return synchronized
@@ -618,6 +653,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const int64_t lse2Offset = (B * Hq * L + 15) / 16 * 16;
   Tensor lse2 = detail::f32Scratch<BackwardRowsSlot>(space, options.stream, lse2Offset, {B, Hq, L});
   Tensor delta = detail::f32Scratch<BackwardRowsSlot>(space, options.stream, 0, {B, Hq, L});
+  // Atomic dQ sums into f32 [B, Hq, L, D], zeroed on the stream ahead of the kernels (the previous
+  // call's cast has read it by then: one stream, in order).
+  Tensor dqAccum = lse2;  // a placeholder argument when dQ has its own kernel
+  if (atomicDq) {
+    dqAccum = detail::f32Scratch<BackwardDqSlot>(space, options.stream, 0, q.shape());
+    dqAccum.fillBytes(0, options.stream);
+  }
   std::vector<Tensor> gradBuffers;
   for (const CapturedTensor& c : grads.trainable) {
     gradBuffers.push_back(
@@ -669,7 +711,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      mask.numFullBlocks() > 0,
                      mask.numPartialBlocks() > 0,
                      int64_t(grads.trainable.size()),
-                     deterministic};
+                     deterministic,
+                     dkdv && atomicDq};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};
@@ -688,13 +731,24 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
          .mask_b_stride = dkdv ? maskBT : maskB, .mask_h_stride = dkdv ? maskHT : maskH, .q_stride_b = qs[0],
          .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
          .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2], .dout_stride_b = dos[0],
-         .dout_stride_h = dos[1], .dout_stride_m = dos[2], .q_heads = Hq, .scale = kernelScale, .grad_scale = scale},
+         .dout_stride_h = dos[1], .dout_stride_m = dos[2], .q_heads = Hq, .scale = kernelScale, .grad_scale = scale,
+         .dq_accum = dqAccum},
         kernel.name());
     for (const Tensor& g : gradBuffers) args.push_back(KernelArg(g));
     launches.push_back({&kernel, lo, std::move(args)});
   };
   gradLaunch("dkdv", config.dkdv, true);
-  gradLaunch("dq", config.dq, false);
+  if (!atomicDq) {
+    gradLaunch("dq", config.dq, false);
+  } else {
+    const int64_t n = q.numel(), BLOCK = 1024;
+    LaunchOptions lo;
+    lo.grid = {cdiv(n, BLOCK), 1, 1};
+    lo.constants = constantList(FixedPointConstants{BLOCK});
+    lo.num_stages = 1;
+    Kernel& kernel = castKernel(dt);
+    launches.push_back({&kernel, lo, bindParams<CastParams>({.in = dqAccum, .out = grads.dq, .n = n}, kernel.name())});
+  }
   for (const Tensor& g : gradBuffers) {
     if (!deterministic) {
       grads.captureGrads.push_back(g);

@@ -10,7 +10,8 @@
 // torch_reference.py's JSON by variant).
 //
 //   flextile_attention_backward_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
-//                                     [--document-offsets FILE] [--deterministic]
+//                                     [--document-offsets FILE] [--deterministic] [--atomic-dq]
+// --atomic-dq times dq_accumulation = Atomic (dQ summed by the dkdv programs) instead of the dq kernel.
 #include <Eigen/Core>
 #include <cctype>
 #include <chrono>
@@ -127,7 +128,7 @@ double sampledError(const HostData& x, const std::vector<H>& dq, const std::vect
 int main(int argc, char** argv) try {
   int64_t B = 2, Hq = 16, N = 8192, D = 128;
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
-  bool quick = false, deterministic = false;
+  bool quick = false, deterministic = false, atomicDq = false;
   std::vector<std::vector<int64_t>> documentOffsets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -142,6 +143,7 @@ int main(int argc, char** argv) try {
     else if (a == "--d") D = std::stoll(next());
     else if (a == "--quick") quick = true;
     else if (a == "--deterministic") deterministic = true;
+    else if (a == "--atomic-dq") atomicDq = true;
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_backward_bench");
     else throw Error("flextile_attention_backward_bench: unknown argument '" + a + "'");
   }
@@ -151,7 +153,7 @@ int main(int argc, char** argv) try {
     return 2;
   }
   std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16 backward%s\n", runtime::Device::current().name().c_str(),
-              (long long)B, (long long)Hq, (long long)N, (long long)D, deterministic ? " (deterministic)" : "");
+              (long long)B, (long long)Hq, (long long)N, (long long)D, deterministic ? " (deterministic)" : atomicDq ? " (atomic dQ)" : "");
   std::mt19937_64 rng(std::random_device{}());
   auto randomHost = [&](size_t n) {
     std::normal_distribution<float> g(0, 1);
@@ -214,7 +216,10 @@ int main(int argc, char** argv) try {
     auto timeConfig = [&](const FlexAttentionBackwardConfig& c) -> double {
       if (auto it = seen.find(c.describe()); it != seen.end()) return it->second;
       double& result = seen[c.describe()] = INFINITY;
-      FlexAttentionBackwardOptions opt{.deterministic = deterministic, .config = c};
+      FlexAttentionBackwardOptions opt{
+          .dq_accumulation = atomicDq ? DqAccumulation::Atomic : DqAccumulation::Separate,
+          .deterministic = deterministic,
+          .config = c};
       double err = 0;
       try {
         for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv}) t->copyFromHost(std::vector<H>(elems, H(NAN)));
@@ -292,9 +297,10 @@ int main(int argc, char** argv) try {
                 r.tflops, r.defaultTflops, r.stepTflops);
     std::printf("{\"impl\": \"flextile\", \"variant\": \"%s\", \"B\": %lld, \"H\": %lld, \"N\": %lld, \"D\": %lld, "
                 "\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"bwd_tflops\": %.2f, \"default_bwd_tflops\": %.2f, "
-                "\"step_tflops\": %.2f, \"config\": \"%s\", \"deterministic\": %s}\n",
+                "\"step_tflops\": %.2f, \"config\": \"%s\", \"deterministic\": %s, \"atomic_dq\": %s}\n",
                 r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, r.fwdMs, r.bwdMs, r.tflops,
-                r.defaultTflops, r.stepTflops, r.config.c_str(), deterministic ? "true" : "false");
+                r.defaultTflops, r.stepTflops, r.config.c_str(), deterministic ? "true" : "false",
+                atomicDq ? "true" : "false");
   }
   if (trainableRows.size() == 2)
     std::printf("learnable ALiBi backward: %.3f ms with f32 atomics, %.3f ms deterministic (%.3fx)\n",

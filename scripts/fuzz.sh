@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz (clang-22, ASan + UBSan) and runs each for a bounded
-# time: first on every input it has ever crashed on (tests/fuzz/regressions/<target>/), then from
-# its seed corpus (tests/fuzz/corpus/<target>/). scripts/test.sh runs it for 60 s a target, so CI
+# Builds the libFuzzer targets of tests/fuzz in the sanitizer build (clang-22, ASan + UBSan, the
+# folder scripts/sanitize.sh uses; scripts/sanitizer_build.sh) and runs each for a bounded time:
+# first on every input it has ever crashed on (tests/fuzz/regressions/<target>/), then from
+# its seed corpus (tests/fuzz/corpus/<target>/). scripts/test.sh runs it for 30 s a target, so CI
 # does; docs/reliability.md says how to fuzz for longer and what to do with a crash. Usage:
 #
-#   scripts/fuzz.sh [seconds per target] [build-dir]     (defaults: 60, build-fuzz)
+#   scripts/fuzz.sh [seconds per target] [build-dir]     (defaults: 60, build-asan)
 #   FUZZ_JOBS=2 scripts/fuzz.sh 3600                     (an hour, two processes)
 #   FUZZ_TARGETS="mask_mod" scripts/fuzz.sh 600          (one target; default: all three)
 #
@@ -18,19 +19,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-60}"
-build="${2:-$root/build-fuzz}"
+build="${2:-$root/build-asan}"
 jobs="${FUZZ_JOBS:-1}"
 targets="${FUZZ_TARGETS:-ir_parser tile_program mask_mod}"
-cxx="${FUZZ_CXX:-clang++-22}"
-
-if ! command -v "$cxx" >/dev/null; then
-  echo "fuzz: $cxx not found (scripts/setup.sh installs clang-22 and libfuzzer-22-dev)" >&2
-  exit 1
-fi
-if [ ! -f "$build/build.ninja" ]; then
-  cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx"
-fi
-cmake --build "$build" -j "$(nproc)"
+"$root/scripts/sanitizer_build.sh" configure "$build"
+cmake --build "$build" -j "$(nproc)" --target $(for t in $targets; do printf '%s_fuzzer ' "$t"; done)
 
 # Fuzzer reports are fatal and symbolized (file:line) like the sanitizer suite's.
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1"

@@ -4,12 +4,12 @@
 # skip with a message elsewhere), then the reliability checks of
 # docs/reliability.md: the host suite again under ASan+UBSan
 # (scripts/sanitize.sh, build folder build-asan), each fuzzer for a bounded time
-# (scripts/fuzz.sh, build-fuzz) and, with FLEXTILE_TSAN=1, the threaded tests under
+# (scripts/fuzz.sh, from the same folder: one clang build holds both) and, with FLEXTILE_TSAN=1, the threaded tests under
 # ThreadSanitizer (scripts/sanitize.sh --thread, build-tsan).
 #
 # Extra arguments go to ctest (e.g. -L gpu) and run the normal suite only.
 # FLEXTILE_RELIABILITY=0 skips the sanitizer suite and the fuzzers;
-# FLEXTILE_FUZZ_SECONDS sets the fuzzing time per target (default 60).
+# FLEXTILE_FUZZ_SECONDS sets the fuzzing time per target (default 30, to keep CI under 30 minutes).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh" "$root/build"
@@ -26,6 +26,6 @@ if [ "${FLEXTILE_TSAN:-0}" = 1 ]; then
   "$root/scripts/sanitize.sh" --thread "$root/build-tsan"
 fi
 t1=$(date +%s)
-"$root/scripts/fuzz.sh" "${FLEXTILE_FUZZ_SECONDS:-60}" "$root/build-fuzz"
+"$root/scripts/fuzz.sh" "${FLEXTILE_FUZZ_SECONDS:-30}" "$root/build-asan"
 t2=$(date +%s)
 echo "test: ASan+UBSan suite $((t1a - t0)) s, TSan threaded tests $((t1 - t1a)) s, fuzzers $((t2 - t1)) s (each build + run)"

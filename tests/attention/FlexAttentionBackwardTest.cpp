@@ -314,6 +314,79 @@ TEST(FlexAttentionBackward, TrainableCapturesGetTheirGradients) {
     }
 }
 
+// dq_accumulation = Atomic: dQ summed by the dkdv programs (dS·K, atomic adds into f32, then a
+// cast) against the same float64 reference: every variant, GQA 4:1 and MQA, ragged lengths, fully
+// masked rows, keys past the length, a trainable capture, the default config and a small one.
+TEST(FlexAttentionBackward, AtomicDqMatchesTheReference) {
+  SeededRandom rng;
+  const AttentionCase shapes[] = {
+      {.B = 1, .Hq = 4, .Hkv = 1, .L = 70, .S = 65, .D = 64, .dtype = DType::BF16},
+      {.B = 2, .Hq = 2, .Hkv = 2, .L = 33, .S = 48, .D = 32, .dtype = DType::F16},
+      {.B = 1, .Hq = 2, .Hkv = 1, .L = 17, .S = 40, .D = 48, .dtype = DType::F32},
+  };
+  int i = 0;
+  for (const Variant& var : variants()) {
+    AttentionCase c = shapes[i++ % 3];
+    c.context = "atomic dQ, variant " + var.name;
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kHost, kMaskBlocks, rng()});
+    BackwardCheck check = small(inst.refMask);
+    check.refScore = inst.refScore;
+    check.refScoreGrad = inst.refScoreGrad;
+    check.options.dq_accumulation = DqAccumulation::Atomic;
+    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+  }
+  MaskMod firstRowsBlind("first_40_rows_blind",
+                         [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); });
+  AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16,
+                  .context = "atomic dQ, first 40 rows blind"};
+  BackwardCheck blind = small([](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; });
+  blind.options.dq_accumulation = DqAccumulation::Atomic;
+  if (!checkBackward(rng, c, kHost, noop_score(), createBlockMask(firstRowsBlind, 1, 1, 70, 70, kMaskBlocks, kHost),
+                     blind))
+    return;
+  for (int64_t L : {1, 129}) {
+    AttentionCase d{.B = 1, .Hq = 2, .Hkv = 1, .L = L, .S = 129, .D = 32, .dtype = DType::BF16,
+                    .context = "atomic dQ, causal, default config"};
+    BackwardCheck check;
+    check.refMask = refCausal();
+    check.options.dq_accumulation = DqAccumulation::Atomic;
+    if (!checkBackward(rng, d, kHost, noop_score(), causalBlockMask(1, 1, L, 129), check)) return;
+  }
+  for (TrainableCase& tc : trainableCases(rng, 2, 45, 50, kHost)) {
+    AttentionCase t{.B = 2, .Hq = 2, .Hkv = 1, .L = 45, .S = 50, .D = 32, .dtype = DType::F32,
+                    .context = "atomic dQ, " + tc.name};
+    std::vector<std::vector<double>> expected;
+    for (size_t n : tc.sizes) expected.emplace_back(n, 0.0);
+    BackwardCheck check = small(refCausal());
+    check.refScore = tc.ref;
+    check.refScoreGrad = tc.refGrad;
+    check.options.dq_accumulation = DqAccumulation::Atomic;
+    check.sink = [&](double g, double, int64_t b, int64_t h, int64_t q, int64_t kv) { tc.sink(expected, g, b, h, q, kv); };
+    check.expectedCaptureGrads = &expected;
+    if (!checkBackward(rng, t, kHost, tc.mod, causalBlockMask(1, 1, 45, 50, kMaskBlocks), check)) return;
+  }
+}
+
+// Atomic dQ runs dkdv and a cast, no dq kernel; it refuses `deterministic`.
+TEST(FlexAttentionBackward, AtomicDqLaunchesNoDqKernelAndIsNotDeterministic) {
+  Tensor q = Tensor::empty(DType::BF16, {1, 2, 64, 64}, kHost), k = Tensor::empty(DType::BF16, {1, 1, 64, 64}, kHost);
+  Tensor lse = Tensor::empty(DType::F32, {1, 2, 64}, kHost);
+  FlexAttentionBackwardOptions o{.dq_accumulation = DqAccumulation::Atomic};
+  FlexAttentionBackwardPlan plan = plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o,
+                                                                codegen::Target::sm90a());
+  ASSERT_EQ(plan.kernelNames.size(), 3u);
+  EXPECT_NE(plan.kernelNames[1].find("dkdv"), std::string::npos) << plan.kernelNames[1];
+  EXPECT_NE(plan.kernelNames[2].find("cast_dq"), std::string::npos) << plan.kernelNames[2];
+  EXPECT_NE(plan.compiled[1]->ptx.find("atom.global.add.f32"), std::string::npos);
+  o.deterministic = true;
+  try {
+    plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a());
+    FAIL() << "deterministic atomic dQ was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dq_accumulation = Atomic"), std::string::npos) << e.what();
+  }
+}
+
 // Independent of the analytic reference: central differences in float64 of
 // loss = sum(dout * out) through the forward, for soft-cap (d/dq) and a captured bias (d/dbias).
 TEST(FlexAttentionBackward, FiniteDifferences) {
