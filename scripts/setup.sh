@@ -6,8 +6,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
 
-# clang-22, libfuzzer-22-dev and libclang-rt-22-dev (clang's sanitizer runtimes) build the fuzz
-# targets (tests/fuzz, scripts/fuzz.sh); GCC's sanitizer runtimes come with build-essential.
+# clang-22, libfuzzer-22-dev and libclang-rt-22-dev (clang's sanitizer runtimes) build the sanitizer
+# suite and the fuzz targets (scripts/sanitizer_build.sh); GCC's TSan runtime comes with
+# build-essential.
 packages=(build-essential cmake ninja-build ccache python3 llvm-22-dev llvm-22-tools libzstd-dev zlib1g-dev
           libboost-dev libeigen3-dev libgtest-dev libpng-dev clang-22 libfuzzer-22-dev libclang-rt-22-dev)
 missing=()
