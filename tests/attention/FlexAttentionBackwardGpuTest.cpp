@@ -84,6 +84,29 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
     }
 }
 
+// dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; every
+// variant, GQA 4:1 and MQA, lengths around the blocks, the default and a wide dkdv tile.
+TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  int i = 0;
+  for (const Variant& var : variants())
+    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 129}}) {
+      const bool mqa = i % 2;
+      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
+                      .dtype = i % 2 ? DType::BF16 : DType::F16,
+                      .context = "atomic dQ " + var.name + (mqa ? " MQA" : " GQA 4:1")};
+      ++i;
+      if (!inScope(c.work())) continue;
+      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
+      for (const auto& config : {std::optional<FlexAttentionBackwardConfig>{}, kConfigs[1]}) {
+        BackwardCheck check = withConfig(config, inst);
+        check.options.dq_accumulation = DqAccumulation::Atomic;
+        if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
+      }
+    }
+}
+
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
