@@ -223,11 +223,16 @@ Tile modAdjoint(const ModScores& m, const Tile& seed, const std::vector<Trainabl
 
 // Adds the gradient-buffer parameters of the trainable captures (before any mod is traced, so
 // they precede the captured tensors' own parameters).
-// The buffers are the template's own allocations, so the function declares them private_params:
-// the atomics into them leave the block lists readable ahead, and the loads stay pipelined.
-std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& scoreMod, bool deterministic) {
+// The buffers are the template's own allocations, so the function declares them private_params
+// (and atomic dQ's sums too): the atomics into them leave the block lists readable ahead, and the
+// loads stay pipelined.
+// `alsoPrivate`: another parameter that is the template's own buffer (atomic dQ's f32 sums).
+std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& scoreMod, bool deterministic,
+                                               const ir::Value* alsoPrivate = nullptr) {
   std::vector<TrainableCapture> out;
   std::vector<int64_t> privateParams;
+  for (size_t i = 0; i < f.params().size(); ++i)
+    if (alsoPrivate && f.params()[i] == alsoPrivate) privateParams.push_back(int64_t(i));
   for (const CapturedTensor& c : scoreMod.captures())
     if (c.requiresGrad()) {
       privateParams.push_back(int64_t(f.params().size()));
@@ -242,7 +247,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
                const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
   const auto p = declareParams<GradParams>(f, dt);
-  const std::vector<TrainableCapture> trainable = declareTrainable(f, scoreMod, k.deterministic);
+  const std::vector<TrainableCapture> trainable =
+      declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
   Tile nBlock = program_id(0), hkv = program_id(1), b = program_id(2);
   Tile offsN = nBlock * k.BN + arange(0, k.BN);
   Tile offsD = arange(0, k.DP);

@@ -378,6 +378,10 @@ TEST(FlexAttentionBackward, AtomicDqLaunchesNoDqKernelAndIsNotDeterministic) {
   EXPECT_NE(plan.kernelNames[1].find("dkdv"), std::string::npos) << plan.kernelNames[1];
   EXPECT_NE(plan.kernelNames[2].find("cast_dq"), std::string::npos) << plan.kernelNames[2];
   EXPECT_NE(plan.compiled[1]->ptx.find("atom.global.add.f32"), std::string::npos);
+  // The sums are the template's own buffer (private_params), so the atomics leave the loop's
+  // loads pipelined and its ring products on wgmma.
+  EXPECT_NE(plan.compiled[1]->ir.find("local_alloc"), std::string::npos) << "the dkdv loop is not pipelined";
+  EXPECT_NE(plan.compiled[1]->ptx.find("wgmma.mma_async"), std::string::npos);
   o.deterministic = true;
   try {
     plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a());
