@@ -134,7 +134,8 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
       });
     } else if (resident.count(buf.owner)) {
       f.walk([&](const Op& op) {
-        if (op.kind() == OpKind::Dot && op.operand(0) == buf.owner->result()) cover(buf, op);
+        if (op.kind() == OpKind::Dot && (op.operand(0) == buf.owner->result() || op.operand(1) == buf.owner->result()))
+          cover(buf, op);
       });
     }
   }
@@ -181,7 +182,8 @@ SharedPlan planSharedMemory(const ir::Function& f) { return placeBuffers(f, {});
 std::set<const Op*> residentAConverts(const ir::Function& f, const Target& target) {
   std::set<const Op*> resident;
   f.walk([&](const Op& op) {
-    if (op.kind() == OpKind::ConvertLayout && wgmmaResidentA(op, target)) resident.insert(&op);
+    if (op.kind() == OpKind::ConvertLayout && (wgmmaResidentA(op, target) || wgmmaResidentB(op, target)))
+      resident.insert(&op);
   });
   // Resident tiles add their bytes to every loop that reads them: when that no longer fits,
   // the kernel keeps register A (it compiled so before).

@@ -248,12 +248,59 @@ bool onlyUser(const ir::Value* v, const ir::Op* user, const ir::Block& block) {
   scan(block);
   return ok;
 }
-}  // namespace
 
-std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
+// The accumulator split wgmma needs (one m64nNk16 per warpgroup and K step: each warp of a
+// warpgroup holds 16 of its 64 rows) and 16-bit operands: {N, K}, else empty.
+std::optional<std::pair<int64_t, int64_t>> wgmmaAccumulator(const ir::Op& dot, const Target& target) {
   if (!target.has(Feature::Wgmma) || wgmmaDisabled() || !isMmaDot(dot)) return std::nullopt;
   const DType t = dot.operand(0)->type().dtype();
   if (t != DType::BF16 && t != DType::F16) return std::nullopt;
+  const Layout& lc = *dot.result()->type().layout();
+  const int numWarps = lc.numWarps();
+  const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
+  const std::optional<MmaShape> shape = target.description().wgmmaShape(N);
+  if (!shape || numWarps % 4 != 0 || M != (shape->m / 4) * numWarps || K % shape->k != 0) return std::nullopt;
+  for (size_t i = 0; i < lc.warpBases().size(); ++i)
+    if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
+  for (const auto& basis : lc.regBases())
+    if (basis[0] >= 16) return std::nullopt;  // no M repetition inside a warp
+  return std::pair{N, K};
+}
+
+// The op of `block` that holds `op` (op itself, or the op whose regions nest it); null outside.
+const ir::Op* ancestorIn(const ir::Op* op, const ir::Block* block) {
+  while (op && op->parentBlock() != block) op = op->parentBlock() ? op->parentBlock()->parentOp() : nullptr;
+  return op;
+}
+
+// Whether `dot` sits in a loop nested in `home` (the block of a loop-invariant operand's convert).
+bool inLoopBelow(const ir::Op& dot, const ir::Block* home) {
+  const ir::Op* loop = dot.parentBlock() ? dot.parentBlock()->parentOp() : nullptr;
+  return loop && loop->kind() == OpKind::For && home && ancestorIn(loop, home) != nullptr;
+}
+}  // namespace
+
+std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) {
+  if (localLoad.kind() != OpKind::LocalLoad) return std::nullopt;
+  const ir::Type& buf = localLoad.operand(0)->type();
+  if (!buf.isSharedBuffer() || buf.slots() != 1 || buf.rank() != 2 ||
+      (buf.dtype() != DType::BF16 && buf.dtype() != DType::F16))
+    return std::nullopt;
+  const int contiguous = buf.sharedLayout()->order()[0];
+  auto tile = wgmmaTile(buf.shape(), contiguous, 0, ir::byteWidth(buf.dtype()));
+  if (!tile || !(tile->smem == *buf.sharedLayout())) return std::nullopt;
+  return tile;
+}
+
+std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
+  const auto nk = wgmmaAccumulator(dot, target);
+  if (!nk) return std::nullopt;
+  const DType t = dot.operand(0)->type().dtype();
+  // B resident in shared memory: a one-slot buffer the "wgmma" pass wrote before the loop
+  // (wgmmaResidentB), read as it is.
+  if (const ir::Op* b = dot.operand(1)->definingOp();
+      b && b->kind() == OpKind::LocalLoad && b->parentBlock() != dot.parentBlock() && inLoopBelow(dot, b->parentBlock()))
+    if (auto tile = wgmmaResidentBTile(*b)) return WgmmaPlan{b, *tile, nk->first, nk->second};
   const ir::Op* load = wgmmaSource(dot);
   if (!load || load->parentBlock() != dot.parentBlock()) return std::nullopt;
   const bool fromBuffer = load->kind() == OpKind::LocalLoad;
@@ -277,17 +324,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   scanUsers(body);
   if (!onlyConverts) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
-
-  const Layout& lc = *dot.result()->type().layout();
-  const int numWarps = lc.numWarps();
-  const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
-  // One m64nNk16 per warpgroup and K step: each warp of a warpgroup holds 16 of its 64 rows.
-  const std::optional<MmaShape> shape = target.description().wgmmaShape(N);
-  if (!shape || numWarps % 4 != 0 || M != (shape->m / 4) * numWarps || K % shape->k != 0) return std::nullopt;
-  for (size_t i = 0; i < lc.warpBases().size(); ++i)
-    if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
-  for (const auto& basis : lc.regBases())
-    if (basis[0] >= 16) return std::nullopt;  // no M repetition inside a warp
+  const auto [N, K] = *nk;
 
   // The contiguous dimension: the buffer's, or the one the load's registers run along.
   const ir::Type& source = fromBuffer ? load->operand(0)->type() : load->result()->type();
@@ -307,11 +344,6 @@ bool smemADisabled() {
   return e && std::strcmp(e, "0") == 0;
 }
 
-// The op of `block` that holds `op` (op itself, or the op whose regions nest it); null outside.
-const ir::Op* ancestorIn(const ir::Op* op, const ir::Block* block) {
-  while (op && op->parentBlock() != block) op = op->parentBlock() ? op->parentBlock()->parentOp() : nullptr;
-  return op;
-}
 }  // namespace
 
 std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
@@ -353,6 +385,34 @@ std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& ta
       return;
     }
     out.readers.push_back(&op);
+  });
+  if (!ok || out.readers.empty()) return std::nullopt;
+  return out;
+}
+
+std::optional<WgmmaResidentA> wgmmaResidentB(const ir::Op& cvt, const Target& target) {
+  if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
+  if (!target.has(Feature::Wgmma)) return std::nullopt;
+  const ir::Type& xt = cvt.operand(0)->type();
+  if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))
+    return std::nullopt;
+  const Layout& from = *xt.layout();
+  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
+  const ir::Block* home = cvt.parentBlock();
+  auto tile = wgmmaTile(xt.shape(), contiguous, 0, ir::byteWidth(xt.dtype()));
+  if (!home || !tile) return std::nullopt;
+  WgmmaResidentA out{*tile};
+  bool ok = true;
+  cvt.function()->walk([&](const ir::Op& op) {
+    if (!ok || &op == &cvt) return;
+    bool uses = false;
+    for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
+    if (!uses) return;
+    // Operand 1 of a dot that wgmma runs once B is resident, in a loop below the convert.
+    ok = op.kind() == OpKind::Dot && op.operand(1) == cvt.result() && op.operand(0) != cvt.result() &&
+         op.operand(2) != cvt.result() && wgmmaAccumulator(op, target) && inLoopBelow(op, home) &&
+         op.operand(0)->type().dtype() == xt.dtype();
+    if (ok) out.readers.push_back(&op);
   });
   if (!ok || out.readers.empty()) return std::nullopt;
   return out;

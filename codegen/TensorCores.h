@@ -195,6 +195,17 @@ std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& convert, const Target
 // A tile); else empty. (Rings of the pipeline keep ldmatrix for A.)
 std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad);
 
+// B from shared memory, loop-invariant. A convert outside a loop whose every user
+// is operand 1 of a dot in a loop below it, each with wgmma's accumulator split
+// (wgmmaAccumulator's rules) and A of the same dtype: the "wgmma" pass writes the
+// tile once into a one-slot buffer in the B layout of its orientation (K-major
+// when its K, dimension 0, is contiguous, else MN-major), and wgmmaPlan then
+// accepts the dots with that local_load as B (wgmmaResidentBTile). The backward's
+// atomic dQ reads K so in dS·K. Subject to the same fit as resident A
+// (SharedMemory.h residentAConverts) and to FLEXTILE_WGMMA_SMEM_A=0.
+std::optional<WgmmaResidentA> wgmmaResidentB(const ir::Op& convert, const Target& target);
+std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
+
 // The environment switches above as text for the compile cache's compiler
 // identity ("" when both are at their defaults).
 std::string wgmmaSettingsIdentity();

@@ -376,6 +376,19 @@ class LayoutAssigner {
         }
       }
     }
+    // On a wgmma target, a dot in a loop whose B is loop-invariant (the backward's atomic dS·K
+    // reads K so) reads B from a resident shared tile (TensorCores.h wgmmaResidentB) when its
+    // warps lie along M, as wgmma's accumulator needs: give it that split.
+    if (target_.has(Feature::Wgmma))
+      for (Op* dot : dots) {
+        const Op* loop = dot->parentBlock() ? dot->parentBlock()->parentOp() : nullptr;
+        const Op* b = dot->operand(1)->definingOp();
+        if (loop && loop->kind() == OpKind::For && b && dot->operand(0)->type().dtype() != ir::DType::F32) {
+          const Op* up = b;
+          while (up && up != loop) up = up->parentBlock() ? up->parentBlock()->parentOp() : nullptr;
+          if (!up) chained.insert(dot);  // B is defined outside the loop
+        }
+      }
     for (Op* dot : dots) {
       const Shape& s = dot->result()->type().shape();
       mma_[dot] = ir::makeLayout(

@@ -101,6 +101,7 @@ namespace {
 void keepResident(ir::Function& f, Op& cvt, const Target& target) {
   ir::Block& block = *cvt.parentBlock();
   auto resident = wgmmaResidentA(cvt, target);
+  if (!resident) resident = wgmmaResidentB(cvt, target);
   const ir::Type& x = cvt.operand(0)->type();
   auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
     return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));

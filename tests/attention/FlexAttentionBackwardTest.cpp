@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "FlexAttentionBackwardCheck.h"
+#include "codegen/Ptxas.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
@@ -382,6 +383,13 @@ TEST(FlexAttentionBackward, AtomicDqLaunchesNoDqKernelAndIsNotDeterministic) {
   // loads pipelined and its ring products on wgmma.
   EXPECT_NE(plan.compiled[1]->ir.find("local_alloc"), std::string::npos) << "the dkdv loop is not pipelined";
   EXPECT_NE(plan.compiled[1]->ptx.find("wgmma.mma_async"), std::string::npos);
+  // dS·K too: K is read from a resident one-slot buffer as B (wgmmaResidentB), so nothing in
+  // the kernel is left on mma.sync.
+  EXPECT_EQ(plan.compiled[1]->ptx.find("mma.sync"), std::string::npos);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(plan.compiled[1]->ptx, codegen::Target::sm90a());
+    EXPECT_LE(r.spillStoreBytes, 64) << r.log;
+  }
   o.deterministic = true;
   try {
     plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a());
