@@ -40,7 +40,8 @@
 //   dot        on tensor cores (codegen/TensorCores.h: a target with mma.sync,
 //              f16/bf16/f32 operands, M >= 16, N >= 8, K >= 16 or 8): the mma
 //              accumulator layout with the warp split of mmaWarpsPerCTA
-//              (chained dots, as in attention, put all warps along M); its
+//              (chained dots, as in attention, and on wgmma targets dots in a
+//              loop whose B is loop-invariant, put all warps along M); its
 //              a and b must be Layout::dotOperand of it (a convert_layout
 //              from their producers, lowered through a swizzled shared tile
 //              and ldmatrix; none at all when the producer is already in
