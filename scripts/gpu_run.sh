@@ -54,6 +54,7 @@ ALL_BENCHES=(
   "torch_gemm|python3 bench/torch_gemm.py"
   "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "attention_backward|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_BACKWARD_ARGS:-}"
+  "attention_backward_atomic|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json --atomic-dq ${FLEXTILE_BACKWARD_ARGS:-}"
   "attention_slsr|FLEXTILE_LLVM_SKIP_PASSES= $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "attention_decode|$BUNDLE/bin/flextile_attention_decode_bench ${FLEXTILE_DECODE_ARGS:-}"
@@ -291,6 +292,8 @@ side_by_side softmax torch_softmax compare_softmax.py "row softmax, side by side
 side_by_side gemm torch_gemm compare_gemm.py "bf16 GEMM, side by side"
 side_by_side attention torch_attention compare_attention.py "flex_attention forward, side by side"
 side_by_side attention_backward torch_attention compare_backward.py "flex_attention backward and training step, side by side"
+side_by_side attention_backward_atomic torch_attention compare_backward.py \
+  "flex_attention backward with atomic dQ (dq_accumulation = Atomic), side by side"
 side_by_side attention_slsr torch_attention compare_attention.py \
   "flex_attention forward with every LLVM pass (FLEXTILE_LLVM_SKIP_PASSES=, SLSR on), side by side"
 side_by_side autotune torch_attention compare_autotune.py "flextile autotune: tuned, default and PyTorch FlexAttention"
