@@ -208,7 +208,8 @@ int main(int argc, char** argv) try {
     std::vector<FlexAttentionBackwardConfig> configs{dflt};
     if (!quick) {
       for (const FlexAttentionConfig& t : dkdvTiles) configs.push_back({t, dflt.dq});
-      for (const FlexAttentionConfig& t : dqTiles) configs.push_back({dflt.dkdv, t});
+      if (!atomicDq)  // atomic dQ has no dq kernel: its tiles change nothing
+        for (const FlexAttentionConfig& t : dqTiles) configs.push_back({dflt.dkdv, t});
     }
     std::map<std::string, double> seen;  // by describe(): each config timed once
     FlexAttentionConfig bestDkdv = dflt.dkdv, bestDq = dflt.dq;
