@@ -278,6 +278,22 @@ bool inLoopBelow(const ir::Op& dot, const ir::Block* home) {
   const ir::Op* loop = dot.parentBlock() ? dot.parentBlock()->parentOp() : nullptr;
   return loop && loop->kind() == OpKind::For && home && ancestorIn(loop, home) != nullptr;
 }
+
+// The readers of a loop-invariant convert's result, in program order, when every one is a dot
+// that `accepts` in a loop below the convert; else none.
+std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function<bool(const ir::Op&)>& accepts) {
+  std::vector<const ir::Op*> readers;
+  bool ok = true;
+  cvt.function()->walk([&](const ir::Op& op) {
+    if (!ok || &op == &cvt) return;
+    bool uses = false;
+    for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
+    if (!uses) return;
+    ok = op.kind() == OpKind::Dot && accepts(op) && inLoopBelow(op, cvt.parentBlock());
+    if (ok) readers.push_back(&op);
+  });
+  return ok ? readers : std::vector<const ir::Op*>{};
+}
 }  // namespace
 
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) {
@@ -365,28 +381,12 @@ std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& ta
   if (!home) return std::nullopt;
   auto tile = wgmmaTile(xt.shape(), 1, 1, ir::byteWidth(xt.dtype()));
   if (!tile) return std::nullopt;
-  WgmmaResidentA out{*tile};
-  bool ok = true;
-  cvt.function()->walk([&](const ir::Op& op) {
-    if (!ok || &op == &cvt) return;
-    bool uses = false;
-    for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
-    if (!uses) return;
-    // Operand 0 of a wgmma dot and nothing else of it.
-    if (op.kind() != OpKind::Dot || op.operand(0) != cvt.result() || op.operand(1) == cvt.result() ||
-        op.operand(2) == cvt.result() || !wgmmaPlan(op, target)) {
-      ok = false;
-      return;
-    }
-    // In a loop the convert is outside of: the dot's for body is nested in the convert's block.
-    const ir::Op* loop = op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
-    if (!loop || loop->kind() != OpKind::For || ancestorIn(loop, home) == nullptr) {
-      ok = false;
-      return;
-    }
-    out.readers.push_back(&op);
-  });
-  if (!ok || out.readers.empty()) return std::nullopt;
+  // Operand 0 of wgmma dots and nothing else of them.
+  const ir::Value* a = cvt.result();
+  WgmmaResidentA out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
+                       return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a && wgmmaPlan(dot, target);
+                     })};
+  if (out.readers.empty()) return std::nullopt;
   return out;
 }
 
@@ -401,20 +401,13 @@ std::optional<WgmmaResidentA> wgmmaResidentB(const ir::Op& cvt, const Target& ta
   const ir::Block* home = cvt.parentBlock();
   auto tile = wgmmaTile(xt.shape(), contiguous, 0, ir::byteWidth(xt.dtype()));
   if (!home || !tile) return std::nullopt;
-  WgmmaResidentA out{*tile};
-  bool ok = true;
-  cvt.function()->walk([&](const ir::Op& op) {
-    if (!ok || &op == &cvt) return;
-    bool uses = false;
-    for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
-    if (!uses) return;
-    // Operand 1 of a dot that wgmma runs once B is resident, in a loop below the convert.
-    ok = op.kind() == OpKind::Dot && op.operand(1) == cvt.result() && op.operand(0) != cvt.result() &&
-         op.operand(2) != cvt.result() && wgmmaAccumulator(op, target) && inLoopBelow(op, home) &&
-         op.operand(0)->type().dtype() == xt.dtype();
-    if (ok) out.readers.push_back(&op);
-  });
-  if (!ok || out.readers.empty()) return std::nullopt;
+  // Operand 1 of dots that wgmma runs once B is resident.
+  const ir::Value* b = cvt.result();
+  WgmmaResidentA out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
+                       return dot.operand(1) == b && dot.operand(0) != b && dot.operand(2) != b &&
+                              wgmmaAccumulator(dot, target) && dot.operand(0)->type().dtype() == xt.dtype();
+                     })};
+  if (out.readers.empty()) return std::nullopt;
   return out;
 }
 

@@ -60,9 +60,9 @@ TEST(FlexAttentionBackward, CausalGqaAndMqa) {
   }
 }
 
-// Every registered variant, mask and score mod, on shapes that cross the blocks.
-TEST(FlexAttentionBackward, EveryVariant) {
-  SeededRandom rng;
+namespace {
+// Every registered variant, mask and score mod, on shapes that cross the blocks, with `dq`.
+void checkEveryVariant(std::mt19937_64& rng, DqAccumulation dq, const std::string& what) {
   const AttentionCase shapes[] = {
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 70, .S = 65, .D = 64, .dtype = DType::BF16},
       {.B = 2, .Hq = 2, .Hkv = 2, .L = 33, .S = 48, .D = 32, .dtype = DType::F16},
@@ -71,13 +71,20 @@ TEST(FlexAttentionBackward, EveryVariant) {
   int i = 0;
   for (const Variant& var : variants()) {
     AttentionCase c = shapes[i++ % 3];
-    c.context = "variant " + var.name;
+    c.context = what + "variant " + var.name;
     VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kHost, kMaskBlocks, rng()});
     BackwardCheck check = small(inst.refMask);
     check.refScore = inst.refScore;
     check.refScoreGrad = inst.refScoreGrad;
+    check.options.dq_accumulation = dq;
     if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
   }
+}
+}  // namespace
+
+TEST(FlexAttentionBackward, EveryVariant) {
+  SeededRandom rng;
+  checkEveryVariant(rng, DqAccumulation::Separate, "");
 }
 
 // Lengths 1, 3, 127, 128, 129 both ways with the default mask blocks and the default config.
@@ -320,22 +327,8 @@ TEST(FlexAttentionBackward, TrainableCapturesGetTheirGradients) {
 // masked rows, keys past the length, a trainable capture, the default config and a small one.
 TEST(FlexAttentionBackward, AtomicDqMatchesTheReference) {
   SeededRandom rng;
-  const AttentionCase shapes[] = {
-      {.B = 1, .Hq = 4, .Hkv = 1, .L = 70, .S = 65, .D = 64, .dtype = DType::BF16},
-      {.B = 2, .Hq = 2, .Hkv = 2, .L = 33, .S = 48, .D = 32, .dtype = DType::F16},
-      {.B = 1, .Hq = 2, .Hkv = 1, .L = 17, .S = 40, .D = 48, .dtype = DType::F32},
-  };
-  int i = 0;
-  for (const Variant& var : variants()) {
-    AttentionCase c = shapes[i++ % 3];
-    c.context = "atomic dQ, variant " + var.name;
-    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kHost, kMaskBlocks, rng()});
-    BackwardCheck check = small(inst.refMask);
-    check.refScore = inst.refScore;
-    check.refScoreGrad = inst.refScoreGrad;
-    check.options.dq_accumulation = DqAccumulation::Atomic;
-    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
-  }
+  checkEveryVariant(rng, DqAccumulation::Atomic, "atomic dQ, ");
+  if (::testing::Test::HasFailure()) return;
   MaskMod firstRowsBlind("first_40_rows_blind",
                          [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); });
   AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16,

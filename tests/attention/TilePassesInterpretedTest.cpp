@@ -51,33 +51,22 @@ TEST(TilePassesInterpreted, ForwardVariants) {
   }
 }
 
+// With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
+// (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
 TEST(TilePassesInterpreted, BackwardCausalGqa) {
   SeededRandom rng;
-  for (const char* target : {"sm_90a", "sm_80"}) {
-    InterpretAfterPasses scope(target);
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16, .context = target};
-    BackwardCheck check;
-    check.refMask = refCausal();
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
-    if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check)) return;
-  }
-}
-
-// Atomic dQ after the sm_90a passes: dS·K reads K from a resident one-slot B buffer
-// (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
-TEST(TilePassesInterpreted, BackwardAtomicDq) {
-  SeededRandom rng;
-  for (const char* target : {"sm_90a", "sm_80"}) {
-    InterpretAfterPasses scope(target);
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16, .context = target};
-    BackwardCheck check;
-    check.refMask = refCausal();
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
-    check.options.dq_accumulation = DqAccumulation::Atomic;
-    if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check)) return;
-  }
+  for (DqAccumulation dq : {DqAccumulation::Separate, DqAccumulation::Atomic})
+    for (const char* target : {"sm_90a", "sm_80"}) {
+      InterpretAfterPasses scope(target);
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16,
+                      .context = std::string(target) + (dq == DqAccumulation::Atomic ? " atomic dQ" : "")};
+      BackwardCheck check;
+      check.refMask = refCausal();
+      check.forwardConfig = kWgmmaTiles;
+      check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+      check.options.dq_accumulation = dq;
+      if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check)) return;
+    }
 }
 
 TEST(TilePassesInterpreted, DecodeSplits) {
