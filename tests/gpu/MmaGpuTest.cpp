@@ -11,6 +11,7 @@
 #include "IrHarness.h"
 #include "codegen/MmaKernels.h"
 #include "codegen/TensorCores.h"
+#include "ir/Parser.h"
 #include "examples/common.h"
 #include "examples/kernels.h"
 
@@ -148,6 +149,71 @@ TEST(MmaGpu, AttentionBlockWithWarpsAlongN) {
   SeededRandom rng;
   checkAttentionBlock(16, 64, 64, 4, rng);
   checkAttentionBlock(32, 128, 64, 8, rng);
+}
+
+// A loop-invariant B read by wgmma from a resident one-slot shared tile (TensorCores.h
+// wgmmaResidentB; tests/lit/codegen/wgmma_smem_b.ftir is the same function): c = sum over t of
+// a_t @ b, against float64.
+TEST(MmaGpu, LoopInvariantBFromSharedMemory) {
+  FLEXTILE_REQUIRE_GPU();
+  const char* text = R"(
+func @loop_invariant_b(%a: ptr<bf16>, %b: ptr<bf16>, %c: ptr<f32>, %T: i32)
+    attributes {arg_divisibility = [16, 16, 16, 1], num_stages = 2, num_warps = 4} {
+  %rm1 = arange {start = 0, end = 64} : i32[64]
+  %rm = expand_dims %rm1 {axis = 1} : i32[64,1]
+  %rk1 = arange {start = 0, end = 64} : i32[64]
+  %rk = expand_dims %rk1 {axis = 0} : i32[1,64]
+  %c64 = constant {value = 64} : i32[64,1]
+  %row = mul %rm, %c64 : i32[64,1]
+  %rowb = broadcast %row : i32[64,64]
+  %rkb = broadcast %rk : i32[64,64]
+  %off = add %rowb, %rkb : i32[64,64]
+  %bs = splat %b : ptr<bf16>[64,64]
+  %pb = addptr %bs, %off : ptr<bf16>[64,64]
+  %tb = load %pb : bf16[64,64]
+  %zero = constant {value = 0.0} : f32[64,64]
+  %lb = constant {value = 0} : i32
+  %one = constant {value = 1} : i32
+  %tile = constant {value = 4096} : i32
+  %acc = for %lb, %T, %one, %zero : f32[64,64] {
+  ^bb(%t: i32, %cacc: f32[64,64]):
+    %base = mul %t, %tile : i32
+    %bases = splat %base : i32[64,64]
+    %aoff = add %off, %bases : i32[64,64]
+    %as = splat %a : ptr<bf16>[64,64]
+    %pa = addptr %as, %aoff : ptr<bf16>[64,64]
+    %ta = load %pa : bf16[64,64]
+    %next = dot %ta, %tb, %cacc : f32[64,64]
+    yield %next
+  }
+  %cs = splat %c : ptr<f32>[64,64]
+  %pc = addptr %cs, %off : ptr<f32>[64,64]
+  store %pc, %acc
+  return
+}
+)";
+  std::unique_ptr<ir::Function> f = ir::parseFunction(text);
+  SeededRandom rng;
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int64_t T = 5;
+  auto rounded = [&](size_t n) {
+    std::vector<double> v(n);
+    for (auto& x : v) x = double(float(Eigen::bfloat16{float(u(rng))}));
+    return v;
+  };
+  auto a = rounded(size_t(T * 64 * 64)), b = rounded(64 * 64);
+  Bytes c(64 * 64 * 4, 0xff);
+  BothRuns runs = runBoth(*f, {bf16Buffer(a), bf16Buffer(b), c, T}, {1, 1, 1});
+  Eigen::Map<const RowMajor> B(b.data(), 64, 64);
+  RowMajor C = RowMajor::Zero(64, 64);
+  for (int64_t t = 0; t < T; ++t) C += Eigen::Map<const RowMajor>(a.data() + t * 64 * 64, 64, 64) * B;
+  std::vector<float> got(64 * 64);
+  std::memcpy(got.data(), runs.gpu[2].data(), got.size() * 4);
+  EXPECT_LT(relativeError(got, std::vector<double>(C.data(), C.data() + 64 * 64)), 1e-5);
+  if (currentTarget().has(codegen::Feature::Wgmma)) {
+    EXPECT_NE(runs.code.ptx.find("wgmma.mma_async"), std::string::npos);
+    EXPECT_EQ(runs.code.ptx.find("mma.sync"), std::string::npos);
+  }
 }
 
 }  // namespace
