@@ -423,11 +423,12 @@ template <template <class> class P>
 struct FixedPointParams {
   BOOST_HANA_DEFINE_STRUCT(FixedPointParams, (P<I64Ptr>, in), (P<F32Ptr>, out), (P<I32>, n));
 };
-struct FixedPointConstants {
-  BOOST_HANA_DEFINE_STRUCT(FixedPointConstants, (int64_t, BLOCK));
+// The 1-D element-wise kernels (fixed point to f32, atomic dQ's cast): BLOCK elements a program.
+struct ElementwiseConstants {
+  BOOST_HANA_DEFINE_STRUCT(ElementwiseConstants, (int64_t, BLOCK));
 };
 void traceFixedPoint(ir::Function& f, const std::vector<int64_t>& constants) {
-  const auto k = constantsFrom<FixedPointConstants>(constants);
+  const auto k = constantsFrom<ElementwiseConstants>(constants);
   const auto p = declareParams<FixedPointParams>(f, DType::F32);
   Tile offs = program_id(0) * k.BLOCK + arange(0, k.BLOCK);
   Tile ok = offs < p.n;
@@ -440,7 +441,7 @@ struct CastParams {
   BOOST_HANA_DEFINE_STRUCT(CastParams, (P<F32Ptr>, in), (P<Data>, out), (P<I32>, n));
 };
 void traceCast(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
-  const auto k = constantsFrom<FixedPointConstants>(constants);
+  const auto k = constantsFrom<ElementwiseConstants>(constants);
   const auto p = declareParams<CastParams>(f, dt);
   Tile offs = program_id(0) * k.BLOCK + arange(0, k.BLOCK);
   Tile ok = offs < p.n;
@@ -469,15 +470,25 @@ Kernel& preprocessKernel(DType dt) {
 Kernel& fixedPointKernel() {
   return sharedKernel("flex_bwd_fixed_point", [] {
     return Kernel("flex_bwd_fixed_point", [](ir::Function& f, const std::vector<int64_t>& c) { traceFixedPoint(f, c); },
-                  constantCount<FixedPointConstants>());
+                  constantCount<ElementwiseConstants>());
   });
+}
+
+// The launch of a 1-D element-wise kernel over n elements.
+LaunchOptions elementwiseLaunch(int64_t n) {
+  const int64_t BLOCK = 1024;
+  LaunchOptions lo;
+  lo.grid = {cdiv(n, BLOCK), 1, 1};
+  lo.constants = constantList(ElementwiseConstants{BLOCK});
+  lo.num_stages = 1;
+  return lo;
 }
 
 Kernel& castKernel(DType dt) {
   const std::string name = "flex_bwd_cast_dq_" + std::string(ir::dtypeName(dt));
   return sharedKernel(name, [&] {
     return Kernel(name, [dt](ir::Function& f, const std::vector<int64_t>& c) { traceCast(f, c, dt); },
-                  constantCount<FixedPointConstants>());
+                  constantCount<ElementwiseConstants>());
   });
 }
 
@@ -747,13 +758,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (!atomicDq) {
     gradLaunch("dq", config.dq, false);
   } else {
-    const int64_t n = q.numel(), BLOCK = 1024;
-    LaunchOptions lo;
-    lo.grid = {cdiv(n, BLOCK), 1, 1};
-    lo.constants = constantList(FixedPointConstants{BLOCK});
-    lo.num_stages = 1;
     Kernel& kernel = castKernel(dt);
-    launches.push_back({&kernel, lo, bindParams<CastParams>({.in = dqAccum, .out = grads.dq, .n = n}, kernel.name())});
+    launches.push_back({&kernel, elementwiseLaunch(q.numel()),
+                        bindParams<CastParams>({.in = dqAccum, .out = grads.dq, .n = q.numel()}, kernel.name())});
   }
   for (const Tensor& g : gradBuffers) {
     if (!deterministic) {
@@ -761,13 +768,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
       continue;
     }
     Tensor f32 = Tensor::empty(DType::F32, g.shape(), space);
-    const int64_t n = g.numel(), BLOCK = 1024;
-    LaunchOptions lo;
-    lo.grid = {cdiv(n, BLOCK), 1, 1};
-    lo.constants = constantList(FixedPointConstants{BLOCK});
-    lo.num_stages = 1;
     Kernel& kernel = fixedPointKernel();
-    launches.push_back({&kernel, lo, bindParams<FixedPointParams>({.in = g, .out = f32, .n = n}, kernel.name())});
+    launches.push_back({&kernel, elementwiseLaunch(g.numel()),
+                        bindParams<FixedPointParams>({.in = g, .out = f32, .n = g.numel()}, kernel.name())});
     grads.captureGrads.push_back(f32);
   }
   if (!plan) {

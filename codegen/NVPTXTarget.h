@@ -62,7 +62,6 @@ class NVPTXTarget {
   };
   // The NVPTX backend: PTX text of the module.
   std::string emitPTX(llvm::Module& module, const EmitOptions& options) const;
-  std::string emitPTX(llvm::Module& module) const { return emitPTX(module, EmitOptions{}); }
 
  private:
   llvm::TargetMachine& machine() const;

@@ -235,6 +235,10 @@ bool wgmmaDisabled() {
   const char* e = std::getenv("FLEXTILE_WGMMA");
   return e && std::strcmp(e, "0") == 0;
 }
+bool smemADisabled() {
+  const char* e = std::getenv("FLEXTILE_WGMMA_SMEM_A");
+  return e && std::strcmp(e, "0") == 0;
+}
 // Whether `v` is used only by `user` among the ops of `block` (and their regions).
 bool onlyUser(const ir::Value* v, const ir::Op* user, const ir::Block& block) {
   bool ok = true;
@@ -294,19 +298,42 @@ std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function
   });
   return ok ? readers : std::vector<const ir::Op*>{};
 }
-}  // namespace
 
-std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) {
+// The descriptor view of the one-slot buffer a local_load reads (the resident tiles the "wgmma"
+// pass writes), when it is stored as wgmma reads an operand whose K is dimension `kDim`, with the
+// buffer's own contiguous dimension (`contiguousDim` < 0) or the given one; else empty.
+std::optional<WgmmaTile> oneSlotWgmmaTile(const ir::Op& localLoad, int kDim, int contiguousDim) {
   if (localLoad.kind() != OpKind::LocalLoad) return std::nullopt;
   const ir::Type& buf = localLoad.operand(0)->type();
   if (!buf.isSharedBuffer() || buf.slots() != 1 || buf.rank() != 2 ||
       (buf.dtype() != DType::BF16 && buf.dtype() != DType::F16))
     return std::nullopt;
-  const int contiguous = buf.sharedLayout()->order()[0];
-  auto tile = wgmmaTile(buf.shape(), contiguous, 0, ir::byteWidth(buf.dtype()));
+  const int contiguous = contiguousDim >= 0 ? contiguousDim : buf.sharedLayout()->order()[0];
+  auto tile = wgmmaTile(buf.shape(), contiguous, kDim, ir::byteWidth(buf.dtype()));
   if (!tile || !(tile->smem == *buf.sharedLayout())) return std::nullopt;
   return tile;
 }
+
+// The source tile of a convert that may become a resident wgmma operand: 16-bit, rank 2, with a
+// layout, on a wgmma target with resident tiles allowed; else null.
+const ir::Type* residentCandidate(const ir::Op& cvt, const Target& target) {
+  if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled() || !target.has(Feature::Wgmma) ||
+      !cvt.parentBlock())
+    return nullptr;
+  const ir::Type& xt = cvt.operand(0)->type();
+  if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))
+    return nullptr;
+  return &xt;
+}
+
+// The dimension a register tile's registers run along.
+int contiguousDimOf(const ir::Type& t) {
+  const Layout& l = *t.layout();
+  return l.contiguousRegisters(0) > l.contiguousRegisters(1) ? 0 : 1;
+}
+}  // namespace
+
+std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) { return oneSlotWgmmaTile(localLoad, 0, -1); }
 
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const auto nk = wgmmaAccumulator(dot, target);
@@ -315,7 +342,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   // B resident in shared memory: a one-slot buffer the "wgmma" pass wrote before the loop
   // (wgmmaResidentB), read as it is.
   if (const ir::Op* b = dot.operand(1)->definingOp();
-      b && b->kind() == OpKind::LocalLoad && b->parentBlock() != dot.parentBlock() && inLoopBelow(dot, b->parentBlock()))
+      b && b->kind() == OpKind::LocalLoad && inLoopBelow(dot, b->parentBlock()))
     if (auto tile = wgmmaResidentBTile(*b)) return WgmmaPlan{b, *tile, nk->first, nk->second};
   const ir::Op* load = wgmmaSource(dot);
   if (!load || load->parentBlock() != dot.parentBlock()) return std::nullopt;
@@ -344,9 +371,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
 
   // The contiguous dimension: the buffer's, or the one the load's registers run along.
   const ir::Type& source = fromBuffer ? load->operand(0)->type() : load->result()->type();
-  const int contiguous =
-      fromBuffer ? source.sharedLayout()->order()[0]
-                 : (source.layout()->contiguousRegisters(0) > source.layout()->contiguousRegisters(1) ? 0 : 1);
+  const int contiguous = fromBuffer ? source.sharedLayout()->order()[0] : contiguousDimOf(source);
   // B = load ([K, N]) or trans(load) ([N, K]); K-major when B's K is contiguous.
   const int kDimOfLoad = transposed ? 1 : 0;
   auto tile = wgmmaTile(source.shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
@@ -354,58 +379,36 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   return WgmmaPlan{load, *tile, N, K};
 }
 
-namespace {
-bool smemADisabled() {
-  const char* e = std::getenv("FLEXTILE_WGMMA_SMEM_A");
-  return e && std::strcmp(e, "0") == 0;
-}
-
-}  // namespace
-
-std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
-  if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
-  if (!target.has(Feature::Wgmma)) return std::nullopt;
+std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
+  const ir::Type* xt = residentCandidate(cvt, target);
+  if (!xt) return std::nullopt;
   // A kernel may keep its A operands in registers: the forward measured 3-6 % slower with Q
   // resident on the H200 (bench/RESULTS.md, 2026-12-01), the backward 15-18 % faster.
   if (const ir::Function* f = cvt.function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return std::nullopt;
-  const ir::Value* x = cvt.operand(0);
-  const ir::Type& xt = x->type();
-  if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))
-    return std::nullopt;
   // K-major only: an M-major A (imm-trans-a) would need its own warpgroup
   // offsets and has no user yet.
-  const Layout& from = *xt.layout();
-  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
-  if (contiguous != 1) return std::nullopt;
-  const ir::Block* home = cvt.parentBlock();
-  if (!home) return std::nullopt;
-  auto tile = wgmmaTile(xt.shape(), 1, 1, ir::byteWidth(xt.dtype()));
+  if (contiguousDimOf(*xt) != 1) return std::nullopt;
+  auto tile = wgmmaTile(xt->shape(), 1, 1, ir::byteWidth(xt->dtype()));
   if (!tile) return std::nullopt;
   // Operand 0 of wgmma dots and nothing else of them.
   const ir::Value* a = cvt.result();
-  WgmmaResidentA out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
+  WgmmaResident out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
                        return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a && wgmmaPlan(dot, target);
                      })};
   if (out.readers.empty()) return std::nullopt;
   return out;
 }
 
-std::optional<WgmmaResidentA> wgmmaResidentB(const ir::Op& cvt, const Target& target) {
-  if (cvt.kind() != OpKind::ConvertLayout || smemADisabled() || wgmmaDisabled()) return std::nullopt;
-  if (!target.has(Feature::Wgmma)) return std::nullopt;
-  const ir::Type& xt = cvt.operand(0)->type();
-  if (!xt.isTile() || xt.rank() != 2 || !xt.hasLayout() || (xt.dtype() != DType::BF16 && xt.dtype() != DType::F16))
-    return std::nullopt;
-  const Layout& from = *xt.layout();
-  const int contiguous = from.contiguousRegisters(0) > from.contiguousRegisters(1) ? 0 : 1;
-  const ir::Block* home = cvt.parentBlock();
-  auto tile = wgmmaTile(xt.shape(), contiguous, 0, ir::byteWidth(xt.dtype()));
-  if (!home || !tile) return std::nullopt;
+std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& cvt, const Target& target) {
+  const ir::Type* xt = residentCandidate(cvt, target);
+  if (!xt) return std::nullopt;
+  auto tile = wgmmaTile(xt->shape(), contiguousDimOf(*xt), 0, ir::byteWidth(xt->dtype()));
+  if (!tile) return std::nullopt;
   // Operand 1 of dots that wgmma runs once B is resident.
   const ir::Value* b = cvt.result();
-  WgmmaResidentA out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
+  WgmmaResident out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
                        return dot.operand(1) == b && dot.operand(0) != b && dot.operand(2) != b &&
-                              wgmmaAccumulator(dot, target) && dot.operand(0)->type().dtype() == xt.dtype();
+                              wgmmaAccumulator(dot, target) && dot.operand(0)->type().dtype() == xt->dtype();
                      })};
   if (out.readers.empty()) return std::nullopt;
   return out;
@@ -417,19 +420,10 @@ bool hasWgmmaDots(const ir::Function& f, const Target& target) {
   return any;
 }
 
-std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad) {
-  if (localLoad.kind() != OpKind::LocalLoad) return std::nullopt;
-  const ir::Type& buf = localLoad.operand(0)->type();
-  // One slot: the resident tiles the "wgmma" pass writes. An A ring of the pipeline (the
-  // matmul's, whose swizzle can equal wgmma's) keeps ldmatrix until A from a ring slot has been
-  // checked on the GPU.
-  if (!buf.isSharedBuffer() || buf.slots() != 1 || buf.rank() != 2 ||
-      (buf.dtype() != DType::BF16 && buf.dtype() != DType::F16))
-    return std::nullopt;
-  auto tile = wgmmaTile(buf.shape(), 1, 1, ir::byteWidth(buf.dtype()));
-  if (!tile || !(tile->smem == *buf.sharedLayout())) return std::nullopt;
-  return tile;
-}
+// One slot: the resident tiles the "wgmma" pass writes. An A ring of the pipeline (the matmul's,
+// whose swizzle can equal wgmma's) keeps ldmatrix until A from a ring slot has been checked on
+// the GPU.
+std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad) { return oneSlotWgmmaTile(localLoad, 1, 1); }
 
 std::string wgmmaSettingsIdentity() {
   std::string out;

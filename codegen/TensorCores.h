@@ -182,14 +182,14 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
 // NVPTXTarget::EmitOptions::keepBlockOrder).
 bool hasWgmmaDots(const ir::Function& f, const Target& target);
 
-// A convert whose tile the dots read from shared memory (the SS rule above,
-// except the fit, which the shared-memory plan checks): the resident tile and
-// the dots that read it.
-struct WgmmaResidentA {
+// A convert whose tile the dots read from shared memory, as A (the SS rule above) or as B
+// (below), except the fit, which the shared-memory plan checks: the resident tile and the
+// dots that read it.
+struct WgmmaResident {
   WgmmaTile tile;
   std::vector<const ir::Op*> readers;  // the dots, in program order
 };
-std::optional<WgmmaResidentA> wgmmaResidentA(const ir::Op& convert, const Target& target);
+std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& convert, const Target& target);
 // The descriptor view of the tile a local_load reads, when its buffer has one
 // slot stored as a K-major wgmma A (what the "wgmma" pass makes of a resident
 // A tile); else empty. (Rings of the pipeline keep ldmatrix for A.)
@@ -203,7 +203,7 @@ std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad);
 // accepts the dots with that local_load as B (wgmmaResidentBTile). The backward's
 // atomic dQ reads K so in dS·K. Subject to the same fit as resident A
 // (SharedMemory.h residentAConverts) and to FLEXTILE_WGMMA_SMEM_A=0.
-std::optional<WgmmaResidentA> wgmmaResidentB(const ir::Op& convert, const Target& target);
+std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& convert, const Target& target);
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
 
 // The environment switches above as text for the compile cache's compiler
