@@ -9,6 +9,7 @@
 #include <llvm/Support/xxhash.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -129,7 +130,11 @@ std::string compilerVersion() {
   return v + codegenSwitches();
 }
 
-std::string codegenSwitches() { return wgmmaSettingsIdentity(); }
+std::string codegenSwitches() {
+  std::string out = wgmmaSettingsIdentity();
+  if (const char* e = std::getenv("FLEXTILE_BULK_REDUCE"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_REDUCE=0";
+  return out;
+}
 
 std::optional<fs::path> userCacheDirectory() {
   if (const char* d = std::getenv("FLEXTILE_CACHE_DIR"); d && *d) return fs::path(d);

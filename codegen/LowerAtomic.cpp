@@ -19,6 +19,19 @@
 // barriers of the scratch rule (codegen/SharedMemory.h). A non-replicated
 // tile needs nothing: each element has exactly one holder.
 //
+// Whole rows (`bulk_rows = 1`, codegen/passes/BulkReduce.cpp). The rows of the tile are
+// contiguous runs of f32 in global memory and the result is unused, so the bulk-copy engine adds
+// them: the owners store the values into the op's scratch row by row (rows padded by 32 bytes; two
+// registers that hold neighbouring columns go as one 8-byte store), and each register that can
+// hold column 0 stores its pointer, or 0 where the mask is off, into its row's address slot — or,
+// when this thread's element of that register is not in column 0, into the thread's own dump
+// slot, which keeps the stores free of branches (codegen/SharedMemory.h has the layout). Then
+// `fence.proxy.async.shared::cta` (the engine reads through the async proxy) and a barrier;
+// thread r adds row r with `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` when its
+// address is not 0, and every thread commits and waits for the engine's reads of its group
+// (`cp.async.bulk.wait_group.read 0`) before the op ends, as the scratch rule needs. The additions
+// in L2 finish asynchronously; a later kernel on the stream sees them.
+//
 // fence: `bar.sync 0; fence.acq_rel.gpu; bar.sync 0` (LLVM `fence syncscope("device")
 // acq_rel`), every thread. The IR's fence orders the accesses of the whole program, but
 // fence.acq_rel.gpu orders only its own thread's, and the atomic that follows it (a ticket)
@@ -38,15 +51,131 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include <algorithm>
+#include <set>
+
+#include <llvm/IR/InlineAsm.h>
+
+#include "codegen/AxisInfo.h"
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
 
 using ir::DType;
+using ir::Layout;
+
+namespace {
+void inlineAsm(llvm::IRBuilder<>& b, const std::string& text, const std::string& constraints,
+               std::vector<llvm::Value*> args) {
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* a : args) types.push_back(a->getType());
+  auto* ty = llvm::FunctionType::get(b.getVoidTy(), types, false);
+  b.CreateCall(ty, llvm::InlineAsm::get(ty, text, constraints, /*hasSideEffects=*/true), args);
+}
+}  // namespace
+
+void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
+  const ir::Value* ptrV = op.operand(0);
+  if (std::string why = bulkReduceRefusal(op, AxisInfoAnalysis(func), target); !why.empty())
+    fail(op, "has bulk_rows = 1, but " + why);
+  const Layout& l = layoutOf(ptrV, op);
+  const int64_t rows = ptrV->type().shape()[0], width = ptrV->type().shape()[1];
+  const int64_t stride = bulkRowStride(op), threads = int64_t(func.numWarps()) * 32;
+  const int64_t base = scratchOffset(op, scratchBytes(op));
+  const int64_t addressesAt = base + rows * stride, dumpAt = addressesAt + rows * 8;
+  const Regs& ptrs = get(ptrV);
+  const Regs& vals = get(op.operand(1));
+  const Regs* mask = op.numOperands() == 3 ? &get(op.operand(2)) : nullptr;
+  auto byteAt = [&](int64_t at, llvm::Value* byteOffset) {
+    return b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(at), byteOffset));
+  };
+  // The columns a thread's part of the layout can reach: register r may hold column 0 only when
+  // its own column is among them.
+  std::set<int64_t> threadColumns{0};
+  for (const Layout::Bases* bases : {&l.laneBases(), &l.warpBases()})
+    for (const auto& basis : *bases) {
+      std::set<int64_t> more = threadColumns;
+      for (int64_t c : threadColumns) more.insert(c ^ basis[1]);
+      threadColumns = std::move(more);
+    }
+  // Registers 2k and 2k + 1 as one 8-byte store: when they are neighbouring columns and every
+  // thread's own column part is even.
+  const bool pairs = l.numRegisters() >= 2 && l.regCoord(1) == Layout::Coord{0, 1} &&
+                     std::all_of(threadColumns.begin(), threadColumns.end(), [](int64_t c) { return c % 2 == 0; });
+  // When the registers' and the threads' coordinate bits are disjoint (as in mma and wgmma
+  // layouts), XOR is addition: one thread offset plus a constant per register, which PTX takes as
+  // an immediate (no address register per store).
+  auto bitsOf = [](const Layout::Bases& bases, size_t dim) {
+    int64_t m = 0;
+    for (const auto& basis : bases) m |= basis[dim];
+    return m;
+  };
+  const Layout::Bases regBases = [&] {
+    Layout::Bases out;
+    for (int64_t bit = 1; bit < l.numRegisters(); bit <<= 1) out.push_back(l.regCoord(bit));
+    return out;
+  }();
+  bool disjoint = true;
+  for (size_t d = 0; d < 2; ++d)
+    disjoint = disjoint && ((bitsOf(l.laneBases(), d) | bitsOf(l.warpBases(), d)) & bitsOf(regBases, d)) == 0;
+  const std::vector<llvm::Value*>& own = threadCoordinate(l);
+  llvm::Value* threadPart = b.CreateAdd(b.CreateMul(own[0], i32(stride)), b.CreateMul(own[1], i32(4)));
+  barrier();  // an earlier op (or this one, one iteration back) may still read the scratch
+  onlyWhere(ownerPredicate(l), "bulk.stage", [&] {
+    for (int64_t r = 0; r < l.numRegisters(); r += pairs ? 2 : 1) {
+      const Layout::Coord rc = l.regCoord(r);
+      llvm::Value* at;
+      if (disjoint) {
+        at = byteAt(base + rc[0] * stride + rc[1] * 4, threadPart);
+      } else {
+        const std::vector<llvm::Value*> c = coordinate(l, r);
+        at = byteAt(base, b.CreateAdd(b.CreateMul(c[0], i32(stride)), b.CreateMul(c[1], i32(4))));
+      }
+      if (!pairs) {
+        storeShared(at, vals[size_t(r)], DType::F32);
+        continue;
+      }
+      llvm::Value* two = llvm::PoisonValue::get(llvm::FixedVectorType::get(b.getFloatTy(), 2));
+      two = b.CreateInsertElement(two, vals[size_t(r)], uint64_t(0));
+      two = b.CreateInsertElement(two, vals[size_t(r + 1)], uint64_t(1));
+      b.CreateAlignedStore(two, at, llvm::Align(8));
+    }
+    for (int64_t r = 0; r < l.numRegisters(); ++r) {
+      if (!threadColumns.count(l.regCoord(r)[1])) continue;
+      const std::vector<llvm::Value*> c = coordinate(l, r);
+      llvm::Value* address = b.CreatePtrToInt(ptrs[size_t(r)], b.getInt64Ty());
+      if (mask) address = b.CreateSelect((*mask)[size_t(r)], address, b.getInt64(0));
+      llvm::Value* slot = b.CreateSelect(b.CreateICmpEQ(c[1], i32(0)), b.CreateAdd(i32(addressesAt), b.CreateMul(c[0], i32(8))),
+                                         b.CreateAdd(i32(dumpAt), b.CreateMul(tid, i32(8))));
+      b.CreateAlignedStore(address, b.CreateGEP(b.getInt8Ty(), sharedBase, slot), llvm::Align(8));
+    }
+  });
+  inlineAsm(b, "fence.proxy.async.shared::cta;", "~{memory}", {});
+  barrier();
+  llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
+  const std::string reduce = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], " +
+                             std::to_string(width * 4) + ";";
+  for (int64_t first = 0; first < rows; first += threads) {
+    llvm::Value* row = b.CreateAdd(tid, i32(first));
+    llvm::Value* inRange = rows - first >= threads ? nullptr : b.CreateICmpULT(row, i32(rows));
+    onlyWhere(inRange, "bulk.row", [&] {
+      llvm::Value* address = b.CreateAlignedLoad(b.getInt64Ty(), byteAt(addressesAt, b.CreateMul(row, i32(8))), llvm::Align(8));
+      onlyWhere(b.CreateICmpNE(address, b.getInt64(0)), "bulk.reduce", [&] {
+        llvm::Value* source = b.CreateAdd(smem, b.CreateAdd(i32(base), b.CreateMul(row, i32(stride))));
+        inlineAsm(b, reduce, "l,r,~{memory}", {address, source});
+      });
+    });
+  }
+  inlineAsm(b, "cp.async.bulk.commit_group;", "~{memory}", {});
+  inlineAsm(b, "cp.async.bulk.wait_group.read 0;", "~{memory}", {});
+  set(op.result(), Regs(size_t(l.numRegisters()), llvm::Constant::getNullValue(b.getFloatTy())));
+}
 
 void Lowering::lowerAtomicAdd(const ir::Op& op) {
   if (op.numOperands() < 2 || op.numOperands() > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
+  if (op.hasAttr("bulk_rows") && op.intAttr("bulk_rows") != 0) return lowerAtomicAddBulkRows(op);
   const ir::Value* ptrV = op.operand(0);
   const ir::Value* res = op.result();
   const ir::Type& pt = ptrV->type();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
@@ -51,8 +52,19 @@ ir::Pass pipelinePass(const Target& target);  // "pipeline"
 void selectWgmma(ir::Function& f, const Target& target);
 ir::Pass wgmmaPass(const Target& target);  // "wgmma"
 
+// Whole-row atomic sums (codegen/passes/BulkReduce.cpp): an atomic_add of an f32 [R, W] tile
+// whose rows are proven contiguous and 16-byte aligned, whose mask is constant along each row and
+// whose old values are unused gets `bulk_rows = 1` on targets with Feature::BulkReduce: the
+// lowering adds each row with one cp.reduce.async.bulk from shared memory instead of W atomics
+// (codegen/LowerAtomic.cpp; scratch in codegen/SharedMemory.h). Runs after "pipeline", before
+// "wgmma" (which waits for wgmma groups before every op with scratch).
+void selectBulkReduce(ir::Function& f, const Target& target);
+ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
+// Why `atomic` may not be lowered as bulk row reductions ("" when it may).
+std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis, const Target& target);
+
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, pipeline, wgmma. The one list, so that what tests run is what the compiler runs.
+// assign-layouts, pipeline, bulk-reduce, wgmma. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

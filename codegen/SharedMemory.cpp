@@ -59,6 +59,11 @@ int64_t countOps(const Op& op) {
 }
 }  // namespace
 
+int64_t bulkRowStride(const Op& atomic) {
+  const ir::Type& t = atomic.operand(0)->type();
+  return t.shape().back() * ir::byteWidth(t.pointee()) + 32;
+}
+
 int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }
 
 int64_t scratchBytes(const Op& op) {
@@ -70,6 +75,10 @@ int64_t scratchBytes(const Op& op) {
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
              ir::byteWidth(op.result()->type().dtype());
     case OpKind::AtomicAdd:
+      if (op.hasAttr("bulk_rows") && op.intAttr("bulk_rows") != 0) {
+        const int64_t rows = op.operand(0)->type().shape()[0];
+        return rows * bulkRowStride(op) + rows * 8 + int64_t(op.function()->numWarps()) * 32 * 8;
+      }
       return atomicOldValuesShared(op) ? tileBytes(op.result()) : 0;
     case OpKind::Dot:
       if (isMmaDot(op)) return 0;  // operands arrive in registers (dot-operand layouts)

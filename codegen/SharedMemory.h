@@ -38,6 +38,14 @@
 //                   row-major as for convert_layout (a scalar: one element at
 //                   base). The one thread that added an element writes its old
 //                   value there and every holder reads it back.
+//   atomic_add      with `bulk_rows` (codegen/passes/BulkReduce.cpp; tile [R, W] of f32):
+//                   R rows of bulkRowStride(op) = W * 4 + 32 bytes (row r at base + r *
+//                   bulkRowStride, row-major within; the 32-byte pad keeps the stores of an mma
+//                   or wgmma accumulator layout free of bank conflicts), then R row addresses of
+//                   8 bytes (the global address of the row's first element, 0 for a row the mask
+//                   leaves out), then one 8-byte slot per thread that takes the address stores of
+//                   registers that are not in column 0 (branch-free stores). The bulk copies read
+//                   the rows asynchronously; the op waits for those reads before it ends.
 //   anything else   none.
 // Every base offset is a multiple of 16 bytes.
 //
@@ -83,6 +91,8 @@ int64_t sharedSlotBytes(const ir::Type& buffer);
 // element through scratch: its result is used and is a scalar or replicated
 // (only one thread per element does the atomic; codegen/LowerAtomic.cpp).
 bool atomicOldValuesShared(const ir::Op& atomic);
+// Bytes between rows of a bulk_rows atomic_add's staged tile.
+int64_t bulkRowStride(const ir::Op& atomic);
 // Offset of a dot's b tile from the dot's scratch base.
 int64_t dotScratchBOffset(const ir::Op& dot);
 

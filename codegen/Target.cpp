@@ -12,7 +12,7 @@ constexpr uint32_t bit(Feature f) { return uint32_t(1) << unsigned(f); }
 
 constexpr uint32_t kTuring = bit(Feature::Ldmatrix);
 constexpr uint32_t kAmpere = kTuring | bit(Feature::MmaSync) | bit(Feature::CpAsync);
-constexpr uint32_t kHopper = kAmpere | bit(Feature::TensorMemoryAccelerator);
+constexpr uint32_t kHopper = kAmpere | bit(Feature::TensorMemoryAccelerator) | bit(Feature::BulkReduce);
 constexpr uint32_t kHopperArchSpecific = kHopper | bit(Feature::Wgmma) | bit(Feature::SetMaxNReg);
 
 constexpr int64_t KiB = 1024;
@@ -51,6 +51,7 @@ const char* featureName(Feature feature) {
     case Feature::MmaSync: return "mma.sync";
     case Feature::CpAsync: return "cp.async";
     case Feature::TensorMemoryAccelerator: return "cp.async.bulk.tensor (TMA)";
+    case Feature::BulkReduce: return "cp.reduce.async.bulk";
     case Feature::Wgmma: return "wgmma";
     case Feature::SetMaxNReg: return "setmaxnreg";
   }

@@ -21,6 +21,7 @@ enum class Feature : uint8_t {
   MmaSync,     // mma.sync.aligned m16n8k16 f16/bf16 and m16n8k8 tf32, f32 accumulators (sm_80)
   CpAsync,     // cp.async.ca/.cg with commit_group / wait_group (sm_80)
   TensorMemoryAccelerator,  // cp.async.bulk.tensor (TMA) and mbarrier expect_tx (sm_90)
+  BulkReduce,  // cp.reduce.async.bulk from shared to global, bulk_group completion (sm_90)
   Wgmma,       // wgmma.mma_async m64nNk16 from shared memory (sm_90a)
   SetMaxNReg,  // setmaxnreg: warpgroup register reallocation (sm_90a)
 };

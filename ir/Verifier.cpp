@@ -144,6 +144,14 @@ class Verifier {
 
   // ---- per-op rules ----
 
+  bool valueUsed(const Value* v) const {
+    bool used = false;
+    f_.walk([&](const Op& op) {
+      for (const Value* o : op.operands()) used = used || o == v;
+    });
+    return used;
+  }
+
   bool intAttrIn(const Op& op, const std::string& key, int64_t lo, int64_t hi) {
     auto it = op.attrs().find(key);
     if (it == op.attrs().end() || !std::holds_alternative<int64_t>(it->second)) {
@@ -465,6 +473,14 @@ class Verifier {
     }
     const Type& r = op.result()->type();
     if (!r.sameShapeAndElement(value)) err(op, "result (the old values) must be " + value.str() + ", got " + r.str());
+    if (op.hasAttr("bulk_rows")) {
+      // Whole rows through the bulk-copy engine (codegen/passes/BulkReduce.cpp), which returns no old values.
+      if (!intAttrIn(op, "bulk_rows", 0, 1)) return;
+      if (op.intAttr("bulk_rows") == 1 && (!p.isTile() || p.rank() != 2 || t != DType::F32))
+        return err(op, "bulk_rows = 1 adds whole rows of an f32 rank-2 tile, not through " + p.str());
+      if (op.intAttr("bulk_rows") == 1 && valueUsed(op.result()))
+        return err(op, "bulk_rows = 1 gives no old values, but its result is used");
+    }
     if (lay_ && !opFailed_ && p.isTile()) {
       for (size_t i = 1; i < n; ++i)
         if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;

@@ -54,7 +54,7 @@ ALL_BENCHES=(
   "torch_gemm|python3 bench/torch_gemm.py"
   "attention|python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json && $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "attention_backward|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_BACKWARD_ARGS:-}"
-  "attention_backward_atomic|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json --atomic-dq ${FLEXTILE_BACKWARD_ARGS:-}"
+  "attention_backward_atomic|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && $BUNDLE/bin/flextile_attention_backward_bench --document-offsets $LOGS/document_cuts.json --atomic-dq ${FLEXTILE_BACKWARD_ATOMIC_ARGS:-${FLEXTILE_BACKWARD_ARGS:-}}"
   "attention_slsr|FLEXTILE_LLVM_SKIP_PASSES= $BUNDLE/bin/flextile_attention_bench --document-offsets $LOGS/document_cuts.json ${FLEXTILE_ATTENTION_ARGS:-}"
   "autotune|( [ -s $LOGS/document_cuts.json ] || python3 bench/torch_document_cuts.py > $LOGS/document_cuts.json ) && bench/autotune_sweep.sh $BUNDLE/bin $LOGS/document_cuts.json 2> $LOGS/autotune_progress.txt"
   "attention_decode|$BUNDLE/bin/flextile_attention_decode_bench ${FLEXTILE_DECODE_ARGS:-}"

@@ -16,7 +16,7 @@ namespace flextile::codegen {
 namespace {
 
 using F = Feature;
-const std::vector<Feature> kAllFeatures{F::Ldmatrix, F::MmaSync, F::CpAsync, F::TensorMemoryAccelerator, F::Wgmma,
+const std::vector<Feature> kAllFeatures{F::Ldmatrix, F::MmaSync, F::CpAsync, F::TensorMemoryAccelerator, F::BulkReduce, F::Wgmma,
                                         F::SetMaxNReg};
 
 std::set<Feature> featuresOf(const Target& t) {
@@ -33,9 +33,9 @@ TEST(TargetDescription, EachArchitectureHasItsFeatures) {
   EXPECT_EQ(featuresOf(Target{86, false}), ampere);
   EXPECT_EQ(featuresOf(Target{89, false}), ampere);
   // sm_90 has TMA; wgmma and setmaxnreg are sm_90a's only (PTX: "requires sm_90a").
-  EXPECT_EQ(featuresOf(Target{90, false}), (std::set<Feature>{F::Ldmatrix, F::MmaSync, F::CpAsync, F::TensorMemoryAccelerator}));
+  EXPECT_EQ(featuresOf(Target{90, false}), (std::set<Feature>{F::Ldmatrix, F::MmaSync, F::CpAsync, F::TensorMemoryAccelerator, F::BulkReduce}));
   EXPECT_EQ(featuresOf(Target::sm90a()), (std::set<Feature>{F::Ldmatrix, F::MmaSync, F::CpAsync,
-                                                            F::TensorMemoryAccelerator, F::Wgmma, F::SetMaxNReg}));
+                                                            F::TensorMemoryAccelerator, F::BulkReduce, F::Wgmma, F::SetMaxNReg}));
   for (Feature f : kAllFeatures) EXPECT_STRNE(featureName(f), "?");
 }
 

@@ -54,6 +54,34 @@ inline Kernel atomicReplicated() {
   });
 }
 
+// Whole rows, as the backward's atomic dQ adds them: each program walks `steps` tiles [BM, W] of
+// f32 (values[program, step]) and adds tile s into rows (program + s) * BM / 2 ... of acc [rows, W]
+// (consecutive programs and steps overlap by half a tile), rows past `rows` masked off. DOT = 1
+// adds dot(a, b) of two bf16 tiles instead (an mma or wgmma accumulator layout, as dQ has):
+// a = values' first 16 columns, b = an identity-like [16, W] of ones on its diagonal. With small
+// integer values every sum is exact in f32, so the order of the adds cannot matter. On sm_90 the
+// bulk-reduce pass lowers the atomic_add to one cp.reduce.async.bulk per row.
+inline Kernel atomicRowSums() {
+  return kernel("atomic_row_sums", [](Ptr<f32> values, Ptr<f32> acc, Int rows, Int steps, Const<int> BM, Const<int> W,
+                                      Const<int> DOT) {
+    auto program = program_id(0);
+    auto r = arange(0, BM);
+    auto c = arange(0, W);
+    for_range(0, steps, 1, [&](Tile s) {
+      Tile row = (program + s) * (BM / 2) + r;
+      Tile tile = (program * steps + s) * BM + r;
+      Tile v = load(values + (tile.expand(1) * W + c.expand(0)));
+      if (DOT) {
+        Tile k = arange(0, 16);
+        Tile a = load(values + (tile.expand(1) * W + k.expand(0))).to(DType::BF16);
+        Tile eye = where(k.expand(1) == c.expand(0) % 16, 1.0f, 0.0f).to(DType::BF16);
+        v = dot(a, eye);
+      }
+      atomic_add(acc + (row.expand(1) * W + c.expand(0)), v, (row < rows).expand(1) & (c < W).expand(0));
+    });
+  });
+}
+
 // The fused decode merge's pattern, alone: every program writes a BLOCK-wide partial (3 x its
 // values, stored by all of its threads), fences, and takes a ticket; the program that draws the
 // last one fences, adds every program's partial into sums, records its id in `last` and resets

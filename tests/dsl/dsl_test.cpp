@@ -309,6 +309,21 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
       EXPECT_TRUE(last[0] >= 0 && last[0] < programs) << last[0];
     }
   }
+  // Whole rows shared by programs and steps, the last rows masked (the GPU's bulk-reduce path).
+  for (int dot : {0, 1}) {
+    const int programs = 5, steps = 3, BM = 16, W = 32, rows = (programs + steps) * BM / 2 - 5;
+    std::vector<float> rowValues(size_t(programs * steps * BM * W)), acc(size_t(rows * W), 0.0f),
+        wantAcc(size_t(rows * W), 0.0f);
+    for (float& x : rowValues) x = float(int(gen() % 9) - 4);
+    for (int p = 0; p < programs; ++p)
+      for (int st = 0; st < steps; ++st)
+        for (int i = 0; i < BM; ++i)
+          for (int j = 0; j < W; ++j)
+            if (const int r = (p + st) * (BM / 2) + i; r < rows)
+              wantAcc[size_t(r * W + j)] += rowValues[size_t(((p * steps + st) * BM + i) * W + (dot ? j % 16 : j))];
+    flextile::testing::atomicRowSums().interpret({{programs, 1, 1}, {BM, W, dot}}, rowValues, acc, rows, steps);
+    EXPECT_EQ(acc, wantAcc) << "dot " << dot;
+  }
   // Replicated rows and columns, masked.
   for (int row : {1, 0}) {
     std::vector<float> acc(16, 0.0f), old(9 * 16, -1.0f);
@@ -353,6 +368,20 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
           // Each thread adds at most one element (N <= the threads of one warp group's rows).
           EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), std::max(1, N / (32 * warps))) << N;
         }
+      // Whole rows: one bulk reduction per row where the target has them (the bulk-reduce pass),
+      // one atomic per element elsewhere.
+      Kernel rowSums = flextile::testing::atomicRowSums();
+      for (int dot : {0, 1}) {
+        const int BM = 64, W = 128;
+        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot}, warps}, {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)},
+                                         target));
+        const bool bulk = target.has(codegen::Feature::BulkReduce);
+        // Thread r issues row r: a program of fewer threads than rows goes round twice.
+        EXPECT_EQ(count(built.back()->ptx, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
+                  bulk ? cdiv(BM, 32 * warps) : 0);
+        EXPECT_EQ(count(built.back()->ptx, "cp.async.bulk.wait_group.read 0"), bulk ? 1 : 0);
+        EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), bulk ? 0 : BM * W / (32 * warps)) << "dot " << dot;
+      }
       if (havePtxas) {
         for (const auto* k : built) EXPECT_NO_THROW(codegen::runPtxas(k->ptx, target)) << k->name;
       }

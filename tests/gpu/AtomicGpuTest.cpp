@@ -6,9 +6,11 @@
 // shows as a count above the number of programs. The interpreter runs the
 // same launches and must agree where the order cannot matter.
 #include <algorithm>
+#include <array>
 #include <random>
 
 #include "GpuTest.h"
+#include "IrHarness.h"
 #include "examples/common.h"
 #include "tests/dsl/AtomicKernels.h"
 
@@ -146,6 +148,47 @@ TEST(AtomicGpu, ReplicatedRowsAndColumnsAddOncePerElement) {
           std::sort(seen.begin(), seen.end());
           for (int p = 0; p < programs; ++p) ASSERT_EQ(seen[size_t(p)], j < live ? float(p) : 0.0f) << "element " << j;
         }
+      }
+    }
+  }
+}
+
+// atomic_add of whole rows (the bulk-reduce pass: one cp.reduce.async.bulk per row on sm_90) against
+// the same sums on the host, exact: rows shared by several programs and by consecutive steps of one
+// loop (the staging scratch reused), masked rows past the end, a blocked layout (loaded values) and
+// an mma/wgmma accumulator (DOT), and the per-element atomics (FLEXTILE_BULK_REDUCE=0) for the same
+// launch.
+TEST(AtomicGpu, WholeRowsAddOncePerElement) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  Kernel rowSums = atomicRowSums();
+  for (int dotTile : {0, 1}) {
+    for (auto [BM, W, warps] : std::vector<std::array<int, 3>>{{64, 128, 4}, {16, 32, 1}, {128, 64, 8}}) {
+      for (bool bulk : {true, false}) {
+        ScopedSetenv env("FLEXTILE_BULK_REDUCE", bulk ? "1" : "0");
+        const int programs = 37, steps = 3, rows = (programs + steps) * BM / 2 - BM / 3;  // the last rows masked
+        SCOPED_TRACE("BM " + std::to_string(BM) + " W " + std::to_string(W) + " warps " + std::to_string(warps) +
+                     (dotTile ? " dot" : " loaded") + (bulk ? " bulk" : " per element"));
+        std::vector<float> values(size_t(programs * steps * BM * W));
+        for (float& x : values) x = float(int(rng() % 9) - 4);
+        std::vector<double> want(size_t(rows * W), 0.0);
+        for (int p = 0; p < programs; ++p)
+          for (int st = 0; st < steps; ++st)
+            for (int i = 0; i < BM; ++i) {
+              const int row = (p + st) * (BM / 2) + i;
+              if (row >= rows) continue;
+              for (int j = 0; j < W; ++j)
+                want[size_t(row * W + j)] += values[size_t(((p * steps + st) * BM + i) * W + (dotTile ? j % 16 : j))];
+            }
+        std::vector<float> acc(size_t(rows * W), 0.0f);
+        auto dvalues = toDevice(values), dacc = toDevice(acc);
+        const LaunchOptions launch{{programs, 1, 1}, {BM, W, dotTile}, warps};
+        const std::string ptx = rowSums.compile(launch, {dvalues, dacc, rows, steps}).ptx;
+        EXPECT_EQ(ptx.find("cp.reduce.async.bulk") != std::string::npos, bulk && currentTarget().has(codegen::Feature::BulkReduce));
+        rowSums.run(launch, dvalues, dacc, rows, steps);
+        runtime::synchronize();
+        fromDevice(dacc, acc);
+        for (size_t e = 0; e < acc.size(); ++e) ASSERT_EQ(double(acc[e]), want[e]) << "row " << e / size_t(W) << " column " << e % size_t(W);
       }
     }
   }
