@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <tuple>
 
 namespace flextile::attention {
 
@@ -93,6 +94,8 @@ Kernel makeDenseKernel(const MaskMod& mod) {
     store(dense + (bh * qLen + local) * kvLen + kv, mask(bh / H, bh % H, g, kv) & in, in);
   });
 }
+
+int spaceSlot(MemorySpace space) { return space == MemorySpace::Device ? 1 : 0; }
 
 std::span<const int32_t> row(const BlockLists& l, int64_t rowIndex, int64_t stride) {
   return {l.indices.data() + rowIndex * stride, size_t(l.num[size_t(rowIndex)])};
@@ -302,6 +305,7 @@ void checkIndex(const char* what, int64_t v, int64_t n, const char* name) {
 }  // namespace
 
 std::span<const int32_t> BlockMask::partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
+  requireHostLists("partialKvBlocks");
   checkIndex("partialKvBlocks", b, B_, "b");
   checkIndex("partialKvBlocks", h, H_, "h");
   checkIndex("partialKvBlocks", qBlock, nQ_, "q block");
@@ -309,6 +313,7 @@ std::span<const int32_t> BlockMask::partialKvBlocks(int64_t b, int64_t h, int64_
 }
 
 std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
+  requireHostLists("fullKvBlocks");
   checkIndex("fullKvBlocks", b, B_, "b");
   checkIndex("fullKvBlocks", h, H_, "h");
   checkIndex("fullKvBlocks", qBlock, nQ_, "q block");
@@ -316,6 +321,7 @@ std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t q
 }
 
 std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
+  requireHostLists("partialQBlocks");
   checkIndex("partialQBlocks", b, B_, "b");
   checkIndex("partialQBlocks", h, H_, "h");
   checkIndex("partialQBlocks", kvBlock, nKv_, "kv block");
@@ -323,6 +329,7 @@ std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t
 }
 
 std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
+  requireHostLists("fullQBlocks");
   checkIndex("fullQBlocks", b, B_, "b");
   checkIndex("fullQBlocks", h, H_, "h");
   checkIndex("fullQBlocks", kvBlock, nKv_, "kv block");
@@ -330,6 +337,7 @@ std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kv
 }
 
 BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBlock) const {
+  requireHostLists("state");
   checkIndex("state", kvBlock, nKv_, "kv block");
   auto contains = [&](std::span<const int32_t> r) { return std::binary_search(r.begin(), r.end(), int32_t(kvBlock)); };
   if (contains(fullKvBlocks(b, h, qBlock))) return BlockState::Full;
@@ -338,12 +346,14 @@ BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBloc
 }
 
 int64_t BlockMask::numPartialBlocks() const {
+  requireHostLists("numPartialBlocks");
   int64_t n = 0;
   for (int32_t c : partialKv_.num) n += c;
   return n;
 }
 
 int64_t BlockMask::numFullBlocks() const {
+  requireHostLists("numFullBlocks");
   int64_t n = 0;
   for (int32_t c : fullKv_.num) n += c;
   return n;
@@ -355,6 +365,7 @@ double BlockMask::sparsity() const {
 }
 
 std::vector<uint8_t> BlockMask::toDenseBlocks() const {
+  requireHostLists("toDenseBlocks");
   std::vector<uint8_t> out(size_t(B_ * H_ * nQ_ * nKv_), uint8_t(BlockState::Empty));
   for (int64_t rowIndex = 0; rowIndex < B_ * H_ * nQ_; ++rowIndex) {
     for (int32_t c : row(partialKv_, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Partial);
@@ -364,6 +375,7 @@ std::vector<uint8_t> BlockMask::toDenseBlocks() const {
 }
 
 std::vector<uint8_t> BlockMask::toDense() const {
+  requireHostLists("toDense");
   if (double(B_) * double(H_) * double(qLen_) * double(kvLen_) >= double(INT32_MAX))
     throw Error("BlockMask::toDense: " + std::to_string(B_ * H_) + " x " + std::to_string(qLen_) + " x " +
                 std::to_string(kvLen_) + " elements is too large for a dense mask (it is a debugging aid)");
@@ -396,6 +408,14 @@ std::vector<uint8_t> BlockMask::toDense() const {
 }
 
 std::string BlockMask::describe() const {
+  if (!hostLists_) {
+    std::string s = "BlockMask '" + mask_.name() + "': B=" + std::to_string(B_) + " H=" + std::to_string(H_) + " " +
+                    lengths(qLen_, kvLen_);
+    if (qOffset_ != 0 || qPhase_ != 0) s += " (queries from position " + std::to_string(qOffset_) + ")";
+    return s + ", blocks " + std::to_string(sizes_.q) + " x " + std::to_string(sizes_.kv) + " (" + std::to_string(nQ_) +
+           " x " + std::to_string(nKv_) + "), lists as tensors only (at most " + std::to_string(maxLiveBlocksPerRow()) +
+           " live blocks a row)";
+  }
   char sparsityText[32];
   std::snprintf(sparsityText, sizeof sparsityText, "%.1f%%", 100.0 * sparsity());
   std::string s = "BlockMask '" + mask_.name() + "': B=" + std::to_string(B_) + " H=" + std::to_string(H_) + " " +
@@ -408,6 +428,7 @@ std::string BlockMask::describe() const {
 }
 
 std::string BlockMask::picture(int64_t b, int64_t h, int64_t maxBlocks) const {
+  requireHostLists("picture");
   checkIndex("picture", b, B_, "b");
   checkIndex("picture", h, H_, "h");
   if (maxBlocks < 1) throw Error("BlockMask::picture: maxBlocks must be at least 1");
@@ -463,7 +484,12 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
   m.qOffset_ = offset;
   m.qPhase_ = phase;
   m.space_ = space_;
-  for (int64_t bh = 0; bh < B_ * H_; ++bh)
+  if (!hostLists_) {
+    m.hostLists_ = false;
+    m.bounds_ = bounds_;
+    for (BlockLists* l : {&m.partialKv_, &m.fullKv_, &m.partialQ_, &m.fullQ_}) *l = {};
+  }
+  for (int64_t bh = 0; hostLists_ && bh < B_ * H_; ++bh)
     for (int64_t r = 0; r < count; ++r) {
       const int64_t from = (bh * nQ_ + qBlockStart + r), to = bh * count + r;
       for (auto [src, dst] : {std::pair{&partialKv_, &m.partialKv_}, std::pair{&fullKv_, &m.fullKv_}}) {
@@ -471,7 +497,7 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
         std::copy_n(src->indices.begin() + from * nKv_, nKv_, dst->indices.begin() + to * nKv_);
       }
     }
-  m.deriveTransposes();
+  if (hostLists_) m.deriveTransposes();
   // The forward list tensors: views of this mask's rows [qBlockStart, qBlockStart + count), with
   // this mask's strides (rows of a (b, h) stay nQ apart in the parent's storage).
   auto viewRows = [&](const BlockMaskTensors& p) {
@@ -487,16 +513,91 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
     v.kvHeadStride = hStride;
     return v;
   };
-  (void)kvTensors(chooseSpace(space_, mask_.captureSpace()));  // made once in this mask, shared by every slice
+  if (hostLists_) (void)kvTensors(chooseSpace(space_, mask_.captureSpace()));  // made once in this mask, shared by every slice
   std::lock_guard lock(tensors_->mutex);
   for (int s = 0; s < 2; ++s)
     if (tensors_->kv[s]) m.tensors_->kv[s] = viewRows(*tensors_->kv[s]);
   return m;
 }
 
+// ---- masks whose lists are tensors only ----------------------------------------
+
+void BlockMask::requireHostLists(const char* what) const {
+  if (!hostLists_)
+    throw Error(std::string("BlockMask::") + what + " needs the host lists, and " + describe() +
+                " has its lists as tensors only (fromListTensors): copy them with toHost() first");
+}
+
+BlockMask BlockMask::fromListTensors(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                     BlockSizes sizes, const BlockMaskTensors& lists, ListBounds bounds) {
+  const char* what = "BlockMask::fromListTensors";
+  validate(what, B, H, qLen, kvLen, sizes);
+  const int64_t nQ = (qLen + sizes.q - 1) / sizes.q, nKv = (kvLen + sizes.kv - 1) / sizes.kv;
+  auto fail = [&](const std::string& m) { throw Error(std::string(what) + ": " + m); };
+  const Tensor* first = nullptr;
+  for (auto [t, name, shape] : {std::tuple{&lists.kvNum, "kvNum (partial counts)", Shape{B, H, nQ}},
+                                std::tuple{&lists.kvIndices, "kvIndices (partial blocks)", Shape{B, H, nQ, nKv}},
+                                std::tuple{&lists.fullKvNum, "fullKvNum (full counts)", Shape{B, H, nQ}},
+                                std::tuple{&lists.fullKvIndices, "fullKvIndices (full blocks)", Shape{B, H, nQ, nKv}}}) {
+    if (!t->defined()) fail(std::string(name) + " is empty");
+    t->expect(std::string(what) + " " + name, DType::I32, shape);
+    if (!t->isContiguous()) fail(std::string(name) + " must be contiguous, got " + t->describe());
+    if (first && t->space() != first->space())
+      fail("the four list tensors must be in one memory space; " + std::string(name) + " is " + t->describe() +
+           " but kvNum is " + first->describe());
+    first = first ? first : t;
+  }
+  if (bounds.maxLiveBlocksPerRow > nKv)
+    fail("ListBounds::maxLiveBlocksPerRow is " + std::to_string(bounds.maxLiveBlocksPerRow) + " but a row has only " +
+         std::to_string(nKv) + " kv blocks");
+  if (bounds.maxLiveBlocksPerRow < -1)
+    fail("ListBounds::maxLiveBlocksPerRow must be -1 (no bound) or a block count, got " +
+         std::to_string(bounds.maxLiveBlocksPerRow));
+  BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, what);
+  m.hostLists_ = false;
+  m.bounds_ = bounds;
+  for (BlockLists* l : {&m.partialKv_, &m.fullKv_, &m.partialQ_, &m.fullQ_}) *l = {};
+  m.space_ = first->space();
+  BlockMaskTensors t = lists;
+  t.qNum = t.qIndices = t.fullQNum = t.fullQIndices = Tensor();
+  t.kvBatchStride = B > 1 ? H * nQ : 0;
+  t.kvHeadStride = H > 1 ? nQ : 0;
+  m.tensors_->kv[spaceSlot(first->space())] = std::move(t);
+  return m;
+}
+
+BlockMask BlockMask::toHost(runtime::Stream* stream) const {
+  if (hostLists_) return *this;
+  const char* what = "BlockMask::toHost";
+  std::optional<BlockMaskTensors> t;
+  for (int s = 0; s < 2 && !t; ++s) t = tensors_->kv[s];
+  if (!t) throw Error(std::string(what) + ": " + describe() + " holds no list tensors", ErrorKind::Internal);
+  if (qOffset_ != 0 || qPhase_ != 0 || !t->kvNum.isContiguous() || t->kvNum.shape() != Shape{B_, H_, nQ_})
+    throw Error(std::string(what) + ": " + describe() +
+                " is a slice, whose list tensors are strided views of its parent's; call toHost() on the mask that "
+                "fromListTensors made, then slice it");
+  BlockLists partial{t->kvNum.toHost<int32_t>(stream), t->kvIndices.toHost<int32_t>(stream)};
+  BlockLists full{t->fullKvNum.toHost<int32_t>(stream), t->fullKvIndices.toHost<int32_t>(stream)};
+  if (stream) stream->synchronize();
+  BlockMask m = fromKvLists(mask_, B_, H_, qLen_, kvLen_, sizes_, std::move(partial), std::move(full));
+  m.space_ = space_;
+  return m;
+}
+
+int64_t BlockMask::maxLiveBlocksPerRow() const {
+  if (!hostLists_) return bounds_.maxLiveBlocksPerRow < 0 ? nKv_ : bounds_.maxLiveBlocksPerRow;
+  int64_t most = 0;
+  for (size_t r = 0; r < partialKv_.num.size(); ++r) most = std::max<int64_t>(most, partialKv_.num[r] + fullKv_.num[r]);
+  return most;
+}
+
+bool BlockMask::mayHaveFullBlocks() const { return hostLists_ ? numFullBlocks() > 0 : bounds_.mayHaveFull; }
+bool BlockMask::mayHavePartialBlocks() const { return hostLists_ ? numPartialBlocks() > 0 : bounds_.mayHavePartial; }
+
 // ---- checks ----------------------------------------------------------------
 
 void BlockMask::check() const {
+  requireHostLists("check");
   auto fail = [&](const std::string& m) { throw Error("BlockMask::check: " + m); };
   const size_t rowsQ = size_t(B_ * H_ * nQ_), rowsKv = size_t(B_ * H_ * nKv_);
   checkListShape("BlockMask::check", "partialKv", partialKv_, rowsQ, size_t(nKv_));
@@ -551,9 +652,6 @@ void BlockMask::checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) c
                 " query heads (a mask's H is 1, to broadcast, or the number of query heads)");
 }
 
-namespace {
-int spaceSlot(MemorySpace space) { return space == MemorySpace::Device ? 1 : 0; }
-}  // namespace
 
 namespace {
 // Kept list tensors are read by later calls on any stream, so an upload on a call's stream is
@@ -566,6 +664,12 @@ void finishUpload(MemorySpace space, runtime::Stream* stream) {
 const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream* stream) const& {
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->kv[spaceSlot(space)];
+  if (!slot && !hostLists_) {
+    const char* other = space == MemorySpace::Device ? "host" : "device";
+    throw Error("BlockMask::kvTensors: the lists of " + describe() + " exist only as " + other +
+                " tensors (fromListTensors), and the host keeps no copy to make " +
+                (space == MemorySpace::Device ? "device" : "host") + " ones from; run the call where the lists are");
+  }
   if (!slot) {
     BlockMaskTensors t;
     const Shape rowsQ{B_, H_, nQ_}, cellsQ{B_, H_, nQ_, nKv_};
@@ -582,6 +686,7 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
 }
 
 const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* stream) const& {
+  requireHostLists("tensors (the transposed lists, which the backward reads)");
   const BlockMaskTensors& kv = kvTensors(space, stream);
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->all[spaceSlot(space)];

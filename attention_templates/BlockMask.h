@@ -100,6 +100,17 @@ struct BlockMaskTensors {
   int64_t kvBatchStride = 0, kvHeadStride = 0;
 };
 
+// What the host may assume of a mask whose lists exist only as tensors (BlockMask::fromListTensors):
+// bounds that choose the kernels and the decode split count without reading the lists. The
+// defaults assume nothing (every row may list every block, of either kind); tighter bounds that
+// hold (a sliding window of W keys lists at most W / KV_BLOCK_SIZE + 2 blocks a row) give fewer,
+// better-balanced splits. A bound that does not hold is the caller's error: blocks past it are
+// not visited.
+struct ListBounds {
+  int64_t maxLiveBlocksPerRow = -1;  // full + partial blocks of any row; -1: the number of kv blocks
+  bool mayHaveFull = true, mayHavePartial = true;
+};
+
 class BlockMask {
  public:
   // A mask from given forward lists (from a selector, say). The transposes
@@ -110,6 +121,30 @@ class BlockMask {
   // forward lists, not derived).
   static BlockMask fromLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
                              BlockLists partialKv, BlockLists fullKv, BlockLists partialQ, BlockLists fullQ);
+
+  // A mask whose forward lists are the given tensors and nothing else: no host copy, nothing read
+  // back. For lists that another kernel, or another framework, made on the device (PyTorch's
+  // BlockMask holds the same four tensors: kv_num_blocks, kv_indices, full_kv_num_blocks,
+  // full_kv_indices), or host tensors for the interpreter. `lists`: kvNum and fullKvNum i32
+  // [B, H, nQ], kvIndices and fullKvIndices i32 [B, H, nQ, nKV], contiguous, all in one memory space,
+  // as BlockMask documents them (ascending indices, entries past a row's count valid block indices,
+  // e.g. 0); the strides are set here. The contents are trusted (reading them would be the host
+  // round trip this avoids): toHost().check() checks them. The forward and decode templates and
+  // sliceRows work on such a mask; what needs the host lists (the backward's transposes, stats,
+  // pictures, dense views, checks) throws, naming toHost().
+  static BlockMask fromListTensors(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                                   BlockSizes sizes, const BlockMaskTensors& lists, ListBounds bounds = {});
+  // Whether the host keeps the lists (every mask but fromListTensors' and its slices).
+  bool hasHostLists() const { return hostLists_; }
+  // A copy with host lists (and transposes) of a fromListTensors mask, read back on `stream` (one
+  // synchronization); a mask with host lists returns itself. Throws for a slice of one (its list
+  // tensors are strided views): call toHost() on the mask, then slice.
+  BlockMask toHost(runtime::Stream* stream = nullptr) const;
+  // Exact where the host has the lists, the ListBounds otherwise: the most live blocks of a row,
+  // and whether any row may list full / partial blocks.
+  int64_t maxLiveBlocksPerRow() const;
+  bool mayHaveFullBlocks() const;
+  bool mayHavePartialBlocks() const;
 
   int64_t batch() const { return B_; }
   int64_t heads() const { return H_; }
@@ -127,10 +162,10 @@ class BlockMask {
   // The mask_mod for partial blocks (evaluate it at global query positions).
   const MaskMod& maskMod() const { return mask_; }
 
-  const BlockLists& partialKv() const { return partialKv_; }
-  const BlockLists& fullKv() const { return fullKv_; }
-  const BlockLists& partialQ() const { return partialQ_; }
-  const BlockLists& fullQ() const { return fullQ_; }
+  const BlockLists& partialKv() const { requireHostLists("partialKv"); return partialKv_; }
+  const BlockLists& fullKv() const { requireHostLists("fullKv"); return fullKv_; }
+  const BlockLists& partialQ() const { requireHostLists("partialQ"); return partialQ_; }
+  const BlockLists& fullQ() const { requireHostLists("fullQ"); return fullQ_; }
 
   // One row of a list. b and h are the mask's (0 on a broadcast dimension).
   std::span<const int32_t> partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const;
@@ -216,12 +251,16 @@ class BlockMask {
  private:
   friend struct BlockMaskBuilder;
   BlockMask() = default;
+  // Throws, naming `what` and toHost(), for a mask without host lists.
+  void requireHostLists(const char* what) const;
   void deriveTransposes();
 
   MaskMod mask_;
   int64_t B_ = 1, H_ = 1, qLen_ = 0, kvLen_ = 0, nQ_ = 0, nKv_ = 0, qOffset_ = 0, qPhase_ = 0;
   BlockSizes sizes_;
   std::optional<dsl::MemorySpace> space_;
+  bool hostLists_ = true;
+  ListBounds bounds_;  // without host lists
   BlockLists partialKv_, fullKv_, partialQ_, fullQ_;
   struct TensorCache;
   std::shared_ptr<TensorCache> tensors_;

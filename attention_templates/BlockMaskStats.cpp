@@ -60,6 +60,7 @@ double ratio(int64_t computed, int64_t allowed) {
 }  // namespace
 
 BlockMaskStats BlockMask::stats(std::optional<BlockSizes> kernelTile) const {
+  requireHostLists("stats");
   const BlockSizes tile = kernelTile.value_or(sizes_);
   if (tile.q < 1 || tile.kv < 1)
     throw Error("BlockMask::stats: the kernel tile must be at least 1 x 1, got " + std::to_string(tile.q) + " x " +

@@ -217,6 +217,12 @@ void acquire(DecodeBlockLists& out, MemorySpace space, runtime::Stream* stream) 
 // maxLiveBlocks, mayHaveFull and mayHavePartial from the covering rows' host lists.
 void hostBounds(const BlockMask& mask, int64_t firstRow, int64_t lastRow, DecodeBlockLists& out) {
   const int64_t nKv = mask.numKvBlocks();
+  if (!mask.hasHostLists()) {  // lists as tensors only: the mask's bounds, for each covering row
+    out.maxLiveBlocks = std::min(nKv, mask.maxLiveBlocksPerRow() * (lastRow - firstRow + 1));
+    out.mayHaveFull = mask.mayHaveFullBlocks() || mask.mayHavePartialBlocks();
+    out.mayHavePartial = mask.mayHavePartialBlocks() || (firstRow != lastRow && out.maxLiveBlocks > 0);
+    return;
+  }
   std::vector<uint8_t> seen;  // per block: bit 0 listed full by some row, bit 1 partial, bits 2+: rows listing it
   for (int64_t b = 0; b < mask.batch(); ++b)
     for (int64_t h = 0; h < mask.heads(); ++h) {

@@ -392,6 +392,12 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, 
   lists.hStride = t.kvHeadStride;
   lists.row = row;
   lists.numKvBlocks = mask.numKvBlocks();
+  if (!mask.hasHostLists()) {  // lists as tensors only: the mask's bounds (BlockMask::fromListTensors)
+    lists.maxLiveBlocks = mask.maxLiveBlocksPerRow();
+    lists.anyFull = mask.mayHaveFullBlocks();
+    lists.anyPartial = mask.mayHavePartialBlocks();
+    return lists;
+  }
   for (int64_t b = 0; b < mask.batch(); ++b)
     for (int64_t h = 0; h < mask.heads(); ++h) {
       const int64_t nf = int64_t(mask.fullKvBlocks(b, h, row).size()), np = int64_t(mask.partialKvBlocks(b, h, row).size());
@@ -406,6 +412,7 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, 
 // host bounds are those of the whole mask.
 DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space, runtime::Stream* stream) {
   DecodeLists lists = maskRowLists(mask, 0, space, stream);
+  if (!mask.hasHostLists()) return lists;
   lists.maxLiveBlocks = 0;
   for (int64_t b = 0; b < mask.batch(); ++b)
     for (int64_t h = 0; h < mask.heads(); ++h)

@@ -513,8 +513,8 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  // With per-batch lengths the keys are masked anyway: not a constant
                                  // then, so decode steps across a block boundary share one kernel.
                                  !(p.paged && p.pagedConstants.hasLengths) && p.S % mask.kvBlockSize() == 0,
-                                 mask.numFullBlocks() > 0,
-                                 mask.numPartialBlocks() > 0};
+                                 mask.mayHaveFullBlocks(),
+                                 mask.mayHavePartialBlocks()};
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming

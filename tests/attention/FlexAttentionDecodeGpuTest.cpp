@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "FlexAttentionDecodeCheck.h"
+#include "ListTensorMaskCheck.h"
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
 
@@ -117,4 +118,13 @@ TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {
     flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
     if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
   }
+}
+
+// Lists that exist only on the device (BlockMask::fromListTensors over device tensors, as a serving
+// system's own kernel or another framework would make them): decode, its row slices and a causal
+// prefill agree with the host-list mask (bitwise with exact bounds) and the reference.
+TEST(FlexDecodeGpu, ListsOnlyOnTheDevice) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  checkListTensorMask(rng, kDevice);
 }

@@ -1,0 +1,89 @@
+// Masks whose lists exist only as tensors (BlockMask::fromListTensors), through the interpreter:
+// decode, slices and prefill against the host-list mask and the float64 reference
+// (ListTensorMaskCheck.h, which the GPU tests run on the device too); everything that needs host
+// lists refuses, naming toHost(); toHost() gives back the same lists; bad tensors and bounds are
+// errors that name them.
+#include <gtest/gtest.h>
+
+#include "ListTensorMaskCheck.h"
+#include "gpu/GpuTest.h"
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+constexpr MemorySpace kHost = MemorySpace::Host;
+constexpr BlockSizes kBlocks{32, 32};
+}  // namespace
+
+TEST(ListTensorMask, DecodeSlicesAndPrefillMatchTheHostListMask) {
+  SeededRandom rng;
+  checkListTensorMask(rng, kHost);
+}
+
+TEST(ListTensorMask, WhatNeedsHostListsRefusesAndNamesToHost) {
+  BlockMask causal = causalBlockMask(2, 1, 100, 100, kBlocks, kHost);
+  BlockMask m = BlockMask::fromListTensors(causal.maskMod(), 2, 1, 100, 100, kBlocks, copiedLists(causal, kHost));
+  EXPECT_FALSE(m.hasHostLists());
+  EXPECT_NE(m.describe().find("lists as tensors only (at most 4 live blocks a row)"), std::string::npos) << m.describe();
+  for (auto [name, call] : std::vector<std::pair<const char*, std::function<void()>>>{
+           {"picture", [&] { (void)m.picture(); }},
+           {"stats", [&] { (void)m.stats(); }},
+           {"check", [&] { m.check(); }},
+           {"numFullBlocks", [&] { (void)m.numFullBlocks(); }},
+           {"partialKvBlocks", [&] { (void)m.partialKvBlocks(0, 0, 0); }},
+           {"partialQ", [&] { (void)m.partialQ(); }},
+           {"toDense", [&] { (void)m.toDense(); }},
+           {"tensors", [&] { (void)m.tensors(kHost); }}})
+    expectError(call, {std::string("BlockMask::") + name, "toHost()", "fromListTensors"});
+  // The backward walks the transposes, which only the host derives.
+  Tensor q = Tensor::empty(DType::BF16, {2, 2, 100, 64}, kHost), lse = Tensor::empty(DType::F32, {2, 2, 100}, kHost);
+  expectError([&] { (void)plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), m); },
+              {"flex_attention_backward", "transposed lists", "mask.toHost()"});
+  // The lists live on the host here: the device has no copy to make, and there is nothing to upload from.
+  expectError([&] { (void)m.kvTensors(MemorySpace::Device); }, {"BlockMask::kvTensors", "only as host tensors"});
+  // Bounds are reported without the lists: the default says nothing.
+  EXPECT_EQ(m.maxLiveBlocksPerRow(), 4);
+  EXPECT_TRUE(m.mayHaveFullBlocks());
+  EXPECT_TRUE(m.mayHavePartialBlocks());
+}
+
+TEST(ListTensorMask, ToHostReadsTheSameListsBack) {
+  BlockMask window = slidingWindowBlockMask(1, 3, 300, 290, {20, 64, 1000}, kBlocks, kHost);
+  BlockMask m = BlockMask::fromListTensors(window.maskMod(), 1, 3, 300, 290, kBlocks, copiedLists(window, kHost),
+                                           {.maxLiveBlocksPerRow = window.maxLiveBlocksPerRow()});
+  BlockMask back = m.toHost();
+  ASSERT_TRUE(back.hasHostLists());
+  back.check();
+  expectSameLists(back, window, "toHost");
+  EXPECT_EQ(m.maxLiveBlocksPerRow(), window.maxLiveBlocksPerRow());
+  // A slice's tensors are views of the parent's: toHost names the way round.
+  expectError([&] { (void)m.sliceRows(3, 1).toHost(); }, {"BlockMask::toHost", "is a slice", "then slice it"});
+  EXPECT_EQ(window.toHost().numFullBlocks(), window.numFullBlocks()) << "a host-list mask is its own host copy";
+}
+
+TEST(ListTensorMask, BadTensorsAndBoundsNameWhatIsWrong) {
+  BlockMask causal = causalBlockMask(1, 2, 64, 96, kBlocks, kHost);  // nQ = 2, nKv = 3
+  auto lists = [&] { return copiedLists(causal, kHost); };
+  expectError([&] { (void)BlockMask::fromListTensors(causal.maskMod(), 1, 2, 64, 128, kBlocks, lists()); },
+              {"BlockMask::fromListTensors kvIndices (partial blocks)", "[1, 2, 2, 4]"});
+  BlockMaskTensors wrongType = lists();
+  wrongType.fullKvNum = Tensor::empty(DType::I64, {1, 2, 2}, kHost);
+  expectError([&] { (void)BlockMask::fromListTensors(causal.maskMod(), 1, 2, 64, 96, kBlocks, wrongType); },
+              {"fullKvNum (full counts)", "i32"});
+  BlockMaskTensors missing = lists();
+  missing.kvNum = Tensor();
+  expectError([&] { (void)BlockMask::fromListTensors(causal.maskMod(), 1, 2, 64, 96, kBlocks, missing); },
+              {"kvNum (partial counts) is empty"});
+  BlockMaskTensors strided = lists();
+  strided.kvIndices = Tensor::viewOf(Tensor::empty(DType::I32, {1, 2, 2, 6}, kHost), 0, {1, 2, 2, 3}, {24, 12, 6, 1});
+  expectError([&] { (void)BlockMask::fromListTensors(causal.maskMod(), 1, 2, 64, 96, kBlocks, strided); },
+              {"kvIndices (partial blocks) must be contiguous"});
+  expectError([&] { (void)BlockMask::fromListTensors(causal.maskMod(), 1, 2, 64, 96, kBlocks, lists(), {.maxLiveBlocksPerRow = 4}); },
+              {"maxLiveBlocksPerRow is 4", "only 3 kv blocks"});
+  expectError([&] { (void)BlockMask::fromListTensors(MaskMod(), 1, 2, 64, 96, kBlocks, lists()); }, {"the mask_mod is empty"});
+}
