@@ -54,6 +54,9 @@ struct Shape {
   int64_t window = 0;  // > 0: a sliding-window mask of this many keys (causal)
   bool causalMask = false;
   int64_t pageSize = 0;  // > 0: K/V in a paged pool of pages in random physical order
+  // The mask's lists only on the device (BlockMask::fromListTensors): 1 without bounds, 2 with the
+  // window's bound on live blocks a row (window / KV_BLOCK_SIZE + 2).
+  int deviceLists = 0;
 };
 
 // The same logical K/V as `k`, `v` in a pool of pages at random physical positions.
@@ -145,6 +148,8 @@ int main(int argc, char** argv) {
       {"decode", 8, 32, 8, 32768, 1, 128},
       {"decode_causal", 8, 32, 8, 32768, 1, 128, 0, true},
       {"decode_window4096", 8, 32, 8, 32768, 1, 128, 4096},
+      {"window_devlists", 8, 32, 8, 32768, 1, 128, 4096, false, 0, 1},
+      {"window_devlists_b", 8, 32, 8, 32768, 1, 128, 4096, false, 0, 2},
       {"decode_b1", 1, 32, 8, 32768, 1, 128},
       {"decode_s2048", 8, 32, 8, 2048, 1, 128},
       {"decode_b1_s2048", 1, 32, 8, 2048, 1, 128},
@@ -169,6 +174,15 @@ int main(int argc, char** argv) {
     const int64_t pos = s.S - s.L;  // the newest queries of a cache of S keys
     if (s.window > 0) mask = slidingWindowBlockMask(1, 1, s.S, s.S, {s.window}, {128, 128}, MemorySpace::Device);
     else if (s.causalMask) mask = causalBlockMask(1, 1, s.S, s.S, {128, 128}, MemorySpace::Device);
+    const std::optional<BlockMask> hostListMask = mask;  // for the bytes the call reads
+    if (s.deviceLists) {
+      const BlockMaskTensors& t = mask->kvTensors(MemorySpace::Device);
+      BlockMaskTensors lists{t.kvNum.to(MemorySpace::Device), t.kvIndices.to(MemorySpace::Device),
+                             t.fullKvNum.to(MemorySpace::Device), t.fullKvIndices.to(MemorySpace::Device)};
+      ListBounds bounds;
+      if (s.deviceLists == 2) bounds.maxLiveBlocksPerRow = s.window / 128 + 2;
+      mask = BlockMask::fromListTensors(mask->maskMod(), 1, 1, s.S, s.S, {128, 128}, lists, bounds);
+    }
     FlexAttentionOptions base;
     if (mask) base.query_offset = pos;
     // The prefill template on the same queries, as the check.
@@ -177,7 +191,7 @@ int main(int argc, char** argv) {
       if (mask) slice = mask->sliceRows(pos / 128, 1, pos, s.L);
       flex_attention_into(q, k, v, noop_score(), slice, want, nullptr, {.kernel = AttentionTemplate::Prefill});
     }
-    const double bytes = kvBytesRead(s, mask, pos);
+    const double bytes = kvBytesRead(s, hostListMask, pos);
     std::optional<PagedKV> paged;
     if (s.pageSize > 0) paged = pagedCopy(rng, k, v, s.pageSize);
     auto run = [&](const FlexAttentionOptions& o) {
