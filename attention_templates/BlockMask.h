@@ -102,10 +102,11 @@ struct BlockMaskTensors {
 
 // What the host may assume of a mask whose lists exist only as tensors (BlockMask::fromListTensors):
 // bounds that choose the kernels and the decode split count without reading the lists. The
-// defaults assume nothing (every row may list every block, of either kind); tighter bounds that
-// hold (a sliding window of W keys lists at most W / KV_BLOCK_SIZE + 2 blocks a row) give fewer,
-// better-balanced splits. A bound that does not hold is the caller's error: blocks past it are
-// not visited.
+// defaults assume nothing (every row may list every block, of either kind). The kernels read the
+// real counts on the device, so maxLiveBlocksPerRow only sizes the decode split count: one too
+// high or too low costs speed, never correctness (a sliding window of W keys lists at most
+// W / KV_BLOCK_SIZE + 2 blocks a row). The two flags choose which walks the kernels have:
+// mayHaveFull = false for lists with full blocks would skip them, the caller's error.
 struct ListBounds {
   int64_t maxLiveBlocksPerRow = -1;  // full + partial blocks of any row; -1: the number of kv blocks
   bool mayHaveFull = true, mayHavePartial = true;

@@ -87,3 +87,30 @@ TEST(ListTensorMask, BadTensorsAndBoundsNameWhatIsWrong) {
               {"maxLiveBlocksPerRow is 4", "only 3 kv blocks"});
   expectError([&] { (void)BlockMask::fromListTensors(MaskMod(), 1, 2, 64, 96, kBlocks, lists()); }, {"the mask_mod is empty"});
 }
+
+// Queries that straddle two mask rows take lists that decodeBlockLists merges on the device; on a
+// list-tensor mask its host bounds (the split count and which walks) come from ListBounds instead
+// of the rows' counts. Against the reference, with and without a bound, chosen and 3 splits.
+TEST(ListTensorMask, QueriesThatStraddleTwoRows) {
+  SeededRandom rng;
+  const int64_t B = 1, Hq = 4, Hkv = 1, S = 200, L = 5, D = 64, window = 45;
+  BlockMask window45 = slidingWindowBlockMask(B, 1, S + L, S, {window}, kBlocks, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost);
+  for (const ListBounds& bounds : {ListBounds{}, ListBounds{.maxLiveBlocksPerRow = window45.maxLiveBlocksPerRow()}}) {
+    BlockMask m = BlockMask::fromListTensors(window45.maskMod(), B, 1, S + L, S, kBlocks, copiedLists(window45, kHost), bounds);
+    for (int64_t pos : {int64_t(30), int64_t(94), S - 3}) {  // rows 0|1, 2|3, 6|7 of 32 queries
+      for (int64_t splits : {0, 3}) {
+        SCOPED_TRACE("position " + std::to_string(pos) + " splits " + std::to_string(splits));
+        Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost);
+        const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({window}), 0.125, pos);
+        Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {B, Hq, L}, kHost);
+        poison(out);
+        poison(lse);
+        flex_attention_into(q, k, v, noop_score(), m, out, &lse,
+                            {.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.block_n = 16, .splits = splits},
+                             .query_offset = pos});
+        if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
+      }
+    }
+  }
+}
