@@ -80,6 +80,35 @@ Kernel makeStateKernel(const MaskMod& mod) {
   });
 }
 
+// The lists of the mask rows from the block states, on the device (createBlockMask with
+// `hostLists = false`): one program per row of [B*H, nQ]. A block's slot in its list is the number
+// of blocks of its kind before it: per chunk of CHUNK blocks, a [CHUNK, CHUNK] comparison summed
+// along its rows (an exclusive prefix count) plus the count of the chunks before. So the lists come
+// out ascending, as the host compaction makes them; the index tensors are zeroed before (padding).
+Kernel makeCompactKernel() {
+  return kernel("block_mask_compact", [](Ptr<i8> states, Ptr<i32> partialNum, Ptr<i32> partialIndices,
+                                         Ptr<i32> fullNum, Ptr<i32> fullIndices, Int numKv, Const<int> CHUNK) {
+    auto row = program_id(0);
+    auto base = row * numKv;
+    auto j = arange(0, CHUNK);
+    auto before = j.expand(0) < j.expand(1);  // [a, b]: block b of the chunk comes before block a
+    auto chunks = (numKv + (CHUNK - 1)) / CHUNK;
+    auto [partials, fulls] = for_range(0, chunks, 1, std::tuple{scalar(0, DType::I32), scalar(0, DType::I32)},
+                                       [&](Tile c, Tile partialsBefore, Tile fullsBefore) {
+      Tile block = c * CHUNK + j;
+      Tile state = load(states + (base + block), block < numKv, 0).to(DType::I32);
+      Tile isPartial = state == 1, isFull = state == 2;
+      Tile partialSlot = partialsBefore + sum(where(before & isPartial.expand(0), 1, 0), 1);
+      Tile fullSlot = fullsBefore + sum(where(before & isFull.expand(0), 1, 0), 1);
+      store(partialIndices + (base + partialSlot), block, isPartial);
+      store(fullIndices + (base + fullSlot), block, isFull);
+      return std::tuple{partialsBefore + sum(where(isPartial, 1, 0), 0), fullsBefore + sum(where(isFull, 1, 0), 0)};
+    });
+    store(partialNum + row, partials);
+    store(fullNum + row, fulls);
+  });
+}
+
 // The element mask of listed blocks: (bh, q block, kv block) triples.
 Kernel makeDenseKernel(const MaskMod& mod) {
   return kernel("block_mask_dense", [mask = mod.detached()](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen,
@@ -290,6 +319,22 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
   LaunchOptions options{
       .grid = {nQ, nKv, B * H}, .constants = {sizes.q, sizes.kv}, .num_warps = warps, .stream = where.stream};
   launch(k, space, options, states, H, qLen, kvLen, nQ, nKv);
+  if (!where.hostLists) {
+    // Compacted where the states are: nothing comes back to the host (BlockMask::fromListTensors).
+    BlockMaskTensors lists;
+    lists.kvNum = Tensor::zeros(DType::I32, {B, H, nQ}, space, where.stream);
+    lists.kvIndices = Tensor::zeros(DType::I32, {B, H, nQ, nKv}, space, where.stream);
+    lists.fullKvNum = Tensor::zeros(DType::I32, {B, H, nQ}, space, where.stream);
+    lists.fullKvIndices = Tensor::zeros(DType::I32, {B, H, nQ, nKv}, space, where.stream);
+    Kernel& compact = maskMod.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
+    const int64_t chunk = 64;
+    launch(compact, space, LaunchOptions{.grid = {B * H * nQ, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = where.stream},
+           states, lists.kvNum, lists.kvIndices, lists.fullKvNum, lists.fullKvIndices, nKv);
+    // Later calls may run on any stream (kvTensors' rule for kept lists).
+    if (where.stream && space == MemorySpace::Device) where.stream->synchronize();
+    BlockMask out = BlockMask::fromListTensors(maskMod, B, H, qLen, kvLen, sizes, lists);
+    return out;
+  }
   BlockMaskBuilder::compact(m, states.toHost<int8_t>(where.stream), space);
   return m;
 }

@@ -278,6 +278,10 @@ class BlockMask {
 struct BlockMaskPlacement {
   std::optional<dsl::MemorySpace> space;
   runtime::Stream* stream = nullptr;
+  // createBlockMask only. false: the lists are compacted by a second kernel where the states are
+  // and never reach the host: a mask of BlockMask::fromListTensors (no host lists, default
+  // ListBounds; what needs host lists asks for toHost()). The call still waits for its stream.
+  bool hostLists = true;
   BlockMaskPlacement() = default;
   BlockMaskPlacement(std::nullopt_t) {}
   BlockMaskPlacement(dsl::MemorySpace s) : space(s) {}

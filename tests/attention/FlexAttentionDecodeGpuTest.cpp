@@ -128,3 +128,29 @@ TEST(FlexDecodeGpu, ListsOnlyOnTheDevice) {
   SeededRandom rng;
   checkListTensorMask(rng, kDevice);
 }
+
+// createBlockMask with hostLists = false: the states compacted by a second kernel on the device,
+// nothing copied back. Read back (toHost), the lists equal the host compaction's; a decode step on
+// the mask agrees with one on the host-list mask.
+TEST(FlexDecodeGpu, CreateBlockMaskWithoutHostLists) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 2, Hq = 8, Hkv = 2, qLen = 9001, S = 9000, D = 64;
+  BlockMaskPlacement where{kDevice};
+  where.hostLists = false;
+  for (const MaskMod& mod : {sliding_window_mask(300), causal_mask(), prefix_lm_mask(37)}) {
+    SCOPED_TRACE(mod.name());
+    BlockMask want = createBlockMask(mod, B, 1, qLen, S, {64, 64}, kDevice);
+    BlockMask got = createBlockMask(mod, B, 1, qLen, S, {64, 64}, where);
+    ASSERT_FALSE(got.hasHostLists());
+    expectSameLists(got.toHost(), want, "device compaction");
+    Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, D}, kDevice);
+    Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice);
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), kDevice), ref = Tensor::empty(DType::BF16, q.shape(), kDevice);
+    poison(out);
+    const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .query_offset = S - 1};
+    flex_attention_into(q, k, v, noop_score(), got, out, nullptr, o);
+    flex_attention_into(q, k, v, noop_score(), want, ref, nullptr, o);
+    if (!templatesAgree(out, ref, DType::BF16, "decode on the device-compacted mask")) return;
+  }
+}

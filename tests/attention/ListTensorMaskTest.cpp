@@ -114,3 +114,38 @@ TEST(ListTensorMask, QueriesThatStraddleTwoRows) {
     }
   }
 }
+
+// createBlockMask with hostLists = false compacts the states with a second kernel where they are
+// (here the interpreter; FlexDecodeGpu.ListsOnlyOnTheDevice-style on the GPU) and keeps no host lists:
+// read back, the lists equal the host compaction's, for rows of more than one 64-block chunk,
+// ragged lengths, masks with empty rows, and B/H broadcast or not.
+TEST(ListTensorMask, CreateBlockMaskCompactsWithoutTheHost) {
+  struct Case {
+    MaskMod mod;
+    int64_t B, H, qLen, kvLen;
+    BlockSizes sizes;
+  };
+  const std::vector<Case> cases = {
+      {causal_mask(), 1, 1, 100, 100, kBlocks},
+      {sliding_window_mask(300), 2, 1, 70, 9000, {32, 64}},   // 141 kv blocks: three chunks
+      {causal_mask(), 1, 2, 300, 5000, {64, 32}},              // 157 kv blocks, H = 2
+      {prefix_lm_mask(37), 1, 1, 129, 4097, {128, 32}},        // ragged tails
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.mod.name() + " " + std::to_string(c.qLen) + " x " + std::to_string(c.kvLen));
+    BlockMask want = createBlockMask(c.mod, c.B, c.H, c.qLen, c.kvLen, c.sizes, kHost);
+    BlockMaskPlacement where{kHost};
+    where.hostLists = false;
+    BlockMask got = createBlockMask(c.mod, c.B, c.H, c.qLen, c.kvLen, c.sizes, where);
+    ASSERT_FALSE(got.hasHostLists());
+    BlockMask back = got.toHost();
+    back.check();
+    expectSameLists(back, want, "device compaction");
+  }
+  // A mask that allows nothing in some rows: their counts are 0 and their padding stays 0.
+  MaskMod none("none_before_40", [](Tile, Tile, Tile q, Tile kv) { return (q >= 40) & (kv <= q); });
+  BlockMaskPlacement where{kHost};
+  where.hostLists = false;
+  BlockMask back = createBlockMask(none, 1, 1, 100, 100, kBlocks, where).toHost();
+  expectSameLists(back, createBlockMask(none, 1, 1, 100, 100, kBlocks, kHost), "rows without a live block");
+}
