@@ -330,10 +330,11 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
     const int64_t chunk = 64;
     launch(compact, space, LaunchOptions{.grid = {B * H * nQ, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = where.stream},
            states, lists.kvNum, lists.kvIndices, lists.fullKvNum, lists.fullKvIndices, nKv);
-    // Later calls may run on any stream (kvTensors' rule for kept lists).
-    if (where.stream && space == MemorySpace::Device) where.stream->synchronize();
-    BlockMask out = BlockMask::fromListTensors(maskMod, B, H, qLen, kvLen, sizes, lists);
-    return out;
+    // The states stay allocated as long as the lists (freeing them now would make cuMemFree wait
+    // for the kernels), so the call returns at once: the lists are ready in the stream's order.
+    auto states_ = std::make_shared<const Tensor>(states);
+    lists.kvNum = Tensor::viewOf(lists.kvNum, 0, lists.kvNum.shape(), {}, states_);
+    return BlockMask::fromListTensors(maskMod, B, H, qLen, kvLen, sizes, lists);
   }
   BlockMaskBuilder::compact(m, states.toHost<int8_t>(where.stream), space);
   return m;

@@ -280,7 +280,9 @@ struct BlockMaskPlacement {
   runtime::Stream* stream = nullptr;
   // createBlockMask only. false: the lists are compacted by a second kernel where the states are
   // and never reach the host: a mask of BlockMask::fromListTensors (no host lists, default
-  // ListBounds; what needs host lists asks for toHost()). The call still waits for its stream.
+  // ListBounds; what needs host lists asks for toHost()). The call does not wait: the lists are
+  // ready in `stream`'s order (the legacy default stream's when null), so a call on another
+  // non-blocking stream must wait for that one first.
   bool hostLists = true;
   BlockMaskPlacement() = default;
   BlockMaskPlacement(std::nullopt_t) {}
