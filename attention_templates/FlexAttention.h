@@ -235,7 +235,8 @@ enum class DqAccumulation {
   Separate,
   // The dkdv programs add their dS·K to an f32 buffer with atomics, and a cast writes dQ: five
   // products instead of seven, but the order of the adds (and so the last bits of dQ) varies
-  // from run to run. Not with `deterministic`.
+  // from run to run. Not with `deterministic`. Slower today: 0.59-0.66x of Separate on an H200
+  // (one 4-warp program per SM; docs/backward.md).
   Atomic,
 };
 
