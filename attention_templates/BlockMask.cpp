@@ -80,32 +80,62 @@ Kernel makeStateKernel(const MaskMod& mod) {
   });
 }
 
-// The lists of the mask rows from the block states, on the device (createBlockMask with
-// `hostLists = false`): one program per row of [B*H, nQ]. A block's slot in its list is the number
-// of blocks of its kind before it: per chunk of CHUNK blocks, a [CHUNK, CHUNK] comparison summed
-// along its rows (an exclusive prefix count) plus the count of the chunks before. So the lists come
-// out ascending, as the host compaction makes them; the index tensors are zeroed before (padding).
+// Lists from block states where the states are (createBlockMask with `hostLists = false`, and the
+// transposes of a mask without host lists): one program per list row. Row p of bh = p / rowsPerBh
+// walks `walk` states at bh * bhStride + (p % rowsPerBh) * rowStride + k * stepStride (the forward
+// lists: rows are q blocks, steps kv blocks; the transposes: the other way round). A block's slot
+// in its list is the number of blocks of its kind before it: per chunk of CHUNK steps, a
+// [CHUNK, CHUNK] comparison summed along its rows (an exclusive prefix count) plus the count of the
+// chunks before. So the lists come out ascending, as the host compaction makes them; the index
+// tensors are zeroed before (padding).
 Kernel makeCompactKernel() {
   return kernel("block_mask_compact", [](Ptr<i8> states, Ptr<i32> partialNum, Ptr<i32> partialIndices,
-                                         Ptr<i32> fullNum, Ptr<i32> fullIndices, Int numKv, Const<int> CHUNK) {
+                                         Ptr<i32> fullNum, Ptr<i32> fullIndices, Int walk, Int rowsPerBh,
+                                         Int bhStride, Int rowStride, Int stepStride, Const<int> CHUNK) {
     auto row = program_id(0);
-    auto base = row * numKv;
+    auto base = (row / rowsPerBh) * bhStride + (row % rowsPerBh) * rowStride;
+    auto out = row * walk;
     auto j = arange(0, CHUNK);
-    auto before = j.expand(0) < j.expand(1);  // [a, b]: block b of the chunk comes before block a
-    auto chunks = (numKv + (CHUNK - 1)) / CHUNK;
+    auto before = j.expand(0) < j.expand(1);  // [a, b]: step b of the chunk comes before step a
+    auto chunks = (walk + (CHUNK - 1)) / CHUNK;
     auto [partials, fulls] = for_range(0, chunks, 1, std::tuple{scalar(0, DType::I32), scalar(0, DType::I32)},
                                        [&](Tile c, Tile partialsBefore, Tile fullsBefore) {
-      Tile block = c * CHUNK + j;
-      Tile state = load(states + (base + block), block < numKv, 0).to(DType::I32);
+      Tile step = c * CHUNK + j;
+      Tile state = load(states + (base + step * stepStride), step < walk, 0).to(DType::I32);
       Tile isPartial = state == 1, isFull = state == 2;
       Tile partialSlot = partialsBefore + sum(where(before & isPartial.expand(0), 1, 0), 1);
       Tile fullSlot = fullsBefore + sum(where(before & isFull.expand(0), 1, 0), 1);
-      store(partialIndices + (base + partialSlot), block, isPartial);
-      store(fullIndices + (base + fullSlot), block, isFull);
+      store(partialIndices + (out + partialSlot), step, isPartial);
+      store(fullIndices + (out + fullSlot), step, isFull);
       return std::tuple{partialsBefore + sum(where(isPartial, 1, 0), 0), fullsBefore + sum(where(isFull, 1, 0), 0)};
     });
     store(partialNum + row, partials);
     store(fullNum + row, fulls);
+  });
+}
+
+// The block states [B*H, nQ, nKV] of forward lists (the inverse of the compaction): one program per
+// row of the mask, reading its lists at b * bStride + h * hStride + r (a slice's strides), writing
+// 1 for each partial block and 2 for each full one into zeroed states.
+Kernel makeStatesFromListsKernel() {
+  return kernel("block_mask_states_from_lists", [](Ptr<i32> partialNum, Ptr<i32> partialIndices, Ptr<i32> fullNum,
+                                                   Ptr<i32> fullIndices, Ptr<i8> states, Int H, Int numQ,
+                                                   Int numKv, Int bStride, Int hStride, Const<int> CHUNK) {
+    auto row = program_id(0);
+    auto bh = row / numQ;
+    auto listRow = (bh / H) * bStride + (bh % H) * hStride + row % numQ;
+    auto j = arange(0, CHUNK);
+    auto mark = [&](const Tile& num, const Tile& indices, int kind) {
+      Tile count = load(num + listRow);
+      for_range(0, (count + (CHUNK - 1)) / CHUNK, 1, [&](Tile c) {
+        Tile entry = c * CHUNK + j;
+        Tile live = entry < count;
+        Tile block = load(indices + (listRow * numKv + entry), live, 0);
+        store(states + (row * numKv + block), (block * 0 + kind).to(DType::I8), live);
+      });
+    };
+    mark(partialNum, partialIndices, 1);
+    mark(fullNum, fullIndices, 2);
   });
 }
 
@@ -329,7 +359,8 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
     Kernel& compact = maskMod.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
     const int64_t chunk = 64;
     launch(compact, space, LaunchOptions{.grid = {B * H * nQ, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = where.stream},
-           states, lists.kvNum, lists.kvIndices, lists.fullKvNum, lists.fullKvIndices, nKv);
+           states, lists.kvNum, lists.kvIndices, lists.fullKvNum, lists.fullKvIndices, nKv, nQ, nQ * nKv, nKv,
+           int64_t(1));
     // The states stay allocated as long as the lists (freeing them now would make cuMemFree wait
     // for the kernels), so the call returns at once: the lists are ready in the stream's order.
     auto states_ = std::make_shared<const Tensor>(states);
@@ -732,10 +763,31 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
 }
 
 const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* stream) const& {
-  requireHostLists("tensors (the transposed lists, which the backward reads)");
   const BlockMaskTensors& kv = kvTensors(space, stream);
   std::lock_guard lock(tensors_->mutex);
   auto& slot = tensors_->all[spaceSlot(space)];
+  if (!slot && !hostLists_) {
+    // No host lists to transpose: the forward lists become block states and the states are
+    // compacted along the other axis, both where the lists are.
+    BlockMaskTensors t = kv;
+    const int64_t cells = B_ * H_ * nQ_ * nKv_, chunk = 64;
+    const LaunchOptions options{.grid = {B_ * H_ * nQ_, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = stream};
+    Tensor states = Tensor::zeros(DType::I8, {cells}, space, stream);
+    Kernel& scatter = mask_.state().kernel("block_mask_states_from_lists", [] { return makeStatesFromListsKernel(); });
+    launch(scatter, space, options, kv.kvNum, kv.kvIndices, kv.fullKvNum, kv.fullKvIndices, states, H_, nQ_, nKv_,
+           kv.kvBatchStride, kv.kvHeadStride);
+    t.qNum = Tensor::zeros(DType::I32, {B_, H_, nKv_}, space, stream);
+    t.qIndices = Tensor::zeros(DType::I32, {B_, H_, nKv_, nQ_}, space, stream);
+    t.fullQNum = Tensor::zeros(DType::I32, {B_, H_, nKv_}, space, stream);
+    t.fullQIndices = Tensor::zeros(DType::I32, {B_, H_, nKv_, nQ_}, space, stream);
+    Kernel& compact = mask_.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
+    LaunchOptions byKv = options;
+    byKv.grid = {B_ * H_ * nKv_, 1, 1};
+    launch(compact, space, byKv, states, t.qNum, t.qIndices, t.fullQNum, t.fullQIndices, nQ_, nKv_, nQ_ * nKv_,
+           int64_t(1), nKv_);
+    finishUpload(space, stream);  // kept for later calls on any stream, as uploads are
+    slot = std::move(t);
+  }
   if (!slot) {
     BlockMaskTensors t = kv;
     const Shape rowsKv{B_, H_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};

@@ -622,10 +622,6 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   }
   const BlockMask& mask = *maskPtr;
   mask.checkInputs(B, Hq, L, S);
-  if (!mask.hasHostLists())
-    throw Error("flex_attention_backward: the dK/dV programs walk the BlockMask's transposed lists, which the host "
-                "derives from its copy of the lists, and " + mask.describe() +
-                " has none (fromListTensors): pass mask.toHost()");
   if (blockMask && !options.config)  // the default narrowed to tile a mask of smaller blocks
     for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
       c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
@@ -729,8 +725,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      hasScoreMod,
                      L % c.block_m == 0 && mask.qPhase() == 0,
                      S % mask.kvBlockSize() == 0,
-                     mask.numFullBlocks() > 0,
-                     mask.numPartialBlocks() > 0,
+                     mask.mayHaveFullBlocks(),
+                     mask.mayHavePartialBlocks(),
                      int64_t(grads.trainable.size()),
                      deterministic,
                      dkdv && atomicDq};

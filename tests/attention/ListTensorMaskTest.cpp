@@ -1,8 +1,8 @@
 // Masks whose lists exist only as tensors (BlockMask::fromListTensors), through the interpreter:
 // decode, slices and prefill against the host-list mask and the float64 reference
-// (ListTensorMaskCheck.h, which the GPU tests run on the device too); everything that needs host
-// lists refuses, naming toHost(); toHost() gives back the same lists; bad tensors and bounds are
-// errors that name them.
+// (ListTensorMaskCheck.h, which the GPU tests run on the device too); the transposed lists derived
+// where the lists are, and the backward on them; everything that needs host lists refuses, naming
+// toHost(); toHost() gives back the same lists; bad tensors and bounds are errors that name them.
 #include <gtest/gtest.h>
 
 #include "ListTensorMaskCheck.h"
@@ -37,13 +37,8 @@ TEST(ListTensorMask, WhatNeedsHostListsRefusesAndNamesToHost) {
            {"numFullBlocks", [&] { (void)m.numFullBlocks(); }},
            {"partialKvBlocks", [&] { (void)m.partialKvBlocks(0, 0, 0); }},
            {"partialQ", [&] { (void)m.partialQ(); }},
-           {"toDense", [&] { (void)m.toDense(); }},
-           {"tensors", [&] { (void)m.tensors(kHost); }}})
+           {"toDense", [&] { (void)m.toDense(); }}})
     expectError(call, {std::string("BlockMask::") + name, "toHost()", "fromListTensors"});
-  // The backward walks the transposes, which only the host derives.
-  Tensor q = Tensor::empty(DType::BF16, {2, 2, 100, 64}, kHost), lse = Tensor::empty(DType::F32, {2, 2, 100}, kHost);
-  expectError([&] { (void)plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), m); },
-              {"flex_attention_backward", "transposed lists", "mask.toHost()"});
   // The lists live on the host here: the device has no copy to make, and there is nothing to upload from.
   expectError([&] { (void)m.kvTensors(MemorySpace::Device); }, {"BlockMask::kvTensors", "only as host tensors"});
   // Bounds are reported without the lists: the default says nothing.
@@ -148,4 +143,39 @@ TEST(ListTensorMask, CreateBlockMaskCompactsWithoutTheHost) {
   where.hostLists = false;
   BlockMask back = createBlockMask(none, 1, 1, 100, 100, kBlocks, where).toHost();
   expectSameLists(back, createBlockMask(none, 1, 1, 100, 100, kBlocks, kHost), "rows without a live block");
+}
+
+// The transposed lists of a list-tensor mask, derived where its lists are (block states, then a
+// compaction along the other axis), equal the host's transposes, for whole masks and for row
+// slices (whose lists are strided views); the backward on such a mask gives the same gradients as
+// on the host-list mask, bit for bit.
+TEST(ListTensorMask, TransposesAndTheBackwardWithoutHostLists) {
+  SeededRandom rng;
+  const BlockSizes sizes{32, 64};
+  BlockMask window = slidingWindowBlockMask(2, 1, 300, 290, {70}, sizes, kHost);  // nQ 10, nKv 5
+  BlockMask m = BlockMask::fromListTensors(window.maskMod(), 2, 1, 300, 290, sizes, copiedLists(window, kHost));
+  auto same = [](const Tensor& got, const std::vector<int32_t>& want, const char* what) {
+    EXPECT_EQ(got.toHost<int32_t>(), want) << what;
+  };
+  const BlockMaskTensors& t = m.tensors(kHost);
+  same(t.qNum, window.partialQ().num, "partial q counts");
+  same(t.qIndices, window.partialQ().indices, "partial q indices");
+  same(t.fullQNum, window.fullQ().num, "full q counts");
+  same(t.fullQIndices, window.fullQ().indices, "full q indices");
+  BlockMask slice = m.sliceRows(3, 4), hostSlice = window.sliceRows(3, 4);
+  const BlockMaskTensors& st = slice.tensors(kHost);
+  same(st.qNum, hostSlice.partialQ().num, "a slice's partial q counts");
+  same(st.qIndices, hostSlice.partialQ().indices, "a slice's partial q indices");
+  same(st.fullQNum, hostSlice.fullQ().num, "a slice's full q counts");
+  same(st.fullQIndices, hostSlice.fullQ().indices, "a slice's full q indices");
+
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 300, S = 290, D = 64;
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost), dout = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost);
+  FlexAttentionResult fwd = flex_attention(q, k, v, noop_score(), window, {.return_lse = true});
+  FlexAttentionGrads want = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), window);
+  FlexAttentionGrads got = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), m);
+  EXPECT_EQ(toDoubles(got.dq), toDoubles(want.dq));
+  EXPECT_EQ(toDoubles(got.dk), toDoubles(want.dk));
+  EXPECT_EQ(toDoubles(got.dv), toDoubles(want.dv));
 }
