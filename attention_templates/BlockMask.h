@@ -130,9 +130,10 @@ class BlockMask {
   // [B, H, nQ], kvIndices and fullKvIndices i32 [B, H, nQ, nKV], contiguous, all in one memory space,
   // as BlockMask documents them (ascending indices, entries past a row's count valid block indices,
   // e.g. 0); the strides are set here. The contents are trusted (reading them would be the host
-  // round trip this avoids): toHost().check() checks them. The forward and decode templates and
-  // sliceRows work on such a mask; what needs the host lists (the backward's transposes, stats,
-  // pictures, dense views, checks) throws, naming toHost().
+  // round trip this avoids): toHost().check() checks them. The forward, decode and backward
+  // templates and sliceRows work on such a mask (tensors() derives the transposes where the lists
+  // are); what needs the host lists (stats, pictures, dense views, checks, the list accessors)
+  // throws, naming toHost().
   static BlockMask fromListTensors(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                                    BlockSizes sizes, const BlockMaskTensors& lists, ListBounds bounds = {});
   // Whether the host keeps the lists (every mask but fromListTensors' and its slices).
