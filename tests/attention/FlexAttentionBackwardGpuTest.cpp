@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "FlexAttentionBackwardCheck.h"
+#include "ListTensorMaskCheck.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
@@ -233,13 +234,6 @@ TEST(FlexAttentionBackwardGpu, MaskWithoutHostLists) {
     BlockMask hostMask = createBlockMask(mod, B, 1, L, L, {128, 128}, kDevice);
     BlockMask deviceMask = createBlockMask(mod, B, 1, L, L, {128, 128}, where);
     ASSERT_FALSE(deviceMask.hasHostLists());
-    Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kDevice), dout = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kDevice);
-    Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, L, D}, kDevice), v = randomTensor(rng, DType::BF16, {B, Hkv, L, D}, kDevice);
-    FlexAttentionResult fwd = flex_attention(q, k, v, noop_score(), hostMask, {.return_lse = true});
-    FlexAttentionGrads want = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), hostMask);
-    FlexAttentionGrads got = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), deviceMask);
-    EXPECT_EQ(toDoubles(got.dq), toDoubles(want.dq));
-    EXPECT_EQ(toDoubles(got.dk), toDoubles(want.dk));
-    EXPECT_EQ(toDoubles(got.dv), toDoubles(want.dv));
+    expectSameGradients(rng, hostMask, deviceMask, B, Hq, Hkv, L, L, D, kDevice);
   }
 }

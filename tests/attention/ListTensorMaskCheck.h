@@ -92,4 +92,22 @@ inline bool checkListTensorMask(std::mt19937_64& rng, dsl::MemorySpace space) {
   return true;
 }
 
+// The backward on `withoutHostLists` gives the same gradients as on `hostMask`, bit for bit (the
+// same kernels walk the same lists), on fresh random inputs in `space`.
+inline void expectSameGradients(std::mt19937_64& rng, const attention::BlockMask& hostMask,
+                                const attention::BlockMask& withoutHostLists, int64_t B, int64_t Hq, int64_t Hkv,
+                                int64_t L, int64_t S, int64_t D, dsl::MemorySpace space) {
+  using namespace attention;
+  using dsl::DType;
+  using dsl::Tensor;
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, space), dout = randomTensor(rng, DType::BF16, {B, Hq, L, D}, space);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, space), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, space);
+  FlexAttentionResult fwd = flex_attention(q, k, v, noop_score(), hostMask, {.return_lse = true});
+  FlexAttentionGrads want = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), hostMask);
+  FlexAttentionGrads got = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), withoutHostLists);
+  EXPECT_EQ(toDoubles(got.dq), toDoubles(want.dq)) << "dq";
+  EXPECT_EQ(toDoubles(got.dk), toDoubles(want.dk)) << "dk";
+  EXPECT_EQ(toDoubles(got.dv), toDoubles(want.dv)) << "dv";
+}
+
 }  // namespace flextile::testing

@@ -169,13 +169,5 @@ TEST(ListTensorMask, TransposesAndTheBackwardWithoutHostLists) {
   same(st.fullQNum, hostSlice.fullQ().num, "a slice's full q counts");
   same(st.fullQIndices, hostSlice.fullQ().indices, "a slice's full q indices");
 
-  const int64_t B = 2, Hq = 4, Hkv = 2, L = 300, S = 290, D = 64;
-  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost), dout = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost);
-  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost);
-  FlexAttentionResult fwd = flex_attention(q, k, v, noop_score(), window, {.return_lse = true});
-  FlexAttentionGrads want = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), window);
-  FlexAttentionGrads got = flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, noop_score(), m);
-  EXPECT_EQ(toDoubles(got.dq), toDoubles(want.dq));
-  EXPECT_EQ(toDoubles(got.dk), toDoubles(want.dk));
-  EXPECT_EQ(toDoubles(got.dv), toDoubles(want.dv));
+  expectSameGradients(rng, window, m, 2, 4, 2, 300, 290, 64, kHost);
 }
