@@ -649,15 +649,23 @@ BlockMask BlockMask::toHost(runtime::Stream* stream) const {
   std::optional<BlockMaskTensors> t;
   for (int s = 0; s < 2 && !t; ++s) t = tensors_->kv[s];
   if (!t) throw Error(std::string(what) + ": " + describe() + " holds no list tensors", ErrorKind::Internal);
-  if (qOffset_ != 0 || qPhase_ != 0 || !t->kvNum.isContiguous() || t->kvNum.shape() != Shape{B_, H_, nQ_})
-    throw Error(std::string(what) + ": " + describe() +
-                " is a slice, whose list tensors are strided views of its parent's; call toHost() on the mask that "
-                "fromListTensors made, then slice it");
-  BlockLists partial{t->kvNum.toHost<int32_t>(stream), t->kvIndices.toHost<int32_t>(stream)};
-  BlockLists full{t->fullKvNum.toHost<int32_t>(stream), t->fullKvIndices.toHost<int32_t>(stream)};
-  if (stream) stream->synchronize();
-  BlockMask m = fromKvLists(mask_, B_, H_, qLen_, kvLen_, sizes_, std::move(partial), std::move(full));
+  // A slice's tensors are strided views of its parent's (broadcast dimensions have stride 0): read
+  // through the views, each row comes back once per (b, h) of this mask, as the host lists hold it.
+  const Shape rows{B_, H_, nQ_}, cells{B_, H_, nQ_, nKv_};
+  const std::vector<int64_t> rowStrides{t->kvBatchStride, t->kvHeadStride, 1},
+      cellStrides{t->kvBatchStride * nKv_, t->kvHeadStride * nKv_, nKv_, 1};
+  auto read = [&](const Tensor& v, const Shape& shape, const std::vector<int64_t>& strides) {
+    return Tensor::viewOf(v, 0, shape, strides).toHost<int32_t>(stream);
+  };
+  BlockMask m = BlockMaskBuilder::init(mask_, B_, H_, qLen_, kvLen_, sizes_, what);
+  m.qOffset_ = qOffset_;
+  m.qPhase_ = qPhase_;
   m.space_ = space_;
+  m.partialKv_ = {read(t->kvNum, rows, rowStrides), read(t->kvIndices, cells, cellStrides)};
+  m.fullKv_ = {read(t->fullKvNum, rows, rowStrides), read(t->fullKvIndices, cells, cellStrides)};
+  if (stream) stream->synchronize();
+  m.deriveTransposes();
+  m.check();
   return m;
 }
 

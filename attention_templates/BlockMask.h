@@ -138,9 +138,8 @@ class BlockMask {
                                    BlockSizes sizes, const BlockMaskTensors& lists, ListBounds bounds = {});
   // Whether the host keeps the lists (every mask but fromListTensors' and its slices).
   bool hasHostLists() const { return hostLists_; }
-  // A copy with host lists (and transposes) of a fromListTensors mask, read back on `stream` (one
-  // synchronization); a mask with host lists returns itself. Throws for a slice of one (its list
-  // tensors are strided views): call toHost() on the mask, then slice.
+  // A copy with host lists (and transposes) of a fromListTensors mask or of a slice of one, read back
+  // on `stream` (one synchronization) and checked (check()); a mask with host lists returns itself.
   BlockMask toHost(runtime::Stream* stream = nullptr) const;
   // Exact where the host has the lists, the ListBounds otherwise: the most live blocks of a row,
   // and whether any row may list full / partial blocks.

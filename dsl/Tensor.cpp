@@ -288,7 +288,17 @@ void Tensor::copyToHostBytes(DType type, void* data, size_t count, runtime::Stre
     throw Error("tensor: cannot copy " + describe() + " into " + std::to_string(count) + " elements");
   const size_t eb = size_t(elementBytes());
   if (isDevice()) {
-    if (!isContiguous()) throw Error("tensor: copying out of a strided device tensor is not supported: " + describe(), ErrorKind::Unsupported);
+    if (!isContiguous()) {
+      // A strided view: the bytes its strides reach come over in one copy, then are gathered.
+      std::vector<std::byte> extent(extentBytes());
+      runtime::copyDeviceToHost(extent.data(), storage_->device, extent.size(), describe(), stream);
+      auto* dst = static_cast<std::byte*>(data);
+      forEachOffset(shape_, strides_, [&](int64_t off) {
+        std::memcpy(dst, extent.data() + off * int64_t(eb), eb);
+        dst += eb;
+      });
+      return;
+    }
     if (storage_->owned) {
       storage_->deviceBuffer.copyToHost(data, count * eb, 0, stream);
     } else {

@@ -50,6 +50,13 @@ TEST(AttentionGpu, DeviceTensorsRoundTrip) {
   EXPECT_EQ(d.toHost<float>(), other);
   EXPECT_EQ(d.to(kHost).toHost<float>(), other);
   EXPECT_EQ(Tensor::fromHost(data, {1000}, kHost).to(kDevice).toHost<float>(), data);
+  // A strided view (every other column of rows 2..7, a broadcast dimension of stride 0) reads
+  // back element by element as the host view of the same data does.
+  Tensor host = Tensor::fromHost(data, {10, 100}, kHost);
+  d.copyFromHost(data);
+  for (const auto& [shape, strides] : std::vector<std::pair<dsl::Shape, std::vector<int64_t>>>{
+           {{6, 50}, {100, 2}}, {{3, 6, 50}, {0, 100, 2}}})
+    EXPECT_EQ(Tensor::viewOf(d, 200, shape, strides).toHost<float>(), Tensor::viewOf(host, 200, shape, strides).toHost<float>());
 }
 
 // Device and host builds of the same mod (captures made in each space) give
