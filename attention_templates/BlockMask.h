@@ -21,7 +21,8 @@
 //   fullKv()    ...same shapes...
 //   partialQ().num  [B, H, nKV]  partialQ().indices  [B, H, nKV, nQ]   (the transposes:
 //   fullQ()     ...same shapes...                      per kv block, its q blocks; backward)
-// B or H equal to 1 broadcast over the batch or the heads.
+// B or H equal to 1 broadcast over the batch or the heads. A mask of fromListTensors (or of
+// createBlockMask without host lists) has no host storage: its lists are those tensors alone.
 //
 // A mask describes queries [qOffset, qOffset + qLen) of the global position
 // space (qOffset is 0 unless the mask is a slice, see sliceRows) and keys
