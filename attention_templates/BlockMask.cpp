@@ -139,6 +139,25 @@ Kernel makeStatesFromListsKernel() {
   });
 }
 
+BlockMaskTensors compactStates(const MaskMod& mod, const Tensor& states, const Shape& rowShape, int64_t walk,
+                               int64_t rowsPerBh, int64_t bhStride, int64_t rowStride, int64_t stepStride,
+                               MemorySpace space, runtime::Stream* stream) {
+  Shape cellShape = rowShape;
+  cellShape.push_back(walk);
+  int64_t rows = 1;
+  for (int64_t d : rowShape) rows *= d;
+  BlockMaskTensors out;
+  out.kvNum = Tensor::zeros(DType::I32, rowShape, space, stream);
+  out.kvIndices = Tensor::zeros(DType::I32, cellShape, space, stream);
+  out.fullKvNum = Tensor::zeros(DType::I32, rowShape, space, stream);
+  out.fullKvIndices = Tensor::zeros(DType::I32, cellShape, space, stream);
+  Kernel& compact = mod.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
+  launch(compact, space, LaunchOptions{.grid = {rows, 1, 1}, .constants = {64}, .num_warps = 4, .stream = stream},
+         states, out.kvNum, out.kvIndices, out.fullKvNum, out.fullKvIndices, walk, rowsPerBh, bhStride, rowStride,
+         stepStride);
+  return out;
+}
+
 // The element mask of listed blocks: (bh, q block, kv block) triples.
 Kernel makeDenseKernel(const MaskMod& mod) {
   return kernel("block_mask_dense", [mask = mod.detached()](Ptr<i32> blocks, Ptr<i8> dense, Int H, Int qLen,
@@ -164,8 +183,9 @@ std::span<const int32_t> row(const BlockLists& l, int64_t rowIndex, int64_t stri
 
 // Builds masks; a friend of BlockMask.
 struct BlockMaskBuilder {
+  // `hostLists`: false makes a mask whose lists are tensors only (fromListTensors): no host storage.
   static BlockMask init(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
-                        const char* what) {
+                        const char* what, bool hostLists = true) {
     validate(what, B, H, qLen, kvLen, sizes);
     if (!mod.defined()) throw Error(std::string(what) + ": the mask_mod is empty");
     BlockMask m;
@@ -178,6 +198,8 @@ struct BlockMaskBuilder {
     m.nQ_ = (qLen + sizes.q - 1) / sizes.q;
     m.nKv_ = (kvLen + sizes.kv - 1) / sizes.kv;
     m.tensors_ = std::make_shared<BlockMask::TensorCache>();
+    m.hostLists_ = hostLists;
+    if (!hostLists) return m;
     const size_t rowsQ = size_t(B * H * m.nQ_), rowsKv = size_t(B * H * m.nKv_), cells = rowsQ * size_t(m.nKv_);
     for (BlockLists* l : {&m.partialKv_, &m.fullKv_}) {
       l->num.assign(rowsQ, 0);
@@ -351,16 +373,8 @@ BlockMask createBlockMask(const MaskMod& maskMod, int64_t B, int64_t H, int64_t 
   launch(k, space, options, states, H, qLen, kvLen, nQ, nKv);
   if (!where.hostLists) {
     // Compacted where the states are: nothing comes back to the host (BlockMask::fromListTensors).
-    BlockMaskTensors lists;
-    lists.kvNum = Tensor::zeros(DType::I32, {B, H, nQ}, space, where.stream);
-    lists.kvIndices = Tensor::zeros(DType::I32, {B, H, nQ, nKv}, space, where.stream);
-    lists.fullKvNum = Tensor::zeros(DType::I32, {B, H, nQ}, space, where.stream);
-    lists.fullKvIndices = Tensor::zeros(DType::I32, {B, H, nQ, nKv}, space, where.stream);
-    Kernel& compact = maskMod.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
-    const int64_t chunk = 64;
-    launch(compact, space, LaunchOptions{.grid = {B * H * nQ, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = where.stream},
-           states, lists.kvNum, lists.kvIndices, lists.fullKvNum, lists.fullKvIndices, nKv, nQ, nQ * nKv, nKv,
-           int64_t(1));
+    BlockMaskTensors lists =
+        compactStates(maskMod, states, {B, H, nQ}, nKv, nQ, nQ * nKv, nKv, 1, space, where.stream);
     // The states stay allocated as long as the lists (freeing them now would make cuMemFree wait
     // for the kernels), so the call returns at once: the lists are ready in the stream's order.
     auto states_ = std::make_shared<const Tensor>(states);
@@ -485,23 +499,17 @@ std::vector<uint8_t> BlockMask::toDense() const {
 }
 
 std::string BlockMask::describe() const {
-  if (!hostLists_) {
-    std::string s = "BlockMask '" + mask_.name() + "': B=" + std::to_string(B_) + " H=" + std::to_string(H_) + " " +
-                    lengths(qLen_, kvLen_);
-    if (qOffset_ != 0 || qPhase_ != 0) s += " (queries from position " + std::to_string(qOffset_) + ")";
-    return s + ", blocks " + std::to_string(sizes_.q) + " x " + std::to_string(sizes_.kv) + " (" + std::to_string(nQ_) +
-           " x " + std::to_string(nKv_) + "), lists as tensors only (at most " + std::to_string(maxLiveBlocksPerRow()) +
-           " live blocks a row)";
-  }
-  char sparsityText[32];
-  std::snprintf(sparsityText, sizeof sparsityText, "%.1f%%", 100.0 * sparsity());
   std::string s = "BlockMask '" + mask_.name() + "': B=" + std::to_string(B_) + " H=" + std::to_string(H_) + " " +
                   lengths(qLen_, kvLen_);
   if (qOffset_ != 0 || qPhase_ != 0) s += " (queries from position " + std::to_string(qOffset_) + ")";
   s += ", blocks " + std::to_string(sizes_.q) + " x " + std::to_string(sizes_.kv) + " (" + std::to_string(nQ_) + " x " +
-       std::to_string(nKv_) + "), " + std::to_string(numPartialBlocks()) + " partial + " +
-       std::to_string(numFullBlocks()) + " full, sparsity " + sparsityText;
-  return s;
+       std::to_string(nKv_) + "), ";
+  if (!hostLists_)
+    return s + "lists as tensors only (at most " + std::to_string(maxLiveBlocksPerRow()) + " live blocks a row)";
+  char sparsityText[32];
+  std::snprintf(sparsityText, sizeof sparsityText, "%.1f%%", 100.0 * sparsity());
+  return s + std::to_string(numPartialBlocks()) + " partial + " + std::to_string(numFullBlocks()) + " full, sparsity " +
+         sparsityText;
 }
 
 std::string BlockMask::picture(int64_t b, int64_t h, int64_t maxBlocks) const {
@@ -557,24 +565,22 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
   if ((phase + length + sizes_.q - 1) / sizes_.q != count)
     fail("queries [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") leave some of the " +
          std::to_string(count) + " rows without queries");
-  BlockMask m = BlockMaskBuilder::init(mask_, B_, H_, length, kvLen_, sizes_, "BlockMask::sliceRows");
+  BlockMask m = BlockMaskBuilder::init(mask_, B_, H_, length, kvLen_, sizes_, "BlockMask::sliceRows", hostLists_);
   m.qOffset_ = offset;
   m.qPhase_ = phase;
   m.space_ = space_;
-  if (!hostLists_) {
-    m.hostLists_ = false;
-    m.bounds_ = bounds_;
-    for (BlockLists* l : {&m.partialKv_, &m.fullKv_, &m.partialQ_, &m.fullQ_}) *l = {};
-  }
-  for (int64_t bh = 0; hostLists_ && bh < B_ * H_; ++bh)
-    for (int64_t r = 0; r < count; ++r) {
-      const int64_t from = (bh * nQ_ + qBlockStart + r), to = bh * count + r;
-      for (auto [src, dst] : {std::pair{&partialKv_, &m.partialKv_}, std::pair{&fullKv_, &m.fullKv_}}) {
-        dst->num[size_t(to)] = src->num[size_t(from)];
-        std::copy_n(src->indices.begin() + from * nKv_, nKv_, dst->indices.begin() + to * nKv_);
+  m.bounds_ = bounds_;
+  if (hostLists_) {
+    for (int64_t bh = 0; bh < B_ * H_; ++bh)
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t from = (bh * nQ_ + qBlockStart + r), to = bh * count + r;
+        for (auto [src, dst] : {std::pair{&partialKv_, &m.partialKv_}, std::pair{&fullKv_, &m.fullKv_}}) {
+          dst->num[size_t(to)] = src->num[size_t(from)];
+          std::copy_n(src->indices.begin() + from * nKv_, nKv_, dst->indices.begin() + to * nKv_);
+        }
       }
-    }
-  if (hostLists_) m.deriveTransposes();
+    m.deriveTransposes();
+  }
   // The forward list tensors: views of this mask's rows [qBlockStart, qBlockStart + count), with
   // this mask's strides (rows of a (b, h) stay nQ apart in the parent's storage).
   auto viewRows = [&](const BlockMaskTensors& p) {
@@ -630,10 +636,8 @@ BlockMask BlockMask::fromListTensors(MaskMod maskMod, int64_t B, int64_t H, int6
   if (bounds.maxLiveBlocksPerRow < -1)
     fail("ListBounds::maxLiveBlocksPerRow must be -1 (no bound) or a block count, got " +
          std::to_string(bounds.maxLiveBlocksPerRow));
-  BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, what);
-  m.hostLists_ = false;
+  BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, what, /*hostLists=*/false);
   m.bounds_ = bounds;
-  for (BlockLists* l : {&m.partialKv_, &m.fullKv_, &m.partialQ_, &m.fullQ_}) *l = {};
   m.space_ = first->space();
   BlockMaskTensors t = lists;
   t.qNum = t.qIndices = t.fullQNum = t.fullQIndices = Tensor();
@@ -777,22 +781,18 @@ const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* s
   if (!slot && !hostLists_) {
     // No host lists to transpose: the forward lists become block states and the states are
     // compacted along the other axis, both where the lists are.
-    BlockMaskTensors t = kv;
-    const int64_t cells = B_ * H_ * nQ_ * nKv_, chunk = 64;
-    const LaunchOptions options{.grid = {B_ * H_ * nQ_, 1, 1}, .constants = {chunk}, .num_warps = 4, .stream = stream};
-    Tensor states = Tensor::zeros(DType::I8, {cells}, space, stream);
+    Tensor states = Tensor::zeros(DType::I8, {B_ * H_ * nQ_ * nKv_}, space, stream);
     Kernel& scatter = mask_.state().kernel("block_mask_states_from_lists", [] { return makeStatesFromListsKernel(); });
-    launch(scatter, space, options, kv.kvNum, kv.kvIndices, kv.fullKvNum, kv.fullKvIndices, states, H_, nQ_, nKv_,
-           kv.kvBatchStride, kv.kvHeadStride);
-    t.qNum = Tensor::zeros(DType::I32, {B_, H_, nKv_}, space, stream);
-    t.qIndices = Tensor::zeros(DType::I32, {B_, H_, nKv_, nQ_}, space, stream);
-    t.fullQNum = Tensor::zeros(DType::I32, {B_, H_, nKv_}, space, stream);
-    t.fullQIndices = Tensor::zeros(DType::I32, {B_, H_, nKv_, nQ_}, space, stream);
-    Kernel& compact = mask_.state().kernel("block_mask_compact", [] { return makeCompactKernel(); });
-    LaunchOptions byKv = options;
-    byKv.grid = {B_ * H_ * nKv_, 1, 1};
-    launch(compact, space, byKv, states, t.qNum, t.qIndices, t.fullQNum, t.fullQIndices, nQ_, nKv_, nQ_ * nKv_,
-           int64_t(1), nKv_);
+    launch(scatter, space, LaunchOptions{.grid = {B_ * H_ * nQ_, 1, 1}, .constants = {64}, .num_warps = 4, .stream = stream},
+           kv.kvNum, kv.kvIndices, kv.fullKvNum, kv.fullKvIndices, states, H_, nQ_, nKv_, kv.kvBatchStride,
+           kv.kvHeadStride);
+    const BlockMaskTensors byKv =
+        compactStates(mask_, states, {B_, H_, nKv_}, nQ_, nKv_, nQ_ * nKv_, 1, nKv_, space, stream);
+    BlockMaskTensors t = kv;
+    t.qNum = byKv.kvNum;
+    t.qIndices = byKv.kvIndices;
+    t.fullQNum = byKv.fullKvNum;
+    t.fullQIndices = byKv.fullKvIndices;
     finishUpload(space, stream);  // kept for later calls on any stream, as uploads are
     slot = std::move(t);
   }

@@ -26,7 +26,6 @@
 //   barrier             bar.sync 0
 //   fence_async_shared  fence.proxy.async.shared::cta
 #include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -70,8 +69,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
     case ir::OpKind::Barrier: barrier(); return;
     case ir::OpKind::FenceAsyncShared: {
       // cp.async and ordinary stores write through the generic proxy; wgmma reads through the async one.
-      auto* fenceTy = llvm::FunctionType::get(b.getVoidTy(), false);
-      b.CreateCall(fenceTy, llvm::InlineAsm::get(fenceTy, "fence.proxy.async.shared::cta;", "~{memory}", true));
+      asmStatement("fence.proxy.async.shared::cta;");
       return;
     }
     case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);

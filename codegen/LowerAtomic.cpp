@@ -54,11 +54,7 @@
 #include <algorithm>
 #include <set>
 
-#include <llvm/IR/InlineAsm.h>
-
-#include "codegen/AxisInfo.h"
 #include "codegen/LowerToLLVMImpl.h"
-#include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
@@ -66,20 +62,9 @@ namespace flextile::codegen {
 using ir::DType;
 using ir::Layout;
 
-namespace {
-void inlineAsm(llvm::IRBuilder<>& b, const std::string& text, const std::string& constraints,
-               std::vector<llvm::Value*> args) {
-  std::vector<llvm::Type*> types;
-  for (llvm::Value* a : args) types.push_back(a->getType());
-  auto* ty = llvm::FunctionType::get(b.getVoidTy(), types, false);
-  b.CreateCall(ty, llvm::InlineAsm::get(ty, text, constraints, /*hasSideEffects=*/true), args);
-}
-}  // namespace
-
 void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
   const ir::Value* ptrV = op.operand(0);
-  if (std::string why = bulkReduceRefusal(op, AxisInfoAnalysis(func), target); !why.empty())
-    fail(op, "has bulk_rows = 1, but " + why);
+  if (!target.has(Feature::BulkReduce)) fail(op, "has bulk_rows = 1, but " + target.smName() + " has no cp.reduce.async.bulk");
   const Layout& l = layoutOf(ptrV, op);
   const int64_t rows = ptrV->type().shape()[0], width = ptrV->type().shape()[1];
   const int64_t stride = bulkRowStride(op), threads = int64_t(func.numWarps()) * 32;
@@ -152,7 +137,7 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
       b.CreateAlignedStore(address, b.CreateGEP(b.getInt8Ty(), sharedBase, slot), llvm::Align(8));
     }
   });
-  inlineAsm(b, "fence.proxy.async.shared::cta;", "~{memory}", {});
+  asmStatement("fence.proxy.async.shared::cta;");
   barrier();
   llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
   const std::string reduce = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], " +
@@ -164,18 +149,18 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
       llvm::Value* address = b.CreateAlignedLoad(b.getInt64Ty(), byteAt(addressesAt, b.CreateMul(row, i32(8))), llvm::Align(8));
       onlyWhere(b.CreateICmpNE(address, b.getInt64(0)), "bulk.reduce", [&] {
         llvm::Value* source = b.CreateAdd(smem, b.CreateAdd(i32(base), b.CreateMul(row, i32(stride))));
-        inlineAsm(b, reduce, "l,r,~{memory}", {address, source});
+        asmStatement(reduce, "l,r,~{memory}", {address, source});
       });
     });
   }
-  inlineAsm(b, "cp.async.bulk.commit_group;", "~{memory}", {});
-  inlineAsm(b, "cp.async.bulk.wait_group.read 0;", "~{memory}", {});
+  asmStatement("cp.async.bulk.commit_group;");
+  asmStatement("cp.async.bulk.wait_group.read 0;");
   set(op.result(), Regs(size_t(l.numRegisters()), llvm::Constant::getNullValue(b.getFloatTy())));
 }
 
 void Lowering::lowerAtomicAdd(const ir::Op& op) {
   if (op.numOperands() < 2 || op.numOperands() > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
-  if (op.hasAttr("bulk_rows") && op.intAttr("bulk_rows") != 0) return lowerAtomicAddBulkRows(op);
+  if (addsRowsInBulk(op)) return lowerAtomicAddBulkRows(op);
   const ir::Value* ptrV = op.operand(0);
   const ir::Value* res = op.result();
   const ir::Type& pt = ptrV->type();

@@ -3,6 +3,7 @@
 #include <llvm/IR/Module.h>
 #include "codegen/LowerToLLVM.h"
 
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
@@ -11,6 +12,7 @@
 #include "codegen/TensorCores.h"
 #include "codegen/AxisInfo.h"
 #include "codegen/NVPTXTarget.h"
+#include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 
 namespace flextile::codegen {
@@ -112,6 +114,14 @@ llvm::Value* Lowering::threadsWithBitsClear(uint32_t laneMask, uint32_t warpMask
   llvm::Value* p = eb.CreateICmpEQ(bits, eb.getInt32(0), "owner");
   ownerPreds_[key] = p;
   return p;
+}
+
+void Lowering::asmStatement(const std::string& text, const std::string& constraints,
+                            const std::vector<llvm::Value*>& args) {
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* a : args) types.push_back(a->getType());
+  auto* ty = llvm::FunctionType::get(b.getVoidTy(), types, false);
+  b.CreateCall(ty, llvm::InlineAsm::get(ty, text, constraints, /*hasSideEffects=*/true), args);
 }
 
 llvm::Value* Lowering::flatIndex(const ir::Shape& shape, const std::vector<llvm::Value*>& coord) {
@@ -451,6 +461,9 @@ LoweringPlan planLowering(const ir::Function& f) {
   f.walk([&](const ir::Op& op) {
     if ((op.kind() == OpKind::Load || op.kind() == OpKind::Store) && op.operand(0)->type().isTile())
       plan.vectorWidth[&op] = int(memoryAccessWidth(op, axis).width);
+    if (op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op))
+      if (std::string why = bulkReduceRefusal(op, axis); !why.empty())
+        throw Error(op.describe() + ": has bulk_rows = 1, but " + why);
   });
   return plan;
 }

@@ -68,6 +68,9 @@ class Lowering {
   // Flat row-major index of a coordinate (i32).
   llvm::Value* flatIndex(const ir::Shape& shape, const std::vector<llvm::Value*>& coord);
   llvm::Value* i32(int64_t v) { return b.getInt32(uint32_t(v)); }
+  // One PTX statement with side effects and no results (a fence, a bulk copy, a group wait).
+  void asmStatement(const std::string& text, const std::string& constraints = "~{memory}",
+                    const std::vector<llvm::Value*>& args = {});
 
   // Converts between a register value and f32 for f16/bf16 arithmetic.
   llvm::Value* toCompute(llvm::Value* v, ir::DType t);

@@ -60,8 +60,9 @@ ir::Pass wgmmaPass(const Target& target);  // "wgmma"
 // "wgmma" (which waits for wgmma groups before every op with scratch).
 void selectBulkReduce(ir::Function& f, const Target& target);
 ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
-// Why `atomic` may not be lowered as bulk row reductions ("" when it may).
-std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis, const Target& target);
+// Why `atomic` may not be lowered as bulk row reductions on a target that has them ("" when it
+// may). planLowering checks every `bulk_rows` op with it (hand-written IR may carry the attribute).
+std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
 // assign-layouts, pipeline, bulk-reduce, wgmma. The one list, so that what tests run is what the compiler runs.

@@ -39,11 +39,7 @@ bool atomicOldValuesShared(const Op& atomic) {
     if (!layout) throw Error(atomic.describe() + ": shared-memory planning needs layouts (run assignLayouts first)");
     if (layout->replicatedLaneMask() == 0 && layout->replicatedWarpMask() == 0) return false;
   }
-  bool used = false;
-  atomic.function()->walk([&](const Op& op) {
-    for (const ir::Value* v : op.operands()) used = used || v == old;
-  });
-  return used;
+  return atomic.function()->hasUses(old);
 }
 
 int64_t sharedSlotBytes(const ir::Type& buffer) {
@@ -58,6 +54,8 @@ int64_t countOps(const Op& op) {
   return n;
 }
 }  // namespace
+
+bool addsRowsInBulk(const Op& atomic) { return atomic.hasAttr("bulk_rows") && atomic.intAttr("bulk_rows") != 0; }
 
 int64_t bulkRowStride(const Op& atomic) {
   const ir::Type& t = atomic.operand(0)->type();
@@ -75,7 +73,7 @@ int64_t scratchBytes(const Op& op) {
       return int64_t(op.function()->numWarps()) * op.result()->type().numElements() *
              ir::byteWidth(op.result()->type().dtype());
     case OpKind::AtomicAdd:
-      if (op.hasAttr("bulk_rows") && op.intAttr("bulk_rows") != 0) {
+      if (addsRowsInBulk(op)) {
         const int64_t rows = op.operand(0)->type().shape()[0];
         return rows * bulkRowStride(op) + rows * 8 + int64_t(op.function()->numWarps()) * 32 * 8;
       }

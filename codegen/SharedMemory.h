@@ -91,6 +91,8 @@ int64_t sharedSlotBytes(const ir::Type& buffer);
 // element through scratch: its result is used and is a scalar or replicated
 // (only one thread per element does the atomic; codegen/LowerAtomic.cpp).
 bool atomicOldValuesShared(const ir::Op& atomic);
+// Whether an atomic_add carries `bulk_rows = 1` (codegen/passes/BulkReduce.cpp).
+bool addsRowsInBulk(const ir::Op& atomic);
 // Bytes between rows of a bulk_rows atomic_add's staged tile.
 int64_t bulkRowStride(const ir::Op& atomic);
 // Offset of a dot's b tile from the dot's scratch base.

@@ -205,6 +205,14 @@ void walkBlockConst(const Block& b, const F& f) {
 void Function::walk(const std::function<void(Op&)>& f) { walkBlock(body_, f); }
 void Function::walk(const std::function<void(const Op&)>& f) const { walkBlockConst(body_, f); }
 
+bool Function::hasUses(const Value* v) const {
+  bool used = false;
+  walk([&](const Op& op) {
+    for (const Value* o : op.operands()) used = used || o == v;
+  });
+  return used;
+}
+
 void Function::replaceAllUsesWith(Value* from, Value* to) {
   walk([&](Op& op) {
     for (size_t i = 0; i < op.numOperands(); ++i)

@@ -244,6 +244,9 @@ class Function {
 
   // Replaces every use of `from` (in every op of the function) by `to`.
   void replaceAllUsesWith(Value* from, Value* to);
+  // Whether any op of the function (regions included) takes `v` as an operand. A walk: for one-off
+  // questions, not in a loop over the function's values.
+  bool hasUses(const Value* v) const;
   // Calls f on every op, in order, descending into regions before moving on.
   void walk(const std::function<void(Op&)>& f);
   void walk(const std::function<void(const Op&)>& f) const;

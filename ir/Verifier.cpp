@@ -144,14 +144,6 @@ class Verifier {
 
   // ---- per-op rules ----
 
-  bool valueUsed(const Value* v) const {
-    bool used = false;
-    f_.walk([&](const Op& op) {
-      for (const Value* o : op.operands()) used = used || o == v;
-    });
-    return used;
-  }
-
   bool intAttrIn(const Op& op, const std::string& key, int64_t lo, int64_t hi) {
     auto it = op.attrs().find(key);
     if (it == op.attrs().end() || !std::holds_alternative<int64_t>(it->second)) {
@@ -478,7 +470,7 @@ class Verifier {
       if (!intAttrIn(op, "bulk_rows", 0, 1)) return;
       if (op.intAttr("bulk_rows") == 1 && (!p.isTile() || p.rank() != 2 || t != DType::F32))
         return err(op, "bulk_rows = 1 adds whole rows of an f32 rank-2 tile, not through " + p.str());
-      if (op.intAttr("bulk_rows") == 1 && valueUsed(op.result()))
+      if (op.intAttr("bulk_rows") == 1 && f_.hasUses(op.result()))
         return err(op, "bulk_rows = 1 gives no old values, but its result is used");
     }
     if (lay_ && !opFailed_ && p.isTile()) {

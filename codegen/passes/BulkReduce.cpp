@@ -11,7 +11,7 @@
 // The pass marks such an atomic_add with `bulk_rows = 1`; shared-memory planning gives it scratch
 // (codegen/SharedMemory.h) and codegen/LowerAtomic.cpp lowers it. An op qualifies when
 // (bulkReduceRefusal):
-//   * the target has Feature::BulkReduce (sm_90 and later);
+//   * the target has Feature::BulkReduce (sm_90 and later; checked by the pass and the lowering);
 //   * it adds f32 through a rank-2 pointer tile with a layout, and its old values are unused
 //     (the engine returns none);
 //   * the axis analysis proves each row one contiguous run: contiguity along dim 1 of the whole
@@ -34,26 +34,14 @@ using ir::DType;
 using ir::Op;
 using ir::OpKind;
 
-namespace {
-bool resultUsed(const Op& op) {
-  const ir::Value* old = op.result();
-  bool used = false;
-  op.function()->walk([&](const Op& user) {
-    for (const ir::Value* v : user.operands()) used = used || v == old;
-  });
-  return used;
-}
-}  // namespace
-
-std::string bulkReduceRefusal(const Op& atomic, const AxisInfoAnalysis& axis, const Target& target) {
+std::string bulkReduceRefusal(const Op& atomic, const AxisInfoAnalysis& axis) {
   if (atomic.kind() != OpKind::AtomicAdd) return "it is not an atomic_add";
-  if (!target.has(Feature::BulkReduce)) return target.smName() + " has no cp.reduce.async.bulk";
   const ir::Value* ptr = atomic.operand(0);
   const ir::Type& pt = ptr->type();
   if (!pt.isTile() || pt.rank() != 2) return "its address is not a rank-2 tile";
   if (pt.pointee() != DType::F32) return "it does not add f32";
   if (!pt.hasLayout()) return "its tiles have no layout";
-  if (resultUsed(atomic)) return "its old values are used";
+  if (atomic.function()->hasUses(atomic.result())) return "its old values are used";
   const int64_t width = pt.shape()[1];
   if (width * 4 % 16 != 0) return "a row of " + std::to_string(width) + " f32 is not a multiple of 16 bytes";
   const AxisInfo& p = axis.get(ptr);
@@ -70,7 +58,7 @@ void selectBulkReduce(ir::Function& f, const Target& target) {
   const AxisInfoAnalysis axis(f);
   std::vector<Op*> chosen;
   f.walk([&](Op& op) {
-    if (op.kind() == OpKind::AtomicAdd && !op.hasAttr("bulk_rows") && bulkReduceRefusal(op, axis, target).empty())
+    if (op.kind() == OpKind::AtomicAdd && !op.hasAttr("bulk_rows") && bulkReduceRefusal(op, axis).empty())
       chosen.push_back(&op);
   });
   for (Op* op : chosen) {
