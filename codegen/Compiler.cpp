@@ -1,7 +1,7 @@
 // The codegen pipeline, in order:
 //   1. clone the function (the caller's IR is never changed)
 //   2. IR passes (verified after each; FLEXTILE_DUMP=passes shows them):
-//      canonicalize, cse, dce, assign-layouts, pipeline (num_stages), bulk-reduce, wgmma
+//      canonicalize, cse, dce, assign-layouts, defer-accumulation, pipeline (num_stages), bulk-reduce, wgmma
 //   3. shared-memory plan (SharedMemory.h) and access widths (AxisInfo.h)
 //   4. lower to LLVM IR (LowerToLLVM.cpp)
 //   5. LLVM O3 for nvptx64 (NVPTXTarget)
@@ -53,6 +53,7 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(ir::csePass())
       .add(ir::dcePass())
       .add(assignLayoutsPass(target))
+      .add(deferAccumulationPass(target))
       .add(pipelinePass(target))
       .add(bulkReducePass(target))
       .add(wgmmaPass(target));

@@ -69,7 +69,7 @@ void addDriverCubin(CompiledKernel& kernel, DriverCubin cubin);
 CompiledKernel compile(const ir::Function& f, const CompileOptions& options = {});
 
 // Runs, in place, the tile-level passes compile() runs for `target` (codegen/Passes.h
-// tilePassPipeline: canonicalize, cse, dce, assign-layouts, pipeline, bulk-reduce, wgmma), verifying after
+// tilePassPipeline: canonicalize, cse, dce, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma), verifying after
 // each: the IR compile() lowers, for a caller that interprets it (dsl::Kernel under
 // FLEXTILE_INTERPRET_AFTER_PASSES) or prints it.
 void runTilePasses(ir::Function& f, const Target& target);

@@ -33,6 +33,18 @@ class AxisInfoAnalysis;
 void assignLayouts(ir::Function& f, const Target& target);
 ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 
+// Deferring a loop's accumulating product by one iteration (codegen/passes/DeferAccumulation.cpp):
+// where a loop yields a wgmma-suited dot whose accumulator only a rescale reads (the forward's
+// O = O * alpha + P V) and another wgmma-suited dot stays in the body (S = Q K^T), the loop is
+// rotated so that iteration t issues S_t, then the accumulation of t-1, then runs the softmax of
+// S_t while that product is in flight (FlashAttention-3's intra-warpgroup overlap), with a
+// prologue and an epilogue guarded for a loop of no iterations. Runs after assignLayouts, before
+// pipelineLoads. Opt-in: function attribute defer_accumulation = 1, or
+// FLEXTILE_DEFER_ACCUMULATION=1 for every kernel (=0 for none); no template asks yet (it measured
+// no faster on the H200: DeferAccumulation.cpp says why).
+void deferAccumulation(ir::Function& f, const Target& target);
+ir::Pass deferAccumulationPass(const Target& target);  // "defer-accumulation"
+
 // Software pipelining (codegen/passes/Pipeline.cpp): the loads of a for loop
 // that stage dot operands become a ring of num_stages shared tiles (function
 // attribute; absent means 1, nothing pipelined) filled iterations ahead, in
@@ -65,7 +77,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, pipeline, bulk-reduce, wgmma. The one list, so that what tests run is what the compiler runs.
+// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

@@ -283,9 +283,11 @@ bool inLoopBelow(const ir::Op& dot, const ir::Block* home) {
   return loop && loop->kind() == OpKind::For && home && ancestorIn(loop, home) != nullptr;
 }
 
-// The readers of a loop-invariant convert's result, in program order, when every one is a dot
-// that `accepts` in a loop below the convert; else none.
-std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function<bool(const ir::Op&)>& accepts) {
+// The readers of a loop-invariant convert's result in loops below it, in program order, when every
+// one is a dot that `accepts` and every other reader is one that `outside` accepts (none when it
+// is null); else none.
+std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function<bool(const ir::Op&)>& accepts,
+                                          const std::function<bool(const ir::Op&)>& outside = nullptr) {
   std::vector<const ir::Op*> readers;
   bool ok = true;
   cvt.function()->walk([&](const ir::Op& op) {
@@ -293,6 +295,10 @@ std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function
     bool uses = false;
     for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
     if (!uses) return;
+    if (op.kind() == OpKind::Dot && !inLoopBelow(op, cvt.parentBlock()) && outside) {
+      ok = outside(op);
+      return;
+    }
     ok = op.kind() == OpKind::Dot && accepts(op) && inLoopBelow(op, cvt.parentBlock());
     if (ok) readers.push_back(&op);
   });
@@ -334,6 +340,8 @@ int contiguousDimOf(const ir::Type& t) {
 }  // namespace
 
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) { return oneSlotWgmmaTile(localLoad, 0, -1); }
+
+bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target) { return wgmmaAccumulator(dot, target).has_value(); }
 
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const auto nk = wgmmaAccumulator(dot, target);
@@ -391,10 +399,19 @@ std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& cvt, const Target& tar
   auto tile = wgmmaTile(xt->shape(), 1, 1, ir::byteWidth(xt->dtype()));
   if (!tile) return std::nullopt;
   // Operand 0 of wgmma dots and nothing else of them.
+  // Dots outside the loops (the prologue of a loop that defer-accumulation rotated) read the tile
+  // back into registers with ldmatrix, each from its own local_load.
   const ir::Value* a = cvt.result();
-  WgmmaResident out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
-                       return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a && wgmmaPlan(dot, target);
-                     })};
+  const bool readable = ldmatrixReadPlan(tile->smem, *a->type().layout(), xt->dtype()).has_value();
+  WgmmaResident out{*tile, loopDotReaders(
+                               cvt,
+                               [&](const ir::Op& dot) {
+                                 return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a &&
+                                        wgmmaPlan(dot, target);
+                               },
+                               [&](const ir::Op& dot) {
+                                 return readable && dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a;
+                               })};
   if (out.readers.empty()) return std::nullopt;
   return out;
 }
@@ -412,6 +429,47 @@ std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& cvt, const Target& tar
                      })};
   if (out.readers.empty()) return std::nullopt;
   return out;
+}
+
+std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& target) {
+  const ir::Type* xt = residentCandidate(cvt, target);
+  if (!xt) return std::nullopt;
+  const ir::Block& block = *cvt.parentBlock();
+  const ir::Op* loop = block.parentOp();
+  for (; loop; loop = loop->parentBlock() ? loop->parentBlock()->parentOp() : nullptr)
+    if (loop->kind() == OpKind::For) return std::nullopt;
+  // The one reader: a dot, or a trans that only a dot reads.
+  const ir::Op* reader = nullptr;
+  int users = 0;
+  for (const auto& op : block.ops())
+    for (const ir::Value* v : op->operands())
+      if (v == cvt.result()) {
+        reader = op.get();
+        ++users;
+      }
+  if (users != 1 || !onlyUser(cvt.result(), reader, block)) return std::nullopt;
+  const bool transposed = reader->kind() == OpKind::Trans;
+  const ir::Op* dot = reader;
+  if (transposed) {
+    dot = nullptr;
+    users = 0;
+    for (const auto& op : block.ops())
+      for (const ir::Value* v : op->operands())
+        if (v == reader->result()) {
+          dot = op.get();
+          ++users;
+        }
+    if (users != 1 || !dot) return std::nullopt;
+  }
+  const ir::Value* b = transposed ? reader->result() : cvt.result();
+  if (dot->kind() != OpKind::Dot || dot->operand(1) != b || dot->operand(0) == b || dot->operand(2) == b ||
+      !wgmmaAccumulator(*dot, target) ||
+      dot->operand(0)->type().dtype() != xt->dtype())
+    return std::nullopt;
+  // B = x ([K, N]) or trans(x) (x is [N, K]).
+  auto tile = wgmmaTile(xt->shape(), contiguousDimOf(*xt), transposed ? 1 : 0, ir::byteWidth(xt->dtype()));
+  if (!tile) return std::nullopt;
+  return WgmmaResident{*tile, {dot}};
 }
 
 bool hasWgmmaDots(const ir::Function& f, const Target& target) {

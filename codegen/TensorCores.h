@@ -178,6 +178,10 @@ const ir::Op* wgmmaSource(const ir::Op& dot);
 // The plan when `dot` runs on wgmma for `target` (rules above), else empty.
 // Needs layouts.
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
+// Whether `dot`'s operands and accumulator split suit wgmma on `target` (16-bit operands, every
+// warp 16 rows of a warpgroup's m64 tile, an N wgmma has), whatever feeds its B: the question a
+// pass before "pipeline" can ask (wgmmaPlan also needs B in a ring slot).
+bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target);
 // Whether any dot of `f` runs on wgmma for `target` (the PTX backend then keeps its block order:
 // NVPTXTarget::EmitOptions::keepBlockOrder).
 bool hasWgmmaDots(const ir::Function& f, const Target& target);
@@ -205,6 +209,15 @@ std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad);
 // (SharedMemory.h residentAConverts) and to FLEXTILE_WGMMA_SMEM_A=0.
 std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& convert, const Target& target);
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
+
+// B of a product outside every loop (the prologue and the epilogue of a loop that
+// defer-accumulation rotated): a convert whose only reader is operand 1 of one dot in the
+// same block, directly or through a trans, with wgmma's accumulator split and A of the same
+// dtype. The "wgmma" pass stores the tile once into a one-slot buffer in the layout of its
+// orientation (K-major when B's K is the tile's contiguous dimension) and the dot reads the
+// slot, as it reads a ring slot, instead of holding B's fragments in registers (which a
+// 16-rows-per-warp split would need for all of B in every warp).
+std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& convert, const Target& target);
 
 // The environment switches above as text for the compile cache's compiler
 // identity ("" when both are at their defaults).

@@ -63,6 +63,7 @@
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/TensorCores.h"
+#include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
 
 #include <functional>
@@ -81,27 +82,6 @@ bool isZeroConstant(const ir::Value* v) {
   while (d && (d->kind() == OpKind::Splat || d->kind() == OpKind::Broadcast || d->kind() == OpKind::ConvertLayout))
     d = d->operand(0)->definingOp();
   return d && d->kind() == OpKind::Constant && d->floatAttr("value") == 0.0;
-}
-
-// Whether `v`, used in `body`, can be recomputed for another iteration.
-bool recomputable(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, std::set<const ir::Value*>& seen) {
-  if (!seen.insert(v).second) return true;
-  if (v == body.arg(0)) return true;
-  const Op* d = v->definingOp();
-  // Defined outside the body (an enclosing block, or a parameter): loop-invariant.
-  // Inside: only the body's own ops qualify (a nested region's values do not reach the load).
-  auto inside = [&](const ir::Block* blk) {
-    for (; blk; blk = blk->parentOp() ? blk->parentOp()->parentBlock() : nullptr)
-      if (blk == &body) return true;
-    return false;
-  };
-  if (!d) return !inside(v->ownerBlock());  // a block argument of the body other than iv: loop-carried
-  if (d->parentBlock() != &body) return !inside(d->parentBlock());
-  const bool scalarLoad = d->kind() == OpKind::Load && readOnlyLoop && !d->result()->type().isTile();
-  if (!scalarLoad && (!d->hasTrait(ir::kPure) || !d->regions().empty() || d->kind() == OpKind::Load)) return false;
-  for (const ir::Value* o : d->operands())
-    if (!recomputable(o, body, readOnlyLoop, seen)) return false;
-  return true;
 }
 
 // Whether a store or atomic writes only through a pointer parameter that the function's
@@ -123,6 +103,27 @@ bool writesOnlyPrivateMemory(const Op& op, const ir::Function& f) {
 }
 
 }  // namespace
+
+// Whether `v`, used in `body`, can be recomputed for another iteration.
+bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, std::set<const ir::Value*>& seen) {
+  if (!seen.insert(v).second) return true;
+  if (v == body.arg(0)) return true;
+  const Op* d = v->definingOp();
+  // Defined outside the body (an enclosing block, or a parameter): loop-invariant.
+  // Inside: only the body's own ops qualify (a nested region's values do not reach the load).
+  auto inside = [&](const ir::Block* blk) {
+    for (; blk; blk = blk->parentOp() ? blk->parentOp()->parentBlock() : nullptr)
+      if (blk == &body) return true;
+    return false;
+  };
+  if (!d) return !inside(v->ownerBlock());  // a block argument of the body other than iv: loop-carried
+  if (d->parentBlock() != &body) return !inside(d->parentBlock());
+  const bool scalarLoad = d->kind() == OpKind::Load && readOnlyLoop && !d->result()->type().isTile();
+  if (!scalarLoad && (!d->hasTrait(ir::kPure) || !d->regions().empty() || d->kind() == OpKind::Load)) return false;
+  for (const ir::Value* o : d->operands())
+    if (!recomputableInLoop(o, body, readOnlyLoop, seen)) return false;
+  return true;
+}
 
 int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t) {
   const int fast = smem.order()[0];
@@ -380,7 +381,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
       std::set<const ir::Value*> seen;
       bool ok = true;
       for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i)
-        ok = ok && recomputable(load.operand(i), body, readOnlyLoop, seen);
+        ok = ok && recomputableInLoop(load.operand(i), body, readOnlyLoop, seen);
       if (!ok) continue;
       load.setAttr("async_stages", stages);
       globalWidth[&load] = width;

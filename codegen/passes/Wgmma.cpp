@@ -102,6 +102,7 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target) {
   ir::Block& block = *cvt.parentBlock();
   auto resident = wgmmaResidentA(cvt, target);
   if (!resident) resident = wgmmaResidentB(cvt, target);
+  if (!resident) resident = wgmmaStagedB(cvt, target);
   const ir::Type& x = cvt.operand(0)->type();
   auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
     return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
@@ -115,10 +116,32 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target) {
   ir::Value* tile = at(OpKind::LocalLoad, {buf, slot}, {cvt.result()->type()})->result();
   f.replaceAllUsesWith(cvt.result(), tile);
   block.erase(&cvt);
+  // A reader outside the loops (wgmmaResidentA allows one when ldmatrix can read the tile back)
+  // gets its own local_load, so that the loops' one stays a descriptor and no register copy of the
+  // tile lives through them.
+  f.walk([&](Op& dot) {
+    if (dot.kind() != OpKind::Dot || dot.operand(0) != tile || dot.parentBlock() != &block) return;
+    Op* own = block.insert(block.find(&dot), f.createOp(OpKind::LocalLoad, {buf, slot}, {tile->type()}, {}, dot.loc()));
+    dot.setOperand(0, own->result());
+  });
 }
 }  // namespace
 
 void selectWgmma(ir::Function& f, const Target& target) {
+  // B of the products outside loops, in kernels whose loops run wgmma (the prologue and epilogue
+  // of a loop that defer-accumulation rotated): staged in one-slot buffers, so that they run on
+  // wgmma too. A kernel without such loops keeps what it had (mma.sync from registers).
+  bool loopsRunWgmma = false;
+  f.walk([&](Op& op) {
+    const Op* loop = op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
+    loopsRunWgmma = loopsRunWgmma || (op.kind() == OpKind::Dot && loop && loop->kind() == OpKind::For && wgmmaPlan(op, target));
+  });
+  std::vector<Op*> staged;
+  if (loopsRunWgmma)
+    f.walk([&](Op& op) {
+      if (op.kind() == OpKind::ConvertLayout && wgmmaStagedB(op, target)) staged.push_back(&op);
+    });
+  for (Op* cvt : staged) keepResident(f, *cvt, target);
   for (const Op* cvt : residentAConverts(f, target)) keepResident(f, const_cast<Op&>(*cvt), target);
   bool any = false;
   f.walk([&](Op& op) {

@@ -51,6 +51,26 @@ TEST(TilePassesInterpreted, ForwardVariants) {
   }
 }
 
+// The forward with its loops rotated by defer-accumulation (opt-in): the prologue's and the
+// epilogue's products, the carried P and alpha, and walks with no blocks (causal's first row has
+// no full block, the sliding window's rows few) against float64, on one and on two warpgroups.
+TEST(TilePassesInterpreted, ForwardVariantsWithDeferredAccumulation) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  ::setenv("FLEXTILE_DEFER_ACCUMULATION", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_DEFER_ACCUMULATION"); }
+  } unset;
+  for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}})
+    for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(name) + " " + config.describe() + " deferred";
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+        return;
+    }
+}
+
 // With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
 // (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
 TEST(TilePassesInterpreted, BackwardCausalGqa) {

@@ -36,7 +36,7 @@ void usage() {
   std::fputs(
       "usage: flextile-opt [options] FILE|-\n"
       "  --passes=a,b,...     run these passes in order: canonicalize, cse, dce (ir/Passes.h),\n"
-      "                       assign-layouts, pipeline, bulk-reduce, wgmma (codegen/Passes.h, for the --sm target),\n"
+      "                       assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma (codegen/Passes.h, for the --sm target),\n"
       "                       reverse-mode (test-only, ir/passes/ReverseMode.h)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
@@ -65,6 +65,7 @@ std::vector<std::string> splitComma(const std::string& s) {
 std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Target& target) {
   if (auto p = ir::targetIndependentPass(name)) return p;
   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
+  if (name == "defer-accumulation") return codegen::deferAccumulationPass(target);
   if (name == "pipeline") return codegen::pipelinePass(target);
   if (name == "bulk-reduce") return codegen::bulkReducePass(target);
   if (name == "wgmma") return codegen::wgmmaPass(target);

@@ -1,0 +1,18 @@
+// What the loop-rewriting passes (pipeline, defer-accumulation) may recompute for
+// another iteration of a `for` loop.
+#pragma once
+
+#include <set>
+
+#include "ir/IR.h"
+
+namespace flextile::codegen {
+
+// Whether `v`, used in the loop body `body`, can be recomputed for another iteration: it is the
+// induction variable, defined outside the body, or computed by pure region-free ops of the body
+// from such values, and, when `readOnlyLoop` (nothing in the loop writes memory that a load of
+// the body could read), by scalar loads of the body too. No loop-carried value and no tile load
+// qualifies. `seen` collects the values already visited (pass an empty set).
+bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, std::set<const ir::Value*>& seen);
+
+}  // namespace flextile::codegen
