@@ -28,7 +28,9 @@ class AxisInfoAnalysis;
 //   for                    init i, body arg i+1, result i, yield operand i share one
 //   convert_layout         any -> any
 // Input layouts and convert_layout ops are dropped first, so the pass may run
-// on its own output. Throws flextile::Error for IR it cannot lay out (a tile
+// on its own output. IR with ops of the memory/async level (the output of
+// "pipeline" and "wgmma", or hand-written at that level) is kept as written:
+// every tile must carry its layout, else an error names the first without. Throws flextile::Error for IR it cannot lay out (a tile
 // dimension that is not a power of two).
 void assignLayouts(ir::Function& f, const Target& target);
 ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"

@@ -806,7 +806,50 @@ class LayoutAssigner {
 
 }  // namespace
 
-void assignLayouts(ir::Function& f, const Target& target) { LayoutAssigner(f, target).run(); }
+namespace {
+bool memoryAsyncLevel(OpKind k) {
+  switch (k) {
+    case OpKind::LocalAlloc:
+    case OpKind::AsyncCopy:
+    case OpKind::AsyncCommit:
+    case OpKind::AsyncWait:
+    case OpKind::LocalLoad:
+    case OpKind::LocalStore:
+    case OpKind::Barrier:
+    case OpKind::FenceAsyncShared:
+    case OpKind::WgmmaWait:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+void assignLayouts(ir::Function& f, const Target& target) {
+  // IR of the memory/async level (what "pipeline" and "wgmma" print, or a hand-written kernel of
+  // that level) comes laid out: its buffers' layouts were chosen for their readers, so they are
+  // kept, and every tile must already have one.
+  const ir::Op* asyncOp = nullptr;
+  f.walk([&](const ir::Op& op) {
+    if (!asyncOp && memoryAsyncLevel(op.kind())) asyncOp = &op;
+  });
+  if (!asyncOp) {
+    LayoutAssigner(f, target).run();
+    return;
+  }
+  f.walk([&](const ir::Op& op) {
+    auto check = [&](const ir::Value* v) {
+      if (v->type().isTile() && !v->type().hasLayout())
+        throw Error("function '" + f.name() + "' has ops of the memory/async level (" + asyncOp->describe() +
+                    "), so its layouts are kept as written, but " + op.describe() + " has a tile without one (" +
+                    v->type().str() + "): give every tile a layout");
+    };
+    for (const ir::Value* v : op.operands()) check(v);
+    for (const ir::Value* v : op.results()) check(v);
+    for (const auto& region : op.regions())
+      for (const ir::Value* a : region->args()) check(a);
+  });
+}
 
 ir::Pass assignLayoutsPass(const Target& target) {
   return {"assign-layouts", [target](ir::Function& f) { assignLayouts(f, target); }};

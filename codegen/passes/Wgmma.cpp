@@ -128,6 +128,12 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target) {
 }  // namespace
 
 void selectWgmma(ir::Function& f, const Target& target) {
+  // IR this pass already ran on (printed and read back): its dots and waits stay as they are.
+  bool selected = false;
+  f.walk([&](const Op& op) {
+    selected = selected || op.kind() == OpKind::WgmmaWait || (op.kind() == OpKind::Dot && op.hasAttr("async"));
+  });
+  if (selected) return;
   // B of the products outside loops, in kernels whose loops run wgmma (the prologue and epilogue
   // of a loop that defer-accumulation rotated): staged in one-slot buffers, so that they run on
   // wgmma too. A kernel without such loops keeps what it had (mma.sync from registers).
