@@ -82,6 +82,9 @@ enum OpTrait : uint32_t {
   // Element-wise arithmetic (FT_ARITHMETIC_OP in Ops.def): operands and result
   // of one dtype, the scalar semantics in ir/Elementwise.h.
   kArithmetic = 1u << 9,
+  // An op of the memory/async level (docs/ir-reference.md §6): shared buffers, async copies and
+  // their waits, barriers, proxy fences, wgmma waits. IR with one is laid out as written.
+  kMemoryAsyncLevel = 1u << 10,
 };
 
 struct OpInfo {

@@ -806,32 +806,13 @@ class LayoutAssigner {
 
 }  // namespace
 
-namespace {
-bool memoryAsyncLevel(OpKind k) {
-  switch (k) {
-    case OpKind::LocalAlloc:
-    case OpKind::AsyncCopy:
-    case OpKind::AsyncCommit:
-    case OpKind::AsyncWait:
-    case OpKind::LocalLoad:
-    case OpKind::LocalStore:
-    case OpKind::Barrier:
-    case OpKind::FenceAsyncShared:
-    case OpKind::WgmmaWait:
-      return true;
-    default:
-      return false;
-  }
-}
-}  // namespace
-
 void assignLayouts(ir::Function& f, const Target& target) {
   // IR of the memory/async level (what "pipeline" and "wgmma" print, or a hand-written kernel of
   // that level) comes laid out: its buffers' layouts were chosen for their readers, so they are
   // kept, and every tile must already have one.
   const ir::Op* asyncOp = nullptr;
   f.walk([&](const ir::Op& op) {
-    if (!asyncOp && memoryAsyncLevel(op.kind())) asyncOp = &op;
+    if (!asyncOp && op.hasTrait(ir::kMemoryAsyncLevel)) asyncOp = &op;
   });
   if (!asyncOp) {
     LayoutAssigner(f, target).run();
