@@ -25,7 +25,18 @@
 //                       registers' contiguity and the layout's chunks allow
 //   barrier             bar.sync 0
 //   fence_async_shared  fence.proxy.async.shared::cta
+//   mbarrier_init       thread 0 runs mbarrier.init of every slot with the
+//                       program's thread count (every thread arrives once per
+//                       phase); mbarrier_inval likewise mbarrier.inval
+//   mbarrier_arrive     every thread mbarrier.arrive
+//   async_copy_arrive   every thread cp.async.mbarrier.arrive.noinc (the
+//                       barrier counts it among the thread count: it arrives
+//                       once the thread's earlier cp.async copies land)
+//   mbarrier_wait       a loop on mbarrier.try_wait.parity (sm_90: the thread
+//                       may sleep until the phase completes or a time limit)
+//                       or test_wait.parity (sm_80 to sm_89) until it holds
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -56,6 +67,10 @@ llvm::Value* Lowering::slotByteOffset(const ir::Op& op) {
   return b.CreateAdd(i32(base), b.CreateMul(get(op.operand(1))[0], i32(slotBytes)));
 }
 
+llvm::Value* Lowering::barrierAddress(const ir::Op& op) {
+  return b.CreateAdd(b.CreatePtrToInt(sharedBase, b.getInt32Ty()), slotByteOffset(op));
+}
+
 void Lowering::lowerAsyncOp(const ir::Op& op) {
   switch (op.kind()) {
     case ir::OpKind::LocalAlloc: set(op.result(), {}); return;  // addressed through the plan
@@ -70,6 +85,48 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
     case ir::OpKind::FenceAsyncShared: {
       // cp.async and ordinary stores write through the generic proxy; wgmma reads through the async one.
       asmStatement("fence.proxy.async.shared::cta;");
+      return;
+    }
+    case ir::OpKind::MbarrierInit:
+    case ir::OpKind::MbarrierInval: {
+      const ir::Type& buf = op.operand(0)->type();
+      const int64_t slotBytes = sharedSlotBytes(buf);
+      const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
+      llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
+      const int threads = func.numWarps() * 32;
+      onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "mbarrier.setup", [&] {
+        for (int64_t s = 0; s < buf.slots(); ++s) {
+          llvm::Value* addr = b.CreateAdd(smem, i32(base + s * slotBytes));
+          if (op.kind() == ir::OpKind::MbarrierInit)
+            asmStatement("mbarrier.init.shared.b64 [$0], $1;", "r,n,~{memory}", {addr, i32(threads)});
+          else
+            asmStatement("mbarrier.inval.shared.b64 [$0];", "r,~{memory}", {addr});
+        }
+      });
+      return;
+    }
+    case ir::OpKind::MbarrierArrive:
+      asmStatement("{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }", "r,~{memory}", {barrierAddress(op)});
+      return;
+    case ir::OpKind::AsyncCopyArrive:
+      if (!target.has(Feature::CpAsync)) fail(op, "needs cp.async, which " + target.smName() + " does not have");
+      asmStatement("cp.async.mbarrier.arrive.noinc.shared.b64 [$0];", "r,~{memory}", {barrierAddress(op)});
+      return;
+    case ir::OpKind::MbarrierWait: {
+      llvm::Value* addr = barrierAddress(op);
+      llvm::Value* parity = get(op.operand(2))[0];
+      auto* spin = llvm::BasicBlock::Create(ctx, "mbarrier.wait", kernel);
+      auto* done = llvm::BasicBlock::Create(ctx, "mbarrier.wait.done", kernel);
+      b.CreateBr(spin);
+      b.SetInsertPoint(spin);
+      auto* ty = llvm::FunctionType::get(b.getInt32Ty(), {b.getInt32Ty(), b.getInt32Ty()}, false);
+      const std::string test = target.has(Feature::TensorMemoryAccelerator) ? "try_wait" : "test_wait";
+      auto* probe = llvm::InlineAsm::get(
+          ty, "{ .reg .pred p; mbarrier." + test + ".parity.shared.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+          "=r,r,r,~{memory}", /*hasSideEffects=*/true);
+      llvm::Value* complete = b.CreateCall(ty, probe, {addr, parity});
+      b.CreateCondBr(b.CreateICmpNE(complete, i32(0)), done, spin);
+      b.SetInsertPoint(done);
       return;
     }
     case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);

@@ -345,7 +345,12 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::LocalLoad:
     case OpKind::LocalStore:
     case OpKind::Barrier:
-    case OpKind::FenceAsyncShared: lowerAsyncOp(op); return;
+    case OpKind::FenceAsyncShared:
+    case OpKind::MbarrierInit:
+    case OpKind::MbarrierArrive:
+    case OpKind::AsyncCopyArrive:
+    case OpKind::MbarrierWait:
+    case OpKind::MbarrierInval: lowerAsyncOp(op); return;
     case OpKind::WgmmaWait: lowerWgmmaWait(op); return;
   }
   fail(op, "unknown op");

@@ -131,6 +131,7 @@ class Lowering {
   // The memory/async level (LowerAsync.cpp).
   void lowerAsyncOp(const ir::Op& op);
   void lowerAsyncCopy(const ir::Op& op);
+  llvm::Value* barrierAddress(const ir::Op& op);  // shared address (u32) of an mbarrier op's slot
   void lowerLocalLoad(const ir::Op& op);
   void lowerLocalStore(const ir::Op& op);
   // Byte offset (i32) of slot operand(1) of the buffer operand(0) of an async_copy or local_load.

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <set>
 #include <unordered_map>
 
 namespace flextile::ir {
@@ -297,6 +298,7 @@ class Program {
   std::vector<DataRef> slots_;
   // The writable storage of this program's shared buffers (slots_ holds a read-only view).
   std::unordered_map<const Value*, std::shared_ptr<Data>> buffers_;
+  std::set<const std::vector<int64_t>*> initializedBarriers_;  // buffers mbarrier_init has seen
   std::array<int64_t, 3> pid_{};
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {
@@ -332,6 +334,11 @@ class Program {
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared: return;
       case OpKind::LocalAlloc: return localAlloc(op);
+      case OpKind::MbarrierInit:
+      case OpKind::MbarrierInval:
+      case OpKind::MbarrierArrive:
+      case OpKind::AsyncCopyArrive:
+      case OpKind::MbarrierWait: return mbarrier(op);
       case OpKind::AsyncCopy: return asyncCopy(op);
       case OpKind::LocalLoad: return localLoad(op);
       case OpKind::LocalStore: return localStore(op);
@@ -423,6 +430,11 @@ class Program {
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:
       case OpKind::LocalStore:
+      case OpKind::MbarrierInit:
+      case OpKind::MbarrierInval:
+      case OpKind::MbarrierArrive:
+      case OpKind::AsyncCopyArrive:
+      case OpKind::MbarrierWait:
       case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
@@ -649,6 +661,36 @@ class Program {
     std::shared_ptr<Data> d = withStorage(storageOf(t.dtype()), [&](auto held) { return alloc<decltype(held)>(n); });
     buffers_[op.result()] = d;
     set(op.result(), d);
+  }
+
+  // A buffer of barriers holds, per slot, the number of phases completed (-1: not a barrier, before
+  // mbarrier_init or after mbarrier_inval). The program is one thread here: its arrival is every
+  // thread's, so each arrival completes a phase, and copies have landed when issued.
+  void mbarrier(const Op& op) {
+    std::vector<int64_t>& phases = buffers_.at(op.operand(0))->vec<int64_t>();
+    if (op.kind() == OpKind::MbarrierInit || op.kind() == OpKind::MbarrierInval) {
+      for (size_t s = 0; s < phases.size(); ++s) {
+        if (op.kind() == OpKind::MbarrierInit && initializedBarriers_.count(&phases) && phases[s] >= 0)
+          fail(op, "slot " + std::to_string(s) + " is already a barrier (mbarrier_inval it first)");
+        phases[s] = op.kind() == OpKind::MbarrierInit ? 0 : -1;
+      }
+      initializedBarriers_.insert(&phases);
+      return;
+    }
+    const size_t slot = slotElements(op).first;
+    if (!initializedBarriers_.count(&phases) || phases[slot] < 0)
+      fail(op, "slot " + std::to_string(slot) + " is not an initialized barrier (mbarrier_init first)");
+    if (op.kind() != OpKind::MbarrierWait) {
+      ++phases[slot];
+      return;
+    }
+    const int64_t parity = scalarInt(op.operand(2));
+    if (parity != 0 && parity != 1) fail(op, "the phase parity must be 0 or 1, got " + std::to_string(parity));
+    // Phases 0 .. n-1 are complete; the phase in progress, n, has parity n & 1.
+    if ((phases[slot] & 1) == parity)
+      fail(op, "waits on slot " + std::to_string(slot) + " for the phase of parity " + std::to_string(parity) +
+                   ", which has not completed (" + std::to_string(phases[slot]) +
+                   " completed so far): on the GPU this wait would never return");
   }
 
   void asyncCopy(const Op& op) {

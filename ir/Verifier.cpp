@@ -127,9 +127,11 @@ class Verifier {
       for (size_t i = 0; i < op.numOperands(); ++i)
         if (op.operand(i) && op.operand(i)->type().isSharedBuffer() &&
             !(i == 0 && (op.kind() == OpKind::AsyncCopy || op.kind() == OpKind::LocalLoad ||
-                         op.kind() == OpKind::LocalStore)))
+                         op.kind() == OpKind::LocalStore || op.kind() == OpKind::MbarrierInit ||
+                         op.kind() == OpKind::MbarrierArrive || op.kind() == OpKind::AsyncCopyArrive ||
+                         op.kind() == OpKind::MbarrierWait || op.kind() == OpKind::MbarrierInval)))
           err(op, nth("operand", i) + " is a shared buffer (" + op.operand(i)->type().str() +
-                      "); only operand 0 of async_copy, local_load and local_store may be one");
+                      "); only operand 0 of async_copy, local_load, local_store and the mbarrier ops may be one");
       if (!opFailed_) this->op(op);
       for (const auto& region : op.regions()) block(*region, &op);
       for (Value* r : op.results()) scopes_.back().insert(r);
@@ -277,6 +279,19 @@ class Verifier {
         if (!in(2).isTile() || in(2).shape() != in(0).shape() || in(2).dtype() != in(0).dtype())
           err(op, "stored value must be a " + std::string(dtypeName(in(0).dtype())) + shapeString(in(0).shape()) +
                       " tile (one slot of " + in(0).str() + "), got " + in(2).str());
+        break;
+      case OpKind::MbarrierInit:
+      case OpKind::MbarrierInval:
+      case OpKind::MbarrierArrive:
+      case OpKind::AsyncCopyArrive:
+      case OpKind::MbarrierWait:
+        if (!in(0).isSharedBuffer() || in(0).dtype() != DType::I64 || numElements(in(0).shape()) != 1) {
+          err(op, "operand 0 must be a buffer of barriers smem<S x i64[1], #ft.shared<...>>, got " + in(0).str());
+          break;
+        }
+        if (op.numOperands() >= 2) expectScalarOf(op, in(1), DType::I32, "the slot");
+        if (op.numOperands() >= 3) expectScalarOf(op, in(2), DType::I32, "the phase parity");
+        if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
         break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:

@@ -16,8 +16,9 @@
 //   * before an op that reads pending accumulators: wait until the newest group it reads is
 //     complete, `pending` = the groups issued after that one (groups complete in commit order,
 //     so the older ones are complete too, and pass through the same wait);
-//   * before control flow (a `for`, a `yield`, the `return`), a `fence` and any op with
-//     shared-memory scratch (codegen/SharedMemory.h): wait for every group, `pending = 0`.
+//   * before control flow (a `for`, a `yield`, the `return`), a `fence`, an `mbarrier_arrive`
+//     (it may release a slot the groups read) or setup, and any op with shared-memory scratch
+//     (codegen/SharedMemory.h): wait for every group, `pending = 0`.
 //     Each group thus completes in the block that issued it (a loop's next iteration overwrites
 //     the ring slots its wgmmas read; a yield hands the accumulators to the next iteration), and
 //     no generic-proxy store or barrier of a scratch user runs while the async proxy still reads.
@@ -77,7 +78,9 @@ struct WaitWriter {
     for (Op* op : ops) {
       if (!pending.empty()) {
         const bool all = op->kind() == OpKind::For || op->kind() == OpKind::Yield || op->kind() == OpKind::Return ||
-                         op->kind() == OpKind::Fence || !op->regions().empty() || scratchBytes(*op) > 0;
+                         op->kind() == OpKind::Fence || op->kind() == OpKind::MbarrierArrive ||
+                         op->kind() == OpKind::MbarrierInit || op->kind() == OpKind::MbarrierInval ||
+                         !op->regions().empty() || scratchBytes(*op) > 0;
         int64_t needed = all ? issued : 0;
         for (const ir::Value* v : op->operands())
           for (const PendingGroup& p : pending)

@@ -98,6 +98,64 @@ TEST(InterpreterAsync, CopiesLandInTheirSlotsZeroFilledWhereMaskedAndPrintParseR
   }
 }
 
+// The ring of kRing with its copies tracked by barriers in shared memory instead of commit groups:
+// each slot's copies arrive on its barrier (async_copy_arrive) and the reads wait for phase 0 of
+// it. Same results; waits on phases that never complete, barriers used before mbarrier_init or
+// initialized twice are run-time errors naming the op, malformed ones the verifier's.
+std::string barrierRing() {
+  std::string text = kRing;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  };
+  replace("  barrier\n  async_copy %buf, %s1, %p, %ok {vec = 2}\n  async_commit\n  async_copy %buf, %s0, %p2 {vec = 8}\n"
+          "  async_commit\n  async_wait {pending = 0}\n",
+          "  %bars = local_alloc : smem<2 x i64[1], #ft.shared<[1], order=[0], vec=1, perPhase=1, maxPhase=1, bytes=8>>\n"
+          "  mbarrier_init %bars\n  barrier\n"
+          "  async_copy %buf, %s1, %p, %ok {vec = 2}\n  async_copy_arrive %bars, %s1\n"
+          "  async_copy %buf, %s0, %p2 {vec = 8}\n  async_copy_arrive %bars, %s0\n"
+          "  mbarrier_wait %bars, %s1, %s0\n  mbarrier_wait %bars, %s0, %s0\n");
+  replace("  return\n}", "  mbarrier_arrive %bars, %s0\n  mbarrier_wait %bars, %s0, %s1\n  barrier\n  mbarrier_inval %bars\n  return\n}");
+  return text;
+}
+
+std::vector<Eigen::half> runRing(const std::string& text, int64_t first) {
+  auto f = parseFunction(text, "ring.ftir");
+  std::vector<Eigen::half> x(96), out(64, Eigen::half(-7.0f));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = Eigen::half(float(i % 13) - 6.0f);
+  interpret(*f, {InterpArg::buffer(x.data(), x.size() * 2), InterpArg::buffer(out.data(), out.size() * 2),
+                 InterpArg::integer(3), InterpArg::integer(first)},
+            {1, 1, 1});
+  return out;
+}
+
+TEST(InterpreterAsync, BarriersInSharedMemoryTrackTheCopiesOfEachSlot) {
+  const std::string text = barrierRing();
+  auto f = parseFunction(text, "ring.ftir");
+  EXPECT_EQ(printFunction(*parseFunction(printFunction(*f), "again")), printFunction(*f));
+  for (int64_t first : {0, 1}) {
+    const auto want = runRing(kRing, first), got = runRing(text, first);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(float(got[i]), float(want[i])) << "element " << i;
+  }
+  auto fails = [&](const std::string& from, const std::string& to, const std::string& message) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    const std::string msg = errorOf([&] { runRing(t, 0); });
+    EXPECT_TRUE(contains(msg, message)) << to << ": " << msg;
+  };
+  // Phase 0 of slot 1 completed; phase 1 never does.
+  fails("mbarrier_wait %bars, %s1, %s0", "mbarrier_wait %bars, %s1, %s1",
+        "waits on slot 1 for the phase of parity 1, which has not completed (1 completed so far)");
+  fails("  mbarrier_init %bars\n", "", "slot 1 is not an initialized barrier (mbarrier_init first)");
+  fails("  mbarrier_init %bars\n", "  mbarrier_init %bars\n  mbarrier_init %bars\n", "is already a barrier");
+  fails("mbarrier_wait %bars, %s1, %s0", "mbarrier_wait %bars, %s1, %c4", "the phase parity must be 0 or 1, got 4");
+  fails("mbarrier_arrive %bars, %s0", "mbarrier_arrive %buf, %s0", "must be a buffer of barriers");
+  fails("mbarrier_wait %bars, %s0, %s1", "mbarrier_wait %bars, %s0, %r", "the phase parity");
+}
+
 TEST(InterpreterAsync, ASlotOutsideTheBufferIsAnErrorNamingTheOp) {
   auto f = parseFunction(kRing, "ring.ftir");
   std::vector<Eigen::half> x(64 + 32), out(64);

@@ -62,6 +62,14 @@ std::unique_ptr<Function> everyOpProgram() {
            {}, {{"vec", int64_t(4)}});
   b.create(OpKind::AsyncCommit, {}, {});
   b.create(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
+  // Barriers in shared memory: the copy tracked on slot 1 of a buffer of two as well.
+  Value* bars = b.create1(OpKind::LocalAlloc, {},
+                          Type::sharedBuffer(DType::I64, 2, std::make_shared<const SharedLayout>(SharedLayout({1}, {0}, 1, 1, 1, 8))));
+  b.create(OpKind::MbarrierInit, {bars}, {});
+  b.create(OpKind::AsyncCopyArrive, {bars, slot}, {});
+  b.create(OpKind::MbarrierWait, {bars, slot, b.constantInt(Type(DType::I32), 0)}, {});
+  b.create(OpKind::MbarrierArrive, {bars, slot}, {});
+  b.create(OpKind::MbarrierInval, {bars}, {});
   b.create(OpKind::FenceAsyncShared, {}, {});
   b.create(OpKind::Barrier, {}, {});
   Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));

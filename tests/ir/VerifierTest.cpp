@@ -420,7 +420,7 @@ TEST(Verifier, SharedBuffersAndAsyncOps) {
              "mask must be i1[4,8]");
   EXPECT_HAS(bodyError(ring + "  async_copy %buf, %s, %ps {vec = 32}\n"), "op 'async_copy'", "vec");
   EXPECT_HAS(bodyError(ring + "  %u = add %buf, %buf : smem<2 x f16[4,8], #ft.shared<[4, 8], order=[1,0], vec=8, perPhase=1, maxPhase=1, bytes=2>>\n"),
-             "op 'add'", "only local_alloc makes one", "only operand 0 of async_copy, local_load and local_store");
+             "op 'add'", "only local_alloc makes one", "only operand 0 of async_copy, local_load, local_store and the mbarrier ops");
   EXPECT_HAS(bodyError("  barrier {scope = 1}\n"), "op 'barrier'", "takes no attributes");
   EXPECT_HAS(bodyError("  async_wait\n"), "op 'async_wait'", "pending");
 }
