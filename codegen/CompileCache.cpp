@@ -133,6 +133,8 @@ std::string compilerVersion() {
 std::string codegenSwitches() {
   std::string out = wgmmaSettingsIdentity();
   if (const char* e = std::getenv("FLEXTILE_BULK_REDUCE"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_REDUCE=0";
+  if (const char* e = std::getenv("FLEXTILE_RING_BARRIERS"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
+    out += std::string("; FLEXTILE_RING_BARRIERS=") + e;
   if (const char* e = std::getenv("FLEXTILE_DEFER_ACCUMULATION"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
     out += std::string("; FLEXTILE_DEFER_ACCUMULATION=") + e;
   return out;

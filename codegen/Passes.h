@@ -55,6 +55,11 @@ ir::Pass deferAccumulationPass(const Target& target);  // "defer-accumulation"
 // ring takes the layout wgmma reads where a dot reads it on wgmma (target
 // sm_90a), else the one its ldmatrix readers share. Runs after assignLayouts.
 void pipelineLoads(ir::Function& f, const Target& target);
+// Whether the rings of `f` synchronize through barriers in shared memory (a `full` and an `empty`
+// mbarrier per slot: each iteration waits for its slot's copies and, before it overwrites a slot,
+// for every thread's release of it) instead of one CTA barrier per iteration. Opt-in: function
+// attribute ring_barriers = 1, or FLEXTILE_RING_BARRIERS=1 (=0 turns it off everywhere).
+bool ringBarriersWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

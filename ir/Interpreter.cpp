@@ -660,6 +660,7 @@ class Program {
     const size_t n = size_t(t.slots() * numElements(t.shape()));
     std::shared_ptr<Data> d = withStorage(storageOf(t.dtype()), [&](auto held) { return alloc<decltype(held)>(n); });
     buffers_[op.result()] = d;
+    initializedBarriers_.erase(&d->vec<int64_t>());  // fresh bytes (maybe where another program's were)
     set(op.result(), d);
   }
 

@@ -66,6 +66,8 @@
 #include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -123,6 +125,13 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
   for (const ir::Value* o : d->operands())
     if (!recomputableInLoop(o, body, readOnlyLoop, seen)) return false;
   return true;
+}
+
+bool ringBarriersWanted(const ir::Function& f) {
+  const char* e = std::getenv("FLEXTILE_RING_BARRIERS");
+  if (e && std::strcmp(e, "0") == 0) return false;
+  if (e && std::strcmp(e, "1") == 0) return true;
+  return f.intAttrOr("ring_barriers", 0) != 0;
 }
 
 int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t) {
@@ -276,10 +285,29 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     ring.buffer = before.value(OpKind::LocalAlloc, {},
                                ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(layoutOf.at(ring.load))));
   }
+  // With barriers in shared memory (ringBarriersWanted): `full[s]` completes when every thread's
+  // copies into slot s have landed, `empty[s]` when every thread is done reading slot s; each
+  // `empty` is released once up front, since no iteration has read any slot yet.
+  const bool withBarriers = ringBarriersWanted(f);
+  ir::Value* full = nullptr;
+  ir::Value* empty = nullptr;
+  auto barrierBuffer = [&] {
+    return before.value(OpKind::LocalAlloc, {},
+                        ir::Type::sharedBuffer(ir::DType::I64, stages, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
+  };
+  if (withBarriers) {
+    full = barrierBuffer();
+    empty = barrierBuffer();
+    before.op(OpKind::MbarrierInit, {full}, {});
+    before.op(OpKind::MbarrierInit, {empty}, {});
+  }
   before.op(OpKind::Barrier, {}, {});
+  if (withBarriers)
+    for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
   for (int64_t s = 0; s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
+    if (withBarriers) before.op(OpKind::AsyncCopyArrive, {full, before.constant(s, ir::DType::I32)}, {});
   }
 
   // The slot read in iteration i (carried), and the one its issue writes.
@@ -292,12 +320,34 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   ir::Value* writeSlot = top.value(
       OpKind::Select, {isFirst, top.constant(stages - 1, ir::DType::I32), top.value(OpKind::Sub, {slot, top.constant(1, ir::DType::I32)}, i32)}, i32);
 
+  // The iteration count k (for the barriers' phase parities: the data of iteration k is the k/S-th
+  // fill of its slot, and the slot it overwrites was released for the (k+S-1)/S-th time).
+  ir::Value* count = nullptr;
+  if (withBarriers) {
+    forOp.addOperand(before.constant(0, ir::DType::I32));
+    count = body.addArg(i32, "iteration");
+    forOp.addResult(i32);
+  }
   Inserter issue{f, body, body.find(converts.front()), loc};
-  issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
+  auto parityOf = [&](ir::Value* phase) {
+    return issue.value(OpKind::And, {phase, issue.constant(1, ir::DType::I32)}, i32);
+  };
+  if (withBarriers)
+    issue.op(OpKind::MbarrierWait,
+             {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
+  else
+    issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
   if (std::any_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; })) issue.op(OpKind::FenceAsyncShared, {}, {});
-  issue.op(OpKind::Barrier, {}, {});
+  if (withBarriers) {
+    ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
+    issue.op(OpKind::MbarrierWait,
+             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {});
+  } else {
+    issue.op(OpKind::Barrier, {}, {});
+  }
   ir::Value* ahead = issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
   issueStage(issue, body, rings, ahead, ub, writeSlot);
+  if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
 
   for (Op* cvt : converts) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
@@ -311,9 +361,23 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   ir::Value* next = end.value(OpKind::Add, {slot, end.constant(1, ir::DType::I32)}, i32);
   ir::Value* wraps = end.value(OpKind::Cmp, {next, end.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1), {{"pred", std::string("eq")}});
   yield->addOperand(end.value(OpKind::Select, {wraps, end.constant(0, ir::DType::I32), next}, i32));
+  if (withBarriers) {
+    // Every read of this iteration's slot is done here (the wgmma pass waits for the groups
+    // before an arrive): release it.
+    end.op(OpKind::MbarrierArrive, {empty, slot}, {});
+    yield->addOperand(end.value(OpKind::Add, {count, end.constant(1, ir::DType::I32)}, i32));
+  }
 
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
+  if (withBarriers) {
+    // No thread waits on the barriers any more once all have left the loop; their bytes may then
+    // be reused, after thread 0 invalidates them.
+    after.op(OpKind::Barrier, {}, {});
+    after.op(OpKind::MbarrierInval, {full}, {});
+    after.op(OpKind::MbarrierInval, {empty}, {});
+    after.op(OpKind::Barrier, {}, {});
+  }
 
   // The loads; their address ops, now unused, go with the function's dead code (ir::dce, after
   // every loop is rewritten).

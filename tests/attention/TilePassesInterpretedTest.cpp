@@ -71,6 +71,40 @@ TEST(TilePassesInterpreted, ForwardVariantsWithDeferredAccumulation) {
     }
 }
 
+// The rings synchronized through barriers in shared memory (FLEXTILE_RING_BARRIERS=1: a full and
+// an empty mbarrier per slot instead of one CTA barrier per iteration). The interpreter counts
+// each barrier's phases, so a wait on a phase the schedule never completes fails the check.
+TEST(TilePassesInterpreted, RingBarriersForwardBackwardDecode) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_RING_BARRIERS", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_RING_BARRIERS"); }
+  } unset;
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}})
+      for (const char* name : {"full", "causal", "document", "softcap"}) {
+        AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 127, .S = 300, .D = 64, .dtype = DType::BF16};
+        c.context = std::string(target) + " " + name + " " + config.describe() + " ring barriers";
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{64, 64}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+          return;
+      }
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16,
+                    .context = std::string(target) + " backward, ring barriers"};
+    BackwardCheck check;
+    check.refMask = refCausal();
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+    if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check)) return;
+    AttentionCase d{.B = 1, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = 64, .dtype = DType::BF16,
+                    .context = std::string(target) + " decode, ring barriers"};
+    if (!checkDecodeVariant(rng, variant("sliding_window"), d, kHost,
+                            {.splits = {0, 3}, .blocks = {64, 64}, .prefillConfig = kWgmmaTiles}))
+      return;
+  }
+}
+
 // With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
 // (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
 TEST(TilePassesInterpreted, BackwardCausalGqa) {
