@@ -22,7 +22,6 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
-#include <set>
 #include <unordered_map>
 
 namespace flextile::ir {
@@ -298,7 +297,6 @@ class Program {
   std::vector<DataRef> slots_;
   // The writable storage of this program's shared buffers (slots_ holds a read-only view).
   std::unordered_map<const Value*, std::shared_ptr<Data>> buffers_;
-  std::set<const std::vector<int64_t>*> initializedBarriers_;  // buffers mbarrier_init has seen
   std::array<int64_t, 3> pid_{};
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {
@@ -659,27 +657,28 @@ class Program {
     const Type& t = op.result()->type();
     const size_t n = size_t(t.slots() * numElements(t.shape()));
     std::shared_ptr<Data> d = withStorage(storageOf(t.dtype()), [&](auto held) { return alloc<decltype(held)>(n); });
+    // Contents are undefined; an i64 buffer starts as "not a barrier" (-1 completed phases) for
+    // the mbarrier ops, whatever bytes it got.
+    if (t.dtype() == DType::I64) std::fill(d->vec<int64_t>().begin(), d->vec<int64_t>().end(), int64_t(-1));
     buffers_[op.result()] = d;
-    initializedBarriers_.erase(&d->vec<int64_t>());  // fresh bytes (maybe where another program's were)
     set(op.result(), d);
   }
 
-  // A buffer of barriers holds, per slot, the number of phases completed (-1: not a barrier, before
-  // mbarrier_init or after mbarrier_inval). The program is one thread here: its arrival is every
+  // A buffer of barriers holds, per slot, the number of phases completed (-1: not a barrier, from
+  // local_alloc until mbarrier_init and after mbarrier_inval). The program is one thread here: its arrival is every
   // thread's, so each arrival completes a phase, and copies have landed when issued.
   void mbarrier(const Op& op) {
     std::vector<int64_t>& phases = buffers_.at(op.operand(0))->vec<int64_t>();
     if (op.kind() == OpKind::MbarrierInit || op.kind() == OpKind::MbarrierInval) {
       for (size_t s = 0; s < phases.size(); ++s) {
-        if (op.kind() == OpKind::MbarrierInit && initializedBarriers_.count(&phases) && phases[s] >= 0)
+        if (op.kind() == OpKind::MbarrierInit && phases[s] >= 0)
           fail(op, "slot " + std::to_string(s) + " is already a barrier (mbarrier_inval it first)");
         phases[s] = op.kind() == OpKind::MbarrierInit ? 0 : -1;
       }
-      initializedBarriers_.insert(&phases);
       return;
     }
     const size_t slot = slotElements(op).first;
-    if (!initializedBarriers_.count(&phases) || phases[slot] < 0)
+    if (phases[slot] < 0)
       fail(op, "slot " + std::to_string(slot) + " is not an initialized barrier (mbarrier_init first)");
     if (op.kind() != OpKind::MbarrierWait) {
       ++phases[slot];

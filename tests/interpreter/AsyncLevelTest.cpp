@@ -156,6 +156,26 @@ TEST(InterpreterAsync, BarriersInSharedMemoryTrackTheCopiesOfEachSlot) {
   fails("mbarrier_wait %bars, %s0, %s1", "mbarrier_wait %bars, %s0, %r", "the phase parity");
 }
 
+// Regression: programs run one after another on one host thread, each with its own barriers: a
+// program's local_alloc is fresh, not an initialized barrier, whatever bytes it got (the
+// interpreter once kept "initialized" by the buffer's address, and a reused address failed a later
+// program's mbarrier_init), and no program sees another's phases.
+TEST(InterpreterAsync, EachProgramInitializesItsOwnBarriers) {
+  auto f = parseFunction(barrierRing(), "ring.ftir");
+  auto g = parseFunction(kRing, "ring.ftir");
+  std::vector<Eigen::half> x(3 * 32 + 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = Eigen::half(float(i % 11) - 5.0f);
+  auto run = [&](const Function& fn) {
+    std::vector<Eigen::half> out(3 * 64, Eigen::half(-7.0f));
+    interpret(fn, {InterpArg::buffer(x.data(), x.size() * 2), InterpArg::buffer(out.data(), out.size() * 2),
+                   InterpArg::integer(9), InterpArg::integer(1)},
+              {3, 1, 1}, {.threads = 1});
+    return out;
+  };
+  const auto want = run(*g), got = run(*f);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(float(got[i]), float(want[i])) << "element " << i;
+}
+
 TEST(InterpreterAsync, ASlotOutsideTheBufferIsAnErrorNamingTheOp) {
   auto f = parseFunction(kRing, "ring.ftir");
   std::vector<Eigen::half> x(64 + 32), out(64);
