@@ -439,28 +439,21 @@ std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& targe
   for (; loop; loop = loop->parentBlock() ? loop->parentBlock()->parentOp() : nullptr)
     if (loop->kind() == OpKind::For) return std::nullopt;
   // The one reader: a dot, or a trans that only a dot reads.
-  const ir::Op* reader = nullptr;
-  int users = 0;
-  for (const auto& op : block.ops())
-    for (const ir::Value* v : op->operands())
-      if (v == cvt.result()) {
-        reader = op.get();
-        ++users;
-      }
-  if (users != 1 || !onlyUser(cvt.result(), reader, block)) return std::nullopt;
-  const bool transposed = reader->kind() == OpKind::Trans;
-  const ir::Op* dot = reader;
-  if (transposed) {
-    dot = nullptr;
-    users = 0;
+  auto soleReader = [&](const ir::Value* v) -> const ir::Op* {
+    const ir::Op* reader = nullptr;
     for (const auto& op : block.ops())
-      for (const ir::Value* v : op->operands())
-        if (v == reader->result()) {
-          dot = op.get();
-          ++users;
+      for (const ir::Value* o : op->operands())
+        if (o == v) {
+          if (reader) return nullptr;
+          reader = op.get();
         }
-    if (users != 1 || !dot) return std::nullopt;
-  }
+    return reader && onlyUser(v, reader, block) ? reader : nullptr;
+  };
+  const ir::Op* reader = soleReader(cvt.result());
+  if (!reader) return std::nullopt;
+  const bool transposed = reader->kind() == OpKind::Trans;
+  const ir::Op* dot = transposed ? soleReader(reader->result()) : reader;
+  if (!dot) return std::nullopt;
   const ir::Value* b = transposed ? reader->result() : cvt.result();
   if (dot->kind() != OpKind::Dot || dot->operand(1) != b || dot->operand(0) == b || dot->operand(2) == b ||
       !wgmmaAccumulator(*dot, target) ||

@@ -105,10 +105,10 @@ struct Deferral {
   size_t index = 0;                    // D is yield operand `index`; its accumulator body arg index + 1
   std::set<const Op*> stage1;
   std::vector<ir::Value*> carried;     // stage-0 values stage 1 reads from the previous iteration
-  std::vector<ir::Value*> recomputed;  // stage-0 values stage 1 recomputes at iv - step
+  std::vector<const ir::Value*> recomputed;  // stage-0 values stage 1 recomputes at iv - step
 };
 
-std::optional<Deferral> findDeferral(ir::Function&, Op& loop, const Target& target) {
+std::optional<Deferral> findDeferral(Op& loop, const Target& target) {
   if (loop.regions().size() != 1) return std::nullopt;
   ir::Block& body = loop.region(0);
   if (body.args().empty() || !body.terminator()) return std::nullopt;
@@ -134,11 +134,8 @@ std::optional<Deferral> findDeferral(ir::Function&, Op& loop, const Target& targ
     for (auto& op : body.ops())
       for (const ir::Value* o : op->operands())
         if (o == acc || (o->definingOp() && fromAcc.count(o->definingOp()))) fromAcc.insert(op.get());
-    std::set<const Op*> feedsDot{dot};
-    for (auto it = body.ops().rbegin(); it != body.ops().rend(); ++it)
-      if (feedsDot.count(it->get()))
-        for (const ir::Value* o : (*it)->operands())
-          if (o->definingOp() && o->definingOp()->parentBlock() == &body) feedsDot.insert(o->definingOp());
+    const std::vector<Op*> dotSlice = bodySlice({dot->operands().begin(), dot->operands().end()}, body);
+    const std::set<const Op*> feedsDot(dotSlice.begin(), dotSlice.end());
     d.stage1.insert(dot);
     for (const Op* op : fromAcc)
       if (feedsDot.count(op)) d.stage1.insert(op);
@@ -247,24 +244,6 @@ struct Cloner {
   }
 };
 
-// The ops of `body` that compute `values` (stopping at what `map` already has), in body order.
-std::vector<const Op*> sliceOf(const std::vector<ir::Value*>& values, ir::Block& body,
-                               const std::map<const ir::Value*, ir::Value*>& map) {
-  std::set<const Op*> need;
-  std::vector<const ir::Value*> work(values.begin(), values.end());
-  while (!work.empty()) {
-    const ir::Value* v = work.back();
-    work.pop_back();
-    const Op* d = v->definingOp();
-    if (map.count(v) || !d || d->parentBlock() != &body || !need.insert(d).second) continue;
-    for (const ir::Value* o : d->operands()) work.push_back(o);
-  }
-  std::vector<const Op*> out;
-  for (auto& op : body.ops())
-    if (need.count(op.get())) out.push_back(op.get());
-  return out;
-}
-
 void rotate(ir::Function& f, Deferral& d) {
   Op& loop = *d.loop;
   ir::Block& body = loop.region(0);
@@ -312,13 +291,14 @@ void rotate(ir::Function& f, Deferral& d) {
   std::vector<Op*> stage1Ops;
   for (auto& op : body.ops())
     if (d.stage1.count(op.get())) stage1Ops.push_back(op.get());
+  const std::vector<Op*> recomputeOps = bodySlice(d.recomputed, body);  // stage-0 ops: they stay put
 
   // The epilogue: stage 1 at the last iv (built from the body's ops before they move).
   ir::Value* accResult = loop.result(d.index);
   std::map<const ir::Value*, ir::Value*> epi{{iv, loop.result(prevIvResult)}, {body.arg(d.index + 1), accResult}};
   for (ir::Value* c : d.carried) epi[c] = loop.result(resultOf.at(c));
   Cloner after{f, outer, std::next(outer.find(&loop)), loc, epi, first};
-  for (const Op* op : sliceOf(d.recomputed, body, epi)) after.clone(*op);
+  for (const Op* op : recomputeOps) after.clone(*op);
   for (const Op* op : stage1Ops) after.clone(*op);
   after.guard = nullptr;
   ir::Value* final = after.select(first, after.mapped(d.dot->result()), accResult);
@@ -338,7 +318,7 @@ void rotate(ir::Function& f, Deferral& d) {
   std::map<const ir::Value*, ir::Value*> prev(argOf.begin(), argOf.end());
   Cloner in{f, body, std::next(anchor), loc, prev};
   prev[iv] = in.make(OpKind::Sub, {iv, step}, {ivType})->result();
-  for (const Op* op : sliceOf(d.recomputed, body, prev)) in.clone(*op);
+  for (const Op* op : recomputeOps) in.clone(*op);
   for (Op* op : stage1Ops)
     for (size_t i = 0; i < op->numOperands(); ++i) op->setOperand(i, in.mapped(op->operand(i)));
   body.ops().splice(in.pos, moved);
@@ -354,7 +334,7 @@ void deferAccumulation(ir::Function& f, const Target& target) {
   });
   bool changed = false;
   for (Op* loop : loops)
-    if (auto d = findDeferral(f, *loop, target)) {
+    if (auto d = findDeferral(*loop, target)) {
       rotate(f, *d);
       changed = true;
     }

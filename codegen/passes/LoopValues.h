@@ -3,6 +3,7 @@
 #pragma once
 
 #include <set>
+#include <vector>
 
 #include "ir/IR.h"
 
@@ -14,5 +15,9 @@ namespace flextile::codegen {
 // the body could read), by scalar loads of the body too. No loop-carried value and no tile load
 // qualifies. `seen` collects the values already visited (pass an empty set).
 bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnlyLoop, std::set<const ir::Value*>& seen);
+
+// The ops directly in `body` that compute `values`, transitively through operands defined there,
+// in body order (what cloning those values for another iteration must clone).
+std::vector<ir::Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body);
 
 }  // namespace flextile::codegen

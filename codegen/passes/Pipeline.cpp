@@ -127,6 +127,22 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
   return true;
 }
 
+std::vector<Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body) {
+  std::set<const Op*> need;
+  std::vector<const ir::Value*> work = values;
+  while (!work.empty()) {
+    const ir::Value* v = work.back();
+    work.pop_back();
+    const Op* d = v->definingOp();
+    if (!d || d->parentBlock() != &body || !need.insert(d).second) continue;
+    for (const ir::Value* o : d->operands()) work.push_back(o);
+  }
+  std::vector<Op*> out;
+  for (auto& op : body.ops())
+    if (need.count(op.get())) out.push_back(op.get());
+  return out;
+}
+
 bool ringBarriersWanted(const ir::Function& f) {
   const char* e = std::getenv("FLEXTILE_RING_BARRIERS");
   if (e && std::strcmp(e, "0") == 0) return false;
@@ -152,20 +168,9 @@ namespace {
 
 // The ops of `body` that compute the load's pointer and mask, in body order.
 std::vector<Op*> addressSlice(const Op& load, ir::Block& body) {
-  std::set<const Op*> need;
-  std::vector<const ir::Value*> work;
-  for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i) work.push_back(load.operand(i));
-  while (!work.empty()) {
-    const ir::Value* v = work.back();
-    work.pop_back();
-    const Op* d = v->definingOp();
-    if (!d || d->parentBlock() != &body || !need.insert(d).second) continue;
-    for (const ir::Value* o : d->operands()) work.push_back(o);
-  }
-  std::vector<Op*> out;
-  for (auto& op : body.ops())
-    if (need.count(op.get())) out.push_back(op.get());
-  return out;
+  std::vector<const ir::Value*> address;
+  for (size_t i = 0; i < std::min<size_t>(2, load.numOperands()); ++i) address.push_back(load.operand(i));
+  return bodySlice(address, body);
 }
 
 // Inserts ops before `pos` of one block.
