@@ -164,6 +164,7 @@ std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKe
   std::string params;
   for (const ir::Type& t : k.params) params += typeText(t) + "\n";
   putField(out, "params", params);
+  putField(out, "tensor_maps", tensorMapRecipesText(k.tensorMaps));
   putField(out, "ir", k.ir);
   putField(out, "llvm", k.llvmIR);
   putField(out, "ptx", k.ptx);
@@ -235,6 +236,8 @@ std::optional<CompiledKernel> parseCompiledKernel(const CompileCacheKey& key, st
     k.params.push_back(parseTypeText(params.substr(0, nl)));
     params.remove_prefix(nl + 1);
   }
+  // Entries written before TMA had no tensor maps.
+  if (auto it = fields.find("tensor_maps"); it != fields.end()) k.tensorMaps = parseTensorMapRecipesText(std::string(it->second));
   k.ir = field("ir");
   k.llvmIR = field("llvm");
   k.ptx = field("ptx");

@@ -105,6 +105,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
 
   k.sharedBytes = int(plan.sharedBytes);
   for (const ir::Value* p : f->params()) k.params.push_back(p->type());
+  k.tensorMaps = tensorMapRecipes(*f);
   ir::dump("llvm", f->name(), k.llvmIR);
   ir::dump("ptx", f->name(), k.ptx);
   if (options.runPtxas) {

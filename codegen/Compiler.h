@@ -4,6 +4,7 @@
 // Kernel ABI: the PTX entry has the IR function's name and one parameter per
 // IR function parameter, in order: pointers as 64-bit global addresses, i32
 // as .s32, i64 as .s64, f32 as .f32 (f16/bf16 scalars are passed as f32).
+// After them, one 128-byte tensor map per TMA recipe (CompiledKernel::tensorMaps, TensorMaps.h).
 // The launch uses 32 * num_warps threads per block and `sharedBytes` of
 // dynamic shared memory.
 //
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "codegen/Target.h"
+#include "codegen/TensorMaps.h"
 #include "ir/IR.h"
 
 namespace flextile::codegen {
@@ -46,6 +48,8 @@ struct CompiledKernel {
   int numWarps = 4;
   int sharedBytes = 0;    // dynamic shared memory per block
   std::vector<ir::Type> params;  // in launch order
+  // The tensor maps the launcher encodes and passes after `params` (TensorMaps.h), in that order.
+  std::vector<TensorMapRecipe> tensorMaps;
   std::string ptxasInfo;  // `ptxas -v` output when runPtxas
   std::string cubin;      // the ptxas output (an ELF) when runPtxas, else empty
   // The cubins the driver made of `ptx` on the GPUs that ran it, newest first (at most

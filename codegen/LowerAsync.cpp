@@ -93,7 +93,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       const int64_t slotBytes = sharedSlotBytes(buf);
       const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
       llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
-      const int threads = func.numWarps() * 32;
+      const int threads = op.hasAttr("arrivals") ? int(op.intAttr("arrivals")) : func.numWarps() * 32;
       onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "mbarrier.setup", [&] {
         for (int64_t s = 0; s < buf.slots(); ++s) {
           llvm::Value* addr = b.CreateAdd(smem, i32(base + s * slotBytes));
@@ -129,6 +129,17 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       b.SetInsertPoint(done);
       return;
     }
+    case ir::OpKind::MbarrierExpectTx: {
+      if (!target.has(Feature::TensorMemoryAccelerator))
+        fail(op, "needs mbarrier transaction counts (sm_90), which " + target.smName() + " does not have");
+      llvm::Value* addr = barrierAddress(op);
+      llvm::Value* bytes = b.CreateSelect(get(op.operand(2))[0], i32(op.intAttr("bytes")), i32(0));
+      onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "mbarrier.expect_tx", [&] {
+        asmStatement("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", {addr, bytes});
+      });
+      return;
+    }
+    case ir::OpKind::TmaCopy: return lowerTmaCopy(op);
     case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);
     case ir::OpKind::LocalLoad: return lowerLocalLoad(op);
     case ir::OpKind::LocalStore: return lowerLocalStore(op);
@@ -156,6 +167,45 @@ void Lowering::lowerAsyncCopy(const ir::Op& op) {
       llvm::Value* dst = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(slotBase, b.CreateMul(elem, i32(ir::byteWidth(t)))));
       llvm::Value* srcSize = mask ? b.CreateSelect((*mask)[size_t(r0)], i32(bytes), i32(0)) : i32(bytes);
       b.CreateIntrinsic(id, llvm::ArrayRef<llvm::Value*>{dst, ptrs[size_t(r0)], srcSize});
+    }
+  });
+}
+
+// One cp.async.bulk.tensor per panel of the slot (TensorMaps.h), from thread 0 where `on` holds.
+// Coordinates go innermost first; a later panel starts `panel` elements further along the last dim.
+void Lowering::lowerTmaCopy(const ir::Op& op) {
+  if (!target.has(Feature::TensorMemoryAccelerator)) fail(op, "needs TMA, which " + target.smName() + " does not have");
+  const size_t rank = (op.numOperands() - 5) / 3;
+  const TmaCopyPlan tma = tmaCopyPlan(op, func, tensorMaps_);
+  const ir::Type& buf = op.operand(0)->type();
+  const int64_t slotBytes = sharedSlotBytes(buf);
+  const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
+  if (base % tma.alignment != 0 || slotBytes % tma.alignment != 0)
+    fail(op, "its slots start at byte " + std::to_string(base) + " + s * " + std::to_string(slotBytes) +
+                 " of shared memory; TMA with this layout needs multiples of " + std::to_string(tma.alignment));
+  llvm::Value* dst = slotByteOffset(op);
+  const ir::Type& bars = op.operand(2)->type();
+  const ir::Op* barAlloc = op.operand(2)->definingOp();
+  if (!barAlloc || barAlloc->kind() != ir::OpKind::LocalAlloc) fail(op, "its barriers do not come from a local_alloc");
+  llvm::Value* barOffset = b.CreateAdd(i32(scratchOffset(*barAlloc, sharedSlotBytes(bars) * bars.slots())),
+                                       b.CreateMul(get(op.operand(3))[0], i32(sharedSlotBytes(bars))));
+  std::vector<llvm::Value*> coords;
+  for (size_t k = rank; k-- > 0;) coords.push_back(get(op.operand(6 + 2 * rank - 1 + k))[0]);
+  llvm::Value* on = get(op.operand(4))[0];
+  llvm::Value* leader = threadsWithBitsClear(31, uint32_t(func.numWarps() - 1));
+  static const llvm::Intrinsic::ID ids[] = {llvm::Intrinsic::nvvm_cp_async_bulk_tensor_g2s_tile_1d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_g2s_tile_2d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_g2s_tile_3d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_g2s_tile_4d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_g2s_tile_5d};
+  onlyWhere(b.CreateAnd(leader, on), "tma.copy", [&] {
+    llvm::Value* bar = b.CreateGEP(b.getInt8Ty(), sharedBase, barOffset);
+    for (int64_t p = 0; p < tma.numPanels; ++p) {
+      llvm::Value* at = b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(dst, i32(p * tma.panelBytes)));
+      std::vector<llvm::Value*> args{b.CreateAddrSpaceCast(at, b.getPtrTy(7)), bar, tensorMapArgs_[tma.map]};
+      for (size_t k = 0; k < rank; ++k) args.push_back(k == 0 && p ? b.CreateAdd(coords[0], i32(p * tma.panel)) : coords[k]);
+      args.insert(args.end(), {b.getInt16(0), b.getInt64(0), b.getFalse(), b.getFalse(), i32(0)});
+      b.CreateIntrinsic(ids[rank - 1], llvm::ArrayRef<llvm::Value*>(args));
     }
   });
 }

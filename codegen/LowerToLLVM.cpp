@@ -350,7 +350,9 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::MbarrierArrive:
     case OpKind::AsyncCopyArrive:
     case OpKind::MbarrierWait:
-    case OpKind::MbarrierInval: lowerAsyncOp(op); return;
+    case OpKind::MbarrierInval:
+    case OpKind::MbarrierExpectTx:
+    case OpKind::TmaCopy: lowerAsyncOp(op); return;
     case OpKind::WgmmaWait: lowerWgmmaWait(op); return;
   }
   fail(op, "unknown op");
@@ -394,8 +396,22 @@ std::unique_ptr<llvm::Module> Lowering::run() {
                     t.str() + ", which the kernel ABI does not pass (use i32)");
     }
   }
+  // The TMA copies' tensor maps follow, each a 128-byte grid constant (TensorMaps.h).
+  tensorMaps_ = tensorMapRecipes(func);
+  if (!tensorMaps_.empty() && !target.has(Feature::TensorMemoryAccelerator))
+    throw Error("lowering kernel '" + func.name() + "': it has TMA copies, which " + target.smName() + " does not have");
+  auto* mapType = llvm::ArrayType::get(b.getInt8Ty(), 128);
+  for (size_t i = 0; i < tensorMaps_.size(); ++i) paramTypes.push_back(b.getPtrTy(0));
   auto* fnTy = llvm::FunctionType::get(b.getVoidTy(), paramTypes, false);
   kernel = llvm::Function::Create(fnTy, llvm::GlobalValue::ExternalLinkage, func.name(), module.get());
+  for (size_t i = 0; i < tensorMaps_.size(); ++i) {
+    const unsigned a = unsigned(func.params().size() + i);
+    kernel->addParamAttr(a, llvm::Attribute::getWithByValType(ctx, mapType));
+    kernel->addParamAttr(a, llvm::Attribute::getWithAlignment(ctx, llvm::Align(64)));
+    kernel->addParamAttr(a, llvm::Attribute::get(ctx, "nvvm.grid_constant"));
+    kernel->getArg(a)->setName("tensor_map" + std::to_string(i));
+    tensorMapArgs_.push_back(kernel->getArg(a));
+  }
   kernel->setCallingConv(llvm::CallingConv::PTX_Kernel);
   kernel->addFnAttr("nvvm.maxntid", std::to_string(32 * func.numWarps()));
   // A residency the template sized its shared memory for: without it the driver's JIT may take

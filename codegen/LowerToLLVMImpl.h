@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "codegen/LowerToLLVM.h"
+#include "codegen/TensorMaps.h"
 #include "ir/SharedLayout.h"
 
 namespace flextile::codegen {
@@ -131,6 +132,10 @@ class Lowering {
   // The memory/async level (LowerAsync.cpp).
   void lowerAsyncOp(const ir::Op& op);
   void lowerAsyncCopy(const ir::Op& op);
+  void lowerTmaCopy(const ir::Op& op);
+  // The kernel's tensor maps (TensorMaps.h): their recipes, and the byval parameter of each.
+  std::vector<TensorMapRecipe> tensorMaps_;
+  std::vector<llvm::Value*> tensorMapArgs_;
   llvm::Value* barrierAddress(const ir::Op& op);  // shared address (u32) of an mbarrier op's slot
   void lowerLocalLoad(const ir::Op& op);
   void lowerLocalStore(const ir::Op& op);

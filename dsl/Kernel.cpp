@@ -1,4 +1,5 @@
 #include "dsl/Kernel.h"
+#include "runtime/TensorMap.h"
 
 #include "codegen/CompileCache.h"
 #include "dsl/Capture.h"
@@ -285,6 +286,44 @@ void Kernel::loadModule(Compiled& c) {
   c.module = std::move(module);
 }
 
+// A recipe's tensor map for these arguments: dims and strides innermost first, strides in bytes.
+static runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& r,
+                                          const std::vector<KernelArg>& args) {
+  auto value = [&](const codegen::TensorMapOperand& o) -> int64_t {
+    return o.param >= 0 ? args[size_t(o.param)].integer() : o.constant;
+  };
+  runtime::TensorMapDesc d;
+  d.globalAddress = args[size_t(r.baseParam)].deviceAddress();
+  switch (r.dtype) {
+    case DType::BF16: d.dtype = runtime::TensorMapDType::BF16; break;
+    case DType::F16: d.dtype = runtime::TensorMapDType::F16; break;
+    case DType::F32: d.dtype = runtime::TensorMapDType::F32; break;
+    case DType::I32: d.dtype = runtime::TensorMapDType::I32; break;
+    default: throw Error("kernel '" + kernel + "': no TMA tensor map for " + std::string(ir::dtypeName(r.dtype)) + " elements");
+  }
+  const size_t rank = r.dims.size();
+  const int64_t eb = ir::byteWidth(r.dtype);
+  for (size_t k = rank; k-- > 0;) {
+    const int64_t dim = value(r.dims[k]);
+    if (dim < 1)
+      throw Error("kernel '" + kernel + "': the tensor of TMA map " + r.str() + " has dim " + std::to_string(k) + " = " +
+                  std::to_string(dim) + "; TMA needs at least 1");
+    d.globalDims.push_back(uint64_t(dim));
+    d.boxDims.push_back(uint32_t(r.box[k]));
+  }
+  for (size_t k = rank - 1; k-- > 0;) d.globalStrides.push_back(uint64_t(value(r.strides[k]) * eb));
+  d.swizzle = r.swizzleBytes == 128  ? runtime::TensorMapSwizzle::Bytes128
+              : r.swizzleBytes == 64 ? runtime::TensorMapSwizzle::Bytes64
+              : r.swizzleBytes == 32 ? runtime::TensorMapSwizzle::Bytes32
+                                     : runtime::TensorMapSwizzle::None;
+  d.l2Promotion = runtime::TensorMapL2Promotion::Bytes256;
+  try {
+    return runtime::TensorMap(std::move(d));
+  } catch (const std::exception& e) {
+    throw Error("kernel '" + kernel + "': its TMA tensor map (" + r.str() + ") cannot describe these arguments: " + e.what());
+  }
+}
+
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
   const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Device);
   checkArgs(name_, traced(options), args, ArgMode::Device);
@@ -312,6 +351,13 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
       *static_cast<float*>(slot) = float(v);
     }
     ptrs[i] = slot;
+  }
+  // The TMA tensor maps, from the arguments their recipes name (codegen/TensorMaps.h).
+  std::vector<runtime::TensorMap> maps;
+  maps.reserve(code.tensorMaps.size());
+  for (const codegen::TensorMapRecipe& r : code.tensorMaps) {
+    maps.push_back(encodeTensorMap(name_, r, args));
+    ptrs.push_back(const_cast<void*>(maps.back().data()));
   }
   c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data(), options.stream);

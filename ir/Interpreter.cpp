@@ -297,6 +297,9 @@ class Program {
   std::vector<DataRef> slots_;
   // The writable storage of this program's shared buffers (slots_ holds a read-only view).
   std::unordered_map<const Value*, std::shared_ptr<Data>> buffers_;
+  // The barrier buffers initialized with {arrivals = 1}: only mbarrier_expect_tx arrives on them,
+  // and only it may not arrive on the others (on the GPU a phase would miss its arrivals).
+  std::unordered_map<const Value*, bool> oneArrival_;
   std::array<int64_t, 3> pid_{};
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {
@@ -336,8 +339,10 @@ class Program {
       case OpKind::MbarrierInval:
       case OpKind::MbarrierArrive:
       case OpKind::AsyncCopyArrive:
-      case OpKind::MbarrierWait: return mbarrier(op);
+      case OpKind::MbarrierWait:
+      case OpKind::MbarrierExpectTx: return mbarrier(op);
       case OpKind::AsyncCopy: return asyncCopy(op);
+      case OpKind::TmaCopy: return tmaCopy(op);
       case OpKind::LocalLoad: return localLoad(op);
       case OpKind::LocalStore: return localStore(op);
       case OpKind::WgmmaWait:  // the accumulators pass through: an async dot was complete at issue
@@ -433,6 +438,8 @@ class Program {
       case OpKind::MbarrierArrive:
       case OpKind::AsyncCopyArrive:
       case OpKind::MbarrierWait:
+      case OpKind::MbarrierExpectTx:
+      case OpKind::TmaCopy:
       case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));
@@ -675,11 +682,19 @@ class Program {
           fail(op, "slot " + std::to_string(s) + " is already a barrier (mbarrier_inval it first)");
         phases[s] = op.kind() == OpKind::MbarrierInit ? 0 : -1;
       }
+      oneArrival_[op.operand(0)] = op.hasAttr("arrivals") && op.intAttr("arrivals") == 1;
       return;
     }
     const size_t slot = slotElements(op).first;
     if (phases[slot] < 0)
       fail(op, "slot " + std::to_string(slot) + " is not an initialized barrier (mbarrier_init first)");
+    const bool one = oneArrival_[op.operand(0)];
+    if (op.kind() == OpKind::MbarrierExpectTx && !one)
+      fail(op, "arrives once for the program on a barrier that counts every thread's arrival (init it with "
+               "{arrivals = 1}): on the GPU its phase would never complete");
+    if ((op.kind() == OpKind::MbarrierArrive || op.kind() == OpKind::AsyncCopyArrive) && one)
+      fail(op, "every thread arrives on a barrier that counts one arrival per phase ({arrivals = 1}): on the GPU "
+               "the phases would complete early");
     if (op.kind() != OpKind::MbarrierWait) {
       ++phases[slot];
       return;
@@ -705,6 +720,49 @@ class Program {
       using T = typename M::Held;
       T* o = buf.template vec<T>().data() + base;
       for (size_t i = 0; i < n; ++i) o[i] = mask && !mask[i] ? T{} : M::read(address(op, "async_copy", t.shape(), i, p[i], width));
+      return 0;
+    });
+  }
+
+  // The box lands at once (the barrier's phase then needs only the expect_tx arrival).
+  void tmaCopy(const Op& op) {
+    const size_t rank = (op.numOperands() - 5) / 3;
+    if (!scalarInt(op.operand(4))) return;
+    const Type& t = op.operand(0)->type();
+    const Shape& shape = t.shape();
+    const int64_t barSlot = scalarInt(op.operand(3)), barSlots = op.operand(2)->type().slots();
+    if (barSlot < 0 || barSlot >= barSlots)
+      fail(op, "barrier slot " + std::to_string(barSlot) + " is outside the buffer's " + std::to_string(barSlots) + " slots");
+    const auto [base, n] = slotElements(op);
+    Data& buf = *buffers_.at(op.operand(0));
+    const PtrVal origin = in(op, 5).ptrs[0];
+    std::vector<int64_t> dims(rank), strides(rank, 1), coords(rank);
+    for (size_t k = 0; k < rank; ++k) {
+      dims[k] = scalarInt(op.operand(6 + k));
+      coords[k] = scalarInt(op.operand(6 + 2 * rank - 1 + k));
+      if (k + 1 < rank) strides[k] = scalarInt(op.operand(6 + rank + k));
+    }
+    const int width = byteWidth(t.dtype());
+    const size_t lead = rank - shape.size();  // box dims of extent 1 before the slot's
+    withMemDType(t.dtype(), [&](auto mem) {
+      using M = decltype(mem);
+      using T = typename M::Held;
+      T* o = buf.template vec<T>().data() + base;
+      for (size_t i = 0; i < n; ++i) {
+        int64_t rest = int64_t(i), offset = 0;
+        bool inside = true;
+        for (size_t k = rank; k-- > 0;) {
+          int64_t idx = coords[k];
+          if (k >= lead) {
+            const int64_t extent = shape[k - lead];
+            idx += rest % extent;
+            rest /= extent;
+          }
+          inside = inside && idx >= 0 && idx < dims[k];
+          offset += idx * strides[k];
+        }
+        o[i] = inside ? M::read(address(op, "tma_copy", shape, i, {origin.offset + offset * width, origin.buffer}, width)) : T{};
+      }
       return 0;
     });
   }

@@ -129,7 +129,9 @@ class Verifier {
             !(i == 0 && (op.kind() == OpKind::AsyncCopy || op.kind() == OpKind::LocalLoad ||
                          op.kind() == OpKind::LocalStore || op.kind() == OpKind::MbarrierInit ||
                          op.kind() == OpKind::MbarrierArrive || op.kind() == OpKind::AsyncCopyArrive ||
-                         op.kind() == OpKind::MbarrierWait || op.kind() == OpKind::MbarrierInval)))
+                         op.kind() == OpKind::MbarrierWait || op.kind() == OpKind::MbarrierInval ||
+                         op.kind() == OpKind::MbarrierExpectTx || op.kind() == OpKind::TmaCopy)) &&
+            !(i == 2 && op.kind() == OpKind::TmaCopy))
           err(op, nth("operand", i) + " is a shared buffer (" + op.operand(i)->type().str() +
                       "); only operand 0 of async_copy, local_load, local_store and the mbarrier ops may be one");
       if (!opFailed_) this->op(op);
@@ -285,14 +287,23 @@ class Verifier {
       case OpKind::MbarrierArrive:
       case OpKind::AsyncCopyArrive:
       case OpKind::MbarrierWait:
-        if (!in(0).isSharedBuffer() || in(0).dtype() != DType::I64 || numElements(in(0).shape()) != 1) {
-          err(op, "operand 0 must be a buffer of barriers smem<S x i64[1], #ft.shared<...>>, got " + in(0).str());
-          break;
-        }
+      case OpKind::MbarrierExpectTx:
+        if (!barrierBuffer(op, 0)) break;
         if (op.numOperands() >= 2) expectScalarOf(op, in(1), DType::I32, "the slot");
-        if (op.numOperands() >= 3) expectScalarOf(op, in(2), DType::I32, "the phase parity");
-        if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+        if (op.kind() == OpKind::MbarrierExpectTx) {
+          expectScalarOf(op, in(2), DType::I1, "the issue predicate");
+          if (!intAttrIn(op, "bytes", 0, (int64_t(1) << 20) - 1)) break;
+          if (op.attrs().size() != 1) err(op, "takes only the attribute 'bytes'");
+        } else if (op.kind() == OpKind::MbarrierInit) {
+          if (op.hasAttr("arrivals") && !intAttrIn(op, "arrivals", 1, 1)) break;
+          if (op.attrs().size() > size_t(op.hasAttr("arrivals")))
+            err(op, "takes only the attribute 'arrivals' (1: one arrival per phase), got another");
+        } else {
+          if (op.numOperands() >= 3) expectScalarOf(op, in(2), DType::I32, "the phase parity");
+          if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+        }
         break;
+      case OpKind::TmaCopy: tmaCopy(op); break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:
@@ -307,6 +318,42 @@ class Verifier {
         if (op.hasTrait(kElementwise)) elementwise(op);
         break;
     }
+  }
+
+  bool barrierBuffer(const Op& op, size_t i) {
+    const Type& t = op.operand(i)->type();
+    if (t.isSharedBuffer() && t.dtype() == DType::I64 && numElements(t.shape()) == 1) return true;
+    err(op, nth("operand", i) + " must be a buffer of barriers smem<S x i64[1], #ft.shared<...>>, got " + t.str());
+    return false;
+  }
+
+  // tma_copy (buf, slot, bars, barSlot, on, base, dims[R], strides[R-1], coords[R]).
+  void tmaCopy(const Op& op) {
+    const size_t n = op.numOperands();
+    if (n < 8 || (n - 5) % 3 != 0 || (n - 5) / 3 > 5) {
+      err(op, "takes buf, slot, bars, barSlot, on, base, then R dims, R-1 strides and R coords (rank 1 to 5), got " +
+                  std::to_string(n) + " operands");
+      return;
+    }
+    const size_t rank = (n - 5) / 3;
+    const Type& buf = op.operand(0)->type();
+    if (!buf.isSharedBuffer()) {
+      err(op, "operand 0 must be a shared buffer, got " + buf.str());
+      return;
+    }
+    expectScalarOf(op, op.operand(1)->type(), DType::I32, "the slot");
+    if (!barrierBuffer(op, 2)) return;
+    expectScalarOf(op, op.operand(3)->type(), DType::I32, "the barrier slot");
+    expectScalarOf(op, op.operand(4)->type(), DType::I1, "the issue predicate");
+    const Type& base = op.operand(5)->type();
+    if (!base.isPointer() || !base.isScalar() || base.pointee() != buf.dtype())
+      err(op, "operand 5 (the tensor's base) must be a scalar pointer to " + std::string(dtypeName(buf.dtype())) +
+                  " (the buffer's element), got " + base.str());
+    if (buf.shape().size() > rank)
+      err(op, "the slot's shape " + shapeString(buf.shape()) + " has more dimensions than the tensor's rank " +
+                  std::to_string(rank));
+    for (size_t i = 6; i < n; ++i) expectScalarOf(op, op.operand(i)->type(), DType::I32, nth("operand", i));
+    if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
   }
 
   void constant(const Op& op) {
