@@ -220,5 +220,104 @@ TEST(InterpreterAsync, MalformedAsyncOpsAreVerifierErrors) {
   }
 }
 
+// A TMA copy of a [4, 8] box at (batch, row0, col0) of a [2, rows, 8] f32 tensor with padded
+// strides into slot 1: elements outside the tensor (rows below 0 or past `rows`, the 4 columns past
+// 8 when col0 = 4) land as 0, the rest are the tensor's; the one-arrival barrier's phase completes
+// with the program's mbarrier_expect_tx. Program p copies for row0 = 3p - 2.
+const char* kTma = R"(
+func @tma(%x: ptr<f32>, %out: ptr<f32>, %rows: i32, %bstride: i32, %rstride: i32, %batch: i32, %col0: i32) {
+  %pid = program_id {axis = 0} : i32
+  %c3 = constant {value = 3} : i32
+  %c2 = constant {value = 2} : i32
+  %c8 = constant {value = 8} : i32
+  %c32 = constant {value = 32} : i32
+  %two = constant {value = 2} : i32
+  %p3 = mul %pid, %c3 : i32
+  %row0 = sub %p3, %c2 : i32
+  %buf = local_alloc : smem<2 x f32[4,8], #ft.shared<[4, 8], order=[1,0], vec=4, perPhase=1, maxPhase=1, bytes=4>>
+  %bars = local_alloc : smem<2 x i64[1], #ft.shared<[1], order=[0], vec=1, perPhase=1, maxPhase=1, bytes=8>>
+  %s0 = constant {value = 0} : i32
+  %s1 = constant {value = 1} : i32
+  %on = constant {value = 1} : i1
+  %off = constant {value = 0} : i1
+  mbarrier_init %bars {arrivals = 1}
+  barrier
+  mbarrier_expect_tx %bars, %s1, %on {bytes = 128}
+  tma_copy %buf, %s1, %bars, %s1, %on, %x, %two, %rows, %c8, %bstride, %rstride, %batch, %row0, %col0
+  tma_copy %buf, %s1, %bars, %s1, %off, %x, %two, %rows, %c8, %bstride, %rstride, %s0, %s0, %s0
+  mbarrier_wait %bars, %s1, %s0
+  %t = local_load %buf, %s1 : f32[4,8]
+  barrier
+  mbarrier_inval %bars
+  %r = arange {start = 0, end = 4} : i32[4]
+  %c = arange {start = 0, end = 8} : i32[8]
+  %r2 = expand_dims %r {axis = 1} : i32[4,1]
+  %r3 = broadcast %r2 : i32[4,8]
+  %cc = expand_dims %c {axis = 0} : i32[1,8]
+  %c3b = broadcast %cc : i32[4,8]
+  %eight = splat %c8 : i32[4,8]
+  %ro = mul %r3, %eight : i32[4,8]
+  %o1 = add %ro, %c3b : i32[4,8]
+  %base = mul %pid, %c32 : i32
+  %bs = splat %base : i32[4,8]
+  %o = add %o1, %bs : i32[4,8]
+  %os = splat %out : ptr<f32>[4,8]
+  %po = addptr %os, %o : ptr<f32>[4,8]
+  store %po, %t
+  return
+}
+)";
+
+std::string runTma(const std::string& text, std::vector<float>& x, int64_t col0, std::vector<float>* result = nullptr) {
+  auto f = parseFunction(text, "tma.ftir");
+  std::vector<float> out(4 * 32, -7.0f);
+  const std::string msg = errorOf([&] {
+    interpret(*f, {InterpArg::buffer(x.data(), x.size() * 4), InterpArg::buffer(out.data(), out.size() * 4),
+                   InterpArg::integer(7), InterpArg::integer(100), InterpArg::integer(12), InterpArg::integer(1),
+                   InterpArg::integer(col0)},
+              {4, 1, 1}, {.threads = 1});
+  });
+  if (result) *result = out;
+  return msg;
+}
+
+TEST(InterpreterAsync, TmaCopiesABoxZeroFilledOutsideTheTensor) {
+  auto f = parseFunction(kTma, "tma.ftir");
+  EXPECT_EQ(printFunction(*parseFunction(printFunction(*f), "again")), printFunction(*f));
+  FT_SEEDED_RNG(rng);
+  // [2, 7, 8] with batch stride 100 and row stride 12 (padding between rows and batches).
+  std::vector<float> x(200);
+  for (float& v : x) v = float(uniform(rng, -4, 4));
+  for (int64_t col0 : {0, 4}) {
+    std::vector<float> out;
+    ASSERT_EQ(runTma(kTma, x, col0, &out), "");
+    for (int p = 0; p < 4; ++p)
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 8; ++c) {
+          const int64_t row = 3 * p - 2 + r, col = col0 + c;
+          const float want = row >= 0 && row < 7 && col < 8 ? x[size_t(100 + row * 12 + col)] : 0.0f;
+          EXPECT_EQ(out[size_t(32 * p + 8 * r + c)], want) << "program " << p << " row " << r << " col " << c << " col0 " << col0;
+        }
+  }
+  auto fails = [&](const std::string& from, const std::string& to, const std::string& message) {
+    std::string t = kTma;
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    const std::string msg = runTma(t, x, 0);
+    EXPECT_TRUE(contains(msg, message)) << to << ": " << msg;
+  };
+  // A barrier counting every thread's arrival never completes with one expect_tx, and the reverse.
+  fails("mbarrier_init %bars {arrivals = 1}", "mbarrier_init %bars", "arrives once for the program on a barrier that counts every thread's");
+  fails("mbarrier_expect_tx %bars, %s1, %on {bytes = 128}", "mbarrier_arrive %bars, %s1", "every thread arrives on a barrier that counts one arrival");
+  fails("mbarrier_expect_tx %bars, %s1, %on {bytes = 128}\n", "", "which has not completed");
+  fails("tma_copy %buf, %s1, %bars, %s1, %on,", "tma_copy %buf, %s1, %bars, %c3, %on,", "barrier slot 3 is outside the buffer's 2 slots");
+  // Malformed copies are the verifier's errors.
+  fails("%rstride, %batch, %row0, %col0", "%rstride, %batch, %row0", "then R dims, R-1 strides and R coords");
+  fails("tma_copy %buf, %s1, %bars, %s1, %on, %x,", "tma_copy %buf, %s1, %buf, %s1, %on, %x,", "must be a buffer of barriers");
+  fails("tma_copy %buf, %s1, %bars, %s1, %on,", "tma_copy %buf, %s1, %bars, %s1, %s1,", "the issue predicate");
+  fails("{bytes = 128}", "{bytes = -1}", "bytes");
+}
+
 }  // namespace
 }  // namespace flextile::test
