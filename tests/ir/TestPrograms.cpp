@@ -70,6 +70,14 @@ std::unique_ptr<Function> everyOpProgram() {
   b.create(OpKind::MbarrierWait, {bars, slot, b.constantInt(Type(DType::I32), 0)}, {});
   b.create(OpKind::MbarrierArrive, {bars, slot}, {});
   b.create(OpKind::MbarrierInval, {bars}, {});
+  // A TMA copy of the same tile of B (a [32, 16] box of the [32, n] tensor, row stride 16) on a one-arrival barrier.
+  b.create(OpKind::MbarrierInit, {bars}, {}, {{"arrivals", int64_t(1)}});
+  Value* on = b.constantInt(Type(DType::I1), 1);
+  b.create(OpKind::MbarrierExpectTx, {bars, slot, on}, {}, {{"bytes", int64_t(32 * 16 * 2)}});
+  Value* zero = b.constantInt(Type(DType::I32), 0);
+  b.create(OpKind::TmaCopy, {ring, slot, bars, slot, on, bp, b.constantInt(Type(DType::I32), 32), n,
+                             b.constantInt(Type(DType::I32), 16), zero, zero}, {});
+  b.create(OpKind::MbarrierInval, {bars}, {});
   b.create(OpKind::FenceAsyncShared, {}, {});
   b.create(OpKind::Barrier, {}, {});
   Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));
