@@ -287,8 +287,8 @@ void Kernel::loadModule(Compiled& c) {
 }
 
 // A recipe's tensor map for these arguments: dims and strides innermost first, strides in bytes.
-static runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& r,
-                                          const std::vector<KernelArg>& args) {
+runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& r,
+                                   const std::vector<KernelArg>& args) {
   auto value = [&](const codegen::TensorMapOperand& o) -> int64_t {
     return o.param >= 0 ? args[size_t(o.param)].integer() : o.constant;
   };

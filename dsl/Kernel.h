@@ -34,6 +34,7 @@
 #include "dsl/Ops.h"
 #include "dsl/Tensor.h"
 #include "dsl/Tile.h"
+#include "runtime/TensorMap.h"
 
 namespace flextile::runtime {
 class DeviceBuffer;
@@ -113,6 +114,12 @@ class KernelArg {
   int64_t integer_ = 0;
   double real_ = 0;
 };
+
+// The tensor map of a compiled kernel's TMA recipe (codegen/TensorMaps.h) for these launch
+// arguments (the kernel's parameters, in order): what runArgs passes after them. Throws Error
+// naming the kernel and the map when the arguments break a TMA rule (an unaligned base or stride).
+runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& recipe,
+                                   const std::vector<KernelArg>& args);
 
 struct TraceOptions {
   std::vector<int64_t> constants;

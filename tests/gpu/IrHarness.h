@@ -13,6 +13,7 @@
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
 #include "runtime/Module.h"
+#include "dsl/Kernel.h"
 
 namespace flextile::testing {
 
@@ -56,6 +57,24 @@ inline BothRuns runBoth(const ir::Function& f, const std::vector<IrArg>& args, s
       std::memcpy(&slots[i], &x, 4);
     }
     params[i] = &slots[i];
+  }
+  // TMA tensor maps after the parameters (codegen/TensorMaps.h), encoded as dsl::Kernel does.
+  std::vector<dsl::KernelArg> launchArgs;
+  for (size_t i = 0, bi = 0; i < args.size(); ++i) {
+    if (std::get_if<Bytes>(&args[i])) {
+      launchArgs.push_back(dsl::KernelArg::deviceAddress(buffers[bi].address(), buffers[bi].bytes()));
+      ++bi;
+    } else if (auto* v = std::get_if<int64_t>(&args[i])) {
+      launchArgs.push_back(dsl::KernelArg((long long)*v));
+    } else {
+      launchArgs.push_back(dsl::KernelArg(std::get<double>(args[i])));
+    }
+  }
+  std::vector<runtime::TensorMap> maps;
+  maps.reserve(out.code.tensorMaps.size());
+  for (const auto& recipe : out.code.tensorMaps) {
+    maps.push_back(dsl::encodeTensorMap(out.code.name, recipe, launchArgs));
+    params.push_back(const_cast<void*>(maps.back().data()));
   }
   runtime::Module module(out.code.ptx, out.code.name);
   module.function(out.code.name)
