@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dsl/Kernel.h"
 #include "runtime/DriverError.h"
 #include "runtime/TensorMap.h"
 #include "tests/runtime/RecordingDriverLog.h"
@@ -207,6 +208,40 @@ TEST(TensorMap, ElementSizesAndNames) {
   EXPECT_STREQ(tensorMapDTypeName(TensorMapDType::BF16), "bf16");
   EXPECT_EQ(tensorMapSwizzleBytes(TensorMapSwizzle::Bytes128), 128);
   EXPECT_EQ(tensorMapSwizzleBytes(TensorMapSwizzle::None), 0);
+}
+
+// A compiled kernel's recipe (codegen/TensorMaps.h) becomes the map dsl::Kernel passes: dims and
+// strides read from the launch arguments or the recipe's constants, turned innermost first, strides
+// in bytes; an argument TMA cannot describe is an error naming the kernel and the map.
+TEST(TensorMap, AKernelsRecipeIsEncodedFromItsArguments) {
+  takeEncodes();
+  codegen::TensorMapRecipe r;
+  r.baseParam = 0;
+  r.dtype = ir::DType::BF16;
+  r.dims = {{1, 0}, {2, 0}, {3, 0}, {-1, 128}};  // [B, H, S, 128]
+  r.strides = {{4, 0}, {5, 0}, {6, 0}};
+  r.box = {1, 1, 64, 64};
+  r.swizzleBytes = 128;
+  std::vector<dsl::KernelArg> args{dsl::KernelArg::deviceAddress(0x7f0000002000, 1 << 24), 2, 3, 1000,
+                                   3 * 1024 * 136, 1024 * 136, 136};
+  TensorMap map = dsl::encodeTensorMap("fwd", r, args);
+  std::vector<std::string> calls = takeEncodes();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0],
+            "tensormap dtype 9 rank 4 address 0x7f0000002000 dims 128,1000,3,2 strides 272,278528,835584 box 64,64,1,1 "
+            "elementstrides 1,1,1,1 interleave 0 swizzle 3 l2 3 oobfill 0");
+  args[6] = 129;  // 258 bytes between rows: not a multiple of 16
+  const std::string msg = [&] {
+    try {
+      dsl::encodeTensorMap("fwd", r, args);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(encoded)");
+  }();
+  EXPECT_TRUE(contains(msg, "kernel 'fwd'")) << msg;
+  EXPECT_TRUE(contains(msg, "bf16 base %0 dims [%1, %2, %3, 128]")) << msg;
+  EXPECT_TRUE(contains(msg, "258")) << msg;
 }
 
 }  // namespace
