@@ -51,20 +51,24 @@ using ir::DType;
 using ir::Layout;
 
 namespace {
-// The local_alloc that made a buffer operand.
-const ir::Op& allocOf(const ir::Op& op) {
-  const ir::Op* alloc = op.operand(0)->definingOp();
+// The local_alloc that made buffer operand `i`.
+const ir::Op& allocOf(const ir::Op& op, size_t i = 0) {
+  const ir::Op* alloc = op.operand(i)->definingOp();
   if (!alloc || alloc->kind() != ir::OpKind::LocalAlloc)
     throw Error(op.describe() + ": its buffer does not come from a local_alloc", ErrorKind::Internal);
   return *alloc;
 }
 }  // namespace
 
-llvm::Value* Lowering::slotByteOffset(const ir::Op& op) {
-  const ir::Type& buf = op.operand(0)->type();
-  const int64_t slotBytes = sharedSlotBytes(buf);
-  const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
-  return b.CreateAdd(i32(base), b.CreateMul(get(op.operand(1))[0], i32(slotBytes)));
+int64_t Lowering::bufferByteOffset(const ir::Op& op, size_t bufferOperand) {
+  const ir::Type& buf = op.operand(bufferOperand)->type();
+  return scratchOffset(allocOf(op, bufferOperand), sharedSlotBytes(buf) * buf.slots());
+}
+
+llvm::Value* Lowering::slotByteOffset(const ir::Op& op, size_t bufferOperand) {
+  const int64_t slotBytes = sharedSlotBytes(op.operand(bufferOperand)->type());
+  return b.CreateAdd(i32(bufferByteOffset(op, bufferOperand)),
+                     b.CreateMul(get(op.operand(bufferOperand + 1))[0], i32(slotBytes)));
 }
 
 llvm::Value* Lowering::barrierAddress(const ir::Op& op) {
@@ -90,8 +94,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
     case ir::OpKind::MbarrierInit:
     case ir::OpKind::MbarrierInval: {
       const ir::Type& buf = op.operand(0)->type();
-      const int64_t slotBytes = sharedSlotBytes(buf);
-      const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
+      const int64_t slotBytes = sharedSlotBytes(buf), base = bufferByteOffset(op, 0);
       llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
       const int threads = op.hasAttr("arrivals") ? int(op.intAttr("arrivals")) : func.numWarps() * 32;
       onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "mbarrier.setup", [&] {
@@ -177,18 +180,12 @@ void Lowering::lowerTmaCopy(const ir::Op& op) {
   if (!target.has(Feature::TensorMemoryAccelerator)) fail(op, "needs TMA, which " + target.smName() + " does not have");
   const size_t rank = (op.numOperands() - 5) / 3;
   const TmaCopyPlan tma = tmaCopyPlan(op, func, tensorMaps_);
-  const ir::Type& buf = op.operand(0)->type();
-  const int64_t slotBytes = sharedSlotBytes(buf);
-  const int64_t base = scratchOffset(allocOf(op), slotBytes * buf.slots());
+  const int64_t slotBytes = sharedSlotBytes(op.operand(0)->type()), base = bufferByteOffset(op, 0);
   if (base % tma.alignment != 0 || slotBytes % tma.alignment != 0)
     fail(op, "its slots start at byte " + std::to_string(base) + " + s * " + std::to_string(slotBytes) +
                  " of shared memory; TMA with this layout needs multiples of " + std::to_string(tma.alignment));
   llvm::Value* dst = slotByteOffset(op);
-  const ir::Type& bars = op.operand(2)->type();
-  const ir::Op* barAlloc = op.operand(2)->definingOp();
-  if (!barAlloc || barAlloc->kind() != ir::OpKind::LocalAlloc) fail(op, "its barriers do not come from a local_alloc");
-  llvm::Value* barOffset = b.CreateAdd(i32(scratchOffset(*barAlloc, sharedSlotBytes(bars) * bars.slots())),
-                                       b.CreateMul(get(op.operand(3))[0], i32(sharedSlotBytes(bars))));
+  llvm::Value* barOffset = slotByteOffset(op, 2);  // bars, barSlot
   std::vector<llvm::Value*> coords;
   for (size_t k = rank; k-- > 0;) coords.push_back(get(op.operand(6 + 2 * rank - 1 + k))[0]);
   llvm::Value* on = get(op.operand(4))[0];

@@ -140,7 +140,9 @@ class Lowering {
   void lowerLocalLoad(const ir::Op& op);
   void lowerLocalStore(const ir::Op& op);
   // Byte offset (i32) of slot operand(1) of the buffer operand(0) of an async_copy or local_load.
-  llvm::Value* slotByteOffset(const ir::Op& op);
+  // (Or of buffer operand `bufferOperand` and the slot after it: a tma_copy's barriers.)
+  llvm::Value* slotByteOffset(const ir::Op& op, size_t bufferOperand = 0);
+  int64_t bufferByteOffset(const ir::Op& op, size_t bufferOperand);  // the planned start of that buffer
   // The local_loads whose slot a wgmma dot reads itself (no registers).
   std::set<const ir::Op*> localLoadsReadByWgmma_;
   // convert_layout through a swizzled shared tile and ldmatrix (LowerLayoutConversion.cpp).

@@ -1,5 +1,4 @@
 #include "dsl/Kernel.h"
-#include "runtime/TensorMap.h"
 
 #include "codegen/CompileCache.h"
 #include "dsl/Capture.h"
