@@ -376,24 +376,6 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
   if (withBarriers) {
-    // Every phase is waited for before the barriers go: the fills issued for iterations past the
-    // end (zero-filled) and the releases of the last iterations have no reader in the loop. With n
-    // iterations, slot s was filled for the j < n + S - 1 with j % S == s and released once up front
-    // and once per iteration that read it; waiting on the parity of its last phase returns at once
-    // if that phase is complete (or, with no fill at all, parity 1 names the phase before the first).
-    ir::Value* n = forOp.result(forOp.numResults() - 1);
-    auto lastParity = [&](int64_t bias, int64_t shift) {  // ((n + bias) / S + shift) & 1, bias >= 0
-      ir::Value* q = after.value(OpKind::Div, {after.value(OpKind::Add, {n, after.constant(bias, ir::DType::I32)}, i32),
-                                               after.constant(stages, ir::DType::I32)}, i32);
-      q = after.value(OpKind::Add, {q, after.constant(shift, ir::DType::I32)}, i32);
-      return after.value(OpKind::And, {q, after.constant(1, ir::DType::I32)}, i32);
-    };
-    for (int64_t s = 0; s < stages; ++s) {
-      // fills = (n + 2S - 2 - s) / S; the last fill is phase fills - 1, of the parity of fills + 1.
-      after.op(OpKind::MbarrierWait, {full, after.constant(s, ir::DType::I32), lastParity(2 * stages - 2 - s, 1)}, {});
-      // releases = 1 + (n + S - 1 - s) / S; the last is phase (n + S - 1 - s) / S.
-      after.op(OpKind::MbarrierWait, {empty, after.constant(s, ir::DType::I32), lastParity(stages - 1 - s, 0)}, {});
-    }
     // No thread waits on the barriers any more once all have left the loop; their bytes may then
     // be reused, after thread 0 invalidates them.
     after.op(OpKind::Barrier, {}, {});
