@@ -218,7 +218,8 @@ func @loop_invariant_b(%a: ptr<bf16>, %b: ptr<bf16>, %c: ptr<f32>, %T: i32)
 
 // TMA on the GPU (ir/Ops.def tma_copy, codegen/TensorMaps.h): the pipeline pass's ring-barrier
 // schedule of C = sum_t A B_t (B_t rows [64t, 64t + 64) of a [R, 64] bf16 tensor), printed after the
-// tile passes with B's cp.async copies replaced by hand with one TMA copy per stage on a one-arrival
+// tile passes (by a version that also waited on each slot's last phase after the loop) with B's
+// cp.async copies replaced by hand with one TMA copy per stage on a one-arrival
 // `full` barrier (mbarrier_expect_tx; 0 bytes for the stage past the end). R stops 20 rows short of
 // the last tile: those rows must land as zeros. The tensor map is encoded from the launch arguments
 // as dsl::Kernel does; the interpreter runs the same IR.
