@@ -19,6 +19,7 @@
 // fully masked row ends with l = 0: out 0, lse -inf.
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -214,10 +215,14 @@ struct ForwardParams {
 struct ForwardConstants {
   BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
-                           (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial));
+                           (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
+                           (int64_t, tma));
 };
 
 // ---- traced kernel -----------------------------------------------------------
+
+// A tensor box's bound on a dim the program's coordinates never leave (the batch, the head).
+constexpr int64_t kUnboundedDim = 2147483647;
 
 // The traced program. `scoreMod` and `maskMod` are inlined where they are called. `paged`: the
 // kernel reads a paged K/V (its constants follow ForwardConstants, its parameters ForwardParams).
@@ -229,6 +234,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   const size_t ownConstants = constantCount<ForwardConstants>();
   const auto k = constantsFrom<ForwardConstants>(
       std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(ownConstants)));
+  if (k.tma) f.attrs()["tma"] = int64_t(1);
   const auto p = declareParams<ForwardParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;
@@ -287,14 +293,14 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
       Tile offsN, colLive, kvOffs, vOffs;
+      Tile start = block * k.KVBS + (t % R) * k.BN;
       if (!paged) {
-        offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+        offsN = start + arange(0, k.BN);
         colLive = offsN < p.kv_len;
         kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
         vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
       } else {
         // Logical positions for the mods and the masks; physical rows for the loads.
-        Tile start = block * k.KVBS + (t % R) * k.BN;
         offsN = start + arange(0, k.BN);
         colLive = offsN < keyEnd;
         Tile rows = detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd);
@@ -302,8 +308,17 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
       }
       const bool exact = !keysMayEnd && k.DP == k.D;
-      Tile kt = exact ? load(kBase + kvOffs) : load(kBase + kvOffs, rowsByD(colLive));
-      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, rowsByD(colLive));
+      auto loadKV = [&](const Tile& ptrs, const Tile& tensor, const Tile& strideB, const Tile& strideH,
+                        const Tile& strideN) {
+        if (!k.tma) return exact ? load(ptrs) : load(ptrs, rowsByD(colLive));
+        // The same tile as a box of the [B, Hkv, S, D] tensor, for TMA (dims the program never
+        // leaves, b and hkv, are unbounded).
+        TensorBox box{tensor, {kUnboundedDim, kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
+                      {b, hkv, start, 0}};
+        return exact ? load(ptrs, box) : load(ptrs, rowsByD(colLive), box);
+      };
+      Tile kt = loadKV(kBase + kvOffs, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
+      Tile vt = loadKV(vBase + vOffs, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod) {
@@ -420,6 +435,22 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
 
+// Whether the kernel names its K and V tiles as tensor boxes, which the pipeline copies with TMA
+// where the target has it (FLEXTILE_TMA=1; opt-in until it is measured faster). A tensor map needs
+// a 16-byte aligned base and positive strides of multiples of 16 bytes (runtime/TensorMap.h), and
+// only a pipelined loop has the ring that TMA fills. (Paged K/V is read through its page table.)
+bool tmaBoxesFor(const Tensor& k, const Tensor& v, const FlexAttentionConfig& config) {
+  const char* e = std::getenv("FLEXTILE_TMA");
+  if (!e || std::strcmp(e, "1") != 0 || config.num_stages < 2) return false;
+  for (const Tensor* t : {&k, &v}) {
+    const uint64_t base = t->isDevice() ? t->deviceAddress() : uint64_t(reinterpret_cast<uintptr_t>(t->hostData()));
+    if (base % 16 != 0 || t->strides()[3] != 1) return false;
+    for (int d = 0; d < 3; ++d)
+      if (t->strides()[size_t(d)] <= 0 || (t->strides()[size_t(d)] * t->elementBytes()) % 16 != 0) return false;
+  }
+  return true;
+}
+
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                  std::optional<codegen::Target> target = std::nullopt) {
@@ -434,6 +465,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.space = q.space();
   p.stream = options.stream;
   finishPrepare(p, q, scoreMod, blockMask, options, target);
+  p.constants.tma = tmaBoxesFor(k, v, p.config);
   return p;
 }
 

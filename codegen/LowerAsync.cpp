@@ -118,18 +118,22 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
     case ir::OpKind::MbarrierWait: {
       llvm::Value* addr = barrierAddress(op);
       llvm::Value* parity = get(op.operand(2))[0];
-      auto* spin = llvm::BasicBlock::Create(ctx, "mbarrier.wait", kernel);
-      auto* done = llvm::BasicBlock::Create(ctx, "mbarrier.wait.done", kernel);
-      b.CreateBr(spin);
-      b.SetInsertPoint(spin);
-      auto* ty = llvm::FunctionType::get(b.getInt32Ty(), {b.getInt32Ty(), b.getInt32Ty()}, false);
-      const std::string test = target.has(Feature::TensorMemoryAccelerator) ? "try_wait" : "test_wait";
-      auto* probe = llvm::InlineAsm::get(
-          ty, "{ .reg .pred p; mbarrier." + test + ".parity.shared.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
-          "=r,r,r,~{memory}", /*hasSideEffects=*/true);
-      llvm::Value* complete = b.CreateCall(ty, probe, {addr, parity});
-      b.CreateCondBr(b.CreateICmpNE(complete, i32(0)), done, spin);
-      b.SetInsertPoint(done);
+      // {issuer = 1}: only thread 0, the one that issues TMA copies and expect_tx arrivals, waits.
+      llvm::Value* who = op.hasAttr("issuer") ? threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)) : nullptr;
+      onlyWhere(who, "mbarrier.issuer", [&] {
+        auto* spin = llvm::BasicBlock::Create(ctx, "mbarrier.wait", kernel);
+        auto* done = llvm::BasicBlock::Create(ctx, "mbarrier.wait.done", kernel);
+        b.CreateBr(spin);
+        b.SetInsertPoint(spin);
+        auto* ty = llvm::FunctionType::get(b.getInt32Ty(), {b.getInt32Ty(), b.getInt32Ty()}, false);
+        const std::string test = target.has(Feature::TensorMemoryAccelerator) ? "try_wait" : "test_wait";
+        auto* probe = llvm::InlineAsm::get(
+            ty, "{ .reg .pred p; mbarrier." + test + ".parity.shared.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+            "=r,r,r,~{memory}", /*hasSideEffects=*/true);
+        llvm::Value* complete = b.CreateCall(ty, probe, {addr, parity});
+        b.CreateCondBr(b.CreateICmpNE(complete, i32(0)), done, spin);
+        b.SetInsertPoint(done);
+      });
       return;
     }
     case ir::OpKind::MbarrierExpectTx: {

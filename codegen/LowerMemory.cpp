@@ -76,20 +76,22 @@ int64_t accessWidth(const LoweringPlan& plan, const ir::Op& op, const ir::Layout
 void Lowering::lowerLoad(const ir::Op& op) {
   const ir::Value* res = op.result();
   const ir::Type& rt = res->type();
-  if (op.numOperands() < 1 || op.numOperands() > 3) fail(op, "load takes (ptr [, mask [, other]])");
+  // A tensor box (ir/Ops.def) only names the same elements again: the load reads through its pointers.
+  const size_t own = op.hasAttr("tensor_rank") ? 3 : op.numOperands();
+  if (own < 1 || own > 3) fail(op, "load takes (ptr [, mask [, other]])");
   const ir::Layout* l = nullptr;
   if (rt.isTile()) {
     l = &layoutOf(res, op);
-    for (const ir::Value* v : op.operands())
-      if (layoutOf(v, op) != *l)
+    for (size_t i = 0; i < own; ++i)
+      if (const ir::Value* v = op.operand(i); layoutOf(v, op) != *l)
         fail(op, "operand layout " + v->type().layout()->str() + " differs from the result layout " + l->str() +
                      " (ptr, mask and other share one layout)");
   }
   const DType t = rt.dtype();
   const size_t n = l ? size_t(l->numRegisters()) : 1;
   const Regs& ptrs = get(op.operand(0));
-  const Regs* mask = op.numOperands() >= 2 ? &get(op.operand(1)) : nullptr;
-  const Regs* other = op.numOperands() >= 3 ? &get(op.operand(2)) : nullptr;
+  const Regs* mask = own >= 2 ? &get(op.operand(1)) : nullptr;
+  const Regs* other = own >= 3 ? &get(op.operand(2)) : nullptr;
 
   const int64_t v = accessWidth(plan, op, l, t);
   llvm::Type* memTy = memoryType(t);

@@ -256,6 +256,37 @@ Tile loadImpl(const Operand& ptr, const Operand* mask, const Operand* other, con
   return Tile(builderAt(loc, "load").load(p.value(), m, o));
 }
 
+Tile boxLoadImpl(const Operand& ptr, const Operand* mask, const TensorBox& box, const SourceLoc& loc) {
+  Tile p = pointerOperand(ptr, loc, "load");
+  const size_t rank = box.dims.size();
+  if (rank < 1 || rank > 5 || box.coords.size() != rank || box.strides.size() + 1 != rank)
+    traceError(loc, "load", "a tensor box needs R dims, R-1 strides and R coords (R from 1 to 5), got " +
+                                std::to_string(box.dims.size()) + ", " + std::to_string(box.strides.size()) + " and " +
+                                std::to_string(box.coords.size()));
+  if (p.rank() > int64_t(rank))
+    traceError(loc, "load", "the tile " + p.type().str() + " has more dimensions than its tensor box (rank " +
+                                std::to_string(rank) + ")");
+  if (!box.base.isTile() || !box.base.tile().isPointer() || box.base.tile().rank() != 0 ||
+      box.base.tile().type().pointee() != p.type().pointee())
+    traceError(loc, "load", "a tensor box's base must be a scalar pointer to the loaded dtype");
+  ir::TensorBox ops;
+  ops.base = box.base.tile().value();
+  auto scalarI32 = [&](const Operand& o, const char* what) {
+    if (o.isTile() && o.tile().rank() != 0) traceError(loc, "load", std::string("a tensor box's ") + what + " must be scalars");
+    if (o.isTile() && !ir::isInteger(o.tile().dtype()))
+      traceError(loc, "load", std::string("a tensor box's ") + what + " must be integers, got " + o.tile().type().str());
+    return asTile(o, DType::I32, loc).value();
+  };
+  for (const Operand& d : box.dims) ops.dims.push_back(scalarI32(d, "dims"));
+  for (const Operand& s : box.strides) ops.strides.push_back(scalarI32(s, "strides"));
+  for (const Operand& c : box.coords) ops.coords.push_back(scalarI32(c, "coords"));
+  auto& b = builderAt(loc, "load");
+  ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "load").value()
+                      : broadcastTile(constantOf(1, DType::I1, loc), p.shape(), loc, "load").value();
+  ir::Value* zero = broadcastTile(constantOf(0, p.type().pointee(), loc), p.shape(), loc, "load").value();
+  return Tile(b.load(p.value(), m, zero, ops));
+}
+
 void storeImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc) {
   Tile p = pointerOperand(ptr, loc, "store");
   if (value.isTile() && value.tile().isPointer()) traceError(loc, "store", "storing pointers is not supported");
@@ -298,6 +329,8 @@ Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
 Tile load(Operand ptr, SourceLoc loc) { return loadImpl(ptr, nullptr, nullptr, loc); }
 Tile load(Operand ptr, Operand mask, SourceLoc loc) { return loadImpl(ptr, &mask, nullptr, loc); }
 Tile load(Operand ptr, Operand mask, Operand other, SourceLoc loc) { return loadImpl(ptr, &mask, &other, loc); }
+Tile load(Operand ptr, Operand mask, const TensorBox& box, SourceLoc loc) { return boxLoadImpl(ptr, &mask, box, loc); }
+Tile load(Operand ptr, const TensorBox& box, SourceLoc loc) { return boxLoadImpl(ptr, nullptr, box, loc); }
 void store(Operand ptr, Operand value, SourceLoc loc) { storeImpl(ptr, value, nullptr, loc); }
 void store(Operand ptr, Operand value, Operand mask, SourceLoc loc) { storeImpl(ptr, value, &mask, loc); }
 

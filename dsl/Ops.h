@@ -60,6 +60,19 @@ Tile load(Operand ptr, Operand mask, SourceLoc loc = SourceLoc::current());
 Tile load(Operand ptr, Operand mask, Operand other, SourceLoc loc = SourceLoc::current());
 void store(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
 void store(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
+// The same elements as one box of a tensor, for a load that names them both ways: the tensor's
+// element (i0, .., iR-1) is at `base + sum i_k * strides_k` (strides in elements, R-1 of them: the
+// last dim is contiguous), `dims` bound it (outermost first, rank 1 to 5) and the box, the load's
+// tile padded with leading 1s to rank R, starts at `coords`. All are i32 scalars (or numbers).
+// The load must read exactly the box: its pointers are the box's elements and its mask holds
+// exactly inside [0, dims) (the interpreter checks both). On sm_90a a pipelined loop may then copy
+// the box with TMA instead (codegen/passes/Pipeline.cpp); elsewhere it is an ordinary load.
+struct TensorBox {
+  Operand base;
+  std::vector<Operand> dims, strides, coords;
+};
+Tile load(Operand ptr, Operand mask, const TensorBox& box, SourceLoc loc = SourceLoc::current());
+Tile load(Operand ptr, const TensorBox& box, SourceLoc loc = SourceLoc::current());  // every element inside
 // `*ptr += value` atomically per element (where `mask` holds); returns the old
 // values (0 where masked off). The pointee is f32, i32 or i64; `value` is
 // broadcast to ptr's shape and must have the pointee's dtype (a C++ number

@@ -86,6 +86,15 @@ Value* Builder::load(Value* ptr, Value* mask, Value* other) {
   return create1(OpKind::Load, ops, Type(ptr->type().pointee(), ptr->type().shape()));
 }
 
+Value* Builder::load(Value* ptr, Value* mask, Value* other, const TensorBox& box) {
+  std::vector<Value*> ops{ptr, mask, other, box.base};
+  ops.insert(ops.end(), box.dims.begin(), box.dims.end());
+  ops.insert(ops.end(), box.strides.begin(), box.strides.end());
+  ops.insert(ops.end(), box.coords.begin(), box.coords.end());
+  return create1(OpKind::Load, ops, Type(ptr->type().pointee(), ptr->type().shape()),
+                 {{"tensor_rank", int64_t(box.dims.size())}});
+}
+
 void Builder::store(Value* ptr, Value* value, Value* mask) {
   std::vector<Value*> ops{ptr, value};
   if (mask) ops.push_back(mask);

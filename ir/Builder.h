@@ -47,6 +47,9 @@ class Builder {
   Value* cast(Value* x, DType to);
   Value* addptr(Value* p, Value* offset);
   Value* load(Value* ptr, Value* mask = nullptr, Value* other = nullptr);
+  // A load that also names its elements as a box of a tensor (ir/Ops.def: load {tensor_rank});
+  // mask and other are required (other must be zero where the box leaves the tensor).
+  Value* load(Value* ptr, Value* mask, Value* other, const TensorBox& box);
   void store(Value* ptr, Value* value, Value* mask = nullptr);
   // *ptr += value where mask, atomically; gives the old values.
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);

@@ -267,6 +267,18 @@ Function* Module::lookup(std::string_view name) const {
   return nullptr;
 }
 
+std::optional<TensorBox> loadTensorBox(const Op& load) {
+  if (load.kind() != OpKind::Load || !load.hasAttr("tensor_rank")) return std::nullopt;
+  const int64_t rank = load.intAttr("tensor_rank");
+  if (rank < 1 || load.numOperands() != size_t(3 + 3 * rank)) return std::nullopt;  // the verifier says why
+  TensorBox box;
+  box.base = load.operand(3);
+  for (int64_t k = 0; k < rank; ++k) box.dims.push_back(load.operand(size_t(4 + k)));
+  for (int64_t k = 0; k + 1 < rank; ++k) box.strides.push_back(load.operand(size_t(4 + rank + k)));
+  for (int64_t k = 0; k < rank; ++k) box.coords.push_back(load.operand(size_t(3 + 2 * rank + k)));
+  return box;
+}
+
 Value* pointerBase(Value* ptr) {
   while (const Op* def = ptr->definingOp()) {
     switch (def->kind()) {

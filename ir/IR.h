@@ -271,6 +271,18 @@ class Function {
 Value* pointerBase(Value* ptr);
 inline const Value* pointerBase(const Value* ptr) { return pointerBase(const_cast<Value*>(ptr)); }
 
+// The tensor box of a load (ir/Ops.def, "load ... {tensor_rank = R}"): the operands after
+// (p, mask, other) that name the same elements as one box of a rank-R tensor, so that a pass may
+// copy the load with TMA. Absent (nullopt) on a load without the attribute.
+struct TensorBox {
+  Value* base = nullptr;        // scalar pointer: element (i0, .., iR-1) at base + sum i_k * strides_k
+  std::vector<Value*> dims;     // R i32 scalars, outermost first
+  std::vector<Value*> strides;  // R-1 i32 scalars, in elements (the last dim is contiguous)
+  std::vector<Value*> coords;   // R i32 scalars: the box's first element
+  size_t firstOperand = 3;      // base's operand index
+};
+std::optional<TensorBox> loadTensorBox(const Op& load);
+
 // A module is what gets compiled together: one or more kernels.
 struct Module {
   std::vector<std::unique_ptr<Function>> functions;

@@ -641,8 +641,46 @@ class Program {
         }
         o[i] = M::read(address(op, "load", shape, i, p[i], width));
       }
+      if (op.hasAttr("tensor_rank")) checkTensorBox(op, p, mask, o, shape, width);
       return d;
     });
+  }
+
+  // A load's tensor box must name the elements its pointers and mask do (a pass may copy the box
+  // with TMA instead): the mask holds exactly inside the tensor, every pointer there is the box's
+  // element, and the loaded value is 0 outside (TMA's fill).
+  template <class T>
+  void checkTensorBox(const Op& op, const PtrVal* p, const int64_t* mask, const T* loaded, const Shape& shape,
+                      int width) const {
+    const TensorBox box = *loadTensorBox(op);
+    const size_t rank = box.dims.size(), lead = rank - shape.size();
+    const PtrVal origin = slots_[size_t(box.base->id())]->ptrs[0];
+    const size_t n = size_t(numElements(shape));
+    for (size_t i = 0; i < n; ++i) {
+      int64_t rest = int64_t(i), offset = 0;
+      bool inside = true;
+      for (size_t k = rank; k-- > 0;) {
+        int64_t idx = scalarInt(box.coords[k]);
+        if (k >= lead) {
+          const int64_t extent = shape[k - lead];
+          idx += rest % extent;
+          rest /= extent;
+        }
+        inside = inside && idx >= 0 && idx < scalarInt(box.dims[k]);
+        offset += idx * (k + 1 < rank ? scalarInt(box.strides[k]) : 1);
+      }
+      const bool on = !mask || mask[i];
+      if (on != inside)
+        fail(op, "its mask is " + std::string(on ? "on" : "off") + " at tile element " + coordString(shape, int64_t(i)) +
+                     ", which its tensor box has " + (inside ? "inside" : "outside") + " the tensor");
+      if (inside && (p[i].buffer != origin.buffer || p[i].offset != origin.offset + offset * width))
+        fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
+                     " is not the tensor box's element there (byte offset " + std::to_string(p[i].offset) + ", the box's " +
+                     std::to_string(origin.offset + offset * width) + ")");
+      if (!inside && !(loaded[i] == T{}))
+        fail(op, "reads a nonzero `other` at tile element " + coordString(shape, int64_t(i)) +
+                     " outside its tensor box's tensor (TMA fills 0 there)");
+    }
   }
 
   // ---- shared buffers: one mutable array of slots * tile elements per local_alloc ----

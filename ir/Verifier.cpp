@@ -298,8 +298,12 @@ class Verifier {
           if (op.hasAttr("arrivals") && !intAttrIn(op, "arrivals", 1, 1)) break;
           if (op.attrs().size() > size_t(op.hasAttr("arrivals")))
             err(op, "takes only the attribute 'arrivals' (1: one arrival per phase), got another");
+        } else if (op.kind() == OpKind::MbarrierWait) {
+          expectScalarOf(op, in(2), DType::I32, "the phase parity");
+          if (op.hasAttr("issuer") && !intAttrIn(op, "issuer", 1, 1)) break;
+          if (op.attrs().size() > size_t(op.hasAttr("issuer")))
+            err(op, "takes only the attribute 'issuer' (1: only the thread that issues the TMA copies waits), got another");
         } else {
-          if (op.numOperands() >= 3) expectScalarOf(op, in(2), DType::I32, "the phase parity");
           if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
         }
         break;
@@ -455,6 +459,8 @@ class Verifier {
   void memory(const Op& op) {
     bool isLoad = op.kind() == OpKind::Load;
     size_t lo = isLoad ? 1 : 2, n = op.numOperands();
+    if (isLoad && op.hasAttr("tensor_rank") && !tensorBox(op)) return;
+    if (isLoad && op.hasAttr("tensor_rank")) n = 3;  // the box's operands are checked by tensorBox
     if (n < lo || n > lo + (isLoad ? 2 : 1))
       return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(isLoad ? lo + 2 : lo + 1) + " operands, got " +
                          std::to_string(n));
@@ -479,6 +485,42 @@ class Verifier {
         if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
       if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
     }
+  }
+
+  // load (p, mask, other, base, dims[R], strides[R-1], coords[R]) {tensor_rank = R}.
+  bool tensorBox(const Op& op) {
+    const auto& attr = op.attrs().at("tensor_rank");
+    const int64_t* rank = std::get_if<int64_t>(&attr);
+    if (!rank || *rank < 1 || *rank > 5) {
+      err(op, "'tensor_rank' must be an integer from 1 to 5 (a TMA box's rank)");
+      return false;
+    }
+    const size_t n = op.numOperands(), want = size_t(3 + 3 * *rank);
+    if (n != want) {
+      err(op, "with tensor_rank = " + std::to_string(*rank) + " takes p, mask, other, base, then " +
+                  std::to_string(*rank) + " dims, " + std::to_string(*rank - 1) + " strides and " + std::to_string(*rank) +
+                  " coords (" + std::to_string(want) + " operands), got " + std::to_string(n));
+      return false;
+    }
+    const Type& p = op.operand(0)->type();
+    const Type& base = op.operand(3)->type();
+    if (p.isPointer() && (!base.isPointer() || !base.isScalar() || base.pointee() != p.pointee())) {
+      err(op, "operand 3 (the tensor's base) must be a scalar pointer to " + std::string(dtypeName(p.pointee())) + ", got " +
+                  base.str());
+      return false;
+    }
+    if (p.isTile() && int64_t(p.rank()) > *rank) {
+      err(op, "its tile " + shapeString(p.shape()) + " has more dimensions than the tensor's rank " + std::to_string(*rank));
+      return false;
+    }
+    for (size_t i = 4; i < n; ++i) {
+      const Type& t = op.operand(i)->type();
+      if (!t.isScalar() || t.dtype() != DType::I32) {
+        err(op, nth("operand", i) + " (a dim, stride or coordinate of the tensor box) must be a scalar i32, got " + t.str());
+        return false;
+      }
+    }
+    return true;
   }
 
   // async_copy (buf, slot, ptr [, mask]) {vec}: one slot's tile from global memory.

@@ -236,9 +236,12 @@ struct Cloner {
       else
         operands.push_back(on);
     }
+    ir::Attrs attrs = op.attrs();
+    if (guard && op.kind() == OpKind::Load && attrs.erase("tensor_rank"))
+      operands.resize(3);  // the guarded mask is no longer the box's: an ordinary load
     std::vector<ir::Type> types;
     for (const ir::Value* r : op.results()) types.push_back(r->type());
-    Op* copy = make(op.kind(), std::move(operands), std::move(types), op.attrs());
+    Op* copy = make(op.kind(), std::move(operands), std::move(types), std::move(attrs));
     copy->setLoc(op.loc());
     for (size_t i = 0; i < op.numResults(); ++i) map[op.result(i)] = copy->result(i);
   }

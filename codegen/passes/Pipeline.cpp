@@ -63,6 +63,7 @@
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/TensorCores.h"
+#include "codegen/Target.h"
 #include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
 
@@ -150,6 +151,14 @@ bool ringBarriersWanted(const ir::Function& f) {
   return f.intAttrOr("ring_barriers", 0) != 0;
 }
 
+bool tmaWanted(const ir::Function& f, const Target& target) {
+  if (!target.description().has(Feature::TensorMemoryAccelerator)) return false;
+  const char* e = std::getenv("FLEXTILE_TMA");
+  if (e && std::strcmp(e, "0") == 0) return false;
+  if (e && std::strcmp(e, "1") == 0) return true;
+  return f.intAttrOr("tma", 0) != 0;
+}
+
 int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t) {
   const int fast = smem.order()[0];
   int64_t v = std::min({globalWidth, from.contiguousRegisters(fast), smem.vec(), int64_t(16 / ir::byteWidth(t))});
@@ -195,7 +204,61 @@ struct Ring {
   ir::Value* buffer = nullptr;
   int64_t vec = 0;
   bool wgmma = false;
+  std::optional<ir::TensorBox> box;  // the load's tensor box, when the ring is filled by TMA
 };
+
+// A TMA ring's box operands: base, dims, strides, coords (as the tma_copy takes them).
+std::vector<ir::Value*> boxOperands(const Ring& ring) {
+  std::vector<ir::Value*> v{ring.box->base};
+  for (const auto* part : {&ring.box->dims, &ring.box->strides, &ring.box->coords}) v.insert(v.end(), part->begin(), part->end());
+  return v;
+}
+
+// The ops of `body` that compute a TMA ring's box operands (the coordinates, and constants the
+// body defines), in body order.
+std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
+  const std::vector<ir::Value*> operands = boxOperands(ring);
+  return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
+}
+
+
+// Clones `ops` (of the loop body, in order) before `at`, their operands mapped through `clone`,
+// which starts with the induction variable's value and collects the clones' results.
+void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value*, ir::Value*>& clone) {
+  auto mapped = [&](ir::Value* v) {
+    auto it = clone.find(v);
+    return it == clone.end() ? v : it->second;
+  };
+  for (Op* op : ops) {
+    if (clone.count(op->result())) continue;
+    std::vector<ir::Value*> operands;
+    for (ir::Value* o : op->operands()) operands.push_back(mapped(o));
+    std::vector<ir::Type> types;
+    for (ir::Value* r : op->results()) types.push_back(r->type());
+    Op* copy = at.block.insert(at.pos, at.f.createOp(op->kind(), std::move(operands), std::move(types), op->attrs(), op->loc()));
+    for (size_t i = 0; i < op->numResults(); ++i) clone[op->result(i)] = copy->result(i);
+  }
+}
+
+// TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
+// induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0
+// bytes, and no copy is issued).
+void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
+                   ir::Value* slot, ir::Value* full) {
+  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
+  ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
+  int64_t bytes = 0;
+  for (Ring& ring : rings) {
+    cloneAt(at, boxSlice(ring, body), clone);
+    bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
+  }
+  at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, {{"bytes", bytes}});
+  for (Ring& ring : rings) {
+    std::vector<ir::Value*> operands{ring.buffer, slot, full, slot, exists};
+    for (ir::Value* v : boxOperands(ring)) operands.push_back(clone.count(v) ? clone.at(v) : v);
+    at.op(OpKind::TmaCopy, std::move(operands), {});
+  }
+}
 
 // Clones the address ops of every ring's load at induction value `iv` and issues their copies
 // into `slot`, then commits the group (the prologue's stages and each iteration's issue).
@@ -208,15 +271,7 @@ void issueStage(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Val
   };
   ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
   for (Ring& ring : rings) {
-    for (Op* op : addressSlice(*ring.load, body)) {
-      if (clone.count(op->result())) continue;
-      std::vector<ir::Value*> operands;
-      for (ir::Value* o : op->operands()) operands.push_back(mapped(o));
-      std::vector<ir::Type> types;
-      for (ir::Value* r : op->results()) types.push_back(r->type());
-      Op* copy = at.block.insert(at.pos, at.f.createOp(op->kind(), std::move(operands), std::move(types), op->attrs(), op->loc()));
-      for (size_t i = 0; i < op->numResults(); ++i) clone[op->result(i)] = copy->result(i);
-    }
+    cloneAt(at, addressSlice(*ring.load, body), clone);
     const ir::Type& ptr = ring.load->operand(0)->type();
     ir::Type maskType = ir::Type(ir::DType::I1, ptr.shape()).withLayout(ptr.layout());
     ir::Value* on = at.value(OpKind::Splat, {exists}, maskType);
@@ -228,7 +283,7 @@ void issueStage(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Val
 
 // Whether the loop had loads to pipeline (and now has their rings).
 bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<const Op*, int64_t>& globalWidth,
-                   const Target& target) {
+                   const Target& target, bool readOnlyLoop) {
   ir::Block& body = forOp.region(0);
   std::vector<Ring> rings;
   for (auto& op : body.ops())
@@ -278,6 +333,21 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     if (!layoutOf.count(ring.load))
       throw Error(ring.load->describe() + ": is marked for pipelining but no convert_layout reads it", ErrorKind::Internal);
 
+  // TMA fills every ring of the loop, or none: the stage's `full` barrier then counts one arrival
+  // (thread 0's expect_tx) and the bytes. Each ring must have a tensor box whose coordinates can
+  // be recomputed ahead, and a wgmma layout (128-, 64- or 32-byte swizzled panels, which TMA writes).
+  bool tma = tmaWanted(f, target);
+  for (Ring& ring : rings) {
+    ring.box = ir::loadTensorBox(*ring.load);
+    std::set<const ir::Value*> seen;
+    bool coordsOk = ring.box.has_value();
+    if (coordsOk)
+      for (const ir::Value* v : boxOperands(ring)) coordsOk = coordsOk && recomputableInLoop(v, body, readOnlyLoop, seen);
+    tma = tma && coordsOk && ring.wgmma;
+  }
+  if (!tma)
+    for (Ring& ring : rings) ring.box.reset();
+
   ir::Block& outer = *forOp.parentBlock();
   const ir::Location loc = forOp.loc();
   const ir::Type ivType = body.arg(0)->type();
@@ -293,7 +363,8 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // With barriers in shared memory (ringBarriersWanted): `full[s]` completes when every thread's
   // copies into slot s have landed, `empty[s]` when every thread is done reading slot s; each
   // `empty` is released once up front, since no iteration has read any slot yet.
-  const bool withBarriers = ringBarriersWanted(f);
+  // With TMA, `full[s]` counts thread 0's expect_tx and the bytes of the stage's copies instead.
+  const bool withBarriers = tma || ringBarriersWanted(f);
   ir::Value* full = nullptr;
   ir::Value* empty = nullptr;
   auto barrierBuffer = [&] {
@@ -303,7 +374,10 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   if (withBarriers) {
     full = barrierBuffer();
     empty = barrierBuffer();
-    before.op(OpKind::MbarrierInit, {full}, {});
+    if (tma)
+      before.op(OpKind::MbarrierInit, {full}, {}, {{"arrivals", int64_t(1)}});
+    else
+      before.op(OpKind::MbarrierInit, {full}, {});
     before.op(OpKind::MbarrierInit, {empty}, {});
   }
   before.op(OpKind::Barrier, {}, {});
@@ -311,6 +385,10 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
   for (int64_t s = 0; s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
+    if (tma) {
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full);
+      continue;
+    }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
     if (withBarriers) before.op(OpKind::AsyncCopyArrive, {full, before.constant(s, ir::DType::I32)}, {});
   }
@@ -337,22 +415,40 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   auto parityOf = [&](ir::Value* phase) {
     return issue.value(OpKind::And, {phase, issue.constant(1, ir::DType::I32)}, i32);
   };
-  if (withBarriers)
+  ir::Value* ahead = nullptr;
+  auto aheadIv = [&] {
+    return issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
+  };
+  if (tma) {
+    // Thread 0 alone waits until every thread has released slot %write (in iteration i-1), then
+    // refills it; the other threads only wait for their data. Issued before this iteration's
+    // wait, so the copy has the longest lead.
+    ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
+    issue.op(OpKind::MbarrierWait,
+             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {},
+             {{"issuer", int64_t(1)}});
+    ahead = aheadIv();
+    issueStageTma(issue, body, rings, ahead, ub, writeSlot, full);
+    issue.op(OpKind::MbarrierWait,
+             {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
+  } else if (withBarriers)
     issue.op(OpKind::MbarrierWait,
              {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
   else
     issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
-  if (std::any_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; })) issue.op(OpKind::FenceAsyncShared, {}, {});
-  if (withBarriers) {
-    ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
-    issue.op(OpKind::MbarrierWait,
-             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {});
-  } else {
-    issue.op(OpKind::Barrier, {}, {});
+  if (!tma) {
+    if (std::any_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; })) issue.op(OpKind::FenceAsyncShared, {}, {});
+    if (withBarriers) {
+      ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
+      issue.op(OpKind::MbarrierWait,
+               {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {});
+    } else {
+      issue.op(OpKind::Barrier, {}, {});
+    }
+    ahead = aheadIv();
+    issueStage(issue, body, rings, ahead, ub, writeSlot);
+    if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
   }
-  ir::Value* ahead = issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
-  issueStage(issue, body, rings, ahead, ub, writeSlot);
-  if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
 
   for (Op* cvt : converts) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
@@ -374,7 +470,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   }
 
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
-  after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});
+  if (!tma) after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});  // (every TMA copy issued was waited for)
   if (withBarriers) {
     // No thread waits on the barriers any more once all have left the loop; their bytes may then
     // be reused, after thread 0 invalidates them.
@@ -400,6 +496,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
   AxisInfoAnalysis axis(f);
   std::map<const Op*, int64_t> globalWidth;
   std::vector<Op*> loops;
+  std::map<const Op*, bool> readOnly;
   f.walk([&](Op& forOp) {
     if (forOp.kind() != OpKind::For || forOp.regions().size() != 1) return;
     ir::Block& body = forOp.region(0);
@@ -456,9 +553,10 @@ void pipelineLoads(ir::Function& f, const Target& target) {
       globalWidth[&load] = width;
     }
     loops.push_back(&forOp);
+    readOnly[&forOp] = readOnlyLoop;
   });
   bool rewritten = false;
-  for (Op* forOp : loops) rewritten = writeSchedule(f, *forOp, stages, globalWidth, target) || rewritten;
+  for (Op* forOp : loops) rewritten = writeSchedule(f, *forOp, stages, globalWidth, target, readOnly.at(forOp)) || rewritten;
   if (rewritten) ir::dce(f);
 }
 

@@ -177,3 +177,38 @@ TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
     EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
   }
 }
+
+// K and V named as tensor boxes (FLEXTILE_TMA=1): on sm_90a the pipeline fills their rings with
+// TMA — cp.async.bulk.tensor from thread 0, one per 64-element panel of a tile, completing on a
+// one-arrival `full` barrier — and the loop keeps no cp.async and no CTA barrier. One tensor map
+// each for K and V (the maps follow the parameters). On sm_80 the boxes are ordinary loads: the PTX
+// is the one without them.
+TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
+  struct Tma {
+    Tma() { ::setenv("FLEXTILE_TMA", "1", 1); }
+    ~Tma() { ::unsetenv("FLEXTILE_TMA"); }
+  };
+  const std::string withoutBoxes = compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx;
+  for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 128, 8, 2}}) {
+    SCOPED_TRACE(c.describe());
+    Tma scope;
+    const auto& k = compileFor(codegen::Target::sm90a(), c);
+    ASSERT_EQ(k.tensorMaps.size(), 2u);
+    for (const codegen::TensorMapRecipe& r : k.tensorMaps) {
+      EXPECT_EQ(r.box, (std::vector<int64_t>{1, 1, c.block_n, 64})) << r.str();
+      EXPECT_EQ(r.swizzleBytes, 128) << r.str();
+    }
+    // Two loops, each a prologue stage and an in-loop stage: K and V, two panels each.
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
+    EXPECT_EQ(count(k.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg"), 0);
+    EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 0);
+    EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async"), c.block_m == 64 ? 24 : 32);
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+  }
+  Tma scope;
+  EXPECT_EQ(compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx, withoutBoxes);
+}

@@ -17,6 +17,7 @@
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
+#include "runtime/Device.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
 
@@ -100,6 +101,37 @@ TEST(FlexAttentionGpu, DeferredAccumulationEveryVariant) {
       for (const std::optional<FlexAttentionConfig>& config : {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}}})
         if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
           return;
+    }
+}
+
+// K and V copied by TMA (FLEXTILE_TMA=1, opt-in: codegen/passes/Pipeline.cpp): every variant at
+// the default config, on one warpgroup and at three stages, lengths off the block (the boxes'
+// zero fill), a padded head dim, GQA; the compiled kernel must take its tensor maps.
+TEST(FlexAttentionGpu, TmaCopiesEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ::setenv("FLEXTILE_TMA", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+  } unset;
+  const bool tmaTarget = runtime::Device::current().capabilityMajor() >= 9;
+  for (const Variant& var : variants())
+    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+      c.context = "variant " + var.name + ", TMA";
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      for (const std::optional<FlexAttentionConfig>& config :
+           {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
+            std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
+        if (tmaTarget) {
+          Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+          Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+          FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
+          ASSERT_EQ(plan.compiled->tensorMaps.size(), 2u) << c.context << " " << plan.config.describe();
+        }
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+          return;
+      }
     }
 }
 

@@ -105,6 +105,30 @@ TEST(TilePassesInterpreted, RingBarriersForwardBackwardDecode) {
   }
 }
 
+// K and V as tensor boxes (FLEXTILE_TMA=1). Before the passes the interpreter checks each box
+// against its load's pointers and mask; after them, on sm_90a, it runs the rings' tma_copy (zero
+// fill past the keys and past D) on one-arrival full barriers, counting their phases; on sm_80 the
+// boxes are ordinary loads. Lengths off the block, a padded head dim, 2 and 3 stages, GQA.
+TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_TMA", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+  } unset;
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
+      for (const char* name : {"full", "causal", "document", "softcap"}) {
+        const int64_t D = std::string(name) == "causal" ? 80 : 64;
+        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 127, .S = 300, .D = D, .dtype = DType::BF16};
+        c.context = std::string(target) + " " + name + " " + config.describe() + " TMA";
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+          return;
+      }
+  }
+}
+
 // With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
 // (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
 TEST(TilePassesInterpreted, BackwardCausalGqa) {
