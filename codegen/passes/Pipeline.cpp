@@ -464,7 +464,12 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   yield->addOperand(end.value(OpKind::Select, {wraps, end.constant(0, ir::DType::I32), next}, i32));
   if (withBarriers) {
     // Every read of this iteration's slot is done here (the wgmma pass waits for the groups
-    // before an arrive): release it.
+    // before an arrive): release it. Each thread first waits for the slot's previous release (of
+    // iteration i-S, or the one up front), which has completed (the fill it read came after it),
+    // so that no thread arrives on a barrier twice without a wait between: compute-sanitizer's
+    // synccheck reports that as a missing wait, and the wait returns at its first probe.
+    ir::Value* phase = end.value(OpKind::Div, {count, end.constant(stages, ir::DType::I32)}, i32);
+    end.op(OpKind::MbarrierWait, {empty, slot, end.value(OpKind::And, {phase, end.constant(1, ir::DType::I32)}, i32)}, {});
     end.op(OpKind::MbarrierArrive, {empty, slot}, {});
     yield->addOperand(end.value(OpKind::Add, {count, end.constant(1, ir::DType::I32)}, i32));
   }
