@@ -110,8 +110,17 @@ struct GradConstants {
   BOOST_HANA_DEFINE_STRUCT(GradConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
-                           (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq));
+                           (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
+                           (int64_t, tma));
 };
+
+// A [rows, DP] tile of a [B, H, N, D] tensor at (b, h, row0) as a tensor box (dsl::TensorBox), for
+// the loads of the walks (FlexAttentionCommon.h tmaBoxesFor): rows from `rows` up to `len`.
+TensorBox rowsBox(const Tile& tensor, const Tile& len, const Tile& strideB, const Tile& strideH, const Tile& strideN,
+                  const Tile& b, const Tile& h, const Tile& row0, const GradConstants& k) {
+  return TensorBox{tensor, {detail::kUnboundedDim, detail::kUnboundedDim, len, k.D}, {strideB, strideH, strideN},
+                   {b, h, row0, 0}};
+}
 
 // ---- traced kernels ----------------------------------------------------------
 
@@ -246,6 +255,7 @@ std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& 
 void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
                const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
+  if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
@@ -278,15 +288,21 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
       auto [dk2, dv2] = for_range(0, count * R, 1, std::tuple{dk0, dv0}, [&](Tile t, Tile dki, Tile dvi) {
         Tile entry = t / R;
         Tile block = load(indices + (listBase + entry), entry < count, 0);
-        Tile offsM = block * k.QBS + (t % R) * k.BM + arange(0, k.BM);
-        if (!k.qExact) offsM = offsM - p.q_phase;
+        Tile row0 = block * k.QBS + (t % R) * k.BM;
+        if (!k.qExact) row0 = row0 - p.q_phase;
+        Tile offsM = row0 + arange(0, k.BM);
         Tile rowLive = offsM < p.q_len;
         if (!k.qExact) rowLive = rowLive & (offsM >= 0);
         Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
         Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
         const bool exact = k.qExact && k.DP == k.D;
-        Tile qt = exact ? load(qBase + qOffs) : load(qBase + qOffs, byD(rowLive));
-        Tile dOt = exact ? load(doBase + doOffs) : load(doBase + doOffs, byD(rowLive));
+        auto loadRows = [&](const Tile& ptrs, const Tile& tensor, const Tile& sb, const Tile& sh, const Tile& sm) {
+          if (!k.tma) return exact ? load(ptrs) : load(ptrs, byD(rowLive));
+          TensorBox box = rowsBox(tensor, p.q_len, sb, sh, sm, b, h, row0, k);
+          return exact ? load(ptrs, box) : load(ptrs, byD(rowLive), box);
+        };
+        Tile qt = loadRows(qBase + qOffs, p.q, p.q_stride_b, p.q_stride_h, p.q_stride_m);
+        Tile dOt = loadRows(doBase + doOffs, p.dout, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m);
         Tile lse2 = k.qExact ? load(p.lse2 + (rowBase + offsM)) : load(p.lse2 + (rowBase + offsM), rowLive, INFINITY);
         Tile delta = k.qExact ? load(p.delta + (rowBase + offsM)) : load(p.delta + (rowBase + offsM), rowLive);
         Tile qPos = (offsM + p.q_offset).expand(0);
@@ -351,6 +367,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
 void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
              const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
+  if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
   const auto p = declareParams<GradParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
   declareTrainable(f, scoreMod, k.deterministic);
@@ -384,13 +401,19 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
     return for_range(0, count * R, 1, dq0, [&](Tile t, Tile dqi) {
       Tile entry = t / R;
       Tile block = load(indices + (listBase + entry), entry < count, 0);
-      Tile offsN = block * k.KVBS + (t % R) * k.BN + arange(0, k.BN);
+      Tile row0 = block * k.KVBS + (t % R) * k.BN;
+      Tile offsN = row0 + arange(0, k.BN);
       Tile colLive = offsN < p.kv_len;
       Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
       Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
       const bool kvExact = k.kvExact && k.DP == k.D;
-      Tile kt = kvExact ? load(kBase + kOffs) : load(kBase + kOffs, byD(colLive));
-      Tile vt = kvExact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+      auto loadRows = [&](const Tile& ptrs, const Tile& tensor, const Tile& sb, const Tile& sh, const Tile& sn) {
+        if (!k.tma) return kvExact ? load(ptrs) : load(ptrs, byD(colLive));
+        TensorBox box = rowsBox(tensor, p.kv_len, sb, sh, sn, b, hkv, row0, k);
+        return kvExact ? load(ptrs, box) : load(ptrs, byD(colLive), box);
+      };
+      Tile kt = loadRows(kBase + kOffs, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
+      Tile vt = loadRows(vBase + vOffs, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt, kt.trans());  // [BM, BN]
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
@@ -729,7 +752,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      mask.mayHavePartialBlocks(),
                      int64_t(grads.trainable.size()),
                      deterministic,
-                     dkdv && atomicDq};
+                     dkdv && atomicDq,
+                     // TMA is opt-in here (FLEXTILE_TMA=1): on the H200 it made the dense backward 7 %
+                     // slower and causal 5 % faster (bench/RESULTS.md).
+                     dkdv ? detail::tmaBoxesFor({&q, &dout}, c.num_stages, false)
+                          : detail::tmaBoxesFor({&k, &v}, c.num_stages, false)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -98,6 +99,17 @@ void checkAttentionInputs(const dsl::Tensor& q, const dsl::Tensor& k, const dsl:
 
 // The mask that lists every block as full (no BlockMask given), kept per lengths and block sizes.
 BlockMask denseBlockMask(int64_t L, int64_t S, BlockSizes sizes);
+
+// Whether a kernel names its tiles of these [B, H, N, D] tensors as tensor boxes (dsl::TensorBox),
+// which the pipeline copies with TMA where the target has it (sm_90a; elsewhere the boxes are
+// ordinary loads and the PTX is unchanged): `byDefault` (the forward: faster on every yardstick
+// variant on the H200; the backward's kernels: mixed, so not by default, bench/RESULTS.md), or
+// FLEXTILE_TMA=1 for every template, FLEXTILE_TMA=0 for none. A tensor map needs a 16-byte aligned
+// base, a contiguous last dim and positive strides of multiples of 16 bytes (runtime/TensorMap.h),
+// and only a pipelined loop (num_stages >= 2) has the ring TMA fills.
+bool tmaBoxesFor(std::initializer_list<const dsl::Tensor*> tensors, int numStages, bool byDefault);
+// A tensor box's bound on a dim the program's coordinates never leave (the batch, the head).
+inline constexpr int64_t kUnboundedDim = 2147483647;
 
 // The head dim a template's tiles use: D rounded up to a power of two (aranges are powers of two).
 inline int64_t paddedHeadDim(int64_t D) {

@@ -221,8 +221,6 @@ struct ForwardConstants {
 
 // ---- traced kernel -----------------------------------------------------------
 
-// A tensor box's bound on a dim the program's coordinates never leave (the batch, the head).
-constexpr int64_t kUnboundedDim = 2147483647;
 
 // The traced program. `scoreMod` and `maskMod` are inlined where they are called. `paged`: the
 // kernel reads a paged K/V (its constants follow ForwardConstants, its parameters ForwardParams).
@@ -234,7 +232,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   const size_t ownConstants = constantCount<ForwardConstants>();
   const auto k = constantsFrom<ForwardConstants>(
       std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(ownConstants)));
-  if (k.tma) f.attrs()["tma"] = int64_t(1);
+  if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   const auto p = declareParams<ForwardParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;
@@ -313,7 +311,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (!k.tma) return exact ? load(ptrs) : load(ptrs, rowsByD(colLive));
         // The same tile as a box of the [B, Hkv, S, D] tensor, for TMA (dims the program never
         // leaves, b and hkv, are unbounded).
-        TensorBox box{tensor, {kUnboundedDim, kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
+        TensorBox box{tensor, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
                       {b, hkv, start, 0}};
         return exact ? load(ptrs, box) : load(ptrs, rowsByD(colLive), box);
       };
@@ -435,21 +433,6 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
 
-// Whether the kernel names its K and V tiles as tensor boxes, which the pipeline copies with TMA
-// where the target has it (FLEXTILE_TMA=1; opt-in until it is measured faster). A tensor map needs
-// a 16-byte aligned base and positive strides of multiples of 16 bytes (runtime/TensorMap.h), and
-// only a pipelined loop has the ring that TMA fills. (Paged K/V is read through its page table.)
-bool tmaBoxesFor(const Tensor& k, const Tensor& v, const FlexAttentionConfig& config) {
-  const char* e = std::getenv("FLEXTILE_TMA");
-  if (!e || std::strcmp(e, "1") != 0 || config.num_stages < 2) return false;
-  for (const Tensor* t : {&k, &v}) {
-    const uint64_t base = t->isDevice() ? t->deviceAddress() : uint64_t(reinterpret_cast<uintptr_t>(t->hostData()));
-    if (base % 16 != 0 || t->strides()[3] != 1) return false;
-    for (int d = 0; d < 3; ++d)
-      if (t->strides()[size_t(d)] <= 0 || (t->strides()[size_t(d)] * t->elementBytes()) % 16 != 0) return false;
-  }
-  return true;
-}
 
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
@@ -465,7 +448,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.space = q.space();
   p.stream = options.stream;
   finishPrepare(p, q, scoreMod, blockMask, options, target);
-  p.constants.tma = tmaBoxesFor(k, v, p.config);
+  p.constants.tma = detail::tmaBoxesFor({&k, &v}, p.config.num_stages, true);
   return p;
 }
 
@@ -638,6 +621,19 @@ void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
 }
 
 namespace detail {
+
+bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bool byDefault) {
+  const char* e = std::getenv("FLEXTILE_TMA");
+  const bool wanted = e && std::strcmp(e, "1") == 0 ? true : e && std::strcmp(e, "0") == 0 ? false : byDefault;
+  if (!wanted || numStages < 2) return false;
+  for (const Tensor* t : tensors) {
+    const uint64_t base = t->isDevice() ? t->deviceAddress() : uint64_t(reinterpret_cast<uintptr_t>(t->hostData()));
+    if (base % 16 != 0 || t->rank() != 4 || t->strides()[3] != 1) return false;
+    for (size_t d = 0; d < 3; ++d)
+      if (t->strides()[d] <= 0 || (t->strides()[d] * t->elementBytes()) % 16 != 0) return false;
+  }
+  return true;
+}
 bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
   switch (options.kernel) {
     case AttentionTemplate::Prefill: return false;

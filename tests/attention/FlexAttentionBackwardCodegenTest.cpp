@@ -138,3 +138,21 @@ TEST(FlexAttentionBackwardCodegen, TrainableCapturesKeepThePipeline) {
     EXPECT_GT(count(dkdv, "atom\\.global\\.add"), 0);
   }
 }
+
+// With FLEXTILE_TMA=1 (opt-in for the backward) dkdv's Q and dO and dq's K and V rings are filled
+// by TMA on sm_90a: two tensor maps per kernel, no cp.async left in them; ptxas takes both.
+TEST(FlexAttentionBackwardCodegen, TmaFillsTheWalksRingsWhenAskedFor) {
+  ::setenv("FLEXTILE_TMA", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+  } unset;
+  VariantPlan plan = planFor(codegen::Target::sm90a(), std::nullopt, "causal");
+  ASSERT_GE(plan.compiled.size(), 3u);
+  for (size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(plan.kernelNames[i]);
+    EXPECT_EQ(plan.compiled[i]->tensorMaps.size(), 2u);
+    EXPECT_GT(count(plan.compiled[i]->ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 0);
+    EXPECT_EQ(count(plan.compiled[i]->ptx, "cp\\.async\\.cg"), 0);
+    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[i]->ptx, codegen::Target::sm90a()));
+  }
+}

@@ -58,9 +58,16 @@ const codegen::CompiledKernel& compileFor(codegen::Target target, FlexAttentionC
   auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {.config = config}, true, target);
   return *plan.compiled;
 }
+// FLEXTILE_TMA for one scope: "0" keeps the cp.async rings on sm_90a (the schedule the tests
+// below check), "1" the default's TMA rings.
+struct TmaScope {
+  explicit TmaScope(const char* value) { ::setenv("FLEXTILE_TMA", value, 1); }
+  ~TmaScope() { ::unsetenv("FLEXTILE_TMA"); }
+};
 }  // namespace
 
 TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
+  TmaScope cpAsync("0");
   for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 3}}) {
     SCOPED_TRACE(c.describe());
     const auto& k = compileFor(codegen::Target::sm90a(), c);
@@ -93,6 +100,7 @@ TEST(FlexAttentionCodegen, ForwardKeepsQInRegisters) {
 // second loop's ring may reuse the bytes the first loop's last wgmma reads
 // (or Q's staging tile), so every prologue starts after a barrier.
 TEST(FlexAttentionCodegen, EveryRingPrologueWaitsForTheCtaFirst) {
+  TmaScope cpAsync("0");  // (the TMA rings' prologues: TmaFillsTheKAndVRings)
   for (auto target : {codegen::Target::sm90a(), codegen::Target::sm80()}) {
     const std::string& ptx = compileFor(target, {64, 64, 4, 2}).ptx;
     // Loop 1's prologue: after Q's staging reads (its last ldmatrix) a barrier
@@ -178,21 +186,20 @@ TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
   }
 }
 
-// K and V named as tensor boxes (FLEXTILE_TMA=1): on sm_90a the pipeline fills their rings with
+// K and V named as tensor boxes (the default; FLEXTILE_TMA=0 drops them): on sm_90a the pipeline fills their rings with
 // TMA — cp.async.bulk.tensor from thread 0, one per 64-element panel of a tile, completing on a
 // one-arrival `full` barrier — and the loop keeps no cp.async and no CTA barrier. One tensor map
 // each for K and V (the maps follow the parameters). On sm_80 the boxes are ordinary loads: the PTX
 // is the one without them.
 TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
-  struct Tma {
-    Tma() { ::setenv("FLEXTILE_TMA", "1", 1); }
-    ~Tma() { ::unsetenv("FLEXTILE_TMA"); }
-  };
-  const std::string withoutBoxes = compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx;
+  std::string withoutBoxes;
+  {
+    TmaScope off("0");
+    withoutBoxes = compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx;
+  }
   for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 128, 8, 2}}) {
     SCOPED_TRACE(c.describe());
-    Tma scope;
-    const auto& k = compileFor(codegen::Target::sm90a(), c);
+    const auto& k = compileFor(codegen::Target::sm90a(), c);  // TMA is the default there
     ASSERT_EQ(k.tensorMaps.size(), 2u);
     for (const codegen::TensorMapRecipe& r : k.tensorMaps) {
       EXPECT_EQ(r.box, (std::vector<int64_t>{1, 1, c.block_n, 64})) << r.str();
@@ -204,11 +211,18 @@ TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg"), 0);
     EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 0);
     EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async"), c.block_m == 64 ? 24 : 32);
+    // Each ring's prologue starts after a CTA barrier (the bytes may be another tile's: Q's
+    // staging, the first loop's ring), as with cp.async (EveryRingPrologueWaitsForTheCtaFirst).
+    for (size_t copy = k.ptx.find("cp.async.bulk.tensor"), loops = 0; copy != std::string::npos && loops < 2; ++loops) {
+      const size_t init = k.ptx.rfind("mbarrier.init", copy);
+      ASSERT_NE(init, std::string::npos);
+      EXPECT_NE(k.ptx.substr(init, copy - init).find("bar.sync"), std::string::npos) << "loop " << loops;
+      copy = k.ptx.find("cp.async.bulk.tensor", k.ptx.find("mbarrier.inval", copy));
+    }
     if (codegen::findPtxas()) {
       codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
       EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
     }
   }
-  Tma scope;
   EXPECT_EQ(compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx, withoutBoxes);
 }

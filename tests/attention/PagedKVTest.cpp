@@ -424,9 +424,14 @@ TEST(PagedKV, DecodeStepsDoNotRetrace) {
 }
 
 // On sm_90a the paged kernel streams K and V through the cp.async ring and wgmma as the contiguous
-// one does when the pages hold whole inner steps (one scalar table load per step, re-read by the
-// pipeline for the steps ahead); pages smaller than BLOCK_N gather per key and are not pipelined.
+// one does without TMA (FLEXTILE_TMA=0; a paged K/V has no tensor box) when the pages hold whole
+// inner steps (one scalar table load per step, re-read by the pipeline for the steps ahead); pages
+// smaller than BLOCK_N gather per key and are not pipelined.
 TEST(PagedKV, WholePageStepsArePipelinedOnSm90a) {
+  ::setenv("FLEXTILE_TMA", "0", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+  } unset;
   SeededRandom rng;
   auto count = [](const std::string& text, const std::string& re) {
     std::regex r(re);

@@ -105,16 +105,12 @@ TEST(TilePassesInterpreted, RingBarriersForwardBackwardDecode) {
   }
 }
 
-// K and V as tensor boxes (FLEXTILE_TMA=1). Before the passes the interpreter checks each box
+// K and V as tensor boxes (the default). Before the passes the interpreter checks each box
 // against its load's pointers and mask; after them, on sm_90a, it runs the rings' tma_copy (zero
 // fill past the keys and past D) on one-arrival full barriers, counting their phases; on sm_80 the
 // boxes are ordinary loads. Lengths off the block, a padded head dim, 2 and 3 stages, GQA.
 TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
   SeededRandom rng;
-  ::setenv("FLEXTILE_TMA", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
-  } unset;
   for (const char* target : {"sm_90a", "sm_80"}) {
     InterpretAfterPasses scope(target);
     for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
@@ -126,6 +122,28 @@ TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
         if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
           return;
       }
+  }
+}
+
+// The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
+// and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
+TEST(TilePassesInterpreted, BackwardWithTmaCopies) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_TMA", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+  } unset;
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* name : {"causal", "full"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 130, .D = 64, .dtype = DType::BF16,
+                    .context = std::string("sm_90a backward, TMA, ") + name};
+    BackwardCheck check;
+    if (std::string(name) == "causal") check.refMask = refCausal();
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+    std::optional<BlockMask> mask;
+    if (std::string(name) == "causal") mask = causalBlockMask(1, 1, c.L, c.S, {64, 64});
+    if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
   }
 }
 

@@ -218,7 +218,8 @@ func @loop_invariant_b(%a: ptr<bf16>, %b: ptr<bf16>, %c: ptr<f32>, %T: i32)
 
 // TMA on the GPU (ir/Ops.def tma_copy, codegen/TensorMaps.h): the pipeline pass's ring-barrier
 // schedule of C = sum_t A B_t (B_t rows [64t, 64t + 64) of a [R, 64] bf16 tensor), printed after the
-// tile passes (by a version that also waited on each slot's last phase after the loop) with B's
+// tile passes (by a version that also waited on each slot's last phase after the loop, and with
+// each thread's wait for a slot's previous release before it releases the slot again) with B's
 // cp.async copies replaced by hand with one TMA copy per stage on a one-arrival
 // `full` barrier (mbarrier_expect_tx; 0 bytes for the stage past the end). R stops 20 rows short of
 // the last tile: those rows must land as zeros. The tensor map is encoded from the launch arguments
@@ -335,6 +336,7 @@ func @gemm(%a: ptr<bf16>, %b: ptr<bf16>, %c: ptr<f32>, %T: i32, %R: i32) attribu
     %83 = cmp %81, %82 {pred = "eq"} : i1
     %84 = constant {value = 0} : i32
     %85 = select %83, %84, %81 : i32
+    mbarrier_wait %28, %50, %61
     mbarrier_arrive %28, %50
     %86 = constant {value = 1} : i32
     %87 = add %51, %86 : i32
