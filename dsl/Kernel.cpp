@@ -52,6 +52,7 @@ struct Kernel::Compiled {
   codegen::CompiledKernel code;
   std::unique_ptr<runtime::Module> module;  // loaded on first run
   std::optional<runtime::Kernel> function;
+  runtime::TensorMapCache tensorMapCache;   // the last maps of code.tensorMaps, per recipe
 };
 
 Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
@@ -285,9 +286,10 @@ void Kernel::loadModule(Compiled& c) {
   c.module = std::move(module);
 }
 
+namespace {
 // A recipe's tensor map for these arguments: dims and strides innermost first, strides in bytes.
-runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& r,
-                                   const std::vector<KernelArg>& args) {
+runtime::TensorMapDesc tensorMapDesc(const std::string& kernel, const codegen::TensorMapRecipe& r,
+                                     const std::vector<KernelArg>& args) {
   auto value = [&](const codegen::TensorMapOperand& o) -> int64_t {
     return o.param >= 0 ? args[size_t(o.param)].integer() : o.constant;
   };
@@ -316,11 +318,23 @@ runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::Ten
               : r.swizzleBytes == 32 ? runtime::TensorMapSwizzle::Bytes32
                                      : runtime::TensorMapSwizzle::None;
   d.l2Promotion = runtime::TensorMapL2Promotion::Bytes256;
+  return d;
+}
+
+template <class Encode>
+runtime::TensorMap encodeNamed(const std::string& kernel, const codegen::TensorMapRecipe& r, Encode&& encode) {
   try {
-    return runtime::TensorMap(std::move(d));
+    return encode();
   } catch (const std::exception& e) {
     throw Error("kernel '" + kernel + "': its TMA tensor map (" + r.str() + ") cannot describe these arguments: " + e.what());
   }
+}
+}  // namespace
+
+runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::TensorMapRecipe& r,
+                                   const std::vector<KernelArg>& args) {
+  runtime::TensorMapDesc d = tensorMapDesc(kernel, r, args);
+  return encodeNamed(kernel, r, [&] { return runtime::TensorMap(std::move(d)); });
 }
 
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
@@ -354,10 +368,12 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   // The TMA tensor maps, from the arguments their recipes name (codegen/TensorMaps.h).
   std::vector<runtime::TensorMap> maps;
   maps.reserve(code.tensorMaps.size());
-  for (const codegen::TensorMapRecipe& r : code.tensorMaps) {
-    maps.push_back(encodeTensorMap(name_, r, args));
-    ptrs.push_back(const_cast<void*>(maps.back().data()));
+  for (size_t i = 0; i < code.tensorMaps.size(); ++i) {
+    const codegen::TensorMapRecipe& r = code.tensorMaps[i];
+    const runtime::TensorMapDesc d = tensorMapDesc(name_, r, args);
+    maps.push_back(encodeNamed(name_, r, [&] { return c.tensorMapCache.get(i, d); }));
   }
+  for (const runtime::TensorMap& m : maps) ptrs.push_back(const_cast<void*>(m.data()));
   c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
                      unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data(), options.stream);
 }

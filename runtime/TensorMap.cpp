@@ -169,4 +169,11 @@ TensorMap::TensorMap(TensorMapDesc desc) : desc_(std::move(desc)) {
   std::memcpy(words_, encoded.words, sizeof words_);
 }
 
+TensorMap TensorMapCache::get(size_t slot, const TensorMapDesc& desc) {
+  std::lock_guard lock(mutex_);
+  if (last_.size() <= slot) last_.resize(slot + 1);
+  if (!last_[slot] || !(last_[slot]->desc() == desc)) last_[slot].emplace(desc);
+  return *last_[slot];
+}
+
 }  // namespace flextile::runtime

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 namespace flextile::runtime {
@@ -45,6 +47,7 @@ struct TensorMapDesc {
   std::vector<uint32_t> elementStrides;  // rank entries, or empty for all 1 (every element)
   TensorMapSwizzle swizzle = TensorMapSwizzle::None;
   TensorMapL2Promotion l2Promotion = TensorMapL2Promotion::None;
+  bool operator==(const TensorMapDesc&) const = default;
 };
 
 // Throws DriverError naming the first argument of `desc` that breaks a documented rule of
@@ -77,6 +80,18 @@ class TensorMap {
  private:
   TensorMapDesc desc_;
   alignas(64) uint64_t words_[kBytes / 8] = {};
+};
+
+// The maps one kernel passes, one slot per map: each encoded again only when its description
+// changes, so that a loop launching over the same buffers encodes once (cuTensorMapEncodeTiled is
+// host work on every launch otherwise). Thread-safe; a map is returned by value (128 bytes).
+class TensorMapCache {
+ public:
+  TensorMap get(size_t slot, const TensorMapDesc& desc);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::optional<TensorMap>> last_;
 };
 
 // "bf16 dims [128, 6000] strides [256] box [64, 128] swizzle 128B at 0x7f0000000000": for messages.

@@ -16,6 +16,7 @@
 
 #include "dsl/Kernel.h"
 #include "runtime/DriverError.h"
+#include <algorithm>
 #include "runtime/TensorMap.h"
 #include "tests/runtime/RecordingDriverLog.h"
 
@@ -242,6 +243,31 @@ TEST(TensorMap, AKernelsRecipeIsEncodedFromItsArguments) {
   EXPECT_TRUE(contains(msg, "kernel 'fwd'")) << msg;
   EXPECT_TRUE(contains(msg, "bf16 base %0 dims [%1, %2, %3, 128]")) << msg;
   EXPECT_TRUE(contains(msg, "258")) << msg;
+}
+
+// A kernel's maps are encoded again only when their description changes (dsl::Kernel::runArgs keeps
+// one TensorMapCache per compiled kernel): the same buffers launch after launch cost one encode
+// per map; a new address, or another slot, encodes; a refused description leaves no map behind.
+TEST(TensorMap, TheCacheEncodesAMapOnlyWhenItsDescriptionChanges) {
+  takeEncodes();
+  TensorMapCache cache;
+  TensorMapDesc desc = attentionTile();
+  TensorMap first = cache.get(0, desc);
+  TensorMap again = cache.get(0, desc);
+  EXPECT_EQ(takeEncodes().size(), 1u);
+  EXPECT_TRUE(std::equal(first.bytes().begin(), first.bytes().end(), again.bytes().begin()));
+  cache.get(1, desc);  // another map of the kernel
+  EXPECT_EQ(takeEncodes().size(), 1u);
+  desc.globalAddress += 1024;
+  EXPECT_EQ(cache.get(0, desc).desc().globalAddress, desc.globalAddress);
+  EXPECT_EQ(takeEncodes().size(), 1u);
+  cache.get(1, attentionTile());
+  EXPECT_EQ(takeEncodes().size(), 0u);
+  desc.globalAddress += 8;  // not 16-byte aligned: refused before the driver
+  EXPECT_THROW(cache.get(0, desc), DriverError);
+  desc.globalAddress -= 8;
+  cache.get(0, desc);
+  EXPECT_EQ(takeEncodes().size(), 1u);  // the refused map was not kept, nor the one before it
 }
 
 }  // namespace
