@@ -673,7 +673,10 @@ class Program {
       if (on != inside)
         fail(op, "its mask is " + std::string(on ? "on" : "off") + " at tile element " + coordString(shape, int64_t(i)) +
                      ", which its tensor box has " + (inside ? "inside" : "outside") + " the tensor");
-      if (inside && (p[i].buffer != origin.buffer || p[i].offset != origin.offset + offset * width))
+      if (inside && p[i].buffer != origin.buffer)
+        fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
+                     " is not the tensor box's element there: it points into another buffer than the box's base");
+      if (inside && p[i].offset != origin.offset + offset * width)
         fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
                      " is not the tensor box's element there (byte offset " + std::to_string(p[i].offset) + ", the box's " +
                      std::to_string(origin.offset + offset * width) + ")");

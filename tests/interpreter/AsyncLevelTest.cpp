@@ -319,5 +319,113 @@ TEST(InterpreterAsync, TmaCopiesABoxZeroFilledOutsideTheTensor) {
   fails("{bytes = 128}", "{bytes = -1}", "bytes");
 }
 
+// A load that names its tile as a box of a tensor (load {tensor_rank}): its pointers and mask are
+// the box's elements and the tensor's bounds (rows 3p - 2 .. 3p + 1 of [2, 7, 8] at batch 1, cols
+// col0 .. col0 + 7), the value it reads is the pointer load's, and every way the box can disagree
+// with them is an error naming the op: another element, a mask on outside the tensor, a nonzero
+// `other` there (TMA fills 0). Malformed boxes are the verifier's.
+const char* kBoxLoad = R"(
+func @box(%x: ptr<f32>, %out: ptr<f32>, %rows: i32, %bstride: i32, %rstride: i32, %batch: i32, %col0: i32) {
+  %pid = program_id {axis = 0} : i32
+  %c3 = constant {value = 3} : i32
+  %c2 = constant {value = 2} : i32
+  %c8 = constant {value = 8} : i32
+  %c32 = constant {value = 32} : i32
+  %two = constant {value = 2} : i32
+  %p3 = mul %pid, %c3 : i32
+  %row0 = sub %p3, %c2 : i32
+  %r = arange {start = 0, end = 4} : i32[4]
+  %c = arange {start = 0, end = 8} : i32[8]
+  %row0s = splat %row0 : i32[4]
+  %rr = add %row0s, %r : i32[4]
+  %rr2 = expand_dims %rr {axis = 1} : i32[4,1]
+  %rr3 = broadcast %rr2 : i32[4,8]
+  %col0s = splat %col0 : i32[8]
+  %cc = add %col0s, %c : i32[8]
+  %cc2 = expand_dims %cc {axis = 0} : i32[1,8]
+  %cc3 = broadcast %cc2 : i32[4,8]
+  %rs = splat %rstride : i32[4,8]
+  %ro = mul %rr3, %rs : i32[4,8]
+  %off0 = add %ro, %cc3 : i32[4,8]
+  %bo = mul %batch, %bstride : i32
+  %bos = splat %bo : i32[4,8]
+  %off = add %off0, %bos : i32[4,8]
+  %xs = splat %x : ptr<f32>[4,8]
+  %p = addptr %xs, %off : ptr<f32>[4,8]
+  %zero = constant {value = 0} : i32[4,8]
+  %nrows = splat %rows : i32[4,8]
+  %geq = cmp %rr3, %zero {pred = "ge"} : i1[4,8]
+  %lt = cmp %rr3, %nrows {pred = "lt"} : i1[4,8]
+  %ccap = constant {value = 8} : i32[4,8]
+  %clt = cmp %cc3, %ccap {pred = "lt"} : i1[4,8]
+  %m0 = and %geq, %lt : i1[4,8]
+  %m = and %m0, %clt : i1[4,8]
+  %z = constant {value = 0.0} : f32[4,8]
+  %t = load %p, %m, %z, %x, %two, %rows, %c8, %bstride, %rstride, %batch, %row0, %col0 {tensor_rank = 3} : f32[4,8]
+  %r4 = arange {start = 0, end = 4} : i32[4]
+  %r5 = expand_dims %r4 {axis = 1} : i32[4,1]
+  %r6 = broadcast %r5 : i32[4,8]
+  %c4 = expand_dims %c {axis = 0} : i32[1,8]
+  %c5 = broadcast %c4 : i32[4,8]
+  %eight = splat %c8 : i32[4,8]
+  %o0 = mul %r6, %eight : i32[4,8]
+  %o1 = add %o0, %c5 : i32[4,8]
+  %ob = mul %pid, %c32 : i32
+  %obs = splat %ob : i32[4,8]
+  %o = add %o1, %obs : i32[4,8]
+  %os = splat %out : ptr<f32>[4,8]
+  %po = addptr %os, %o : ptr<f32>[4,8]
+  store %po, %t
+  return
+}
+)";
+
+TEST(InterpreterAsync, ALoadsTensorBoxMustNameItsOwnElements) {
+  auto f = parseFunction(kBoxLoad, "box.ftir");
+  EXPECT_EQ(printFunction(*parseFunction(printFunction(*f), "again")), printFunction(*f));
+  FT_SEEDED_RNG(rng);
+  std::vector<float> x(200);
+  for (float& v : x) v = float(uniform(rng, -4, 4));
+  auto run = [&](const std::string& text, int64_t col0, std::vector<float>* result = nullptr) {
+    auto g = parseFunction(text, "box.ftir");
+    std::vector<float> out(4 * 32, -7.0f);
+    const std::string msg = errorOf([&] {
+      interpret(*g, {InterpArg::buffer(x.data(), x.size() * 4), InterpArg::buffer(out.data(), out.size() * 4),
+                     InterpArg::integer(7), InterpArg::integer(100), InterpArg::integer(12), InterpArg::integer(1),
+                     InterpArg::integer(col0)},
+                {4, 1, 1}, {.threads = 1});
+    });
+    if (result) *result = out;
+    return msg;
+  };
+  for (int64_t col0 : {0, 4}) {
+    std::vector<float> out;
+    ASSERT_EQ(run(kBoxLoad, col0, &out), "");
+    for (int p = 0; p < 4; ++p)
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 8; ++c) {
+          const int64_t row = 3 * p - 2 + r, col = col0 + c;
+          const float want = row >= 0 && row < 7 && col < 8 ? x[size_t(100 + row * 12 + col)] : 0.0f;
+          EXPECT_EQ(out[size_t(32 * p + 8 * r + c)], want) << "program " << p << " row " << r << " col " << c;
+        }
+  }
+  auto fails = [&](const std::string& from, const std::string& to, int64_t col0, const std::string& message) {
+    std::string t = kBoxLoad;
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    const std::string msg = run(t, col0);
+    EXPECT_TRUE(contains(msg, message)) << to << ": " << msg;
+  };
+  fails("%bo = mul %batch, %bstride", "%bo = mul %batch, %rstride", 0, "is not the tensor box's element there (byte offset");
+  fails("%batch, %row0, %col0 {tensor_rank", "%batch, %p3, %col0 {tensor_rank", 0, "its mask is off at tile element");
+  fails("%m = and %m0, %clt", "%m = and %m0, %m0", 4, "its mask is on at tile element");
+  fails("%z = constant {value = 0.0}", "%z = constant {value = 1.0}", 0, "reads a nonzero `other`");
+  fails("%batch, %row0, %col0 {tensor_rank", "%batch, %row0 {tensor_rank", 0, "with tensor_rank = 3 takes");
+  fails("{tensor_rank = 3}", "{tensor_rank = 6}", 0, "'tensor_rank' must be an integer from 1 to 5");
+  fails("%t = load %p, %m, %z, %x,", "%t = load %p, %m, %z, %out,", 0, "another buffer than the box's base");
+  fails("%two, %rows, %c8,", "%two, %rows, %z,", 0, "a dim, stride or coordinate of the tensor box");
+}
+
 }  // namespace
 }  // namespace flextile::test
