@@ -56,7 +56,8 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(deferAccumulationPass(target))
       .add(pipelinePass(target))
       .add(bulkReducePass(target))
-      .add(wgmmaPass(target));
+      .add(wgmmaPass(target))
+      .add(pingpongPass(target));
   return pipeline;
 }
 

@@ -147,6 +147,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       return;
     }
     case ir::OpKind::TmaCopy: return lowerTmaCopy(op);
+    case ir::OpKind::WarpgroupTurn: return lowerWarpgroupTurn(op);
     case ir::OpKind::AsyncCopy: return lowerAsyncCopy(op);
     case ir::OpKind::LocalLoad: return lowerLocalLoad(op);
     case ir::OpKind::LocalStore: return lowerLocalStore(op);
@@ -209,6 +210,25 @@ void Lowering::lowerTmaCopy(const ir::Op& op) {
       b.CreateIntrinsic(ids[rank - 1], llvm::ArrayRef<llvm::Value*>(args));
     }
   });
+}
+
+// Named barriers 1 and 2 (bar.sync 0 is the CTA's), 256 threads each: warpgroup g's 128 wait on
+// 1 + g, the other's 128 arrive there.
+void Lowering::lowerWarpgroupTurn(const ir::Op& op) {
+  if (func.numWarps() != 8)
+    fail(op, "takes turns between two warpgroups: it needs num_warps = 8, the function has " +
+                 std::to_string(func.numWarps()) + " warps");
+  const std::string& step = op.strAttr("step");
+  llvm::Value* tid = b.CreateIntrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, {});
+  llvm::Value* group = b.CreateLShr(tid, i32(7));
+  auto named = [&](const char* instr, llvm::Value* id) {
+    asmStatement(std::string(instr) + " $0, 256;", "r,~{memory}", {id});
+  };
+  if (step == "begin") return named("bar.sync", b.CreateAdd(group, i32(1)));
+  if (step == "end") return named("bar.arrive", b.CreateSub(i32(2), group));
+  const bool open = step == "open";
+  onlyWhere(b.CreateICmpEQ(group, i32(open ? 1 : 0)), open ? "turns.open" : "turns.close",
+            [&] { named(open ? "bar.arrive" : "bar.sync", i32(1)); });
 }
 
 void Lowering::lowerLocalLoad(const ir::Op& op) {

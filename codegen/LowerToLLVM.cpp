@@ -352,7 +352,8 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::MbarrierWait:
     case OpKind::MbarrierInval:
     case OpKind::MbarrierExpectTx:
-    case OpKind::TmaCopy: lowerAsyncOp(op); return;
+    case OpKind::TmaCopy:
+    case OpKind::WarpgroupTurn: lowerAsyncOp(op); return;
     case OpKind::WgmmaWait: lowerWgmmaWait(op); return;
   }
   fail(op, "unknown op");

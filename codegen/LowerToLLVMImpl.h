@@ -133,6 +133,7 @@ class Lowering {
   void lowerAsyncOp(const ir::Op& op);
   void lowerAsyncCopy(const ir::Op& op);
   void lowerTmaCopy(const ir::Op& op);
+  void lowerWarpgroupTurn(const ir::Op& op);
   // The kernel's tensor maps (TensorMaps.h): their recipes, and the byval parameter of each.
   std::vector<TensorMapRecipe> tensorMaps_;
   std::vector<llvm::Value*> tensorMapArgs_;

@@ -71,6 +71,13 @@ ir::Pass pipelinePass(const Target& target);  // "pipeline"
 void selectWgmma(ir::Function& f, const Target& target);
 ir::Pass wgmmaPass(const Target& target);  // "wgmma"
 
+// Warpgroup ping-pong (codegen/passes/Pingpong.cpp): in an 8-warp program on a wgmma target, the
+// two warpgroups take turns issuing a loop's async dots (warpgroup_turn ops), so that one's
+// tensor-core work overlaps the other's element-wise work. Only loops with no CTA-wide barrier in
+// their body. Opt-in: function attribute pingpong = 1, or FLEXTILE_PINGPONG=1. Runs after "wgmma".
+void scheduleWarpgroupTurns(ir::Function& f, const Target& target);
+ir::Pass pingpongPass(const Target& target);  // "pingpong"
+
 // Whole-row atomic sums (codegen/passes/BulkReduce.cpp): an atomic_add of an f32 [R, W] tile
 // whose rows are proven contiguous and 16-byte aligned, whose mask is constant along each row and
 // whose old values are unused gets `bulk_rows = 1` on targets with Feature::BulkReduce: the
@@ -84,7 +91,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma. The one list, so that what tests run is what the compiler runs.
+// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

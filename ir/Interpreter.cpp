@@ -333,6 +333,7 @@ class Program {
       case OpKind::AsyncCommit:
       case OpKind::AsyncWait:
       case OpKind::Barrier:
+      case OpKind::WarpgroupTurn:
       case OpKind::FenceAsyncShared: return;
       case OpKind::LocalAlloc: return localAlloc(op);
       case OpKind::MbarrierInit:
@@ -440,6 +441,7 @@ class Program {
       case OpKind::MbarrierWait:
       case OpKind::MbarrierExpectTx:
       case OpKind::TmaCopy:
+      case OpKind::WarpgroupTurn:
       case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
       case OpKind::Dot: return set(op.result(), dot(op, rt));

@@ -308,6 +308,10 @@ class Verifier {
         }
         break;
       case OpKind::TmaCopy: tmaCopy(op); break;
+      case OpKind::WarpgroupTurn:
+        if (!strAttrIn(op, "step", {"open", "begin", "end", "close"})) break;
+        if (op.attrs().size() != 1) err(op, "takes only the attribute 'step'");
+        break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:

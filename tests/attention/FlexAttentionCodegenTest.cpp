@@ -226,3 +226,30 @@ TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
   }
   EXPECT_EQ(compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).ptx, withoutBoxes);
 }
+
+// Warpgroup ping-pong (opt-in: FLEXTILE_PINGPONG=1, codegen/passes/Pingpong.cpp): on two
+// warpgroups with TMA rings (no CTA barrier left in the loops) both walks take turns: each loop is
+// opened and closed, and each iteration's products are bracketed by a wait for the turn (a named
+// barrier 1 or 2 of 256 threads) and its hand-over. One warpgroup, or cp.async rings (a CTA
+// barrier per iteration), get no turns.
+TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
+  ::setenv("FLEXTILE_PINGPONG", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_PINGPONG"); }
+  } unset;
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 2);
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"begin\"\\}"), 2);
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"end\"\\}"), 2);
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"close\"\\}"), 2);
+  // Per loop: a wait per iteration and the close (bar.sync), a hand-over and the open (bar.arrive).
+  EXPECT_EQ(count(k.ptx, "bar\\.sync \t?%r[0-9]+, 256;"), 4);
+  EXPECT_EQ(count(k.ptx, "bar\\.arrive \t?%r[0-9]+, 256;"), 4);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+  }
+  EXPECT_EQ(count(compileFor(codegen::Target::sm90a(), {64, 64, 4, 2}).ir, "warpgroup_turn"), 0);
+  TmaScope cpAsync("0");
+  EXPECT_EQ(count(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ir, "warpgroup_turn"), 0);
+}

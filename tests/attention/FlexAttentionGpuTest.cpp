@@ -134,6 +134,34 @@ TEST(FlexAttentionGpu, TmaCopiesEveryVariant) {
     }
 }
 
+// The two warpgroups taking turns at their products (opt-in: FLEXTILE_PINGPONG=1,
+// codegen/passes/Pingpong.cpp), with and without the defer-accumulation rotation: every variant
+// on two warpgroups, lengths off the block, GQA, a padded head dim.
+TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ::setenv("FLEXTILE_PINGPONG", "1", 1);
+  struct Unset {
+    ~Unset() {
+      ::unsetenv("FLEXTILE_PINGPONG");
+      ::unsetenv("FLEXTILE_DEFER_ACCUMULATION");
+    }
+  } unset;
+  for (const char* defer : {"0", "1"}) {
+    ::setenv("FLEXTILE_DEFER_ACCUMULATION", defer, 1);
+    for (const Variant& var : variants())
+      for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+                              AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+        if (!inScope(c.work())) continue;
+        c.context = "variant " + var.name + ", warpgroup turns, defer " + defer;
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
+          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+            return;
+      }
+  }
+}
+
 // The yardstick's window and prefix cut at 8192 (the one long case: the float64 reference is slow).
 TEST(FlexAttentionGpu, Length8192) {
   FLEXTILE_REQUIRE_GPU();

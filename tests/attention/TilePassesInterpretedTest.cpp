@@ -125,6 +125,25 @@ TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
   }
 }
 
+// Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
+// the same (turns order nothing in the interpreter, which runs one thread).
+TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_PINGPONG", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_PINGPONG"); }
+  } unset;
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* name : {"full", "causal", "softcap"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
+    c.context = std::string(name) + " warpgroup turns";
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask,
+                            {.config = FlexAttentionConfig{128, 64, 8, 2}}))
+      return;
+  }
+}
+
 // The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
 // and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
 TEST(TilePassesInterpreted, BackwardWithTmaCopies) {

@@ -139,6 +139,27 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
   }
 }
 
+// Regression: a kernel compiled under FLEXTILE_PINGPONG=1 (or FLEXTILE_TMA) was found again by a
+// compile without it, since the switches that change what the passes write were not in the key.
+TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
+  for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS"}) {
+    SCOPED_TRACE(name);
+    const char* old = std::getenv(name);
+    const std::string keep = old ? old : "";
+    ::unsetenv(name);
+    const std::string unset = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+    ::setenv(name, "1", 1);
+    const std::string on = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+    ::setenv(name, "0", 1);
+    const std::string off = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+    if (old) ::setenv(name, keep.c_str(), 1);
+    else ::unsetenv(name);
+    EXPECT_NE(unset, on);
+    EXPECT_NE(unset, off);
+    EXPECT_NE(on, off);
+  }
+}
+
 TEST(CompileCache, RoundTripKeepsEveryFieldIncludingBinaryCubin) {
   flextile::testing::SeededRandom rng;
   codegen::CompiledKernel k;

@@ -78,6 +78,9 @@ std::unique_ptr<Function> everyOpProgram() {
   b.create(OpKind::TmaCopy, {ring, slot, bars, slot, on, bp, b.constantInt(Type(DType::I32), 32), n,
                              b.constantInt(Type(DType::I32), 16), zero, zero}, {});
   b.create(OpKind::MbarrierInval, {bars}, {});
+  // Warpgroup turns, in the order a loop has them (the lowering needs 8 warps; the IR does not).
+  for (const char* step : {"open", "begin", "end", "close"})
+    b.create(OpKind::WarpgroupTurn, {}, {}, {{"step", std::string(step)}});
   b.create(OpKind::FenceAsyncShared, {}, {});
   b.create(OpKind::Barrier, {}, {});
   Value* staged = b.create1(OpKind::LocalLoad, {ring, slot}, Type(DType::F16, {32, 16}));

@@ -36,7 +36,7 @@ void usage() {
   std::fputs(
       "usage: flextile-opt [options] FILE|-\n"
       "  --passes=a,b,...     run these passes in order: canonicalize, cse, dce (ir/Passes.h),\n"
-      "                       assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma (codegen/Passes.h, for the --sm target),\n"
+      "                       assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong (codegen/Passes.h, for the --sm target),\n"
       "                       reverse-mode (test-only, ir/passes/ReverseMode.h)\n"
       "  --print-locations    print loc(\"file\":line) after each op\n"
       "  --verify-only        parse and verify, print nothing\n"
@@ -69,6 +69,7 @@ std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Targe
   if (name == "pipeline") return codegen::pipelinePass(target);
   if (name == "bulk-reduce") return codegen::bulkReducePass(target);
   if (name == "wgmma") return codegen::wgmmaPass(target);
+  if (name == "pingpong") return codegen::pingpongPass(target);
   if (name == "reverse-mode") return ir::reverseModeTestPass();  // test-only: differentiates per grad_* attributes
   return std::nullopt;
 }

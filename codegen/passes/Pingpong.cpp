@@ -1,0 +1,95 @@
+// Warpgroup ping-pong (pass "pingpong"): in an 8-warp program whose loop issues wgmma products, the
+// two warpgroups take turns issuing them, so that one warpgroup's tensor-core work runs while the
+// other does its element-wise work (FlashAttention-3's inter-warpgroup overlap). Without turns both
+// warpgroups wait on the same ring slot, issue their products together and then run their softmax
+// together, leaving the tensor cores idle through it.
+//
+// The schedule written (ir/Ops.def warpgroup_turn), per loop that qualifies:
+//
+//   warpgroup_turn {step = "open"}       warpgroup 1 lets warpgroup 0 go first
+//   for ... {
+//     ...
+//     warpgroup_turn {step = "begin"}    before the body's first async dot: wait for the turn
+//     dot {async = 1} ...                the products issued before the first wgmma_wait
+//     warpgroup_turn {step = "end"}      after the last of them: hand the turn over
+//     ...
+//   }
+//   warpgroup_turn {step = "close"}      warpgroup 0 takes the turn handed back last
+//
+// A loop qualifies when the function has 8 warps on a wgmma target, its body (not nested regions)
+// holds at least one async dot, and nothing in the body waits for the whole CTA: no barrier op and
+// no op with shared-memory scratch (whose lowering brackets it with CTA barriers): a warpgroup
+// waiting for its turn would never reach such a barrier while the other waits there. Both
+// warpgroups run the same trip count (the loop is the program's), so the turns balance. Opt-in:
+// function attribute pingpong = 1, or FLEXTILE_PINGPONG=1 (=0 turns it off everywhere).
+#include <cstdlib>
+#include <cstring>
+
+#include "codegen/Passes.h"
+#include "codegen/SharedMemory.h"
+#include "codegen/Target.h"
+
+namespace flextile::codegen {
+
+using ir::Op;
+using ir::OpKind;
+
+namespace {
+
+bool pingpongWanted(const ir::Function& f) {
+  const char* e = std::getenv("FLEXTILE_PINGPONG");
+  if (e && std::strcmp(e, "0") == 0) return false;
+  if (e && std::strcmp(e, "1") == 0) return true;
+  return f.intAttrOr("pingpong", 0) != 0;
+}
+
+bool waitsForTheCta(const ir::Block& body) {
+  for (const auto& op : body.ops()) {
+    if (op->kind() == OpKind::Barrier || scratchBytes(*op) > 0) return true;
+    for (const auto& r : op->regions())
+      if (waitsForTheCta(*r)) return true;
+  }
+  return false;
+}
+
+void turn(ir::Function& f, ir::Block& block, ir::Block::OpList::iterator pos, const char* step, ir::Location loc) {
+  block.insert(pos, f.createOp(OpKind::WarpgroupTurn, {}, {}, {{"step", std::string(step)}}, loc));
+}
+
+}  // namespace
+
+void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
+  if (!target.has(Feature::Wgmma) || f.numWarps() != 8 || !pingpongWanted(f)) return;
+  std::vector<Op*> loops;
+  f.walk([&](Op& op) {
+    if (op.kind() == OpKind::For && op.regions().size() == 1) loops.push_back(&op);
+  });
+  for (Op* loop : loops) {
+    ir::Block& body = loop->region(0);
+    // The turn covers the products issued from the first async dot up to the first wait for one
+    // (or the last async dot): with defer-accumulation, S_t and the deferred P_{t-1}·V; without,
+    // S_t alone. What follows the wait (the softmax) then runs while the other warpgroup issues.
+    Op* first = nullptr;
+    Op* last = nullptr;
+    for (auto& op : body.ops()) {
+      if (first && op->kind() == OpKind::WgmmaWait) break;
+      if (op->kind() == OpKind::Dot && op->hasAttr("async") && op->intAttr("async")) {
+        if (!first) first = op.get();
+        last = op.get();
+      }
+    }
+    if (!first || waitsForTheCta(body)) continue;
+    const ir::Location loc = loop->loc();
+    turn(f, body, body.find(first), "begin", first->loc());
+    turn(f, body, std::next(body.find(last)), "end", last->loc());
+    ir::Block& outer = *loop->parentBlock();
+    turn(f, outer, outer.find(loop), "open", loc);
+    turn(f, outer, std::next(outer.find(loop)), "close", loc);
+  }
+}
+
+ir::Pass pingpongPass(const Target& target) {
+  return {"pingpong", [target](ir::Function& f) { scheduleWarpgroupTurns(f, target); }};
+}
+
+}  // namespace flextile::codegen
