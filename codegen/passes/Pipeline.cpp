@@ -55,6 +55,30 @@
 //     yield ..., (%slot + 1 == S ? 0 : %slot + 1)
 //   async_wait {pending = 0}      no copy (of the zero-filled stages past the
 //                                 end) lands in bytes a later op reuses
+//
+// With TMA (the target has it, the function asks: attribute tma = 1 or FLEXTILE_TMA=1, and every
+// ring of the loop has a tensor box, ir/Ops.def "load {tensor_rank}", and a wgmma layout, which is
+// a layout TMA writes), the rings are filled by one thread instead and synchronized by barriers in
+// shared memory; no cp.async and no CTA barrier are left in the loop:
+//
+//   %buf_j = local_alloc ...; %full, %empty = local_alloc : smem<S x i64[1]>
+//   mbarrier_init %full {arrivals = 1}; mbarrier_init %empty; barrier
+//   mbarrier_arrive %empty[s] for every s          each slot starts released
+//   for s in 0 .. S-2:                              the prologue
+//     mbarrier_expect_tx %full[s], exists {bytes}   thread 0 announces the stage's bytes
+//     tma_copy %buf_j[s], %full[s], exists, box_j at iv = lb + s*step
+//   for ... (iv, ..., %slot, %k):
+//     mbarrier_wait %empty[%write] {issuer = 1}     thread 0 alone: every thread released the
+//                                                   slot in iteration i-1
+//     mbarrier_expect_tx, tma_copy ... at iv + (S-1)*step into %write
+//     mbarrier_wait %full[%slot]                    every thread: its data has landed
+//     local_load %buf_j[%slot] ... (wgmma reads the slot)
+//     mbarrier_wait %empty[%slot]; mbarrier_arrive %empty[%slot]   release (below)
+//   barrier; mbarrier_inval %full, %empty; barrier
+// The parities follow the iteration count k: iteration k's data is fill k/S of its slot. No proxy
+// fence: TMA writes through the async proxy that wgmma reads through, ordered by the barrier.
+// (The barrier schedule without TMA, ring_barriers, has every thread copy and arrive.)
+//
 // One barrier per iteration instead of the staged path's two per operand.
 // Groups are committed uniformly (possibly empty), so the wait count is the
 // constant S-2. The loads, their converts and their now unused address ops
