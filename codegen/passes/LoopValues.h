@@ -1,5 +1,5 @@
-// What the loop-rewriting passes (pipeline, defer-accumulation) may recompute for
-// another iteration of a `for` loop.
+// What the loop-rewriting passes (pipeline, defer-accumulation, pingpong) may recompute for
+// another iteration of a `for` loop, and what they ask of a loop body.
 #pragma once
 
 #include <set>
@@ -19,5 +19,10 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
 // The ops directly in `body` that compute `values`, transitively through operands defined there,
 // in body order (what cloning those values for another iteration must clone).
 std::vector<ir::Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body);
+
+// Whether something in `body` (nested regions too) waits for every thread of the program: a
+// `barrier` op, or an op with shared-memory scratch, whose lowering brackets it with CTA barriers
+// (codegen/SharedMemory.h), other than the ops in `except`. Needs layouts.
+bool waitsForTheCta(const ir::Block& body, const std::set<const ir::Op*>& except = {});
 
 }  // namespace flextile::codegen

@@ -28,6 +28,7 @@
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/Target.h"
+#include "codegen/passes/LoopValues.h"
 
 namespace flextile::codegen {
 
@@ -41,15 +42,6 @@ bool pingpongWanted(const ir::Function& f) {
   if (e && std::strcmp(e, "0") == 0) return false;
   if (e && std::strcmp(e, "1") == 0) return true;
   return f.intAttrOr("pingpong", 0) != 0;
-}
-
-bool waitsForTheCta(const ir::Block& body) {
-  for (const auto& op : body.ops()) {
-    if (op->kind() == OpKind::Barrier || scratchBytes(*op) > 0) return true;
-    for (const auto& r : op->regions())
-      if (waitsForTheCta(*r)) return true;
-  }
-  return false;
 }
 
 void turn(ir::Function& f, ir::Block& block, ir::Block::OpList::iterator pos, const char* step, ir::Location loc) {

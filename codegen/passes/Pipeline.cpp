@@ -86,6 +86,7 @@
 // instruction and follows nothing else: the schedule is the IR's.
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
+#include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
 #include "codegen/Target.h"
 #include "codegen/passes/LoopValues.h"
@@ -150,6 +151,16 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
   for (const ir::Value* o : d->operands())
     if (!recomputableInLoop(o, body, readOnlyLoop, seen)) return false;
   return true;
+}
+
+bool waitsForTheCta(const ir::Block& body, const std::set<const Op*>& except) {
+  for (const auto& op : body.ops()) {
+    if (except.count(op.get())) continue;
+    if (op->kind() == OpKind::Barrier || scratchBytes(*op) > 0) return true;
+    for (const auto& r : op->regions())
+      if (waitsForTheCta(*r, except)) return true;
+  }
+  return false;
 }
 
 std::vector<Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body) {
@@ -360,7 +371,11 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // TMA fills every ring of the loop, or none: the stage's `full` barrier then counts one arrival
   // (thread 0's expect_tx) and the bytes. Each ring must have a tensor box whose coordinates can
   // be recomputed ahead, and a wgmma layout (128-, 64- or 32-byte swizzled panels, which TMA writes).
-  bool tma = tmaWanted(f, target);
+  // And the body must not wait for the CTA (a layout conversion or reduction through shared
+  // memory): such a loop computed wrong rows on the H200 with TMA rings
+  // (FlexAttentionGpu.WgmmaInLoopsWithSharedConversions, 2026-12-02, not understood yet), so it
+  // keeps the cp.async ring and its barrier.
+  bool tma = tmaWanted(f, target) && !waitsForTheCta(body, std::set<const Op*>(converts.begin(), converts.end()));
   for (Ring& ring : rings) {
     ring.box = ir::loadTensorBox(*ring.load);
     std::set<const ir::Value*> seen;

@@ -149,6 +149,10 @@ TEST(FlexAttentionCodegen, LoopsWithSharedConversionsRunWgmmaWithTheirBlocksInOr
     SCOPED_TRACE(config.describe());
     auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {.config = config}, true, codegen::Target::sm90a());
     EXPECT_GT(count(plan.compiled->ir, "convert_layout %[0-9]+ : i32"), 0) << "the loop no longer converts";
+    // Regression (wrong rows on the H200 with TMA rings in this loop, 2026-12-02): a loop that
+    // waits for the CTA (its conversion through shared memory) keeps the cp.async ring.
+    EXPECT_EQ(count(plan.compiled->ptx, "cp\\.async\\.bulk\\.tensor"), 0);
+    EXPECT_GT(count(plan.compiled->ptx, "cp\\.async\\.cg"), 0);
     EXPECT_EQ(count(plan.compiled->ptx, "wgmma\\.mma_async"), 8);
     EXPECT_EQ(count(plan.compiled->ptx, "mma\\.sync"), 0);
     const std::vector<std::string> entries = jumpsIntoLoops(plan.compiled->ptx);
