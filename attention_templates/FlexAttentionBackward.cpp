@@ -114,12 +114,18 @@ struct GradConstants {
                            (int64_t, tma));
 };
 
-// A [rows, DP] tile of a [B, H, N, D] tensor at (b, h, row0) as a tensor box (dsl::TensorBox), for
-// the loads of the walks (FlexAttentionCommon.h tmaBoxesFor): rows from `rows` up to `len`.
-TensorBox rowsBox(const Tile& tensor, const Tile& len, const Tile& strideB, const Tile& strideH, const Tile& strideN,
-                  const Tile& b, const Tile& h, const Tile& row0, const GradConstants& k) {
-  return TensorBox{tensor, {detail::kUnboundedDim, detail::kUnboundedDim, len, k.D}, {strideB, strideH, strideN},
-                   {b, h, row0, 0}};
+// One of a walk's streamed [rows, DP] tiles of a [B, H, N, D] tensor: rows row0 .. of head (b, h),
+// those below `len` live. `ptrs` and `live` are the template's; with k.tma the load also names the
+// tile as a tensor box (FlexAttentionCommon.h tmaBoxesFor), so that the pipeline may copy it by TMA.
+struct StreamedRows {
+  Tile tensor, len, strideB, strideH, strideN;
+};
+Tile loadRows(const Tile& ptrs, bool exact, const Tile& live, const StreamedRows& t, const Tile& b, const Tile& h,
+              const Tile& row0, const GradConstants& k) {
+  if (!k.tma) return exact ? load(ptrs) : load(ptrs, live);
+  TensorBox box{t.tensor, {detail::kUnboundedDim, detail::kUnboundedDim, t.len, k.D}, {t.strideB, t.strideH, t.strideN},
+                {b, h, row0, 0}};
+  return exact ? load(ptrs, box) : load(ptrs, live, box);
 }
 
 // ---- traced kernels ----------------------------------------------------------
@@ -296,13 +302,10 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
         Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
         const bool exact = k.qExact && k.DP == k.D;
-        auto loadRows = [&](const Tile& ptrs, const Tile& tensor, const Tile& sb, const Tile& sh, const Tile& sm) {
-          if (!k.tma) return exact ? load(ptrs) : load(ptrs, byD(rowLive));
-          TensorBox box = rowsBox(tensor, p.q_len, sb, sh, sm, b, h, row0, k);
-          return exact ? load(ptrs, box) : load(ptrs, byD(rowLive), box);
-        };
-        Tile qt = loadRows(qBase + qOffs, p.q, p.q_stride_b, p.q_stride_h, p.q_stride_m);
-        Tile dOt = loadRows(doBase + doOffs, p.dout, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m);
+        const Tile live = exact ? Tile() : byD(rowLive);
+        Tile qt = loadRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m}, b, h, row0, k);
+        Tile dOt = loadRows(doBase + doOffs, exact, live,
+                            {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0, k);
         Tile lse2 = k.qExact ? load(p.lse2 + (rowBase + offsM)) : load(p.lse2 + (rowBase + offsM), rowLive, INFINITY);
         Tile delta = k.qExact ? load(p.delta + (rowBase + offsM)) : load(p.delta + (rowBase + offsM), rowLive);
         Tile qPos = (offsM + p.q_offset).expand(0);
@@ -407,13 +410,9 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
       Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
       const bool kvExact = k.kvExact && k.DP == k.D;
-      auto loadRows = [&](const Tile& ptrs, const Tile& tensor, const Tile& sb, const Tile& sh, const Tile& sn) {
-        if (!k.tma) return kvExact ? load(ptrs) : load(ptrs, byD(colLive));
-        TensorBox box = rowsBox(tensor, p.kv_len, sb, sh, sn, b, hkv, row0, k);
-        return kvExact ? load(ptrs, box) : load(ptrs, byD(colLive), box);
-      };
-      Tile kt = loadRows(kBase + kOffs, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
-      Tile vt = loadRows(vBase + vOffs, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
+      const Tile live = kvExact ? Tile() : byD(colLive);
+      Tile kt = loadRows(kBase + kOffs, kvExact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n}, b, hkv, row0, k);
+      Tile vt = loadRows(vBase + vOffs, kvExact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, row0, k);
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt, kt.trans());  // [BM, BN]
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
