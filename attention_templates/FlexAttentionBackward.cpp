@@ -114,20 +114,6 @@ struct GradConstants {
                            (int64_t, tma));
 };
 
-// One of a walk's streamed [rows, DP] tiles of a [B, H, N, D] tensor: rows row0 .. of head (b, h),
-// those below `len` live. `ptrs` and `live` are the template's; with k.tma the load also names the
-// tile as a tensor box (FlexAttentionCommon.h tmaBoxesFor), so that the pipeline may copy it by TMA.
-struct StreamedRows {
-  Tile tensor, len, strideB, strideH, strideN;
-};
-Tile loadRows(const Tile& ptrs, bool exact, const Tile& live, const StreamedRows& t, const Tile& b, const Tile& h,
-              const Tile& row0, const GradConstants& k) {
-  if (!k.tma) return exact ? load(ptrs) : load(ptrs, live);
-  TensorBox box{t.tensor, {detail::kUnboundedDim, detail::kUnboundedDim, t.len, k.D}, {t.strideB, t.strideH, t.strideN},
-                {b, h, row0, 0}};
-  return exact ? load(ptrs, box) : load(ptrs, live, box);
-}
-
 // ---- traced kernels ----------------------------------------------------------
 
 void tracePreprocess(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
@@ -303,9 +289,11 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
         const bool exact = k.qExact && k.DP == k.D;
         const Tile live = exact ? Tile() : byD(rowLive);
-        Tile qt = loadRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m}, b, h, row0, k);
-        Tile dOt = loadRows(doBase + doOffs, exact, live,
-                            {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0, k);
+        Tile qt = detail::loadStreamedRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m},
+                                           b, h, row0, k.D, k.tma);
+        Tile dOt = detail::loadStreamedRows(doBase + doOffs, exact, live,
+                                            {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0,
+                                            k.D, k.tma);
         Tile lse2 = k.qExact ? load(p.lse2 + (rowBase + offsM)) : load(p.lse2 + (rowBase + offsM), rowLive, INFINITY);
         Tile delta = k.qExact ? load(p.delta + (rowBase + offsM)) : load(p.delta + (rowBase + offsM), rowLive);
         Tile qPos = (offsM + p.q_offset).expand(0);
@@ -411,8 +399,10 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
       const bool kvExact = k.kvExact && k.DP == k.D;
       const Tile live = kvExact ? Tile() : byD(colLive);
-      Tile kt = loadRows(kBase + kOffs, kvExact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n}, b, hkv, row0, k);
-      Tile vt = loadRows(vBase + vOffs, kvExact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, row0, k);
+      Tile kt = detail::loadStreamedRows(kBase + kOffs, kvExact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
+                                         b, hkv, row0, k.D, k.tma);
+      Tile vt = detail::loadStreamedRows(vBase + vOffs, kvExact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
+                                         b, hkv, row0, k.D, k.tma);
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt, kt.trans());  // [BM, BN]
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)

@@ -111,6 +111,17 @@ bool tmaBoxesFor(std::initializer_list<const dsl::Tensor*> tensors, int numStage
 // A tensor box's bound on a dim the program's coordinates never leave (the batch, the head).
 inline constexpr int64_t kUnboundedDim = 2147483647;
 
+// The tensor a walk streams [rows, DP] tiles of: a [B, H, N, D] parameter, its strides and the
+// rows that exist (N).
+struct StreamedRows {
+  dsl::Tile tensor, len, strideB, strideH, strideN;
+};
+// One streamed tile, rows row0 .. of head (b, h): the load of `ptrs` under `live` (no mask when
+// `exact`), which with `tma` (tmaBoxesFor) also names the tile as a box of `t`, rows bounded by
+// t.len and columns by D, so that the pipeline may copy it with TMA.
+dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& live, const StreamedRows& t,
+                           const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
+
 // The head dim a template's tiles use: D rounded up to a power of two (aranges are powers of two).
 inline int64_t paddedHeadDim(int64_t D) {
   int64_t p = 1;

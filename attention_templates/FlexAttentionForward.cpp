@@ -221,7 +221,6 @@ struct ForwardConstants {
 
 // ---- traced kernel -----------------------------------------------------------
 
-
 // The traced program. `scoreMod` and `maskMod` are inlined where they are called. `paged`: the
 // kernel reads a paged K/V (its constants follow ForwardConstants, its parameters ForwardParams).
 void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
@@ -306,17 +305,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
       }
       const bool exact = !keysMayEnd && k.DP == k.D;
-      auto loadKV = [&](const Tile& ptrs, const Tile& tensor, const Tile& strideB, const Tile& strideH,
-                        const Tile& strideN) {
-        if (!k.tma) return exact ? load(ptrs) : load(ptrs, rowsByD(colLive));
-        // The same tile as a box of the [B, Hkv, S, D] tensor, for TMA (dims the program never
-        // leaves, b and hkv, are unbounded).
-        TensorBox box{tensor, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
-                      {b, hkv, start, 0}};
-        return exact ? load(ptrs, box) : load(ptrs, rowsByD(colLive), box);
-      };
-      Tile kt = loadKV(kBase + kvOffs, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
-      Tile vt = loadKV(vBase + vOffs, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
+      const Tile live = exact ? Tile() : rowsByD(colLive);
+      Tile kt = detail::loadStreamedRows(kBase + kvOffs, exact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
+                                         b, hkv, start, k.D, k.tma);
+      Tile vt = detail::loadStreamedRows(vBase + vOffs, exact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
+                                         b, hkv, start, k.D, k.tma);
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod) {
@@ -432,7 +425,6 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
-
 
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
@@ -634,6 +626,13 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   }
   return true;
 }
+Tile loadStreamedRows(const Tile& ptrs, bool exact, const Tile& live, const StreamedRows& t, const Tile& b,
+                      const Tile& h, const Tile& row0, int64_t D, bool tma) {
+  if (!tma) return exact ? load(ptrs) : load(ptrs, live);
+  TensorBox box{t.tensor, {kUnboundedDim, kUnboundedDim, t.len, D}, {t.strideB, t.strideH, t.strideN}, {b, h, row0, 0}};
+  return exact ? load(ptrs, box) : load(ptrs, live, box);
+}
+
 bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
   switch (options.kernel) {
     case AttentionTemplate::Prefill: return false;

@@ -10,6 +10,8 @@
 #include "codegen/Compiler.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -46,6 +48,13 @@ class StepTimer {
 };
 
 }  // namespace
+
+bool passSwitch(const ir::Function& f, const char* env, const char* attr) {
+  const char* e = std::getenv(env);
+  if (e && std::strcmp(e, "0") == 0) return false;
+  if (e && std::strcmp(e, "1") == 0) return true;
+  return f.intAttrOr(attr, 0) != 0;
+}
 
 ir::PassPipeline tilePassPipeline(const Target& target) {
   ir::PassPipeline pipeline;

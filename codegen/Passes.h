@@ -47,6 +47,10 @@ ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 void deferAccumulation(ir::Function& f, const Target& target);
 ir::Pass deferAccumulationPass(const Target& target);  // "defer-accumulation"
 
+// A pass's opt-in switch: FLEXTILE_<env>=1 or =0 forces it on or off for every kernel (and is part
+// of the compile cache's identity, CompileCache.cpp), else the function attribute `attr` decides.
+bool passSwitch(const ir::Function& f, const char* env, const char* attr);
+
 // Software pipelining (codegen/passes/Pipeline.cpp): the loads of a for loop
 // that stage dot operands become a ring of num_stages shared tiles (function
 // attribute; absent means 1, nothing pipelined) filled iterations ahead, in

@@ -279,6 +279,8 @@ std::optional<TensorBox> loadTensorBox(const Op& load) {
   return box;
 }
 
+size_t loadOperandCount(const Op& load) { return load.hasAttr("tensor_rank") ? 3 : load.numOperands(); }
+
 Value* pointerBase(Value* ptr) {
   while (const Op* def = ptr->definingOp()) {
     switch (def->kind()) {

@@ -282,6 +282,8 @@ struct TensorBox {
   size_t firstOperand = 3;      // base's operand index
 };
 std::optional<TensorBox> loadTensorBox(const Op& load);
+// The operands a load reads through, (p [, mask [, other]]): all of them but a tensor box's.
+size_t loadOperandCount(const Op& load);
 
 // A module is what gets compiled together: one or more kernels.
 struct Module {

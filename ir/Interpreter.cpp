@@ -81,6 +81,32 @@ Storage storageOf(DType t) {
 
 // A pointer keeps the argument it was derived from: that is what lets an
 // access be checked against the right allocation.
+// A box of a rank-R tensor (tma_copy, or a load's tensor box) read as a tile of `shape` (the box,
+// padded with leading 1s): where element i of the tile lies, and whether inside [0, dims).
+struct BoxElements {
+  std::vector<int64_t> dims, strides, coords;  // rank entries each, outermost first (the last stride 1)
+  struct Element {
+    bool inside = true;
+    int64_t offset = 0;  // in elements from the tensor's base
+  };
+  Element at(const Shape& shape, size_t i) const {
+    const size_t rank = dims.size(), lead = rank - shape.size();
+    Element e;
+    int64_t rest = int64_t(i);
+    for (size_t k = rank; k-- > 0;) {
+      int64_t idx = coords[k];
+      if (k >= lead) {
+        const int64_t extent = shape[k - lead];
+        idx += rest % extent;
+        rest /= extent;
+      }
+      e.inside = e.inside && idx >= 0 && idx < dims[k];
+      e.offset += idx * strides[k];
+    }
+    return e;
+  }
+};
+
 struct PtrVal {
   int64_t offset = 0;  // bytes from the buffer's base
   int64_t buffer = 0;  // argument index
@@ -654,35 +680,29 @@ class Program {
   template <class T>
   void checkTensorBox(const Op& op, const PtrVal* p, const int64_t* mask, const T* loaded, const Shape& shape,
                       int width) const {
-    const TensorBox box = *loadTensorBox(op);
-    const size_t rank = box.dims.size(), lead = rank - shape.size();
-    const PtrVal origin = slots_[size_t(box.base->id())]->ptrs[0];
+    const TensorBox tensor = *loadTensorBox(op);
+    BoxElements box;
+    for (size_t k = 0; k < tensor.dims.size(); ++k) {
+      box.dims.push_back(scalarInt(tensor.dims[k]));
+      box.strides.push_back(k < tensor.strides.size() ? scalarInt(tensor.strides[k]) : 1);
+      box.coords.push_back(scalarInt(tensor.coords[k]));
+    }
+    const PtrVal origin = slots_[size_t(tensor.base->id())]->ptrs[0];
     const size_t n = size_t(numElements(shape));
     for (size_t i = 0; i < n; ++i) {
-      int64_t rest = int64_t(i), offset = 0;
-      bool inside = true;
-      for (size_t k = rank; k-- > 0;) {
-        int64_t idx = scalarInt(box.coords[k]);
-        if (k >= lead) {
-          const int64_t extent = shape[k - lead];
-          idx += rest % extent;
-          rest /= extent;
-        }
-        inside = inside && idx >= 0 && idx < scalarInt(box.dims[k]);
-        offset += idx * (k + 1 < rank ? scalarInt(box.strides[k]) : 1);
-      }
+      const BoxElements::Element e = box.at(shape, i);
       const bool on = !mask || mask[i];
-      if (on != inside)
+      if (on != e.inside)
         fail(op, "its mask is " + std::string(on ? "on" : "off") + " at tile element " + coordString(shape, int64_t(i)) +
-                     ", which its tensor box has " + (inside ? "inside" : "outside") + " the tensor");
-      if (inside && p[i].buffer != origin.buffer)
+                     ", which its tensor box has " + (e.inside ? "inside" : "outside") + " the tensor");
+      if (e.inside && p[i].buffer != origin.buffer)
         fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
                      " is not the tensor box's element there: it points into another buffer than the box's base");
-      if (inside && p[i].offset != origin.offset + offset * width)
+      if (e.inside && p[i].offset != origin.offset + e.offset * width)
         fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
                      " is not the tensor box's element there (byte offset " + std::to_string(p[i].offset) + ", the box's " +
-                     std::to_string(origin.offset + offset * width) + ")");
-      if (!inside && !(loaded[i] == T{}))
+                     std::to_string(origin.offset + e.offset * width) + ")");
+      if (!e.inside && !(loaded[i] == T{}))
         fail(op, "reads a nonzero `other` at tile element " + coordString(shape, int64_t(i)) +
                      " outside its tensor box's tensor (TMA fills 0 there)");
     }
@@ -779,32 +799,20 @@ class Program {
     const auto [base, n] = slotElements(op);
     Data& buf = *buffers_.at(op.operand(0));
     const PtrVal origin = in(op, 5).ptrs[0];
-    std::vector<int64_t> dims(rank), strides(rank, 1), coords(rank);
+    BoxElements box;
     for (size_t k = 0; k < rank; ++k) {
-      dims[k] = scalarInt(op.operand(6 + k));
-      coords[k] = scalarInt(op.operand(6 + 2 * rank - 1 + k));
-      if (k + 1 < rank) strides[k] = scalarInt(op.operand(6 + rank + k));
+      box.dims.push_back(scalarInt(op.operand(6 + k)));
+      box.strides.push_back(k + 1 < rank ? scalarInt(op.operand(6 + rank + k)) : 1);
+      box.coords.push_back(scalarInt(op.operand(6 + 2 * rank - 1 + k)));
     }
     const int width = byteWidth(t.dtype());
-    const size_t lead = rank - shape.size();  // box dims of extent 1 before the slot's
     withMemDType(t.dtype(), [&](auto mem) {
       using M = decltype(mem);
       using T = typename M::Held;
       T* o = buf.template vec<T>().data() + base;
       for (size_t i = 0; i < n; ++i) {
-        int64_t rest = int64_t(i), offset = 0;
-        bool inside = true;
-        for (size_t k = rank; k-- > 0;) {
-          int64_t idx = coords[k];
-          if (k >= lead) {
-            const int64_t extent = shape[k - lead];
-            idx += rest % extent;
-            rest /= extent;
-          }
-          inside = inside && idx >= 0 && idx < dims[k];
-          offset += idx * strides[k];
-        }
-        o[i] = inside ? M::read(address(op, "tma_copy", shape, i, {origin.offset + offset * width, origin.buffer}, width)) : T{};
+        const BoxElements::Element e = box.at(shape, i);
+        o[i] = e.inside ? M::read(address(op, "tma_copy", shape, i, {origin.offset + e.offset * width, origin.buffer}, width)) : T{};
       }
       return 0;
     });

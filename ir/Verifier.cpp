@@ -464,7 +464,7 @@ class Verifier {
     bool isLoad = op.kind() == OpKind::Load;
     size_t lo = isLoad ? 1 : 2, n = op.numOperands();
     if (isLoad && op.hasAttr("tensor_rank") && !tensorBox(op)) return;
-    if (isLoad && op.hasAttr("tensor_rank")) n = 3;  // the box's operands are checked by tensorBox
+    if (isLoad) n = loadOperandCount(op);  // a tensor box's operands are checked by tensorBox
     if (n < lo || n > lo + (isLoad ? 2 : 1))
       return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(isLoad ? lo + 2 : lo + 1) + " operands, got " +
                          std::to_string(n));

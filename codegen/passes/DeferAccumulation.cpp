@@ -58,8 +58,6 @@
 // specialized kernel whose consumers get 240 registers (setmaxnreg) and read Q from shared
 // memory, as FlashAttention-3's do (issue #13).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -79,12 +77,7 @@ namespace {
 
 // Opt-in (see the header): the function attribute, or FLEXTILE_DEFER_ACCUMULATION=1 for every
 // kernel; FLEXTILE_DEFER_ACCUMULATION=0 overrides the attribute.
-bool deferralWanted(const ir::Function& f) {
-  const char* e = std::getenv("FLEXTILE_DEFER_ACCUMULATION");
-  if (e && std::strcmp(e, "0") == 0) return false;
-  if (e && std::strcmp(e, "1") == 0) return true;
-  return f.intAttrOr("defer_accumulation", 0) != 0;
-}
+bool deferralWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_DEFER_ACCUMULATION", "defer_accumulation"); }
 
 std::optional<int64_t> scalarConstant(const ir::Value* v) {
   const Op* d = v->definingOp();
@@ -238,7 +231,7 @@ struct Cloner {
     }
     ir::Attrs attrs = op.attrs();
     if (guard && op.kind() == OpKind::Load && attrs.erase("tensor_rank"))
-      operands.resize(3);  // the guarded mask is no longer the box's: an ordinary load
+      operands.resize(ir::loadOperandCount(op));  // the guarded mask is no longer the box's: an ordinary load
     std::vector<ir::Type> types;
     for (const ir::Value* r : op.results()) types.push_back(r->type());
     Op* copy = make(op.kind(), std::move(operands), std::move(types), std::move(attrs));

@@ -22,9 +22,6 @@
 // waiting for its turn would never reach such a barrier while the other waits there. Both
 // warpgroups run the same trip count (the loop is the program's), so the turns balance. Opt-in:
 // function attribute pingpong = 1, or FLEXTILE_PINGPONG=1 (=0 turns it off everywhere).
-#include <cstdlib>
-#include <cstring>
-
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/Target.h"
@@ -37,13 +34,6 @@ using ir::OpKind;
 
 namespace {
 
-bool pingpongWanted(const ir::Function& f) {
-  const char* e = std::getenv("FLEXTILE_PINGPONG");
-  if (e && std::strcmp(e, "0") == 0) return false;
-  if (e && std::strcmp(e, "1") == 0) return true;
-  return f.intAttrOr("pingpong", 0) != 0;
-}
-
 void turn(ir::Function& f, ir::Block& block, ir::Block::OpList::iterator pos, const char* step, ir::Location loc) {
   block.insert(pos, f.createOp(OpKind::WarpgroupTurn, {}, {}, {{"step", std::string(step)}}, loc));
 }
@@ -51,7 +41,7 @@ void turn(ir::Function& f, ir::Block& block, ir::Block::OpList::iterator pos, co
 }  // namespace
 
 void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
-  if (!target.has(Feature::Wgmma) || f.numWarps() != 8 || !pingpongWanted(f)) return;
+  if (!target.has(Feature::Wgmma) || f.numWarps() != 8 || !passSwitch(f, "FLEXTILE_PINGPONG", "pingpong")) return;
   std::vector<Op*> loops;
   f.walk([&](Op& op) {
     if (op.kind() == OpKind::For && op.regions().size() == 1) loops.push_back(&op);

@@ -92,8 +92,6 @@
 #include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -179,19 +177,10 @@ std::vector<Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Bloc
   return out;
 }
 
-bool ringBarriersWanted(const ir::Function& f) {
-  const char* e = std::getenv("FLEXTILE_RING_BARRIERS");
-  if (e && std::strcmp(e, "0") == 0) return false;
-  if (e && std::strcmp(e, "1") == 0) return true;
-  return f.intAttrOr("ring_barriers", 0) != 0;
-}
+bool ringBarriersWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_RING_BARRIERS", "ring_barriers"); }
 
 bool tmaWanted(const ir::Function& f, const Target& target) {
-  if (!target.description().has(Feature::TensorMemoryAccelerator)) return false;
-  const char* e = std::getenv("FLEXTILE_TMA");
-  if (e && std::strcmp(e, "0") == 0) return false;
-  if (e && std::strcmp(e, "1") == 0) return true;
-  return f.intAttrOr("tma", 0) != 0;
+  return target.has(Feature::TensorMemoryAccelerator) && passSwitch(f, "FLEXTILE_TMA", "tma");
 }
 
 int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int64_t globalWidth, ir::DType t) {
@@ -255,7 +244,6 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
   const std::vector<ir::Value*> operands = boxOperands(ring);
   return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
 }
-
 
 // Clones `ops` (of the loop body, in order) before `at`, their operands mapped through `clone`,
 // which starts with the induction variable's value and collects the clones' results.
@@ -454,38 +442,38 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   auto parityOf = [&](ir::Value* phase) {
     return issue.value(OpKind::And, {phase, issue.constant(1, ir::DType::I32)}, i32);
   };
-  ir::Value* ahead = nullptr;
-  auto aheadIv = [&] {
+  // The data of iteration k is the k/S-th fill of its slot; the slot iteration k refills was
+  // released for the (k+S-1)/S-th time in iteration k-1.
+  auto waitFull = [&] {
+    issue.op(OpKind::MbarrierWait, {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
+  };
+  auto waitReleased = [&](ir::Attrs attrs) {
+    ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
+    issue.op(OpKind::MbarrierWait,
+             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {},
+             std::move(attrs));
+  };
+  auto ahead = [&] {  // the induction value of iteration i+S-1, whose copies this iteration issues
     return issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
   };
   if (tma) {
     // Thread 0 alone waits until every thread has released slot %write (in iteration i-1), then
     // refills it; the other threads only wait for their data. Issued before this iteration's
     // wait, so the copy has the longest lead.
-    ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
-    issue.op(OpKind::MbarrierWait,
-             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {},
-             {{"issuer", int64_t(1)}});
-    ahead = aheadIv();
-    issueStageTma(issue, body, rings, ahead, ub, writeSlot, full);
-    issue.op(OpKind::MbarrierWait,
-             {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
-  } else if (withBarriers)
-    issue.op(OpKind::MbarrierWait,
-             {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
-  else
-    issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
-  if (!tma) {
+    waitReleased({{"issuer", int64_t(1)}});
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full);
+    waitFull();
+  } else {
+    if (withBarriers)
+      waitFull();
+    else
+      issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 2}});
     if (std::any_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; })) issue.op(OpKind::FenceAsyncShared, {}, {});
-    if (withBarriers) {
-      ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
-      issue.op(OpKind::MbarrierWait,
-               {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {});
-    } else {
+    if (withBarriers)
+      waitReleased({});
+    else
       issue.op(OpKind::Barrier, {}, {});
-    }
-    ahead = aheadIv();
-    issueStage(issue, body, rings, ahead, ub, writeSlot);
+    issueStage(issue, body, rings, ahead(), ub, writeSlot);
     if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
   }
 
