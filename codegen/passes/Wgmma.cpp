@@ -29,6 +29,8 @@
 // wgmma of the forward is waited at the softmax that reads it, the O += PV one at the yield.
 // Runs after "pipeline" (wgmma reads its rings). FLEXTILE_WGMMA=0 selects nothing.
 #include <algorithm>
+#include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -100,8 +102,19 @@ struct WaitWriter {
 // with the barrier before (the planner may give these bytes to an op before it that a slower
 // warp still reads), the owners' stores, a proxy fence (generic-proxy stores, async-proxy reads)
 // and the barrier after, and a local_load that the dots read through a descriptor.
+// A tile already resident in the same shared layout earlier in the block is read from that
+// buffer: the atomic-dQ dkdv reads K as the A of K·Qᵀ and as the B of dS·K, the same swizzled
+// [BN, D] panels for both, so one copy and one store (16 KB less at 64 keys and D = 128).
 namespace {
-void keepResident(ir::Function& f, Op& cvt, const Target& target) {
+struct ResidentTile {
+  const ir::Value* source;
+  const ir::Block* block;
+  ir::SharedLayout smem;
+  ir::Value* buffer;
+  ir::Value* slot;
+};
+
+void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<ResidentTile>& made) {
   ir::Block& block = *cvt.parentBlock();
   auto resident = wgmmaResidentA(cvt, target);
   if (!resident) resident = wgmmaResidentB(cvt, target);
@@ -110,12 +123,29 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target) {
   auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
     return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
   };
-  ir::Value* buf = at(OpKind::LocalAlloc, {}, {ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem))})->result();
-  at(OpKind::Barrier, {}, {});
-  ir::Value* slot = at(OpKind::Constant, {}, {ir::Type(ir::DType::I32)}, {{"value", int64_t(0)}})->result();
-  at(OpKind::LocalStore, {buf, slot, cvt.operand(0)}, {});
-  at(OpKind::FenceAsyncShared, {}, {});
-  at(OpKind::Barrier, {}, {});
+  // Reusable only when the earlier store precedes this convert in its block.
+  auto precedes = [&](const ir::Value* buffer) {
+    for (const auto& op : block.ops()) {
+      if (op.get() == &cvt) return false;
+      if (op->kind() == OpKind::LocalStore && op->operand(0) == buffer) return true;
+    }
+    return false;
+  };
+  ir::Value *buf = nullptr, *slot = nullptr;
+  for (const ResidentTile& r : made)
+    if (r.source == cvt.operand(0) && r.block == &block && r.smem == resident->tile.smem && precedes(r.buffer)) {
+      buf = r.buffer;
+      slot = r.slot;
+    }
+  if (!buf) {
+    buf = at(OpKind::LocalAlloc, {}, {ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem))})->result();
+    at(OpKind::Barrier, {}, {});
+    slot = at(OpKind::Constant, {}, {ir::Type(ir::DType::I32)}, {{"value", int64_t(0)}})->result();
+    at(OpKind::LocalStore, {buf, slot, cvt.operand(0)}, {});
+    at(OpKind::FenceAsyncShared, {}, {});
+    at(OpKind::Barrier, {}, {});
+    made.push_back({cvt.operand(0), &block, resident->tile.smem, buf, slot});
+  }
   ir::Value* tile = at(OpKind::LocalLoad, {buf, slot}, {cvt.result()->type()})->result();
   f.replaceAllUsesWith(cvt.result(), tile);
   block.erase(&cvt);
@@ -150,8 +180,15 @@ void selectWgmma(ir::Function& f, const Target& target) {
     f.walk([&](Op& op) {
       if (op.kind() == OpKind::ConvertLayout && wgmmaStagedB(op, target)) staged.push_back(&op);
     });
-  for (Op* cvt : staged) keepResident(f, *cvt, target);
-  for (const Op* cvt : residentAConverts(f, target)) keepResident(f, const_cast<Op&>(*cvt), target);
+  std::vector<ResidentTile> made;
+  for (Op* cvt : staged) keepResident(f, *cvt, target, made);
+  // In program order, so that a tile's first convert makes its buffer and later ones read it.
+  const std::set<const Op*> chosen = residentAConverts(f, target);
+  std::vector<const Op*> residents(chosen.begin(), chosen.end());
+  std::map<const Op*, size_t> position;
+  f.walk([&](const Op& op) { position.emplace(&op, position.size()); });
+  std::sort(residents.begin(), residents.end(), [&](const Op* a, const Op* b) { return position[a] < position[b]; });
+  for (const Op* cvt : residents) keepResident(f, const_cast<Op&>(*cvt), target, made);
   bool any = false;
   f.walk([&](Op& op) {
     if (op.kind() == OpKind::Dot && wgmmaPlan(op, target)) {

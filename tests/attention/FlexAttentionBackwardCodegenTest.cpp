@@ -156,3 +156,23 @@ TEST(FlexAttentionBackwardCodegen, TmaFillsTheWalksRingsWhenAskedFor) {
     if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[i]->ptx, codegen::Target::sm90a()));
   }
 }
+
+// Regression (the atomic-dQ dkdv kept two copies of K in shared memory, 148 KB at 64 x 64, one
+// program per SM): K is the A of K·Qᵀ and the B of dS·K in the same swizzled layout, so the
+// wgmma pass keeps one resident tile for both. What the atomic mode adds to the default dkdv is
+// then only the bulk reduction's staging (64 rows of 544 bytes, 64 row addresses, 128 dump slots).
+TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
+  const auto target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  VariantInstance inst = variant("full").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  const FlexAttentionBackwardConfig config{{64, 64, 4, 2}, {64, 64, 4, 2}};
+  auto separate = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, {.config = config}, target);
+  FlexAttentionBackwardOptions atomicOptions{.config = config};
+  atomicOptions.dq_accumulation = DqAccumulation::Atomic;
+  auto atomic = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, atomicOptions, target);
+  ASSERT_EQ(separate.kernelNames[1], atomic.kernelNames[1]);  // both dkdv
+  const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8;
+  EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + 512);
+}
