@@ -186,15 +186,18 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
 
 SharedPlan planSharedMemory(const ir::Function& f) { return placeBuffers(f, {}); }
 
-std::set<const Op*> residentAConverts(const ir::Function& f, const Target& target) {
-  std::set<const Op*> resident;
+std::vector<const Op*> residentAConverts(const ir::Function& f, const Target& target) {
+  std::vector<const Op*> resident;
   f.walk([&](const Op& op) {
     if (op.kind() == OpKind::ConvertLayout && (wgmmaResidentA(op, target) || wgmmaResidentB(op, target)))
-      resident.insert(&op);
+      resident.push_back(&op);
   });
   // Resident tiles add their bytes to every loop that reads them: when that no longer fits,
-  // the kernel keeps register A (it compiled so before).
-  if (!resident.empty() && placeBuffers(f, resident).totalBytes > target.maxSharedBytesPerBlock()) return {};
+  // the kernel keeps register A (it compiled so before). The plan counts one buffer per convert,
+  // also where the wgmma pass lets two converts of one tile share a buffer: an upper bound.
+  if (!resident.empty() &&
+      placeBuffers(f, std::set<const Op*>(resident.begin(), resident.end())).totalBytes > target.maxSharedBytesPerBlock())
+    return {};
   return resident;
 }
 

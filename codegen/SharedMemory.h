@@ -69,6 +69,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
@@ -106,8 +107,8 @@ SharedPlan planSharedMemory(const ir::Function& f);
 // operand (TensorCores.h wgmmaResidentA) when the plan with all of them, each
 // live from the convert to the end of the last loop whose dots read it, fits
 // the target's shared memory; none when it does not. The "wgmma" pass turns
-// them into shared buffers (codegen/passes/Wgmma.cpp).
-std::set<const ir::Op*> residentAConverts(const ir::Function& f, const Target& target);
+// them into shared buffers (codegen/passes/Wgmma.cpp). In program order.
+std::vector<const ir::Op*> residentAConverts(const ir::Function& f, const Target& target);
 
 // Throws flextile::Error naming the largest users when the plan does not fit
 // the target's shared memory.

@@ -29,8 +29,6 @@
 // wgmma of the forward is waited at the softmax that reads it, the O += PV one at the yield.
 // Runs after "pipeline" (wgmma reads its rings). FLEXTILE_WGMMA=0 selects nothing.
 #include <algorithm>
-#include <map>
-#include <set>
 #include <memory>
 #include <vector>
 
@@ -108,7 +106,6 @@ struct WaitWriter {
 namespace {
 struct ResidentTile {
   const ir::Value* source;
-  const ir::Block* block;
   ir::SharedLayout smem;
   ir::Value* buffer;
   ir::Value* slot;
@@ -123,7 +120,8 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
   auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
     return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
   };
-  // Reusable only when the earlier store precedes this convert in its block.
+  // Reusable only when the earlier store precedes this convert in its block (a staged B's buffer
+  // may come later, or in another block).
   auto precedes = [&](const ir::Value* buffer) {
     for (const auto& op : block.ops()) {
       if (op.get() == &cvt) return false;
@@ -133,7 +131,7 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
   };
   ir::Value *buf = nullptr, *slot = nullptr;
   for (const ResidentTile& r : made)
-    if (r.source == cvt.operand(0) && r.block == &block && r.smem == resident->tile.smem && precedes(r.buffer)) {
+    if (r.source == cvt.operand(0) && r.smem == resident->tile.smem && precedes(r.buffer)) {
       buf = r.buffer;
       slot = r.slot;
     }
@@ -144,7 +142,7 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
     at(OpKind::LocalStore, {buf, slot, cvt.operand(0)}, {});
     at(OpKind::FenceAsyncShared, {}, {});
     at(OpKind::Barrier, {}, {});
-    made.push_back({cvt.operand(0), &block, resident->tile.smem, buf, slot});
+    made.push_back({cvt.operand(0), resident->tile.smem, buf, slot});
   }
   ir::Value* tile = at(OpKind::LocalLoad, {buf, slot}, {cvt.result()->type()})->result();
   f.replaceAllUsesWith(cvt.result(), tile);
@@ -182,13 +180,8 @@ void selectWgmma(ir::Function& f, const Target& target) {
     });
   std::vector<ResidentTile> made;
   for (Op* cvt : staged) keepResident(f, *cvt, target, made);
-  // In program order, so that a tile's first convert makes its buffer and later ones read it.
-  const std::set<const Op*> chosen = residentAConverts(f, target);
-  std::vector<const Op*> residents(chosen.begin(), chosen.end());
-  std::map<const Op*, size_t> position;
-  f.walk([&](const Op& op) { position.emplace(&op, position.size()); });
-  std::sort(residents.begin(), residents.end(), [&](const Op* a, const Op* b) { return position[a] < position[b]; });
-  for (const Op* cvt : residents) keepResident(f, const_cast<Op&>(*cvt), target, made);
+  // In program order: a tile's first convert makes its buffer, later ones read it.
+  for (const Op* cvt : residentAConverts(f, target)) keepResident(f, const_cast<Op&>(*cvt), target, made);
   bool any = false;
   f.walk([&](Op& op) {
     if (op.kind() == OpKind::Dot && wgmmaPlan(op, target)) {
