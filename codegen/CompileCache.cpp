@@ -135,7 +135,7 @@ std::string codegenSwitches() {
   if (const char* e = std::getenv("FLEXTILE_BULK_REDUCE"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_REDUCE=0";
   if (const char* e = std::getenv("FLEXTILE_RING_BARRIERS"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
     out += std::string("; FLEXTILE_RING_BARRIERS=") + e;
-  for (const char* name : {"FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_TMA", "FLEXTILE_PINGPONG"})
+  for (const char* name : {"FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_WARP_SPECIALIZE"})
     if (const char* e = std::getenv(name); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
       out += std::string("; ") + name + "=" + e;
   return out;
@@ -161,6 +161,7 @@ std::string serializeCompiledKernel(const CompileCacheKey& key, const CompiledKe
   putField(out, "capability", std::to_string(k.target.capability));
   putField(out, "arch_specific", k.target.archSpecific ? "1" : "0");
   putField(out, "num_warps", std::to_string(k.numWarps));
+  if (k.producerWarps) putField(out, "producer_warps", std::to_string(k.producerWarps));
   putField(out, "shared_bytes", std::to_string(k.sharedBytes));
   std::string params;
   for (const ir::Type& t : k.params) params += typeText(t) + "\n";
@@ -229,6 +230,7 @@ std::optional<CompiledKernel> parseCompiledKernel(const CompileCacheKey& key, st
   k.name = field("name");
   k.target = Target{number("capability"), number("arch_specific") != 0};
   k.numWarps = number("num_warps");
+  if (fields.count("producer_warps")) k.producerWarps = number("producer_warps");  // optional: 0 when absent
   k.sharedBytes = number("shared_bytes");
   std::string_view params = field("params");
   while (!params.empty()) {

@@ -66,7 +66,8 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(pipelinePass(target))
       .add(bulkReducePass(target))
       .add(wgmmaPass(target))
-      .add(pingpongPass(target));
+      .add(pingpongPass(target))
+      .add(warpSpecializePass(target));
   return pipeline;
 }
 
@@ -86,6 +87,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   k.name = f->name();
   k.target = target;
   k.numWarps = f->numWarps();
+  k.producerWarps = producerWarps(*f);
   k.ir = ir::printFunction(*f);
   ir::dump("ir", f->name(), k.ir);
   timer.step("print IR");

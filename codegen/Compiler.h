@@ -5,8 +5,8 @@
 // IR function parameter, in order: pointers as 64-bit global addresses, i32
 // as .s32, i64 as .s64, f32 as .f32 (f16/bf16 scalars are passed as f32).
 // After them, one 128-byte tensor map per TMA recipe (CompiledKernel::tensorMaps, TensorMaps.h).
-// The launch uses 32 * num_warps threads per block and `sharedBytes` of
-// dynamic shared memory.
+// The launch uses 32 * (num_warps + producer_warps) threads per block
+// (CompiledKernel::threadsPerProgram) and `sharedBytes` of dynamic shared memory.
 //
 // Specialization: the IR function attribute "arg_divisibility" (one integer
 // per parameter) states what the launcher promised: for a pointer, the byte
@@ -45,7 +45,9 @@ struct CompiledKernel {
   std::string llvmIR;     // the LLVM module before the NVPTX backend
   std::string ptx;
   Target target;
-  int numWarps = 4;
+  int numWarps = 4;       // the warps its layouts are for
+  int producerWarps = 0;  // a warp-specialized kernel's producer warps, launched after them
+  int threadsPerProgram() const { return 32 * (numWarps + producerWarps); }
   int sharedBytes = 0;    // dynamic shared memory per block
   std::vector<ir::Type> params;  // in launch order
   // The tensor maps the launcher encodes and passes after `params` (TensorMaps.h), in that order.

@@ -23,7 +23,9 @@
 //   local_store         each owning thread stores its registers into its
 //                       swizzled offset of the slot, in vectors as wide as the
 //                       registers' contiguity and the layout's chunks allow
-//   barrier             bar.sync 0
+//   barrier             bar.sync 0 (in the consumers of a warp-specialized program:
+//                       bar.sync 3, num_warps * 32, unless the producer meets them
+//                       there, ws = "both")
 //   fence_async_shared  fence.proxy.async.shared::cta
 //   mbarrier_init       thread 0 runs mbarrier.init of every slot with the
 //                       program's thread count (every thread arrives once per
@@ -42,6 +44,7 @@
 #include <llvm/IR/Module.h>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
 
@@ -85,7 +88,10 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       b.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group,
                         llvm::ArrayRef<llvm::Value*>{i32(op.intAttr("pending"))});
       return;
-    case ir::OpKind::Barrier: barrier(); return;
+    case ir::OpKind::Barrier:  // ws = "both": where a specialized program's producer meets the consumers
+      if (specialized && warpRole(op) == WarpRole::Both) programBarrier();
+      else barrier();
+      return;
     case ir::OpKind::FenceAsyncShared: {
       // cp.async and ordinary stores write through the generic proxy; wgmma reads through the async one.
       asmStatement("fence.proxy.async.shared::cta;");

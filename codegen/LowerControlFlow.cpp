@@ -14,6 +14,8 @@
 #include <llvm/IR/Module.h>
 #include "codegen/LowerToLLVMImpl.h"
 
+#include <algorithm>
+
 namespace flextile::codegen {
 
 void Lowering::lowerFor(const ir::Op& op) {
@@ -35,6 +37,18 @@ void Lowering::lowerFor(const ir::Op& op) {
                    (t.hasLayout() ? " " + t.layout()->str() : "") + ")");
   }
 
+  // The producer's copy of a loop in a warp-specialized program keeps only the carried values its
+  // copies need (producer_carried, codegen/passes/WarpSpecialize.cpp): slots, parities, counters.
+  std::vector<bool> kept(numCarried, true);
+  if (specialized && producerRole) {
+    std::fill(kept.begin(), kept.end(), false);
+    if (op.hasAttr("producer_carried"))
+      for (int64_t i : op.intsAttr("producer_carried")) {
+        if (i < 0 || size_t(i) >= numCarried) fail(op, "producer_carried names carried value " + std::to_string(i));
+        kept[size_t(i)] = true;
+      }
+  }
+
   llvm::Value* lb = get(op.operand(0))[0];
   llvm::Type* ivTy = lb->getType();
   auto asIv = [&](llvm::Value* v) { return v->getType() == ivTy ? v : b.CreateSExtOrTrunc(v, ivTy); };
@@ -51,6 +65,7 @@ void Lowering::lowerFor(const ir::Op& op) {
   iv->addIncoming(lb, pre);
   std::vector<std::vector<llvm::PHINode*>> phis(numCarried);
   for (size_t i = 0; i < numCarried; ++i) {
+    if (!kept[i]) continue;
     Regs regs;
     for (llvm::Value* v : get(op.operand(3 + i))) {
       llvm::PHINode* phi = b.CreatePHI(v->getType(), 2);
@@ -68,6 +83,7 @@ void Lowering::lowerFor(const ir::Op& op) {
   lowerBlock(body);
   llvm::BasicBlock* latch = b.GetInsertBlock();
   for (size_t i = 0; i < numCarried; ++i) {
+    if (!kept[i]) continue;
     const Regs& next = get(yield->operand(i));
     for (size_t r = 0; r < next.size(); ++r) phis[i][r]->addIncoming(next[r], latch);
   }

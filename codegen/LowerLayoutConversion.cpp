@@ -90,7 +90,18 @@ void Lowering::onlyWhere(llvm::Value* predicate, const char* name, const std::fu
   b.SetInsertPoint(done);
 }
 
-void Lowering::barrier() { b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, llvm::ArrayRef<llvm::Value*>{i32(0)}); }
+void Lowering::barrier() {
+  if (specialized && !producerRole) {
+    b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_count,
+                      llvm::ArrayRef<llvm::Value*>{i32(kConsumerBarrier), i32(32 * func.numWarps())});
+    return;
+  }
+  programBarrier();
+}
+
+void Lowering::programBarrier() {
+  b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, llvm::ArrayRef<llvm::Value*>{i32(0)});
+}
 
 void Lowering::storeTileToShared(const Regs& regs, const Layout& l, DType t, int64_t offset) {
   // Replicated threads hold the same values: only the owner writes, under

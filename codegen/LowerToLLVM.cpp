@@ -15,6 +15,8 @@
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 
+#include <algorithm>
+
 namespace flextile::codegen {
 
 using ir::DType;
@@ -359,8 +361,15 @@ void Lowering::lowerOp(const ir::Op& op) {
   fail(op, "unknown op");
 }
 
+bool Lowering::runsInThisRole(const ir::Op& op) const {
+  if (!specialized) return true;
+  const WarpRole role = warpRole(op);
+  return producerRole ? role != WarpRole::Consumer : role != WarpRole::Producer;
+}
+
 void Lowering::lowerBlock(const ir::Block& block) {
   for (const auto& op : block.ops()) {
+    if (!runsInThisRole(*op)) continue;
     try {
       lowerOp(*op);
     } catch (const Error&) {
@@ -414,11 +423,16 @@ std::unique_ptr<llvm::Module> Lowering::run() {
     tensorMapArgs_.push_back(kernel->getArg(a));
   }
   kernel->setCallingConv(llvm::CallingConv::PTX_Kernel);
-  kernel->addFnAttr("nvvm.maxntid", std::to_string(32 * func.numWarps()));
+  const int producers = producerWarps(func);
+  specialized = producers > 0;
+  const int threads = 32 * (func.numWarps() + producers);
+  kernel->addFnAttr("nvvm.maxntid", std::to_string(threads));
   // A residency the template sized its shared memory for: without it the driver's JIT may take
-  // registers that leave fewer programs per SM than the shared memory allows.
-  if (const int64_t programs = func.intAttrOr("min_programs_per_sm", 0); programs > 0)
-    kernel->addFnAttr("nvvm.minctasm", std::to_string(programs));
+  // registers that leave fewer programs per SM than the shared memory allows. A warp-specialized
+  // program states it always (one by default), so that ptxas caps the registers that setmaxnreg
+  // then moves from the producer to the consumers.
+  const int64_t programs = func.intAttrOr("min_programs_per_sm", 0);
+  if (programs > 0 || specialized) kernel->addFnAttr("nvvm.minctasm", std::to_string(std::max<int64_t>(1, programs)));
   kernel->addFnAttr(llvm::Attribute::NoUnwind);
 
   // Dynamic shared memory: one extern array, sized at launch.
@@ -462,14 +476,57 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   });
   for (const auto& [load, onlyA] : onlyWgmmaA)
     if (onlyA) localLoadsReadByWgmma_.insert(load);
-  lowerBlock(func.body());
-  if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+  if (!specialized) {
+    lowerBlock(func.body());
+    if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+  } else {
+    lowerSpecialized(std::max<int64_t>(1, programs));
+  }
 
   std::string err;
   llvm::raw_string_ostream os(err);
   if (llvm::verifyModule(*module, &os))
     throw Error("lowering kernel '" + func.name() + "' produced invalid LLVM IR: " + err, ErrorKind::Internal);
   return std::move(module);
+}
+
+// A warp-specialized program (codegen/passes/WarpSpecialize.cpp): warps 0 .. num_warps-1 run the
+// consumers' copy of the body, the producer warpgroup after them the producer's, each behind one
+// branch on the thread index. Both copies start from the parameters and the entry block's thread
+// coordinates; no value crosses from one copy to the other.
+//
+// Registers: ptxas caps the launch at L = 65536 / (programs * threads) per thread (a multiple of 8).
+// Below 256, the producer gives its registers back (setmaxnreg.dec to 24) and the consumers take
+// them (setmaxnreg.inc to L + (L - 24) * producer threads / consumer threads): one program of 8
+// consumer warps gets 240, two of 4 get 232. The same registers move, so the inc never waits.
+RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm) {
+  const int64_t threads = 32 * int64_t(consumerWarps + producerWarps);
+  const int64_t launch = 65536 / (std::max<int64_t>(1, programsPerSm) * threads) / 8 * 8;
+  if (launch >= 256) return {};
+  RegisterSplit split;
+  split.launch = int(launch);
+  split.producer = 24;
+  split.consumer = int(std::min<int64_t>(256, (launch + (launch - 24) * producerWarps / consumerWarps) / 8 * 8));
+  return split;
+}
+
+void Lowering::lowerSpecialized(int64_t programsPerSm) {
+  const RegisterSplit split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm);
+  auto* consumers = llvm::BasicBlock::Create(ctx, "consumers", kernel);
+  auto* producer = llvm::BasicBlock::Create(ctx, "producer", kernel);
+  b.CreateCondBr(b.CreateICmpULT(tid, i32(32 * func.numWarps())), consumers, producer);
+  const auto parameters = values_;
+  for (bool producing : {false, true}) {
+    producerRole = producing;
+    values_ = parameters;
+    b.SetInsertPoint(producing ? producer : consumers);
+    if (split.launch > 0)
+      asmStatement(std::string("setmaxnreg.") + (producing ? "dec" : "inc") + ".sync.aligned.u32 " +
+                   std::to_string(producing ? split.producer : split.consumer) + ";");
+    lowerBlock(func.body());
+    if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+  }
+  producerRole = false;
 }
 
 // ---- plan helpers ----------------------------------------------------------

@@ -53,6 +53,14 @@ struct LoweringPlan {
 // (codegen/AxisInfo.h: memoryAccessWidth).
 LoweringPlan planLowering(const ir::Function& f);
 
+// How a warp-specialized program (codegen/passes/WarpSpecialize.cpp) shares the register file:
+// ptxas caps every thread at `launch`, then setmaxnreg moves the producer to `producer` and the
+// consumers to `consumer`. All zero when the launch cap is 256 or more (nothing to move).
+struct RegisterSplit {
+  int launch = 0, producer = 0, consumer = 0;
+};
+RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm);
+
 // Lowering, LLVM O3 and PTX emission of a function that already carries
 // layouts, under a given plan: compile() without the IR passes, for tests
 // and tools that want to pin the plan (e.g. vector widths).

@@ -85,7 +85,13 @@ class Lowering {
   llvm::Value* sharedAddress(int64_t scratchOffset, llvm::Value* elementIndex, ir::DType t);
   void storeShared(llvm::Value* addr, llvm::Value* v, ir::DType t);
   llvm::Value* loadShared(llvm::Value* addr, ir::DType t);
+  // The barrier of every thread that runs this code: bar.sync 0 over the program, or, in the
+  // consumers of a warp-specialized program, named barrier kConsumerBarrier over num_warps * 32.
   void barrier();
+  // bar.sync 0 over every thread of the program, producer warps included.
+  void programBarrier();
+  static constexpr int kConsumerBarrier = 3;  // 0: the program's; 1 and 2: the warpgroup turns
+
   int64_t scratchOffset(const ir::Op& op, int64_t needed);
   // Writes the tile `regs` (layout l) row-major into scratch at `offset`, by
   // one thread per element group; reads it back in layout `to`. No barriers.
@@ -170,6 +176,14 @@ class Lowering {
   llvm::Value* tid = nullptr;
   llvm::Value* lane = nullptr;
   llvm::Value* warp = nullptr;
+  // Warp specialization (codegen/passes/WarpSpecialize.cpp): the function is lowered once per
+  // role; `producerRole` says which copy is being emitted.
+  bool specialized = false;
+  bool producerRole = false;
+  // Whether this copy of the function runs `op` (its `ws` attribute against the role).
+  bool runsInThisRole(const ir::Op& op) const;
+  // Emits both copies of a warp-specialized function (LowerToLLVM.cpp).
+  void lowerSpecialized(int64_t programsPerSm);
 
  private:
   std::unordered_map<const ir::Value*, Regs> values_;

@@ -82,6 +82,26 @@ ir::Pass wgmmaPass(const Target& target);  // "wgmma"
 void scheduleWarpgroupTurns(ir::Function& f, const Target& target);
 ir::Pass pingpongPass(const Target& target);  // "pingpong"
 
+// Warp specialization (codegen/passes/WarpSpecialize.cpp): a producer warpgroup of its own
+// (function attribute producer_warps = 4, threads num_warps * 32 and up) issues the TMA copies of
+// the rings the pipeline pass wrote and waits for their release; the num_warps consumer warps wait
+// for their data and compute. The pass marks ops with `ws` ("producer": the issuer ops; "both": the
+// scalar ops, loops and CTA barriers the producer needs too; absent: the consumers alone) and the
+// lowering emits the function once per role, with setmaxnreg. Opt-in: function attribute
+// warp_specialize = 1, or FLEXTILE_WARP_SPECIALIZE=1 (=0 for none). Runs after "pingpong".
+enum class WarpRole { Consumer, Producer, Both };
+// The role an op's `ws` attribute gives it (Consumer when absent). Throws on another value.
+WarpRole warpRole(const ir::Op& op);
+// The function's producer_warps attribute (0: not specialized).
+int producerWarps(const ir::Function& f);
+// The ops a warp-specialized program's producer runs alone: tma_copy, mbarrier_expect_tx and
+// mbarrier_wait {issuer = 1}.
+bool issuesForTheRing(const ir::Op& op);
+// Why the pass would leave `f` as it is ("" when it would specialize it, switch aside).
+std::string warpSpecializeRefusal(const ir::Function& f, const Target& target);
+void specializeWarps(ir::Function& f, const Target& target);
+ir::Pass warpSpecializePass(const Target& target);  // "warp-specialize"
+
 // Whole-row atomic sums (codegen/passes/BulkReduce.cpp): an atomic_add of an f32 [R, W] tile
 // whose rows are proven contiguous and 16-byte aligned, whose mask is constant along each row and
 // whose old values are unused gets `bulk_rows = 1` on targets with Feature::BulkReduce: the
@@ -95,7 +115,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong. The one list, so that what tests run is what the compiler runs.
+// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, warp-specialize. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

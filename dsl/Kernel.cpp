@@ -375,7 +375,7 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   }
   for (const runtime::TensorMap& m : maps) ptrs.push_back(const_cast<void*>(m.data()));
   c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
-                     unsigned(32 * code.numWarps), unsigned(code.sharedBytes), ptrs.data(), options.stream);
+                     unsigned(code.threadsPerProgram()), unsigned(code.sharedBytes), ptrs.data(), options.stream);
 }
 
 // FLEXTILE_INTERPRET_AFTER_PASSES=<target> (sm_80, sm_90a, ...): the interpreter runs the IR after

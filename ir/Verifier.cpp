@@ -181,7 +181,35 @@ class Verifier {
     if (!t.isScalar() || t.dtype() != d) err(op, what + " must be a scalar " + std::string(dtypeName(d)) + ", got " + t.str());
   }
 
+  // The attributes an op carries for itself, leaving out those of the warp-specialization marks
+  // (codegen/passes/WarpSpecialize.cpp): `ws` on any op, `producer_carried` on a for.
+  static bool markAttr(const Op& op, const std::string& key) {
+    return key == "ws" || (key == "producer_carried" && op.kind() == OpKind::For);
+  }
+  static size_t ownAttrCount(const Op& op) {
+    size_t n = 0;
+    for (const auto& [k, v] : op.attrs()) n += !markAttr(op, k);
+    return n;
+  }
+  static std::string firstOwnAttr(const Op& op) {
+    for (const auto& [k, v] : op.attrs())
+      if (!markAttr(op, k)) return k;
+    return "";
+  }
+  void warpMarks(const Op& op) {
+    if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both"});
+    if (op.hasAttr("producer_carried") && op.kind() == OpKind::For) {
+      const auto* keep = std::get_if<std::vector<int64_t>>(&op.attrs().at("producer_carried"));
+      const int64_t carried = int64_t(op.numOperands()) - 3;
+      if (!keep) return err(op, "producer_carried must be a list of carried-value indices");
+      for (int64_t i : *keep)
+        if (i < 0 || i >= carried)
+          err(op, "producer_carried names carried value " + std::to_string(i) + " of " + std::to_string(carried));
+    }
+  }
+
   void op(const Op& op) {
+    warpMarks(op);
     const OpInfo& info = op.info();
     if (info.numOperands >= 0 && op.numOperands() != size_t(info.numOperands))
       err(op, "expects " + std::to_string(info.numOperands) + " operands, got " + std::to_string(op.numOperands()));
@@ -241,7 +269,7 @@ class Verifier {
       case OpKind::Fence:
         // Its only meaning is acq_rel at GPU scope: an attribute asking for another (a scope,
         // an ordering) would otherwise be ignored without a word.
-        if (!op.attrs().empty()) err(op, "takes no attributes (it is acq_rel at GPU scope), got '" + op.attrs().begin()->first + "'");
+        if (ownAttrCount(op) != 0) err(op, "takes no attributes (it is acq_rel at GPU scope), got '" + firstOwnAttr(op) + "'");
         break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;
@@ -293,29 +321,29 @@ class Verifier {
         if (op.kind() == OpKind::MbarrierExpectTx) {
           expectScalarOf(op, in(2), DType::I1, "the issue predicate");
           if (!intAttrIn(op, "bytes", 0, (int64_t(1) << 20) - 1)) break;
-          if (op.attrs().size() != 1) err(op, "takes only the attribute 'bytes'");
+          if (ownAttrCount(op) != 1) err(op, "takes only the attribute 'bytes'");
         } else if (op.kind() == OpKind::MbarrierInit) {
           if (op.hasAttr("arrivals") && !intAttrIn(op, "arrivals", 1, 1)) break;
-          if (op.attrs().size() > size_t(op.hasAttr("arrivals")))
+          if (ownAttrCount(op) > size_t(op.hasAttr("arrivals")))
             err(op, "takes only the attribute 'arrivals' (1: one arrival per phase), got another");
         } else if (op.kind() == OpKind::MbarrierWait) {
           expectScalarOf(op, in(2), DType::I32, "the phase parity");
           if (op.hasAttr("issuer") && !intAttrIn(op, "issuer", 1, 1)) break;
-          if (op.attrs().size() > size_t(op.hasAttr("issuer")))
+          if (ownAttrCount(op) > size_t(op.hasAttr("issuer")))
             err(op, "takes only the attribute 'issuer' (1: only the thread that issues the TMA copies waits), got another");
         } else {
-          if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+          if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
         }
         break;
       case OpKind::TmaCopy: tmaCopy(op); break;
       case OpKind::WarpgroupTurn:
         if (!strAttrIn(op, "step", {"open", "begin", "end", "close"})) break;
-        if (op.attrs().size() != 1) err(op, "takes only the attribute 'step'");
+        if (ownAttrCount(op) != 1) err(op, "takes only the attribute 'step'");
         break;
       case OpKind::AsyncCommit:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:
-        if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+        if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
         break;
       case OpKind::ConvertLayout:
         if (in(0).shape() != out().shape() || !sameElement(in(0), out()))
@@ -361,7 +389,7 @@ class Verifier {
       err(op, "the slot's shape " + shapeString(buf.shape()) + " has more dimensions than the tensor's rank " +
                   std::to_string(rank));
     for (size_t i = 6; i < n; ++i) expectScalarOf(op, op.operand(i)->type(), DType::I32, nth("operand", i));
-    if (!op.attrs().empty()) err(op, "takes no attributes, got '" + op.attrs().begin()->first + "'");
+    if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
   }
 
   void constant(const Op& op) {

@@ -142,7 +142,8 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
 // Regression: a kernel compiled under FLEXTILE_PINGPONG=1 (or FLEXTILE_TMA) was found again by a
 // compile without it, since the switches that change what the passes write were not in the key.
 TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
-  for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS"}) {
+  for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS",
+                           "FLEXTILE_WARP_SPECIALIZE"}) {
     SCOPED_TRACE(name);
     const char* old = std::getenv(name);
     const std::string keep = old ? old : "";

@@ -78,7 +78,7 @@ inline BothRuns runBoth(const ir::Function& f, const std::vector<IrArg>& args, s
   }
   runtime::Module module(out.code.ptx, out.code.name);
   module.function(out.code.name)
-      .launch({unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])}, unsigned(32 * out.code.numWarps),
+      .launch({unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])}, unsigned(out.code.threadsPerProgram()),
               unsigned(out.code.sharedBytes), params.data());
   runtime::synchronize();
   size_t bi = 0;

@@ -1,0 +1,226 @@
+// Warp specialization (pass "warp-specialize"): a producer warpgroup of its own fills the TMA rings
+// that the pipeline pass wrote, and the program's num_warps warps become consumers that only wait
+// for their data, compute and release the slots (FlashAttention-3's producer/consumer split).
+//
+// Before it, thread 0 of the consumers issued the copies itself: its warpgroup stopped at every
+// refill to wait until the slowest warp had released the slot, so the two consumer warpgroups ran
+// in step. After it, the producer waits on the `empty` barriers and issues the copies while the
+// consumers compute, and the consumers take the registers the producer gives back (setmaxnreg).
+//
+// The pass rewrites no op; it marks which warps run each one, and the lowering emits the function
+// twice, once per role, behind a branch on the thread index (codegen/LowerToLLVM.cpp):
+//
+//   function attribute producer_warps = 4    the launch adds a warpgroup (threads num_warps * 32 ..
+//                                            num_warps * 32 + 127); every layout keeps num_warps
+//   op attribute ws = "producer"             the ring's issuer ops: tma_copy, mbarrier_expect_tx and
+//                                            mbarrier_wait {issuer = 1}; only the producer runs them
+//   op attribute ws = "both"                 what the producer needs to run them: the scalar ops
+//                                            their operands come from (bounds, block indices read
+//                                            from the BlockMask lists, coordinates, slots and
+//                                            parities), the loops around them, their yields, the
+//                                            return, and the CTA barriers both roles meet at
+//   for attribute producer_carried = [i..]   the carried values the producer's copy of a loop keeps
+//   (no ws attribute)                        only the consumers run it
+//
+// The producer meets the consumers at two CTA barriers per ring (bar.sync 0 over all threads): the
+// first `barrier` after the ring's mbarrier_init (the barriers are initialized, and the bytes the
+// ring reuses are no longer read) and the last `barrier` before its mbarrier_inval (no copy is in
+// flight and no producer thread waits on the barriers any more). Every other barrier, those of the
+// IR and those the lowering adds around shared-memory scratch, is the consumers' alone: named
+// barrier 3 over num_warps * 32 threads. The `empty` barriers still count the consumers' arrivals
+// (num_warps * 32), the `full` ones the producer's expect_tx.
+//
+// The producer's ops are scalar and read-only: what it recomputes (a block index loaded from a
+// list, a coordinate) the consumers compute too, from the same memory, which nothing in the program
+// writes before the producer reads it (the pipeline pass asked the same of the loads it re-reads
+// iterations ahead). A function whose issuer ops need anything else (a tile, a store, a loop-carried
+// tile) is left as it was.
+//
+// Runs last (after "pingpong": the warpgroup turns are the consumers' business). Opt-in: function
+// attribute warp_specialize = 1, or FLEXTILE_WARP_SPECIALIZE=1 (=0 turns it off everywhere); needs
+// TMA and setmaxnreg (sm_90a) and 4 or 8 consumer warps.
+#include "codegen/Passes.h"
+#include "codegen/Target.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace flextile::codegen {
+
+using ir::Op;
+using ir::OpKind;
+
+bool issuesForTheRing(const Op& op) {
+  switch (op.kind()) {
+    case OpKind::TmaCopy:
+    case OpKind::MbarrierExpectTx: return true;
+    case OpKind::MbarrierWait: return op.hasAttr("issuer") && op.intAttr("issuer") != 0;
+    default: return false;
+  }
+}
+
+WarpRole warpRole(const Op& op) {
+  auto it = op.attrs().find("ws");
+  if (it == op.attrs().end()) return WarpRole::Consumer;
+  const auto* s = std::get_if<std::string>(&it->second);
+  if (s && *s == "producer") return WarpRole::Producer;
+  if (s && *s == "both") return WarpRole::Both;
+  throw Error(op.describe() + ": ws must be \"producer\" or \"both\", got " + ir::attrString(it->second));
+}
+
+int producerWarps(const ir::Function& f) { return int(f.intAttrOr("producer_warps", 0)); }
+
+namespace {
+
+// An op the producer may run beside the consumers: scalar results, no region, nothing written.
+bool producerMayRun(const Op& op) {
+  if (!op.regions().empty()) return false;
+  for (const ir::Value* r : op.results())
+    if (r->type().isTile()) return false;
+  if (op.kind() == OpKind::LocalAlloc) return true;  // an address in the shared-memory plan
+  if (op.kind() == OpKind::Load) return true;        // a scalar read (results checked above)
+  return op.hasTrait(ir::kPure);
+}
+
+// Why `f` cannot be specialized ("" when it can), and the marks when it can.
+struct Marks {
+  std::set<Op*> producer, both;
+  std::map<Op*, std::vector<int64_t>> carried;  // loop -> carried values the producer keeps
+};
+
+std::string plan(ir::Function& f, Marks& marks) {
+  f.walk([&](Op& op) {
+    if (issuesForTheRing(op)) marks.producer.insert(&op);
+  });
+  if (marks.producer.empty()) return "it issues no TMA copy";
+
+  std::set<const ir::Value*> seen;
+  std::vector<const ir::Value*> work;
+  auto need = [&](const ir::Value* v) {
+    if (seen.insert(v).second) work.push_back(v);
+  };
+  std::string refusal;
+  std::map<Op*, std::set<int64_t>> carried;
+  // The loops around `op` run in both roles, with their bounds.
+  auto enclosingLoops = [&](const Op& op) {
+    for (ir::Block* blk = op.parentBlock(); blk && blk->parentOp(); blk = blk->parentOp()->parentBlock()) {
+      Op* loop = blk->parentOp();
+      if (loop->kind() != OpKind::For) {
+        refusal = op.describe() + " sits in a region of " + loop->describe() + ", not a loop";
+        return;
+      }
+      if (marks.both.insert(loop).second) {
+        for (size_t i = 0; i < 3; ++i) need(loop->operand(i));
+        carried[loop];
+      }
+    }
+  };
+  auto keepCarried = [&](Op* loop, size_t i) {
+    if (carried[loop].insert(int64_t(i)).second) {
+      need(loop->operand(3 + i));
+      need(loop->region(0).terminator()->operand(i));
+    }
+  };
+  for (Op* p : marks.producer) {
+    enclosingLoops(*p);
+    for (const ir::Value* v : p->operands()) need(v);
+  }
+  while (!work.empty() && refusal.empty()) {
+    const ir::Value* v = work.back();
+    work.pop_back();
+    if (Op* d = v->definingOp()) {
+      if (d->kind() == OpKind::For) {  // a loop's result: the loop and that carried value
+        if (marks.both.insert(d).second) {
+          for (size_t i = 0; i < 3; ++i) need(d->operand(i));
+          enclosingLoops(*d);
+        }
+        keepCarried(d, size_t(v->resultIndex()));
+        continue;
+      }
+      if (!producerMayRun(*d)) {
+        refusal = "the TMA copies need " + d->describe() + " (" + v->type().str() + "), which the producer cannot run";
+        break;
+      }
+      if (marks.both.insert(d).second) {
+        enclosingLoops(*d);
+        for (const ir::Value* o : d->operands()) need(o);
+      }
+    } else if (ir::Block* blk = v->ownerBlock(); blk && blk->parentOp()) {  // iv or carried value
+      Op* loop = blk->parentOp();
+      if (loop->kind() != OpKind::For) {
+        refusal = "the TMA copies need an argument of " + loop->describe();
+        break;
+      }
+      if (marks.both.insert(loop).second) {
+        for (size_t i = 0; i < 3; ++i) need(loop->operand(i));
+        enclosingLoops(*loop);
+      }
+      const auto& args = blk->args();
+      const size_t index = size_t(std::find(args.begin(), args.end(), v) - args.begin());
+      if (index > 0) keepCarried(loop, index - 1);
+    }  // else a function parameter
+  }
+  if (!refusal.empty()) return refusal;
+  for (auto& [loop, keep] : carried) {
+    marks.carried[loop] = std::vector<int64_t>(keep.begin(), keep.end());
+    marks.both.insert(loop->region(0).terminator());
+  }
+
+  // The CTA barriers the producer meets: per mbarrier buffer its copies use, the first barrier
+  // after its init and the last before its inval, in the init's block.
+  std::set<const ir::Value*> ringBarriers;
+  for (Op* p : marks.producer) ringBarriers.insert(p->operand(p->kind() == OpKind::TmaCopy ? 2 : 0));
+  for (const ir::Value* bars : ringBarriers) {
+    const Op* alloc = bars->definingOp();
+    ir::Block& block = *alloc->parentBlock();
+    Op* after = nullptr;
+    Op* before = nullptr;
+    bool initialized = false;
+    for (auto& op : block.ops()) {
+      if (op->kind() == OpKind::MbarrierInit && op->operand(0) == bars) initialized = true;
+      else if (op->kind() == OpKind::Barrier && initialized && !after) after = op.get();
+      else if (op->kind() == OpKind::Barrier && after) before = op.get();
+      else if (op->kind() == OpKind::MbarrierInval && op->operand(0) == bars) break;
+    }
+    if (!after || !before || after == before)
+      return "the mbarriers %" + std::to_string(bars->id()) +
+             " have no CTA barrier after their init and before their inval in one block";
+    marks.both.insert(after);
+    marks.both.insert(before);
+  }
+  if (Op* ret = f.body().terminator(); ret && ret->kind() == OpKind::Return) marks.both.insert(ret);
+  for (Op* p : marks.producer) marks.both.erase(p);
+  return "";
+}
+
+}  // namespace
+
+std::string warpSpecializeRefusal(const ir::Function& f, const Target& target) {
+  if (!target.has(Feature::TensorMemoryAccelerator) || !target.has(Feature::SetMaxNReg))
+    return target.smName() + " has no TMA or no setmaxnreg";
+  if (f.numWarps() != 4 && f.numWarps() != 8)
+    return "it has " + std::to_string(f.numWarps()) + " warps (4 or 8 consumer warps are supported)";
+  std::unique_ptr<ir::Function> copy = f.clone();
+  Marks marks;
+  return plan(*copy, marks);
+}
+
+void specializeWarps(ir::Function& f, const Target& target) {
+  if (producerWarps(f) > 0 || !passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize")) return;
+  if (!target.has(Feature::TensorMemoryAccelerator) || !target.has(Feature::SetMaxNReg)) return;
+  if (f.numWarps() != 4 && f.numWarps() != 8) return;
+  Marks marks;
+  if (!plan(f, marks).empty()) return;
+  for (Op* op : marks.producer) op->setAttr("ws", std::string("producer"));
+  for (Op* op : marks.both) op->setAttr("ws", std::string("both"));
+  for (auto& [loop, keep] : marks.carried) loop->setAttr("producer_carried", keep);
+  f.attrs()["producer_warps"] = int64_t(4);
+}
+
+ir::Pass warpSpecializePass(const Target& target) {
+  return {"warp-specialize", [target](ir::Function& f) { specializeWarps(f, target); }};
+}
+
+}  // namespace flextile::codegen
