@@ -514,7 +514,12 @@ void Lowering::lowerSpecialized(int64_t programsPerSm) {
   const RegisterSplit split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm);
   auto* consumers = llvm::BasicBlock::Create(ctx, "consumers", kernel);
   auto* producer = llvm::BasicBlock::Create(ctx, "producer", kernel);
-  b.CreateCondBr(b.CreateICmpULT(tid, i32(32 * func.numWarps())), consumers, producer);
+  // The warp index taken from lane 0 (shfl.sync.idx): ptxas then knows the branch is the same for
+  // every thread of a warp, so the wgmma and barriers behind it stay warp-uniform code (CUTLASS
+  // does the same with its warpgroup index).
+  llvm::Value* uniformWarp = b.CreateIntrinsic(llvm::Intrinsic::nvvm_shfl_sync_idx_i32,
+                                               {b.getInt32(0xffffffffu), warp, i32(0), i32(31)});
+  b.CreateCondBr(b.CreateICmpULT(uniformWarp, i32(func.numWarps())), consumers, producer);
   const auto parameters = values_;
   for (bool producing : {false, true}) {
     producerRole = producing;

@@ -257,3 +257,41 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
   TmaScope cpAsync("0");
   EXPECT_EQ(count(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ir, "warpgroup_turn"), 0);
 }
+
+// Warp specialization (opt-in: FLEXTILE_WARP_SPECIALIZE=1, codegen/passes/WarpSpecialize.cpp): the
+// causal forward's two walks get a producer warpgroup. On two consumer warpgroups the launch is 384
+// threads, ptxas caps them at 168 registers, the producer gives its registers back (24) and the
+// consumers take them (240) without spilling; both walks' copies are the producer's alone. On one
+// consumer warpgroup the cap is already 255 (no setmaxnreg); on sm_80 and with cp.async rings
+// nothing is specialized.
+TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
+  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_WARP_SPECIALIZE"); }
+  } unset;
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  EXPECT_EQ(k.producerWarps, 4);
+  EXPECT_EQ(k.threadsPerProgram(), 384);
+  EXPECT_EQ(count(k.ptx, "\\.maxntid 384"), 1);
+  EXPECT_EQ(count(k.ptx, "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24;"), 1);
+  EXPECT_EQ(count(k.ptx, "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240;"), 1);
+  // Every issuer op is the producer's: two walks, each a prologue and a loop, K and V per stage.
+  EXPECT_EQ(count(k.ir, "tma_copy [^\\n]*ws = \"producer\""), count(k.ir, "tma_copy "));
+  EXPECT_EQ(count(k.ir, "tma_copy "), 8);
+  EXPECT_EQ(count(k.ir, "mbarrier_wait [^\\n]*issuer = 1, ws = \"producer\""), 2);
+  // Two CTA barriers per walk's ring are met by both roles; the consumers' own are named barrier 3.
+  EXPECT_EQ(count(k.ir, "barrier \\{ws = \"both\"\\}"), 4);
+  EXPECT_GE(count(k.ptx, "bar\\.sync \t?3, 256;"), 1);
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    EXPECT_EQ(r.registers, 168) << r.log;
+  }
+  const auto& one = compileFor(codegen::Target::sm90a(), {64, 64, 4, 2});
+  EXPECT_EQ(one.producerWarps, 4);
+  EXPECT_EQ(count(one.ptx, "\\.maxntid 256"), 1);
+  EXPECT_EQ(count(one.ptx, "setmaxnreg"), 0);
+  EXPECT_EQ(compileFor(codegen::Target::sm80(), {64, 64, 4, 2}).producerWarps, 0);
+  TmaScope cpAsync("0");
+  EXPECT_EQ(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).producerWarps, 0);
+}

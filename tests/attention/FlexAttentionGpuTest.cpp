@@ -165,6 +165,43 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
   }
 }
 
+// A producer warpgroup of its own fills the TMA rings (opt-in: FLEXTILE_WARP_SPECIALIZE=1,
+// codegen/passes/WarpSpecialize.cpp), with and without the consumers' warpgroup turns: every
+// variant on one and on two consumer warpgroups, lengths off the block, GQA, a padded head dim.
+// The yardstick variants' kernels must launch the producer warps.
+TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "warp specialization needs sm_90a";
+  SeededRandom rng;
+  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
+  struct Unset {
+    ~Unset() {
+      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
+      ::unsetenv("FLEXTILE_PINGPONG");
+    }
+  } unset;
+  for (const char* pingpong : {"0", "1"}) {
+    ::setenv("FLEXTILE_PINGPONG", pingpong, 1);
+    for (const Variant& var : variants())
+      for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+                              AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+        if (!inScope(c.work())) continue;
+        c.context = "variant " + var.name + ", warp-specialized, pingpong " + pingpong;
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        for (const std::optional<FlexAttentionConfig>& config :
+             {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
+              std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
+          Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+          Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+          FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
+          if (var.name != "bias") ASSERT_EQ(plan.compiled->producerWarps, 4) << c.context << " " << plan.config.describe();
+          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+            return;
+        }
+      }
+  }
+}
+
 // The yardstick's window and prefix cut at 8192 (the one long case: the float64 reference is slow).
 TEST(FlexAttentionGpu, Length8192) {
   FLEXTILE_REQUIRE_GPU();

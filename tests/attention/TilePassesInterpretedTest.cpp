@@ -144,6 +144,25 @@ TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
   }
 }
 
+// A producer warpgroup of its own (FLEXTILE_WARP_SPECIALIZE=1): the marked IR verifies and
+// computes the same (the interpreter runs every op, whatever warps the GPU runs it on).
+TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_WARP_SPECIALIZE"); }
+  } unset;
+  InterpretAfterPasses scope("sm_90a");
+  for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}})
+    for (const char* name : {"full", "causal", "document"}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(name) + " warp-specialized " + config.describe();
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+        return;
+    }
+}
+
 // The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
 // and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
 TEST(TilePassesInterpreted, BackwardWithTmaCopies) {

@@ -238,4 +238,21 @@ TEST(Pipeline, PtxasAssemblesAGridOfStagesAndTiles) {
 }
 
 }  // namespace
+
+// How a warp-specialized program shares the register file (codegen/LowerToLLVM.h registerSplit):
+// the launch cap of 65536 registers over the program's threads, and the producer's registers above
+// 24 moved to the consumers.
+TEST(WarpSpecialize, RegisterSplitMovesTheProducersRegistersToTheConsumers) {
+  const RegisterSplit two = registerSplit(8, 4, 1);  // 384 threads, one program per SM
+  EXPECT_EQ(two.launch, 168);
+  EXPECT_EQ(two.producer, 24);
+  EXPECT_EQ(two.consumer, 240);
+  EXPECT_LE(128 * two.producer + 256 * two.consumer, 384 * two.launch);
+  const RegisterSplit one = registerSplit(4, 4, 2);  // 256 threads, two programs per SM
+  EXPECT_EQ(one.launch, 128);
+  EXPECT_EQ(one.consumer, 232);
+  EXPECT_LE(128 * one.producer + 128 * one.consumer, 256 * one.launch);
+  EXPECT_EQ(registerSplit(4, 4, 1).launch, 0);  // 255 registers each already: nothing to move
+}
+
 }  // namespace flextile::codegen

@@ -474,4 +474,18 @@ TEST(VerifierLayouts, ConvertLayoutMayChangeAnyLayout) {
 }
 
 }  // namespace
+
+// The warp-specialization marks (codegen/passes/WarpSpecialize.cpp): `ws` names a role, and a
+// loop's producer_carried names carried values it has; neither counts as an op's own attribute.
+TEST(Verifier, WarpSpecializationMarks) {
+  EXPECT_EQ(bodyError("  %c = constant {value = 1, ws = \"both\"} : i32\n  barrier {ws = \"both\"}\n"), "(valid)");
+  EXPECT_HAS(bodyError("  barrier {ws = \"sometimes\"}\n"), "barrier", "ws \"sometimes\" is not one of: producer both");
+  EXPECT_HAS(bodyError("  %lb = constant {value = 0} : i32\n"
+                       "  %r = for %lb, %n, %i, %x {producer_carried = [1]} : f32 {\n"
+                       "  ^bb(%t: i32, %a: f32):\n"
+                       "    yield %a\n"
+                       "  }\n"),
+             "for", "producer_carried names carried value 1 of 1");
+}
+
 }  // namespace flextile::ir
