@@ -227,7 +227,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
                   const MaskMod& maskMod, bool paged) {
   // Q stays in registers as the A operand of Q·Kᵀ: with Q resident in shared memory instead
   // (codegen/TensorCores.h) the forward ran 3-6 % slower on the H200 (bench/RESULTS.md).
-  f.attrs()["wgmma_register_a"] = int64_t(1);
+  // FLEXTILE_Q_IN_SHARED=1 (an experiment for the warp-specialized forward, whose rotated loop
+  // needs the registers Q takes) leaves Q resident in shared memory; the attribute is part of the
+  // IR, so of the kernel's identity.
+  if (const char* e = std::getenv("FLEXTILE_Q_IN_SHARED"); !(e && std::strcmp(e, "1") == 0))
+    f.attrs()["wgmma_register_a"] = int64_t(1);
   const size_t ownConstants = constantCount<ForwardConstants>();
   const auto k = constantsFrom<ForwardConstants>(
       std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(ownConstants)));
