@@ -166,6 +166,19 @@ std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::opti
   return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
+bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  if (const char* e = std::getenv("FLEXTILE_WARP_SPECIALIZE"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
+    return e[0] == '1';
+  auto alongKeys = [](const auto& mod) {
+    try {
+      return mod.defined() && mod.gathersAlongKeys();
+    } catch (const Error&) {
+      return true;
+    }
+  };
+  return !alongKeys(scoreMod) && !(blockMask && alongKeys(blockMask->maskMod()));
+}
+
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
   auto gathers = [](const auto& mod) {
     try {
@@ -216,7 +229,7 @@ struct ForwardConstants {
   BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
-                           (int64_t, tma));
+                           (int64_t, tma), (int64_t, warpSpecialize));
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -225,16 +238,15 @@ struct ForwardConstants {
 // kernel reads a paged K/V (its constants follow ForwardConstants, its parameters ForwardParams).
 void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
                   const MaskMod& maskMod, bool paged) {
-  // Q stays in registers as the A operand of Q·Kᵀ: with Q resident in shared memory instead
-  // (codegen/TensorCores.h) the forward ran 3-6 % slower on the H200 (bench/RESULTS.md).
-  // FLEXTILE_Q_IN_SHARED=1 (an experiment for the warp-specialized forward, whose rotated loop
-  // needs the registers Q takes) leaves Q resident in shared memory; the attribute is part of the
-  // IR, so of the kernel's identity.
-  if (const char* e = std::getenv("FLEXTILE_Q_IN_SHARED"); !(e && std::strcmp(e, "1") == 0))
-    f.attrs()["wgmma_register_a"] = int64_t(1);
   const size_t ownConstants = constantCount<ForwardConstants>();
   const auto k = constantsFrom<ForwardConstants>(
       std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(ownConstants)));
+  // Warp-specialized (codegen/passes/WarpSpecialize.cpp): a producer warpgroup fills the K and V
+  // rings, and Q stays resident in shared memory as wgmma's A operand (with Q in registers the
+  // specialized forward ran 8-11 % slower on the H200). Otherwise Q stays in registers: resident
+  // in shared memory it made that schedule 3-6 % slower (bench/RESULTS.md).
+  if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);
+  else f.attrs()["wgmma_register_a"] = int64_t(1);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   const auto p = declareParams<ForwardParams>(f, dt);
   std::optional<PagedKvConstants> pc;
@@ -445,6 +457,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.stream = options.stream;
   finishPrepare(p, q, scoreMod, blockMask, options, target);
   p.constants.tma = detail::tmaBoxesFor({&k, &v}, p.config.num_stages, true);
+  p.constants.warpSpecialize = p.constants.tma && detail::warpSpecializeWanted(scoreMod, blockMask);
   return p;
 }
 

@@ -69,9 +69,10 @@ constexpr int kProbe = 16;
 detail::ModState::ProbeFacts probeFacts(Kernel& probe, int ownLoads, const std::vector<CapturedTensor>& given) {
   const auto traced = probe.trace();  // owns the function
   const ir::Function& f = *traced;
-  int fullTileLoads = 0;
+  int fullTileLoads = 0, keyLoads = 0;
   f.walk([&](const ir::Op& op) {
     if (op.kind() == ir::OpKind::Load && op.result()->type().shape() == ir::Shape{kProbe, kProbe}) ++fullTileLoads;
+    if (op.kind() == ir::OpKind::Load && op.result()->type().shape() == ir::Shape{1, kProbe}) ++keyLoads;
   });
   std::vector<CapturedTensor> captures = given;
   for (const auto& slot : probe.captures()) {
@@ -79,7 +80,7 @@ detail::ModState::ProbeFacts probeFacts(Kernel& probe, int ownLoads, const std::
     for (const CapturedTensor& c : captures) known = known || c.slot() == slot;
     if (!known) captures.push_back(CapturedTensor::fromSlot(slot));
   }
-  return {ir::structuralHash(f), fullTileLoads > ownLoads, std::move(captures)};
+  return {ir::structuralHash(f), fullTileLoads > ownLoads, keyLoads > 0 || fullTileLoads > ownLoads, std::move(captures)};
 }
 
 
@@ -184,6 +185,11 @@ uint64_t detail::ModBase<Mod, Fn>::structuralHash() const {
 template <class Mod, class Fn>
 bool detail::ModBase<Mod, Fn>::gathersPerElement() const {
   return probe().gathersPerElement;
+}
+
+template <class Mod, class Fn>
+bool detail::ModBase<Mod, Fn>::gathersAlongKeys() const {
+  return probe().gathersAlongKeys;
 }
 
 template <class Mod, class Fn>

@@ -57,6 +57,7 @@ struct ModState {
   struct ProbeFacts {
     uint64_t structuralHash;
     bool gathersPerElement;  // loads a tile of the index tiles' full shape (a value per score)
+    bool gathersAlongKeys;   // loads a value per key column ([1, kv] or per score)
     // The captures the mod was given followed by those it reads without having been given them.
     std::vector<dsl::CapturedTensor> captures;
   };
@@ -122,6 +123,10 @@ class ModBase {
   // Whether the mod reads a captured tensor once per (q, kv) pair (a gather of the whole tile),
   // from the same probe trace; such mods keep the smaller default tile. Throws as structuralHash.
   bool gathersPerElement() const;
+  // Whether it reads a captured tensor per key (a [1, kv] tile, such as document ids, or per score),
+  // from the same probe trace: the forward keeps such mods off the warp-specialized schedule, which
+  // measured slower for them (bench/RESULTS.md, 2026-12-03). Throws as structuralHash.
+  bool gathersAlongKeys() const;
 
  protected:
   ModBase() = default;
