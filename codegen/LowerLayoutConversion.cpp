@@ -100,7 +100,13 @@ void Lowering::barrier() {
 }
 
 void Lowering::programBarrier() {
-  b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, llvm::ArrayRef<llvm::Value*>{i32(0)});
+  // In a warp-specialized program the producer and the consumers meet at barrier 0 from two
+  // different instructions (and the producer's issuing lane may arrive apart from its warp), which
+  // `.aligned` forbids: compute-sanitizer's synccheck reported "divergent threads" there and
+  // racecheck the races that followed. The unaligned form allows both.
+  b.CreateIntrinsic(specialized ? llvm::Intrinsic::nvvm_barrier_cta_sync_all
+                                : llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all,
+                    llvm::ArrayRef<llvm::Value*>{i32(0)});
 }
 
 void Lowering::storeTileToShared(const Regs& regs, const Layout& l, DType t, int64_t offset) {
