@@ -197,7 +197,7 @@ class Verifier {
     return "";
   }
   void warpMarks(const Op& op) {
-    if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both", "all"});
+    if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both"});
     if (op.hasAttr("producer_carried") && op.kind() == OpKind::For) {
       const auto* keep = std::get_if<std::vector<int64_t>>(&op.attrs().at("producer_carried"));
       const int64_t carried = int64_t(op.numOperands()) - 3;
