@@ -165,24 +165,31 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
 
 // The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
 // and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
+// With FLEXTILE_WARP_SPECIALIZE=1 too, the dkdv and dq kernels' TMA rings get a producer warpgroup
+// (the marked IR verifies and computes the same; not yet run on the GPU).
 TEST(TilePassesInterpreted, BackwardWithTmaCopies) {
   SeededRandom rng;
   ::setenv("FLEXTILE_TMA", "1", 1);
   struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_TMA"); }
+    ~Unset() {
+      ::unsetenv("FLEXTILE_TMA");
+      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
+    }
   } unset;
   InterpretAfterPasses scope("sm_90a");
-  for (const char* name : {"causal", "full"}) {
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 130, .D = 64, .dtype = DType::BF16,
-                    .context = std::string("sm_90a backward, TMA, ") + name};
-    BackwardCheck check;
-    if (std::string(name) == "causal") check.refMask = refCausal();
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
-    std::optional<BlockMask> mask;
-    if (std::string(name) == "causal") mask = causalBlockMask(1, 1, c.L, c.S, {64, 64});
-    if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
-  }
+  for (const char* specialize : {"0", "1"})
+    for (const char* name : {"causal", "full"}) {
+      ::setenv("FLEXTILE_WARP_SPECIALIZE", specialize, 1);
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 130, .D = 64, .dtype = DType::BF16,
+                      .context = std::string("sm_90a backward, TMA, warp-specialized ") + specialize + ", " + name};
+      BackwardCheck check;
+      if (std::string(name) == "causal") check.refMask = refCausal();
+      check.forwardConfig = kWgmmaTiles;
+      check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+      std::optional<BlockMask> mask;
+      if (std::string(name) == "causal") mask = causalBlockMask(1, 1, c.L, c.S, {64, 64});
+      if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
+    }
 }
 
 // With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
