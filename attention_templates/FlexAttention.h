@@ -40,12 +40,18 @@ namespace flextile::attention {
 struct PagedKV;  // attention_templates/PagedKVCache.h
 
 // One point of the template's tuning space.
+// Whether a producer warpgroup of its own fills the K/V rings (codegen/passes/WarpSpecialize.cpp;
+// sm_90a with TMA rings only, elsewhere nothing changes). Auto: where no mod reads a captured tensor
+// per key (detail::warpSpecializeWanted). FLEXTILE_WARP_SPECIALIZE=1/0 overrides all three.
+enum class WarpSpecialization { Auto, Off, On };
+
 struct FlexAttentionConfig {
   int64_t block_m = 64;   // queries per program (a power of two >= 16)
   int64_t block_n = 64;   // keys per inner step (a power of two >= 16)
-  int num_warps = 4;
+  int num_warps = 4;      // consumer warps (a specialized program launches 4 more)
   int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
-  std::string describe() const;  // "BM128 BN64 w8 s2"
+  WarpSpecialization warp_specialize = WarpSpecialization::Auto;
+  std::string describe() const;  // "BM128 BN64 w8 s2", then " ws" (On) or " no-ws" (Off)
   bool operator==(const FlexAttentionConfig&) const = default;
 };
 

@@ -144,10 +144,12 @@ std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std:
 // safe guess, and the real trace reports anything truly wrong with it.
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 // Whether the forward takes the warp-specialized schedule (a producer warpgroup for the TMA rings,
-// Q resident in shared memory): FLEXTILE_WARP_SPECIALIZE=1/0 decides, else every call whose mods
-// read no captured tensor per key (ModBase::gathersAlongKeys; the document ids measured 7.5 %
-// slower specialized on the H200, the other yardstick variants 1.6-4.7 % faster).
-bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
+// Q resident in shared memory): FLEXTILE_WARP_SPECIALIZE=1/0 decides, else the config's choice,
+// else (Auto) every call whose mods read no captured tensor per key (ModBase::gathersAlongKeys; the
+// document ids measured 7.5 % slower specialized on the H200, the other yardstick variants 1.6-4.7 %
+// faster).
+bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                          WarpSpecialization choice = WarpSpecialization::Auto);
 
 // Whether a call runs the decode template (options.kernel, else L <= kDecodeMaxQueries or a
 // query_offset, which only decode takes).

@@ -45,7 +45,8 @@ using namespace flextile::attention::tmpl;
 
 std::string FlexAttentionConfig::describe() const {
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
-         std::to_string(num_stages);
+         std::to_string(num_stages) +
+         (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "");
 }
 
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std::optional<codegen::Target> target,
@@ -166,9 +167,11 @@ std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::opti
   return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
-bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                          WarpSpecialization choice) {
   if (const char* e = std::getenv("FLEXTILE_WARP_SPECIALIZE"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
     return e[0] == '1';
+  if (choice != WarpSpecialization::Auto) return choice == WarpSpecialization::On;
   auto alongKeys = [](const auto& mod) {
     try {
       return mod.defined() && mod.gathersAlongKeys();
@@ -457,7 +460,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.stream = options.stream;
   finishPrepare(p, q, scoreMod, blockMask, options, target);
   p.constants.tma = detail::tmaBoxesFor({&k, &v}, p.config.num_stages, true);
-  p.constants.warpSpecialize = p.constants.tma && detail::warpSpecializeWanted(scoreMod, blockMask);
+  p.constants.warpSpecialize =
+      p.constants.tma && detail::warpSpecializeWanted(scoreMod, blockMask, p.config.warp_specialize);
   return p;
 }
 

@@ -34,12 +34,13 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
   for (int64_t m : blockM)
     for (int64_t n : blockN)
       for (int w : warps)
-        for (int s : stages) out.push_back({m, n, w, s});
+        for (int s : stages)
+          for (attention::WarpSpecialization ws : specialize) out.push_back({m, n, w, s, ws});
   return out;
 }
 
 ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
-  ConfigSpace s{{64, 128}, {32, 64, 128}, {4, 8}, {1, 2, 3}};
+  ConfigSpace s{{64, 128}, {32, 64, 128}, {4, 8}, {1, 2, 3}, {attention::WarpSpecialization::Auto, attention::WarpSpecialization::Off}};
   if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
   return s;
 }
@@ -195,6 +196,18 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
 
   TuneReport report;
   std::vector<FlexAttentionConfig> configs = space.configs();
+  // Without setmaxnreg no kernel is specialized: Off and On would only time Auto's kernel again.
+  const codegen::Target arch = target ? *target
+                                      : codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
+                                                                        runtime::Device::current().capabilityMinor());
+  if (!arch.has(codegen::Feature::SetMaxNReg)) {
+    std::vector<FlexAttentionConfig> kept;
+    for (FlexAttentionConfig c : configs) {
+      c.warp_specialize = attention::WarpSpecialization::Auto;
+      if (std::find(kept.begin(), kept.end(), c) == kept.end()) kept.push_back(c);
+    }
+    configs = std::move(kept);
+  }
   if (std::find(configs.begin(), configs.end(), defaultConfig) == configs.end()) configs.insert(configs.begin(), defaultConfig);
   for (const FlexAttentionConfig& c : configs) {
     Candidate cand;

@@ -32,9 +32,12 @@ using attention::FlexAttentionConfig;
 struct ConfigSpace {
   std::vector<int64_t> blockM, blockN;
   std::vector<int> warps, stages;
+  // Auto and Off are the same kernel on a target without setmaxnreg; the tuner then keeps Auto.
+  std::vector<attention::WarpSpecialization> specialize{attention::WarpSpecialization::Auto};
   std::vector<FlexAttentionConfig> configs() const;  // the product, in a stable order
 };
-// The space the tuner searches by default for a dtype and head dim.
+// The space the tuner searches by default for a dtype and head dim: every tile both with the
+// template's own choice of warp specialization (Auto) and without it (Off).
 ConfigSpace defaultSpace(dsl::DType dtype, int64_t headDim);
 
 struct DeviceLimits {

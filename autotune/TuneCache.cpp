@@ -133,6 +133,10 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   };
   TunedConfig t;
   t.config = {int64_t(num("block_m")), int64_t(num("block_n")), int(num("num_warps")), int(num("num_stages"))};
+  if (const Json* w = e->find("warp_specialize"); w && w->kind == Json::Kind::String)  // absent: auto
+    t.config.warp_specialize = w->string == "on"    ? attention::WarpSpecialization::On
+                               : w->string == "off" ? attention::WarpSpecialization::Off
+                                                    : attention::WarpSpecialization::Auto;
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -178,6 +182,8 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   e.object["block_n"] = Json::num(double(t.config.block_n));
   e.object["num_warps"] = Json::num(t.config.num_warps);
   e.object["num_stages"] = Json::num(t.config.num_stages);
+  if (t.config.warp_specialize != attention::WarpSpecialization::Auto)
+    e.object["warp_specialize"] = Json::str(t.config.warp_specialize == attention::WarpSpecialization::On ? "on" : "off");
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);

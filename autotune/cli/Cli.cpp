@@ -1,5 +1,6 @@
 #include "autotune/cli/Cli.h"
 
+#include <cstring>
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
@@ -69,7 +70,7 @@ const std::vector<Command>& commands() {
       {"list", "usage: flextile list\n  Lists the registered variants (built-in and user) and the templates.\n", {}, {},
        false},
       {"run",
-       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S]\n"
+       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws]]\n"
        "                    [--check[=all]] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
@@ -92,7 +93,7 @@ const std::vector<Command>& commands() {
        {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot"},
        {"--no-store"}, true},
       {"compile",
-       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S]\n"
+       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws]]\n"
        "                        [--target sm_80|sm_90a] --emit traced|ir|llvm|ptx\n"
        "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n",
@@ -323,8 +324,18 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
 
 std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
   if (!a.values.count("--config")) return std::nullopt;
-  const std::vector<int64_t> c = parseInts("--config", a.values.at("--config"), 4, 4);
-  return FlexAttentionConfig{c[0], c[1], int(c[2]), int(c[3])};
+  // BM,BN,W,S, then optionally "ws" or "no-ws" (warp specialization on or off; absent: the template
+  // decides), the words describe() prints.
+  std::string text = a.values.at("--config");
+  auto specialize = attention::WarpSpecialization::Auto;
+  for (const auto& [word, choice] : {std::pair{",ws", attention::WarpSpecialization::On},
+                                     std::pair{",no-ws", attention::WarpSpecialization::Off}})
+    if (text.size() > std::strlen(word) && text.ends_with(word)) {
+      text.resize(text.size() - std::strlen(word));
+      specialize = choice;
+    }
+  const std::vector<int64_t> c = parseInts("--config", text, 4, 4);
+  return FlexAttentionConfig{c[0], c[1], int(c[2]), int(c[3]), specialize};
 }
 
 // FLOPs of one forward call on the problem (pairs counted exactly from its mask).

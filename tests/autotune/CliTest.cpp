@@ -99,6 +99,13 @@ TEST(Cli, CompileEmitsPtxAndIrWithoutAGpu) {
   Result traced = run({"compile", "causal", "--shape", "1,2,256,64", "--emit", "traced", "--config", "64,32,4,1"});
   ASSERT_EQ(traced.status, 0) << traced.err;
   EXPECT_NE(traced.out.find("num_warps = 4"), std::string::npos) << traced.out.substr(0, 600);
+  // A fifth number of --config picks warp specialization (1) or not (0) over the template's choice.
+  for (const char* config : {"128,128,8,2,no-ws", "128,128,8,2,ws"}) {
+    Result ir = run({"compile", "causal", "--shape", "1,2,1024,128", "--emit", "ir", "--config", config});
+    ASSERT_EQ(ir.status, 0) << ir.err;
+    EXPECT_EQ(ir.out.find("producer_warps = 4") != std::string::npos, std::string(config).ends_with(",ws")) << config;
+  }
+  EXPECT_EQ(run({"compile", "causal", "--emit", "ir", "--config", "128,128,8,2,yes"}).status, 2);
 }
 
 TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
