@@ -50,7 +50,7 @@ struct FlexAttentionConfig {
   int64_t block_n = 64;   // keys per inner step (a power of two >= 16)
   int num_warps = 4;      // consumer warps (a specialized program launches 4 more)
   int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
-  WarpSpecialization warp_specialize = WarpSpecialization::Auto;
+  WarpSpecialization warp_specialize = WarpSpecialization::Auto;  // the forward's (the backward's tiles ignore it)
   std::string describe() const;  // "BM128 BN64 w8 s2", then " ws" (On) or " no-ws" (Off)
   bool operator==(const FlexAttentionConfig&) const = default;
 };
