@@ -32,6 +32,7 @@ class Verifier {
       checkValue(p->type(), "function @" + f_.name() + ": " + nth("parameter", i));
     }
     block(f_.body(), nullptr);
+    if (problems_.empty() && f_.intAttrOr("producer_warps", 0) > 0) producerSlice();
     return std::move(problems_);
   }
 
@@ -196,6 +197,52 @@ class Verifier {
       if (!markAttr(op, k)) return k;
     return "";
   }
+  // A warp-specialized function (producer_warps > 0, codegen/passes/WarpSpecialize.cpp): what the
+  // producer runs (ws = "producer" or "both") may only read parameters, results of ops it runs
+  // too, and the arguments its copy of a loop keeps (the induction variable, producer_carried);
+  // its loops' yields run in both roles. The lowering would otherwise find a value undefined in
+  // the producer's copy of the body.
+  static bool producerRuns(const Op* op) {
+    auto it = op->attrs().find("ws");
+    const auto* s = it == op->attrs().end() ? nullptr : std::get_if<std::string>(&it->second);
+    return s && (*s == "producer" || *s == "both");
+  }
+  void producerSlice() {
+    f_.walk([&](const Op& op) {
+      if (!producerRuns(&op)) return;
+      if (op.kind() == OpKind::For) {
+        const Op* yield = op.region(0).terminator();
+        if (yield && !producerRuns(yield)) err(op, "runs in the producer (ws) but its yield does not");
+      }
+      for (size_t i = 0; i < op.numOperands(); ++i) {
+        const Value* v = op.operand(i);
+        if (op.kind() == OpKind::Yield && op.parentBlock()->parentOp() &&
+            !keptByProducer(*op.parentBlock()->parentOp(), i + 1))
+          continue;  // a carried value the producer's copy of the loop drops
+        if (op.kind() == OpKind::For && i >= 3 && !keptByProducer(op, i - 2)) continue;
+        if (const Op* d = v->definingOp()) {
+          if (!producerRuns(d))
+            err(op, "runs in the producer (ws) but its " + nth("operand", i) + " comes from " + d->describe() +
+                        ", which only the consumers run");
+        } else if (const Block* b = v->ownerBlock(); b && b->parentOp()) {
+          const auto& args = b->args();
+          const size_t index = size_t(std::find(args.begin(), args.end(), v) - args.begin());
+          if (!producerRuns(b->parentOp()) || !keptByProducer(*b->parentOp(), index))
+            err(op, "runs in the producer (ws) but its " + nth("operand", i) + " is an argument of " +
+                        b->parentOp()->describe() + " that the producer's copy of the loop does not keep");
+        }
+      }
+    });
+  }
+  // Whether the producer's copy of loop `loop` keeps its body argument `arg` (0: the induction
+  // variable, i: carried value i-1 when producer_carried lists it).
+  static bool keptByProducer(const Op& loop, size_t arg) {
+    if (arg == 0) return true;
+    auto it = loop.attrs().find("producer_carried");
+    const auto* keep = it == loop.attrs().end() ? nullptr : std::get_if<std::vector<int64_t>>(&it->second);
+    return keep && std::find(keep->begin(), keep->end(), int64_t(arg - 1)) != keep->end();
+  }
+
   void warpMarks(const Op& op) {
     if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both"});
     if (op.hasAttr("producer_carried") && op.kind() == OpKind::For) {

@@ -488,4 +488,28 @@ TEST(Verifier, WarpSpecializationMarks) {
              "for", "producer_carried names carried value 1 of 1");
 }
 
+// In a warp-specialized function (producer_warps > 0) the producer's ops read only what the
+// producer runs too: a parameter, a ws-marked op's result, its loops' kept arguments.
+TEST(Verifier, TheProducerReadsOnlyWhatItRuns) {
+  auto error = [](const std::string& ops) {
+    auto f = parseFunction("func @v(%n: i32, %x: f32) attributes {producer_warps = 4} {\n" + ops +
+                               "  return {ws = \"both\"}\n}\n",
+                           "v.ftir");
+    return verifyError(*f);
+  };
+  const std::string loop =
+      "  %lb = constant {value = 0, ws = \"both\"} : i32\n"
+      "  %one = constant {value = 1, ws = \"both\"} : i32\n"
+      "  %r, %k = for %lb, %n, %one, %x, %lb {producer_carried = [1], ws = \"both\"} : f32, i32 {\n"
+      "  ^bb(%t: i32, %a: f32, %c: i32):\n"
+      "    %next = add %c, %one {ws = \"both\"} : i32\n"
+      "    %b = add %a, %x : f32\n";
+  EXPECT_EQ(error(loop + "    yield %b, %next {ws = \"both\"}\n  }\n"), "(valid)");
+  EXPECT_HAS(error("  %c = constant {value = 2} : i32\n  %d = add %c, %n {ws = \"both\"} : i32\n"),
+             "add", "operand #0 comes from", "which only the consumers run");
+  EXPECT_HAS(error(loop + "    %s = cast %a {ws = \"both\"} : i32\n    yield %b, %next {ws = \"both\"}\n  }\n"),
+             "cast", "an argument of", "does not keep");
+  EXPECT_HAS(error(loop + "    yield %b, %next\n  }\n"), "for", "its yield does not");
+}
+
 }  // namespace flextile::ir
