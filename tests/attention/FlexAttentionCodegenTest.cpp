@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "attention_templates/FlexAttention.h"
+#include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
+#include "ir/Parser.h"
 
 using namespace flextile;
 using namespace flextile::attention;
@@ -290,6 +292,7 @@ TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(k.producerWarps, 4);
   EXPECT_EQ(k.threadsPerProgram(), 384);
+  EXPECT_EQ(codegen::warpSpecializeRefusal(*ir::parseFunction(k.ir, "forward"), codegen::Target::sm90a()), "");
   EXPECT_EQ(count(k.ptx, "\\.maxntid 384"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24;"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240;"), 1);

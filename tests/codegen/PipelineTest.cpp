@@ -255,4 +255,18 @@ TEST(WarpSpecialize, RegisterSplitMovesTheProducersRegistersToTheConsumers) {
   EXPECT_EQ(registerSplit(4, 4, 1).launch, 0);  // 255 registers each already: nothing to move
 }
 
+
+// Why the warp-specialize pass leaves a function as it is: a target without TMA and setmaxnreg, a
+// warp count other than 4 or 8, no TMA copy (a cp.async ring).
+TEST(WarpSpecialize, TheRefusalsSayWhy) {
+  auto f = tracedMatmul(64, 64, 32, 4, 2);
+  runTilePasses(*f, Target::sm90a());
+  EXPECT_EQ(warpSpecializeRefusal(*f, Target::sm90a()), "it issues no TMA copy");
+  EXPECT_EQ(producerWarps(*f), 0);
+  EXPECT_NE(warpSpecializeRefusal(*f, Target::sm80()).find("sm_80 has no TMA or no setmaxnreg"), std::string::npos);
+  auto two = tracedMatmul(32, 64, 32, 2, 2);
+  runTilePasses(*two, Target::sm90a());
+  EXPECT_NE(warpSpecializeRefusal(*two, Target::sm90a()).find("it has 2 warps"), std::string::npos);
+}
+
 }  // namespace flextile::codegen
