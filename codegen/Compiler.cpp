@@ -61,6 +61,7 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
   pipeline.add(ir::canonicalizePass())
       .add(ir::csePass())
       .add(ir::dcePass())
+      .add(hoistInvariantLoadsPass())
       .add(assignLayoutsPass(target))
       .add(deferAccumulationPass(target))
       .add(pipelinePass(target))

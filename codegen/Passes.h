@@ -35,6 +35,15 @@ class AxisInfoAnalysis;
 void assignLayouts(ir::Function& f, const Target& target);
 ir::Pass assignLayoutsPass(const Target& target);  // "assign-layouts"
 
+// Hoisting loop-invariant loads (codegen/passes/HoistInvariantLoads.cpp): in a loop that writes no
+// memory, a masked load of a scalar, a row or a column whose operands do not change between
+// iterations moves before the loop, with the pure ops its operands come from (the document mask's
+// per-row ids, re-read for every key block otherwise). Opt-in: function attribute
+// hoist_invariant_loads = 1, or FLEXTILE_HOIST_INVARIANT_LOADS=1 (=0 for none); not yet measured on
+// a GPU. Runs before assign-layouts.
+void hoistInvariantLoads(ir::Function& f);
+ir::Pass hoistInvariantLoadsPass();  // "hoist-invariant-loads"
+
 // Deferring a loop's accumulating product by one iteration (codegen/passes/DeferAccumulation.cpp):
 // where a loop yields a wgmma-suited dot whose accumulator only a rescale reads (the forward's
 // O = O * alpha + P V) and another wgmma-suited dot stays in the body (S = Q K^T), the loop is
@@ -115,7 +124,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, cse, dce,
-// assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, warp-specialize. The one list, so that what tests run is what the compiler runs.
+// hoist-invariant-loads, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, warp-specialize. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

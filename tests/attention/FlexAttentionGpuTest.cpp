@@ -202,6 +202,29 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
   }
 }
 
+// Loop-invariant loads hoisted before the walks (opt-in: FLEXTILE_HOIST_INVARIANT_LOADS=1,
+// codegen/passes/HoistInvariantLoads.cpp): every variant at the default config and on one
+// warpgroup, lengths off the block, GQA, a padded head dim.
+TEST(FlexAttentionGpu, HoistedInvariantLoadsEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ::setenv("FLEXTILE_HOIST_INVARIANT_LOADS", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FLEXTILE_HOIST_INVARIANT_LOADS"); }
+  } unset;
+  for (const Variant& var : variants())
+    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+      if (!inScope(c.work())) continue;
+      c.context = "variant " + var.name + ", hoisted invariant loads";
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      for (const std::optional<FlexAttentionConfig>& config :
+           {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}}})
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+          return;
+    }
+}
+
 // The yardstick's window and prefix cut at 8192 (the one long case: the float64 reference is slow).
 TEST(FlexAttentionGpu, Length8192) {
   FLEXTILE_REQUIRE_GPU();

@@ -163,6 +163,30 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
     }
 }
 
+// Loop-invariant loads hoisted (FLEXTILE_HOIST_INVARIANT_LOADS=1): the document mask's per-row ids
+// leave the walks, and every variant still computes the same (fully masked rows included, GQA,
+// lengths off the block), with and without warp specialization.
+TEST(TilePassesInterpreted, ForwardWithHoistedInvariantLoads) {
+  SeededRandom rng;
+  ::setenv("FLEXTILE_HOIST_INVARIANT_LOADS", "1", 1);
+  struct Unset {
+    ~Unset() {
+      ::unsetenv("FLEXTILE_HOIST_INVARIANT_LOADS");
+      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
+    }
+  } unset;
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* specialize : {"0", "1"})
+    for (const char* name : {"document", "alibi", "causal", "bias"}) {
+      ::setenv("FLEXTILE_WARP_SPECIALIZE", specialize, 1);
+      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(name) + " hoisted loads, warp-specialized " + specialize;
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = kWgmmaTiles}))
+        return;
+    }
+}
+
 // The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
 // and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
 // With FLEXTILE_WARP_SPECIALIZE=1 too, the dkdv and dq kernels' TMA rings get a producer warpgroup

@@ -65,6 +65,7 @@ std::vector<std::string> splitComma(const std::string& s) {
 std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Target& target) {
   if (auto p = ir::targetIndependentPass(name)) return p;
   if (name == "assign-layouts") return codegen::assignLayoutsPass(target);
+  if (name == "hoist-invariant-loads") return codegen::hoistInvariantLoadsPass();
   if (name == "defer-accumulation") return codegen::deferAccumulationPass(target);
   if (name == "pipeline") return codegen::pipelinePass(target);
   if (name == "bulk-reduce") return codegen::bulkReducePass(target);
