@@ -12,6 +12,7 @@
 #include "attention_templates/FlexAttention.h"
 #include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
+#include "gpu/GpuTest.h"
 #include "ir/Parser.h"
 
 using namespace flextile;
@@ -19,6 +20,7 @@ using namespace flextile::attention;
 using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
+using flextile::testing::ScopedSetenv;
 
 namespace {
 int count(const std::string& text, const std::string& re) {
@@ -66,12 +68,6 @@ struct TmaScope {
   explicit TmaScope(const char* value) { ::setenv("FLEXTILE_TMA", value, 1); }
   ~TmaScope() { ::unsetenv("FLEXTILE_TMA"); }
 };
-// FLEXTILE_WARP_SPECIALIZE for one scope: "0" keeps the TMA rings' issuer among the consumers (the
-// schedule the tests below check, unless they say otherwise).
-struct WarpSpecializeScope {
-  explicit WarpSpecializeScope(const char* value) { ::setenv("FLEXTILE_WARP_SPECIALIZE", value, 1); }
-  ~WarpSpecializeScope() { ::unsetenv("FLEXTILE_WARP_SPECIALIZE"); }
-};
 }  // namespace
 
 TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
@@ -108,7 +104,7 @@ TEST(FlexAttentionCodegen, ForwardKeepsQInRegisters) {
     EXPECT_EQ(count(k.ptx, fromRegisters), 0);
     EXPECT_EQ(count(k.ptx, qk + "ad[0-9]+, %rd[0-9]+"), 16);  // A and B descriptors
   }
-  WarpSpecializeScope off("0");
+  ScopedSetenv off("FLEXTILE_WARP_SPECIALIZE", "0");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(k.producerWarps, 0);
   EXPECT_EQ(count(k.ptx, qk + "ad[0-9]+"), 0);
@@ -215,7 +211,7 @@ TEST(FlexAttentionCodegen, AmpereRunsMmaSync) {
 // each for K and V (the maps follow the parameters). On sm_80 the boxes are ordinary loads: the PTX
 // is the one without them.
 TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
-  WarpSpecializeScope consumersIssue("0");  // (the producer's copies: WarpSpecializedForwardMovesRegistersToTheConsumers)
+  ScopedSetenv consumersIssue("FLEXTILE_WARP_SPECIALIZE", "0");  // (the producer's copies: WarpSpecializedForwardMovesRegistersToTheConsumers)
   std::string withoutBoxes;
   {
     TmaScope off("0");
@@ -285,10 +281,7 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
 // consumer warpgroup the cap is already 255 (no setmaxnreg); on sm_80 and with cp.async rings
 // nothing is specialized.
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
-  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_WARP_SPECIALIZE"); }
-  } unset;
+  ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(k.producerWarps, 4);
   EXPECT_EQ(k.threadsPerProgram(), 384);

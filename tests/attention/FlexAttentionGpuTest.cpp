@@ -173,15 +173,9 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "warp specialization needs sm_90a";
   SeededRandom rng;
-  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
-  struct Unset {
-    ~Unset() {
-      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
-      ::unsetenv("FLEXTILE_PINGPONG");
-    }
-  } unset;
+  ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   for (const char* pingpong : {"0", "1"}) {
-    ::setenv("FLEXTILE_PINGPONG", pingpong, 1);
+    ScopedSetenv turns("FLEXTILE_PINGPONG", pingpong);
     for (const Variant& var : variants())
       for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
                               AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
@@ -208,10 +202,7 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
 TEST(FlexAttentionGpu, HoistedInvariantLoadsEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  ::setenv("FLEXTILE_HOIST_INVARIANT_LOADS", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_HOIST_INVARIANT_LOADS"); }
-  } unset;
+  ScopedSetenv hoisted("FLEXTILE_HOIST_INVARIANT_LOADS", "1");
   for (const Variant& var : variants())
     for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
                             AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {

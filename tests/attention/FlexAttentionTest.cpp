@@ -713,11 +713,10 @@ TEST(FlexAttentionDefaults, ModsThatGatherAlongKeysKeepTheConsumersIssuing) {
     const bool scoreAlongKeys = inst.score.defined() && inst.score.gathersAlongKeys();
     EXPECT_EQ(maskAlongKeys || scoreAlongKeys, alongKeys) << var.name;
     EXPECT_EQ(flextile::attention::detail::warpSpecializeWanted(inst.score, inst.mask), !alongKeys) << var.name;
-    ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
-    EXPECT_TRUE(flextile::attention::detail::warpSpecializeWanted(inst.score, inst.mask)) << var.name;
-    ::setenv("FLEXTILE_WARP_SPECIALIZE", "0", 1);
-    EXPECT_FALSE(flextile::attention::detail::warpSpecializeWanted(inst.score, inst.mask)) << var.name;
-    ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
+    for (const char* forced : {"0", "1"}) {
+      ScopedSetenv env("FLEXTILE_WARP_SPECIALIZE", forced);
+      EXPECT_EQ(flextile::attention::detail::warpSpecializeWanted(inst.score, inst.mask), forced[0] == '1') << var.name;
+    }
   }
 }
 

@@ -148,10 +148,7 @@ TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
 // computes the same (the interpreter runs every op, whatever warps the GPU runs it on).
 TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
   SeededRandom rng;
-  ::setenv("FLEXTILE_WARP_SPECIALIZE", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_WARP_SPECIALIZE"); }
-  } unset;
+  ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   InterpretAfterPasses scope("sm_90a");
   for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}})
     for (const char* name : {"full", "causal", "document"}) {
@@ -168,17 +165,11 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
 // lengths off the block), with and without warp specialization.
 TEST(TilePassesInterpreted, ForwardWithHoistedInvariantLoads) {
   SeededRandom rng;
-  ::setenv("FLEXTILE_HOIST_INVARIANT_LOADS", "1", 1);
-  struct Unset {
-    ~Unset() {
-      ::unsetenv("FLEXTILE_HOIST_INVARIANT_LOADS");
-      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
-    }
-  } unset;
+  ScopedSetenv hoisted("FLEXTILE_HOIST_INVARIANT_LOADS", "1");
   InterpretAfterPasses scope("sm_90a");
   for (const char* specialize : {"0", "1"})
     for (const char* name : {"document", "alibi", "causal", "bias"}) {
-      ::setenv("FLEXTILE_WARP_SPECIALIZE", specialize, 1);
+      ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
       AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
       c.context = std::string(name) + " hoisted loads, warp-specialized " + specialize;
       VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
@@ -193,17 +184,11 @@ TEST(TilePassesInterpreted, ForwardWithHoistedInvariantLoads) {
 // (the marked IR verifies and computes the same; not yet run on the GPU).
 TEST(TilePassesInterpreted, BackwardWithTmaCopies) {
   SeededRandom rng;
-  ::setenv("FLEXTILE_TMA", "1", 1);
-  struct Unset {
-    ~Unset() {
-      ::unsetenv("FLEXTILE_TMA");
-      ::unsetenv("FLEXTILE_WARP_SPECIALIZE");
-    }
-  } unset;
+  ScopedSetenv tma("FLEXTILE_TMA", "1");
   InterpretAfterPasses scope("sm_90a");
   for (const char* specialize : {"0", "1"})
     for (const char* name : {"causal", "full"}) {
-      ::setenv("FLEXTILE_WARP_SPECIALIZE", specialize, 1);
+      ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
       AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 130, .D = 64, .dtype = DType::BF16,
                       .context = std::string("sm_90a backward, TMA, warp-specialized ") + specialize + ", " + name};
       BackwardCheck check;
