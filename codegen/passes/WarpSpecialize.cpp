@@ -197,22 +197,26 @@ std::string plan(ir::Function& f, Marks& marks) {
 
 }  // namespace
 
-std::string warpSpecializeRefusal(const ir::Function& f, const Target& target) {
+namespace {
+// The target's and the function's conditions, then plan().
+std::string refusal(ir::Function& f, const Target& target, Marks& marks) {
   if (!target.has(Feature::TensorMemoryAccelerator) || !target.has(Feature::SetMaxNReg))
     return target.smName() + " has no TMA or no setmaxnreg";
   if (f.numWarps() != 4 && f.numWarps() != 8)
     return "it has " + std::to_string(f.numWarps()) + " warps (4 or 8 consumer warps are supported)";
-  std::unique_ptr<ir::Function> copy = f.clone();
-  Marks marks;
-  return plan(*copy, marks);
+  return plan(f, marks);
+}
+}  // namespace
+
+std::string warpSpecializeRefusal(const ir::Function& f, const Target& target) {
+  Marks marks;  // plan() only collects ops; nothing of `f` changes
+  return refusal(const_cast<ir::Function&>(f), target, marks);
 }
 
 void specializeWarps(ir::Function& f, const Target& target) {
   if (producerWarps(f) > 0 || !passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize")) return;
-  if (!target.has(Feature::TensorMemoryAccelerator) || !target.has(Feature::SetMaxNReg)) return;
-  if (f.numWarps() != 4 && f.numWarps() != 8) return;
   Marks marks;
-  if (!plan(f, marks).empty()) return;
+  if (!refusal(f, target, marks).empty()) return;
   for (Op* op : marks.producer) op->setAttr("ws", std::string("producer"));
   for (Op* op : marks.both) op->setAttr("ws", std::string("both"));
   for (auto& [loop, keep] : marks.carried) loop->setAttr("producer_carried", keep);
