@@ -167,30 +167,40 @@ std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::opti
   return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
-bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
-                          WarpSpecialization choice) {
-  if (const char* e = std::getenv("FLEXTILE_WARP_SPECIALIZE"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
-    return e[0] == '1';
-  if (choice != WarpSpecialization::Auto) return choice == WarpSpecialization::On;
-  auto alongKeys = [](const auto& mod) {
+namespace {
+// FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
+std::optional<bool> forcedBySwitch(const char* name) {
+  const char* e = std::getenv(name);
+  if (e && !std::strcmp(e, "1")) return true;
+  if (e && !std::strcmp(e, "0")) return false;
+  return std::nullopt;
+}
+
+// Whether the score mod or the mask's mod has a fact of its probe trace (ModBase::gathersPerElement,
+// gathersAlongKeys). A mod the probe tiles do not fit counts as having it: the cautious choice, and
+// the real trace reports anything truly wrong with the mod.
+bool modsShow(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask, bool (ScoreMod::*scoreFact)() const,
+              bool (MaskMod::*maskFact)() const) {
+  auto shows = [](const auto& mod, auto fact) {
     try {
-      return mod.defined() && mod.gathersAlongKeys();
+      return mod.defined() && (mod.*fact)();
     } catch (const Error&) {
       return true;
     }
   };
-  return !alongKeys(scoreMod) && !(blockMask && alongKeys(blockMask->maskMod()));
+  return shows(scoreMod, scoreFact) || (blockMask && shows(blockMask->maskMod(), maskFact));
+}
+}  // namespace
+
+bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                          WarpSpecialization choice) {
+  if (const std::optional<bool> forced = forcedBySwitch("FLEXTILE_WARP_SPECIALIZE")) return *forced;
+  if (choice != WarpSpecialization::Auto) return choice == WarpSpecialization::On;
+  return !modsShow(scoreMod, blockMask, &ScoreMod::gathersAlongKeys, &MaskMod::gathersAlongKeys);
 }
 
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
-  auto gathers = [](const auto& mod) {
-    try {
-      return mod.defined() && mod.gathersPerElement();
-    } catch (const Error&) {
-      return true;
-    }
-  };
-  return gathers(scoreMod) || (blockMask && gathers(blockMask->maskMod()));
+  return modsShow(scoreMod, blockMask, &ScoreMod::gathersPerElement, &MaskMod::gathersPerElement);
 }
 
 std::string templateKernelKey(const char* kind, const ScoreMod& scoreMod, DType dtype) {
@@ -636,8 +646,7 @@ void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
 namespace detail {
 
 bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bool byDefault) {
-  const char* e = std::getenv("FLEXTILE_TMA");
-  const bool wanted = e && std::strcmp(e, "1") == 0 ? true : e && std::strcmp(e, "0") == 0 ? false : byDefault;
+  const bool wanted = forcedBySwitch("FLEXTILE_TMA").value_or(byDefault);
   if (!wanted || numStages < 2) return false;
   for (const Tensor* t : tensors) {
     const uint64_t base = t->isDevice() ? t->deviceAddress() : uint64_t(reinterpret_cast<uintptr_t>(t->hostData()));
