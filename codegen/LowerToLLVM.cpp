@@ -493,7 +493,9 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 // A warp-specialized program (codegen/passes/WarpSpecialize.cpp): warps 0 .. num_warps-1 run the
 // consumers' copy of the body, the producer warpgroup after them the producer's, each behind one
 // branch on the thread index. Both copies start from the parameters and the entry block's thread
-// coordinates; no value crosses from one copy to the other.
+// coordinates; no value crosses from one copy to the other. The issuer ops (threadsWithBitsClear
+// of lane and of the warp bits below num_warps, a power of two) thus run on thread 0 in the
+// consumers' copy and on the producer's first thread, thread num_warps * 32, in the producer's.
 //
 // Registers: ptxas caps the launch at L = 65536 / (programs * threads) per thread (a multiple of 8).
 // Below 256, the producer gives its registers back (setmaxnreg.dec to 24) and the consumers take

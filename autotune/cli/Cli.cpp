@@ -1,12 +1,12 @@
 #include "autotune/cli/Cli.h"
 
-#include <cstring>
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <ostream>
