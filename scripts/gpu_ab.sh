@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A/B of codegen switches on the GPU machine, in one call: the forward bench (--quick, the default
-# config) once per setting, side by side. Run from the repo root with ./bundle carried.
+# A/B of codegen switches on the GPU machine, in one call: one bench (the forward's unless
+# FLEXTILE_AB_BENCH names another in bundle/bin, e.g. flextile_attention_backward_bench; --quick, the
+# default config) once per setting, side by side. Run from the repo root with ./bundle carried.
 #   scripts/gpu_ab.sh "FLEXTILE_WARP_SPECIALIZE=0" "FLEXTILE_WARP_SPECIALIZE=1" ...
 # Each argument is a list of VAR=VALUE words applied to that run (quote it). Extra bench arguments:
-# FLEXTILE_AB_ARGS (default --quick). Logs: $OUT/ab_<n>.log; the table goes to stdout.
+# FLEXTILE_AB_ARGS (default --quick). Logs: $OUT/<FLEXTILE_AB_TAG or ab>_<n>.log; the table goes to stdout.
 set -uo pipefail
 BUNDLE=./bundle
 LOGS=${OUT:-./gpu-logs}
+TAG=${FLEXTILE_AB_TAG:-ab}
 mkdir -p "$LOGS"
 [ -s "$LOGS/document_cuts.json" ] || python3 bench/torch_document_cuts.py > "$LOGS/document_cuts.json" 2>/dev/null ||
   rm -f "$LOGS/document_cuts.json"
@@ -15,10 +17,10 @@ doc=()
 n=0
 for setting in "$@"; do
   n=$((n + 1))
-  echo "== $setting" > "$LOGS/ab_$n.log"
+  echo "== $setting" > "$LOGS/${TAG}_$n.log"
   # shellcheck disable=SC2086
   env $setting FLEXTILE_CACHE_DIR="$(mktemp -d)" timeout "${FLEXTILE_AB_TIMEOUT:-150}" \
-    "$BUNDLE/bin/flextile_attention_bench" "${doc[@]}" ${FLEXTILE_AB_ARGS:---quick} >> "$LOGS/ab_$n.log" 2>&1
-  echo "rc=$?" >> "$LOGS/ab_$n.log"
+    "$BUNDLE/bin/${FLEXTILE_AB_BENCH:-flextile_attention_bench}" "${doc[@]}" ${FLEXTILE_AB_ARGS:---quick} >> "$LOGS/${TAG}_$n.log" 2>&1
+  echo "rc=$?" >> "$LOGS/${TAG}_$n.log"
 done
-for i in $(seq 1 $n); do echo; cat "$LOGS/ab_$i.log" | tail -25; done
+for i in $(seq 1 $n); do echo; cat "$LOGS/${TAG}_$i.log" | tail -25; done
