@@ -111,7 +111,7 @@ struct GradConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
-                           (int64_t, tma));
+                           (int64_t, tma), (int64_t, warpSpecialize));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -248,6 +248,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
                const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
+  if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
@@ -359,6 +360,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
              const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
+  if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
   const auto p = declareParams<GradParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
   declareTrainable(f, scoreMod, k.deterministic);
@@ -727,6 +729,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const int64_t maskBT = mask.batch() > 1 ? mask.heads() * mask.numKvBlocks() : 0;
   const int64_t maskHT = mask.heads() > 1 ? mask.numKvBlocks() : 0;
   auto gradLaunch = [&](const char* which, const FlexAttentionConfig& c, bool dkdv) {
+    // Warp specialization only when the config (or FLEXTILE_WARP_SPECIALIZE) asks: Auto is off in
+    // the backward until it is measured to pay. It needs the TMA rings, so asking for it turns them on.
+    const bool specialize = detail::warpSpecializeWanted(
+        scoreMod, blockMask, c.warp_specialize == WarpSpecialization::Auto ? WarpSpecialization::Off : c.warp_specialize);
+    const bool tma = dkdv ? detail::tmaBoxesFor({&q, &dout}, c.num_stages, specialize)
+                          : detail::tmaBoxesFor({&k, &v}, c.num_stages, specialize);
     GradConstants gc{c.block_m,
                      c.block_n,
                      D,
@@ -742,10 +750,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      int64_t(grads.trainable.size()),
                      deterministic,
                      dkdv && atomicDq,
-                     // TMA is opt-in here (FLEXTILE_TMA=1): on the H200 it made the dense backward 7 %
-                     // slower and causal 5 % faster (bench/RESULTS.md).
-                     dkdv ? detail::tmaBoxesFor({&q, &dout}, c.num_stages, false)
-                          : detail::tmaBoxesFor({&k, &v}, c.num_stages, false)};
+                     // TMA alone is opt-in here (FLEXTILE_TMA=1): on the H200 it made the dense
+                     // backward 7 % slower and causal 5 % faster (bench/RESULTS.md).
+                     tma,
+                     tma && specialize};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -11,7 +11,10 @@
 //
 //   flextile_attention_backward_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
 //                                     [--document-offsets FILE] [--deterministic] [--atomic-dq]
+//                                     [--dkdv BM,BN,W,S[,ws|,no-ws]] [--dq BM,BN,W,S[,ws|,no-ws]]
 // --atomic-dq times dq_accumulation = Atomic (dQ summed by the dkdv programs) instead of the dq kernel.
+// --dkdv / --dq replace that kernel's tile in the config timed first (the default otherwise; dkdv's
+// BM is the queries per step, BN the keys per program); "ws" asks for warp specialization.
 #include <Eigen/Core>
 #include <cctype>
 #include <chrono>
@@ -123,12 +126,29 @@ double sampledError(const HostData& x, const std::vector<H>& dq, const std::vect
   return worst;
 }
 
+// "BM,BN,W,S" with an optional ",ws" or ",no-ws", as `flextile compile --config` reads it.
+FlexAttentionConfig parseTile(const std::string& flag, std::string text) {
+  auto specialize = WarpSpecialization::Auto;
+  for (const auto& [word, choice] : {std::pair<std::string, WarpSpecialization>{",ws", WarpSpecialization::On},
+                                     std::pair<std::string, WarpSpecialization>{",no-ws", WarpSpecialization::Off}})
+    if (text.size() > word.size() && text.ends_with(word)) {
+      text.resize(text.size() - word.size());
+      specialize = choice;
+    }
+  const std::vector<std::string> parts = split(text);
+  if (parts.size() != 4)
+    throw Error("flextile_attention_backward_bench: " + flag + " wants BM,BN,W,S[,ws|,no-ws], got '" + text + "'");
+  return FlexAttentionConfig{std::stoll(parts[0]), std::stoll(parts[1]), int(std::stoll(parts[2])),
+                             int(std::stoll(parts[3])), specialize};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   int64_t B = 2, Hq = 16, N = 8192, D = 128;
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
   bool quick = false, deterministic = false, atomicDq = false;
+  std::optional<FlexAttentionConfig> dkdvTile, dqTile;
   std::vector<std::vector<int64_t>> documentOffsets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -144,6 +164,8 @@ int main(int argc, char** argv) try {
     else if (a == "--quick") quick = true;
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--atomic-dq") atomicDq = true;
+    else if (a == "--dkdv") dkdvTile = parseTile(a, next());
+    else if (a == "--dq") dqTile = parseTile(a, next());
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_backward_bench");
     else throw Error("flextile_attention_backward_bench: unknown argument '" + a + "'");
   }
@@ -200,11 +222,13 @@ int main(int argc, char** argv) try {
     x.out = out.toHost<H>();
     x.lse = lse.toHost<float>();
     auto isGathering = [](const auto& mod) { return mod.defined() && mod.gathersPerElement(); };
-    const FlexAttentionBackwardConfig dflt = defaultFlexAttentionBackwardConfig(
+    FlexAttentionBackwardConfig dflt = defaultFlexAttentionBackwardConfig(
         DType::BF16, D,
         codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
                                         runtime::Device::current().capabilityMinor()),
         isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())));
+    if (dkdvTile) dflt.dkdv = *dkdvTile;
+    if (dqTile) dflt.dq = *dqTile;
     std::vector<FlexAttentionBackwardConfig> configs{dflt};
     if (!quick) {
       for (const FlexAttentionConfig& t : dkdvTiles) configs.push_back({t, dflt.dq});

@@ -94,10 +94,13 @@ const std::vector<Command>& commands() {
        {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws]]\n"
-       "                        [--target sm_80|sm_90a] --emit traced|ir|llvm|ptx\n"
+       "                        [--target sm_80|sm_90a] [--kernel forward|preprocess|dkdv|dq] --emit traced|ir|llvm|ptx\n"
        "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
-       "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit"}, {}, true},
+       "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
+       "  --kernel picks a kernel of the backward (default: the forward); --config is then that kernel's\n"
+       "  tile (dkdv: BM queries per step, BN keys per program), the other keeps its default. The\n"
+       "  backward's kernels have no traced stage here.\n",
+       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel"}, {}, true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
        "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
@@ -530,6 +533,41 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+// `flextile compile --kernel preprocess|dkdv|dq`: one kernel of the backward, planned on shape-only
+// tensors like the forward.
+int compileBackwardKernel(const Args& a, const Problem& p, const std::string& kernel, const std::string& emit,
+                          const codegen::Target& target, std::ostream& out) {
+  static const std::vector<std::string> kernels{"preprocess", "dkdv", "dq"};
+  const auto which = std::find(kernels.begin(), kernels.end(), kernel);
+  if (which == kernels.end())
+    throw UsageError{"--kernel must be forward, preprocess, dkdv or dq, got '" + kernel + "'"};
+  if (emit == "traced")
+    throw UsageError{"--emit traced: the backward's kernels (--kernel " + kernel +
+                     ") are traced inside the compile; ask for ir, llvm or ptx"};
+  attention::FlexAttentionBackwardOptions options;
+  if (std::optional<FlexAttentionConfig> tile = parseConfig(a)) {
+    if (kernel == "preprocess") throw UsageError{"--config: the preprocess kernel has no tile to choose"};
+    const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
+    attention::FlexAttentionBackwardConfig c =
+        attention::plan_flex_attention_backward(p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask,
+                                                {}, target)
+            .config;
+    (kernel == "dkdv" ? c.dkdv : c.dq) = *tile;
+    options.config = c;
+  }
+  const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
+  const attention::FlexAttentionBackwardPlan plan = attention::plan_flex_attention_backward(
+      p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask, options, target);
+  const auto at = std::find_if(plan.kernelNames.begin(), plan.kernelNames.end(),
+                               [&](const std::string& name) { return name.starts_with("flex_bwd_" + kernel + "_"); });
+  if (at == plan.kernelNames.end()) throw Error("flextile compile: the backward plan has no " + kernel + " kernel");
+  const codegen::CompiledKernel& compiled = *plan.compiled[size_t(at - plan.kernelNames.begin())];
+  if (emit == "ir") out << compiled.ir;
+  else if (emit == "llvm") out << compiled.llvmIR;
+  else out << compiled.ptx;
+  return 0;
+}
+
 int cmdCompile(const Args& a, std::ostream& out) {
   const std::string emit = a.get("--emit", "");
   if (emit != "traced" && emit != "ir" && emit != "llvm" && emit != "ptx")
@@ -539,9 +577,11 @@ int cmdCompile(const Args& a, std::ostream& out) {
   p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
   p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
   p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
+  const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
+  const std::string kernel = a.get("--kernel", "forward");
+  if (kernel != "forward") return compileBackwardKernel(a, p, kernel, emit, target, out);
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
-  const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                                      options, emit != "traced", target);
   if (emit == "traced") out << ir::printFunction(*plan.traced);

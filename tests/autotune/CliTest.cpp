@@ -108,6 +108,28 @@ TEST(Cli, CompileEmitsPtxAndIrWithoutAGpu) {
   EXPECT_EQ(run({"compile", "causal", "--emit", "ir", "--config", "128,128,8,2,yes"}).status, 2);
 }
 
+// --kernel prints one kernel of the backward; --config then sets that kernel's tile only.
+TEST(Cli, CompileEmitsTheBackwardsKernels) {
+  Result dkdv = run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--config", "32,64,4,2",
+                     "--emit", "ir"});
+  ASSERT_EQ(dkdv.status, 0) << dkdv.err;
+  EXPECT_NE(dkdv.out.find("flex_bwd_dkdv_"), std::string::npos) << dkdv.out.substr(0, 600);
+  EXPECT_NE(dkdv.out.find(": f32[64,32]"), std::string::npos) << "scores of 64 keys by 32 queries";
+  Result dq = run({"compile", "alibi", "--shape", "1,2,512,64", "--kernel", "dq", "--emit", "ptx"});
+  ASSERT_EQ(dq.status, 0) << dq.err;
+  EXPECT_NE(dq.out.find(".entry flex_bwd_dq_"), std::string::npos) << dq.out.substr(0, 2000);
+  Result pre = run({"compile", "causal", "--kernel", "preprocess", "--emit", "ptx"});
+  ASSERT_EQ(pre.status, 0) << pre.err;
+  EXPECT_NE(pre.out.find(".entry flex_bwd_preprocess_"), std::string::npos);
+  Result wrong = run({"compile", "causal", "--kernel", "dkv", "--emit", "ptx"});
+  EXPECT_EQ(wrong.status, 2);
+  EXPECT_NE(wrong.err.find("--kernel must be forward, preprocess, dkdv or dq, got 'dkv'"), std::string::npos) << wrong.err;
+  Result traced = run({"compile", "causal", "--kernel", "dq", "--emit", "traced"});
+  EXPECT_EQ(traced.status, 2);
+  EXPECT_NE(traced.err.find("ask for ir, llvm or ptx"), std::string::npos) << traced.err;
+  EXPECT_EQ(run({"compile", "causal", "--kernel", "preprocess", "--config", "64,64,4,2", "--emit", "ir"}).status, 2);
+}
+
 TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
   for (const char* variant : {"causal", "alibi"}) {
     Result r = run({"run", variant, "--host", "--shape", "1,4,70,32", "--gqa", "2", "--check"});
