@@ -50,7 +50,8 @@ struct FlexAttentionConfig {
   int64_t block_n = 64;   // keys per inner step (a power of two >= 16)
   int num_warps = 4;      // consumer warps (a specialized program launches 4 more)
   int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
-  WarpSpecialization warp_specialize = WarpSpecialization::Auto;  // the forward's (the backward's tiles ignore it)
+  // Auto: the forward decides (see above); the backward's kernels stay unspecialized unless On.
+  WarpSpecialization warp_specialize = WarpSpecialization::Auto;
   std::string describe() const;  // "BM128 BN64 w8 s2", then " ws" (On) or " no-ws" (Off)
   bool operator==(const FlexAttentionConfig&) const = default;
 };
@@ -224,7 +225,7 @@ const dsl::Kernel* cachedForwardKernel(const MaskMod& maskMod, const ScoreMod& s
 struct FlexAttentionBackwardConfig {
   FlexAttentionConfig dkdv{64, 64, 4, 2};
   FlexAttentionConfig dq{64, 64, 4, 2};
-  std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM64 BN64 w4 s2"
+  std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM128 BN64 w8 s2 ws"
   bool operator==(const FlexAttentionBackwardConfig&) const = default;
 };
 // The untuned backward config for a dtype, head dim and target GPU (none: the portable one; a

@@ -57,7 +57,12 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // 64 keys x 64 queries on one warpgroup was the best dkdv tile for every yardstick variant on the
   // H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01); dq's tile mattered by less than the
   // run-to-run spread. ptxas -v: no spills without a score_mod, a few words with one.
+  // dq: 128 queries on two consumer warpgroups fed by a producer warpgroup (TMA rings of K and V,
+  // setmaxnreg): 4-13 % faster for the whole backward than 64 x 64 on one warpgroup, on every
+  // yardstick variant (H200, 2026-12-03). Without TMA boxes it runs unspecialized.
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
+  if (target && target->has(codegen::Feature::SetMaxNReg) && target->has(codegen::Feature::TensorMemoryAccelerator))
+    return {{64, 64, 4, 2}, {128, 64, 8, 2, WarpSpecialization::On}};
   if (target && target->has(codegen::Feature::Wgmma)) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
@@ -640,6 +645,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
       c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
       c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+      // A program's rows (dkdv: keys, dq: queries) keep 16 per warp, one warpgroup at least.
+      const int64_t rows = c == &config.dkdv ? c->block_n : c->block_m;
+      const int warps = int(std::min<int64_t>(c->num_warps, std::max<int64_t>(4, rows / 16)));
+      if (warps != c->num_warps) c->warp_specialize = WarpSpecialization::Auto;  // measured at 8 warps only
+      c->num_warps = warps;
     }
   checkConfig("dkdv", config.dkdv, mask);
   checkConfig("dq", config.dq, mask);

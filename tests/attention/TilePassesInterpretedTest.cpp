@@ -201,6 +201,39 @@ TEST(TilePassesInterpreted, BackwardWithTmaCopies) {
     }
 }
 
+// The config an H200 picks by default (dq: 128 queries on two consumer warpgroups and a producer
+// warpgroup), run through sm_90a's passes, the TMA rings and the specialization included.
+TEST(TilePassesInterpreted, BackwardSm90aDefaultConfig) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  const FlexAttentionBackwardConfig config =
+      defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
+  ASSERT_EQ(config.dq.warp_specialize, WarpSpecialization::On) << config.describe();
+  {  // what runs below is the specialized dq: the plan of the same call has its producer warpgroup
+    Tensor q = Tensor::empty(DType::BF16, {1, 4, 200, 64}, MemorySpace::Host);
+    Tensor kv = Tensor::empty(DType::BF16, {1, 2, 130, 64}, MemorySpace::Host);
+    Tensor lse = Tensor::empty(DType::F32, {1, 4, 200}, MemorySpace::Host);
+    FlexAttentionBackwardPlan plan = plan_flex_attention_backward(q, kv, kv, q, lse, q, noop_score(), std::nullopt,
+                                                                  {.config = config}, codegen::Target::sm90a());
+    ASSERT_EQ(plan.compiled.size(), 3u);
+    EXPECT_NE(plan.compiled[2]->ir.find("producer_warps = 4"), std::string::npos) << plan.kernelNames[2];
+    EXPECT_EQ(plan.compiled[1]->ir.find("producer_warps"), std::string::npos) << plan.kernelNames[1];
+  }
+  for (const char* name : {"causal", "full"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
+                    .context = std::string("sm_90a default backward config, ") + name};
+    BackwardCheck check;
+    std::optional<BlockMask> mask;
+    if (std::string(name) == "causal") {
+      check.refMask = refCausal();
+      mask = causalBlockMask(1, 1, c.L, c.S, {128, 128});
+    }
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = config;
+    if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
+  }
+}
+
 // With both dQ modes: the atomic one's dS·K reads K from a resident one-slot B buffer
 // (wgmmaResidentB) and dSᵀ through a shared conversion, while the dkdv rings feed wgmma.
 TEST(TilePassesInterpreted, BackwardCausalGqa) {
