@@ -207,11 +207,11 @@ TEST(TilePassesInterpreted, BackwardSm90aDefaultConfig) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
   const FlexAttentionBackwardConfig config =
-      defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
+      defaultFlexAttentionBackwardConfig(DType::BF16, 96, codegen::Target::sm90a());
   ASSERT_EQ(config.dq.warp_specialize, WarpSpecialization::On) << config.describe();
   {  // what runs below is the specialized dq: the plan of the same call has its producer warpgroup
-    Tensor q = Tensor::empty(DType::BF16, {1, 4, 200, 64}, MemorySpace::Host);
-    Tensor kv = Tensor::empty(DType::BF16, {1, 2, 130, 64}, MemorySpace::Host);
+    Tensor q = Tensor::empty(DType::BF16, {1, 4, 200, 96}, MemorySpace::Host);
+    Tensor kv = Tensor::empty(DType::BF16, {1, 2, 130, 96}, MemorySpace::Host);
     Tensor lse = Tensor::empty(DType::F32, {1, 4, 200}, MemorySpace::Host);
     FlexAttentionBackwardPlan plan = plan_flex_attention_backward(q, kv, kv, q, lse, q, noop_score(), std::nullopt,
                                                                   {.config = config}, codegen::Target::sm90a());
@@ -220,7 +220,7 @@ TEST(TilePassesInterpreted, BackwardSm90aDefaultConfig) {
     EXPECT_EQ(plan.compiled[1]->ir.find("producer_warps"), std::string::npos) << plan.kernelNames[1];
   }
   for (const char* name : {"causal", "full"}) {
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 96, .dtype = DType::BF16,
                     .context = std::string("sm_90a default backward config, ") + name};
     BackwardCheck check;
     std::optional<BlockMask> mask;
