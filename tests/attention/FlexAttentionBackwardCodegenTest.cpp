@@ -176,3 +176,31 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8;
   EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + 512);
 }
+
+// The sm_90a default: dq on two consumer warpgroups and a producer above D = 64, one warpgroup at
+// D = 64; a mask of 64-row blocks narrows the dq tile to 64 queries, and with it to 4 warps and no
+// specialization (the point measured at 8 warps does not hold there).
+TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay) {
+  const auto sm90a = codegen::Target::sm90a();
+  const FlexAttentionBackwardConfig d128 = defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a);
+  EXPECT_EQ(d128.dq, (FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On})) << d128.describe();
+  EXPECT_EQ(d128.dkdv, (FlexAttentionConfig{64, 64, 4, 2})) << d128.describe();
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dq, (FlexAttentionConfig{64, 64, 4, 2}));
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dq.warp_specialize,
+            WarpSpecialization::Auto);
+
+  const int64_t B = 1, H = 2, L = 256, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  VariantInstance wide = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{128, 128}, 1});
+  FlexAttentionBackwardPlan plan = plan_flex_attention_backward(q, q, q, q, lse, q, wide.score, wide.mask, {}, sm90a);
+  EXPECT_EQ(plan.config.dq, d128.dq) << plan.config.describe();
+  ASSERT_EQ(plan.compiled.size(), 3u);
+  EXPECT_NE(plan.compiled[2]->ir.find("producer_warps = 4"), std::string::npos);
+  EXPECT_EQ(plan.compiled[2]->producerWarps, 4);
+
+  VariantInstance narrow = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{64, 64}, 1});
+  plan = plan_flex_attention_backward(q, q, q, q, lse, q, narrow.score, narrow.mask, {}, sm90a);
+  EXPECT_EQ(plan.config.dq, (FlexAttentionConfig{64, 64, 4, 2})) << plan.config.describe();
+  EXPECT_EQ(plan.compiled[2]->ir.find("producer_warps"), std::string::npos);
+}
