@@ -118,7 +118,7 @@ struct GradConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
-                           (int64_t, tma), (int64_t, warpSpecialize));
+                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -301,11 +301,23 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
           if (k.qExact) return load(v + (rowBase + offsM));
           return other ? load(v + (rowBase + offsM), rowLive, *other) : load(v + (rowBase + offsM), rowLive);
         };
-        // Specialized, the step's LSE and delta come first: read from global memory ahead of the
-        // consumers' wait for the ring's Q and dO, their latency hides behind it. (Unspecialized,
-        // that order costs the soft-cap dkdv 40 more bytes of spills.)
+        // Specialized, the step's LSE and delta are boxes of the [B * Hq, L] rows, which the
+        // producer copies into the ring with Q and dO (a row ring, codegen/passes/Pipeline.cpp),
+        // as FlashAttention-3 does: the consumers read them from shared memory instead of 16
+        // global loads per thread and step. TMA zero-fills rows past L, so the LSE of those rows
+        // gets no +inf: their scores are set to -inf below instead (their p must stay exactly 0).
+        auto boxedRowsOf = [&](const Tile& v) {
+          TensorBox box{v, {detail::kUnboundedDim, p.q_len}, {p.q_len}, {b * p.q_heads + h, row0}};
+          return k.qExact ? load(v + (rowBase + offsM), box) : load(v + (rowBase + offsM), rowLive, box);
+        };
+        // Without boxes (L not a multiple of 4), the loads still come before the ring's wait.
         Tile lse2, delta;
-        if (k.warpSpecialize) lse2 = rowsOf(p.lse2, INFINITY), delta = rowsOf(p.delta, std::nullopt);
+        if (k.rowBoxes) {
+          lse2 = boxedRowsOf(p.lse2);
+          delta = boxedRowsOf(p.delta);
+        } else if (k.warpSpecialize) {
+          lse2 = rowsOf(p.lse2, INFINITY), delta = rowsOf(p.delta, std::nullopt);
+        }
         Tile qt = detail::loadStreamedRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m},
                                            b, h, row0, k.D, k.tma);
         Tile dOt = detail::loadStreamedRows(doBase + doOffs, exact, live,
@@ -326,6 +338,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         // Keys past kv_len only reach rows of dK/dV that are not stored, but their scores must
         // not reach the captured gradients, nor dQ.
         if (!k.kvExact && (k.numTrainable || k.atomicDq)) z = where(colLive.expand(1), z, -INFINITY);
+        if (k.rowBoxes && !k.qExact) z = where(rowLive.expand(0), z, -INFINITY);
         Tile pT = exp2(z - lse2.expand(0));
         Tile dvNew = dot(pT.to(dt), dOt, dvi);
         Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
@@ -773,7 +786,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      // TMA alone is opt-in here (FLEXTILE_TMA=1): on the H200 it made the dense
                      // backward 7 % slower and causal 5 % faster (bench/RESULTS.md).
                      tma,
-                     tma && specialize};
+                     tma && specialize,
+                     // A specialized dkdv's LSE and delta rows as TMA boxes: their row stride (L f32)
+                     // must be a multiple of 16 bytes.
+                     dkdv && tma && specialize && L % 4 == 0};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -244,10 +244,25 @@ void Lowering::lowerLocalLoad(const ir::Op& op) {
     return;
   }
   const Layout& to = layoutOf(op.result(), op);
-  auto plan = ldmatrixReadPlan(*buf.sharedLayout(), to, buf.dtype());
-  if (!plan)
-    fail(op, "reads " + to.str() + " from " + buf.str() + ", which ldmatrix cannot (only 16-bit dot operands are read)");
-  set(op.result(), ldmatrixFromShared(to, *plan, buf.dtype(), slotByteOffset(op)));
+  const ir::SharedLayout& smem = *buf.sharedLayout();
+  if (auto plan = ldmatrixReadPlan(smem, to, buf.dtype())) {
+    set(op.result(), ldmatrixFromShared(to, *plan, buf.dtype(), slotByteOffset(op)));
+    return;
+  }
+  // Any other layout from an unswizzled slot (a row ring: the pipeline's TMA copies of per-row
+  // values such as the backward's LSE): each register's element, read where the layout stores it.
+  if (smem.maxPhase() != 1)
+    fail(op, "reads " + to.str() + " from " + buf.str() + ", which ldmatrix cannot (only 16-bit dot operands are "
+             "read from a swizzled slot)");
+  const DType t = buf.dtype();
+  llvm::Value* slotElems = b.CreateUDiv(slotByteOffset(op), i32(ir::byteWidth(t)));
+  Regs out(size_t(to.numRegisters()), nullptr);
+  llvm::Value* threadOff = sharedThreadOffset(to, smem);
+  for (int64_t r = 0; r < to.numRegisters(); ++r) {
+    llvm::Value* elem = b.CreateAdd(slotElems, b.CreateXor(threadOff, i32(smem.offsetOf(to.regCoord(r)))));
+    out[size_t(r)] = loadShared(sharedAddress(0, elem, t), t);
+  }
+  set(op.result(), std::move(out));
 }
 
 void Lowering::lowerLocalStore(const ir::Op& op) {

@@ -79,6 +79,15 @@
 // fence: TMA writes through the async proxy that wgmma reads through, ordered by the barrier.
 // (The barrier schedule without TMA, ring_barriers, has every thread copy and arrive.)
 //
+// Row rings. In a loop filled by TMA, a rank-1 load with a tensor box and a zero `other` that is
+// not a dot operand (read by anything: the backward's per-query LSE and delta) gets a ring too:
+// unswizzled (SharedLayout::plain), a tma_copy in every stage next to the dot operands' (its bytes
+// in the stage's expect_tx), and a local_load in the load's own layout right after the stage's
+// `full` wait, so every use of the load must come after the loop's first ring read. Where the loop
+// has no TMA, or a use comes earlier, the load is left alone. The lowering reads such a slot
+// element by element (codegen/LowerAsync.cpp); a warp-specialized producer issues its copies with
+// the others.
+//
 // One barrier per iteration instead of the staged path's two per operand.
 // Groups are committed uniformly (possibly empty), so the wait count is the
 // constant S-2. The loads, their converts and their now unused address ops
@@ -228,6 +237,7 @@ struct Ring {
   ir::Value* buffer = nullptr;
   int64_t vec = 0;
   bool wgmma = false;
+  bool rows = false;  // a row ring: a boxed vector load of any use, only ever filled by TMA (below)
   std::optional<ir::TensorBox> box;  // the load's tensor box, when the ring is filled by TMA
 };
 
@@ -310,8 +320,8 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   ir::Block& body = forOp.region(0);
   std::vector<Ring> rings;
   for (auto& op : body.ops())
-    if (op->kind() == OpKind::Load && op->hasAttr("async_stages")) rings.push_back({op.get()});
-  if (rings.empty()) return false;
+    if (op->kind() == OpKind::Load && op->hasAttr("async_stages"))
+      rings.push_back({op.get(), nullptr, 0, false, op->hasAttr("ring_rows")});
   // Loads whose slot a wgmma reads take its layout; the converts that are those dots' operands.
   std::map<const Op*, ir::SharedLayout> wgmmaLayouts;
   std::set<const Op*> wgmmaConverts;
@@ -353,7 +363,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     converts.push_back(op.get());
   }
   for (Ring& ring : rings)
-    if (!layoutOf.count(ring.load))
+    if (!ring.rows && !layoutOf.count(ring.load))
       throw Error(ring.load->describe() + ": is marked for pipelining but no convert_layout reads it", ErrorKind::Internal);
 
   // TMA fills every ring of the loop, or none: the stage's `full` barrier then counts one arrival
@@ -364,16 +374,56 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // (FlexAttentionGpu.WgmmaInLoopsWithSharedConversions, 2026-12-02, not understood yet), so it
   // keeps the cp.async ring and its barrier.
   bool tma = tmaWanted(f, target) && !waitsForTheCta(body, std::set<const Op*>(converts.begin(), converts.end()));
+  // A row ring rides along with the dot operands' TMA stages: it is read from the slot right after
+  // the stage's wait, so every use of its load must come after the first ring convert; a loop
+  // without TMA (or whose row loads are used earlier) keeps those loads as they are.
+  auto position = [&](const Op* op) { return std::distance(body.ops().begin(), body.find(op)); };
+  auto rowRingFits = [&](const Ring& ring) {
+    if (converts.empty() || !tma) return false;
+    const auto first = position(converts.front());
+    bool fits = true;
+    std::function<void(const ir::Block&, const Op*)> visit = [&](const ir::Block& blk, const Op* top) {
+      for (const auto& user : blk.ops()) {
+        const Op* at = top ? top : user.get();
+        for (const ir::Value* o : user->operands())
+          if (o == ring.load->result()) fits = fits && position(at) > first;
+        for (const auto& r : user->regions()) visit(*r, at);
+      }
+    };
+    visit(body, nullptr);
+    return fits;
+  };
+  std::erase_if(rings, [&](const Ring& ring) {
+    if (!ring.rows || rowRingFits(ring)) return false;
+    ring.load->attrs().erase("async_stages");
+    ring.load->attrs().erase("ring_rows");
+    return true;
+  });
+  if (rings.empty()) return false;
   for (Ring& ring : rings) {
     ring.box = ir::loadTensorBox(*ring.load);
     std::set<const ir::Value*> seen;
     bool coordsOk = ring.box.has_value();
     if (coordsOk)
       for (const ir::Value* v : boxOperands(ring)) coordsOk = coordsOk && recomputableInLoop(v, body, readOnlyLoop, seen);
-    tma = tma && coordsOk && ring.wgmma;
+    tma = tma && coordsOk && (ring.wgmma || ring.rows);
   }
-  if (!tma)
+  if (!tma) {
+    std::erase_if(rings, [](const Ring& ring) {
+      if (!ring.rows) return false;
+      ring.load->attrs().erase("async_stages");
+      ring.load->attrs().erase("ring_rows");
+      return true;
+    });
     for (Ring& ring : rings) ring.box.reset();
+  }
+  for (Ring& ring : rings)
+    if (ring.rows) {
+      const ir::Type& t = ring.load->result()->type();
+      layoutOf.emplace(ring.load, ir::SharedLayout::plain(t.shape(), {0}, ir::byteWidth(t.dtype())));
+    }
+  ringOfLoad.clear();  // the erasures above moved the rings
+  for (Ring& ring : rings) ringOfLoad[ring.load] = &ring;
 
   ir::Block& outer = *forOp.parentBlock();
   const ir::Location loc = forOp.loc();
@@ -477,6 +527,8 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
   }
 
+  for (Ring& ring : rings)
+    if (ring.rows) f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
   for (Op* cvt : converts) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
     Inserter at{f, body, body.find(cvt), cvt->loc()};
@@ -572,7 +624,18 @@ void pipelineLoads(ir::Function& f, const Target& target) {
         }
         if (!plan) plan = p;
       }
-      if (!readable) continue;
+      if (!readable) {
+        // A row ring (TMA only, decided per loop in writeSchedule): a vector the template named as
+        // a box, such as the backward's per-query LSE and delta, whatever reads it. TMA zero-fills
+        // what lies outside the box, so its `other` must be zero too.
+        const ir::Type& rt = load.result()->type();
+        if (rt.shape().size() == 1 && ir::loadTensorBox(load) &&
+            (ir::loadOperandCount(load) < 3 || isZeroConstant(load.operand(2)))) {
+          load.setAttr("async_stages", stages);
+          load.setAttr("ring_rows", int64_t(1));
+        }
+        continue;
+      }
       if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
       const int64_t width = memoryAccessWidth(load, axis).width;
       if (asyncCopyWidth(*load.result()->type().layout(), plan->smem, width, t) < 2) continue;

@@ -204,3 +204,29 @@ TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay
   EXPECT_EQ(plan.config.dq, (FlexAttentionConfig{64, 64, 4, 2})) << plan.config.describe();
   EXPECT_EQ(plan.compiled[2]->ir.find("producer_warps"), std::string::npos);
 }
+
+// A specialized dkdv copies its per-query LSE and delta rows into the ring by TMA with Q and dO
+// (row rings), where the row stride (L f32) allows a tensor map; otherwise it loads them itself.
+TEST(FlexAttentionBackwardCodegen, SpecializedDkdvCopiesItsRowsByTma) {
+  const auto sm90a = codegen::Target::sm90a();
+  for (int64_t L : {1000, 1001}) {
+    SCOPED_TRACE("L " + std::to_string(L));
+    const int64_t B = 1, H = 2, D = 128;
+    Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+    Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+    VariantInstance causal = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{128, 128}, 1});
+    const FlexAttentionBackwardConfig config{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}};
+    FlexAttentionBackwardPlan plan =
+        plan_flex_attention_backward(q, q, q, q, lse, q, causal.score, causal.mask, {.config = config}, sm90a);
+    ASSERT_EQ(plan.compiled.size(), 3u);
+    const std::string& ir = plan.compiled[1]->ir;
+    EXPECT_NE(ir.find("producer_warps = 4"), std::string::npos);
+    const bool boxed = L % 4 == 0;
+    EXPECT_EQ(count(ir, "tma_copy [^\\n]*%lse2"), boxed ? 4 : 0) << "the prologue's and the loop's, in each of the two walks";
+    EXPECT_EQ(count(ir, "tma_copy [^\\n]*%delta"), boxed ? 4 : 0);
+    EXPECT_EQ(count(ir, "local_load [^\\n]*: f32\\[64\\]"), boxed ? 4 : 0);
+    EXPECT_EQ(count(plan.compiled[1]->ptx, "cp\\.async\\.bulk\\.tensor\\.2d"), boxed ? 8 : 0);
+    EXPECT_EQ(plan.compiled[1]->tensorMaps.size(), boxed ? 4u : 2u);
+    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+  }
+}
