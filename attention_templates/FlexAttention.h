@@ -30,6 +30,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attention_templates/BlockMask.h"
@@ -53,6 +54,9 @@ struct FlexAttentionConfig {
   // Auto: the forward decides (see above); the backward's kernels stay unspecialized unless On.
   WarpSpecialization warp_specialize = WarpSpecialization::Auto;
   std::string describe() const;  // "BM128 BN64 w8 s2", then " ws" (On) or " no-ws" (Off)
+  // "BM,BN,W,S" (positive integers), then optionally ",ws" (On) or ",no-ws" (Off): how the CLI's
+  // --config and the benches spell a config. Throws flextile::Error naming the text.
+  static FlexAttentionConfig parse(std::string_view text);
   bool operator==(const FlexAttentionConfig&) const = default;
 };
 

@@ -49,6 +49,36 @@ std::string FlexAttentionConfig::describe() const {
          (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "");
 }
 
+FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
+  std::string_view numbers = text;
+  auto specialize = WarpSpecialization::Auto;
+  for (const auto& [word, choice] : {std::pair<std::string_view, WarpSpecialization>{",ws", WarpSpecialization::On},
+                                     std::pair<std::string_view, WarpSpecialization>{",no-ws", WarpSpecialization::Off}})
+    if (numbers.size() > word.size() && numbers.ends_with(word)) {
+      numbers.remove_suffix(word.size());
+      specialize = choice;
+    }
+  std::vector<int64_t> v;
+  bool numeric = true;
+  for (size_t start = 0; numeric && start <= numbers.size();) {
+    const size_t end = std::min(numbers.find(',', start), numbers.size());
+    const std::string item(numbers.substr(start, end - start));
+    size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    numeric = used != 0 && used == item.size() && x >= 1;
+    v.push_back(x);
+    start = end + 1;
+  }
+  if (!numeric || v.size() != 4 || v[2] > 1024 || v[3] > 1024)
+    throw Error("config '" + std::string(text) + "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws");
+  return FlexAttentionConfig{v[0], v[1], int(v[2]), int(v[3]), specialize};
+}
+
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std::optional<codegen::Target> target,
                                                int64_t queryTiles, bool gathersPerElement) {
   // 64 x 64 tiles on one warpgroup: the portable point, small enough for three programs per SM and

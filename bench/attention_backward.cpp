@@ -126,22 +126,6 @@ double sampledError(const HostData& x, const std::vector<H>& dq, const std::vect
   return worst;
 }
 
-// "BM,BN,W,S" with an optional ",ws" or ",no-ws", as `flextile compile --config` reads it.
-FlexAttentionConfig parseTile(const std::string& flag, std::string text) {
-  auto specialize = WarpSpecialization::Auto;
-  for (const auto& [word, choice] : {std::pair<std::string, WarpSpecialization>{",ws", WarpSpecialization::On},
-                                     std::pair<std::string, WarpSpecialization>{",no-ws", WarpSpecialization::Off}})
-    if (text.size() > word.size() && text.ends_with(word)) {
-      text.resize(text.size() - word.size());
-      specialize = choice;
-    }
-  const std::vector<std::string> parts = split(text);
-  if (parts.size() != 4)
-    throw Error("flextile_attention_backward_bench: " + flag + " wants BM,BN,W,S[,ws|,no-ws], got '" + text + "'");
-  return FlexAttentionConfig{std::stoll(parts[0]), std::stoll(parts[1]), int(std::stoll(parts[2])),
-                             int(std::stoll(parts[3])), specialize};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -164,8 +148,8 @@ int main(int argc, char** argv) try {
     else if (a == "--quick") quick = true;
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--atomic-dq") atomicDq = true;
-    else if (a == "--dkdv") dkdvTile = parseTile(a, next());
-    else if (a == "--dq") dqTile = parseTile(a, next());
+    else if (a == "--dkdv") dkdvTile = FlexAttentionConfig::parse(next());
+    else if (a == "--dq") dqTile = FlexAttentionConfig::parse(next());
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_backward_bench");
     else throw Error("flextile_attention_backward_bench: unknown argument '" + a + "'");
   }

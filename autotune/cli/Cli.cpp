@@ -327,18 +327,11 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
 
 std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
   if (!a.values.count("--config")) return std::nullopt;
-  // BM,BN,W,S, then optionally "ws" or "no-ws" (warp specialization on or off; absent: the template
-  // decides), the words describe() prints.
-  std::string text = a.values.at("--config");
-  auto specialize = attention::WarpSpecialization::Auto;
-  for (const auto& [word, choice] : {std::pair{",ws", attention::WarpSpecialization::On},
-                                     std::pair{",no-ws", attention::WarpSpecialization::Off}})
-    if (text.size() > std::strlen(word) && text.ends_with(word)) {
-      text.resize(text.size() - std::strlen(word));
-      specialize = choice;
-    }
-  const std::vector<int64_t> c = parseInts("--config", text, 4, 4);
-  return FlexAttentionConfig{c[0], c[1], int(c[2]), int(c[3]), specialize};
+  try {
+    return FlexAttentionConfig::parse(a.values.at("--config"));
+  } catch (const Error& e) {
+    throw UsageError{std::string("--config: ") + e.what()};
+  }
 }
 
 // FLOPs of one forward call on the problem (pairs counted exactly from its mask).

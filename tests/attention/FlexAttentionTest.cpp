@@ -736,3 +736,19 @@ TEST(FlexAttentionDefaults, AModThatRefusesTheProbeIsTracedOnceAndRunsTheSmallTi
             (FlexAttentionConfig{64, 64, 4, 2}));
   EXPECT_EQ(*traces, 1);
 }
+
+// FlexAttentionConfig::parse reads what the CLI's --config and the benches take, and names bad text.
+TEST(FlexAttention, ConfigParsesTheCliSpelling) {
+  EXPECT_EQ(FlexAttentionConfig::parse("128,64,8,2"), (FlexAttentionConfig{128, 64, 8, 2}));
+  EXPECT_EQ(FlexAttentionConfig::parse("128,64,8,2,ws"), (FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}));
+  EXPECT_EQ(FlexAttentionConfig::parse("64,64,4,3,no-ws"), (FlexAttentionConfig{64, 64, 4, 3, WarpSpecialization::Off}));
+  for (const char* bad : {"", "ws", "128,64,8", "128,64,8,2,1", "128,64,8,2,yes", "128,-64,8,2", "128,64,8,2x", "a,b,c,d"}) {
+    try {
+      FlexAttentionConfig::parse(bad);
+      ADD_FAILURE() << "'" << bad << "' parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("config '" + std::string(bad) + "': expects BM,BN,W,S"), std::string::npos)
+          << e.what();
+    }
+  }
+}
