@@ -254,15 +254,7 @@ void Lowering::lowerLocalLoad(const ir::Op& op) {
   if (smem.maxPhase() != 1)
     fail(op, "reads " + to.str() + " from " + buf.str() + ", which ldmatrix cannot (only 16-bit dot operands are "
              "read from a swizzled slot)");
-  const DType t = buf.dtype();
-  llvm::Value* slotElems = b.CreateUDiv(slotByteOffset(op), i32(ir::byteWidth(t)));
-  Regs out(size_t(to.numRegisters()), nullptr);
-  llvm::Value* threadOff = sharedThreadOffset(to, smem);
-  for (int64_t r = 0; r < to.numRegisters(); ++r) {
-    llvm::Value* elem = b.CreateAdd(slotElems, b.CreateXor(threadOff, i32(smem.offsetOf(to.regCoord(r)))));
-    out[size_t(r)] = loadShared(sharedAddress(0, elem, t), t);
-  }
-  set(op.result(), std::move(out));
+  set(op.result(), loadTileFromSharedLayout(to, smem, 1, buf.dtype(), slotByteOffset(op)));
 }
 
 void Lowering::lowerLocalStore(const ir::Op& op) {

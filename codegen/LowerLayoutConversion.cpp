@@ -65,7 +65,11 @@ uint32_t warpBitsAlong(const Layout& l, int axis) {
 uint32_t reduceWarpMask(const Layout& l, int axis) { return warpBitsAlong(l, axis); }
 
 llvm::Value* Lowering::sharedAddress(int64_t offset, llvm::Value* elementIndex, DType t) {
-  llvm::Value* byteOffset = b.CreateAdd(i32(offset), b.CreateMul(elementIndex, i32(ir::byteWidth(t))));
+  return sharedAddress(i32(offset), elementIndex, t);
+}
+
+llvm::Value* Lowering::sharedAddress(llvm::Value* offset, llvm::Value* elementIndex, DType t) {
+  llvm::Value* byteOffset = b.CreateAdd(offset, b.CreateMul(elementIndex, i32(ir::byteWidth(t))));
   return b.CreateGEP(b.getInt8Ty(), sharedBase, byteOffset);
 }
 
@@ -184,7 +188,7 @@ void Lowering::lowerConvertLayout(const ir::Op& op) {
   barrier();
   storeTileToSharedLayout(xs, from, plan.smem, plan.storeVec, t, offset);
   barrier();
-  set(res, loadTileFromSharedLayout(to, plan.smem, plan.loadVec, t, offset));
+  set(res, loadTileFromSharedLayout(to, plan.smem, plan.loadVec, t, i32(offset)));
 }
 
 void Lowering::storeTileToSharedLayout(const Regs& regs, const Layout& l, const ir::SharedLayout& s, int64_t vec,
@@ -207,7 +211,7 @@ void Lowering::storeTileToSharedLayout(const Regs& regs, const Layout& l, const 
 }
 
 Regs Lowering::loadTileFromSharedLayout(const Layout& to, const ir::SharedLayout& s, int64_t vec, DType t,
-                                        int64_t offset) {
+                                        llvm::Value* offset) {
   llvm::Value* threadOff = sharedThreadOffset(to, s);
   auto* vecTy = llvm::FixedVectorType::get(memoryType(t), unsigned(vec));
   Regs out(size_t(to.numRegisters()), nullptr);

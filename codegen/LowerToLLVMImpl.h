@@ -83,6 +83,7 @@ class Lowering {
 
   // ---- shared memory (LowerLayoutConversion.cpp) ----
   llvm::Value* sharedAddress(int64_t scratchOffset, llvm::Value* elementIndex, ir::DType t);
+  llvm::Value* sharedAddress(llvm::Value* byteOffset, llvm::Value* elementIndex, ir::DType t);
   void storeShared(llvm::Value* addr, llvm::Value* v, ir::DType t);
   llvm::Value* loadShared(llvm::Value* addr, ir::DType t);
   // The barrier of every thread that runs this code: bar.sync 0 over the program, or, in the
@@ -107,8 +108,9 @@ class Lowering {
   // writes from the owning (non-replicated) threads only. No barriers.
   void storeTileToSharedLayout(const Regs& regs, const ir::Layout& l, const ir::SharedLayout& s, int64_t vec,
                                ir::DType t, int64_t offset);
+  // `byteOffset`: where the tile starts in shared memory (a scratch offset, or a ring slot's).
   Regs loadTileFromSharedLayout(const ir::Layout& to, const ir::SharedLayout& s, int64_t vec, ir::DType t,
-                                int64_t offset);
+                                llvm::Value* byteOffset);
   // Register i of `to` taken from register map[i] of the operand when the two
   // layouts differ only by a renaming of registers under `coordMap` (which
   // maps a coordinate of `to` to one of `from`); empty when they don't.
