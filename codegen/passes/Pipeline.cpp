@@ -322,6 +322,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   for (auto& op : body.ops())
     if (op->kind() == OpKind::Load && op->hasAttr("async_stages"))
       rings.push_back({op.get(), nullptr, 0, false, op->hasAttr("ring_rows")});
+  if (rings.empty()) return false;
   // Loads whose slot a wgmma reads take its layout; the converts that are those dots' operands.
   std::map<const Op*, ir::SharedLayout> wgmmaLayouts;
   std::set<const Op*> wgmmaConverts;
@@ -393,12 +394,16 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     visit(body, nullptr);
     return fits;
   };
-  std::erase_if(rings, [&](const Ring& ring) {
-    if (!ring.rows || rowRingFits(ring)) return false;
-    ring.load->attrs().erase("async_stages");
-    ring.load->attrs().erase("ring_rows");
-    return true;
-  });
+  // Leaves the row rings `drop` picks as the loads they were.
+  auto dropRowRings = [&](const std::function<bool(const Ring&)>& drop) {
+    std::erase_if(rings, [&](const Ring& ring) {
+      if (!ring.rows || !drop(ring)) return false;
+      ring.load->attrs().erase("async_stages");
+      ring.load->attrs().erase("ring_rows");
+      return true;
+    });
+  };
+  dropRowRings([&](const Ring& ring) { return !rowRingFits(ring); });
   if (rings.empty()) return false;
   for (Ring& ring : rings) {
     ring.box = ir::loadTensorBox(*ring.load);
@@ -409,12 +414,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     tma = tma && coordsOk && (ring.wgmma || ring.rows);
   }
   if (!tma) {
-    std::erase_if(rings, [](const Ring& ring) {
-      if (!ring.rows) return false;
-      ring.load->attrs().erase("async_stages");
-      ring.load->attrs().erase("ring_rows");
-      return true;
-    });
+    dropRowRings([](const Ring&) { return true; });
     for (Ring& ring : rings) ring.box.reset();
   }
   for (Ring& ring : rings)
