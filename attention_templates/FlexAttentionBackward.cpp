@@ -297,33 +297,34 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
         const bool exact = k.qExact && k.DP == k.D;
         const Tile live = exact ? Tile() : byD(rowLive);
-        auto rowsOf = [&](const Tile& v, std::optional<double> other) {
-          if (k.qExact) return load(v + (rowBase + offsM));
-          return other ? load(v + (rowBase + offsM), rowLive, *other) : load(v + (rowBase + offsM), rowLive);
-        };
-        // Specialized, the step's LSE and delta are boxes of the [B * Hq, L] rows, which the
-        // producer copies into the ring with Q and dO (a row ring, codegen/passes/Pipeline.cpp),
-        // as FlashAttention-3 does: the consumers read them from shared memory instead of 16
-        // global loads per thread and step. TMA zero-fills rows past L, so the LSE of those rows
-        // gets no +inf: their scores are set to -inf below instead (their p must stay exactly 0).
-        auto boxedRowsOf = [&](const Tile& v) {
-          TensorBox box{v, {detail::kUnboundedDim, p.q_len}, {p.q_len}, {b * p.q_heads + h, row0}};
-          return k.qExact ? load(v + (rowBase + offsM), box) : load(v + (rowBase + offsM), rowLive, box);
-        };
-        // Without boxes (L not a multiple of 4), the loads still come before the ring's wait.
+        // The step's LSE (+inf past L: p exactly 0 there) and delta. Specialized, they are boxes of
+        // the [B * Hq, L] rows where L allows (rowBoxes), which the producer copies into the ring
+        // with Q and dO (a row ring, codegen/passes/Pipeline.cpp) as FlashAttention-3 does: no
+        // global loads in the consumers' steps. TMA zero-fills rows past L, so there the scores of
+        // those rows are set to -inf below instead. Specialized without boxes, the loads come before
+        // the consumers' wait for the ring, their latency behind it; unspecialized, after the ring's
+        // loads (the other order costs the soft-cap dkdv 40 more bytes of spills).
         Tile lse2, delta;
-        if (k.rowBoxes) {
-          lse2 = boxedRowsOf(p.lse2);
-          delta = boxedRowsOf(p.delta);
-        } else if (k.warpSpecialize) {
-          lse2 = rowsOf(p.lse2, INFINITY), delta = rowsOf(p.delta, std::nullopt);
-        }
+        auto loadRows = [&] {
+          const Tile ptrs = rowBase + offsM;
+          if (k.rowBoxes) {
+            auto boxOf = [&](const Tile& v) {
+              return TensorBox{v, {detail::kUnboundedDim, p.q_len}, {p.q_len}, {b * p.q_heads + h, row0}};
+            };
+            lse2 = k.qExact ? load(p.lse2 + ptrs, boxOf(p.lse2)) : load(p.lse2 + ptrs, rowLive, boxOf(p.lse2));
+            delta = k.qExact ? load(p.delta + ptrs, boxOf(p.delta)) : load(p.delta + ptrs, rowLive, boxOf(p.delta));
+          } else {
+            lse2 = k.qExact ? load(p.lse2 + ptrs) : load(p.lse2 + ptrs, rowLive, INFINITY);
+            delta = k.qExact ? load(p.delta + ptrs) : load(p.delta + ptrs, rowLive);
+          }
+        };
+        if (k.warpSpecialize) loadRows();
         Tile qt = detail::loadStreamedRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m},
                                            b, h, row0, k.D, k.tma);
         Tile dOt = detail::loadStreamedRows(doBase + doOffs, exact, live,
                                             {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0,
                                             k.D, k.tma);
-        if (!k.warpSpecialize) lse2 = rowsOf(p.lse2, INFINITY), delta = rowsOf(p.delta, std::nullopt);
+        if (!k.warpSpecialize) loadRows();
         Tile qPos = (offsM + p.q_offset).expand(0);
         // Without a score_mod both products go first: on sm_90a their wgmmas are in flight
         // together, and dPᵀ's while the scores go through the mask and exp2 (codegen/LowerDot.cpp
