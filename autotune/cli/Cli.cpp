@@ -530,17 +530,17 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
 // tensors like the forward.
 int compileBackwardKernel(const Args& a, const Problem& p, const std::string& kernel, const std::string& emit,
                           const codegen::Target& target, std::ostream& out) {
-  static const std::vector<std::string> kernels{"preprocess", "dkdv", "dq"};
-  const auto which = std::find(kernels.begin(), kernels.end(), kernel);
-  if (which == kernels.end())
+  if (kernel != "preprocess" && kernel != "dkdv" && kernel != "dq")
     throw UsageError{"--kernel must be forward, preprocess, dkdv or dq, got '" + kernel + "'"};
   if (emit == "traced")
     throw UsageError{"--emit traced: the backward's kernels (--kernel " + kernel +
                      ") are traced inside the compile; ask for ir, llvm or ptx"};
+  const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
   attention::FlexAttentionBackwardOptions options;
   if (std::optional<FlexAttentionConfig> tile = parseConfig(a)) {
     if (kernel == "preprocess") throw UsageError{"--config: the preprocess kernel has no tile to choose"};
-    const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
+    // The other kernel keeps the tile the call would pick (the default, narrowed to the mask's
+    // blocks), which only a plan resolves.
     attention::FlexAttentionBackwardConfig c =
         attention::plan_flex_attention_backward(p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask,
                                                 {}, target)
@@ -548,7 +548,6 @@ int compileBackwardKernel(const Args& a, const Problem& p, const std::string& ke
     (kernel == "dkdv" ? c.dkdv : c.dq) = *tile;
     options.config = c;
   }
-  const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
   const attention::FlexAttentionBackwardPlan plan = attention::plan_flex_attention_backward(
       p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask, options, target);
   const auto at = std::find_if(plan.kernelNames.begin(), plan.kernelNames.end(),
