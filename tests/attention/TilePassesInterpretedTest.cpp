@@ -35,6 +35,21 @@ struct InterpretAfterPasses {
   ~InterpretAfterPasses() { ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES"); }
 };
 
+// The backward of `c` (forward at kWgmmaTiles, backward at `config`) against float64, without a
+// mask ("full") or with a causal BlockMask of `blocks` x `blocks` ("causal").
+bool checkFullOrCausalBackward(SeededRandom& rng, const AttentionCase& c, const std::string& name,
+                               const FlexAttentionBackwardConfig& config, int64_t blocks) {
+  BackwardCheck check;
+  check.forwardConfig = kWgmmaTiles;
+  check.options.config = config;
+  std::optional<BlockMask> mask;
+  if (name == "causal") {
+    check.refMask = refCausal();
+    mask = causalBlockMask(1, 1, c.L, c.S, {blocks, blocks});
+  }
+  return checkBackward(rng, c, kHost, noop_score(), mask, check);
+}
+
 }  // namespace
 
 TEST(TilePassesInterpreted, ForwardVariants) {
@@ -191,18 +206,12 @@ TEST(TilePassesInterpreted, BackwardWithTmaCopies) {
   for (const char* specialize : {"0", "1"})
     for (const char* name : {"causal", "full"})
       for (int64_t L : {70, 72}) {
-      ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
-      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = L, .S = 130, .D = 64, .dtype = DType::BF16,
-                      .context = std::string("sm_90a backward, TMA, warp-specialized ") + specialize + ", " + name +
-                                 ", L " + std::to_string(L)};
-      BackwardCheck check;
-      if (std::string(name) == "causal") check.refMask = refCausal();
-      check.forwardConfig = kWgmmaTiles;
-      check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
-      std::optional<BlockMask> mask;
-      if (std::string(name) == "causal") mask = causalBlockMask(1, 1, c.L, c.S, {64, 64});
-      if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
-    }
+        ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
+        AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = L, .S = 130, .D = 64, .dtype = DType::BF16,
+                        .context = std::string("sm_90a backward, TMA, warp-specialized ") + specialize + ", " + name +
+                                   ", L " + std::to_string(L)};
+        if (!checkFullOrCausalBackward(rng, c, name, {kWgmmaTiles, kWgmmaTiles}, 64)) return;
+      }
 }
 
 // The config an H200 picks by default (dq: 128 queries on two consumer warpgroups and a producer
@@ -226,15 +235,7 @@ TEST(TilePassesInterpreted, BackwardSm90aDefaultConfig) {
   for (const char* name : {"causal", "full"}) {
     AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 96, .dtype = DType::BF16,
                     .context = std::string("sm_90a default backward config, ") + name};
-    BackwardCheck check;
-    std::optional<BlockMask> mask;
-    if (std::string(name) == "causal") {
-      check.refMask = refCausal();
-      mask = causalBlockMask(1, 1, c.L, c.S, {128, 128});
-    }
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = config;
-    if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
+    if (!checkFullOrCausalBackward(rng, c, name, config, 128)) return;
   }
 }
 
