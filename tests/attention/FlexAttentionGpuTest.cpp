@@ -59,6 +59,14 @@ const std::vector<AttentionCase> kVariantCases = {
     {.B = 1, .Hq = 2, .Hkv = 1, .L = 1000, .S = 777, .D = 64, .dtype = DType::F16},
 };
 
+// The two shapes the schedule tests (TMA, warp specialization, hoisted loads) run every variant
+// at: the yardstick's head dim with GQA 4:1 and lengths off the block, and a padded head dim in
+// f16 with MQA and unequal lengths.
+const std::vector<AttentionCase> kScheduleCases = {
+    {.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+    {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16},
+};
+
 }  // namespace
 
 // Every variant x every shape x the configs (one sampled per pair, so each config runs for about
@@ -114,8 +122,7 @@ TEST(FlexAttentionGpu, TmaCopiesEveryVariant) {
   const char* env = std::getenv("FLEXTILE_TMA");
   const bool tmaTarget = runtime::Device::current().capabilityMajor() >= 9 && !(env && std::strcmp(env, "0") == 0);
   for (const Variant& var : variants())
-    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
-                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+    for (AttentionCase c : kScheduleCases) {
       if (!inScope(c.work())) continue;
       c.context = "variant " + var.name + ", TMA";
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
@@ -153,8 +160,7 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
   for (const char* defer : {"0", "1"}) {
     ::setenv("FLEXTILE_DEFER_ACCUMULATION", defer, 1);
     for (const Variant& var : variants())
-      for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
-                              AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+      for (AttentionCase c : kScheduleCases) {
         if (!inScope(c.work())) continue;
         c.context = "variant " + var.name + ", warpgroup turns, defer " + defer;
         VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
@@ -177,8 +183,7 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
   for (const char* pingpong : {"0", "1"}) {
     ScopedSetenv turns("FLEXTILE_PINGPONG", pingpong);
     for (const Variant& var : variants())
-      for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
-                              AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+      for (AttentionCase c : kScheduleCases) {
         if (!inScope(c.work())) continue;
         c.context = "variant " + var.name + ", warp-specialized, pingpong " + pingpong;
         VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
@@ -204,8 +209,7 @@ TEST(FlexAttentionGpu, HoistedInvariantLoadsEveryVariant) {
   SeededRandom rng;
   ScopedSetenv hoisted("FLEXTILE_HOIST_INVARIANT_LOADS", "1");
   for (const Variant& var : variants())
-    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
-                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16}}) {
+    for (AttentionCase c : kScheduleCases) {
       if (!inScope(c.work())) continue;
       c.context = "variant " + var.name + ", hoisted invariant loads";
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
