@@ -163,7 +163,8 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
       moved = false;
       for (auto [lo, hi] : busy)
         if (off + b->bytes > lo && off < hi) {
-          off = alignUp(hi, alignmentOf(b->bytes));
+          off = alignUp(hi, b->owner->kind() == OpKind::LocalAlloc ? std::max(kTmaPlainAlignment, alignmentOf(b->bytes))
+                                                                     : alignmentOf(b->bytes));
           moved = true;
         }
     }

@@ -76,6 +76,10 @@
 
 namespace flextile::codegen {
 
+// An unswizzled TMA destination (a tensor copy's slot) starts at a multiple of this many bytes;
+// the planner places every shared buffer of the async level (local_alloc) so.
+constexpr int64_t kTmaPlainAlignment = 128;
+
 struct SharedPlan {
   std::map<const ir::Op*, int> offset;  // base byte offset of each op with scratch
   std::map<const ir::Op*, int> bytes;   // its size in bytes

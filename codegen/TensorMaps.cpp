@@ -1,5 +1,7 @@
 #include "codegen/TensorMaps.h"
 
+#include "codegen/SharedMemory.h"
+
 #include <algorithm>
 #include <sstream>
 
@@ -129,7 +131,7 @@ TmaCopyPlan tmaCopyPlan(const Op& copy, const ir::Function& f, const std::vector
   auto it = std::find(recipes.begin(), recipes.end(), r);
   if (it == recipes.end()) throw Error(copy.describe() + ": no tensor map was planned for it", ErrorKind::Internal);
   const SlotGeometry g = slotGeometry(copy, r.dims.size());
-  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes, g.swizzle ? 1024 : 128};
+  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes, g.swizzle ? 1024 : kTmaPlainAlignment};
 }
 
 // One recipe per line: dtype base R dims... strides... box... swizzle, operands as p<N> or c<N>.

@@ -381,6 +381,10 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   auto position = [&](const Op* op) { return std::distance(body.ops().begin(), body.find(op)); };
   auto rowRingFits = [&](const Ring& ring) {
     if (converts.empty() || !tma) return false;
+    // An unswizzled TMA destination starts at a multiple of 128 bytes, so every slot must be one
+    // (16 f32 rows, 64 bytes, failed to lower: FlexAttentionBackwardGpu, 2026-12-03).
+    const ir::Type& t = ring.load->result()->type();
+    if (t.numElements() * ir::byteWidth(t.dtype()) % kTmaPlainAlignment != 0) return false;
     const auto first = position(converts.front());
     bool fits = true;
     std::function<void(const ir::Block&, const Op*)> visit = [&](const ir::Block& blk, const Op* top) {

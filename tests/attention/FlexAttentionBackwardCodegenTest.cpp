@@ -230,3 +230,28 @@ TEST(FlexAttentionBackwardCodegen, SpecializedDkdvCopiesItsRowsByTma) {
     if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
   }
 }
+
+// Regression (FlexAttentionBackwardGpu under FLEXTILE_WARP_SPECIALIZE=1, 2026-12-03: "its slots start
+// at byte 57344 + s * 64 ...; TMA with this layout needs multiples of 128"): a row ring's slot is an
+// unswizzled TMA destination, 128-byte aligned. 16 query rows (64 bytes of f32) are loaded by the
+// consumers instead; 32 rows (128 bytes) ride in the ring, and the plan places the ring on a
+// multiple of 128 bytes.
+TEST(FlexAttentionBackwardCodegen, RowRingsOnlyTakeSlotsTmaCanWrite) {
+  const auto sm90a = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1000, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  VariantInstance window = variant("sliding_window").make({B, H, L, L, MemorySpace::Host, BlockSizes{128, 128}, 1});
+  for (int64_t rows : {16, 32}) {
+    SCOPED_TRACE("dkdv of " + std::to_string(rows) + " queries");
+    const FlexAttentionBackwardConfig config{{rows, 64, 4, 2, WarpSpecialization::On}, {64, 64, 4, 2}};
+    FlexAttentionBackwardPlan plan;
+    ASSERT_NO_THROW(plan = plan_flex_attention_backward(q, q, q, q, lse, q, window.score, window.mask,
+                                                        {.config = config}, sm90a));
+    ASSERT_EQ(plan.compiled.size(), 3u);
+    const std::string& ir = plan.compiled[1]->ir;
+    EXPECT_NE(ir.find("producer_warps = 4"), std::string::npos);
+    EXPECT_EQ(count(ir, "tma_copy [^\\n]*%lse2") > 0, rows * 4 % 128 == 0) << ir;
+    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+  }
+}
