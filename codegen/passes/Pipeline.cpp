@@ -101,6 +101,7 @@
 #include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
 
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -276,8 +277,10 @@ void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value
 // TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
 // induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0
 // bytes, and no copy is issued).
+// `whenSlotFree` (the loop's wait for the slot's release) comes after the coordinates: a block
+// index read from a list then travels while the issuer waits, instead of after it.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
-                   ir::Value* slot, ir::Value* full) {
+                   ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {}) {
   std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
   ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
   int64_t bytes = 0;
@@ -285,6 +288,7 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     cloneAt(at, boxSlice(ring, body), clone);
     bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
   }
+  if (whenSlotFree) whenSlotFree();
   at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, {{"bytes", bytes}});
   for (Ring& ring : rings) {
     std::vector<ir::Value*> operands{ring.buffer, slot, full, slot, exists};
@@ -513,9 +517,12 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   if (tma) {
     // Thread 0 alone waits until every thread has released slot %write (in iteration i-1), then
     // refills it; the other threads only wait for their data. Issued before this iteration's
-    // wait, so the copy has the longest lead.
-    waitReleased({{"issuer", int64_t(1)}});
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full);
+    // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
+    static const bool late = std::getenv("FLEXTILE_TMA_COORDS_AFTER_WAIT") != nullptr;  // A/B, 2026-12-03
+    if (late) waitReleased({{"issuer", int64_t(1)}});
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] {
+      if (!late) waitReleased({{"issuer", int64_t(1)}});
+    });
     waitFull();
   } else {
     if (withBarriers)
