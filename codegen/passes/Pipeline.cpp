@@ -68,6 +68,8 @@
 //     mbarrier_expect_tx %full[s], exists {bytes}   thread 0 announces the stage's bytes
 //     tma_copy %buf_j[s], %full[s], exists, box_j at iv = lb + s*step
 //   for ... (iv, ..., %slot, %k):
+//     (the boxes' coordinates at iv + (S-1)*step: first, so that a block index read from a list
+//      travels during the wait below)
 //     mbarrier_wait %empty[%write] {issuer = 1}     thread 0 alone: every thread released the
 //                                                   slot in iteration i-1
 //     mbarrier_expect_tx, tma_copy ... at iv + (S-1)*step into %write
