@@ -71,12 +71,17 @@ int main(int argc, char** argv) try {
     double ms = INFINITY, tflops = 0;
   };
   std::vector<Best> best;
-  // {BM, BN, BK, warps, num_stages}
-  const std::array<int, 5> configs[] = {
-      {128, 128, 32, 4, 1}, {128, 128, 32, 8, 1}, {128, 128, 32, 4, 2}, {128, 128, 32, 4, 3}, {128, 128, 32, 8, 3},
-      {128, 128, 32, 8, 4}, {128, 256, 32, 8, 3}, {256, 128, 32, 8, 3}, {128, 256, 32, 8, 4}, {128, 128, 64, 8, 3},
-      {128, 128, 64, 4, 3}, {64, 128, 32, 4, 3},  {64, 64, 64, 4, 3},   {128, 64, 64, 4, 3},  {256, 128, 64, 8, 3},
-      {128, 128, 32, 4, 4}, {128, 128, 64, 4, 4}, {128, 256, 32, 4, 3}, {256, 128, 32, 4, 3}};
+  // {BM, BN, BK, warps, num_stages, copies}: copies 0 = cp.async, 1 = TMA (LaunchOptions::tma),
+  // 2 = TMA issued by a producer warpgroup (warp_specialize). A 128-row tile on 8 warps (and a
+  // 64-row one on 4) runs on wgmma, the others on mma.sync.
+  const std::array<int, 6> configs[] = {
+      {128, 128, 32, 4, 1, 0}, {128, 128, 32, 8, 1, 0}, {128, 128, 32, 4, 2, 0}, {128, 128, 32, 4, 3, 0},
+      {128, 128, 32, 8, 3, 0}, {128, 128, 32, 8, 4, 0}, {128, 256, 32, 8, 3, 0}, {256, 128, 32, 8, 3, 0},
+      {128, 256, 32, 8, 4, 0}, {128, 128, 64, 8, 3, 0}, {128, 128, 64, 4, 3, 0}, {64, 128, 32, 4, 3, 0},
+      {64, 64, 64, 4, 3, 0},   {128, 64, 64, 4, 3, 0},  {256, 128, 64, 8, 3, 0}, {128, 128, 32, 4, 4, 0},
+      {128, 128, 64, 4, 4, 0}, {128, 256, 32, 4, 3, 0}, {256, 128, 32, 4, 3, 0}, {128, 128, 64, 8, 4, 1},
+      {128, 256, 64, 8, 3, 1}, {128, 128, 64, 8, 3, 2}, {128, 128, 64, 8, 4, 2}, {128, 256, 64, 8, 3, 2},
+      {128, 256, 64, 8, 4, 2}};
   for (auto [M, N, K] : shapes) {
     const int sets = size_t(M) * K * 2 < (64u << 20) ? 3 : 1;  // rotate inputs that fit in L2
     std::vector<std::vector<H>> ha, hb;
@@ -90,11 +95,13 @@ int main(int argc, char** argv) try {
     runtime::DeviceBuffer dc(size_t(M) * N * sizeof(float));
     std::vector<float> hc(size_t(M) * N);
     Best top{{M, N, K}};
-    for (auto [bm, bn, bk, warps, stages] : configs) {
+    for (auto [bm, bn, bk, warps, stages, copies] : configs) {
       if (bn > 2 * N || bk > 2 * K) continue;
-      LaunchOptions launch{{cdiv(M, bm), cdiv(N, bn), 1}, {bm, bn, bk}, warps, stages};
+      if (copies > 0 && (K % 8 != 0 || N % 8 != 0)) continue;  // TMA needs rows of 16-byte multiples
+      LaunchOptions launch{{cdiv(M, bm), cdiv(N, bn), 1}, {bm, bn, bk}, warps, stages, copies > 0, copies == 2};
       const std::string cfg = std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + " w" +
-                              std::to_string(warps) + " s" + std::to_string(stages);
+                              std::to_string(warps) + " s" + std::to_string(stages) +
+                              (copies == 2 ? " ws" : copies == 1 ? " tma" : "");
       try {
         dc.fillBytes(0xFF);
         mm.run(launch, da[0], db[0], dc, M, N, K);

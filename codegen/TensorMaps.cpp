@@ -34,42 +34,48 @@ struct SlotGeometry {
   int64_t panel = 0, numPanels = 1, panelBytes = 0;
 };
 
-// What a copy into this slot layout must be: TMA writes each box row by row, 16-byte chunks permuted
-// by the swizzle of its span, which is a SharedLayout with row-major order, 16-byte chunks, and the
-// phase of the span (codegen/TensorCores.h wgmmaSharedLayout has the same three cases).
+}  // namespace
+
+// TMA writes each box row by row, 16-byte chunks permuted by the swizzle of its span: a
+// SharedLayout with row-major order, 16-byte chunks and the span's phase (codegen/TensorCores.h
+// wgmmaSharedLayout has the same three cases).
+std::string tmaSlotRefusal(const ir::SharedLayout& l, const ir::Shape& shape, ir::DType dtype) {
+  const int64_t eb = ir::byteWidth(dtype);
+  const size_t r = shape.size();
+  for (size_t k = 0; k < r; ++k)
+    if (l.order()[k] != int(r - 1 - k)) return "its order must be row-major (the last dimension contiguous)";
+  const int64_t spanBytes = l.panel() * eb;
+  if (l.maxPhase() != 1) {
+    if (l.vec() * eb != 16) return "a swizzled layout must permute 16-byte chunks";
+    if (spanBytes != 32 && spanBytes != 64 && spanBytes != 128) return "swizzled panels must be 32, 64 or 128 bytes";
+    if (l.maxPhase() != spanBytes / 16 || l.perPhase() != 128 / spanBytes)
+      return "the swizzle of a " + std::to_string(spanBytes) + "-byte panel must have maxPhase " +
+             std::to_string(spanBytes / 16) + " and perPhase " + std::to_string(128 / spanBytes);
+  }
+  if (spanBytes % 16 != 0) return "a box row must be a multiple of 16 bytes";
+  if (l.panel() > 256) return "a box row holds at most 256 elements";
+  for (size_t k = 0; k + 1 < r; ++k)
+    if (shape[k] > 256) return "a box dimension holds at most 256 elements";
+  return "";
+}
+
+namespace {
+
 SlotGeometry slotGeometry(const Op& copy, size_t rank) {
   const ir::Type& buf = copy.operand(0)->type();
   const ir::SharedLayout& l = *buf.sharedLayout();
   const ir::Shape& shape = buf.shape();
   const int64_t eb = ir::byteWidth(buf.dtype());
   const size_t r = shape.size();
-  auto refuse = [&](const std::string& why) {
-    throw Error(copy.describe() + ": TMA cannot write the slot layout " + l.str() + ": " + why,
-                    ErrorKind::InvalidArgument);
-  };
-  for (size_t k = 0; k < r; ++k)
-    if (l.order()[k] != int(r - 1 - k)) refuse("its order must be row-major (the last dimension contiguous)");
+  if (const std::string why = tmaSlotRefusal(l, shape, buf.dtype()); !why.empty())
+    throw Error(copy.describe() + ": TMA cannot write the slot layout " + l.str() + ": " + why, ErrorKind::InvalidArgument);
   SlotGeometry g;
   g.panel = l.panel();
   const int64_t spanBytes = g.panel * eb;
-  if (l.maxPhase() == 1) {
-    g.swizzle = 0;
-  } else {
-    if (l.vec() * eb != 16) refuse("a swizzled layout must permute 16-byte chunks");
-    if (spanBytes != 32 && spanBytes != 64 && spanBytes != 128) refuse("swizzled panels must be 32, 64 or 128 bytes");
-    if (l.maxPhase() != spanBytes / 16 || l.perPhase() != 128 / spanBytes)
-      refuse("the swizzle of a " + std::to_string(spanBytes) + "-byte panel must have maxPhase " +
-             std::to_string(spanBytes / 16) + " and perPhase " + std::to_string(128 / spanBytes));
-    g.swizzle = int(spanBytes);
-  }
-  if (spanBytes % 16 != 0) refuse("a box row must be a multiple of 16 bytes");
-  if (g.panel > 256) refuse("a box row holds at most 256 elements");
+  g.swizzle = l.maxPhase() == 1 ? 0 : int(spanBytes);
   g.numPanels = l.numPanels();
   int64_t rows = 1;
-  for (size_t k = 0; k + 1 < r; ++k) {
-    if (shape[k] > 256) refuse("a box dimension holds at most 256 elements");
-    rows *= shape[k];
-  }
+  for (size_t k = 0; k + 1 < r; ++k) rows *= shape[k];
   g.panelBytes = rows * spanBytes;
   g.box.assign(rank - r, 1);
   for (size_t k = 0; k + 1 < r; ++k) g.box.push_back(shape[k]);

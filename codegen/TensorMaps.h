@@ -44,6 +44,11 @@ struct TmaCopyPlan {
   int64_t alignment = 16;   // the slot's shared address must be a multiple of it (1024 with a swizzle)
 };
 
+// Why TMA cannot write a slot of this layout, shape and dtype ("" when it can): row-major, and
+// unswizzled or swizzled the way TMA swizzles a 32-, 64- or 128-byte span (16-byte chunks, the
+// span's phase), rows of at most 256 elements that are multiples of 16 bytes.
+std::string tmaSlotRefusal(const ir::SharedLayout& layout, const ir::Shape& shape, ir::DType dtype);
+
 // Every distinct recipe of `f`'s tma_copy ops, in program order. Throws Error (naming the op) when
 // a copy's tensor operands are not parameters or constants, or its slot layout is not one TMA writes.
 std::vector<TensorMapRecipe> tensorMapRecipes(const ir::Function& f);

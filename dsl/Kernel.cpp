@@ -79,6 +79,8 @@ Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
     throw Error("kernel '" + name_ + "': num_stages must be 1, 2, 3 or 4, got " + std::to_string(options.num_stages));
   f.attrs()["num_warps"] = int64_t(options.num_warps);
   f.attrs()["num_stages"] = int64_t(options.num_stages);
+  if (options.tma) f.attrs()["tma"] = int64_t(1);
+  if (options.warp_specialize) f.attrs()["warp_specialize"] = int64_t(1);
   {
     TraceContext ctx(f);
     tracer_(f, options.constants);
@@ -136,7 +138,8 @@ void checkArgs(const std::string& name, const ir::Function& f, const std::vector
 }
 
 std::string constantsKey(const LaunchOptions& o) {
-  std::string k = "w" + std::to_string(o.num_warps) + "s" + std::to_string(o.num_stages);
+  std::string k = "w" + std::to_string(o.num_warps) + "s" + std::to_string(o.num_stages) + (o.tma ? "t" : "") +
+                  (o.warp_specialize ? "p" : "");
   for (auto c : o.constants) k += "," + std::to_string(c);
   return k;
 }
@@ -146,7 +149,8 @@ std::string constantsKey(const LaunchOptions& o) {
 namespace {
 // The launch options that select the trace of these trace options (the trace cache's key).
 LaunchOptions asLaunch(const TraceOptions& o) {
-  return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages};
+  return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages, .tma = o.tma,
+          .warp_specialize = o.warp_specialize};
 }
 }  // namespace
 
@@ -154,7 +158,8 @@ const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
   const std::string key = constantsKey(options);
   std::lock_guard lock(mutex_);
   auto it = traces_.find(key);
-  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps, options.num_stages})).first;
+  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps, options.num_stages, options.tma,
+                                                                        options.warp_specialize})).first;
   return it->second;
 }
 

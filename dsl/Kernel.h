@@ -72,6 +72,16 @@ struct LaunchOptions {
   // in flight hide the global latency at 128x128x32 tiles (bench/RESULTS.md)
   // with 48 KB of shared memory.
   int num_stages = 3;
+  // Hopper's asynchronous copies and roles, for pipelined loops whose loads name their tiles as
+  // tensor boxes (dsl/Ops.h TensorBox): `tma` fills their rings by TMA on a target that has it
+  // (sm_90a; elsewhere ignored), `warp_specialize` adds a producer warpgroup that issues those
+  // copies while the num_warps warps compute (needs tma, setmaxnreg and 4 or 8 warps; otherwise
+  // the kernel compiles unspecialized). The function attributes `tma` and `warp_specialize`
+  // (codegen/passes/Pipeline.cpp, WarpSpecialize.cpp). The tensors' bases must then be 16-byte
+  // aligned and their strides multiples of 16 bytes: a launch that breaks that is refused with the
+  // kernel's name and the tensor map.
+  bool tma = false;
+  bool warp_specialize = false;
   // Where run() queues the launch: null is the legacy default stream (the behaviour before streams
   // were an option); runtime::Stream::borrow wraps another framework's CUstream. interpret()
   // ignores it (the interpreter runs on the calling thread, synchronously).
@@ -125,6 +135,7 @@ struct TraceOptions {
   std::vector<int64_t> constants;
   int num_warps = 4;
   int num_stages = 3;  // LaunchOptions::num_stages
+  bool tma = false, warp_specialize = false;  // LaunchOptions::tma, warp_specialize
 };
 
 class Kernel {

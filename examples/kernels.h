@@ -37,19 +37,22 @@ Kernel rowSoftmax() {
 }
 
 // c = a @ b for row-major a [M, K], b [K, N], c [M, N] in element type T with
-// f32 accumulation; one BM x BN tile of c per program, K in steps of BK.
+// f32 accumulation; one BM x BN tile of c per program, K in steps of BK. The tiles of a and b
+// are also named as boxes of the two tensors, so that a launch with `tma` (and
+// `warp_specialize`) may copy them by TMA on sm_90a; elsewhere they are ordinary loads.
 template <class T>
 Kernel matmul() {
   return kernel("matmul", [](Ptr<T> a, Ptr<T> b, Ptr<f32> c, Int M, Int N, Int K, Const<int> BM, Const<int> BN,
                              Const<int> BK) {
-    auto rm = (program_id(0) * BM + arange(0, BM)).expand(1);  // [BM, 1]
-    auto rn = (program_id(1) * BN + arange(0, BN)).expand(0);  // [1, BN]
+    auto m0 = program_id(0) * BM, n0 = program_id(1) * BN;
+    auto rm = (m0 + arange(0, BM)).expand(1);  // [BM, 1]
+    auto rn = (n0 + arange(0, BN)).expand(0);  // [1, BN]
     auto rk = arange(0, BK);
     auto acc = for_range(0, K, BK, zeros({BM, BN}, DType::F32), [&](Tile k, Tile acc) {
       auto ka = (k + rk).expand(0);  // [1, BK]
       auto kb = (k + rk).expand(1);  // [BK, 1]
-      auto ta = load(a + rm * K + ka, (rm < M) & (ka < K), 0);
-      auto tb = load(b + kb * N + rn, (kb < K) & (rn < N), 0);
+      auto ta = load(a + rm * K + ka, (rm < M) & (ka < K), TensorBox{a, {M, K}, {K}, {m0, k}});
+      auto tb = load(b + kb * N + rn, (kb < K) & (rn < N), TensorBox{b, {K, N}, {N}, {k, n0}});
       return dot(ta, tb, acc);
     });
     store(c + rm * N + rn, acc, (rm < M) & (rn < N));

@@ -388,6 +388,14 @@ class LayoutAssigner {
           const Op* up = b;
           while (up && up != loop) up = up->parentBlock() ? up->parentBlock()->parentOp() : nullptr;
           if (!up) chained.insert(dot);  // B is defined outside the loop
+          // A product of a pipelined loop whose B is loaded in it (a GEMM's K loop) and whose M
+          // gives every warp 16 rows (a 128-row tile on 8 warps) runs on wgmma, B read from the
+          // ring slot, when its warps lie along M; split in 2D it runs on mma.sync.
+          const Shape& s = dot->result()->type().shape();
+          if (up && b->kind() == OpKind::Load && dot->function()->intAttrOr("num_stages", 1) > 1 &&
+              numWarps_ % 4 == 0 && s[0] == 16 * numWarps_ && target_.description().wgmmaShape(s[1]) &&
+              dot->operand(0)->type().shape()[1] % 16 == 0)
+            chained.insert(dot);
         }
       }
     for (Op* dot : dots) {

@@ -99,6 +99,7 @@
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
+#include "codegen/TensorMaps.h"
 #include "codegen/Target.h"
 #include "codegen/passes/LoopValues.h"
 #include "ir/Passes.h"
@@ -421,7 +422,11 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     bool coordsOk = ring.box.has_value();
     if (coordsOk)
       for (const ir::Value* v : boxOperands(ring)) coordsOk = coordsOk && recomputableInLoop(v, body, readOnlyLoop, seen);
-    tma = tma && coordsOk && (ring.wgmma || ring.rows);
+    // A ring read by ldmatrix (not wgmma) qualifies when its layout is one TMA writes (the GEMM's
+    // A: 128-byte rows in the 128-byte swizzle).
+    const ir::Type& t = ring.load->result()->type();
+    const bool writable = ring.wgmma || ring.rows || tmaSlotRefusal(layoutOf.at(ring.load), t.shape(), t.dtype()).empty();
+    tma = tma && coordsOk && writable;
   }
   if (!tma) {
     dropRowRings([](const Ring&) { return true; });

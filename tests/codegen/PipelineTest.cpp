@@ -213,6 +213,55 @@ TEST(Pipeline, InterpreterResultsAreUnchangedByThePass) {
   EXPECT_GT(sum, 0);
 }
 
+// A DSL launch asks for TMA and a producer warpgroup (LaunchOptions::tma, warp_specialize): the
+// matmul example names its tiles as boxes, so on sm_90a its rings are filled by TMA, and with
+// warp_specialize by a producer warpgroup (setmaxnreg); sm_80 keeps cp.async. After the tile
+// passes, the interpreter still computes the float64 product (ragged M, N, K; the boxes' last
+// rows and columns zero-filled).
+TEST(Pipeline, MatmulLaunchOptionsAskForTmaAndAProducer) {
+  dsl::Kernel mm = examples::matmul<dsl::bf16>();
+  auto traced = [&](bool tma, bool ws) {
+    auto f = mm.trace({.constants = {128, 128, 64}, .num_warps = 8, .num_stages = 3, .tma = tma, .warp_specialize = ws});
+    f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 16, 16, 16};
+    return f;
+  };
+  for (auto [tma, ws] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+    SCOPED_TRACE(std::string(tma ? "tma" : "cp.async") + (ws ? ", warp-specialized" : ""));
+    const CompiledKernel k = compile(*traced(tma, ws), CompileOptions{Target::sm90a(), codegen::findPtxas().has_value()});
+    EXPECT_EQ(count(k.ir, "tma_copy") > 0, tma);
+    EXPECT_EQ(k.tensorMaps.size(), tma ? 2u : 0u);
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.2d") > 0, tma);
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg") > 0, !tma);
+    EXPECT_EQ(k.producerWarps, ws ? 4 : 0);
+    EXPECT_EQ(count(k.ptx, "setmaxnreg") > 0, ws);
+    const CompiledKernel old = compile(*traced(tma, ws), CompileOptions{Target::sm80(), false});
+    EXPECT_EQ(count(old.ptx, "cp\\.async\\.bulk"), 0);
+    EXPECT_EQ(old.producerWarps, 0);
+  }
+
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  const int M = 200, N = 136, K = 328;  // rows of 16-byte multiples, as TMA needs; no dim a multiple of the tile
+  std::vector<Eigen::bfloat16> a(size_t(M) * K), b(size_t(K) * N);
+  for (auto& x : a) x = Eigen::bfloat16(dist(rng));
+  for (auto& x : b) x = Eigen::bfloat16(dist(rng));
+  std::vector<float> c(size_t(M) * N, NAN);
+  ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", "sm_90a", 1);
+  mm.interpret({{2, 2, 1}, {128, 128, 64}, 8, 3, true, true}, a, b, c, M, N, K);
+  ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES");
+  double worst = 0, scale = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double want = 0;
+      for (int l = 0; l < K; ++l) want += double(float(a[size_t(i) * K + l])) * double(float(b[size_t(l) * N + j]));
+      worst = std::max(worst, std::abs(double(c[size_t(i) * N + j]) - want));
+      scale = std::max(scale, std::abs(want));
+    }
+  EXPECT_LT(worst, 1e-4 * scale) << "worst |error| " << worst << " of products up to " << scale;
+}
+
 TEST(Pipeline, PtxasAssemblesAGridOfStagesAndTiles) {
   std::string spills;
   int configs = 0;

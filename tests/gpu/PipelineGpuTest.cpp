@@ -20,19 +20,24 @@ using dsl::cdiv;
 using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 template <class T>
-void checkPipelined(int M, int N, int K, int BM, int BN, int BK, int warps, int stages, std::mt19937& gen) {
+void checkPipelined(int M, int N, int K, int BM, int BN, int BK, int warps, int stages, std::mt19937& gen,
+                    bool tma = false, bool warpSpecialize = false) {
   using H = host_t<T>;
   auto a = randomVector<H>(size_t(M) * K, gen), b = randomVector<H>(size_t(K) * N, gen);
   std::vector<float> c(size_t(M) * N, NAN);
   auto da = toDevice(a), db = toDevice(b), dc = toDevice(c);
   dsl::Kernel mm = examples::matmul<T>();
-  dsl::LaunchOptions launch{{cdiv(M, BM), cdiv(N, BN), 1}, {BM, BN, BK}, warps, stages};
+  dsl::LaunchOptions launch{{cdiv(M, BM), cdiv(N, BN), 1}, {BM, BN, BK}, warps, stages, tma, warpSpecialize};
   const auto& code = mm.compile(launch, {da, db, dc, M, N, K});
   const std::string what = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " tile " +
                            std::to_string(BM) + "x" + std::to_string(BN) + "x" + std::to_string(BK) + " warps " +
-                           std::to_string(warps) + " stages " + std::to_string(stages);
-  // K % 8 != 0 leaves rows unaligned: then no cp.async (narrower than 4 bytes), still correct.
-  if (stages > 1 && K % 8 == 0 && N % 8 == 0) {
+                           std::to_string(warps) + " stages " + std::to_string(stages) + (tma ? " tma" : "") +
+                           (warpSpecialize ? " warp-specialized" : "");
+  if (tma) {
+    EXPECT_NE(code.ptx.find("cp.async.bulk.tensor"), std::string::npos) << what;
+    EXPECT_EQ(code.producerWarps, warpSpecialize ? 4 : 0) << what;
+  } else if (stages > 1 && K % 8 == 0 && N % 8 == 0) {
+    // K % 8 != 0 leaves rows unaligned: then no cp.async (narrower than 4 bytes), still correct.
     EXPECT_NE(code.ptx.find("cp.async"), std::string::npos) << what;
   }
   if (stages == 1) {
@@ -64,6 +69,21 @@ void pipelinedGrid() {
       const auto [bm, bn, bk, warps] = tile;
       checkPipelined<T>(M, N, K, bm, bn, bk, warps, stages, gen);
     }
+}
+
+// The matmul's tiles copied by TMA (LaunchOptions::tma), and by a producer warpgroup
+// (warp_specialize), on wgmma with the warps along M: ragged M, N, K whose rows are multiples of
+// 16 bytes (TMA's rule), the boxes' last rows and columns zero-filled by TMA.
+TEST(PipelineGpu, MatmulBf16ByTmaAndAProducerWarpgroup) {
+  FLEXTILE_REQUIRE_GPU();
+  if (!currentTarget().has(codegen::Feature::TensorMemoryAccelerator)) GTEST_SKIP() << "TMA needs sm_90a";
+  SeededRandom rng;
+  std::mt19937 gen{uint32_t(rng())};
+  const std::array<int, 3> shapes[] = {{200, 136, 328}, {131, 264, 200}, {1000, 72, 64}, {64, 520, 1000}};
+  const std::array<int, 5> tiles[] = {{128, 128, 64, 8, 3}, {128, 64, 64, 8, 4}, {128, 256, 64, 8, 3}, {64, 128, 64, 4, 2}};
+  for (auto [M, N, K] : shapes)
+    for (auto [bm, bn, bk, warps, stages] : tiles)
+      for (bool ws : {false, true}) checkPipelined<dsl::bf16>(M, N, K, bm, bn, bk, warps, stages, gen, true, ws);
 }
 
 TEST(PipelineGpu, MatmulBf16Stages1To4) {
