@@ -5,6 +5,7 @@
 #include "runtime/DriverApi.h"
 #include "runtime/DriverError.h"
 
+#include <cstdlib>
 #include <cctype>
 #include <cstdio>
 #include <vector>
@@ -93,6 +94,18 @@ struct JitLogs {
 };
 }  // namespace
 
+namespace {
+// FLEXTILE_JIT_LOG=1: the driver JIT's own report of each module it compiles (registers, spills,
+// per entry), on stderr. The JIT may allocate otherwise than the offline ptxas (docs/performance.md).
+void reportJitLog(const std::string& name, const std::string& info) {
+  static const bool wanted = [] {
+    const char* v = std::getenv("FLEXTILE_JIT_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (wanted) std::fprintf(stderr, "flextile: JIT log of module '%s':\n%s\n", name.c_str(), info.c_str());
+}
+}  // namespace
+
 Module::Module(const std::string& ptx, const std::string& name, Device* device) : state_(newState(ptx, name, device)) {
   JitLogs logs;
   maybeInjectFault(FaultSite::ModuleLoad, name);
@@ -106,6 +119,7 @@ Module::Module(const std::string& ptx, const std::string& name, Device* device) 
   state_->handle = handle;
   state_->infoLog = logs.info.data();
   state_->jitMilliseconds = logs.wallMilliseconds;
+  reportJitLog(name, state_->infoLog);
 }
 
 Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, Device* device) {
@@ -140,6 +154,7 @@ Module Module::jitKeepingImage(const std::string& ptx, const std::string& name, 
   m.state_->handle = handle;
   m.state_->infoLog = logs.info.data();
   m.state_->jitMilliseconds = logs.wallMilliseconds;
+  reportJitLog(name, m.state_->infoLog);
   return m;
 }
 
