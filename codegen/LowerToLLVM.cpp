@@ -514,11 +514,6 @@ RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t progra
 
 void Lowering::lowerSpecialized(int64_t programsPerSm) {
   const RegisterSplit split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm);
-  // setmaxnreg moves registers within a budget the kernel states: with `.maxnreg` the driver's JIT
-  // allocates the consumers' region to what setmaxnreg.inc gives them. Without it the JIT spilled the
-  // specialized dkdv's accumulators every step (107 STL in the loop, H200 2026-12-03), while the
-  // offline ptxas, deriving the budget from .maxntid and .minnctapersm, did not.
-  if (split.launch > 0) kernel->addFnAttr("nvvm.maxnreg", std::to_string(split.launch));
   auto* consumers = llvm::BasicBlock::Create(ctx, "consumers", kernel);
   auto* producer = llvm::BasicBlock::Create(ctx, "producer", kernel);
   // The warp index taken from lane 0 (shfl.sync.idx): ptxas then knows the branch is the same for
