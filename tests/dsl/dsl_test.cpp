@@ -388,3 +388,23 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
     }
   }
 }
+
+// FLEXTILE_PTXAS=1 (read once per process; ctest runs each test in its own): a kernel's compile
+// is assembled by the offline ptxas, so a launch loads that cubin instead of JIT-compiling the PTX.
+TEST(DslPtxas, OfflineAssemblyWhenAskedFor) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin)";
+  ::setenv("FLEXTILE_PTXAS", "1", 1);
+  std::string cacheDir = ::testing::TempDir() + "flextile-ptxas-XXXXXX";
+  ASSERT_NE(::mkdtemp(cacheDir.data()), nullptr);
+  ::setenv("FLEXTILE_CACHE_DIR", cacheDir.c_str(), 1);  // a fresh cache: nothing assembled before
+  Kernel mm = examples::matmul<bf16>();
+  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
+  const codegen::CompiledKernel& code =
+      mm.compile({{1, 1, 1}, {128, 128, 64}, 8, 3, true, true}, {ptr(1 << 20), ptr(1 << 20), ptr(1 << 20), KernelArg(256),
+                                                                KernelArg(256), KernelArg(256)},
+                 codegen::Target::sm90a());
+  ::unsetenv("FLEXTILE_PTXAS");
+  EXPECT_FALSE(code.cubin.empty());
+  EXPECT_NE(code.ptxasInfo.find("registers"), std::string::npos) << code.ptxasInfo;
+  EXPECT_EQ(code.producerWarps, 4);
+}
