@@ -41,7 +41,9 @@
 //              f16/bf16/f32 operands, M >= 16, N >= 8, K >= 16 or 8): the mma
 //              accumulator layout with the warp split of mmaWarpsPerCTA
 //              (chained dots, as in attention, and on wgmma targets dots in a
-//              loop whose B is loop-invariant, put all warps along M); its
+//              loop whose B is loop-invariant, or whose B is loaded in a
+//              pipelined loop with 16 rows a warp — a GEMM's K loop — put all
+//              warps along M); its
 //              a and b must be Layout::dotOperand of it (a convert_layout
 //              from their producers, lowered through a swizzled shared tile
 //              and ldmatrix; none at all when the producer is already in

@@ -57,8 +57,8 @@
 //                                 end) lands in bytes a later op reuses
 //
 // With TMA (the target has it, the function asks: attribute tma = 1 or FLEXTILE_TMA=1, and every
-// ring of the loop has a tensor box, ir/Ops.def "load {tensor_rank}", and a wgmma layout, which is
-// a layout TMA writes), the rings are filled by one thread instead and synchronized by barriers in
+// ring of the loop has a tensor box, ir/Ops.def "load {tensor_rank}", and a wgmma layout or an
+// ldmatrix layout TMA writes (TensorMaps.h tmaSlotRefusal), the rings are filled by one thread instead and synchronized by barriers in
 // shared memory; no cp.async and no CTA barrier are left in the loop:
 //
 //   %buf_j = local_alloc ...; %full, %empty = local_alloc : smem<S x i64[1]>
@@ -375,7 +375,8 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
 
   // TMA fills every ring of the loop, or none: the stage's `full` barrier then counts one arrival
   // (thread 0's expect_tx) and the bytes. Each ring must have a tensor box whose coordinates can
-  // be recomputed ahead, and a wgmma layout (128-, 64- or 32-byte swizzled panels, which TMA writes).
+  // be recomputed ahead, and a layout TMA writes (128-, 64- or 32-byte swizzled panels: wgmma's, or
+  // an ldmatrix ring's such as a GEMM's A).
   // And the body must not wait for the CTA (a layout conversion or reduction through shared
   // memory): such a loop computed wrong rows on the H200 with TMA rings
   // (FlexAttentionGpu.WgmmaInLoopsWithSharedConversions, 2026-12-02, not understood yet), so it
