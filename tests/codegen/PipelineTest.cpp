@@ -234,8 +234,12 @@ TEST(Pipeline, MatmulLaunchOptionsAskForTmaAndAProducer) {
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg") > 0, !tma);
     EXPECT_EQ(k.producerWarps, ws ? 4 : 0);
     EXPECT_EQ(count(k.ptx, "setmaxnreg") > 0, ws);
+    // 16 rows a warp: the warps lie along M and the product runs on wgmma (B from the ring slot).
+    EXPECT_GT(count(k.ptx, "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16"), 0);
+    EXPECT_EQ(count(k.ptx, "mma\\.sync\\.aligned"), 0);
     const CompiledKernel old = compile(*traced(tma, ws), CompileOptions{Target::sm80(), false});
     EXPECT_EQ(count(old.ptx, "cp\\.async\\.bulk"), 0);
+    EXPECT_GT(count(old.ptx, "mma\\.sync\\.aligned\\.m16n8k16"), 0);
     EXPECT_EQ(old.producerWarps, 0);
   }
 
