@@ -262,8 +262,7 @@ std::optional<std::pair<int64_t, int64_t>> wgmmaAccumulator(const ir::Op& dot, c
   const Layout& lc = *dot.result()->type().layout();
   const int numWarps = lc.numWarps();
   const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
-  const std::optional<MmaShape> shape = target.description().wgmmaShape(N);
-  if (!shape || numWarps % 4 != 0 || M != (shape->m / 4) * numWarps || K % shape->k != 0) return std::nullopt;
+  if (!wgmmaShapeFits(M, N, K, numWarps, target)) return std::nullopt;
   for (size_t i = 0; i < lc.warpBases().size(); ++i)
     if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
   for (const auto& basis : lc.regBases())
@@ -340,6 +339,11 @@ int contiguousDimOf(const ir::Type& t) {
 }  // namespace
 
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad) { return oneSlotWgmmaTile(localLoad, 0, -1); }
+
+bool wgmmaShapeFits(int64_t M, int64_t N, int64_t K, int numWarps, const Target& target) {
+  const std::optional<MmaShape> shape = target.description().wgmmaShape(N);
+  return shape && numWarps % 4 == 0 && M == (shape->m / 4) * numWarps && K % shape->k == 0;
+}
 
 bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target) { return wgmmaAccumulator(dot, target).has_value(); }
 

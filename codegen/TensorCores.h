@@ -182,6 +182,10 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target);
 // warp 16 rows of a warpgroup's m64 tile, an N wgmma has), whatever feeds its B: the question a
 // pass before "pipeline" can ask (wgmmaPlan also needs B in a ring slot).
 bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target);
+// The shape half of wgmmaAccumulator's rules, before layouts exist: an M x N x K product on
+// numWarps warps (a multiple of 4) with every warp on shape.m / 4 rows, an N wgmma has, and K a
+// multiple of its k step.
+bool wgmmaShapeFits(int64_t M, int64_t N, int64_t K, int numWarps, const Target& target);
 // Whether any dot of `f` runs on wgmma for `target` (the PTX backend then keeps its block order:
 // NVPTXTarget::EmitOptions::keepBlockOrder).
 bool hasWgmmaDots(const ir::Function& f, const Target& target);

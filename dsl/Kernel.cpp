@@ -148,8 +148,13 @@ std::string constantsKey(const LaunchOptions& o) {
 }  // namespace
 
 namespace {
-// The launch options that select the trace of these trace options (the trace cache's key).
+// The launch options that select the trace of these trace options (the trace cache's key), and
+// the trace options a launch's trace is made with: the fields both share.
 LaunchOptions asLaunch(const TraceOptions& o) {
+  return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages, .tma = o.tma,
+          .warp_specialize = o.warp_specialize};
+}
+TraceOptions asTrace(const LaunchOptions& o) {
   return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages, .tma = o.tma,
           .warp_specialize = o.warp_specialize};
 }
@@ -159,8 +164,7 @@ const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
   const std::string key = constantsKey(options);
   std::lock_guard lock(mutex_);
   auto it = traces_.find(key);
-  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures({options.constants, options.num_warps, options.num_stages, options.tma,
-                                                                        options.warp_specialize})).first;
+  if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures(asTrace(options))).first;
   return it->second;
 }
 

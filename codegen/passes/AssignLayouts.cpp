@@ -395,8 +395,7 @@ class LayoutAssigner {
           // ring slot, when its warps lie along M; split in 2D it runs on mma.sync.
           const Shape& s = dot->result()->type().shape();
           if (up && b->kind() == OpKind::Load && dot->function()->intAttrOr("num_stages", 1) > 1 &&
-              numWarps_ % 4 == 0 && s[0] == 16 * numWarps_ && target_.description().wgmmaShape(s[1]) &&
-              dot->operand(0)->type().shape()[1] % 16 == 0)
+              wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_))
             chained.insert(dot);
         }
       }

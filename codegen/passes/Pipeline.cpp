@@ -58,8 +58,9 @@
 //
 // With TMA (the target has it, the function asks: attribute tma = 1 or FLEXTILE_TMA=1, and every
 // ring of the loop has a tensor box, ir/Ops.def "load {tensor_rank}", and a wgmma layout or an
-// ldmatrix layout TMA writes (TensorMaps.h tmaSlotRefusal), the rings are filled by one thread instead and synchronized by barriers in
-// shared memory; no cp.async and no CTA barrier are left in the loop:
+// ldmatrix layout TMA writes (TensorMaps.h tmaSlotRefusal), the rings are filled by one thread
+// instead and synchronized by barriers in shared memory; no cp.async and no CTA barrier are left
+// in the loop:
 //
 //   %buf_j = local_alloc ...; %full, %empty = local_alloc : smem<S x i64[1]>
 //   mbarrier_init %full {arrivals = 1}; mbarrier_init %empty; barrier

@@ -404,6 +404,7 @@ TEST(DslPtxas, OfflineAssemblyWhenAskedFor) {
                                                                 KernelArg(256), KernelArg(256)},
                  codegen::Target::sm90a());
   ::unsetenv("FLEXTILE_PTXAS");
+  ::unsetenv("FLEXTILE_CACHE_DIR");
   EXPECT_FALSE(code.cubin.empty());
   EXPECT_NE(code.ptxasInfo.find("registers"), std::string::npos) << code.ptxasInfo;
   EXPECT_EQ(code.producerWarps, 4);
