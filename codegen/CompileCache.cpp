@@ -396,7 +396,8 @@ CompiledKernel compileCached(const ir::Function& f, uint64_t irHash, const Compi
   const auto start = std::chrono::steady_clock::now();
   const CompileCacheKey key{irHash, options.target};
   if (std::optional<CompiledKernel> hit = cache.load(key)) {
-    if (options.runPtxas && hit->ptxasInfo.empty()) {
+    const bool wantsPtxas = options.runPtxas || (options.runPtxasIfWarpSpecialized && hit->producerWarps > 0);
+    if (wantsPtxas && hit->ptxasInfo.empty()) {
       PtxasReport report = runPtxas(hit->ptx, hit->target);
       hit->ptxasInfo = report.log;
       hit->cubin = report.cubin;

@@ -121,7 +121,7 @@ CompiledKernel compile(const ir::Function& input, const CompileOptions& options)
   k.tensorMaps = tensorMapRecipes(*f);
   ir::dump("llvm", f->name(), k.llvmIR);
   ir::dump("ptx", f->name(), k.ptx);
-  if (options.runPtxas) {
+  if (options.runPtxas || (options.runPtxasIfWarpSpecialized && k.producerWarps > 0)) {
     PtxasReport report = runPtxas(k.ptx, target);
     k.ptxasInfo = std::move(report.log);
     k.cubin = std::move(report.cubin);

@@ -29,6 +29,9 @@ struct CompileOptions {
   // When set, ptxas assembles the PTX (a failure throws with a repro
   // command) and its -v report fills CompiledKernel::ptxasInfo.
   bool runPtxas = false;
+  // When set, ptxas assembles the kernel if it is warp-specialized (producer warps), whatever
+  // runPtxas says (OfflineAssembly::WarpSpecialized, codegen/Ptxas.h).
+  bool runPtxasIfWarpSpecialized = false;
 };
 
 // A cubin the driver's JIT made of a kernel's PTX on one GPU, and what it is valid for:

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -34,6 +35,29 @@ std::optional<std::string> findPtxas() {
   }
   if (executable("/usr/local/cuda/bin/ptxas")) return std::string("/usr/local/cuda/bin/ptxas");
   return std::nullopt;
+}
+
+OfflineAssembly offlineAssemblyFor(const char* value, bool ptxasFound, bool* unknown) {
+  if (unknown) *unknown = false;
+  if (!ptxasFound) return OfflineAssembly::Never;
+  const std::string v = value ? value : "";
+  if (v == "0" || v == "off") return OfflineAssembly::Never;
+  if (v == "1" || v == "all") return OfflineAssembly::Always;
+  if (!v.empty() && v != "auto" && unknown) *unknown = true;
+  return OfflineAssembly::WarpSpecialized;
+}
+
+OfflineAssembly offlineAssembly() {
+  static const OfflineAssembly policy = [] {
+    const char* value = std::getenv("FLEXTILE_PTXAS");
+    bool unknown = false;
+    OfflineAssembly p = offlineAssemblyFor(value, findPtxas().has_value(), &unknown);
+    if (unknown)
+      std::fprintf(stderr, "flextile: warning: FLEXTILE_PTXAS='%s' is not 0, off, 1, all or auto; read as auto "
+                   "(ptxas assembles the warp-specialized kernels)\n", value);
+    return p;
+  }();
+  return policy;
 }
 
 PtxasReport parsePtxasLog(const std::string& log) {

@@ -29,6 +29,24 @@ std::optional<std::string> findPtxas();
 // that repeats the failure on a saved copy of the PTX.
 PtxasReport runPtxas(const std::string& ptx, const Target& target);
 
+// Which kernels the offline ptxas assembles for a launch (the launch then loads its cubin instead
+// of letting the driver JIT-compile the PTX). The driver's JIT and ptxas of the same CUDA release
+// allocate registers differently for a warp-specialized kernel: on the H200 (driver 580, CUDA 13.0,
+// 2026-12-03) the JIT spilled the consumers of the warp-specialized dkdv (572 bytes a thread) where
+// ptxas spilled 24, and the backward ran at 229 TFLOP/s against 462 (docs/performance.md).
+enum class OfflineAssembly {
+  Never,            // the driver JIT-compiles every kernel
+  WarpSpecialized,  // ptxas assembles the kernels with a producer warpgroup; the JIT the rest
+  Always,           // ptxas assembles every kernel
+};
+// FLEXTILE_PTXAS: "0" (or "off") Never, "1" (or "all") Always, unset or "auto" WarpSpecialized;
+// Never whatever it says when no ptxas is found. Read once per process; another value is reported
+// on stderr once and read as "auto".
+OfflineAssembly offlineAssembly();
+// The policy for a FLEXTILE_PTXAS value (nullptr: unset) when ptxas is found or not (for tests);
+// `unknown` is set for a value it does not know.
+OfflineAssembly offlineAssemblyFor(const char* value, bool ptxasFound, bool* unknown = nullptr);
+
 // Parses the -v output (exposed for tests).
 PtxasReport parsePtxasLog(const std::string& log);
 

@@ -247,15 +247,13 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   // first entry stays.
   auto c = std::make_unique<Compiled>();
   // The disk layer (codegen/CompileCache.h) below this in-memory one.
-  // FLEXTILE_PTXAS=1: the offline ptxas assembles the kernel (when found) and the launch loads its
-  // cubin instead of the driver JIT-compiling the PTX. The two allocate registers differently: the
-  // JIT spilled the warp-specialized dkdv's consumers (572 bytes) where ptxas 13.0 spills 24
-  // (H200, driver 580, 2026-12-03; docs/performance.md).
-  static const bool offlinePtxas = [] {
-    const char* v = std::getenv("FLEXTILE_PTXAS");
-    return v && *v && std::string_view(v) != "0" && codegen::findPtxas().has_value();
-  }();
-  c->code = codegen::compileCached(*spec, hash, codegen::CompileOptions{*target, offlinePtxas},
+  // Which kernels the offline ptxas assembles, so that the launch loads its cubin rather than the
+  // driver JIT's (codegen/Ptxas.h: by default the warp-specialized ones, which the JIT spills).
+  const codegen::OfflineAssembly assembly = codegen::offlineAssembly();
+  codegen::CompileOptions compileOptions{*target};
+  compileOptions.runPtxas = assembly == codegen::OfflineAssembly::Always;
+  compileOptions.runPtxasIfWarpSpecialized = assembly == codegen::OfflineAssembly::WarpSpecialized;
+  c->code = codegen::compileCached(*spec, hash, compileOptions,
                                    codegen::CompileCache::global());
   std::lock_guard lock(mutex_);
   auto it = cache_.emplace(key, std::move(c)).first;

@@ -389,23 +389,61 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
   }
 }
 
-// FLEXTILE_PTXAS=1 (read once per process; ctest runs each test in its own): a kernel's compile
-// is assembled by the offline ptxas, so a launch loads that cubin instead of JIT-compiling the PTX.
-TEST(DslPtxas, OfflineAssemblyWhenAskedFor) {
-  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin)";
-  ::setenv("FLEXTILE_PTXAS", "1", 1);
+// FLEXTILE_PTXAS (read once per process; ctest runs each test in its own). Unset, the offline
+// ptxas assembles the warp-specialized kernels (a launch loads that cubin: the driver JIT spills
+// their consumers) and leaves the others to the JIT; "1" assembles every kernel.
+namespace {
+const codegen::CompiledKernel& compileMatmulInFreshCache(Kernel& mm, bool producer) {
   std::string cacheDir = ::testing::TempDir() + "flextile-ptxas-XXXXXX";
-  ASSERT_NE(::mkdtemp(cacheDir.data()), nullptr);
+  EXPECT_NE(::mkdtemp(cacheDir.data()), nullptr);
   ::setenv("FLEXTILE_CACHE_DIR", cacheDir.c_str(), 1);  // a fresh cache: nothing assembled before
-  Kernel mm = examples::matmul<bf16>();
   auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
   const codegen::CompiledKernel& code =
-      mm.compile({{1, 1, 1}, {128, 128, 64}, 8, 3, true, true}, {ptr(1 << 20), ptr(1 << 20), ptr(1 << 20), KernelArg(256),
-                                                                KernelArg(256), KernelArg(256)},
+      mm.compile({{1, 1, 1}, {128, 128, 64}, 8, 3, true, producer},
+                 {ptr(1 << 20), ptr(1 << 20), ptr(1 << 20), KernelArg(256), KernelArg(256), KernelArg(256)},
                  codegen::Target::sm90a());
-  ::unsetenv("FLEXTILE_PTXAS");
   ::unsetenv("FLEXTILE_CACHE_DIR");
-  EXPECT_FALSE(code.cubin.empty());
-  EXPECT_NE(code.ptxasInfo.find("registers"), std::string::npos) << code.ptxasInfo;
-  EXPECT_EQ(code.producerWarps, 4);
+  return code;
+}
+}  // namespace
+
+TEST(DslPtxas, WarpSpecializedKernelsAreAssembledOfflineByDefault) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin)";
+  ::unsetenv("FLEXTILE_PTXAS");
+  ASSERT_EQ(codegen::offlineAssembly(), codegen::OfflineAssembly::WarpSpecialized);
+  Kernel mm = examples::matmul<bf16>();
+  const codegen::CompiledKernel& specialized = compileMatmulInFreshCache(mm, true);
+  EXPECT_EQ(specialized.producerWarps, 4);
+  EXPECT_FALSE(specialized.cubin.empty());
+  EXPECT_NE(specialized.ptxasInfo.find("registers"), std::string::npos) << specialized.ptxasInfo;
+  const codegen::CompiledKernel& plain = compileMatmulInFreshCache(mm, false);
+  EXPECT_EQ(plain.producerWarps, 0);
+  EXPECT_TRUE(plain.cubin.empty()) << "a kernel without a producer warpgroup is left to the driver's JIT";
+}
+
+TEST(DslPtxas, EveryKernelAssembledOfflineWhenAskedFor) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "ptxas not found (PATH or /usr/local/cuda/bin)";
+  ::setenv("FLEXTILE_PTXAS", "1", 1);
+  ASSERT_EQ(codegen::offlineAssembly(), codegen::OfflineAssembly::Always);
+  ::unsetenv("FLEXTILE_PTXAS");
+  Kernel mm = examples::matmul<bf16>();
+  const codegen::CompiledKernel& plain = compileMatmulInFreshCache(mm, false);
+  EXPECT_FALSE(plain.cubin.empty());
+  EXPECT_NE(plain.ptxasInfo.find("registers"), std::string::npos) << plain.ptxasInfo;
+}
+
+TEST(DslPtxas, PolicyFromTheEnvironmentValue) {
+  using codegen::OfflineAssembly;
+  bool unknown = true;
+  EXPECT_EQ(codegen::offlineAssemblyFor(nullptr, true, &unknown), OfflineAssembly::WarpSpecialized);
+  EXPECT_FALSE(unknown);
+  EXPECT_EQ(codegen::offlineAssemblyFor("auto", true), OfflineAssembly::WarpSpecialized);
+  EXPECT_EQ(codegen::offlineAssemblyFor("0", true), OfflineAssembly::Never);
+  EXPECT_EQ(codegen::offlineAssemblyFor("off", true), OfflineAssembly::Never);
+  EXPECT_EQ(codegen::offlineAssemblyFor("1", true), OfflineAssembly::Always);
+  EXPECT_EQ(codegen::offlineAssemblyFor("all", true), OfflineAssembly::Always);
+  EXPECT_EQ(codegen::offlineAssemblyFor("1", false), OfflineAssembly::Never) << "no ptxas: the JIT, whatever is asked";
+  EXPECT_EQ(codegen::offlineAssemblyFor(nullptr, false), OfflineAssembly::Never);
+  EXPECT_EQ(codegen::offlineAssemblyFor("yes please", true, &unknown), OfflineAssembly::WarpSpecialized);
+  EXPECT_TRUE(unknown);
 }
