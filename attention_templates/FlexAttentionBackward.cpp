@@ -31,6 +31,7 @@
 #include <numbers>
 
 #include "attention_templates/FlexAttention.h"
+#include "codegen/Ptxas.h"
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/TemplateParams.h"
 #include "dsl/Capture.h"
@@ -54,18 +55,25 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
                                                                bool gathersPerElement) {
   // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
   // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
-  // 64 keys x 64 queries on one warpgroup was the best dkdv tile for every yardstick variant on the
-  // H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01); dq's tile mattered by less than the
-  // run-to-run spread. ptxas -v: no spills without a score_mod, a few words with one.
-  // dq: 128 queries on two consumer warpgroups fed by a producer warpgroup (TMA rings of K and V,
-  // setmaxnreg): 4-13 % faster for the whole backward than 64 x 64 on one warpgroup, on every
-  // yardstick variant (H200, 2026-12-03). Without TMA boxes it runs unspecialized. At D = 64 it
-  // measured 5 % slower than 64 x 64, so small heads keep one warpgroup.
+  // 64 keys x 64 queries on one warpgroup was the best unspecialized dkdv tile for every yardstick
+  // variant on the H200 (3-20 % over 64 x 32, bench/RESULTS.md, 2026-12-01). 128 keys on two
+  // consumer warpgroups fed by a producer warpgroup beat it by 2-11 % at D = 128 (ALiBi level) and
+  // 5-10 % at D = 64 (H200, 2026-12-03) -- but only as the offline ptxas assembles it: the driver's
+  // JIT spills its consumers and halves its speed, so without ptxas it stays unspecialized.
+  // dq: 128 queries on two consumer warpgroups and a producer: 4-13 % faster for the whole backward
+  // than 64 x 64 on one warpgroup, on every yardstick variant (H200, 2026-12-03). Without TMA boxes
+  // both run unspecialized. At D = 64 dq's was 5 % slower than 64 x 64, so it keeps one warpgroup.
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
-  if (headDim > 64 && target && target->has(codegen::Feature::SetMaxNReg) &&
-      target->has(codegen::Feature::TensorMemoryAccelerator))
-    return {{64, 64, 4, 2}, {128, 64, 8, 2, WarpSpecialization::On}};
-  if (target && target->has(codegen::Feature::Wgmma)) return {{64, 64, 4, 2}, {64, 64, 4, 2}};
+  const bool hopperAsync = target && target->has(codegen::Feature::SetMaxNReg) &&
+                           target->has(codegen::Feature::TensorMemoryAccelerator) &&
+                           target->has(codegen::Feature::Wgmma);
+  const FlexAttentionConfig specializedDkdv{64, 128, 8, 2, WarpSpecialization::On};
+  const bool dkdvSpecialized = hopperAsync && headDim >= 64 && codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  if (headDim > 64 && hopperAsync)
+    return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2},
+            {128, 64, 8, 2, WarpSpecialization::On}};
+  if (target && target->has(codegen::Feature::Wgmma))
+    return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
 
@@ -653,6 +661,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
       options.config ? *options.config
                      : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
                                                           detail::modsGatherPerElement(scoreMod, blockMask));
+  // Atomic dQ sums each step's dQ rows with bulk reductions from the unspecialized dkdv (measured
+  // so); the specialized one would add them element by element.
+  if (!options.config && options.dq_accumulation == DqAccumulation::Atomic &&
+      config.dkdv.warp_specialize == WarpSpecialization::On)
+    config.dkdv = {64, 64, 4, 2};
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {

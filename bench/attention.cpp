@@ -11,6 +11,7 @@
 // joins them with torch_reference.py's JSON).
 //
 //   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
+//                            [--config BM,BN,W,S[,ws]]...   (timed too, after the default and the sweep)
 //                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
 //                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
 #include <Eigen/Core>
@@ -98,6 +99,7 @@ int main(int argc, char** argv) try {
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
   bool quick = false;
   std::vector<std::vector<int64_t>> documentOffsets;
+  std::vector<FlexAttentionConfig> extraConfigs;  // --config, after the default (and the sweep)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -110,6 +112,7 @@ int main(int argc, char** argv) try {
     else if (a == "--n") N = std::stoll(next());
     else if (a == "--d") D = std::stoll(next());
     else if (a == "--quick") quick = true;
+    else if (a == "--config") extraConfigs.push_back(FlexAttentionConfig::parse(next()));
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
@@ -142,6 +145,8 @@ int main(int argc, char** argv) try {
                                   FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{128, 64, 8, 3},
                                   FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 128, 8, 3}})
       if (!(c == configs[0])) configs.push_back(c);
+  for (const FlexAttentionConfig& c : extraConfigs)
+    if (!(c == configs[0])) configs.push_back(c);
 
   struct Row {
     std::string variant, config;

@@ -53,8 +53,14 @@ TEST(FlexAttentionBackwardCodegen, EveryVariantAssemblesWithoutSpills) {
         codegen::PtxasReport r = codegen::runPtxas(plan.compiled[i]->ptx, target);
         // A score_mod's live values may spill a few words on sm_90a at the measured-best default
         // (64 x 64: faster on the H200 than the narrower tile that does not spill).
+        // The specialized dkdv's consumers spill 20-250 bytes (ptxas 13.0: 24 without a mod, 112 for
+        // documents, 244 with the soft-cap) and were measured 2-11 % faster than the unspecialized
+        // tile that does not (H200, 2026-12-03).
         const bool scoreMod = var.name == "alibi" || var.name == "softcap";
-        EXPECT_LE(r.spillStoreBytes, scoreMod && target.has(codegen::Feature::Wgmma) ? 96 : 0) << plan.kernelNames[i] << ": " << r.log;
+        const int allowed = plan.compiled[i]->producerWarps > 0 && i == 1 ? 256
+                            : scoreMod && target.has(codegen::Feature::Wgmma) ? 96
+                                                                               : 0;
+        EXPECT_LE(r.spillStoreBytes, allowed) << plan.kernelNames[i] << ": " << r.log;
       }
       // dkdv: four products per step (K·Qᵀ, Pᵀ·dO, V·dOᵀ, dSᵀ·Q); dq: three (Q·Kᵀ, dO·Vᵀ, dS·K).
       const std::string& dkdv = plan.compiled[1]->ptx;
@@ -150,7 +156,8 @@ TEST(FlexAttentionBackwardCodegen, TmaFillsTheWalksRingsWhenAskedFor) {
   ASSERT_GE(plan.compiled.size(), 3u);
   for (size_t i = 1; i < 3; ++i) {
     SCOPED_TRACE(plan.kernelNames[i]);
-    EXPECT_EQ(plan.compiled[i]->tensorMaps.size(), 2u);
+    // A specialized dkdv's producer loads its resident K and V by TMA too.
+    EXPECT_EQ(plan.compiled[i]->tensorMaps.size(), plan.compiled[i]->producerWarps > 0 && i == 1 ? 4u : 2u);
     EXPECT_GT(count(plan.compiled[i]->ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 0);
     EXPECT_EQ(count(plan.compiled[i]->ptx, "cp\\.async\\.cg"), 0);
     if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[i]->ptx, codegen::Target::sm90a()));
@@ -178,14 +185,22 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
 }
 
 // The sm_90a default: dq on two consumer warpgroups and a producer above D = 64, one warpgroup at
-// D = 64; a mask of 64-row blocks narrows the dq tile to 64 queries, and with it to 4 warps and no
-// specialization (the point measured at 8 warps does not hold there).
+// D = 64; dkdv on two consumer warpgroups and a producer from D = 64 when the offline ptxas
+// assembles warp-specialized kernels (the driver JIT spills it), one warpgroup otherwise. A mask of
+// 64-row blocks narrows the dq tile to 64 queries, and with it to 4 warps and no specialization
+// (the point measured at 8 warps does not hold there).
 TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay) {
   const auto sm90a = codegen::Target::sm90a();
+  const bool offline = codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  const FlexAttentionConfig dkdv = offline ? FlexAttentionConfig{64, 128, 8, 2, WarpSpecialization::On}
+                                           : FlexAttentionConfig{64, 64, 4, 2};
   const FlexAttentionBackwardConfig d128 = defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a);
   EXPECT_EQ(d128.dq, (FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On})) << d128.describe();
-  EXPECT_EQ(d128.dkdv, (FlexAttentionConfig{64, 64, 4, 2})) << d128.describe();
+  EXPECT_EQ(d128.dkdv, dkdv) << d128.describe();
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dq, (FlexAttentionConfig{64, 64, 4, 2}));
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dkdv, dkdv);
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dkdv,
+            (FlexAttentionConfig{16, 32, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dq.warp_specialize,
             WarpSpecialization::Auto);
 
