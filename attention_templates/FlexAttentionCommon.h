@@ -145,11 +145,17 @@ std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std:
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 // Whether the forward takes the warp-specialized schedule (a producer warpgroup for the TMA rings,
 // Q resident in shared memory): FLEXTILE_WARP_SPECIALIZE=1/0 decides, else the config's choice,
-// else (Auto) every call whose mods read no captured tensor per key (ModBase::gathersAlongKeys; the
-// document ids measured 7.5 % slower specialized on the H200, the other yardstick variants 1.6-4.7 %
-// faster).
+// else (Auto) every call whose mods read no captured tensor per key (ModBase::gathersAlongKeys), and
+// those that read one per key but not per score when the offline ptxas assembles specialized kernels
+// (codegen/Ptxas.h): JIT-compiled, the document ids measured 7.5 % slower specialized on the H200.
 bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                           WarpSpecialization choice = WarpSpecialization::Auto);
+// Whether a specialized 8-warp forward with a score_mod has its two consumer warpgroups take turns
+// issuing their products (pass "pingpong"), so that one's score arithmetic runs under the other's
+// products: mods that gather nothing per score or per key. ALiBi ran 7.5 % faster so (376 -> 404
+// TFLOP/s, H200, 2026-12-03); without a score_mod the turns were 2.5 % slower, and a per-key gather
+// (document ids) much slower. FLEXTILE_PINGPONG=1/0 forces the pass on or off.
+bool pingpongWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 
 // Whether a call runs the decode template (options.kernel, else L <= kDecodeMaxQueries or a
 // query_offset, which only decode takes).
