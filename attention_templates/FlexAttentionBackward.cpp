@@ -263,6 +263,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
                const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
+  f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
@@ -397,6 +398,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
              const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
+  f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
   const auto p = declareParams<GradParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.

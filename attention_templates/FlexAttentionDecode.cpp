@@ -197,6 +197,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
                  const MaskMod& maskMod, bool paged) {
   // Q stays in registers as the A operand of Q·Kᵀ, as in the forward (codegen/TensorCores.h).
   f.attrs()["wgmma_register_a"] = int64_t(1);
+  f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   const size_t own = constantCount<DecodeConstants>();
   const auto k = constantsFrom<DecodeConstants>(std::vector<int64_t>(constants.begin(), constants.begin() + std::ptrdiff_t(own)));
   // A decode program waits on memory: the residency its ring allows on the target (PPSM, from

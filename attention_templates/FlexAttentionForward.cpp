@@ -303,6 +303,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   else f.attrs()["wgmma_register_a"] = int64_t(1);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
+  f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   const auto p = declareParams<ForwardParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;

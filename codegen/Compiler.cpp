@@ -59,6 +59,9 @@ bool passSwitch(const ir::Function& f, const char* env, const char* attr) {
 ir::PassPipeline tilePassPipeline(const Target& target) {
   ir::PassPipeline pipeline;
   pipeline.add(ir::canonicalizePass())
+      .add({"fold-scales", [](ir::Function& f) {
+              if (passSwitch(f, "FLEXTILE_FOLD_SCALES", "reassociate")) ir::foldScales(f);
+            }})
       .add(ir::csePass())
       .add(ir::dcePass())
       .add(hoistInvariantLoadsPass())

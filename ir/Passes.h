@@ -16,6 +16,10 @@
 //                 any order when commutative), attributes and result types;
 //                 an op inside a loop body may reuse one from an enclosing
 //                 block, never the reverse.
+//   fold-scales   (functions with attribute reassociate = 1) pushes a product of an f32 tile by a
+//                 uniform factor into the sums, products and broadcasts it scales, so that the
+//                 factors meet as scalars and smaller tiles (ir/passes/FoldScales.cpp); it
+//                 reassociates, and removes a full-tile product per rewrite.
 //   dce           erases ops whose results are unused and that have no effect:
 //                 pure ops, loads, and for loops whose bodies have no stores.
 #pragma once
@@ -30,12 +34,15 @@ namespace flextile::ir {
 bool canonicalize(Function& f);
 bool cse(Function& f);
 bool dce(Function& f);
+// fold-scales on any function, whatever its attributes (the pass checks reassociate = 1).
+bool foldScales(Function& f);
 
 Pass canonicalizePass();
 Pass csePass();
 Pass dcePass();
+Pass foldScalesPass();
 
-// The pass of this name ("canonicalize", "cse", "dce"), for command lines.
+// The pass of this name ("canonicalize", "cse", "dce", "fold-scales"), for command lines.
 std::optional<Pass> targetIndependentPass(std::string_view name);
 
 }  // namespace flextile::ir

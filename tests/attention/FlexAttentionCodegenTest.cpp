@@ -334,3 +334,32 @@ TEST(FlexAttentionCodegen, ScoreArithmeticTakesWarpgroupTurns) {
     }
   }
 }
+
+// fold-scales (ir/passes/FoldScales.cpp) on the forward of ALiBi: the scale, the slope and log2 e
+// meet as scalars and the positions are scaled as [1, BN] and [BM, 1] tiles, so each score costs
+// fewer full-tile ops (f32 mul, fma, add and sub in the PTX at 128 x 128: 908 -> 659);
+// FLEXTILE_FOLD_SCALES=0 leaves them. The result is checked against float64 by the GPU and
+// interpreted-after-passes tests of every variant.
+TEST(FlexAttentionCodegen, ScoreModFactorsFoldIntoTheScale) {
+  const auto target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  VariantInstance inst = variant("alibi").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  const FlexAttentionConfig config{128, 128, 8, 2};
+  const std::string fullTile = "f32\\[128,128\\]";
+  auto tileOps = [&](const std::string& ir, const char* op) { return count(ir, std::string("= ") + op + " %[^\\n]*: " + fullTile); };
+  std::string folded, plain;
+  {
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, target);
+    folded = plan.compiled->ir;
+  }
+  {
+    ScopedSetenv off("FLEXTILE_FOLD_SCALES", "0");
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, target);
+    plain = plan.compiled->ir;
+  }
+  // Per loop (full and partial blocks): the mul by log2 e and the slope's full-tile mul are gone.
+  EXPECT_EQ(tileOps(plain, "mul") - tileOps(folded, "mul"), 2 * 2) << folded;
+  EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[1,128\\]"), 2) << "kv positions scaled as a row";
+  EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[128,1\\]"), 2) << "query positions scaled as a column";
+}
