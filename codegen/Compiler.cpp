@@ -62,6 +62,9 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add({"fold-scales", [](ir::Function& f) {
               if (passSwitch(f, "FLEXTILE_FOLD_SCALES", "reassociate")) ir::foldScales(f);
             }})
+      .add({"regroup-sums", [](ir::Function& f) {
+              if (passSwitch(f, "FLEXTILE_REGROUP_SUMS", "reassociate")) ir::regroupSums(f);
+            }})
       .add(ir::csePass())
       .add(ir::dcePass())
       .add(hoistInvariantLoadsPass())

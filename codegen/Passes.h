@@ -123,7 +123,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 // may). planLowering checks every `bulk_rows` op with it (hand-written IR may carry the attribute).
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
-// The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, fold-scales, cse, dce,
+// The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, fold-scales, regroup-sums, cse, dce,
 // hoist-invariant-loads, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, warp-specialize. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 

@@ -51,6 +51,7 @@ std::optional<Pass> targetIndependentPass(std::string_view name) {
   if (name == "cse") return csePass();
   if (name == "dce") return dcePass();
   if (name == "fold-scales") return foldScalesPass();
+  if (name == "regroup-sums") return regroupSumsPass();
   return std::nullopt;
 }
 

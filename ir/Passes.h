@@ -20,6 +20,9 @@
 //                 uniform factor into the sums, products and broadcasts it scales, so that the
 //                 factors meet as scalars and smaller tiles (ir/passes/FoldScales.cpp); it
 //                 reassociates, and removes a full-tile product per rewrite.
+//   regroup-sums  (functions with attribute reassociate = 1) adds the broadcasts of one smaller
+//                 shape within a sum of f32 tiles on that shape first, broadcasting once
+//                 (ir/passes/RegroupSums.cpp); applied where it saves full-tile ops.
 //   dce           erases ops whose results are unused and that have no effect:
 //                 pure ops, loads, and for loops whose bodies have no stores.
 #pragma once
@@ -36,13 +39,16 @@ bool cse(Function& f);
 bool dce(Function& f);
 // fold-scales on any function, whatever its attributes (the pass checks reassociate = 1).
 bool foldScales(Function& f);
+// regroup-sums on any function, whatever its attributes (the pass checks reassociate = 1).
+bool regroupSums(Function& f);
 
 Pass canonicalizePass();
 Pass csePass();
 Pass dcePass();
 Pass foldScalesPass();
+Pass regroupSumsPass();
 
-// The pass of this name ("canonicalize", "cse", "dce", "fold-scales"), for command lines.
+// The pass of this name ("canonicalize", "cse", "dce", "fold-scales", "regroup-sums"), for command lines.
 std::optional<Pass> targetIndependentPass(std::string_view name);
 
 }  // namespace flextile::ir

@@ -1,0 +1,194 @@
+// Sum regrouping (pass "regroup-sums"): a sum of f32 tiles whose terms include several broadcasts
+// of the same smaller shape adds those first, on the smaller tile, and broadcasts the result once:
+//
+//   (s * c + (bcast(kv') - bcast(q'))) - bcast(lse)          kv': [BN, 1]; q', lse: [1, BM]
+//     ==>  (s * c + bcast(kv')) - bcast(q' + lse)
+//
+// Full-tile ops before: sub, add, sub; after: add, sub (one an FMA with s * c once the NVPTX backend
+// contracts it). That is the backward's recomputed P with ALiBi, exp2(s·c + slope'·(kv − q) − lse),
+// after fold-scales has scaled the positions.
+//
+// A sum is the tree of add, sub and neg ops under one root whose interior values are f32 tiles of
+// the root's type, each used once (by its parent) and defined in the root's block. Its terms are
+// then sorted by kind: full tiles, broadcasts (grouped by the shape they broadcast from, which must
+// be f32) and uniform values (splats and constants, which join the first group of broadcasts). The
+// sum is rebuilt, full terms first in their order, then one broadcast per group, only where that
+// takes fewer full-tile ops than before. Like fold-scales it reassociates, so it runs only on
+// functions with attribute reassociate = 1, after fold-scales and before cse and dce.
+#include <algorithm>
+#include <unordered_map>
+
+#include "ir/Passes.h"
+
+namespace flextile::ir {
+
+namespace {
+
+struct Term {
+  Value* value;
+  bool negative;
+};
+
+class SumRegrouper {
+ public:
+  explicit SumRegrouper(Function& f) : f_(f) {}
+
+  bool run() {
+    bool any = false;
+    for (bool changed = true; changed;) {
+      changed = false;
+      countUses();
+      std::vector<Op*> roots;
+      f_.walk([&](const Op& op) {
+        if (isSumOp(op) && isF32Tile(op.result()) && !isInterior(op.result(), op.parentBlock()))
+          roots.push_back(const_cast<Op*>(&op));
+      });
+      for (Op* root : roots)
+        if (regroup(*root)) {
+          changed = any = true;
+          break;  // use counts changed: count again
+        }
+    }
+    if (any) dce(f_);
+    return any;
+  }
+
+ private:
+  static bool isF32Tile(const Value* v) { return v->type().isTile() && v->type().dtype() == DType::F32; }
+  static bool isSumOp(const Op& op) {
+    return (op.kind() == OpKind::Add || op.kind() == OpKind::Sub || op.kind() == OpKind::Neg) && op.numResults() == 1;
+  }
+
+  void countUses() {
+    uses_.clear();
+    users_.clear();
+    f_.walk([&](const Op& op) {
+      for (const Value* v : op.operands()) {
+        ++uses_[v];
+        users_[v] = &op;
+      }
+    });
+  }
+
+  // Whether v is part of a larger sum: its one user is a sum op of its type in its block.
+  bool isInterior(const Value* v, const Block* block) const {
+    auto n = uses_.find(v);
+    if (n == uses_.end() || n->second != 1) return false;
+    const Op* user = users_.at(v);
+    return isSumOp(*user) && user->parentBlock() == block && user->result()->type() == v->type();
+  }
+
+  // The terms of the sum rooted at v (v itself when `root`).
+  void collect(Value* v, bool negative, bool root, const Block* block, std::vector<Term>& terms) const {
+    const Op* d = v->definingOp();
+    const bool expand = d && isSumOp(*d) && d->parentBlock() == block && (root || isInterior(v, block));
+    if (!expand || d->result()->type() != v->type()) {
+      terms.push_back({v, negative});
+      return;
+    }
+    for (size_t i = 0; i < d->numOperands(); ++i)
+      if (d->operand(i)->type() != v->type()) {
+        terms.push_back({v, negative});
+        return;
+      }
+    if (d->kind() == OpKind::Neg) return collect(d->operand(0), !negative, false, block, terms);
+    collect(d->operand(0), negative, false, block, terms);
+    collect(d->operand(1), d->kind() == OpKind::Sub ? !negative : negative, false, block, terms);
+  }
+
+  static const Op* broadcastOf(const Value* v) {
+    const Op* d = v->definingOp();
+    if (d && d->kind() == OpKind::Broadcast && d->operand(0)->type().dtype() == DType::F32 &&
+        d->operand(0)->type().isTile())
+      return d;
+    return nullptr;
+  }
+  static bool isUniform(const Value* v) {
+    const Op* d = v->definingOp();
+    return d && ((d->kind() == OpKind::Splat && d->operand(0)->type().isScalar()) ||
+                 (d->kind() == OpKind::Constant && d->hasAttr("value")));
+  }
+
+  Value* emit(OpKind k, std::vector<Value*> operands, const Type& t, Attrs attrs = {}) {
+    Block* b = at_->parentBlock();
+    return b->insert(b->find(at_), f_.createOp(k, std::move(operands), {t}, std::move(attrs), at_->loc()))->result();
+  }
+  // A uniform term as a tile of type t.
+  Value* uniformAs(const Value* v, const Type& t) {
+    const Op* d = v->definingOp();
+    if (d->kind() == OpKind::Splat) return emit(OpKind::Splat, {d->operand(0)}, t);
+    return emit(OpKind::Constant, {}, t, {{"value", d->attrs().at("value")}});
+  }
+  // acc ± term (acc null: the term, negated when it is negative).
+  Value* accumulate(Value* acc, Value* term, bool negative) {
+    if (!acc) return negative ? emit(OpKind::Neg, {term}, term->type()) : term;
+    return emit(negative ? OpKind::Sub : OpKind::Add, {acc, term}, acc->type());
+  }
+
+  bool regroup(Op& root) {
+    const Block* block = root.parentBlock();
+    std::vector<Term> terms;
+    collect(root.result(), false, true, block, terms);
+    std::vector<Term> full, uniform;
+    std::vector<std::pair<Shape, std::vector<Term>>> groups;  // the smaller shape, its terms (sources)
+    for (const Term& t : terms) {
+      if (const Op* b = broadcastOf(t.value)) {
+        const Shape& shape = b->operand(0)->type().shape();
+        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == shape; });
+        if (g == groups.end()) groups.push_back({shape, {}}), g = groups.end() - 1;
+        g->second.push_back({b->operand(0), t.negative});
+      } else if (isUniform(t.value)) {
+        uniform.push_back(t);
+      } else {
+        full.push_back(t);
+      }
+    }
+    if (groups.empty()) return false;
+    // Full-tile ops: one per term but the first before; one per full term and group after (a
+    // leading negative group costs a negation).
+    const size_t before = terms.size() - 1;
+    const size_t after = full.size() + groups.size() - 1;
+    if (after >= before) return false;
+    at_ = &root;
+    const Type& type = root.result()->type();
+    Value* acc = nullptr;
+    for (const Term& t : full) acc = accumulate(acc, t.value, t.negative);
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      auto& [shape, sources] = groups[gi];
+      const Type small = sources.front().value->type();
+      std::vector<Term> parts = sources;
+      if (gi == 0)
+        for (const Term& u : uniform) parts.push_back({uniformAs(u.value, small), u.negative});
+      // The positive parts summed, then the negative ones subtracted (their sum when none is
+      // positive, subtracted from the full tile instead).
+      Value* pos = nullptr;
+      Value* neg = nullptr;
+      for (const Term& p : parts) {
+        Value*& into = p.negative ? neg : pos;
+        into = into ? emit(OpKind::Add, {into, p.value}, small) : p.value;
+      }
+      Value* groupSum = pos && neg ? emit(OpKind::Sub, {pos, neg}, small) : pos ? pos : neg;
+      acc = accumulate(acc, emit(OpKind::Broadcast, {groupSum}, type), !pos);
+    }
+    f_.replaceAllUsesWith(root.result(), acc);
+    root.parentBlock()->erase(&root);
+    return true;
+  }
+
+  Function& f_;
+  std::unordered_map<const Value*, int> uses_;
+  std::unordered_map<const Value*, const Op*> users_;  // the last user seen (the only one when used once)
+  Op* at_ = nullptr;  // new ops go right before the root being rebuilt
+};
+
+}  // namespace
+
+bool regroupSums(Function& f) { return SumRegrouper(f).run(); }
+
+Pass regroupSumsPass() {
+  return {"regroup-sums", [](Function& f) {
+            if (f.intAttrOr("reassociate", 0) != 0) regroupSums(f);
+          }};
+}
+
+}  // namespace flextile::ir
