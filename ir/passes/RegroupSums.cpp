@@ -8,6 +8,12 @@
 // contracts it). That is the backward's recomputed P with ALiBi, exp2(s·c + slope'·(kv − q) − lse),
 // after fold-scales has scaled the positions.
 //
+// A max or min reduction of such a sum first takes out the terms that are constant along the
+// reduced axis (broadcasts from a shape of extent 1 there, uniform values): max(y + bcast(r)) is
+// max(y) + r exactly, since rounding is monotonic. The forward's row maximum of
+// s·c + bcast(kv') − bcast(q') becomes max(s·c + bcast(kv')) − q', after which the score's one
+// remaining use, exp2(score − bcast(m)), regroups to exp2((s·c + bcast(kv')) − bcast(q' + m)).
+//
 // A sum is the tree of add, sub and neg ops under one root whose interior values are f32 tiles of
 // the root's type, each used once (by its parent) and defined in the root's block. Its terms are
 // then sorted by kind: full tiles, broadcasts (grouped by the shape they broadcast from, which must
@@ -43,6 +49,18 @@ class SumRegrouper {
         if (isSumOp(op) && isF32Tile(op.result()) && !isInterior(op.result(), op.parentBlock()))
           roots.push_back(const_cast<Op*>(&op));
       });
+      std::vector<Op*> reductions;
+      f_.walk([&](const Op& op) {
+        if (op.kind() == OpKind::Reduce && isF32Tile(op.operand(0)) &&
+            (op.strAttr("kind") == "max" || op.strAttr("kind") == "min"))
+          reductions.push_back(const_cast<Op*>(&op));
+      });
+      for (Op* reduce : reductions)
+        if (unshift(*reduce)) {
+          changed = any = true;
+          break;
+        }
+      if (changed) continue;
       for (Op* root : roots)
         if (regroup(*root)) {
           changed = any = true;
@@ -172,6 +190,39 @@ class SumRegrouper {
     }
     f_.replaceAllUsesWith(root.result(), acc);
     root.parentBlock()->erase(&root);
+    return true;
+  }
+
+  // reduce(max|min, axis)(y ± shifts) -> reduce(y) ± shifts, the shifts constant along the axis.
+  bool unshift(Op& reduce) {
+    Value* x = reduce.operand(0);
+    const Op* d = x->definingOp();
+    const Block* block = reduce.parentBlock();
+    if (!d || !isSumOp(*d) || d->parentBlock() != block) return false;
+    const int64_t axis = reduce.hasAttr("axis") ? reduce.intAttr("axis") : -1;
+    const Type& resultType = reduce.result()->type();
+    if (axis < 0 || axis >= x->type().rank() || resultType.rank() != x->type().rank() - 1) return false;
+    std::vector<Term> terms, rest, shifts;
+    collect(x, false, true, block, terms);
+    for (const Term& t : terms) {
+      const Op* b = broadcastOf(t.value);
+      const bool constantAlongAxis =
+          isUniform(t.value) || (b && b->operand(0)->type().rank() == x->type().rank() &&
+                                 b->operand(0)->type().shape()[size_t(axis)] == 1);
+      (constantAlongAxis ? shifts : rest).push_back(t);
+    }
+    if (shifts.empty() || rest.empty()) return false;
+    at_ = &reduce;
+    Value* y = nullptr;
+    for (const Term& t : rest) y = accumulate(y, t.value, t.negative);
+    Value* reduced = emit(OpKind::Reduce, {y}, resultType, reduce.attrs());
+    for (const Term& t : shifts) {
+      Value* shift = isUniform(t.value) ? uniformAs(t.value, resultType)
+                                        : emit(OpKind::Reshape, {broadcastOf(t.value)->operand(0)}, resultType);
+      reduced = emit(t.negative ? OpKind::Sub : OpKind::Add, {reduced, shift}, resultType);
+    }
+    f_.replaceAllUsesWith(reduce.result(), reduced);
+    reduce.parentBlock()->erase(&reduce);
     return true;
   }
 
