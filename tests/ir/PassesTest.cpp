@@ -4,9 +4,11 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "TestPrograms.h"
+#include "ir/Builder.h"
 #include "ir/Interpreter.h"
 #include "ir/Parser.h"
 #include "ir/Passes.h"
@@ -733,6 +735,98 @@ TEST(DCE, ReturnsWhetherItChangedAnything) {
   b.programId(2);
   EXPECT_TRUE(dce(*f));
   EXPECT_FALSE(dce(*f));
+}
+
+
+// ---- fold-scales and regroup-sums: values kept on random programs ----
+
+// Random sums, differences, negations and products of f32 tiles, by uniform factors (splatted
+// scalars, constants) and of broadcasts of rows and columns, some through a row maximum or minimum:
+// the shapes both passes rewrite. Interpreted before and after the passes (with cse and dce) on
+// random inputs, the results must agree within f32 reassociation error, and most programs must
+// have been rewritten (so the check is not vacuous).
+TEST(ReassociatePasses, RandomSumsAndProductsKeepTheirValues) {
+  testing::Random rng;
+  SCOPED_TRACE(rng.trace());
+  auto pick = [&](size_t n) { return size_t(rng.gen() % n); };
+  std::uniform_real_distribution<double> uniform(-2, 2);
+  const int64_t M = 4, N = 8;
+  int rewritten = 0, trials = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Function f("sums");
+    f.attrs()["reassociate"] = int64_t(1);
+    Value* in = f.addParam(Type::pointer(DType::F32));
+    Value* rowIn = f.addParam(Type::pointer(DType::F32));
+    Value* colIn = f.addParam(Type::pointer(DType::F32));
+    Value* a = f.addParam(Type(DType::F32));
+    Value* c = f.addParam(Type(DType::F32));
+    Value* out = f.addParam(Type::pointer(DType::F32));
+    Builder b(f);
+    const Shape full{M, N};
+    Value* rowsIdx = b.expandDims(b.arange(0, M), 1);
+    Value* colsIdx = b.expandDims(b.arange(0, N), 0);
+    Value* offsets = b.binary(OpKind::Add, b.broadcast(b.binary(OpKind::Mul, rowsIdx, b.constantInt(Type(DType::I32, {M, 1}), N)), full),
+                              b.broadcast(colsIdx, full));
+    Value* x = b.load(b.addptr(b.splat(in, full), offsets));
+    Value* row = b.load(b.addptr(b.splat(rowIn, {1, N}), colsIdx));   // [1, N]
+    Value* col = b.load(b.addptr(b.splat(colIn, {M, 1}), rowsIdx));   // [M, 1]
+    // A random expression of depth d over the leaves.
+    std::function<Value*(int)> expr = [&](int depth) -> Value* {
+      const size_t choice = depth == 0 ? pick(5) : 5 + pick(6);
+      switch (choice) {
+        case 0: return x;
+        case 1: return b.unary(OpKind::Exp2, b.broadcast(row, full));
+        case 2: return b.broadcast(pick(2) ? row : col, full);
+        case 3: return b.splat(pick(2) ? a : c, full);
+        case 4: return b.constant(Type(DType::F32, full), double(int(pick(7)) - 3) / 2);
+        case 5: return b.binary(OpKind::Add, expr(depth - 1), expr(depth - 1));
+        case 6: return b.binary(OpKind::Sub, expr(depth - 1), expr(depth - 1));
+        case 7: return b.unary(OpKind::Neg, expr(depth - 1));
+        case 8: return b.binary(OpKind::Mul, expr(depth - 1), b.splat(pick(2) ? a : c, full));
+        case 9: return b.binary(OpKind::Mul, b.constant(Type(DType::F32, full), 1.4426950408889634), expr(depth - 1));
+        default: {  // e - bcast(max(e)) (the softmax's shape), e used twice
+          Value* e = expr(depth - 1);
+          Value* m = b.reduce(e, 1, pick(2) ? "max" : "min");
+          return b.binary(OpKind::Sub, e, b.broadcast(b.expandDims(m, 1), full));
+        }
+      }
+    };
+    Value* result = expr(1 + int(pick(4)));
+    b.store(b.addptr(b.splat(out, full), offsets), result);
+    b.ret();
+    ASSERT_NO_THROW(verify(f));
+    const std::string before = printFunction(f);
+    SCOPED_TRACE(before);
+
+    std::vector<float> xs(static_cast<size_t>(M * N)), rows(static_cast<size_t>(N)), cols(static_cast<size_t>(M));
+    for (auto& v : xs) v = float(uniform(rng.gen));
+    for (auto& v : rows) v = float(uniform(rng.gen));
+    for (auto& v : cols) v = float(uniform(rng.gen));
+    const double av = uniform(rng.gen), cv = uniform(rng.gen);
+    auto run = [&](const Function& g) {
+      std::vector<float> o(size_t(M * N), NAN);
+      interpret(g,
+                {InterpArg::buffer(xs.data(), xs.size() * 4, "in"), InterpArg::buffer(rows.data(), rows.size() * 4, "row"),
+                 InterpArg::buffer(cols.data(), cols.size() * 4, "col"), InterpArg::real(av), InterpArg::real(cv),
+                 InterpArg::buffer(o.data(), o.size() * 4, "out")},
+                {1, 1, 1}, {.threads = 1});
+      return o;
+    };
+    const std::vector<float> expected = run(f);
+    const bool folded = foldScales(f);
+    const bool regrouped = regroupSums(f);
+    cse(f);
+    dce(f);
+    ASSERT_NO_THROW(verify(f)) << printFunction(f);
+    rewritten += folded || regrouped;
+    ++trials;
+    const std::vector<float> got = run(f);
+    double scale = 1;
+    for (float v : expected) scale = std::max(scale, double(std::fabs(v)));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], expected[i], 1e-4 * scale * 8) << "element " << i << " after:\n" << printFunction(f);
+  }
+  EXPECT_GT(rewritten, trials / 4) << "the passes rewrote " << rewritten << " of " << trials << " programs";
 }
 
 }  // namespace
