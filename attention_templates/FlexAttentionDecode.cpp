@@ -284,14 +284,26 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     };
     // A partial block of the mask row may hold no allowed pair for this call's few queries (a
     // sliding window's left edge, say). Before the walk, mask_mod decides which of the program's
-    // first kLiveBits steps have one; the others are never loaded (their scores are -inf anyway).
+    // first kLiveBits steps have one; the others are never loaded (their scores are -inf anyway,
+    // but a NaN in their V would reach the output through 0 * NaN). Four steps a round: their
+    // block indices are loaded together, so the program waits for one list read a round rather
+    // than one a step (the window decode's partial steps sit at the end of a split's walk, on the
+    // kernel's critical path).
     Tile liveBits;
     if (partial) {
-      liveBits = for_range(begin, minimum(end, begin + kLiveBits), 1, zeros({}, DType::I64), [&](Tile t, Tile bits) {
-        Tile offsN = stepStart(t) + arange(0, k.BN);
-        Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
-        Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64);
-        return bits | (any << (t - begin).to(DType::I64));
+      constexpr int64_t kRound = 4;
+      Tile limit = minimum(end, begin + kLiveBits);
+      liveBits = for_range(begin, limit, kRound, zeros({}, DType::I64), [&](Tile t, Tile bits) {
+        std::vector<Tile> starts;
+        for (int64_t i = 0; i < kRound; ++i) starts.push_back(stepStart(t + i));
+        for (int64_t i = 0; i < kRound; ++i) {
+          Tile ti = t + i;
+          Tile offsN = starts[size_t(i)] + arange(0, k.BN);
+          Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
+          Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64) * (ti < limit).to(DType::I64);
+          bits = bits | (any << minimum(ti - begin, kLiveBits - 1).to(DType::I64));
+        }
+        return bits;
       });
     }
     auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
