@@ -74,6 +74,7 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
       .add(bulkReducePass(target))
       .add(wgmmaPass(target))
       .add(pingpongPass(target))
+      .add(prefetchLoadsPass())
       .add(warpSpecializePass(target));
   return pipeline;
 }

@@ -91,6 +91,15 @@ ir::Pass wgmmaPass(const Target& target);  // "wgmma"
 void scheduleWarpgroupTurns(ir::Function& f, const Target& target);
 ir::Pass pingpongPass(const Target& target);  // "pingpong"
 
+// Load prefetching (codegen/passes/PrefetchLoads.cpp): a small tile load in a loop (a row or
+// column vector, e.g. the document mask's per-key ids) whose address the loop can compute for the
+// next iteration is issued one iteration early, after the iteration's async products, and carried.
+// Opt-in: function attribute prefetch_loads = 1, or FLEXTILE_PREFETCH_LOADS=1 (=0 off everywhere).
+// Runs after "pingpong", before "warp-specialize".
+bool prefetchLoadsWanted(const ir::Function& f);
+void prefetchLoads(ir::Function& f);
+ir::Pass prefetchLoadsPass();  // "prefetch-loads"
+
 // Warp specialization (codegen/passes/WarpSpecialize.cpp): a producer warpgroup of its own
 // (function attribute producer_warps = 4, threads num_warps * 32 and up) issues the TMA copies of
 // the rings the pipeline pass wrote and waits for their release; the num_warps consumer warps wait
@@ -124,7 +133,7 @@ ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, fold-scales, regroup-sums, cse, dce,
-// hoist-invariant-loads, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, warp-specialize. The one list, so that what tests run is what the compiler runs.
+// hoist-invariant-loads, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, prefetch-loads, warp-specialize. The one list, so that what tests run is what the compiler runs.
 ir::PassPipeline tilePassPipeline(const Target& target);
 
 // The layout a load or store "wants" for coalesced, vectorized accesses: a

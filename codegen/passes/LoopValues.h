@@ -2,6 +2,7 @@
 // another iteration of a `for` loop, and what they ask of a loop body.
 #pragma once
 
+#include <map>
 #include <set>
 #include <vector>
 
@@ -19,6 +20,26 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
 // The ops directly in `body` that compute `values`, transitively through operands defined there,
 // in body order (what cloning those values for another iteration must clone).
 std::vector<ir::Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body);
+
+// Inserts ops before `pos` of one block.
+struct Inserter {
+  ir::Function& f;
+  ir::Block& block;
+  ir::Block::OpList::iterator pos;
+  ir::Location loc;
+
+  ir::Op* op(ir::OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> results, ir::Attrs attrs = {}) {
+    return block.insert(pos, f.createOp(k, std::move(operands), std::move(results), std::move(attrs), loc));
+  }
+  ir::Value* value(ir::OpKind k, std::vector<ir::Value*> operands, ir::Type result, ir::Attrs attrs = {}) {
+    return op(k, std::move(operands), {std::move(result)}, std::move(attrs))->result();
+  }
+  ir::Value* constant(int64_t v, ir::DType t) { return value(ir::OpKind::Constant, {}, ir::Type(t), {{"value", v}}); }
+};
+
+// Clones `ops` (of a loop body, in order) before `at`, their operands mapped through `clone`,
+// which starts with the induction variable's value and collects the clones' results.
+void cloneAt(Inserter& at, const std::vector<ir::Op*>& ops, std::map<const ir::Value*, ir::Value*>& clone);
 
 // Whether something in `body` (nested regions too) waits for every thread of the program: a
 // `barrier` op, or an op with shared-memory scratch, whose lowering brackets it with CTA barriers

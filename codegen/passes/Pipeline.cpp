@@ -190,6 +190,22 @@ std::vector<Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Bloc
   return out;
 }
 
+void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value*, ir::Value*>& clone) {
+  auto mapped = [&](ir::Value* v) {
+    auto it = clone.find(v);
+    return it == clone.end() ? v : it->second;
+  };
+  for (Op* op : ops) {
+    if (clone.count(op->result())) continue;
+    std::vector<ir::Value*> operands;
+    for (ir::Value* o : op->operands()) operands.push_back(mapped(o));
+    std::vector<ir::Type> types;
+    for (ir::Value* r : op->results()) types.push_back(r->type());
+    Op* copy = at.block.insert(at.pos, at.f.createOp(op->kind(), std::move(operands), std::move(types), op->attrs(), op->loc()));
+    for (size_t i = 0; i < op->numResults(); ++i) clone[op->result(i)] = copy->result(i);
+  }
+}
+
 bool ringBarriersWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_RING_BARRIERS", "ring_barriers"); }
 
 bool tmaWanted(const ir::Function& f, const Target& target) {
@@ -219,21 +235,6 @@ std::vector<Op*> addressSlice(const Op& load, ir::Block& body) {
   return bodySlice(address, body);
 }
 
-// Inserts ops before `pos` of one block.
-struct Inserter {
-  ir::Function& f;
-  ir::Block& block;
-  ir::Block::OpList::iterator pos;
-  ir::Location loc;
-
-  Op* op(OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> results, ir::Attrs attrs = {}) {
-    return block.insert(pos, f.createOp(k, std::move(operands), std::move(results), std::move(attrs), loc));
-  }
-  ir::Value* value(OpKind k, std::vector<ir::Value*> operands, ir::Type result, ir::Attrs attrs = {}) {
-    return op(k, std::move(operands), {std::move(result)}, std::move(attrs))->result();
-  }
-  ir::Value* constant(int64_t v, ir::DType t) { return value(OpKind::Constant, {}, ir::Type(t), {{"value", v}}); }
-};
 
 // One ring of the schedule: a marked load, its buffer and its copy width.
 struct Ring {
@@ -259,23 +260,6 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
   return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
 }
 
-// Clones `ops` (of the loop body, in order) before `at`, their operands mapped through `clone`,
-// which starts with the induction variable's value and collects the clones' results.
-void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value*, ir::Value*>& clone) {
-  auto mapped = [&](ir::Value* v) {
-    auto it = clone.find(v);
-    return it == clone.end() ? v : it->second;
-  };
-  for (Op* op : ops) {
-    if (clone.count(op->result())) continue;
-    std::vector<ir::Value*> operands;
-    for (ir::Value* o : op->operands()) operands.push_back(mapped(o));
-    std::vector<ir::Type> types;
-    for (ir::Value* r : op->results()) types.push_back(r->type());
-    Op* copy = at.block.insert(at.pos, at.f.createOp(op->kind(), std::move(operands), std::move(types), op->attrs(), op->loc()));
-    for (size_t i = 0; i < op->numResults(); ++i) clone[op->result(i)] = copy->result(i);
-  }
-}
 
 // TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
 // induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0

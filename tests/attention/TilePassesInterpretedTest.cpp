@@ -193,6 +193,43 @@ TEST(TilePassesInterpreted, ForwardWithHoistedInvariantLoads) {
     }
 }
 
+// Prefetched loads (FLEXTILE_PREFETCH_LOADS=1): the document mask's per-key ids (and each step's
+// block index) are read one step early and carried; forward (with and without a producer),
+// backward (dkdv's per-query ids, dq's per-key ids) and decode still compute the same, fully
+// masked rows, GQA and lengths off the block included.
+TEST(TilePassesInterpreted, ForwardBackwardAndDecodeWithPrefetchedLoads) {
+  SeededRandom rng;
+  ScopedSetenv prefetched("FLEXTILE_PREFETCH_LOADS", "1");
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    for (const char* specialize : {"0", "1"})
+      for (const char* name : {"document", "sliding_window", "alibi"}) {
+        ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
+        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 64, .dtype = DType::BF16};
+        c.context = std::string(target) + " " + name + " prefetched loads, warp-specialized " + specialize;
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{64, 64}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask,
+                                {.config = kWgmmaTiles}))
+          return;
+      }
+    {
+      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 70, .S = 130, .D = 64, .dtype = DType::BF16,
+                      .context = std::string(target) + " document backward, prefetched loads"};
+      VariantInstance inst = variant("document").make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{64, 64}, rng()});
+      BackwardCheck check;
+      check.refMask = inst.refMask;
+      check.forwardConfig = kWgmmaTiles;
+      check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+      if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+    }
+    AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = 64, .dtype = DType::BF16,
+                    .context = std::string(target) + " decode, prefetched loads"};
+    if (!checkDecodeVariant(rng, variant("document"), c, kHost,
+                            {.splits = {0, 3}, .blocks = {64, 64}, .prefillConfig = kWgmmaTiles}))
+      return;
+  }
+}
+
 // The backward's walks with tensor boxes (opt-in there: FLEXTILE_TMA=1): dkdv's Q and dO, dq's K
 // and V through TMA rings on sm_90a, checked against float64; lengths off the block, GQA.
 // With FLEXTILE_WARP_SPECIALIZE=1 too, the dkdv and dq kernels' TMA rings get a producer warpgroup

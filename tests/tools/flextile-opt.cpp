@@ -71,6 +71,7 @@ std::optional<ir::Pass> lookupPass(const std::string& name, const codegen::Targe
   if (name == "bulk-reduce") return codegen::bulkReducePass(target);
   if (name == "wgmma") return codegen::wgmmaPass(target);
   if (name == "pingpong") return codegen::pingpongPass(target);
+  if (name == "prefetch-loads") return codegen::prefetchLoadsPass();
   if (name == "warp-specialize") return codegen::warpSpecializePass(target);
   if (name == "reverse-mode") return ir::reverseModeTestPass();  // test-only: differentiates per grad_* attributes
   return std::nullopt;
