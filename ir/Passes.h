@@ -22,7 +22,9 @@
 //                 reassociates, and removes a full-tile product per rewrite.
 //   regroup-sums  (functions with attribute reassociate = 1) adds the broadcasts of one smaller
 //                 shape within a sum of f32 tiles on that shape first, broadcasting once
-//                 (ir/passes/RegroupSums.cpp); applied where it saves full-tile ops.
+//                 (ir/passes/RegroupSums.cpp); applied where it saves full-tile ops. It also
+//                 takes per-row shifts out of max/min reductions and converts integer sums of
+//                 splats and loop-invariant values to f32 term by term.
 //   dce           erases ops whose results are unused and that have no effect:
 //                 pure ops, loads, and for loops whose bodies have no stores.
 #pragma once

@@ -22,6 +22,7 @@
 // takes fewer full-tile ops than before. Like fold-scales it reassociates, so it runs only on
 // functions with attribute reassociate = 1, after fold-scales and before cse and dce.
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 #include "ir/Passes.h"
@@ -57,6 +58,16 @@ class SumRegrouper {
       });
       for (Op* reduce : reductions)
         if (unshift(*reduce)) {
+          changed = any = true;
+          break;
+        }
+      if (changed) continue;
+      std::vector<Op*> casts;
+      f_.walk([&](const Op& op) {
+        if (op.kind() == OpKind::Cast && isF32Tile(op.result())) casts.push_back(const_cast<Op*>(&op));
+      });
+      for (Op* cast : casts)
+        if (castTerms(*cast)) {
           changed = any = true;
           break;
         }
@@ -191,6 +202,75 @@ class SumRegrouper {
     f_.replaceAllUsesWith(root.result(), acc);
     root.parentBlock()->erase(&root);
     return true;
+  }
+
+  // f32(expand_dims*(splat(s1) + ... + t1 + ...)) with every t the same in every run of the cast's
+  // block (ranges, values from outside it) -> expand_dims*(splat(f32(s1 + ...)) + f32(t1 + ...)):
+  // f32(t1 + ...) is loop-invariant (cse or LLVM hoists it), so a step converts one scalar instead
+  // of every element (int-to-float runs at a fraction of the FP32 rate on the SM). ALiBi's
+  // positions: block * BLOCK + arange (+ offset).
+  bool castTerms(Op& cast) {
+    std::vector<const Op*> expands;  // outermost first
+    Value* x = cast.operand(0);
+    const Block* block = cast.parentBlock();
+    while (const Op* d = x->definingOp()) {
+      if (d->kind() != OpKind::ExpandDims || d->parentBlock() != block) break;
+      expands.push_back(d);
+      x = d->operand(0);
+    }
+    const Op* sum = x->definingOp();
+    if (!sum || sum->kind() != OpKind::Add || sum->parentBlock() != block || !x->type().isTile() ||
+        x->type().hasLayout() || !isInteger(x->type().dtype()))
+      return false;
+    // The integer sum's terms: splatted scalars, and the rest (each the same in every run).
+    std::vector<Value*> scalars, rest;
+    std::function<void(Value*)> terms = [&](Value* v) {
+      const Op* d = v->definingOp();
+      if (d && d->kind() == OpKind::Add && d->parentBlock() == block) {
+        terms(d->operand(0));
+        terms(d->operand(1));
+      } else if (d && d->kind() == OpKind::Splat && d->operand(0)->type().isScalar()) {
+        scalars.push_back(d->operand(0));
+      } else {
+        rest.push_back(v);
+      }
+    };
+    terms(x);
+    if (scalars.empty() || rest.empty()) return false;
+    for (const Value* r : rest)
+      if (!invariantIn(r, block)) return false;
+    at_ = &cast;
+    const Type tf = x->type().withDType(DType::F32);
+    Value* s = scalars.front();
+    for (size_t i = 1; i < scalars.size(); ++i) s = emit(OpKind::Add, {s, scalars[i]}, s->type());
+    Value* t = rest.front();
+    for (size_t i = 1; i < rest.size(); ++i) t = emit(OpKind::Add, {t, rest[i]}, t->type());
+    Value* value = emit(OpKind::Add, {emit(OpKind::Splat, {emit(OpKind::Cast, {s}, Type(DType::F32))}, tf),
+                                      emit(OpKind::Cast, {t}, tf)},
+                        tf);
+    for (auto it = expands.rbegin(); it != expands.rend(); ++it)
+      value = emit(OpKind::ExpandDims, {value}, (*it)->result()->type().withDType(DType::F32), (*it)->attrs());
+    f_.replaceAllUsesWith(cast.result(), value);
+    cast.parentBlock()->erase(&cast);
+    return true;
+  }
+
+  // Whether v is the same in every run of `block`: defined outside it, or by pure ops of it whose
+  // operands are (an arange, a constant).
+  static bool invariantIn(const Value* v, const Block* block) {
+    const Op* d = v->definingOp();
+    if (!d) return v->ownerBlock() != block;
+    if (d->parentBlock() != block) return true;
+    if (!d->hasTrait(kPure) || !d->regions().empty() || d->kind() == OpKind::Load) return false;
+    for (const Value* o : d->operands())
+      if (!invariantIn(o, block)) return false;
+    return true;
+  }
+
+  static bool encloses(const Block* outer, const Block* inner) {
+    for (const Block* b = inner; b; b = b->parentOp() ? b->parentOp()->parentBlock() : nullptr)
+      if (b == outer) return true;
+    return false;
   }
 
   // reduce(max|min, axis)(y ± shifts) -> reduce(y) ± shifts, the shifts constant along the axis.
