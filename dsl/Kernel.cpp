@@ -82,6 +82,7 @@ Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
   f.attrs()["num_stages"] = int64_t(options.num_stages);
   if (options.tma) f.attrs()["tma"] = int64_t(1);
   if (options.warp_specialize) f.attrs()["warp_specialize"] = int64_t(1);
+  if (options.reassociate) f.attrs()["reassociate"] = int64_t(1);
   {
     TraceContext ctx(f);
     tracer_(f, options.constants);
@@ -140,7 +141,7 @@ void checkArgs(const std::string& name, const ir::Function& f, const std::vector
 
 std::string constantsKey(const LaunchOptions& o) {
   std::string k = "w" + std::to_string(o.num_warps) + "s" + std::to_string(o.num_stages) + (o.tma ? "t" : "") +
-                  (o.warp_specialize ? "p" : "");
+                  (o.warp_specialize ? "p" : "") + (o.reassociate ? "r" : "");
   for (auto c : o.constants) k += "," + std::to_string(c);
   return k;
 }
@@ -152,11 +153,11 @@ namespace {
 // the trace options a launch's trace is made with: the fields both share.
 LaunchOptions asLaunch(const TraceOptions& o) {
   return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages, .tma = o.tma,
-          .warp_specialize = o.warp_specialize};
+          .warp_specialize = o.warp_specialize, .reassociate = o.reassociate};
 }
 TraceOptions asTrace(const LaunchOptions& o) {
   return {.constants = o.constants, .num_warps = o.num_warps, .num_stages = o.num_stages, .tma = o.tma,
-          .warp_specialize = o.warp_specialize};
+          .warp_specialize = o.warp_specialize, .reassociate = o.reassociate};
 }
 }  // namespace
 

@@ -82,6 +82,12 @@ struct LaunchOptions {
   // kernel's name and the tensor map.
   bool tma = false;
   bool warp_specialize = false;
+  // Lets the compiler reassociate f32 arithmetic (function attribute `reassociate`: the passes
+  // fold-scales and regroup-sums, docs/ir-reference.md): uniform factors fold into the sums they
+  // scale, broadcasts of one shape are summed on that shape, integer positions convert to f32 term
+  // by term. Results may differ in the last bits from the program as written, as under a C
+  // compiler's -ffast-math reassociation. The attention templates set it.
+  bool reassociate = false;
   // Where run() queues the launch: null is the legacy default stream (the behaviour before streams
   // were an option); runtime::Stream::borrow wraps another framework's CUstream. interpret()
   // ignores it (the interpreter runs on the calling thread, synchronously).
@@ -136,6 +142,7 @@ struct TraceOptions {
   int num_warps = 4;
   int num_stages = 3;  // LaunchOptions::num_stages
   bool tma = false, warp_specialize = false;  // LaunchOptions::tma, warp_specialize
+  bool reassociate = false;                   // LaunchOptions::reassociate
 };
 
 class Kernel {

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
+#include <regex>
 
 #include "codegen/Ptxas.h"
 #include "dsl/DSL.h"
@@ -446,4 +448,44 @@ TEST(DslPtxas, PolicyFromTheEnvironmentValue) {
   EXPECT_EQ(codegen::offlineAssemblyFor(nullptr, false), OfflineAssembly::Never);
   EXPECT_EQ(codegen::offlineAssemblyFor("yes please", true, &unknown), OfflineAssembly::WarpSpecialized);
   EXPECT_TRUE(unknown);
+}
+
+// LaunchOptions::reassociate lets fold-scales and regroup-sums rewrite a kernel's f32 arithmetic:
+// (s * 0.125 + slope * (kv - q)) * log2 e, with kv and q positions converted from integers, keeps
+// one full-tile product and no per-element conversion, and computes what the program as written
+// does within f32 rounding (interpreted both ways on random inputs). Without it nothing moves.
+TEST(DslReassociate, LaunchOptionLetsTheCompilerFoldScales) {
+  Kernel k = kernel("alibi_like", [](Ptr<f32> s, Ptr<f32> out, Float slope, Int base) {
+    Tile rows = arange(0, 16), cols = arange(0, 32);
+    Tile offsets = rows.expand(1) * 32 + cols.expand(0);
+    Tile scores = load(s + offsets);
+    Tile kv = (cols + base).to(DType::F32).expand(0), q = rows.to(DType::F32).expand(1);
+    store(out + offsets, (scores * 0.125 + slope * (kv - q)) * 1.4426950408889634);
+  });
+  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
+  const std::vector<KernelArg> args{ptr(16 * 32 * 4), ptr(16 * 32 * 4), KernelArg(0.5), KernelArg(1000)};
+  auto ops = [](const std::string& ir, const char* op, const char* shape) {
+    std::regex r(std::string("= ") + op + " [^\\n]*: f32\\[" + shape + "\\]");
+    return int(std::distance(std::sregex_iterator(ir.begin(), ir.end(), r), std::sregex_iterator()));
+  };
+  auto fullTileOps = [&](const std::string& ir, const char* op) { return ops(ir, op, "16,32"); };
+  LaunchOptions plain{{1, 1, 1}, {}, 4, 1};
+  LaunchOptions fast = plain;
+  fast.reassociate = true;
+  const std::string asWritten = k.compile(plain, args, codegen::Target::sm90a()).ir;
+  const std::string folded = k.compile(fast, args, codegen::Target::sm90a()).ir;
+  EXPECT_EQ(fullTileOps(asWritten, "mul"), 3) << asWritten;
+  EXPECT_EQ(fullTileOps(folded, "mul"), 1) << folded;
+  // The key positions: one conversion per element as written, a scalar one and a range's after.
+  EXPECT_EQ(ops(asWritten, "cast", "32"), 1) << asWritten;
+  EXPECT_EQ(ops(folded, "cast", "32"), 1) << folded;
+  EXPECT_EQ(ops(folded, "add", "32"), 1) << folded;
+
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0, 3);
+  std::vector<float> scores(16 * 32), a(16 * 32, NAN), b(16 * 32, NAN);
+  for (float& v : scores) v = normal(rng);
+  k.interpret(plain, scores, a, 0.5f, 1000);
+  k.interpret(fast, scores, b, 0.5f, 1000);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-5 * (1 + std::fabs(a[i]))) << i;
 }
