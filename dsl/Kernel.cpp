@@ -213,10 +213,23 @@ static std::vector<int64_t> argumentDivisibility(const ir::Function& f, const st
   return div;
 }
 
+// The integer arguments equal to 1, which a specialization treats as the constant 1 (as Triton
+// does): a captured tensor's unit stride then leaves its gathers' addresses contiguous, so they
+// load as vectors (the document mask's per-key ids), and products by 1 fold away.
+static std::vector<int64_t> argumentsEqualToOne(const ir::Function& f, const std::vector<KernelArg>& args) {
+  std::vector<int64_t> ones;
+  for (size_t i = 0; i < args.size() && i < f.params().size(); ++i)
+    if (args[i].kind() == KernelArg::Kind::Integer && ir::isInteger(f.params()[i]->type().dtype()) &&
+        f.params()[i]->type().isScalar() && args[i].integer() == 1)
+      ones.push_back(int64_t(i));
+  return ones;
+}
+
 Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                                    std::optional<codegen::Target> target) {
   const ir::Function& f = traced(options);
   const std::vector<int64_t> div = argumentDivisibility(f, args);
+  const std::vector<int64_t> ones = argumentsEqualToOne(f, args);
   if (!target) {
     auto& dev = runtime::Device::current();
     target = codegen::Target::fromCapability(dev.capabilityMajor(), dev.capabilityMinor());
@@ -228,12 +241,25 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   const std::string settings = codegen::codegenSwitches();
   std::string launchKey = constantsKey(options) + "|" + target->smName() + settings;
   for (auto d : div) launchKey += "," + std::to_string(d);
+  for (auto i : ones) launchKey += ",=1@" + std::to_string(i);
   {
     std::lock_guard lock(mutex_);
     if (auto it = launches_.find(launchKey); it != launches_.end()) return *it->second;
   }
   auto spec = f.clone();
   spec->attrs()["arg_divisibility"] = div;
+  if (!ones.empty()) {
+    // The parameters stay (the launch passes them); their uses read a constant 1 instead.
+    spec->attrs()["arg_equal_to_one"] = ones;
+    ir::Block& body = spec->body();
+    for (int64_t i : ones) {
+      ir::Value* param = spec->params()[size_t(i)];
+      ir::Value* one = body.insert(body.ops().begin(), spec->createOp(ir::OpKind::Constant, {}, {param->type()},
+                                                                      {{"value", int64_t(1)}}, {}))
+                           ->result();
+      spec->replaceAllUsesWith(param, one);
+    }
+  }
   const uint64_t hash = ir::structuralHash(*spec);
   const std::string key = std::to_string(hash) + "/" + target->smName() + settings;
   {

@@ -489,3 +489,25 @@ TEST(DslReassociate, LaunchOptionLetsTheCompilerFoldScales) {
   k.interpret(fast, scores, b, 0.5f, 1000);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-5 * (1 + std::fabs(a[i]))) << i;
 }
+
+// An integer argument equal to 1 specializes the kernel as the constant 1 (Triton's rule): a
+// gather through a captured-style stride then has contiguous addresses and loads vectors; another
+// value compiles its own specialization with the stride kept. The parameter stays in the ABI.
+TEST(DslSpecialization, IntegerArgumentsEqualToOneBecomeConstants) {
+  Kernel k = kernel("strided_gather", [](Ptr<f32> src, Ptr<f32> out, Int stride) {
+    Tile i = arange(0, 512);  // four elements a thread
+    store(out + i, load(src + i * stride));
+  });
+  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
+  LaunchOptions o{{1, 1, 1}, {}, 4, 1};
+  const codegen::CompiledKernel& unit = k.compile(o, {ptr(1 << 12), ptr(1 << 12), KernelArg(1)}, codegen::Target::sm90a());
+  const codegen::CompiledKernel& two = k.compile(o, {ptr(1 << 12), ptr(1 << 12), KernelArg(2)}, codegen::Target::sm90a());
+  EXPECT_NE(&unit, &two);
+  EXPECT_NE(unit.ir.find("arg_equal_to_one = [2]"), std::string::npos) << unit.ir;
+  EXPECT_EQ(two.ir.find("arg_equal_to_one"), std::string::npos) << two.ir;
+  EXPECT_NE(unit.ptx.find("ld.global.v4"), std::string::npos) << unit.ptx;
+  EXPECT_EQ(two.ptx.find("ld.global.v4"), std::string::npos) << two.ptx;
+  EXPECT_EQ(unit.params.size(), 3u);
+  // Launching again with 1 finds the same specialization.
+  EXPECT_EQ(&k.compile(o, {ptr(1 << 12), ptr(1 << 12), KernelArg(1)}, codegen::Target::sm90a()), &unit);
+}
