@@ -741,7 +741,8 @@ TEST(DCE, ReturnsWhetherItChangedAnything) {
 // ---- fold-scales and regroup-sums: values kept on random programs ----
 
 // Random sums, differences, negations and products of f32 tiles, by uniform factors (splatted
-// scalars, constants) and of broadcasts of rows and columns, some through a row maximum or minimum:
+// scalars, constants) and of broadcasts of rows and columns (some converted from integer
+// positions, base + arange), some through a row maximum or minimum:
 // the shapes both passes rewrite. Interpreted before and after the passes (with cse and dce) on
 // random inputs, the results must agree within f32 reassociation error, and most programs must
 // have been rewritten (so the check is not vacuous).
@@ -760,6 +761,7 @@ TEST(ReassociatePasses, RandomSumsAndProductsKeepTheirValues) {
     Value* colIn = f.addParam(Type::pointer(DType::F32));
     Value* a = f.addParam(Type(DType::F32));
     Value* c = f.addParam(Type(DType::F32));
+    Value* base = f.addParam(Type(DType::I32));
     Value* out = f.addParam(Type::pointer(DType::F32));
     Builder b(f);
     const Shape full{M, N};
@@ -772,18 +774,24 @@ TEST(ReassociatePasses, RandomSumsAndProductsKeepTheirValues) {
     Value* col = b.load(b.addptr(b.splat(colIn, {M, 1}), rowsIdx));   // [M, 1]
     // A random expression of depth d over the leaves.
     std::function<Value*(int)> expr = [&](int depth) -> Value* {
-      const size_t choice = depth == 0 ? pick(5) : 5 + pick(6);
+      const size_t choice = depth == 0 ? pick(6) : 6 + pick(6);
       switch (choice) {
         case 0: return x;
         case 1: return b.unary(OpKind::Exp2, b.broadcast(row, full));
         case 2: return b.broadcast(pick(2) ? row : col, full);
         case 3: return b.splat(pick(2) ? a : c, full);
         case 4: return b.constant(Type(DType::F32, full), double(int(pick(7)) - 3) / 2);
-        case 5: return b.binary(OpKind::Add, expr(depth - 1), expr(depth - 1));
-        case 6: return b.binary(OpKind::Sub, expr(depth - 1), expr(depth - 1));
-        case 7: return b.unary(OpKind::Neg, expr(depth - 1));
-        case 8: return b.binary(OpKind::Mul, expr(depth - 1), b.splat(pick(2) ? a : c, full));
-        case 9: return b.binary(OpKind::Mul, b.constant(Type(DType::F32, full), 1.4426950408889634), expr(depth - 1));
+        case 5: {  // positions: f32(splat(base) + arange), as a row or a column, broadcast
+          const bool asRow = pick(2);
+          Value* range = b.arange(0, asRow ? N : M);
+          Value* pos = b.binary(OpKind::Add, b.splat(base, {asRow ? N : M}), range);
+          return b.broadcast(b.cast(b.expandDims(pos, asRow ? 0 : 1), DType::F32), full);
+        }
+        case 6: return b.binary(OpKind::Add, expr(depth - 1), expr(depth - 1));
+        case 7: return b.binary(OpKind::Sub, expr(depth - 1), expr(depth - 1));
+        case 8: return b.unary(OpKind::Neg, expr(depth - 1));
+        case 9: return b.binary(OpKind::Mul, expr(depth - 1), b.splat(pick(2) ? a : c, full));
+        case 10: return b.binary(OpKind::Mul, b.constant(Type(DType::F32, full), 1.4426950408889634), expr(depth - 1));
         default: {  // e - bcast(max(e)) (the softmax's shape), e used twice
           Value* e = expr(depth - 1);
           Value* m = b.reduce(e, 1, pick(2) ? "max" : "min");
@@ -803,12 +811,13 @@ TEST(ReassociatePasses, RandomSumsAndProductsKeepTheirValues) {
     for (auto& v : rows) v = float(uniform(rng.gen));
     for (auto& v : cols) v = float(uniform(rng.gen));
     const double av = uniform(rng.gen), cv = uniform(rng.gen);
+    const int64_t basev = int64_t(pick(2001)) - 1000;
     auto run = [&](const Function& g) {
       std::vector<float> o(size_t(M * N), NAN);
       interpret(g,
                 {InterpArg::buffer(xs.data(), xs.size() * 4, "in"), InterpArg::buffer(rows.data(), rows.size() * 4, "row"),
                  InterpArg::buffer(cols.data(), cols.size() * 4, "col"), InterpArg::real(av), InterpArg::real(cv),
-                 InterpArg::buffer(o.data(), o.size() * 4, "out")},
+                 InterpArg::integer(basev), InterpArg::buffer(o.data(), o.size() * 4, "out")},
                 {1, 1, 1}, {.threads = 1});
       return o;
     };
