@@ -26,10 +26,8 @@
 // runs only on functions that allow it (attribute reassociate = 1, set by the attention
 // templates, whose outputs are compared to float64 within bf16 tolerances), after canonicalize
 // and before cse and dce, on IR without layouts (new values take their replaced values' types).
-#include <unordered_map>
-
 #include "ir/Elementwise.h"
-#include "ir/Passes.h"
+#include "ir/passes/LocalRewriter.h"
 
 namespace flextile::ir {
 
@@ -41,39 +39,19 @@ struct Factor {
   double constant = 1;
 };
 
-class ScaleFolder {
+class ScaleFolder : LocalRewriter {
  public:
-  explicit ScaleFolder(Function& f) : f_(f) {}
+  explicit ScaleFolder(Function& f) : LocalRewriter(f) {}
 
   bool run() {
-    bool any = false;
-    for (bool changed = true; changed;) {
-      changed = false;
-      countUses();
-      std::vector<Op*> products;
-      f_.walk([&](const Op& op) {
-        if (op.kind() == OpKind::Mul && isF32Tile(op.result())) products.push_back(const_cast<Op*>(&op));
-      });
-      for (Op* mul : products)
-        if (fold(*mul)) {
-          changed = any = true;
-          break;  // use counts changed: count again
-        }
-    }
-    if (any) dce(f_);
-    return any;
-  }
-
- private:
-  static bool isF32Tile(const Value* v) { return v->type().isTile() && v->type().dtype() == DType::F32; }
-
-  void countUses() {
-    uses_.clear();
-    f_.walk([&](const Op& op) {
-      for (const Value* v : op.operands()) ++uses_[v];
+    return untilDone([&] {
+      for (Op* mul : opsWhere([](const Op& op) { return op.kind() == OpKind::Mul && isF32Tile(op.result()); }))
+        if (fold(*mul)) return true;
+      return false;
     });
   }
 
+ private:
   std::optional<Factor> uniform(const Value* v) const {
     const Op* d = v->definingOp();
     if (!d || v->type().dtype() != DType::F32) return std::nullopt;
@@ -102,7 +80,7 @@ class ScaleFolder {
     const Op* d = v->definingOp();
     if (!d || d->numResults() != 1) return false;
     if (d->kind() == OpKind::Broadcast) return d->operand(0)->type().dtype() == DType::F32;
-    if (uses_.count(v) == 0 || uses_.at(v) != 1 || d->parentBlock() != block) return false;
+    if (uses(v) != 1 || d->parentBlock() != block) return false;
     switch (d->kind()) {
       case OpKind::Mul:
         return scaledOperand(*d).has_value();
@@ -117,10 +95,6 @@ class ScaleFolder {
     }
   }
 
-  Value* emit(OpKind k, std::vector<Value*> operands, const Type& t) {
-    Block* b = at_->parentBlock();
-    return b->insert(b->find(at_), f_.createOp(k, std::move(operands), {t}, {}, at_->loc()))->result();
-  }
   Factor times(const Factor& a, const Factor& b) {
     if (!a.scalar && !b.scalar) return Factor{nullptr, toFloatDType(a.constant * b.constant, DType::F32)};
     Value* x = a.scalar ? a.scalar : constantScalar(a.constant);
@@ -128,17 +102,12 @@ class ScaleFolder {
     return Factor{emit(OpKind::Mul, {x, y}, Type(DType::F32)), 1};
   }
   Value* constantScalar(double value) {
-    Block* b = at_->parentBlock();
-    return b->insert(b->find(at_), f_.createOp(OpKind::Constant, {}, {Type(DType::F32)}, {{"value", Attr(value)}},
-                                               at_->loc()))
-        ->result();
+    return emit(OpKind::Constant, {}, Type(DType::F32), {{"value", Attr(value)}});
   }
   // The factor as a tile of type t.
   Value* uniformTile(const Factor& g, const Type& t) {
     if (g.scalar) return emit(OpKind::Splat, {g.scalar}, t);
-    Block* b = at_->parentBlock();
-    return b->insert(b->find(at_), f_.createOp(OpKind::Constant, {}, {t}, {{"value", Attr(g.constant)}}, at_->loc()))
-        ->result();
+    return emit(OpKind::Constant, {}, t, {{"value", Attr(g.constant)}});
   }
 
   // v * g: through the value where it absorbs the factor, else one product.
@@ -154,7 +123,7 @@ class ScaleFolder {
       case OpKind::Broadcast: {
         Value* small = d->operand(0);
         // The smaller tile is rewritten only where it is this broadcast's alone.
-        Value* scaled = uses_.count(small) && uses_.at(small) == 1 && small->definingOp() &&
+        Value* scaled = uses(small) == 1 && small->definingOp() &&
                                 small->definingOp()->parentBlock() == block && absorbs(small, block)
                             ? scaleAbsorbed(small, g, block)
                             : emit(OpKind::Mul, {small, uniformTile(g, small->type())}, small->type());
@@ -196,9 +165,6 @@ class ScaleFolder {
     return true;
   }
 
-  Function& f_;
-  std::unordered_map<const Value*, int> uses_;
-  Op* at_ = nullptr;  // new ops go right before the product being folded
 };
 
 }  // namespace

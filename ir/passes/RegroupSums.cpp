@@ -23,9 +23,8 @@
 // functions with attribute reassociate = 1, after fold-scales and before cse and dce.
 #include <algorithm>
 #include <functional>
-#include <unordered_map>
 
-#include "ir/Passes.h"
+#include "ir/passes/LocalRewriter.h"
 
 namespace flextile::ir {
 
@@ -36,75 +35,39 @@ struct Term {
   bool negative;
 };
 
-class SumRegrouper {
+class SumRegrouper : LocalRewriter {
  public:
-  explicit SumRegrouper(Function& f) : f_(f) {}
+  explicit SumRegrouper(Function& f) : LocalRewriter(f) {}
 
+  // A round tries the reductions first (taking their shifts out leaves sums to regroup), then the
+  // conversions, then the sums.
   bool run() {
-    bool any = false;
-    for (bool changed = true; changed;) {
-      changed = false;
-      countUses();
-      std::vector<Op*> roots;
-      f_.walk([&](const Op& op) {
-        if (isSumOp(op) && isF32Tile(op.result()) && !isInterior(op.result(), op.parentBlock()))
-          roots.push_back(const_cast<Op*>(&op));
-      });
-      std::vector<Op*> reductions;
-      f_.walk([&](const Op& op) {
-        if (op.kind() == OpKind::Reduce && isF32Tile(op.operand(0)) &&
-            (op.strAttr("kind") == "max" || op.strAttr("kind") == "min"))
-          reductions.push_back(const_cast<Op*>(&op));
-      });
-      for (Op* reduce : reductions)
-        if (unshift(*reduce)) {
-          changed = any = true;
-          break;
-        }
-      if (changed) continue;
-      std::vector<Op*> casts;
-      f_.walk([&](const Op& op) {
-        if (op.kind() == OpKind::Cast && isF32Tile(op.result())) casts.push_back(const_cast<Op*>(&op));
-      });
-      for (Op* cast : casts)
-        if (castTerms(*cast)) {
-          changed = any = true;
-          break;
-        }
-      if (changed) continue;
-      for (Op* root : roots)
-        if (regroup(*root)) {
-          changed = any = true;
-          break;  // use counts changed: count again
-        }
-    }
-    if (any) dce(f_);
-    return any;
+    return untilDone([&] {
+      for (Op* reduce : opsWhere([](const Op& op) {
+             return op.kind() == OpKind::Reduce && isF32Tile(op.operand(0)) &&
+                    (op.strAttr("kind") == "max" || op.strAttr("kind") == "min");
+           }))
+        if (unshift(*reduce)) return true;
+      for (Op* cast : opsWhere([](const Op& op) { return op.kind() == OpKind::Cast && isF32Tile(op.result()); }))
+        if (castTerms(*cast)) return true;
+      for (Op* root : opsWhere([&](const Op& op) {
+             return isSumOp(op) && isF32Tile(op.result()) && !isInterior(op.result(), op.parentBlock());
+           }))
+        if (regroup(*root)) return true;
+      return false;
+    });
   }
 
  private:
-  static bool isF32Tile(const Value* v) { return v->type().isTile() && v->type().dtype() == DType::F32; }
   static bool isSumOp(const Op& op) {
     return (op.kind() == OpKind::Add || op.kind() == OpKind::Sub || op.kind() == OpKind::Neg) && op.numResults() == 1;
   }
 
-  void countUses() {
-    uses_.clear();
-    users_.clear();
-    f_.walk([&](const Op& op) {
-      for (const Value* v : op.operands()) {
-        ++uses_[v];
-        users_[v] = &op;
-      }
-    });
-  }
-
   // Whether v is part of a larger sum: its one user is a sum op of its type in its block.
   bool isInterior(const Value* v, const Block* block) const {
-    auto n = uses_.find(v);
-    if (n == uses_.end() || n->second != 1) return false;
-    const Op* user = users_.at(v);
-    return isSumOp(*user) && user->parentBlock() == block && user->result()->type() == v->type();
+    if (uses(v) != 1) return false;
+    const Op* u = user(v);
+    return isSumOp(*u) && u->parentBlock() == block && u->result()->type() == v->type();
   }
 
   // The terms of the sum rooted at v (v itself when `root`).
@@ -131,16 +94,6 @@ class SumRegrouper {
         d->operand(0)->type().isTile())
       return d;
     return nullptr;
-  }
-  static bool isUniform(const Value* v) {
-    const Op* d = v->definingOp();
-    return d && ((d->kind() == OpKind::Splat && d->operand(0)->type().isScalar()) ||
-                 (d->kind() == OpKind::Constant && d->hasAttr("value")));
-  }
-
-  Value* emit(OpKind k, std::vector<Value*> operands, const Type& t, Attrs attrs = {}) {
-    Block* b = at_->parentBlock();
-    return b->insert(b->find(at_), f_.createOp(k, std::move(operands), {t}, std::move(attrs), at_->loc()))->result();
   }
   // A uniform term as a tile of type t.
   Value* uniformAs(const Value* v, const Type& t) {
@@ -306,10 +259,6 @@ class SumRegrouper {
     return true;
   }
 
-  Function& f_;
-  std::unordered_map<const Value*, int> uses_;
-  std::unordered_map<const Value*, const Op*> users_;  // the last user seen (the only one when used once)
-  Op* at_ = nullptr;  // new ops go right before the root being rebuilt
 };
 
 }  // namespace
