@@ -232,12 +232,6 @@ struct FlexAttentionBackwardConfig {
   std::string describe() const;  // "dkdv BM64 BN64 w4 s2 / dq BM128 BN64 w8 s2 ws"
   bool operator==(const FlexAttentionBackwardConfig&) const = default;
 };
-// The untuned backward config for a dtype, head dim and target GPU (none: the portable one; a
-// target with wgmma takes the H200's measured point), and for mods that read a captured tensor per
-// score (ScoreMod::gathersPerElement).
-FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim,
-                                                               std::optional<codegen::Target> target = std::nullopt,
-                                                               bool gathersPerElement = false);
 
 // How the backward sums dQ over the key blocks.
 enum class DqAccumulation {
@@ -250,6 +244,15 @@ enum class DqAccumulation {
   // (one 4-warp program per SM; docs/backward.md).
   Atomic,
 };
+
+// The untuned backward config for a dtype, head dim and target GPU (none: the portable one; a
+// target with wgmma takes the H200's measured point), for mods that read a captured tensor per
+// score (ScoreMod::gathersPerElement), and for how dQ is summed (atomic dQ keeps the dkdv tile its
+// bulk reductions were measured with).
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim,
+                                                               std::optional<codegen::Target> target = std::nullopt,
+                                                               bool gathersPerElement = false,
+                                                               DqAccumulation dq = DqAccumulation::Separate);
 
 struct FlexAttentionBackwardOptions {
   std::optional<double> scale;  // must be the forward's (default 1 / sqrt(D))

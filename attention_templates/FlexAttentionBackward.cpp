@@ -52,7 +52,8 @@ std::string FlexAttentionBackwardConfig::describe() const {
 
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim,
                                                                std::optional<codegen::Target> target,
-                                                               bool gathersPerElement) {
+                                                               bool gathersPerElement,
+                                                               DqAccumulation dq) {
   // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
   // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
   // 64 keys x 64 queries on one warpgroup was the best unspecialized dkdv tile for every yardstick
@@ -68,7 +69,10 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
                            target->has(codegen::Feature::TensorMemoryAccelerator) &&
                            target->has(codegen::Feature::Wgmma);
   const FlexAttentionConfig specializedDkdv{64, 128, 8, 2, WarpSpecialization::On};
-  const bool dkdvSpecialized = hopperAsync && headDim >= 64 && codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  // Atomic dQ sums each step's dQ rows with bulk reductions from the unspecialized dkdv (measured
+  // so); the specialized one would add them element by element.
+  const bool dkdvSpecialized = hopperAsync && headDim >= 64 && dq != DqAccumulation::Atomic &&
+                               codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
   if (headDim > 64 && hopperAsync)
     return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2},
             {128, 64, 8, 2, WarpSpecialization::On}};
@@ -662,12 +666,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   FlexAttentionBackwardConfig config =
       options.config ? *options.config
                      : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
-                                                          detail::modsGatherPerElement(scoreMod, blockMask));
-  // Atomic dQ sums each step's dQ rows with bulk reductions from the unspecialized dkdv (measured
-  // so); the specialized one would add them element by element.
-  if (!options.config && options.dq_accumulation == DqAccumulation::Atomic &&
-      config.dkdv.warp_specialize == WarpSpecialization::On)
-    config.dkdv = {64, 64, 4, 2};
+                                                          detail::modsGatherPerElement(scoreMod, blockMask),
+                                                          options.dq_accumulation);
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {

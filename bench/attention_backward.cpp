@@ -213,7 +213,8 @@ int main(int argc, char** argv) try {
         DType::BF16, D,
         codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
                                         runtime::Device::current().capabilityMinor()),
-        isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())));
+        isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())),
+        atomicDq ? DqAccumulation::Atomic : DqAccumulation::Separate);
     if (dkdvTile) dflt.dkdv = *dkdvTile;
     if (dqTile) dflt.dq = *dqTile;
     std::vector<FlexAttentionBackwardConfig> configs{dflt};

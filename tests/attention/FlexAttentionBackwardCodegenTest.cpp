@@ -199,6 +199,9 @@ TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay
   EXPECT_EQ(d128.dkdv, dkdv) << d128.describe();
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dq, (FlexAttentionConfig{64, 64, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dkdv, dkdv);
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Atomic).dkdv,
+            (FlexAttentionConfig{64, 64, 4, 2}))
+      << "atomic dQ keeps the dkdv its bulk reductions were measured with";
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dkdv,
             (FlexAttentionConfig{16, 32, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dq.warp_specialize,
