@@ -127,6 +127,11 @@ const std::vector<int64_t>& Op::intsAttr(const std::string& k) const {
   return std::get<std::vector<int64_t>>(it->second);
 }
 
+Attrs withRoleOf(const Op& at, Attrs attrs) {
+  if (auto role = at.attrs().find("ws"); role != at.attrs().end()) attrs.insert(*role);
+  return attrs;
+}
+
 Block* Op::addRegion() {
   regions_.push_back(std::make_unique<Block>());
   Block* b = regions_.back().get();

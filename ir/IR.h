@@ -219,6 +219,12 @@ class Op {
   Function* func_ = nullptr;
 };
 
+// The attributes for an op that a pass inserts right before `at` to compute part of what `at`
+// computes: `attrs` plus `at`'s warp-specialization role (its "ws" attribute, set by
+// codegen/passes/WarpSpecialize.cpp), so the new op runs in every role that runs `at` and the
+// verifier's producer slice still holds after a local rewrite.
+Attrs withRoleOf(const Op& at, Attrs attrs);
+
 // A kernel. Its parameters are the body block's arguments: pointers and
 // scalars. Function-level attributes hold codegen facts such as num_warps and
 // per-parameter specializations (e.g. "divisibility" of integer arguments).

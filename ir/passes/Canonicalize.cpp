@@ -81,7 +81,7 @@ class Canonicalizer {
 
   Value* insertBefore(Op& at, OpKind k, std::vector<Value*> operands, const Type& t, Attrs attrs = {}) {
     Block* b = at.parentBlock();
-    return b->insert(b->find(&at), f_.createOp(k, std::move(operands), {t}, std::move(attrs), at.loc()))->result();
+    return b->insert(b->find(&at), f_.createOp(k, std::move(operands), {t}, withRoleOf(at, std::move(attrs)), at.loc()))->result();
   }
 
   void replace(Op& op, Value* with) {

@@ -53,7 +53,7 @@ class LocalRewriter {
 
   Value* emit(OpKind k, std::vector<Value*> operands, const Type& t, Attrs attrs = {}) {
     Block* b = at_->parentBlock();
-    return b->insert(b->find(at_), f_.createOp(k, std::move(operands), {t}, std::move(attrs), at_->loc()))->result();
+    return b->insert(b->find(at_), f_.createOp(k, std::move(operands), {t}, withRoleOf(*at_, std::move(attrs)), at_->loc()))->result();
   }
 
   Function& f_;
