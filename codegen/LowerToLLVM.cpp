@@ -364,6 +364,7 @@ void Lowering::lowerOp(const ir::Op& op) {
 bool Lowering::runsInThisRole(const ir::Op& op) const {
   if (!specialized) return true;
   const WarpRole role = warpRole(op);
+  if (role == WarpRole::All) return false;  // lowered once, before the roles part (lowerSpecialized)
   return producerRole ? role != WarpRole::Consumer : role != WarpRole::Producer;
 }
 
@@ -514,6 +515,15 @@ RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t progra
 
 void Lowering::lowerSpecialized(int64_t programsPerSm) {
   const RegisterSplit split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm);
+  // The common prefix (ws = "all": the rings' barriers, their inits by thread 0 and a barrier):
+  // one instruction stream for every thread, so its barrier is the aligned bar.sync 0.
+  for (const auto& op : func.body().ops()) {
+    if (!op->hasAttr("ws") || warpRole(*op) != WarpRole::All) continue;
+    if (op->kind() == ir::OpKind::Barrier)
+      b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, llvm::ArrayRef<llvm::Value*>{i32(0)});
+    else
+      lowerOp(*op);
+  }
   auto* consumers = llvm::BasicBlock::Create(ctx, "consumers", kernel);
   auto* producer = llvm::BasicBlock::Create(ctx, "producer", kernel);
   // The warp index taken from lane 0 (shfl.sync.idx): ptxas then knows the branch is the same for

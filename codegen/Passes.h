@@ -107,7 +107,9 @@ ir::Pass prefetchLoadsPass();  // "prefetch-loads"
 // scalar ops, loops and CTA barriers the producer needs too; absent: the consumers alone) and the
 // lowering emits the function once per role, with setmaxnreg. Opt-in: function attribute
 // warp_specialize = 1, or FLEXTILE_WARP_SPECIALIZE=1 (=0 for none). Runs after "pingpong".
-enum class WarpRole { Consumer, Producer, Both };
+// All: a prefix of the function's body that every thread runs before the roles part (the rings'
+// barrier buffers and their inits, then a barrier).
+enum class WarpRole { Consumer, Producer, Both, All };
 // The role an op's `ws` attribute gives it (Consumer when absent). Throws on another value.
 WarpRole warpRole(const ir::Op& op);
 // The function's producer_warps attribute (0: not specialized).

@@ -198,14 +198,14 @@ class Verifier {
     return "";
   }
   // A warp-specialized function (producer_warps > 0, codegen/passes/WarpSpecialize.cpp): what the
-  // producer runs (ws = "producer" or "both") may only read parameters, results of ops it runs
+  // producer runs (ws = "producer", "both", or "all": the prefix every thread runs) may only read parameters, results of ops it runs
   // too, and the arguments its copy of a loop keeps (the induction variable, producer_carried);
   // its loops' yields run in both roles. The lowering would otherwise find a value undefined in
   // the producer's copy of the body.
   static bool producerRuns(const Op* op) {
     auto it = op->attrs().find("ws");
     const auto* s = it == op->attrs().end() ? nullptr : std::get_if<std::string>(&it->second);
-    return s && (*s == "producer" || *s == "both");
+    return s && (*s == "producer" || *s == "both" || *s == "all");
   }
   void producerSlice() {
     f_.walk([&](const Op& op) {
@@ -244,7 +244,7 @@ class Verifier {
   }
 
   void warpMarks(const Op& op) {
-    if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both"});
+    if (op.hasAttr("ws")) strAttrIn(op, "ws", {"producer", "both", "all"});
     if (op.hasAttr("producer_carried") && op.kind() == OpKind::For) {
       const auto* keep = std::get_if<std::vector<int64_t>>(&op.attrs().at("producer_carried"));
       const int64_t carried = int64_t(op.numOperands()) - 3;

@@ -19,6 +19,9 @@
 //                                            from the BlockMask lists, coordinates, slots and
 //                                            parities), the loops around them, their yields, the
 //                                            return, and the CTA barriers both roles meet at
+//   op attribute ws = "all"                  the rings' barrier buffers and their mbarrier_init, moved
+//                                            to the top of the function and followed by a barrier
+//                                            there: every thread runs them before the roles part
 //   for attribute producer_carried = [i..]   the carried values the producer's copy of a loop keeps
 //   (no ws attribute)                        only the consumers run it
 //
@@ -67,7 +70,8 @@ WarpRole warpRole(const Op& op) {
   const auto* s = std::get_if<std::string>(&it->second);
   if (s && *s == "producer") return WarpRole::Producer;
   if (s && *s == "both") return WarpRole::Both;
-  throw Error(op.describe() + ": ws must be \"producer\" or \"both\", got " + ir::attrString(it->second));
+  if (s && *s == "all") return WarpRole::All;
+  throw Error(op.describe() + ": ws must be \"producer\", \"both\" or \"all\", got " + ir::attrString(it->second));
 }
 
 int producerWarps(const ir::Function& f) { return int(f.intAttrOr("producer_warps", 0)); }
@@ -87,6 +91,7 @@ bool producerMayRun(const Op& op) {
 // Why `f` cannot be specialized ("" when it can), and the marks when it can.
 struct Marks {
   std::set<Op*> producer, both;
+  std::vector<Op*> hoisted;  // the rings' barrier buffers and their inits, for the common prefix
   std::map<Op*, std::vector<int64_t>> carried;  // loop -> carried values the producer keeps
 };
 
@@ -179,7 +184,10 @@ std::string plan(ir::Function& f, Marks& marks) {
     Op* before = nullptr;
     bool initialized = false;
     for (auto& op : block.ops()) {
-      if (op->kind() == OpKind::MbarrierInit && op->operand(0) == bars) initialized = true;
+      if (op->kind() == OpKind::MbarrierInit && op->operand(0) == bars) {
+        initialized = true;
+        if (&block == &f.body()) marks.hoisted.push_back(op.get());  // (a loop's own inits stay)
+      }
       else if (op->kind() == OpKind::Barrier && initialized && !after) after = op.get();
       else if (op->kind() == OpKind::Barrier && after) before = op.get();
       else if (op->kind() == OpKind::MbarrierInval && op->operand(0) == bars) break;
@@ -189,6 +197,7 @@ std::string plan(ir::Function& f, Marks& marks) {
              " have no CTA barrier after their init and before their inval in one block";
     marks.both.insert(after);
     marks.both.insert(before);
+    if (&block == &f.body()) marks.hoisted.push_back(const_cast<Op*>(alloc));
   }
   if (Op* ret = f.body().terminator(); ret && ret->kind() == OpKind::Return) marks.both.insert(ret);
   for (Op* p : marks.producer) marks.both.erase(p);
@@ -219,6 +228,26 @@ void specializeWarps(ir::Function& f, const Target& target) {
   if (!refusal(f, target, marks).empty()) return;
   for (Op* op : marks.producer) op->setAttr("ws", std::string("producer"));
   for (Op* op : marks.both) op->setAttr("ws", std::string("both"));
+  // Opt-in (hoist_barrier_inits = 1, FLEXTILE_HOIST_BARRIER_INITS=1) until racecheck and the GPU
+  // suite have run on it: the rings' barriers are allocated and initialized once, first, by thread
+  // 0, and every thread of both roles passes one CTA barrier at the same instruction before the
+  // roles part, so the producer's first wait is ordered after the init without relying on the
+  // meeting barrier reached from two instructions (which compute-sanitizer's racecheck did not
+  // pair: docs/reliability.md). Allocs first, then inits.
+  if (!passSwitch(f, "FLEXTILE_HOIST_BARRIER_INITS", "hoist_barrier_inits")) marks.hoisted.clear();
+  std::stable_sort(marks.hoisted.begin(), marks.hoisted.end(),
+                   [](const Op* a, const Op* b) { return a->kind() == OpKind::LocalAlloc && b->kind() != OpKind::LocalAlloc; });
+  ir::Block& body = f.body();
+  auto at = body.ops().begin();
+  for (Op* op : marks.hoisted) {
+    ir::Block& from = *op->parentBlock();
+    auto it = from.find(op);
+    std::unique_ptr<Op> moved = std::move(*it);
+    from.ops().erase(it);
+    moved->setAttr("ws", std::string("all"));
+    body.insert(at, std::move(moved));
+  }
+  if (!marks.hoisted.empty()) body.insert(at, f.createOp(OpKind::Barrier, {}, {}, {{"ws", std::string("all")}}));
   for (auto& [loop, keep] : marks.carried) loop->setAttr("producer_carried", keep);
   f.attrs()["producer_warps"] = int64_t(4);
 }
