@@ -103,9 +103,10 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       const int64_t slotBytes = sharedSlotBytes(buf), base = bufferByteOffset(op, 0);
       llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
       const int threads = op.hasAttr("arrivals") ? int(op.intAttr("arrivals")) : func.numWarps() * 32;
-      // Thread 0 (in a warp-specialized program the producer's warps run the common prefix too, and
-      // the warp bits of num_warps would also pick the producer's first thread).
-      llvm::Value* who = specialized ? b.CreateICmpEQ(tid, i32(0)) : threadsWithBitsClear(31, uint32_t(func.numWarps() - 1));
+      // Thread 0. In the common prefix of a warp-specialized program (ws = "all") the producer's
+      // warps run it too, and the warp bits of num_warps would also pick the producer's first thread.
+      llvm::Value* who = specialized && warpRole(op) == WarpRole::All ? b.CreateICmpEQ(tid, i32(0))
+                                                                      : threadsWithBitsClear(31, uint32_t(func.numWarps() - 1));
       onlyWhere(who, "mbarrier.setup", [&] {
         for (int64_t s = 0; s < buf.slots(); ++s) {
           llvm::Value* addr = b.CreateAdd(smem, i32(base + s * slotBytes));

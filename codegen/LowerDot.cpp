@@ -233,11 +233,13 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     fail(op, "is planned for wgmma but its B tile is not a slot of a shared buffer");
   // A resident in shared memory (TensorCores.h wgmmaResidentA): a slot of a buffer that the
   // "wgmma" pass wrote before the loop, read here through a descriptor.
-  const ir::Op* aLoad = a->definingOp();
+  // Or, through a trans, the same buffer read M-major (wgmmaResidentAView).
+  const std::optional<WgmmaResidentAView> aView = wgmmaResidentAView(a);
+  const ir::Op* aLoad = aView ? aView->load : a->definingOp();
   std::optional<WgmmaTile> residentA;
   if (aLoad && localLoadsReadByWgmma_.count(aLoad)) {
-    residentA = wgmmaResidentATile(*aLoad);
-    if (!residentA) fail(op, "reads its A operand from a shared buffer wgmma cannot read as A");
+    if (!aView) fail(op, "reads its A operand from a shared buffer wgmma cannot read as A");
+    residentA = aView->tile;
   }
   auto reg = [&](const Layout& l, int64_t row, int64_t col, const char* what) {
     int64_t r = l.registerOf({row, col});
@@ -268,17 +270,20 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   llvm::Value* smemBase = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
   // B: the slot being read.
   llvm::Value* bBase = b.CreateAdd(smemBase, slotByteOffset(*w.load));
-  // A: warpgroup g reads rows [64g, 64g + 64) of the resident tile (whole
-  // 8-row swizzle groups, so the row offset is a plain byte offset: the
-  // XOR of the offsets of its bits).
+  // A: warpgroup g reads M [64g, 64g + 64) of the resident tile: rows (K-major; whole 8-row
+  // swizzle groups) or columns (M-major; whole 64-element panels), so the offset is a plain byte
+  // offset: the XOR of the offsets of its bits.
   llvm::Value* aBase = nullptr;
   if (residentA) {
     const ir::SharedLayout& smem = residentA->smem;
+    const size_t mDim = size_t(aView->mDim);
     aBase = b.CreateAdd(smemBase, slotByteOffset(*aLoad));
     llvm::Value* group = b.CreateLShr(warp, i32(2));
     llvm::Value* rows = i32(0);
-    for (int64_t bit = 0; int64_t(64) << bit < smem.shape()[0]; ++bit) {
-      const int64_t bytes = smem.offsetOf({int64_t(64) << bit, 0}) * smem.elemBytes();
+    for (int64_t bit = 0; int64_t(64) << bit < smem.shape()[mDim]; ++bit) {
+      std::vector<int64_t> at{0, 0};
+      at[mDim] = int64_t(64) << bit;
+      const int64_t bytes = smem.offsetOf(at) * smem.elemBytes();
       llvm::Value* on = b.CreateAnd(b.CreateLShr(group, i32(bit)), i32(1));
       rows = b.CreateXor(rows, b.CreateMul(on, i32(bytes)));
     }
@@ -343,9 +348,9 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
       const int64_t first = aFirst + 4 * s;
       aText = "{" + ref(first) + ", " + ref(first + 1) + ", " + ref(first + 2) + ", " + ref(first + 3) + "}";
     }
-    // Scale-d, imm-scale-a, imm-scale-b, [imm-trans-a (descriptor A only; K-major: 0),] imm-trans-b.
+    // Scale-d, imm-scale-a, imm-scale-b, [imm-trans-a (descriptor A only; M-major: 1),] imm-trans-b.
     text += kind + " " + dList + ", " + aText + ", " + ref(bFirst + s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
-            (residentA ? "0, " : "") + (w.b.mnMajor ? "1" : "0") + ";\n";
+            (residentA ? (residentA->mnMajor ? "1, " : "0, ") : "") + (w.b.mnMajor ? "1" : "0") + ";\n";
   }
   for (int64_t s = 0; s < steps; ++s) {
     operands.push_back(descriptor(bBase, w.b, s));

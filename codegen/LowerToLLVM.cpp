@@ -468,12 +468,20 @@ std::unique_ptr<llvm::Module> Lowering::run() {
       if (w && w->load->kind() == OpKind::LocalLoad) localLoadsReadByWgmma_.insert(w->load);
       return w.has_value();
     }();
-    for (size_t i = 0; i < op.numOperands(); ++i)
-      if (const ir::Op* d = op.operand(i)->definingOp(); d && d->kind() == OpKind::LocalLoad) {
-        const bool asA = wgmma && i == 0 && wgmmaResidentATile(*d).has_value();
+    // A trans of a local_load counts as its reader only through the dot that reads it M-major.
+    if (op.kind() == OpKind::Trans) return;
+    for (size_t i = 0; i < op.numOperands(); ++i) {
+      const std::optional<WgmmaResidentAView> view = wgmmaResidentAView(op.operand(i));
+      const ir::Op* d = view ? view->load : op.operand(i)->definingOp();
+      if (d && d->kind() == OpKind::LocalLoad) {
+        const bool asA = wgmma && i == 0 && view.has_value();
         auto [it, fresh] = onlyWgmmaA.emplace(d, asA);
         if (!fresh) it->second = it->second && asA;
+      } else if (const ir::Op* t = op.operand(i)->definingOp(); t && t->kind() == OpKind::Trans) {
+        // A trans of a local_load that this op reads otherwise: the load needs its registers.
+        if (const ir::Op* l = t->operand(0)->definingOp(); l && l->kind() == OpKind::LocalLoad) onlyWgmmaA[l] = false;
       }
+    }
   });
   for (const auto& [load, onlyA] : onlyWgmmaA)
     if (onlyA) localLoadsReadByWgmma_.insert(load);

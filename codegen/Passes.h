@@ -73,6 +73,11 @@ void pipelineLoads(ir::Function& f, const Target& target);
 // for every thread's release of it) instead of one CTA barrier per iteration. Opt-in: function
 // attribute ring_barriers = 1, or FLEXTILE_RING_BARRIERS=1 (=0 turns it off everywhere).
 bool ringBarriersWanted(const ir::Function& f);
+// Whether a loop that also waits for the CTA (a conversion or reduction staged through shared
+// memory) may take TMA rings when the function asks for warp specialization. Opt-in: function
+// attribute tma_in_staging_loops = 1, or FLEXTILE_TMA_IN_STAGING_LOOPS=1 (such a loop gave wrong
+// rows on the H200 with TMA before warp specialization existed: docs/reliability.md).
+bool tmaInStagingLoopsWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

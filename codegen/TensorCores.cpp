@@ -391,33 +391,76 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   return WgmmaPlan{load, *tile, N, K};
 }
 
+namespace {
+// The dot that reads trans(cvt) as its A, when that trans has no other reader, sits in the dot's
+// block and the dot in a loop below the convert; else null.
+const ir::Op* mMajorAReader(const ir::Op& trans, const ir::Op& cvt) {
+  const ir::Op* dot = nullptr;
+  int readers = 0;
+  cvt.function()->walk([&](const ir::Op& r) {
+    if (std::find(r.operands().begin(), r.operands().end(), trans.result()) == r.operands().end()) return;
+    ++readers;
+    dot = &r;
+  });
+  if (readers != 1 || dot->kind() != OpKind::Dot || dot->operand(0) != trans.result() ||
+      dot->operand(1) == trans.result() || dot->operand(2) == trans.result() || dot->parentBlock() != trans.parentBlock() ||
+      !inLoopBelow(*dot, cvt.parentBlock()))
+    return nullptr;
+  return dot;
+}
+
+// Whether `dot`'s A is trans(convert(x)) that wgmmaResidentA can keep in shared memory, read
+// M-major: the shape of the rule, before B is known to be readable (so wgmmaStagedB can ask).
+bool residentMMajorA(const ir::Op& dot, const Target& target) {
+  const ir::Op* trans = dot.operand(0)->definingOp();
+  const ir::Op* cvt = trans && trans->kind() == OpKind::Trans ? trans->operand(0)->definingOp() : nullptr;
+  const ir::Type* xt = cvt ? residentCandidate(*cvt, target) : nullptr;
+  if (!xt || contiguousDimOf(*xt) != 1 || !wgmmaTile(xt->shape(), 1, 0, ir::byteWidth(xt->dtype()))) return false;
+  if (const ir::Function* f = cvt->function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return false;
+  return mMajorAReader(*trans, *cvt) == &dot && wgmmaAccumulator(dot, target);
+}
+}  // namespace
+
 std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& cvt, const Target& target) {
   const ir::Type* xt = residentCandidate(cvt, target);
   if (!xt) return std::nullopt;
   // A kernel may keep its A operands in registers: the forward measured 3-6 % slower with Q
   // resident on the H200 (bench/RESULTS.md, 2026-12-01), the backward 15-18 % faster.
   if (const ir::Function* f = cvt.function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return std::nullopt;
-  // K-major only: an M-major A (imm-trans-a) would need its own warpgroup
-  // offsets and has no user yet.
+  // x's dimension 1 contiguous: A = x read K-major, or A = trans(x) read M-major (imm-trans-a;
+  // the atomic dQ's Kᵀ). Both store x in the same layout, so one buffer serves both.
   if (contiguousDimOf(*xt) != 1) return std::nullopt;
   auto tile = wgmmaTile(xt->shape(), 1, 1, ir::byteWidth(xt->dtype()));
   if (!tile) return std::nullopt;
-  // Operand 0 of wgmma dots and nothing else of them.
-  // Dots outside the loops (the prologue of a loop that defer-accumulation rotated) read the tile
-  // back into registers with ldmatrix, each from its own local_load.
+  // Operand 0 of wgmma dots (directly, or through a trans that only that dot reads) and nothing
+  // else of them. Dots outside the loops (the prologue of a loop that defer-accumulation rotated)
+  // read the tile back into registers with ldmatrix, each from its own local_load.
   const ir::Value* a = cvt.result();
   const bool readable = ldmatrixReadPlan(tile->smem, *a->type().layout(), xt->dtype()).has_value();
-  WgmmaResident out{*tile, loopDotReaders(
-                               cvt,
-                               [&](const ir::Op& dot) {
-                                 return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a &&
-                                        wgmmaPlan(dot, target);
-                               },
-                               [&](const ir::Op& dot) {
-                                 return readable && dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a;
-                               })};
-  if (out.readers.empty()) return std::nullopt;
-  return out;
+  auto asA = [&](const ir::Op& dot, const ir::Value* operand) {
+    return dot.kind() == OpKind::Dot && dot.operand(0) == operand && dot.operand(1) != operand &&
+           dot.operand(2) != operand;
+  };
+  std::vector<const ir::Op*> readers;
+  bool ok = true;
+  cvt.function()->walk([&](const ir::Op& op) {
+    if (!ok || &op == &cvt) return;
+    if (std::find(op.operands().begin(), op.operands().end(), a) == op.operands().end()) return;
+    if (op.kind() == OpKind::Trans) {  // M-major: its one reader is a wgmma dot in a loop below
+      const ir::Op* dot = mMajorAReader(op, cvt);
+      ok = dot && wgmmaPlan(*dot, target);
+      if (ok) readers.push_back(dot);
+      return;
+    }
+    if (!inLoopBelow(op, cvt.parentBlock())) {
+      ok = readable && asA(op, a);
+      return;
+    }
+    ok = asA(op, a) && wgmmaPlan(op, target);
+    if (ok) readers.push_back(&op);
+  });
+  if (!ok || readers.empty()) return std::nullopt;
+  return WgmmaResident{*tile, readers};
 }
 
 std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& cvt, const Target& target) {
@@ -439,9 +482,11 @@ std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& targe
   const ir::Type* xt = residentCandidate(cvt, target);
   if (!xt) return std::nullopt;
   const ir::Block& block = *cvt.parentBlock();
-  const ir::Op* loop = block.parentOp();
-  for (; loop; loop = loop->parentBlock() ? loop->parentBlock()->parentOp() : nullptr)
-    if (loop->kind() == OpKind::For) return std::nullopt;
+  // Inside a loop only for a dot whose A is resident M-major (the atomic dQ's Kᵀ dSᵀ): its B is
+  // then staged every iteration; other products computed in a loop keep their register paths.
+  bool inLoop = false;
+  for (const ir::Op* loop = block.parentOp(); loop; loop = loop->parentBlock() ? loop->parentBlock()->parentOp() : nullptr)
+    inLoop = inLoop || loop->kind() == OpKind::For;
   // The one reader: a dot, or a trans that only a dot reads.
   auto soleReader = [&](const ir::Value* v) -> const ir::Op* {
     const ir::Op* reader = nullptr;
@@ -463,6 +508,7 @@ std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& targe
       !wgmmaAccumulator(*dot, target) ||
       dot->operand(0)->type().dtype() != xt->dtype())
     return std::nullopt;
+  if (inLoop && !residentMMajorA(*dot, target)) return std::nullopt;
   // B = x ([K, N]) or trans(x) (x is [N, K]).
   auto tile = wgmmaTile(xt->shape(), contiguousDimOf(*xt), transposed ? 1 : 0, ir::byteWidth(xt->dtype()));
   if (!tile) return std::nullopt;
@@ -479,6 +525,18 @@ bool hasWgmmaDots(const ir::Function& f, const Target& target) {
 // whose swizzle can equal wgmma's) keeps ldmatrix until A from a ring slot has been checked on
 // the GPU.
 std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad) { return oneSlotWgmmaTile(localLoad, 1, 1); }
+
+std::optional<WgmmaResidentAView> wgmmaResidentAView(const ir::Value* a) {
+  const ir::Op* d = a->definingOp();
+  if (d && d->kind() == OpKind::LocalLoad) {
+    if (auto tile = wgmmaResidentATile(*d)) return WgmmaResidentAView{d, *tile, 0};
+    return std::nullopt;
+  }
+  const ir::Op* load = d && d->kind() == OpKind::Trans ? d->operand(0)->definingOp() : nullptr;
+  if (!load || load->kind() != OpKind::LocalLoad) return std::nullopt;
+  if (auto tile = oneSlotWgmmaTile(*load, 0, 1); tile && tile->mnMajor) return WgmmaResidentAView{load, *tile, 1};
+  return std::nullopt;
+}
 
 std::string wgmmaSettingsIdentity() {
   std::string out;

@@ -142,6 +142,10 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 // descriptor (same encoding as a K-major B) instead of the four A words,
 // warpgroup g's starting at row 64g. Loops whose A is computed
 // in the loop (P of P V, dS^T of dS^T Q) keep register A.
+// A = trans(convert(x)) with x [K, M] contiguous along M is kept the same way and read M-major
+// (imm-trans-a; warpgroup g's rows are x's columns [64g, 64g+64)): the atomic dQ's Kᵀ dSᵀ in the
+// specialized dkdv, whose K is already resident for K·Qᵀ, so both read one buffer. Its B (dSᵀ,
+// computed in the loop) is then staged every iteration (wgmmaStagedB).
 // FLEXTILE_WGMMA_SMEM_A=0 keeps register A everywhere.
 
 // A tile that wgmma reads through a matrix descriptor.
@@ -202,6 +206,16 @@ std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& convert, const Target&
 // slot stored as a K-major wgmma A (what the "wgmma" pass makes of a resident
 // A tile); else empty. (Rings of the pipeline keep ldmatrix for A.)
 std::optional<WgmmaTile> wgmmaResidentATile(const ir::Op& localLoad);
+// How a dot reads a resident A operand `a`: the local_load of its one-slot buffer, the
+// descriptor view, and the buffer dimension that is A's M — 0 when a is that local_load (K-major),
+// 1 when a is trans(local_load) (M-major, imm-trans-a: the buffer holds Aᵀ with M contiguous, the
+// atomic dQ's Kᵀ). Empty when `a` is neither.
+struct WgmmaResidentAView {
+  const ir::Op* load;
+  WgmmaTile tile;
+  int mDim;
+};
+std::optional<WgmmaResidentAView> wgmmaResidentAView(const ir::Value* a);
 
 // B from shared memory, loop-invariant. A convert outside a loop whose every user
 // is operand 1 of a dot in a loop below it, each with wgmma's accumulator split
@@ -215,7 +229,9 @@ std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& convert, const Target&
 std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
 
 // B of a product outside every loop (the prologue and the epilogue of a loop that
-// defer-accumulation rotated): a convert whose only reader is operand 1 of one dot in the
+// defer-accumulation rotated), or inside one when the dot's A is resident M-major (the
+// atomic dQ; the "wgmma" pass then puts the buffer before the outermost loop and stores the
+// tile every iteration): a convert whose only reader is operand 1 of one dot in the
 // same block, directly or through a trans, with wgmma's accumulator split and A of the same
 // dtype. The "wgmma" pass stores the tile once into a one-slot buffer in the layout of its
 // orientation (K-major when B's K is the tile's contiguous dimension) and the dot reads the

@@ -397,6 +397,15 @@ class LayoutAssigner {
           if (up && b->kind() == OpKind::Load && dot->function()->intAttrOr("num_stages", 1) > 1 &&
               wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_))
             chained.insert(dot);
+          // A product whose A is the transpose of a loop-invariant tile (the specialized atomic
+          // dQ's Kᵀ dSᵀ): A resident M-major, B staged each iteration (TensorCores.h), when every
+          // warp gets 16 rows.
+          const Op* a = dot->operand(0)->definingOp();
+          const Op* x = a && a->kind() == OpKind::Trans ? a->operand(0)->definingOp() : nullptr;
+          const Op* xUp = x;
+          while (xUp && xUp != loop) xUp = xUp->parentBlock() ? xUp->parentBlock()->parentOp() : nullptr;
+          if (x && !xUp && wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_))
+            chained.insert(dot);
         }
       }
     for (Op* dot : dots) {

@@ -208,6 +208,10 @@ void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value
 
 bool ringBarriersWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_RING_BARRIERS", "ring_barriers"); }
 
+bool tmaInStagingLoopsWanted(const ir::Function& f) {
+  return passSwitch(f, "FLEXTILE_TMA_IN_STAGING_LOOPS", "tma_in_staging_loops");
+}
+
 bool tmaWanted(const ir::Function& f, const Target& target) {
   return target.has(Feature::TensorMemoryAccelerator) && passSwitch(f, "FLEXTILE_TMA", "tma");
 }
@@ -365,8 +369,12 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // And the body must not wait for the CTA (a layout conversion or reduction through shared
   // memory): such a loop computed wrong rows on the H200 with TMA rings
   // (FlexAttentionGpu.WgmmaInLoopsWithSharedConversions, 2026-12-02, not understood yet), so it
-  // keeps the cp.async ring and its barrier.
-  bool tma = tmaWanted(f, target) && !waitsForTheCta(body, std::set<const Op*>(converts.begin(), converts.end()));
+  // keeps the cp.async ring and its barrier. That run predates warp specialization, where those
+  // barriers are the consumers' own and the producer alone issues the copies: opt-in there
+  // (tmaInStagingLoopsWanted) until a GPU run shows such a loop right.
+  const bool staging = waitsForTheCta(body, std::set<const Op*>(converts.begin(), converts.end()));
+  bool tma = tmaWanted(f, target) &&
+             (!staging || (tmaInStagingLoopsWanted(f) && passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize")));
   // A row ring rides along with the dot operands' TMA stages: it is read from the slot right after
   // the stage's wait, so every use of its load must come after the first ring convert; a loop
   // without TMA (or whose row loads are used earlier) keeps those loads as they are.

@@ -101,8 +101,9 @@ struct WaitWriter {
 // warp still reads), the owners' stores, a proxy fence (generic-proxy stores, async-proxy reads)
 // and the barrier after, and a local_load that the dots read through a descriptor.
 // A tile already resident in the same shared layout earlier in the block is read from that
-// buffer: the atomic-dQ dkdv reads K as the A of K·Qᵀ and as the B of dS·K, the same swizzled
-// [BN, D] panels for both, so one copy and one store (16 KB less at 64 keys and D = 128).
+// buffer: the atomic-dQ dkdv reads K as the A of K·Qᵀ and as the B of dS·K (or, specialized, as
+// the M-major A of Kᵀ·dSᵀ), the same swizzled [BN, D] panels for both, so one copy and one store
+// (16 KB less at 64 keys and D = 128).
 namespace {
 struct ResidentTile {
   const ir::Value* source;
@@ -136,7 +137,14 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
       slot = r.slot;
     }
   if (!buf) {
-    buf = at(OpKind::LocalAlloc, {}, {ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem))})->result();
+    // A tile staged inside a loop (wgmmaStagedB: the atomic dQ's dSᵀ) gets its buffer before the
+    // outermost loop, live through it; the store and its barriers stay where the convert was.
+    const Op* outermost = &cvt;
+    while (outermost->parentBlock() != &f.body()) outermost = outermost->parentBlock()->parentOp();
+    auto bufferType = ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem));
+    buf = outermost == &cvt ? at(OpKind::LocalAlloc, {}, {bufferType})->result()
+                            : f.body().insert(f.body().find(outermost),
+                                              f.createOp(OpKind::LocalAlloc, {}, {bufferType}, {}, cvt.loc()))->result();
     at(OpKind::Barrier, {}, {});
     slot = at(OpKind::Constant, {}, {ir::Type(ir::DType::I32)}, {{"value", int64_t(0)}})->result();
     at(OpKind::LocalStore, {buf, slot, cvt.operand(0)}, {});
@@ -173,11 +181,13 @@ void selectWgmma(ir::Function& f, const Target& target) {
     const Op* loop = op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
     loopsRunWgmma = loopsRunWgmma || (op.kind() == OpKind::Dot && loop && loop->kind() == OpKind::For && wgmmaPlan(op, target));
   });
+  // (A B staged inside a loop, for a resident M-major A, puts that loop's product on wgmma itself.)
   std::vector<Op*> staged;
-  if (loopsRunWgmma)
-    f.walk([&](Op& op) {
-      if (op.kind() == OpKind::ConvertLayout && wgmmaStagedB(op, target)) staged.push_back(&op);
-    });
+  f.walk([&](Op& op) {
+    const Op* parent = op.parentBlock() ? op.parentBlock()->parentOp() : nullptr;
+    if (op.kind() == OpKind::ConvertLayout && (loopsRunWgmma || parent) && wgmmaStagedB(op, target))
+      staged.push_back(&op);
+  });
   std::vector<ResidentTile> made;
   for (Op* cvt : staged) keepResident(f, *cvt, target, made);
   // In program order: a tile's first convert makes its buffer, later ones read it.

@@ -7,6 +7,7 @@
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"
 #include "codegen/Ptxas.h"
+#include "gpu/GpuTest.h"
 
 using namespace flextile;
 using namespace flextile::attention;
@@ -182,6 +183,31 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   ASSERT_EQ(separate.kernelNames[1], atomic.kernelNames[1]);  // both dkdv
   const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8;
   EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + 512);
+}
+
+// Atomic dQ in the specialized dkdv (opt-in: FLEXTILE_TMA_IN_STAGING_LOOPS=1, so that its TMA rings
+// and producer warpgroup stay beside the staging of dSᵀ): all five products on wgmma, dQᵀ = Kᵀ dSᵀ
+// reading Kᵀ M-major (imm-trans-a) from the one buffer K·Qᵀ reads K from, and dSᵀ from a one-slot
+// buffer stored every step; its rows go out by bulk reductions.
+TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
+  flextile::testing::ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
+  const auto target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  VariantInstance inst = variant("full").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  FlexAttentionBackwardOptions options{.config = FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On},
+                                                                            {64, 64, 4, 2}}};
+  options.dq_accumulation = DqAccumulation::Atomic;
+  auto plan = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, options, target);
+  const codegen::CompiledKernel& dkdv = *plan.compiled[1];
+  EXPECT_EQ(dkdv.producerWarps, 4);
+  EXPECT_EQ(count(dkdv.ptx, "mma\\.sync"), 0);
+  EXPECT_EQ(count(dkdv.ptx, "wgmma\\.mma_async[^\\n]*m64n64k16[^\\n]*, 1, 1, 1, 1;"), 8) << "dQᵀ: A and B read M-major";
+  EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,128\\]"), 2) << "K and V resident, once each";
+  EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,64\\]"), 1) << "dSᵀ's staging buffer";
+  EXPECT_EQ(count(dkdv.ir, "bulk_rows = 1"), 1);
+  if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(dkdv.ptx, target));
 }
 
 // The sm_90a default: dq on two consumer warpgroups and a producer above D = 64, one warpgroup at

@@ -108,6 +108,31 @@ TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
     }
 }
 
+// Atomic dQ from the specialized dkdv (64 queries x 128 keys, a producer warpgroup), opt-in with
+// FLEXTILE_TMA_IN_STAGING_LOOPS=1: dQᵀ = Kᵀ dSᵀ on wgmma with Kᵀ read M-major and dSᵀ staged in
+// shared memory every step, beside the TMA rings (TilePassesInterpreted.BackwardAtomicDqSpecialized
+// runs the same IR in the interpreter). Every variant, D 128 (wgmma) and 64 (mma.sync for dQᵀ).
+TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
+  int i = 0;
+  for (const Variant& var : variants())
+    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 333}}) {
+      const bool mqa = i % 2;
+      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
+                      .dtype = i % 2 ? DType::BF16 : DType::F16,
+                      .context = "specialized atomic dQ " + var.name + (mqa ? " MQA" : " GQA 4:1")};
+      ++i;
+      if (!inScope(c.work())) continue;
+      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
+      BackwardCheck check =
+          withConfig(FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}, inst);
+      check.options.dq_accumulation = DqAccumulation::Atomic;
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
+    }
+}
+
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;

@@ -297,6 +297,30 @@ TEST(TilePassesInterpreted, BackwardCausalGqa) {
     }
 }
 
+// Atomic dQ in the specialized dkdv (FLEXTILE_TMA_IN_STAGING_LOOPS=1, its TMA rings beside the
+// staging of dSᵀ): dQᵀ = Kᵀ dSᵀ on wgmma, Kᵀ read M-major from the buffer that K·Qᵀ reads K-major,
+// dSᵀ stored into a one-slot buffer every step, the rows added by bulk reductions. D = 128 gives
+// dQᵀ the 128 rows of two warpgroups; lengths off the block, GQA, a causal mask's two walks.
+TEST(TilePassesInterpreted, BackwardAtomicDqSpecialized) {
+  SeededRandom rng;
+  ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* name : {"causal", "full"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
+                    .context = std::string("sm_90a atomic dQ, specialized dkdv, ") + name};
+    BackwardCheck check;
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, kWgmmaTiles};
+    check.options.dq_accumulation = DqAccumulation::Atomic;
+    std::optional<BlockMask> mask;
+    if (std::string(name) == "causal") {
+      check.refMask = refCausal();
+      mask = causalBlockMask(1, 1, c.L, c.S, {128, 128});
+    }
+    if (!checkBackward(rng, c, kHost, noop_score(), mask, check)) return;
+  }
+}
+
 TEST(TilePassesInterpreted, DecodeSplits) {
   SeededRandom rng;
   for (const char* target : {"sm_90a", "sm_80"}) {
@@ -346,7 +370,12 @@ TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
   RefMaskFn ref = [ids, stride = S](int64_t b, int64_t, int64_t q, int64_t kv) {
     return kv <= q && ids[size_t(b * stride + q)] == ids[size_t(b * stride + kv)];
   };
-  AttentionCase c{.B = B, .Hq = 8, .Hkv = 2, .L = 127, .S = S, .D = 64, .dtype = DType::BF16, .context = "shifted documents"};
-  BlockMask mask = createBlockMask(docs, B, 1, c.L, c.S, {128, 128}, kHost);
-  checkFlexAttention(rng, c, kHost, noop_score(), mask, nullptr, ref, {.config = kWgmmaTiles});
+  BlockMask mask = createBlockMask(docs, B, 1, 127, S, {128, 128}, kHost);
+  // Also on TMA rings with a producer warpgroup (FLEXTILE_TMA_IN_STAGING_LOOPS=1).
+  for (const char* staging : {"0", "1"}) {
+    ScopedSetenv tma("FLEXTILE_TMA_IN_STAGING_LOOPS", staging);
+    AttentionCase c{.B = B, .Hq = 8, .Hkv = 2, .L = 127, .S = S, .D = 64, .dtype = DType::BF16,
+                    .context = std::string("shifted documents, TMA in staging loops ") + staging};
+    checkFlexAttention(rng, c, kHost, noop_score(), mask, nullptr, ref, {.config = kWgmmaTiles});
+  }
 }
