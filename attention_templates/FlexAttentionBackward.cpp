@@ -584,6 +584,9 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
 void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
   if (auto why = detail::configProblem(c, &mask))
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
+  if (c.turns == LoopSchedule::On || c.defer == LoopSchedule::On)
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
+                ": turns and defer are schedules of the forward's loop; the backward's kernels have neither");
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <numbers>
 #include <string_view>
+#include <utility>
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
@@ -46,39 +47,54 @@ using namespace flextile::dsl;
 using namespace flextile::attention::tmpl;
 
 std::string FlexAttentionConfig::describe() const {
+  auto choice = [](LoopSchedule c, const char* name) {
+    return c == LoopSchedule::On ? std::string(" ") + name : c == LoopSchedule::Off ? std::string(" no-") + name : "";
+  };
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
          std::to_string(num_stages) +
-         (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "");
+         (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "") +
+         choice(turns, "turns") + choice(defer, "defer");
 }
 
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
-  std::string_view numbers = text;
-  auto specialize = WarpSpecialization::Auto;
-  for (const auto& [word, choice] : {std::pair<std::string_view, WarpSpecialization>{",ws", WarpSpecialization::On},
-                                     std::pair<std::string_view, WarpSpecialization>{",no-ws", WarpSpecialization::Off}})
-    if (numbers.size() > word.size() && numbers.ends_with(word)) {
-      numbers.remove_suffix(word.size());
-      specialize = choice;
-    }
+  const std::string usage = "config '" + std::string(text) +
+                            "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
+                            ",no-turns, ,defer or ,no-defer";
+  std::vector<std::string> items;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    items.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  if (items.size() < 4) throw Error(usage);
+  FlexAttentionConfig c;
   std::vector<int64_t> v;
-  bool numeric = true;
-  for (size_t start = 0; numeric && start <= numbers.size();) {
-    const size_t end = std::min(numbers.find(',', start), numbers.size());
-    const std::string item(numbers.substr(start, end - start));
+  for (size_t i = 0; i < 4; ++i) {
     size_t used = 0;
     long long x = 0;
     try {
-      x = std::stoll(item, &used);
+      x = std::stoll(items[i], &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    numeric = used != 0 && used == item.size() && x >= 1;
+    if (used == 0 || used != items[i].size() || x < 1) throw Error(usage);
     v.push_back(x);
-    start = end + 1;
   }
-  if (!numeric || v.size() != 4 || v[2] > 1024 || v[3] > 1024)
-    throw Error("config '" + std::string(text) + "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws");
-  return FlexAttentionConfig{v[0], v[1], int(v[2]), int(v[3]), specialize};
+  if (v[2] > 1024 || v[3] > 1024) throw Error(usage);
+  c.block_m = v[0], c.block_n = v[1], c.num_warps = int(v[2]), c.num_stages = int(v[3]);
+  bool ws = false, turns = false, defer = false;  // each said at most once
+  for (size_t i = 4; i < items.size(); ++i) {
+    const std::string& w = items[i];
+    if ((w == "ws" || w == "no-ws") && !std::exchange(ws, true))
+      c.warp_specialize = w == "ws" ? WarpSpecialization::On : WarpSpecialization::Off;
+    else if ((w == "turns" || w == "no-turns") && !std::exchange(turns, true))
+      c.turns = w == "turns" ? LoopSchedule::On : LoopSchedule::Off;
+    else if ((w == "defer" || w == "no-defer") && !std::exchange(defer, true))
+      c.defer = w == "defer" ? LoopSchedule::On : LoopSchedule::Off;
+    else
+      throw Error(usage);
+  }
+  return c;
 }
 
 FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std::optional<codegen::Target> target,
@@ -186,6 +202,8 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   if (c.num_warps < 1 || c.num_warps > 16 || (c.num_warps & (c.num_warps - 1)) != 0)
     return "num_warps must be 1, 2, 4, 8 or 16";
   if (c.num_stages < 1 || c.num_stages > 4) return "num_stages must be 1, 2, 3 or 4";
+  if (c.turns == LoopSchedule::On && c.num_warps != 8)
+    return "turns need two consumer warpgroups (8 warps), not " + std::to_string(c.num_warps);
   if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
     return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
            std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";
@@ -284,7 +302,7 @@ struct ForwardConstants {
   BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
-                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong));
+                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer));
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -304,6 +322,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   else f.attrs()["wgmma_register_a"] = int64_t(1);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
+  if (k.defer) f.attrs()["defer_accumulation"] = int64_t(1);  // P·V of step t after Q·Kᵀ of step t+1
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   const auto p = declareParams<ForwardParams>(f, dt);
   std::optional<PagedKvConstants> pc;
@@ -516,12 +535,15 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.constants.tma = detail::tmaBoxesFor({&k, &v}, p.config.num_stages, true);
   p.constants.warpSpecialize =
       p.constants.tma && detail::warpSpecializeWanted(scoreMod, blockMask, p.config.warp_specialize);
-  // The turns stay opt-in (FLEXTILE_PINGPONG=auto: this rule; =1: every loop): racecheck found
-  // hazards on turns in two-walk kernels before specialization, not yet understood or re-run on
-  // the specialized schedule (docs/reliability.md).
+  // The turns stay opt-in (config .turns = On, FLEXTILE_PINGPONG=auto: this rule, =1: every loop):
+  // racecheck found hazards on turns in two-walk kernels before specialization, not yet understood
+  // or re-run on the specialized schedule (docs/reliability.md).
   const char* turns = std::getenv("FLEXTILE_PINGPONG");
-  p.constants.pingpong = turns && std::string_view(turns) == "auto" && p.constants.warpSpecialize &&
-                         p.constants.hasScoreMod && p.config.num_warps == 8 && detail::pingpongWanted(scoreMod, blockMask);
+  p.constants.pingpong = p.config.turns == LoopSchedule::On ||
+                         (p.config.turns == LoopSchedule::Auto && turns && std::string_view(turns) == "auto" &&
+                          p.constants.warpSpecialize && p.constants.hasScoreMod && p.config.num_warps == 8 &&
+                          detail::pingpongWanted(scoreMod, blockMask));
+  p.constants.defer = p.config.defer == LoopSchedule::On;
   return p;
 }
 

@@ -35,12 +35,23 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
     for (int64_t n : blockN)
       for (int w : warps)
         for (int s : stages)
-          for (attention::WarpSpecialization ws : specialize) out.push_back({m, n, w, s, ws});
+          for (attention::WarpSpecialization ws : specialize)
+            for (attention::LoopSchedule t : turns)
+              for (attention::LoopSchedule d : defer) {
+                using attention::LoopSchedule;
+                const bool schedulable = w == 8 && m == 128 && s > 1;
+                if ((t == LoopSchedule::On && (!schedulable || ws == attention::WarpSpecialization::Off)) ||
+                    (d == LoopSchedule::On && !schedulable))
+                  continue;
+                out.push_back({m, n, w, s, ws, t, d});
+              }
   return out;
 }
 
 ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
   ConfigSpace s{{64, 128}, {32, 64, 128}, {4, 8}, {1, 2, 3}, {attention::WarpSpecialization::Auto, attention::WarpSpecialization::Off}};
+  s.turns = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
+  s.defer = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
   return s;
 }
@@ -200,10 +211,12 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
   const codegen::Target arch = target ? *target
                                       : codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
                                                                         runtime::Device::current().capabilityMinor());
-  if (!arch.has(codegen::Feature::SetMaxNReg)) {
+  // Without wgmma there are no turns and nothing to defer behind: On would time Auto's kernel too.
+  if (!arch.has(codegen::Feature::SetMaxNReg) || !arch.has(codegen::Feature::Wgmma)) {
     std::vector<FlexAttentionConfig> kept;
     for (FlexAttentionConfig c : configs) {
-      c.warp_specialize = attention::WarpSpecialization::Auto;
+      if (!arch.has(codegen::Feature::SetMaxNReg)) c.warp_specialize = attention::WarpSpecialization::Auto;
+      if (!arch.has(codegen::Feature::Wgmma)) c.turns = c.defer = attention::LoopSchedule::Auto;
       if (std::find(kept.begin(), kept.end(), c) == kept.end()) kept.push_back(c);
     }
     configs = std::move(kept);

@@ -137,6 +137,14 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
     t.config.warp_specialize = w->string == "on"    ? attention::WarpSpecialization::On
                                : w->string == "off" ? attention::WarpSpecialization::Off
                                                     : attention::WarpSpecialization::Auto;
+  auto schedule = [&](const char* k) {  // absent (or anything else): auto
+    const Json* v = e->find(k);
+    if (!v || v->kind != Json::Kind::String) return attention::LoopSchedule::Auto;
+    return v->string == "on" ? attention::LoopSchedule::On
+                             : v->string == "off" ? attention::LoopSchedule::Off : attention::LoopSchedule::Auto;
+  };
+  t.config.turns = schedule("turns");
+  t.config.defer = schedule("defer");
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -184,6 +192,10 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   e.object["num_stages"] = Json::num(t.config.num_stages);
   if (t.config.warp_specialize != attention::WarpSpecialization::Auto)
     e.object["warp_specialize"] = Json::str(t.config.warp_specialize == attention::WarpSpecialization::On ? "on" : "off");
+  if (t.config.turns != attention::LoopSchedule::Auto)
+    e.object["turns"] = Json::str(t.config.turns == attention::LoopSchedule::On ? "on" : "off");
+  if (t.config.defer != attention::LoopSchedule::Auto)
+    e.object["defer"] = Json::str(t.config.defer == attention::LoopSchedule::On ? "on" : "off");
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);

@@ -366,3 +366,53 @@ TEST(FlexAttentionCodegen, ScoreModFactorsFoldIntoTheScale) {
   EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[1,128\\]"), 2) << "kv positions scaled as a row";
   EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[128,1\\]"), 2) << "query positions scaled as a column";
 }
+
+// The loop schedules a config can ask for: turns (pass "pingpong") and deferred accumulation reach
+// the kernel as function attributes and change its loop; Auto leaves both off (without the
+// environment's switches); turns on 4 warps, and either in the backward, are refused by name.
+TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
+  const auto sm90a = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  VariantInstance alibi = variant("alibi").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  auto planFor = [&](FlexAttentionConfig c) {
+    return plan_flex_attention(q, q, q, alibi.score, alibi.mask, {.config = c}, true, sm90a);
+  };
+  const FlexAttentionConfig base{128, 128, 8, 2, WarpSpecialization::On};
+  auto plain = planFor(base);
+  EXPECT_EQ(plain.compiled->ir.find("warpgroup_turn"), std::string::npos);
+  EXPECT_EQ(plain.compiled->ir.find("pending = 1"), std::string::npos) << "no product left in flight across steps";
+
+  FlexAttentionConfig turns = base;
+  turns.turns = LoopSchedule::On;
+  auto withTurns = planFor(turns);
+  EXPECT_NE(withTurns.compiled->ir.find("pingpong = 1"), std::string::npos);
+  EXPECT_NE(withTurns.compiled->ir.find("warpgroup_turn"), std::string::npos);
+
+  FlexAttentionConfig defer = base;
+  defer.defer = LoopSchedule::On;
+  auto deferred = planFor(defer);
+  EXPECT_NE(deferred.compiled->ir.find("defer_accumulation = 1"), std::string::npos);
+  EXPECT_NE(deferred.compiled->ir.find("pending = 1"), std::string::npos) << "P·V of the last step stays in flight";
+  EXPECT_NE(plain.compiled, deferred.compiled) << "the schedule is part of the compiled kernel's key";
+
+  FlexAttentionConfig narrow{64, 64, 4, 2};
+  narrow.turns = LoopSchedule::On;
+  try {
+    planFor(narrow);
+    ADD_FAILURE() << "turns on 4 warps compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("turns need two consumer warpgroups (8 warps), not 4"), std::string::npos) << e.what();
+  }
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  try {
+    plan_flex_attention_backward(q, q, q, q, lse, q, alibi.score, alibi.mask,
+                                 {.config = FlexAttentionBackwardConfig{defer, {64, 64, 4, 2}}}, sm90a);
+    ADD_FAILURE() << "a deferred dkdv compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dkdv config BM128 BN128 w8 s2 ws defer: turns and defer are schedules of the "
+                                         "forward's loop"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -6,6 +6,9 @@
 // Sizes stay small: the interpreter runs about 2.5e8 multiply-adds a second.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include <cmath>
 #include <cstdio>
 
@@ -748,7 +751,22 @@ TEST(FlexAttention, ConfigParsesTheCliSpelling) {
   EXPECT_EQ(FlexAttentionConfig::parse("128,64,8,2"), (FlexAttentionConfig{128, 64, 8, 2}));
   EXPECT_EQ(FlexAttentionConfig::parse("128,64,8,2,ws"), (FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}));
   EXPECT_EQ(FlexAttentionConfig::parse("64,64,4,3,no-ws"), (FlexAttentionConfig{64, 64, 4, 3, WarpSpecialization::Off}));
-  for (const char* bad : {"", "ws", "128,64,8", "128,64,8,2,1", "128,64,8,2,yes", "128,-64,8,2", "128,64,8,2x", "a,b,c,d"}) {
+  const FlexAttentionConfig scheduled{128, 128, 8, 2, WarpSpecialization::On, LoopSchedule::On, LoopSchedule::Off};
+  EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,ws,turns,no-defer"), scheduled);
+  EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,no-defer,turns,ws"), scheduled) << "any order";
+  EXPECT_EQ(scheduled.describe(), "BM128 BN128 w8 s2 ws turns no-defer");
+  EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,defer").defer, LoopSchedule::On);
+  EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,no-turns").turns, LoopSchedule::Off);
+  for (const FlexAttentionConfig& c : {scheduled, FlexAttentionConfig{64, 32, 4, 1},
+                                       FlexAttentionConfig{128, 64, 8, 3, WarpSpecialization::Off, LoopSchedule::Off,
+                                                           LoopSchedule::On}}) {
+    std::string text = c.describe().substr(2);  // "BM128 BN.." -> "128 BN.."; spelled back with commas
+    for (const char* drop : {"BN", "w", "s"}) text.replace(text.find(std::string(" ") + drop), 1 + std::strlen(drop), ",");
+    std::replace(text.begin(), text.end(), ' ', ',');
+    EXPECT_EQ(FlexAttentionConfig::parse(text), c) << text;
+  }
+  for (const char* bad : {"", "ws", "128,64,8", "128,64,8,2,1", "128,64,8,2,yes", "128,-64,8,2", "128,64,8,2x", "a,b,c,d",
+                          "128,64,8,2,ws,ws", "128,64,8,2,turns,no-turns", "128,64,8,2,defer,", "128,64,8,2,,ws"}) {
     try {
       FlexAttentionConfig::parse(bad);
       ADD_FAILURE() << "'" << bad << "' parsed";

@@ -51,9 +51,19 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
   for (int64_t D : {64, 128, 256}) {
     ConfigSpace s = defaultSpace(DType::BF16, D);
     auto configs = s.configs();
-    EXPECT_EQ(configs.size(), s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size() * s.specialize.size());
     EXPECT_EQ(s.specialize, (std::vector<attention::WarpSpecialization>{attention::WarpSpecialization::Auto,
                                                                         attention::WarpSpecialization::Off}));
+    // The tiles times the choices of specialization; the loop schedules add, on the 8-warp
+    // 128-row pipelined tiles, turns (not with Off), defer, and both.
+    using attention::LoopSchedule;
+    const size_t tiles = s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size() * s.specialize.size();
+    const size_t scheduled = s.blockN.size() * 2;  // BM 128, w8, s 2 and 3
+    EXPECT_EQ(configs.size(), tiles + scheduled * (1 + 2 + 1));
+    for (const FlexAttentionConfig& c : configs) {
+      if (c.turns == LoopSchedule::Auto && c.defer == LoopSchedule::Auto) continue;
+      EXPECT_TRUE(c.num_warps == 8 && c.block_m == 128 && c.num_stages > 1) << c.describe();
+      if (c.turns == LoopSchedule::On) EXPECT_NE(c.warp_specialize, attention::WarpSpecialization::Off) << c.describe();
+    }
     for (std::optional<codegen::Target> target :
          {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})
       for (int64_t tiles : {int64_t(1), attention::kManyQueryTiles}) {
@@ -182,6 +192,9 @@ TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
     cache.put(key, {{64, 32, 4, 3}, 1.5, 2.0, "B=2"});
     cache.put("another", {{128, 64, 8, 2, attention::WarpSpecialization::Off}, 1.0, 1.0, ""});
     cache.put("a third", {{128, 128, 8, 2, attention::WarpSpecialization::On}, 1.0, 1.0, ""});
+    cache.put("a fourth", {{128, 128, 8, 3, attention::WarpSpecialization::Auto, attention::LoopSchedule::On,
+                            attention::LoopSchedule::Off},
+                           1.0, 1.0, ""});
   }
   {
     TuneCache cache(file, gpu);  // a new process reads the file
@@ -194,7 +207,10 @@ TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
     EXPECT_EQ(cache.find("a third")->config.warp_specialize, attention::WarpSpecialization::On);
     EXPECT_EQ(cache.find("a third")->config.describe(), "BM128 BN128 w8 s2 ws");
     EXPECT_EQ(cache.find("another")->config.describe(), "BM128 BN64 w8 s2 no-ws");
-    EXPECT_EQ(cache.size(), 3u);
+    // The loop schedules likewise ("on", "off", absent Auto).
+    EXPECT_EQ(cache.find("a fourth")->config.describe(), "BM128 BN128 w8 s3 turns no-defer");
+    EXPECT_EQ(cache.find("a third")->config.turns, attention::LoopSchedule::Auto);
+    EXPECT_EQ(cache.size(), 4u);
     EXPECT_NO_THROW(parseJson([&] {
       std::ifstream in(file);
       std::stringstream ss;
