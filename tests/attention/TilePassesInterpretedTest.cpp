@@ -159,6 +159,21 @@ TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
   }
 }
 
+// The loop schedules a config asks for, together, on the warp-specialized 8-warp tile: turns and
+// deferred accumulation (FlexAttentionConfig::turns, ::defer), D 128, every variant.
+TEST(TilePassesInterpreted, ForwardWithConfigSchedules) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  const FlexAttentionConfig config{128, 128, 8, 2, WarpSpecialization::On, LoopSchedule::On, LoopSchedule::On};
+  for (const char* name : {"full", "causal", "sliding_window", "document", "alibi", "softcap"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = 128, .dtype = DType::BF16};
+    c.context = std::string(name) + " " + config.describe();
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+      return;
+  }
+}
+
 // A producer warpgroup of its own (FLEXTILE_WARP_SPECIALIZE=1): the marked IR verifies and
 // computes the same (the interpreter runs every op, whatever warps the GPU runs it on).
 TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
