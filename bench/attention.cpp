@@ -11,7 +11,7 @@
 // joins them with torch_reference.py's JSON).
 //
 //   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
-//                            [--config BM,BN,W,S[,ws]]...   (timed too, after the default and the sweep)
+//                            [--config BM,BN,W,S[,ws][,turns][,defer]]...   (timed too, after the default and the sweep)
 //                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
 //                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
 #include <Eigen/Core>
