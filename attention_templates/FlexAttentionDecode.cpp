@@ -128,7 +128,8 @@ struct DecodeConstants {
   BOOST_HANA_DEFINE_STRUCT(DecodeConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
-                           (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM));
+                           (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
+                           (int64_t, programmaticLaunch));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -217,6 +218,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   }
   const double log2e = std::numbers::log2e;
 
+  // Programmatic dependent launch: the program waits here, before its first global access, for
+  // the stream's previous kernel (which may write the cache, the queries or the lists), and lets
+  // the next kernel start launching once its walk is done (below).
+  if (k.programmaticLaunch) wait_for_prior_grids();
   Tile split = program_id(0), group = program_id(1), b = program_id(2);
   Tile splits = num_programs(0);
   Tile b64 = b.to(DType::I64);
@@ -350,6 +355,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, maximum(first - fullSteps, 0),
                                maximum(last - fullSteps, 0), m, l, acc);
 
+  if (k.programmaticLaunch) release_dependent_grids();
   Tile empty = l == 0.0;
   Tile out = acc / where(empty, 1.0, l).expand(1);
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
@@ -636,6 +642,13 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
 }
 
+// Programmatic dependent launch for the decode kernel (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1,
+// until measured): a step may then start while the stream's previous kernel finishes.
+bool programmaticLaunchWanted() {
+  const char* e = std::getenv("FLEXTILE_PROGRAMMATIC_LAUNCH");
+  return e && std::string_view(e) == "1";
+}
+
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
   return DecodeConstants{p.BM,
                          p.config.block_n,
@@ -653,7 +666,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.config.splits > 1,
                          p.mask->qBlockSize(),
                          p.queryOffsets.has_value(),
-                         p.programsPerSm};
+                         p.programsPerSm,
+                         programmaticLaunchWanted()};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

@@ -48,6 +48,7 @@
 // thread fences (not only thread 0) because the op does not know which thread a later
 // atomic runs on (a tile atomic runs on many).
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
@@ -232,6 +233,17 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
     }
   }
   set(res, std::move(old));
+}
+
+// griddepcontrol: each thread that runs it waits (every thread reads what the prior grids wrote),
+// or signals that the next grid may launch (the grid's signal counts once every program has
+// given it or exited). A target without it runs the kernel as an ordinary launch: nothing to do.
+void Lowering::lowerGridDependency(const ir::Op& op) {
+  if (!target.has(Feature::GridDependencyControl)) return;
+  const bool wait = op.strAttr("kind") == "wait";
+  auto* fnTy = llvm::FunctionType::get(b.getVoidTy(), false);
+  b.CreateCall(fnTy, llvm::InlineAsm::get(fnTy, wait ? "griddepcontrol.wait;" : "griddepcontrol.launch_dependents;",
+                                          "~{memory}", /*hasSideEffects=*/true));
 }
 
 void Lowering::lowerFence(const ir::Op& op) {

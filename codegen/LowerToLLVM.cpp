@@ -334,6 +334,7 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::Store: lowerStore(op); return;
     case OpKind::AtomicAdd: lowerAtomicAdd(op); return;
     case OpKind::Fence: lowerFence(op); return;
+    case OpKind::GridDependency: lowerGridDependency(op); return;
     case OpKind::Reduce: lowerReduce(op); return;
     case OpKind::Dot: lowerDot(op); return;
     case OpKind::For: lowerFor(op); return;

@@ -127,6 +127,7 @@ class Lowering {
   void lowerAtomicAdd(const ir::Op& op);       // LowerAtomic.cpp
   void lowerAtomicAddBulkRows(const ir::Op& op);  // bulk_rows = 1: cp.reduce.async.bulk per row
   void lowerFence(const ir::Op& op);
+  void lowerGridDependency(const ir::Op& op);
   void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp

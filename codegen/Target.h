@@ -24,6 +24,7 @@ enum class Feature : uint8_t {
   BulkReduce,  // cp.reduce.async.bulk from shared to global, bulk_group completion (sm_90)
   Wgmma,       // wgmma.mma_async m64nNk16 from shared memory (sm_90a)
   SetMaxNReg,  // setmaxnreg: warpgroup register reallocation (sm_90a)
+  GridDependencyControl,  // griddepcontrol.wait / .launch_dependents: programmatic dependent launch (sm_90)
 };
 // "wgmma", for messages.
 const char* featureName(Feature feature);

@@ -54,6 +54,9 @@ struct Kernel::Compiled {
   std::unique_ptr<runtime::Module> module;  // loaded on first run
   std::optional<runtime::Kernel> function;
   runtime::TensorMapCache tensorMapCache;   // the last maps of code.tensorMaps, per recipe
+  // The kernel waits for its prior grids itself (dsl wait_for_prior_grids: griddepcontrol.wait in
+  // its PTX), so it is launched with programmatic stream serialization.
+  bool programmaticLaunch = false;
 };
 
 Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
@@ -327,6 +330,7 @@ void Kernel::loadModule(Compiled& c) {
     cache.storeDriverCubin(codegen::CompileCacheKey{code.irHash, code.target}, code.ptx,
                            codegen::DriverCubin{identity, module->jitImage()});
   c.function = module->function(code.name);
+  c.programmaticLaunch = code.ptx.find("griddepcontrol.wait") != std::string::npos;
   c.module = std::move(module);
 }
 
@@ -419,7 +423,8 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   }
   for (const runtime::TensorMap& m : maps) ptrs.push_back(const_cast<void*>(m.data()));
   c.function->launch({unsigned(options.grid[0]), unsigned(options.grid[1]), unsigned(options.grid[2])},
-                     unsigned(code.threadsPerProgram()), unsigned(code.sharedBytes), ptrs.data(), options.stream);
+                     unsigned(code.threadsPerProgram()), unsigned(code.sharedBytes), ptrs.data(), options.stream,
+                     c.programmaticLaunch);
 }
 
 // FLEXTILE_INTERPRET_AFTER_PASSES=<target> (sm_80, sm_90a, ...): the interpreter runs the IR after

@@ -322,6 +322,8 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
 
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
 void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
+void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
+void release_dependent_grids(SourceLoc loc) { builderAt(loc, "release_dependent_grids").gridDependency("release"); }
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
   return atomicAddImpl(ptr, value, &mask, loc);
 }

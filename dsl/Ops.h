@@ -87,6 +87,13 @@ Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = Source
 // serves: write partials, fence, take a ticket; the last ticket's holder fences, then reads
 // everyone's partials (attention_templates/FlexAttentionDecode.cpp).
 void fence(SourceLoc loc = SourceLoc::current());
+// Programmatic dependent launch (sm_90+; elsewhere nothing). A kernel that calls
+// wait_for_prior_grids is launched so that it may start while the stream's previous kernel
+// finishes; the call waits until that kernel has completed and its writes are visible, so put it
+// before the first read of anything the previous kernel may write (in practice: before any global
+// access). release_dependent_grids lets the stream's next such kernel start launching.
+void wait_for_prior_grids(SourceLoc loc = SourceLoc::current());
+void release_dependent_grids(SourceLoc loc = SourceLoc::current());
 
 // Reductions along `axis` (negative counts from the end); the axis is removed.
 Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());

@@ -108,6 +108,7 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
 }
 
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
+void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 
 Value* Builder::reduce(Value* x, int axis, std::string_view kind) {
   Shape s = x->type().shape();

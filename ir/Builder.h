@@ -55,6 +55,7 @@ class Builder {
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
+  void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)
   Value* reduce(Value* x, int axis, std::string_view kind);
   Value* dot(Value* a, Value* b, Value* acc);
   void ret();

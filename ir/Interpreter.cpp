@@ -383,6 +383,7 @@ class Program {
       std::atomic_thread_fence(std::memory_order_acq_rel);
       return;
     }
+    if (op.kind() == OpKind::GridDependency) return;  // one launch at a time: the prior grids are done
     const Type& rt = op.numResults() ? op.result()->type() : op.operand(0)->type();
     const size_t n = size_t(rt.numElements());
     switch (op.kind()) {
@@ -452,6 +453,7 @@ class Program {
       case OpKind::Store: return store(op, n);
       case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
       case OpKind::Fence:  // run above: it has neither operands nor results
+      case OpKind::GridDependency:
       case OpKind::LocalAlloc:
       case OpKind::AsyncCopy:
       case OpKind::AsyncCommit:

@@ -318,6 +318,14 @@ class Verifier {
         // an ordering) would otherwise be ignored without a word.
         if (ownAttrCount(op) != 0) err(op, "takes no attributes (it is acq_rel at GPU scope), got '" + firstOwnAttr(op) + "'");
         break;
+      case OpKind::GridDependency:
+        if (strAttrIn(op, "kind", {"wait", "release"}) && ownAttrCount(op) != 1)
+          for (const auto& [k, v] : op.attrs())
+            if (k != "kind" && !markAttr(op, k)) {
+              err(op, "takes only the attribute kind, got '" + k + "'");
+              break;
+            }
+        break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;
       case OpKind::For: forLoop(op); break;

@@ -119,6 +119,7 @@ LoadOutcome load(const std::string& path) {
   }
   // Optional entry points: their users say what is missing (runtime/TensorMap.cpp).
   api->tensorMapEncodeTiled = reinterpret_cast<decltype(api->tensorMapEncodeTiled)>(dlsym(library, "cuTensorMapEncodeTiled"));
+  api->launchKernelEx = reinterpret_cast<decltype(api->launchKernelEx)>(dlsym(library, "cuLaunchKernelEx"));
   if (cu::Result result = api->init(0); result != cu::kSuccess) {
     outcome.whyNot = "no usable CUDA driver (cuInit failed: " + describeWith(*api, result) + ")" + kConsequence;
     return outcome;

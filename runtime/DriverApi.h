@@ -120,6 +120,23 @@ enum TensorMapSwizzleMode : int { kSwizzleNone = 0, kSwizzle32B = 1, kSwizzle64B
 enum TensorMapL2Promotion : int { kL2PromotionNone = 0, kL2Promotion64B = 1, kL2Promotion128B = 2, kL2Promotion256B = 3 };
 inline constexpr int kTensorMapOobFillNone = 0;  // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out-of-bounds reads give zeros
 
+// cuLaunchKernelEx's configuration (cuda.h CUlaunchConfig and CUlaunchAttribute, same layout):
+// the launch geometry and a list of attributes, each an id and a 64-byte value union.
+enum LaunchAttributeId : int { kLaunchAttributeProgrammaticStreamSerialization = 6 };
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  alignas(8) unsigned char value[64];  // for id 6: an int, non-zero to allow the overlap
+};
+static_assert(sizeof(LaunchAttribute) == 72, "cuda.h's CUlaunchAttribute is 72 bytes");
+struct LaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  Stream stream;
+  LaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+static_assert(sizeof(LaunchConfig) == 56, "cuda.h's CUlaunchConfig is 56 bytes");
+
 // The entry points, one pointer each, filled by Driver when libcuda loads.
 struct Api {
   Result (*init)(unsigned flags);
@@ -184,6 +201,9 @@ struct Api {
                                  const uint64_t* globalDim, const uint64_t* globalStrides, const uint32_t* boxDim,
                                  const uint32_t* elementStrides, int interleave, int swizzle, int l2Promotion,
                                  int oobFill);
+  // Optional likewise (CUDA 12.0): a launch with attributes, here programmatic stream
+  // serialization for kernels that wait for their prior grids themselves (griddepcontrol).
+  Result (*launchKernelEx)(const LaunchConfig* config, Function function, void** params, void** extra);
 };
 
 // The process-wide table; throws DriverError with the plain reason when no driver is usable.

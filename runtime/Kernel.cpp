@@ -1,4 +1,7 @@
 #include "runtime/Kernel.h"
+
+#include <cstring>
+
 #include "runtime/FaultInjection.h"
 
 #include "runtime/Device.h"
@@ -66,7 +69,7 @@ LaunchLimits Kernel::computeLimits() const {
 }
 
 void Kernel::launch(std::array<unsigned, 3> grid, unsigned threads, unsigned sharedBytes, void** args,
-                    Stream* stream) const {
+                    Stream* stream, bool programmaticLaunch) const {
   if (!function_) throw DriverError("Kernel::launch: an empty kernel handle");
   validateLaunch(name_, limits_, grid, threads, sharedBytes);
   if (stream && stream->device() != device_)
@@ -87,12 +90,24 @@ void Kernel::launch(std::array<unsigned, 3> grid, unsigned threads, unsigned sha
     dynamicSharedLimit_->store(int(sharedBytes), std::memory_order_relaxed);
   }
   maybeInjectFault(FaultSite::Launch, name_);
-  cu::checkLazy(api.launchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, sharedBytes,
-                                 stream ? static_cast<cu::Stream>(stream->handle()) : nullptr, args, nullptr),
-                "cuLaunchKernel", [&] {
-                  return "kernel '" + name_ + "', grid " + gridString(grid) + ", " + std::to_string(threads) +
-                         " threads, " + std::to_string(sharedBytes) + " bytes of dynamic shared memory";
-                });
+  const auto streamHandle = stream ? static_cast<cu::Stream>(stream->handle()) : nullptr;
+  auto describe = [&] {
+    return "kernel '" + name_ + "', grid " + gridString(grid) + ", " + std::to_string(threads) + " threads, " +
+           std::to_string(sharedBytes) + " bytes of dynamic shared memory";
+  };
+  if (programmaticLaunch && api.launchKernelEx) {
+    cu::LaunchAttribute overlap{};
+    overlap.id = cu::kLaunchAttributeProgrammaticStreamSerialization;
+    const int allowed = 1;
+    std::memcpy(overlap.value, &allowed, sizeof allowed);
+    const cu::LaunchConfig config{grid[0], grid[1], grid[2], threads, 1, 1, sharedBytes, streamHandle, &overlap, 1};
+    cu::checkLazy(api.launchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx",
+                  [&] { return describe() + ", programmatic stream serialization"; });
+    return;
+  }
+  cu::checkLazy(api.launchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, sharedBytes, streamHandle, args,
+                                 nullptr),
+                "cuLaunchKernel", describe);
 }
 
 }  // namespace flextile::runtime

@@ -51,8 +51,12 @@ class Kernel {
   // cuLaunchKernel convention). Raises the kernel's dynamic shared memory limit when it needs
   // more than the default 48 KiB and refuses, with the need and the limit in the message, what
   // the device cannot give. Errors inside the kernel surface at the next synchronizing call.
+  // `programmaticLaunch`: the kernel waits for its prior grids itself (griddepcontrol.wait, before
+  // its first global access), so it is launched with programmatic stream serialization and may
+  // start while the stream's previous kernel finishes; a driver without cuLaunchKernelEx launches
+  // it the ordinary way (then the wait returns at once).
   void launch(std::array<unsigned, 3> grid, unsigned threads, unsigned sharedBytes, void** args,
-              Stream* stream = nullptr) const;
+              Stream* stream = nullptr, bool programmaticLaunch = false) const;
 
   void* handle() const { return function_; }  // the CUfunction
   Device* device() const { return device_; }

@@ -6,6 +6,7 @@
 #   * the backward with FlashAttention-3's atomic dQ in the specialized dkdv
 #     (FLEXTILE_TMA_IN_STAGING_LOOPS=1, --atomic-dq --dkdv 64,128,8,2,ws) next to the default
 #     (a separate dq kernel);
+#   * the decode bench with and without programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH);
 #   * PyTorch FlexAttention's forward and backward in the same call (bundle/peers/torch_reference.py).
 # FLEXTILE_SCHEDULE_VARIANTS (default full,causal,document,alibi) picks the variants.
 set -uo pipefail
@@ -29,8 +30,11 @@ run schedules_forward "$BUNDLE/bin/flextile_attention_bench" "${doc[@]}" --quick
 run schedules_backward_separate "$BUNDLE/bin/flextile_attention_backward_bench" "${doc[@]}" --quick --variants "$VARIANTS"
 run schedules_backward_atomic env FLEXTILE_TMA_IN_STAGING_LOOPS=1 "$BUNDLE/bin/flextile_attention_backward_bench" "${doc[@]}" \
   --quick --variants "$VARIANTS" --atomic-dq --dkdv 64,128,8,2,ws
+run schedules_decode_plain env FLEXTILE_PROGRAMMATIC_LAUNCH=0 "$BUNDLE/bin/flextile_attention_decode_bench"
+run schedules_decode_programmatic env FLEXTILE_PROGRAMMATIC_LAUNCH=1 "$BUNDLE/bin/flextile_attention_decode_bench"
 run schedules_torch python3 "$BUNDLE/peers/torch_reference.py" --variants "$VARIANTS" --json "$LOGS/schedules_torch.json"
-for name in schedules_forward schedules_backward_separate schedules_backward_atomic schedules_torch; do
+for name in schedules_forward schedules_backward_separate schedules_backward_atomic schedules_decode_plain \
+  schedules_decode_programmatic schedules_torch; do
   echo
   tail -n 30 "$LOGS/$name.log"
 done

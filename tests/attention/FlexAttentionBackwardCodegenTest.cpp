@@ -207,7 +207,9 @@ TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
   EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,128\\]"), 2) << "K and V resident, once each";
   EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,64\\]"), 1) << "dSᵀ's staging buffer";
   EXPECT_EQ(count(dkdv.ir, "bulk_rows = 1"), 1);
-  if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(dkdv.ptx, target));
+  if (codegen::findPtxas()) {
+    EXPECT_NO_THROW(codegen::runPtxas(dkdv.ptx, target));
+  }
 }
 
 // The sm_90a default: dq on two consumer warpgroups and a producer above D = 64, one warpgroup at

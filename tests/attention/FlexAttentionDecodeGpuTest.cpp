@@ -88,6 +88,25 @@ TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
       if (!checkFusedMergeCalls(rng, c, kDevice)) return;
 }
 
+// The same calls with programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH=1): each decode
+// kernel may start while the previous one finishes, waits before its first global access (the
+// merge counters the previous call's last program resets, the partials it reads), and releases
+// the next after its walk.
+TEST(FlexDecodeGpu, FusedMergeCallAfterCallWithProgrammaticLaunch) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv programmatic("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .blocks = {128, 128}, .blockN = 64,
+       .splits = {64, 7, 128, 7, 33, 2}},
+      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {16, 3, 40, 3}},
+  };
+  for (int round = 0; round < 3; ++round)
+    for (const FusedMergeCase& c : cases)
+      if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+}
+
 // query_offsets on the device: a batch of requests at different positions of a window mask, each
 // against a reference run at its own position (the offsets are never read by the host).
 TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {

@@ -410,3 +410,33 @@ TEST(FlexDecode, EverySequenceAtItsOwnPosition) {
   FlexAttentionOptions wrongShape{.query_offsets = Tensor::fromHost(std::vector<int32_t>{1, 2}, {2}, kHost)};
   expectError([&] { flex_attention(q, k, v, noop_score(), mask, wrongShape); }, {"query_offsets"});
 }
+
+// Programmatic dependent launch (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1): the decode kernel waits
+// for its prior grids before its first global load and releases the next grid after its walk;
+// without the switch neither appears. The results stay those of the reference (the interpreter
+// runs the ops as nothing: one launch at a time).
+TEST(FlexDecode, ProgrammaticLaunchWaitsBeforeTheFirstGlobalLoad) {
+  const codegen::Target target = codegen::Target::sm90a();
+  const int64_t B = 2, Hq = 8, Hkv = 2, S = 1000, D = 128;
+  Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
+  const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
+  {
+    FlexDecodePlan plain = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, target);
+    EXPECT_EQ(plain.compiled[0]->ptx.find("griddepcontrol"), std::string::npos);
+  }
+  ScopedSetenv programmatic("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");
+  FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, target);
+  const std::string& ptx = plan.compiled[0]->ptx;
+  const size_t wait = ptx.find("griddepcontrol.wait;"), release = ptx.find("griddepcontrol.launch_dependents;");
+  ASSERT_NE(wait, std::string::npos);
+  ASSERT_NE(release, std::string::npos);
+  EXPECT_LT(wait, ptx.find("ld.global")) << "the wait comes before every global load";
+  EXPECT_LT(wait, release);
+  if (codegen::findPtxas()) {
+    EXPECT_NO_THROW(codegen::runPtxas(ptx, target));
+  }
+  SeededRandom rng;
+  AttentionCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = 64, .dtype = DType::BF16,
+                  .context = "programmatic launch"};
+  EXPECT_TRUE(checkDecodeVariant(rng, variant("sliding_window"), c, kHost));
+}

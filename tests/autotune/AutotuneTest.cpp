@@ -62,7 +62,9 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
     for (const FlexAttentionConfig& c : configs) {
       if (c.turns == LoopSchedule::Auto && c.defer == LoopSchedule::Auto) continue;
       EXPECT_TRUE(c.num_warps == 8 && c.block_m == 128 && c.num_stages > 1) << c.describe();
-      if (c.turns == LoopSchedule::On) EXPECT_NE(c.warp_specialize, attention::WarpSpecialization::Off) << c.describe();
+      if (c.turns == LoopSchedule::On) {
+        EXPECT_NE(c.warp_specialize, attention::WarpSpecialization::Off) << c.describe();
+      }
     }
     for (std::optional<codegen::Target> target :
          {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})

@@ -106,6 +106,7 @@ std::unique_ptr<Function> everyOpProgram() {
   b.atomicAdd(b.addptr(b.splat(out, {64}), rows), scaled, inBounds);
   b.atomicAdd(out, b.cast(results[1], DType::F32));
   b.fence();  // orders the stores and atomics above for other programs
+  b.gridDependency("release");  // the stream's next grid may start launching
   b.ret();
   return f;
 }

@@ -15,8 +15,9 @@
 // (strides: rank - 1 entries) and writes a map whose 16 words are 0x7E45_0000_0000_0000 + i + 1,
 // so a test can tell the driver's bytes from any other. It refuses a map not 64-byte aligned, as
 // the driver requires, and any map when FLEXTILE_FAKE_CUDA_TENSOR_MAP_FAILS=1 (CUDA_ERROR_INVALID_VALUE).
+// cuLaunchKernelEx logs "launchex" lines (below), with the geometry and attributes it read.
 // Built with FLEXTILE_FAKE_CUDA_OLD_DRIVER it is a CUDA 11.8 driver instead: no
-// cuTensorMapEncodeTiled at all (tests/runtime/TensorMapOldDriverTest.cpp).
+// cuTensorMapEncodeTiled and no cuLaunchKernelEx at all (tests/runtime/TensorMapOldDriverTest.cpp).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +268,37 @@ int cuEventElapsedTime(float* ms, void*, void*) {
 int cuEventDestroy_v2(void*) { return 0; }
 
 #ifndef FLEXTILE_FAKE_CUDA_OLD_DRIVER
+// cuda.h's launch configuration, written out here as the header has it (not shared with
+// runtime/DriverApi.h, so that a layout mistake there shows as wrong numbers in the log).
+struct CUlaunchAttribute {
+  int id;
+  char pad[8 - sizeof(int)];
+  union {
+    char pad[64];
+    int programmaticStreamSerializationAllowed;
+    void* alignment;
+  } value;
+};
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  void* hStream;
+  CUlaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+// Logs "launchex <kernel> stream <s> grid X,Y,Z block X,Y,Z smem <bytes> attrs <id>=<int value>,..."
+int cuLaunchKernelEx(const CUlaunchConfig* config, void* function, void**, void**) {
+  std::string attrs;
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    attrs += (i ? "," : "") + std::to_string(config->attrs[i].id) + "=" +
+             std::to_string(config->attrs[i].value.programmaticStreamSerializationAllowed);
+  record("launchex " + static_cast<Function*>(function)->name + " stream " + streamText(config->hStream) + " grid " +
+         std::to_string(config->gridDimX) + "," + std::to_string(config->gridDimY) + "," +
+         std::to_string(config->gridDimZ) + " block " + std::to_string(config->blockDimX) + "," +
+         std::to_string(config->blockDimY) + "," + std::to_string(config->blockDimZ) + " smem " +
+         std::to_string(config->sharedMemBytes) + " attrs " + attrs);
+  return 0;
+}
+
 int cuTensorMapEncodeTiled(void* tensorMap, int dataType, uint32_t rank, void* globalAddress, const uint64_t* globalDim,
                            const uint64_t* globalStrides, const uint32_t* boxDim, const uint32_t* elementStrides,
                            int interleave, int swizzle, int l2Promotion, int oobFill) {

@@ -109,6 +109,35 @@ TEST(Streams, KernelRunGoesToTheGivenStreamAndBorrowedStreamsAreNeverDestroyed) 
   EXPECT_NE(destroyed[0], "destroy stream 0xabc0");
 }
 
+// A kernel that waits for its prior grids (wait_for_prior_grids) is launched through
+// cuLaunchKernelEx with programmatic stream serialization (attribute 6 = 1), on its stream, with
+// its geometry; one without the wait keeps cuLaunchKernel.
+TEST(Streams, AKernelThatWaitsForItsPriorGridsIsLaunchedForProgrammaticOverlap) {
+  Tensor x = Tensor::empty(DType::F32, {1000}, MemorySpace::Device), y = Tensor::empty(DType::F32, {1000}, MemorySpace::Device);
+  Kernel waits = kernel("scale_after_prior_grids", [](Ptr<f32> x, Ptr<f32> y, Int n, Float a, Const<int> BLOCK) {
+    wait_for_prior_grids();
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    auto ok = offs < n;
+    auto v = load(x + offs, ok) * a;
+    release_dependent_grids();
+    store(y + offs, v, ok);
+  });
+  Kernel plain = scaleKernel("scale_without_waiting");
+  take();
+  runtime::Stream stream;
+  waits.run({.grid = {8, 1, 1}, .constants = {128}, .stream = &stream}, x, y, 1000, 2.0f);
+  plain.run({.grid = {8, 1, 1}, .constants = {128}, .stream = &stream}, x, y, 1000, 2.0f);
+  const auto lines = take();
+  const auto ex = matching(lines, "launchex ");
+  ASSERT_EQ(ex.size(), 1u) << joined(lines);
+  EXPECT_EQ(ex[0], "launchex scale_after_prior_grids stream " + handleText(stream) + " grid 8,1,1 block 128,1,1 smem " +
+                       ex[0].substr(ex[0].find(" smem ") + 6, ex[0].find(" attrs") - ex[0].find(" smem ") - 6) +
+                       " attrs 6=1");
+  const auto plainLaunches = matching(lines, "launch ");
+  ASSERT_EQ(plainLaunches.size(), 1u) << joined(lines);
+  EXPECT_EQ(plainLaunches[0], "launch scale_without_waiting stream " + handleText(stream));
+}
+
 TEST(Streams, TensorCopiesAndFillsGoToTheGivenStream) {
   runtime::Stream s;
   take();

@@ -1,10 +1,16 @@
 // A CUDA 11.8 driver (the recording fake built without cuTensorMapEncodeTiled): FlexTile still
 // loads it (nothing else needs CUDA 12), and a tensor map is refused with the reason, naming the
-// driver and its version, instead of a null call or a bare "symbol not found".
+// driver and its version, instead of a null call or a bare "symbol not found". Without
+// cuLaunchKernelEx, a kernel that waits for its prior grids is launched the ordinary way.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <unistd.h>
+
+#include "dsl/DSL.h"
 
 #include "runtime/Driver.h"
 #include "runtime/DriverError.h"
@@ -49,6 +55,30 @@ TEST(TensorMapOldDriver, AMissingEncoderIsAClearError) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("boxDims[1] = 300 is outside 1..256"), std::string::npos) << msg;
+}
+
+TEST(TensorMapOldDriver, AKernelThatWaitsForItsPriorGridsLaunchesTheOrdinaryWay) {
+  ASSERT_TRUE(kOldDriver);
+  char path[] = "/tmp/flextile_old_driver_log_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  setenv("FLEXTILE_FAKE_CUDA_LOG", path, 1);
+  using namespace flextile::dsl;
+  Tensor y = Tensor::empty(DType::F32, {256}, MemorySpace::Device);
+  Kernel k = kernel("fill_after_prior_grids", [](Ptr<f32> y, Const<int> BLOCK) {
+    wait_for_prior_grids();
+    auto offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    store(y + offs, offs.to(DType::F32));
+  });
+  k.run({.grid = {2, 1, 1}, .constants = {128}}, y);
+  unsetenv("FLEXTILE_FAKE_CUDA_LOG");
+  std::ifstream in(path);
+  std::stringstream log;
+  log << in.rdbuf();
+  std::remove(path);
+  EXPECT_NE(log.str().find("launch fill_after_prior_grids stream"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("launchex"), std::string::npos) << log.str();
 }
 
 }  // namespace
