@@ -161,7 +161,9 @@ TEST(FlexAttentionBackwardCodegen, TmaFillsTheWalksRingsWhenAskedFor) {
     EXPECT_EQ(plan.compiled[i]->tensorMaps.size(), plan.compiled[i]->producerWarps > 0 && i == 1 ? 4u : 2u);
     EXPECT_GT(count(plan.compiled[i]->ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 0);
     EXPECT_EQ(count(plan.compiled[i]->ptx, "cp\\.async\\.cg"), 0);
-    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[i]->ptx, codegen::Target::sm90a()));
+    if (codegen::findPtxas()) {
+      EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[i]->ptx, codegen::Target::sm90a()));
+    }
   }
 }
 
@@ -273,7 +275,9 @@ TEST(FlexAttentionBackwardCodegen, SpecializedDkdvCopiesItsRowsByTma) {
     EXPECT_EQ(count(ir, "local_load [^\\n]*: f32\\[64\\]"), boxed ? 4 : 0);
     EXPECT_EQ(count(plan.compiled[1]->ptx, "cp\\.async\\.bulk\\.tensor\\.2d"), boxed ? 8 : 0);
     EXPECT_EQ(plan.compiled[1]->tensorMaps.size(), boxed ? 4u : 2u);
-    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+    if (codegen::findPtxas()) {
+      EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+    }
   }
 }
 
@@ -298,6 +302,8 @@ TEST(FlexAttentionBackwardCodegen, RowRingsOnlyTakeSlotsTmaCanWrite) {
     const std::string& ir = plan.compiled[1]->ir;
     EXPECT_NE(ir.find("producer_warps = 4"), std::string::npos);
     EXPECT_EQ(count(ir, "tma_copy [^\\n]*%lse2") > 0, rows * 4 % 128 == 0) << ir;
-    if (codegen::findPtxas()) EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+    if (codegen::findPtxas()) {
+      EXPECT_NO_THROW(codegen::runPtxas(plan.compiled[1]->ptx, sm90a));
+    }
   }
 }

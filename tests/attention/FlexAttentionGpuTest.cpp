@@ -136,7 +136,9 @@ TEST(FlexAttentionGpu, TmaCopiesEveryVariant) {
           // The yardstick variants' loops take TMA; a loop that waits for the CTA (a gather's layout
           // conversion through shared memory: the bias table) keeps the cp.async ring.
           const bool yardstick = var.name != "bias";
-          if (yardstick) ASSERT_EQ(plan.compiled->tensorMaps.size(), 2u) << c.context << " " << plan.config.describe();
+          if (yardstick) {
+            ASSERT_EQ(plan.compiled->tensorMaps.size(), 2u) << c.context << " " << plan.config.describe();
+          }
         }
         if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
           return;
@@ -193,7 +195,9 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
           Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
           Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
           FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
-          if (var.name != "bias") ASSERT_EQ(plan.compiled->producerWarps, 4) << c.context << " " << plan.config.describe();
+          if (var.name != "bias") {
+            ASSERT_EQ(plan.compiled->producerWarps, 4) << c.context << " " << plan.config.describe();
+          }
           if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
             return;
         }

@@ -43,9 +43,10 @@ TEST(InterpreterAtomic, ManyLanesOnOneAddressAddEveryOne) {
       std::sort(seen.begin(), seen.end());
       for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], double(i));
       // Within one program the lanes add in row-major order: lane i sees lane 0's count + i.
-      if (threads == 1)
+      if (threads == 1) {
         for (int p = 0; p < programs; ++p)
           for (int i = 0; i < 64; ++i) ASSERT_EQ(old.get(size_t(p * 64 + i)), old.get(size_t(p * 64)) + i);
+      }
     }
   }
 }
