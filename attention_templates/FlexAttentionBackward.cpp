@@ -361,25 +361,24 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile dsT = pT * (dpT - delta.expand(0));
         if (k.hasScoreMod) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
         Tile dsLow = dsT.to(dt);
-        // Specialized (two consumer warpgroups), atomic dQ is dQᵀ = Kᵀ dSᵀ: its DP rows give each
-        // warpgroup 64 of them on wgmma, with Kᵀ and dSᵀ read from shared memory, where dQ's BM =
-        // 64 rows would leave it to mma.sync and hold K's fragments in every thread. It goes before
-        // dK (the document dkdv spills 420 bytes so, 560 after dK; the others the same).
-        const bool dqT = atomicDqT;
-        const bool dqFirst = dqT;
-        std::optional<Tile> dkNew;
-        if (!dqFirst) dkNew = dot(dsLow, qt, dki);
-        if (k.atomicDq) {  // dQ_i += scale sum_j dS'_ij K_j, into the f32 buffer [B, Hq, L, D]
-          Tile dq = dqT ? (dot(kt.trans(), dsLow) * p.grad_scale).trans()  // [BM, DP]
-                            : dot(dsLow.trans(), kt) * p.grad_scale;
+        // dQ_i += scale sum_j dS'_ij K_j, into the f32 buffer [B, Hq, L, D]. Specialized (two
+        // consumer warpgroups) as dQᵀ = Kᵀ dSᵀ: its DP rows give each warpgroup 64 of them on
+        // wgmma, with Kᵀ and dSᵀ read from shared memory, where dQ's BM = 64 rows would leave it to
+        // mma.sync and hold K's fragments in every thread. Then it goes before dK (the document
+        // dkdv spills 420 bytes so, 560 after dK; the others the same).
+        auto accumulateDq = [&] {
+          Tile dq = atomicDqT ? (dot(kt.trans(), dsLow) * p.grad_scale).trans()  // [BM, DP]
+                              : dot(dsLow.trans(), kt) * p.grad_scale;
           Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + offsD.expand(0));
           if (exact)
             atomic_add(dqPtrs, dq);
           else
             atomic_add(dqPtrs, dq, byD(rowLive));
-        }
-        if (dqFirst) dkNew = dot(dsLow, qt, dki);
-        return std::tuple{*dkNew, dvNew};
+        };
+        if (atomicDqT) accumulateDq();
+        Tile dkNew = dot(dsLow, qt, dki);
+        if (k.atomicDq && !atomicDqT) accumulateDq();
+        return std::tuple{dkNew, dvNew};
       });
       return std::tuple{dk2, dv2};
     };

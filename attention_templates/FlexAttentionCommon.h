@@ -139,6 +139,9 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& config, cons
 // tensors, else none (host tensors run on the interpreter: the portable default).
 std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std::optional<codegen::Target>& target);
 
+// FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
+std::optional<bool> forcedBySwitch(const char* name);
+
 // Whether a mod of the call reads a captured tensor once per score (ScoreMod/MaskMod::
 // gathersPerElement). A mod the probe tiles do not fit counts as gathering: the smaller tile is the
 // safe guess, and the real trace reports anything truly wrong with it.

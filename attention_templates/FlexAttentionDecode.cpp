@@ -642,13 +642,6 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
 }
 
-// Programmatic dependent launch for the decode kernel (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1,
-// until measured): a step may then start while the stream's previous kernel finishes.
-bool programmaticLaunchWanted() {
-  const char* e = std::getenv("FLEXTILE_PROGRAMMATIC_LAUNCH");
-  return e && std::string_view(e) == "1";
-}
-
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
   return DecodeConstants{p.BM,
                          p.config.block_n,
@@ -667,7 +660,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.mask->qBlockSize(),
                          p.queryOffsets.has_value(),
                          p.programsPerSm,
-                         programmaticLaunchWanted()};
+                         // Programmatic dependent launch: opt-in until measured.
+                         detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

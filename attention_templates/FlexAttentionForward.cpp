@@ -47,13 +47,12 @@ using namespace flextile::dsl;
 using namespace flextile::attention::tmpl;
 
 std::string FlexAttentionConfig::describe() const {
-  auto choice = [](LoopSchedule c, const char* name) {
-    return c == LoopSchedule::On ? std::string(" ") + name : c == LoopSchedule::Off ? std::string(" no-") + name : "";
+  auto choice = [](auto c, const char* name) {  // WarpSpecialization or LoopSchedule: Auto says nothing
+    using C = decltype(c);
+    return c == C::On ? std::string(" ") + name : c == C::Off ? std::string(" no-") + name : std::string();
   };
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
-         std::to_string(num_stages) +
-         (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "") +
-         choice(turns, "turns") + choice(defer, "defer");
+         std::to_string(num_stages) + choice(warp_specialize, "ws") + choice(turns, "turns") + choice(defer, "defer");
 }
 
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
@@ -217,14 +216,14 @@ std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::opti
   return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
-namespace {
-// FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 std::optional<bool> forcedBySwitch(const char* name) {
   const char* e = std::getenv(name);
   if (e && !std::strcmp(e, "1")) return true;
   if (e && !std::strcmp(e, "0")) return false;
   return std::nullopt;
 }
+
+namespace {
 
 // Whether the score mod or the mask's mod has a fact of its probe trace (ModBase::gathersPerElement,
 // gathersAlongKeys). A mod the probe tiles do not fit counts as having it: the cautious choice, and

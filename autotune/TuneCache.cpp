@@ -122,6 +122,21 @@ void TuneCache::loadLocked() {
     warn("autotune cache " + file_.string() + " is " + problem + "; ignoring it (it is rebuilt on the next tune)");
 }
 
+namespace {
+// A config's three-way choices (WarpSpecialization, LoopSchedule: Auto, Off, On) as entry fields:
+// "on" or "off", absent for Auto (and anything else read back is Auto).
+template <class Choice>
+Choice choiceOf(const Json& entry, const char* key) {
+  const Json* v = entry.find(key);
+  if (!v || v->kind != Json::Kind::String) return Choice::Auto;
+  return v->string == "on" ? Choice::On : v->string == "off" ? Choice::Off : Choice::Auto;
+}
+template <class Choice>
+void putChoice(Json& entry, const char* key, Choice c) {
+  if (c != Choice::Auto) entry.object[key] = Json::str(c == Choice::On ? "on" : "off");
+}
+}  // namespace
+
 std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   std::lock_guard lock(mutex_);
   loadLocked();
@@ -133,18 +148,9 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   };
   TunedConfig t;
   t.config = {int64_t(num("block_m")), int64_t(num("block_n")), int(num("num_warps")), int(num("num_stages"))};
-  if (const Json* w = e->find("warp_specialize"); w && w->kind == Json::Kind::String)  // absent: auto
-    t.config.warp_specialize = w->string == "on"    ? attention::WarpSpecialization::On
-                               : w->string == "off" ? attention::WarpSpecialization::Off
-                                                    : attention::WarpSpecialization::Auto;
-  auto schedule = [&](const char* k) {  // absent (or anything else): auto
-    const Json* v = e->find(k);
-    if (!v || v->kind != Json::Kind::String) return attention::LoopSchedule::Auto;
-    return v->string == "on" ? attention::LoopSchedule::On
-                             : v->string == "off" ? attention::LoopSchedule::Off : attention::LoopSchedule::Auto;
-  };
-  t.config.turns = schedule("turns");
-  t.config.defer = schedule("defer");
+  t.config.warp_specialize = choiceOf<attention::WarpSpecialization>(*e, "warp_specialize");
+  t.config.turns = choiceOf<attention::LoopSchedule>(*e, "turns");
+  t.config.defer = choiceOf<attention::LoopSchedule>(*e, "defer");
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -190,12 +196,9 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   e.object["block_n"] = Json::num(double(t.config.block_n));
   e.object["num_warps"] = Json::num(t.config.num_warps);
   e.object["num_stages"] = Json::num(t.config.num_stages);
-  if (t.config.warp_specialize != attention::WarpSpecialization::Auto)
-    e.object["warp_specialize"] = Json::str(t.config.warp_specialize == attention::WarpSpecialization::On ? "on" : "off");
-  if (t.config.turns != attention::LoopSchedule::Auto)
-    e.object["turns"] = Json::str(t.config.turns == attention::LoopSchedule::On ? "on" : "off");
-  if (t.config.defer != attention::LoopSchedule::Auto)
-    e.object["defer"] = Json::str(t.config.defer == attention::LoopSchedule::On ? "on" : "off");
+  putChoice(e, "warp_specialize", t.config.warp_specialize);
+  putChoice(e, "turns", t.config.turns);
+  putChoice(e, "defer", t.config.defer);
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);

@@ -124,6 +124,8 @@ int producerWarps(const ir::Function& f);
 bool issuesForTheRing(const ir::Op& op);
 // Why the pass would leave `f` as it is ("" when it would specialize it, switch aside).
 std::string warpSpecializeRefusal(const ir::Function& f, const Target& target);
+// Whether `f` asks for warp specialization (attribute warp_specialize, FLEXTILE_WARP_SPECIALIZE).
+bool warpSpecializationWanted(const ir::Function& f);
 void specializeWarps(ir::Function& f, const Target& target);
 ir::Pass warpSpecializePass(const Target& target);  // "warp-specialize"
 

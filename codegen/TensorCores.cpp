@@ -282,11 +282,29 @@ bool inLoopBelow(const ir::Op& dot, const ir::Block* home) {
   return loop && loop->kind() == OpKind::For && home && ancestorIn(loop, home) != nullptr;
 }
 
+// The reader of `trans`'s result when it has exactly one, in the trans's block, sitting in a loop
+// below `cvt` (the convert the trans reads); else null.
+const ir::Op* soleLoopReader(const ir::Op& trans, const ir::Op& cvt) {
+  const ir::Op* reader = nullptr;
+  int readers = 0;
+  cvt.function()->walk([&](const ir::Op& r) {
+    if (std::find(r.operands().begin(), r.operands().end(), trans.result()) == r.operands().end()) return;
+    ++readers;
+    reader = &r;
+  });
+  return readers == 1 && reader->parentBlock() == trans.parentBlock() && inLoopBelow(*reader, cvt.parentBlock())
+             ? reader
+             : nullptr;
+}
+
 // The readers of a loop-invariant convert's result in loops below it, in program order, when every
-// one is a dot that `accepts` and every other reader is one that `outside` accepts (none when it
-// is null); else none.
-std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function<bool(const ir::Op&)>& accepts,
-                                          const std::function<bool(const ir::Op&)>& outside = nullptr) {
+// one is a dot that `accepts` (given the value it reads: the result, or with `throughTrans` a trans
+// of it that only that dot reads) and every other reader is one that `outside` accepts (none when
+// it is null); else none.
+std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt,
+                                          const std::function<bool(const ir::Op&, const ir::Value*)>& accepts,
+                                          const std::function<bool(const ir::Op&)>& outside = nullptr,
+                                          bool throughTrans = false) {
   std::vector<const ir::Op*> readers;
   bool ok = true;
   cvt.function()->walk([&](const ir::Op& op) {
@@ -294,11 +312,17 @@ std::vector<const ir::Op*> loopDotReaders(const ir::Op& cvt, const std::function
     bool uses = false;
     for (const ir::Value* v : op.operands()) uses = uses || v == cvt.result();
     if (!uses) return;
+    if (throughTrans && op.kind() == OpKind::Trans) {
+      const ir::Op* dot = soleLoopReader(op, cvt);
+      ok = dot && dot->kind() == OpKind::Dot && accepts(*dot, op.result());
+      if (ok) readers.push_back(dot);
+      return;
+    }
     if (op.kind() == OpKind::Dot && !inLoopBelow(op, cvt.parentBlock()) && outside) {
       ok = outside(op);
       return;
     }
-    ok = op.kind() == OpKind::Dot && accepts(op) && inLoopBelow(op, cvt.parentBlock());
+    ok = op.kind() == OpKind::Dot && accepts(op, cvt.result()) && inLoopBelow(op, cvt.parentBlock());
     if (ok) readers.push_back(&op);
   });
   return ok ? readers : std::vector<const ir::Op*>{};
@@ -392,21 +416,9 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
 }
 
 namespace {
-// The dot that reads trans(cvt) as its A, when that trans has no other reader, sits in the dot's
-// block and the dot in a loop below the convert; else null.
-const ir::Op* mMajorAReader(const ir::Op& trans, const ir::Op& cvt) {
-  const ir::Op* dot = nullptr;
-  int readers = 0;
-  cvt.function()->walk([&](const ir::Op& r) {
-    if (std::find(r.operands().begin(), r.operands().end(), trans.result()) == r.operands().end()) return;
-    ++readers;
-    dot = &r;
-  });
-  if (readers != 1 || dot->kind() != OpKind::Dot || dot->operand(0) != trans.result() ||
-      dot->operand(1) == trans.result() || dot->operand(2) == trans.result() || dot->parentBlock() != trans.parentBlock() ||
-      !inLoopBelow(*dot, cvt.parentBlock()))
-    return nullptr;
-  return dot;
+// Whether `dot` reads `a` as its A operand and nowhere else.
+bool readsAsA(const ir::Op& dot, const ir::Value* a) {
+  return dot.operand(0) == a && dot.operand(1) != a && dot.operand(2) != a;
 }
 
 // Whether `dot`'s A is trans(convert(x)) that wgmmaResidentA can keep in shared memory, read
@@ -417,7 +429,7 @@ bool residentMMajorA(const ir::Op& dot, const Target& target) {
   const ir::Type* xt = cvt ? residentCandidate(*cvt, target) : nullptr;
   if (!xt || contiguousDimOf(*xt) != 1 || !wgmmaTile(xt->shape(), 1, 0, ir::byteWidth(xt->dtype()))) return false;
   if (const ir::Function* f = cvt->function(); f && f->intAttrOr("wgmma_register_a", 0) != 0) return false;
-  return mMajorAReader(*trans, *cvt) == &dot && wgmmaAccumulator(dot, target);
+  return soleLoopReader(*trans, *cvt) == &dot && readsAsA(dot, trans->result()) && wgmmaAccumulator(dot, target);
 }
 }  // namespace
 
@@ -437,30 +449,15 @@ std::optional<WgmmaResident> wgmmaResidentA(const ir::Op& cvt, const Target& tar
   // read the tile back into registers with ldmatrix, each from its own local_load.
   const ir::Value* a = cvt.result();
   const bool readable = ldmatrixReadPlan(tile->smem, *a->type().layout(), xt->dtype()).has_value();
-  auto asA = [&](const ir::Op& dot, const ir::Value* operand) {
-    return dot.kind() == OpKind::Dot && dot.operand(0) == operand && dot.operand(1) != operand &&
-           dot.operand(2) != operand;
-  };
-  std::vector<const ir::Op*> readers;
-  bool ok = true;
-  cvt.function()->walk([&](const ir::Op& op) {
-    if (!ok || &op == &cvt) return;
-    if (std::find(op.operands().begin(), op.operands().end(), a) == op.operands().end()) return;
-    if (op.kind() == OpKind::Trans) {  // M-major: its one reader is a wgmma dot in a loop below
-      const ir::Op* dot = mMajorAReader(op, cvt);
-      ok = dot && wgmmaPlan(*dot, target);
-      if (ok) readers.push_back(dot);
-      return;
-    }
-    if (!inLoopBelow(op, cvt.parentBlock())) {
-      ok = readable && asA(op, a);
-      return;
-    }
-    ok = asA(op, a) && wgmmaPlan(op, target);
-    if (ok) readers.push_back(&op);
-  });
-  if (!ok || readers.empty()) return std::nullopt;
-  return WgmmaResident{*tile, readers};
+  WgmmaResident out{*tile, loopDotReaders(
+                               cvt,
+                               [&](const ir::Op& dot, const ir::Value* read) {
+                                 return readsAsA(dot, read) && wgmmaPlan(dot, target);
+                               },
+                               [&](const ir::Op& dot) { return readable && readsAsA(dot, a); },
+                               /*throughTrans=*/true)};
+  if (out.readers.empty()) return std::nullopt;
+  return out;
 }
 
 std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& cvt, const Target& target) {
@@ -470,7 +467,7 @@ std::optional<WgmmaResident> wgmmaResidentB(const ir::Op& cvt, const Target& tar
   if (!tile) return std::nullopt;
   // Operand 1 of dots that wgmma runs once B is resident.
   const ir::Value* b = cvt.result();
-  WgmmaResident out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot) {
+  WgmmaResident out{*tile, loopDotReaders(cvt, [&](const ir::Op& dot, const ir::Value*) {
                        return dot.operand(1) == b && dot.operand(0) != b && dot.operand(2) != b &&
                               wgmmaAccumulator(dot, target) && dot.operand(0)->type().dtype() == xt->dtype();
                      })};

@@ -387,25 +387,25 @@ class LayoutAssigner {
         const Op* loop = dot->parentBlock() ? dot->parentBlock()->parentOp() : nullptr;
         const Op* b = dot->operand(1)->definingOp();
         if (loop && loop->kind() == OpKind::For && b && dot->operand(0)->type().dtype() != ir::DType::F32) {
-          const Op* up = b;
-          while (up && up != loop) up = up->parentBlock() ? up->parentBlock()->parentOp() : nullptr;
-          if (!up) chained.insert(dot);  // B is defined outside the loop
+          auto inLoop = [&](const Op* d) {  // whether op d sits in `loop` (its regions included)
+            while (d && d != loop) d = d->parentBlock() ? d->parentBlock()->parentOp() : nullptr;
+            return d != nullptr;
+          };
+          const bool bInLoop = inLoop(b);
+          if (!bInLoop) chained.insert(dot);  // B is defined outside the loop
           // A product of a pipelined loop whose B is loaded in it (a GEMM's K loop) and whose M
           // gives every warp 16 rows (a 128-row tile on 8 warps) runs on wgmma, B read from the
           // ring slot, when its warps lie along M; split in 2D it runs on mma.sync.
           const Shape& s = dot->result()->type().shape();
-          if (up && b->kind() == OpKind::Load && dot->function()->intAttrOr("num_stages", 1) > 1 &&
-              wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_))
+          const bool fits = wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_);
+          if (bInLoop && b->kind() == OpKind::Load && dot->function()->intAttrOr("num_stages", 1) > 1 && fits)
             chained.insert(dot);
           // A product whose A is the transpose of a loop-invariant tile (the specialized atomic
           // dQ's Kᵀ dSᵀ): A resident M-major, B staged each iteration (TensorCores.h), when every
           // warp gets 16 rows.
           const Op* a = dot->operand(0)->definingOp();
           const Op* x = a && a->kind() == OpKind::Trans ? a->operand(0)->definingOp() : nullptr;
-          const Op* xUp = x;
-          while (xUp && xUp != loop) xUp = xUp->parentBlock() ? xUp->parentBlock()->parentOp() : nullptr;
-          if (x && !xUp && wgmmaShapeFits(s[0], s[1], dot->operand(0)->type().shape()[1], numWarps_, target_))
-            chained.insert(dot);
+          if (x && !inLoop(x) && fits) chained.insert(dot);
         }
       }
     for (Op* dot : dots) {

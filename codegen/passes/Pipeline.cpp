@@ -239,7 +239,6 @@ std::vector<Op*> addressSlice(const Op& load, ir::Block& body) {
   return bodySlice(address, body);
 }
 
-
 // One ring of the schedule: a marked load, its buffer and its copy width.
 struct Ring {
   Op* load;
@@ -263,7 +262,6 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
   const std::vector<ir::Value*> operands = boxOperands(ring);
   return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
 }
-
 
 // TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
 // induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0
@@ -374,7 +372,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // (tmaInStagingLoopsWanted) until a GPU run shows such a loop right.
   const bool staging = waitsForTheCta(body, std::set<const Op*>(converts.begin(), converts.end()));
   bool tma = tmaWanted(f, target) &&
-             (!staging || (tmaInStagingLoopsWanted(f) && passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize")));
+             (!staging || (tmaInStagingLoopsWanted(f) && warpSpecializationWanted(f)));
   // A row ring rides along with the dot operands' TMA stages: it is read from the slot right after
   // the stage's wait, so every use of its load must come after the first ring convert; a loop
   // without TMA (or whose row loads are used earlier) keeps those loads as they are.

@@ -222,8 +222,12 @@ std::string warpSpecializeRefusal(const ir::Function& f, const Target& target) {
   return refusal(const_cast<ir::Function&>(f), target, marks);
 }
 
+bool warpSpecializationWanted(const ir::Function& f) {
+  return passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize");
+}
+
 void specializeWarps(ir::Function& f, const Target& target) {
-  if (producerWarps(f) > 0 || !passSwitch(f, "FLEXTILE_WARP_SPECIALIZE", "warp_specialize")) return;
+  if (producerWarps(f) > 0 || !warpSpecializationWanted(f)) return;
   Marks marks;
   if (!refusal(f, target, marks).empty()) return;
   for (Op* op : marks.producer) op->setAttr("ws", std::string("producer"));

@@ -85,27 +85,37 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
     }
 }
 
-// dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; every
-// variant, GQA 4:1 and MQA, lengths around the blocks, the default and a wide dkdv tile.
-TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
-  FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
+namespace {
+// dq_accumulation = Atomic for every variant, GQA 4:1 and MQA (alternating), bf16 and f16, D 128
+// and 64, at each (L, S) of `lengths` and each of `configs`.
+void checkAtomicDqEveryVariant(SeededRandom& rng, const std::string& what,
+                               const std::vector<std::pair<int64_t, int64_t>>& lengths,
+                               const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs) {
   int i = 0;
   for (const Variant& var : variants())
-    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 129}}) {
+    for (auto [L, S] : lengths) {
       const bool mqa = i % 2;
       AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
                       .dtype = i % 2 ? DType::BF16 : DType::F16,
-                      .context = "atomic dQ " + var.name + (mqa ? " MQA" : " GQA 4:1")};
+                      .context = what + " " + var.name + (mqa ? " MQA" : " GQA 4:1")};
       ++i;
       if (!inScope(c.work())) continue;
       VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
-      for (const auto& config : {std::optional<FlexAttentionBackwardConfig>{}, kConfigs[1]}) {
+      for (const auto& config : configs) {
         BackwardCheck check = withConfig(config, inst);
         check.options.dq_accumulation = DqAccumulation::Atomic;
         if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
       }
     }
+}
+}  // namespace
+
+// dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; every
+// variant, GQA 4:1 and MQA, lengths around the blocks, the default and a wide dkdv tile.
+TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  checkAtomicDqEveryVariant(rng, "atomic dQ", {{129, 1000}, {1000, 129}}, {std::nullopt, kConfigs[1]});
 }
 
 // Atomic dQ from the specialized dkdv (64 queries x 128 keys, a producer warpgroup), opt-in with
@@ -116,21 +126,8 @@ TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
-  int i = 0;
-  for (const Variant& var : variants())
-    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 333}}) {
-      const bool mqa = i % 2;
-      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
-                      .dtype = i % 2 ? DType::BF16 : DType::F16,
-                      .context = "specialized atomic dQ " + var.name + (mqa ? " MQA" : " GQA 4:1")};
-      ++i;
-      if (!inScope(c.work())) continue;
-      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
-      BackwardCheck check =
-          withConfig(FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}, inst);
-      check.options.dq_accumulation = DqAccumulation::Atomic;
-      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
-    }
+  checkAtomicDqEveryVariant(rng, "specialized atomic dQ", {{129, 1000}, {1000, 333}},
+                            {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}});
 }
 
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
