@@ -157,8 +157,9 @@ bool warpSpecializeWanted(const ScoreMod& scoreMod, const std::optional<BlockMas
 // issuing their products (pass "pingpong"), so that one's score arithmetic runs under the other's
 // products: mods that gather nothing per score or per key. ALiBi ran 4.7-7.5 % faster so (376 ->
 // 404 TFLOP/s, H200, 2026-12-03); without a score_mod the turns were 2.5 % slower, and a per-key
-// gather (document ids) much slower. Applied only with FLEXTILE_PINGPONG=auto until racecheck is
-// clean on the specialized two-walk kernels; FLEXTILE_PINGPONG=1/0 forces the pass on or off.
+// gather (document ids) much slower. Applied by default since racecheck ran clean on the turns
+// (2026-12-03: ALiBi 410 -> 444 TFLOP/s, soft-cap unchanged); FLEXTILE_PINGPONG=1/0 forces the pass
+// on or off.
 bool pingpongWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 
 // Whether a call runs the decode template (options.kernel, else L <= kDecodeMaxQueries or a

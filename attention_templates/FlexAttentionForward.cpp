@@ -534,14 +534,14 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   p.constants.tma = detail::tmaBoxesFor({&k, &v}, p.config.num_stages, true);
   p.constants.warpSpecialize =
       p.constants.tma && detail::warpSpecializeWanted(scoreMod, blockMask, p.config.warp_specialize);
-  // The turns stay opt-in (config .turns = On, FLEXTILE_PINGPONG=auto: this rule, =1: every loop):
-  // racecheck found hazards on turns in two-walk kernels before specialization, not yet understood
-  // or re-run on the specialized schedule (docs/reliability.md).
+  // The turns: the config's choice, else the rule (detail::pingpongWanted) on the specialized
+  // 8-warp tile with a score_mod; FLEXTILE_PINGPONG=0 turns them off, =1 on for every loop (the
+  // pass reads it too). racecheck is clean on them with the hoisted barrier inits (2026-12-03).
   const char* turns = std::getenv("FLEXTILE_PINGPONG");
+  const bool turnsOff = turns && std::string_view(turns) == "0";
   p.constants.pingpong = p.config.turns == LoopSchedule::On ||
-                         (p.config.turns == LoopSchedule::Auto && turns && std::string_view(turns) == "auto" &&
-                          p.constants.warpSpecialize && p.constants.hasScoreMod && p.config.num_warps == 8 &&
-                          detail::pingpongWanted(scoreMod, blockMask));
+                         (p.config.turns == LoopSchedule::Auto && !turnsOff && p.constants.warpSpecialize &&
+                          p.constants.hasScoreMod && p.config.num_warps == 8 && detail::pingpongWanted(scoreMod, blockMask));
   p.constants.defer = p.config.defer == LoopSchedule::On;
   return p;
 }

@@ -49,11 +49,11 @@ class StepTimer {
 
 }  // namespace
 
-bool passSwitch(const ir::Function& f, const char* env, const char* attr) {
+bool passSwitch(const ir::Function& f, const char* env, const char* attr, bool byDefault) {
   const char* e = std::getenv(env);
   if (e && std::strcmp(e, "0") == 0) return false;
   if (e && std::strcmp(e, "1") == 0) return true;
-  return f.intAttrOr(attr, 0) != 0;
+  return f.intAttrOr(attr, byDefault ? 1 : 0) != 0;
 }
 
 ir::PassPipeline tilePassPipeline(const Target& target) {

@@ -56,9 +56,10 @@ ir::Pass hoistInvariantLoadsPass();  // "hoist-invariant-loads"
 void deferAccumulation(ir::Function& f, const Target& target);
 ir::Pass deferAccumulationPass(const Target& target);  // "defer-accumulation"
 
-// A pass's opt-in switch: FLEXTILE_<env>=1 or =0 forces it on or off for every kernel (and is part
-// of the compile cache's identity, CompileCache.cpp), else the function attribute `attr` decides.
-bool passSwitch(const ir::Function& f, const char* env, const char* attr);
+// A pass's switch: FLEXTILE_<env>=1 or =0 forces it on or off for every kernel (and is part of the
+// compile cache's identity, CompileCache.cpp), else the function attribute `attr` decides, and
+// `byDefault` where the function does not say.
+bool passSwitch(const ir::Function& f, const char* env, const char* attr, bool byDefault = false);
 
 // Software pipelining (codegen/passes/Pipeline.cpp): the loads of a for loop
 // that stage dot operands become a ring of num_stages shared tiles (function

@@ -232,13 +232,14 @@ void specializeWarps(ir::Function& f, const Target& target) {
   if (!refusal(f, target, marks).empty()) return;
   for (Op* op : marks.producer) op->setAttr("ws", std::string("producer"));
   for (Op* op : marks.both) op->setAttr("ws", std::string("both"));
-  // Opt-in (hoist_barrier_inits = 1, FLEXTILE_HOIST_BARRIER_INITS=1) until racecheck and the GPU
-  // suite have run on it: the rings' barriers are allocated and initialized once, first, by thread
-  // 0, and every thread of both roles passes one CTA barrier at the same instruction before the
-  // roles part, so the producer's first wait is ordered after the init without relying on the
-  // meeting barrier reached from two instructions (which compute-sanitizer's racecheck did not
-  // pair: docs/reliability.md). Allocs first, then inits.
-  if (!passSwitch(f, "FLEXTILE_HOIST_BARRIER_INITS", "hoist_barrier_inits")) marks.hoisted.clear();
+  // The rings' barriers are allocated and initialized once, first, by thread 0, and every thread
+  // of both roles passes one CTA barrier at the same instruction before the roles part, so the
+  // producer's first wait is ordered after the init without relying on the meeting barrier reached
+  // from two instructions, which compute-sanitizer's racecheck did not pair (197 hazards on the
+  // specialized forward without the hoist, none with it: H200, 2026-12-03; docs/reliability.md).
+  // Allocs first, then inits. hoist_barrier_inits = 0 or FLEXTILE_HOIST_BARRIER_INITS=0 keeps the
+  // inits inside the roles (the form racecheck flags), for comparison.
+  if (!passSwitch(f, "FLEXTILE_HOIST_BARRIER_INITS", "hoist_barrier_inits", true)) marks.hoisted.clear();
   std::stable_sort(marks.hoisted.begin(), marks.hoisted.end(),
                    [](const Op* a, const Op* b) { return a->kind() == OpKind::LocalAlloc && b->kind() != OpKind::LocalAlloc; });
   ir::Block& body = f.body();
