@@ -45,9 +45,8 @@ struct PagedKV;  // attention_templates/PagedKVCache.h
 // sm_90a with TMA rings only, elsewhere nothing changes). Auto: where no mod reads a captured tensor
 // per key (detail::warpSpecializeWanted). FLEXTILE_WARP_SPECIALIZE=1/0 overrides all three.
 enum class WarpSpecialization { Auto, Off, On };
-// A schedule of the forward's inner loop that a config may force on or off; Auto leaves it to the
-// template (today: off unless the environment asks, FLEXTILE_PINGPONG / FLEXTILE_DEFER_ACCUMULATION,
-// which also override the config).
+// A schedule of a template's inner loop that a config may force on or off; Auto leaves it to the
+// template (FLEXTILE_PINGPONG / FLEXTILE_DEFER_ACCUMULATION =0 or =1 override the config).
 enum class LoopSchedule { Auto, Off, On };
 
 struct FlexAttentionConfig {
@@ -57,10 +56,11 @@ struct FlexAttentionConfig {
   int num_stages = 2;     // K/V tiles in flight (1 disables pipelining)
   // Auto: the forward decides (see above); the backward's kernels stay unspecialized unless On.
   WarpSpecialization warp_specialize = WarpSpecialization::Auto;
-  // Forward only (the backward and decode templates refuse On). `turns`: the two consumer
-  // warpgroups take turns issuing the loop's products (pass "pingpong"; On needs 8 warps and a
-  // warp-specialized kernel). `defer`: the product P·V of step t is issued after Q·Kᵀ of step t+1
-  // (pass "defer-accumulation"), so the softmax overlaps the tensor cores within a warpgroup.
+  // `turns`: the two consumer warpgroups take turns issuing the loop's products (pass "pingpong";
+  // On needs 8 warps; the forward's Auto applies them to specialized tiles with an arithmetic
+  // score_mod, the backward's Auto is off). `defer`, forward only (backward and decode refuse On):
+  // the product P·V of step t is issued after Q·Kᵀ of step t+1 (pass "defer-accumulation"), so the
+  // softmax overlaps the tensor cores within a warpgroup.
   LoopSchedule turns = LoopSchedule::Auto;
   LoopSchedule defer = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer"

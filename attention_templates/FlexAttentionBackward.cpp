@@ -130,7 +130,7 @@ struct GradConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
-                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes));
+                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -269,6 +269,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
+  if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
@@ -414,6 +415,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
+  if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
   const auto p = declareParams<GradParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
   declareTrainable(f, scoreMod, k.deterministic);
@@ -585,9 +587,9 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
 void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
   if (auto why = detail::configProblem(c, &mask))
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
-  if (c.turns == LoopSchedule::On || c.defer == LoopSchedule::On)
+  if (c.defer == LoopSchedule::On)
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": turns and defer are schedules of the forward's loop; the backward's kernels have neither");
+                ": defer is a schedule of the forward's loop; the backward's kernels do not have it");
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {
@@ -818,7 +820,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      tma && specialize,
                      // A specialized dkdv's LSE and delta rows as TMA boxes: their row stride (L f32)
                      // must be a multiple of 16 bytes.
-                     dkdv && tma && specialize && L % 4 == 0};
+                     dkdv && tma && specialize && L % 4 == 0,
+                     // Turns only when the config asks: Auto is off in the backward until measured.
+                     c.turns == LoopSchedule::On};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

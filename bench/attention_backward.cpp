@@ -184,12 +184,14 @@ int main(int argc, char** argv) try {
   // default dkdv), so each kernel's best tile shows on its own; the best of each axis is then timed
   // together. The default is per variant (a score_mod narrows dkdv's query step).
   constexpr auto ws = WarpSpecialization::On;
+  constexpr auto turns = LoopSchedule::On;  // the specialized tiles' warpgroups taking turns
   const std::vector<FlexAttentionConfig> dkdvTiles{{32, 64, 4, 2},  {32, 64, 4, 3},      {16, 64, 4, 2},
                                                    {32, 128, 8, 2}, {32, 128, 8, 3},     {64, 128, 8, 2},
-                                                   {64, 64, 4, 2},  {64, 128, 8, 2, ws}};
+                                                   {64, 64, 4, 2},  {64, 128, 8, 2, ws}, {64, 128, 8, 2, ws, turns}};
   const std::vector<FlexAttentionConfig> dqTiles{{64, 64, 4, 2},      {64, 64, 4, 3},      {128, 64, 8, 2},
                                                  {128, 64, 8, 3},     {128, 32, 8, 2},     {64, 32, 4, 2},
-                                                 {128, 64, 8, 2, ws}, {128, 64, 8, 3, ws}, {128, 32, 8, 2, ws}};
+                                                 {128, 64, 8, 2, ws}, {128, 64, 8, 3, ws}, {128, 32, 8, 2, ws},
+                                                 {128, 64, 8, 2, ws, turns}};
   struct Row {
     std::string variant, config;
     double fwdMs = 0, bwdMs = INFINITY, tflops = 0, defaultTflops = 0, stepTflops = 0;

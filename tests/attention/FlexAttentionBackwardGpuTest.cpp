@@ -130,6 +130,29 @@ TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
                             {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}});
 }
 
+// Warpgroup turns (config `turns`, pass "pingpong") in the specialized dkdv and dq: the two
+// consumer warpgroups take turns issuing each step's first products. Every variant, lengths off
+// the blocks, GQA and MQA, D 128 and 64.
+TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  dkdv.turns = dq.turns = LoopSchedule::On;
+  int i = 0;
+  for (const Variant& var : variants())
+    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 333}}) {
+      const bool mqa = i % 2;
+      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
+                      .dtype = i % 2 ? DType::BF16 : DType::F16,
+                      .context = "backward turns " + var.name + (mqa ? " MQA" : " GQA 4:1")};
+      ++i;
+      if (!inScope(c.work())) continue;
+      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(FlexAttentionBackwardConfig{dkdv, dq}, inst)))
+        return;
+    }
+}
+
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;

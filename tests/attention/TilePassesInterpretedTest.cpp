@@ -336,6 +336,27 @@ TEST(TilePassesInterpreted, BackwardAtomicDqSpecialized) {
   }
 }
 
+// Warpgroup turns in the backward's specialized dkdv and dq (config `turns`): ALiBi's score_mod
+// (a captured slope per head) and a causal mask's two walks, lengths off the block, GQA.
+TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  dkdv.turns = dq.turns = LoopSchedule::On;
+  for (const char* name : {"alibi", "causal"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
+                    .context = std::string("sm_90a backward with turns, ") + name};
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    BackwardCheck check;
+    check.refScore = inst.refScore;
+    check.refScoreGrad = inst.refScoreGrad;
+    check.refMask = inst.refMask;
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
+    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+  }
+}
+
 TEST(TilePassesInterpreted, DecodeSplits) {
   SeededRandom rng;
   for (const char* target : {"sm_90a", "sm_80"}) {
