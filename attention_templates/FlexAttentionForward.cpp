@@ -537,8 +537,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // The turns: the config's choice, else the rule (detail::pingpongWanted) on the specialized
   // 8-warp tile with a score_mod; FLEXTILE_PINGPONG=0 turns them off, =1 on for every loop (the
   // pass reads it too). racecheck is clean on them with the hoisted barrier inits (2026-12-03).
-  const char* turns = std::getenv("FLEXTILE_PINGPONG");
-  const bool turnsOff = turns && std::string_view(turns) == "0";
+  const bool turnsOff = detail::forcedBySwitch("FLEXTILE_PINGPONG") == false;
   p.constants.pingpong = p.config.turns == LoopSchedule::On ||
                          (p.config.turns == LoopSchedule::Auto && !turnsOff && p.constants.warpSpecialize &&
                           p.constants.hasScoreMod && p.config.num_warps == 8 && detail::pingpongWanted(scoreMod, blockMask));

@@ -209,11 +209,7 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
         runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
       else
         timed='FlexAttentionStreamsGpu.*OverlapInTime*'
-        # The opt-in warpgroup turns (FLEXTILE_PINGPONG) have an open racecheck finding on the
-        # kernels with two walks (docs/reliability.md); racecheck leaves them out until it is
-        # understood, the other tools run them.
-        turns=$([ "$tool" = racecheck ] && echo ':FlexAttentionGpu.WarpgroupTurnsEveryVariant')
-        attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving$turns"
+        attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving"
                     "backward|FlexAttentionBackwardGpu.*"
                     "decode|FlexDecodeGpu.*"
                     "serving|${serving#FlexDecodeGpu.*:}-$timed")

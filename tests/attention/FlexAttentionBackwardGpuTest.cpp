@@ -86,11 +86,10 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
 }
 
 namespace {
-// dq_accumulation = Atomic for every variant, GQA 4:1 and MQA (alternating), bf16 and f16, D 128
-// and 64, at each (L, S) of `lengths` and each of `configs`.
-void checkAtomicDqEveryVariant(SeededRandom& rng, const std::string& what,
-                               const std::vector<std::pair<int64_t, int64_t>>& lengths,
-                               const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs) {
+// Every variant with dQ summed as `dq`, GQA 4:1 and MQA (alternating), bf16 and f16, D 128 and
+// 64, at each (L, S) of `lengths` and each of `configs`.
+void checkEveryVariant(SeededRandom& rng, const std::string& what, const std::vector<std::pair<int64_t, int64_t>>& lengths,
+                       const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
   int i = 0;
   for (const Variant& var : variants())
     for (auto [L, S] : lengths) {
@@ -103,7 +102,7 @@ void checkAtomicDqEveryVariant(SeededRandom& rng, const std::string& what,
       VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
       for (const auto& config : configs) {
         BackwardCheck check = withConfig(config, inst);
-        check.options.dq_accumulation = DqAccumulation::Atomic;
+        check.options.dq_accumulation = dq;
         if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
       }
     }
@@ -115,7 +114,7 @@ void checkAtomicDqEveryVariant(SeededRandom& rng, const std::string& what,
 TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  checkAtomicDqEveryVariant(rng, "atomic dQ", {{129, 1000}, {1000, 129}}, {std::nullopt, kConfigs[1]});
+  checkEveryVariant(rng, "atomic dQ", {{129, 1000}, {1000, 129}}, {std::nullopt, kConfigs[1]}, DqAccumulation::Atomic);
 }
 
 // Atomic dQ from the specialized dkdv (64 queries x 128 keys, a producer warpgroup), opt-in with
@@ -126,8 +125,9 @@ TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
-  checkAtomicDqEveryVariant(rng, "specialized atomic dQ", {{129, 1000}, {1000, 333}},
-                            {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}});
+  checkEveryVariant(rng, "specialized atomic dQ", {{129, 1000}, {1000, 333}},
+                    {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}},
+                    DqAccumulation::Atomic);
 }
 
 // Warpgroup turns (config `turns`, pass "pingpong") in the specialized dkdv and dq: the two
@@ -138,19 +138,8 @@ TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
   SeededRandom rng;
   FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
   dkdv.turns = dq.turns = LoopSchedule::On;
-  int i = 0;
-  for (const Variant& var : variants())
-    for (auto [L, S] : {std::pair<int64_t, int64_t>{129, 1000}, {1000, 333}}) {
-      const bool mqa = i % 2;
-      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
-                      .dtype = i % 2 ? DType::BF16 : DType::F16,
-                      .context = "backward turns " + var.name + (mqa ? " MQA" : " GQA 4:1")};
-      ++i;
-      if (!inScope(c.work())) continue;
-      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
-      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(FlexAttentionBackwardConfig{dkdv, dq}, inst)))
-        return;
-    }
+  checkEveryVariant(rng, "backward turns", {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
+                    DqAccumulation::Separate);
 }
 
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {
