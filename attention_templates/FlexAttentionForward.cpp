@@ -301,7 +301,8 @@ struct ForwardConstants {
   BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
-                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer));
+                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
+                           (int64_t, positiveScale));
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -405,13 +406,18 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod) {
         s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
-      } else {
+      } else if (!k.positiveScale) {
         s = s * p.scale;  // the host folded log2 e into the scale
       }
       if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
       if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-      Tile mNew = maximum(mi, max(s, 1));
+      // Without a score_mod and with a positive scale, the row max is taken over the raw products
+      // and scaled once per row: scale · max(s) = max(scale · s), and the scaling then happens only
+      // inside exp2's argument (one fma a score instead of a multiply and an fma).
+      const bool scaleLater = !k.hasScoreMod && k.positiveScale;
+      Tile mNew = maximum(mi, scaleLater ? max(s, 1) * p.scale : max(s, 1));
       Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+      if (scaleLater) s = s * p.scale;
       Tile p = exp2(s - mSafe.expand(1));
       Tile alpha = exp2(mi - mSafe);
       Tile lNew = li * alpha + sum(p, 1);
@@ -623,6 +629,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  !(p.paged && p.pagedConstants.hasLengths) && p.S % mask.kvBlockSize() == 0,
                                  mask.mayHaveFullBlocks(),
                                  mask.mayHavePartialBlocks()};
+  p.constants.positiveScale = p.scale > 0;  // a sign of the scale, not its value: one kernel per sign
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming

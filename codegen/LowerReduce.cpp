@@ -2,7 +2,7 @@
 // axis (Layout::sliced), so every partial result a thread computes lands in
 // one of its own result registers. Three steps, each only where needed:
 //   1. in registers: combine the registers whose coordinates differ only
-//      along axis (in register order);
+//      along axis, pairwise (a tree, not a chain);
 //   2. in the warp: butterfly shuffles (shfl.sync.bfly) over each lane bit
 //      whose basis lies along axis; afterwards every lane of a group holds
 //      the same value (the combines are commutative);
@@ -67,15 +67,27 @@ void Lowering::lowerReduce(const ir::Op& op) {
                  std::to_string(axis) + " (" + S.str() + ")");
   const Regs& xs = get(x);
 
-  // 1. Registers.
-  Regs acc(size_t(S.numRegisters()), nullptr);
+  // 1. Registers, as a pairwise tree per result register: a linear chain of n combines is n
+  // dependent instructions long (the softmax's row max over 32 registers waited ~4 cycles on
+  // each), the tree log2(n), and a pairwise sum rounds better too.
+  std::vector<Regs> parts(size_t(S.numRegisters()));
   for (int64_t r = 0; r < L.numRegisters(); ++r) {
     Layout::Coord c = L.regCoord(r);
     c.erase(c.begin() + axis);
     int64_t j = S.registerOf(c);
     if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
-    llvm::Value*& a = acc[size_t(j)];
-    a = a ? combine(kind, a, xs[size_t(r)], t) : xs[size_t(r)];
+    parts[size_t(j)].push_back(xs[size_t(r)]);
+  }
+  Regs acc(size_t(S.numRegisters()), nullptr);
+  for (size_t j = 0; j < parts.size(); ++j) {
+    Regs level = std::move(parts[j]);
+    while (level.size() > 1) {
+      Regs next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(combine(kind, level[i], level[i + 1], t));
+      if (level.size() % 2) next.push_back(level.back());
+      level = std::move(next);
+    }
+    if (!level.empty()) acc[j] = level.front();
   }
 
   auto alongAxisOnly = [&](const Layout::Coord& basis) {

@@ -525,6 +525,26 @@ TEST(FlexAttention, AllocatingCallAndScale) {
   EXPECT_EQ(noLse.out.toHost<float>(), withLse.out.toHost<float>());
 }
 
+// The row max is taken over the unscaled products only when the scale is positive
+// (ForwardConstants::positiveScale): a negative scale flips which key is the row's largest, so it
+// must get the kernel that scales first. Both signs against the reference, no score_mod, a
+// partial causal walk and keys off the block.
+TEST(FlexAttention, NegativeAndPositiveScale) {
+  SeededRandom rng;
+  const int64_t B = 1, H = 2, L = 45, S = 45, D = 64;
+  Tensor q = randomTensor(rng, DType::F32, {B, H, L, D}, kHost);
+  Tensor k = randomTensor(rng, DType::F32, {B, H, S, D}, kHost);
+  Tensor v = randomTensor(rng, DType::F32, {B, H, S, D}, kHost);
+  BlockMask mask = causalBlockMask(1, 1, L, S, kMaskBlocks);
+  for (double scale : {-0.7, 0.7}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    FlexAttentionResult got =
+        flex_attention(q, k, v, noop_score(), mask, {.scale = scale, .return_lse = true, .config = kSmallConfig});
+    ReferenceResult ref = referenceAttention(q, k, v, nullptr, refCausal(), scale);
+    EXPECT_TRUE(compareWithReference(got.out, got.lse, ref, D, DType::F32));
+  }
+}
+
 // Regression: with S a multiple of BLOCK_N but not of the mask's KV block
 // size, the last mask block's steps past S loaded K and V unmasked (out of
 // bounds) and kept those columns in the softmax. The implicit dense mask has
