@@ -629,7 +629,9 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  !(p.paged && p.pagedConstants.hasLengths) && p.S % mask.kvBlockSize() == 0,
                                  mask.mayHaveFullBlocks(),
                                  mask.mayHavePartialBlocks()};
-  p.constants.positiveScale = p.scale > 0;  // a sign of the scale, not its value: one kernel per sign
+  // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
+  // every score before the max, as before (to measure the difference).
+  p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming

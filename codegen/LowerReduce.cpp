@@ -12,6 +12,9 @@
 // Lane or warp bits whose basis is zero in the operand are replication, not
 // data: they are never combined (a sum would count an element twice).
 // A reduction to rank 0 gives a scalar that every thread holds.
+#include <cstdlib>
+#include <string>
+
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -78,9 +81,16 @@ void Lowering::lowerReduce(const ir::Op& op) {
     if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
     parts[size_t(j)].push_back(xs[size_t(r)]);
   }
+  // FLEXTILE_REDUCE_TREE=0 combines them as the chain they were before (to measure the tree).
+  const char* treeSwitch = std::getenv("FLEXTILE_REDUCE_TREE");
+  const bool tree = !(treeSwitch && std::string(treeSwitch) == "0");
   Regs acc(size_t(S.numRegisters()), nullptr);
   for (size_t j = 0; j < parts.size(); ++j) {
     Regs level = std::move(parts[j]);
+    if (!tree) {
+      for (size_t i = 1; i < level.size(); ++i) level[0] = combine(kind, level[0], level[i], t);
+      level.resize(std::min<size_t>(level.size(), 1));
+    }
     while (level.size() > 1) {
       Regs next;
       for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(combine(kind, level[i], level[i + 1], t));
