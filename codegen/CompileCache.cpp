@@ -140,6 +140,8 @@ std::string codegenSwitches() {
                            "FLEXTILE_HOIST_BARRIER_INITS", "FLEXTILE_TMA_IN_STAGING_LOOPS", "FLEXTILE_REDUCE_TREE"})
     if (const char* e = std::getenv(name); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
       out += std::string("; ") + name + "=" + e;
+  if (const char* e = std::getenv("FLEXTILE_REDUCE_TREE"); e && (!std::strcmp(e, "sum") || !std::strcmp(e, "max")))
+    out += std::string("; FLEXTILE_REDUCE_TREE=") + e;
   return out;
 }
 

@@ -81,9 +81,11 @@ void Lowering::lowerReduce(const ir::Op& op) {
     if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
     parts[size_t(j)].push_back(xs[size_t(r)]);
   }
-  // FLEXTILE_REDUCE_TREE=0 combines them as the chain they were before (to measure the tree).
+  // FLEXTILE_REDUCE_TREE=0 combines them as the chain they were before (to measure the tree);
+  // =sum or =max keeps the tree for that kind only (max also names min).
   const char* treeSwitch = std::getenv("FLEXTILE_REDUCE_TREE");
-  const bool tree = !(treeSwitch && std::string(treeSwitch) == "0");
+  const std::string treeKinds = treeSwitch && *treeSwitch ? treeSwitch : "1";
+  const bool tree = treeKinds == "1" || treeKinds == (kind == "sum" ? "sum" : "max");
   Regs acc(size_t(S.numRegisters()), nullptr);
   for (size_t j = 0; j < parts.size(); ++j) {
     Regs level = std::move(parts[j]);
