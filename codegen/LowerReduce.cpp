@@ -2,7 +2,7 @@
 // axis (Layout::sliced), so every partial result a thread computes lands in
 // one of its own result registers. Three steps, each only where needed:
 //   1. in registers: combine the registers whose coordinates differ only
-//      along axis, pairwise (a tree, not a chain);
+//      along axis (a sum as a pairwise tree, a max or min as a chain);
 //   2. in the warp: butterfly shuffles (shfl.sync.bfly) over each lane bit
 //      whose basis lies along axis; afterwards every lane of a group holds
 //      the same value (the combines are commutative);
@@ -70,9 +70,11 @@ void Lowering::lowerReduce(const ir::Op& op) {
                  std::to_string(axis) + " (" + S.str() + ")");
   const Regs& xs = get(x);
 
-  // 1. Registers, as a pairwise tree per result register: a linear chain of n combines is n
-  // dependent instructions long (the softmax's row max over 32 registers waited ~4 cycles on
-  // each), the tree log2(n), and a pairwise sum rounds better too.
+  // 1. Registers. A sum combines them as a pairwise tree (log2 n dependent steps, and it rounds
+  // better than a chain), a max or min as a chain in register order: on the H200 (2026-12-04,
+  // forward, B=2 H=16 N=8192 D=128) that mix ran 591 TFLOP/s without a mask against 568 with trees
+  // for both and 557 with chains for both (causal 529 / 512 / 501, ALiBi 454 / 439 / 451); why
+  // ptxas schedules the max chain better is not understood yet (bench/RESULTS.md).
   std::vector<Regs> parts(size_t(S.numRegisters()));
   for (int64_t r = 0; r < L.numRegisters(); ++r) {
     Layout::Coord c = L.regCoord(r);
@@ -81,10 +83,10 @@ void Lowering::lowerReduce(const ir::Op& op) {
     if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
     parts[size_t(j)].push_back(xs[size_t(r)]);
   }
-  // FLEXTILE_REDUCE_TREE=0 combines them as the chain they were before (to measure the tree);
-  // =sum or =max keeps the tree for that kind only (max also names min).
+  // FLEXTILE_REDUCE_TREE: sum (the default) trees for sums only, 1 for every kind, max for max
+  // and min only, 0 none (the lowering before 2026-12-04) -- to measure them.
   const char* treeSwitch = std::getenv("FLEXTILE_REDUCE_TREE");
-  const std::string treeKinds = treeSwitch && *treeSwitch ? treeSwitch : "1";
+  const std::string treeKinds = treeSwitch && *treeSwitch ? treeSwitch : "sum";
   const bool tree = treeKinds == "1" || treeKinds == (kind == "sum" ? "sum" : "max");
   Regs acc(size_t(S.numRegisters()), nullptr);
   for (size_t j = 0; j < parts.size(); ++j) {
