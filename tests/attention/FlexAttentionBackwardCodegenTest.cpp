@@ -82,8 +82,8 @@ TEST(FlexAttentionBackwardCodegen, LoopInvariantOperandsAreReadFromSharedMemory)
     SCOPED_TRACE(c.describe());
     VariantPlan plan = planFor(codegen::Target::sm90a(), FlexAttentionBackwardConfig{c, c}, "causal");
     const std::string& dkdv = plan.compiled[1]->ptx;
-    const std::string ss = "wgmma\\.mma_async[^;]*\\}, ad[0-9]+, %rd[0-9]+, [pz], 1, 1, 0, 0;";
-    const std::string rs = "wgmma\\.mma_async[^;]*\\}, \\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, %rd[0-9]+, [pz], 1, 1, [01];";
+    const std::string ss = "wgmma\\.mma_async[^;]*\\}, ad[0-9]+, bd[0-9]+, [pz], 1, 1, 0, 0;";
+    const std::string rs = "wgmma\\.mma_async[^;]*\\}, \\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, bd[0-9]+, [pz], 1, 1, [01];";
     // Two loops, each 8 k-steps (D = 128) of K·Qᵀ and of V·dOᵀ from shared A, and
     // 4 (BM = 64 queries) of Pᵀ·dO and of dSᵀ·Q from register A.
     EXPECT_EQ(count(dkdv, ss), 32) << plan.kernelNames[1];

@@ -98,12 +98,12 @@ TEST(FlexAttentionCodegen, HopperRunsBothProductsOnWgmmaFromTheRing) {
 // memory and both operands of Q·Kᵀ are descriptors: 8-11 % faster there than Q in registers.
 TEST(FlexAttentionCodegen, ForwardKeepsQInRegisters) {
   const std::string qk = "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16 \\{[^}]*\\}, ";
-  const std::string fromRegisters = qk + "\\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, %rd[0-9]+, [pz], 1, 1, 0;";
+  const std::string fromRegisters = qk + "\\{%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+\\}, bd[0-9]+, [pz], 1, 1, 0;";
   {
     const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
     EXPECT_EQ(k.producerWarps, 4);
     EXPECT_EQ(count(k.ptx, fromRegisters), 0);
-    EXPECT_EQ(count(k.ptx, qk + "ad[0-9]+, %rd[0-9]+"), 16);  // A and B descriptors
+    EXPECT_EQ(count(k.ptx, qk + "ad[0-9]+, bd[0-9]+"), 16);  // A and B descriptors
   }
   ScopedSetenv off("FLEXTILE_WARP_SPECIALIZE", "0");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
