@@ -298,7 +298,8 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   // words per k-step from registers, or the descriptor of k-step 0), the B
   // descriptors, scale-d.
   const int64_t aCount = residentA ? 1 : 4 * steps;
-  const int64_t aFirst = 2 * numD, bFirst = aFirst + aCount, scaleIndex = bFirst + 1;
+  const bool bStepsAdded = wgmmaBStepsAdded();
+  const int64_t aFirst = 2 * numD, bFirst = aFirst + aCount, scaleIndex = bFirst + (bStepsAdded ? 1 : steps);
   std::vector<llvm::Value*> operands;
   const std::string scaleOperand = "$" + std::to_string(scaleIndex);
   std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
@@ -318,8 +319,9 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   // add each, where LLVM computed five instructions a descriptor: 80 a loop step of the forward).
   text += ".reg .b64 bd<" + std::to_string(steps) + ">;\n";
   for (int64_t s = 0; s < steps; ++s)
-    text += "add.s64 bd" + std::to_string(s) + ", $" + std::to_string(bFirst) + ", " +
-            std::to_string((w.b.kStepByteOffset(s) - w.b.kStepByteOffset(0)) >> 4) + ";\n";
+    text += bStepsAdded ? "add.s64 bd" + std::to_string(s) + ", $" + std::to_string(bFirst) + ", " +
+                              std::to_string((w.b.kStepByteOffset(s) - w.b.kStepByteOffset(0)) >> 4) + ";\n"
+                        : "mov.b64 bd" + std::to_string(s) + ", $" + std::to_string(bFirst + s) + ";\n";
   text += "wgmma.fence.sync.aligned;\n";
   for (int64_t j = 0; j < numD; ++j) constraints += "=f,";
   for (int64_t j = 0; j < numD; ++j) {
@@ -358,8 +360,10 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     text += kind + " " + dList + ", " + aText + ", bd" + std::to_string(s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
             (residentA ? (residentA->mnMajor ? "1, " : "0, ") : "") + (w.b.mnMajor ? "1" : "0") + ";\n";
   }
-  operands.push_back(descriptor(bBase, w.b, 0));
-  constraints += "l,";
+  for (int64_t s = 0; s < (bStepsAdded ? 1 : steps); ++s) {
+    operands.push_back(descriptor(bBase, w.b, s));
+    constraints += "l,";
+  }
   operands.push_back(i32(1));  // scale-d: accumulate
   constraints += "r,~{memory}";
   text += "wgmma.commit_group.sync.aligned;\n}";

@@ -235,6 +235,15 @@ bool wgmmaDisabled() {
   const char* e = std::getenv("FLEXTILE_WGMMA");
   return e && std::strcmp(e, "0") == 0;
 }
+}  // namespace
+
+bool wgmmaBStepsAdded() {
+  const char* e = std::getenv("FLEXTILE_WGMMA_B_STEPS");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
+namespace {
+
 bool smemADisabled() {
   const char* e = std::getenv("FLEXTILE_WGMMA_SMEM_A");
   return e && std::strcmp(e, "0") == 0;
@@ -539,6 +548,7 @@ std::string wgmmaSettingsIdentity() {
   std::string out;
   if (wgmmaDisabled()) out += "; FLEXTILE_WGMMA=0";
   if (smemADisabled()) out += "; FLEXTILE_WGMMA_SMEM_A=0";
+  if (!wgmmaBStepsAdded()) out += "; FLEXTILE_WGMMA_B_STEPS=0";
   return out;
 }
 

@@ -239,6 +239,11 @@ std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
 // 16-rows-per-warp split would need for all of B in every warp).
 std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& convert, const Target& target);
 
+// Whether wgmma's B descriptors of k-steps 1.. are added to k-step 0's inside the product's asm
+// (the default) rather than built one by one; FLEXTILE_WGMMA_B_STEPS=0 builds them one by one, to
+// measure the difference.
+bool wgmmaBStepsAdded();
+
 // The environment switches above as text for the compile cache's compiler
 // identity ("" when both are at their defaults).
 std::string wgmmaSettingsIdentity();

@@ -62,6 +62,8 @@ ALL_BENCHES=(
   "first_call|bench/first_call.sh $BUNDLE/bin ${FLEXTILE_FIRST_CALL_SHAPE:-}"
   "torch_first_call|python3 bench/torch_first_call.py ${FLEXTILE_FIRST_CALL_SHAPE:-}"
   "streams|$BUNDLE/bin/flextile_streams_bench"
+  # PyTorch FlexAttention with SDPA beside it, on the two variants SDPA runs as a dense kernel.
+  "torch_sdpa|python3 $BUNDLE/peers/torch_reference.py --variants full,causal --json $LOGS/torch_sdpa.json"
   "torch_attention|python3 $BUNDLE/peers/torch_reference.py --variants ${FLEXTILE_TORCH_VARIANTS:-full,causal,sliding_window,document,prefix_lm,alibi,softcap} --no-sdpa --json $LOGS/torch_attention.json"
 )
 SELECTED=${FLEXTILE_BENCHES:-attention torch_attention}
