@@ -307,3 +307,23 @@ TEST(FlexAttentionBackwardCodegen, RowRingsOnlyTakeSlotsTmaCanWrite) {
     }
   }
 }
+
+// The backward's kernels ask for hoist-invariant-loads: ALiBi's slope of the head is read once,
+// before the walks, not once a step (ALiBi's backward +2 % on the H200, 2026-12-04);
+// FLEXTILE_HOIST_INVARIANT_LOADS=0 leaves it in the walks. Correctness: every GPU backward test.
+TEST(FlexAttentionBackwardCodegen, HeadSlopeIsReadBeforeTheWalks) {
+  auto slopeReadBeforeFirstLoop = [](const std::string& ir) {
+    const size_t slope = ir.find("addptr %alibi_slopes"), loop = ir.find(" for ");
+    return slope != std::string::npos && loop != std::string::npos && slope < loop;
+  };
+  const FlexAttentionBackwardConfig config{{64, 128, 8, 2, WarpSpecialization::On}, {128, 64, 8, 2, WarpSpecialization::On}};
+  VariantPlan hoisted = planFor(codegen::Target::sm90a(), config, "alibi");
+  ASSERT_EQ(hoisted.compiled.size(), 3u);
+  for (size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(hoisted.kernelNames[i]);
+    EXPECT_TRUE(slopeReadBeforeFirstLoop(hoisted.compiled[i]->ir));
+  }
+  flextile::testing::ScopedSetenv off("FLEXTILE_HOIST_INVARIANT_LOADS", "0");
+  VariantPlan inLoops = planFor(codegen::Target::sm90a(), config, "alibi");
+  for (size_t i = 1; i < 3; ++i) EXPECT_FALSE(slopeReadBeforeFirstLoop(inLoops.compiled[i]->ir)) << inLoops.kernelNames[i];
+}

@@ -343,6 +343,37 @@ TEST(FlexAttentionCodegen, ModsWithoutGathersTakeWarpgroupTurns) {
   }
 }
 
+// The forward asks for hoist-invariant-loads and prefetch-loads: ALiBi's slope of the head is
+// read before the walks, and the document ids of a step's keys are read a step early (a second
+// read of them before each walk, the step's own carried into the next), off the chain from the
+// block index (document +3 %, ALiBi +1.5 % on the H200, 2026-12-04).
+// FLEXTILE_HOIST_INVARIANT_LOADS=0 / FLEXTILE_PREFETCH_LOADS=0 leave them in the walks.
+TEST(FlexAttentionCodegen, ModReadsLeaveTheStepsCriticalPath) {
+  const auto target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  const FlexAttentionConfig config{128, 128, 8, 2};
+  auto irOf = [&](const char* name) {
+    VariantInstance inst = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, target).compiled->ir;
+  };
+  auto slopeReadBeforeFirstLoop = [](const std::string& ir) {
+    const size_t slope = ir.find("addptr %alibi_slopes"), loop = ir.find(" for ");
+    return slope != std::string::npos && loop != std::string::npos && slope < loop;
+  };
+  const std::string alibi = irOf("alibi"), document = irOf("document");
+  EXPECT_TRUE(slopeReadBeforeFirstLoop(alibi));
+  const int idReads = count(document, "= load [^\\n]*: i32\\[1,128\\]");
+  {
+    ScopedSetenv off("FLEXTILE_HOIST_INVARIANT_LOADS", "0");
+    EXPECT_FALSE(slopeReadBeforeFirstLoop(irOf("alibi")));
+  }
+  ScopedSetenv off("FLEXTILE_PREFETCH_LOADS", "0");
+  const int plainIdReads = count(irOf("document"), "= load [^\\n]*: i32\\[1,128\\]");
+  EXPECT_GE(plainIdReads, 1);
+  EXPECT_GT(idReads, plainIdReads) << "the ids of the first step are read before the walk";
+}
+
 // fold-scales (ir/passes/FoldScales.cpp) on the forward of ALiBi: the scale, the slope and log2 e
 // meet as scalars and the positions are scaled as [1, BN] and [BM, 1] tiles, so each score costs
 // fewer full-tile ops (f32 mul, fma, add and sub in the PTX at 128 x 128: 908 -> 659);

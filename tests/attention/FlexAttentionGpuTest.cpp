@@ -207,13 +207,15 @@ TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
   }
 }
 
-// Loop-invariant loads hoisted before the walks (opt-in: FLEXTILE_HOIST_INVARIANT_LOADS=1,
-// codegen/passes/HoistInvariantLoads.cpp): every variant at the default config and on one
-// warpgroup, lengths off the block, GQA, a padded head dim.
-TEST(FlexAttentionGpu, HoistedInvariantLoadsEveryVariant) {
+// Loop-invariant loads hoisted before the walks and per-step reads issued a step early
+// (codegen/passes/HoistInvariantLoads.cpp, PrefetchLoads.cpp; the forward template asks for both,
+// the backward for the hoist): forced on every kernel here, the decode template's too, at the
+// default config and on one warpgroup, lengths off the block, GQA, a padded head dim.
+TEST(FlexAttentionGpu, HoistedAndPrefetchedLoadsEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   ScopedSetenv hoisted("FLEXTILE_HOIST_INVARIANT_LOADS", "1");
+  ScopedSetenv prefetched("FLEXTILE_PREFETCH_LOADS", "1");
   for (const Variant& var : variants())
     for (AttentionCase c : kScheduleCases) {
       if (!inScope(c.work())) continue;
