@@ -1,4 +1,5 @@
 #include "codegen/CompileCache.h"
+#include "codegen/LowerToLLVM.h"
 #include "codegen/TensorCores.h"
 
 #include <dlfcn.h>
@@ -137,11 +138,10 @@ std::string codegenSwitches() {
     out += std::string("; FLEXTILE_RING_BARRIERS=") + e;
   for (const char* name : {"FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_WARP_SPECIALIZE",
                            "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_FOLD_SCALES", "FLEXTILE_REGROUP_SUMS", "FLEXTILE_PREFETCH_LOADS",
-                           "FLEXTILE_HOIST_BARRIER_INITS", "FLEXTILE_TMA_IN_STAGING_LOOPS", "FLEXTILE_REDUCE_TREE"})
+                           "FLEXTILE_HOIST_BARRIER_INITS", "FLEXTILE_TMA_IN_STAGING_LOOPS"})
     if (const char* e = std::getenv(name); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
       out += std::string("; ") + name + "=" + e;
-  if (const char* e = std::getenv("FLEXTILE_REDUCE_TREE"); e && (!std::strcmp(e, "sum") || !std::strcmp(e, "max")))
-    out += std::string("; FLEXTILE_REDUCE_TREE=") + e;
+  if (const std::string tree = reduceTreeSetting(); tree != "sum") out += "; FLEXTILE_REDUCE_TREE=" + tree;
   return out;
 }
 

@@ -52,6 +52,12 @@ llvm::Value* Lowering::shuffleXor(llvm::Value* v, int laneMask) {
   return b.CreateBitCast(w, ty);
 }
 
+std::string reduceTreeSetting() {
+  const char* e = std::getenv("FLEXTILE_REDUCE_TREE");
+  const std::string v = e ? e : "";
+  return v == "1" || v == "0" || v == "max" ? v : "sum";
+}
+
 void Lowering::lowerReduce(const ir::Op& op) {
   const ir::Value* x = op.operand(0);
   const ir::Value* res = op.result();
@@ -83,10 +89,8 @@ void Lowering::lowerReduce(const ir::Op& op) {
     if (j < 0) fail(op, "register " + std::to_string(r) + " of " + L.str() + " has no place in " + S.str());
     parts[size_t(j)].push_back(xs[size_t(r)]);
   }
-  // FLEXTILE_REDUCE_TREE: sum (the default) trees for sums only, 1 for every kind, max for max
-  // and min only, 0 none (the lowering before 2026-12-04) -- to measure them.
-  const char* treeSwitch = std::getenv("FLEXTILE_REDUCE_TREE");
-  const std::string treeKinds = treeSwitch && *treeSwitch ? treeSwitch : "sum";
+  // FLEXTILE_REDUCE_TREE (reduceTreeSetting): 0 is the lowering before 2026-12-04.
+  const std::string treeKinds = reduceTreeSetting();
   const bool tree = treeKinds == "1" || treeKinds == (kind == "sum" ? "sum" : "max");
   Regs acc(size_t(S.numRegisters()), nullptr);
   for (size_t j = 0; j < parts.size(); ++j) {

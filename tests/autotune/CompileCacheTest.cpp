@@ -161,6 +161,31 @@ TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   }
 }
 
+// FLEXTILE_REDUCE_TREE takes words, not just 0/1: each setting that changes the lowering has its own
+// key, and a value the lowering does not know (it lowers the default) keys as the default.
+TEST(CompileCache, TheReductionTreeSwitchKeysWhatTheLoweringDoes) {
+  const char* old = std::getenv("FLEXTILE_REDUCE_TREE");
+  const std::string keep = old ? old : "";
+  auto keyWith = [](const char* value) {
+    if (value) ::setenv("FLEXTILE_REDUCE_TREE", value, 1);
+    else ::unsetenv("FLEXTILE_REDUCE_TREE");
+    return codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+  };
+  const std::string unset = keyWith(nullptr);
+  EXPECT_EQ(keyWith("sum"), unset);
+  EXPECT_EQ(keyWith(""), unset);
+  EXPECT_EQ(keyWith("chains"), unset);
+  const std::string all = keyWith("1"), none = keyWith("0"), maxOnly = keyWith("max");
+  EXPECT_NE(all, unset);
+  EXPECT_NE(none, unset);
+  EXPECT_NE(maxOnly, unset);
+  EXPECT_NE(all, none);
+  EXPECT_NE(all, maxOnly);
+  EXPECT_NE(none, maxOnly);
+  if (old) ::setenv("FLEXTILE_REDUCE_TREE", keep.c_str(), 1);
+  else ::unsetenv("FLEXTILE_REDUCE_TREE");
+}
+
 TEST(CompileCache, RoundTripKeepsEveryFieldIncludingBinaryCubin) {
   flextile::testing::SeededRandom rng;
   codegen::CompiledKernel k;
