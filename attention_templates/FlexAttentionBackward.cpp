@@ -263,9 +263,8 @@ std::vector<TrainableCapture> declareTrainable(ir::Function& f, const ScoreMod& 
   return out;
 }
 
-void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
-               const MaskMod& maskMod) {
-  const auto k = constantsFrom<GradConstants>(constants);
+// What dkdv and dq ask of the passes.
+void setGradKernelAttributes(ir::Function& f, const GradConstants& k) {
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
@@ -273,6 +272,12 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   // A mod's per-step invariant loads (a head's slope) leave the walks: ALiBi +2 % on the H200
   // (2026-12-04). Prefetching the per-key reads only added spills to dkdv and measured level.
   f.attrs()["hoist_invariant_loads"] = int64_t(1);
+}
+
+void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
+               const MaskMod& maskMod) {
+  const auto k = constantsFrom<GradConstants>(constants);
+  setGradKernelAttributes(f, k);
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
@@ -415,13 +420,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
 void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
              const MaskMod& maskMod) {
   const auto k = constantsFrom<GradConstants>(constants);
-  if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the rings of the walks with TMA
-  f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
-  if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
-  if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
-  // A mod's per-step invariant loads (a head's slope) leave the walks: ALiBi +2 % on the H200
-  // (2026-12-04). Prefetching the per-key reads only added spills to dkdv and measured level.
-  f.attrs()["hoist_invariant_loads"] = int64_t(1);
+  setGradKernelAttributes(f, k);
   const auto p = declareParams<GradParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
   declareTrainable(f, scoreMod, k.deterministic);

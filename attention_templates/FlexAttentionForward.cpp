@@ -326,7 +326,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   // Loads a mod repeats in every step leave the walks (per-row ids, a head's slope), and a mod's
   // per-key reads (the document ids) are issued a step early, off the block index's chain:
-  // document +3 %, ALiBi +1.5 % on the H200 (bench/RESULTS.md, 2026-12-04).
+  // document +2.4 %, ALiBi +1.1 % on the H200 (bench/RESULTS.md, 2026-12-04).
   f.attrs()["hoist_invariant_loads"] = int64_t(1);
   f.attrs()["prefetch_loads"] = int64_t(1);
   const auto p = declareParams<ForwardParams>(f, dt);
