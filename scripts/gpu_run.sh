@@ -15,8 +15,11 @@
 #   FLEXTILE_GPU_TESTS=0              skip them (say, for a sanitizer-only call)
 #   FLEXTILE_GPU_TESTS_FULL=1         every config of every shape, full references (the suite took
 #                                     about 9 minutes on the H200 so, before the budget)
-#   FLEXTILE_GPU_TEST_JOBS=N          attention parts run at once (default 4: forward, its schedule sweeps, backward,
-#                                     serving; their time is host compiles and references, not the GPU)
+#   FLEXTILE_GPU_TEST_SHARDS=N        each attention part (forward, its schedule sweeps, backward, serving) runs
+#                                     as N gtest shards (GTEST_TOTAL_SHARDS), each its own process (default 3;
+#                                     their time is host compiles and float64 references, one core each)
+#   FLEXTILE_GPU_TEST_JOBS=N          attention processes at once (default 4 × the shards: 12, of the
+#                                     machine's 16 cores)
 #   FLEXTILE_GPU_TEST_FILTER, FLEXTILE_ATTN_TEST_FILTER, FLEXTILE_AUTOTUNE_TEST_FILTER: gtest filters
 #   FLEXTILE_GPU_TEST_TIMEOUT         seconds per test process (default 300)
 #
@@ -93,7 +96,9 @@ status_of() { case "$1" in 0) echo ok ;; 124) echo TIMEOUT ;; *) echo "FAIL($1)"
 
 # One seed for every test process of the run (each test mixes in its own name: TestBudget.h).
 export FLEXTILE_TEST_SEED=${FLEXTILE_TEST_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
-TEST_JOBS=${FLEXTILE_GPU_TEST_JOBS:-4}
+TEST_SHARDS=${FLEXTILE_GPU_TEST_SHARDS:-3}
+case "$TEST_SHARDS" in ''|*[!0-9]*|0) echo "gpu_run.sh: FLEXTILE_GPU_TEST_SHARDS must be a positive integer, got '$TEST_SHARDS'" >&2; exit 2 ;; esac
+TEST_JOBS=${FLEXTILE_GPU_TEST_JOBS:-$((4 * TEST_SHARDS))}
 SANITIZER_JOBS=${FLEXTILE_SANITIZER_JOBS:-16}
 for n in "$TEST_JOBS" "$SANITIZER_JOBS"; do
   case "$n" in ''|*[!0-9]*|0) echo "gpu_run.sh: FLEXTILE_GPU_TEST_JOBS and FLEXTILE_SANITIZER_JOBS must be positive integers, got '$n'" >&2; exit 2 ;; esac
@@ -121,27 +126,37 @@ run_parts() {
 
 # count_in LOG WORD: the tests gtest counted as WORD (PASSED, FAILED, SKIPPED) in LOG.
 count_in() { sed -n "s/^\[  $2 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$1" | awk '{ s += $1 } END { print s + 0 }'; }
+count_in_all() { local word=$1 log total=0; shift; for log in "$@"; do total=$((total + $(count_in "$log" "$word"))); done; echo $total; }
 failed_names() { sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$@" | sort -u | head -5 | tr '\n' ' '; }
 kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "$@" | awk '{ s += $1 } END { print s + 0 }'; }
 
 # The serving part of attention_gpu_tests: decode, paged K/V, decode lists and calls on user streams.
-serving='FlexDecodeGpu.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
+decode='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*'
+serving="$decode:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*"
 
 if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
-  echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts $TEST_JOBS at once)"
+  echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts in $TEST_SHARDS shards each, $TEST_JOBS processes at once)"
   start=$(now)
-  attention=()
+  parts=()  # "name|gtest filter"
   if [ -n "${FLEXTILE_ATTN_TEST_FILTER:-}" ]; then
-    attention=("attention|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$FLEXTILE_ATTN_TEST_FILTER'")
+    parts=("attention|$FLEXTILE_ATTN_TEST_FILTER")
   else
     # The forward's schedule sweeps (every variant under each schedule switch) are a part of their
     # own: with the offline ptxas assembling the specialized kernels the forward outgrew 240 s.
     sweeps='FlexAttentionGpu.*EveryVariant'
-    attention=("attention_forward_sweeps|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$sweeps'"
-               "attention_forward|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='-FlexAttentionBackwardGpu.*:$serving:$sweeps'"
-               "attention_backward|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='FlexAttentionBackwardGpu.*'"
-               "attention_serving|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$serving'")
+    parts=("attention_forward_sweeps|$sweeps"
+           "attention_forward|-FlexAttentionBackwardGpu.*:$serving:$sweeps"
+           "attention_backward|FlexAttentionBackwardGpu.*"
+           "attention_serving|$serving")
   fi
+  # Each part as gtest shards (tests dealt round-robin over the shards), one process each: a part's
+  # wall time is then about its slowest test's, not the sum of its tests'.
+  attention=()
+  for entry in "${parts[@]}"; do
+    for ((i = 0; i < TEST_SHARDS; i++)); do
+      attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|GTEST_TOTAL_SHARDS=$TEST_SHARDS GTEST_SHARD_INDEX=$i $BUNDLE/bin/attention_gpu_tests --gtest_filter='${entry#*|}'")
+    done
+  done
   # flextile_gpu_tests and autotune_gpu_tests time kernels (events, the tuner's ranking): each
   # runs alone, before and after the attention parts.
   run_parts 1 "core|$TEST_TIMEOUT|$BUNDLE/bin/flextile_gpu_tests ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter='$FLEXTILE_GPU_TEST_FILTER'}"
@@ -150,11 +165,21 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   log="$LOGS/gpu_tests.log"
   : > "$log"
   rc=0; part_rows=()
-  for part in core "${attention[@]%%|*}" autotune; do
-    part_rc=$(cat "$PARTS/$part.rc"); part_secs=$(cat "$PARTS/$part.secs")
-    { echo "== part $part: exit $part_rc, $part_secs s"; cat "$PARTS/$part.log"; } >> "$log"
+  # One summary row per part: its shards' counts summed, its slowest shard's seconds, its first
+  # failing shard's status.
+  for part in core "${parts[@]%%|*}" autotune; do
+    shards=("$part")
+    [ "$part" != core ] && [ "$part" != autotune ] && shards=($(for ((i = 0; i < TEST_SHARDS; i++)); do echo "$part.$i"; done))
+    part_rc=0; part_secs=0; part_logs=()
+    for shard in "${shards[@]}"; do
+      shard_rc=$(cat "$PARTS/$shard.rc"); shard_secs=$(cat "$PARTS/$shard.secs")
+      { echo "== part $shard: exit $shard_rc, $shard_secs s"; cat "$PARTS/$shard.log"; } >> "$log"
+      [ "$shard_rc" != 0 ] && [ "$part_rc" = 0 ] && part_rc=$shard_rc
+      part_secs=$(awk -v a="$part_secs" -v b="$shard_secs" 'BEGIN { printf "%.1f", (b > a) ? b : a }')
+      part_logs+=("$PARTS/$shard.log")
+    done
     [ "$part_rc" != 0 ] && [ "$rc" = 0 ] && rc=$part_rc  # the first failing part's status
-    part_rows+=("  $part|$(status_of "$part_rc")|$part_secs|$(count_in "$PARTS/$part.log" PASSED) passed, $(count_in "$PARTS/$part.log" FAILED) failed, $(count_in "$PARTS/$part.log" SKIPPED) skipped, $(kernels_in "$PARTS/$part.log") kernels built")
+    part_rows+=("  $part|$(status_of "$part_rc")|$part_secs|$(count_in_all PASSED "${part_logs[@]}") passed, $(count_in_all FAILED "${part_logs[@]}") failed, $(count_in_all SKIPPED "${part_logs[@]}") skipped, $(kernels_in "${part_logs[@]}") kernels built")
   done
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$log" | head -40
   passed=$(count_in "$log" PASSED); failed=$(count_in "$log" FAILED); skipped=$(count_in "$log" SKIPPED)
@@ -213,8 +238,8 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
         timed='FlexAttentionStreamsGpu.*OverlapInTime*'
         attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving"
                     "backward|FlexAttentionBackwardGpu.*"
-                    "decode|FlexDecodeGpu.*"
-                    "serving|${serving#FlexDecodeGpu.*:}-$timed")
+                    "decode|$decode"
+                    "serving|${serving#"$decode:"}-$timed")
         for attn_part in "${attn_parts[@]}"; do
           runs+=("${tool}_attention_${attn_part%%|*}|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='${attn_part#*|}'")
         done

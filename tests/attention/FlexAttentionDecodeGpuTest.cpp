@@ -25,11 +25,22 @@ using dsl::Tensor;
 namespace {
 constexpr MemorySpace kDevice = MemorySpace::Device;
 const DecodeCheck kDefaultBlocks{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}};
+
+std::vector<std::string> builtinVariantNames() {
+  std::vector<std::string> names;
+  for (const Variant& v : variants()) names.push_back(v.name);
+  return names;
+}
 }  // namespace
 
-TEST(FlexDecodeGpu, EveryVariantAtTheDecodeShapes) {
+// One test per variant (FlexDecodeGpuVariant/AtTheDecodeShapes/<variant>), so that gtest's shards
+// (scripts/gpu_run.sh) share the 100 s this takes for all seven.
+class FlexDecodeGpuVariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FlexDecodeGpuVariant, AtTheDecodeShapes) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  const Variant& v = variant(GetParam());
   const std::vector<AttentionCase> cases = {
       {.B = 1, .Hq = 2, .Hkv = 2, .L = 1, .S = 1, .D = 128, .dtype = DType::BF16},
       {.B = 2, .Hq = 8, .Hkv = 2, .L = 2, .S = 127, .D = 64, .dtype = DType::F16},
@@ -41,20 +52,22 @@ TEST(FlexDecodeGpu, EveryVariantAtTheDecodeShapes) {
       {.B = 1, .Hq = 4, .Hkv = 4, .L = 2, .S = 300, .D = 64, .dtype = DType::F32},
   };
   ConfigSample splits(kDefaultBlocks.splits, 1, rng);
-  for (const AttentionCase& c : cases)
-    for (const Variant& v : variants()) {
-      if (!inScope(c.B * c.Hq * c.L * c.S)) continue;
-      DecodeCheck how = kDefaultBlocks;
-      how.splits = splits.next();
-      const auto start = std::chrono::steady_clock::now();
-      const bool ok = checkDecodeVariant(rng, v, c, kDevice, how);
-      // Progress, so a slow or stuck case shows in the log.
-      std::printf("  %-16s %s: %.2f s\n", v.name.c_str(), c.describe().c_str(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      std::fflush(stdout);
-      if (!ok) return;
-    }
+  for (const AttentionCase& c : cases) {
+    if (!inScope(c.B * c.Hq * c.L * c.S)) continue;
+    DecodeCheck how = kDefaultBlocks;
+    how.splits = splits.next();
+    const auto start = std::chrono::steady_clock::now();
+    const bool ok = checkDecodeVariant(rng, v, c, kDevice, how);
+    // Progress, so a slow or stuck case shows in the log.
+    std::printf("  %-16s %s: %.2f s\n", v.name.c_str(), c.describe().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fflush(stdout);
+    if (!ok) return;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexDecodeGpuVariant, ::testing::ValuesIn(builtinVariantNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
   FLEXTILE_REQUIRE_GPU();
