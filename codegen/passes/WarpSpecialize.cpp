@@ -175,8 +175,14 @@ std::string plan(ir::Function& f, Marks& marks) {
 
   // The CTA barriers the producer meets: per mbarrier buffer its copies use, the first barrier
   // after its init and the last before its inval, in the init's block.
-  std::set<const ir::Value*> ringBarriers;
-  for (Op* p : marks.producer) ringBarriers.insert(p->operand(p->kind() == OpKind::TmaCopy ? 2 : 0));
+  // In the program order of their first copies: a set of pointers would order them as the heap
+  // placed them, and the kernel's barrier layout would change with unrelated allocations.
+  std::vector<const ir::Value*> ringBarriers;
+  f.walk([&](Op& op) {
+    if (!marks.producer.count(&op)) return;
+    const ir::Value* bars = op.operand(op.kind() == OpKind::TmaCopy ? 2 : 0);
+    if (std::find(ringBarriers.begin(), ringBarriers.end(), bars) == ringBarriers.end()) ringBarriers.push_back(bars);
+  });
   for (const ir::Value* bars : ringBarriers) {
     const Op* alloc = bars->definingOp();
     ir::Block& block = *alloc->parentBlock();

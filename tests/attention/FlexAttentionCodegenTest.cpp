@@ -374,6 +374,27 @@ TEST(FlexAttentionCodegen, ModReadsLeaveTheStepsCriticalPath) {
   EXPECT_GT(idReads, plainIdReads) << "the ids of the first step are read before the walk";
 }
 
+// Regression: warp-specialize hoisted the rings' barriers in the order of their addresses on the
+// heap (a std::set of pointers), so the kernel's barrier layout changed with unrelated allocations
+// (a pass that allocated a little more upstream swapped the two walks' barriers). They are hoisted
+// in the program order of their first copies: the first walk's `full` barrier is the first one
+// initialized.
+TEST(FlexAttentionCodegen, RingBarriersAreHoistedInProgramOrder) {
+  for (const char* name : {"causal", "alibi", "document"}) {
+    SCOPED_TRACE(name);
+    const int64_t B = 1, H = 2, L = 1024, D = 128;
+    Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+    VariantInstance inst = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    const FlexAttentionConfig config{128, 128, 8, 2, WarpSpecialization::On};
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, codegen::Target::sm90a());
+    const std::string& ir = plan.compiled->ir;
+    std::smatch init, expect;
+    ASSERT_TRUE(std::regex_search(ir, init, std::regex("mbarrier_init (%[0-9]+) \\{arrivals = 1")));
+    ASSERT_TRUE(std::regex_search(ir, expect, std::regex("mbarrier_expect_tx (%[0-9]+),")));
+    EXPECT_EQ(init[1], expect[1]) << "the first walk's copies complete on the first full barrier";
+  }
+}
+
 // fold-scales (ir/passes/FoldScales.cpp) on the forward of ALiBi: the scale, the slope and log2 e
 // meet as scalars and the positions are scaled as [1, BN] and [BM, 1] tiles, so each score costs
 // fewer full-tile ops (f32 mul, fma, add and sub in the PTX at 128 x 128: 908 -> 659);
