@@ -60,10 +60,19 @@ ir::PassPipeline tilePassPipeline(const Target& target) {
   ir::PassPipeline pipeline;
   pipeline.add(ir::canonicalizePass())
       .add({"fold-scales", [](ir::Function& f) {
-              if (passSwitch(f, "FLEXTILE_FOLD_SCALES", "reassociate")) ir::foldScales(f);
+              if (passSwitch(f, "FLEXTILE_FOLD_SCALES", "reassociate"))
+                ir::foldScales(f, passSwitch(f, "FLEXTILE_FOLD_INVARIANT_TERMS", "fold_invariant_terms"));
             }})
       .add({"regroup-sums", [](ir::Function& f) {
               if (passSwitch(f, "FLEXTILE_REGROUP_SUMS", "reassociate")) ir::regroupSums(f);
+            }})
+      // Again where invariant terms are folded: regroup-sums turns f32(start + arange) into
+      // f32(start) + f32(arange), whose scaling fold-scales then splits into a scalar product and
+      // a loop-invariant one.
+      .add({"fold-scales", [](ir::Function& f) {
+              if (passSwitch(f, "FLEXTILE_FOLD_SCALES", "reassociate") &&
+                  passSwitch(f, "FLEXTILE_FOLD_INVARIANT_TERMS", "fold_invariant_terms"))
+                ir::foldScales(f, true);
             }})
       .add(ir::csePass())
       .add(ir::dcePass())

@@ -40,7 +40,10 @@ bool canonicalize(Function& f);
 bool cse(Function& f);
 bool dce(Function& f);
 // fold-scales on any function, whatever its attributes (the pass checks reassociate = 1).
-bool foldScales(Function& f);
+// `invariantTerms`: a row, column or vector sum of an absorbing and a loop-invariant term takes the
+// factor too, the invariant term by a product of its own (FoldScales.cpp; function attribute
+// fold_invariant_terms = 1 for the pass).
+bool foldScales(Function& f, bool invariantTerms = false);
 // regroup-sums on any function, whatever its attributes (the pass checks reassociate = 1).
 bool regroupSums(Function& f);
 

@@ -44,6 +44,19 @@ class LocalRewriter {
                  (d->kind() == OpKind::Constant && d->hasAttr("value")));
   }
 
+  // Whether v is the same in every run of `block`: defined outside it, or by pure ops of it whose
+  // operands are (an arange, a constant); not a block argument of `block` (a loop's iv or carried
+  // values), not a load.
+  static bool invariantIn(const Value* v, const Block* block) {
+    const Op* d = v->definingOp();
+    if (!d) return v->ownerBlock() != block;
+    if (d->parentBlock() != block) return true;
+    if (!d->hasTrait(kPure) || !d->regions().empty() || d->kind() == OpKind::Load) return false;
+    for (const Value* o : d->operands())
+      if (!invariantIn(o, block)) return false;
+    return true;
+  }
+
   int uses(const Value* v) const {
     auto it = uses_.find(v);
     return it == uses_.end() ? 0 : it->second;

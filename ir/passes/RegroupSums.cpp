@@ -208,18 +208,6 @@ class SumRegrouper : LocalRewriter {
     return true;
   }
 
-  // Whether v is the same in every run of `block`: defined outside it, or by pure ops of it whose
-  // operands are (an arange, a constant).
-  static bool invariantIn(const Value* v, const Block* block) {
-    const Op* d = v->definingOp();
-    if (!d) return v->ownerBlock() != block;
-    if (d->parentBlock() != block) return true;
-    if (!d->hasTrait(kPure) || !d->regions().empty() || d->kind() == OpKind::Load) return false;
-    for (const Value* o : d->operands())
-      if (!invariantIn(o, block)) return false;
-    return true;
-  }
-
   static bool encloses(const Block* outer, const Block* inner) {
     for (const Block* b = inner; b; b = b->parentOp() ? b->parentOp()->parentBlock() : nullptr)
       if (b == outer) return true;

@@ -395,6 +395,24 @@ TEST(FlexAttentionCodegen, RingBarriersAreHoistedInProgramOrder) {
   }
 }
 
+// The forward asks fold-scales for invariant terms (fold_invariant_terms = 1): ALiBi's key positions,
+// f32(start) + f32(arange) after regroup-sums, are scaled by the slope as a scalar product plus a
+// loop-invariant [BN] one, so no [1, BN] product is left in the walks (LLVM hoists the invariant
+// one: 32 multiplies a thread a step fewer). FLEXTILE_FOLD_INVARIANT_TERMS=0 leaves the product.
+TEST(FlexAttentionCodegen, KeyPositionsAreScaledOutsideTheWalks) {
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  VariantInstance inst = variant("alibi").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  auto positionProducts = [&] {
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 128, 8, 2}}, true,
+                                    codegen::Target::sm90a());
+    return count(plan.compiled->ir, "= mul [^\\n]*: f32\\[1,128\\]");
+  };
+  EXPECT_EQ(positionProducts(), 0);
+  ScopedSetenv off("FLEXTILE_FOLD_INVARIANT_TERMS", "0");
+  EXPECT_GE(positionProducts(), 2) << "one per walk";
+}
+
 // fold-scales (ir/passes/FoldScales.cpp) on the forward of ALiBi: the scale, the slope and log2 e
 // meet as scalars and the positions are scaled as [1, BN] and [BM, 1] tiles, so each score costs
 // fewer full-tile ops (f32 mul, fma, add and sub in the PTX at 128 x 128: 908 -> 659);
@@ -420,7 +438,8 @@ TEST(FlexAttentionCodegen, ScoreModFactorsFoldIntoTheScale) {
   }
   // Per loop (full and partial blocks): the mul by log2 e and the slope's full-tile mul are gone.
   EXPECT_EQ(tileOps(plain, "mul") - tileOps(folded, "mul"), 2 * 2) << folded;
-  EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[1,128\\]"), 2) << "kv positions scaled as a row";
+  // (The kv positions' row is scaled as a scalar and a loop-invariant product: KeyPositionsAreScaledOutsideTheWalks.)
+  EXPECT_EQ(count(plain, "mul %[^\\n]*: f32\\[1,128\\]"), 0) << "without fold-scales nothing is scaled as a row";
   EXPECT_EQ(count(folded, "mul %[^\\n]*: f32\\[128,1\\]"), 2) << "query positions scaled as a column";
 }
 
