@@ -130,7 +130,8 @@ struct GradConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, qExact),
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
-                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong));
+                           (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
+                           (int64_t, exponentFirst));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -358,13 +359,15 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         std::optional<Tile> dpEarly;
         if (!k.hasScoreMod && !atomicDqT) dpEarly = dot(vt, dOt.trans());
         ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
-        Tile z = m.z;
+        // The exponent, then the masks: lse2 is never -inf (+inf on empty rows), so a masked score
+        // gives -inf either way, and without a score_mod s · scale − lse2 stays one fma.
+        Tile z = k.exponentFirst ? m.z - lse2.expand(0) : m.z;
         if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
         // Keys past kv_len only reach rows of dK/dV that are not stored, but their scores must
         // not reach the captured gradients, nor dQ.
         if (!k.kvExact && (k.numTrainable || k.atomicDq)) z = where(colLive.expand(1), z, -INFINITY);
         if (k.rowBoxes && !k.qExact) z = where(rowLive.expand(0), z, -INFINITY);
-        Tile pT = exp2(z - lse2.expand(0));
+        Tile pT = exp2(k.exponentFirst ? z : z - lse2.expand(0));
         Tile dvNew = dot(pT.to(dt), dOt, dvi);
         Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
         Tile dsT = pT * (dpT - delta.expand(0));
@@ -470,10 +473,10 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
       if (!k.hasScoreMod) dpEarly = dot(dOt, vt.trans());
       ModScores m = modScores(k, s, p.scale, scoreMod, b, h, qPos, kvPos);
-      Tile z = m.z;
+      Tile z = k.exponentFirst ? m.z - lse2.expand(1) : m.z;  // the exponent, then the masks (as in dkdv)
       if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
       if (!k.kvExact) z = where(colLive.expand(0), z, -INFINITY);
-      Tile pr = exp2(z - lse2.expand(1));
+      Tile pr = exp2(k.exponentFirst ? z : z - lse2.expand(1));
       Tile dp = dpEarly ? *dpEarly : dot(dOt, vt.trans());
       Tile ds = pr * (dp - delta.expand(1));
       if (k.hasScoreMod) ds = modAdjoint(m, ds, nullptr, false);
@@ -827,7 +830,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      // must be a multiple of 16 bytes.
                      dkdv && tma && specialize && L % 4 == 0,
                      // Turns only when the config asks: Auto is off in the backward until measured.
-                     c.turns == LoopSchedule::On};
+                     c.turns == LoopSchedule::On,
+                     // P's exponent before the masks (FLEXTILE_BWD_EXPONENT_FIRST=0: after them, the
+                     // form before 2026-12-04, to measure the two).
+                     detail::forcedBySwitch("FLEXTILE_BWD_EXPONENT_FIRST") != false};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -327,3 +327,19 @@ TEST(FlexAttentionBackwardCodegen, HeadSlopeIsReadBeforeTheWalks) {
   VariantPlan inLoops = planFor(codegen::Target::sm90a(), config, "alibi");
   for (size_t i = 1; i < 3; ++i) EXPECT_FALSE(slopeReadBeforeFirstLoop(inLoops.compiled[i]->ir)) << inLoops.kernelNames[i];
 }
+
+// P's exponent, s·scale − lse2, is taken before the masks set -inf (lse2 is never -inf), so without
+// a score_mod the masked walks compute it as one fma, not a multiply, a select and a subtraction
+// (causal dkdv and dq at 128 keys: 32 instructions a thread a step fewer, and ptxas's spills 24 ->
+// 4 bytes). FLEXTILE_BWD_EXPONENT_FIRST=0 brings back the old order. Values: every interpreted and
+// GPU backward test (masked rows, empty rows, keys past the length).
+TEST(FlexAttentionBackwardCodegen, MaskedWalksTakeTheExponentAsOneFma) {
+  auto fmas = [](const VariantPlan& plan, size_t i) {
+    return count(plan.compiled[i]->ptx, "fma\\.rn\\.f32");
+  };
+  const FlexAttentionBackwardConfig config{{64, 128, 8, 2, WarpSpecialization::On}, {128, 64, 8, 2, WarpSpecialization::On}};
+  VariantPlan first = planFor(codegen::Target::sm90a(), config, "causal");
+  flextile::testing::ScopedSetenv after("FLEXTILE_BWD_EXPONENT_FIRST", "0");
+  VariantPlan last = planFor(codegen::Target::sm90a(), config, "causal");
+  for (size_t i = 1; i < 3; ++i) EXPECT_GT(fmas(first, i), fmas(last, i)) << first.kernelNames[i];
+}
