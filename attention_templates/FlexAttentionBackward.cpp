@@ -131,7 +131,7 @@ struct GradConstants {
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
-                           (int64_t, exponentFirst));
+                           (int64_t, exponentFirst), (int64_t, maskedDpEarly));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -357,7 +357,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         const bool atomicDqT = k.atomicDq && k.warpSpecialize;
         Tile sT = dot(kt, qt.trans());  // [BN, BM]
         std::optional<Tile> dpEarly;
-        if (!k.hasScoreMod && !atomicDqT) dpEarly = dot(vt, dOt.trans());
+        if (!k.hasScoreMod && !atomicDqT && (!partial || k.maskedDpEarly)) dpEarly = dot(vt, dOt.trans());
         ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
         // The exponent, then the masks: lse2 is never -inf (+inf on empty rows), so a masked score
         // gives -inf either way, and without a score_mod s · scale − lse2 stays one fma.
@@ -833,7 +833,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      c.turns == LoopSchedule::On,
                      // P's exponent before the masks (FLEXTILE_BWD_EXPONENT_FIRST=0: after them, the
                      // form before 2026-12-04, to measure the two).
-                     detail::forcedBySwitch("FLEXTILE_BWD_EXPONENT_FIRST") != false};
+                     detail::forcedBySwitch("FLEXTILE_BWD_EXPONENT_FIRST") != false,
+                     // dPᵀ issued with Sᵀ in the masked walks too (FLEXTILE_BWD_MASKED_DP_EARLY=0: after
+                     // pᵀ there, which ptxas 13 assembles with fewer spills: document dkdv 84 -> 4
+                     // bytes; to measure against the overlap it gives up).
+                     detail::forcedBySwitch("FLEXTILE_BWD_MASKED_DP_EARLY") != false};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -343,3 +343,18 @@ TEST(FlexAttentionBackwardCodegen, MaskedWalksTakeTheExponentAsOneFma) {
   VariantPlan last = planFor(codegen::Target::sm90a(), config, "causal");
   for (size_t i = 1; i < 3; ++i) EXPECT_GT(fmas(first, i), fmas(last, i)) << first.kernelNames[i];
 }
+
+// Without a score_mod, dkdv issues dPᵀ together with Sᵀ in both walks (Sᵀ is then waited with dPᵀ
+// still in flight: a wait with one group pending per walk and product pair);
+// FLEXTILE_BWD_MASKED_DP_EARLY=0 issues it after pᵀ in the masked walk, which ptxas assembles with
+// fewer spills (document dkdv 84 -> 4 bytes), to be measured against the overlap it gives up.
+TEST(FlexAttentionBackwardCodegen, MaskedWalkIssuesDpWithTheScoresUnlessAsked) {
+  const FlexAttentionBackwardConfig config{{64, 128, 8, 2, WarpSpecialization::On}, {128, 64, 8, 2, WarpSpecialization::On}};
+  auto pendingWaits = [&] {
+    VariantPlan plan = planFor(codegen::Target::sm90a(), config, "causal");
+    return count(plan.compiled[1]->ir, "wgmma_wait [^\\n]*pending = 1");
+  };
+  const int early = pendingWaits();
+  flextile::testing::ScopedSetenv late("FLEXTILE_BWD_MASKED_DP_EARLY", "0");
+  EXPECT_LT(pendingWaits(), early);
+}
