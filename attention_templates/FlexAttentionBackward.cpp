@@ -131,7 +131,8 @@ struct GradConstants {
                            (int64_t, kvExact), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
-                           (int64_t, exponentFirst), (int64_t, maskedDpEarly));
+                           (int64_t, exponentFirst), (int64_t, maskedDpEarly),
+                           (int64_t, seedFreeAdjoint));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -369,9 +370,15 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (k.rowBoxes && !k.qExact) z = where(rowLive.expand(0), z, -INFINITY);
         Tile pT = exp2(k.exponentFirst ? z : z - lse2.expand(0));
         Tile dvNew = dot(pT.to(dt), dOt, dvi);
+        // A mod's adjoint is linear in its seed: without trainable captures (whose gradients need
+        // the seed itself) it is seed · g with g the adjoint of ones, taken here, before dPᵀ's
+        // wait, so that only p·g stays live across it, not the mod's intermediates (soft-cap's tanh).
+        const bool seedFree = k.hasScoreMod && k.numTrainable == 0 && k.seedFreeAdjoint;
+        std::optional<Tile> pg;
+        if (seedFree) pg = pT * modAdjoint(m, full({k.BN, k.BM}, 1.0, DType::F32), nullptr, false);
         Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
-        Tile dsT = pT * (dpT - delta.expand(0));
-        if (k.hasScoreMod) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
+        Tile dsT = (pg ? *pg : pT) * (dpT - delta.expand(0));
+        if (k.hasScoreMod && !seedFree) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
         Tile dsLow = dsT.to(dt);
         // dQ_i += scale sum_j dS'_ij K_j, into the f32 buffer [B, Hq, L, D]. Specialized (two
         // consumer warpgroups) as dQᵀ = Kᵀ dSᵀ: its DP rows give each warpgroup 64 of them on
@@ -477,9 +484,12 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
       if (!k.kvExact) z = where(colLive.expand(0), z, -INFINITY);
       Tile pr = exp2(k.exponentFirst ? z : z - lse2.expand(1));
+      // The mod's adjoint as p·g before dP's wait (as in dkdv; dq scatters no captured gradient).
+      std::optional<Tile> pg;
+      if (k.hasScoreMod && k.seedFreeAdjoint) pg = pr * modAdjoint(m, full({k.BM, k.BN}, 1.0, DType::F32), nullptr, false);
       Tile dp = dpEarly ? *dpEarly : dot(dOt, vt.trans());
-      Tile ds = pr * (dp - delta.expand(1));
-      if (k.hasScoreMod) ds = modAdjoint(m, ds, nullptr, false);
+      Tile ds = (pg ? *pg : pr) * (dp - delta.expand(1));
+      if (k.hasScoreMod && !pg) ds = modAdjoint(m, ds, nullptr, false);
       return dot(ds.to(dt), kt, dqi);
     });
   };
@@ -837,7 +847,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      // dPᵀ issued with Sᵀ in the masked walks too (FLEXTILE_BWD_MASKED_DP_EARLY=0: after
                      // pᵀ there, which ptxas 13 assembles with fewer spills: document dkdv 84 -> 4
                      // bytes; to measure against the overlap it gives up).
-                     detail::forcedBySwitch("FLEXTILE_BWD_MASKED_DP_EARLY") != false};
+                     detail::forcedBySwitch("FLEXTILE_BWD_MASKED_DP_EARLY") != false,
+                     // The mod's adjoint as p·g, g taken before dP's wait (FLEXTILE_BWD_SEED_FREE_ADJOINT=0:
+                     // through the seed after it, the form before 2026-12-04, to measure the two).
+                     detail::forcedBySwitch("FLEXTILE_BWD_SEED_FREE_ADJOINT") != false};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

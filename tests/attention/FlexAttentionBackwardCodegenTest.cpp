@@ -358,3 +358,18 @@ TEST(FlexAttentionBackwardCodegen, MaskedWalkIssuesDpWithTheScoresUnlessAsked) {
   flextile::testing::ScopedSetenv late("FLEXTILE_BWD_MASKED_DP_EARLY", "0");
   EXPECT_LT(pendingWaits(), early);
 }
+
+// A score_mod's adjoint is linear in its seed, so without trainable captures dkdv and dq take it as
+// p·g, g the adjoint of ones, before dP's wait: the mod's intermediates (soft-cap's tanh) need not
+// stay live across it, and the chain rule runs once on g instead of on dS (soft-cap: 128 PTX lines
+// fewer in each kernel; dkdv's spills 248 -> 120 bytes with ptxas 13). FLEXTILE_BWD_SEED_FREE_ADJOINT=0
+// goes through dS as before. Values: FiniteDifferences and every backward test with a score_mod.
+TEST(FlexAttentionBackwardCodegen, ScoreModAdjointIsTakenBeforeTheProductWait) {
+  auto instructions = [](const std::string& ptx) { return count(ptx, "\\n\\t[a-z]"); };
+  const FlexAttentionBackwardConfig config{{64, 128, 8, 2, WarpSpecialization::On}, {128, 64, 8, 2, WarpSpecialization::On}};
+  VariantPlan seedFree = planFor(codegen::Target::sm90a(), config, "softcap");
+  flextile::testing::ScopedSetenv throughTheSeed("FLEXTILE_BWD_SEED_FREE_ADJOINT", "0");
+  VariantPlan seeded = planFor(codegen::Target::sm90a(), config, "softcap");
+  for (size_t i = 1; i < 3; ++i)
+    EXPECT_LT(instructions(seedFree.compiled[i]->ptx), instructions(seeded.compiled[i]->ptx)) << seedFree.kernelNames[i];
+}

@@ -357,16 +357,18 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
   }
 }
 
-// The backward's two orders switched back (FLEXTILE_BWD_EXPONENT_FIRST=0: mask, then subtract lse2;
-// FLEXTILE_BWD_MASKED_DP_EARLY=0: dPᵀ after pᵀ in the masked walk), against float64 after the
-// sm_90a passes: masked, empty and off-the-block rows, GQA, D = 128.
+// The backward's orders switched back (FLEXTILE_BWD_EXPONENT_FIRST=0: mask, then subtract lse2;
+// FLEXTILE_BWD_MASKED_DP_EARLY=0: dPᵀ after pᵀ in the masked walk; FLEXTILE_BWD_SEED_FREE_ADJOINT=0:
+// the mod's adjoint through dS), against float64 after the sm_90a passes: masked, empty and
+// off-the-block rows, GQA, D = 128.
 TEST(TilePassesInterpreted, BackwardWithTheOtherOrders) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
   flextile::testing::ScopedSetenv exponentLast("FLEXTILE_BWD_EXPONENT_FIRST", "0");
   flextile::testing::ScopedSetenv dpLate("FLEXTILE_BWD_MASKED_DP_EARLY", "0");
+  flextile::testing::ScopedSetenv throughTheSeed("FLEXTILE_BWD_SEED_FREE_ADJOINT", "0");
   const FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
-  for (const char* name : {"document", "causal"}) {
+  for (const char* name : {"document", "causal", "softcap"}) {
     AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
                     .context = std::string("sm_90a backward, the other orders, ") + name};
     VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
