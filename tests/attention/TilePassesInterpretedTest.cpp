@@ -336,16 +336,16 @@ TEST(TilePassesInterpreted, BackwardAtomicDqSpecialized) {
   }
 }
 
-// Warpgroup turns in the backward's specialized dkdv and dq (config `turns`): ALiBi's score_mod
-// (a captured slope per head) and a causal mask's two walks, lengths off the block, GQA.
-TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
+namespace {
+// The backward of each named variant at B=1 Hq=4 Hkv=2 L=200 S=190 D=128 (lengths off the block,
+// GQA) with the given specialized dkdv and dq tiles, against float64 after the sm_90a passes.
+void backwardVariantsAfterPasses(std::initializer_list<const char*> names, const FlexAttentionConfig& dkdv,
+                                 const FlexAttentionConfig& dq, const std::string& context) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
-  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
-  dkdv.turns = dq.turns = LoopSchedule::On;
-  for (const char* name : {"alibi", "causal"}) {
+  for (const char* name : names) {
     AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
-                    .context = std::string("sm_90a backward with turns, ") + name};
+                    .context = "sm_90a backward, " + context + ", " + name};
     VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
     BackwardCheck check;
     check.refScore = inst.refScore;
@@ -356,30 +356,25 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
     if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
   }
 }
+}  // namespace
+
+// Warpgroup turns in the backward's specialized dkdv and dq (config `turns`): ALiBi's score_mod
+// (a captured slope per head) and a causal mask's two walks.
+TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  dkdv.turns = dq.turns = LoopSchedule::On;
+  backwardVariantsAfterPasses({"alibi", "causal"}, dkdv, dq, "with turns");
+}
 
 // The backward's orders switched back (FLEXTILE_BWD_EXPONENT_FIRST=0: mask, then subtract lse2;
 // FLEXTILE_BWD_MASKED_DP_EARLY=0: dPᵀ after pᵀ in the masked walk; FLEXTILE_BWD_SEED_FREE_ADJOINT=0:
-// the mod's adjoint through dS), against float64 after the sm_90a passes: masked, empty and
-// off-the-block rows, GQA, D = 128.
+// the mod's adjoint through dS): masked, empty and off-the-block rows, a score_mod.
 TEST(TilePassesInterpreted, BackwardWithTheOtherOrders) {
-  SeededRandom rng;
-  InterpretAfterPasses scope("sm_90a");
   flextile::testing::ScopedSetenv exponentLast("FLEXTILE_BWD_EXPONENT_FIRST", "0");
   flextile::testing::ScopedSetenv dpLate("FLEXTILE_BWD_MASKED_DP_EARLY", "0");
   flextile::testing::ScopedSetenv throughTheSeed("FLEXTILE_BWD_SEED_FREE_ADJOINT", "0");
-  const FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
-  for (const char* name : {"document", "causal", "softcap"}) {
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
-                    .context = std::string("sm_90a backward, the other orders, ") + name};
-    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-    BackwardCheck check;
-    check.refScore = inst.refScore;
-    check.refScoreGrad = inst.refScoreGrad;
-    check.refMask = inst.refMask;
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
-    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
-  }
+  backwardVariantsAfterPasses({"document", "causal", "softcap"}, {64, 128, 8, 2, WarpSpecialization::On},
+                              {128, 64, 8, 2, WarpSpecialization::On}, "the other orders");
 }
 
 TEST(TilePassesInterpreted, DecodeSplits) {
