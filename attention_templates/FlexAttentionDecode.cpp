@@ -181,7 +181,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
       return std::tuple{mNew, lNew, aNew};
     });
     Tile empty = l == 0.0;
-    Tile out = acc / where(empty, 1.0, l).expand(1);
+    Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
     Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
                  (query * p.out_stride_m).to(DType::I64);
     Tile oMask = k.DP != k.D ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
@@ -357,7 +357,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
 
   if (k.programmaticLaunch) release_dependent_grids();
   Tile empty = l == 0.0;
-  Tile out = acc / where(empty, 1.0, l).expand(1);
+  Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
   if (k.split) {
     Tile slot = rowId.to(DType::I64) * splits + split;

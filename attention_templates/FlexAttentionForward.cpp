@@ -440,7 +440,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   if (k.hasPartial) std::tie(m, l, acc) = walk(p.kv_num, p.kv_indices, true, m, l, acc);
 
   Tile empty = l == 0.0;
-  Tile out = acc / where(empty, 1.0, l).expand(1);
+  Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
   Tile oPtrs = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
               (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
   if (k.qDivisible && k.DP == k.D)

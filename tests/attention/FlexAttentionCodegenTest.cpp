@@ -413,6 +413,16 @@ TEST(FlexAttentionCodegen, KeyPositionsAreScaledOutsideTheWalks) {
   EXPECT_GE(positionProducts(), 2) << "one per walk";
 }
 
+// The epilogue normalizes O by one reciprocal per row and a product per element: a correctly
+// rounded division per element (div.rn.f32, a dozen instructions and a slow path each) cost a
+// thread 64 of them at 128 x 128 on 8 warps, once per program, where a short row (document,
+// window) runs only a few steps.
+TEST(FlexAttentionCodegen, TheEpilogueDividesOncePerRow) {
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  EXPECT_EQ(count(k.ptx, "div\\.rn\\.f32"), 0);
+  EXPECT_EQ(count(k.ptx, "rcp\\.rn\\.f32"), 2) << "two rows a thread";
+}
+
 // fold-scales (ir/passes/FoldScales.cpp) on the forward of ALiBi: the scale, the slope and log2 e
 // meet as scalars and the positions are scaled as [1, BN] and [BM, 1] tiles, so each score costs
 // fewer full-tile ops (f32 mul, fma, add and sub in the PTX at 128 x 128: 908 -> 659);
