@@ -70,13 +70,13 @@ struct LoweredKernel {
 };
 LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const LoweringPlan& plan);
 
-// Lowers `f` into a new module of `ctx`. Throws flextile::Error naming the op
-// when the IR breaks a layout rule or uses something the lowering lacks.
 // Which row reductions combine a thread's registers as a pairwise tree (LowerReduce.cpp), from
 // FLEXTILE_REDUCE_TREE: "sum" (sums only: the default, also for an unset, empty or unknown value),
 // "1" (every kind), "max" (max and min only) or "0" (none). The compile cache's identity reads it too.
 std::string reduceTreeSetting();
 
+// Lowers `f` into a new module of `ctx`. Throws flextile::Error naming the op
+// when the IR breaks a layout rule or uses something the lowering lacks.
 std::unique_ptr<llvm::Module> lowerToLLVM(const ir::Function& f, const Target& target, const LoweringPlan& plan,
                                           llvm::LLVMContext& ctx);
 

@@ -124,9 +124,8 @@ run_parts() {
   wait
 }
 
-# count_in LOG WORD: the tests gtest counted as WORD (PASSED, FAILED, SKIPPED) in LOG.
-count_in() { sed -n "s/^\[  $2 *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$1" | awk '{ s += $1 } END { print s + 0 }'; }
-count_in_all() { local word=$1 log total=0; shift; for log in "$@"; do total=$((total + $(count_in "$log" "$word"))); done; echo $total; }
+# count_in WORD LOG...: the tests gtest counted as WORD (PASSED, FAILED, SKIPPED) in the logs.
+count_in() { local word=$1; shift; sed -n "s/^\[  $word *\] \([0-9][0-9]*\) tests\?[.,].*/\1/p" "$@" | awk '{ s += $1 } END { print s + 0 }'; }
 failed_names() { sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_./]*\)\( (.*)\)\?$/\1/p' "$@" | sort -u | head -5 | tr '\n' ' '; }
 kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "$@" | awk '{ s += $1 } END { print s + 0 }'; }
 
@@ -179,10 +178,10 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
       part_logs+=("$PARTS/$shard.log")
     done
     [ "$part_rc" != 0 ] && [ "$rc" = 0 ] && rc=$part_rc  # the first failing part's status
-    part_rows+=("  $part|$(status_of "$part_rc")|$part_secs|$(count_in_all PASSED "${part_logs[@]}") passed, $(count_in_all FAILED "${part_logs[@]}") failed, $(count_in_all SKIPPED "${part_logs[@]}") skipped, $(kernels_in "${part_logs[@]}") kernels built")
+    part_rows+=("  $part|$(status_of "$part_rc")|$part_secs|$(count_in PASSED "${part_logs[@]}") passed, $(count_in FAILED "${part_logs[@]}") failed, $(count_in SKIPPED "${part_logs[@]}") skipped, $(kernels_in "${part_logs[@]}") kernels built")
   done
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$log" | head -40
-  passed=$(count_in "$log" PASSED); failed=$(count_in "$log" FAILED); skipped=$(count_in "$log" SKIPPED)
+  passed=$(count_in PASSED "$log"); failed=$(count_in FAILED "$log"); skipped=$(count_in SKIPPED "$log")
   detail="$passed passed, $failed failed, $skipped skipped, seed $FLEXTILE_TEST_SEED"
   [ "$failed" != 0 ] && detail+=": $(failed_names "$log")"
   status=$(status_of "$rc")
@@ -269,12 +268,12 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
         bytes=$(sed -n 's/.*LEAK SUMMARY: \([0-9][0-9]*\) bytes leaked.*/\1/p' "$part" | tail -1)
         leaked=$((leaked + ${bytes:-0}))
       done
-      tests="$(count_in "$tool_log" PASSED) passed, $(count_in "$tool_log" FAILED) failed, $(count_in "$tool_log" SKIPPED) skipped"
+      tests="$(count_in PASSED "$tool_log") passed, $(count_in FAILED "$tool_log") failed, $(count_in SKIPPED "$tool_log") skipped"
       detail="$findings findings$([ "$tool" = memcheck ] && echo ", $leaked bytes leaked"), $tests, $(kernels_in "$tool_log") kernels built"
       [ -n "$incomplete" ] && detail+=", no sanitizer summary from: $incomplete"
       status=$(status_of "$worst")
       [ "$worst" = 0 ] && { [ "$findings" != 0 ] || [ -n "$incomplete" ]; } && status=FAIL
-      if [ "$status" = ok ] && [ "$(count_in "$tool_log" PASSED)" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then status=NO-GPU; fi
+      if [ "$status" = ok ] && [ "$(count_in PASSED "$tool_log")" = 0 ] && [ "${FLEXTILE_ALLOW_NO_GPU:-0}" != 1 ]; then status=NO-GPU; fi
       [ "$status" = ok ] || FAILED=1
       SUMMARY+=("sanitizer $tool|$status|$secs|$detail; log: sanitizer_$tool.log")
       grep -E "^=========" "$tool_log" | grep -v "^========= *$" | head -20

@@ -22,11 +22,12 @@
 //     expand_dims or reshape of a value that is;
 //   - where asked (function attribute fold_invariant_terms = 1), on a row, column or vector, a sum
 //     or difference of an absorbed operand and a loop-invariant one (LocalRewriter::invariantIn):
-//     that operand gets a product of its own, which LLVM's LICM moves out of the loop with it. ALiBi's key positions after regroup-sums' castTerms,
-//     splat(f32(start)) + f32(arange), scaled by the slope: the step's product of the [1, N]
-//     positions becomes a scalar one (32 multiplies a thread a step fewer at 128 × 128 on 8
-//     warps). That is why the pipeline runs fold-scales again after regroup-sums. Only where asked:
-//     in ALiBi's dkdv the invariant product costs ptxas 128 bytes of spills (the forward asks).
+//     that operand gets a product of its own, which LLVM's LICM moves out of the loop with it.
+//     ALiBi's key positions after regroup-sums' castTerms, splat(f32(start)) + f32(arange), scaled
+//     by the slope: the step's product of the [1, N] positions becomes a scalar one (32 multiplies
+//     a thread a step fewer at 128 × 128 on 8 warps). That is why the pipeline runs fold-scales
+//     again after regroup-sums. Only where asked: in ALiBi's dkdv the invariant product costs
+//     ptxas 128 bytes of spills (the forward asks).
 // Anything else stops the rewrite at the product, which then stays as it is. Every rewrite
 // removes at least one full-tile product and adds none.
 //
