@@ -94,13 +94,16 @@ const std::vector<Command>& commands() {
        {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer]]\n"
-       "                        [--target sm_80|sm_90a] [--kernel forward|preprocess|dkdv|dq] --emit traced|ir|llvm|ptx\n"
+       "                        [--target sm_80|sm_90a] [--kernel forward|preprocess|dkdv|dq|decode] [--queries L]\n"
+       "                        --emit traced|ir|llvm|ptx\n"
        "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
-       "  --kernel picks a kernel of the backward (default: the forward); --config is then that kernel's\n"
-       "  tile (dkdv: BM queries per step, BN keys per program), the other keeps its default. The\n"
-       "  backward's kernels have no traced stage here.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel"}, {}, true},
+       "  --kernel picks a kernel of the backward or the decode kernel (default: the forward). For the\n"
+       "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
+       "  other keeps its default; the backward's kernels have no traced stage here. decode: L queries\n"
+       "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
+       "  then BN,W,S[,SPLITS] (SPLITS 0 or absent: chosen for the target's GPU).\n",
+       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {}, true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
        "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
@@ -531,7 +534,7 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
 int compileBackwardKernel(const Args& a, const Problem& p, const std::string& kernel, const std::string& emit,
                           const codegen::Target& target, std::ostream& out) {
   if (kernel != "preprocess" && kernel != "dkdv" && kernel != "dq")
-    throw UsageError{"--kernel must be forward, preprocess, dkdv or dq, got '" + kernel + "'"};
+    throw UsageError{"--kernel must be forward, preprocess, dkdv, dq or decode, got '" + kernel + "'"};
   if (emit == "traced")
     throw UsageError{"--emit traced: the backward's kernels (--kernel " + kernel +
                      ") are traced inside the compile; ask for ir, llvm or ptx"};
@@ -560,6 +563,28 @@ int compileBackwardKernel(const Args& a, const Problem& p, const std::string& ke
   return 0;
 }
 
+// `flextile compile --kernel decode`: the decode kernel for L queries at the end of a cache of N
+// keys, planned on shape-only tensors like the forward.
+int compileDecodeKernel(const Args& a, const Problem& p, const std::string& emit, const codegen::Target& target,
+                        std::ostream& out) {
+  const int64_t L = parseInts("--queries", a.get("--queries", "1"), 1, 1)[0];
+  if (L < 1 || L > p.N)
+    throw UsageError{"--queries " + std::to_string(L) + " must be in [1, N = " + std::to_string(p.N) + "]"};
+  attention::FlexAttentionOptions options{.kernel = attention::AttentionTemplate::Decode};
+  if (p.instance.mask) options.query_offset = p.N - L;
+  if (a.values.count("--config")) {
+    const std::vector<int64_t> c = parseInts("--config", a.values.at("--config"), 3, 4);
+    options.decode_config = attention::FlexDecodeConfig{c[0], int(c[1]), int(c[2]), c.size() > 3 ? c[3] : 0};
+  }
+  const attention::FlexDecodePlan plan = attention::plan_flex_decode(
+      shapeOnly(p.dtype, {p.B, p.H, L, p.D}), p.k, p.v, p.instance.score, p.instance.mask, options, target);
+  if (emit == "traced") out << ir::printFunction(*plan.traced);
+  else if (emit == "ir") out << plan.compiled[0]->ir;
+  else if (emit == "llvm") out << plan.compiled[0]->llvmIR;
+  else out << plan.compiled[0]->ptx;
+  return 0;
+}
+
 int cmdCompile(const Args& a, std::ostream& out) {
   const std::string emit = a.get("--emit", "");
   if (emit != "traced" && emit != "ir" && emit != "llvm" && emit != "ptx")
@@ -571,7 +596,9 @@ int cmdCompile(const Args& a, std::ostream& out) {
   p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   const std::string kernel = a.get("--kernel", "forward");
+  if (kernel == "decode") return compileDecodeKernel(a, p, emit, target, out);
   if (kernel != "forward") return compileBackwardKernel(a, p, kernel, emit, target, out);
+  if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,

@@ -123,11 +123,31 @@ TEST(Cli, CompileEmitsTheBackwardsKernels) {
   EXPECT_NE(pre.out.find(".entry flex_bwd_preprocess_"), std::string::npos);
   Result wrong = run({"compile", "causal", "--kernel", "dkv", "--emit", "ptx"});
   EXPECT_EQ(wrong.status, 2);
-  EXPECT_NE(wrong.err.find("--kernel must be forward, preprocess, dkdv or dq, got 'dkv'"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("--kernel must be forward, preprocess, dkdv, dq or decode, got 'dkv'"), std::string::npos) << wrong.err;
   Result traced = run({"compile", "causal", "--kernel", "dq", "--emit", "traced"});
   EXPECT_EQ(traced.status, 2);
   EXPECT_NE(traced.err.find("ask for ir, llvm or ptx"), std::string::npos) << traced.err;
   EXPECT_EQ(run({"compile", "causal", "--kernel", "preprocess", "--config", "64,64,4,2", "--emit", "ir"}).status, 2);
+}
+
+// --kernel decode prints the decode kernel of L queries at the end of the cache; --config is its
+// BN,W,S[,SPLITS].
+TEST(Cli, CompileEmitsTheDecodeKernel) {
+  Result ptx = run({"compile", "sliding_window", "--shape", "2,8,4096,128", "--gqa", "4", "--kernel", "decode",
+                    "--emit", "ptx"});
+  ASSERT_EQ(ptx.status, 0) << ptx.err;
+  EXPECT_NE(ptx.out.find(".entry flex_decode_"), std::string::npos) << ptx.out.substr(0, 2000);
+  Result ir = run({"compile", "causal", "--shape", "1,8,1024,64", "--gqa", "2", "--kernel", "decode", "--queries", "3",
+                   "--config", "32,4,2,1", "--emit", "ir"});
+  ASSERT_EQ(ir.status, 0) << ir.err;
+  EXPECT_NE(ir.out.find(": f32[16,32]"), std::string::npos) << "2 heads x 3 queries padded to 16 rows, 32 keys a step";
+  Result traced = run({"compile", "full", "--shape", "1,4,512,64", "--kernel", "decode", "--emit", "traced"});
+  ASSERT_EQ(traced.status, 0) << traced.err;
+  EXPECT_EQ(run({"compile", "full", "--kernel", "decode", "--queries", "0", "--emit", "ir"}).status, 2);
+  EXPECT_EQ(run({"compile", "full", "--kernel", "decode", "--config", "64,4", "--emit", "ir"}).status, 2);
+  Result stray = run({"compile", "full", "--queries", "2", "--emit", "ir"});
+  EXPECT_EQ(stray.status, 2);
+  EXPECT_NE(stray.err.find("--queries applies to --kernel decode"), std::string::npos) << stray.err;
 }
 
 TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
