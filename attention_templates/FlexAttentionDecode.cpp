@@ -4,8 +4,8 @@
 // Split kernel: one program per (split s, group of HP query heads sharing one KV head, batch).
 // Its BM rows are the HP heads' L queries (row r: head hg*HP + r / L, query r % L; rows past HP*L
 // repeat the last real row and are never stored), so each K/V tile is loaded once for the whole
-// group. The program walks its share of the row's live blocks — the full list's inner steps, then
-// the partial list's, laid end to end and cut into `splits` equal contiguous runs, so the order is
+// group. The program walks its share of the row's live blocks — the partial list's inner steps,
+// then the full list's, laid end to end and cut into `splits` equal contiguous runs, so the order is
 // stable and no program has more than its share — with the forward's online softmax in the exp2
 // domain.
 // With one split it writes out and lse itself; otherwise a partial (out_s = acc / l, lse_s =
@@ -129,7 +129,7 @@ struct DecodeConstants {
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
-                           (int64_t, programmaticLaunch));
+                           (int64_t, programmaticLaunch), (int64_t, partialFirst));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -266,14 +266,19 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   const int64_t R = k.KVBS / k.BN;
   constexpr int64_t kLiveBits = 64;
 
-  // The row's inner steps, the full list's then the partial list's, cut into `splits` equal
+  // The row's inner steps, the partial list's then the full list's, cut into `splits` equal
   // contiguous runs: this program walks run `split` (steps [first, last) of the two lists laid end
   // to end). One cut over both lists, not one per list: per list, a sliding window of 4096 (62 full
   // steps and 4 partial ones over 6 splits) gave four programs 12 steps where 11 is the most needed.
+  // Partial steps first: a program whose run holds both drains its ring and refills it between the
+  // two walks, and decides which partial steps to skip before the partial walk (one list read);
+  // the first split, which carries that, also skips the steps of a window's left edge, while the
+  // last split, which carried it when the full list came first, is the one the merge waits for.
+  // (partialFirst = 0, FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's steps first.)
   Tile fullCount = k.hasFull ? load(p.full_kv_num + listRow) : zeros({}, DType::I32);
   Tile partialCount = k.hasPartial ? load(p.kv_num + listRow) : zeros({}, DType::I32);
-  Tile fullSteps = fullCount * R;
-  Tile rowSteps = fullSteps + partialCount * R;
+  Tile fullSteps = fullCount * R, partialSteps = partialCount * R;
+  Tile rowSteps = fullSteps + partialSteps;
   Tile share = (rowSteps + splits - 1) / splits;
   Tile first = minimum(split * share, rowSteps);
   Tile last = minimum(first + share, rowSteps);
@@ -348,12 +353,27 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile m = full({k.BM}, -INFINITY, DType::F32);
   Tile l = zeros({k.BM}, DType::F32);
   Tile acc = zeros({k.BM, k.DP}, DType::F32);
-  if (k.hasFull)
-    std::tie(m, l, acc) =
-        walk(fullCount, p.full_kv_indices, false, minimum(first, fullSteps), minimum(last, fullSteps), m, l, acc);
-  if (k.hasPartial)
-    std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, maximum(first - fullSteps, 0),
-                               maximum(last - fullSteps, 0), m, l, acc);
+  // Steps [first, last) of the run that fall in a list placed `before` steps into it, of `steps` steps.
+  auto inList = [&](const Tile& before, const Tile& steps) {
+    return std::pair{minimum(maximum(first - before, 0), steps), minimum(maximum(last - before, 0), steps)};
+  };
+  auto walkFull = [&](const Tile& before) {
+    if (!k.hasFull) return;
+    auto [from, to] = inList(before, fullSteps);
+    std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, from, to, m, l, acc);
+  };
+  auto walkPartial = [&](const Tile& before) {
+    if (!k.hasPartial) return;
+    auto [from, to] = inList(before, partialSteps);
+    std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, from, to, m, l, acc);
+  };
+  if (k.partialFirst) {
+    walkPartial(zeros({}, DType::I32));
+    walkFull(partialSteps);
+  } else {
+    walkFull(zeros({}, DType::I32));
+    walkPartial(fullSteps);
+  }
 
   if (k.programmaticLaunch) release_dependent_grids();
   Tile empty = l == 0.0;
@@ -661,7 +681,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.queryOffsets.has_value(),
                          p.programsPerSm,
                          // Programmatic dependent launch: opt-in until measured.
-                         detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false)};
+                         detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
+                         detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

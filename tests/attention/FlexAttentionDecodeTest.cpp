@@ -180,6 +180,39 @@ TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
     if (!checkFusedMergeCalls(rng, c, kHost)) return;
 }
 
+// A run of steps may hold partial and full steps: the template walks the partial list's first
+// (FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's). Both orders against the reference, with runs
+// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN).
+TEST(FlexDecode, EitherOrderOfTheListsGivesTheReference) {
+  for (const char* partialFirst : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst);
+    ScopedSetenv order("FLEXTILE_DECODE_PARTIAL_FIRST", partialFirst);
+    SeededRandom rng;
+    const FusedMergeCase window{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 611, .D = 64, .window = 200,
+                                .splits = {2, 3, 5, 9}};
+    if (!checkFusedMergeCalls(rng, window, kHost)) return;
+    const int64_t S = 300, W = 100, pos = S - 1;
+    BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, kBlocks, kHost);
+    Tensor q = randomTensor(rng, DType::BF16, {1, 4, 1, 64}, kHost);
+    Tensor k = randomTensor(rng, DType::BF16, {1, 1, S, 64}, kHost);
+    std::vector<float> vHost = randomTensor(rng, DType::F32, {1, 1, S, 64}, kHost).toHost<float>();
+    // Keys 160-191: a partial block of the row, none of whose keys the last query sees (pos - W = 199).
+    for (int64_t j = 160 * 64; j < 192 * 64; ++j) vHost[size_t(j)] = NAN;
+    Tensor v = Tensor::fromHost(vHost, DType::BF16, {1, 1, S, 64}, kHost);
+    const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({W}), 0.125, pos);
+    for (int64_t splits : {1, 2, 3}) {
+      Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {1, 4, 1}, kHost);
+      poison(out);
+      poison(lse);
+      FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{32, 4, 2, splits},
+                             .query_offset = pos};
+      flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+      SCOPED_TRACE("splits " + std::to_string(splits));
+      if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
+    }
+  }
+}
+
 TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
   const int64_t ring = 1;  // one program per SM (a 128 KB ring)
   // 64 programs on 132 SMs over 256 steps: two splits fill one wave.
