@@ -132,7 +132,7 @@ struct GradConstants {
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
                            (int64_t, exponentFirst), (int64_t, maskedDpEarly),
-                           (int64_t, seedFreeAdjoint));
+                           (int64_t, seedFreeAdjoint), (int64_t, overlapDq));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -283,6 +283,9 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   const auto p = declareParams<GradParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
+  // dq reads nothing dkdv writes: once every dkdv program has started, dq's programs may take the
+  // SMs dkdv's last wave leaves idle (programmatic dependent launch; dq waits for dkdv at its end).
+  if (k.overlapDq) release_dependent_grids();
   Tile nBlock = program_id(0), hkv = program_id(1), b = program_id(2);
   Tile offsN = nBlock * k.BN + arange(0, k.BN);
   Tile offsD = arange(0, k.DP);
@@ -503,6 +506,10 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
     store(p.grad + outOffs, dqScaled);
   else
     store(p.grad + outOffs, dqScaled, byD(rowLive));
+  // Launched while dkdv's last programs run (overlapDq), dq reads only what the preprocess wrote
+  // before dkdv started; waiting for dkdv here, at its end, keeps every later kernel of the stream
+  // (the captured gradients' conversion, the user's next) after dkdv too.
+  if (k.overlapDq) wait_for_prior_grids();
 }
 
 // Deterministic captured gradients: 64-bit fixed point to f32.
@@ -850,7 +857,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      detail::forcedBySwitch("FLEXTILE_BWD_MASKED_DP_EARLY") != false,
                      // The mod's adjoint as p·g, g taken before dP's wait (FLEXTILE_BWD_SEED_FREE_ADJOINT=0:
                      // through the seed after it, the form before 2026-12-04, to measure the two).
-                     detail::forcedBySwitch("FLEXTILE_BWD_SEED_FREE_ADJOINT") != false};
+                     detail::forcedBySwitch("FLEXTILE_BWD_SEED_FREE_ADJOINT") != false,
+                     // dkdv lets the separate dq kernel start during its last wave
+                     // (FLEXTILE_BWD_OVERLAP_DQ=0: dq after dkdv has finished, as before).
+                     !atomicDq && detail::forcedBySwitch("FLEXTILE_BWD_OVERLAP_DQ") != false};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

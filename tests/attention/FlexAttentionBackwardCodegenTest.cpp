@@ -373,3 +373,45 @@ TEST(FlexAttentionBackwardCodegen, ScoreModAdjointIsTakenBeforeTheProductWait) {
   for (size_t i = 1; i < 3; ++i)
     EXPECT_LT(instructions(seedFree.compiled[i]->ptx), instructions(seeded.compiled[i]->ptx)) << seedFree.kernelNames[i];
 }
+
+// dq reads nothing dkdv writes, so dkdv lets it launch once every dkdv program has started
+// (griddepcontrol.launch_dependents first thing) and dq, launched with programmatic stream
+// serialization (dsl/Kernel.cpp: its PTX waits), waits for dkdv only at its end, after its stores,
+// so that whatever follows on the stream still follows dkdv. FLEXTILE_BWD_OVERLAP_DQ=0 and the
+// atomic-dQ mode (its cast reads what dkdv accumulates) keep the kernels strictly in order.
+TEST(FlexAttentionBackwardCodegen, DqMayStartDuringDkdvsLastWave) {
+  const auto target = codegen::Target::sm90a();
+  auto kernelPtx = [](const FlexAttentionBackwardPlan& p, const std::string& which) {
+    for (size_t i = 0; i < p.kernelNames.size(); ++i)
+      if (p.kernelNames[i].starts_with("flex_bwd_" + which + "_")) return p.compiled[i]->ptx;
+    ADD_FAILURE() << "no " << which << " kernel";
+    return std::string();
+  };
+  {
+    VariantPlan p = planFor(target, std::nullopt, "document");
+    const std::string dkdv = kernelPtx(p, "dkdv"), dq = kernelPtx(p, "dq");
+    const size_t release = dkdv.find("griddepcontrol.launch_dependents;");
+    ASSERT_NE(release, std::string::npos);
+    EXPECT_LT(release, dkdv.find("ld.global")) << "released before the program's first load";
+    EXPECT_EQ(dkdv.find("griddepcontrol.wait"), std::string::npos);
+    const size_t wait = dq.find("griddepcontrol.wait;");
+    ASSERT_NE(wait, std::string::npos);
+    EXPECT_GT(wait, dq.rfind("st.global")) << "dq waits for dkdv after its last store";
+    EXPECT_EQ(kernelPtx(p, "preprocess").find("griddepcontrol"), std::string::npos);
+  }
+  {
+    flextile::testing::ScopedSetenv off("FLEXTILE_BWD_OVERLAP_DQ", "0");
+    VariantPlan p = planFor(target, std::nullopt, "causal");
+    EXPECT_EQ(kernelPtx(p, "dkdv").find("griddepcontrol"), std::string::npos);
+    EXPECT_EQ(kernelPtx(p, "dq").find("griddepcontrol"), std::string::npos);
+  }
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  VariantInstance inst = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  FlexAttentionBackwardOptions atomicOptions;
+  atomicOptions.dq_accumulation = DqAccumulation::Atomic;
+  auto atomic = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, atomicOptions, target);
+  for (const codegen::CompiledKernel* k : atomic.compiled)
+    EXPECT_EQ(k->ptx.find("griddepcontrol"), std::string::npos) << "the atomic mode keeps its kernels in order";
+}

@@ -56,11 +56,18 @@ std::string joined(const std::vector<std::string>& lines) {
   return out;
 }
 
-// Every launch and copy in `lines` went to `stream`, and there were at least `minLaunches` launches.
+// Every launch and copy in `lines` went to `stream`, and there were at least `minLaunches` launches
+// (launches with attributes, "launchex NAME stream S grid ...", count too).
 void expectAllOn(const std::vector<std::string>& lines, const runtime::Stream& stream, size_t minLaunches) {
   const std::string suffix = " stream " + handleText(stream);
   size_t launches = 0;
   for (const std::string& l : lines) {
+    if (l.rfind("launchex ", 0) == 0) {
+      EXPECT_NE(l.find(suffix + " grid "), std::string::npos)
+          << "'" << l << "' is not on stream " << handleText(stream) << "; all calls:\n" << joined(lines);
+      ++launches;
+      continue;
+    }
     if (l.rfind("launch ", 0) != 0 && l.rfind("htod ", 0) != 0 && l.rfind("dtoh ", 0) != 0 && l.rfind("memset ", 0) != 0)
       continue;
     EXPECT_TRUE(l.size() >= suffix.size() && l.compare(l.size() - suffix.size(), suffix.size(), suffix) == 0)
