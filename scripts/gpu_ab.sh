@@ -4,23 +4,35 @@
 # default config) once per setting, side by side. Run from the repo root with ./bundle carried.
 #   scripts/gpu_ab.sh "FLEXTILE_WARP_SPECIALIZE=0" "FLEXTILE_WARP_SPECIALIZE=1" ...
 # Each argument is a list of VAR=VALUE words applied to that run (quote it). Extra bench arguments:
-# FLEXTILE_AB_ARGS (default --quick). Logs: $OUT/<FLEXTILE_AB_TAG or ab>_<n>.log; the table goes to stdout.
+# FLEXTILE_AB_ARGS (default --quick; set it, even empty, for a bench without --quick, e.g.
+# FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_ARGS="--only decode_window4096").
+# Logs: $OUT/<FLEXTILE_AB_TAG or ab>_<n>.log; the table goes to stdout.
 set -uo pipefail
 BUNDLE=./bundle
 LOGS=${OUT:-./gpu-logs}
 TAG=${FLEXTILE_AB_TAG:-ab}
 mkdir -p "$LOGS"
-[ -s "$LOGS/document_cuts.json" ] || python3 bench/torch_document_cuts.py > "$LOGS/document_cuts.json" 2>/dev/null ||
-  rm -f "$LOGS/document_cuts.json"
+BENCH=${FLEXTILE_AB_BENCH:-flextile_attention_bench}
 doc=()
-[ -s "$LOGS/document_cuts.json" ] && doc=(--document-offsets "$LOGS/document_cuts.json")
+# The forward and backward benches take PyTorch's document lengths; the others (decode) do not.
+case "$BENCH" in
+  flextile_attention_bench | flextile_attention_backward_bench)
+    [ -s "$LOGS/document_cuts.json" ] || python3 bench/torch_document_cuts.py > "$LOGS/document_cuts.json" 2>/dev/null ||
+      rm -f "$LOGS/document_cuts.json"
+    [ -s "$LOGS/document_cuts.json" ] && doc=(--document-offsets "$LOGS/document_cuts.json") ;;
+esac
 n=0
 for setting in "$@"; do
   n=$((n + 1))
   echo "== $setting" > "$LOGS/${TAG}_$n.log"
   # shellcheck disable=SC2086
   env $setting FLEXTILE_CACHE_DIR="$(mktemp -d)" timeout "${FLEXTILE_AB_TIMEOUT:-150}" \
-    "$BUNDLE/bin/${FLEXTILE_AB_BENCH:-flextile_attention_bench}" "${doc[@]}" ${FLEXTILE_AB_ARGS:---quick} >> "$LOGS/${TAG}_$n.log" 2>&1
+    "$BUNDLE/bin/$BENCH" "${doc[@]}" ${FLEXTILE_AB_ARGS---quick} >> "$LOGS/${TAG}_$n.log" 2>&1
   echo "rc=$?" >> "$LOGS/${TAG}_$n.log"
 done
-for i in $(seq 1 $n); do echo; cat "$LOGS/${TAG}_$i.log" | tail -25; done
+# Each run's setting, then its result lines (every timed row, refusals, wrong results, the exit code).
+for i in $(seq 1 $n); do
+  echo
+  head -1 "$LOGS/${TAG}_$i.log"
+  grep -E 'TFLOP/s|TB/s|WRONG|refused|rc=' "$LOGS/${TAG}_$i.log" | grep -v '^{'
+done
