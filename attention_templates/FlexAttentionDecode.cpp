@@ -274,7 +274,8 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // two walks, and decides which partial steps to skip before the partial walk (one list read);
   // the first split, which carries that, also skips the steps of a window's left edge, while the
   // last split, which carried it when the full list came first, is the one the merge waits for.
-  // (partialFirst = 0, FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's steps first.)
+  // Level on the H200 (window 4096: 39.6 against 39.7-40.0 us, 2026-12-04); partialFirst = 0
+  // (FLEXTILE_DECODE_PARTIAL_FIRST=0) takes the full list's steps first.
   Tile fullCount = k.hasFull ? load(p.full_kv_num + listRow) : zeros({}, DType::I32);
   Tile partialCount = k.hasPartial ? load(p.kv_num + listRow) : zeros({}, DType::I32);
   Tile fullSteps = fullCount * R, partialSteps = partialCount * R;
