@@ -112,20 +112,42 @@ struct ResidentTile {
   ir::Value* slot;
 };
 
+// Whether `op` or an op of its regions reads `v`.
+bool reads(const Op& op, const ir::Value* v) {
+  for (const ir::Value* o : op.operands())
+    if (o == v) return true;
+  for (const auto& r : op.regions())
+    for (const auto& inner : r->ops())
+      if (reads(*inner, v)) return true;
+  return false;
+}
+
 void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<ResidentTile>& made) {
   ir::Block& block = *cvt.parentBlock();
   auto resident = wgmmaResidentA(cvt, target);
   if (!resident) resident = wgmmaResidentB(cvt, target);
   if (!resident) resident = wgmmaStagedB(cvt, target);
   const ir::Type& x = cvt.operand(0)->type();
+  // A tile outside the loops is stored where it is first read: before the loop that reads it,
+  // after that loop's ring prologue, so that the first K/V (or Q/dO) stages are issued before the
+  // program waits for the tile's global load and stores it (the producer of a specialized kernel
+  // no longer waits at the ring's barrier for the consumers' copy of Q). FLEXTILE_STAGE_AT_FIRST_USE=0:
+  // where the convert was, as before.
+  Op* where = &cvt;
+  if (cvt.parentBlock() == &f.body() && passSwitch(f, "FLEXTILE_STAGE_AT_FIRST_USE", "stage_at_first_use", true))
+    for (auto it = std::next(block.find(&cvt)); it != block.ops().end(); ++it)
+      if (reads(**it, cvt.result())) {
+        where = it->get();
+        break;
+      }
   auto at = [&](OpKind k, std::vector<ir::Value*> operands, std::vector<ir::Type> types, ir::Attrs attrs = {}) {
-    return block.insert(block.find(&cvt), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
+    return block.insert(block.find(where), f.createOp(k, std::move(operands), std::move(types), std::move(attrs), cvt.loc()));
   };
-  // Reusable only when the earlier store precedes this convert in its block (a staged B's buffer
-  // may come later, or in another block).
+  // Reusable only when the earlier store precedes where this tile would be stored, in its block (a
+  // staged B's buffer may come later, or in another block).
   auto precedes = [&](const ir::Value* buffer) {
     for (const auto& op : block.ops()) {
-      if (op.get() == &cvt) return false;
+      if (op.get() == where) return false;
       if (op->kind() == OpKind::LocalStore && op->operand(0) == buffer) return true;
     }
     return false;

@@ -281,6 +281,26 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
 // consumers take them (240) without spilling; both walks' copies are the producer's alone. On one
 // consumer warpgroup the cap is already 255 (no setmaxnreg); on sm_80 and with cp.async rings
 // nothing is specialized.
+// Q, resident in shared memory for the specialized forward, is stored where the walk first reads
+// it: after the first walk's ring prologue. So the producer issues the first K/V stage as soon as
+// it has the block index, while the consumers wait for Q's global load, instead of waiting at the
+// ring's barrier for the consumers to store Q (FLEXTILE_STAGE_AT_FIRST_USE=0, the order before).
+TEST(FlexAttentionCodegen, TheProducerIssuesTheFirstStageBeforeQIsStaged) {
+  auto firstOf = [](const std::string& ir, const std::string& what) { return ir.find(what); };
+  {
+    const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+    ASSERT_EQ(k.producerWarps, 4);
+    const size_t copy = firstOf(k.ir, "tma_copy "), store = firstOf(k.ir, "local_store ");
+    ASSERT_NE(copy, std::string::npos);
+    ASSERT_NE(store, std::string::npos);
+    EXPECT_LT(copy, store) << "the first K/V stage is issued before Q is stored";
+    EXPECT_LT(store, firstOf(k.ir, "= for ")) << "Q is stored before the walk";
+  }
+  ScopedSetenv old("FLEXTILE_STAGE_AT_FIRST_USE", "0");
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  EXPECT_GT(firstOf(k.ir, "tma_copy "), firstOf(k.ir, "local_store "));
+}
+
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
