@@ -309,8 +309,10 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
     Tile doBase = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h);
     Tile rowBase = (b * p.q_heads + h).to(DType::I64) * p.q_len;
     Tile colBase = b * p.mask_b_stride + h * p.mask_h_stride + maskCol;
-    auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile dk0, Tile dv0) {
-      Tile count = load(num + colBase);
+    // Both lists' lengths before the first walk (as in the forward).
+    Tile fullCount = k.hasFull ? load(p.full_num + colBase) : Tile();
+    Tile partialCount = k.hasPartial ? load(p.partial_num + colBase) : Tile();
+    auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile dk0, Tile dv0) {
       Tile listBase = colBase * p.mask_q_blocks;
       auto [dk2, dv2] = for_range(0, count * R, 1, std::tuple{dk0, dv0}, [&](Tile t, Tile dki, Tile dvi) {
         Tile entry = t / R;
@@ -404,8 +406,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
       });
       return std::tuple{dk2, dv2};
     };
-    if (k.hasFull) std::tie(dk, dv) = walk(p.full_num, p.full_indices, false, dk, dv);
-    if (k.hasPartial) std::tie(dk, dv) = walk(p.partial_num, p.partial_indices, true, dk, dv);
+    if (k.hasFull) std::tie(dk, dv) = walk(fullCount, p.full_indices, false, dk, dv);
+    if (k.hasPartial) std::tie(dk, dv) = walk(partialCount, p.partial_indices, true, dk, dv);
     return std::tuple{dk, dv};
   };
 
@@ -461,8 +463,10 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   Tile qPos = (offsM + p.q_offset).expand(1);
   const int64_t R = k.KVBS / k.BN;
 
-  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile dq0) {
-    Tile count = load(num + rowBase);
+  // Both lists' lengths before the first walk (as in the forward).
+  Tile fullCount = k.hasFull ? load(p.full_num + rowBase) : Tile();
+  Tile partialCount = k.hasPartial ? load(p.partial_num + rowBase) : Tile();
+  auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile dq0) {
     Tile listBase = rowBase * p.mask_kv_blocks;
     return for_range(0, count * R, 1, dq0, [&](Tile t, Tile dqi) {
       Tile entry = t / R;
@@ -497,8 +501,8 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
     });
   };
   Tile dq = zeros({k.BM, k.DP}, DType::F32);
-  if (k.hasFull) dq = walk(p.full_num, p.full_indices, false, dq);
-  if (k.hasPartial) dq = walk(p.partial_num, p.partial_indices, true, dq);
+  if (k.hasFull) dq = walk(fullCount, p.full_indices, false, dq);
+  if (k.hasPartial) dq = walk(partialCount, p.partial_indices, true, dq);
   // dQ is contiguous [B, Hq, L, D].
   Tile dqScaled = (dq * p.grad_scale).to(dt);
   Tile outOffs = (rows.expand(1) * k.D) + offsD.expand(0);

@@ -383,8 +383,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile l0 = zeros({k.BM}, DType::F32);
   Tile acc0 = zeros({k.BM, k.DP}, DType::F32);
 
-  auto walk = [&](const Tile& num, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
-    Tile count = load(num + rowBase);
+  // Both lists' lengths are read before the first walk: the second walk's first block index then
+  // waits only for the first walk's end, not for a dependent read of its length after it.
+  Tile fullCount = k.hasFull ? load(p.full_kv_num + rowBase) : Tile();
+  Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
+  auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
     Tile listBase = rowBase * p.mask_kv_blocks;
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
@@ -436,8 +439,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   };
 
   Tile m = m0, l = l0, acc = acc0;
-  if (k.hasFull) std::tie(m, l, acc) = walk(p.full_kv_num, p.full_kv_indices, false, m, l, acc);
-  if (k.hasPartial) std::tie(m, l, acc) = walk(p.kv_num, p.kv_indices, true, m, l, acc);
+  if (k.hasFull) std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, m, l, acc);
+  if (k.hasPartial) std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, m, l, acc);
 
   Tile empty = l == 0.0;
   Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element

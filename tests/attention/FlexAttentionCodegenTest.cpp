@@ -301,6 +301,32 @@ TEST(FlexAttentionCodegen, TheProducerIssuesTheFirstStageBeforeQIsStaged) {
   EXPECT_GT(firstOf(k.ir, "tma_copy "), firstOf(k.ir, "local_store "));
 }
 
+// Both lists' lengths are read before the first walk, so that after it the second walk's first
+// block index is one list read away, not two dependent ones (the partial list's length, then the
+// index). The backward's dq and dkdv do the same.
+TEST(FlexAttentionCodegen, BothListLengthsAreReadBeforeTheFirstWalk) {
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  const size_t firstWalk = k.ir.find("= for ");
+  ASSERT_NE(firstWalk, std::string::npos);
+  EXPECT_LT(k.ir.find("addptr %full_kv_num"), firstWalk);
+  EXPECT_LT(k.ir.find("addptr %kv_num"), firstWalk) << "the partial list's length before the full list's walk";
+  const int64_t L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {1, 2, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {1, 2, L}, MemorySpace::Host);
+  BlockMask mask = causalBlockMask(1, 1, L, L);
+  FlexAttentionBackwardPlan plan =
+      plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), mask, {}, codegen::Target::sm90a());
+  for (size_t i = 0; i < plan.kernelNames.size(); ++i) {
+    if (plan.kernelNames[i].find("preprocess") != std::string::npos) continue;
+    const std::string& ir = plan.compiled[i]->ir;
+    SCOPED_TRACE(plan.kernelNames[i]);
+    const size_t walk = ir.find("= for ");
+    ASSERT_NE(walk, std::string::npos);
+    EXPECT_LT(ir.find("addptr %full_num"), walk);
+    EXPECT_LT(ir.find("addptr %partial_num"), walk);
+  }
+}
+
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
