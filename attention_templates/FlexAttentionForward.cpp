@@ -391,7 +391,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile listBase = rowBase * p.mask_kv_blocks;
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
-      Tile block = load(indices + (listBase + entry), entry < count, 0);
+      // Masked by the list row's capacity, not by its length: the read then does not wait for the
+      // length's, and an entry past the length belongs to a step that never runs or copies.
+      Tile block = load(indices + (listBase + entry), entry < p.mask_kv_blocks, 0);
       Tile offsN, colLive, kvOffs, vOffs;
       Tile start = block * k.KVBS + (t % R) * k.BN;
       if (!paged) {

@@ -11,6 +11,7 @@
 #include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
+#include "ListTensorMaskCheck.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
@@ -152,6 +153,39 @@ TEST(TilePassesInterpreted, RingsRefilledAfterTheirReads) {
   check.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
   check.options.config = FlexAttentionBackwardConfig{{64, 64, 4, 2}, {64, 64, 4, 2}};
   checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check);
+}
+
+// A list entry past its row's length is read (the block index loads are masked by the row's
+// capacity, so that they need not wait for the length) but never followed: the step it would
+// name never runs, and its copies are predicated off. A sliding-window mask whose lists hold a
+// huge index past every length, through sm_90a's passes (TMA rings) and sm_80's (cp.async), for
+// the forward and for the backward (dq walks these lists; the transposed ones are derived).
+TEST(TilePassesInterpreted, ListEntriesPastTheirLengthAreNeverFollowed) {
+  SeededRandom rng;
+  const int64_t L = 200, S = 190, W = 70;
+  BlockMask window = slidingWindowBlockMask(1, 1, L, S, {W}, {64, 64}, kHost);
+  BlockMaskTensors lists = copiedLists(window, kHost);
+  auto poisonPastLength = [](const Tensor& num, Tensor& indices) {
+    std::vector<int32_t> n = num.toHost<int32_t>(), idx = indices.toHost<int32_t>();
+    const size_t width = idx.size() / n.size();
+    for (size_t row = 0; row < n.size(); ++row)
+      for (size_t j = size_t(n[row]); j < width; ++j) idx[row * width + j] = 1 << 28;
+    indices = Tensor::fromHost(idx, indices.shape(), kHost);
+  };
+  poisonPastLength(lists.kvNum, lists.kvIndices);
+  poisonPastLength(lists.fullKvNum, lists.fullKvIndices);
+  BlockMask m = BlockMask::fromListTensors(window.maskMod(), 1, 1, L, S, {64, 64}, lists);
+  for (const char* target : {"sm_90a", "sm_80"}) {
+    InterpretAfterPasses scope(target);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = L, .S = S, .D = 64, .dtype = DType::BF16,
+                    .context = std::string(target) + " window, poisoned list tails"};
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), m, nullptr, refWindow({W}), {.config = kWgmmaTiles})) return;
+    BackwardCheck check;
+    check.refMask = refWindow({W});
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
+    if (!checkBackward(rng, c, kHost, noop_score(), m, check)) return;
+  }
 }
 
 // K and V as tensor boxes (the default). Before the passes the interpreter checks each box
