@@ -14,6 +14,11 @@
 //                            [--config BM,BN,W,S[,ws][,turns][,defer]]...   (timed too, after the default and the sweep)
 //                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
 //                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
+//   flextile_attention_bench --program-cost [--h 16] [--d 128]
+//     What a program costs besides its steps: the no-mask forward (default config) at B x N =
+//     16 x 1024, 8 x 2048, 4 x 4096 and 2 x 8192 (the same number of programs, of 8 to 64 steps of
+//     BLOCK_N keys), each checked, then the time of one program (call time x SMs / programs) fitted
+//     as start + steps x step: the intercept is what a short-row variant pays per program.
 #include <Eigen/Core>
 #include <chrono>
 #include <cmath>
@@ -92,6 +97,49 @@ double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std:
   return worst;
 }
 
+// --program-cost (see the header): per-program time against steps, least squares.
+int programCost(int64_t Hq, int64_t D, std::mt19937_64& rng) {
+  const int sms = runtime::Device::current().multiprocessorCount();
+  std::printf("%-10s %8s %8s %10s %12s %14s\n", "B x N", "steps", "programs", "ms", "TFLOP/s", "us a program");
+  std::vector<double> xs, ys;
+  for (auto [B, N] : {std::pair<int64_t, int64_t>{16, 1024}, {8, 2048}, {4, 4096}, {2, 8192}}) {
+    std::normal_distribution<float> g(0, 1);
+    const size_t elems = size_t(B * Hq * N * D);
+    std::vector<H> hq(elems), hk(elems), hv(elems);
+    for (auto* v : {&hq, &hk, &hv})
+      for (H& x : *v) x = H(g(rng));
+    Tensor q = Tensor::fromHost(hq, {B, Hq, N, D}, MemorySpace::Device);
+    Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
+    Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);
+    Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+    const FlexAttentionConfig c = untunedFlexAttentionConfig(q, ScoreMod(), std::nullopt);
+    out.copyFromHost(std::vector<H>(elems, H(NAN)));
+    flex_attention_into(q, k, v, ScoreMod(), std::nullopt, out, nullptr, {.config = c});
+    runtime::synchronize();
+    const double err = sampledError(hq, hk, hv, out.toHost<H>(), B, Hq, N, D, VariantInstance{}, rng);
+    if (!(err < 2e-2)) {
+      std::printf("%2lld x %-5lld WRONG (error %.2e): not timed\n", (long long)B, (long long)N, err);
+      return 1;
+    }
+    const double ms = runtime::median(
+        runtime::timeKernel([&] { flex_attention_into(q, k, v, ScoreMod(), std::nullopt, out, nullptr, {.config = c}); }, 3, 20));
+    const int64_t programs = B * Hq * ((N + c.block_m - 1) / c.block_m), steps = (N + c.block_n - 1) / c.block_n;
+    const double perProgramUs = ms * 1e3 * double(sms) / double(programs);
+    std::printf("%2lld x %-5lld %8lld %8lld %10.3f %12.1f %14.2f   (%s)\n", (long long)B, (long long)N, (long long)steps,
+                (long long)programs, ms, flexAttentionFlops(B, Hq, D, double(N) * double(N)) / ms / 1e9, perProgramUs,
+                c.describe().c_str());
+    xs.push_back(double(steps));
+    ys.push_back(perProgramUs);
+  }
+  const double n = double(xs.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < xs.size(); ++i) sx += xs[i], sy += ys[i], sxx += xs[i] * xs[i], sxy += xs[i] * ys[i];
+  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), start = (sy - slope * sx) / n;
+  std::printf("\none program = %.2f us + %.3f us a step (least squares over %zu shapes, %d SMs)\n", start, slope,
+              xs.size(), sms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -100,6 +148,7 @@ int main(int argc, char** argv) try {
   bool quick = false;
   std::vector<std::vector<int64_t>> documentOffsets;
   std::vector<FlexAttentionConfig> extraConfigs;  // --config, after the default (and the sweep)
+  bool programCostOnly = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -114,12 +163,17 @@ int main(int argc, char** argv) try {
     else if (a == "--quick") quick = true;
     else if (a == "--config") extraConfigs.push_back(FlexAttentionConfig::parse(next()));
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
+    else if (a == "--program-cost") programCostOnly = true;
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
   std::string why;
   if (!dsl::deviceAvailable(&why)) {
     std::fprintf(stderr, "flextile_attention_bench: needs a GPU (%s)\n", why.c_str());
     return 2;
+  }
+  if (programCostOnly) {
+    std::mt19937_64 rng(std::random_device{}());
+    return programCost(Hq, D, rng);
   }
   std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16\n", runtime::Device::current().name().c_str(),
               (long long)B, (long long)Hq, (long long)N, (long long)D);
