@@ -391,9 +391,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile listBase = rowBase * p.mask_kv_blocks;
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
-      // Masked by the list row's capacity, not by its length: the read then does not wait for the
-      // length's, and an entry past the length belongs to a step that never runs or copies.
-      Tile block = load(indices + (listBase + entry), entry < p.mask_kv_blocks, 0);
+      // Read masked by the list row's capacity, not by its length, so that the read does not wait
+      // for the length's; the entry is then zeroed past the length (a step that never runs, but
+      // whose index the pipeline's look-ahead still turns into addresses: a paged K/V's page-table
+      // read would follow a stale entry).
+      Tile block = where(entry < count, load(indices + (listBase + entry), entry < p.mask_kv_blocks, 0), 0);
       Tile offsN, colLive, kvOffs, vOffs;
       Tile start = block * k.KVBS + (t % R) * k.BN;
       if (!paged) {

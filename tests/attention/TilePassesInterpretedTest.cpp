@@ -12,6 +12,7 @@
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "ListTensorMaskCheck.h"
+#include "PagedKVCheck.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
@@ -157,9 +158,10 @@ TEST(TilePassesInterpreted, RingsRefilledAfterTheirReads) {
 
 // A list entry past its row's length is read (the block index loads are masked by the row's
 // capacity, so that they need not wait for the length) but never followed: the step it would
-// name never runs, and its copies are predicated off. A sliding-window mask whose lists hold a
-// huge index past every length, through sm_90a's passes (TMA rings) and sm_80's (cp.async), for
-// the forward and for the backward (dq walks these lists; the transposed ones are derived).
+// name never runs, its copies are predicated off, and its index is zeroed before anything (a paged
+// K/V's page-table read) follows it. A sliding-window mask whose lists hold a huge index past
+// every length, through sm_90a's passes (TMA rings) and sm_80's (cp.async), for the forward, the
+// backward (dq walks these lists; the transposed ones are derived) and a paged forward.
 TEST(TilePassesInterpreted, ListEntriesPastTheirLengthAreNeverFollowed) {
   SeededRandom rng;
   const int64_t L = 200, S = 190, W = 70;
@@ -169,7 +171,7 @@ TEST(TilePassesInterpreted, ListEntriesPastTheirLengthAreNeverFollowed) {
     std::vector<int32_t> n = num.toHost<int32_t>(), idx = indices.toHost<int32_t>();
     const size_t width = idx.size() / n.size();
     for (size_t row = 0; row < n.size(); ++row)
-      for (size_t j = size_t(n[row]); j < width; ++j) idx[row * width + j] = 1 << 28;
+      for (size_t j = size_t(n[row]); j < width; ++j) idx[row * width + j] = j % 2 ? 1 << 20 : -7;
     indices = Tensor::fromHost(idx, indices.shape(), kHost);
   };
   poisonPastLength(lists.kvNum, lists.kvIndices);
@@ -185,6 +187,11 @@ TEST(TilePassesInterpreted, ListEntriesPastTheirLengthAreNeverFollowed) {
     check.forwardConfig = kWgmmaTiles;
     check.options.config = FlexAttentionBackwardConfig{kWgmmaTiles, kWgmmaTiles};
     if (!checkBackward(rng, c, kHost, noop_score(), m, check)) return;
+    // Paged: the look-ahead turns a step's block index into a page-table read, which must never
+    // follow a stale entry.
+    PagedCase paged{.B = 1, .Hq = 4, .Hkv = 2, .L = L, .D = 64, .pageSize = 64, .lengths = {S},
+                    .context = std::string(target) + " paged window, poisoned list tails"};
+    if (!checkPaged(rng, paged, kHost, noop_score(), m, nullptr, refWindow({W}), {.config = kWgmmaTiles})) return;
   }
 }
 
