@@ -96,8 +96,8 @@ struct WaitWriter {
 }  // namespace
 
 // A loop-invariant A operand kept in shared memory (TensorCores.h wgmmaResidentA; the fit is
-// residentAConverts'): the convert becomes a one-slot buffer written once where the convert was,
-// with the barrier before (the planner may give these bytes to an op before it that a slower
+// residentAConverts'): the convert becomes a one-slot buffer written once where the tile is first
+// read (outside the loops; where the convert was inside them), with the barrier before (the planner may give these bytes to an op before it that a slower
 // warp still reads), the owners' stores, a proxy fence (generic-proxy stores, async-proxy reads)
 // and the barrier after, and a local_load that the dots read through a descriptor.
 // A tile already resident in the same shared layout earlier in the block is read from that
