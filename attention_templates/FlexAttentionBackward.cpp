@@ -316,7 +316,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
       Tile listBase = colBase * p.mask_q_blocks;
       auto [dk2, dv2] = for_range(0, count * R, 1, std::tuple{dk0, dv0}, [&](Tile t, Tile dki, Tile dvi) {
         Tile entry = t / R;
-        Tile block = where(entry < count, load(indices + (listBase + entry), entry < p.mask_q_blocks, 0), 0);  // (as in the forward)
+        Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_q_blocks);
         Tile row0 = block * k.QBS + (t % R) * k.BM;
         if (!k.qExact) row0 = row0 - p.q_phase;
         Tile offsM = row0 + arange(0, k.BM);
@@ -470,7 +470,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
     Tile listBase = rowBase * p.mask_kv_blocks;
     return for_range(0, count * R, 1, dq0, [&](Tile t, Tile dqi) {
       Tile entry = t / R;
-      Tile block = where(entry < count, load(indices + (listBase + entry), entry < p.mask_kv_blocks, 0), 0);  // (as in the forward)
+      Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
       Tile row0 = block * k.KVBS + (t % R) * k.BN;
       Tile offsN = row0 + arange(0, k.BN);
       Tile colLive = offsN < p.kv_len;

@@ -122,6 +122,15 @@ struct StreamedRows {
 dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& live, const StreamedRows& t,
                            const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
 
+// Entry `entry` of a BlockMask list row that starts at `rowStart` and holds `capacity` entries, of
+// which the first `length` are live: 0 past the length. The read is masked by the capacity, not by
+// the length, so that it does not wait for the length's read (a walk's first block index is then
+// one list read away); the value is zeroed past the length because the pipeline's look-ahead
+// still turns the index of a step that never runs into addresses (a paged K/V's page-table read
+// would follow a stale entry).
+dsl::Tile listEntry(const dsl::Tile& list, const dsl::Tile& rowStart, const dsl::Tile& entry, const dsl::Tile& length,
+                    const dsl::Tile& capacity);
+
 // The head dim a template's tiles use: D rounded up to a power of two (aranges are powers of two).
 inline int64_t paddedHeadDim(int64_t D) {
   int64_t p = 1;

@@ -354,27 +354,17 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile m = full({k.BM}, -INFINITY, DType::F32);
   Tile l = zeros({k.BM}, DType::F32);
   Tile acc = zeros({k.BM, k.DP}, DType::F32);
-  // Steps [first, last) of the run that fall in a list placed `before` steps into it, of `steps` steps.
-  auto inList = [&](const Tile& before, const Tile& steps) {
-    return std::pair{minimum(maximum(first - before, 0), steps), minimum(maximum(last - before, 0), steps)};
+  // The steps [first, last) of the run that fall in one list, laid `before` steps into the row.
+  auto walkList = [&](bool partial, const Tile& before) {
+    if (!(partial ? k.hasPartial : k.hasFull)) return;
+    const Tile& steps = partial ? partialSteps : fullSteps;
+    Tile from = minimum(maximum(first - before, 0), steps), to = minimum(maximum(last - before, 0), steps);
+    std::tie(m, l, acc) = walk(partial ? partialCount : fullCount, partial ? p.kv_indices : p.full_kv_indices, partial,
+                               from, to, m, l, acc);
   };
-  auto walkFull = [&](const Tile& before) {
-    if (!k.hasFull) return;
-    auto [from, to] = inList(before, fullSteps);
-    std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, from, to, m, l, acc);
-  };
-  auto walkPartial = [&](const Tile& before) {
-    if (!k.hasPartial) return;
-    auto [from, to] = inList(before, partialSteps);
-    std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, from, to, m, l, acc);
-  };
-  if (k.partialFirst) {
-    walkPartial(zeros({}, DType::I32));
-    walkFull(partialSteps);
-  } else {
-    walkFull(zeros({}, DType::I32));
-    walkPartial(fullSteps);
-  }
+  const Tile none = zeros({}, DType::I32);
+  walkList(k.partialFirst != 0, none);
+  walkList(k.partialFirst == 0, k.partialFirst ? partialSteps : fullSteps);
 
   if (k.programmaticLaunch) release_dependent_grids();
   Tile empty = l == 0.0;

@@ -391,11 +391,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile listBase = rowBase * p.mask_kv_blocks;
     auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile entry = t / R;
-      // Read masked by the list row's capacity, not by its length, so that the read does not wait
-      // for the length's; the entry is then zeroed past the length (a step that never runs, but
-      // whose index the pipeline's look-ahead still turns into addresses: a paged K/V's page-table
-      // read would follow a stale entry).
-      Tile block = where(entry < count, load(indices + (listBase + entry), entry < p.mask_kv_blocks, 0), 0);
+      Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
       Tile offsN, colLive, kvOffs, vOffs;
       Tile start = block * k.KVBS + (t % R) * k.BN;
       if (!paged) {
@@ -752,6 +748,10 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   }
   return true;
 }
+Tile listEntry(const Tile& list, const Tile& rowStart, const Tile& entry, const Tile& length, const Tile& capacity) {
+  return where(entry < length, load(list + (rowStart + entry), entry < capacity, 0), 0);
+}
+
 Tile loadStreamedRows(const Tile& ptrs, bool exact, const Tile& live, const StreamedRows& t, const Tile& b,
                       const Tile& h, const Tile& row0, int64_t D, bool tma) {
   if (!tma) return exact ? load(ptrs) : load(ptrs, live);

@@ -48,6 +48,14 @@ namespace {
 
 using H = Eigen::bfloat16;
 
+// n normal samples, rounded to bf16 (random inputs: never time or test on zeros).
+std::vector<H> randomHost(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> g(0, 1);
+  std::vector<H> v(n);
+  for (auto& x : v) x = H(g(rng));
+  return v;
+}
+
 double msSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -103,11 +111,8 @@ int programCost(int64_t Hq, int64_t D, std::mt19937_64& rng) {
   std::printf("%-10s %8s %8s %10s %12s %14s\n", "B x N", "steps", "programs", "ms", "TFLOP/s", "us a program");
   std::vector<double> xs, ys;
   for (auto [B, N] : {std::pair<int64_t, int64_t>{16, 1024}, {8, 2048}, {4, 4096}, {2, 8192}}) {
-    std::normal_distribution<float> g(0, 1);
     const size_t elems = size_t(B * Hq * N * D);
-    std::vector<H> hq(elems), hk(elems), hv(elems);
-    for (auto* v : {&hq, &hk, &hv})
-      for (H& x : *v) x = H(g(rng));
+    const std::vector<H> hq = randomHost(rng, elems), hk = randomHost(rng, elems), hv = randomHost(rng, elems);
     Tensor q = Tensor::fromHost(hq, {B, Hq, N, D}, MemorySpace::Device);
     Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
     Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);
@@ -178,14 +183,8 @@ int main(int argc, char** argv) try {
   std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16\n", runtime::Device::current().name().c_str(),
               (long long)B, (long long)Hq, (long long)N, (long long)D);
   std::mt19937_64 rng(std::random_device{}());
-  auto randomHost = [&](size_t n) {
-    std::normal_distribution<float> g(0, 1);
-    std::vector<H> v(n);
-    for (auto& x : v) x = H(g(rng));
-    return v;
-  };
   const size_t elems = size_t(B * Hq * N * D);
-  std::vector<H> hq = randomHost(elems), hk = randomHost(elems), hv = randomHost(elems), hout(elems);
+  std::vector<H> hq = randomHost(rng, elems), hk = randomHost(rng, elems), hv = randomHost(rng, elems), hout(elems);
   Tensor q = Tensor::fromHost(hq, {B, Hq, N, D}, MemorySpace::Device);
   Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
   Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);

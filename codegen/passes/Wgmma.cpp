@@ -97,9 +97,10 @@ struct WaitWriter {
 
 // A loop-invariant A operand kept in shared memory (TensorCores.h wgmmaResidentA; the fit is
 // residentAConverts'): the convert becomes a one-slot buffer written once where the tile is first
-// read (outside the loops; where the convert was inside them), with the barrier before (the planner may give these bytes to an op before it that a slower
-// warp still reads), the owners' stores, a proxy fence (generic-proxy stores, async-proxy reads)
-// and the barrier after, and a local_load that the dots read through a descriptor.
+// read (outside the loops; where the convert was, inside them), with the barrier before (the
+// planner may give these bytes to an op before it that a slower warp still reads), the owners'
+// stores, a proxy fence (generic-proxy stores, async-proxy reads) and the barrier after, and a
+// local_load that the dots read through a descriptor.
 // A tile already resident in the same shared layout earlier in the block is read from that
 // buffer: the atomic-dQ dkdv reads K as the A of K·Qᵀ and as the B of dS·K (or, specialized, as
 // the M-major A of Kᵀ·dSᵀ), the same swizzled [BN, D] panels for both, so one copy and one store
