@@ -74,11 +74,6 @@ void pipelineLoads(ir::Function& f, const Target& target);
 // for every thread's release of it) instead of one CTA barrier per iteration. Opt-in: function
 // attribute ring_barriers = 1, or FLEXTILE_RING_BARRIERS=1 (=0 turns it off everywhere).
 bool ringBarriersWanted(const ir::Function& f);
-// Whether the cp.async rings refill a slot after the iteration that read it (S stages in flight
-// during the wait instead of S-1, a second CTA barrier an iteration): function attribute
-// ring_issue_after_read = 1, or FLEXTILE_RING_ISSUE_AFTER_READ=1 (=0 turns it off everywhere).
-// Rings read by wgmma, filled by TMA or synchronized by ring barriers keep their schedule.
-bool ringIssueAfterReadWanted(const ir::Function& f);
 // Whether a loop that also waits for the CTA (a conversion or reduction staged through shared
 // memory) may take TMA rings when the function asks for warp specialization. Opt-in: function
 // attribute tma_in_staging_loops = 1, or FLEXTILE_TMA_IN_STAGING_LOOPS=1 (such a loop gave wrong

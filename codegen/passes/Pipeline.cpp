@@ -208,10 +208,6 @@ void cloneAt(Inserter& at, const std::vector<Op*>& ops, std::map<const ir::Value
 
 bool ringBarriersWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_RING_BARRIERS", "ring_barriers"); }
 
-bool ringIssueAfterReadWanted(const ir::Function& f) {
-  return passSwitch(f, "FLEXTILE_RING_ISSUE_AFTER_READ", "ring_issue_after_read");
-}
-
 bool tmaInStagingLoopsWanted(const ir::Function& f) {
   return passSwitch(f, "FLEXTILE_TMA_IN_STAGING_LOOPS", "tma_in_staging_loops");
 }
@@ -470,16 +466,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   before.op(OpKind::Barrier, {}, {});
   if (withBarriers)
     for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
-  // Issue after read (ringIssueAfterReadWanted; the cp.async ring without barriers in shared memory,
-  // every ring read into registers by ldmatrix): iteration i refills its own slot with iteration
-  // i+S once every thread has read it, instead of refilling slot i-1 with iteration i+S-1 before
-  // its reads. A second CTA barrier an iteration buys one more stage in flight while a thread
-  // waits for its data: S stages instead of S-1 (two instead of one in a two-stage ring), for a
-  // loop that waits on memory more than it computes (the decode template's).
-  const bool afterRead = !tma && !withBarriers && ringIssueAfterReadWanted(f) &&
-                         std::none_of(rings.begin(), rings.end(), [](const Ring& r) { return r.wgmma; });
-  const int64_t lead = afterRead ? stages : stages - 1;  // iterations between a stage's issue and its use
-  for (int64_t s = 0; s < lead; ++s) {
+  for (int64_t s = 0; s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
     if (tma) {
       issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full);
@@ -533,9 +520,6 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     // its dq's producer reading each block index from the list.)
     issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); });
     waitFull();
-  } else if (afterRead) {
-    issue.op(OpKind::AsyncWait, {}, {}, {{"pending", stages - 1}});
-    issue.op(OpKind::Barrier, {}, {});  // every thread's copies of iteration i are visible
   } else {
     if (withBarriers)
       waitFull();
@@ -552,23 +536,12 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
 
   for (Ring& ring : rings)
     if (ring.rows) f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
-  Op* lastRead = nullptr;
   for (Op* cvt : converts) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
     Inserter at{f, body, body.find(cvt), cvt->loc()};
     ir::Value* tile = at.value(OpKind::LocalLoad, {ring.buffer, slot}, cvt->result()->type());
     f.replaceAllUsesWith(cvt->result(), tile);
     body.erase(cvt);
-    lastRead = tile->definingOp();  // (the converts are in body order)
-  }
-  if (afterRead) {
-    // After the iteration's last read of its slot: once every thread has read it (the barrier
-    // also completes their ld.shared), refill it with iteration i+S.
-    Inserter refill{f, body, std::next(body.find(lastRead)), loc};
-    refill.op(OpKind::Barrier, {}, {});
-    ir::Value* later = refill.value(
-        OpKind::Add, {body.arg(0), refill.value(OpKind::Mul, {step, refill.constant(stages, ivType.dtype())}, ivType)}, ivType);
-    issueStage(refill, body, rings, later, ub, slot);
   }
   Op* yield = body.terminator();
   Inserter end{f, body, body.find(yield), loc};

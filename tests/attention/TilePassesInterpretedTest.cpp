@@ -122,40 +122,6 @@ TEST(TilePassesInterpreted, RingBarriersForwardBackwardDecode) {
   }
 }
 
-// The cp.async rings refilled after the iteration that read them (FLEXTILE_RING_ISSUE_AFTER_READ=1:
-// S stages issued up front, each slot refilled with iteration i+S behind a second barrier). The
-// interpreter runs async copies when they are issued, so a refill placed before its slot's reads
-// would feed iteration i the data of i+S: the results catch it. Decode on sm_90a and sm_80 (its
-// rings are read by ldmatrix), the forward and backward on sm_80 (no wgmma, no TMA).
-TEST(TilePassesInterpreted, RingsRefilledAfterTheirReads) {
-  SeededRandom rng;
-  ScopedSetenv afterRead("FLEXTILE_RING_ISSUE_AFTER_READ", "1");
-  for (const char* target : {"sm_90a", "sm_80"}) {
-    InterpretAfterPasses scope(target);
-    for (const char* name : {"sliding_window", "document", "alibi"}) {
-      AttentionCase d{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = 64, .dtype = DType::BF16,
-                      .context = std::string(target) + " decode " + name + ", rings refilled after their reads"};
-      if (!checkDecodeVariant(rng, variant(name), d, kHost, {.splits = {0, 1, 3}, .blocks = {64, 64}})) return;
-    }
-  }
-  InterpretAfterPasses scope("sm_80");
-  for (const FlexAttentionConfig& config : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 32, 4, 3}})
-    for (const char* name : {"causal", "document"}) {
-      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 127, .S = 300, .D = 64, .dtype = DType::BF16};
-      c.context = std::string("sm_80 ") + name + " " + config.describe() + ", rings refilled after their reads";
-      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{64, 64}, rng()});
-      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
-        return;
-    }
-  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16,
-                  .context = "sm_80 backward, rings refilled after their reads"};
-  BackwardCheck check;
-  check.refMask = refCausal();
-  check.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
-  check.options.config = FlexAttentionBackwardConfig{{64, 64, 4, 2}, {64, 64, 4, 2}};
-  checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {64, 64}), check);
-}
-
 // A list entry past its row's length is read (the block index loads are masked by the row's
 // capacity, so that they need not wait for the length) but never followed: the step it would
 // name never runs, its copies are predicated off, and its index is zeroed before anything (a paged
