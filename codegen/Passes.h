@@ -79,6 +79,10 @@ bool ringBarriersWanted(const ir::Function& f);
 // attribute tma_in_staging_loops = 1, or FLEXTILE_TMA_IN_STAGING_LOOPS=1 (such a loop gave wrong
 // rows on the H200 with TMA before warp specialization existed: docs/reliability.md).
 bool tmaInStagingLoopsWanted(const ir::Function& f);
+// Whether two consecutive TMA-filled loops over the same tensors share their rings (pipeline pass:
+// the first loop's last iterations issue the second's first stages). Function attribute
+// chain_rings (default 1), or FLEXTILE_CHAIN_RINGS=0/1.
+bool chainRingsWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

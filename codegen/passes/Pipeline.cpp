@@ -249,6 +249,27 @@ struct Ring {
   std::optional<ir::TensorBox> box;  // the load's tensor box, when the ring is filled by TMA
 };
 
+// A loop's rings as the schedule will write them: which loads, the converts that read them, each
+// ring's shared layout, and whether TMA fills them.
+struct LoopPlan {
+  Op* forOp = nullptr;
+  std::vector<Ring> rings;
+  std::vector<Op*> converts;  // (in body order)
+  std::map<const Op*, ir::SharedLayout> layoutOf;
+  bool tma = false;
+  bool readOnly = false;
+};
+
+// What a loop's schedule hands the next loop that shares its rings (chained below): the ring
+// buffers (in ring order), the barriers, and the slot and iteration count it ended on.
+struct RingChain {
+  std::vector<ir::Value*> buffers;
+  ir::Value* full = nullptr;
+  ir::Value* empty = nullptr;
+  ir::Value* slot = nullptr;
+  ir::Value* count = nullptr;
+};
+
 // A TMA ring's box operands: base, dims, strides, coords (as the tma_copy takes them).
 std::vector<ir::Value*> boxOperands(const Ring& ring) {
   std::vector<ir::Value*> v{ring.box->base};
@@ -268,20 +289,47 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
 // bytes, and no copy is issued).
 // `whenSlotFree` (the loop's wait for the slot's release) comes after the coordinates: a block
 // index read from a list then travels while the issuer waits, instead of after it.
+// `next`: the next loop continues this loop's rings (chained, below), so an iteration past this
+// loop's end is the next loop's iteration iv - max(ub, 0): both loops' coordinates are computed
+// and the stage takes this loop's while iv < ub, the next loop's after.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
-                   ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {}) {
-  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
-  ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
+                   ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {},
+                   const LoopPlan* next = nullptr) {
+  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}}, nextClone;
+  const ir::Type flag(ir::DType::I1);
+  ir::Value* inThisLoop = at.value(OpKind::Cmp, {iv, ub}, flag, {{"pred", std::string("lt")}});
+  ir::Value* exists = inThisLoop;
+  if (next) {
+    const ir::Type& ivType = iv->type();
+    ir::Value* zero = at.constant(0, ivType.dtype());
+    ir::Value* trips = at.value(OpKind::Maximum, {ub, zero}, ivType);
+    ir::Value* later = at.value(OpKind::Maximum, {at.value(OpKind::Sub, {iv, trips}, ivType), zero}, ivType);
+    nextClone[next->forOp->region(0).arg(0)] = later;
+    ir::Value* inNext = at.value(OpKind::Cmp, {later, next->forOp->operand(1)}, flag, {{"pred", std::string("lt")}});
+    exists = at.value(OpKind::Or, {inThisLoop, inNext}, flag);
+  }
   int64_t bytes = 0;
   for (Ring& ring : rings) {
     cloneAt(at, boxSlice(ring, body), clone);
     bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
   }
+  if (next)
+    for (const Ring& ring : next->rings) cloneAt(at, boxSlice(ring, next->forOp->region(0)), nextClone);
   if (whenSlotFree) whenSlotFree();
   at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, {{"bytes", bytes}});
-  for (Ring& ring : rings) {
-    std::vector<ir::Value*> operands{ring.buffer, slot, full, slot, exists};
-    for (ir::Value* v : boxOperands(ring)) operands.push_back(clone.count(v) ? clone.at(v) : v);
+  auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
+  for (size_t i = 0; i < rings.size(); ++i) {
+    std::vector<ir::Value*> operands{rings[i].buffer, slot, full, slot, exists};
+    const std::vector<ir::Value*> box = boxOperands(rings[i]);
+    const size_t firstCoord = box.size() - rings[i].box->coords.size();
+    for (size_t j = 0; j < box.size(); ++j) {
+      ir::Value* v = mapped(clone, box[j]);
+      if (next && j >= firstCoord) {  // (chainable() checked that the other operands are the same)
+        ir::Value* w = mapped(nextClone, boxOperands(next->rings[i])[j]);
+        v = at.value(OpKind::Select, {inThisLoop, v, w}, v->type());
+      }
+      operands.push_back(v);
+    }
     at.op(OpKind::TmaCopy, std::move(operands), {});
   }
 }
@@ -307,15 +355,15 @@ void issueStage(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Val
   at.op(OpKind::AsyncCommit, {}, {});
 }
 
-// Whether the loop had loads to pipeline (and now has their rings).
-bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<const Op*, int64_t>& globalWidth,
-                   const Target& target, bool readOnlyLoop) {
+// The loop's plan, or none when it has no loads to pipeline.
+std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<const Op*, int64_t>& globalWidth,
+                                 const Target& target, bool readOnlyLoop) {
   ir::Block& body = forOp.region(0);
   std::vector<Ring> rings;
   for (auto& op : body.ops())
     if (op->kind() == OpKind::Load && op->hasAttr("async_stages"))
       rings.push_back({op.get(), nullptr, 0, false, op->hasAttr("ring_rows")});
-  if (rings.empty()) return false;
+  if (rings.empty()) return std::nullopt;
   // Loads whose slot a wgmma reads take its layout; the converts that are those dots' operands.
   std::map<const Op*, ir::SharedLayout> wgmmaLayouts;
   std::set<const Op*> wgmmaConverts;
@@ -406,7 +454,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     });
   };
   dropRowRings([&](const Ring& ring) { return !rowRingFits(ring); });
-  if (rings.empty()) return false;
+  if (rings.empty()) return std::nullopt;
   for (Ring& ring : rings) {
     ring.box = ir::loadTensorBox(*ring.load);
     std::set<const ir::Value*> seen;
@@ -428,7 +476,21 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
       const ir::Type& t = ring.load->result()->type();
       layoutOf.emplace(ring.load, ir::SharedLayout::plain(t.shape(), {0}, ir::byteWidth(t.dtype())));
     }
-  ringOfLoad.clear();  // the erasures above moved the rings
+  return LoopPlan{&forOp, std::move(rings), std::move(converts), std::move(layoutOf), tma, readOnlyLoop};
+}
+
+// Writes the loop's schedule. `from`: the rings, barriers, slot and count of the previous loop,
+// which this one continues (no allocation, no prologue: its first stages were issued there).
+// `next`: the next loop's plan when it continues this one's rings (this loop then issues the next
+// loop's first stages in its last iterations and leaves the rings alive); the chain comes back.
+RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const Target& target, const RingChain* from,
+                        const LoopPlan* next) {
+  Op& forOp = *plan.forOp;
+  ir::Block& body = forOp.region(0);
+  std::vector<Ring>& rings = plan.rings;
+  const std::vector<Op*>& converts = plan.converts;
+  const bool tma = plan.tma;
+  std::map<const Op*, Ring*> ringOfLoad;
   for (Ring& ring : rings) ringOfLoad[ring.load] = &ring;
 
   ir::Block& outer = *forOp.parentBlock();
@@ -438,10 +500,11 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   ir::Value* ub = forOp.operand(1);
   ir::Value* step = forOp.operand(2);
   Inserter before{f, outer, outer.find(&forOp), loc};  // (the verifier gives lb, ub, step and iv one dtype)
-  for (Ring& ring : rings) {
-    const ir::Type& t = ring.load->result()->type();
-    ring.buffer = before.value(OpKind::LocalAlloc, {},
-                               ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(layoutOf.at(ring.load))));
+  for (size_t i = 0; i < rings.size(); ++i) {
+    const ir::Type& t = rings[i].load->result()->type();
+    rings[i].buffer = from ? from->buffers[i]
+                           : before.value(OpKind::LocalAlloc, {},
+                                          ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(plan.layoutOf.at(rings[i].load))));
   }
   // With barriers in shared memory (ringBarriersWanted): `full[s]` completes when every thread's
   // copies into slot s have landed, `empty[s]` when every thread is done reading slot s; each
@@ -454,7 +517,10 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     return before.value(OpKind::LocalAlloc, {},
                         ir::Type::sharedBuffer(ir::DType::I64, stages, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
   };
-  if (withBarriers) {
+  if (from) {
+    full = from->full;
+    empty = from->empty;
+  } else if (withBarriers) {
     full = barrierBuffer();
     empty = barrierBuffer();
     if (tma)
@@ -463,13 +529,13 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
       before.op(OpKind::MbarrierInit, {full}, {});
     before.op(OpKind::MbarrierInit, {empty}, {});
   }
-  before.op(OpKind::Barrier, {}, {});
-  if (withBarriers)
+  if (!from) before.op(OpKind::Barrier, {}, {});
+  if (withBarriers && !from)
     for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
-  for (int64_t s = 0; s + 1 < stages; ++s) {
+  for (int64_t s = 0; !from && s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
     if (tma) {
-      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full);
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, next);
       continue;
     }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
@@ -478,7 +544,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
 
   // The slot read in iteration i (carried), and the one its issue writes.
   const ir::Type i32(ir::DType::I32);
-  forOp.addOperand(before.constant(0, ir::DType::I32));
+  forOp.addOperand(from ? from->slot : before.constant(0, ir::DType::I32));
   ir::Value* slot = body.addArg(i32, "slot");
   forOp.addResult(i32);
   Inserter top{f, body, body.ops().begin(), loc};
@@ -490,7 +556,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // fill of its slot, and the slot it overwrites was released for the (k+S-1)/S-th time).
   ir::Value* count = nullptr;
   if (withBarriers) {
-    forOp.addOperand(before.constant(0, ir::DType::I32));
+    forOp.addOperand(from ? from->count : before.constant(0, ir::DType::I32));
     count = body.addArg(i32, "iteration");
     forOp.addResult(i32);
   }
@@ -518,7 +584,7 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); });
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, next);
     waitFull();
   } else {
     if (withBarriers)
@@ -545,9 +611,9 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   }
   Op* yield = body.terminator();
   Inserter end{f, body, body.find(yield), loc};
-  ir::Value* next = end.value(OpKind::Add, {slot, end.constant(1, ir::DType::I32)}, i32);
-  ir::Value* wraps = end.value(OpKind::Cmp, {next, end.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1), {{"pred", std::string("eq")}});
-  yield->addOperand(end.value(OpKind::Select, {wraps, end.constant(0, ir::DType::I32), next}, i32));
+  ir::Value* nextSlot = end.value(OpKind::Add, {slot, end.constant(1, ir::DType::I32)}, i32);
+  ir::Value* wraps = end.value(OpKind::Cmp, {nextSlot, end.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1), {{"pred", std::string("eq")}});
+  yield->addOperand(end.value(OpKind::Select, {wraps, end.constant(0, ir::DType::I32), nextSlot}, i32));
   if (withBarriers) {
     // Every read of this iteration's slot is done here (the wgmma pass waits for the groups
     // before an arrive): release it. Each thread first waits for the slot's previous release (of
@@ -560,9 +626,16 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
     yield->addOperand(end.value(OpKind::Add, {count, end.constant(1, ir::DType::I32)}, i32));
   }
 
+  RingChain chain;
+  for (const Ring& ring : rings) chain.buffers.push_back(ring.buffer);
+  chain.full = full;
+  chain.empty = empty;
+  chain.slot = forOp.result(forOp.numResults() - (withBarriers ? 2 : 1));
+  chain.count = withBarriers ? forOp.result(forOp.numResults() - 1) : nullptr;
+
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   if (!tma) after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});  // (every TMA copy issued was waited for)
-  if (withBarriers) {
+  if (withBarriers && !next) {
     // No thread waits on the barriers any more once all have left the loop; their bytes may then
     // be reused, after thread 0 invalidates them.
     after.op(OpKind::Barrier, {}, {});
@@ -574,6 +647,119 @@ bool writeSchedule(ir::Function& f, Op& forOp, int64_t stages, const std::map<co
   // The loads; their address ops, now unused, go with the function's dead code (ir::dce, after
   // every loop is rewritten).
   for (Ring& ring : rings) body.erase(ring.load);
+  return chain;
+}
+
+}  // namespace
+
+bool chainRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_CHAIN_RINGS", "chain_rings", true); }
+
+namespace {
+
+std::optional<int64_t> scalarConstant(const ir::Value* v) {
+  const Op* d = v->definingOp();
+  if (!d || d->kind() != OpKind::Constant || v->type().isTile()) return std::nullopt;
+  const auto* x = std::get_if<int64_t>(&d->attrs().at("value"));
+  return x ? std::optional<int64_t>(*x) : std::nullopt;
+}
+
+// Whether `a` and `b` compute the same value: the same value, or the same pure op over operands
+// that are the same (two walks' copies of one tensor box's base, sizes and strides).
+bool sameValue(const ir::Value* a, const ir::Value* b, int depth = 8) {
+  if (a == b) return true;
+  const Op* x = a->definingOp();
+  const Op* y = b->definingOp();
+  if (!x || !y || depth == 0 || x->kind() != y->kind() || !x->hasTrait(ir::kPure) || !x->regions().empty() ||
+      a->resultIndex() != b->resultIndex() || !(a->type() == b->type()) || x->attrs() != y->attrs() ||
+      x->numOperands() != y->numOperands())
+    return false;
+  for (size_t i = 0; i < x->numOperands(); ++i)
+    if (!sameValue(x->operand(i), y->operand(i), depth - 1)) return false;
+  return true;
+}
+
+// Whether `v` can be used right before loop `first` of its block: it is defined before it (or
+// outside the block), or by pure ops between `first` and `second` that can move before it; those
+// ops go to `moves` (in block order, once each).
+bool availableBefore(const ir::Value* v, const Op& first, std::set<Op*>& moves) {
+  ir::Block& outer = *first.parentBlock();
+  Op* d = v->definingOp();
+  if (!d) {  // a block argument: fine unless it belongs to a block inside `outer`
+    for (const ir::Block* blk = v->ownerBlock(); blk && blk->parentOp(); blk = blk->parentOp()->parentBlock())
+      if (blk->parentOp()->parentBlock() == &outer) return false;
+    return true;
+  }
+  if (d->parentBlock() != &outer) {
+    for (const ir::Block* blk = &outer; blk; blk = blk->parentOp() ? blk->parentOp()->parentBlock() : nullptr)
+      if (blk == d->parentBlock()) return true;  // an enclosing block's value
+    return false;
+  }
+  if (d == &first) return false;
+  for (auto it = outer.ops().begin(); it != outer.ops().end() && it->get() != &first; ++it)
+    if (it->get() == d) return true;  // defined before `first`
+  if (moves.count(d)) return true;
+  if (!d->hasTrait(ir::kPure) || !d->regions().empty()) return false;
+  for (const ir::Value* o : d->operands())
+    if (!availableBefore(o, first, moves)) return false;
+  moves.insert(d);
+  return true;
+}
+
+// Whether loop `b` can continue loop `a`'s rings (and then moves what `a` must compute of `b`
+// before `a`). Two walks of one program over the same tensors, one after the other (the forward's
+// full and partial lists, dkdv's and dq's): sharing the rings lets `a`'s last iterations issue
+// `b`'s first stages, so no pipeline drains and refills between them and no CTA barrier parts them.
+// Both loops fill their rings with TMA, count from 0 by 1 and write no memory; nothing with a side
+// effect or a region lies between them; their rings match one for one (type, layout, the box's
+// tensor: only the coordinates differ); `b`'s bound and the values its coordinates read from
+// outside its body can be computed before `a`.
+bool chainable(const LoopPlan& a, const LoopPlan& b) {
+  const Op& first = *a.forOp;
+  const Op& second = *b.forOp;
+  if (!a.tma || !b.tma || !a.readOnly || !b.readOnly || first.parentBlock() != second.parentBlock()) return false;
+  for (const Op* loop : {&first, &second})
+    if (scalarConstant(loop->operand(0)) != 0 || scalarConstant(loop->operand(2)) != 1) return false;
+  if (!(first.operand(1)->type() == second.operand(1)->type())) return false;
+  ir::Block& outer = *first.parentBlock();
+  auto it = std::next(outer.find(&first));
+  for (; it != outer.ops().end() && it->get() != &second; ++it)
+    if ((*it)->hasTrait(ir::kSideEffect) || !(*it)->regions().empty() || (*it)->kind() == OpKind::Barrier) return false;
+  if (it == outer.ops().end() || a.rings.size() != b.rings.size()) return false;
+  for (size_t i = 0; i < a.rings.size(); ++i) {
+    const Ring& x = a.rings[i];
+    const Ring& y = b.rings[i];
+    if (x.rows != y.rows || x.wgmma != y.wgmma || !x.box || !y.box || !(x.load->result()->type() == y.load->result()->type()))
+      return false;
+    if (a.layoutOf.count(x.load) != b.layoutOf.count(y.load) ||
+        (a.layoutOf.count(x.load) && !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load))))
+      return false;
+    const std::vector<ir::Value*> bx = boxOperands(x), by = boxOperands(y);
+    if (bx.size() != by.size()) return false;
+    for (size_t j = 0; j + x.box->coords.size() < bx.size(); ++j)
+      if (!sameValue(bx[j], by[j])) return false;
+  }
+  // `b`'s bound, and what its coordinates read from outside its body.
+  std::set<Op*> moves;
+  if (!availableBefore(second.operand(1), first, moves)) return false;
+  const ir::Block& body = second.region(0);
+  for (const Ring& ring : b.rings)
+    for (const Op* op : boxSlice(ring, const_cast<ir::Block&>(body)))
+      for (const ir::Value* o : op->operands()) {
+        const Op* d = o->definingOp();
+        if (o == body.arg(0) || (d && d->parentBlock() == &body)) continue;
+        if (!d && o->ownerBlock() == &body) return false;  // a carried value
+        if (!availableBefore(o, first, moves)) return false;
+      }
+  // Move them before `a`, in block order.
+  std::vector<Op*> ordered;
+  for (auto& op : outer.ops())
+    if (moves.count(op.get())) ordered.push_back(op.get());
+  for (Op* op : ordered) {
+    auto at = outer.find(op);
+    std::unique_ptr<Op> moved = std::move(*at);
+    outer.ops().erase(at);
+    outer.insert(outer.find(&first), std::move(moved));
+  }
   return true;
 }
 
@@ -657,8 +843,22 @@ void pipelineLoads(ir::Function& f, const Target& target) {
     loops.push_back(&forOp);
     readOnly[&forOp] = readOnlyLoop;
   });
+  std::vector<std::optional<LoopPlan>> plans;
+  for (Op* forOp : loops) plans.push_back(planLoop(f, *forOp, globalWidth, target, readOnly.at(forOp)));
+  // Which loop continues the previous one's rings (in program order: f.walk visits a block's loops
+  // in order, and chainable() asks for two loops of one block with nothing between them).
+  std::vector<bool> continues(plans.size(), false);
+  if (chainRingsWanted(f))
+    for (size_t i = 0; i + 1 < plans.size(); ++i)  // (pairs: a loop that continues one issues no third loop's stages)
+      continues[i + 1] = !continues[i] && plans[i] && plans[i + 1] && chainable(*plans[i], *plans[i + 1]);
   bool rewritten = false;
-  for (Op* forOp : loops) rewritten = writeSchedule(f, *forOp, stages, globalWidth, target, readOnly.at(forOp)) || rewritten;
+  std::optional<RingChain> chain;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i]) continue;
+    const LoopPlan* next = i + 1 < plans.size() && continues[i + 1] ? &*plans[i + 1] : nullptr;
+    chain = writeSchedule(f, *plans[i], stages, target, continues[i] ? &*chain : nullptr, next);
+    rewritten = true;
+  }
   if (rewritten) ir::dce(f);
 }
 

@@ -226,9 +226,19 @@ TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
       EXPECT_EQ(r.box, (std::vector<int64_t>{1, 1, c.block_n, 64})) << r.str();
       EXPECT_EQ(r.swizzleBytes, 128) << r.str();
     }
-    // Two loops, each a prologue stage and an in-loop stage: K and V, two panels each.
-    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
-    EXPECT_EQ(count(k.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
+    // The two walks share their rings (pipeline pass, chained loops): one prologue stage, and an
+    // in-loop stage in each walk; K and V, two panels each. Unchained, each walk has its own
+    // prologue, and its own barriers initialized and invalidated around it.
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 3 * 2 * 2);
+    EXPECT_EQ(count(k.ptx, "mbarrier\\.arrive\\.expect_tx"), 3);
+    EXPECT_EQ(count(k.ptx, "mbarrier\\.inval"), 2 * 2);  // full and empty, two slots
+    {
+      ScopedSetenv unchained("FLEXTILE_CHAIN_RINGS", "0");
+      const auto& apart = compileFor(codegen::Target::sm90a(), c);
+      EXPECT_EQ(count(apart.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
+      EXPECT_EQ(count(apart.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
+      EXPECT_EQ(count(apart.ptx, "mbarrier\\.inval"), 2 * 2 * 2);
+    }
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg"), 0);
     EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 0);
     EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async"), c.block_m == 64 ? 24 : 32);
@@ -336,12 +346,14 @@ TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   EXPECT_EQ(count(k.ptx, "\\.maxntid 384"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24;"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240;"), 1);
-  // Every issuer op is the producer's: two walks, each a prologue and a loop, K and V per stage.
+  // Every issuer op is the producer's: two walks sharing one ring (one prologue, a loop each),
+  // K and V per stage.
   EXPECT_EQ(count(k.ir, "tma_copy [^\\n]*ws = \"producer\""), count(k.ir, "tma_copy "));
-  EXPECT_EQ(count(k.ir, "tma_copy "), 8);
+  EXPECT_EQ(count(k.ir, "tma_copy "), 6);
   EXPECT_EQ(count(k.ir, "mbarrier_wait [^\\n]*issuer = 1, ws = \"producer\""), 2);
-  // Two CTA barriers per walk's ring are met by both roles; the consumers' own are named barrier 3.
-  EXPECT_EQ(count(k.ir, "barrier \\{ws = \"both\"\\}"), 4);
+  // The ring's two CTA barriers (after its init, before its inval) are met by both roles, and
+  // nothing parts the walks; the consumers' own barriers are named barrier 3.
+  EXPECT_EQ(count(k.ir, "barrier \\{ws = \"both\"\\}"), 2);
   EXPECT_GE(count(k.ptx, "bar\\.sync \t?3, 256;"), 1);
   if (codegen::findPtxas()) {
     codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());

@@ -143,7 +143,8 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
 // compile without it, since the switches that change what the passes write were not in the key.
 TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS",
-                           "FLEXTILE_WARP_SPECIALIZE", "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_STAGE_AT_FIRST_USE"}) {
+                           "FLEXTILE_WARP_SPECIALIZE", "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_STAGE_AT_FIRST_USE",
+                           "FLEXTILE_CHAIN_RINGS"}) {
     SCOPED_TRACE(name);
     const char* old = std::getenv(name);
     const std::string keep = old ? old : "";
