@@ -68,6 +68,31 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
     turn(f, outer, outer.find(loop), "open", loc);
     turn(f, outer, std::next(outer.find(loop)), "close", loc);
   }
+  // Two loops with turns one right after the other (the walks of a program whose rings the
+  // pipeline chained, with no CTA barrier between them): the first loop's close and the second's
+  // open go, and the turns run on as through one loop. Kept, they let warpgroup 1 leave the first
+  // loop and arrive on barrier 1 for the second's open before warpgroup 0 had synced on it for the
+  // first's close: two arrivals of one warpgroup complete the barrier, and the turns fall out of
+  // step (a hang on the H200, 2026-12-04).
+  std::vector<std::pair<Op*, Op*>> joins;
+  f.walk([&](Op& op) {
+    if (op.kind() != OpKind::WarpgroupTurn || op.strAttr("step") != "close") return;
+    ir::Block& block = *op.parentBlock();
+    for (auto it = std::next(block.find(&op)); it != block.ops().end(); ++it) {
+      const Op& between = **it;
+      if (between.kind() == OpKind::WarpgroupTurn && between.strAttr("step") == "open") {
+        joins.emplace_back(&op, it->get());
+        return;
+      }
+      const bool passive = between.regions().empty() && !between.hasTrait(ir::kSideEffect) &&
+                           between.kind() != OpKind::Barrier && scratchBytes(between) == 0;
+      if (!passive) return;
+    }
+  });
+  for (auto [close, open] : joins) {
+    close->parentBlock()->erase(close);
+    open->parentBlock()->erase(open);
+  }
 }
 
 ir::Pass pingpongPass(const Target& target) {

@@ -268,14 +268,29 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
   struct Unset {
     ~Unset() { ::unsetenv("FLEXTILE_PINGPONG"); }
   } unset;
+  // The two walks share their ring (chained by the pipeline pass), so nothing makes the warpgroups
+  // meet between them: the turns run through both loops as through one, one open before the first
+  // and one close after the second. (A close and an open between them let warpgroup 1 arrive twice
+  // on barrier 1 before warpgroup 0 synced on it: the turns fell out of step and the forward hung
+  // on the H200, 2026-12-04.)
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
-  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 2);
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 1);
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"begin\"\\}"), 2);
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"end\"\\}"), 2);
-  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"close\"\\}"), 2);
-  // Per loop: a wait per iteration and the close (bar.sync), a hand-over and the open (bar.arrive).
-  EXPECT_EQ(count(k.ptx, "bar\\.sync \t?%r[0-9]+, 256;"), 4);
-  EXPECT_EQ(count(k.ptx, "bar\\.arrive \t?%r[0-9]+, 256;"), 4);
+  EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"close\"\\}"), 1);
+  EXPECT_LT(k.ir.find("warpgroup_turn {step = \"open\"}"), k.ir.find(" = for "));
+  EXPECT_GT(k.ir.find("warpgroup_turn {step = \"close\"}"), k.ir.rfind("warpgroup_turn {step = \"end\"}"));
+  // Per loop a wait per iteration (bar.sync) and a hand-over (bar.arrive); the close, the open.
+  EXPECT_EQ(count(k.ptx, "bar\\.sync \t?%r[0-9]+, 256;"), 3);
+  EXPECT_EQ(count(k.ptx, "bar\\.arrive \t?%r[0-9]+, 256;"), 3);
+  {
+    // A ring per walk: the CTA barriers around each ring part the walks, and each loop opens and
+    // closes its own turns.
+    ScopedSetenv unchained("FLEXTILE_CHAIN_RINGS", "0");
+    const auto& apart = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+    EXPECT_EQ(count(apart.ir, "warpgroup_turn \\{step = \"open\"\\}"), 2);
+    EXPECT_EQ(count(apart.ir, "warpgroup_turn \\{step = \"close\"\\}"), 2);
+  }
   if (codegen::findPtxas()) {
     codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
     EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
