@@ -652,7 +652,7 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
 
 }  // namespace
 
-bool chainRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_CHAIN_RINGS", "chain_rings", true); }
+bool chainRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_CHAIN_RINGS", "chain_rings"); }
 
 namespace {
 

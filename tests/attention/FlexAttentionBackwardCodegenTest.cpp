@@ -257,6 +257,7 @@ TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay
 // (row rings), where the row stride (L f32) allows a tensor map; otherwise it loads them itself.
 TEST(FlexAttentionBackwardCodegen, SpecializedDkdvCopiesItsRowsByTma) {
   const auto sm90a = codegen::Target::sm90a();
+  flextile::testing::ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");  // one ring for both walks
   for (int64_t L : {1000, 1001}) {
     SCOPED_TRACE("L " + std::to_string(L));
     const int64_t B = 1, H = 2, D = 128;

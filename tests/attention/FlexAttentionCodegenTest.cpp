@@ -226,19 +226,19 @@ TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
       EXPECT_EQ(r.box, (std::vector<int64_t>{1, 1, c.block_n, 64})) << r.str();
       EXPECT_EQ(r.swizzleBytes, 128) << r.str();
     }
-    // The two walks share their rings (pipeline pass, chained loops): one prologue stage, and an
-    // in-loop stage in each walk; K and V, two panels each. Unchained, each walk has its own
-    // prologue, and its own barriers initialized and invalidated around it.
-    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 3 * 2 * 2);
-    EXPECT_EQ(count(k.ptx, "mbarrier\\.arrive\\.expect_tx"), 3);
-    EXPECT_EQ(count(k.ptx, "mbarrier\\.inval"), 2 * 2);  // full and empty, two slots
+    // Chained (FLEXTILE_CHAIN_RINGS=1), the two walks share their rings: one prologue stage, and an
+    // in-loop stage in each walk; K and V, two panels each. Unchained (the default), each walk has
+    // its own prologue, and its own barriers initialized and invalidated around it.
     {
-      ScopedSetenv unchained("FLEXTILE_CHAIN_RINGS", "0");
-      const auto& apart = compileFor(codegen::Target::sm90a(), c);
-      EXPECT_EQ(count(apart.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
-      EXPECT_EQ(count(apart.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
-      EXPECT_EQ(count(apart.ptx, "mbarrier\\.inval"), 2 * 2 * 2);
+      ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
+      const auto& shared = compileFor(codegen::Target::sm90a(), c);
+      EXPECT_EQ(count(shared.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 3 * 2 * 2);
+      EXPECT_EQ(count(shared.ptx, "mbarrier\\.arrive\\.expect_tx"), 3);
+      EXPECT_EQ(count(shared.ptx, "mbarrier\\.inval"), 2 * 2);  // full and empty, two slots
     }
+    EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
+    EXPECT_EQ(count(k.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
+    EXPECT_EQ(count(k.ptx, "mbarrier\\.inval"), 2 * 2 * 2);
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.cg"), 0);
     EXPECT_EQ(count(k.ptx, "fence\\.proxy\\.async"), 0);
     EXPECT_EQ(count(k.ptx, "wgmma\\.mma_async"), c.block_m == 64 ? 24 : 32);
@@ -268,11 +268,12 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
   struct Unset {
     ~Unset() { ::unsetenv("FLEXTILE_PINGPONG"); }
   } unset;
-  // The two walks share their ring (chained by the pipeline pass), so nothing makes the warpgroups
+  // With the two walks sharing their ring (FLEXTILE_CHAIN_RINGS=1), nothing makes the warpgroups
   // meet between them: the turns run through both loops as through one, one open before the first
   // and one close after the second. (A close and an open between them let warpgroup 1 arrive twice
   // on barrier 1 before warpgroup 0 synced on it: the turns fell out of step and the forward hung
   // on the H200, 2026-12-04.)
+  std::optional<ScopedSetenv> chained(std::in_place, "FLEXTILE_CHAIN_RINGS", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 1);
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"begin\"\\}"), 2);
@@ -286,7 +287,7 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
   {
     // A ring per walk: the CTA barriers around each ring part the walks, and each loop opens and
     // closes its own turns.
-    ScopedSetenv unchained("FLEXTILE_CHAIN_RINGS", "0");
+    chained.reset();
     const auto& apart = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
     EXPECT_EQ(count(apart.ir, "warpgroup_turn \\{step = \"open\"\\}"), 2);
     EXPECT_EQ(count(apart.ir, "warpgroup_turn \\{step = \"close\"\\}"), 2);
@@ -354,6 +355,7 @@ TEST(FlexAttentionCodegen, BothListLengthsAreReadBeforeTheFirstWalk) {
 
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
+  ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(k.producerWarps, 4);
   EXPECT_EQ(k.threadsPerProgram(), 384);

@@ -181,6 +181,37 @@ TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
   }
 }
 
+// Two walks sharing one ring (FLEXTILE_CHAIN_RINGS=1): the first walk's last iterations issue the
+// second walk's first stages, with the second's coordinates. Rows whose full list is empty (the
+// second walk's stages come from the prologue), whose partial list is empty, both empty (masked
+// rows), one-block walks; forward and backward (dkdv over the transposed lists, dq), with and
+// without a producer warpgroup and warpgroup turns. The interpreter runs each copy where it is
+// issued, so a stage with the wrong walk's coordinates or slot changes the results.
+TEST(TilePassesInterpreted, ChainedWalksShareOneRing) {
+  SeededRandom rng;
+  ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
+  InterpretAfterPasses scope("sm_90a");
+  for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
+    for (const char* name : {"causal", "sliding_window", "document", "prefix_lm"}) {
+      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(name) + " chained rings " + config.describe();
+      // Mask blocks of 128: two steps a block at BLOCK_N 64, so a walk's stage is not its block.
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+        return;
+    }
+  for (const char* specialize : {"0", "1"}) {
+    ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
+                    .context = std::string("chained rings, backward, warp-specialized ") + specialize};
+    if (!checkFullOrCausalBackward(rng, c, "causal", {kWgmmaTiles, kWgmmaTiles}, 64)) return;
+  }
+  const FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 260, .D = 64, .dtype = DType::BF16,
+                  .context = "chained rings, backward at the default config, MQA"};
+  checkFullOrCausalBackward(rng, c, "causal", config, 128);
+}
+
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
 // the same (turns order nothing in the interpreter, which runs one thread).
 TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
