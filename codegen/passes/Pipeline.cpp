@@ -284,28 +284,36 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
   return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
 }
 
+// The next loop's first S-1 stages, for a loop whose rings it continues (chained, below): its box
+// operands at its iterations 0 .. S-2, computed once before this loop (the only ones this loop
+// issues), so that this loop's steps pay a select per coordinate, not the next loop's list reads.
+struct NextStages {
+  const LoopPlan* plan = nullptr;
+  std::vector<std::map<const ir::Value*, ir::Value*>> at;  // iteration k's clones of its box slices
+};
+
 // TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
 // induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0
 // bytes, and no copy is issued).
 // `whenSlotFree` (the loop's wait for the slot's release) comes after the coordinates: a block
 // index read from a list then travels while the issuer waits, instead of after it.
-// `next`: the next loop continues this loop's rings (chained, below), so an iteration past this
-// loop's end is the next loop's iteration iv - max(ub, 0): both loops' coordinates are computed
-// and the stage takes this loop's while iv < ub, the next loop's after.
+// `next`: the next loop continues this loop's rings, so an iteration past this loop's end is the
+// next loop's iteration iv - max(ub, 0) (at most S-2): the stage takes this loop's coordinates
+// while iv < ub, the next loop's precomputed ones after.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
                    ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {},
-                   const LoopPlan* next = nullptr) {
-  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}}, nextClone;
+                   const NextStages* next = nullptr) {
+  std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
   const ir::Type flag(ir::DType::I1);
   ir::Value* inThisLoop = at.value(OpKind::Cmp, {iv, ub}, flag, {{"pred", std::string("lt")}});
   ir::Value* exists = inThisLoop;
+  ir::Value* later = nullptr;
   if (next) {
     const ir::Type& ivType = iv->type();
     ir::Value* zero = at.constant(0, ivType.dtype());
     ir::Value* trips = at.value(OpKind::Maximum, {ub, zero}, ivType);
-    ir::Value* later = at.value(OpKind::Maximum, {at.value(OpKind::Sub, {iv, trips}, ivType), zero}, ivType);
-    nextClone[next->forOp->region(0).arg(0)] = later;
-    ir::Value* inNext = at.value(OpKind::Cmp, {later, next->forOp->operand(1)}, flag, {{"pred", std::string("lt")}});
+    later = at.value(OpKind::Maximum, {at.value(OpKind::Sub, {iv, trips}, ivType), zero}, ivType);
+    ir::Value* inNext = at.value(OpKind::Cmp, {later, next->plan->forOp->operand(1)}, flag, {{"pred", std::string("lt")}});
     exists = at.value(OpKind::Or, {inThisLoop, inNext}, flag);
   }
   int64_t bytes = 0;
@@ -313,8 +321,6 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     cloneAt(at, boxSlice(ring, body), clone);
     bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
   }
-  if (next)
-    for (const Ring& ring : next->rings) cloneAt(at, boxSlice(ring, next->forOp->region(0)), nextClone);
   if (whenSlotFree) whenSlotFree();
   at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, {{"bytes", bytes}});
   auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
@@ -325,7 +331,13 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     for (size_t j = 0; j < box.size(); ++j) {
       ir::Value* v = mapped(clone, box[j]);
       if (next && j >= firstCoord) {  // (chainable() checked that the other operands are the same)
-        ir::Value* w = mapped(nextClone, boxOperands(next->rings[i])[j]);
+        ir::Value* theirs = boxOperands(next->plan->rings[i])[j];
+        ir::Value* w = mapped(next->at[0], theirs);
+        for (size_t k = 1; k < next->at.size(); ++k) {
+          ir::Value* isK = at.value(OpKind::Cmp, {later, at.constant(int64_t(k), later->type().dtype())}, flag,
+                                    {{"pred", std::string("eq")}});
+          w = at.value(OpKind::Select, {isK, mapped(next->at[k], theirs), w}, w->type());
+        }
         v = at.value(OpKind::Select, {inThisLoop, v, w}, v->type());
       }
       operands.push_back(v);
@@ -532,10 +544,20 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   if (!from) before.op(OpKind::Barrier, {}, {});
   if (withBarriers && !from)
     for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
+  NextStages nextStages;
+  if (next) {
+    nextStages.plan = next;
+    ir::Block& theirBody = next->forOp->region(0);
+    for (int64_t k = 0; k + 1 < stages; ++k) {
+      nextStages.at.push_back({{theirBody.arg(0), before.constant(k, ivType.dtype())}});
+      for (const Ring& ring : next->rings) cloneAt(before, boxSlice(ring, theirBody), nextStages.at.back());
+    }
+  }
+  const NextStages* chained = next ? &nextStages : nullptr;
   for (int64_t s = 0; !from && s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
     if (tma) {
-      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, next);
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained);
       continue;
     }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
@@ -584,7 +606,7 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, next);
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, chained);
     waitFull();
   } else {
     if (withBarriers)
