@@ -338,7 +338,7 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
                                     {{"pred", std::string("eq")}});
           w = at.value(OpKind::Select, {isK, mapped(next->at[k], theirs), w}, w->type());
         }
-        v = at.value(OpKind::Select, {inThisLoop, v, w}, v->type());
+        if (w != v) v = at.value(OpKind::Select, {inThisLoop, v, w}, v->type());
       }
       operands.push_back(v);
     }
