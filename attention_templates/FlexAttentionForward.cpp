@@ -293,7 +293,7 @@ struct ForwardParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale));
+                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles));
 };
 
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
@@ -302,7 +302,7 @@ struct ForwardConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
-                           (int64_t, positiveScale));
+                           (int64_t, positiveScale), (int64_t, persistent));
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -342,122 +342,138 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   }
 
   const double log2e = std::numbers::log2e;
-  // Query tiles in reverse launch order: under causal-like masks the last rows
-  // have the most blocks, and starting them first shortens the tail of the grid.
-  Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
-  Tile hkv = h / k.G;
-  Tile offsM = mBlock * k.BM + arange(0, k.BM);
-  Tile offsD = arange(0, k.DP);
-  Tile b64 = b.to(DType::I64);
-  Tile rowLive = offsM < p.q_len;
-  Tile dLive = offsD < k.D;
-  auto rowsByD = [&](const Tile& rows) {  // [rows, DP] load/store mask
-    Tile m = rows.expand(1);
-    if (k.DP != k.D) m = m & dLive.expand(0);
-    return m;
-  };
+  // One query tile: (mBlock, h, b).
+  auto tile = [&](const Tile& mBlock, const Tile& h, const Tile& b) {
+    Tile hkv = h / k.G;
+    Tile offsM = mBlock * k.BM + arange(0, k.BM);
+    Tile offsD = arange(0, k.DP);
+    Tile b64 = b.to(DType::I64);
+    Tile rowLive = offsM < p.q_len;
+    Tile dLive = offsD < k.D;
+    auto rowsByD = [&](const Tile& rows) {  // [rows, DP] load/store mask
+      Tile m = rows.expand(1);
+      if (k.DP != k.D) m = m & dLive.expand(0);
+      return m;
+    };
 
-  Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
-              (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
-  Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
-  Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
-  Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
-  // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).
-  std::optional<detail::PagedKvRows> pagedRows;
-  Tile keyEnd = p.kv_len;
-  if (paged) {
-    pagedRows = detail::pagedKvRows(*pp, *pc, b);
-    keyEnd = detail::pagedKeyEnd(*pp, *pc, b, p.kv_len);
-  }
-  // Keys past the end may be visited (the last mask block reaching past S, a batch shorter than S):
-  // their loads are masked and their scores set to -inf.
-  const bool keysMayEnd = !k.kvDivisible || (paged && pc->hasLengths);
+    Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
+                (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
+    Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
+    Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
+    Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
+    // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).
+    std::optional<detail::PagedKvRows> pagedRows;
+    Tile keyEnd = p.kv_len;
+    if (paged) {
+      pagedRows = detail::pagedKvRows(*pp, *pc, b);
+      keyEnd = detail::pagedKeyEnd(*pp, *pc, b, p.kv_len);
+    }
+    // Keys past the end may be visited (the last mask block reaching past S, a batch shorter than S):
+    // their loads are masked and their scores set to -inf.
+    const bool keysMayEnd = !k.kvDivisible || (paged && pc->hasLengths);
 
-  // The mask row of this query tile (B and H broadcast through zero strides).
-  Tile maskRow = minimum((mBlock * k.BM + p.q_phase) / k.QBS, p.mask_q_blocks - 1);
-  Tile rowBase = b * p.mask_b_stride + h * p.mask_h_stride + maskRow;
-  Tile qPos = (offsM + p.q_offset).expand(1);  // global query positions, for the mods
-  const int64_t R = k.KVBS / k.BN;
+    // The mask row of this query tile (B and H broadcast through zero strides).
+    Tile maskRow = minimum((mBlock * k.BM + p.q_phase) / k.QBS, p.mask_q_blocks - 1);
+    Tile rowBase = b * p.mask_b_stride + h * p.mask_h_stride + maskRow;
+    Tile qPos = (offsM + p.q_offset).expand(1);  // global query positions, for the mods
+    const int64_t R = k.KVBS / k.BN;
 
-  Tile m0 = full({k.BM}, -INFINITY, DType::F32);
-  Tile l0 = zeros({k.BM}, DType::F32);
-  Tile acc0 = zeros({k.BM, k.DP}, DType::F32);
+    Tile m0 = full({k.BM}, -INFINITY, DType::F32);
+    Tile l0 = zeros({k.BM}, DType::F32);
+    Tile acc0 = zeros({k.BM, k.DP}, DType::F32);
 
-  // Both lists' lengths are read before the first walk: the second walk's first block index then
-  // waits only for the first walk's end, not for a dependent read of its length after it.
-  Tile fullCount = k.hasFull ? load(p.full_kv_num + rowBase) : Tile();
-  Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
-  auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
-    Tile listBase = rowBase * p.mask_kv_blocks;
-    auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
-      Tile entry = t / R;
-      Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
-      Tile offsN, colLive, kvOffs, vOffs;
-      Tile start = block * k.KVBS + (t % R) * k.BN;
-      if (!paged) {
-        offsN = start + arange(0, k.BN);
-        colLive = offsN < p.kv_len;
-        kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-        vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
-      } else {
-        // Logical positions for the mods and the masks; physical rows for the loads.
-        offsN = start + arange(0, k.BN);
-        colLive = offsN < keyEnd;
-        Tile rows = detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd);
-        kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-        vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
-      }
-      const bool exact = !keysMayEnd && k.DP == k.D;
-      const Tile live = exact ? Tile() : rowsByD(colLive);
-      Tile kt = detail::loadStreamedRows(kBase + kvOffs, exact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
-                                         b, hkv, start, k.D, k.tma);
-      Tile vt = detail::loadStreamedRows(vBase + vOffs, exact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
-                                         b, hkv, start, k.D, k.tma);
-      Tile s = dot(q, kt.trans());
-      Tile kvPos = offsN.expand(0);
-      if (k.hasScoreMod) {
-        s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
-      } else if (!k.positiveScale) {
-        s = s * p.scale;  // the host folded log2 e into the scale
-      }
-      if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
-      if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-      // Without a score_mod and with a positive scale, the row max is taken over the raw products
-      // and scaled once per row: scale · max(s) = max(scale · s), and the scaling then happens only
-      // inside exp2's argument (one fma a score instead of a multiply and an fma).
-      const bool scaleLater = !k.hasScoreMod && k.positiveScale;
-      Tile mNew = maximum(mi, scaleLater ? max(s, 1) * p.scale : max(s, 1));
-      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-      if (scaleLater) s = s * p.scale;
-      Tile p = exp2(s - mSafe.expand(1));
-      Tile alpha = exp2(mi - mSafe);
-      Tile lNew = li * alpha + sum(p, 1);
-      Tile aNew = dot(p.to(dt), vt, ai * alpha.expand(1));
-      return std::tuple{mNew, lNew, aNew};
-    });
-    return std::tuple{m2, l2, acc2};
-  };
+    // Both lists' lengths are read before the first walk: the second walk's first block index then
+    // waits only for the first walk's end, not for a dependent read of its length after it.
+    Tile fullCount = k.hasFull ? load(p.full_kv_num + rowBase) : Tile();
+    Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
+    auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
+      Tile listBase = rowBase * p.mask_kv_blocks;
+      auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+        Tile entry = t / R;
+        Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
+        Tile offsN, colLive, kvOffs, vOffs;
+        Tile start = block * k.KVBS + (t % R) * k.BN;
+        if (!paged) {
+          offsN = start + arange(0, k.BN);
+          colLive = offsN < p.kv_len;
+          kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+          vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+        } else {
+          // Logical positions for the mods and the masks; physical rows for the loads.
+          offsN = start + arange(0, k.BN);
+          colLive = offsN < keyEnd;
+          Tile rows = detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd);
+          kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+          vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
+        }
+        const bool exact = !keysMayEnd && k.DP == k.D;
+        const Tile live = exact ? Tile() : rowsByD(colLive);
+        Tile kt = detail::loadStreamedRows(kBase + kvOffs, exact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
+                                           b, hkv, start, k.D, k.tma);
+        Tile vt = detail::loadStreamedRows(vBase + vOffs, exact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
+                                           b, hkv, start, k.D, k.tma);
+        Tile s = dot(q, kt.trans());
+        Tile kvPos = offsN.expand(0);
+        if (k.hasScoreMod) {
+          s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
+        } else if (!k.positiveScale) {
+          s = s * p.scale;  // the host folded log2 e into the scale
+        }
+        if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
+        if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
+        // Without a score_mod and with a positive scale, the row max is taken over the raw products
+        // and scaled once per row: scale · max(s) = max(scale · s), and the scaling then happens only
+        // inside exp2's argument (one fma a score instead of a multiply and an fma).
+        const bool scaleLater = !k.hasScoreMod && k.positiveScale;
+        Tile mNew = maximum(mi, scaleLater ? max(s, 1) * p.scale : max(s, 1));
+        Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+        if (scaleLater) s = s * p.scale;
+        Tile p = exp2(s - mSafe.expand(1));
+        Tile alpha = exp2(mi - mSafe);
+        Tile lNew = li * alpha + sum(p, 1);
+        Tile aNew = dot(p.to(dt), vt, ai * alpha.expand(1));
+        return std::tuple{mNew, lNew, aNew};
+      });
+      return std::tuple{m2, l2, acc2};
+    };
 
-  Tile m = m0, l = l0, acc = acc0;
-  if (k.hasFull) std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, m, l, acc);
-  if (k.hasPartial) std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, m, l, acc);
+    Tile m = m0, l = l0, acc = acc0;
+    if (k.hasFull) std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, m, l, acc);
+    if (k.hasPartial) std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, m, l, acc);
 
-  Tile empty = l == 0.0;
-  Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
-  Tile oPtrs = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
-              (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
-  if (k.qDivisible && k.DP == k.D)
-    store(oPtrs, out.to(dt));
-  else
-    store(oPtrs, out.to(dt), rowsByD(rowLive));
-  if (k.hasLse) {
-    Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
-    Tile lsePtrs = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len) + offsM;
-    if (k.qDivisible)
-      store(lsePtrs, lse);
+    Tile empty = l == 0.0;
+    Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
+    Tile oPtrs = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
+                (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
+    if (k.qDivisible && k.DP == k.D)
+      store(oPtrs, out.to(dt));
     else
-      store(lsePtrs, lse, rowLive);
+      store(oPtrs, out.to(dt), rowsByD(rowLive));
+    if (k.hasLse) {
+      Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+      Tile lsePtrs = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len) + offsM;
+      if (k.qDivisible)
+        store(lsePtrs, lse);
+      else
+        store(lsePtrs, lse, rowLive);
+    }
+  };
+  // Query tiles in reverse launch order: under causal-like masks the last rows have the most
+  // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
+  // per SM takes tiles program_id, + num_programs, ... in that same order.
+  // (Each operand named first: the ops are traced in this order, whatever order C++ gives a call's
+  // arguments.)
+  if (!k.persistent) {
+    Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
+    tile(mBlock, h, b);
+    return;
   }
+  Tile mBlocks = (p.q_len + (k.BM - 1)) / k.BM;
+  for_range(program_id(0), p.tiles, num_programs(0), [&](Tile t) {
+    Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
+    Tile h = rest % p.q_heads, b = rest / p.q_heads;
+    tile(mBlock, h, b);
+  });
 }
 
 // ---- host side ---------------------------------------------------------------
@@ -474,7 +490,10 @@ struct Prepared {
   const PagedKV* paged = nullptr;      // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
   runtime::Stream* stream = nullptr;   // options.stream
+  int64_t programs = 0;                // the persistent grid (constants.persistent): a program per SM
 };
+
+int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
 BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) { return detail::denseBlockMask(L, S, sizes); }
@@ -645,6 +664,12 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
+  // Persistent (opt-in, FLEXTILE_FORWARD_PERSISTENT=1): one program per SM walks the query tiles
+  // in launch order (three programs where no GPU is known: the interpreter, several tiles each).
+  const int sms = target ? target->description().part.multiprocessors
+                         : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
+  p.constants.persistent = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT").value_or(false);
+  p.programs = sms > 0 ? sms : 3;
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming
@@ -675,6 +700,7 @@ Kernel& forwardKernel(const Prepared& p, const ScoreMod& scoreMod) {
 LaunchOptions launchOptions(const Prepared& p) {
   LaunchOptions o;
   o.grid = {cdiv(p.L, p.config.block_m), p.Hq, p.B};
+  if (p.constants.persistent) o.grid = {std::min(p.programs, forwardTiles(p)), 1, 1};
   o.constants = constantList(p.constants);
   if (p.paged) {
     const std::vector<int64_t> paged = constantList(p.pagedConstants);
@@ -706,7 +732,7 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
-       .scale = scale},
+       .scale = scale, .tiles = forwardTiles(p)},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());

@@ -353,6 +353,31 @@ TEST(FlexAttentionCodegen, BothListLengthsAreReadBeforeTheFirstWalk) {
   }
 }
 
+// Persistent forward (opt-in, FLEXTILE_FORWARD_PERSISTENT=1): the program loops over the query
+// tiles (`for` from program_id to %tiles by num_programs) around both walks; the pipeline pass
+// gives Q a two-slot cp.async ring of that loop, so the next tile's Q is loaded during this one;
+// the specialized 8-warp tile still fits 168 registers without spilling. Off, no such loop.
+TEST(FlexAttentionCodegen, PersistentForwardLoopsOverTheTiles) {
+  {
+    ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+    const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+    const size_t tiles = k.ir.find(", %tiles, ");
+    ASSERT_NE(tiles, std::string::npos);
+    const size_t loop = k.ir.rfind(" = for ", tiles);
+    ASSERT_NE(loop, std::string::npos);
+    EXPECT_EQ(k.ir.substr(loop, tiles - loop).find('\n'), std::string::npos) << "%tiles bounds the program's loop";
+    EXPECT_LT(k.ir.find("async_copy"), loop) << "the first tile's Q, before the loop";
+    EXPECT_NE(k.ir.find("async_copy", loop), std::string::npos) << "the next tile's Q, in the loop";
+    EXPECT_EQ(count(k.ir, "mbarrier_inval"), 4) << "each walk's ring, inside the tile loop";
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+      EXPECT_EQ(r.registers, 168) << r.log;
+    }
+  }
+  EXPECT_EQ(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ir.find(", %tiles, "), std::string::npos);
+}
+
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");

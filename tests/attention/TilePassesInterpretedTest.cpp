@@ -212,6 +212,27 @@ TEST(TilePassesInterpreted, ChainedWalksShareOneRing) {
   checkFullOrCausalBackward(rng, c, "causal", config, 128);
 }
 
+// Persistent forward (FLEXTILE_FORWARD_PERSISTENT=1): three programs here (no GPU is known), each
+// walking the query tiles program_id, + 3, ... through the sm_90a passes, whose pipeline then also
+// prefetches the next tile's Q into a ring of its own. Every tile of every (batch, head) must be
+// written once: lengths off the block, GQA, masked rows, with the specialized 8-warp tile and with
+// the two walks chained. (Fails with a tile skipped or taken twice.)
+TEST(TilePassesInterpreted, PersistentForward) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* chain : {"0", "1"})
+    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}})
+      for (const char* name : {"full", "causal", "sliding_window", "document"}) {
+        ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", chain);
+        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
+        c.context = std::string(name) + " persistent " + config.describe() + ", chained " + chain;
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+          return;
+      }
+}
+
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
 // the same (turns order nothing in the interpreter, which runs one thread).
 TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
