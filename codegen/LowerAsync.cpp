@@ -150,8 +150,13 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
       if (!target.has(Feature::TensorMemoryAccelerator))
         fail(op, "needs mbarrier transaction counts (sm_90), which " + target.smName() + " does not have");
       llvm::Value* addr = barrierAddress(op);
-      llvm::Value* bytes = b.CreateSelect(get(op.operand(2))[0], i32(op.intAttr("bytes")), i32(0));
-      onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "mbarrier.expect_tx", [&] {
+      llvm::Value* on = get(op.operand(2))[0];
+      llvm::Value* bytes = b.CreateSelect(on, i32(op.intAttr("bytes")), i32(0));
+      // {only_on = 1}: no arrival at all where `on` is false (shared rings: a later loop's stage
+      // takes that slot and phase).
+      llvm::Value* who = threadsWithBitsClear(31, uint32_t(func.numWarps() - 1));
+      if (op.hasAttr("only_on") && op.intAttr("only_on")) who = b.CreateAnd(who, on);
+      onlyWhere(who, "mbarrier.expect_tx", [&] {
         asmStatement("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", {addr, bytes});
       });
       return;

@@ -85,6 +85,12 @@ bool tmaInStagingLoopsWanted(const ir::Function& f);
 // sliding-window forward from 380 to 400 TFLOP/s but cost document 2.4 %, prefix LM 1.8 %, causal
 // 0.8 % (2026-12-04): off until the second walk's coordinates cost the first walk's steps nothing.
 bool chainRingsWanted(const ir::Function& f);
+// Whether TMA loops whose rings match share one set of ring buffers and barriers, each loop issuing
+// its own first stages into the slots after the previous loop's (pipeline pass, "shared rings"):
+// two walks side by side, or the walks of a loop of the function's body, whose iterations pass the
+// rings on (the persistent forward). Opt-in: function attribute share_rings = 1, or
+// FLEXTILE_SHARE_RINGS=1 (=0 turns it off everywhere); it takes precedence over chain_rings.
+bool shareRingsWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

@@ -761,6 +761,9 @@ class Program {
       fail(op, "every thread arrives on a barrier that counts one arrival per phase ({arrivals = 1}): on the GPU "
                "the phases would complete early");
     if (op.kind() != OpKind::MbarrierWait) {
+      // {only_on = 1}: a stage past the end arrives on nothing.
+      if (op.kind() == OpKind::MbarrierExpectTx && op.hasAttr("only_on") && op.intAttr("only_on") && !scalarInt(op.operand(2)))
+        return;
       ++phases[slot];
       return;
     }

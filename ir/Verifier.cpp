@@ -376,7 +376,9 @@ class Verifier {
         if (op.kind() == OpKind::MbarrierExpectTx) {
           expectScalarOf(op, in(2), DType::I1, "the issue predicate");
           if (!intAttrIn(op, "bytes", 0, (int64_t(1) << 20) - 1)) break;
-          if (ownAttrCount(op) != 1) err(op, "takes only the attribute 'bytes'");
+          if (op.hasAttr("only_on") && !intAttrIn(op, "only_on", 0, 1)) break;
+          if (ownAttrCount(op) != 1 + size_t(op.hasAttr("only_on")))
+            err(op, "takes only the attributes 'bytes' and 'only_on'");
         } else if (op.kind() == OpKind::MbarrierInit) {
           if (op.hasAttr("arrivals") && !intAttrIn(op, "arrivals", 1, 1)) break;
           if (ownAttrCount(op) > size_t(op.hasAttr("arrivals")))

@@ -84,7 +84,10 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
         joins.emplace_back(&op, it->get());
         return;
       }
-      const bool passive = between.regions().empty() && !between.hasTrait(ir::kSideEffect) &&
+      // (A ring's issue — shared rings put the next loop's first stages here — waits for no
+      // warpgroup's turn: specialized, the producer runs it; otherwise thread 0 waits for slots the
+      // other warpgroup releases without a turn.)
+      const bool passive = between.regions().empty() && (!between.hasTrait(ir::kSideEffect) || issuesForTheRing(between)) &&
                            between.kind() != OpKind::Barrier && scratchBytes(between) == 0;
       if (!passive) return;
     }

@@ -300,9 +300,11 @@ struct NextStages {
 // `next`: the next loop continues this loop's rings, so an iteration past this loop's end is the
 // next loop's iteration iv - max(ub, 0) (at most S-2): the stage takes this loop's coordinates
 // while iv < ub, the next loop's precomputed ones after.
+// `noPhantom`: a stage past the end does not arrive on `full` at all (mbarrier_expect_tx
+// {only_on = 1}): with shared rings a later loop fills that slot and phase.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
                    ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {},
-                   const NextStages* next = nullptr) {
+                   const NextStages* next = nullptr, bool noPhantom = false) {
   std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
   const ir::Type flag(ir::DType::I1);
   ir::Value* inThisLoop = at.value(OpKind::Cmp, {iv, ub}, flag, {{"pred", std::string("lt")}});
@@ -322,7 +324,9 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
   }
   if (whenSlotFree) whenSlotFree();
-  at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, {{"bytes", bytes}});
+  ir::Attrs txAttrs{{"bytes", bytes}};
+  if (noPhantom) txAttrs["only_on"] = int64_t(1);
+  at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, std::move(txAttrs));
   auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
   for (size_t i = 0; i < rings.size(); ++i) {
     std::vector<ir::Value*> operands{rings[i].buffer, slot, full, slot, exists};
@@ -495,8 +499,20 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
 // which this one continues (no allocation, no prologue: its first stages were issued there).
 // `next`: the next loop's plan when it continues this one's rings (this loop then issues the next
 // loop's first stages in its last iterations and leaves the rings alive); the chain comes back.
-RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const Target& target, const RingChain* from,
-                        const LoopPlan* next) {
+// How a loop's schedule meets its neighbours' (chained and shared rings, below).
+struct ScheduleLinks {
+  const RingChain* from = nullptr;  // the rings, barriers, slot and count this loop continues
+  const LoopPlan* next = nullptr;   // chained: the next loop, whose first stages this loop issues
+  bool ownPrologue = true;          // with `from`: issue this loop's first stages before it (shared)
+  bool keepAlive = false;           // a later loop continues the rings: no barrier or inval after
+};
+
+RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const Target& target, const ScheduleLinks& links) {
+  const RingChain* from = links.from;
+  const LoopPlan* next = links.next;
+  // Shared rings: a stage past a loop's end must not arrive on `full` (the next loop's prologue
+  // fills that slot and phase), and each of this loop's first stages waits for its slot's release.
+  const bool shared = from ? links.ownPrologue : links.keepAlive && !next;
   Op& forOp = *plan.forOp;
   ir::Block& body = forOp.region(0);
   std::vector<Ring>& rings = plan.rings;
@@ -554,10 +570,24 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     }
   }
   const NextStages* chained = next ? &nextStages : nullptr;
-  for (int64_t s = 0; !from && s + 1 < stages; ++s) {
+  const ir::Type i32(ir::DType::I32);
+  for (int64_t s = 0; (!from || links.ownPrologue) && s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
+    if (tma && from) {
+      // Stage count+s into slot (slot+s) mod S, once the iteration that read it last released it.
+      ir::Value* g = before.value(OpKind::Add, {from->count, before.constant(s, ir::DType::I32)}, i32);
+      ir::Value* raw = before.value(OpKind::Add, {from->slot, before.constant(s, ir::DType::I32)}, i32);
+      ir::Value* wraps = before.value(OpKind::Cmp, {raw, before.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1),
+                                      {{"pred", std::string("ge")}});
+      ir::Value* slotS = before.value(OpKind::Select, {wraps, before.value(OpKind::Sub, {raw, before.constant(stages, ir::DType::I32)}, i32), raw}, i32);
+      ir::Value* parity = before.value(OpKind::And, {before.value(OpKind::Div, {g, before.constant(stages, ir::DType::I32)}, i32),
+                                                     before.constant(1, ir::DType::I32)}, i32);
+      issueStageTma(before, body, rings, iv, ub, slotS, full,
+                    [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, nullptr, true);
+      continue;
+    }
     if (tma) {
-      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained);
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained, shared);
       continue;
     }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
@@ -565,7 +595,6 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   }
 
   // The slot read in iteration i (carried), and the one its issue writes.
-  const ir::Type i32(ir::DType::I32);
   forOp.addOperand(from ? from->slot : before.constant(0, ir::DType::I32));
   ir::Value* slot = body.addArg(i32, "slot");
   forOp.addResult(i32);
@@ -606,7 +635,8 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, chained);
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, chained,
+                  shared);
     waitFull();
   } else {
     if (withBarriers)
@@ -657,7 +687,7 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
 
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   if (!tma) after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});  // (every TMA copy issued was waited for)
-  if (withBarriers && !next) {
+  if (withBarriers && !links.keepAlive) {
     // No thread waits on the barriers any more once all have left the loop; their bytes may then
     // be reused, after thread 0 invalidates them.
     after.op(OpKind::Barrier, {}, {});
@@ -787,6 +817,122 @@ bool chainable(const LoopPlan& a, const LoopPlan& b) {
 
 }  // namespace
 
+bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }
+
+namespace {
+
+// Whether two loops' rings can be the same buffers: one for one, the same tile type, shared
+// layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both filled by TMA.
+bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
+  if (!a.tma || !b.tma || a.rings.size() != b.rings.size()) return false;
+  for (size_t i = 0; i < a.rings.size(); ++i) {
+    const Ring& x = a.rings[i];
+    const Ring& y = b.rings[i];
+    if (x.rows != y.rows || x.wgmma != y.wgmma || !(x.load->result()->type() == y.load->result()->type()) ||
+        !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load)))
+      return false;
+  }
+  return true;
+}
+
+// Loops that share one set of rings (shared rings, below), in program order, and the loop around
+// them that carries the rings' slot and count from one of its iterations to the next, if any.
+struct SharedRings {
+  std::vector<size_t> loops;  // indices into the plans
+  Op* outer = nullptr;
+};
+
+// The TMA loops of one block whose rings match: two or more side by side (the forward's, dkdv's and
+// dq's two walks), or any number directly in the body of a loop of the function's body (the
+// persistent forward's tile loop, whose iterations then pass the rings on to each other).
+std::vector<SharedRings> sharedRingGroups(const ir::Function& f, const std::vector<std::optional<LoopPlan>>& plans) {
+  std::map<const ir::Block*, std::vector<size_t>> byBlock;
+  std::vector<const ir::Block*> order;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i] || !plans[i]->tma) continue;
+    const ir::Block* block = plans[i]->forOp->parentBlock();
+    if (!byBlock.count(block)) order.push_back(block);
+    byBlock[block].push_back(i);
+  }
+  std::vector<SharedRings> groups;
+  for (const ir::Block* block : order) {
+    const std::vector<size_t>& loops = byBlock.at(block);
+    if (!std::all_of(loops.begin(), loops.end(), [&](size_t i) { return ringsMatch(*plans[loops.front()], *plans[i]); }))
+      continue;
+    Op* owner = block->parentOp();
+    const bool carried = owner && owner->kind() == OpKind::For && owner->parentBlock() == &f.body();
+    if (carried) groups.push_back({loops, owner});
+    else if (loops.size() >= 2 && !owner) groups.push_back({loops, nullptr});
+  }
+  return groups;
+}
+
+// Shared rings (opt-in: share_rings = 1, FLEXTILE_SHARE_RINGS=1): one set of ring buffers and
+// barriers for the group, allocated and initialized once before it and invalidated once after it.
+// Each loop still issues its own first stages, but into the slots that follow the previous loop's
+// last (the slot and iteration count carried from loop to loop, and around the carrying loop),
+// each after that slot's release. No CTA barrier parts the loops, so a producer warpgroup issues
+// the next loop's first stages as soon as the consumers release slots near the end of the
+// current one (and, in the persistent forward, the next tile's during this tile's epilogue). A
+// stage past a loop's end arrives on nothing (mbarrier_expect_tx {only_on = 1}): the next loop's
+// stage takes that slot and phase.
+void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& plans, const SharedRings& group,
+                      int64_t stages, const Target& target) {
+  LoopPlan& first = *plans[group.loops.front()];
+  Op* anchor = group.outer ? group.outer : first.forOp;
+  ir::Block& home = *anchor->parentBlock();
+  const ir::Location loc = anchor->loc();
+  Inserter at{f, home, home.find(anchor), loc};
+  RingChain chain;
+  for (const Ring& ring : first.rings) {
+    const ir::Type& t = ring.load->result()->type();
+    chain.buffers.push_back(at.value(OpKind::LocalAlloc, {},
+                                     ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(first.layoutOf.at(ring.load)))));
+  }
+  auto barriers = [&] {
+    return at.value(OpKind::LocalAlloc, {},
+                    ir::Type::sharedBuffer(ir::DType::I64, stages, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
+  };
+  chain.full = barriers();
+  chain.empty = barriers();
+  at.op(OpKind::MbarrierInit, {chain.full}, {}, {{"arrivals", int64_t(1)}});
+  at.op(OpKind::MbarrierInit, {chain.empty}, {});
+  at.op(OpKind::Barrier, {}, {});
+  for (int64_t s = 0; s < stages; ++s) at.op(OpKind::MbarrierArrive, {chain.empty, at.constant(s, ir::DType::I32)}, {});
+  chain.slot = at.constant(0, ir::DType::I32);
+  chain.count = at.constant(0, ir::DType::I32);
+  const ir::Type i32(ir::DType::I32);
+  if (group.outer) {
+    ir::Block& body = group.outer->region(0);
+    group.outer->addOperand(chain.slot);
+    group.outer->addOperand(chain.count);
+    chain.slot = body.addArg(i32, "ring_slot");
+    chain.count = body.addArg(i32, "ring_count");
+    group.outer->addResult(i32);
+    group.outer->addResult(i32);
+  }
+  for (size_t k = 0; k < group.loops.size(); ++k) {
+    ScheduleLinks links;
+    links.from = &chain;
+    links.ownPrologue = true;
+    links.keepAlive = group.outer || k + 1 < group.loops.size();
+    const RingChain after = writeSchedule(f, *plans[group.loops[k]], stages, target, links);
+    chain.slot = after.slot;
+    chain.count = after.count;
+  }
+  if (group.outer) {
+    group.outer->region(0).terminator()->addOperand(chain.slot);
+    group.outer->region(0).terminator()->addOperand(chain.count);
+    Inserter end{f, home, std::next(home.find(group.outer)), loc};
+    end.op(OpKind::Barrier, {}, {});
+    end.op(OpKind::MbarrierInval, {chain.full}, {});
+    end.op(OpKind::MbarrierInval, {chain.empty}, {});
+    end.op(OpKind::Barrier, {}, {});
+  }
+}
+
+}  // namespace
+
 void pipelineLoads(ir::Function& f, const Target& target) {
   const int64_t stages = f.intAttrOr("num_stages", 1);
   if (stages < 1 || stages > 4)
@@ -870,15 +1016,26 @@ void pipelineLoads(ir::Function& f, const Target& target) {
   // Which loop continues the previous one's rings (in program order: f.walk visits a block's loops
   // in order, and chainable() asks for two loops of one block with nothing between them).
   std::vector<bool> continues(plans.size(), false);
-  if (chainRingsWanted(f))
+  if (chainRingsWanted(f) && !shareRingsWanted(f))
     for (size_t i = 0; i + 1 < plans.size(); ++i)  // (pairs: a loop that continues one issues no third loop's stages)
       continues[i + 1] = !continues[i] && plans[i] && plans[i + 1] && chainable(*plans[i], *plans[i + 1]);
   bool rewritten = false;
   std::optional<RingChain> chain;
+  std::set<size_t> done;
+  if (shareRingsWanted(f))
+    for (const SharedRings& group : sharedRingGroups(f, plans)) {
+      writeSharedRings(f, plans, group, stages, target);
+      done.insert(group.loops.begin(), group.loops.end());
+      rewritten = true;
+    }
   for (size_t i = 0; i < plans.size(); ++i) {
-    if (!plans[i]) continue;
-    const LoopPlan* next = i + 1 < plans.size() && continues[i + 1] ? &*plans[i + 1] : nullptr;
-    chain = writeSchedule(f, *plans[i], stages, target, continues[i] ? &*chain : nullptr, next);
+    if (!plans[i] || done.count(i)) continue;
+    ScheduleLinks links;
+    links.next = i + 1 < plans.size() && continues[i + 1] ? &*plans[i + 1] : nullptr;
+    links.keepAlive = links.next != nullptr;
+    links.from = continues[i] ? &*chain : nullptr;
+    links.ownPrologue = !continues[i];
+    chain = writeSchedule(f, *plans[i], stages, target, links);
     rewritten = true;
   }
   if (rewritten) ir::dce(f);

@@ -378,6 +378,32 @@ TEST(FlexAttentionCodegen, PersistentForwardLoopsOverTheTiles) {
   EXPECT_EQ(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ir.find(", %tiles, "), std::string::npos);
 }
 
+// Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of
+// barriers initialized and invalidated once for both walks, each walk's first stage issued after
+// its slot's release, stages past a walk's end arriving on nothing, the warpgroups' turns running
+// through both walks (one open, one close: no CTA barrier parts them), and the producer meeting the
+// consumers at two CTA barriers in all; persistent, the same around the tile loop. No spill.
+TEST(FlexAttentionCodegen, SharedRingsSpanTheWalks) {
+  ScopedSetenv shared("FLEXTILE_SHARE_RINGS", "1");
+  for (const char* persistent : {"0", "1"}) {
+    SCOPED_TRACE(std::string("persistent ") + persistent);
+    ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", persistent);
+    const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+    EXPECT_EQ(count(k.ir, "mbarrier_init "), 2);
+    EXPECT_EQ(count(k.ir, "mbarrier_inval "), 2);
+    EXPECT_EQ(count(k.ir, "barrier \\{ws = \"both\"\\}"), 2);
+    EXPECT_EQ(count(k.ir, "mbarrier_expect_tx "), count(k.ir, "mbarrier_expect_tx [^\\n]*only_on = 1"));
+    EXPECT_EQ(count(k.ir, "mbarrier_expect_tx "), 4) << "a prologue stage and an in-loop stage a walk";
+    EXPECT_EQ(count(k.ir, "mbarrier_wait [^\\n]*issuer = 1"), 4) << "each stage waits for its slot's release";
+    EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 1);
+    EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"close\"\\}"), 1);
+    if (codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+  }
+}
+
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");

@@ -233,6 +233,39 @@ TEST(TilePassesInterpreted, PersistentForward) {
       }
 }
 
+// Shared rings (FLEXTILE_SHARE_RINGS=1): the walks of a program share one set of ring buffers and
+// barriers, each walk issuing its first stages into the slots after the previous walk's, after
+// their release; in the persistent forward the tile loop carries the rings on to the next tile.
+// The interpreter counts every barrier's phases, so a stage in the wrong slot or a wait on a phase
+// that never completes fails here, as do wrong results; forward variants (empty walks, masked
+// rows, GQA, lengths off the block) on 2 and 3 stages, specialized or not, persistent or not, and
+// the backward's dkdv and dq, specialized or not, at the default config too.
+TEST(TilePassesInterpreted, SharedRings) {
+  SeededRandom rng;
+  ScopedSetenv shared("FLEXTILE_SHARE_RINGS", "1");
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* persistent : {"0", "1"})
+    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
+      for (const char* name : {"causal", "sliding_window", "document", "prefix_lm"}) {
+        ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", persistent);
+        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
+        c.context = std::string(name) + " shared rings " + config.describe() + ", persistent " + persistent;
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+          return;
+      }
+  for (const char* specialize : {"0", "1"}) {
+    ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
+                    .context = std::string("shared rings, backward, warp-specialized ") + specialize};
+    if (!checkFullOrCausalBackward(rng, c, "causal", {kWgmmaTiles, kWgmmaTiles}, 64)) return;
+  }
+  const FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 260, .D = 64, .dtype = DType::BF16,
+                  .context = "shared rings, backward at the default config, MQA"};
+  checkFullOrCausalBackward(rng, c, "causal", config, 128);
+}
+
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
 // the same (turns order nothing in the interpreter, which runs one thread).
 TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
