@@ -13,6 +13,7 @@
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
+#include "runtime/Device.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -140,6 +141,20 @@ TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
   dkdv.turns = dq.turns = LoopSchedule::On;
   checkEveryVariant(rng, "backward turns", {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
                     DqAccumulation::Separate);
+}
+
+// The backward's walks on chained and on shared rings (opt-ins): dkdv's and dq's full and partial
+// walks, every variant, at the default config.
+TEST(FlexAttentionBackwardGpu, RingsThatOutliveTheirLoopEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
+  SeededRandom rng;
+  for (const char* var : {"FLEXTILE_CHAIN_RINGS", "FLEXTILE_SHARE_RINGS"}) {
+    flextile::testing::ScopedSetenv on(var, "1");
+    FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+    checkEveryVariant(rng, std::string("backward, ") + var + "=1", {{129, 1000}, {1000, 333}},
+                      {FlexAttentionBackwardConfig{dkdv, dq}}, DqAccumulation::Separate);
+  }
 }
 
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {

@@ -175,6 +175,39 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
   }
 }
 
+// Rings that outlive their loop (opt-ins, docs/architecture.md): chained walks, shared rings,
+// the persistent forward alone and with shared rings (the next tile's K/V from the producer during
+// this tile's epilogue). Every variant, lengths off the block, GQA, a padded head dim, on the
+// default 8-warp tile and on 3 stages. A wrong slot or parity shows as wrong rows or a hang (the
+// test binary's timeout).
+TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
+  SeededRandom rng;
+  const std::vector<std::vector<std::pair<const char*, const char*>>> modes = {
+      {{"FLEXTILE_CHAIN_RINGS", "1"}},
+      {{"FLEXTILE_SHARE_RINGS", "1"}},
+      {{"FLEXTILE_FORWARD_PERSISTENT", "1"}},
+      {{"FLEXTILE_FORWARD_PERSISTENT", "1"}, {"FLEXTILE_SHARE_RINGS", "1"}}};
+  for (const auto& mode : modes) {
+    std::vector<std::unique_ptr<flextile::testing::ScopedSetenv>> set;
+    std::string name;
+    for (const auto& [var, value] : mode) {
+      set.push_back(std::make_unique<flextile::testing::ScopedSetenv>(var, value));
+      name += std::string(name.empty() ? "" : " ") + var + "=" + value;
+    }
+    for (const Variant& var : variants())
+      for (AttentionCase c : kScheduleCases) {
+        if (!inScope(c.work())) continue;
+        c.context = "variant " + var.name + ", " + name;
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
+          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+            return;
+      }
+  }
+}
+
 // A producer warpgroup of its own fills the TMA rings (opt-in: FLEXTILE_WARP_SPECIALIZE=1,
 // codegen/passes/WarpSpecialize.cpp), with and without the consumers' warpgroup turns: every
 // variant on one and on two consumer warpgroups, lengths off the block, GQA, a padded head dim.
