@@ -52,6 +52,37 @@ bool checkFullOrCausalBackward(SeededRandom& rng, const AttentionCase& c, const 
   return checkBackward(rng, c, kHost, noop_score(), mask, check);
 }
 
+// The forward of the two-walk variants (and more) at mask blocks of 128 — two steps a block at
+// BLOCK_N 64, so a walk's stage is not its block — on each config, through the passes as set up
+// by the caller; `label` names the setting in the failure's context.
+bool checkWalkVariants(SeededRandom& rng, const std::string& label, const std::vector<FlexAttentionConfig>& configs,
+                       const std::vector<const char*>& names) {
+  for (const FlexAttentionConfig& config : configs)
+    for (const char* name : names) {
+      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
+      c.context = std::string(name) + " " + label + " " + config.describe();
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+        return false;
+    }
+  return true;
+}
+
+// The causal backward's two walks (dkdv's and dq's) with and without a producer warpgroup, and at
+// the default config with MQA.
+void checkBackwardWalks(SeededRandom& rng, const std::string& label) {
+  for (const char* specialize : {"0", "1"}) {
+    ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
+                    .context = label + ", backward, warp-specialized " + specialize};
+    if (!checkFullOrCausalBackward(rng, c, "causal", {kWgmmaTiles, kWgmmaTiles}, 64)) return;
+  }
+  const FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 260, .D = 64, .dtype = DType::BF16,
+                  .context = label + ", backward at the default config, MQA"};
+  checkFullOrCausalBackward(rng, c, "causal", config, 128);
+}
+
 }  // namespace
 
 TEST(TilePassesInterpreted, ForwardVariants) {
@@ -191,25 +222,10 @@ TEST(TilePassesInterpreted, ChainedWalksShareOneRing) {
   SeededRandom rng;
   ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
   InterpretAfterPasses scope("sm_90a");
-  for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
-    for (const char* name : {"causal", "sliding_window", "document", "prefix_lm"}) {
-      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
-      c.context = std::string(name) + " chained rings " + config.describe();
-      // Mask blocks of 128: two steps a block at BLOCK_N 64, so a walk's stage is not its block.
-      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
-        return;
-    }
-  for (const char* specialize : {"0", "1"}) {
-    ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
-                    .context = std::string("chained rings, backward, warp-specialized ") + specialize};
-    if (!checkFullOrCausalBackward(rng, c, "causal", {kWgmmaTiles, kWgmmaTiles}, 64)) return;
-  }
-  const FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
-  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 260, .D = 64, .dtype = DType::BF16,
-                  .context = "chained rings, backward at the default config, MQA"};
-  checkFullOrCausalBackward(rng, c, "causal", config, 128);
+  if (!checkWalkVariants(rng, "chained rings", {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
+                         {"causal", "sliding_window", "document", "prefix_lm"}))
+    return;
+  checkBackwardWalks(rng, "chained rings");
 }
 
 // Persistent forward (FLEXTILE_FORWARD_PERSISTENT=1): three programs here (no GPU is known), each
@@ -221,16 +237,12 @@ TEST(TilePassesInterpreted, PersistentForward) {
   SeededRandom rng;
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
   InterpretAfterPasses scope("sm_90a");
-  for (const char* chain : {"0", "1"})
-    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}})
-      for (const char* name : {"full", "causal", "sliding_window", "document"}) {
-        ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", chain);
-        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
-        c.context = std::string(name) + " persistent " + config.describe() + ", chained " + chain;
-        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
-          return;
-      }
+  for (const char* chain : {"0", "1"}) {
+    ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", chain);
+    if (!checkWalkVariants(rng, std::string("persistent, chained ") + chain, {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}},
+                           {"full", "causal", "sliding_window", "document"}))
+      return;
+  }
 }
 
 // Shared rings (FLEXTILE_SHARE_RINGS=1): the walks of a program share one set of ring buffers and
@@ -244,26 +256,14 @@ TEST(TilePassesInterpreted, SharedRings) {
   SeededRandom rng;
   ScopedSetenv shared("FLEXTILE_SHARE_RINGS", "1");
   InterpretAfterPasses scope("sm_90a");
-  for (const char* persistent : {"0", "1"})
-    for (const FlexAttentionConfig& config : {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}})
-      for (const char* name : {"causal", "sliding_window", "document", "prefix_lm"}) {
-        ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", persistent);
-        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
-        c.context = std::string(name) + " shared rings " + config.describe() + ", persistent " + persistent;
-        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
-          return;
-      }
-  for (const char* specialize : {"0", "1"}) {
-    ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", specialize);
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = 64, .dtype = DType::BF16,
-                    .context = std::string("shared rings, backward, warp-specialized ") + specialize};
-    if (!checkFullOrCausalBackward(rng, c, "causal", {kWgmmaTiles, kWgmmaTiles}, 64)) return;
+  for (const char* persistent : {"0", "1"}) {
+    ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", persistent);
+    if (!checkWalkVariants(rng, std::string("shared rings, persistent ") + persistent,
+                           {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
+                           {"causal", "sliding_window", "document", "prefix_lm"}))
+      return;
   }
-  const FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(DType::BF16, 64, codegen::Target::sm90a());
-  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 300, .S = 260, .D = 64, .dtype = DType::BF16,
-                  .context = "shared rings, backward at the default config, MQA"};
-  checkFullOrCausalBackward(rng, c, "causal", config, 128);
+  checkBackwardWalks(rng, "shared rings");
 }
 
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
