@@ -460,7 +460,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
-  // per SM takes tiles program_id, + num_programs, ... in that same order.
+  // per SM takes its share of the tiles in that same order, as below.
   // (Each operand named first: the ops are traced in this order, whatever order C++ gives a call's
   // arguments.)
   if (!k.persistent) {
@@ -468,8 +468,20 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     tile(mBlock, h, b);
     return;
   }
+  // Persistent: round r hands tiles r·P .. r·P + P − 1 (launch order) to the P programs, forwards in
+  // even rounds and backwards in odd ones, so a program that took a long row (causal: the first of
+  // each head) takes a short one next. Modelled on the H200's causal yardstick (2048 tiles, 132
+  // programs, 5.2 µs + 1.72 µs a step): 2 % over its dynamic dispatch of one program a tile, where
+  // plain striding would be 2 % under.
   Tile mBlocks = (p.q_len + (k.BM - 1)) / k.BM;
-  for_range(program_id(0), p.tiles, num_programs(0), [&](Tile t) {
+  Tile programs = num_programs(0), pid = program_id(0);
+  Tile rounds = (p.tiles + programs - 1) / programs;
+  Tile inLast = p.tiles - (rounds - 1) * programs;  // tiles in the last round
+  Tile lastBackwards = (rounds - 1) % 2 == 1;
+  Tile lastIndex = where(lastBackwards, programs - 1 - pid, pid);
+  Tile mine = rounds - 1 + (lastIndex < inLast).to(DType::I32);
+  for_range(0, mine, 1, [&](Tile r) {
+    Tile t = r * programs + where(r % 2 == 1, programs - 1 - pid, pid);
     Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
     Tile h = rest % p.q_heads, b = rest / p.q_heads;
     tile(mBlock, h, b);
