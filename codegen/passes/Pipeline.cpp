@@ -757,6 +757,20 @@ bool availableBefore(const ir::Value* v, const Op& first, std::set<Op*>& moves) 
   return true;
 }
 
+// Whether two loops' rings can be the same buffers: one for one, the same tile type, shared
+// layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both filled by TMA.
+bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
+  if (!a.tma || !b.tma || a.rings.size() != b.rings.size()) return false;
+  for (size_t i = 0; i < a.rings.size(); ++i) {
+    const Ring& x = a.rings[i];
+    const Ring& y = b.rings[i];
+    if (x.rows != y.rows || x.wgmma != y.wgmma || !(x.load->result()->type() == y.load->result()->type()) ||
+        !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load)))
+      return false;
+  }
+  return true;
+}
+
 // Whether loop `b` can continue loop `a`'s rings (and then moves what `a` must compute of `b`
 // before `a`). Two walks of one program over the same tensors, one after the other (the forward's
 // full and partial lists, dkdv's and dq's): sharing the rings lets `a`'s last iterations issue
@@ -776,15 +790,11 @@ bool chainable(const LoopPlan& a, const LoopPlan& b) {
   auto it = std::next(outer.find(&first));
   for (; it != outer.ops().end() && it->get() != &second; ++it)
     if ((*it)->hasTrait(ir::kSideEffect) || !(*it)->regions().empty() || (*it)->kind() == OpKind::Barrier) return false;
-  if (it == outer.ops().end() || a.rings.size() != b.rings.size()) return false;
+  if (it == outer.ops().end() || !ringsMatch(a, b)) return false;
   for (size_t i = 0; i < a.rings.size(); ++i) {
     const Ring& x = a.rings[i];
     const Ring& y = b.rings[i];
-    if (x.rows != y.rows || x.wgmma != y.wgmma || !x.box || !y.box || !(x.load->result()->type() == y.load->result()->type()))
-      return false;
-    if (a.layoutOf.count(x.load) != b.layoutOf.count(y.load) ||
-        (a.layoutOf.count(x.load) && !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load))))
-      return false;
+    if (!x.box || !y.box) return false;
     const std::vector<ir::Value*> bx = boxOperands(x), by = boxOperands(y);
     if (bx.size() != by.size()) return false;
     for (size_t j = 0; j + x.box->coords.size() < bx.size(); ++j)
@@ -820,20 +830,6 @@ bool chainable(const LoopPlan& a, const LoopPlan& b) {
 bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }
 
 namespace {
-
-// Whether two loops' rings can be the same buffers: one for one, the same tile type, shared
-// layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both filled by TMA.
-bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
-  if (!a.tma || !b.tma || a.rings.size() != b.rings.size()) return false;
-  for (size_t i = 0; i < a.rings.size(); ++i) {
-    const Ring& x = a.rings[i];
-    const Ring& y = b.rings[i];
-    if (x.rows != y.rows || x.wgmma != y.wgmma || !(x.load->result()->type() == y.load->result()->type()) ||
-        !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load)))
-      return false;
-  }
-  return true;
-}
 
 // Loops that share one set of rings (shared rings, below), in program order, and the loop around
 // them that carries the rings' slot and count from one of its iterations to the next, if any.
