@@ -74,6 +74,9 @@ std::unique_ptr<Function> everyOpProgram() {
   b.create(OpKind::MbarrierInit, {bars}, {}, {{"arrivals", int64_t(1)}});
   Value* on = b.constantInt(Type(DType::I1), 1);
   b.create(OpKind::MbarrierExpectTx, {bars, slot, on}, {}, {{"bytes", int64_t(32 * 16 * 2)}});
+  // A stage that does not exist, on shared rings: no arrival at all ({only_on = 1}).
+  b.create(OpKind::MbarrierExpectTx, {bars, slot, b.constantInt(Type(DType::I1), 0)}, {},
+           {{"bytes", int64_t(32 * 16 * 2)}, {"only_on", int64_t(1)}});
   Value* zero = b.constantInt(Type(DType::I32), 0);
   b.create(OpKind::TmaCopy, {ring, slot, bars, slot, on, bp, b.constantInt(Type(DType::I32), 32), n,
                              b.constantInt(Type(DType::I32), 16), zero, zero}, {});

@@ -422,6 +422,15 @@ TEST(Verifier, SharedBuffersAndAsyncOps) {
   EXPECT_HAS(bodyError(ring + "  %u = add %buf, %buf : smem<2 x f16[4,8], #ft.shared<[4, 8], order=[1,0], vec=8, perPhase=1, maxPhase=1, bytes=2>>\n"),
              "op 'add'", "only local_alloc makes one", "only operand 0 of async_copy, local_load, local_store and the mbarrier ops");
   EXPECT_HAS(bodyError("  barrier {scope = 1}\n"), "op 'barrier'", "takes no attributes");
+  // mbarrier_expect_tx's only_on (shared rings: no arrival where the stage does not exist) is 0 or 1.
+  const std::string bars =
+      "  %bars = local_alloc : smem<2 x i64[1], #ft.shared<[1], order=[0], vec=1, perPhase=1, maxPhase=1, bytes=8>>\n"
+      "  %s = constant {value = 0} : i32\n  %on = constant {value = 0} : i1\n";
+  EXPECT_EQ(bodyError(bars + "  mbarrier_expect_tx %bars, %s, %on {bytes = 64, only_on = 1}\n"), "(valid)");
+  EXPECT_HAS(bodyError(bars + "  mbarrier_expect_tx %bars, %s, %on {bytes = 64, only_on = 2}\n"), "op 'mbarrier_expect_tx'",
+             "only_on");
+  EXPECT_HAS(bodyError(bars + "  mbarrier_expect_tx %bars, %s, %on {bytes = 64, every = 1}\n"), "op 'mbarrier_expect_tx'",
+             "takes only the attributes 'bytes' and 'only_on'");
   EXPECT_HAS(bodyError("  async_wait\n"), "op 'async_wait'", "pending");
 }
 
