@@ -96,6 +96,16 @@
 // constant S-2. The loads, their converts and their now unused address ops
 // are erased. The lowering (codegen/LowerAsync.cpp) turns each op into its
 // instruction and follows nothing else: the schedule is the IR's.
+//
+// Rings past their loop (TMA only, opt-in; docs/architecture.md). By default every loop owns its
+// rings, and the barrier and inval after it part it from the next. Chained (chain_rings): two
+// loops side by side share the first's rings, and the first loop's last iterations issue the
+// second's first stages (the second's coordinates at its iterations 0 .. S-2, computed before the
+// first loop, selected per coordinate). Shared (share_rings, which wins): the TMA loops of a block
+// whose rings match share one set allocated before them — or before the loop of the function's
+// body that holds them, which then carries the slot and count — and each loop issues its own first
+// stages into the next slots once released; stages past a loop's end arrive on nothing
+// (mbarrier_expect_tx {only_on = 1}).
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
