@@ -91,6 +91,11 @@ bool chainRingsWanted(const ir::Function& f);
 // rings on (the persistent forward). Opt-in: function attribute share_rings = 1, or
 // FLEXTILE_SHARE_RINGS=1 (=0 turns it off everywhere); it takes precedence over chain_rings.
 bool shareRingsWanted(const ir::Function& f);
+// Whether each TMA ring of a loop completes its own `full` barrier (full[slot·R + r]), so that a
+// consumer waits for each operand right before its first read (Q·Kᵀ starts when K has landed, not
+// K and V) instead of for the whole stage at the first. Opt-in: function attribute split_full = 1,
+// or FLEXTILE_SPLIT_FULL=1 (=0 turns it off everywhere).
+bool splitFullWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

@@ -105,7 +105,8 @@
 // whose rings match share one set allocated before them — or before the loop of the function's
 // body that holds them, which then carries the slot and count — and each loop issues its own first
 // stages into the next slots once released; stages past a loop's end arrive on nothing
-// (mbarrier_expect_tx {only_on = 1}).
+// (mbarrier_expect_tx {only_on = 1}). Split `full` barriers (split_full): a barrier per ring and
+// slot, each read waiting for its own ring right before its first user.
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
@@ -312,9 +313,11 @@ struct NextStages {
 // while iv < ub, the next loop's precomputed ones after.
 // `noPhantom`: a stage past the end does not arrive on `full` at all (mbarrier_expect_tx
 // {only_on = 1}): with shared rings a later loop fills that slot and phase.
+// `splitFull`: each ring completes its own `full` barrier, full[slot·R + r] for ring r of R (one
+// expect_tx a ring), so that a consumer waits for each operand just before its first read.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
                    ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {},
-                   const NextStages* next = nullptr, bool noPhantom = false) {
+                   const NextStages* next = nullptr, bool noPhantom = false, bool splitFull = false) {
   std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
   const ir::Type flag(ir::DType::I1);
   ir::Value* inThisLoop = at.value(OpKind::Cmp, {iv, ub}, flag, {{"pred", std::string("lt")}});
@@ -329,17 +332,32 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     exists = at.value(OpKind::Or, {inThisLoop, inNext}, flag);
   }
   int64_t bytes = 0;
+  auto ringBytes = [](const Ring& ring) {
+    return ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
+  };
   for (Ring& ring : rings) {
     cloneAt(at, boxSlice(ring, body), clone);
-    bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
+    bytes += ringBytes(ring);
   }
   if (whenSlotFree) whenSlotFree();
-  ir::Attrs txAttrs{{"bytes", bytes}};
-  if (noPhantom) txAttrs["only_on"] = int64_t(1);
-  at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, std::move(txAttrs));
+  auto announce = [&](ir::Value* barrier, int64_t n) {
+    ir::Attrs txAttrs{{"bytes", n}};
+    if (noPhantom) txAttrs["only_on"] = int64_t(1);
+    at.op(OpKind::MbarrierExpectTx, {full, barrier, exists}, {}, std::move(txAttrs));
+  };
+  // Ring r's barrier: the stage's, or with splitFull its own.
+  std::vector<ir::Value*> barrierOf(rings.size(), slot);
+  if (splitFull)
+    for (size_t i = 0; i < rings.size(); ++i)
+      barrierOf[i] = at.value(OpKind::Add, {at.value(OpKind::Mul, {slot, at.constant(int64_t(rings.size()), ir::DType::I32)}, slot->type()),
+                                            at.constant(int64_t(i), ir::DType::I32)}, slot->type());
+  if (splitFull)
+    for (size_t i = 0; i < rings.size(); ++i) announce(barrierOf[i], ringBytes(rings[i]));
+  else
+    announce(slot, bytes);
   auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
   for (size_t i = 0; i < rings.size(); ++i) {
-    std::vector<ir::Value*> operands{rings[i].buffer, slot, full, slot, exists};
+    std::vector<ir::Value*> operands{rings[i].buffer, slot, full, barrierOf[i], exists};
     const std::vector<ir::Value*> box = boxOperands(rings[i]);
     const size_t firstCoord = box.size() - rings[i].box->coords.size();
     for (size_t j = 0; j < box.size(); ++j) {
@@ -549,18 +567,20 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   // `empty` is released once up front, since no iteration has read any slot yet.
   // With TMA, `full[s]` counts thread 0's expect_tx and the bytes of the stage's copies instead.
   const bool withBarriers = tma || ringBarriersWanted(f);
+  const bool splitFull = tma && rings.size() > 1 && splitFullWanted(f);
+  const int64_t perStage = splitFull ? int64_t(rings.size()) : 1;  // `full` barriers a stage
   ir::Value* full = nullptr;
   ir::Value* empty = nullptr;
-  auto barrierBuffer = [&] {
+  auto barrierBuffer = [&](int64_t slots) {
     return before.value(OpKind::LocalAlloc, {},
-                        ir::Type::sharedBuffer(ir::DType::I64, stages, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
+                        ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
   };
   if (from) {
     full = from->full;
     empty = from->empty;
   } else if (withBarriers) {
-    full = barrierBuffer();
-    empty = barrierBuffer();
+    full = barrierBuffer(stages * perStage);
+    empty = barrierBuffer(stages);
     if (tma)
       before.op(OpKind::MbarrierInit, {full}, {}, {{"arrivals", int64_t(1)}});
     else
@@ -593,11 +613,12 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
       ir::Value* parity = before.value(OpKind::And, {before.value(OpKind::Div, {g, before.constant(stages, ir::DType::I32)}, i32),
                                                      before.constant(1, ir::DType::I32)}, i32);
       issueStageTma(before, body, rings, iv, ub, slotS, full,
-                    [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, nullptr, true);
+                    [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, nullptr, true,
+                    splitFull);
       continue;
     }
     if (tma) {
-      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained, shared);
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained, shared, splitFull);
       continue;
     }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
@@ -646,8 +667,8 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
     issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, chained,
-                  shared);
-    waitFull();
+                  shared, splitFull);
+    if (!splitFull) waitFull();
   } else {
     if (withBarriers)
       waitFull();
@@ -662,11 +683,42 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
   }
 
+  // splitFull: ring r's data is waited for right before its first read (full[slot·R + r]).
+  std::set<const Ring*> waited;
+  auto waitRing = [&](Inserter& at, const Ring& ring) {
+    if (!splitFull || !waited.insert(&ring).second) return;
+    const int64_t r = &ring - rings.data();
+    ir::Value* barrier = at.value(OpKind::Add, {at.value(OpKind::Mul, {slot, at.constant(perStage, ir::DType::I32)}, i32),
+                                                at.constant(r, ir::DType::I32)}, i32);
+    ir::Value* phase = at.value(OpKind::Div, {count, at.constant(stages, ir::DType::I32)}, i32);
+    at.op(OpKind::MbarrierWait, {full, barrier, at.value(OpKind::And, {phase, at.constant(1, ir::DType::I32)}, i32)}, {});
+  };
   for (Ring& ring : rings)
-    if (ring.rows) f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
+    if (ring.rows) {
+      waitRing(issue, ring);
+      f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
+    }
+  // splitFull: each read moves down to its first user in the body (a wgmma operand's local_load
+  // is only a descriptor), so that P·V's wait for V comes after Q·Kᵀ is issued, not before it.
+  auto position = [&](const Op* op) { return std::distance(body.ops().begin(), body.find(op)); };
+  std::map<const Op*, Op*> readAt;  // convert -> the op its read goes before
   for (Op* cvt : converts) {
+    readAt[cvt] = cvt;
+    if (!splitFull) continue;
+    for (auto it = std::next(body.find(cvt)); it != body.ops().end(); ++it) {
+      const auto& ops = (*it)->operands();
+      if (std::find(ops.begin(), ops.end(), cvt->result()) != ops.end()) {
+        readAt[cvt] = it->get();
+        break;
+      }
+    }
+  }
+  std::vector<Op*> reads(converts.begin(), converts.end());
+  std::stable_sort(reads.begin(), reads.end(), [&](Op* a, Op* b) { return position(readAt[a]) < position(readAt[b]); });
+  for (Op* cvt : reads) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
-    Inserter at{f, body, body.find(cvt), cvt->loc()};
+    Inserter at{f, body, body.find(readAt[cvt]), cvt->loc()};
+    waitRing(at, ring);
     ir::Value* tile = at.value(OpKind::LocalLoad, {ring.buffer, slot}, cvt->result()->type());
     f.replaceAllUsesWith(cvt->result(), tile);
     body.erase(cvt);
@@ -839,6 +891,8 @@ bool chainable(const LoopPlan& a, const LoopPlan& b) {
 
 bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }
 
+bool splitFullWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SPLIT_FULL", "split_full"); }
+
 namespace {
 
 // Loops that share one set of rings (shared rings, below), in program order, and the loop around
@@ -895,12 +949,12 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
     chain.buffers.push_back(at.value(OpKind::LocalAlloc, {},
                                      ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(first.layoutOf.at(ring.load)))));
   }
-  auto barriers = [&] {
+  auto barriers = [&](int64_t slots) {
     return at.value(OpKind::LocalAlloc, {},
-                    ir::Type::sharedBuffer(ir::DType::I64, stages, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
+                    ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
   };
-  chain.full = barriers();
-  chain.empty = barriers();
+  chain.full = barriers(first.tma && first.rings.size() > 1 && splitFullWanted(f) ? stages * int64_t(first.rings.size()) : stages);
+  chain.empty = barriers(stages);
   at.op(OpKind::MbarrierInit, {chain.full}, {}, {{"arrivals", int64_t(1)}});
   at.op(OpKind::MbarrierInit, {chain.empty}, {});
   at.op(OpKind::Barrier, {}, {});

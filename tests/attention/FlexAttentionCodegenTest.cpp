@@ -404,6 +404,29 @@ TEST(FlexAttentionCodegen, SharedRingsSpanTheWalks) {
   }
 }
 
+// A `full` barrier per operand (opt-in, FLEXTILE_SPLIT_FULL=1): each stage announces K's and V's
+// bytes on barriers of their own (full[slot·2 + r], a buffer of 2·S), and the consumers wait for V
+// right before P·V — after Q·Kᵀ is issued — instead of for the whole stage before Q·Kᵀ.
+TEST(FlexAttentionCodegen, SplitFullBarriersLetQKStartBeforeVLands) {
+  ScopedSetenv split("FLEXTILE_SPLIT_FULL", "1");
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
+  EXPECT_EQ(count(k.ir, "mbarrier_expect_tx [^\\n]*bytes = 32768"), 8) << "K and V apart, in 4 issues";
+  EXPECT_EQ(count(k.ir, "local_alloc [^\\n]*smem<4 x i64\\[1\\]"), 2) << "each walk's `full` buffer";
+  // In each walk: Q·Kᵀ (the first async dot) comes before the wait that precedes P·V.
+  for (size_t at = k.ir.find(" = for "), walks = 0; at != std::string::npos && walks < 2; ++walks) {
+    const size_t qk = k.ir.find("{async = 1}", at);
+    const size_t pv = k.ir.find("{async = 1}", qk + 1);
+    ASSERT_NE(pv, std::string::npos);
+    const size_t vWait = k.ir.rfind("mbarrier_wait", pv);
+    EXPECT_GT(vWait, qk) << "walk " << walks;
+    at = k.ir.find(" = for ", pv);
+  }
+  if (codegen::findPtxas()) {
+    codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
+    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+  }
+}
+
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
   ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");

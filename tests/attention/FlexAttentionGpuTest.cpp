@@ -177,7 +177,7 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
 
 // Rings that outlive their loop (opt-ins, docs/architecture.md): chained walks, shared rings,
 // the persistent forward alone and with shared rings (the next tile's K/V from the producer during
-// this tile's epilogue). Every variant, lengths off the block, GQA, a padded head dim, on the
+// this tile's epilogue); and a `full` barrier per operand, alone and with the last. Every variant, lengths off the block, GQA, a padded head dim, on the
 // default 8-warp tile and on 3 stages. A wrong slot or parity shows as wrong rows or a hang (the
 // test binary's timeout).
 TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
@@ -188,7 +188,9 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
       {{"FLEXTILE_CHAIN_RINGS", "1"}},
       {{"FLEXTILE_SHARE_RINGS", "1"}},
       {{"FLEXTILE_FORWARD_PERSISTENT", "1"}},
-      {{"FLEXTILE_FORWARD_PERSISTENT", "1"}, {"FLEXTILE_SHARE_RINGS", "1"}}};
+      {{"FLEXTILE_FORWARD_PERSISTENT", "1"}, {"FLEXTILE_SHARE_RINGS", "1"}},
+      {{"FLEXTILE_SPLIT_FULL", "1"}},
+      {{"FLEXTILE_FORWARD_PERSISTENT", "1"}, {"FLEXTILE_SHARE_RINGS", "1"}, {"FLEXTILE_SPLIT_FULL", "1"}}};
   for (const auto& mode : modes) {
     std::vector<std::unique_ptr<flextile::testing::ScopedSetenv>> set;
     std::string name;

@@ -266,6 +266,25 @@ TEST(TilePassesInterpreted, SharedRings) {
   checkBackwardWalks(rng, "shared rings");
 }
 
+// A `full` barrier per operand (FLEXTILE_SPLIT_FULL=1): each ring's stage is announced and waited
+// for on its own barrier, the wait moved down to the read's first user; alone and with shared rings
+// and the persistent forward; the backward's dkdv splits four rings (Q, dO and the LSE and delta
+// rows). The interpreter checks every barrier's phases.
+TEST(TilePassesInterpreted, SplitFullBarriers) {
+  SeededRandom rng;
+  ScopedSetenv split("FLEXTILE_SPLIT_FULL", "1");
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* shared : {"0", "1"}) {
+    ScopedSetenv rings("FLEXTILE_SHARE_RINGS", shared);
+    ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", shared);
+    if (!checkWalkVariants(rng, std::string("split full, shared and persistent ") + shared,
+                           {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
+                           {"full", "causal", "document"}))
+      return;
+  }
+  checkBackwardWalks(rng, "split full");
+}
+
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
 // the same (turns order nothing in the interpreter, which runs one thread).
 TEST(TilePassesInterpreted, ForwardWithWarpgroupTurns) {
