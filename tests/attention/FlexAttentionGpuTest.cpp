@@ -168,11 +168,7 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
         if (!inScope(c.work())) continue;
         c.context = "variant " + var.name + ", warpgroup turns, defer " + defer;
         VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        // The default tile for every mode; 3 stages (the slots wrap at another count) for the
-        // combined one only, to keep the test within its shard's budget.
-        std::vector<FlexAttentionConfig> configs{FlexAttentionConfig{128, 128, 8, 2}};
-        if (&mode == &modes.back()) configs.push_back(FlexAttentionConfig{128, 64, 8, 3});
-        for (const FlexAttentionConfig& config : configs)
+        for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
           if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
             return;
       }
@@ -208,7 +204,11 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
         if (!inScope(c.work())) continue;
         c.context = "variant " + var.name + ", " + name;
         VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
+        // The default tile for every mode; 3 stages (the slots wrap at another count) for the
+        // combined one only, to keep the test within its shard's budget.
+        std::vector<FlexAttentionConfig> configs{FlexAttentionConfig{128, 128, 8, 2}};
+        if (&mode == &modes.back()) configs.push_back(FlexAttentionConfig{128, 64, 8, 3});
+        for (const FlexAttentionConfig& config : configs)
           if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
             return;
       }
