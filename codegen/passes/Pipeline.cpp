@@ -523,11 +523,8 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
   return LoopPlan{&forOp, std::move(rings), std::move(converts), std::move(layoutOf), tma, readOnlyLoop};
 }
 
-// Writes the loop's schedule. `from`: the rings, barriers, slot and count of the previous loop,
-// which this one continues (no allocation, no prologue: its first stages were issued there).
-// `next`: the next loop's plan when it continues this one's rings (this loop then issues the next
-// loop's first stages in its last iterations and leaves the rings alive); the chain comes back.
-// How a loop's schedule meets its neighbours' (chained and shared rings, below).
+// How a loop's schedule meets its neighbours' (chained and shared rings, below). By default (all
+// unset) the loop owns its rings: allocated, initialized and prologued before it, invalidated after.
 struct ScheduleLinks {
   const RingChain* from = nullptr;  // the rings, barriers, slot and count this loop continues
   const LoopPlan* next = nullptr;   // chained: the next loop, whose first stages this loop issues
@@ -535,12 +532,14 @@ struct ScheduleLinks {
   bool keepAlive = false;           // a later loop continues the rings: no barrier or inval after
 };
 
+// Writes the loop's schedule, linked to its neighbours by `links`; returns its rings, barriers and
+// the slot and count they end on, for a loop that continues them.
 RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const Target& target, const ScheduleLinks& links) {
   const RingChain* from = links.from;
   const LoopPlan* next = links.next;
   // Shared rings: a stage past a loop's end must not arrive on `full` (the next loop's prologue
   // fills that slot and phase), and each of this loop's first stages waits for its slot's release.
-  const bool shared = from ? links.ownPrologue : links.keepAlive && !next;
+  const bool shared = from && links.ownPrologue;
   Op& forOp = *plan.forOp;
   ir::Block& body = forOp.region(0);
   std::vector<Ring>& rings = plan.rings;
