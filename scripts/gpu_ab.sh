@@ -6,7 +6,9 @@
 # Each argument is a list of VAR=VALUE words applied to that run (quote it). Extra bench arguments:
 # FLEXTILE_AB_ARGS (default --quick; set it, even empty, for a bench without --quick, e.g.
 # FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_ARGS="--only decode_window4096").
-# Logs: $OUT/<FLEXTILE_AB_TAG or ab>_<n>.log; the table goes to stdout.
+# Logs: $OUT/<FLEXTILE_AB_TAG or ab>_<n>.log; the table goes to stdout. Each run stops after
+# FLEXTILE_AB_TIMEOUT seconds (default 90; the quick benches take 15-40 s), so a schedule that hangs
+# costs one run, not the call.
 set -uo pipefail
 BUNDLE=./bundle
 LOGS=${OUT:-./gpu-logs}
@@ -26,7 +28,7 @@ for setting in "$@"; do
   n=$((n + 1))
   echo "== $setting" > "$LOGS/${TAG}_$n.log"
   # shellcheck disable=SC2086
-  env $setting FLEXTILE_CACHE_DIR="$(mktemp -d)" timeout "${FLEXTILE_AB_TIMEOUT:-150}" \
+  env $setting FLEXTILE_CACHE_DIR="$(mktemp -d)" timeout "${FLEXTILE_AB_TIMEOUT:-90}" \
     "$BUNDLE/bin/$BENCH" "${doc[@]}" ${FLEXTILE_AB_ARGS---quick} >> "$LOGS/${TAG}_$n.log" 2>&1
   echo "rc=$?" >> "$LOGS/${TAG}_$n.log"
 done
