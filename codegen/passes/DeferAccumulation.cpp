@@ -79,13 +79,6 @@ namespace {
 // kernel; FLEXTILE_DEFER_ACCUMULATION=0 overrides the attribute.
 bool deferralWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_DEFER_ACCUMULATION", "defer_accumulation"); }
 
-std::optional<int64_t> scalarConstant(const ir::Value* v) {
-  const Op* d = v->definingOp();
-  if (!d || d->kind() != OpKind::Constant || v->type().isTile()) return std::nullopt;
-  const auto* x = std::get_if<int64_t>(&d->attrs().at("value"));
-  return x ? std::optional<int64_t>(*x) : std::nullopt;
-}
-
 bool narrowingCast(const Op& op) {
   return op.kind() == OpKind::Cast &&
          ir::byteWidth(op.result()->type().dtype()) < ir::byteWidth(op.operand(0)->type().dtype());

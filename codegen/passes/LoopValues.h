@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -20,6 +21,9 @@ bool recomputableInLoop(const ir::Value* v, const ir::Block& body, bool readOnly
 // The ops directly in `body` that compute `values`, transitively through operands defined there,
 // in body order (what cloning those values for another iteration must clone).
 std::vector<ir::Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body);
+
+// The value of an integer scalar constant (a loop's bound or step), or none.
+std::optional<int64_t> scalarConstant(const ir::Value* v);
 
 // Inserts ops before `pos` of one block.
 struct Inserter {

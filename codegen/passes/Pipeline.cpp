@@ -281,6 +281,63 @@ struct RingChain {
   ir::Value* count = nullptr;
 };
 
+// A buffer of `slots` mbarriers.
+ir::Value* barrierBuffer(Inserter& at, int64_t slots) {
+  return at.value(OpKind::LocalAlloc, {},
+                  ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
+}
+
+// The `full` barriers of one stage: one, or with split_full one per ring (TMA only).
+int64_t fullBarriersPerStage(const ir::Function& f, const LoopPlan& plan) {
+  return plan.tma && plan.rings.size() > 1 && splitFullWanted(f) ? int64_t(plan.rings.size()) : 1;
+}
+
+// Ring r's `full` barrier in `slot`: slot · perStage + r.
+ir::Value* barrierIndex(Inserter& at, ir::Value* slot, int64_t perStage, int64_t r) {
+  ir::Value* scaled = at.value(OpKind::Mul, {slot, at.constant(perStage, ir::DType::I32)}, slot->type());
+  return at.value(OpKind::Add, {scaled, at.constant(r, ir::DType::I32)}, slot->type());
+}
+
+// The parity of the phase that is fill (or release) n / S of a slot: (n / S) & 1.
+ir::Value* phaseParity(Inserter& at, ir::Value* n, int64_t stages) {
+  const ir::Type i32(ir::DType::I32);
+  ir::Value* phase = at.value(OpKind::Div, {n, at.constant(stages, ir::DType::I32)}, i32);
+  return at.value(OpKind::And, {phase, at.constant(1, ir::DType::I32)}, i32);
+}
+
+// A loop's (or a group of loops') ring buffers and, `withBarriers`, their `full` and `empty`
+// barriers (`fullPerStage` a stage), allocated and initialized before `at`, then a CTA barrier (the
+// bytes may be another tile's that a slower warp still reads), then every slot released once up
+// front. The slot and count are left to the caller.
+RingChain allocateRings(Inserter& at, const LoopPlan& plan, int64_t stages, bool withBarriers, int64_t fullPerStage) {
+  RingChain rings;
+  for (const Ring& ring : plan.rings) {
+    const ir::Type& t = ring.load->result()->type();
+    rings.buffers.push_back(at.value(OpKind::LocalAlloc, {},
+                                     ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(plan.layoutOf.at(ring.load)))));
+  }
+  if (withBarriers) {
+    rings.full = barrierBuffer(at, stages * fullPerStage);
+    rings.empty = barrierBuffer(at, stages);
+    // With TMA, `full` counts thread 0's expect_tx (and the bytes); else every thread's copies.
+    at.op(OpKind::MbarrierInit, {rings.full}, {}, plan.tma ? ir::Attrs{{"arrivals", int64_t(1)}} : ir::Attrs{});
+    at.op(OpKind::MbarrierInit, {rings.empty}, {});
+  }
+  at.op(OpKind::Barrier, {}, {});
+  if (withBarriers)
+    for (int64_t s = 0; s < stages; ++s) at.op(OpKind::MbarrierArrive, {rings.empty, at.constant(s, ir::DType::I32)}, {});
+  return rings;
+}
+
+// After the last loop that uses them: once every thread has left it, no thread waits on the
+// barriers any more; thread 0 invalidates them, and their bytes may then be reused.
+void releaseRings(Inserter& at, const RingChain& rings) {
+  at.op(OpKind::Barrier, {}, {});
+  at.op(OpKind::MbarrierInval, {rings.full}, {});
+  at.op(OpKind::MbarrierInval, {rings.empty}, {});
+  at.op(OpKind::Barrier, {}, {});
+}
+
 // A TMA ring's box operands: base, dims, strides, coords (as the tma_copy takes them).
 std::vector<ir::Value*> boxOperands(const Ring& ring) {
   std::vector<ir::Value*> v{ring.box->base};
@@ -347,14 +404,11 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
   };
   // Ring r's barrier: the stage's, or with splitFull its own.
   std::vector<ir::Value*> barrierOf(rings.size(), slot);
-  if (splitFull)
-    for (size_t i = 0; i < rings.size(); ++i)
-      barrierOf[i] = at.value(OpKind::Add, {at.value(OpKind::Mul, {slot, at.constant(int64_t(rings.size()), ir::DType::I32)}, slot->type()),
-                                            at.constant(int64_t(i), ir::DType::I32)}, slot->type());
-  if (splitFull)
-    for (size_t i = 0; i < rings.size(); ++i) announce(barrierOf[i], ringBytes(rings[i]));
-  else
-    announce(slot, bytes);
+  for (size_t i = 0; splitFull && i < rings.size(); ++i) {
+    barrierOf[i] = barrierIndex(at, slot, int64_t(rings.size()), int64_t(i));
+    announce(barrierOf[i], ringBytes(rings[i]));
+  }
+  if (!splitFull) announce(slot, bytes);
   auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
   for (size_t i = 0; i < rings.size(); ++i) {
     std::vector<ir::Value*> operands{rings[i].buffer, slot, full, barrierOf[i], exists};
@@ -555,40 +609,16 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   ir::Value* ub = forOp.operand(1);
   ir::Value* step = forOp.operand(2);
   Inserter before{f, outer, outer.find(&forOp), loc};  // (the verifier gives lb, ub, step and iv one dtype)
-  for (size_t i = 0; i < rings.size(); ++i) {
-    const ir::Type& t = rings[i].load->result()->type();
-    rings[i].buffer = from ? from->buffers[i]
-                           : before.value(OpKind::LocalAlloc, {},
-                                          ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(plan.layoutOf.at(rings[i].load))));
-  }
   // With barriers in shared memory (ringBarriersWanted): `full[s]` completes when every thread's
-  // copies into slot s have landed, `empty[s]` when every thread is done reading slot s; each
-  // `empty` is released once up front, since no iteration has read any slot yet.
+  // copies into slot s have landed, `empty[s]` when every thread is done reading slot s.
   // With TMA, `full[s]` counts thread 0's expect_tx and the bytes of the stage's copies instead.
   const bool withBarriers = tma || ringBarriersWanted(f);
-  const bool splitFull = tma && rings.size() > 1 && splitFullWanted(f);
-  const int64_t perStage = splitFull ? int64_t(rings.size()) : 1;  // `full` barriers a stage
-  ir::Value* full = nullptr;
-  ir::Value* empty = nullptr;
-  auto barrierBuffer = [&](int64_t slots) {
-    return before.value(OpKind::LocalAlloc, {},
-                        ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
-  };
-  if (from) {
-    full = from->full;
-    empty = from->empty;
-  } else if (withBarriers) {
-    full = barrierBuffer(stages * perStage);
-    empty = barrierBuffer(stages);
-    if (tma)
-      before.op(OpKind::MbarrierInit, {full}, {}, {{"arrivals", int64_t(1)}});
-    else
-      before.op(OpKind::MbarrierInit, {full}, {});
-    before.op(OpKind::MbarrierInit, {empty}, {});
-  }
-  if (!from) before.op(OpKind::Barrier, {}, {});
-  if (withBarriers && !from)
-    for (int64_t s = 0; s < stages; ++s) before.op(OpKind::MbarrierArrive, {empty, before.constant(s, ir::DType::I32)}, {});
+  const int64_t perStage = fullBarriersPerStage(f, plan);  // `full` barriers a stage
+  const bool splitFull = perStage > 1;
+  const RingChain own = from ? *from : allocateRings(before, plan, stages, withBarriers, perStage);
+  for (size_t i = 0; i < rings.size(); ++i) rings[i].buffer = own.buffers[i];
+  ir::Value* full = own.full;
+  ir::Value* empty = own.empty;
   NextStages nextStages;
   if (next) {
     nextStages.plan = next;
@@ -609,8 +639,7 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
       ir::Value* wraps = before.value(OpKind::Cmp, {raw, before.constant(stages, ir::DType::I32)}, ir::Type(ir::DType::I1),
                                       {{"pred", std::string("ge")}});
       ir::Value* slotS = before.value(OpKind::Select, {wraps, before.value(OpKind::Sub, {raw, before.constant(stages, ir::DType::I32)}, i32), raw}, i32);
-      ir::Value* parity = before.value(OpKind::And, {before.value(OpKind::Div, {g, before.constant(stages, ir::DType::I32)}, i32),
-                                                     before.constant(1, ir::DType::I32)}, i32);
+      ir::Value* parity = phaseParity(before, g, stages);
       issueStageTma(before, body, rings, iv, ub, slotS, full,
                     [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, nullptr, true,
                     splitFull);
@@ -642,19 +671,12 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     forOp.addResult(i32);
   }
   Inserter issue{f, body, body.find(converts.front()), loc};
-  auto parityOf = [&](ir::Value* phase) {
-    return issue.value(OpKind::And, {phase, issue.constant(1, ir::DType::I32)}, i32);
-  };
   // The data of iteration k is the k/S-th fill of its slot; the slot iteration k refills was
   // released for the (k+S-1)/S-th time in iteration k-1.
-  auto waitFull = [&] {
-    issue.op(OpKind::MbarrierWait, {full, slot, parityOf(issue.value(OpKind::Div, {count, issue.constant(stages, ir::DType::I32)}, i32))}, {});
-  };
+  auto waitFull = [&] { issue.op(OpKind::MbarrierWait, {full, slot, phaseParity(issue, count, stages)}, {}); };
   auto waitReleased = [&](ir::Attrs attrs) {
     ir::Value* released = issue.value(OpKind::Add, {count, issue.constant(stages - 1, ir::DType::I32)}, i32);
-    issue.op(OpKind::MbarrierWait,
-             {empty, writeSlot, parityOf(issue.value(OpKind::Div, {released, issue.constant(stages, ir::DType::I32)}, i32))}, {},
-             std::move(attrs));
+    issue.op(OpKind::MbarrierWait, {empty, writeSlot, phaseParity(issue, released, stages)}, {}, std::move(attrs));
   };
   auto ahead = [&] {  // the induction value of iteration i+S-1, whose copies this iteration issues
     return issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
@@ -686,11 +708,8 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   std::set<const Ring*> waited;
   auto waitRing = [&](Inserter& at, const Ring& ring) {
     if (!splitFull || !waited.insert(&ring).second) return;
-    const int64_t r = &ring - rings.data();
-    ir::Value* barrier = at.value(OpKind::Add, {at.value(OpKind::Mul, {slot, at.constant(perStage, ir::DType::I32)}, i32),
-                                                at.constant(r, ir::DType::I32)}, i32);
-    ir::Value* phase = at.value(OpKind::Div, {count, at.constant(stages, ir::DType::I32)}, i32);
-    at.op(OpKind::MbarrierWait, {full, barrier, at.value(OpKind::And, {phase, at.constant(1, ir::DType::I32)}, i32)}, {});
+    ir::Value* barrier = barrierIndex(at, slot, perStage, &ring - rings.data());
+    at.op(OpKind::MbarrierWait, {full, barrier, phaseParity(at, count, stages)}, {});
   };
   for (Ring& ring : rings)
     if (ring.rows) {
@@ -733,29 +752,18 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     // iteration i-S, or the one up front), which has completed (the fill it read came after it),
     // so that no thread arrives on a barrier twice without a wait between: compute-sanitizer's
     // synccheck reports that as a missing wait, and the wait returns at its first probe.
-    ir::Value* phase = end.value(OpKind::Div, {count, end.constant(stages, ir::DType::I32)}, i32);
-    end.op(OpKind::MbarrierWait, {empty, slot, end.value(OpKind::And, {phase, end.constant(1, ir::DType::I32)}, i32)}, {});
+    end.op(OpKind::MbarrierWait, {empty, slot, phaseParity(end, count, stages)}, {});
     end.op(OpKind::MbarrierArrive, {empty, slot}, {});
     yield->addOperand(end.value(OpKind::Add, {count, end.constant(1, ir::DType::I32)}, i32));
   }
 
-  RingChain chain;
-  for (const Ring& ring : rings) chain.buffers.push_back(ring.buffer);
-  chain.full = full;
-  chain.empty = empty;
+  RingChain chain = own;
   chain.slot = forOp.result(forOp.numResults() - (withBarriers ? 2 : 1));
   chain.count = withBarriers ? forOp.result(forOp.numResults() - 1) : nullptr;
 
   Inserter after{f, outer, std::next(outer.find(&forOp)), loc};
   if (!tma) after.op(OpKind::AsyncWait, {}, {}, {{"pending", int64_t(0)}});  // (every TMA copy issued was waited for)
-  if (withBarriers && !links.keepAlive) {
-    // No thread waits on the barriers any more once all have left the loop; their bytes may then
-    // be reused, after thread 0 invalidates them.
-    after.op(OpKind::Barrier, {}, {});
-    after.op(OpKind::MbarrierInval, {full}, {});
-    after.op(OpKind::MbarrierInval, {empty}, {});
-    after.op(OpKind::Barrier, {}, {});
-  }
+  if (withBarriers && !links.keepAlive) releaseRings(after, chain);
 
   // The loads; their address ops, now unused, go with the function's dead code (ir::dce, after
   // every loop is rewritten).
@@ -767,14 +775,14 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
 
 bool chainRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_CHAIN_RINGS", "chain_rings"); }
 
-namespace {
-
 std::optional<int64_t> scalarConstant(const ir::Value* v) {
   const Op* d = v->definingOp();
   if (!d || d->kind() != OpKind::Constant || v->type().isTile()) return std::nullopt;
   const auto* x = std::get_if<int64_t>(&d->attrs().at("value"));
   return x ? std::optional<int64_t>(*x) : std::nullopt;
 }
+
+namespace {
 
 // Whether `a` and `b` compute the same value: the same value, or the same pure op over operands
 // that are the same (two walks' copies of one tensor box's base, sizes and strides).
@@ -942,22 +950,7 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
   ir::Block& home = *anchor->parentBlock();
   const ir::Location loc = anchor->loc();
   Inserter at{f, home, home.find(anchor), loc};
-  RingChain chain;
-  for (const Ring& ring : first.rings) {
-    const ir::Type& t = ring.load->result()->type();
-    chain.buffers.push_back(at.value(OpKind::LocalAlloc, {},
-                                     ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(first.layoutOf.at(ring.load)))));
-  }
-  auto barriers = [&](int64_t slots) {
-    return at.value(OpKind::LocalAlloc, {},
-                    ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
-  };
-  chain.full = barriers(first.tma && first.rings.size() > 1 && splitFullWanted(f) ? stages * int64_t(first.rings.size()) : stages);
-  chain.empty = barriers(stages);
-  at.op(OpKind::MbarrierInit, {chain.full}, {}, {{"arrivals", int64_t(1)}});
-  at.op(OpKind::MbarrierInit, {chain.empty}, {});
-  at.op(OpKind::Barrier, {}, {});
-  for (int64_t s = 0; s < stages; ++s) at.op(OpKind::MbarrierArrive, {chain.empty, at.constant(s, ir::DType::I32)}, {});
+  RingChain chain = allocateRings(at, first, stages, true, fullBarriersPerStage(f, first));
   chain.slot = at.constant(0, ir::DType::I32);
   chain.count = at.constant(0, ir::DType::I32);
   const ir::Type i32(ir::DType::I32);
@@ -983,10 +976,7 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
     group.outer->region(0).terminator()->addOperand(chain.slot);
     group.outer->region(0).terminator()->addOperand(chain.count);
     Inserter end{f, home, std::next(home.find(group.outer)), loc};
-    end.op(OpKind::Barrier, {}, {});
-    end.op(OpKind::MbarrierInval, {chain.full}, {});
-    end.op(OpKind::MbarrierInval, {chain.empty}, {});
-    end.op(OpKind::Barrier, {}, {});
+    releaseRings(end, chain);
   }
 }
 
