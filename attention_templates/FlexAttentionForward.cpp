@@ -678,10 +678,12 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
   // Persistent (opt-in, FLEXTILE_FORWARD_PERSISTENT=1): one program per SM walks the query tiles
   // in launch order (three programs where no GPU is known: the interpreter, several tiles each).
-  const int sms = target ? target->description().part.multiprocessors
-                         : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
   p.constants.persistent = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT").value_or(false);
-  p.programs = sms > 0 ? sms : 3;
+  if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
+    const int sms = target ? target->description().part.multiprocessors
+                           : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
+    p.programs = sms > 0 ? sms : 3;
+  }
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming

@@ -68,8 +68,8 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
     turn(f, outer, outer.find(loop), "open", loc);
     turn(f, outer, std::next(outer.find(loop)), "close", loc);
   }
-  // Two loops with turns one right after the other (the walks of a program whose rings the
-  // pipeline chained, with no CTA barrier between them): the first loop's close and the second's
+  // Two loops with turns one after the other and no CTA barrier between them (the walks of a
+  // program whose rings the pipeline chained or shared): the first loop's close and the second's
   // open go, and the turns run on as through one loop. Kept, they let warpgroup 1 leave the first
   // loop and arrive on barrier 1 for the second's open before warpgroup 0 had synced on it for the
   // first's close: two arrivals of one warpgroup complete the barrier, and the turns fall out of
@@ -84,12 +84,12 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
         joins.emplace_back(&op, it->get());
         return;
       }
-      // (A ring's issue — shared rings put the next loop's first stages here — waits for no
-      // warpgroup's turn: specialized, the producer runs it; otherwise thread 0 waits for slots the
-      // other warpgroup releases without a turn.)
-      const bool passive = between.regions().empty() && (!between.hasTrait(ir::kSideEffect) || issuesForTheRing(between)) &&
-                           between.kind() != OpKind::Barrier && scratchBytes(between) == 0;
-      if (!passive) return;
+      // What matters between them is only whether both warpgroups meet there: a CTA barrier (or an
+      // op whose lowering brackets it with some) keeps the close and open apart safely, and a
+      // nested region may take turns of its own. Anything else — stores, a ring's issue (shared
+      // rings put the next loop's first stages here; thread 0 then waits only for slots the other
+      // warpgroup releases without a turn) — waits for no turn.
+      if (!between.regions().empty() || between.kind() == OpKind::Barrier || scratchBytes(between) > 0) return;
     }
   });
   for (auto [close, open] : joins) {
