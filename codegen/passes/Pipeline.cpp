@@ -416,7 +416,7 @@ void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::
     const size_t firstCoord = box.size() - rings[i].box->coords.size();
     for (size_t j = 0; j < box.size(); ++j) {
       ir::Value* v = mapped(clone, box[j]);
-      if (next && j >= firstCoord) {  // (chainable() checked that the other operands are the same)
+      if (next && j >= firstCoord) {  // (chainMoves() checked that the other operands are the same)
         ir::Value* theirs = boxOperands(next->plan->rings[i])[j];
         ir::Value* w = mapped(next->at[0], theirs);
         for (size_t k = 1; k < next->at.size(); ++k) {
@@ -840,58 +840,62 @@ bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
   return true;
 }
 
-// Whether loop `b` can continue loop `a`'s rings (and then moves what `a` must compute of `b`
-// before `a`). Two walks of one program over the same tensors, one after the other (the forward's
+// Moves `ops` (of `loop`'s block, in block order) right before `loop`.
+void moveBefore(const std::vector<Op*>& ops, Op& loop) {
+  ir::Block& block = *loop.parentBlock();
+  for (Op* op : ops) {
+    auto at = block.find(op);
+    std::unique_ptr<Op> moved = std::move(*at);
+    block.ops().erase(at);
+    block.insert(block.find(&loop), std::move(moved));
+  }
+}
+
+// Whether loop `b` can continue loop `a`'s rings: then the ops between them that `a` must
+// compute of `b` (to move before `a`, in block order), else none. Two walks of one program over the same tensors, one after the other (the forward's
 // full and partial lists, dkdv's and dq's): sharing the rings lets `a`'s last iterations issue
 // `b`'s first stages, so no pipeline drains and refills between them and no CTA barrier parts them.
 // Both loops fill their rings with TMA, count from 0 by 1 and write no memory; nothing with a side
 // effect or a region lies between them; their rings match one for one (type, layout, the box's
 // tensor: only the coordinates differ); `b`'s bound and the values its coordinates read from
 // outside its body can be computed before `a`.
-bool chainable(const LoopPlan& a, const LoopPlan& b) {
+std::optional<std::vector<Op*>> chainMoves(const LoopPlan& a, const LoopPlan& b) {
   const Op& first = *a.forOp;
   const Op& second = *b.forOp;
-  if (!a.tma || !b.tma || !a.readOnly || !b.readOnly || first.parentBlock() != second.parentBlock()) return false;
+  if (!a.tma || !b.tma || !a.readOnly || !b.readOnly || first.parentBlock() != second.parentBlock()) return std::nullopt;
   for (const Op* loop : {&first, &second})
-    if (scalarConstant(loop->operand(0)) != 0 || scalarConstant(loop->operand(2)) != 1) return false;
-  if (!(first.operand(1)->type() == second.operand(1)->type())) return false;
+    if (scalarConstant(loop->operand(0)) != 0 || scalarConstant(loop->operand(2)) != 1) return std::nullopt;
+  if (!(first.operand(1)->type() == second.operand(1)->type())) return std::nullopt;
   ir::Block& outer = *first.parentBlock();
   auto it = std::next(outer.find(&first));
   for (; it != outer.ops().end() && it->get() != &second; ++it)
-    if ((*it)->hasTrait(ir::kSideEffect) || !(*it)->regions().empty() || (*it)->kind() == OpKind::Barrier) return false;
-  if (it == outer.ops().end() || !ringsMatch(a, b)) return false;
+    if ((*it)->hasTrait(ir::kSideEffect) || !(*it)->regions().empty() || (*it)->kind() == OpKind::Barrier) return std::nullopt;
+  if (it == outer.ops().end() || !ringsMatch(a, b)) return std::nullopt;
   for (size_t i = 0; i < a.rings.size(); ++i) {
     const Ring& x = a.rings[i];
     const Ring& y = b.rings[i];
-    if (!x.box || !y.box) return false;
+    if (!x.box || !y.box) return std::nullopt;
     const std::vector<ir::Value*> bx = boxOperands(x), by = boxOperands(y);
-    if (bx.size() != by.size()) return false;
+    if (bx.size() != by.size()) return std::nullopt;
     for (size_t j = 0; j + x.box->coords.size() < bx.size(); ++j)
-      if (!sameValue(bx[j], by[j])) return false;
+      if (!sameValue(bx[j], by[j])) return std::nullopt;
   }
   // `b`'s bound, and what its coordinates read from outside its body.
   std::set<Op*> moves;
-  if (!availableBefore(second.operand(1), first, moves)) return false;
+  if (!availableBefore(second.operand(1), first, moves)) return std::nullopt;
   const ir::Block& body = second.region(0);
   for (const Ring& ring : b.rings)
     for (const Op* op : boxSlice(ring, const_cast<ir::Block&>(body)))
       for (const ir::Value* o : op->operands()) {
         const Op* d = o->definingOp();
         if (o == body.arg(0) || (d && d->parentBlock() == &body)) continue;
-        if (!d && o->ownerBlock() == &body) return false;  // a carried value
-        if (!availableBefore(o, first, moves)) return false;
+        if (!d && o->ownerBlock() == &body) return std::nullopt;  // a carried value
+        if (!availableBefore(o, first, moves)) return std::nullopt;
       }
-  // Move them before `a`, in block order.
   std::vector<Op*> ordered;
   for (auto& op : outer.ops())
     if (moves.count(op.get())) ordered.push_back(op.get());
-  for (Op* op : ordered) {
-    auto at = outer.find(op);
-    std::unique_ptr<Op> moved = std::move(*at);
-    outer.ops().erase(at);
-    outer.insert(outer.find(&first), std::move(moved));
-  }
-  return true;
+  return ordered;
 }
 
 }  // namespace
@@ -1063,11 +1067,16 @@ void pipelineLoads(ir::Function& f, const Target& target) {
   std::vector<std::optional<LoopPlan>> plans;
   for (Op* forOp : loops) plans.push_back(planLoop(f, *forOp, globalWidth, target, readOnly.at(forOp)));
   // Which loop continues the previous one's rings (in program order: f.walk visits a block's loops
-  // in order, and chainable() asks for two loops of one block with nothing between them).
+  // in order, and chainMoves() asks for two loops of one block with nothing between them).
   std::vector<bool> continues(plans.size(), false);
   if (chainRingsWanted(f) && !shareRingsWanted(f))
-    for (size_t i = 0; i + 1 < plans.size(); ++i)  // (pairs: a loop that continues one issues no third loop's stages)
-      continues[i + 1] = !continues[i] && plans[i] && plans[i + 1] && chainable(*plans[i], *plans[i + 1]);
+    for (size_t i = 0; i + 1 < plans.size(); ++i) {  // (pairs: a loop that continues one issues no third loop's stages)
+      if (continues[i] || !plans[i] || !plans[i + 1]) continue;
+      if (auto moves = chainMoves(*plans[i], *plans[i + 1])) {
+        moveBefore(*moves, *plans[i]->forOp);
+        continues[i + 1] = true;
+      }
+    }
   bool rewritten = false;
   std::optional<RingChain> chain;
   std::set<size_t> done;
