@@ -63,12 +63,18 @@ struct FlexAttentionConfig {
   // softmax overlaps the tensor cores within a warpgroup.
   LoopSchedule turns = LoopSchedule::Auto;
   LoopSchedule defer = LoopSchedule::Auto;
-  // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer"
-  // for the choices that are not Auto.
+  // `persistent`, forward only: one program per SM walks its share of the query tiles (snake
+  // order), and its walks share their K/V rings across tiles, so that the producer loads the next
+  // tile's keys during this tile's epilogue (needs warp specialization and TMA; elsewhere the
+  // kernel runs unchanged). Auto: on where the turns are and no mod reads a captured tensor
+  // (detail::persistentWanted). FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
+  LoopSchedule persistent = LoopSchedule::Auto;
+  // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
+  // " persistent" / " no-persistent" for the choices that are not Auto.
   std::string describe() const;
   // "BM,BN,W,S" (positive integers), then optionally, in any order, ",ws" / ",no-ws",
-  // ",turns" / ",no-turns", ",defer" / ",no-defer": how the CLI's --config and the benches spell a
-  // config. Throws flextile::Error naming the text.
+  // ",turns" / ",no-turns", ",defer" / ",no-defer", ",persistent" / ",no-persistent": how the CLI's
+  // --config and the benches spell a config. Throws flextile::Error naming the text.
   static FlexAttentionConfig parse(std::string_view text);
   bool operator==(const FlexAttentionConfig&) const = default;
 };

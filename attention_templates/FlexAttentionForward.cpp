@@ -52,13 +52,14 @@ std::string FlexAttentionConfig::describe() const {
     return c == C::On ? std::string(" ") + name : c == C::Off ? std::string(" no-") + name : std::string();
   };
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
-         std::to_string(num_stages) + choice(warp_specialize, "ws") + choice(turns, "turns") + choice(defer, "defer");
+         std::to_string(num_stages) + choice(warp_specialize, "ws") + choice(turns, "turns") + choice(defer, "defer") +
+         choice(persistent, "persistent");
 }
 
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   const std::string usage = "config '" + std::string(text) +
                             "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
-                            ",no-turns, ,defer or ,no-defer";
+                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent";
   std::vector<std::string> items;
   for (size_t start = 0; start <= text.size();) {
     const size_t end = std::min(text.find(',', start), text.size());
@@ -81,7 +82,7 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   }
   if (v[2] > 1024 || v[3] > 1024) throw Error(usage);
   c.block_m = v[0], c.block_n = v[1], c.num_warps = int(v[2]), c.num_stages = int(v[3]);
-  bool ws = false, turns = false, defer = false;  // each said at most once
+  bool ws = false, turns = false, defer = false, persistent = false;  // each said at most once
   for (size_t i = 4; i < items.size(); ++i) {
     const std::string& w = items[i];
     if ((w == "ws" || w == "no-ws") && !std::exchange(ws, true))
@@ -90,6 +91,8 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
       c.turns = w == "turns" ? LoopSchedule::On : LoopSchedule::Off;
     else if ((w == "defer" || w == "no-defer") && !std::exchange(defer, true))
       c.defer = w == "defer" ? LoopSchedule::On : LoopSchedule::Off;
+    else if ((w == "persistent" || w == "no-persistent") && !std::exchange(persistent, true))
+      c.persistent = w == "persistent" ? LoopSchedule::On : LoopSchedule::Off;
     else
       throw Error(usage);
   }
@@ -258,6 +261,17 @@ bool pingpongWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& bl
          !modsShow(scoreMod, blockMask, &ScoreMod::gathersAlongKeys, &MaskMod::gathersAlongKeys);
 }
 
+bool persistentWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  auto captures = [](const auto& mod) {
+    try {
+      return mod.defined() && !mod.captures().empty();
+    } catch (const Error&) {
+      return true;
+    }
+  };
+  return !captures(scoreMod) && !(blockMask && captures(blockMask->maskMod()));
+}
+
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
   return modsShow(scoreMod, blockMask, &ScoreMod::gathersPerElement, &MaskMod::gathersPerElement);
 }
@@ -323,6 +337,10 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
   if (k.defer) f.attrs()["defer_accumulation"] = int64_t(1);  // P·V of step t after Q·Kᵀ of step t+1
+  // A persistent program's walks share their rings across its tiles (pipeline pass, shared rings),
+  // so its producer issues the next tile's K and V during this tile's epilogue: without that the
+  // persistent forward ran 0-14 % slower than a program per tile (H200, 2026-12-04).
+  if (k.persistent) f.attrs()["share_rings"] = int64_t(1);
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   // ... and a mod's key positions, start + arange, are scaled as a scalar plus a loop-invariant
   // product (ALiBi: 32 multiplies a thread a step fewer at 128 x 128 on 8 warps; +2.1 % on the H200).
@@ -592,6 +610,18 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                          (p.config.turns == LoopSchedule::Auto && !turnsOff && p.constants.warpSpecialize &&
                           p.config.num_warps == 8 && detail::pingpongWanted(scoreMod, blockMask));
   p.constants.defer = p.config.defer == LoopSchedule::On;
+  // Persistent programs: the config's choice, else the rule (detail::persistentWanted) where the
+  // turns are; FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides both.
+  const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
+  p.constants.persistent = persistentForced ? *persistentForced
+                           : p.config.persistent != LoopSchedule::Auto
+                               ? p.config.persistent == LoopSchedule::On
+                               : p.constants.pingpong && detail::persistentWanted(scoreMod, blockMask);
+  if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
+    const int sms = target ? target->description().part.multiprocessors
+                           : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
+    p.programs = sms > 0 ? sms : 3;
+  }
   return p;
 }
 
@@ -676,14 +706,6 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
-  // Persistent (opt-in, FLEXTILE_FORWARD_PERSISTENT=1): one program per SM walks the query tiles
-  // in launch order (three programs where no GPU is known: the interpreter, several tiles each).
-  p.constants.persistent = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT").value_or(false);
-  if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
-    const int sms = target ? target->description().part.multiprocessors
-                           : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
-    p.programs = sms > 0 ? sms : 3;
-  }
 }
 
 // Where a forward kernel is kept: in the mask mod's state, under a key naming

@@ -37,14 +37,16 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
         for (int s : stages)
           for (attention::WarpSpecialization ws : specialize)
             for (attention::LoopSchedule t : turns)
-              for (attention::LoopSchedule d : defer) {
-                using attention::LoopSchedule;
-                const bool schedulable = w == 8 && m == 128 && s > 1;
-                if ((t == LoopSchedule::On && (!schedulable || ws == attention::WarpSpecialization::Off)) ||
-                    (d == LoopSchedule::On && !schedulable))
-                  continue;
-                out.push_back({m, n, w, s, ws, t, d});
-              }
+              for (attention::LoopSchedule d : defer)
+                for (attention::LoopSchedule p : persistent) {
+                  using attention::LoopSchedule;
+                  const bool schedulable = w == 8 && m == 128 && s > 1;
+                  const bool specializable = schedulable && ws != attention::WarpSpecialization::Off;
+                  if ((t == LoopSchedule::On && !specializable) || (d == LoopSchedule::On && !schedulable) ||
+                      (p == LoopSchedule::On && !specializable))
+                    continue;
+                  out.push_back({m, n, w, s, ws, t, d, p});
+                }
   return out;
 }
 
@@ -52,6 +54,7 @@ ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
   ConfigSpace s{{64, 128}, {32, 64, 128}, {4, 8}, {1, 2, 3}, {attention::WarpSpecialization::Auto, attention::WarpSpecialization::Off}};
   s.turns = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   s.defer = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
+  s.persistent = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
   return s;
 }
@@ -216,7 +219,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
     std::vector<FlexAttentionConfig> kept;
     for (FlexAttentionConfig c : configs) {
       if (!arch.has(codegen::Feature::SetMaxNReg)) c.warp_specialize = attention::WarpSpecialization::Auto;
-      if (!arch.has(codegen::Feature::Wgmma)) c.turns = c.defer = attention::LoopSchedule::Auto;
+      if (!arch.has(codegen::Feature::Wgmma)) c.turns = c.defer = c.persistent = attention::LoopSchedule::Auto;
       if (std::find(kept.begin(), kept.end(), c) == kept.end()) kept.push_back(c);
     }
     configs = std::move(kept);

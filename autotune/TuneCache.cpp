@@ -151,6 +151,7 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   t.config.warp_specialize = choiceOf<attention::WarpSpecialization>(*e, "warp_specialize");
   t.config.turns = choiceOf<attention::LoopSchedule>(*e, "turns");
   t.config.defer = choiceOf<attention::LoopSchedule>(*e, "defer");
+  t.config.persistent = choiceOf<attention::LoopSchedule>(*e, "persistent");
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -199,6 +200,7 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   putChoice(e, "warp_specialize", t.config.warp_specialize);
   putChoice(e, "turns", t.config.turns);
   putChoice(e, "defer", t.config.defer);
+  putChoice(e, "persistent", t.config.persistent);
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);

@@ -79,23 +79,12 @@ bool ringBarriersWanted(const ir::Function& f);
 // attribute tma_in_staging_loops = 1, or FLEXTILE_TMA_IN_STAGING_LOOPS=1 (such a loop gave wrong
 // rows on the H200 with TMA before warp specialization existed: docs/reliability.md).
 bool tmaInStagingLoopsWanted(const ir::Function& f);
-// Whether two consecutive TMA-filled loops over the same tensors share their rings (pipeline pass:
-// the first loop's last iterations issue the second's first stages). Opt-in: function attribute
-// chain_rings = 1, or FLEXTILE_CHAIN_RINGS=1 (=0 turns it off everywhere). On the H200 it took the
-// sliding-window forward from 380 to 400 TFLOP/s but cost document 2.4 %, prefix LM 1.8 %, causal
-// 0.8 % (2026-12-04): off until the second walk's coordinates cost the first walk's steps nothing.
-bool chainRingsWanted(const ir::Function& f);
 // Whether TMA loops whose rings match share one set of ring buffers and barriers, each loop issuing
 // its own first stages into the slots after the previous loop's (pipeline pass, "shared rings"):
 // two walks side by side, or the walks of a loop of the function's body, whose iterations pass the
 // rings on (the persistent forward). Opt-in: function attribute share_rings = 1, or
-// FLEXTILE_SHARE_RINGS=1 (=0 turns it off everywhere); it takes precedence over chain_rings.
+// FLEXTILE_SHARE_RINGS=1 (=0 turns it off everywhere).
 bool shareRingsWanted(const ir::Function& f);
-// Whether each TMA ring of a loop completes its own `full` barrier (full[slot·R + r]), so that a
-// consumer waits for each operand right before its first read (Q·Kᵀ starts when K has landed, not
-// K and V) instead of for the whole stage at the first. Opt-in: function attribute split_full = 1,
-// or FLEXTILE_SPLIT_FULL=1 (=0 turns it off everywhere).
-bool splitFullWanted(const ir::Function& f);
 ir::Pass pipelinePass(const Target& target);  // "pipeline"
 
 // Hopper warpgroup MMA (codegen/passes/Wgmma.cpp): every dot that runs on

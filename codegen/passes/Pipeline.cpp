@@ -97,16 +97,12 @@
 // are erased. The lowering (codegen/LowerAsync.cpp) turns each op into its
 // instruction and follows nothing else: the schedule is the IR's.
 //
-// Rings past their loop (TMA only, opt-in; docs/architecture.md). By default every loop owns its
-// rings, and the barrier and inval after it part it from the next. Chained (chain_rings): two
-// loops side by side share the first's rings, and the first loop's last iterations issue the
-// second's first stages (the second's coordinates at its iterations 0 .. S-2, computed before the
-// first loop, selected per coordinate). Shared (share_rings, which wins): the TMA loops of a block
-// whose rings match share one set allocated before them — or before the loop of the function's
-// body that holds them, which then carries the slot and count — and each loop issues its own first
-// stages into the next slots once released; stages past a loop's end arrive on nothing
-// (mbarrier_expect_tx {only_on = 1}). Split `full` barriers (split_full): a barrier per ring and
-// slot, each read waiting for its own ring right before its first user.
+// Rings past their loop (TMA only; docs/architecture.md). Unshared, every loop owns its rings,
+// and the barrier and inval after it part it from the next. Shared (share_rings): the TMA loops of
+// a block whose rings match share one set allocated before them — or before the loop of the
+// function's body that holds them, which then carries the slot and count — and each loop issues
+// its own first stages into the next slots once released; stages past a loop's end arrive on
+// nothing (mbarrier_expect_tx {only_on = 1}).
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
@@ -271,7 +267,7 @@ struct LoopPlan {
   bool readOnly = false;
 };
 
-// What a loop's schedule hands the next loop that shares its rings (chained below): the ring
+// What a loop's schedule hands the next loop that shares its rings (shared rings, below): the ring
 // buffers (in ring order), the barriers, and the slot and iteration count it ended on.
 struct RingChain {
   std::vector<ir::Value*> buffers;
@@ -287,17 +283,6 @@ ir::Value* barrierBuffer(Inserter& at, int64_t slots) {
                   ir::Type::sharedBuffer(ir::DType::I64, slots, std::make_shared<const ir::SharedLayout>(ir::Shape{1}, std::vector<int>{0}, 1, 1, 1, 8)));
 }
 
-// The `full` barriers of one stage: one, or with split_full one per ring (TMA only).
-int64_t fullBarriersPerStage(const ir::Function& f, const LoopPlan& plan) {
-  return plan.tma && plan.rings.size() > 1 && splitFullWanted(f) ? int64_t(plan.rings.size()) : 1;
-}
-
-// Ring r's `full` barrier in `slot`: slot · perStage + r.
-ir::Value* barrierIndex(Inserter& at, ir::Value* slot, int64_t perStage, int64_t r) {
-  ir::Value* scaled = at.value(OpKind::Mul, {slot, at.constant(perStage, ir::DType::I32)}, slot->type());
-  return at.value(OpKind::Add, {scaled, at.constant(r, ir::DType::I32)}, slot->type());
-}
-
 // The parity of the phase that is fill (or release) n / S of a slot: (n / S) & 1.
 ir::Value* phaseParity(Inserter& at, ir::Value* n, int64_t stages) {
   const ir::Type i32(ir::DType::I32);
@@ -306,10 +291,10 @@ ir::Value* phaseParity(Inserter& at, ir::Value* n, int64_t stages) {
 }
 
 // A loop's (or a group of loops') ring buffers and, `withBarriers`, their `full` and `empty`
-// barriers (`fullPerStage` a stage), allocated and initialized before `at`, then a CTA barrier (the
+// barriers, allocated and initialized before `at`, then a CTA barrier (the
 // bytes may be another tile's that a slower warp still reads), then every slot released once up
 // front. The slot and count are left to the caller.
-RingChain allocateRings(Inserter& at, const LoopPlan& plan, int64_t stages, bool withBarriers, int64_t fullPerStage) {
+RingChain allocateRings(Inserter& at, const LoopPlan& plan, int64_t stages, bool withBarriers) {
   RingChain rings;
   for (const Ring& ring : plan.rings) {
     const ir::Type& t = ring.load->result()->type();
@@ -317,7 +302,7 @@ RingChain allocateRings(Inserter& at, const LoopPlan& plan, int64_t stages, bool
                                      ir::Type::sharedBuffer(t.dtype(), stages, std::make_shared<const ir::SharedLayout>(plan.layoutOf.at(ring.load)))));
   }
   if (withBarriers) {
-    rings.full = barrierBuffer(at, stages * fullPerStage);
+    rings.full = barrierBuffer(at, stages);
     rings.empty = barrierBuffer(at, stages);
     // With TMA, `full` counts thread 0's expect_tx (and the bytes); else every thread's copies.
     at.op(OpKind::MbarrierInit, {rings.full}, {}, plan.tma ? ir::Attrs{{"arrivals", int64_t(1)}} : ir::Attrs{});
@@ -352,82 +337,30 @@ std::vector<Op*> boxSlice(const Ring& ring, ir::Block& body) {
   return bodySlice(std::vector<const ir::Value*>(operands.begin(), operands.end()), body);
 }
 
-// The next loop's first S-1 stages, for a loop whose rings it continues (chained, below): its box
-// operands at its iterations 0 .. S-2, computed once before this loop (the only ones this loop
-// issues), so that this loop's steps pay a select per coordinate, not the next loop's list reads.
-struct NextStages {
-  const LoopPlan* plan = nullptr;
-  std::vector<std::map<const ir::Value*, ir::Value*>> at;  // iteration k's clones of its box slices
-};
-
 // TMA: thread 0 announces the stage's bytes on full[slot] and issues every ring's box at
 // induction value `iv` into `slot` (nothing past the loop's end: the announcement is then of 0
 // bytes, and no copy is issued).
 // `whenSlotFree` (the loop's wait for the slot's release) comes after the coordinates: a block
 // index read from a list then travels while the issuer waits, instead of after it.
-// `next`: the next loop continues this loop's rings, so an iteration past this loop's end is the
-// next loop's iteration iv - max(ub, 0) (at most S-2): the stage takes this loop's coordinates
-// while iv < ub, the next loop's precomputed ones after.
 // `noPhantom`: a stage past the end does not arrive on `full` at all (mbarrier_expect_tx
 // {only_on = 1}): with shared rings a later loop fills that slot and phase.
-// `splitFull`: each ring completes its own `full` barrier, full[slot·R + r] for ring r of R (one
-// expect_tx a ring), so that a consumer waits for each operand just before its first read.
 void issueStageTma(Inserter& at, ir::Block& body, std::vector<Ring>& rings, ir::Value* iv, ir::Value* ub,
                    ir::Value* slot, ir::Value* full, const std::function<void()>& whenSlotFree = {},
-                   const NextStages* next = nullptr, bool noPhantom = false, bool splitFull = false) {
+                   bool noPhantom = false) {
   std::map<const ir::Value*, ir::Value*> clone{{body.arg(0), iv}};
-  const ir::Type flag(ir::DType::I1);
-  ir::Value* inThisLoop = at.value(OpKind::Cmp, {iv, ub}, flag, {{"pred", std::string("lt")}});
-  ir::Value* exists = inThisLoop;
-  ir::Value* later = nullptr;
-  if (next) {
-    const ir::Type& ivType = iv->type();
-    ir::Value* zero = at.constant(0, ivType.dtype());
-    ir::Value* trips = at.value(OpKind::Maximum, {ub, zero}, ivType);
-    later = at.value(OpKind::Maximum, {at.value(OpKind::Sub, {iv, trips}, ivType), zero}, ivType);
-    ir::Value* inNext = at.value(OpKind::Cmp, {later, next->plan->forOp->operand(1)}, flag, {{"pred", std::string("lt")}});
-    exists = at.value(OpKind::Or, {inThisLoop, inNext}, flag);
-  }
+  ir::Value* exists = at.value(OpKind::Cmp, {iv, ub}, ir::Type(ir::DType::I1), {{"pred", std::string("lt")}});
   int64_t bytes = 0;
-  auto ringBytes = [](const Ring& ring) {
-    return ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
-  };
   for (Ring& ring : rings) {
     cloneAt(at, boxSlice(ring, body), clone);
-    bytes += ringBytes(ring);
+    bytes += ring.load->result()->type().numElements() * ir::byteWidth(ring.load->result()->type().dtype());
   }
   if (whenSlotFree) whenSlotFree();
-  auto announce = [&](ir::Value* barrier, int64_t n) {
-    ir::Attrs txAttrs{{"bytes", n}};
-    if (noPhantom) txAttrs["only_on"] = int64_t(1);
-    at.op(OpKind::MbarrierExpectTx, {full, barrier, exists}, {}, std::move(txAttrs));
-  };
-  // Ring r's barrier: the stage's, or with splitFull its own.
-  std::vector<ir::Value*> barrierOf(rings.size(), slot);
-  for (size_t i = 0; splitFull && i < rings.size(); ++i) {
-    barrierOf[i] = barrierIndex(at, slot, int64_t(rings.size()), int64_t(i));
-    announce(barrierOf[i], ringBytes(rings[i]));
-  }
-  if (!splitFull) announce(slot, bytes);
-  auto mapped = [](const std::map<const ir::Value*, ir::Value*>& m, ir::Value* v) { return m.count(v) ? m.at(v) : v; };
-  for (size_t i = 0; i < rings.size(); ++i) {
-    std::vector<ir::Value*> operands{rings[i].buffer, slot, full, barrierOf[i], exists};
-    const std::vector<ir::Value*> box = boxOperands(rings[i]);
-    const size_t firstCoord = box.size() - rings[i].box->coords.size();
-    for (size_t j = 0; j < box.size(); ++j) {
-      ir::Value* v = mapped(clone, box[j]);
-      if (next && j >= firstCoord) {  // (chainMoves() checked that the other operands are the same)
-        ir::Value* theirs = boxOperands(next->plan->rings[i])[j];
-        ir::Value* w = mapped(next->at[0], theirs);
-        for (size_t k = 1; k < next->at.size(); ++k) {
-          ir::Value* isK = at.value(OpKind::Cmp, {later, at.constant(int64_t(k), later->type().dtype())}, flag,
-                                    {{"pred", std::string("eq")}});
-          w = at.value(OpKind::Select, {isK, mapped(next->at[k], theirs), w}, w->type());
-        }
-        if (w != v) v = at.value(OpKind::Select, {inThisLoop, v, w}, v->type());
-      }
-      operands.push_back(v);
-    }
+  ir::Attrs txAttrs{{"bytes", bytes}};
+  if (noPhantom) txAttrs["only_on"] = int64_t(1);
+  at.op(OpKind::MbarrierExpectTx, {full, slot, exists}, {}, std::move(txAttrs));
+  for (Ring& ring : rings) {
+    std::vector<ir::Value*> operands{ring.buffer, slot, full, slot, exists};
+    for (ir::Value* v : boxOperands(ring)) operands.push_back(clone.count(v) ? clone.at(v) : v);
     at.op(OpKind::TmaCopy, std::move(operands), {});
   }
 }
@@ -577,23 +510,20 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
   return LoopPlan{&forOp, std::move(rings), std::move(converts), std::move(layoutOf), tma, readOnlyLoop};
 }
 
-// How a loop's schedule meets its neighbours' (chained and shared rings, below). By default (all
-// unset) the loop owns its rings: allocated, initialized and prologued before it, invalidated after.
+// How a loop's schedule meets its neighbours' (shared rings, below). By default (all unset) the
+// loop owns its rings: allocated, initialized and prologued before it, invalidated after.
 struct ScheduleLinks {
   const RingChain* from = nullptr;  // the rings, barriers, slot and count this loop continues
-  const LoopPlan* next = nullptr;   // chained: the next loop, whose first stages this loop issues
-  bool ownPrologue = true;          // with `from`: issue this loop's first stages before it (shared)
   bool keepAlive = false;           // a later loop continues the rings: no barrier or inval after
 };
 
 // Writes the loop's schedule, linked to its neighbours by `links`; returns its rings, barriers and
 // the slot and count they end on, for a loop that continues them.
 RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const Target& target, const ScheduleLinks& links) {
-  const RingChain* from = links.from;
-  const LoopPlan* next = links.next;
   // Shared rings: a stage past a loop's end must not arrive on `full` (the next loop's prologue
   // fills that slot and phase), and each of this loop's first stages waits for its slot's release.
-  const bool shared = from && links.ownPrologue;
+  const RingChain* from = links.from;
+  const bool shared = from != nullptr;
   Op& forOp = *plan.forOp;
   ir::Block& body = forOp.region(0);
   std::vector<Ring>& rings = plan.rings;
@@ -613,24 +543,12 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   // copies into slot s have landed, `empty[s]` when every thread is done reading slot s.
   // With TMA, `full[s]` counts thread 0's expect_tx and the bytes of the stage's copies instead.
   const bool withBarriers = tma || ringBarriersWanted(f);
-  const int64_t perStage = fullBarriersPerStage(f, plan);  // `full` barriers a stage
-  const bool splitFull = perStage > 1;
-  const RingChain own = from ? *from : allocateRings(before, plan, stages, withBarriers, perStage);
+  const RingChain own = from ? *from : allocateRings(before, plan, stages, withBarriers);
   for (size_t i = 0; i < rings.size(); ++i) rings[i].buffer = own.buffers[i];
   ir::Value* full = own.full;
   ir::Value* empty = own.empty;
-  NextStages nextStages;
-  if (next) {
-    nextStages.plan = next;
-    ir::Block& theirBody = next->forOp->region(0);
-    for (int64_t k = 0; k + 1 < stages; ++k) {
-      nextStages.at.push_back({{theirBody.arg(0), before.constant(k, ivType.dtype())}});
-      for (const Ring& ring : next->rings) cloneAt(before, boxSlice(ring, theirBody), nextStages.at.back());
-    }
-  }
-  const NextStages* chained = next ? &nextStages : nullptr;
   const ir::Type i32(ir::DType::I32);
-  for (int64_t s = 0; (!from || links.ownPrologue) && s + 1 < stages; ++s) {
+  for (int64_t s = 0; s + 1 < stages; ++s) {
     ir::Value* iv = before.value(OpKind::Add, {lb, before.value(OpKind::Mul, {step, before.constant(s, ivType.dtype())}, ivType)}, ivType);
     if (tma && from) {
       // Stage count+s into slot (slot+s) mod S, once the iteration that read it last released it.
@@ -641,12 +559,11 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
       ir::Value* slotS = before.value(OpKind::Select, {wraps, before.value(OpKind::Sub, {raw, before.constant(stages, ir::DType::I32)}, i32), raw}, i32);
       ir::Value* parity = phaseParity(before, g, stages);
       issueStageTma(before, body, rings, iv, ub, slotS, full,
-                    [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, nullptr, true,
-                    splitFull);
+                    [&] { before.op(OpKind::MbarrierWait, {empty, slotS, parity}, {}, {{"issuer", int64_t(1)}}); }, true);
       continue;
     }
     if (tma) {
-      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full, {}, chained, shared, splitFull);
+      issueStageTma(before, body, rings, iv, ub, before.constant(s, ir::DType::I32), full);
       continue;
     }
     issueStage(before, body, rings, iv, ub, before.constant(s, ir::DType::I32));
@@ -687,9 +604,9 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); }, chained,
-                  shared, splitFull);
-    if (!splitFull) waitFull();
+    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); },
+                  shared);
+    waitFull();
   } else {
     if (withBarriers)
       waitFull();
@@ -704,39 +621,11 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
     if (withBarriers) issue.op(OpKind::AsyncCopyArrive, {full, writeSlot}, {});
   }
 
-  // splitFull: ring r's data is waited for right before its first read (full[slot·R + r]).
-  std::set<const Ring*> waited;
-  auto waitRing = [&](Inserter& at, const Ring& ring) {
-    if (!splitFull || !waited.insert(&ring).second) return;
-    ir::Value* barrier = barrierIndex(at, slot, perStage, &ring - rings.data());
-    at.op(OpKind::MbarrierWait, {full, barrier, phaseParity(at, count, stages)}, {});
-  };
   for (Ring& ring : rings)
-    if (ring.rows) {
-      waitRing(issue, ring);
-      f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
-    }
-  // splitFull: each read moves down to its first user in the body (a wgmma operand's local_load
-  // is only a descriptor), so that P·V's wait for V comes after Q·Kᵀ is issued, not before it.
-  auto position = [&](const Op* op) { return std::distance(body.ops().begin(), body.find(op)); };
-  std::map<const Op*, Op*> readAt;  // convert -> the op its read goes before
+    if (ring.rows) f.replaceAllUsesWith(ring.load->result(), issue.value(OpKind::LocalLoad, {ring.buffer, slot}, ring.load->result()->type()));
   for (Op* cvt : converts) {
-    readAt[cvt] = cvt;
-    if (!splitFull) continue;
-    for (auto it = std::next(body.find(cvt)); it != body.ops().end(); ++it) {
-      const auto& ops = (*it)->operands();
-      if (std::find(ops.begin(), ops.end(), cvt->result()) != ops.end()) {
-        readAt[cvt] = it->get();
-        break;
-      }
-    }
-  }
-  std::vector<Op*> reads(converts.begin(), converts.end());
-  std::stable_sort(reads.begin(), reads.end(), [&](Op* a, Op* b) { return position(readAt[a]) < position(readAt[b]); });
-  for (Op* cvt : reads) {
     Ring& ring = *ringOfLoad.at(cvt->operand(0)->definingOp());
-    Inserter at{f, body, body.find(readAt[cvt]), cvt->loc()};
-    waitRing(at, ring);
+    Inserter at{f, body, body.find(cvt), cvt->loc()};
     ir::Value* tile = at.value(OpKind::LocalLoad, {ring.buffer, slot}, cvt->result()->type());
     f.replaceAllUsesWith(cvt->result(), tile);
     body.erase(cvt);
@@ -773,8 +662,6 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
 
 }  // namespace
 
-bool chainRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_CHAIN_RINGS", "chain_rings"); }
-
 std::optional<int64_t> scalarConstant(const ir::Value* v) {
   const Op* d = v->definingOp();
   if (!d || d->kind() != OpKind::Constant || v->type().isTile()) return std::nullopt;
@@ -782,49 +669,9 @@ std::optional<int64_t> scalarConstant(const ir::Value* v) {
   return x ? std::optional<int64_t>(*x) : std::nullopt;
 }
 
+bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }
+
 namespace {
-
-// Whether `a` and `b` compute the same value: the same value, or the same pure op over operands
-// that are the same (two walks' copies of one tensor box's base, sizes and strides).
-bool sameValue(const ir::Value* a, const ir::Value* b, int depth = 8) {
-  if (a == b) return true;
-  const Op* x = a->definingOp();
-  const Op* y = b->definingOp();
-  if (!x || !y || depth == 0 || x->kind() != y->kind() || !x->hasTrait(ir::kPure) || !x->regions().empty() ||
-      a->resultIndex() != b->resultIndex() || !(a->type() == b->type()) || x->attrs() != y->attrs() ||
-      x->numOperands() != y->numOperands())
-    return false;
-  for (size_t i = 0; i < x->numOperands(); ++i)
-    if (!sameValue(x->operand(i), y->operand(i), depth - 1)) return false;
-  return true;
-}
-
-// Whether `v` can be used right before loop `first` of its block: it is defined before it (or
-// outside the block), or by pure ops between `first` and `second` that can move before it; those
-// ops go to `moves` (in block order, once each).
-bool availableBefore(const ir::Value* v, const Op& first, std::set<Op*>& moves) {
-  ir::Block& outer = *first.parentBlock();
-  Op* d = v->definingOp();
-  if (!d) {  // a block argument: fine unless it belongs to a block inside `outer`
-    for (const ir::Block* blk = v->ownerBlock(); blk && blk->parentOp(); blk = blk->parentOp()->parentBlock())
-      if (blk->parentOp()->parentBlock() == &outer) return false;
-    return true;
-  }
-  if (d->parentBlock() != &outer) {
-    for (const ir::Block* blk = &outer; blk; blk = blk->parentOp() ? blk->parentOp()->parentBlock() : nullptr)
-      if (blk == d->parentBlock()) return true;  // an enclosing block's value
-    return false;
-  }
-  if (d == &first) return false;
-  for (auto it = outer.ops().begin(); it != outer.ops().end() && it->get() != &first; ++it)
-    if (it->get() == d) return true;  // defined before `first`
-  if (moves.count(d)) return true;
-  if (!d->hasTrait(ir::kPure) || !d->regions().empty()) return false;
-  for (const ir::Value* o : d->operands())
-    if (!availableBefore(o, first, moves)) return false;
-  moves.insert(d);
-  return true;
-}
 
 // Whether two loops' rings can be the same buffers: one for one, the same tile type, shared
 // layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both filled by TMA.
@@ -839,72 +686,6 @@ bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
   }
   return true;
 }
-
-// Moves `ops` (of `loop`'s block, in block order) right before `loop`.
-void moveBefore(const std::vector<Op*>& ops, Op& loop) {
-  ir::Block& block = *loop.parentBlock();
-  for (Op* op : ops) {
-    auto at = block.find(op);
-    std::unique_ptr<Op> moved = std::move(*at);
-    block.ops().erase(at);
-    block.insert(block.find(&loop), std::move(moved));
-  }
-}
-
-// Whether loop `b` can continue loop `a`'s rings: then the ops between them that `a` must
-// compute of `b` (to move before `a`, in block order), else none. Two walks of one program over the same tensors, one after the other (the forward's
-// full and partial lists, dkdv's and dq's): sharing the rings lets `a`'s last iterations issue
-// `b`'s first stages, so no pipeline drains and refills between them and no CTA barrier parts them.
-// Both loops fill their rings with TMA, count from 0 by 1 and write no memory; nothing with a side
-// effect or a region lies between them; their rings match one for one (type, layout, the box's
-// tensor: only the coordinates differ); `b`'s bound and the values its coordinates read from
-// outside its body can be computed before `a`.
-std::optional<std::vector<Op*>> chainMoves(const LoopPlan& a, const LoopPlan& b) {
-  const Op& first = *a.forOp;
-  const Op& second = *b.forOp;
-  if (!a.tma || !b.tma || !a.readOnly || !b.readOnly || first.parentBlock() != second.parentBlock()) return std::nullopt;
-  for (const Op* loop : {&first, &second})
-    if (scalarConstant(loop->operand(0)) != 0 || scalarConstant(loop->operand(2)) != 1) return std::nullopt;
-  if (!(first.operand(1)->type() == second.operand(1)->type())) return std::nullopt;
-  ir::Block& outer = *first.parentBlock();
-  auto it = std::next(outer.find(&first));
-  for (; it != outer.ops().end() && it->get() != &second; ++it)
-    if ((*it)->hasTrait(ir::kSideEffect) || !(*it)->regions().empty() || (*it)->kind() == OpKind::Barrier) return std::nullopt;
-  if (it == outer.ops().end() || !ringsMatch(a, b)) return std::nullopt;
-  for (size_t i = 0; i < a.rings.size(); ++i) {
-    const Ring& x = a.rings[i];
-    const Ring& y = b.rings[i];
-    if (!x.box || !y.box) return std::nullopt;
-    const std::vector<ir::Value*> bx = boxOperands(x), by = boxOperands(y);
-    if (bx.size() != by.size()) return std::nullopt;
-    for (size_t j = 0; j + x.box->coords.size() < bx.size(); ++j)
-      if (!sameValue(bx[j], by[j])) return std::nullopt;
-  }
-  // `b`'s bound, and what its coordinates read from outside its body.
-  std::set<Op*> moves;
-  if (!availableBefore(second.operand(1), first, moves)) return std::nullopt;
-  const ir::Block& body = second.region(0);
-  for (const Ring& ring : b.rings)
-    for (const Op* op : boxSlice(ring, const_cast<ir::Block&>(body)))
-      for (const ir::Value* o : op->operands()) {
-        const Op* d = o->definingOp();
-        if (o == body.arg(0) || (d && d->parentBlock() == &body)) continue;
-        if (!d && o->ownerBlock() == &body) return std::nullopt;  // a carried value
-        if (!availableBefore(o, first, moves)) return std::nullopt;
-      }
-  std::vector<Op*> ordered;
-  for (auto& op : outer.ops())
-    if (moves.count(op.get())) ordered.push_back(op.get());
-  return ordered;
-}
-
-}  // namespace
-
-bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }
-
-bool splitFullWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SPLIT_FULL", "split_full"); }
-
-namespace {
 
 // Loops that share one set of rings (shared rings, below), in program order, and the loop around
 // them that carries the rings' slot and count from one of its iterations to the next, if any.
@@ -954,7 +735,7 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
   ir::Block& home = *anchor->parentBlock();
   const ir::Location loc = anchor->loc();
   Inserter at{f, home, home.find(anchor), loc};
-  RingChain chain = allocateRings(at, first, stages, true, fullBarriersPerStage(f, first));
+  RingChain chain = allocateRings(at, first, stages, true);
   chain.slot = at.constant(0, ir::DType::I32);
   chain.count = at.constant(0, ir::DType::I32);
   const ir::Type i32(ir::DType::I32);
@@ -970,7 +751,6 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
   for (size_t k = 0; k < group.loops.size(); ++k) {
     ScheduleLinks links;
     links.from = &chain;
-    links.ownPrologue = true;
     links.keepAlive = group.outer || k + 1 < group.loops.size();
     const RingChain after = writeSchedule(f, *plans[group.loops[k]], stages, target, links);
     chain.slot = after.slot;
@@ -1066,19 +846,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
   });
   std::vector<std::optional<LoopPlan>> plans;
   for (Op* forOp : loops) plans.push_back(planLoop(f, *forOp, globalWidth, target, readOnly.at(forOp)));
-  // Which loop continues the previous one's rings (in program order: f.walk visits a block's loops
-  // in order, and chainMoves() asks for two loops of one block with nothing between them).
-  std::vector<bool> continues(plans.size(), false);
-  if (chainRingsWanted(f) && !shareRingsWanted(f))
-    for (size_t i = 0; i + 1 < plans.size(); ++i) {  // (pairs: a loop that continues one issues no third loop's stages)
-      if (continues[i] || !plans[i] || !plans[i + 1]) continue;
-      if (auto moves = chainMoves(*plans[i], *plans[i + 1])) {
-        moveBefore(*moves, *plans[i]->forOp);
-        continues[i + 1] = true;
-      }
-    }
   bool rewritten = false;
-  std::optional<RingChain> chain;
   std::set<size_t> done;
   if (shareRingsWanted(f))
     for (const SharedRings& group : sharedRingGroups(f, plans)) {
@@ -1088,12 +856,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
     }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (!plans[i] || done.count(i)) continue;
-    ScheduleLinks links;
-    links.next = i + 1 < plans.size() && continues[i + 1] ? &*plans[i + 1] : nullptr;
-    links.keepAlive = links.next != nullptr;
-    links.from = continues[i] ? &*chain : nullptr;
-    links.ownPrologue = !continues[i];
-    chain = writeSchedule(f, *plans[i], stages, target, links);
+    writeSchedule(f, *plans[i], stages, target, {});
     rewritten = true;
   }
   if (rewritten) ir::dce(f);

@@ -143,13 +143,13 @@ TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
                     DqAccumulation::Separate);
 }
 
-// The backward's walks on chained rings, on shared rings and with a `full` barrier per operand
-// (opt-ins): dkdv's and dq's full and partial walks, every variant, at the default config.
+// The backward's walks on shared rings (opt-in): dkdv's and dq's full and partial walks, every
+// variant, at the default config.
 TEST(FlexAttentionBackwardGpu, RingsThatOutliveTheirLoopEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
   SeededRandom rng;
-  for (const char* var : {"FLEXTILE_CHAIN_RINGS", "FLEXTILE_SHARE_RINGS", "FLEXTILE_SPLIT_FULL"}) {
+  for (const char* var : {"FLEXTILE_SHARE_RINGS"}) {
     flextile::testing::ScopedSetenv on(var, "1");
     FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
     checkEveryVariant(rng, std::string("backward, ") + var + "=1", {{129, 1000}, {1000, 333}},

@@ -55,7 +55,11 @@ std::vector<std::string> jumpsIntoLoops(const std::string& ptx) {
   return out;
 }
 
+// The causal forward for a config. The tests below read the kernel of one program per tile: a
+// config that leaves persistent programs to the rule gets none (FLEXTILE_FORWARD_PERSISTENT=1
+// still forces them, as the persistent tests do).
 const codegen::CompiledKernel& compileFor(codegen::Target target, FlexAttentionConfig config, int64_t D = 128) {
+  if (config.persistent == LoopSchedule::Auto) config.persistent = LoopSchedule::Off;
   Tensor q = Tensor::empty(DType::BF16, {1, 2, 1024, D}, MemorySpace::Host);
   Tensor k = Tensor::empty(DType::BF16, {1, 2, 1024, D}, MemorySpace::Host);
   static std::optional<BlockMask> mask;
@@ -226,14 +230,15 @@ TEST(FlexAttentionCodegen, TmaFillsTheKAndVRings) {
       EXPECT_EQ(r.box, (std::vector<int64_t>{1, 1, c.block_n, 64})) << r.str();
       EXPECT_EQ(r.swizzleBytes, 128) << r.str();
     }
-    // Chained (FLEXTILE_CHAIN_RINGS=1), the two walks share their rings: one prologue stage, and an
-    // in-loop stage in each walk; K and V, two panels each. Unchained (the default), each walk has
-    // its own prologue, and its own barriers initialized and invalidated around it.
+    // Shared (FLEXTILE_SHARE_RINGS=1), the two walks share their rings: each still issues a
+    // prologue stage and an in-loop stage (K and V, two panels each), but one set of barriers is
+    // initialized and invalidated for both. Unshared (a program per tile's default), each walk has
+    // its own barriers initialized and invalidated around it.
     {
-      ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
+      ScopedSetenv shareRings("FLEXTILE_SHARE_RINGS", "1");
       const auto& shared = compileFor(codegen::Target::sm90a(), c);
-      EXPECT_EQ(count(shared.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 3 * 2 * 2);
-      EXPECT_EQ(count(shared.ptx, "mbarrier\\.arrive\\.expect_tx"), 3);
+      EXPECT_EQ(count(shared.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
+      EXPECT_EQ(count(shared.ptx, "mbarrier\\.arrive\\.expect_tx"), 2 * 2);
       EXPECT_EQ(count(shared.ptx, "mbarrier\\.inval"), 2 * 2);  // full and empty, two slots
     }
     EXPECT_EQ(count(k.ptx, "cp\\.async\\.bulk\\.tensor\\.4d"), 2 * 2 * 2 * 2);
@@ -268,12 +273,12 @@ TEST(FlexAttentionCodegen, TwoWarpgroupsTakeTurnsIssuingTheirProducts) {
   struct Unset {
     ~Unset() { ::unsetenv("FLEXTILE_PINGPONG"); }
   } unset;
-  // With the two walks sharing their ring (FLEXTILE_CHAIN_RINGS=1), nothing makes the warpgroups
+  // With the two walks sharing their rings (FLEXTILE_SHARE_RINGS=1), nothing makes the warpgroups
   // meet between them: the turns run through both loops as through one, one open before the first
   // and one close after the second. (A close and an open between them let warpgroup 1 arrive twice
   // on barrier 1 before warpgroup 0 synced on it: the turns fell out of step and the forward hung
-  // on the H200, 2026-12-04.)
-  std::optional<ScopedSetenv> chained(std::in_place, "FLEXTILE_CHAIN_RINGS", "1");
+  // on the H200, 2026-12-04, with the walks then chained on one ring.)
+  std::optional<ScopedSetenv> chained(std::in_place, "FLEXTILE_SHARE_RINGS", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"open\"\\}"), 1);
   EXPECT_EQ(count(k.ir, "warpgroup_turn \\{step = \"begin\"\\}"), 2);
@@ -353,10 +358,12 @@ TEST(FlexAttentionCodegen, BothListLengthsAreReadBeforeTheFirstWalk) {
   }
 }
 
-// Persistent forward (opt-in, FLEXTILE_FORWARD_PERSISTENT=1): the program loops over its share of
-// the query tiles (rounds of %tiles / num_programs) around both walks; the pipeline pass
-// gives Q a two-slot cp.async ring of that loop, so the next tile's Q is loaded during this one;
-// the specialized 8-warp tile still fits 168 registers without spilling. Off, no such loop.
+// Persistent forward (the config's `persistent`, or FLEXTILE_FORWARD_PERSISTENT=1): the program
+// loops over its share of the query tiles (rounds of %tiles / num_programs) around both walks; the
+// pipeline pass gives Q a two-slot cp.async ring of that loop, so the next tile's Q is loaded
+// during this one, and the walks share one set of K/V rings across the tiles (invalidated once,
+// after the tile loop); the specialized 8-warp tile still fits 168 registers without spilling.
+// Off, no such loop.
 TEST(FlexAttentionCodegen, PersistentForwardLoopsOverTheTiles) {
   {
     ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
@@ -367,7 +374,8 @@ TEST(FlexAttentionCodegen, PersistentForwardLoopsOverTheTiles) {
     ASSERT_NE(loop, std::string::npos);
     EXPECT_LT(k.ir.find("async_copy"), loop) << "the first tile's Q, before the loop";
     EXPECT_NE(k.ir.find("async_copy", loop), std::string::npos) << "the next tile's Q, in the loop";
-    EXPECT_EQ(count(k.ir, "mbarrier_inval"), 4) << "each walk's ring, inside the tile loop";
+    EXPECT_EQ(count(k.ir, "mbarrier_inval"), 2) << "the walks' shared rings, once, after the tile loop";
+    EXPECT_GT(k.ir.rfind("mbarrier_inval"), k.ir.rfind("yield"));
     if (codegen::findPtxas()) {
       codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
       EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
@@ -376,6 +384,28 @@ TEST(FlexAttentionCodegen, PersistentForwardLoopsOverTheTiles) {
   }
   const std::string& plain = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ir;
   EXPECT_EQ(plain.find("%tiles", plain.find('{', plain.find("func @"))), std::string::npos);
+}
+
+// The rule for persistent programs (detail::persistentWanted, FlexAttentionConfig::persistent
+// Auto): the yardstick variants whose tiles take the turns and whose mods read no captured tensor
+// run persistent programs at the H200's default tile, without spilling; ALiBi (its slopes spilled
+// 84 bytes persistent) and the document mask (per-key ids, no turns) keep a program per tile.
+TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACapture) {
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}) {
+    SCOPED_TRACE(name);
+    const bool expected = std::string(name) != "alibi" && std::string(name) != "document";
+    VariantInstance inst = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 128, 8, 2}},
+                                    true, codegen::Target::sm90a());
+    const std::string& ir = plan.compiled->ir;
+    EXPECT_EQ(ir.find("%tiles", ir.find('{', ir.find("func @"))) != std::string::npos, expected);
+    if (expected && codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+  }
 }
 
 // Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of
@@ -404,32 +434,9 @@ TEST(FlexAttentionCodegen, SharedRingsSpanTheWalks) {
   }
 }
 
-// A `full` barrier per operand (opt-in, FLEXTILE_SPLIT_FULL=1): each stage announces K's and V's
-// bytes on barriers of their own (full[slot·2 + r], a buffer of 2·S), and the consumers wait for V
-// right before P·V — after Q·Kᵀ is issued — instead of for the whole stage before Q·Kᵀ.
-TEST(FlexAttentionCodegen, SplitFullBarriersLetQKStartBeforeVLands) {
-  ScopedSetenv split("FLEXTILE_SPLIT_FULL", "1");
-  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
-  EXPECT_EQ(count(k.ir, "mbarrier_expect_tx [^\\n]*bytes = 32768"), 8) << "K and V apart, in 4 issues";
-  EXPECT_EQ(count(k.ir, "local_alloc [^\\n]*smem<4 x i64\\[1\\]"), 2) << "each walk's `full` buffer";
-  // In each walk: Q·Kᵀ (the first async dot) comes before the wait that precedes P·V.
-  for (size_t at = k.ir.find(" = for "), walks = 0; at != std::string::npos && walks < 2; ++walks) {
-    const size_t qk = k.ir.find("{async = 1}", at);
-    const size_t pv = k.ir.find("{async = 1}", qk + 1);
-    ASSERT_NE(pv, std::string::npos);
-    const size_t vWait = k.ir.rfind("mbarrier_wait", pv);
-    EXPECT_GT(vWait, qk) << "walk " << walks;
-    at = k.ir.find(" = for ", pv);
-  }
-  if (codegen::findPtxas()) {
-    codegen::PtxasReport r = codegen::runPtxas(k.ptx, codegen::Target::sm90a());
-    EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
-  }
-}
-
 TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
-  ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
+  ScopedSetenv shared("FLEXTILE_SHARE_RINGS", "1");
   const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2});
   EXPECT_EQ(k.producerWarps, 4);
   EXPECT_EQ(k.threadsPerProgram(), 384);
@@ -437,11 +444,11 @@ TEST(FlexAttentionCodegen, WarpSpecializedForwardMovesRegistersToTheConsumers) {
   EXPECT_EQ(count(k.ptx, "\\.maxntid 384"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24;"), 1);
   EXPECT_EQ(count(k.ptx, "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240;"), 1);
-  // Every issuer op is the producer's: two walks sharing one ring (one prologue, a loop each),
-  // K and V per stage.
+  // Every issuer op is the producer's: two walks sharing one set of rings (a prologue stage and
+  // a loop each, each stage after its slot's release), K and V per stage.
   EXPECT_EQ(count(k.ir, "tma_copy [^\\n]*ws = \"producer\""), count(k.ir, "tma_copy "));
-  EXPECT_EQ(count(k.ir, "tma_copy "), 6);
-  EXPECT_EQ(count(k.ir, "mbarrier_wait [^\\n]*issuer = 1, ws = \"producer\""), 2);
+  EXPECT_EQ(count(k.ir, "tma_copy "), 8);
+  EXPECT_EQ(count(k.ir, "mbarrier_wait [^\\n]*issuer = 1, ws = \"producer\""), 4);
   // The ring's two CTA barriers (after its init, before its inval) are met by both roles, and
   // nothing parts the walks; the consumers' own barriers are named barrier 3.
   EXPECT_EQ(count(k.ir, "barrier \\{ws = \"both\"\\}"), 2);

@@ -212,37 +212,19 @@ TEST(TilePassesInterpreted, ForwardWithTmaCopies) {
   }
 }
 
-// Two walks sharing one ring (FLEXTILE_CHAIN_RINGS=1): the first walk's last iterations issue the
-// second walk's first stages, with the second's coordinates. Rows whose full list is empty (the
-// second walk's stages come from the prologue), whose partial list is empty, both empty (masked
-// rows), one-block walks; forward and backward (dkdv over the transposed lists, dq), with and
-// without a producer warpgroup and warpgroup turns. The interpreter runs each copy where it is
-// issued, so a stage with the wrong walk's coordinates or slot changes the results.
-TEST(TilePassesInterpreted, ChainedWalksShareOneRing) {
-  SeededRandom rng;
-  ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", "1");
-  InterpretAfterPasses scope("sm_90a");
-  if (!checkWalkVariants(rng, "chained rings", {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
-                         {"causal", "sliding_window", "document", "prefix_lm"}))
-    return;
-  checkBackwardWalks(rng, "chained rings");
-}
-
-// Persistent forward (FLEXTILE_FORWARD_PERSISTENT=1): three programs here (no GPU is known), each
-// walking the query tiles program_id, + 3, ... through the sm_90a passes, whose pipeline then also
-// prefetches the next tile's Q into a ring of its own. Every tile of every (batch, head) must be
-// written once: lengths off the block, GQA, masked rows, with the specialized 8-warp tile and with
-// the two walks chained. (Fails with a tile skipped or taken twice.)
+// Persistent forward (FLEXTILE_FORWARD_PERSISTENT=1) with a ring per walk (FLEXTILE_SHARE_RINGS=0;
+// SharedRings below runs it with the shared rings it takes by default): three programs here (no
+// GPU is known), each walking the query tiles program_id, + 3, ... through the sm_90a passes, whose
+// pipeline then also prefetches the next tile's Q into a ring of its own. Every tile of every
+// (batch, head) must be written once: lengths off the block, GQA, masked rows, with the
+// specialized 8-warp tile. (Fails with a tile skipped or taken twice.)
 TEST(TilePassesInterpreted, PersistentForward) {
   SeededRandom rng;
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  ScopedSetenv unshared("FLEXTILE_SHARE_RINGS", "0");
   InterpretAfterPasses scope("sm_90a");
-  for (const char* chain : {"0", "1"}) {
-    ScopedSetenv chained("FLEXTILE_CHAIN_RINGS", chain);
-    if (!checkWalkVariants(rng, std::string("persistent, chained ") + chain, {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}},
-                           {"full", "causal", "sliding_window", "document"}))
-      return;
-  }
+  checkWalkVariants(rng, "persistent, a ring per walk", {kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}},
+                    {"full", "causal", "sliding_window", "document"});
 }
 
 // Shared rings (FLEXTILE_SHARE_RINGS=1): the walks of a program share one set of ring buffers and
@@ -264,25 +246,6 @@ TEST(TilePassesInterpreted, SharedRings) {
       return;
   }
   checkBackwardWalks(rng, "shared rings");
-}
-
-// A `full` barrier per operand (FLEXTILE_SPLIT_FULL=1): each ring's stage is announced and waited
-// for on its own barrier, the wait moved down to the read's first user; alone and with shared rings
-// and the persistent forward; the backward's dkdv splits four rings (Q, dO and the LSE and delta
-// rows). The interpreter checks every barrier's phases.
-TEST(TilePassesInterpreted, SplitFullBarriers) {
-  SeededRandom rng;
-  ScopedSetenv split("FLEXTILE_SPLIT_FULL", "1");
-  InterpretAfterPasses scope("sm_90a");
-  for (const char* shared : {"0", "1"}) {
-    ScopedSetenv rings("FLEXTILE_SHARE_RINGS", shared);
-    ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", shared);
-    if (!checkWalkVariants(rng, std::string("split full, shared and persistent ") + shared,
-                           {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
-                           {"full", "causal", "document"}))
-      return;
-  }
-  checkBackwardWalks(rng, "split full");
 }
 
 // Warpgroup turns (FLEXTILE_PINGPONG=1) on the TMA forward: the passes' IR verifies and computes
