@@ -206,6 +206,9 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   if (c.num_stages < 1 || c.num_stages > 4) return "num_stages must be 1, 2, 3 or 4";
   if (c.turns == LoopSchedule::On && c.num_warps != 8)
     return "turns need two consumer warpgroups (8 warps), not " + std::to_string(c.num_warps);
+  if (c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On)
+    return "asks for defer and persistent together, which is not supported yet (compute-sanitizer's racecheck "
+           "reports hazards in that kernel; docs/performance.md)";
   if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
     return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
            std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";
@@ -611,12 +614,16 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                           p.config.num_warps == 8 && detail::pingpongWanted(scoreMod, blockMask));
   p.constants.defer = p.config.defer == LoopSchedule::On;
   // Persistent programs: the config's choice, else the rule (detail::persistentWanted) where the
-  // turns are; FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides both.
+  // turns are and nothing defers the accumulation; FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides
+  // both. With deferred accumulation, compute-sanitizer's racecheck reported hazards on the
+  // persistent kernel's in-loop conversion through shared memory (H200, 2026-12-04; none on the
+  // persistent kernels without it): configProblem refuses a config that asks for both.
+  const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
   p.constants.persistent = persistentForced ? *persistentForced
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
-                               : p.constants.pingpong && detail::persistentWanted(scoreMod, blockMask);
+                               : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;

@@ -42,8 +42,9 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
                   using attention::LoopSchedule;
                   const bool schedulable = w == 8 && m == 128 && s > 1;
                   const bool specializable = schedulable && ws != attention::WarpSpecialization::Off;
+                  // (defer with persistent programs is refused: attention::configProblem)
                   if ((t == LoopSchedule::On && !specializable) || (d == LoopSchedule::On && !schedulable) ||
-                      (p == LoopSchedule::On && !specializable))
+                      (p == LoopSchedule::On && (!specializable || d == LoopSchedule::On)))
                     continue;
                   out.push_back({m, n, w, s, ws, t, d, p});
                 }

@@ -647,6 +647,31 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("turns need two consumer warpgroups (8 warps), not 4"), std::string::npos) << e.what();
   }
+  // Deferred accumulation in persistent programs: racecheck reported hazards on the H200
+  // (2026-12-04), so a config asking for both is refused by name, and the rule gives a deferred
+  // kernel a program per tile.
+  FlexAttentionConfig both = defer;
+  both.persistent = LoopSchedule::On;
+  try {
+    planFor(both);
+    ADD_FAILURE() << "defer with persistent programs compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("defer and persistent together"), std::string::npos) << e.what();
+  }
+  {
+    VariantInstance causal = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    auto persistentFor = [&](FlexAttentionConfig c) {
+      const std::string& ir =
+          plan_flex_attention(q, q, q, causal.score, causal.mask, {.config = c}, true, sm90a).compiled->ir;
+      return ir.find("%tiles", ir.find('{', ir.find("func @"))) != std::string::npos;
+    };
+    FlexAttentionConfig causalDefault{128, 128, 8, 2}, causalDeferred{128, 128, 8, 2};
+    causalDeferred.defer = LoopSchedule::On;
+    EXPECT_TRUE(persistentFor(causalDefault)) << "the rule's persistent programs";
+    EXPECT_FALSE(persistentFor(causalDeferred)) << "deferred: a program per tile";
+    ScopedSetenv deferAll("FLEXTILE_DEFER_ACCUMULATION", "1");
+    EXPECT_FALSE(persistentFor(causalDefault)) << "deferred by the environment: a program per tile";
+  }
   Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
   try {
     plan_flex_attention_backward(q, q, q, q, lse, q, alibi.score, alibi.mask,

@@ -55,17 +55,19 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
                                                                         attention::WarpSpecialization::Off}));
     // The tiles times the choices of specialization; the loop schedules add, on the 8-warp
     // 128-row pipelined tiles, every combination of turns, defer and persistent programs but none
-    // (7) where the kernel may be specialized, and defer alone (1) where it may not (Off).
+    // and defer with persistent (5) where the kernel may be specialized, and defer alone (1) where
+    // it may not (Off).
     using attention::LoopSchedule;
     const size_t tiles = s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size() * s.specialize.size();
     const size_t scheduled = s.blockN.size() * 2;  // BM 128, w8, s 2 and 3
-    EXPECT_EQ(configs.size(), tiles + scheduled * (7 + 1));
+    EXPECT_EQ(configs.size(), tiles + scheduled * (5 + 1));
     for (const FlexAttentionConfig& c : configs) {
       if (c.turns == LoopSchedule::Auto && c.defer == LoopSchedule::Auto && c.persistent == LoopSchedule::Auto) continue;
       EXPECT_TRUE(c.num_warps == 8 && c.block_m == 128 && c.num_stages > 1) << c.describe();
       if (c.turns == LoopSchedule::On || c.persistent == LoopSchedule::On) {
         EXPECT_NE(c.warp_specialize, attention::WarpSpecialization::Off) << c.describe();
       }
+      EXPECT_FALSE(c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On) << c.describe();
     }
     for (std::optional<codegen::Target> target :
          {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})
