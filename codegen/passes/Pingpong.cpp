@@ -69,7 +69,7 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
     turn(f, outer, std::next(outer.find(loop)), "close", loc);
   }
   // Two loops with turns one after the other and no CTA barrier between them (the walks of a
-  // program whose rings the pipeline chained or shared): the first loop's close and the second's
+  // program whose rings the pipeline shares): the first loop's close and the second's
   // open go, and the turns run on as through one loop. Kept, they let warpgroup 1 leave the first
   // loop and arrive on barrier 1 for the second's open before warpgroup 0 had synced on it for the
   // first's close: two arrivals of one warpgroup complete the barrier, and the turns fall out of
