@@ -63,11 +63,13 @@ struct FlexAttentionConfig {
   // softmax overlaps the tensor cores within a warpgroup.
   LoopSchedule turns = LoopSchedule::Auto;
   LoopSchedule defer = LoopSchedule::Auto;
-  // `persistent`, forward only: one program per SM walks its share of the query tiles (snake
-  // order), and its walks share their K/V rings across tiles, so that the producer loads the next
-  // tile's keys during this tile's epilogue (needs warp specialization and TMA; elsewhere the
-  // kernel runs unchanged). Auto: on where the turns are and no mod reads a captured tensor
-  // (detail::persistentWanted). FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
+  // `persistent`, forward only (the backward refuses On): one program per SM walks its share of
+  // the query tiles (snake order), and its walks share their K/V rings across tiles, so that the
+  // producer loads the next tile's keys during this tile's epilogue (that needs warp
+  // specialization and TMA rings; without them the program still loops over its tiles, with
+  // nothing to overlap). Auto: on where the turns are, nothing defers the accumulation and no mod
+  // reads a captured tensor (detail::persistentWanted); On with `defer` is refused.
+  // FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
   LoopSchedule persistent = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
   // " persistent" / " no-persistent" for the choices that are not Auto.

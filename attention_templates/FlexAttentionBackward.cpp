@@ -624,6 +624,9 @@ void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMas
   if (c.defer == LoopSchedule::On)
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
                 ": defer is a schedule of the forward's loop; the backward's kernels do not have it");
+  if (c.persistent == LoopSchedule::On)
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
+                ": persistent programs are a schedule of the forward; the backward's kernels launch a program per tile");
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {

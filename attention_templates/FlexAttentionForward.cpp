@@ -208,7 +208,7 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
     return "turns need two consumer warpgroups (8 warps), not " + std::to_string(c.num_warps);
   if (c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On)
     return "asks for defer and persistent together, which is not supported yet (compute-sanitizer's racecheck "
-           "reports hazards in that kernel; docs/performance.md)";
+           "reports hazards in that kernel; docs/reliability.md)";
   if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
     return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
            std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";

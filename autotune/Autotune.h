@@ -45,7 +45,7 @@ struct ConfigSpace {
 // The space the tuner searches by default for a dtype and head dim: every tile both with the
 // template's own choice of warp specialization (Auto) and without it (Off); on the 8-warp
 // 128-row tiles also with warpgroup turns, with deferred accumulation and with persistent
-// programs (each, and every combination).
+// programs (each, and every combination but deferred accumulation in persistent programs).
 ConfigSpace defaultSpace(dsl::DType dtype, int64_t headDim);
 
 struct DeviceLimits {

@@ -611,7 +611,8 @@ TEST(FlexAttentionCodegen, ScoreModFactorsFoldIntoTheScale) {
 
 // The loop schedules a config can ask for: turns (pass "pingpong") and deferred accumulation reach
 // the kernel as function attributes and change its loop; Auto leaves both off (without the
-// environment's switches); turns on 4 warps, and either in the backward, are refused by name.
+// environment's switches); turns on 4 warps, defer with persistent programs, and defer or
+// persistent programs in the backward are refused by name.
 TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
   const auto sm90a = codegen::Target::sm90a();
   const int64_t B = 1, H = 2, L = 1024, D = 128;
@@ -680,6 +681,18 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dkdv config BM128 BN128 w8 s2 ws no-turns defer: defer is a schedule of the "
                                          "forward's loop"),
+              std::string::npos)
+        << e.what();
+  }
+  FlexAttentionConfig persistentDq{128, 64, 8, 2};
+  persistentDq.persistent = LoopSchedule::On;
+  try {
+    plan_flex_attention_backward(q, q, q, q, lse, q, alibi.score, alibi.mask,
+                                 {.config = FlexAttentionBackwardConfig{{64, 128, 8, 2}, persistentDq}}, sm90a);
+    ADD_FAILURE() << "a persistent dq compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dq config BM128 BN64 w8 s2 persistent: persistent programs are a schedule of "
+                                         "the forward"),
               std::string::npos)
         << e.what();
   }
