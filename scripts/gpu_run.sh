@@ -34,7 +34,10 @@
 #   FLEXTILE_SANITIZER_JOBS=N         sanitized processes at once (default 16: all sixteen of "all")
 #   FLEXTILE_SANITIZER_TIMEOUT        seconds per sanitized process (default 240)
 #   FLEXTILE_SANITIZER_ATTN_FILTER, FLEXTILE_SANITIZER_CORE_FILTER: gtest filters of
-#                                     attention_gpu_tests and flextile_gpu_tests under every tool
+#                                     attention_gpu_tests and flextile_gpu_tests under every tool;
+#                                     an attention filter of positive patterns only (A.x:B.*) runs
+#                                     a process per pattern, and a core filter of `none` skips
+#                                     flextile_gpu_tests
 #
 # The device tool returns at most 8 files from $OUT: gpu_tests.log, summary.txt, examples.log,
 # tables.txt (when a side-by-side table was made), one log per sanitizer tool and one per bench:
@@ -231,8 +234,18 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
       # Longest first: the attention binary, in four processes (under racecheck the whole binary
       # took longer than 420 s on the H200). Tests that time overlap are left out: a tool that
       # serializes kernels makes them meaningless.
-      if [ -n "${FLEXTILE_SANITIZER_ATTN_FILTER:-}" ]; then
+      if [ -n "${FLEXTILE_SANITIZER_ATTN_FILTER:-}" ] && [[ $attn_filter == *-* ]]; then
         runs+=("${tool}_attention|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$attn_filter'")
+      elif [ -n "${FLEXTILE_SANITIZER_ATTN_FILTER:-}" ]; then
+        # A list of patterns (no negative part): a process each, so that one slow test does not
+        # keep the others' reports from the summary (2026-12-04: three tests in one process ran
+        # past the timeout under racecheck, and the finished ones' summary was lost with it).
+        part=0
+        IFS=':' read -r -a patterns <<< "$attn_filter"
+        for pattern in "${patterns[@]}"; do
+          part=$((part + 1))
+          runs+=("${tool}_attention_$part|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='$pattern'")
+        done
       else
         timed='FlexAttentionStreamsGpu.*OverlapInTime*'
         attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving"
@@ -243,7 +256,8 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
           runs+=("${tool}_attention_${attn_part%%|*}|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/attention_gpu_tests --gtest_filter='${attn_part#*|}'")
         done
       fi
-      runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
+      [ "$core_filter" = none ] ||
+        runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
       [ "$tool" = memcheck ] && runs+=("${tool}_autotune|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/autotune_gpu_tests")
     done
     start=$(now)
