@@ -211,6 +211,9 @@ struct FlexAttentionPlan {
   // which lives as long as the mods; not printed here, since a plan is made on every call.
   const ir::Function* traced = nullptr;
   const codegen::CompiledKernel* compiled = nullptr;  // null unless compiled (device inputs)
+  // Persistent programs launched (FlexAttentionConfig::persistent as resolved for this call: one
+  // per SM, at most one per query tile); 0 for a program per query tile.
+  int64_t persistentPrograms = 0;
 };
 FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                       const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,

@@ -869,6 +869,7 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
   FlexAttentionPlan plan;
   plan.kernelName = kernel.name();
   plan.config = p.config;
+  if (p.constants.persistent) plan.persistentPrograms = lo.grid[0];
   TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
   plan.traced = &kernel.cachedTrace(to);
   if (compile) {

@@ -271,13 +271,15 @@ int main(int argc, char** argv) try {
       auto samples =
           runtime::timeKernel([&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, nullptr, opt); }, 3, 20);
       const double ms = runtime::median(samples), tflops = flops / ms / 1e9;
-      std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), c.describe().c_str(), ms, tflops,
-                  err);
+      // The rule's persistent programs show, so that a table says which schedule ran.
+      const bool persistent = plan_flex_attention(q, k, v, inst.score, inst.mask, opt).persistentPrograms > 0;
+      const std::string label = c.describe() + (persistent && c.persistent == LoopSchedule::Auto ? " (persistent)" : "");
+      std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), label.c_str(), ms, tflops, err);
       if (c == configs[0]) row.defaultTflops = tflops;
       if (ms < row.ms) {
         row.ms = ms;
         row.tflops = tflops;
-        row.config = c.describe();
+        row.config = label;
       }
     }
     rows.push_back(row);

@@ -401,6 +401,8 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
                                     true, codegen::Target::sm90a());
     const std::string& ir = plan.compiled->ir;
     EXPECT_EQ(ir.find("%tiles", ir.find('{', ir.find("func @"))) != std::string::npos, expected);
+    // 16 query tiles (2 heads of 1024 rows in 128-row tiles): as many programs, fewer than the SMs.
+    EXPECT_EQ(plan.persistentPrograms, expected ? 16 : 0);
     if (expected && codegen::findPtxas()) {
       codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
       EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
