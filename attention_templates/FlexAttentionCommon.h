@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/FlexAttention.h"
@@ -121,6 +122,16 @@ struct StreamedRows {
 // t.len and columns by D, so that the pipeline may copy it with TMA.
 dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& live, const StreamedRows& t,
                            const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
+
+// One step of the online softmax in the exp2 domain, as the forward and decode walks take it: the
+// running row max `m`, row sum `l` and accumulator `acc` take a block of scores `s` (log2-scaled,
+// -inf where masked) and its values `v` (the products in `dt`); a row without a live score keeps
+// m = -inf and adds nothing. With `rowScale`, `s` holds the raw products, which are scaled after
+// the row max (scale · max(s) = max(scale · s) for a positive scale): one fma a score inside
+// exp2's argument instead of a multiply and an fma. Returns the new (m, l, acc).
+std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
+                                                              dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
+                                                              const dsl::Tile* rowScale = nullptr);
 
 // Entry `entry` of a BlockMask list row that starts at `rowStart` and holds `capacity` entries, of
 // which the first `length` are live: 0 past the length. The read is masked by the capacity, not by

@@ -340,13 +340,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         s = s * p.scale;  // the host folded log2 e into the scale
       if (partial) s = where(maskMod(b, modHead, qPos, kvPos), s, -INFINITY);
       if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-      Tile mNew = maximum(mi, max(s, 1));
-      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-      Tile pr = exp2(s - mSafe.expand(1));
-      Tile alpha = exp2(mi - mSafe);
-      Tile lNew = li * alpha + sum(pr, 1);
-      Tile aNew = dot(pr.to(dt), vt, ai * alpha.expand(1));
-      return std::tuple{mNew, lNew, aNew};
+      return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt);
     });
     return std::tuple{m2, l2, acc2};
   };

@@ -442,18 +442,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         }
         if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
         if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-        // Without a score_mod and with a positive scale, the row max is taken over the raw products
-        // and scaled once per row: scale · max(s) = max(scale · s), and the scaling then happens only
-        // inside exp2's argument (one fma a score instead of a multiply and an fma).
+        // Without a score_mod and with a positive scale, the scale applies after the row max.
         const bool scaleLater = !k.hasScoreMod && k.positiveScale;
-        Tile mNew = maximum(mi, scaleLater ? max(s, 1) * p.scale : max(s, 1));
-        Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-        if (scaleLater) s = s * p.scale;
-        Tile p = exp2(s - mSafe.expand(1));
-        Tile alpha = exp2(mi - mSafe);
-        Tile lNew = li * alpha + sum(p, 1);
-        Tile aNew = dot(p.to(dt), vt, ai * alpha.expand(1));
-        return std::tuple{mNew, lNew, aNew};
+        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
       });
       return std::tuple{m2, l2, acc2};
     };
@@ -817,6 +808,18 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   }
   return true;
 }
+std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
+                                               DType dt, const Tile* rowScale) {
+  Tile mNew = maximum(m, rowScale ? max(s, 1) * *rowScale : max(s, 1));
+  Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+  if (rowScale) s = s * *rowScale;
+  Tile p = exp2(s - mSafe.expand(1));
+  Tile alpha = exp2(m - mSafe);
+  Tile lNew = l * alpha + sum(p, 1);
+  Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
+  return std::tuple{mNew, lNew, aNew};
+}
+
 Tile listEntry(const Tile& list, const Tile& rowStart, const Tile& entry, const Tile& length, const Tile& capacity) {
   return where(entry < length, load(list + (rowStart + entry), entry < capacity, 0), 0);
 }
