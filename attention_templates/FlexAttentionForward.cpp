@@ -310,7 +310,8 @@ struct ForwardParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles));
+                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles), (P<F32Ptr>, part_out),
+                           (P<F32Ptr>, part_lse), (P<I32Ptr>, merge_counters), (P<I32>, tile_steps));
 };
 
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
@@ -319,7 +320,7 @@ struct ForwardConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
-                           (int64_t, positiveScale), (int64_t, persistent));
+                           (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound));
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -363,8 +364,16 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   }
 
   const double log2e = std::numbers::log2e;
-  // One query tile: (mBlock, h, b).
-  auto tile = [&](const Tile& mBlock, const Tile& h, const Tile& b) {
+  // What a persistent program that splits its last round (splitLastRound) knows of the tile in
+  // hand: whether it walks a piece of it (else the whole tile), the piece's steps [from, to) of
+  // the tile's walk, the tile's index in the last round, the partials' slot of this program, and
+  // the programs whose pieces make up the tile (first..last; program q's run of the round's
+  // `units` steps starts at q · units / programs).
+  struct Piece {
+    Tile isPiece, from, to, tileInRound, slot, firstProgram, lastProgram, units, steps;
+  };
+  // One query tile: (mBlock, h, b); `piece` only when the program splits its last round.
+  auto tile = [&](const Tile& mBlock, const Tile& h, const Tile& b, const Piece* piece = nullptr) {
     Tile hkv = h / k.G;
     Tile offsM = mBlock * k.BM + arange(0, k.BM);
     Tile offsD = arange(0, k.DP);
@@ -409,7 +418,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
     auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
       Tile listBase = rowBase * p.mask_kv_blocks;
-      auto [m2, l2, acc2] = for_range(0, count * R, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
+      auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
         Tile offsN, colLive, kvOffs, vOffs;
@@ -445,8 +454,10 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         // Without a score_mod and with a positive scale, the scale applies after the row max.
         const bool scaleLater = !k.hasScoreMod && k.positiveScale;
         return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
-      });
-      return std::tuple{m2, l2, acc2};
+      };
+      // A piece walks its steps of the list; a whole tile, all of them.
+      if (piece && !partial) return for_range(piece->from, minimum(piece->to, count * R), 1, std::tuple{m, l, acc}, step);
+      return for_range(0, count * R, 1, std::tuple{m, l, acc}, step);
     };
 
     Tile m = m0, l = l0, acc = acc0;
@@ -455,20 +466,71 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
 
     Tile empty = l == 0.0;
     Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
-    Tile oPtrs = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
-                (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
-    if (k.qDivisible && k.DP == k.D)
-      store(oPtrs, out.to(dt));
-    else
-      store(oPtrs, out.to(dt), rowsByD(rowLive));
-    if (k.hasLse) {
-      Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
-      Tile lsePtrs = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len) + offsM;
-      if (k.qDivisible)
-        store(lsePtrs, lse);
+    Tile oRows = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
+    Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
+    auto storeTile = [&] {
+      Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
+      if (k.qDivisible && k.DP == k.D)
+        store(oPtrs, out.to(dt));
       else
-        store(lsePtrs, lse, rowLive);
-    }
+        store(oPtrs, out.to(dt), rowsByD(rowLive));
+      if (k.hasLse) {
+        Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+        Tile lsePtrs = lseRows + offsM;
+        if (k.qDivisible)
+          store(lsePtrs, lse);
+        else
+          store(lsePtrs, lse, rowLive);
+      }
+    };
+    if (!piece) return storeTile();
+    for_range(0, 1 - piece->isPiece, 1, [&](Tile) { storeTile(); });
+    // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
+    // write theirs) goes to this program's slot; the last of the tile's pieces to finish (a ticket,
+    // ordered as the decode template's: fence, atomic, fence) merges them all by the online-softmax
+    // rule and writes the tile.
+    for_range(0, piece->isPiece, 1, [&](Tile) {
+      Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
+      store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
+      store(p.part_lse + slotRows, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))));
+      fence();
+      Tile counter = p.merge_counters + piece->tileInRound;
+      Tile ticket = atomic_add(counter, 1);
+      Tile pieces = piece->lastProgram - piece->firstProgram + 1;
+      for_range(0, (ticket == pieces - 1).to(DType::I32), 1, [&](Tile) {
+        fence();  // acquire: the other pieces' partials are visible from here on
+        // MC rows at a time; a row's statistics are repeated across its columns, in the layout of
+        // the partial outputs, so that weighing a piece's output needs no layout conversion.
+        const int64_t MC = std::min<int64_t>(32, k.BM);
+        for_range(0, k.BM / MC, 1, [&](Tile chunk) {
+          Tile rows = chunk * MC + arange(0, MC);
+          Tile m0 = full({MC, k.DP}, -INFINITY, DType::F32), l0 = zeros({MC, k.DP}, DType::F32);
+          Tile a0 = zeros({MC, k.DP}, DType::F32);
+          auto [mm, ll, aa] = for_range(
+              piece->firstProgram, piece->lastProgram + 1, 1, std::tuple{m0, l0, a0},
+              [&](Tile q, Tile mi, Tile li, Tile ai) {
+                Tile qFirstTile = q * piece->units / num_programs(0) / piece->steps;
+                Tile qSlot = (q * 2 + (piece->tileInRound - qFirstTile)).to(DType::I64) * k.BM + rows;
+                Tile lse = load(p.part_lse + qSlot).expand(1).broadcast_to({MC, k.DP});
+                Tile part = load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)));
+                Tile mNew = maximum(mi, lse);
+                Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+                Tile alpha = exp2(mi - mSafe), w = exp2(lse - mSafe);
+                return std::tuple{mNew, li * alpha + w, ai * alpha + part * w};
+              });
+          Tile none = ll == 0.0;
+          Tile offsMC = mBlock * k.BM + rows;
+          Tile live = offsMC < p.q_len;
+          store(oRows + (offsMC.expand(1) * p.out_stride_m + offsD.expand(0)),
+                (aa / where(none, 1.0, ll)).to(dt), rowsByD(live));
+          if (k.hasLse)  // column 0 of each row stores it
+            store(lseRows + (offsMC.expand(1) + (offsD * 0).expand(0)),
+                  where(none, -INFINITY, (mm + log2(where(none, 1.0, ll))) * std::numbers::ln2),
+                  live.expand(1) & (offsD == 0).expand(0));
+        });
+        store(counter, zeros({}, DType::I32));  // every other piece of the tile has added
+      });
+    });
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
@@ -487,16 +549,47 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // plain striding would be 2 % under.
   Tile mBlocks = (p.q_len + (k.BM - 1)) / k.BM;
   Tile programs = num_programs(0), pid = program_id(0);
-  Tile rounds = (p.tiles + programs - 1) / programs;
-  Tile inLast = p.tiles - (rounds - 1) * programs;  // tiles in the last round
-  Tile lastBackwards = (rounds - 1) % 2 == 1;
-  Tile lastIndex = where(lastBackwards, programs - 1 - pid, pid);
-  Tile mine = rounds - 1 + (lastIndex < inLast).to(DType::I32);
-  for_range(0, mine, 1, [&](Tile r) {
-    Tile t = r * programs + where(r % 2 == 1, programs - 1 - pid, pid);
+  auto tileAt = [&](const Tile& t, const Piece* piece) {
     Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
     Tile h = rest % p.q_heads, b = rest / p.q_heads;
-    tile(mBlock, h, b);
+    tile(mBlock, h, b, piece);
+  };
+  auto roundTile = [&](const Tile& r) { return r * programs + where(r % 2 == 1, programs - 1 - pid, pid); };
+  if (!k.splitLastRound) {
+    Tile rounds = (p.tiles + programs - 1) / programs;
+    Tile inLast = p.tiles - (rounds - 1) * programs;  // tiles in the last round
+    Tile lastBackwards = (rounds - 1) % 2 == 1;
+    Tile lastIndex = where(lastBackwards, programs - 1 - pid, pid);
+    Tile mine = rounds - 1 + (lastIndex < inLast).to(DType::I32);
+    for_range(0, mine, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
+    return;
+  }
+  // Splitting the last round (the host asks for it where every tile walks the same tile_steps
+  // steps, there are whole rounds before it and a program's share is a few steps): its tiles'
+  // steps, laid end to end, are cut into P equal runs, one a program, as Stream-K cuts a GEMM's
+  // K loop. A run is shorter than a tile, so it holds pieces of at most two tiles. No mask on the
+  // H200's yardstick: 2048 tiles on 132 programs are 15 whole rounds and 68 tiles, which took a
+  // 16th round of tile time and now take 68/132 of one.
+  Tile wholeRounds = p.tiles / programs;
+  Tile units = (p.tiles - wholeRounds * programs) * p.tile_steps;
+  Tile u0 = pid * units / programs, u1 = (pid + 1) * units / programs;
+  Tile firstPiece = u0 / p.tile_steps, endPiece = (u1 + p.tile_steps - 1) / p.tile_steps;
+  for_range(0, wholeRounds + (endPiece - firstPiece), 1, [&](Tile r) {
+    Tile isPiece = (r >= wholeRounds).to(DType::I32);
+    Tile j = firstPiece + maximum(r - wholeRounds, 0);  // the tile's index in the last round
+    Tile tileStart = j * p.tile_steps, tileEnd = tileStart + p.tile_steps;
+    Piece piece{isPiece,
+                where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
+                where(isPiece == 1, minimum(u1, tileEnd) - tileStart, p.tile_steps),
+                j,
+                pid * 2 + (j - firstPiece),
+                // The last program whose run starts at or before the tile's first step, and the
+                // last one whose run starts before its end: floor((x · P + P − 1) / units) for x.
+                (tileStart * programs + programs - 1) / units,
+                ((tileEnd - 1) * programs + programs - 1) / units,
+                units,
+                p.tile_steps};
+    tileAt(where(isPiece == 1, wholeRounds * programs + j, roundTile(r)), &piece);
   });
 }
 
@@ -518,6 +611,28 @@ struct Prepared {
 };
 
 int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
+
+// The steps of one tile's walk when every tile walks the same (the dense mask built for a call
+// without one: every block full), else 0.
+int64_t uniformTileSteps(const Prepared& p) {
+  if (!p.ownedMask || p.paged || p.constants.hasPartial) return 0;
+  return p.mask->numKvBlocks() * (p.mask->kvBlockSize() / p.config.block_n);
+}
+
+// Whether a persistent forward cuts its last round's steps evenly over its programs (the traced
+// program's splitLastRound): where the tiles walk the same steps, at least one whole round comes
+// first, a program's run holds a few steps (the pieces' partials and merge cost about one step)
+// and the run's arithmetic fits the kernel's 32-bit scalars. FLEXTILE_SPLIT_LAST_ROUND=0 or =1
+// overrides the rule where the kernel can split at all.
+bool lastRoundSplits(const Prepared& p) {
+  const int64_t steps = uniformTileSteps(p), tiles = forwardTiles(p), programs = p.programs;
+  if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return false;
+  const int64_t units = (tiles % programs) * steps;
+  if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return false;
+  if (auto forced = detail::forcedBySwitch("FLEXTILE_SPLIT_LAST_ROUND")) return *forced;
+  constexpr int64_t kMinStepsPerRun = 4;
+  return units / programs >= kMinStepsPerRun;
+}
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
 BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) { return detail::denseBlockMask(L, S, sizes); }
@@ -619,6 +734,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     const int sms = target ? target->description().part.multiprocessors
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     p.programs = sms > 0 ? sms : 3;
+    p.constants.splitLastRound = lastRoundSplits(p);
   }
   return p;
 }
@@ -745,6 +861,9 @@ LaunchOptions launchOptions(const Prepared& p) {
   return o;
 }
 
+struct SplitRoundPartialsSlot;  // a split last round's partials (detail::f32Scratch)
+struct SplitRoundTicketsSlot;   // and its tickets, one a tile of the round (detail::ticketCounters)
+
 std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor* lse) {
   const BlockMask& mask = *p.mask;
@@ -755,6 +874,16 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
   const auto& os = out.strides();
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
   const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
+  // A split last round's partials: two slots a program (its run holds pieces of at most two
+  // tiles), and a ticket for each of the round's tiles.
+  const bool split = p.constants.splitLastRound;
+  Tensor partOut, partLse, counters;
+  if (split) {
+    const int64_t slots = 2 * p.programs, rows = slots * p.config.block_m;
+    partLse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows});
+    partOut = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP});
+    counters = detail::ticketCounters<SplitRoundTicketsSlot>(p.space, p.stream, forwardTiles(p) % p.programs);
+  }
   std::vector<KernelArg> args = bindParams<ForwardParams>(
       {.q = q, .k = k, .v = v, .out = out,
        .lse = lse ? *lse : lists.kvNum,  // unused without return_lse
@@ -766,7 +895,9 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
-       .scale = scale, .tiles = forwardTiles(p)},
+       .scale = scale, .tiles = forwardTiles(p), .part_out = split ? partOut : lists.kvNum,
+       .part_lse = split ? partLse : lists.kvNum, .merge_counters = split ? counters : lists.kvNum,
+       .tile_steps = split ? uniformTileSteps(p) : 0},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
@@ -909,7 +1040,14 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
-  runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space, p.stream);
+  try {
+    runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space, p.stream);
+  } catch (...) {
+    // An interpreted call stopped part-way may leave a split round's tickets taken.
+    if (p.constants.splitLastRound && p.space == MemorySpace::Host)
+      detail::resetTicketCounters<SplitRoundTicketsSlot>(p.space);
+    throw;
+  }
 }
 
 void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,

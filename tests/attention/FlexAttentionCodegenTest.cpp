@@ -410,6 +410,32 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
   }
 }
 
+// The last round's split (splitLastRound): on by the rule for the no-mask yardstick on the H200's
+// 132 SMs (2048 tiles: 15 whole rounds, 68 tiles cut into runs of 33 steps), where the tiles'
+// walks are alike; off where they are not (causal), and where the tiles fill whole rounds
+// (B=2 H=33 L=8192 on 132 programs: 2112 tiles, 16 rounds); FLEXTILE_SPLIT_LAST_ROUND=0 turns it
+// off. A split kernel takes a ticket (atomic_add) for each piece and does not spill.
+TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
+  auto splits = [](int64_t H, const char* name) {
+    const int64_t B = 2, L = 8192, D = 128;
+    Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+    VariantInstance inst = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {}, true, codegen::Target::sm90a());
+    EXPECT_EQ(plan.persistentPrograms, 132) << name;
+    const bool split = plan.compiled->ir.find("atomic_add") != std::string::npos;
+    if (split && codegen::findPtxas()) {
+      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
+      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+    }
+    return split;
+  };
+  EXPECT_TRUE(splits(16, "full"));
+  EXPECT_FALSE(splits(16, "causal"));
+  EXPECT_FALSE(splits(33, "full"));
+  ScopedSetenv off("FLEXTILE_SPLIT_LAST_ROUND", "0");
+  EXPECT_FALSE(splits(16, "full"));
+}
+
 // Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of
 // barriers initialized and invalidated once for both walks, each walk's first stage issued after
 // its slot's release, stages past a walk's end arriving on nothing, the warpgroups' turns running
