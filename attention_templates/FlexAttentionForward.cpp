@@ -366,11 +366,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   const double log2e = std::numbers::log2e;
   // What a persistent program that splits its last round (splitLastRound) knows of the tile in
   // hand: whether it walks a piece of it (else the whole tile), the piece's steps [from, to) of
-  // the tile's walk, the tile's index in the last round, the partials' slot of this program, and
-  // the programs whose pieces make up the tile (first..last; program q's run of the round's
-  // `units` steps starts at q · units / programs).
+  // the tile's walk, and the slot its partial goes to.
   struct Piece {
-    Tile isPiece, from, to, tileInRound, slot, firstProgram, lastProgram, units, steps;
+    Tile isPiece, from, to, slot;
   };
   // One query tile: (mBlock, h, b); `piece` only when the program splits its last round.
   auto tile = [&](const Tile& mBlock, const Tile& h, const Tile& b, const Piece* piece = nullptr) {
@@ -486,50 +484,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     if (!piece) return storeTile();
     for_range(0, 1 - piece->isPiece, 1, [&](Tile) { storeTile(); });
     // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
-    // write theirs) goes to this program's slot; the last of the tile's pieces to finish (a ticket,
-    // ordered as the decode template's: fence, atomic, fence) merges them all by the online-softmax
-    // rule and writes the tile.
+    // write theirs) goes to this program's slot; the pieces are merged after the tile loop.
     for_range(0, piece->isPiece, 1, [&](Tile) {
       Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
       store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
       store(p.part_lse + slotRows, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))));
-      fence();
-      Tile counter = p.merge_counters + piece->tileInRound;
-      Tile ticket = atomic_add(counter, 1);
-      Tile pieces = piece->lastProgram - piece->firstProgram + 1;
-      for_range(0, (ticket == pieces - 1).to(DType::I32), 1, [&](Tile) {
-        fence();  // acquire: the other pieces' partials are visible from here on
-        // MC rows at a time; a row's statistics are repeated across its columns, in the layout of
-        // the partial outputs, so that weighing a piece's output needs no layout conversion.
-        const int64_t MC = std::min<int64_t>(32, k.BM);
-        for_range(0, k.BM / MC, 1, [&](Tile chunk) {
-          Tile rows = chunk * MC + arange(0, MC);
-          Tile m0 = full({MC, k.DP}, -INFINITY, DType::F32), l0 = zeros({MC, k.DP}, DType::F32);
-          Tile a0 = zeros({MC, k.DP}, DType::F32);
-          auto [mm, ll, aa] = for_range(
-              piece->firstProgram, piece->lastProgram + 1, 1, std::tuple{m0, l0, a0},
-              [&](Tile q, Tile mi, Tile li, Tile ai) {
-                Tile qFirstTile = q * piece->units / num_programs(0) / piece->steps;
-                Tile qSlot = (q * 2 + (piece->tileInRound - qFirstTile)).to(DType::I64) * k.BM + rows;
-                Tile lse = load(p.part_lse + qSlot).expand(1).broadcast_to({MC, k.DP});
-                Tile part = load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)));
-                Tile mNew = maximum(mi, lse);
-                Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-                Tile alpha = exp2(mi - mSafe), w = exp2(lse - mSafe);
-                return std::tuple{mNew, li * alpha + w, ai * alpha + part * w};
-              });
-          Tile none = ll == 0.0;
-          Tile offsMC = mBlock * k.BM + rows;
-          Tile live = offsMC < p.q_len;
-          store(oRows + (offsMC.expand(1) * p.out_stride_m + offsD.expand(0)),
-                (aa / where(none, 1.0, ll)).to(dt), rowsByD(live));
-          if (k.hasLse)  // column 0 of each row stores it
-            store(lseRows + (offsMC.expand(1) + (offsD * 0).expand(0)),
-                  where(none, -INFINITY, (mm + log2(where(none, 1.0, ll))) * std::numbers::ln2),
-                  live.expand(1) & (offsD == 0).expand(0));
-        });
-        store(counter, zeros({}, DType::I32));  // every other piece of the tile has added
-      });
     });
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
@@ -564,12 +523,12 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     for_range(0, mine, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
     return;
   }
-  // Splitting the last round (the host asks for it where every tile walks the same tile_steps
+  // Splitting the last round (lastRoundSplits: opt-in, where every tile walks the same tile_steps
   // steps, there are whole rounds before it and a program's share is a few steps): its tiles'
   // steps, laid end to end, are cut into P equal runs, one a program, as Stream-K cuts a GEMM's
   // K loop. A run is shorter than a tile, so it holds pieces of at most two tiles. No mask on the
-  // H200's yardstick: 2048 tiles on 132 programs are 15 whole rounds and 68 tiles, which took a
-  // 16th round of tile time and now take 68/132 of one.
+  // H200's yardstick: 2048 tiles on 132 programs are 15 whole rounds and 68 tiles, which take a
+  // 16th round of tile time unsplit and 68/132 of one split.
   Tile wholeRounds = p.tiles / programs;
   Tile units = (p.tiles - wholeRounds * programs) * p.tile_steps;
   Tile u0 = pid * units / programs, u1 = (pid + 1) * units / programs;
@@ -577,19 +536,65 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   for_range(0, wholeRounds + (endPiece - firstPiece), 1, [&](Tile r) {
     Tile isPiece = (r >= wholeRounds).to(DType::I32);
     Tile j = firstPiece + maximum(r - wholeRounds, 0);  // the tile's index in the last round
-    Tile tileStart = j * p.tile_steps, tileEnd = tileStart + p.tile_steps;
-    Piece piece{isPiece,
-                where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
-                where(isPiece == 1, minimum(u1, tileEnd) - tileStart, p.tile_steps),
-                j,
-                pid * 2 + (j - firstPiece),
-                // The last program whose run starts at or before the tile's first step, and the
-                // last one whose run starts before its end: floor((x · P + P − 1) / units) for x.
-                (tileStart * programs + programs - 1) / units,
-                ((tileEnd - 1) * programs + programs - 1) / units,
-                units,
-                p.tile_steps};
+    Tile tileStart = j * p.tile_steps;
+    Piece piece{isPiece, where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
+                where(isPiece == 1, minimum(u1 - tileStart, p.tile_steps), p.tile_steps), pid * 2 + (j - firstPiece)};
     tileAt(where(isPiece == 1, wholeRounds * programs + j, roundTile(r)), &piece);
+  });
+  // The merges, after the tile loop: a CTA barrier inside it (the fence's, the ticket's) would
+  // part the consumer warpgroups' turns, which run through the loop (with it the H200's
+  // yardstick ran 7 % slower than without the split, 2026-12-04). For each of this program's
+  // pieces, a ticket from its tile's counter (release: fence, then the atomic); the last of the
+  // tile's pieces to take one merges them all (acquire: a fence after the atomic). The pieces of
+  // tile j are those of the programs whose runs start at or before its first step, the last
+  // of them, through the last one whose run starts before its end: floor((x · P + P − 1) / units)
+  // for x = the tile's first and last step.
+  fence();
+  for_range(firstPiece, endPiece, 1, [&](Tile j) {
+    Tile tileStart = j * p.tile_steps;
+    Tile firstProgram = (tileStart * programs + programs - 1) / units;
+    Tile lastProgram = ((tileStart + p.tile_steps - 1) * programs + programs - 1) / units;
+    Tile counter = p.merge_counters + j;
+    Tile ticket = atomic_add(counter, 1);
+    for_range(0, (ticket == lastProgram - firstProgram).to(DType::I32), 1, [&](Tile) {
+      fence();  // acquire: the other pieces' partials are visible from here on
+      Tile t = wholeRounds * programs + j;
+      Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
+      Tile h = rest % p.q_heads, b = rest / p.q_heads;
+      Tile offsD = arange(0, k.DP);
+      Tile oRows = p.out + (b.to(DType::I64) * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
+      Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
+      // MC rows at a time; a row's statistics are repeated across its columns, in the layout of the
+      // partial outputs, so that weighing a piece's output needs no layout conversion.
+      const int64_t MC = std::min<int64_t>(32, k.BM);
+      for_range(0, k.BM / MC, 1, [&](Tile chunk) {
+        Tile rows = chunk * MC + arange(0, MC);
+        Tile m0 = full({MC, k.DP}, -INFINITY, DType::F32), l0 = zeros({MC, k.DP}, DType::F32);
+        Tile a0 = zeros({MC, k.DP}, DType::F32);
+        auto [mm, ll, aa] = for_range(
+            firstProgram, lastProgram + 1, 1, std::tuple{m0, l0, a0}, [&](Tile q, Tile mi, Tile li, Tile ai) {
+              Tile qFirstPiece = q * units / programs / p.tile_steps;
+              Tile qSlot = (q * 2 + (j - qFirstPiece)).to(DType::I64) * k.BM + rows;
+              Tile lse = load(p.part_lse + qSlot).expand(1).broadcast_to({MC, k.DP});
+              Tile part = load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)));
+              Tile mNew = maximum(mi, lse);
+              Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+              Tile alpha = exp2(mi - mSafe), w = exp2(lse - mSafe);
+              return std::tuple{mNew, li * alpha + w, ai * alpha + part * w};
+            });
+        Tile none = ll == 0.0;
+        Tile offsM = mBlock * k.BM + rows;
+        Tile live = offsM < p.q_len;
+        Tile storeMask = k.DP != k.D ? live.expand(1) & (offsD < k.D).expand(0) : live.expand(1);
+        store(oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0)), (aa / where(none, 1.0, ll)).to(dt),
+              storeMask);
+        if (k.hasLse)  // column 0 of each row stores it
+          store(lseRows + (offsM.expand(1) + (offsD * 0).expand(0)),
+                where(none, -INFINITY, (mm + log2(where(none, 1.0, ll))) * std::numbers::ln2),
+                live.expand(1) & (offsD == 0).expand(0));
+      });
+      store(counter, zeros({}, DType::I32));  // every other piece of the tile has added
+    });
   });
 }
 
@@ -620,18 +625,20 @@ int64_t uniformTileSteps(const Prepared& p) {
 }
 
 // Whether a persistent forward cuts its last round's steps evenly over its programs (the traced
-// program's splitLastRound): where the tiles walk the same steps, at least one whole round comes
-// first, a program's run holds a few steps (the pieces' partials and merge cost about one step)
-// and the run's arithmetic fits the kernel's 32-bit scalars. FLEXTILE_SPLIT_LAST_ROUND=0 or =1
-// overrides the rule where the kernel can split at all.
+// program's splitLastRound). Opt-in (FLEXTILE_SPLIT_LAST_ROUND=1), where the tiles walk the same
+// steps, at least one whole round comes first, a program's run holds a few steps (the pieces'
+// partials and merge cost about one step) and the run's arithmetic fits the kernel's 32-bit
+// scalars. Measured on the H200 (2026-12-04, no mask at the yardstick): with a ring per walk
+// (FLEXTILE_SHARE_RINGS=0) it gains 5 % (611.0 against 580.9 TFLOP/s), without the turns 1 %, but
+// with the default shared rings and turns it loses 7-10 % (a fixed ~140 us a call, the same at
+// 16 and 17 rounds, not understood yet: docs/performance.md), so the default keeps it off.
 bool lastRoundSplits(const Prepared& p) {
   const int64_t steps = uniformTileSteps(p), tiles = forwardTiles(p), programs = p.programs;
   if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return false;
   const int64_t units = (tiles % programs) * steps;
   if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return false;
-  if (auto forced = detail::forcedBySwitch("FLEXTILE_SPLIT_LAST_ROUND")) return *forced;
   constexpr int64_t kMinStepsPerRun = 4;
-  return units / programs >= kMinStepsPerRun;
+  return detail::forcedBySwitch("FLEXTILE_SPLIT_LAST_ROUND") == true && units / programs >= kMinStepsPerRun;
 }
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }

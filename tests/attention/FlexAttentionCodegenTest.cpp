@@ -410,11 +410,11 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
   }
 }
 
-// The last round's split (splitLastRound): on by the rule for the no-mask yardstick on the H200's
-// 132 SMs (2048 tiles: 15 whole rounds, 68 tiles cut into runs of 33 steps), where the tiles'
-// walks are alike; off where they are not (causal), and where the tiles fill whole rounds
-// (B=2 H=33 L=8192 on 132 programs: 2112 tiles, 16 rounds); FLEXTILE_SPLIT_LAST_ROUND=0 turns it
-// off. A split kernel takes a ticket (atomic_add) for each piece and does not spill.
+// The last round's split (splitLastRound, opt-in: FLEXTILE_SPLIT_LAST_ROUND=1): asked for, the
+// no-mask yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into
+// runs of 33 steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so
+// neither splits even when asked; unasked, nothing splits. A split kernel takes a ticket
+// (atomic_add) for each piece and does not spill.
 TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
   auto splits = [](int64_t H, const char* name) {
     const int64_t B = 2, L = 8192, D = 128;
@@ -429,11 +429,11 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
     }
     return split;
   };
+  EXPECT_FALSE(splits(16, "full"));
+  ScopedSetenv on("FLEXTILE_SPLIT_LAST_ROUND", "1");
   EXPECT_TRUE(splits(16, "full"));
   EXPECT_FALSE(splits(16, "causal"));
   EXPECT_FALSE(splits(33, "full"));
-  ScopedSetenv off("FLEXTILE_SPLIT_LAST_ROUND", "0");
-  EXPECT_FALSE(splits(16, "full"));
 }
 
 // Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of
