@@ -533,17 +533,31 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   Tile units = (p.tiles - wholeRounds * programs) * p.tile_steps;
   Tile u0 = pid * units / programs, u1 = (pid + 1) * units / programs;
   Tile firstPiece = u0 / p.tile_steps, endPiece = (u1 + p.tile_steps - 1) / p.tile_steps;
-  for_range(0, wholeRounds + (endPiece - firstPiece), 1, [&](Tile r) {
-    Tile isPiece = (r >= wholeRounds).to(DType::I32);
-    Tile j = firstPiece + maximum(r - wholeRounds, 0);  // the tile's index in the last round
+  // The piece of the round's tile j, or (isPiece 0) the whole tile.
+  auto pieceOf = [&](const Tile& isPiece, const Tile& j) {
     Tile tileStart = j * p.tile_steps;
-    Piece piece{isPiece, where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
-                where(isPiece == 1, minimum(u1 - tileStart, p.tile_steps), p.tile_steps), pid * 2 + (j - firstPiece)};
-    tileAt(where(isPiece == 1, wholeRounds * programs + j, roundTile(r)), &piece);
-  });
-  // The merges, after the tile loop: a CTA barrier inside it (the fence's, the ticket's) would
-  // part the consumer warpgroups' turns, which run through the loop (with it the H200's
-  // yardstick ran 7 % slower than without the split, 2026-12-04). For each of this program's
+    return Piece{isPiece, where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
+                 where(isPiece == 1, minimum(u1 - tileStart, p.tile_steps), p.tile_steps), pid * 2 + (j - firstPiece)};
+  };
+  if (k.splitLastRound == 2) {
+    // The pieces in a loop of their own after the whole rounds (a measurement variant,
+    // FLEXTILE_SPLIT_LAST_ROUND=2): the pipeline then gives their walks rings of their own.
+    for_range(0, wholeRounds, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
+    for_range(firstPiece, endPiece, 1, [&](Tile j) {
+      Piece piece = pieceOf(full({}, 1, DType::I32), j);
+      tileAt(wholeRounds * programs + j, &piece);
+    });
+  } else {
+    for_range(0, wholeRounds + (endPiece - firstPiece), 1, [&](Tile r) {
+      Tile isPiece = (r >= wholeRounds).to(DType::I32);
+      Tile j = firstPiece + maximum(r - wholeRounds, 0);  // the tile's index in the last round
+      Piece piece = pieceOf(isPiece, j);
+      tileAt(where(isPiece == 1, wholeRounds * programs + j, roundTile(r)), &piece);
+    });
+  }
+  // The merges, after the tile loop, so that no CTA barrier of theirs (the fence's, the
+  // ticket's) sits between the tiles' walks and the consumer warpgroups' turns (inside the loop
+  // or after it measured the same on the H200, 2026-12-04). For each of this program's
   // pieces, a ticket from its tile's counter (release: fence, then the atomic); the last of the
   // tile's pieces to take one merges them all (acquire: a fence after the atomic). The pieces of
   // tile j are those of the programs whose runs start at or before its first step, the last
@@ -632,13 +646,18 @@ int64_t uniformTileSteps(const Prepared& p) {
 // (FLEXTILE_SHARE_RINGS=0) it gains 5 % (611.0 against 580.9 TFLOP/s), without the turns 1 %, but
 // with the default shared rings and turns it loses 7-10 % (a fixed ~140 us a call, the same at
 // 16 and 17 rounds, not understood yet: docs/performance.md), so the default keeps it off.
-bool lastRoundSplits(const Prepared& p) {
+// FLEXTILE_SPLIT_LAST_ROUND=2 walks the pieces in a loop of their own after the whole rounds (so
+// with rings of their own), to measure whether sharing the tile loop's rings is what costs.
+// Returns the kernel constant: 0 (no split), 1 or 2.
+int64_t lastRoundSplits(const Prepared& p) {
   const int64_t steps = uniformTileSteps(p), tiles = forwardTiles(p), programs = p.programs;
-  if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return false;
+  if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return 0;
   const int64_t units = (tiles % programs) * steps;
-  if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return false;
+  if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return 0;
   constexpr int64_t kMinStepsPerRun = 4;
-  return detail::forcedBySwitch("FLEXTILE_SPLIT_LAST_ROUND") == true && units / programs >= kMinStepsPerRun;
+  if (units / programs < kMinStepsPerRun) return 0;
+  const char* e = std::getenv("FLEXTILE_SPLIT_LAST_ROUND");
+  return e && !std::strcmp(e, "1") ? 1 : e && !std::strcmp(e, "2") ? 2 : 0;
 }
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }

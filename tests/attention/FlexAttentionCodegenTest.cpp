@@ -414,7 +414,8 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
 // no-mask yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into
 // runs of 33 steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so
 // neither splits even when asked; unasked, nothing splits. A split kernel takes a ticket
-// (atomic_add) for each piece after the tile loop and does not spill.
+// (atomic_add) for each piece after the tile loop and does not spill, with the pieces in the tile
+// loop (=1) or in a loop of their own (=2).
 TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
   auto splits = [](int64_t H, const char* name) {
     const int64_t B = 2, L = 8192, D = 128;
@@ -441,6 +442,15 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
   EXPECT_TRUE(splits(16, "full"));
   EXPECT_FALSE(splits(16, "causal"));
   EXPECT_FALSE(splits(33, "full"));
+  // =2: the pieces in a loop of their own, whose walks get rings of their own (a second set of
+  // full and empty barriers).
+  ScopedSetenv own("FLEXTILE_SPLIT_LAST_ROUND", "2");
+  EXPECT_TRUE(splits(16, "full"));
+  {
+    Tensor q = Tensor::empty(DType::BF16, {2, 16, 8192, 128}, MemorySpace::Host);
+    auto plan = plan_flex_attention(q, q, q, ScoreMod(), std::nullopt, {}, true, codegen::Target::sm90a());
+    EXPECT_EQ(count(plan.compiled->ir, "mbarrier_init "), 4);
+  }
 }
 
 // Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of

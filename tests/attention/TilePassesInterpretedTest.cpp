@@ -233,31 +233,34 @@ TEST(TilePassesInterpreted, PersistentForward) {
 // a program's run spanning two of them. Each piece writes its partial and the last of a tile's
 // pieces merges them (the ticket's path runs in the interpreter too: programs run in order, so
 // the last program merges). Before the passes and through sm_90a's (shared TMA rings, turns,
-// producer warpgroup), lse checked too; a masked variant beside it keeps whole tiles. (Fails with
+// producer warpgroup), lse checked too, with the pieces in the tile loop (=1) and in a loop of
+// their own (=2); a masked variant beside it keeps whole tiles. (Fails with
 // a piece walked twice or skipped, a merge by the wrong rule or a ticket left behind: the second
 // call reuses the counters.)
 TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
   SeededRandom rng;
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
-  for (const char* target : {"", "sm_90a"}) {
-    std::optional<InterpretAfterPasses> scope;
-    if (*target) scope.emplace(target);
-    for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 2},
-                                              FlexAttentionConfig{64, 64, 4, 3}})
-      for (const AttentionCase& shape : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64},
-                                         AttentionCase{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80}})
-        for (int call = 0; call < 2; ++call) {
-          AttentionCase c = shape;
-          c.dtype = DType::BF16;
-          c.context = std::string("split last round ") + (*target ? target : "interpreted") + " " + config.describe() +
-                      " call " + std::to_string(call);
-          if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = config}))
-            return;
-        }
-    if (!checkWalkVariants(rng, std::string("split last round, masked ") + target, {FlexAttentionConfig{128, 64, 8, 2}},
-                           {"causal"}))
-      return;
+  for (const char* mode : {"1", "2"}) {
+    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", mode);
+    for (const char* target : {"", "sm_90a"}) {
+      std::optional<InterpretAfterPasses> scope;
+      if (*target) scope.emplace(target);
+      for (const FlexAttentionConfig& config :
+           {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}})
+        for (const AttentionCase& shape : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64},
+                                           AttentionCase{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80}})
+          for (int call = 0; call < 2; ++call) {
+            AttentionCase c = shape;
+            c.dtype = DType::BF16;
+            c.context = std::string("split last round (mode ") + mode + ") " + (*target ? target : "interpreted") +
+                        " " + config.describe() + " call " + std::to_string(call);
+            if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = config}))
+              return;
+          }
+      if (!checkWalkVariants(rng, std::string("split last round, masked ") + target,
+                             {FlexAttentionConfig{128, 64, 8, 2}}, {"causal"}))
+        return;
+    }
   }
 }
 
