@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/FlexAttention.h"
@@ -132,6 +133,16 @@ dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& l
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
                                                               const dsl::Tile* rowScale = nullptr);
+
+// One round of an exact merge of partial results by the online-softmax rule, as the decode
+// template's splits and the forward's last-round pieces are merged: the running row max `m`, sum
+// `l` and accumulator `acc` take partials u (each a normalized output `part[u]` and its
+// lse[u] = m_u + log2 l_u; -inf for an empty or absent partial, which weighs nothing). The caller
+// issues every load of the round before calling, so the round waits on one round trip.
+// `statsLikeAcc`: m, l and lse are kept in acc's [rows, D] layout (no expand), else they are [rows].
+std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> foldPartials(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
+                                                         const std::vector<dsl::Tile>& lse,
+                                                         const std::vector<dsl::Tile>& part, bool statsLikeAcc);
 
 // Entry `entry` of a BlockMask list row that starts at `rowStart` and holds `capacity` entries, of
 // which the first `length` are live: 0 past the length. The read is masked by the capacity, not by

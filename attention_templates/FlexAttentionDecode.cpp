@@ -168,17 +168,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         lse.push_back(load(p.part_lse + slot, live, -INFINITY));
         part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       }
-      Tile mNew = mi;
-      for (const Tile& x : lse) mNew = maximum(mNew, x);
-      Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-      Tile alpha = exp2(mi - mSafe);
-      Tile lNew = li * alpha, aNew = ai * alpha.expand(1);
-      for (int64_t u = 0; u < perRound; ++u) {
-        Tile w = exp2(lse[size_t(u)] - mSafe);
-        lNew = lNew + w;
-        aNew = aNew + part[size_t(u)] * w.expand(1);
-      }
-      return std::tuple{mNew, lNew, aNew};
+      return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/false);
     });
     Tile empty = l == 0.0;
     Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element

@@ -579,23 +579,28 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile oRows = p.out + (b.to(DType::I64) * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
       Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
       // MC rows at a time; a row's statistics are repeated across its columns, in the layout of the
-      // partial outputs, so that weighing a piece's output needs no layout conversion.
+      // partial outputs, so that weighing a piece's output needs no layout conversion. A round loads
+      // kPiecesPerRound pieces at once (the yardstick's tiles have two or three: one round trip a
+      // chunk, not one a piece), masked past the tile's last piece.
       const int64_t MC = std::min<int64_t>(32, k.BM);
+      constexpr int64_t kPiecesPerRound = 2;
       for_range(0, k.BM / MC, 1, [&](Tile chunk) {
         Tile rows = chunk * MC + arange(0, MC);
         Tile m0 = full({MC, k.DP}, -INFINITY, DType::F32), l0 = zeros({MC, k.DP}, DType::F32);
         Tile a0 = zeros({MC, k.DP}, DType::F32);
-        auto [mm, ll, aa] = for_range(
-            firstProgram, lastProgram + 1, 1, std::tuple{m0, l0, a0}, [&](Tile q, Tile mi, Tile li, Tile ai) {
-              Tile qFirstPiece = q * units / programs / p.tile_steps;
-              Tile qSlot = (q * 2 + (j - qFirstPiece)).to(DType::I64) * k.BM + rows;
-              Tile lse = load(p.part_lse + qSlot).expand(1).broadcast_to({MC, k.DP});
-              Tile part = load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)));
-              Tile mNew = maximum(mi, lse);
-              Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-              Tile alpha = exp2(mi - mSafe), w = exp2(lse - mSafe);
-              return std::tuple{mNew, li * alpha + w, ai * alpha + part * w};
-            });
+        Tile rounds = (lastProgram - firstProgram + kPiecesPerRound) / kPiecesPerRound;
+        auto [mm, ll, aa] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
+          std::vector<Tile> lse, part;
+          for (int64_t u = 0; u < kPiecesPerRound; ++u) {
+            Tile q = firstProgram + round * kPiecesPerRound + u;
+            Tile live = (q <= lastProgram).broadcast_to({MC});
+            Tile qFirstPiece = q * units / programs / p.tile_steps;
+            Tile qSlot = (q * 2 + (j - qFirstPiece)).to(DType::I64) * k.BM + rows;
+            lse.push_back(load(p.part_lse + qSlot, live, -INFINITY).expand(1).broadcast_to({MC, k.DP}));
+            part.push_back(load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
+          }
+          return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/true);
+        });
         Tile none = ll == 0.0;
         Tile offsM = mBlock * k.BM + rows;
         Tile live = offsM < p.q_len;
@@ -974,6 +979,22 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
   Tile alpha = exp2(m - mSafe);
   Tile lNew = l * alpha + sum(p, 1);
   Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
+  return std::tuple{mNew, lNew, aNew};
+}
+
+std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
+                                          const std::vector<Tile>& part, bool statsLikeAcc) {
+  auto likeAcc = [&](const Tile& x) { return statsLikeAcc ? x : x.expand(1); };
+  Tile mNew = m;
+  for (const Tile& x : lse) mNew = maximum(mNew, x);
+  Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+  Tile alpha = exp2(m - mSafe);
+  Tile lNew = l * alpha, aNew = acc * likeAcc(alpha);
+  for (size_t u = 0; u < lse.size(); ++u) {
+    Tile w = exp2(lse[u] - mSafe);
+    lNew = lNew + w;
+    aNew = aNew + part[u] * likeAcc(w);
+  }
   return std::tuple{mNew, lNew, aNew};
 }
 
