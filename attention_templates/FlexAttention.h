@@ -214,6 +214,9 @@ struct FlexAttentionPlan {
   // Persistent programs launched (FlexAttentionConfig::persistent as resolved for this call: one
   // per SM, at most one per query tile); 0 for a program per query tile.
   int64_t persistentPrograms = 0;
+  // Whether the persistent programs cut their last round's steps evenly among them (Stream-K) and a
+  // second kernel, "flex_fwd_last_round_merge_<dtype>", folds the pieces (docs/performance.md).
+  bool lastRoundSplit = false;
 };
 FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                       const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,

@@ -553,14 +553,7 @@ void traceCast(ir::Function& f, const std::vector<int64_t>& constants, DType dt)
 
 // ---- host side ---------------------------------------------------------------
 
-Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<Kernel>> kernels;
-  std::lock_guard lock(mutex);
-  auto it = kernels.find(key);
-  if (it == kernels.end()) it = kernels.emplace(key, std::make_unique<Kernel>(make())).first;
-  return *it->second;
-}
+using detail::sharedKernel;
 
 Kernel& preprocessKernel(DType dt) {
   const std::string name = "flex_bwd_preprocess_" + std::string(ir::dtypeName(dt));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -152,6 +153,10 @@ std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> foldPartials(const dsl::Tile& m, con
 // would follow a stale entry).
 dsl::Tile listEntry(const dsl::Tile& list, const dsl::Tile& rowStart, const dsl::Tile& entry, const dsl::Tile& length,
                     const dsl::Tile& capacity);
+
+// A kernel that does not depend on the mods (a merge, a preprocess, a cast), made once per key
+// for the process and kept.
+dsl::Kernel& sharedKernel(const std::string& key, const std::function<dsl::Kernel()>& make);
 
 // The head dim a template's tiles use: D rounded up to a power of two (aranges are powers of two).
 inline int64_t paddedHeadDim(int64_t D) {

@@ -311,7 +311,7 @@ struct ForwardParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles), (P<F32Ptr>, part_out),
-                           (P<F32Ptr>, part_lse), (P<I32Ptr>, merge_counters), (P<I32>, tile_steps));
+                           (P<F32Ptr>, part_lse), (P<I32>, tile_steps));
 };
 
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
@@ -321,6 +321,22 @@ struct ForwardConstants {
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound));
+};
+
+// A split last round's cut (Stream-K), the same arithmetic in the forward and the merge kernel: the
+// last round's tiles' steps laid end to end (`units` of them), program q's run is steps
+// [runStart(q), runStart(q + 1)), and its pieces go to slots 2q and 2q + 1 (a run shorter than a
+// tile holds pieces of at most two). Tile j's pieces are those of programs firstProgramOf(j) ..
+// lastProgramOf(j): floor((x · P + P − 1) / units) for x = the tile's first and last step.
+struct LastRoundCut {
+  Tile programs, tileSteps, wholeRounds, units;
+  LastRoundCut(const Tile& tiles, const Tile& programs, const Tile& tileSteps)
+      : programs(programs), tileSteps(tileSteps), wholeRounds(tiles / programs),
+        units((tiles - wholeRounds * programs) * tileSteps) {}
+  Tile runStart(const Tile& q) const { return q * units / programs; }
+  Tile slot(const Tile& q, const Tile& j) const { return q * 2 + (j - runStart(q) / tileSteps); }
+  Tile firstProgramOf(const Tile& j) const { return (j * tileSteps * programs + programs - 1) / units; }
+  Tile lastProgramOf(const Tile& j) const { return ((j * tileSteps + tileSteps - 1) * programs + programs - 1) / units; }
 };
 
 // ---- traced kernel -----------------------------------------------------------
@@ -364,11 +380,10 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   }
 
   const double log2e = std::numbers::log2e;
-  // What a persistent program that splits its last round (splitLastRound) knows of the tile in
-  // hand: whether it walks a piece of it (else the whole tile), the piece's steps [from, to) of
-  // the tile's walk, and the slot its partial goes to.
+  // A piece of a split last round's tile (splitLastRound): steps [from, to) of the tile's walk,
+  // and the slot its partial goes to.
   struct Piece {
-    Tile isPiece, from, to, slot;
+    Tile from, to, slot;
   };
   // One query tile: (mBlock, h, b); `piece` only when the program splits its last round.
   auto tile = [&](const Tile& mBlock, const Tile& h, const Tile& b, const Piece* piece = nullptr) {
@@ -482,14 +497,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       }
     };
     if (!piece) return storeTile();
-    for_range(0, 1 - piece->isPiece, 1, [&](Tile) { storeTile(); });
     // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
-    // write theirs) goes to this program's slot; the pieces are merged after the tile loop.
-    for_range(0, piece->isPiece, 1, [&](Tile) {
-      Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
-      store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
-      store(p.part_lse + slotRows, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))));
-    });
+    // write theirs) goes to its slot, for the merge kernel.
+    Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
+    store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
+    store(p.part_lse + slotRows, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))));
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
@@ -523,98 +535,84 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     for_range(0, mine, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
     return;
   }
-  // Splitting the last round (lastRoundSplits: opt-in, where every tile walks the same tile_steps
-  // steps, there are whole rounds before it and a program's share is a few steps): its tiles'
-  // steps, laid end to end, are cut into P equal runs, one a program, as Stream-K cuts a GEMM's
-  // K loop. A run is shorter than a tile, so it holds pieces of at most two tiles. No mask on the
-  // H200's yardstick: 2048 tiles on 132 programs are 15 whole rounds and 68 tiles, which take a
-  // 16th round of tile time unsplit and 68/132 of one split.
-  Tile wholeRounds = p.tiles / programs;
-  Tile units = (p.tiles - wholeRounds * programs) * p.tile_steps;
-  Tile u0 = pid * units / programs, u1 = (pid + 1) * units / programs;
+  // Splitting the last round (lastRoundSplits: where every tile walks the same tile_steps steps,
+  // there are whole rounds before it and a program's share is a few steps): its tiles' steps, laid
+  // end to end, are cut into P equal runs, one a program, as Stream-K cuts a GEMM's K loop
+  // (LastRoundCut). A run is shorter than a tile, so it holds pieces of at most two tiles. The
+  // pieces are walked in a loop of their own after the whole rounds (whose walks the pipeline then
+  // gives rings of their own: on the tile loop's shared rings they cost 7 %) and store partials;
+  // the merge kernel (traceLastRoundMerge) folds them. No mask on the H200's yardstick: 2048 tiles
+  // on 132 programs are 15 whole rounds and 68 tiles, which take a 16th round of tile time unsplit
+  // and 68/132 of one split.
+  const LastRoundCut cut(p.tiles, programs, p.tile_steps);
+  for_range(0, cut.wholeRounds, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
+  Tile u0 = cut.runStart(pid), u1 = cut.runStart(pid + 1);
   Tile firstPiece = u0 / p.tile_steps, endPiece = (u1 + p.tile_steps - 1) / p.tile_steps;
-  // The piece of the round's tile j, or (isPiece 0) the whole tile.
-  auto pieceOf = [&](const Tile& isPiece, const Tile& j) {
-    Tile tileStart = j * p.tile_steps;
-    return Piece{isPiece, where(isPiece == 1, maximum(u0 - tileStart, 0), 0),
-                 where(isPiece == 1, minimum(u1 - tileStart, p.tile_steps), p.tile_steps), pid * 2 + (j - firstPiece)};
-  };
-  if (k.splitLastRound == 2) {
-    // The pieces in a loop of their own after the whole rounds (a measurement variant,
-    // FLEXTILE_SPLIT_LAST_ROUND=2): the pipeline then gives their walks rings of their own.
-    for_range(0, wholeRounds, 1, [&](Tile r) { tileAt(roundTile(r), nullptr); });
-    for_range(firstPiece, endPiece, 1, [&](Tile j) {
-      Piece piece = pieceOf(full({}, 1, DType::I32), j);
-      tileAt(wholeRounds * programs + j, &piece);
-    });
-  } else {
-    for_range(0, wholeRounds + (endPiece - firstPiece), 1, [&](Tile r) {
-      Tile isPiece = (r >= wholeRounds).to(DType::I32);
-      Tile j = firstPiece + maximum(r - wholeRounds, 0);  // the tile's index in the last round
-      Piece piece = pieceOf(isPiece, j);
-      tileAt(where(isPiece == 1, wholeRounds * programs + j, roundTile(r)), &piece);
-    });
-  }
-  // The merges, after the tile loop, so that no CTA barrier of theirs (the fence's, the
-  // ticket's) sits between the tiles' walks and the consumer warpgroups' turns (inside the loop
-  // or after it measured the same on the H200, 2026-12-04). For each of this program's
-  // pieces, a ticket from its tile's counter (release: fence, then the atomic); the last of the
-  // tile's pieces to take one merges them all (acquire: a fence after the atomic). The pieces of
-  // tile j are those of the programs whose runs start at or before its first step, the last
-  // of them, through the last one whose run starts before its end: floor((x · P + P − 1) / units)
-  // for x = the tile's first and last step.
-  fence();
   for_range(firstPiece, endPiece, 1, [&](Tile j) {
     Tile tileStart = j * p.tile_steps;
-    Tile firstProgram = (tileStart * programs + programs - 1) / units;
-    Tile lastProgram = ((tileStart + p.tile_steps - 1) * programs + programs - 1) / units;
-    Tile counter = p.merge_counters + j;
-    Tile ticket = atomic_add(counter, 1);
-    for_range(0, (ticket == lastProgram - firstProgram).to(DType::I32), 1, [&](Tile) {
-      fence();  // acquire: the other pieces' partials are visible from here on
-      Tile t = wholeRounds * programs + j;
-      Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
-      Tile h = rest % p.q_heads, b = rest / p.q_heads;
-      Tile offsD = arange(0, k.DP);
-      Tile oRows = p.out + (b.to(DType::I64) * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
-      Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
-      // MC rows at a time; a row's statistics are repeated across its columns, in the layout of the
-      // partial outputs, so that weighing a piece's output needs no layout conversion. A round loads
-      // kPiecesPerRound pieces at once (the yardstick's tiles have two or three: one round trip a
-      // chunk, not one a piece), masked past the tile's last piece.
-      const int64_t MC = std::min<int64_t>(32, k.BM);
-      constexpr int64_t kPiecesPerRound = 2;
-      for_range(0, k.BM / MC, 1, [&](Tile chunk) {
-        Tile rows = chunk * MC + arange(0, MC);
-        Tile m0 = full({MC, k.DP}, -INFINITY, DType::F32), l0 = zeros({MC, k.DP}, DType::F32);
-        Tile a0 = zeros({MC, k.DP}, DType::F32);
-        Tile rounds = (lastProgram - firstProgram + kPiecesPerRound) / kPiecesPerRound;
-        auto [mm, ll, aa] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
-          std::vector<Tile> lse, part;
-          for (int64_t u = 0; u < kPiecesPerRound; ++u) {
-            Tile q = firstProgram + round * kPiecesPerRound + u;
-            Tile live = (q <= lastProgram).broadcast_to({MC});
-            Tile qFirstPiece = q * units / programs / p.tile_steps;
-            Tile qSlot = (q * 2 + (j - qFirstPiece)).to(DType::I64) * k.BM + rows;
-            lse.push_back(load(p.part_lse + qSlot, live, -INFINITY).expand(1).broadcast_to({MC, k.DP}));
-            part.push_back(load(p.part_out + (qSlot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
-          }
-          return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/true);
-        });
-        Tile none = ll == 0.0;
-        Tile offsM = mBlock * k.BM + rows;
-        Tile live = offsM < p.q_len;
-        Tile storeMask = k.DP != k.D ? live.expand(1) & (offsD < k.D).expand(0) : live.expand(1);
-        store(oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0)), (aa / where(none, 1.0, ll)).to(dt),
-              storeMask);
-        if (k.hasLse)  // column 0 of each row stores it
-          store(lseRows + (offsM.expand(1) + (offsD * 0).expand(0)),
-                where(none, -INFINITY, (mm + log2(where(none, 1.0, ll))) * std::numbers::ln2),
-                live.expand(1) & (offsD == 0).expand(0));
-      });
-      store(counter, zeros({}, DType::I32));  // every other piece of the tile has added
-    });
+    Piece piece{maximum(u0 - tileStart, 0), minimum(u1 - tileStart, p.tile_steps),
+                cut.slot(pid, j)};
+    tileAt(cut.wholeRounds * programs + j, &piece);
   });
+}
+
+// The merge of a split last round's pieces (a second kernel, after the forward on its stream):
+// program (j, c) folds rows [c·MC, (c+1)·MC) of the round's tile j from the partials its pieces
+// stored, by the online-softmax rule, and writes them as the forward would have. A separate kernel
+// and not a ticket taken by the forward's last piece: with the tickets and the fold in the forward
+// kernel, never run (a condition false at run time), the forward took 50 µs longer on the H200
+// (ptxas schedules the whole kernel differently), more than the split gains (bench/RESULTS.md,
+// 2026-12-04).
+template <template <class> class P>
+struct LastRoundMergeParams {
+  BOOST_HANA_DEFINE_STRUCT(LastRoundMergeParams, (P<Data>, out), (P<F32Ptr>, lse), (P<F32Ptr>, part_out),
+                           (P<F32Ptr>, part_lse), (P<I32>, q_len), (P<I32>, q_heads), (P<I32>, out_stride_b),
+                           (P<I32>, out_stride_h), (P<I32>, out_stride_m), (P<I32>, tiles), (P<I32>, programs),
+                           (P<I32>, tile_steps));
+};
+struct LastRoundMergeConstants {
+  BOOST_HANA_DEFINE_STRUCT(LastRoundMergeConstants, (int64_t, BM), (int64_t, MC), (int64_t, D), (int64_t, DP),
+                           (int64_t, hasLse));
+};
+
+void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
+  const auto k = constantsFrom<LastRoundMergeConstants>(constants);
+  const auto p = declareParams<LastRoundMergeParams>(f, dt);
+  const LastRoundCut cut(p.tiles, p.programs, p.tile_steps);
+  Tile j = program_id(0), chunk = program_id(1);
+  Tile firstProgram = cut.firstProgramOf(j), lastProgram = cut.lastProgramOf(j);
+  Tile t = cut.wholeRounds * p.programs + j;  // the tile, numbered as the forward's tileAt numbers them
+  Tile mBlocks = (p.q_len + (k.BM - 1)) / k.BM;
+  Tile mBlock = mBlocks - 1 - t % mBlocks, rest = t / mBlocks;
+  Tile h = rest % p.q_heads, b = rest / p.q_heads;
+  Tile rows = chunk * k.MC + arange(0, k.MC);
+  Tile offsD = arange(0, k.DP);
+  // A round loads kPiecesPerRound pieces at once (one L2 round trip for them), masked past the
+  // tile's last piece; the yardstick's tiles have two or three.
+  constexpr int64_t kPiecesPerRound = 4;
+  Tile m0 = full({k.MC}, -INFINITY, DType::F32), l0 = zeros({k.MC}, DType::F32), a0 = zeros({k.MC, k.DP}, DType::F32);
+  Tile rounds = (lastProgram - firstProgram + kPiecesPerRound) / kPiecesPerRound;
+  auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
+    std::vector<Tile> lse, part;
+    for (int64_t u = 0; u < kPiecesPerRound; ++u) {
+      Tile q = firstProgram + round * kPiecesPerRound + u;
+      Tile live = (q <= lastProgram).broadcast_to({k.MC});
+      Tile slotRows = cut.slot(q, j).to(DType::I64) * k.BM + rows;
+      lse.push_back(load(p.part_lse + slotRows, live, -INFINITY));
+      part.push_back(load(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
+    }
+    return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/false);
+  });
+  Tile empty = l == 0.0;
+  Tile offsM = mBlock * k.BM + rows;
+  Tile live = offsM < p.q_len;
+  Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);
+  Tile oPtrs = p.out + (b.to(DType::I64) * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
+               (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
+  store(oPtrs, out.to(dt), k.DP != k.D ? live.expand(1) & (offsD < k.D).expand(0) : live.expand(1));
+  if (k.hasLse)
+    store(p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM),
+          where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2), live);
 }
 
 // ---- host side ---------------------------------------------------------------
@@ -644,25 +642,18 @@ int64_t uniformTileSteps(const Prepared& p) {
 }
 
 // Whether a persistent forward cuts its last round's steps evenly over its programs (the traced
-// program's splitLastRound). Opt-in (FLEXTILE_SPLIT_LAST_ROUND=1), where the tiles walk the same
-// steps, at least one whole round comes first, a program's run holds a few steps (the pieces'
-// partials and merge cost about one step) and the run's arithmetic fits the kernel's 32-bit
-// scalars. Measured on the H200 (2026-12-04, no mask at the yardstick): with a ring per walk
-// (FLEXTILE_SHARE_RINGS=0) it gains 5 % (611.0 against 580.9 TFLOP/s), without the turns 1 %, but
-// with the default shared rings and turns it loses 7-10 % (a fixed ~140 us a call, the same at
-// 16 and 17 rounds, not understood yet: docs/performance.md), so the default keeps it off.
-// FLEXTILE_SPLIT_LAST_ROUND=2 walks the pieces in a loop of their own after the whole rounds (so
-// with rings of their own), to measure whether sharing the tile loop's rings is what costs.
-// Returns the kernel constant: 0 (no split), 1 or 2.
-int64_t lastRoundSplits(const Prepared& p) {
+// program's splitLastRound; the merge kernel then folds the pieces): where the tiles walk the same
+// steps, at least one whole round comes first, a program's run holds a few steps (a piece's start,
+// its partial and the merge cost about one step) and the run's arithmetic fits the kernels' 32-bit
+// scalars. FLEXTILE_SPLIT_LAST_ROUND=0 or 1 turns it off or on where it applies.
+bool lastRoundSplits(const Prepared& p) {
   const int64_t steps = uniformTileSteps(p), tiles = forwardTiles(p), programs = p.programs;
-  if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return 0;
+  if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return false;
   const int64_t units = (tiles % programs) * steps;
-  if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return 0;
+  if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return false;
   constexpr int64_t kMinStepsPerRun = 4;
-  if (units / programs < kMinStepsPerRun) return 0;
-  const char* e = std::getenv("FLEXTILE_SPLIT_LAST_ROUND");
-  return e && !std::strcmp(e, "1") ? 1 : e && !std::strcmp(e, "2") ? 2 : 0;
+  if (units / programs < kMinStepsPerRun) return false;
+  return detail::forcedBySwitch("FLEXTILE_SPLIT_LAST_ROUND").value_or(true);
 }
 
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
@@ -893,7 +884,22 @@ LaunchOptions launchOptions(const Prepared& p) {
 }
 
 struct SplitRoundPartialsSlot;  // a split last round's partials (detail::f32Scratch)
-struct SplitRoundTicketsSlot;   // and its tickets, one a tile of the round (detail::ticketCounters)
+
+// A split last round's partials (outputs, then lses): two slots a program (its run holds pieces of
+// at most two tiles), BLOCK_M rows a slot.
+std::pair<Tensor, Tensor> lastRoundPartials(const Prepared& p) {
+  const int64_t rows = 2 * p.programs * p.config.block_m;
+  return {detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP}),
+          detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows})};
+}
+
+Kernel& lastRoundMergeKernel(DType dt) {
+  const std::string name = "flex_fwd_last_round_merge_" + std::string(ir::dtypeName(dt));
+  return detail::sharedKernel(name, [&] {
+    return Kernel(name, [dt](ir::Function& f, const std::vector<int64_t>& c) { traceLastRoundMerge(f, c, dt); },
+                  constantCount<LastRoundMergeConstants>());
+  });
+}
 
 std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor* lse) {
@@ -905,16 +911,9 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
   const auto& os = out.strides();
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
   const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
-  // A split last round's partials: two slots a program (its run holds pieces of at most two
-  // tiles), and a ticket for each of the round's tiles.
   const bool split = p.constants.splitLastRound;
-  Tensor partOut, partLse, counters;
-  if (split) {
-    const int64_t slots = 2 * p.programs, rows = slots * p.config.block_m;
-    partLse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows});
-    partOut = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP});
-    counters = detail::ticketCounters<SplitRoundTicketsSlot>(p.space, p.stream, forwardTiles(p) % p.programs);
-  }
+  Tensor partOut, partLse;
+  if (split) std::tie(partOut, partLse) = lastRoundPartials(p);
   std::vector<KernelArg> args = bindParams<ForwardParams>(
       {.q = q, .k = k, .v = v, .out = out,
        .lse = lse ? *lse : lists.kvNum,  // unused without return_lse
@@ -927,14 +926,38 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
        .scale = scale, .tiles = forwardTiles(p), .part_out = split ? partOut : lists.kvNum,
-       .part_lse = split ? partLse : lists.kvNum, .merge_counters = split ? counters : lists.kvNum,
-       .tile_steps = split ? uniformTileSteps(p) : 0},
+       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? uniformTileSteps(p) : 0},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
     args.insert(args.end(), paged.begin(), paged.end());
   }
   return args;
+}
+
+// The forward's launches: the forward, then, with a split last round, the merge of its pieces.
+std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor* lse) {
+  std::vector<Launch> launches{{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}};
+  if (!p.constants.splitLastRound) return launches;
+  constexpr int64_t kMergeRows = 16;  // rows a merge program folds: 8 × 68 programs at the yardstick
+  const int64_t MC = std::min<int64_t>(kMergeRows, p.config.block_m);
+  LaunchOptions lo;
+  lo.grid = {forwardTiles(p) % p.programs, p.config.block_m / MC, 1};
+  lo.constants = constantList(LastRoundMergeConstants{p.config.block_m, MC, p.D, p.constants.DP, lse != nullptr});
+  lo.num_warps = 4;
+  lo.num_stages = 1;
+  const auto [partOut, partLse] = lastRoundPartials(p);
+  const auto& os = out.strides();
+  Kernel& merge = lastRoundMergeKernel(p.dtype);
+  launches.push_back({&merge, lo,
+                      bindParams<LastRoundMergeParams>(
+                          {.out = out, .lse = lse ? *lse : partLse, .part_out = partOut, .part_lse = partLse,
+                           .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0], .out_stride_h = os[1],
+                           .out_stride_m = os[2], .tiles = forwardTiles(p), .programs = p.programs,
+                           .tile_steps = uniformTileSteps(p)},
+                          merge.name())});
+  return launches;
 }
 
 }  // namespace
@@ -998,6 +1021,15 @@ std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Ti
   return std::tuple{mNew, lNew, aNew};
 }
 
+Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Kernel>> kernels;
+  std::lock_guard lock(mutex);
+  auto it = kernels.find(key);
+  if (it == kernels.end()) it = kernels.emplace(key, std::make_unique<Kernel>(make())).first;
+  return *it->second;
+}
+
 Tile listEntry(const Tile& list, const Tile& rowStart, const Tile& entry, const Tile& length, const Tile& capacity) {
   return where(entry < length, load(list + (rowStart + entry), entry < capacity, 0), 0);
 }
@@ -1051,6 +1083,7 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
   plan.kernelName = kernel.name();
   plan.config = p.config;
   if (p.constants.persistent) plan.persistentPrograms = lo.grid[0];
+  plan.lastRoundSplit = p.constants.splitLastRound != 0;
   TraceOptions to{lo.constants, lo.num_warps, lo.num_stages};
   plan.traced = &kernel.cachedTrace(to);
   if (compile) {
@@ -1087,14 +1120,7 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
   expectOutputs(q, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
-  try {
-    runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, k, v, out, lse)}}, p.space, p.stream);
-  } catch (...) {
-    // An interpreted call stopped part-way may leave a split round's tickets taken.
-    if (p.constants.splitLastRound && p.space == MemorySpace::Host)
-      detail::resetTicketCounters<SplitRoundTicketsSlot>(p.space);
-    throw;
-  }
+  runInOrder(forwardLaunches(p, kernel, q, k, v, out, lse), p.space, p.stream);
 }
 
 void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,

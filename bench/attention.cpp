@@ -272,8 +272,12 @@ int main(int argc, char** argv) try {
           runtime::timeKernel([&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, nullptr, opt); }, 3, 20);
       const double ms = runtime::median(samples), tflops = flops / ms / 1e9;
       // The rule's persistent programs show, so that a table says which schedule ran.
-      const bool persistent = plan_flex_attention(q, k, v, inst.score, inst.mask, opt).persistentPrograms > 0;
-      const std::string label = c.describe() + (persistent && c.persistent == LoopSchedule::Auto ? " (persistent)" : "");
+      const FlexAttentionPlan plan = plan_flex_attention(q, k, v, inst.score, inst.mask, opt);
+      const bool persistent = plan.persistentPrograms > 0;
+      const std::string label =
+          c.describe() + (persistent && c.persistent == LoopSchedule::Auto
+                              ? (plan.lastRoundSplit ? " (persistent, split)" : " (persistent)")
+                              : "");
       std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), label.c_str(), ms, tflops, err);
       if (c == configs[0]) row.defaultTflops = tflops;
       if (ms < row.ms) {

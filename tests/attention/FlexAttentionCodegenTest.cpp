@@ -412,12 +412,12 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
   }
 }
 
-// The last round's split (splitLastRound, opt-in: FLEXTILE_SPLIT_LAST_ROUND=1): asked for, the
-// no-mask yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into
-// runs of 33 steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so
-// neither splits even when asked; unasked, nothing splits. A split kernel takes a ticket
-// (atomic_add) for each piece after the tile loop and does not spill, with the pieces in the tile
-// loop (=1) or in a loop of their own (=2).
+// The last round's split (splitLastRound; FLEXTILE_SPLIT_LAST_ROUND=0 turns it off): the no-mask
+// yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into runs of 33
+// steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so neither
+// splits. The split forward takes no ticket (its merge is a kernel of its own: no atomic and no
+// fence in it), walks its pieces in a loop of their own after the tile loop (a second set of full
+// and empty barriers) and does not spill.
 TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
   auto splits = [](int64_t H, const char* name) {
     const int64_t B = 2, L = 8192, D = 128;
@@ -426,33 +426,22 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
     auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {}, true, codegen::Target::sm90a());
     EXPECT_EQ(plan.persistentPrograms, 132) << name;
     const std::string& ir = plan.compiled->ir;
-    const bool split = ir.find("atomic_add") != std::string::npos;
-    if (split) {
-      // The tickets and merges come after the tile loop (its rings invalidated): no CTA barrier
-      // of theirs between the tiles' walks.
-      EXPECT_GT(ir.find("fence"), ir.rfind("mbarrier_inval")) << ir;
-      EXPECT_GT(ir.find("atomic_add"), ir.rfind("mbarrier_inval")) << ir;
+    if (plan.lastRoundSplit) {
+      EXPECT_EQ(ir.find("atomic_add"), std::string::npos) << ir;
+      EXPECT_EQ(ir.find("fence"), std::string::npos) << ir;
+      EXPECT_EQ(count(ir, "mbarrier_init "), 4) << ir;
+      if (codegen::findPtxas()) {
+        codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
+        EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+      }
     }
-    if (split && codegen::findPtxas()) {
-      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
-      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
-    }
-    return split;
+    return plan.lastRoundSplit;
   };
-  EXPECT_FALSE(splits(16, "full"));
-  ScopedSetenv on("FLEXTILE_SPLIT_LAST_ROUND", "1");
   EXPECT_TRUE(splits(16, "full"));
   EXPECT_FALSE(splits(16, "causal"));
   EXPECT_FALSE(splits(33, "full"));
-  // =2: the pieces in a loop of their own, whose walks get rings of their own (a second set of
-  // full and empty barriers).
-  ScopedSetenv own("FLEXTILE_SPLIT_LAST_ROUND", "2");
-  EXPECT_TRUE(splits(16, "full"));
-  {
-    Tensor q = Tensor::empty(DType::BF16, {2, 16, 8192, 128}, MemorySpace::Host);
-    auto plan = plan_flex_attention(q, q, q, ScoreMod(), std::nullopt, {}, true, codegen::Target::sm90a());
-    EXPECT_EQ(count(plan.compiled->ir, "mbarrier_init "), 4);
-  }
+  ScopedSetenv off("FLEXTILE_SPLIT_LAST_ROUND", "0");
+  EXPECT_FALSE(splits(16, "full"));
 }
 
 // Shared rings (opt-in, FLEXTILE_SHARE_RINGS=1) on the specialized 8-warp forward: one set of

@@ -218,30 +218,28 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
   }
 }
 
-// A persistent forward that splits its last round (opt-in: FLEXTILE_SPLIT_LAST_ROUND=1): pieces of
-// the round's tiles walked by every program and merged by the last of each tile's pieces to take
-// its ticket (on the GPU, in whatever order the programs finish). No mask, more tiles than SMs
-// (256 and 192 tiles on the H200's 132: a whole round, then 124 and 60 tiles cut), GQA, lengths
-// off the block, a padded head dim, lse too; two calls each (the tickets must be back at 0), with
-// shared rings and with a ring per walk, and with the pieces in a loop of their own.
+// A persistent forward that splits its last round (the rule: tiles that walk alike, no mask): pieces
+// of the round's tiles walked by every program, then folded by the merge kernel. No mask, more
+// tiles than SMs (256 and 192 tiles on the H200's 132: a whole round, then 124 and 60 tiles cut),
+// GQA, lengths off the block, a padded head dim, lse too; two calls each (the partials' scratch is
+// reused), with shared rings and with a ring per walk.
 TEST(FlexAttentionGpu, PersistentForwardSplitsItsLastRound) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "persistent programs take the sm_90a turns";
   SeededRandom rng;
   flextile::testing::ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-  // (mode, shared rings): the pieces in the tile loop on shared rings and on a ring per walk, and
-  // in a loop of their own.
-  for (auto [mode, shared] : {std::pair{"1", "1"}, std::pair{"1", "0"}, std::pair{"2", "1"}})
+  for (const char* shared : {"1", "0"})
     for (AttentionCase c : {AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 4096, .S = 4096, .D = 128},
                             AttentionCase{.B = 2, .Hq = 4, .Hkv = 4, .L = 3000, .S = 2500, .D = 80}})
       for (int call = 0; call < 2; ++call) {
-        flextile::testing::ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", mode);
         flextile::testing::ScopedSetenv rings("FLEXTILE_SHARE_RINGS", shared);
         c.dtype = DType::BF16;
-        c.context = std::string("split last round ") + mode + ", shared rings " + shared + ", call " + std::to_string(call);
-        if (!checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr,
-                                withConfig(FlexAttentionConfig{128, 128, 8, 2})))
-          return;
+        c.context = std::string("split last round, shared rings ") + shared + ", call " + std::to_string(call);
+        const FlexAttentionOptions options = withConfig(FlexAttentionConfig{128, 128, 8, 2});
+        Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+        Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+        ASSERT_TRUE(plan_flex_attention(q, k, k, noop_score(), std::nullopt, options).lastRoundSplit) << c.context;
+        if (!checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, options)) return;
       }
 }
 

@@ -229,27 +229,21 @@ TEST(TilePassesInterpreted, PersistentForward) {
                     {"full", "causal", "sliding_window", "document"});
 }
 
-// A persistent forward that splits its last round (FLEXTILE_SPLIT_LAST_ROUND=1 asks for it where
-// the tiles walk the same steps: no mask). Three programs here: 16 tiles of 128 rows are five whole
-// rounds and one tile cut into pieces; 32 tiles of 128 rows over 1000 keys are ten rounds and two
-// tiles cut, a program's run spanning both. Each piece writes its partial and the last of a tile's
-// pieces merges them (the ticket's path runs in the interpreter too: programs run in order, so the
-// last program merges). Before the passes and through sm_90a's (shared TMA rings, turns, producer
-// warpgroup), lse checked too, with the pieces in the tile loop (=1) and in a loop of their own
-// (=2); a masked variant asked to split keeps whole tiles. (Fails with a piece walked twice or
-// skipped, a merge by the wrong rule — a piece's weight halved failed it, checked by hand — or a
-// ticket left behind: the second call reuses the counters.)
+// A persistent forward that splits its last round (where the tiles walk the same steps: no mask;
+// FLEXTILE_SPLIT_LAST_ROUND=1 here so that the test holds whatever the rule). Three programs here: 16
+// tiles of 128 rows are five whole rounds and one tile cut into pieces; 32 tiles of 128 rows over
+// 1000 keys are ten rounds and two tiles cut, a program's run spanning both. Each piece writes its
+// partial and the merge kernel folds them. Before the passes and through sm_90a's (shared TMA rings,
+// turns, producer warpgroup), lse checked too, with BLOCK_N 64 under 128-key mask blocks (pieces
+// start mid-block), on 8 warps and on 4 with 3 stages; a masked variant asked to split keeps whole
+// tiles. (Fails with a piece walked twice or skipped, or a merge by the wrong rule: a piece's weight
+// halved failed it, and a merge that skips a tile's third piece, both checked by hand.)
 TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
   SeededRandom rng;
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-  // (mode, target, configs): two inner steps a mask block (BLOCK_N 64 under 128-key blocks, so
-  // pieces start mid-block) on 8 warps and on 4 with 3 stages; the measurement variant (=2) through
-  // the sm_90a passes only (the interpreter is slow under the sanitizers: keep the list short).
-  const std::vector<FlexAttentionConfig> both = {FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}};
-  const std::vector<std::tuple<const char*, const char*, std::vector<FlexAttentionConfig>>> runs = {
-      {"1", "", both}, {"1", "sm_90a", both}, {"2", "sm_90a", {FlexAttentionConfig{128, 64, 8, 2}}}};
-  for (const auto& [mode, target, configs] : runs) {
-    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", mode);
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  const std::vector<FlexAttentionConfig> configs = {FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}};
+  for (const char* target : {"", "sm_90a"}) {
     std::optional<InterpretAfterPasses> scope;
     if (*target) scope.emplace(target);
     for (const FlexAttentionConfig& config : configs)
@@ -258,14 +252,13 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
         for (int call = 0; call < 2; ++call) {
           AttentionCase c = shape;
           c.dtype = DType::BF16;
-          c.context = std::string("split last round (mode ") + mode + ") " + (*target ? target : "interpreted") + " " +
+          c.context = std::string("split last round, ") + (*target ? target : "interpreted") + " " +
                       config.describe() + " call " + std::to_string(call);
           if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = config}))
             return;
         }
   }
   InterpretAfterPasses scope("sm_90a");
-  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
   checkWalkVariants(rng, "split last round asked for, masked", {FlexAttentionConfig{128, 64, 8, 2}}, {"causal"});
 }
 
