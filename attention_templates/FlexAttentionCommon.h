@@ -136,14 +136,13 @@ std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m
                                                               const dsl::Tile* rowScale = nullptr);
 
 // One round of an exact merge of partial results by the online-softmax rule, as the decode
-// template's splits and the forward's last-round pieces are merged: the running row max `m`, sum
-// `l` and accumulator `acc` take partials u (each a normalized output `part[u]` and its
-// lse[u] = m_u + log2 l_u; -inf for an empty or absent partial, which weighs nothing). The caller
-// issues every load of the round before calling, so the round waits on one round trip.
-// `statsLikeAcc`: m, l and lse are kept in acc's [rows, D] layout (no expand), else they are [rows].
+// template's splits and the forward's last-round pieces are merged: the running row max `m` and sum
+// `l` ([rows]) and accumulator `acc` ([rows, D]) take partials u (each a normalized output `part[u]`
+// and its lse[u] = m_u + log2 l_u; -inf for an empty or absent partial, which weighs nothing). The
+// caller issues every load of the round before calling, so the round waits on one round trip.
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> foldPartials(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                          const std::vector<dsl::Tile>& lse,
-                                                         const std::vector<dsl::Tile>& part, bool statsLikeAcc);
+                                                         const std::vector<dsl::Tile>& part);
 
 // Entry `entry` of a BlockMask list row that starts at `rowStart` and holds `capacity` entries, of
 // which the first `length` are live: 0 past the length. The read is masked by the capacity, not by

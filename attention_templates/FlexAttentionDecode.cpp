@@ -168,7 +168,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         lse.push_back(load(p.part_lse + slot, live, -INFINITY));
         part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       }
-      return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/false);
+      return detail::foldPartials(mi, li, ai, lse, part);
     });
     Tile empty = l == 0.0;
     Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element

@@ -601,7 +601,7 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
       lse.push_back(load(p.part_lse + slotRows, live, -INFINITY));
       part.push_back(load(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
     }
-    return detail::foldPartials(mi, li, ai, lse, part, /*statsLikeAcc=*/false);
+    return detail::foldPartials(mi, li, ai, lse, part);
   });
   Tile empty = l == 0.0;
   Tile offsM = mBlock * k.BM + rows;
@@ -1006,17 +1006,16 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
 }
 
 std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
-                                          const std::vector<Tile>& part, bool statsLikeAcc) {
-  auto likeAcc = [&](const Tile& x) { return statsLikeAcc ? x : x.expand(1); };
+                                          const std::vector<Tile>& part) {
   Tile mNew = m;
   for (const Tile& x : lse) mNew = maximum(mNew, x);
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
   Tile alpha = exp2(m - mSafe);
-  Tile lNew = l * alpha, aNew = acc * likeAcc(alpha);
+  Tile lNew = l * alpha, aNew = acc * alpha.expand(1);
   for (size_t u = 0; u < lse.size(); ++u) {
     Tile w = exp2(lse[u] - mSafe);
     lNew = lNew + w;
-    aNew = aNew + part[u] * likeAcc(w);
+    aNew = aNew + part[u] * w.expand(1);
   }
   return std::tuple{mNew, lNew, aNew};
 }
