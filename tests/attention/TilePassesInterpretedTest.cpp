@@ -262,6 +262,33 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
   checkWalkVariants(rng, "split last round asked for, masked", {FlexAttentionConfig{128, 64, 8, 2}}, {"causal"});
 }
 
+// The split last round's merge kernel writes the tiles it folds through the output's strides, as
+// the forward writes the others: q and out as [B, L, H, D] buffers viewed as [B, H, L, D], out's
+// rows padded past D with a sentinel that must stay, lse too. 32 tiles on the interpreter's three
+// programs: ten whole rounds and two tiles cut. (Fails with the merge writing out contiguously.)
+TEST(TilePassesInterpreted, SplitLastRoundWritesThroughTheOutputsStrides) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  const int64_t B = 1, Hq = 4, Hkv = 2, L = 1000, S = 700, D = 64;
+  const DType dt = DType::BF16;
+  const int64_t eb = ir::byteWidth(dt), rowPitch = D + 16;
+  std::vector<uint8_t> qBuf(size_t(B * L * Hq * D * eb)), outBuf(size_t(B * L * Hq * rowPitch * eb), 0x5a);
+  Tensor q = Tensor::hostView(qBuf.data(), dt, {B, Hq, L, D}, {L * Hq * D, D, Hq * D, 1});
+  Tensor out = Tensor::hostView(outBuf.data(), dt, {B, Hq, L, D}, {L * Hq * rowPitch, rowPitch, Hq * rowPitch, 1});
+  Tensor k = Tensor::empty(dt, {B, Hkv, S, D}, kHost), v = Tensor::empty(dt, {B, Hkv, S, D}, kHost);
+  fillRandom(rng, q);
+  fillRandom(rng, k);
+  fillRandom(rng, v);
+  const FlexAttentionOptions options{.config = FlexAttentionConfig{128, 64, 8, 2}};
+  ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, options).lastRoundSplit);
+  ASSERT_TRUE(checkFlexAttentionOn(q, k, v, out, "split last round, strided q and out", noop_score(), std::nullopt,
+                                   nullptr, nullptr, options));
+  for (int64_t r = 0; r < B * L * Hq; ++r)
+    for (int64_t byte = D * eb; byte < rowPitch * eb; ++byte)
+      ASSERT_EQ(outBuf[size_t(r * rowPitch * eb + byte)], 0x5a) << "out row " << r << " written past D (byte " << byte << ")";
+}
+
 // Shared rings (FLEXTILE_SHARE_RINGS=1): the walks of a program share one set of ring buffers and
 // barriers, each walk issuing its first stages into the slots after the previous walk's, after
 // their release; in the persistent forward the tile loop carries the rings on to the next tile.
