@@ -217,6 +217,8 @@ struct FlexAttentionPlan {
   // Whether the persistent programs cut their last round's steps evenly among them (Stream-K) and a
   // second kernel, "flex_fwd_last_round_merge_<dtype>", folds the pieces (docs/performance.md).
   bool lastRoundSplit = false;
+  // That merge kernel, compiled, when the call splits and the plan compiles (null otherwise).
+  const codegen::CompiledKernel* mergeCompiled = nullptr;
 };
 FlexAttentionPlan plan_flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                       const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,

@@ -1090,6 +1090,10 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
     Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
                                               : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
     plan.compiled = &kernel.compile(lo, arguments(p, kernel, q, k, v, out, nullptr), target);
+    if (p.constants.splitLastRound) {
+      const Launch merge = forwardLaunches(p, kernel, q, k, v, out, nullptr).at(1);
+      plan.mergeCompiled = &merge.kernel->compile(merge.options, merge.args, target);
+    }
   }
   return plan;
 }

@@ -94,7 +94,7 @@ const std::vector<Command>& commands() {
        {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent]]\n"
-       "                        [--target sm_80|sm_90a] [--kernel forward|preprocess|dkdv|dq|decode] [--queries L]\n"
+       "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
        "                        --emit traced|ir|llvm|ptx\n"
        "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
@@ -102,7 +102,9 @@ const std::vector<Command>& commands() {
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
        "  other keeps its default; the backward's kernels have no traced stage here. decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
-       "  then BN,W,S[,SPLITS] (SPLITS 0 or absent: chosen for the target's GPU).\n",
+       "  then BN,W,S[,SPLITS] (SPLITS 0 or absent: chosen for the target's GPU). last-round-merge: the\n"
+       "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
+       "  the target's SMs, not a whole number of rounds), no traced stage.\n",
        {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {}, true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
@@ -534,7 +536,7 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
 int compileBackwardKernel(const Args& a, const Problem& p, const std::string& kernel, const std::string& emit,
                           const codegen::Target& target, std::ostream& out) {
   if (kernel != "preprocess" && kernel != "dkdv" && kernel != "dq")
-    throw UsageError{"--kernel must be forward, preprocess, dkdv, dq or decode, got '" + kernel + "'"};
+    throw UsageError{"--kernel must be forward, last-round-merge, preprocess, dkdv, dq or decode, got '" + kernel + "'"};
   if (emit == "traced")
     throw UsageError{"--emit traced: the backward's kernels (--kernel " + kernel +
                      ") are traced inside the compile; ask for ir, llvm or ptx"};
@@ -597,16 +599,27 @@ int cmdCompile(const Args& a, std::ostream& out) {
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   const std::string kernel = a.get("--kernel", "forward");
   if (kernel == "decode") return compileDecodeKernel(a, p, emit, target, out);
-  if (kernel != "forward") return compileBackwardKernel(a, p, kernel, emit, target, out);
+  const bool merge = kernel == "last-round-merge";
+  if (merge && emit == "traced")
+    throw UsageError{"--emit traced: the last round's merge kernel is traced inside the compile; ask for ir, llvm or ptx"};
+  if (kernel != "forward" && !merge) return compileBackwardKernel(a, p, kernel, emit, target, out);
   if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                                      options, emit != "traced", target);
+  const codegen::CompiledKernel* compiled = plan.compiled;
+  if (merge) {
+    if (!plan.lastRoundSplit)
+      throw Error("flextile compile --kernel last-round-merge: this call does not split its last round (it "
+                  "needs persistent programs whose tiles all walk the same steps, more tiles than programs and "
+                  "not a whole number of rounds; config " + plan.config.describe() + ")");
+    compiled = plan.mergeCompiled;
+  }
   if (emit == "traced") out << ir::printFunction(*plan.traced);
-  else if (emit == "ir") out << plan.compiled->ir;
-  else if (emit == "llvm") out << plan.compiled->llvmIR;
-  else out << plan.compiled->ptx;
+  else if (emit == "ir") out << compiled->ir;
+  else if (emit == "llvm") out << compiled->llvmIR;
+  else out << compiled->ptx;
   return 0;
 }
 

@@ -417,7 +417,7 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
 // steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so neither
 // splits. The split forward takes no ticket (its merge is a kernel of its own: no atomic and no
 // fence in it), walks its pieces in a loop of their own after the tile loop (a second set of full
-// and empty barriers) and does not spill.
+// and empty barriers); neither it nor the merge kernel spills.
 TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
   auto splits = [](int64_t H, const char* name) {
     const int64_t B = 2, L = 8192, D = 128;
@@ -430,10 +430,14 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
       EXPECT_EQ(ir.find("atomic_add"), std::string::npos) << ir;
       EXPECT_EQ(ir.find("fence"), std::string::npos) << ir;
       EXPECT_EQ(count(ir, "mbarrier_init "), 4) << ir;
-      if (codegen::findPtxas()) {
-        codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
-        EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
-      }
+      EXPECT_TRUE(plan.mergeCompiled) << name;
+      if (codegen::findPtxas())
+        for (const codegen::CompiledKernel* kernel : {plan.compiled, plan.mergeCompiled}) {
+          codegen::PtxasReport r = codegen::runPtxas(kernel->ptx, codegen::Target::sm90a());
+          EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+        }
+    } else {
+      EXPECT_FALSE(plan.mergeCompiled) << name;
     }
     return plan.lastRoundSplit;
   };

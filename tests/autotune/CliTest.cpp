@@ -123,7 +123,9 @@ TEST(Cli, CompileEmitsTheBackwardsKernels) {
   EXPECT_NE(pre.out.find(".entry flex_bwd_preprocess_"), std::string::npos);
   Result wrong = run({"compile", "causal", "--kernel", "dkv", "--emit", "ptx"});
   EXPECT_EQ(wrong.status, 2);
-  EXPECT_NE(wrong.err.find("--kernel must be forward, preprocess, dkdv, dq or decode, got 'dkv'"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("--kernel must be forward, last-round-merge, preprocess, dkdv, dq or decode, got 'dkv'"),
+            std::string::npos)
+      << wrong.err;
   Result traced = run({"compile", "causal", "--kernel", "dq", "--emit", "traced"});
   EXPECT_EQ(traced.status, 2);
   EXPECT_NE(traced.err.find("ask for ir, llvm or ptx"), std::string::npos) << traced.err;
@@ -148,6 +150,22 @@ TEST(Cli, CompileEmitsTheDecodeKernel) {
   Result stray = run({"compile", "full", "--queries", "2", "--emit", "ir"});
   EXPECT_EQ(stray.status, 2);
   EXPECT_NE(stray.err.find("--queries applies to --kernel decode"), std::string::npos) << stray.err;
+}
+
+// --kernel last-round-merge prints the kernel that folds a split last round's pieces (no mask, 256
+// tiles on sm_90a's 132 SMs); a call that does not split is refused by name.
+TEST(Cli, CompileEmitsTheLastRoundMergeKernel) {
+  Result ptx = run({"compile", "full", "--shape", "1,16,2048,128", "--config", "128,128,8,2", "--kernel",
+                    "last-round-merge", "--emit", "ptx"});
+  ASSERT_EQ(ptx.status, 0) << ptx.err;
+  EXPECT_NE(ptx.out.find(".entry flex_fwd_last_round_merge_bf16"), std::string::npos) << ptx.out.substr(0, 2000);
+  Result causal = run({"compile", "causal", "--shape", "1,16,2048,128", "--config", "128,128,8,2", "--kernel",
+                       "last-round-merge", "--emit", "ir"});
+  EXPECT_NE(causal.status, 0);
+  EXPECT_NE(causal.err.find("does not split its last round"), std::string::npos) << causal.err;
+  Result traced = run({"compile", "full", "--shape", "1,16,2048,128", "--kernel", "last-round-merge", "--emit", "traced"});
+  EXPECT_EQ(traced.status, 2);
+  EXPECT_NE(traced.err.find("ask for ir, llvm or ptx"), std::string::npos) << traced.err;
 }
 
 TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
