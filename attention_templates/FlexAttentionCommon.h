@@ -135,6 +135,11 @@ std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
                                                               const dsl::Tile* rowScale = nullptr);
 
+// A row's log-sum-exp from its online-softmax state in the exp2 domain (`empty`: l == 0, a row with
+// no live score, whose lse is -inf): m + log2 l, the partials' lse that the merges fold, or with
+// `natural` that times ln 2, the lse a caller gets.
+dsl::Tile rowLse(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& empty, bool natural);
+
 // One round of an exact merge of partial results by the online-softmax rule, as the decode
 // template's splits and the forward's last-round pieces are merged: the running row max `m` and sum
 // `l` ([rows]) and accumulator `acc` ([rows, D]) take partials u (each a normalized output `part[u]`

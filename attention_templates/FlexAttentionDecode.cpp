@@ -177,7 +177,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile oMask = k.DP != k.D ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
     store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), oMask);
     if (k.hasLse)
-      store(p.lse + rowId.to(DType::I64), where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2),
+      store(p.lse + rowId.to(DType::I64), detail::rowLse(m, l, empty, /*natural=*/true),
             rowLive);
   });
 }
@@ -357,7 +357,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   if (k.split) {
     Tile slot = rowId.to(DType::I64) * splits + split;
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), out, rowLive.expand(1));
-    store(p.part_lse + slot, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))), rowLive);
+    store(p.part_lse + slot, detail::rowLse(m, l, empty, /*natural=*/false), rowLive);
     // Release the partials, take a ticket; the last of the group merges (the ordering argument
     // is in the file's header). There is no `if` in the IR: a loop of 0 or 1 trips is one.
     fence();
@@ -374,7 +374,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
   store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), out.to(dt), byD(rowLive));
   if (k.hasLse) {
-    Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+    Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
   }
 }

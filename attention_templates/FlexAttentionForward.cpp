@@ -488,7 +488,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       else
         store(oPtrs, out.to(dt), rowsByD(rowLive));
       if (k.hasLse) {
-        Tile lse = where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2);
+        Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
         Tile lsePtrs = lseRows + offsM;
         if (k.qDivisible)
           store(lsePtrs, lse);
@@ -501,7 +501,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     // write theirs) goes to its slot, for the merge kernel.
     Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
     store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
-    store(p.part_lse + slotRows, where(empty, -INFINITY, m + log2(where(empty, 1.0, l))));
+    store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
@@ -612,7 +612,7 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
   store(oPtrs, out.to(dt), k.DP != k.D ? live.expand(1) & (offsD < k.D).expand(0) : live.expand(1));
   if (k.hasLse)
     store(p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM),
-          where(empty, -INFINITY, (m + log2(where(empty, 1.0, l))) * std::numbers::ln2), live);
+          detail::rowLse(m, l, empty, /*natural=*/true), live);
 }
 
 // ---- host side ---------------------------------------------------------------
@@ -1003,6 +1003,11 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
   Tile lNew = l * alpha + sum(p, 1);
   Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
   return std::tuple{mNew, lNew, aNew};
+}
+
+Tile rowLse(const Tile& m, const Tile& l, const Tile& empty, bool natural) {
+  Tile log2Lse = m + log2(where(empty, 1.0, l));
+  return where(empty, -INFINITY, natural ? log2Lse * std::numbers::ln2 : log2Lse);
 }
 
 std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
