@@ -885,12 +885,14 @@ LaunchOptions launchOptions(const Prepared& p) {
 
 struct SplitRoundPartialsSlot;  // a split last round's partials (detail::f32Scratch)
 
-// A split last round's partials (outputs, then lses): two slots a program (its run holds pieces of
-// at most two tiles), BLOCK_M rows a slot.
+// A split last round's partials (outputs, then lses, in one scratch): two slots a program (its run
+// holds pieces of at most two tiles), BLOCK_M rows a slot. The lses, at the end, are asked for
+// first: a scratch that must grow grows then, before the outputs' view into it is taken.
 std::pair<Tensor, Tensor> lastRoundPartials(const Prepared& p) {
   const int64_t rows = 2 * p.programs * p.config.block_m;
-  return {detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP}),
-          detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows})};
+  Tensor lse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows});
+  Tensor out = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP});
+  return {out, lse};
 }
 
 Kernel& lastRoundMergeKernel(DType dt) {

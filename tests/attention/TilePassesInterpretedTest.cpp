@@ -289,6 +289,24 @@ TEST(TilePassesInterpreted, SplitLastRoundWritesThroughTheOutputsStrides) {
       ASSERT_EQ(outBuf[size_t(r * rowPitch * eb + byte)], 0x5a) << "out row " << r << " written past D (byte " << byte << ")";
 }
 
+// The split last round's partials live in one grow-only scratch, outputs then lses: a call whose
+// outputs fit the scratch a smaller head dim left but whose lses do not must grow it before taking
+// the outputs' view. D = 64 (768 rows of 64: the scratch holds 98304 floats) then D = 128 (the
+// outputs need exactly 98304, the lses 768 more). Failed (the forward wrote its partials into the
+// freed scratch and the merge read the new one) when the outputs' view was taken first.
+TEST(TilePassesInterpreted, SplitLastRoundScratchGrowsBeforeItsViews) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  for (int64_t D : {64, 128}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 700, .D = D, .dtype = DType::BF16};
+    c.context = "split last round, D " + std::to_string(D) + " after a smaller one";
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                            {.config = FlexAttentionConfig{128, 64, 8, 2}}))
+      return;
+  }
+}
+
 // Shared rings (FLEXTILE_SHARE_RINGS=1): the walks of a program share one set of ring buffers and
 // barriers, each walk issuing its first stages into the slots after the previous walk's, after
 // their release; in the persistent forward the tile loop carries the rings on to the next tile.
