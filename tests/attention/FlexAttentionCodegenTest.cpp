@@ -415,7 +415,7 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
 // The last round's split (splitLastRound; FLEXTILE_SPLIT_LAST_ROUND=0 turns it off): the no-mask
 // yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into runs of 33
 // steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so neither
-// splits. The split forward takes no ticket (its merge is a kernel of its own: no atomic and no
+// splits; a soft-cap without a mask walks alike, but a score_mod's kernel splits only when asked. The split forward takes no ticket (its merge is a kernel of its own: no atomic and no
 // fence in it), walks its pieces in a loop of their own after the tile loop (a second set of full
 // and empty barriers); neither it nor the merge kernel spills.
 TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike) {
@@ -444,6 +444,17 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
   EXPECT_TRUE(splits(16, "full"));
   EXPECT_FALSE(splits(16, "causal"));
   EXPECT_FALSE(splits(33, "full"));
+  {
+    // A score_mod without a mask: its tiles walk alike, but it splits only when asked.
+    Tensor q = Tensor::empty(DType::BF16, {2, 16, 8192, 128}, MemorySpace::Host);
+    auto softCapSplits = [&] {
+      return plan_flex_attention(q, q, q, soft_cap(20.0), std::nullopt, {}, false, codegen::Target::sm90a())
+          .lastRoundSplit;
+    };
+    EXPECT_FALSE(softCapSplits()) << "a score_mod's split is not timed yet: asked for only";
+    ScopedSetenv on("FLEXTILE_SPLIT_LAST_ROUND", "1");
+    EXPECT_TRUE(softCapSplits());
+  }
   ScopedSetenv off("FLEXTILE_SPLIT_LAST_ROUND", "0");
   EXPECT_FALSE(splits(16, "full"));
 }

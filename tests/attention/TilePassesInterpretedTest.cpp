@@ -260,6 +260,14 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
   }
   InterpretAfterPasses scope("sm_90a");
   checkWalkVariants(rng, "split last round asked for, masked", {FlexAttentionConfig{128, 64, 8, 2}}, {"causal"});
+  // A score_mod's pieces (split only when asked for: the rule leaves score_mods out until timed).
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 64, .dtype = DType::BF16,
+                  .context = "split last round, soft-cap"};
+  VariantInstance inst = variant("softcap").make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{}, rng()});
+  const FlexAttentionOptions options{.config = FlexAttentionConfig{128, 64, 8, 2}};
+  Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
+  ASSERT_TRUE(plan_flex_attention(q, q, q, inst.score, std::nullopt, options).lastRoundSplit);
+  checkFlexAttention(rng, c, kHost, inst.score, std::nullopt, inst.refScore, nullptr, options);
 }
 
 // The split last round's merge kernel writes the tiles it folds through the output's strides, as
