@@ -572,12 +572,16 @@ struct LastRoundMergeParams {
 };
 struct LastRoundMergeConstants {
   BOOST_HANA_DEFINE_STRUCT(LastRoundMergeConstants, (int64_t, BM), (int64_t, MC), (int64_t, D), (int64_t, DP),
-                           (int64_t, hasLse));
+                           (int64_t, hasLse), (int64_t, programmaticLaunch));
 };
 
 void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
   const auto k = constantsFrom<LastRoundMergeConstants>(constants);
   const auto p = declareParams<LastRoundMergeParams>(f, dt);
+  // Programmatic dependent launch (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1, not yet timed): the
+  // merge is launched while the forward's last programs finish and waits here for the forward's
+  // partials; the forward itself signals nothing (code added to it changes its schedule).
+  if (k.programmaticLaunch) wait_for_prior_grids();
   const LastRoundCut cut(p.tiles, p.programs, p.tile_steps);
   Tile j = program_id(0), chunk = program_id(1);
   Tile firstProgram = cut.firstProgramOf(j), lastProgram = cut.lastProgramOf(j);
@@ -949,7 +953,9 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
   const int64_t MC = std::min<int64_t>(kMergeRows, p.config.block_m);
   LaunchOptions lo;
   lo.grid = {forwardTiles(p) % p.programs, p.config.block_m / MC, 1};
-  lo.constants = constantList(LastRoundMergeConstants{p.config.block_m, MC, p.D, p.constants.DP, lse != nullptr});
+  lo.constants = constantList(LastRoundMergeConstants{
+      p.config.block_m, MC, p.D, p.constants.DP, lse != nullptr,
+      detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false)});
   lo.num_warps = 4;
   lo.num_stages = 1;
   const auto [partOut, partLse] = lastRoundPartials(p);

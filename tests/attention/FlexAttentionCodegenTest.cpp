@@ -455,6 +455,16 @@ TEST(FlexAttentionCodegen, PersistentForwardSplitsItsLastRoundWhereTilesAreAlike
     ScopedSetenv on("FLEXTILE_SPLIT_LAST_ROUND", "1");
     EXPECT_TRUE(softCapSplits());
   }
+  {
+    // FLEXTILE_PROGRAMMATIC_LAUNCH=1: the merge waits for the forward (griddepcontrol.wait, so the
+    // runtime launches it with programmatic stream serialization); the forward is unchanged.
+    ScopedSetenv pdl("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");
+    Tensor q = Tensor::empty(DType::BF16, {2, 16, 8192, 128}, MemorySpace::Host);
+    auto plan = plan_flex_attention(q, q, q, ScoreMod(), std::nullopt, {}, true, codegen::Target::sm90a());
+    ASSERT_TRUE(plan.mergeCompiled);
+    EXPECT_NE(plan.mergeCompiled->ptx.find("griddepcontrol.wait"), std::string::npos);
+    EXPECT_EQ(plan.compiled->ptx.find("griddepcontrol"), std::string::npos);
+  }
   ScopedSetenv off("FLEXTILE_SPLIT_LAST_ROUND", "0");
   EXPECT_FALSE(splits(16, "full"));
 }

@@ -272,12 +272,14 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
 
 // The split last round's merge kernel writes the tiles it folds through the output's strides, as
 // the forward writes the others: q and out as [B, L, H, D] buffers viewed as [B, H, L, D], out's
-// rows padded past D with a sentinel that must stay, lse too. 32 tiles on the interpreter's three
-// programs: ten whole rounds and two tiles cut. (Fails with the merge writing out contiguously.)
+// rows padded past D with a sentinel that must stay, lse too; the merge launched as a programmatic
+// dependent (its wait). 32 tiles on the interpreter's three programs: ten whole rounds and two tiles
+// cut. (Fails with the merge writing out contiguously.)
 TEST(TilePassesInterpreted, SplitLastRoundWritesThroughTheOutputsStrides) {
   SeededRandom rng;
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
   ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  ScopedSetenv pdl("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");  // the merge's wait: nothing to wait for here
   const int64_t B = 1, Hq = 4, Hkv = 2, L = 1000, S = 700, D = 64;
   const DType dt = DType::BF16;
   const int64_t eb = ir::byteWidth(dt), rowPitch = D + 16;
