@@ -222,19 +222,22 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
 // of the round's tiles walked by every program, then folded by the merge kernel. No mask, more
 // tiles than SMs (256 and 192 tiles on the H200's 132: a whole round, then 124 and 60 tiles cut),
 // GQA, lengths off the block, a padded head dim, lse too; two calls each (the partials' scratch is
-// reused), with shared rings and with a ring per walk.
+// reused), with shared rings and with a ring per walk, and with the merge launched as a
+// programmatic dependent (FLEXTILE_PROGRAMMATIC_LAUNCH=1: it waits for the forward itself).
 TEST(FlexAttentionGpu, PersistentForwardSplitsItsLastRound) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "persistent programs take the sm_90a turns";
   SeededRandom rng;
   flextile::testing::ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-  for (const char* shared : {"1", "0"})
+  for (auto [shared, pdl] : {std::pair{"1", "0"}, std::pair{"0", "0"}, std::pair{"1", "1"}})
     for (AttentionCase c : {AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 4096, .S = 4096, .D = 128},
                             AttentionCase{.B = 2, .Hq = 4, .Hkv = 4, .L = 3000, .S = 2500, .D = 80}})
       for (int call = 0; call < 2; ++call) {
         flextile::testing::ScopedSetenv rings("FLEXTILE_SHARE_RINGS", shared);
+        flextile::testing::ScopedSetenv launch("FLEXTILE_PROGRAMMATIC_LAUNCH", pdl);
         c.dtype = DType::BF16;
-        c.context = std::string("split last round, shared rings ") + shared + ", call " + std::to_string(call);
+        c.context = std::string("split last round, shared rings ") + shared + ", programmatic merge " + pdl +
+                    ", call " + std::to_string(call);
         const FlexAttentionOptions options = withConfig(FlexAttentionConfig{128, 128, 8, 2});
         Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
         Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
