@@ -256,25 +256,4 @@ dsl::Tensor f32Scratch(dsl::MemorySpace space, runtime::Stream* stream, int64_t 
   return dsl::Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, dsl::DType::F32, shape);
 }
 
-// Kind's grow-only i32 ticket counters (a fused merge's: the last of a group of programs to take
-// a ticket merges the group's partials), zeroed when allocated, on the call's stream, so the first
-// launch on it sees zeros. Every call leaves them at 0 again (each group's last program resets its
-// own), so a call neither clears nor allocates them. An interpreted call that fails part-way may
-// leave tickets behind: resetTicketCounters clears them (a device kernel that faults leaves the
-// context unusable anyway).
-template <class Kind>
-dsl::Tensor ticketCounters(dsl::MemorySpace space, runtime::Stream* stream, int64_t count) {
-  dsl::Tensor& slot = perStreamSlot<Kind>(space, stream);
-  if (!slot.defined() || slot.numel() < count)
-    slot = dsl::Tensor::zeros(dsl::DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
-  if (space == dsl::MemorySpace::Device) return dsl::Tensor::deviceView(slot.deviceAddress(), dsl::DType::I32, {count});
-  return dsl::Tensor::hostView(slot.hostData(), dsl::DType::I32, {count});
-}
-
-template <class Kind>
-void resetTicketCounters(dsl::MemorySpace space) {
-  dsl::Tensor& slot = perStreamSlot<Kind>(space, nullptr);
-  if (slot.defined()) slot = dsl::Tensor::zeros(dsl::DType::I32, {slot.numel()}, space);
-}
-
 }  // namespace flextile::attention::detail

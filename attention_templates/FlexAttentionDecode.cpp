@@ -458,7 +458,26 @@ DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count,
 // (cuMemFree synchronizes), and the next call's kernel on the stream cannot start before this
 // call's last programs have read.
 struct PartialsSlot;
-struct MergeCountersSlot;  // the fused merge's tickets: one per (batch, head group)
+struct MergeCountersSlot;
+
+// The fused merge's ticket counters, one i32 per (batch, head group), grow-only and zeroed when
+// allocated, per thread, memory space and stream like the partials. Every call leaves them at 0 again (the
+// last program of each group resets its own), so a step neither clears nor allocates them. A call
+// that fails part-way may leave tickets behind: resetMergeCounters clears them (the host path does
+// on an error; a device kernel that faults leaves the context unusable anyway).
+Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) {
+  Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, stream);
+  // Zeroed on the call's own stream, so the first launch on it sees zeros.
+  if (!slot.defined() || slot.numel() < count)
+    slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
+  if (space == MemorySpace::Device) return Tensor::deviceView(slot.deviceAddress(), DType::I32, {count});
+  return Tensor::hostView(slot.hostData(), DType::I32, {count});
+}
+
+void resetMergeCounters(MemorySpace space) {
+  Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, nullptr);
+  if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
+}
 
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
@@ -672,7 +691,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
     partLse = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems, {lseElems});  // the far end first
     partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
-    counters = detail::ticketCounters<MergeCountersSlot>(p.space, p.stream, p.B * (p.Hq / p.HP));
+    counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
   const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
@@ -725,7 +744,7 @@ void runDecode(const std::vector<Launch>& calls, MemorySpace space, runtime::Str
   try {
     runInOrder(calls, space, stream);
   } catch (...) {
-    if (space == MemorySpace::Host) detail::resetTicketCounters<MergeCountersSlot>(space);
+    if (space == MemorySpace::Host) resetMergeCounters(space);
     throw;
   }
 }

@@ -479,29 +479,31 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
 
     Tile empty = l == 0.0;
     Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
+    if (piece) {
+      // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
+      // write theirs) goes to its slot, for the merge kernel.
+      Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
+      store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
+      store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
+      return;
+    }
+    // (Each operand named first: the ops are traced in this order, whatever order C++ gives a
+    // call's arguments.)
     Tile oRows = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
     Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
-    auto storeTile = [&] {
-      Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
-      if (k.qDivisible && k.DP == k.D)
-        store(oPtrs, out.to(dt));
+    Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
+    if (k.qDivisible && k.DP == k.D)
+      store(oPtrs, out.to(dt));
+    else
+      store(oPtrs, out.to(dt), rowsByD(rowLive));
+    if (k.hasLse) {
+      Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
+      Tile lsePtrs = lseRows + offsM;
+      if (k.qDivisible)
+        store(lsePtrs, lse);
       else
-        store(oPtrs, out.to(dt), rowsByD(rowLive));
-      if (k.hasLse) {
-        Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
-        Tile lsePtrs = lseRows + offsM;
-        if (k.qDivisible)
-          store(lsePtrs, lse);
-        else
-          store(lsePtrs, lse, rowLive);
-      }
-    };
-    if (!piece) return storeTile();
-    // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
-    // write theirs) goes to its slot, for the merge kernel.
-    Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
-    store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
-    store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
+        store(lsePtrs, lse, rowLive);
+    }
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
