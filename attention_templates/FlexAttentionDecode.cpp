@@ -129,7 +129,7 @@ struct DecodeConstants {
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
-                           (int64_t, programmaticLaunch), (int64_t, partialFirst));
+                           (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -354,6 +354,23 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile empty = l == 0.0;
   Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
+  if (k.split && k.clusterMerge) {
+    // The splits of a (group, batch) are one thread block cluster (clusterMerge = splits programs
+    // along axis 0): each hands its partial to the others through distributed shared memory and
+    // every one folds them all; split 0 stores. No global round trip, fence or ticket.
+    std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge);
+    const auto mid = all.begin() + std::ptrdiff_t(k.clusterMerge);
+    auto [mm, ll, merged] = detail::foldPartials(full({k.BM}, -INFINITY, DType::F32), zeros({k.BM}, DType::F32),
+                                                 zeros({k.BM, k.DP}, DType::F32), std::vector<Tile>(all.begin(), mid),
+                                                 std::vector<Tile>(mid, all.end()));
+    Tile none = ll == 0.0;
+    Tile stores = rowLive & (split == 0);
+    Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
+    store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)),
+          (merged * (1.0 / where(none, 1.0, ll)).expand(1)).to(dt), byD(stores));
+    if (k.hasLse) store(p.lse + rowId.to(DType::I64), detail::rowLse(mm, ll, none, /*natural=*/true), stores);
+    return;
+  }
   if (k.split) {
     Tile slot = rowId.to(DType::I64) * splits + split;
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), out, rowLive.expand(1));
@@ -494,6 +511,7 @@ struct DecodePrepared {
   runtime::Stream* stream = nullptr;    // options.stream
   const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
+  bool clustersAvailable = false;  // the GPU planned for has thread block clusters (or none: the interpreter)
 };
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
@@ -622,6 +640,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   // The GPU the programs are sized for: the target's, else the current device's (device tensors),
   // else none (the interpreter: one split, no residency).
   const std::optional<codegen::Target> gpu = detail::defaultsTarget(p.space, target);
+  p.clustersAvailable = !gpu || gpu->description().has(codegen::Feature::ThreadBlockClusters);
   p.programsPerSm =
       gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps, gpu->description()) : 0;
   if (c.splits == 0) {
@@ -635,6 +654,15 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   if (!std::isfinite(p.scale) || p.scale == 0)
     fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
+}
+
+// The merge through a thread block cluster (the splits of a group are one cluster) where the
+// splits fit one (at most 8, the portable cluster size) and the GPU has clusters; opt-in
+// (FLEXTILE_DECODE_CLUSTER_MERGE=1) until measured. 0: the fused ticket merge, or no split.
+int64_t clusterMergeSize(const DecodePrepared& p) {
+  const int64_t splits = p.config.splits;
+  if (splits < 2 || splits > 8 || !p.clustersAvailable) return 0;
+  return detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(false) ? splits : 0;
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -657,7 +685,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.programsPerSm,
                          // Programmatic dependent launch: opt-in until measured.
                          detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
-                         detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true)};
+                         detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true),
+                         clusterMergeSize(p)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -685,7 +714,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const DecodeConstants constants = decodeConstants(p, lse != nullptr);
   const int64_t DP = constants.DP;
   const int64_t rows = p.B * p.Hq * p.L;
-  const bool split = constants.split;
+  const bool split = constants.split && !constants.clusterMerge;  // merged through global memory
   Tensor partOut, partLse, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;

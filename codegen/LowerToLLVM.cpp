@@ -335,6 +335,7 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::AtomicAdd: lowerAtomicAdd(op); return;
     case OpKind::Fence: lowerFence(op); return;
     case OpKind::GridDependency: lowerGridDependency(op); return;
+    case OpKind::ClusterAllGather: lowerClusterAllGather(op); return;
     case OpKind::Reduce: lowerReduce(op); return;
     case OpKind::Dot: lowerDot(op); return;
     case OpKind::For: lowerFor(op); return;
@@ -436,12 +437,17 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   const int64_t programs = func.intAttrOr("min_programs_per_sm", 0);
   if (programs > 0 || specialized) kernel->addFnAttr("nvvm.minctasm", std::to_string(std::max<int64_t>(1, programs)));
   kernel->addFnAttr(llvm::Attribute::NoUnwind);
+  // A kernel that gathers across a cluster declares its cluster shape (.explicitcluster
+  // .reqnctapercluster): the driver then launches it in clusters without a launch attribute and
+  // refuses a grid that does not divide.
+  if (const int64_t cluster = ir::clusterSize(func); cluster > 1)
+    kernel->addFnAttr("nvvm.cluster_dim", std::to_string(cluster) + ",1,1");
 
   // Dynamic shared memory: one extern array, sized at launch.
   sharedBase = new llvm::GlobalVariable(*module, llvm::ArrayType::get(b.getInt8Ty(), 0), false,
                                         llvm::GlobalValue::ExternalLinkage, nullptr, "global_smem", nullptr,
                                         llvm::GlobalValue::NotThreadLocal, 3);
-  sharedBase->setAlignment(llvm::Align(1024));  // see SharedMemory.cpp: swizzles by absolute address  // see SharedMemory.cpp: swizzles by absolute address
+  sharedBase->setAlignment(llvm::Align(1024));  // see SharedMemory.cpp: swizzles by absolute address
 
   entry = llvm::BasicBlock::Create(ctx, "entry", kernel);
   auto* body = llvm::BasicBlock::Create(ctx, "body", kernel);

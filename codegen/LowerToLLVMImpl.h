@@ -128,6 +128,9 @@ class Lowering {
   void lowerAtomicAddBulkRows(const ir::Op& op);  // bulk_rows = 1: cp.reduce.async.bulk per row
   void lowerFence(const ir::Op& op);
   void lowerGridDependency(const ir::Op& op);
+  void lowerClusterAllGather(const ir::Op& op);  // LowerCluster.cpp
+  // barrier.cluster arrive (release) and wait (acquire) by every thread of the program.
+  void clusterBarrier();
   void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp

@@ -64,6 +64,12 @@ int64_t bulkRowStride(const Op& atomic) {
 
 int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }
 
+int64_t clusterGatherOffset(const Op& gather, size_t operand) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < operand; ++i) offset += alignUp(tileBytes(gather.operand(i)), kAlign);
+  return offset;
+}
+
 int64_t scratchBytes(const Op& op) {
   switch (op.kind()) {
     case OpKind::ConvertLayout: return tileBytes(op.operand(0));
@@ -81,6 +87,7 @@ int64_t scratchBytes(const Op& op) {
     case OpKind::Dot:
       if (isMmaDot(op)) return 0;  // operands arrive in registers (dot-operand layouts)
       return dotScratchBOffset(op) + tileBytes(op.operand(1));
+    case OpKind::ClusterAllGather: return clusterGatherOffset(op, op.numOperands());
     default:
       return 0;
   }

@@ -46,6 +46,13 @@
 //                   leaves out), then one 8-byte slot per thread that takes the address stores of
 //                   registers that are not in column 0 (branch-free stores). The bulk copies read
 //                   the rows asynchronously; the op waits for those reads before it ends.
+//   cluster_all_gather  each operand row-major as for convert_layout (a scalar: one element),
+//                   operand i at base + clusterGatherOffset(op, i) (each rounded up to 16
+//                   bytes). Every program of the cluster has the same plan, so rank r's copy of
+//                   operand i is at the same offset in r's shared memory (read through mapa).
+//                   Two cluster barriers bracket the reads: the other programs' writes are
+//                   visible after the first, and no program writes the bytes again (or exits)
+//                   before every program has passed the second.
 //   anything else   none.
 // Every base offset is a multiple of 16 bytes.
 //
@@ -100,6 +107,8 @@ bool atomicOldValuesShared(const ir::Op& atomic);
 bool addsRowsInBulk(const ir::Op& atomic);
 // Bytes between rows of a bulk_rows atomic_add's staged tile.
 int64_t bulkRowStride(const ir::Op& atomic);
+// Offset of operand i of a cluster_all_gather from the op's scratch base.
+int64_t clusterGatherOffset(const ir::Op& gather, size_t operand);
 // Offset of a dot's b tile from the dot's scratch base.
 int64_t dotScratchBOffset(const ir::Op& dot);
 

@@ -13,7 +13,8 @@ constexpr uint32_t bit(Feature f) { return uint32_t(1) << unsigned(f); }
 constexpr uint32_t kTuring = bit(Feature::Ldmatrix);
 constexpr uint32_t kAmpere = kTuring | bit(Feature::MmaSync) | bit(Feature::CpAsync);
 constexpr uint32_t kHopper =
-    kAmpere | bit(Feature::TensorMemoryAccelerator) | bit(Feature::BulkReduce) | bit(Feature::GridDependencyControl);
+    kAmpere | bit(Feature::TensorMemoryAccelerator) | bit(Feature::BulkReduce) | bit(Feature::GridDependencyControl) |
+    bit(Feature::ThreadBlockClusters);
 constexpr uint32_t kHopperArchSpecific = kHopper | bit(Feature::Wgmma) | bit(Feature::SetMaxNReg);
 
 constexpr int64_t KiB = 1024;
@@ -56,6 +57,7 @@ const char* featureName(Feature feature) {
     case Feature::Wgmma: return "wgmma";
     case Feature::SetMaxNReg: return "setmaxnreg";
     case Feature::GridDependencyControl: return "griddepcontrol";
+    case Feature::ThreadBlockClusters: return "thread block clusters";
   }
   return "?";
 }

@@ -25,6 +25,7 @@ enum class Feature : uint8_t {
   Wgmma,       // wgmma.mma_async m64nNk16 from shared memory (sm_90a)
   SetMaxNReg,  // setmaxnreg: warpgroup register reallocation (sm_90a)
   GridDependencyControl,  // griddepcontrol.wait / .launch_dependents: programmatic dependent launch (sm_90)
+  ThreadBlockClusters,    // .reqnctapercluster, barrier.cluster, mapa and ld.shared::cluster (sm_90)
 };
 // "wgmma", for messages.
 const char* featureName(Feature feature);

@@ -392,6 +392,10 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
       throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
                   std::to_string(options.grid[a]) + ", outside what CUDA allows");
+  if (const int64_t cluster = ir::clusterSize(traced(options)); options.grid[0] % cluster != 0)
+    throw Error("kernel '" + name_ + "': grid dimension 0 is " + std::to_string(options.grid[0]) +
+                ", not a multiple of its thread block cluster's " + std::to_string(cluster) +
+                " programs (cluster_all_gather)");
   Compiled& c = compiled(options, args, std::nullopt);
   const codegen::CompiledKernel& code = c.code;
   {

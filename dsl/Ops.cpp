@@ -324,6 +324,20 @@ Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImp
 void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
 void release_dependent_grids(SourceLoc loc) { builderAt(loc, "release_dependent_grids").gridDependency("release"); }
+std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc) {
+  if (size < 2 || size > 8)
+    traceError(loc, "cluster_all_gather", "a cluster holds 2 to 8 programs (the portable cluster size), got " + std::to_string(size));
+  if (values.empty()) traceError(loc, "cluster_all_gather", "needs at least one value");
+  std::vector<ir::Value*> vs;
+  for (const Tile& v : values) {
+    if (v.type().isPointer())
+      traceError(loc, "cluster_all_gather", "cannot hand a pointer (" + v.type().str() + ") to another program");
+    vs.push_back(v.value());
+  }
+  std::vector<Tile> out;
+  for (ir::Value* r : builderAt(loc, "cluster_all_gather").clusterAllGather(vs, size)) out.push_back(Tile(r));
+  return out;
+}
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
   return atomicAddImpl(ptr, value, &mask, loc);
 }

@@ -94,6 +94,13 @@ void fence(SourceLoc loc = SourceLoc::current());
 // access). release_dependent_grids lets the stream's next such kernel start launching.
 void wait_for_prior_grids(SourceLoc loc = SourceLoc::current());
 void release_dependent_grids(SourceLoc loc = SourceLoc::current());
+// Thread block clusters (sm_90+): the `size` programs C * c .. C * c + C - 1 along grid axis 0
+// (2 <= size <= 8; the grid's axis 0 a multiple of size) hand `values` to each other through
+// distributed shared memory. Returns, for each value in order, its copy from every program of the
+// cluster by rank (program_id(0) % size): result[i * size + r] is values[i] of rank r. Every
+// program of a cluster must make the same calls in the same order (it is a barrier of the
+// cluster); a kernel has one cluster size. Values only: no pointers.
+std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc = SourceLoc::current());
 
 // Reductions along `axis` (negative counts from the end); the axis is removed.
 Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());

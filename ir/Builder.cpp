@@ -110,6 +110,16 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 
+std::vector<Value*> Builder::clusterAllGather(const std::vector<Value*>& values, int64_t size) {
+  std::vector<Type> types;
+  for (Value* v : values)
+    for (int64_t r = 0; r < size; ++r) types.push_back(v->type());
+  Op* op = create(OpKind::ClusterAllGather, values, types, {{"size", size}});
+  std::vector<Value*> results;
+  for (size_t i = 0; i < op->numResults(); ++i) results.push_back(op->result(i));
+  return results;
+}
+
 Value* Builder::reduce(Value* x, int axis, std::string_view kind) {
   Shape s = x->type().shape();
   s.erase(s.begin() + axis);

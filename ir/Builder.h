@@ -56,6 +56,9 @@ class Builder {
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)
+  // Every program of a cluster of `size` hands `values` to all of them: result i * size + r is
+  // values[i] of the cluster's program r (ir/Ops.def cluster_all_gather).
+  std::vector<Value*> clusterAllGather(const std::vector<Value*>& values, int64_t size);
   Value* reduce(Value* x, int axis, std::string_view kind);
   Value* dot(Value* a, Value* b, Value* acc);
   void ret();

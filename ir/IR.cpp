@@ -286,6 +286,14 @@ std::optional<TensorBox> loadTensorBox(const Op& load) {
 
 size_t loadOperandCount(const Op& load) { return load.hasAttr("tensor_rank") ? 3 : load.numOperands(); }
 
+int64_t clusterSize(const Function& f) {
+  int64_t size = 1;
+  f.walk([&](const Op& op) {
+    if (op.kind() == OpKind::ClusterAllGather && op.hasAttr("size")) size = op.intAttr("size");
+  });
+  return size;
+}
+
 Value* pointerBase(Value* ptr) {
   while (const Op* def = ptr->definingOp()) {
     switch (def->kind()) {

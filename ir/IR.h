@@ -290,6 +290,9 @@ struct TensorBox {
 std::optional<TensorBox> loadTensorBox(const Op& load);
 // The operands a load reads through, (p [, mask [, other]]): all of them but a tensor box's.
 size_t loadOperandCount(const Op& load);
+// The programs a launch of `f` groups into one thread block cluster along grid axis 0: the size of
+// its cluster_all_gathers (all alike, ir::verify), else 1.
+int64_t clusterSize(const Function& f);
 
 // A module is what gets compiled together: one or more kernels.
 struct Module {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -308,12 +309,77 @@ struct Launch {
   std::array<int64_t, 3> grid{};
 };
 
+// The meeting point of one cluster's programs (cluster_all_gather). Gather g of every program
+// completes once all `size` programs have brought their operands to their own gather g; each then
+// takes the same snapshot of everyone's operands.
+class ClusterRendezvous {
+ public:
+  using Snapshot = std::shared_ptr<const std::vector<std::vector<DataRef>>>;  // [rank][operand]
+
+  explicit ClusterRendezvous(int64_t size) : size_(size), slots_(size_t(size)) {}
+
+  // Thrown to a program whose cluster mate failed: that mate's error is the one reported.
+  struct MateFailed {};
+
+  // Program `rank`'s gather number `count` (0, 1, ...). `who` names the program for errors.
+  Snapshot exchange(int64_t rank, int64_t count, std::vector<DataRef> values, const std::string& who) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    slots_[size_t(rank)] = std::move(values);
+    if (++arrived_ == size_) {
+      published_.push_back(std::make_shared<const std::vector<std::vector<DataRef>>>(slots_));
+      arrived_ = 0;
+      changed_.notify_all();
+      return published_.back();
+    }
+    changed_.wait(lock, [&] { return int64_t(published_.size()) > count || failed_ || !returned_.empty(); });
+    if (int64_t(published_.size()) > count) return published_[size_t(count)];
+    if (failed_) throw MateFailed{};
+    const auto& [mate, gathers] = returned_.front();
+    throw Error(who + " waits at its cluster_all_gather number " + std::to_string(count + 1) + ", but " + mate +
+                " of its cluster returned after " + std::to_string(gathers) +
+                ": every program of a cluster must run the same gathers (on the GPU the cluster would hang)");
+  }
+
+  // A program ended: normally after `gathers` gathers, or by an error.
+  void returned(const std::string& who, int64_t gathers) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    returned_.emplace_back(who, gathers);
+    changed_.notify_all();
+  }
+  void failed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int64_t size_;
+  int64_t arrived_ = 0;
+  std::vector<std::vector<DataRef>> slots_;  // the gather in progress
+  std::vector<Snapshot> published_;          // every completed gather, by count
+  std::vector<std::pair<std::string, int64_t>> returned_;
+  bool failed_ = false;
+};
+
 class Program {
  public:
   explicit Program(const Launch& l) : l_(l), slots_(size_t(l.f->numValues())) {}
 
+  // The cluster this program runs in and its rank there (none: no cluster_all_gather).
+  void joinCluster(ClusterRendezvous* cluster, int64_t rank) {
+    cluster_ = cluster;
+    rank_ = rank;
+  }
+  int64_t gathers() const { return gathers_; }
+  std::string describeProgram() const {
+    return "program (" + std::to_string(pid_[0]) + ", " + std::to_string(pid_[1]) + ", " + std::to_string(pid_[2]) + ")";
+  }
+
   void run(std::array<int64_t, 3> pid) {
     pid_ = pid;
+    gathers_ = 0;
     for (size_t i = 0; i < l_.params.size(); ++i) slots_[size_t(l_.f->params()[i]->id())] = l_.params[i];
     runBlock(l_.f->body());
   }
@@ -327,6 +393,19 @@ class Program {
   // and only it may not arrive on the others (on the GPU a phase would miss its arrivals).
   std::unordered_map<const Value*, bool> oneArrival_;
   std::array<int64_t, 3> pid_{};
+  ClusterRendezvous* cluster_ = nullptr;
+  int64_t rank_ = 0;
+  int64_t gathers_ = 0;
+
+  void clusterAllGather(const Op& op) {
+    if (!cluster_) fail(op, "runs outside a cluster (internal: the launch found no cluster size)");
+    std::vector<DataRef> mine;
+    for (const Value* v : op.operands()) mine.push_back(slots_[size_t(v->id())]);
+    auto all = cluster_->exchange(rank_, gathers_++, std::move(mine), op.describe() + " in " + describeProgram());
+    const size_t size = all->size();
+    for (size_t i = 0; i < op.numOperands(); ++i)
+      for (size_t r = 0; r < size; ++r) set(op.result(i * size + r), (*all)[r][i]);
+  }
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {
     throw Error(op.describe() + " in program (" + std::to_string(pid_[0]) + ", " + std::to_string(pid_[1]) + ", " +
@@ -372,6 +451,7 @@ class Program {
       case OpKind::TmaCopy: return tmaCopy(op);
       case OpKind::LocalLoad: return localLoad(op);
       case OpKind::LocalStore: return localStore(op);
+      case OpKind::ClusterAllGather: return clusterAllGather(op);
       case OpKind::WgmmaWait:  // the accumulators pass through: an async dot was complete at issue
         for (size_t i = 0; i < op.numOperands(); ++i) set(op.result(i), slots_[size_t(op.operand(i)->id())]);
         return;
@@ -454,6 +534,7 @@ class Program {
       case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
       case OpKind::Fence:  // run above: it has neither operands nor results
       case OpKind::GridDependency:
+      case OpKind::ClusterAllGather:
       case OpKind::LocalAlloc:
       case OpKind::AsyncCopy:
       case OpKind::AsyncCommit:
@@ -1069,9 +1150,19 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
   for (size_t i = 0; i < args.size(); ++i) launch.params.push_back(bindParam(f, i, args[i]));
 
   const int64_t total = grid[0] * grid[1] * grid[2];
+  // The cluster shape: every cluster_all_gather of a function has the same size (ir::verify).
+  const int64_t clusterSize = ir::clusterSize(f);
+  if (grid[0] % clusterSize != 0)
+    throw Error("interpret '" + f.name() + "': grid axis 0 is " + std::to_string(grid[0]) +
+                ", not a multiple of the cluster size " + std::to_string(clusterSize) +
+                " (its cluster_all_gather): the programs are launched in clusters of that many along axis 0");
   if (total == 0) return;
+  const int64_t units = total / clusterSize;  // programs, or clusters of consecutive programs
   int64_t threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min(threads, total);
+  threads = std::min(threads, units);
+  auto gridPoint = [&](int64_t l) -> std::array<int64_t, 3> {
+    return {l % grid[0], (l / grid[0]) % grid[1], l / (grid[0] * grid[1])};
+  };
 
   // Programs are claimed in increasing order; after a failure no new program
   // starts, so every program numbered below a failing one has run, and the
@@ -1081,23 +1172,59 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
   std::mutex errorMutex;
   int64_t errorProgram = total;
   std::exception_ptr error;  // the first failing program's, rethrown as it was
+  auto record = [&](int64_t l, std::exception_ptr e) {
+    // An Error goes on as it is (its kind intact); anything else was a bug of the interpreter's.
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error&) {
+    } catch (const std::exception& other) {
+      e = std::make_exception_ptr(Error(other.what(), ErrorKind::Internal));
+    }
+    std::lock_guard<std::mutex> lock(errorMutex);
+    if (l < errorProgram) {
+      errorProgram = l;
+      error = e;
+    }
+    stop = true;
+  };
+  // One cluster: its programs at once, each on a thread (the first on the caller's).
+  auto runCluster = [&](int64_t unit) {
+    ClusterRendezvous rendezvous(clusterSize);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(clusterSize));
+    auto member = [&](int64_t rank) {
+      Program program(launch);
+      program.joinCluster(&rendezvous, rank);
+      try {
+        program.run(gridPoint(unit * clusterSize + rank));
+        rendezvous.returned(program.describeProgram(), program.gathers());
+      } catch (const ClusterRendezvous::MateFailed&) {
+        // The mate's error is reported.
+      } catch (...) {
+        errors[size_t(rank)] = std::current_exception();
+        rendezvous.failed();
+      }
+    };
+    std::vector<std::thread> mates;
+    for (int64_t rank = 1; rank < clusterSize; ++rank) mates.emplace_back(member, rank);
+    member(0);
+    for (auto& t : mates) t.join();
+    for (int64_t rank = 0; rank < clusterSize; ++rank)
+      if (errors[size_t(rank)]) record(unit * clusterSize + rank, errors[size_t(rank)]);
+  };
   auto worker = [&] {
     Program program(launch);
     for (;;) {
       if (stop.load(std::memory_order_relaxed)) return;
-      int64_t l = next.fetch_add(1);
-      if (l >= total) return;
+      int64_t u = next.fetch_add(1);
+      if (u >= units) return;
+      if (clusterSize > 1) {
+        runCluster(u);
+        continue;
+      }
       try {
-        program.run({l % grid[0], (l / grid[0]) % grid[1], l / (grid[0] * grid[1])});
-      } catch (const std::exception& e) {
-        // An Error goes on as it is (its kind intact); anything else was a bug of the interpreter's.
-        const bool isError = dynamic_cast<const Error*>(&e) != nullptr;
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (l < errorProgram) {
-          errorProgram = l;
-          error = isError ? std::current_exception() : std::make_exception_ptr(Error(e.what(), ErrorKind::Internal));
-        }
-        stop = true;
+        program.run(gridPoint(u));
+      } catch (...) {
+        record(u, std::current_exception());
       }
     }
   };

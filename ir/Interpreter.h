@@ -21,6 +21,16 @@
 //     non-positive loop step) stops further programs from starting; the error
 //     of the lowest-numbered failing program (x fastest, then y, then z) is
 //     rethrown. Stores done before it stay done.
+//   * Thread block clusters: a function with cluster_all_gather {size = C}
+//     runs the C programs of each cluster (consecutive along axis 0; axis 0
+//     must be a multiple of C, else an Error) at once, on threads of their
+//     own, as the GPU co-schedules a cluster; clusters are claimed like
+//     programs. A gather waits until every program of its cluster has reached
+//     its own gather of the same count, then hands each the operands of all
+//     (result i * C + r is operand i of rank r). A program that returns while
+//     another of its cluster waits at a gather it will never reach (the GPU
+//     would hang) is an Error naming both; so is a gather in a program whose
+//     cluster mate failed (the mate's error is the one reported).
 //   * Layouts on types are ignored; convert_layout is the identity.
 //
 // Values and storage

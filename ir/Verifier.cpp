@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <unordered_set>
 
 namespace flextile::ir {
@@ -192,9 +193,11 @@ class Verifier {
     for (const auto& [k, v] : op.attrs()) n += !markAttr(op, k);
     return n;
   }
-  static std::string firstOwnAttr(const Op& op) {
+  static std::string firstOwnAttr(const Op& op) { return otherAttr(op, ""); }
+  // The first attribute of the op's own other than `known`.
+  static std::string otherAttr(const Op& op, const std::string& known) {
     for (const auto& [k, v] : op.attrs())
-      if (!markAttr(op, k)) return k;
+      if (!markAttr(op, k) && k != known) return k;
     return "";
   }
   // A warp-specialized function (producer_warps > 0, codegen/passes/WarpSpecialize.cpp): what the
@@ -326,6 +329,7 @@ class Verifier {
               break;
             }
         break;
+      case OpKind::ClusterAllGather: clusterAllGather(op); break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;
       case OpKind::For: forLoop(op); break;
@@ -673,6 +677,36 @@ class Verifier {
     }
   }
 
+  // cluster_all_gather (x...) {size = C} -> C results per operand, each the operand's type.
+  void clusterAllGather(const Op& op) {
+    if (!intAttrIn(op, "size", 2, 8)) return;
+    const int64_t size = op.intAttr("size");
+    if (ownAttrCount(op) != 1) return err(op, "takes only the attribute size, got '" + otherAttr(op, "size") + "'");
+    if (clusterSize_ && *clusterSize_ != size)
+      return err(op, "gathers over clusters of " + std::to_string(size) + " programs, but an earlier cluster_all_gather of " +
+                         "the function over " + std::to_string(*clusterSize_) + " (a kernel has one cluster shape)");
+    clusterSize_ = size;
+    const size_t n = op.numOperands();
+    if (n == 0) return err(op, "needs at least one operand");
+    if (op.numResults() != n * size_t(size))
+      return err(op, "has " + std::to_string(n) + " operands and size = " + std::to_string(size) + ", so " +
+                         std::to_string(n * size_t(size)) + " results (operand i of rank r is result i * size + r), got " +
+                         std::to_string(op.numResults()));
+    for (size_t i = 0; i < n; ++i) {
+      const Type& x = op.operand(i)->type();
+      if (x.isPointer() || x.isSharedBuffer())
+        return err(op, nth("operand", i) + " is " + x.str() + ": only values cross a cluster, not addresses");
+      for (int64_t r = 0; r < size; ++r) {
+        const Type& got = op.result(i * size_t(size) + size_t(r))->type();
+        if (!got.sameShapeAndElement(x))
+          return err(op, "result " + std::to_string(i * size_t(size) + size_t(r)) + " must be operand " + std::to_string(i) +
+                             "'s type " + x.str() + ", got " + got.str());
+        if (lay_ && x.isTile() && !sameLayout(op, *got.layout(), *x.layout(), "result " + std::to_string(i * size_t(size) + size_t(r)), "its operand"))
+          return;
+      }
+    }
+  }
+
   void reduce(const Op& op) {
     const Type &x = op.operand(0)->type(), &r = op.result()->type();
     if (!x.isTile()) return err(op, "operand must be a tile, got " + x.str());
@@ -766,6 +800,7 @@ class Verifier {
   bool layoutsOn_ = false;
   bool lay_ = false;  // layout rules apply to the op being checked
   bool opFailed_ = false;
+  std::optional<int64_t> clusterSize_;  // the first cluster_all_gather's size
 };
 
 }  // namespace

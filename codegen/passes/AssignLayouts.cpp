@@ -423,6 +423,7 @@ class LayoutAssigner {
 
   void planOp(Op& op) {
     if (op.kind() == OpKind::For) return planFor(op);
+    if (op.kind() == OpKind::ClusterAllGather) return planClusterAllGather(op);
     if (op.numResults() != 1 || cls_.at(op.result()) != Class::Computed) return;
     Value* r = op.result();
     LayoutPtr l;
@@ -453,6 +454,19 @@ class LayoutAssigner {
         break;
     }
     setPlan(r, l);
+  }
+
+  // Each program's copy of a value arrives in the layout the value has here (every program of a
+  // kernel lays it out alike), so each operand's results take its layout.
+  void planClusterAllGather(const Op& op) {
+    const size_t size = size_t(op.intAttr("size"));
+    for (size_t i = 0; i < op.numOperands(); ++i) {
+      const Value* x = op.operand(i);
+      if (!x->type().isTile()) continue;
+      LayoutPtr l = known(x);
+      if (!l) l = defaultLayout(x->type().shape());
+      for (size_t r = 0; r < size; ++r) setPlan(op.result(i * size + r), l);
+    }
   }
 
   void setPlan(const Value* v, LayoutPtr l) {
@@ -584,6 +598,10 @@ class LayoutAssigner {
         break;
       case OpKind::Reduce:
         if (tile(0)) req[0] = reduceOperandLayout(op);
+        break;
+      case OpKind::ClusterAllGather:
+        for (size_t i = 0; i < op.numOperands(); ++i)
+          if (tile(i)) req[i] = known(op.result(i * size_t(op.intAttr("size"))));
         break;
       case OpKind::Dot:
         if (auto it = mma_.find(&op); it != mma_.end()) {

@@ -120,6 +120,37 @@ TEST(FlexDecodeGpu, FusedMergeCallAfterCallWithProgrammaticLaunch) {
       if (!checkFusedMergeCalls(rng, c, kDevice)) return;
 }
 
+// The merge through a thread block cluster (FLEXTILE_DECODE_CLUSTER_MERGE=1): 2 to 8 splits a
+// group exchange their partials through distributed shared memory, more take tickets; the split
+// count moves across 8 from call to call, so a cluster that read a rank's partial before it was
+// written, or a merge that mixed the two paths' scratch, shows. The window decode's shape among
+// them (GQA 4:1, D = 128, 128-key blocks), fully masked rows, L > 1, and with programmatic launch.
+TEST(FlexDecodeGpu, ClusterMergeCallAfterCall) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
+       .splits = {6, 8, 2, 33, 6}},
+      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {3, 16, 5, 7}},
+      {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {4, 9, 8}},
+  };
+  for (const char* programmatic : {"0", "1"}) {
+    ScopedSetenv launch("FLEXTILE_PROGRAMMATIC_LAUNCH", programmatic);
+    SCOPED_TRACE(std::string("FLEXTILE_PROGRAMMATIC_LAUNCH=") + programmatic);
+    for (int round = 0; round < 2; ++round)
+      for (const FusedMergeCase& c : cases)
+        if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+  }
+  AttentionCase c{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128, .dtype = DType::BF16, .context = "cluster merge"};
+  for (const char* name : {"sliding_window", "document", "softcap"})
+    if (!checkDecodeVariant(rng, variant(name), c, kDevice, {.splits = {6}, .blocks = {128, 128},
+                                                             .prefillConfig = {64, 64, 4, 2}}))
+      return;
+}
+
 // query_offsets on the device: a batch of requests at different positions of a window mask, each
 // against a reference run at its own position (the offsets are never read by the host).
 TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {

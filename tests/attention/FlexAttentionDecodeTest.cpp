@@ -473,3 +473,40 @@ TEST(FlexDecode, ProgrammaticLaunchWaitsBeforeTheFirstGlobalLoad) {
                   .context = "programmatic launch"};
   EXPECT_TRUE(checkDecodeVariant(rng, variant("sliding_window"), c, kHost));
 }
+
+// The merge through a thread block cluster (opt-in, FLEXTILE_DECODE_CLUSTER_MERGE=1): with 2 to 8
+// splits the splits of a group are one cluster and exchange their partials through distributed
+// shared memory (cluster_all_gather; the interpreter runs a cluster's programs at once), with more
+// the fused ticket merge stays. Against the reference, call after call with the split count moving
+// across 8 (so the two merges share the scratch and counters), fully masked rows, GQA and L > 1;
+// for sm_90a the kernel declares its cluster, takes no ticket and assembles; sm_80 keeps tickets.
+TEST(FlexDecode, ClusterMergeMatchesTheReference) {
+  ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+  SeededRandom rng;
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {2, 8, 16, 6, 3}},
+      {.B = 3, .Hq = 4, .Hkv = 1, .L = 1, .S = 257, .D = 32, .dtype = DType::F16, .window = 90, .splits = {5, 9, 7}},
+  };
+  for (const FusedMergeCase& c : cases)
+    if (!checkFusedMergeCalls(rng, c, kHost)) return;
+  AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 2, .S = 200, .D = 64, .dtype = DType::BF16, .context = "cluster merge"};
+  for (const char* name : {"sliding_window", "document", "alibi"})
+    if (!checkDecodeVariant(rng, variant(name), c, kHost, {.splits = {4, 8}})) return;
+
+  const int64_t B = 2, Hq = 8, Hkv = 2, S = 1000, D = 128;
+  Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
+  for (int64_t splits : {6, 9}) {
+    const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = splits}};
+    FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a());
+    const std::string& ptx = plan.compiled[0]->ptx;
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    EXPECT_EQ(ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos, splits == 6);
+    EXPECT_EQ(ptx.find("barrier.cluster.wait") != std::string::npos, splits == 6);
+    EXPECT_EQ(ptx.find("atom.") == std::string::npos, splits == 6) << "a cluster takes no ticket";
+    if (codegen::findPtxas()) {
+      EXPECT_NO_THROW(codegen::runPtxas(ptx, codegen::Target::sm90a()));
+    }
+    FlexDecodePlan sm80 = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::fromName("sm_80").value());
+    EXPECT_EQ(sm80.compiled[0]->ptx.find("barrier.cluster"), std::string::npos) << "sm_80 has no clusters";
+  }
+}

@@ -8,6 +8,7 @@
 
 #include "GpuTest.h"
 #include "IrHarness.h"
+#include "ir/Parser.h"
 #include "codegen/LoweringKernels.h"
 #include "examples/common.h"
 #include "examples/kernels.h"
@@ -294,6 +295,78 @@ TEST(CompiledGpu, MatmulAgainstFloat64) {
     checkMatmul<dsl::f16>(M, N, K, 64, 64, 32, 4, gen);
     checkMatmul<dsl::bf16>(M, N, K, 64, 32, 16, 2, gen);
     checkMatmul<dsl::bf16>(M, N, K, 16, 64, 64, 8, gen);
+  }
+}
+
+
+// cluster_all_gather through distributed shared memory: each program of a cluster of `size` loads
+// a [16, 128] f32 tile (the decode's partial: 4 warps, 16 registers a thread) and gathers it with
+// its program id; it stores sum_r (r + 1) * tile_r + sum_r pid_r, so a rank that read another's
+// copy, or a copy not yet written, shows. Against the interpreter, over two clusters along x and
+// three rows along y.
+TEST(CompiledGpu, ClusterAllGatherHandsEveryRankEveryTile) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (int64_t size : {2, 6, 8}) {
+    std::string results, types, sum = "  %acc0 = constant {value = 0.0} : f32[16,128]\n  %pacc0 = constant {value = 0} : i32\n";
+    for (int64_t r = 0; r < size; ++r) {
+      results += "%v" + std::to_string(r) + ", ";
+      types += "f32[16,128], ";
+    }
+    for (int64_t r = 0; r < size; ++r) {
+      const std::string a = std::to_string(r), n = std::to_string(r + 1);
+      results += std::string(r ? ", " : "") + "%q" + a;
+      types += std::string(r ? ", " : "") + "i32";
+      sum += "  %w" + a + " = constant {value = " + n + ".0} : f32[16,128]\n  %m" + a + " = mul %v" + a + ", %w" + a +
+             " : f32[16,128]\n  %acc" + n + " = add %acc" + a + ", %m" + a + " : f32[16,128]\n  %pacc" + n +
+             " = add %pacc" + a + ", %q" + a + " : i32\n";
+    }
+    const std::string last = std::to_string(size);
+    const std::string text = R"(
+func @gather_tiles(%x: ptr<f32>, %out: ptr<f32>) attributes {num_warps = 4, arg_divisibility = [16, 16]} {
+  %pid = program_id {axis = 0} : i32
+  %y = program_id {axis = 1} : i32
+  %np = num_programs {axis = 0} : i32
+  %row0 = mul %y, %np : i32
+  %row = add %row0, %pid : i32
+  %c2048 = constant {value = 2048} : i32
+  %base = mul %row, %c2048 : i32
+  %rows = arange {start = 0, end = 16} : i32[16]
+  %cols = arange {start = 0, end = 128} : i32[128]
+  %r2 = expand_dims %rows {axis = 1} : i32[16,1]
+  %r3 = broadcast %r2 : i32[16,128]
+  %c2 = expand_dims %cols {axis = 0} : i32[1,128]
+  %c3 = broadcast %c2 : i32[16,128]
+  %c128 = constant {value = 128} : i32[16,128]
+  %ro = mul %r3, %c128 : i32[16,128]
+  %o0 = add %ro, %c3 : i32[16,128]
+  %b = splat %base : i32[16,128]
+  %i = add %b, %o0 : i32[16,128]
+  %xs = splat %x : ptr<f32>[16,128]
+  %px = addptr %xs, %i : ptr<f32>[16,128]
+  %v = load %px : f32[16,128]
+  )" + results + " = cluster_all_gather %v, %pid {size = " + last + "} : " + types + "\n" + sum +
+                             "  %pf = cast %pacc" + last + " : f32\n  %ps = splat %pf : f32[16,128]\n  %o = add %acc" +
+                             last + ", %ps : f32[16,128]\n" + R"(
+  %outs = splat %out : ptr<f32>[16,128]
+  %po = addptr %outs, %i : ptr<f32>[16,128]
+  store %po, %o
+  return
+}
+)";
+    std::unique_ptr<ir::Function> f = ir::parseFunction(text);
+    const int64_t P = 2 * size, Y = 3, n = P * Y * 2048;
+    BothRuns r = runBoth(*f, {randomBuffer(DType::F32, size_t(n), rng, -2, 2), poisoned(DType::F32, size_t(n))}, {P, Y, 1});
+    EXPECT_NE(r.code.ptx.find(".reqnctapercluster " + last + ", 1, 1"), std::string::npos);
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 5; ++i) {
+      const double g = readAs(r.gpu[1], DType::F32, size_t(i)), e = readAs(r.interpreter[1], DType::F32, size_t(i));
+      if (!(std::abs(g - e) <= 1e-5 * (1 + std::abs(e)))) {
+        ++bad;
+        ADD_FAILURE() << "cluster of " << size << ", element " << i << " (program " << (i / 2048) % P << ", "
+                      << i / 2048 / P << "): gpu " << g << " interpreter " << e;
+      }
+    }
   }
 }
 

@@ -108,6 +108,9 @@ std::unique_ptr<Function> everyOpProgram() {
   // side effect alone keeps them).
   b.atomicAdd(b.addptr(b.splat(out, {64}), rows), scaled, inBounds);
   b.atomicAdd(out, b.cast(results[1], DType::F32));
+  // The cluster of 2 along axis 0 hands each program the other's row and trip count.
+  std::vector<Value*> gathered = b.clusterAllGather({scaled, results[1]}, 2);
+  b.store(b.addptr(b.splat(out, {64}), rows), b.binary(OpKind::Add, gathered[0], gathered[1]), inBounds);
   b.fence();  // orders the stores and atomics above for other programs
   b.gridDependency("release");  // the stream's next grid may start launching
   b.ret();
@@ -197,6 +200,12 @@ void assignTestLayouts(Function& f) {
         case OpKind::ConvertLayout: break;
         case OpKind::WgmmaWait:
           for (size_t i = 0; i < op.numResults(); ++i) set(op.result(i), op.operand(i)->type().layout());
+          break;
+        case OpKind::ClusterAllGather:  // operand i's copies are results i * size .. i * size + size - 1
+          for (size_t i = 0; i < op.numResults(); ++i) {
+            const Value* x = op.operand(i / size_t(op.intAttr("size")));
+            if (x->type().isTile()) set(op.result(i), x->type().layout());
+          }
           break;
         case OpKind::AsyncCopy:  // 4 contiguous elements per thread: the op's vec
           fit(op, 2, Layout::defaultBlocked(op.operand(2)->type().shape(), warps, 4));
