@@ -5,8 +5,10 @@
 // program are visible after it), each program reads every rank's copy from the same offset of
 // that rank's shared memory (mapa.shared::cluster, ld.shared::cluster), and the cluster meets
 // again, so that no program overwrites its scratch or exits while another still reads it (a CTA's
-// shared memory is gone once it exits). The barriers count every thread of every program of the
-// cluster, so all of them run the op (ir/Ops.def).
+// shared memory is gone once it exits). That second meeting's wait is put off until the program
+// next touches shared memory or leaves the block, so it overlaps the work on the gathered values.
+// The barriers count every thread of every program of the cluster, so all of them run the op
+// (ir/Ops.def).
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
@@ -17,9 +19,22 @@
 
 namespace flextile::codegen {
 
-void Lowering::clusterBarrier() {
+void Lowering::clusterArrive() {
   b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cluster_arrive_aligned, llvm::ArrayRef<llvm::Value*>{});
+}
+
+void Lowering::clusterWait() {
   b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cluster_wait_aligned, llvm::ArrayRef<llvm::Value*>{});
+}
+
+// The closing barrier's arrive follows the reads (its release orders them before it); its wait may
+// come later, as long as this program neither rewrites shared memory (an op with scratch, the
+// async level's buffers) nor leaves the block (a loop, a yield, the return: the last also frees
+// the shared memory other programs may still read) before it.
+bool Lowering::clusterWaitNeededBefore(const ir::Op& op) {
+  using ir::OpKind;
+  if (op.kind() == OpKind::For || op.kind() == OpKind::Yield || op.kind() == OpKind::Return) return true;
+  return op.hasTrait(ir::kMemoryAsyncLevel) || scratchBytes(op) > 0;
 }
 
 void Lowering::lowerClusterAllGather(const ir::Op& op) {
@@ -42,7 +57,8 @@ void Lowering::lowerClusterAllGather(const ir::Op& op) {
       onlyWhere(first, "gather.scalar", [&] { storeShared(sharedAddress(offset, i32(0), t), get(x)[0], t); });
     }
   }
-  clusterBarrier();
+  clusterArrive();
+  clusterWait();
   // Rank r's shared memory is one window: its base mapped once, then the same byte offsets.
   auto* clusterPtr = llvm::PointerType::get(ctx, 7);  // NVPTX's shared::cluster address space
   std::vector<llvm::Value*> windows;
@@ -71,7 +87,8 @@ void Lowering::lowerClusterAllGather(const ir::Op& op) {
       set(op.result(i * size_t(size) + size_t(rank)), std::move(regs));
     }
   }
-  clusterBarrier();
+  clusterArrive();
+  clusterWaitPending = true;  // waited for before the next op that needs it (clusterWaitNeededBefore)
 }
 
 }  // namespace flextile::codegen

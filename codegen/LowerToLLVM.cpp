@@ -297,6 +297,10 @@ void Lowering::lowerShapeOp(const ir::Op& op) {
 // ---- driver ----------------------------------------------------------------
 
 void Lowering::lowerOp(const ir::Op& op) {
+  if (clusterWaitPending && clusterWaitNeededBefore(op)) {
+    clusterWait();
+    clusterWaitPending = false;
+  }
   switch (op.kind()) {
     case OpKind::ProgramId:
     case OpKind::NumPrograms: {

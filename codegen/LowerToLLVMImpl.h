@@ -130,7 +130,12 @@ class Lowering {
   void lowerGridDependency(const ir::Op& op);
   void lowerClusterAllGather(const ir::Op& op);  // LowerCluster.cpp
   // barrier.cluster arrive (release) and wait (acquire) by every thread of the program.
-  void clusterBarrier();
+  void clusterArrive();
+  void clusterWait();
+  // A gather's closing wait is put off while the ops after it touch no shared memory and leave
+  // no block (LowerCluster.cpp): the wait then overlaps what the program does with the values.
+  bool clusterWaitPending = false;
+  static bool clusterWaitNeededBefore(const ir::Op& op);
   void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp
