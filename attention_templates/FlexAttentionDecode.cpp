@@ -356,9 +356,12 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
   if (k.split && k.clusterMerge) {
     // The splits of a (group, batch) are one thread block cluster (clusterMerge = splits programs
-    // along axis 0): each hands its partial to the others through distributed shared memory and
-    // every one folds them all; split 0 stores. No global round trip, fence or ticket.
-    std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge);
+    // along axis 0): split 0 reads the others' partials from their shared memory, folds them and
+    // stores. No global round trip, fence or ticket. Only the real rows cross (the padding rows
+    // repeat the last real one), so a group of 4 heads moves a quarter of the 16-row tile.
+    const int64_t crossing = detail::paddedHeadDim(realRows);  // a power of two, at most BM
+    std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge,
+                                               {.to = 0, .rows = crossing < k.BM ? crossing : 0});
     const auto mid = all.begin() + std::ptrdiff_t(k.clusterMerge);
     auto [mm, ll, merged] = detail::foldPartials(full({k.BM}, -INFINITY, DType::F32), zeros({k.BM}, DType::F32),
                                                  zeros({k.BM, k.DP}, DType::F32), std::vector<Tile>(all.begin(), mid),

@@ -136,6 +136,8 @@ class Lowering {
   // no block (LowerCluster.cpp): the wait then overlaps what the program does with the values.
   bool clusterWaitPending = false;
   static bool clusterWaitNeededBefore(const ir::Op& op);
+  llvm::Value* rowsCross(const ir::Op& gather, const ir::Layout& l, int64_t reg, llvm::Value* row);
+  llvm::Value* predicatedClusterLoad(llvm::Value* addr, llvm::Value* crosses, ir::DType t);
   void lowerReduce(const ir::Op& op);          // LowerReduce.cpp
   void lowerDot(const ir::Op& op);             // LowerDot.cpp
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp

@@ -325,17 +325,32 @@ void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
 void release_dependent_grids(SourceLoc loc) { builderAt(loc, "release_dependent_grids").gridDependency("release"); }
 std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc) {
-  if (size < 2 || size > 8)
-    traceError(loc, "cluster_all_gather", "a cluster holds 2 to 8 programs (the portable cluster size), got " + std::to_string(size));
-  if (values.empty()) traceError(loc, "cluster_all_gather", "needs at least one value");
+  return cluster_all_gather(values, size, ClusterGatherOptions{}, loc);
+}
+
+std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, const ClusterGatherOptions& options,
+                                     SourceLoc loc) {
+  const char* op = "cluster_all_gather";
+  if (size < 2 || size > 8) traceError(loc, op, "a cluster holds 2 to 8 programs (the portable cluster size), got " + std::to_string(size));
+  if (values.empty()) traceError(loc, op, "needs at least one value");
+  if (options.to && (*options.to < 0 || *options.to >= size))
+    traceError(loc, op, "to = " + std::to_string(*options.to) + " is not a rank of a cluster of " + std::to_string(size));
+  if (options.rows < 0 || (options.rows & (options.rows - 1)) != 0)
+    traceError(loc, op, "rows = " + std::to_string(options.rows) + " is not a power of two (or 0: every row)");
   std::vector<ir::Value*> vs;
   for (const Tile& v : values) {
-    if (v.type().isPointer())
-      traceError(loc, "cluster_all_gather", "cannot hand a pointer (" + v.type().str() + ") to another program");
+    if (v.type().isPointer()) traceError(loc, op, "cannot hand a pointer (" + v.type().str() + ") to another program");
+    if (options.rows > 0 && v.rank() > 0 && v.shape()[0] < options.rows)
+      traceError(loc, op, "rows = " + std::to_string(options.rows) + " is more than the rows of " + v.type().str());
     vs.push_back(v.value());
   }
+  ir::Builder& b = builderAt(loc, op);
+  std::vector<ir::Value*> results = b.clusterAllGather(vs, size);
+  ir::Op* gather = results.front()->definingOp();
+  if (options.to) gather->setAttr("to", *options.to);
+  if (options.rows > 0) gather->setAttr("rows", options.rows);
   std::vector<Tile> out;
-  for (ir::Value* r : builderAt(loc, "cluster_all_gather").clusterAllGather(vs, size)) out.push_back(Tile(r));
+  for (ir::Value* r : results) out.push_back(Tile(r));
   return out;
 }
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <optional>
 #include <vector>
 
 #include "dsl/Tile.h"
@@ -101,6 +102,15 @@ void release_dependent_grids(SourceLoc loc = SourceLoc::current());
 // program of a cluster must make the same calls in the same order (it is a barrier of the
 // cluster); a kernel has one cluster size. Values only: no pointers.
 std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc = SourceLoc::current());
+// The same moving fewer bytes: only rank `to` receives (in every other program each result is its
+// own value), and, when `rows` > 0 (a power of two), only rows [0, rows) of the tiles cross (the
+// received tiles' other rows are 0): e.g. the real rows of a tile padded to the mma's 16.
+struct ClusterGatherOptions {
+  std::optional<int64_t> to;
+  int64_t rows = 0;
+};
+std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, const ClusterGatherOptions& options,
+                                     SourceLoc loc = SourceLoc::current());
 
 // Reductions along `axis` (negative counts from the end); the axis is removed.
 Tile max(Operand x, int axis, SourceLoc loc = SourceLoc::current());

@@ -403,8 +403,29 @@ class Program {
     for (const Value* v : op.operands()) mine.push_back(slots_[size_t(v->id())]);
     auto all = cluster_->exchange(rank_, gathers_++, std::move(mine), op.describe() + " in " + describeProgram());
     const size_t size = all->size();
-    for (size_t i = 0; i < op.numOperands(); ++i)
-      for (size_t r = 0; r < size; ++r) set(op.result(i * size + r), (*all)[r][i]);
+    const bool receives = !op.hasAttr("to") || op.intAttr("to") == rank_;
+    for (size_t i = 0; i < op.numOperands(); ++i) {
+      const Type& t = op.operand(i)->type();
+      for (size_t r = 0; r < size; ++r) {
+        if (!receives) {  // {to}: the others see only themselves
+          set(op.result(i * size + r), slots_[size_t(op.operand(i)->id())]);
+          continue;
+        }
+        DataRef got = (*all)[r][i];
+        if (op.hasAttr("rows") && t.isTile() && op.intAttr("rows") < t.shape()[0]) {
+          // Only rows [0, rows) crossed: the rest arrive as zeros.
+          const size_t keep = size_t(op.intAttr("rows") * (t.numElements() / t.shape()[0]));
+          got = withStorage(storageOf(t.dtype()), [&](auto tag) -> DataRef {
+            using T = decltype(tag);
+            auto d = std::make_shared<Data>();
+            d->template vec<T>() = got->template vec<T>();
+            std::fill(d->template vec<T>().begin() + std::ptrdiff_t(keep), d->template vec<T>().end(), T{});
+            return d;
+          });
+        }
+        set(op.result(i * size + r), std::move(got));
+      }
+    }
   }
 
   [[noreturn]] void fail(const Op& op, const std::string& what) const {

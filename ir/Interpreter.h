@@ -30,7 +30,9 @@
 //     (result i * C + r is operand i of rank r). A program that returns while
 //     another of its cluster waits at a gather it will never reach (the GPU
 //     would hang) is an Error naming both; so is a gather in a program whose
-//     cluster mate failed (the mate's error is the one reported).
+//     cluster mate failed (the mate's error is the one reported). With {to},
+//     only that rank receives (the others' results are their own operands);
+//     with {rows = R}, the received tiles' rows >= R (along dim 0) are 0.
 //   * Layouts on types are ignored; convert_layout is the identity.
 //
 // Values and storage

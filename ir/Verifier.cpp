@@ -681,7 +681,21 @@ class Verifier {
   void clusterAllGather(const Op& op) {
     if (!intAttrIn(op, "size", 2, 8)) return;
     const int64_t size = op.intAttr("size");
-    if (ownAttrCount(op) != 1) return err(op, "takes only the attribute size, got '" + otherAttr(op, "size") + "'");
+    for (const auto& [key, value] : op.attrs())
+      if (!markAttr(op, key) && key != "size" && key != "to" && key != "rows")
+        return err(op, "takes the attributes size, to and rows, got '" + key + "'");
+    if (op.hasAttr("to") && !intAttrIn(op, "to", 0, size - 1)) return;
+    if (op.hasAttr("rows")) {
+      if (!intAttrIn(op, "rows", 1, int64_t(1) << 30)) return;
+      const int64_t rows = op.intAttr("rows");
+      if (!isPow2(rows)) return err(op, "rows = " + std::to_string(rows) + " is not a power of two");
+      for (size_t i = 0; i < op.numOperands(); ++i) {
+        const Type& x = op.operand(i)->type();
+        if (x.isTile() && x.shape()[0] < rows)
+          return err(op, "rows = " + std::to_string(rows) + " is more than " + nth("operand", i) + "'s dim 0 (" +
+                             x.str() + ")");
+      }
+    }
     if (clusterSize_ && *clusterSize_ != size)
       return err(op, "gathers over clusters of " + std::to_string(size) + " programs, but an earlier cluster_all_gather of " +
                          "the function over " + std::to_string(*clusterSize_) + " (a kernel has one cluster shape)");

@@ -303,11 +303,13 @@ TEST(CompiledGpu, MatmulAgainstFloat64) {
 // a [16, 128] f32 tile (the decode's partial: 4 warps, 16 registers a thread) and gathers it with
 // its program id; it stores sum_r (r + 1) * tile_r + sum_r pid_r, so a rank that read another's
 // copy, or a copy not yet written, shows. Against the interpreter, over two clusters along x and
-// three rows along y.
+// three rows along y; and with {to, rows = 4}: only the last rank receives, only 4 of the 16 rows.
 TEST(CompiledGpu, ClusterAllGatherHandsEveryRankEveryTile) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  for (int64_t size : {2, 6, 8}) {
+  for (const auto& [size, attrs] : std::vector<std::pair<int64_t, std::string>>{
+           {2, ""}, {6, ""}, {8, ""}, {2, ", to = 1, rows = 4"}, {6, ", to = 5, rows = 4"}}) {
+    SCOPED_TRACE("size " + std::to_string(size) + attrs);
     std::string results, types, sum = "  %acc0 = constant {value = 0.0} : f32[16,128]\n  %pacc0 = constant {value = 0} : i32\n";
     for (int64_t r = 0; r < size; ++r) {
       results += "%v" + std::to_string(r) + ", ";
@@ -345,7 +347,7 @@ func @gather_tiles(%x: ptr<f32>, %out: ptr<f32>) attributes {num_warps = 4, arg_
   %xs = splat %x : ptr<f32>[16,128]
   %px = addptr %xs, %i : ptr<f32>[16,128]
   %v = load %px : f32[16,128]
-  )" + results + " = cluster_all_gather %v, %pid {size = " + last + "} : " + types + "\n" + sum +
+  )" + results + " = cluster_all_gather %v, %pid {size = " + last + attrs + "} : " + types + "\n" + sum +
                              "  %pf = cast %pacc" + last + " : f32\n  %ps = splat %pf : f32[16,128]\n  %o = add %acc" +
                              last + ", %ps : f32[16,128]\n" + R"(
   %outs = splat %out : ptr<f32>[16,128]

@@ -92,6 +92,36 @@ TEST(InterpreterCluster, EveryRankReceivesEveryRanksOperands) {
   }
 }
 
+// {to = t, rows = 4}: only rank t receives, and only the first 4 of the 8 values a program holds
+// (the rest arrive as 0); every other program sees its own values as every rank's.
+TEST(InterpreterCluster, OnlyTheReceivingRankGetsOnlyTheCrossingRows) {
+  FT_SEEDED_RNG(rng);
+  const int64_t size = 4, to = uniformInt(rng, 0, size - 1), P = 2 * size;
+  std::string text = gatherProgram(size);
+  const std::string attr = "{size = 4}";
+  text.replace(text.find(attr), attr.size(), "{rows = 4, size = 4, to = " + std::to_string(to) + "}");
+  auto f = parseFunction(text, "to.ftir");
+  EXPECT_EQ(printFunction(*parseFunction(printFunction(*f))), printFunction(*f));
+  std::vector<float> x(size_t(P * 8)), out(x.size(), std::nanf(""));
+  for (float& v : x) v = float(uniform(rng, -2, 2));
+  interpret(*f, {InterpArg::buffer(x.data(), x.size() * 4), InterpArg::buffer(out.data(), out.size() * 4),
+                 InterpArg::integer(int64_t(x.size()))},
+            {P, 1, 1});
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t e = 0; e < 8; ++e) {
+      const int64_t first = p - p % size;
+      double want = 0, pids = 0;
+      for (int64_t r = 0; r < size; ++r) {
+        const bool receives = p % size == to;
+        const int64_t from = receives ? first + r : p;  // the others see only themselves
+        want += receives && e >= 4 ? 0.0 : double(r + 1) * double(x[size_t(from * 8 + e)]);
+        pids += double(receives ? first + r : p);
+      }
+      EXPECT_NEAR(out[size_t(p * 8 + e)], want + pids, 1e-4 * (1 + std::abs(want + pids)))
+          << "program " << p << " element " << e << " (to " << to << ")";
+    }
+}
+
 TEST(InterpreterCluster, AProgramThatSkipsTheGatherIsAnErrorNotAHang) {
   // Only rank 0 of each cluster gathers (a loop of pid == 0 trips): the others return.
   std::string text = gatherProgram(4, "%first");
