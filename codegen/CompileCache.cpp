@@ -143,6 +143,7 @@ std::string codegenSwitches() {
     if (const char* e = std::getenv(name); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
       out += std::string("; ") + name + "=" + e;
   if (const std::string tree = reduceTreeSetting(); tree != "sum") out += "; FLEXTILE_REDUCE_TREE=" + tree;
+  if (const char* e = std::getenv("FLEXTILE_EXP2_EMULATION"); e && *e) out += std::string("; FLEXTILE_EXP2_EMULATION=") + e;
   return out;
 }
 

@@ -22,8 +22,10 @@
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
+#include <cstdlib>
 #include <numbers>
 
+#include "codegen/Exp2Emulation.h"
 #include "codegen/LowerToLLVMImpl.h"
 
 namespace flextile::codegen {
@@ -94,6 +96,22 @@ struct ApproximateF32Only : UnaryLowering, FloatsOnly {
 llvm::Value* ex2(llvm::IRBuilder<>& b, llvm::Value* v) {
   return b.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx, {v->getType()}, {v});
 }
+// codegen/Exp2Emulation.h's sequence, one f32 register.
+llvm::Value* exp2OnFmaPipes(llvm::IRBuilder<>& b, llvm::Value* x) {
+  auto f32 = [&](float v) { return llvm::ConstantFP::get(b.getFloatTy(), v); };
+  // max.NaN / min.NaN: a NaN stays NaN (and stays one through the product below).
+  llvm::Value* xc = b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum,
+                                            b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, x, f32(kExp2Low)),
+                                            f32(kExp2High));
+  llvm::Value* t = b.CreateFAdd(xc, f32(kExp2RoundingMagic));
+  llvm::Value* f = b.CreateFSub(xc, b.CreateFSub(t, f32(kExp2RoundingMagic)));
+  llvm::Value* p = f32(kExp2Coefficients[3]);
+  for (int i = 2; i >= 0; --i) p = b.CreateIntrinsic(llvm::Intrinsic::fma, {b.getFloatTy()}, {p, f, f32(kExp2Coefficients[i])});
+  p = b.CreateIntrinsic(llvm::Intrinsic::fma, {b.getFloatTy()}, {p, f, f32(1.0f)});
+  llvm::Value* bits = b.CreateShl(b.CreateAdd(b.CreateBitCast(t, b.getInt32Ty()), b.getInt32(127)), 23);
+  return b.CreateFMul(p, b.CreateBitCast(bits, b.getFloatTy()));
+}
+
 llvm::Value* lg2(llvm::IRBuilder<>& b, llvm::Value* v) {
   return b.CreateIntrinsic(llvm::Intrinsic::nvvm_lg2_approx_f, llvm::ArrayRef<llvm::Value*>{v});
 }
@@ -292,6 +310,15 @@ void withArithmeticLowering(const ir::Op& op, F&& f) {
 
 }  // namespace
 
+int64_t exp2EmulationPeriod(const ir::Function& f) {
+  if (const char* e = std::getenv("FLEXTILE_EXP2_EMULATION"); e && *e) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (*end == 0) return v;
+  }
+  return f.intAttrOr("exp2_emulation", 0);
+}
+
 void Lowering::lowerElementwise(const ir::Op& op) {
   const ir::Value* res = op.result();
   const ir::Type& rt = res->type();
@@ -314,6 +341,18 @@ void Lowering::lowerElementwise(const ir::Op& op) {
   const DType t = op.operand(0)->type().dtype();  // operand element type (cmp, cast: differs from the result)
   const bool fp = ir::isFloat(t);
   auto operandRegs = [&](size_t i) -> const Regs& { return get(op.operand(i)); };
+
+  // Every N-th register of an f32 exp2 tile off the SFU (codegen/Exp2Emulation.h).
+  if (op.kind() == OpKind::Exp2 && t == DType::F32 && rt.isTile()) {
+    const int64_t period = exp2EmulationPeriod(func);
+    if (period >= 2) {
+      const Regs& x = operandRegs(0);
+      set(res, mapRegs(n, [&](size_t r) {
+            return int64_t(r) % period == period - 1 ? exp2OnFmaPipes(b, x[r]) : ex2(b, x[r]);
+          }));
+      return;
+    }
+  }
 
   if (op.hasTrait(ir::kArithmetic)) {
     withArithmeticLowering(op, [&](auto lowering) {

@@ -3,10 +3,12 @@
 // checks on the PTX. No GPU here: numerical checks run where one exists.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <regex>
 
 #include "codegen/Compiler.h"
+#include "codegen/Exp2Emulation.h"
 #include "codegen/LowerToLLVM.h"
 #include "codegen/Ptxas.h"
 #include "tests/codegen/LoweringKernels.h"
@@ -416,6 +418,44 @@ TEST(Compile, RejectsUnknownTargetsAndReportsTime) {
   EXPECT_GT(k.compileMs, 0);
   EXPECT_EQ(k.numWarps, 4);
   EXPECT_EQ(k.target, Target::sm90a());
+}
+
+
+// exp2 off the SFU (codegen/Exp2Emulation.h): the host mirror of the lowered sequence within
+// 3e-6 of exp2 over every f32 the softmax feeds it (a sweep of [-130, 130] and the f32 bit
+// patterns around the integers), exact at the ends: -inf and anything at or below -127 give 0,
+// 0 gives 1, 128 and above inf, NaN NaN. The lowering emits the sequence for every N-th register
+// of an exp2 tile (FLEXTILE_EXP2_EMULATION=N) and ex2.approx for the rest.
+TEST(Lowering, Exp2OffTheSfuStaysWithinItsBound) {
+  double worst = 0;
+  auto check = [&](float x) {
+    const double want = std::exp2(double(x)), got = double(exp2Emulated(x));
+    if (want < 1e-37 || want > 1e38) return;  // the ends, checked below (f32 denormals flush)
+    worst = std::max(worst, std::abs(got - want) / want);
+  };
+  for (int i = -1300000; i <= 1300000; ++i) check(float(i) * 1e-4f);
+  for (int j = -126; j <= 127; ++j)
+    for (float d : {-0.5f, -1e-6f, 0.0f, 1e-6f, 0.5f}) check(std::nextafter(float(j) + d, 0.0f));
+  EXPECT_LT(worst, 3e-6);
+  EXPECT_EQ(exp2Emulated(-INFINITY), 0.0f);
+  EXPECT_EQ(exp2Emulated(-127.0f), 0.0f);
+  EXPECT_EQ(exp2Emulated(-1000.0f), 0.0f);
+  EXPECT_EQ(exp2Emulated(0.0f), 1.0f);
+  EXPECT_EQ(exp2Emulated(1.0f), 2.0f);
+  EXPECT_EQ(exp2Emulated(128.0f), INFINITY);
+  EXPECT_EQ(exp2Emulated(1000.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(exp2Emulated(NAN)));
+
+  auto f = elementwise(OpKind::Exp2, DType::F32, DType::F32, 256, 4);
+  for (const char* period : {"2", "0"}) {
+    ::setenv("FLEXTILE_EXP2_EMULATION", period, 1);
+    const std::string ptx = compileAndAssemble(*f).ptx;
+    ::unsetenv("FLEXTILE_EXP2_EMULATION");
+    const bool on = period[0] == '2';
+    EXPECT_EQ(count(ptx, "0f4B400000") > 0, on) << ptx;  // the rounding constant
+    EXPECT_GT(count(ptx, "ex2.approx"), 0) << "the other registers keep the SFU";
+    if (on) EXPECT_GT(count(ptx, "max.NaN.f32"), 0) << "the clamp keeps NaN";
+  }
 }
 
 }  // namespace

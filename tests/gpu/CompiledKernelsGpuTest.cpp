@@ -3,6 +3,7 @@
 // reductions with warps along the axis, layout conversions, and the example
 // kernels over sizes that are not multiples of the block.
 #include <Eigen/Core>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -129,6 +130,33 @@ TEST(CompiledGpu, FloatElementwiseOpsMatchTheInterpreter) {
                      OpKind::Rsqrt, OpKind::Abs, OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Maximum,
                      OpKind::Minimum, OpKind::Cmp, OpKind::Select})
       checkElementwise(k, t, t, rng);
+}
+
+// exp2 with every other register off the SFU (FLEXTILE_EXP2_EMULATION=2, codegen/Exp2Emulation.h):
+// within exp2's tolerance of the interpreter over random inputs, and the ends: -inf and below -127
+// give 0 (a subnormal result may flush), 128 and above inf, NaN NaN.
+TEST(CompiledGpu, Exp2OffTheSfuMatchesTheInterpreter) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv emulate("FLEXTILE_EXP2_EMULATION", "2");
+  checkElementwise(OpKind::Exp2, DType::F32, DType::F32, rng);
+  const std::vector<float> ends = {-INFINITY, -1000.0f, -127.0f, -126.6f, -0.5f, 0.0f, 0.49999997f, 1.0f, 127.4f, 128.0f,
+                                   300.0f, INFINITY, NAN};
+  const int64_t n = 256;
+  Bytes x = randomBuffer(DType::F32, size_t(n), rng, -12, 12);
+  for (size_t i = 0; i < ends.size(); ++i)
+    for (size_t rep = 0; rep < 2; ++rep) writeAs(x, DType::F32, 2 * i + rep, ends[i]);  // both registers of a pair
+  auto f = testkernels::elementwise(OpKind::Exp2, DType::F32, DType::F32, 256, 4);
+  BothRuns r = runBoth(*f, {x, randomBuffer(DType::F32, size_t(n), rng, -1, 1), randomBuffer(DType::I1, size_t(n), rng, 0, 1),
+                            poisoned(DType::F32, size_t(n)), int64_t(n)},
+                       {1, 1, 1});
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = readAs(r.gpu[3], DType::F32, size_t(i)), e = readAs(r.interpreter[3], DType::F32, size_t(i));
+    // Below 2^-126 the emulation may flush to 0 where ex2.approx gives a subnormal.
+    const bool same = g == e || (std::isnan(g) && std::isnan(e)) ||
+                      std::abs(g - e) <= tolerance(OpKind::Exp2, DType::F32, e) + double(FLT_MIN);
+    EXPECT_TRUE(same) << "x = " << readAs(x, DType::F32, size_t(i)) << ": gpu " << g << " interpreter " << e;
+  }
 }
 
 TEST(CompiledGpu, IntegerElementwiseOpsMatchTheInterpreter) {
