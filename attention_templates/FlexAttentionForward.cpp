@@ -1013,6 +1013,14 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
   if (rowScale) s = s * *rowScale;
   Tile p = exp2(s - mSafe.expand(1));
   Tile alpha = exp2(m - mSafe);
+  // Opt-in (FLEXTILE_SUM_AFTER_PRODUCT=1, read when the kernel is traced): the row sum after the
+  // product is issued, so that its adds and shuffles run while P·V is in flight instead of
+  // delaying its issue (on wgmma the product is asynchronous; the program order is the PTX's).
+  if (forcedBySwitch("FLEXTILE_SUM_AFTER_PRODUCT").value_or(false)) {
+    Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
+    Tile lNew = l * alpha + sum(p, 1);
+    return std::tuple{mNew, lNew, aNew};
+  }
   Tile lNew = l * alpha + sum(p, 1);
   Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
   return std::tuple{mNew, lNew, aNew};

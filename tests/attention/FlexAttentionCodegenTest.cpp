@@ -13,6 +13,7 @@
 #include "attention_templates/Variants.h"
 #include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
+#include "FlexAttentionCheck.h"
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
 #include "ir/Parser.h"
@@ -739,4 +740,33 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
                                      {.config = FlexAttentionBackwardConfig{{64, 128, 8, 2}, persistentDq}}, sm90a);
       },
       {"dq config BM128 BN64 w8 s2 persistent: persistent programs are a schedule of the forward"});
+}
+
+// FLEXTILE_SUM_AFTER_PRODUCT=1 (opt-in until measured): the softmax's row sum is traced after
+// P·V, so on wgmma its adds and shuffles follow the product's issue instead of delaying it. In the
+// PTX of the walk: between the first Q·Kᵀ and the first P·V, the row max's four shuffles only,
+// not also the sum's. The results are those of the reference (the interpreted-after-passes and
+// GPU tests run the default order; the order changes no value).
+TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
+  auto shufflesBeforeTheFirstPv = [](const std::string& ptx) {
+    size_t at = 0;
+    std::vector<size_t> wgmma;
+    while ((at = ptx.find("wgmma.mma_async", at)) != std::string::npos) wgmma.push_back(at++);
+    if (wgmma.size() < 9) return -1;  // 8 k-steps of Q·Kᵀ, then P·V's
+    int n = 0;
+    for (size_t p = ptx.find("shfl.sync", wgmma[0]); p != std::string::npos && p < wgmma[8]; p = ptx.find("shfl.sync", p + 1))
+      ++n;
+    return n;
+  };
+  const int before = shufflesBeforeTheFirstPv(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ptx);
+  ScopedSetenv after("FLEXTILE_SUM_AFTER_PRODUCT", "1");
+  // Read when a kernel is traced: another head dim is another trace of the cached kernel.
+  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}, 64);
+  EXPECT_EQ(before, 8) << "max and sum: two rows a thread, two shuffles each";
+  EXPECT_EQ(shufflesBeforeTheFirstPv(k.ptx), 4);
+  flextile::testing::SeededRandom rng;
+  flextile::testing::AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 70, .S = 90, .D = 64, .dtype = DType::BF16, .context = "sum after P·V"};
+  BlockMask m = causalBlockMask(1, 1, c.L, c.S, {32, 32}, MemorySpace::Host);
+  EXPECT_TRUE(flextile::testing::checkFlexAttention(rng, c, MemorySpace::Host, noop_score(), m, nullptr, flextile::testing::refCausal(),
+                                 {.config = FlexAttentionConfig{32, 32, 4, 2}}));
 }
