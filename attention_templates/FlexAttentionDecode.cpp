@@ -359,7 +359,8 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     // along axis 0): split 0 reads the others' partials from their shared memory, folds them and
     // stores. No global round trip, fence or ticket. Only the real rows cross (the padding rows
     // repeat the last real one), so a group of 4 heads moves a quarter of the 16-row tile.
-    const int64_t crossing = detail::paddedHeadDim(realRows);  // a power of two, at most BM
+    int64_t crossing = 1;  // the real rows, rounded up to a power of two (at most BM)
+    while (crossing < realRows) crossing *= 2;
     std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge,
                                                {.to = 0, .rows = crossing < k.BM ? crossing : 0});
     const auto mid = all.begin() + std::ptrdiff_t(k.clusterMerge);
