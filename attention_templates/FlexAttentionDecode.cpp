@@ -129,7 +129,8 @@ struct DecodeConstants {
                            (int64_t, HP), (int64_t, LQ), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
-                           (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge));
+                           (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
+                           (int64_t, clusterTickets));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -354,11 +355,31 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile empty = l == 0.0;
   Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
+  // The fused merge: the partial (normalized output and lse, log2 domain) goes to slot `index` of
+  // the row's `count`, then a ticket; the last of the group merges (the ordering argument is in
+  // the file's header). There is no `if` in the IR: a loop of 0 or 1 trips is one.
+  // (The partial's state m, l, none: its lse is traced after the output's store, as it always was.)
+  auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& index,
+                         const Tile& count) {
+    Tile slot = rowId.to(DType::I64) * count + index;
+    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
+    store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
+    fence();  // release the partials
+    Tile counter = p.merge_counters + (b * num_programs(1) + group);
+    Tile ticket = atomic_add(counter, 1);
+    for_range(0, (ticket == count - 1).to(DType::I32), 1, [&](Tile) {
+      fence();  // acquire: the other programs' partials are visible from here on
+      mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
+      store(counter, zeros({}, DType::I32));  // every other program of the group has added
+    });
+  };
   if (k.split && k.clusterMerge) {
-    // The splits of a (group, batch) are one thread block cluster (clusterMerge = splits programs
-    // along axis 0): split 0 reads the others' partials from their shared memory, folds them and
-    // stores. No global round trip, fence or ticket. Only the real rows cross (the padding rows
-    // repeat the last real one), so a group of 4 heads moves a quarter of the 16-row tile.
+    // The splits of a (group, batch) are thread block clusters of clusterMerge programs along axis
+    // 0: each cluster's split 0 reads the others' partials from their shared memory and folds them.
+    // Only the real rows cross (the padding rows repeat the last real one), so a group of 4 heads
+    // moves a quarter of the 16-row tile. One cluster a group: it stores the result, with no
+    // global round trip, fence or ticket. Several (clusterTickets: more than 8 splits): each
+    // cluster's fold is one partial of the fused merge, which then folds splits / 8 of them.
     int64_t crossing = 1;  // the real rows, rounded up to a power of two (at most BM)
     while (crossing < realRows) crossing *= 2;
     std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge,
@@ -368,28 +389,21 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
                                                  zeros({k.BM, k.DP}, DType::F32), std::vector<Tile>(all.begin(), mid),
                                                  std::vector<Tile>(mid, all.end()));
     Tile none = ll == 0.0;
+    Tile folded = merged * (1.0 / where(none, 1.0, ll)).expand(1);
+    if (k.clusterTickets) {
+      for_range(0, (split % k.clusterMerge == 0).to(DType::I32), 1, [&](Tile) {
+        ticketMerge(folded, mm, ll, none, split / k.clusterMerge, splits / k.clusterMerge);
+      });
+      return;
+    }
     Tile stores = rowLive & (split == 0);
     Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
-    store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)),
-          (merged * (1.0 / where(none, 1.0, ll)).expand(1)).to(dt), byD(stores));
+    store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), folded.to(dt), byD(stores));
     if (k.hasLse) store(p.lse + rowId.to(DType::I64), detail::rowLse(mm, ll, none, /*natural=*/true), stores);
     return;
   }
   if (k.split) {
-    Tile slot = rowId.to(DType::I64) * splits + split;
-    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), out, rowLive.expand(1));
-    store(p.part_lse + slot, detail::rowLse(m, l, empty, /*natural=*/false), rowLive);
-    // Release the partials, take a ticket; the last of the group merges (the ordering argument
-    // is in the file's header). There is no `if` in the IR: a loop of 0 or 1 trips is one.
-    fence();
-    Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = atomic_add(counter, 1);
-    Tile last = (ticket == splits - 1).to(DType::I32);
-    for_range(0, last, 1, [&](Tile) {
-      fence();  // acquire: the other programs' partials are visible from here on
-      mergeGroupRows(k, p, b, group, splits, dt, f.numWarps());
-      store(counter, zeros({}, DType::I32));  // every other program of the group has added
-    });
+    ticketMerge(out, m, l, empty, split, splits);
     return;
   }
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
@@ -520,6 +534,23 @@ struct DecodePrepared {
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, const std::optional<codegen::Target>& target);
+
+// The merge through thread block clusters, where the GPU has them; opt-in
+// (FLEXTILE_DECODE_CLUSTER_MERGE=1) until measured. Up to 8 splits (the portable cluster size) are
+// one cluster; more, when a multiple of 8 (finishPrepare rounds a chosen count up to one), are
+// clusters of 8 whose folds the fused merge takes as its partials. 0: the fused ticket merge alone,
+// or no split.
+constexpr int64_t kMaxClusterSize = 8;
+bool clusterMergeWanted(const DecodePrepared& p) {
+  return p.clustersAvailable && detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(false);
+}
+int64_t clusterMergeSize(const DecodePrepared& p) {
+  const int64_t splits = p.config.splits;
+  if (splits < 2 || !clusterMergeWanted(p)) return 0;
+  if (splits <= kMaxClusterSize) return splits;
+  return splits % kMaxClusterSize == 0 ? kMaxClusterSize : 0;
+}
+
 
 DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                        const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
@@ -653,20 +684,14 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
                                 sms, std::max<int64_t>(1, p.programsPerSm));
+    // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
+    if (clusterMergeWanted(p) && c.splits > kMaxClusterSize)
+      c.splits = (c.splits + kMaxClusterSize - 1) / kMaxClusterSize * kMaxClusterSize;
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)
     fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
-}
-
-// The merge through a thread block cluster (the splits of a group are one cluster) where the
-// splits fit one (at most 8, the portable cluster size) and the GPU has clusters; opt-in
-// (FLEXTILE_DECODE_CLUSTER_MERGE=1) until measured. 0: the fused ticket merge, or no split.
-int64_t clusterMergeSize(const DecodePrepared& p) {
-  const int64_t splits = p.config.splits;
-  if (splits < 2 || splits > 8 || !p.clustersAvailable) return 0;
-  return detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(false) ? splits : 0;
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -690,7 +715,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          // Programmatic dependent launch: opt-in until measured.
                          detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
                          detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true),
-                         clusterMergeSize(p)};
+                         clusterMergeSize(p),
+                         p.config.splits > kMaxClusterSize && clusterMergeSize(p) > 0};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -718,7 +744,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const DecodeConstants constants = decodeConstants(p, lse != nullptr);
   const int64_t DP = constants.DP;
   const int64_t rows = p.B * p.Hq * p.L;
-  const bool split = constants.split && !constants.clusterMerge;  // merged through global memory
+  const bool split = constants.split && (!constants.clusterMerge || constants.clusterTickets);  // partials in global memory
   Tensor partOut, partLse, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;

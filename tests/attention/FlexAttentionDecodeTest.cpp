@@ -474,12 +474,13 @@ TEST(FlexDecode, ProgrammaticLaunchWaitsBeforeTheFirstGlobalLoad) {
   EXPECT_TRUE(checkDecodeVariant(rng, variant("sliding_window"), c, kHost));
 }
 
-// The merge through a thread block cluster (opt-in, FLEXTILE_DECODE_CLUSTER_MERGE=1): with 2 to 8
-// splits the splits of a group are one cluster and exchange their partials through distributed
-// shared memory (cluster_all_gather; the interpreter runs a cluster's programs at once), with more
-// the fused ticket merge stays. Against the reference, call after call with the split count moving
-// across 8 (so the two merges share the scratch and counters), fully masked rows, GQA and L > 1;
-// for sm_90a the kernel declares its cluster, takes no ticket and assembles; sm_80 keeps tickets.
+// The merge through thread block clusters (opt-in, FLEXTILE_DECODE_CLUSTER_MERGE=1): 2 to 8 splits
+// are one cluster a group, exchanging partials through distributed shared memory (the interpreter
+// runs a cluster's programs at once); more, in multiples of 8, are clusters of 8 whose folds take
+// tickets; other counts keep the fused merge. Against the reference, call after call with the
+// split count moving across 8 (so the merges share the scratch and counters), fully masked rows,
+// GQA and L > 1; for sm_90a the kernel declares its cluster, one cluster takes no ticket, and it
+// assembles; sm_80 keeps tickets.
 TEST(FlexDecode, ClusterMergeMatchesTheReference) {
   ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
   SeededRandom rng;
@@ -495,14 +496,15 @@ TEST(FlexDecode, ClusterMergeMatchesTheReference) {
 
   const int64_t B = 2, Hq = 8, Hkv = 2, S = 1000, D = 128;
   Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
-  for (int64_t splits : {6, 9}) {
+  for (int64_t splits : {6, 9, 16}) {
     const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = splits}};
     FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a());
     const std::string& ptx = plan.compiled[0]->ptx;
     SCOPED_TRACE("splits " + std::to_string(splits));
     EXPECT_EQ(ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos, splits == 6);
-    EXPECT_EQ(ptx.find("barrier.cluster.wait") != std::string::npos, splits == 6);
-    EXPECT_EQ(ptx.find("atom.") == std::string::npos, splits == 6) << "a cluster takes no ticket";
+    EXPECT_EQ(ptx.find(".reqnctapercluster 8, 1, 1") != std::string::npos, splits == 16) << "clusters of 8";
+    EXPECT_EQ(ptx.find("barrier.cluster.wait") != std::string::npos, splits != 9) << "9 is no multiple of 8";
+    EXPECT_EQ(ptx.find("atom.") == std::string::npos, splits == 6) << "one cluster a group takes no ticket";
     if (codegen::findPtxas()) {
       EXPECT_NO_THROW(codegen::runPtxas(ptx, codegen::Target::sm90a()));
     }

@@ -637,7 +637,8 @@ TEST(TilePassesInterpreted, WgmmaLoopWithSharedConversions) {
 // The decode's merge through a thread block cluster (FLEXTILE_DECODE_CLUSTER_MERGE=1) after
 // sm_90a's tile passes: the gather keeps its operands' layouts through layout assignment and the
 // ring's pipeline, the interpreter runs each cluster's programs at once, and only split 0 receives
-// the real rows. Against float64, one call after another with the split count moving across 8.
+// the real rows; at 16 splits two clusters a group whose folds take tickets. Against float64, one
+// call after another with the split count moving across 8.
 TEST(TilePassesInterpreted, DecodeClusterMerge) {
   SeededRandom rng;
   ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
@@ -648,6 +649,6 @@ TEST(TilePassesInterpreted, DecodeClusterMerge) {
     if (!checkDecodeVariant(rng, variant(name), d, kHost, {.splits = {3, 6}, .blocks = {64, 64}, .prefillConfig = kWgmmaTiles}))
       return;
   const FusedMergeCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true,
-                         .splits = {2, 8, 12, 5}};
+                         .splits = {2, 8, 16, 12, 5}};
   EXPECT_TRUE(checkFusedMergeCalls(rng, c, kHost));
 }
