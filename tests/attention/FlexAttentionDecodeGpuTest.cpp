@@ -120,8 +120,9 @@ TEST(FlexDecodeGpu, FusedMergeCallAfterCallWithProgrammaticLaunch) {
       if (!checkFusedMergeCalls(rng, c, kDevice)) return;
 }
 
-// The merge through a thread block cluster (FLEXTILE_DECODE_CLUSTER_MERGE=1): 2 to 8 splits a
-// group exchange their partials through distributed shared memory, more take tickets; the split
+// The merge through thread block clusters (FLEXTILE_DECODE_CLUSTER_MERGE=1): 2 to 8 splits a
+// group exchange their partials through distributed shared memory, 16 and 48 fold in clusters of
+// 8 whose folds take tickets, 33 takes tickets alone; the split
 // count moves across 8 from call to call, so a cluster that read a rank's partial before it was
 // written, or a merge that mixed the two paths' scratch, shows. The window decode's shape among
 // them (GQA 4:1, D = 128, 128-key blocks), fully masked rows, L > 1, and with programmatic launch.
@@ -131,7 +132,7 @@ TEST(FlexDecodeGpu, ClusterMergeCallAfterCall) {
   ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
   const std::vector<FusedMergeCase> cases = {
       {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
-       .splits = {6, 8, 2, 33, 6}},
+       .splits = {6, 8, 2, 48, 33, 6}},
       {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {3, 16, 5, 7}},
       {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
