@@ -551,7 +551,6 @@ int64_t clusterMergeSize(const DecodePrepared& p) {
   return splits % kMaxClusterSize == 0 ? kMaxClusterSize : 0;
 }
 
-
 DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                        const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                        const std::optional<codegen::Target>& target = std::nullopt) {
