@@ -118,7 +118,13 @@ struct FlexDecodeConfig {
   // Programs each (batch, head group) row of live blocks is split across; 0: chosen from the
   // BlockMask's live block counts and the GPU's size (decodeSplitCount).
   int64_t splits = 0;
-  std::string describe() const;  // "BN64 w4 s3 splits auto"
+  // The splits' merge through thread block clusters (docs/decode.md; sm_90+): On, Off, or Auto,
+  // which is Off until measured. FLEXTILE_DECODE_CLUSTER_MERGE=0/1 overrides it.
+  LoopSchedule cluster_merge = LoopSchedule::Auto;
+  std::string describe() const;  // "BN64 w4 s3 splits auto", then " cluster" or " no-cluster" if said
+  // "BN,W,S[,SPLITS][,cluster|,no-cluster]" (flextile compile --kernel decode --config); throws an
+  // Error naming the text and the form.
+  static FlexDecodeConfig parse(std::string_view text);
   bool operator==(const FlexDecodeConfig&) const = default;
 };
 

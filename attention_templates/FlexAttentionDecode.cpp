@@ -54,7 +54,40 @@ using namespace flextile::attention::tmpl;
 
 std::string FlexDecodeConfig::describe() const {
   return "BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" + std::to_string(num_stages) +
-         " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto"));
+         " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto")) +
+         (cluster_merge == LoopSchedule::On ? " cluster" : cluster_merge == LoopSchedule::Off ? " no-cluster" : "");
+}
+
+FlexDecodeConfig FlexDecodeConfig::parse(std::string_view text) {
+  const std::string usage = "decode config '" + std::string(text) +
+                            "': expects BN,W,S (three positive integers), then optionally SPLITS (0 chooses), then "
+                            "optionally ,cluster or ,no-cluster";
+  std::vector<std::string> items;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    items.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  FlexDecodeConfig c;
+  if (!items.empty() && (items.back() == "cluster" || items.back() == "no-cluster")) {
+    c.cluster_merge = items.back() == "cluster" ? LoopSchedule::On : LoopSchedule::Off;
+    items.pop_back();
+  }
+  if (items.size() < 3 || items.size() > 4) throw Error(usage);
+  std::vector<int64_t> v;
+  for (size_t i = 0; i < items.size(); ++i) {
+    size_t used = 0;
+    long long x = -1;
+    try {
+      x = std::stoll(items[i], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != items[i].size() || x < (i == 3 ? 0 : 1) || x > (1 << 20)) throw Error(usage);
+    v.push_back(x);
+  }
+  c.block_n = v[0], c.num_warps = int(v[1]), c.num_stages = int(v[2]), c.splits = v.size() > 3 ? v[3] : 0;
+  return c;
 }
 
 FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
@@ -535,14 +568,16 @@ struct DecodePrepared {
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, const std::optional<codegen::Target>& target);
 
-// The merge through thread block clusters, where the GPU has them; opt-in
-// (FLEXTILE_DECODE_CLUSTER_MERGE=1) until measured. Up to 8 splits (the portable cluster size) are
+// The merge through thread block clusters, where the GPU has them; opt-in (the config's
+// cluster_merge = On, or FLEXTILE_DECODE_CLUSTER_MERGE=1, which overrides the config) until measured. Up to 8 splits (the portable cluster size) are
 // one cluster; more, when a multiple of 8 (finishPrepare rounds a chosen count up to one), are
 // clusters of 8 whose folds the fused merge takes as its partials. 0: the fused ticket merge alone,
 // or no split.
 constexpr int64_t kMaxClusterSize = 8;
 bool clusterMergeWanted(const DecodePrepared& p) {
-  return p.clustersAvailable && detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(false);
+  const LoopSchedule asked = p.config.cluster_merge;
+  return p.clustersAvailable &&
+         detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(asked == LoopSchedule::On);
 }
 int64_t clusterMergeSize(const DecodePrepared& p) {
   const int64_t splits = p.config.splits;

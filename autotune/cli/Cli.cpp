@@ -102,7 +102,8 @@ const std::vector<Command>& commands() {
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
        "  other keeps its default; the backward's kernels have no traced stage here. decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
-       "  then BN,W,S[,SPLITS] (SPLITS 0 or absent: chosen for the target's GPU). last-round-merge: the\n"
+       "  then BN,W,S[,SPLITS][,cluster|,no-cluster] (SPLITS 0 or absent: chosen for the target's GPU;\n"
+       "  cluster: the splits merge through thread block clusters). last-round-merge: the\n"
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
        {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {}, true},
@@ -575,8 +576,11 @@ int compileDecodeKernel(const Args& a, const Problem& p, const std::string& emit
   attention::FlexAttentionOptions options{.kernel = attention::AttentionTemplate::Decode};
   if (p.instance.mask) options.query_offset = p.N - L;
   if (a.values.count("--config")) {
-    const std::vector<int64_t> c = parseInts("--config", a.values.at("--config"), 3, 4);
-    options.decode_config = attention::FlexDecodeConfig{c[0], int(c[1]), int(c[2]), c.size() > 3 ? c[3] : 0};
+    try {
+      options.decode_config = attention::FlexDecodeConfig::parse(a.values.at("--config"));
+    } catch (const Error& e) {
+      throw UsageError{std::string("--config: ") + e.what()};
+    }
   }
   const attention::FlexDecodePlan plan = attention::plan_flex_decode(
       shapeOnly(p.dtype, {p.B, p.H, L, p.D}), p.k, p.v, p.instance.score, p.instance.mask, options, target);

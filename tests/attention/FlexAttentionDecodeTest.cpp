@@ -512,3 +512,36 @@ TEST(FlexDecode, ClusterMergeMatchesTheReference) {
     EXPECT_EQ(sm80.compiled[0]->ptx.find("barrier.cluster"), std::string::npos) << "sm_80 has no clusters";
   }
 }
+
+// The cluster merge as a config choice: `cluster_merge` On asks for it without the environment,
+// Off refuses it, FLEXTILE_DECODE_CLUSTER_MERGE overrides both; the config's text form (flextile
+// compile --kernel decode --config) parses and prints it, and names what is wrong.
+TEST(FlexDecode, ClusterMergeIsAConfigChoice) {
+  const int64_t B = 2, Hq = 8, Hkv = 2, S = 1000, D = 128;
+  Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
+  auto clustered = [&](LoopSchedule choice) {
+    const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
+                                 .decode_config = FlexDecodeConfig{.splits = 6, .cluster_merge = choice}};
+    FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a());
+    return plan.compiled[0]->ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos;
+  };
+  EXPECT_FALSE(clustered(LoopSchedule::Auto));
+  EXPECT_TRUE(clustered(LoopSchedule::On));
+  EXPECT_FALSE(clustered(LoopSchedule::Off));
+  {
+    ScopedSetenv off("FLEXTILE_DECODE_CLUSTER_MERGE", "0");
+    EXPECT_FALSE(clustered(LoopSchedule::On)) << "the environment overrides the config";
+  }
+  {
+    ScopedSetenv on("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+    EXPECT_TRUE(clustered(LoopSchedule::Off));
+  }
+  const FlexDecodeConfig c = FlexDecodeConfig::parse("64,4,2,6,cluster");
+  EXPECT_EQ(c, (FlexDecodeConfig{.block_n = 64, .num_warps = 4, .num_stages = 2, .splits = 6,
+                                 .cluster_merge = LoopSchedule::On}));
+  EXPECT_EQ(c.describe(), "BN64 w4 s2 splits 6 cluster");
+  EXPECT_EQ(FlexDecodeConfig::parse("32,4,3,no-cluster").describe(), "BN32 w4 s3 splits auto no-cluster");
+  EXPECT_EQ(FlexDecodeConfig::parse("32,4,3"), (FlexDecodeConfig{.block_n = 32, .num_warps = 4, .num_stages = 3}));
+  for (const char* bad : {"64,4", "64,4,2,6,7", "64,4,2,cluster,6", "64,x,2", "64,4,2,-1", "64,4,2,6,clusters"})
+    expectError([&] { FlexDecodeConfig::parse(bad); }, {"decode config '" + std::string(bad) + "'", "BN,W,S"});
+}
