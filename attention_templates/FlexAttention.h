@@ -370,6 +370,10 @@ int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::Targ
 struct FlexDecodePlan {
   FlexDecodeConfig config;  // with splits resolved
   int64_t headsPerProgram = 1, rowsPerProgram = 16;
+  // The programs of a thread block cluster that merges the splits (docs/decode.md): 0 without one
+  // (one split, or the fused ticket merge alone); with more splits than this, the clusters' folds
+  // then take tickets.
+  int64_t clusterSize = 0;
   std::vector<std::string> kernelNames;  // in launch order (one: the merge is fused into the kernel)
   const ir::Function* traced = nullptr;  // the split kernel's traced IR (owned by its kernel)
   // With a target: each launch compiled for it (no GPU needed), owned by the kernels.

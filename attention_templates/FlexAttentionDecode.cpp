@@ -871,6 +871,7 @@ FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& 
   plan.config = p.config;
   plan.headsPerProgram = p.HP;
   plan.rowsPerProgram = p.BM;
+  plan.clusterSize = clusterMergeSize(p);
   // Compiling reads shapes, strides and alignment only: a 16-byte-aligned view stands in for out.
   alignas(16) static std::byte anyAligned[16];
   Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())

@@ -503,6 +503,7 @@ TEST(FlexDecode, ClusterMergeMatchesTheReference) {
     SCOPED_TRACE("splits " + std::to_string(splits));
     EXPECT_EQ(ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos, splits == 6);
     EXPECT_EQ(ptx.find(".reqnctapercluster 8, 1, 1") != std::string::npos, splits == 16) << "clusters of 8";
+    EXPECT_EQ(plan.clusterSize, splits == 6 ? 6 : splits == 16 ? 8 : 0);
     EXPECT_EQ(ptx.find("barrier.cluster.wait") != std::string::npos, splits != 9) << "9 is no multiple of 8";
     EXPECT_EQ(ptx.find("atom.") == std::string::npos, splits == 6) << "one cluster a group takes no ticket";
     if (codegen::findPtxas()) {
@@ -523,7 +524,9 @@ TEST(FlexDecode, ClusterMergeIsAConfigChoice) {
     const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
                                  .decode_config = FlexDecodeConfig{.splits = 6, .cluster_merge = choice}};
     FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a());
-    return plan.compiled[0]->ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos;
+    const bool declared = plan.compiled[0]->ptx.find(".reqnctapercluster 6, 1, 1") != std::string::npos;
+    EXPECT_EQ(plan.clusterSize, declared ? 6 : 0);
+    return declared;
   };
   EXPECT_FALSE(clustered(LoopSchedule::Auto));
   EXPECT_TRUE(clustered(LoopSchedule::On));
