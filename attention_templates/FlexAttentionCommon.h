@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -181,6 +182,11 @@ std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std:
 
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 std::optional<bool> forcedBySwitch(const char* name);
+
+// A config's text form (FlexAttentionConfig::parse, FlexDecodeConfig::parse): its comma-separated
+// items, and one item as a whole integer (nullopt for anything else: a sign-only, a suffix, a word).
+std::vector<std::string> configItems(std::string_view text);
+std::optional<int64_t> configInteger(const std::string& item);
 
 // Whether a mod of the call reads a captured tensor once per score (ScoreMod/MaskMod::
 // gathersPerElement). A mod the probe tiles do not fit counts as gathering: the smaller tile is the

@@ -62,12 +62,7 @@ FlexDecodeConfig FlexDecodeConfig::parse(std::string_view text) {
   const std::string usage = "decode config '" + std::string(text) +
                             "': expects BN,W,S (three positive integers), then optionally SPLITS (0 chooses), then "
                             "optionally ,cluster or ,no-cluster";
-  std::vector<std::string> items;
-  for (size_t start = 0; start <= text.size();) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    items.emplace_back(text.substr(start, end - start));
-    start = end + 1;
-  }
+  std::vector<std::string> items = detail::configItems(text);
   FlexDecodeConfig c;
   if (!items.empty() && (items.back() == "cluster" || items.back() == "no-cluster")) {
     c.cluster_merge = items.back() == "cluster" ? LoopSchedule::On : LoopSchedule::Off;
@@ -76,15 +71,9 @@ FlexDecodeConfig FlexDecodeConfig::parse(std::string_view text) {
   if (items.size() < 3 || items.size() > 4) throw Error(usage);
   std::vector<int64_t> v;
   for (size_t i = 0; i < items.size(); ++i) {
-    size_t used = 0;
-    long long x = -1;
-    try {
-      x = std::stoll(items[i], &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != items[i].size() || x < (i == 3 ? 0 : 1) || x > (1 << 20)) throw Error(usage);
-    v.push_back(x);
+    const std::optional<int64_t> x = detail::configInteger(items[i]);
+    if (!x || *x < (i == 3 ? 0 : 1) || *x > (1 << 20)) throw Error(usage);
+    v.push_back(*x);
   }
   c.block_n = v[0], c.num_warps = int(v[1]), c.num_stages = int(v[2]), c.splits = v.size() > 3 ? v[3] : 0;
   return c;
@@ -563,6 +552,7 @@ struct DecodePrepared {
   const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
   bool clustersAvailable = false;  // the GPU planned for has thread block clusters (or none: the interpreter)
+  int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
 };
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
@@ -726,9 +716,11 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   if (!std::isfinite(p.scale) || p.scale == 0)
     fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
   p.hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
+  p.clusterSize = clusterMergeSize(p);
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
+  const int64_t cluster = p.clusterSize;
   return DecodeConstants{p.BM,
                          p.config.block_n,
                          p.D,
@@ -749,8 +741,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          // Programmatic dependent launch: opt-in until measured.
                          detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
                          detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true),
-                         clusterMergeSize(p),
-                         p.config.splits > kMaxClusterSize && clusterMergeSize(p) > 0};
+                         cluster,
+                         cluster > 0 && p.config.splits > cluster};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -871,7 +863,7 @@ FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& 
   plan.config = p.config;
   plan.headsPerProgram = p.HP;
   plan.rowsPerProgram = p.BM;
-  plan.clusterSize = clusterMergeSize(p);
+  plan.clusterSize = p.clusterSize;
   // Compiling reads shapes, strides and alignment only: a 16-byte-aligned view stands in for out.
   alignas(16) static std::byte anyAligned[16];
   Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())

@@ -60,25 +60,14 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   const std::string usage = "config '" + std::string(text) +
                             "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
                             ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent";
-  std::vector<std::string> items;
-  for (size_t start = 0; start <= text.size();) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    items.emplace_back(text.substr(start, end - start));
-    start = end + 1;
-  }
+  const std::vector<std::string> items = detail::configItems(text);
   if (items.size() < 4) throw Error(usage);
   FlexAttentionConfig c;
   std::vector<int64_t> v;
   for (size_t i = 0; i < 4; ++i) {
-    size_t used = 0;
-    long long x = 0;
-    try {
-      x = std::stoll(items[i], &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != items[i].size() || x < 1) throw Error(usage);
-    v.push_back(x);
+    const std::optional<int64_t> x = detail::configInteger(items[i]);
+    if (!x || *x < 1) throw Error(usage);
+    v.push_back(*x);
   }
   if (v[2] > 1024 || v[3] > 1024) throw Error(usage);
   c.block_m = v[0], c.block_n = v[1], c.num_warps = int(v[2]), c.num_stages = int(v[3]);
@@ -227,6 +216,28 @@ std::optional<bool> forcedBySwitch(const char* name) {
   if (e && !std::strcmp(e, "1")) return true;
   if (e && !std::strcmp(e, "0")) return false;
   return std::nullopt;
+}
+
+std::vector<std::string> configItems(std::string_view text) {
+  std::vector<std::string> items;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    items.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return items;
+}
+
+std::optional<int64_t> configInteger(const std::string& item) {
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(item, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used == 0 || used != item.size()) return std::nullopt;
+  return x;
 }
 
 namespace {

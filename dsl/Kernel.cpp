@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 namespace flextile::dsl {
@@ -57,6 +58,9 @@ struct Kernel::Compiled {
   // The kernel waits for its prior grids itself (dsl wait_for_prior_grids: griddepcontrol.wait in
   // its PTX), so it is launched with programmatic stream serialization.
   bool programmaticLaunch = false;
+  // The programs of its thread block cluster (cluster_all_gather: .reqnctapercluster in its PTX);
+  // grid axis 0 must be a multiple of it.
+  int64_t clusterSize = 1;
 };
 
 Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
@@ -331,6 +335,8 @@ void Kernel::loadModule(Compiled& c) {
                            codegen::DriverCubin{identity, module->jitImage()});
   c.function = module->function(code.name);
   c.programmaticLaunch = code.ptx.find("griddepcontrol.wait") != std::string::npos;
+  if (const size_t at = code.ptx.find(".reqnctapercluster "); at != std::string::npos)
+    c.clusterSize = std::strtoll(code.ptx.c_str() + at + std::strlen(".reqnctapercluster "), nullptr, 10);
   c.module = std::move(module);
 }
 
@@ -392,16 +398,16 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
       throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
                   std::to_string(options.grid[a]) + ", outside what CUDA allows");
-  if (const int64_t cluster = ir::clusterSize(traced(options)); options.grid[0] % cluster != 0)
-    throw Error("kernel '" + name_ + "': grid dimension 0 is " + std::to_string(options.grid[0]) +
-                ", not a multiple of its thread block cluster's " + std::to_string(cluster) +
-                " programs (cluster_all_gather)");
   Compiled& c = compiled(options, args, std::nullopt);
   const codegen::CompiledKernel& code = c.code;
   {
     std::lock_guard lock(mutex_);
     if (!c.module) loadModule(c);
   }
+  if (options.grid[0] % c.clusterSize != 0)
+    throw Error("kernel '" + name_ + "': grid dimension 0 is " + std::to_string(options.grid[0]) +
+                ", not a multiple of its thread block cluster's " + std::to_string(c.clusterSize) +
+                " programs (cluster_all_gather)");
   // Kernel parameters in the ABI of codegen/Compiler.h.
   std::vector<uint64_t> storage(args.size());
   std::vector<void*> ptrs(args.size());

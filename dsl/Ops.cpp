@@ -344,13 +344,8 @@ std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t si
       traceError(loc, op, "rows = " + std::to_string(options.rows) + " is more than the rows of " + v.type().str());
     vs.push_back(v.value());
   }
-  ir::Builder& b = builderAt(loc, op);
-  std::vector<ir::Value*> results = b.clusterAllGather(vs, size);
-  ir::Op* gather = results.front()->definingOp();
-  if (options.to) gather->setAttr("to", *options.to);
-  if (options.rows > 0) gather->setAttr("rows", options.rows);
   std::vector<Tile> out;
-  for (ir::Value* r : results) out.push_back(Tile(r));
+  for (ir::Value* r : builderAt(loc, op).clusterAllGather(vs, size, options.to, options.rows)) out.push_back(Tile(r));
   return out;
 }
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {

@@ -110,11 +110,15 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 
-std::vector<Value*> Builder::clusterAllGather(const std::vector<Value*>& values, int64_t size) {
+std::vector<Value*> Builder::clusterAllGather(const std::vector<Value*>& values, int64_t size,
+                                              std::optional<int64_t> to, int64_t rows) {
   std::vector<Type> types;
   for (Value* v : values)
     for (int64_t r = 0; r < size; ++r) types.push_back(v->type());
-  Op* op = create(OpKind::ClusterAllGather, values, types, {{"size", size}});
+  Attrs attrs{{"size", size}};
+  if (to) attrs["to"] = *to;
+  if (rows > 0) attrs["rows"] = rows;
+  Op* op = create(OpKind::ClusterAllGather, values, types, std::move(attrs));
   std::vector<Value*> results;
   for (size_t i = 0; i < op->numResults(); ++i) results.push_back(op->result(i));
   return results;

@@ -57,8 +57,10 @@ class Builder {
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)
   // Every program of a cluster of `size` hands `values` to all of them: result i * size + r is
-  // values[i] of the cluster's program r (ir/Ops.def cluster_all_gather).
-  std::vector<Value*> clusterAllGather(const std::vector<Value*>& values, int64_t size);
+  // values[i] of the cluster's program r (ir/Ops.def cluster_all_gather); with `to`, only that rank
+  // receives, and with `rows` > 0 only the tiles' first rows cross.
+  std::vector<Value*> clusterAllGather(const std::vector<Value*>& values, int64_t size,
+                                       std::optional<int64_t> to = std::nullopt, int64_t rows = 0);
   Value* reduce(Value* x, int axis, std::string_view kind);
   Value* dot(Value* a, Value* b, Value* acc);
   void ret();

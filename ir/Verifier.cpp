@@ -193,11 +193,9 @@ class Verifier {
     for (const auto& [k, v] : op.attrs()) n += !markAttr(op, k);
     return n;
   }
-  static std::string firstOwnAttr(const Op& op) { return otherAttr(op, ""); }
-  // The first attribute of the op's own other than `known`.
-  static std::string otherAttr(const Op& op, const std::string& known) {
+  static std::string firstOwnAttr(const Op& op) {
     for (const auto& [k, v] : op.attrs())
-      if (!markAttr(op, k) && k != known) return k;
+      if (!markAttr(op, k)) return k;
     return "";
   }
   // A warp-specialized function (producer_warps > 0, codegen/passes/WarpSpecialize.cpp): what the
