@@ -71,11 +71,19 @@ struct FlexAttentionConfig {
   // reads a captured tensor (detail::persistentWanted); On with `defer` is refused.
   // FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
   LoopSchedule persistent = LoopSchedule::Auto;
+  // `skew`, forward only: each iteration of a walk issues P·V of step t − 1 and then Q·Kᵀ of step
+  // t, back to back in one warpgroup turn, so a ring stage holds V_{t-1} and K_t and the scores
+  // cross the loop's back edge (FlashAttention-3's order of the two products; the loop runs one
+  // iteration more, whose first V and last K are zero-filled phantoms). Auto is off (not yet
+  // measured); On with `defer` is refused; a paged K/V ignores it. FLEXTILE_SKEW=0 or =1
+  // overrides the config.
+  LoopSchedule skew = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
-  // " persistent" / " no-persistent" for the choices that are not Auto.
+  // " persistent" / " no-persistent", " skew" / " no-skew" for the choices that are not Auto.
   std::string describe() const;
   // "BM,BN,W,S" (positive integers), then optionally, in any order, ",ws" / ",no-ws",
-  // ",turns" / ",no-turns", ",defer" / ",no-defer", ",persistent" / ",no-persistent": how the CLI's
+  // ",turns" / ",no-turns", ",defer" / ",no-defer", ",persistent" / ",no-persistent", ",skew" /
+  // ",no-skew": how the CLI's
   // --config and the benches spell a config. Throws flextile::Error naming the text.
   static FlexAttentionConfig parse(std::string_view text);
   bool operator==(const FlexAttentionConfig&) const = default;

@@ -53,13 +53,13 @@ std::string FlexAttentionConfig::describe() const {
   };
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
          std::to_string(num_stages) + choice(warp_specialize, "ws") + choice(turns, "turns") + choice(defer, "defer") +
-         choice(persistent, "persistent");
+         choice(persistent, "persistent") + choice(skew, "skew");
 }
 
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   const std::string usage = "config '" + std::string(text) +
                             "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
-                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent";
+                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent, ,skew or ,no-skew";
   const std::vector<std::string> items = detail::configItems(text);
   if (items.size() < 4) throw Error(usage);
   FlexAttentionConfig c;
@@ -71,7 +71,7 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   }
   if (v[2] > 1024 || v[3] > 1024) throw Error(usage);
   c.block_m = v[0], c.block_n = v[1], c.num_warps = int(v[2]), c.num_stages = int(v[3]);
-  bool ws = false, turns = false, defer = false, persistent = false;  // each said at most once
+  bool ws = false, turns = false, defer = false, persistent = false, skew = false;  // each said at most once
   for (size_t i = 4; i < items.size(); ++i) {
     const std::string& w = items[i];
     if ((w == "ws" || w == "no-ws") && !std::exchange(ws, true))
@@ -82,6 +82,8 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
       c.defer = w == "defer" ? LoopSchedule::On : LoopSchedule::Off;
     else if ((w == "persistent" || w == "no-persistent") && !std::exchange(persistent, true))
       c.persistent = w == "persistent" ? LoopSchedule::On : LoopSchedule::Off;
+    else if ((w == "skew" || w == "no-skew") && !std::exchange(skew, true))
+      c.skew = w == "skew" ? LoopSchedule::On : LoopSchedule::Off;
     else
       throw Error(usage);
   }
@@ -198,6 +200,8 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   if (c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On)
     return "asks for defer and persistent together, which is not supported yet (compute-sanitizer's racecheck "
            "reports hazards in that kernel; docs/reliability.md)";
+  if (c.defer == LoopSchedule::On && c.skew == LoopSchedule::On)
+    return "asks for defer and skew together: both rotate the loop's products, choose one";
   if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
     return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
            std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";
@@ -331,7 +335,8 @@ struct ForwardConstants {
                            (int64_t, QBS), (int64_t, KVBS), (int64_t, hasScoreMod), (int64_t, hasLse),
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
-                           (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound));
+                           (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
+                           (int64_t, skew));
 };
 
 // A split last round's cut (Stream-K), the same arithmetic in the forward and the merge kernel: the
@@ -442,46 +447,93 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
     auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
       Tile listBase = rowBase * p.mask_kv_blocks;
-      auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
+      // Step t's keys: their positions, which are live, and the K/V offsets. A phantom step (the
+      // skewed walk's first V and last K) starts at the keys' end, so every row of its loads is
+      // masked (a TMA box past the tensor, a predicated-off copy): zeros, no memory traffic.
+      struct Keys {
+        Tile start, offsN, colLive, kvOffs, vOffs, live;
+      };
+      // A phantom step's loads need their mask even where the keys divide the block.
+      const bool exact = !keysMayEnd && k.DP == k.D && !k.skew;
+      auto keysAt = [&](const Tile& t, const Tile* phantom) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
-        Tile offsN, colLive, kvOffs, vOffs;
-        Tile start = block * k.KVBS + (t % R) * k.BN;
+        Keys ks;
+        ks.start = block * k.KVBS + (t % R) * k.BN;
+        if (phantom) ks.start = where(*phantom, p.kv_len, ks.start);
+        ks.offsN = ks.start + arange(0, k.BN);
         if (!paged) {
-          offsN = start + arange(0, k.BN);
-          colLive = offsN < p.kv_len;
-          kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-          vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+          ks.colLive = ks.offsN < p.kv_len;
+          ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+          ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsD.expand(0);
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
-          offsN = start + arange(0, k.BN);
-          colLive = offsN < keyEnd;
-          Tile rows = detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd);
-          kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-          vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
+          ks.colLive = ks.offsN < keyEnd;
+          Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
+          ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+          ks.vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
         }
-        const bool exact = !keysMayEnd && k.DP == k.D;
-        const Tile live = exact ? Tile() : rowsByD(colLive);
-        Tile kt = detail::loadStreamedRows(kBase + kvOffs, exact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
-                                           b, hkv, start, k.D, k.tma);
-        Tile vt = detail::loadStreamedRows(vBase + vOffs, exact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
-                                           b, hkv, start, k.D, k.tma);
+        if (!exact) ks.live = rowsByD(ks.colLive);
+        return ks;
+      };
+      auto loadK = [&](const Keys& ks) {
+        return detail::loadStreamedRows(kBase + ks.kvOffs, exact, ks.live,
+                                        {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n}, b, hkv, ks.start,
+                                        k.D, k.tma);
+      };
+      auto loadV = [&](const Keys& ks) {
+        return detail::loadStreamedRows(vBase + ks.vOffs, exact, ks.live,
+                                        {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, ks.start,
+                                        k.D, k.tma);
+      };
+      // Without a score_mod and with a positive scale, the scale applies after the row max.
+      const bool scaleLater = !k.hasScoreMod && k.positiveScale;
+      auto scores = [&](const Keys& ks, const Tile& kt) {
         Tile s = dot(q, kt.trans());
-        Tile kvPos = offsN.expand(0);
+        Tile kvPos = ks.offsN.expand(0);
         if (k.hasScoreMod) {
           s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
         } else if (!k.positiveScale) {
           s = s * p.scale;  // the host folded log2 e into the scale
         }
         if (partial) s = where(maskMod(b, h, qPos, kvPos), s, -INFINITY);
-        if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-        // Without a score_mod and with a positive scale, the scale applies after the row max.
-        const bool scaleLater = !k.hasScoreMod && k.positiveScale;
+        if (keysMayEnd) s = where(ks.colLive.expand(0), s, -INFINITY);
+        return s;
+      };
+      auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
         return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
       };
-      // A piece walks its steps of the list; a whole tile, all of them.
-      if (piece && !partial) return for_range(piece->from, minimum(piece->to, count * R), 1, std::tuple{m, l, acc}, step);
-      return for_range(0, count * R, 1, std::tuple{m, l, acc}, step);
+      // A piece walks its steps [lo, hi) of the list; a whole tile, all of them.
+      const bool pieceWalk = piece && !partial;
+      if (!k.skew) {
+        auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
+          Keys ks = keysAt(t, nullptr);
+          Tile kt = loadK(ks);
+          Tile vt = loadV(ks);
+          return softmaxStep(mi, li, ai, scores(ks, kt), vt);
+        };
+        if (pieceWalk) return for_range(piece->from, minimum(piece->to, count * R), 1, std::tuple{m, l, acc}, step);
+        return for_range(0, count * R, 1, std::tuple{m, l, acc}, step);
+      }
+      const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
+      Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
+      // Skewed (k.skew): iteration t issues P·V of step t − 1 and then Q·Kᵀ of step t, so a
+      // warpgroup's two products run back to back (one turn, one wait) and its ring stage holds
+      // V_{t-1} and K_t. The scores cross the back edge; the first iteration's V and the last
+      // one's K are phantoms (zeros), its first softmax sees only −inf (no effect on m, l, acc),
+      // and the last scores are dropped: one loop of hi − lo + 1 iterations, none for no steps.
+      auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
+        Tile first = t == lo, last = t == hi;
+        Keys vs = keysAt(maximum(t - 1, lo), &first);
+        Tile vt = loadV(vs);
+        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
+        Keys ks = keysAt(t, &last);
+        Tile kt = loadK(ks);
+        return std::tuple{mn, ln, an, scores(ks, kt)};
+      };
+      Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
+      auto [ms, ls, as, unused] = for_range(lo, where(hi > lo, hi + 1, lo), 1, std::tuple{m, l, acc, s0}, skewed);
+      return std::tuple{ms, ls, as};
     };
 
     Tile m = m0, l = l0, acc = acc0;
@@ -772,6 +824,11 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
+  // The skewed walk (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's choice,
+  // FLEXTILE_SKEW=0 or =1 overrides it; Auto is off until measured on the H200. Not with deferred
+  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
+  // rows a phantom step would have to clamp).
+  p.constants.skew = !deferred && detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On);
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;

@@ -152,6 +152,7 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   t.config.turns = choiceOf<attention::LoopSchedule>(*e, "turns");
   t.config.defer = choiceOf<attention::LoopSchedule>(*e, "defer");
   t.config.persistent = choiceOf<attention::LoopSchedule>(*e, "persistent");
+  t.config.skew = choiceOf<attention::LoopSchedule>(*e, "skew");
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -201,6 +202,7 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   putChoice(e, "turns", t.config.turns);
   putChoice(e, "defer", t.config.defer);
   putChoice(e, "persistent", t.config.persistent);
+  putChoice(e, "skew", t.config.skew);
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);
