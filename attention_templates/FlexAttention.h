@@ -71,12 +71,12 @@ struct FlexAttentionConfig {
   // reads a captured tensor (detail::persistentWanted); On with `defer` is refused.
   // FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
   LoopSchedule persistent = LoopSchedule::Auto;
-  // `skew`, forward only: each iteration of a walk issues P·V of step t − 1 and then Q·Kᵀ of step
-  // t, back to back in one warpgroup turn, so a ring stage holds V_{t-1} and K_t and the scores
-  // cross the loop's back edge (FlashAttention-3's order of the two products; the loop runs one
-  // iteration more, whose first V and last K are zero-filled phantoms). Auto is off (not yet
-  // measured); On with `defer` is refused; a paged K/V ignores it. FLEXTILE_SKEW=0 or =1
-  // overrides the config.
+  // `skew`, forward only: each iteration of a full walk issues P·V of step t − 1 and then Q·Kᵀ of
+  // step t, back to back in one warpgroup turn, so a ring stage holds K_t and V_{t-1} and the
+  // scores cross the loop's back edge (FlashAttention-3's order of the two products; the loop runs
+  // one iteration more, whose first V and last K are zero-filled phantoms, which is why the short
+  // partial walks stay unskewed). Auto is off (not yet measured); On with `defer` is refused; a
+  // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk.
   LoopSchedule skew = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
   // " persistent" / " no-persistent", " skew" / " no-skew" for the choices that are not Auto.

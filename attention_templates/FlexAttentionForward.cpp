@@ -453,8 +453,10 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live;
       };
-      // A phantom step's loads need their mask even where the keys divide the block.
-      const bool exact = !keysMayEnd && k.DP == k.D && !k.skew;
+      // Skewed walks (below): the full walks at skew 1, every walk at 2. A phantom step's loads need
+      // their mask even where the keys divide the block.
+      const bool skewWalk = k.skew == 2 || (k.skew == 1 && !partial);
+      const bool exact = !keysMayEnd && k.DP == k.D && !skewWalk;
       auto keysAt = [&](const Tile& t, const Tile* phantom) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
@@ -505,7 +507,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       };
       // A piece walks its steps [lo, hi) of the list; a whole tile, all of them.
       const bool pieceWalk = piece && !partial;
-      if (!k.skew) {
+      if (!skewWalk) {
         auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
           Keys ks = keysAt(t, nullptr);
           Tile kt = loadK(ks);
@@ -517,18 +519,20 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       }
       const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
       Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
-      // Skewed (k.skew): iteration t issues P·V of step t − 1 and then Q·Kᵀ of step t, so a
-      // warpgroup's two products run back to back (one turn, one wait) and its ring stage holds
-      // V_{t-1} and K_t. The scores cross the back edge; the first iteration's V and the last
-      // one's K are phantoms (zeros), its first softmax sees only −inf (no effect on m, l, acc),
-      // and the last scores are dropped: one loop of hi − lo + 1 iterations, none for no steps.
+      // Skewed: iteration t issues P·V of step t − 1 and
+      // then Q·Kᵀ of step t, so a warpgroup's two products run back to back (one turn, one wait)
+      // and its ring stage holds K_t and V_{t-1} (traced in that order, so that the stage's buffers
+      // match an unskewed walk's and the walks still share their rings). The scores cross the back
+      // edge; the first iteration's V and the last one's K are phantoms (zeros), its first softmax
+      // sees only −inf (no effect on m, l, acc), and the last scores are dropped: one loop of
+      // hi − lo + 1 iterations, none for no steps.
       auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
         Tile first = t == lo, last = t == hi;
+        Keys ks = keysAt(t, &last);
+        Tile kt = loadK(ks);
         Keys vs = keysAt(maximum(t - 1, lo), &first);
         Tile vt = loadV(vs);
         auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
-        Keys ks = keysAt(t, &last);
-        Tile kt = loadK(ks);
         return std::tuple{mn, ln, an, scores(ks, kt)};
       };
       Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
@@ -824,11 +828,15 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
-  // The skewed walk (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's choice,
-  // FLEXTILE_SKEW=0 or =1 overrides it; Auto is off until measured on the H200. Not with deferred
-  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
-  // rows a phantom step would have to clamp).
-  p.constants.skew = !deferred && detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On);
+  // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's choice
+  // skews the full walks (1); FLEXTILE_SKEW=0, =1 or =all (every walk: 2) overrides it; Auto is off
+  // until measured on the H200. Not with deferred accumulation (which rotates the same products its
+  // own way) or a paged K/V (whose page-table rows a phantom step would have to clamp).
+  const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
+  p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? 2
+                     : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On) ? 1
+                                                                                                          : 0;
+  if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;

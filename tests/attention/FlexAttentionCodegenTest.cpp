@@ -753,46 +753,56 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
       {"dkdv config BM64 BN128 w8 s2 skew: skew is a schedule of the forward's walks"});
 }
 
-// The skewed walk (FlexAttentionConfig::skew, or FLEXTILE_SKEW=1) on the H200's default tile: each
-// walk's loop issues P·V and then Q·Kᵀ in one warpgroup turn and waits once for both before it
-// releases the stage (the unskewed walk waits twice, for S and then at the yield), the stage's two
-// loads are masked (its phantom rows), and the kernel compiles without spilling for the no-mask
-// and causal variants (the default schedules' persistent programs; where the no-mask grid splits its
-// last round, the pieces' loop spills 24 bytes, left to the GPU's A/B). A different kernel, so a
-// different cache key.
+// The skewed walks (FlexAttentionConfig::skew: the full walks; FLEXTILE_SKEW=all: every walk) on
+// the H200's default tile: a skewed walk's loop issues P·V and then Q·Kᵀ in one warpgroup turn and
+// waits once for both before it releases the stage (an unskewed walk waits twice, for S and then at
+// the yield), skewed and unskewed walks still share one ring (its barriers initialized once), and
+// the kernel compiles without spilling for the no-mask and causal variants (the default schedules'
+// persistent programs; where the no-mask grid splits its last round, the pieces' loop spills 24
+// bytes, left to the GPU's A/B). A different kernel, so a different cache key.
 TEST(FlexAttentionCodegen, SkewedWalksIssueBothProductsInOneTurn) {
   const auto sm90a = codegen::Target::sm90a();
   const int64_t B = 2, H = 16, L = 8192, D = 128;
   Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
   ScopedSetenv whole("FLEXTILE_SPLIT_LAST_ROUND", "0");
-  for (const char* name : {"full", "causal"}) {
-    SCOPED_TRACE(name);
-    VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
-    FlexAttentionConfig c{128, 128, 8, 2}, skewed{128, 128, 8, 2};
-    skewed.skew = LoopSchedule::On;
-    auto plain = plan_flex_attention(q, q, q, v.score, v.mask, {.config = c}, true, sm90a);
-    auto skew = plan_flex_attention(q, q, q, v.score, v.mask, {.config = skewed}, true, sm90a);
-    EXPECT_NE(plain.compiled, skew.compiled);
-    const std::string& ir = skew.compiled->ir;
-    // Each walk's body: turn begin, the two async products, turn end, then one wait for both.
-    int walks = 0;
-    for (size_t at = ir.find("warpgroup_turn {step = \"begin\"}"); at != std::string::npos;
-         at = ir.find("warpgroup_turn {step = \"begin\"}", at + 1), ++walks) {
-      const size_t end = ir.find("warpgroup_turn {step = \"end\"}", at);
-      ASSERT_NE(end, std::string::npos);
-      EXPECT_EQ(count(ir.substr(at, end - at), "= dot [^\\n]*async = 1"), 2) << "P·V and Q·Kᵀ in one turn";
-      const size_t wait = ir.find("wgmma_wait", end), yield = ir.find("yield", end);
-      EXPECT_LT(wait, yield);
-      EXPECT_EQ(count(ir.substr(wait, yield - wait), "wgmma_wait"), 1) << "one wait for both";
+  for (const char* mode : {"config", "all"})
+    for (const char* name : {"full", "causal"}) {
+      SCOPED_TRACE(std::string(name) + ", skew " + mode);
+      const bool every = mode == std::string("all");
+      VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+      FlexAttentionConfig c{128, 128, 8, 2}, skewed{128, 128, 8, 2};
+      c.skew = LoopSchedule::Off;
+      skewed.skew = LoopSchedule::On;
+      ScopedSetenv asked("FLEXTILE_SKEW", every ? "all" : "");
+      auto skew = plan_flex_attention(q, q, q, v.score, v.mask, {.config = skewed}, true, sm90a);
+      ScopedSetenv off("FLEXTILE_SKEW", "0");
+      auto plain = plan_flex_attention(q, q, q, v.score, v.mask, {.config = c}, true, sm90a);
+      EXPECT_NE(plain.compiled, skew.compiled);
+      const std::string& ir = skew.compiled->ir;
+      // Each walk's body: the products between turn begin and end; a skewed walk's two, then one wait.
+      int walks = 0, skewedWalks = 0;
+      for (size_t at = ir.find("warpgroup_turn {step = \"begin\"}"); at != std::string::npos;
+           at = ir.find("warpgroup_turn {step = \"begin\"}", at + 1), ++walks) {
+        const size_t end = ir.find("warpgroup_turn {step = \"end\"}", at);
+        ASSERT_NE(end, std::string::npos);
+        const int products = count(ir.substr(at, end - at), "= dot [^\\n]*async = 1");
+        if (products != 2) continue;
+        ++skewedWalks;
+        const size_t wait = ir.find("wgmma_wait", end), yield = ir.find("yield", end);
+        EXPECT_LT(wait, yield);
+        EXPECT_EQ(count(ir.substr(wait, yield - wait), "wgmma_wait"), 1) << "one wait for both";
+      }
+      const bool causal = std::string(name) == "causal";
+      EXPECT_EQ(walks, causal ? 2 : 1) << "the full walk, and causal's partial one";
+      EXPECT_EQ(skewedWalks, causal && !every ? 1 : walks) << "the config skews the full walk";
+      EXPECT_EQ(count(ir, "wgmma_wait "), 2 * walks - skewedWalks);
+      EXPECT_EQ(count(plain.compiled->ir, "wgmma_wait "), 2 * walks) << "unskewed: S, then at the yield";
+      EXPECT_EQ(count(ir, "mbarrier_init "), 2) << "one ring for both walks";
+      if (codegen::findPtxas()) {
+        codegen::PtxasReport r = codegen::runPtxas(skew.compiled->ptx, sm90a);
+        EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
+      }
     }
-    EXPECT_EQ(walks, std::string(name) == "full" ? 1 : 2) << "the full walk, and causal's partial one";
-    EXPECT_EQ(count(ir, "wgmma_wait "), walks);
-    EXPECT_EQ(count(plain.compiled->ir, "wgmma_wait "), 2 * walks) << "unskewed: S, then at the yield";
-    if (codegen::findPtxas()) {
-      codegen::PtxasReport r = codegen::runPtxas(skew.compiled->ptx, sm90a);
-      EXPECT_EQ(r.spillStoreBytes, 0) << r.log;
-    }
-  }
 }
 
 // FLEXTILE_SUM_AFTER_PRODUCT=1 (opt-in until measured): the softmax's row sum is traced after

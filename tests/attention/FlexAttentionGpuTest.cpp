@@ -177,26 +177,31 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
 
 // The skewed walks (FlexAttentionConfig::skew, opt-in until measured): iteration t issues P·V of
 // step t − 1 and Q·Kᵀ of step t in one turn; its first V and last K are TMA boxes wholly past the
-// keys (zero fill, their bytes still counted by the stage's barrier). Every variant on the default
-// schedules (persistent programs with shared rings where the rule gives them), with a program per
-// tile, on one warpgroup and at three stages; lengths off the block, GQA, a padded head dim. A
+// keys (zero fill, their bytes still counted by the stage's barrier). Every variant with the full
+// walks skewed (the config) on the default schedules (persistent programs with shared rings where
+// the rule gives them), with a program per tile, on one warpgroup and at three stages; then every
+// walk skewed (FLEXTILE_SKEW=all) on two of them. Lengths off the block, GQA, a padded head dim. A
 // wrong phantom or parity shows as wrong rows or a hang (the test binary's timeout).
 TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  for (const Variant& var : variants())
-    for (AttentionCase c : kScheduleCases) {
-      if (!inScope(c.work())) continue;
-      c.context = "variant " + var.name + ", skewed walks";
-      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      FlexAttentionConfig wide{128, 128, 8, 2}, perTile{128, 128, 8, 2}, narrow{64, 64, 4, 2}, deep{128, 64, 8, 3};
-      perTile.persistent = LoopSchedule::Off;
-      for (FlexAttentionConfig* config : {&wide, &perTile, &narrow, &deep}) {
-        config->skew = LoopSchedule::On;
-        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(*config)))
-          return;
+  for (const char* mode : {"", "all"})
+    for (const Variant& var : variants())
+      for (AttentionCase c : kScheduleCases) {
+        if (!inScope(c.work())) continue;
+        ScopedSetenv every("FLEXTILE_SKEW", mode);
+        c.context = "variant " + var.name + ", skewed walks" + (*mode ? " (every walk)" : "");
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        FlexAttentionConfig wide{128, 128, 8, 2}, perTile{128, 128, 8, 2}, narrow{64, 64, 4, 2}, deep{128, 64, 8, 3};
+        perTile.persistent = LoopSchedule::Off;
+        std::vector<FlexAttentionConfig*> configs{&wide, &perTile, &narrow, &deep};
+        if (*mode) configs = {&wide, &narrow};
+        for (FlexAttentionConfig* config : configs) {
+          config->skew = LoopSchedule::On;
+          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(*config)))
+            return;
+        }
       }
-    }
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the

@@ -653,38 +653,39 @@ TEST(TilePassesInterpreted, DecodeClusterMerge) {
   EXPECT_TRUE(checkFusedMergeCalls(rng, c, kHost));
 }
 
-// The skewed walk (FLEXTILE_SKEW=1: iteration t issues P·V of step t − 1, then Q·Kᵀ of step t; the
-// first V and the last K are phantom tiles past the keys). Every variant (score_mods that would
-// turn a phantom's −inf into a finite score, masks whose walks are empty for some rows: causal's
-// first full list, the window's) before the passes and through sm_90a's (TMA rings whose phantom
-// boxes lie past the tensor, turns covering both products) and sm_80's (cp.async with the phantom
-// rows predicated off), lengths off the block, GQA; then persistent programs (shared rings across
-// tiles) and a split last round (a piece's walk skews its own steps [from, to)). (Fails with the
-// V of step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, and
-// with the loop one iteration short: each checked by hand.)
+// The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk; iteration t issues P·V of
+// step t − 1, then Q·Kᵀ of step t; the first V and the last K are phantom tiles past the keys).
+// Every variant (score_mods that would turn a phantom's −inf into a finite score, masks whose walks
+// are empty for some rows: causal's first full list, the window's) before the passes and through
+// sm_90a's (TMA rings whose phantom boxes lie past the tensor, turns covering both products, a
+// skewed and an unskewed walk sharing one ring) and sm_80's (cp.async with the phantom rows
+// predicated off), lengths off the block, GQA; then persistent programs (shared rings across
+// tiles) and a split last round (a piece's walk skews its own steps [from, to)). (Fails with the V
+// of step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, and with
+// the loop one iteration short: each checked by hand.)
 TEST(TilePassesInterpreted, SkewedWalks) {
   SeededRandom rng;
-  ScopedSetenv skew("FLEXTILE_SKEW", "1");
   const std::vector<const char*> all = {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"};
-  for (const char* target : {"", "sm_90a", "sm_80"}) {
-    std::optional<InterpretAfterPasses> scope;
-    if (*target) scope.emplace(target);
-    const std::vector<FlexAttentionConfig> configs =
-        std::string(target) == "sm_90a" ? std::vector<FlexAttentionConfig>{kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}}
-                                         : std::vector<FlexAttentionConfig>{kWgmmaTiles};
-    if (!checkWalkVariants(rng, std::string("skewed ") + (*target ? target : "interpreted"), configs, all)) return;
+  for (const char* mode : {"1", "all"}) {
+    ScopedSetenv skew("FLEXTILE_SKEW", mode);
+    for (const char* target : {"", "sm_90a", "sm_80"}) {
+      std::optional<InterpretAfterPasses> scope;
+      if (*target) scope.emplace(target);
+      const std::vector<FlexAttentionConfig> configs =
+          std::string(target) == "sm_90a" ? std::vector<FlexAttentionConfig>{kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}}
+                                          : std::vector<FlexAttentionConfig>{kWgmmaTiles};
+      const std::string label = std::string("skewed ") + mode + " " + (*target ? target : "interpreted");
+      if (!checkWalkVariants(rng, label, configs, all)) return;
+    }
   }
+  ScopedSetenv skew("FLEXTILE_SKEW", "all");
   InterpretAfterPasses scope("sm_90a");
-  {
-    ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-    if (!checkWalkVariants(rng, "skewed, persistent", {FlexAttentionConfig{128, 64, 8, 2}},
-                           {"full", "causal", "sliding_window", "softcap"}))
-      return;
-    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80, .dtype = DType::BF16,
-                    .context = "skewed, split last round"};
-    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
-                            {.config = FlexAttentionConfig{128, 64, 8, 2}}))
-      return;
-  }
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  if (!checkWalkVariants(rng, "skewed, persistent", {FlexAttentionConfig{128, 64, 8, 2}},
+                         {"full", "causal", "sliding_window", "softcap"}))
+    return;
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80, .dtype = DType::BF16,
+                  .context = "skewed, split last round"};
+  checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = FlexAttentionConfig{128, 64, 8, 2}});
 }
