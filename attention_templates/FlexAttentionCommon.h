@@ -131,12 +131,10 @@ dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& l
 // -inf where masked) and its values `v` (the products in `dt`); a row without a live score keeps
 // m = -inf and adds nothing. With `rowScale`, `s` holds the raw products, which are scaled after
 // the row max (scale · max(s) = max(scale · s) for a positive scale): one fma a score inside
-// exp2's argument instead of a multiply and an fma. With `productIf` (an i1 scalar) the product
-// P·V is issued only where it holds (a phantom step, whose P is zero). Returns the new (m, l, acc).
+// exp2's argument instead of a multiply and an fma. Returns the new (m, l, acc).
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
-                                                              const dsl::Tile* rowScale = nullptr,
-                                                              const dsl::Tile* productIf = nullptr);
+                                                              const dsl::Tile* rowScale = nullptr);
 
 // A row's log-sum-exp from its online-softmax state in the exp2 domain (`empty`: l == 0, a row with
 // no live score, whose lse is -inf): m + log2 l, the partials' lse that the merges fold, or with

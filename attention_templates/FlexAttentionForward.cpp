@@ -490,9 +490,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       };
       // Without a score_mod and with a positive scale, the scale applies after the row max.
       const bool scaleLater = !k.hasScoreMod && k.positiveScale;
-      // `productIf`: the skewed walk's last iteration issues no Q·Kᵀ (its scores are dropped).
-      auto scores = [&](const Keys& ks, const Tile& kt, const Tile* productIf = nullptr) {
-        Tile s = productIf ? dot(q, kt.trans(), zeros({k.BM, k.BN}, DType::F32), only_if(*productIf)) : dot(q, kt.trans());
+      auto scores = [&](const Keys& ks, const Tile& kt) {
+        Tile s = dot(q, kt.trans());
         Tile kvPos = ks.offsN.expand(0);
         if (k.hasScoreMod) {
           s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
@@ -503,9 +502,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (keysMayEnd) s = where(ks.colLive.expand(0), s, -INFINITY);
         return s;
       };
-      auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt,
-                             const Tile* productIf = nullptr) {
-        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr, productIf);
+      auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
+        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
       };
       // A piece walks its steps [lo, hi) of the list; a whole tile, all of them.
       const bool pieceWalk = piece && !partial;
@@ -525,19 +523,17 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // then Q·Kᵀ of step t, so a warpgroup's two products run back to back (one turn, one wait)
       // and its ring stage holds K_t and V_{t-1} (traced in that order, so that the stage's buffers
       // match an unskewed walk's and the walks still share their rings). The scores cross the back
-      // edge; the first iteration's V and the last one's K are phantoms (zero tiles, no traffic)
-      // whose products are not issued (only_if), its first softmax sees only −inf (no effect on m,
-      // l, acc), and the last scores are dropped: one loop of hi − lo + 1 iterations, none for no
-      // steps.
+      // edge; the first iteration's V and the last one's K are phantoms (zeros), its first softmax
+      // sees only −inf (no effect on m, l, acc), and the last scores are dropped: one loop of
+      // hi − lo + 1 iterations, none for no steps.
       auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
         Tile first = t == lo, last = t == hi;
-        Tile notFirst = t != lo, notLast = t != hi;
         Keys ks = keysAt(t, &last);
         Tile kt = loadK(ks);
         Keys vs = keysAt(maximum(t - 1, lo), &first);
         Tile vt = loadV(vs);
-        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt, &notFirst);
-        return std::tuple{mn, ln, an, scores(ks, kt, &notLast)};
+        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
+        return std::tuple{mn, ln, an, scores(ks, kt)};
       };
       Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
       auto [ms, ls, as, unused] = for_range(lo, where(hi > lo, hi + 1, lo), 1, std::tuple{m, l, acc, s0}, skewed);
@@ -1087,10 +1083,7 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   return true;
 }
 std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
-                                               DType dt, const Tile* rowScale, const Tile* productIf) {
-  auto product = [&](const Tile& pt, const Tile& c) {
-    return productIf ? dot(pt.to(dt), v, c, only_if(*productIf)) : dot(pt.to(dt), v, c);
-  };
+                                               DType dt, const Tile* rowScale) {
   Tile mNew = maximum(m, rowScale ? max(s, 1) * *rowScale : max(s, 1));
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
   if (rowScale) s = s * *rowScale;
@@ -1100,12 +1093,12 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
   // product is issued, so that its adds and shuffles run while P·V is in flight instead of
   // delaying its issue (on wgmma the product is asynchronous; the program order is the PTX's).
   if (forcedBySwitch("FLEXTILE_SUM_AFTER_PRODUCT").value_or(false)) {
-    Tile aNew = product(p, acc * alpha.expand(1));
+    Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
     Tile lNew = l * alpha + sum(p, 1);
     return std::tuple{mNew, lNew, aNew};
   }
   Tile lNew = l * alpha + sum(p, 1);
-  Tile aNew = product(p, acc * alpha.expand(1));
+  Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
   return std::tuple{mNew, lNew, aNew};
 }
 

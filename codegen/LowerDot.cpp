@@ -70,34 +70,12 @@ void Lowering::lowerDot(const ir::Op& op) {
   if (!supported(at.dtype()) || at.dtype() != bt.dtype())
     fail(op, "operands " + at.str() + " and " + bt.str() + " must both be f16, bf16 or f32");
   if (ct.dtype() != DType::F32 || res->type().dtype() != DType::F32) fail(op, "the accumulator must be f32");
-  if (layoutOf(acc, op) != layoutOf(res, op)) fail(op, "the accumulator and the result have different layouts");
-  if (auto w = wgmmaPlan(op, target)) return lowerWgmmaDot(op, *w);  // a condition predicates its wgmmas
-  // With a condition (operand 3), mma.sync and the FMA path compute the product and keep the
-  // accumulator where the condition is false: a select per register, no branch (the lowering's
-  // values stay in one block).
-  if (op.numOperands() == 4) {
-    if (isMmaDot(op)) lowerMmaDot(op);
-    else lowerFmaDot(op);
-    llvm::Value* on = get(op.operand(3))[0];
-    Regs r = get(res);
-    const Regs& c = get(acc);
-    for (size_t i = 0; i < r.size(); ++i) r[i] = b.CreateSelect(on, r[i], c[i]);
-    set(res, std::move(r));
-    return;
-  }
-  if (isMmaDot(op)) return lowerMmaDot(op);
-  lowerFmaDot(op);
-}
-
-void Lowering::lowerFmaDot(const ir::Op& op) {
-  const ir::Value* a = op.operand(0);
-  const ir::Value* bv = op.operand(1);
-  const ir::Value* acc = op.operand(2);
-  const ir::Value* res = op.result();
-  const ir::Type &at = a->type(), &bt = bv->type();
   const Layout& la = layoutOf(a, op);
   const Layout& lb = layoutOf(bv, op);
   const Layout& lc = layoutOf(res, op);
+  if (layoutOf(acc, op) != lc) fail(op, "the accumulator and the result have different layouts");
+  if (auto w = wgmmaPlan(op, target)) return lowerWgmmaDot(op, *w);
+  if (isMmaDot(op)) return lowerMmaDot(op);
 
   const int64_t K = at.shape()[1], N = bt.shape()[1];
   const DType t = at.dtype();
@@ -324,14 +302,8 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   const int64_t aFirst = 2 * numD, bFirst = aFirst + aCount, scaleIndex = bFirst + (bStepsAdded ? 1 : steps);
   std::vector<llvm::Value*> operands;
   const std::string scaleOperand = "$" + std::to_string(scaleIndex);
-  // A condition (operand 3) predicates every wgmma of the group (uniform across the warpgroup, as
-  // .aligned needs); the fence and the commit stay, so the group exists (empty) either way and the
-  // tied accumulators come out unchanged where it is false.
-  const bool conditional = op.numOperands() == 4;
-  const std::string onOperand = "$" + std::to_string(scaleIndex + 1);
-  std::string constraints, text = "{\n.reg .pred p, z" + std::string(conditional ? ", q" : "") + ";\nsetp.ne.b32 p, " +
-                                   scaleOperand + ", 0;\nsetp.eq.b32 z, " + scaleOperand + ", 0;\n";
-  if (conditional) text += "setp.ne.b32 q, " + onOperand + ", 0;\n";
+  std::string constraints, text = "{\n.reg .pred p, z;\nsetp.ne.b32 p, " + scaleOperand + ", 0;\nsetp.eq.b32 z, " +
+                                   scaleOperand + ", 0;\n";
   // A resident A tile's descriptor is loop-invariant: passed as LLVM values,
   // the descriptors of all k-steps were hoisted out of the loop and held two
   // registers each through it. One goes in; the others are that one plus the
@@ -385,7 +357,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
       aText = "{" + ref(first) + ", " + ref(first + 1) + ", " + ref(first + 2) + ", " + ref(first + 3) + "}";
     }
     // Scale-d, imm-scale-a, imm-scale-b, [imm-trans-a (descriptor A only; M-major: 1),] imm-trans-b.
-    text += std::string(conditional ? "@q " : "") + kind + " " + dList + ", " + aText + ", bd" + std::to_string(s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
+    text += kind + " " + dList + ", " + aText + ", bd" + std::to_string(s) + (zeroAcc && s == 0 ? ", z, 1, 1, " : ", p, 1, 1, ") +
             (residentA ? (residentA->mnMajor ? "1, " : "0, ") : "") + (w.b.mnMajor ? "1" : "0") + ";\n";
   }
   for (int64_t s = 0; s < (bStepsAdded ? 1 : steps); ++s) {
@@ -393,12 +365,7 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     constraints += "l,";
   }
   operands.push_back(i32(1));  // scale-d: accumulate
-  constraints += "r,";
-  if (conditional) {
-    operands.push_back(b.CreateZExt(get(op.operand(3))[0], b.getInt32Ty()));
-    constraints += "r,";
-  }
-  constraints += "~{memory}";
+  constraints += "r,~{memory}";
   text += "wgmma.commit_group.sync.aligned;\n}";
 
   std::vector<llvm::Type*> outTys(static_cast<size_t>(numD), b.getFloatTy()), inTys;

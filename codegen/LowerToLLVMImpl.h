@@ -143,7 +143,6 @@ class Lowering {
   void lowerFor(const ir::Op& op);             // LowerControlFlow.cpp
   void lowerConvertLayout(const ir::Op& op);   // LowerLayoutConversion.cpp
   void lowerMmaDot(const ir::Op& op);          // LowerDot.cpp: mma.sync
-  void lowerFmaDot(const ir::Op& op);          // LowerDot.cpp: FMA through shared memory
   void lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& plan);  // LowerDot.cpp: wgmma (sm_90a)
   // wgmma.wait_group `pending` with the accumulators tied through it (LowerDot.cpp): the
   // registers to read them from afterwards.

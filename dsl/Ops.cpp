@@ -427,16 +427,6 @@ Tile dot(Operand a, Operand b, Operand acc, SourceLoc loc) {
   return Tile(builderAt(loc, "dot").dot(ta.value(), tb.value(), tc.value()));
 }
 
-Tile dot(Operand a, Operand b, Operand acc, OnlyIf onlyIf, SourceLoc loc) {
-  const Tile& c = onlyIf.condition;
-  if (!c.valid() || !c.isScalar() || c.dtype() != DType::I1)
-    traceError(loc, "dot", "only_if needs an i1 scalar condition, got " + (c.valid() ? c.type().str() : std::string("nothing")));
-  Tile r = dot(a, b, acc, loc);
-  ir::Op* op = r.value()->definingOp();
-  op->addOperand(c.value());
-  return r;
-}
-
 Tile dot(Operand a, Operand b, Operand acc, InputPrecision precision, SourceLoc loc) {
   Tile r = dot(a, b, acc, loc);
   if (precision == InputPrecision::IEEE) r.value()->definingOp()->setAttr("input_precision", std::string("ieee"));

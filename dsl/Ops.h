@@ -141,15 +141,6 @@ Tile dot(Operand a, Operand b, Operand acc, SourceLoc loc = SourceLoc::current()
 // exact f32 products (FMA path, slower). f16/bf16 operands are unaffected.
 enum class InputPrecision { TF32, IEEE };
 Tile dot(Operand a, Operand b, Operand acc, InputPrecision precision, SourceLoc loc = SourceLoc::current());
-// A product issued only where a scalar condition holds: dot(a, b, acc, only_if(c)) is acc + a @ b
-// where c is true and acc where it is false, the product not computed (a uniform predicate on the
-// tensor-core instructions). For a loop's first or last iteration that has no product to do, such
-// as the phantom steps of the forward's skewed walks.
-struct OnlyIf {
-  Tile condition;
-};
-inline OnlyIf only_if(const Tile& condition) { return {condition}; }
-Tile dot(Operand a, Operand b, Operand acc, OnlyIf onlyIf, SourceLoc loc = SourceLoc::current());
 
 // A run-time loop: for (i = lo; i < hi; i += step) with loop-carried tiles.
 // `body(i, carried...)` returns the next carried values as a std::tuple of

@@ -130,10 +130,8 @@ Value* Builder::reduce(Value* x, int axis, std::string_view kind) {
   return create1(OpKind::Reduce, {x}, x->type().withShape(s), {{"axis", int64_t(axis)}, {"kind", std::string(kind)}});
 }
 
-Value* Builder::dot(Value* a, Value* b, Value* acc, Value* onlyIf) {
-  std::vector<Value*> operands{a, b, acc};
-  if (onlyIf) operands.push_back(onlyIf);
-  return create1(OpKind::Dot, operands, acc->type().withShape(acc->type().shape()));
+Value* Builder::dot(Value* a, Value* b, Value* acc) {
+  return create1(OpKind::Dot, {a, b, acc}, acc->type().withShape(acc->type().shape()));
 }
 
 void Builder::ret() { create(OpKind::Return, {}, {}); }

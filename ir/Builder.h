@@ -62,8 +62,7 @@ class Builder {
   std::vector<Value*> clusterAllGather(const std::vector<Value*>& values, int64_t size,
                                        std::optional<int64_t> to = std::nullopt, int64_t rows = 0);
   Value* reduce(Value* x, int axis, std::string_view kind);
-  // acc + a @ b; with `onlyIf` (an i1 scalar), acc where it is false (the product is not issued).
-  Value* dot(Value* a, Value* b, Value* acc, Value* onlyIf = nullptr);
+  Value* dot(Value* a, Value* b, Value* acc);
   void ret();
 
   // for iv in [lb, ub) step: body(iv, carried) returns the next carried

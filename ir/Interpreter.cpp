@@ -1057,7 +1057,6 @@ class Program {
 
   // a[M, K] @ b[K, N] + acc[M, N]: float inputs with a float accumulator, or i8 inputs with i32 (the verifier's rule).
   DataRef dot(const Op& op, const Type& rt) {
-    if (op.numOperands() == 4 && !scalarInt(op.operand(3))) return slots_[size_t(op.operand(2)->id())];
     const int64_t m = op.operand(0)->type().shape()[0], k = op.operand(0)->type().shape()[1],
                   nn = op.operand(1)->type().shape()[1];
     const DType t = rt.dtype();

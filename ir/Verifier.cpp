@@ -733,11 +733,6 @@ class Verifier {
   }
 
   void dot(const Op& op) {
-    if (op.numOperands() != 3 && op.numOperands() != 4)
-      return err(op, "needs a, b, acc and optionally an i1 scalar condition, got " + std::to_string(op.numOperands()) +
-                         " operands");
-    if (op.numOperands() == 4 && (!op.operand(3)->type().isScalar() || op.operand(3)->type().dtype() != DType::I1))
-      return err(op, "its condition (operand 4) must be an i1 scalar, got " + op.operand(3)->type().str());
     const Type &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.operand(2)->type(),
                &r = op.result()->type();
     if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2 || a.shape()[1] != b.shape()[0] || c.shape()[0] != a.shape()[0] ||

@@ -110,9 +110,8 @@ std::optional<Deferral> findDeferral(Op& loop, const Target& target) {
 
   for (size_t k = 0; k < yield.numOperands(); ++k) {
     Op* dot = yield.operand(k)->definingOp();
-    // (A dot with a condition is already scheduled by its template: the skewed walks.)
-    if (!dot || dot->kind() != OpKind::Dot || dot->numOperands() != 3 || dot->parentBlock() != &body ||
-        users[dot->result()].size() != 1 || !wgmmaAccumulatorFits(*dot, target))
+    if (!dot || dot->kind() != OpKind::Dot || dot->parentBlock() != &body || users[dot->result()].size() != 1 ||
+        !wgmmaAccumulatorFits(*dot, target))
       continue;
     const ir::Value* acc = body.arg(k + 1);
     Deferral d{&loop, dot, k};

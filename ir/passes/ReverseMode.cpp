@@ -309,7 +309,6 @@ class ReverseMode {
         return accumulate(x(0), b_.select(winner, repeated, zeroLike(x(0))));
       }
       case OpKind::Dot: {
-        if (op.numOperands() == 4) fail("a dot with an only_if condition (the product is not differentiated under a condition)");
         Value *a = x(0), *bm = x(1);
         const DType inputs = a->type().dtype();
         Value* gIn = g->type().dtype() == inputs ? g : b_.cast(g, inputs);

@@ -225,55 +225,6 @@ TEST(Dsl, DotInputPrecisionIsRecordedOnTheOp) {
   });
 }
 
-// dot(a, b, acc, only_if(c)): acc + a·b where c holds, acc where it does not (program 1 of 3
-// multiplies; programs 0 and 2 keep their accumulators), interpreted as traced and after sm_80's
-// passes (mma.sync, then a select per register), compiled for sm_80 and sm_90a; a condition that is
-// not an i1 scalar is an error naming the op. Small integers in f16, so every sum is exact.
-TEST(Dsl, DotOnlyIfKeepsTheAccumulatorWhereItsConditionIsFalse) {
-  auto k = kernel("dot_only_if", [](Ptr<f32> a, Ptr<f32> b, Ptr<f32> c, Ptr<f32> out) {
-    Tile offs = arange(0, 16).expand(1) * 16 + arange(0, 16).expand(0);
-    Tile pid = program_id(0), at = pid * 256 + offs;
-    Tile r = dot(load(a + at).to(DType::F16), load(b + at).to(DType::F16), load(c + at), only_if(pid == 1));
-    store(out + at, r);
-  });
-  std::mt19937 gen(7);
-  std::vector<float> a(3 * 256), b(3 * 256), c(3 * 256);
-  for (auto* v : {&a, &b, &c})
-    for (float& x : *v) x = float(int(gen() % 9) - 4);
-  for (const char* after : {"", "sm_80"}) {
-    SCOPED_TRACE(std::string("after passes: ") + after);
-    ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", after, 1);
-    std::vector<float> out(3 * 256, -99.0f);
-    k.interpret({{3, 1, 1}, {}, 4}, a, b, c, out);
-    ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES");
-    for (int p = 0; p < 3; ++p)
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-          float want = c[size_t(p * 256 + i * 16 + j)];
-          if (p == 1)
-            for (int q = 0; q < 16; ++q) want += a[size_t(p * 256 + i * 16 + q)] * b[size_t(p * 256 + q * 16 + j)];
-          ASSERT_EQ(out[size_t(p * 256 + i * 16 + j)], want) << "program " << p << " (" << i << ", " << j << ")";
-        }
-  }
-  auto ptr = [](size_t bytes) { return KernelArg::deviceAddress(uint64_t(1) << 20, bytes); };
-  for (codegen::Target target : {codegen::Target::sm80(), codegen::Target::sm90a()}) {
-    const std::string& ptx = k.compile({{3, 1, 1}, {}, 4}, {ptr(3072), ptr(3072), ptr(3072), ptr(3072)}, target).ptx;
-    EXPECT_NE(ptx.find("mma.sync"), std::string::npos) << "no ring here: mma.sync on both";
-    EXPECT_NE(ptx.find("selp.f32"), std::string::npos) << "the accumulator kept where the condition is false";
-  }
-  auto bad = kernel("dot_only_if_tile", [](Ptr<f32> a) {
-    Tile t = load(a + (arange(0, 16).expand(1) * 16 + arange(0, 16).expand(0))).to(DType::F16);
-    dot(t, t, zeros({16, 16}, DType::F32), only_if(arange(0, 16) < 3));
-  });
-  try {
-    bad.trace();
-    ADD_FAILURE() << "a tile condition traced";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dot: only_if needs an i1 scalar condition, got i1[16]"), std::string::npos)
-        << e.what();
-  }
-}
-
 }  // namespace
 
 // ---- atomic_add --------------------------------------------------------------

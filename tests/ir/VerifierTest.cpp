@@ -199,13 +199,6 @@ TEST(Verifier, DotShapes) {
   EXPECT_HAS(bodyError(tiles + "  %d = dot %a, %b2, %c : f16[64, 16]\n"), "op 'dot'", "result must be the accumulator's type");
   EXPECT_HAS(bodyError(tiles + "  %d = dot %a, %bf, %c : f32[64, 16]\n"), "op 'dot'", "a and b must have one dtype");
   EXPECT_EQ(bodyError(tiles + "  %d = dot %a, %b2, %c : f32[64, 16]\n"), "(valid)");
-  // An optional fourth operand: the i1 scalar the product is issued under.
-  const std::string on = "  %on = cmp %x, %x {pred = \"eq\"} : i1\n  %onT = splat %on : i1[64, 16]\n";
-  EXPECT_EQ(bodyError(tiles + on + "  %d = dot %a, %b2, %c, %on : f32[64, 16]\n"), "(valid)");
-  EXPECT_HAS(bodyError(tiles + on + "  %d = dot %a, %b2, %c, %onT : f32[64, 16]\n"), "op 'dot'",
-             "its condition (operand 4) must be an i1 scalar, got i1[64,16]");
-  EXPECT_HAS(bodyError(tiles + on + "  %d = dot %a, %b2, %c, %on, %on : f32[64, 16]\n"), "op 'dot'",
-             "needs a, b, acc and optionally an i1 scalar condition, got 5 operands");
 }
 
 TEST(Verifier, ForBoundsAreIntegerScalars) {
