@@ -836,3 +836,26 @@ TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
   EXPECT_TRUE(flextile::testing::checkFlexAttention(rng, c, MemorySpace::Host, noop_score(), m, nullptr, flextile::testing::refCausal(),
                                  {.config = FlexAttentionConfig{32, 32, 4, 2}}));
 }
+
+// The seven yardstick variants at the H200's shape, as the forward compiles them by default and
+// with skewed walks: ptxas (offline) keeps every kernel's wgmma groups overlapped — no C7515
+// "wgmma.mma_async instructions are serialized" (which a predicated wgmma, or a register another
+// instruction defines between a group's fence and its wait, would cause) — and spills nothing,
+// except the 24 bytes of the skewed no-mask kernel that splits its last round (left to the A/B).
+TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
+  if (!codegen::findPtxas()) GTEST_SKIP() << "needs ptxas";
+  const auto sm90a = codegen::Target::sm90a();
+  const int64_t B = 2, H = 16, L = 8192, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  for (const char* skew : {"0", "1"})
+    for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}) {
+      SCOPED_TRACE(std::string(name) + ", skew " + skew);
+      ScopedSetenv skewed("FLEXTILE_SKEW", skew);
+      VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+      auto plan = plan_flex_attention(q, q, q, v.score, v.mask, {}, true, sm90a);
+      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, sm90a);
+      EXPECT_EQ(r.log.find("serialized"), std::string::npos) << r.log;
+      const bool knownSpill = std::string(skew) == "1" && std::string(name) == "full" && plan.lastRoundSplit;
+      EXPECT_EQ(r.spillStoreBytes, knownSpill ? 24 : 0) << r.log;
+    }
+}
