@@ -185,23 +185,28 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
 TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  for (const char* mode : {"", "all"})
-    for (const Variant& var : variants())
-      for (AttentionCase c : kScheduleCases) {
-        if (!inScope(c.work())) continue;
+  for (const Variant& var : variants())
+    for (AttentionCase c : kScheduleCases) {
+      if (!inScope(c.work())) continue;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+      Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+      Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+      Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
+      FlexAttentionConfig wide{128, 128, 8, 2}, perTile{128, 128, 8, 2}, narrow{64, 64, 4, 2}, deep{128, 64, 8, 3};
+      perTile.persistent = LoopSchedule::Off;
+      for (const char* mode : {"", "all"}) {
         ScopedSetenv every("FLEXTILE_SKEW", mode);
-        c.context = "variant " + var.name + ", skewed walks" + (*mode ? " (every walk)" : "");
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        FlexAttentionConfig wide{128, 128, 8, 2}, perTile{128, 128, 8, 2}, narrow{64, 64, 4, 2}, deep{128, 64, 8, 3};
-        perTile.persistent = LoopSchedule::Off;
         std::vector<FlexAttentionConfig*> configs{&wide, &perTile, &narrow, &deep};
         if (*mode) configs = {&wide, &narrow};
         for (FlexAttentionConfig* config : configs) {
           config->skew = LoopSchedule::On;
-          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(*config)))
-            return;
+          const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks" + (*mode ? " (every walk)" : "");
+          if (!runAndCompare(q, k, v, out, ref, context, inst.score, inst.mask, withConfig(*config))) return;
         }
       }
+    }
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the
