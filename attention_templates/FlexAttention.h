@@ -76,7 +76,8 @@ struct FlexAttentionConfig {
   // scores cross the loop's back edge (FlashAttention-3's order of the two products; the loop runs
   // one iteration more, whose first V and last K are zero-filled phantoms, which is why the short
   // partial walks stay unskewed). Auto is off (not yet measured); On with `defer` is refused; a
-  // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk.
+  // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk;
+  // FLEXTILE_SKEW_OVERLAP=1 also overlaps each step's softmax with the previous step's P·V.
   LoopSchedule skew = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
   // " persistent" / " no-persistent", " skew" / " no-skew" for the choices that are not Auto.

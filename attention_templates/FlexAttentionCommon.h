@@ -136,6 +136,16 @@ std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
                                                               const dsl::Tile* rowScale = nullptr);
 
+// The online softmax's weights for a block of scores (as in onlineSoftmaxStep, whose first half this
+// is): the new row max m', the weights p = 2^(s − m') and the factor alpha = 2^(m − m') that
+// rescales what was summed before. `keepM` (an i1 scalar): m' = m where it holds (alpha = 1), for a
+// block whose scores must not count (the skewed walks' phantom step); p is then meaningless.
+struct SoftmaxWeights {
+  dsl::Tile m, p, alpha;
+};
+SoftmaxWeights softmaxWeights(const dsl::Tile& m, dsl::Tile s, const dsl::Tile* rowScale = nullptr,
+                              const dsl::Tile* keepM = nullptr);
+
 // A row's log-sum-exp from its online-softmax state in the exp2 domain (`empty`: l == 0, a row with
 // no live score, whose lse is -inf): m + log2 l, the partials' lse that the merges fold, or with
 // `natural` that times ln 2, the lse a caller gets.

@@ -339,6 +339,10 @@ struct ForwardConstants {
                            (int64_t, skew));
 };
 
+// The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
+// their softmax overlaps the previous step's P·V (FLEXTILE_SKEW_OVERLAP=1).
+constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4;
+
 // A split last round's cut (Stream-K), the same arithmetic in the forward and the merge kernel: the
 // last round's tiles' steps laid end to end (`units` of them), program q's run is steps
 // [runStart(q), runStart(q + 1)), and its pieces go to slots 2q and 2q + 1 (a run shorter than a
@@ -455,7 +459,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       };
       // Skewed walks (below): the full walks at skew 1, every walk at 2. A phantom step's loads need
       // their mask even where the keys divide the block.
-      const bool skewWalk = k.skew == 2 || (k.skew == 1 && !partial);
+      const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
       const bool exact = !keysMayEnd && k.DP == k.D && !skewWalk;
       auto keysAt = [&](const Tile& t, const Tile* phantom) {
         Tile entry = t / R;
@@ -490,8 +494,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       };
       // Without a score_mod and with a positive scale, the scale applies after the row max.
       const bool scaleLater = !k.hasScoreMod && k.positiveScale;
-      auto scores = [&](const Keys& ks, const Tile& kt) {
-        Tile s = dot(q, kt.trans());
+      auto scoresOf = [&](const Keys& ks, Tile s) {  // the mods and masks on the products Q·Kᵀ
         Tile kvPos = ks.offsN.expand(0);
         if (k.hasScoreMod) {
           s = scoreMod(s * p.scale, b, h, qPos, kvPos) * log2e;
@@ -502,6 +505,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (keysMayEnd) s = where(ks.colLive.expand(0), s, -INFINITY);
         return s;
       };
+      auto scores = [&](const Keys& ks, const Tile& kt) { return scoresOf(ks, dot(q, kt.trans())); };
       auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
         return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
       };
@@ -535,8 +539,34 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
         return std::tuple{mn, ln, an, scores(ks, kt)};
       };
-      Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
-      auto [ms, ls, as, unused] = for_range(lo, where(hi > lo, hi + 1, lo), 1, std::tuple{m, l, acc, s0}, skewed);
+      const Tile trips = where(hi > lo, hi + 1, lo);
+      if (!(k.skew & kSkewOverlap)) {
+        Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
+        auto [ms, ls, as, unused] = for_range(lo, trips, 1, std::tuple{m, l, acc, s0}, skewed);
+        return std::tuple{ms, ls, as};
+      }
+      // Overlapped (kSkewOverlap; FlashAttention-3's intra-warpgroup order on the skewed ring):
+      // iteration t issues Q·Kᵀ of step t, then P·V of step t − 1 with P carried from the previous
+      // iteration, and runs the softmax of step t while that P·V is in flight; the rescale of O
+      // waits for it. The stage still holds K_t and V_{t-1}, both read by this iteration's
+      // products, so it is released at its end as before. The first iteration's P is zero (its V a
+      // phantom); the last one's scores come from a phantom K, so its m and l are kept and its P
+      // dropped (O is then rescaled by exactly 1).
+      auto overlapped = [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
+        Tile first = t == lo, last = t == hi;
+        Keys ks = keysAt(t, &last);
+        Tile kt = loadK(ks);
+        Keys vs = keysAt(maximum(t - 1, lo), &first);
+        Tile vt = loadV(vs);
+        Tile raw = dot(q, kt.trans());
+        Tile o = dot(pi, vt, ai);
+        const detail::SoftmaxWeights w =
+            detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr, &last);
+        Tile ln = where(last, li, li * w.alpha + sum(w.p, 1));
+        return std::tuple{w.m, ln, o * w.alpha.expand(1), w.p.to(dt)};
+      };
+      Tile p0 = zeros({k.BM, k.BN}, dt);
+      auto [ms, ls, as, unused] = for_range(lo, trips, 1, std::tuple{m, l, acc, p0}, overlapped);
       return std::tuple{ms, ls, as};
     };
 
@@ -829,13 +859,18 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
   // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's choice
-  // skews the full walks (1); FLEXTILE_SKEW=0, =1 or =all (every walk: 2) overrides it; Auto is off
-  // until measured on the H200. Not with deferred accumulation (which rotates the same products its
-  // own way) or a paged K/V (whose page-table rows a phantom step would have to clamp).
+  // skews the full walks; FLEXTILE_SKEW=0, =1 or =all (every walk) overrides it, and
+  // FLEXTILE_SKEW_OVERLAP=1 runs each step's softmax during the previous step's P·V (skewing the
+  // full walks if nothing else does, unless FLEXTILE_SKEW=0). Auto is off until measured on the H200. Not with deferred
+  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
+  // rows a phantom step would have to clamp).
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
-  p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? 2
-                     : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On) ? 1
-                                                                                                          : 0;
+  p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
+                     : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On)
+                         ? kSkewFullWalks
+                         : 0;
+  if (detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP") == true && detail::forcedBySwitch("FLEXTILE_SKEW") != false)
+    p.constants.skew |= kSkewOverlap | (p.constants.skew ? 0 : kSkewFullWalks);
   if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors
@@ -1082,13 +1117,19 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   }
   return true;
 }
-std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
-                                               DType dt, const Tile* rowScale) {
+SoftmaxWeights softmaxWeights(const Tile& m, Tile s, const Tile* rowScale, const Tile* keepM) {
   Tile mNew = maximum(m, rowScale ? max(s, 1) * *rowScale : max(s, 1));
+  if (keepM) mNew = where(*keepM, m, mNew);
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
   if (rowScale) s = s * *rowScale;
   Tile p = exp2(s - mSafe.expand(1));
   Tile alpha = exp2(m - mSafe);
+  return {mNew, p, alpha};
+}
+
+std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
+                                               DType dt, const Tile* rowScale) {
+  auto [mNew, p, alpha] = softmaxWeights(m, std::move(s), rowScale);
   // Opt-in (FLEXTILE_SUM_AFTER_PRODUCT=1, read when the kernel is traced): the row sum after the
   // product is issued, so that its adds and shuffles run while P·V is in flight instead of
   // delaying its issue (on wgmma the product is asynchronous; the program order is the PTX's).

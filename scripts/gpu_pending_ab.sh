@@ -18,12 +18,13 @@ FLEXTILE_AB_TAG=decode_cluster FLEXTILE_AB_BENCH=flextile_attention_decode_bench
 
 echo
 echo "== forward without a mask and causal: exponentials off the SFU, the row sum after P·V, the"
-echo "   split last round's merge as a programmatic dependent launch, skewed walks (docs/performance.md)"
+echo "   split last round's merge as a programmatic dependent launch, skewed walks plain and overlapped"
+echo "   (docs/performance.md)"
 FLEXTILE_AB_TAG=forward FLEXTILE_AB_ARGS="--quick --variants full,causal" scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_EMULATION=4" "FLEXTILE_EXP2_EMULATION=6" \
-  "FLEXTILE_SUM_AFTER_PRODUCT=1" "FLEXTILE_PROGRAMMATIC_LAUNCH=1" \
-  "FLEXTILE_SUM_AFTER_PRODUCT=1 FLEXTILE_EXP2_EMULATION=6" "FLEXTILE_SKEW=1" \
-  "FLEXTILE_SKEW=1 FLEXTILE_EXP2_EMULATION=6" "FLEXTILE_SKEW=1 FLEXTILE_SPLIT_LAST_ROUND=0" "FLEXTILE_SKEW=all" \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_EMULATION=6" "FLEXTILE_SUM_AFTER_PRODUCT=1" \
+  "FLEXTILE_PROGRAMMATIC_LAUNCH=1" "FLEXTILE_SUM_AFTER_PRODUCT=1 FLEXTILE_EXP2_EMULATION=6" \
+  "FLEXTILE_SKEW=1" "FLEXTILE_SKEW=all" "FLEXTILE_SKEW_OVERLAP=1" "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW=all" \
+  "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_EXP2_EMULATION=6" "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SPLIT_LAST_ROUND=0" \
   "FLEXTILE_AB_BASELINE=1"
 
 # The device tool brings back few files: the per-run logs travel as one archive.

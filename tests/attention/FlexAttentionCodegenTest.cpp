@@ -837,8 +837,8 @@ TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
                                  {.config = FlexAttentionConfig{32, 32, 4, 2}}));
 }
 
-// The seven yardstick variants at the H200's shape, as the forward compiles them by default and
-// with skewed walks: ptxas (offline) keeps every kernel's wgmma groups overlapped — no C7515
+// The seven yardstick variants at the H200's shape, as the forward compiles them by default, with
+// skewed walks and with skewed walks overlapped (FLEXTILE_SKEW_OVERLAP=1): ptxas (offline) keeps every kernel's wgmma groups overlapped — no C7515
 // "wgmma.mma_async instructions are serialized" (which a predicated wgmma, or a register another
 // instruction defines between a group's fence and its wait, would cause) — and spills nothing,
 // except the 24 bytes of the skewed no-mask kernel that splits its last round (left to the A/B).
@@ -847,15 +847,21 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
   const auto sm90a = codegen::Target::sm90a();
   const int64_t B = 2, H = 16, L = 8192, D = 128;
   Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
-  for (const char* skew : {"0", "1"})
+  for (const char* skew : {"0", "1", "overlap"})
     for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}) {
       SCOPED_TRACE(std::string(name) + ", skew " + skew);
-      ScopedSetenv skewed("FLEXTILE_SKEW", skew);
+      const bool overlap = skew == std::string("overlap");
+      ScopedSetenv skewed("FLEXTILE_SKEW", overlap ? "1" : skew);
+      ScopedSetenv overlapped("FLEXTILE_SKEW_OVERLAP", overlap ? "1" : "0");
       VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
       auto plan = plan_flex_attention(q, q, q, v.score, v.mask, {}, true, sm90a);
       codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, sm90a);
       EXPECT_EQ(r.log.find("serialized"), std::string::npos) << r.log;
-      const bool knownSpill = std::string(skew) == "1" && std::string(name) == "full" && plan.lastRoundSplit;
+      const bool knownSpill = std::string(skew) != "0" && std::string(name) == "full" && plan.lastRoundSplit;
+      // Overlapped: the softmax waits for its scores with the previous step's P·V still in flight.
+      if (overlap) {
+        EXPECT_GE(count(plan.compiled->ptx, "wgmma\\.wait_group\\.sync\\.aligned 1;"), 1);
+      }
       EXPECT_EQ(r.spillStoreBytes, knownSpill ? 24 : 0) << r.log;
     }
 }

@@ -175,15 +175,10 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
   }
 }
 
-// The skewed walks (FlexAttentionConfig::skew, opt-in until measured): iteration t issues P·V of
-// step t − 1 and Q·Kᵀ of step t in one turn; its first V and last K are TMA boxes wholly past the
-// keys (zero fill, their bytes still counted by the stage's barrier). Every variant with the full
-// walks skewed (the config) on the default schedules (persistent programs with shared rings where
-// the rule gives them), with a program per tile, on one warpgroup and at three stages; then every
-// walk skewed (FLEXTILE_SKEW=all) on two of them. Lengths off the block, GQA, a padded head dim. A
-// wrong phantom or parity shows as wrong rows or a hang (the test binary's timeout).
-TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
-  FLEXTILE_REQUIRE_GPU();
+namespace {
+// Every variant of kScheduleCases, one float64 reference per (variant, shape), under each skew
+// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP) at its configs (all with `skew` On).
+void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexAttentionConfig>>>& modes) {
   SeededRandom rng;
   for (const Variant& var : variants())
     for (AttentionCase c : kScheduleCases) {
@@ -194,19 +189,43 @@ TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
       Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
       Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
       const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
-      FlexAttentionConfig wide{128, 128, 8, 2}, perTile{128, 128, 8, 2}, narrow{64, 64, 4, 2}, deep{128, 64, 8, 3};
-      perTile.persistent = LoopSchedule::Off;
-      for (const char* mode : {"", "all"}) {
-        ScopedSetenv every("FLEXTILE_SKEW", mode);
-        std::vector<FlexAttentionConfig*> configs{&wide, &perTile, &narrow, &deep};
-        if (*mode) configs = {&wide, &narrow};
-        for (FlexAttentionConfig* config : configs) {
-          config->skew = LoopSchedule::On;
-          const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks" + (*mode ? " (every walk)" : "");
-          if (!runAndCompare(q, k, v, out, ref, context, inst.score, inst.mask, withConfig(*config))) return;
+      for (const auto& [mode, configs] : modes) {
+        ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
+        ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
+        for (FlexAttentionConfig config : configs) {
+          config.skew = LoopSchedule::On;
+          const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks " + mode;
+          if (!runAndCompare(q, k, v, out, ref, context, inst.score, inst.mask, withConfig(config))) return;
         }
       }
     }
+}
+
+FlexAttentionConfig perTileConfig() {
+  FlexAttentionConfig c{128, 128, 8, 2};
+  c.persistent = LoopSchedule::Off;
+  return c;
+}
+}  // namespace
+
+// The skewed walks (FlexAttentionConfig::skew, opt-in until measured): iteration t issues P·V of
+// step t − 1 and Q·Kᵀ of step t in one turn; its first V and last K are TMA boxes wholly past the
+// keys (zero fill, their bytes still counted by the stage's barrier). Every variant with the full
+// walks skewed on the default schedules (persistent programs with shared rings where the rule gives
+// them), with a program per tile, on one warpgroup and at three stages; every walk skewed
+// (FLEXTILE_SKEW=all) on the default tile. Lengths off the block, GQA, a padded head dim. A wrong
+// phantom or parity shows as wrong rows or a hang (the binary's timeout).
+TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  checkSkewedWalks({{"", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}}, {"all", {{128, 128, 8, 2}}}});
+}
+
+// The same overlapped (FLEXTILE_SKEW_OVERLAP=1): Q·Kᵀ of step t, then P·V of step t − 1 with P
+// carried, and the softmax of step t while that product runs (wgmma_wait pending 1).
+TEST(FlexAttentionGpu, OverlappedSkewedWalksEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  checkSkewedWalks({{"overlap", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
+                    {"all+overlap", {{128, 128, 8, 2}}}});
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the

@@ -57,11 +57,12 @@ bool checkFullOrCausalBackward(SeededRandom& rng, const AttentionCase& c, const 
 // The forward of the two-walk variants (and more) at mask blocks of 128 — two steps a block at
 // BLOCK_N 64, so a walk's stage is not its block — on each config, through the passes as set up
 // by the caller; `label` names the setting in the failure's context.
+// `keys`: S (300, off the block, unless the caller asks for a length the blocks divide).
 bool checkWalkVariants(SeededRandom& rng, const std::string& label, const std::vector<FlexAttentionConfig>& configs,
-                       const std::vector<const char*>& names) {
+                       const std::vector<const char*>& names, int64_t keys = 300) {
   for (const FlexAttentionConfig& config : configs)
     for (const char* name : names) {
-      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64, .dtype = DType::BF16};
+      AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = keys, .D = 64, .dtype = DType::BF16};
       c.context = std::string(name) + " " + label + " " + config.describe();
       VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
       if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
@@ -654,20 +655,26 @@ TEST(TilePassesInterpreted, DecodeClusterMerge) {
 }
 
 // The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk; iteration t issues P·V of
-// step t − 1, then Q·Kᵀ of step t; the first V and the last K are phantom tiles past the keys).
+// step t − 1, then Q·Kᵀ of step t; the first V and the last K are phantom tiles past the keys), and
+// overlapped (FLEXTILE_SKEW_OVERLAP=1: Q·Kᵀ of step t first, then P·V of step t − 1 with P carried,
+// the softmax of step t while it runs; the last step's m and l kept).
 // Every variant (score_mods that would turn a phantom's −inf into a finite score, masks whose walks
 // are empty for some rows: causal's first full list, the window's) before the passes and through
 // sm_90a's (TMA rings whose phantom boxes lie past the tensor, turns covering both products, a
 // skewed and an unskewed walk sharing one ring) and sm_80's (cp.async with the phantom rows
 // predicated off), lengths off the block, GQA; then persistent programs (shared rings across
-// tiles) and a split last round (a piece's walk skews its own steps [from, to)). (Fails with the V
-// of step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, and with
-// the loop one iteration short: each checked by hand.)
+// tiles) and a split last round (a piece's walk skews its own steps [from, to)); key lengths off
+// the block and divided by it (where nothing masks the phantom K's scores). (Fails with the V of
+// step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, with the
+// loop one iteration short, and, overlapped, with the last step's m or l not kept: each checked by
+// hand.)
 TEST(TilePassesInterpreted, SkewedWalks) {
   SeededRandom rng;
   const std::vector<const char*> all = {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"};
-  for (const char* mode : {"1", "all"}) {
-    ScopedSetenv skew("FLEXTILE_SKEW", mode);
+  for (const char* mode : {"1", "all", "1+overlap", "all+overlap"}) {
+    const std::string m(mode);
+    ScopedSetenv skew("FLEXTILE_SKEW", m.substr(0, m.find('+')).c_str());
+    ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", m.find("overlap") != std::string::npos ? "1" : "0");
     for (const char* target : {"", "sm_90a", "sm_80"}) {
       std::optional<InterpretAfterPasses> scope;
       if (*target) scope.emplace(target);
@@ -675,17 +682,26 @@ TEST(TilePassesInterpreted, SkewedWalks) {
           std::string(target) == "sm_90a" ? std::vector<FlexAttentionConfig>{kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}}
                                           : std::vector<FlexAttentionConfig>{kWgmmaTiles};
       const std::string label = std::string("skewed ") + mode + " " + (*target ? target : "interpreted");
-      if (!checkWalkVariants(rng, label, configs, all)) return;
+      // Keys off the block (the phantom K's scores masked like keys past the end) and keys the
+      // blocks divide (its scores finite: the walk must drop them itself).
+      if (!checkWalkVariants(rng, label, configs, all) || !checkWalkVariants(rng, label + ", S = 256", configs, all, 256))
+        return;
     }
   }
   ScopedSetenv skew("FLEXTILE_SKEW", "all");
   InterpretAfterPasses scope("sm_90a");
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-  if (!checkWalkVariants(rng, "skewed, persistent", {FlexAttentionConfig{128, 64, 8, 2}},
-                         {"full", "causal", "sliding_window", "softcap"}))
-    return;
-  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
-  AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80, .dtype = DType::BF16,
-                  .context = "skewed, split last round"};
-  checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = FlexAttentionConfig{128, 64, 8, 2}});
+  for (const char* overlap : {"0", "1"}) {
+    ScopedSetenv overlapped("FLEXTILE_SKEW_OVERLAP", overlap);
+    const std::string label = std::string("skewed, overlap ") + overlap;
+    if (!checkWalkVariants(rng, label + ", persistent", {FlexAttentionConfig{128, 64, 8, 2}},
+                           {"full", "causal", "sliding_window", "softcap"}, 512))
+      return;
+    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1024, .S = 1024, .D = 64, .dtype = DType::BF16,
+                    .context = label + ", split last round"};
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                            {.config = FlexAttentionConfig{128, 64, 8, 2}}))
+      return;
+  }
 }
