@@ -563,7 +563,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         const detail::SoftmaxWeights w =
             detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr, &last);
         Tile ln = where(last, li, li * w.alpha + sum(w.p, 1));
-        return std::tuple{w.m, ln, o * w.alpha.expand(1), w.p.to(dt)};
+        Tile pn = w.p.to(dt);  // (before the rescale, which waits for P·V: the conversion overlaps it too)
+        return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
       };
       Tile p0 = zeros({k.BM, k.BN}, dt);
       auto [ms, ls, as, unused] = for_range(lo, trips, 1, std::tuple{m, l, acc, p0}, overlapped);
