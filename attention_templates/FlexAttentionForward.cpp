@@ -523,21 +523,27 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       }
       const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
       Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
-      // Skewed: iteration t issues P·V of step t − 1 and
-      // then Q·Kᵀ of step t, so a warpgroup's two products run back to back (one turn, one wait)
-      // and its ring stage holds K_t and V_{t-1} (traced in that order, so that the stage's buffers
-      // match an unskewed walk's and the walks still share their rings). The scores cross the back
-      // edge; the first iteration's V and the last one's K are phantoms (zeros), its first softmax
-      // sees only −inf (no effect on m, l, acc), and the last scores are dropped: one loop of
-      // hi − lo + 1 iterations, none for no steps.
-      auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
+      // Skewed: iteration t issues P·V of step t − 1 and then Q·Kᵀ of step t, so a warpgroup's two
+      // products run back to back (one turn, one wait) and its ring stage holds K_t and V_{t-1}
+      // (traced in that order, so that the stage's buffers match an unskewed walk's and the walks
+      // still share their rings). The scores cross the back edge; the first iteration's V and the
+      // last one's K are phantoms (zeros), its first softmax sees only −inf (no effect on m, l,
+      // acc), and the last scores are dropped: one loop of hi − lo + 1 iterations, none for no steps.
+      struct SkewedStage {
+        Keys keys;  // of K_t
+        Tile k, v, last;
+      };
+      auto skewedStage = [&](const Tile& t) {
         Tile first = t == lo, last = t == hi;
         Keys ks = keysAt(t, &last);
         Tile kt = loadK(ks);
         Keys vs = keysAt(maximum(t - 1, lo), &first);
-        Tile vt = loadV(vs);
-        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
-        return std::tuple{mn, ln, an, scores(ks, kt)};
+        return SkewedStage{ks, kt, loadV(vs), last};
+      };
+      auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
+        SkewedStage st = skewedStage(t);
+        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, st.v);
+        return std::tuple{mn, ln, an, scores(st.keys, st.k)};
       };
       const Tile trips = where(hi > lo, hi + 1, lo);
       if (!(k.skew & kSkewOverlap)) {
@@ -553,16 +559,12 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // phantom); the last one's scores come from a phantom K, so its m and l are kept and its P
       // dropped (O is then rescaled by exactly 1).
       auto overlapped = [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
-        Tile first = t == lo, last = t == hi;
-        Keys ks = keysAt(t, &last);
-        Tile kt = loadK(ks);
-        Keys vs = keysAt(maximum(t - 1, lo), &first);
-        Tile vt = loadV(vs);
-        Tile raw = dot(q, kt.trans());
-        Tile o = dot(pi, vt, ai);
+        SkewedStage st = skewedStage(t);
+        Tile raw = dot(q, st.k.trans());
+        Tile o = dot(pi, st.v, ai);
         const detail::SoftmaxWeights w =
-            detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr, &last);
-        Tile ln = where(last, li, li * w.alpha + sum(w.p, 1));
+            detail::softmaxWeights(mi, scoresOf(st.keys, raw), scaleLater ? &p.scale : nullptr, &st.last);
+        Tile ln = where(st.last, li, li * w.alpha + sum(w.p, 1));
         Tile pn = w.p.to(dt);  // (before the rescale, which waits for P·V: the conversion overlaps it too)
         return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
       };

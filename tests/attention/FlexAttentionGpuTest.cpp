@@ -69,6 +69,21 @@ const std::vector<AttentionCase> kScheduleCases = {
     {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 80, .dtype = DType::F16},
 };
 
+// Random q, k, v of a case on the device, an output to write, and the float64 reference that the
+// configs run on these inputs share.
+struct CaseInputs {
+  Tensor q, k, v, out;
+  ReferenceResult ref;
+};
+CaseInputs randomInputs(SeededRandom& rng, const AttentionCase& c, const VariantInstance& inst) {
+  Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+  Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+  Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+  Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+  ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
+  return {q, k, v, out, std::move(ref)};
+}
+
 }  // namespace
 
 // Every variant x every shape x the configs (one sampled per pair, so each config runs for about
@@ -83,11 +98,7 @@ TEST(FlexAttentionGpu, EveryVariantEveryShapeEveryConfig) {
       if (!inScope(c.work())) continue;
       c.context = "variant " + var.name;
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-      Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-      Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-      Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
+      auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
       for (const auto& config : configs.next())
         if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
     }
@@ -184,11 +195,7 @@ void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexA
     for (AttentionCase c : kScheduleCases) {
       if (!inScope(c.work())) continue;
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-      Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-      Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-      Tensor out = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-      const ReferenceResult ref = referenceFor(q, k, v, inst.refScore, inst.refMask, inst.mask, {}, rng());
+      auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
       for (const auto& [mode, configs] : modes) {
         ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
         ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
