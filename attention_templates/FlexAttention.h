@@ -79,12 +79,18 @@ struct FlexAttentionConfig {
   // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk;
   // FLEXTILE_SKEW_OVERLAP=1 also overlaps each step's softmax with the previous step's P·V.
   LoopSchedule skew = LoopSchedule::Auto;
+  // `overlap`, forward only: the skewed walks in FlashAttention-3's intra-warpgroup order (Q·Kᵀ of
+  // step t, then P·V of step t − 1, the softmax of step t while that product runs). On implies
+  // `skew`; with `no-skew` or `defer` it is refused. Auto is off (not yet measured).
+  // FLEXTILE_SKEW_OVERLAP=0 or =1 overrides the config.
+  LoopSchedule overlap = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
-  // " persistent" / " no-persistent", " skew" / " no-skew" for the choices that are not Auto.
+  // " persistent" / " no-persistent", " skew" / " no-skew", " overlap" / " no-overlap" for the
+  // choices that are not Auto.
   std::string describe() const;
   // "BM,BN,W,S" (positive integers), then optionally, in any order, ",ws" / ",no-ws",
   // ",turns" / ",no-turns", ",defer" / ",no-defer", ",persistent" / ",no-persistent", ",skew" /
-  // ",no-skew": how the CLI's
+  // ",no-skew", ",overlap" / ",no-overlap": how the CLI's
   // --config and the benches spell a config. Throws flextile::Error naming the text.
   static FlexAttentionConfig parse(std::string_view text);
   bool operator==(const FlexAttentionConfig&) const = default;

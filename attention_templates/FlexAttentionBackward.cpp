@@ -620,9 +620,9 @@ void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMas
   if (c.persistent == LoopSchedule::On)
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
                 ": persistent programs are a schedule of the forward; the backward's kernels launch a program per tile");
-  if (c.skew == LoopSchedule::On)
+  if (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On)
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": skew is a schedule of the forward's walks; the backward's kernels do not have it");
+                ": skew and overlap are schedules of the forward's walks; the backward's kernels do not have them");
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {

@@ -53,13 +53,13 @@ std::string FlexAttentionConfig::describe() const {
   };
   return "BM" + std::to_string(block_m) + " BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" +
          std::to_string(num_stages) + choice(warp_specialize, "ws") + choice(turns, "turns") + choice(defer, "defer") +
-         choice(persistent, "persistent") + choice(skew, "skew");
+         choice(persistent, "persistent") + choice(skew, "skew") + choice(overlap, "overlap");
 }
 
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   const std::string usage = "config '" + std::string(text) +
                             "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
-                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent, ,skew or ,no-skew";
+                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent, ,skew or ,no-skew, ,overlap or ,no-overlap";
   const std::vector<std::string> items = detail::configItems(text);
   if (items.size() < 4) throw Error(usage);
   FlexAttentionConfig c;
@@ -71,7 +71,7 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   }
   if (v[2] > 1024 || v[3] > 1024) throw Error(usage);
   c.block_m = v[0], c.block_n = v[1], c.num_warps = int(v[2]), c.num_stages = int(v[3]);
-  bool ws = false, turns = false, defer = false, persistent = false, skew = false;  // each said at most once
+  bool ws = false, turns = false, defer = false, persistent = false, skew = false, overlap = false;  // each at most once
   for (size_t i = 4; i < items.size(); ++i) {
     const std::string& w = items[i];
     if ((w == "ws" || w == "no-ws") && !std::exchange(ws, true))
@@ -84,6 +84,8 @@ FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
       c.persistent = w == "persistent" ? LoopSchedule::On : LoopSchedule::Off;
     else if ((w == "skew" || w == "no-skew") && !std::exchange(skew, true))
       c.skew = w == "skew" ? LoopSchedule::On : LoopSchedule::Off;
+    else if ((w == "overlap" || w == "no-overlap") && !std::exchange(overlap, true))
+      c.overlap = w == "overlap" ? LoopSchedule::On : LoopSchedule::Off;
     else
       throw Error(usage);
   }
@@ -200,8 +202,11 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& c, const Blo
   if (c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On)
     return "asks for defer and persistent together, which is not supported yet (compute-sanitizer's racecheck "
            "reports hazards in that kernel; docs/reliability.md)";
-  if (c.defer == LoopSchedule::On && c.skew == LoopSchedule::On)
-    return "asks for defer and skew together: both rotate the loop's products, choose one";
+  if (c.defer == LoopSchedule::On && (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On))
+    return std::string("asks for defer and ") + (c.skew == LoopSchedule::On ? "skew" : "overlap") +
+           " together: both rotate the loop's products, choose one";
+  if (c.overlap == LoopSchedule::On && c.skew == LoopSchedule::Off)
+    return "asks for overlap without skew: the overlap is an order of the skewed walks";
   if (mask && (mask->qBlockSize() % c.block_m != 0 || mask->kvBlockSize() % c.block_n != 0))
     return "does not tile the BlockMask's blocks (" + std::to_string(mask->qBlockSize()) + " x " +
            std::to_string(mask->kvBlockSize()) + "): BLOCK_M must divide Q_BLOCK_SIZE and BLOCK_N must divide KV_BLOCK_SIZE";
@@ -861,19 +866,19 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
-  // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's choice
-  // skews the full walks; FLEXTILE_SKEW=0, =1 or =all (every walk) overrides it, and
-  // FLEXTILE_SKEW_OVERLAP=1 runs each step's softmax during the previous step's P·V (skewing the
-  // full walks if nothing else does, unless FLEXTILE_SKEW=0). Auto is off until measured on the H200. Not with deferred
-  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
-  // rows a phantom step would have to clamp).
+  // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's `skew`
+  // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
+  // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
+  // override them. Auto is off until measured on the H200. Not with deferred accumulation (which
+  // rotates the same products its own way) or a paged K/V (whose page-table rows a phantom step
+  // would have to clamp).
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
+  const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP").value_or(p.config.overlap == LoopSchedule::On);
   p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
-                     : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On)
+                     : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On || overlap)
                          ? kSkewFullWalks
                          : 0;
-  if (detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP") == true && detail::forcedBySwitch("FLEXTILE_SKEW") != false)
-    p.constants.skew |= kSkewOverlap | (p.constants.skew ? 0 : kSkewFullWalks);
+  if (overlap && p.constants.skew) p.constants.skew |= kSkewOverlap;
   if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors

@@ -39,16 +39,18 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
             for (attention::LoopSchedule t : turns)
               for (attention::LoopSchedule d : defer)
                 for (attention::LoopSchedule p : persistent)
-                  for (attention::LoopSchedule k : skew) {
+                  for (attention::LoopSchedule k : skew)
+                    for (attention::LoopSchedule o : overlap) {
                   using attention::LoopSchedule;
                   const bool schedulable = w == 8 && m == 128 && s > 1;
                   const bool specializable = schedulable && ws != attention::WarpSpecialization::Off;
                   // (defer with persistent programs or with skew is refused: attention::configProblem)
                   if ((t == LoopSchedule::On && !specializable) || (d == LoopSchedule::On && !schedulable) ||
                       (p == LoopSchedule::On && (!specializable || d == LoopSchedule::On)) ||
-                      (k == LoopSchedule::On && (!schedulable || d == LoopSchedule::On)))
+                      (k == LoopSchedule::On && (!schedulable || d == LoopSchedule::On)) ||
+                      (o == LoopSchedule::On && k != LoopSchedule::On))  // overlap refines skew
                     continue;
-                  out.push_back({m, n, w, s, ws, t, d, p, k});
+                  out.push_back({m, n, w, s, ws, t, d, p, k, o});
                   }
   return out;
 }
@@ -59,6 +61,7 @@ ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
   s.defer = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   s.persistent = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   s.skew = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
+  s.overlap = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
   return s;
 }
@@ -223,7 +226,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
     std::vector<FlexAttentionConfig> kept;
     for (FlexAttentionConfig c : configs) {
       if (!arch.has(codegen::Feature::SetMaxNReg)) c.warp_specialize = attention::WarpSpecialization::Auto;
-      if (!arch.has(codegen::Feature::Wgmma)) c.turns = c.defer = c.persistent = c.skew = attention::LoopSchedule::Auto;
+      if (!arch.has(codegen::Feature::Wgmma)) c.turns = c.defer = c.persistent = c.skew = c.overlap = attention::LoopSchedule::Auto;
       if (std::find(kept.begin(), kept.end(), c) == kept.end()) kept.push_back(c);
     }
     configs = std::move(kept);

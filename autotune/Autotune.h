@@ -34,20 +34,22 @@ struct ConfigSpace {
   std::vector<int> warps, stages;
   // Auto and Off are the same kernel on a target without setmaxnreg; the tuner then keeps Auto.
   std::vector<attention::WarpSpecialization> specialize{attention::WarpSpecialization::Auto};
-  // The forward's loop schedules (FlexAttentionConfig::turns, ::defer, ::persistent, ::skew). On is only
-  // paired with the tiles it can change: 8 warps, a 128-row tile and pipelined loads, and turns
-  // and persistent programs only where the kernel may be specialized (not with Off).
+  // The forward's loop schedules (FlexAttentionConfig::turns, ::defer, ::persistent, ::skew,
+  // ::overlap). On is only paired with the tiles it can change: 8 warps, a 128-row tile and
+  // pipelined loads, turns and persistent programs only where the kernel may be specialized (not
+  // with Off), and overlap only with skew On.
   std::vector<attention::LoopSchedule> turns{attention::LoopSchedule::Auto};
   std::vector<attention::LoopSchedule> defer{attention::LoopSchedule::Auto};
   std::vector<attention::LoopSchedule> persistent{attention::LoopSchedule::Auto};
   std::vector<attention::LoopSchedule> skew{attention::LoopSchedule::Auto};
+  std::vector<attention::LoopSchedule> overlap{attention::LoopSchedule::Auto};  // only with skew On
   std::vector<FlexAttentionConfig> configs() const;  // the product, in a stable order
 };
 // The space the tuner searches by default for a dtype and head dim: every tile both with the
 // template's own choice of warp specialization (Auto) and without it (Off); on the 8-warp
 // 128-row tiles also with warpgroup turns, with deferred accumulation, with persistent programs and
-// with skewed walks (each, and every combination but deferred accumulation with persistent programs
-// or skewed walks).
+// with skewed walks, plain or overlapped (each, and every combination but deferred accumulation with
+// persistent programs or skewed walks).
 ConfigSpace defaultSpace(dsl::DType dtype, int64_t headDim);
 
 struct DeviceLimits {

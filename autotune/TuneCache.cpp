@@ -153,6 +153,7 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   t.config.defer = choiceOf<attention::LoopSchedule>(*e, "defer");
   t.config.persistent = choiceOf<attention::LoopSchedule>(*e, "persistent");
   t.config.skew = choiceOf<attention::LoopSchedule>(*e, "skew");
+  t.config.overlap = choiceOf<attention::LoopSchedule>(*e, "overlap");
   t.ms = num("ms");
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
@@ -203,6 +204,7 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   putChoice(e, "defer", t.config.defer);
   putChoice(e, "persistent", t.config.persistent);
   putChoice(e, "skew", t.config.skew);
+  putChoice(e, "overlap", t.config.overlap);
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);

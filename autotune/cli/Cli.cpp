@@ -70,7 +70,7 @@ const std::vector<Command>& commands() {
       {"list", "usage: flextile list\n  Lists the registered variants (built-in and user) and the templates.\n", {}, {},
        false},
       {"run",
-       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent]]\n"
+       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                    [--check[=all]] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
@@ -93,7 +93,7 @@ const std::vector<Command>& commands() {
        {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot"},
        {"--no-store"}, true},
       {"compile",
-       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent]]\n"
+       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
        "                        --emit traced|ir|llvm|ptx\n"
        "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"

@@ -714,6 +714,17 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
   FlexAttentionConfig deferSkew = defer;
   deferSkew.skew = LoopSchedule::On;
   expectError([&] { planFor(deferSkew); }, {"defer and skew together"});
+  FlexAttentionConfig deferOverlap = defer;
+  deferOverlap.overlap = LoopSchedule::On;
+  expectError([&] { planFor(deferOverlap); }, {"defer and overlap together"});
+  FlexAttentionConfig overlapped = base;  // overlap implies skew
+  overlapped.overlap = LoopSchedule::On;
+  EXPECT_NE(planFor(overlapped).compiled->ir.find("pending = 1"), std::string::npos)
+      << "the softmax waits for its scores with the previous P·V in flight";
+  FlexAttentionConfig overlapUnskewed = base;
+  overlapUnskewed.skew = LoopSchedule::Off;
+  overlapUnskewed.overlap = LoopSchedule::On;
+  expectError([&] { planFor(overlapUnskewed); }, {"asks for overlap without skew"});
   {
     VariantInstance causal = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
     auto persistentFor = [&](FlexAttentionConfig c) {
@@ -750,7 +761,7 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
         plan_flex_attention_backward(q, q, q, q, lse, q, alibi.score, alibi.mask,
                                      {.config = FlexAttentionBackwardConfig{skewedDkdv, {128, 64, 8, 2}}}, sm90a);
       },
-      {"dkdv config BM64 BN128 w8 s2 skew: skew is a schedule of the forward's walks"});
+      {"dkdv config BM64 BN128 w8 s2 skew: skew and overlap are schedules of the forward's walks"});
 }
 
 // The skewed walks (FlexAttentionConfig::skew: the full walks; FLEXTILE_SKEW=all: every walk) on

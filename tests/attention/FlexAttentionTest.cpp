@@ -780,6 +780,7 @@ TEST(FlexAttention, ConfigParsesTheCliSpelling) {
   EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,no-turns").turns, LoopSchedule::Off);
   EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,skew").skew, LoopSchedule::On);
   EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,no-skew,persistent").describe(), "BM128 BN128 w8 s2 persistent no-skew");
+  EXPECT_EQ(FlexAttentionConfig::parse("128,128,8,2,overlap,skew").describe(), "BM128 BN128 w8 s2 skew overlap");
   for (const FlexAttentionConfig& c : {scheduled, FlexAttentionConfig{64, 32, 4, 1},
                                        FlexAttentionConfig{128, 64, 8, 3, WarpSpecialization::Off, LoopSchedule::Off,
                                                            LoopSchedule::On}}) {
@@ -790,7 +791,7 @@ TEST(FlexAttention, ConfigParsesTheCliSpelling) {
   }
   for (const char* bad : {"", "ws", "128,64,8", "128,64,8,2,1", "128,64,8,2,yes", "128,-64,8,2", "128,64,8,2x", "a,b,c,d",
                           "128,64,8,2,ws,ws", "128,64,8,2,turns,no-turns", "128,64,8,2,defer,", "128,64,8,2,,ws",
-                          "128,64,8,2,skew,no-skew"}) {
+                          "128,64,8,2,skew,no-skew", "128,64,8,2,overlap,overlap"}) {
     try {
       FlexAttentionConfig::parse(bad);
       ADD_FAILURE() << "'" << bad << "' parsed";

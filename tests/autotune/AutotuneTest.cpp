@@ -54,16 +54,16 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
     EXPECT_EQ(s.specialize, (std::vector<attention::WarpSpecialization>{attention::WarpSpecialization::Auto,
                                                                         attention::WarpSpecialization::Off}));
     // The tiles times the choices of specialization; the loop schedules add, on the 8-warp
-    // 128-row pipelined tiles, every combination of turns, defer, persistent programs and skew but
-    // none and defer with persistent or skew (9 of 16) where the kernel may be specialized, and
-    // defer or skew alone (2) where it may not (Off).
+    // 128-row pipelined tiles, every combination of turns, defer, persistent programs and skew
+    // (plain or overlapped) but none and defer with persistent or skew (13 of 24) where the kernel
+    // may be specialized, and defer, skew or overlapped skew alone (3) where it may not (Off).
     using attention::LoopSchedule;
     const size_t tiles = s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size() * s.specialize.size();
     const size_t scheduled = s.blockN.size() * 2;  // BM 128, w8, s 2 and 3
-    EXPECT_EQ(configs.size(), tiles + scheduled * (9 + 2));
+    EXPECT_EQ(configs.size(), tiles + scheduled * (13 + 3));
     for (const FlexAttentionConfig& c : configs) {
       if (c.turns == LoopSchedule::Auto && c.defer == LoopSchedule::Auto && c.persistent == LoopSchedule::Auto &&
-          c.skew == LoopSchedule::Auto)
+          c.skew == LoopSchedule::Auto && c.overlap == LoopSchedule::Auto)
         continue;
       EXPECT_TRUE(c.num_warps == 8 && c.block_m == 128 && c.num_stages > 1) << c.describe();
       if (c.turns == LoopSchedule::On || c.persistent == LoopSchedule::On) {
@@ -71,6 +71,7 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
       }
       EXPECT_FALSE(c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On) << c.describe();
       EXPECT_FALSE(c.defer == LoopSchedule::On && c.skew == LoopSchedule::On) << c.describe();
+      EXPECT_FALSE(c.overlap == LoopSchedule::On && c.skew != LoopSchedule::On) << c.describe();
     }
     for (std::optional<codegen::Target> target :
          {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})
@@ -201,7 +202,8 @@ TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
     cache.put("another", {{128, 64, 8, 2, attention::WarpSpecialization::Off}, 1.0, 1.0, ""});
     cache.put("a third", {{128, 128, 8, 2, attention::WarpSpecialization::On}, 1.0, 1.0, ""});
     cache.put("a fourth", {{128, 128, 8, 3, attention::WarpSpecialization::Auto, attention::LoopSchedule::On,
-                            attention::LoopSchedule::Off, attention::LoopSchedule::Auto, attention::LoopSchedule::On},
+                            attention::LoopSchedule::Off, attention::LoopSchedule::Auto, attention::LoopSchedule::On,
+                            attention::LoopSchedule::On},
                            1.0, 1.0, ""});
   }
   {
@@ -216,7 +218,7 @@ TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
     EXPECT_EQ(cache.find("a third")->config.describe(), "BM128 BN128 w8 s2 ws");
     EXPECT_EQ(cache.find("another")->config.describe(), "BM128 BN64 w8 s2 no-ws");
     // The loop schedules likewise ("on", "off", absent Auto).
-    EXPECT_EQ(cache.find("a fourth")->config.describe(), "BM128 BN128 w8 s3 turns no-defer skew");
+    EXPECT_EQ(cache.find("a fourth")->config.describe(), "BM128 BN128 w8 s3 turns no-defer skew overlap");
     EXPECT_EQ(cache.find("a third")->config.turns, attention::LoopSchedule::Auto);
     EXPECT_EQ(cache.size(), 4u);
     EXPECT_NO_THROW(parseJson([&] {
