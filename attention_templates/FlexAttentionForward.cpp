@@ -59,7 +59,8 @@ std::string FlexAttentionConfig::describe() const {
 FlexAttentionConfig FlexAttentionConfig::parse(std::string_view text) {
   const std::string usage = "config '" + std::string(text) +
                             "': expects BM,BN,W,S (four positive integers), then optionally ,ws or ,no-ws, ,turns or "
-                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent, ,skew or ,no-skew, ,overlap or ,no-overlap";
+                            ",no-turns, ,defer or ,no-defer, ,persistent or ,no-persistent, ,skew or ,no-skew, "
+                            ",overlap or ,no-overlap";
   const std::vector<std::string> items = detail::configItems(text);
   if (items.size() < 4) throw Error(usage);
   FlexAttentionConfig c;
@@ -462,8 +463,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live;
       };
-      // Skewed walks (below): the full walks at skew 1, every walk at 2. A phantom step's loads need
-      // their mask even where the keys divide the block.
+      // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk). A phantom
+      // step's loads need their mask even where the keys divide the block.
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
       const bool exact = !keysMayEnd && k.DP == k.D && !skewWalk;
       auto keysAt = [&](const Tile& t, const Tile* phantom) {
