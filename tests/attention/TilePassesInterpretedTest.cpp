@@ -705,3 +705,49 @@ TEST(TilePassesInterpreted, SkewedWalks) {
       return;
   }
 }
+
+// The skewed walks at their edges, plain and overlapped, every walk skewed, before the passes and
+// after sm_90a's: rows that see no key (every third row blind; the first 40 rows blind, so whole
+// query tiles walk nothing), a mask that allows nothing (every walk empty: no iteration at all),
+// one key (a single step, whose phantoms are the whole rest of the loop), and GQA 8:1 with the
+// keys a multiple of the block.
+TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) {
+  SeededRandom rng;
+  MaskMod everyThirdRowBlind("every_third_row_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (q % 3 != 0) & (kv <= q);
+  });
+  RefMaskFn refEveryThird = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q; };
+  MaskMod firstRowsBlind("first_40_rows_blind",
+                         [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); });
+  RefMaskFn refFirstRows = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; };
+  RefMaskFn refNone = [](int64_t, int64_t, int64_t, int64_t) { return false; };
+  ScopedSetenv skew("FLEXTILE_SKEW", "all");
+  for (const char* overlap : {"0", "1"})
+    for (const char* target : {"", "sm_90a"}) {
+      ScopedSetenv overlapped("FLEXTILE_SKEW_OVERLAP", overlap);
+      std::optional<InterpretAfterPasses> scope;
+      if (*target) scope.emplace(target);
+      const std::string label = std::string("skewed edges, overlap ") + overlap + " " + (*target ? target : "interpreted");
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 130, .D = 64, .dtype = DType::BF16};
+      c.context = label + ", every third row blind";
+      if (!checkFlexAttention(rng, c, kHost, noop_score(), createBlockMask(everyThirdRowBlind, 1, 1, c.L, c.S, {64, 64}, kHost),
+                              nullptr, refEveryThird, {.config = kWgmmaTiles}))
+        return;
+      c.context = label + ", first 40 rows blind";
+      if (!checkFlexAttention(rng, c, kHost, noop_score(), createBlockMask(firstRowsBlind, 1, 1, c.L, c.S, {64, 64}, kHost),
+                              nullptr, refFirstRows, {.config = kWgmmaTiles}))
+        return;
+      c.context = label + ", nothing allowed";
+      BlockMask none = createBlockMask(or_masks(std::vector<MaskMod>{}), 1, 1, c.L, c.S, {64, 64}, kHost);
+      if (!checkFlexAttention(rng, c, kHost, noop_score(), none, nullptr, refNone, {.config = kWgmmaTiles})) return;
+      AttentionCase one{.B = 2, .Hq = 2, .Hkv = 1, .L = 3, .S = 1, .D = 64, .dtype = DType::BF16, .context = label + ", one key"};
+      if (!checkFlexAttention(rng, one, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = kWgmmaTiles}))
+        return;
+      AttentionCase gqa{.B = 1, .Hq = 8, .Hkv = 1, .L = 64, .S = 256, .D = 64, .dtype = DType::BF16,
+                        .context = label + ", GQA 8:1, causal"};
+      VariantInstance causal = variant("causal").make({gqa.B, gqa.Hq, gqa.L, gqa.S, kHost, BlockSizes{64, 64}, rng()});
+      if (!checkFlexAttention(rng, gqa, kHost, causal.score, causal.mask, causal.refScore, causal.refMask,
+                              {.config = kWgmmaTiles}))
+        return;
+    }
+}
