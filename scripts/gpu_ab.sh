@@ -38,3 +38,36 @@ for i in $(seq 1 $n); do
   head -1 "$LOGS/${TAG}_$i.log"
   grep -E 'TFLOP/s|TB/s|WRONG|refused|rc=' "$LOGS/${TAG}_$i.log" | grep -v '^{'
 done
+# Last, one table: a row per timed line's name (its first word; the first such line of each run), a
+# column per setting, each figure (TFLOP/s or TB/s) with its ratio to the first setting's.
+echo
+awk -v runs="$n" '
+  FNR == 1 { run++; setting[run] = substr($0, 4) }
+  /^\{/ { next }
+  {
+    for (k = 2; k <= NF; k++)
+      if (($k == "TFLOP/s" || $k == "TB/s") && $(k - 1) ~ /^[0-9.]+$/) {
+        key = $1
+        if (!((key, run) in value)) {
+          value[key, run] = $(k - 1)
+          if (!(key in seen)) { seen[key] = 1; order[++keys] = key }
+        }
+        break
+      }
+  }
+  END {
+    for (r = 1; r <= runs; r++) printf "%-3s %s\n", r ":", setting[r]
+    printf "%-18s", "figure"
+    for (r = 1; r <= runs; r++) printf " %15s", r
+    printf "\n"
+    for (i = 1; i <= keys; i++) {
+      key = order[i]
+      printf "%-18s", key
+      for (r = 1; r <= runs; r++) {
+        if (!((key, r) in value)) { printf " %15s", "-"; continue }
+        base = ((key, 1) in value) ? value[key, 1] + 0 : 0
+        printf " %8.2f %6s", value[key, r], (base > 0 ? sprintf("%.3f", value[key, r] / base) : "")
+      }
+      printf "\n"
+    }
+  }' $(for i in $(seq 1 $n); do echo "$LOGS/${TAG}_$i.log"; done)
