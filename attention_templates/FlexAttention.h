@@ -75,13 +75,14 @@ struct FlexAttentionConfig {
   // step t, back to back in one warpgroup turn, so a ring stage holds K_t and V_{t-1} and the
   // scores cross the loop's back edge (FlashAttention-3's order of the two products; the loop runs
   // one iteration more, whose first V and last K are zero-filled phantoms, which is why the short
-  // partial walks stay unskewed). Auto is off (not yet measured); On with `defer` is refused; a
+  // partial walks stay unskewed). Auto is off (−15 % on the H200); On with `defer` is refused; a
   // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk;
   // FLEXTILE_SKEW_OVERLAP=1 also overlaps each step's softmax with the previous step's P·V.
   LoopSchedule skew = LoopSchedule::Auto;
   // `overlap`, forward only: the skewed walks in FlashAttention-3's intra-warpgroup order (Q·Kᵀ of
   // step t, then P·V of step t − 1, the softmax of step t while that product runs). On implies
-  // `skew`; with `no-skew` or `defer` it is refused. Auto is off (not yet measured).
+  // `skew`; with `no-skew` or `defer` it is refused. Auto: on where a score_mod reads no captured
+  // tensor, on the turns (detail::overlapWanted; soft-cap +2.5 %, the rest level or slower).
   // FLEXTILE_SKEW_OVERLAP=0 or =1 overrides the config.
   LoopSchedule overlap = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
