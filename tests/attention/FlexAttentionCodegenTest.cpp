@@ -849,10 +849,11 @@ TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
 }
 
 // The seven yardstick variants at the H200's shape, as the forward compiles them by default, with
-// skewed walks and with skewed walks overlapped (FLEXTILE_SKEW_OVERLAP=1): ptxas (offline) keeps every kernel's wgmma groups overlapped — no C7515
-// "wgmma.mma_async instructions are serialized" (which a predicated wgmma, or a register another
-// instruction defines between a group's fence and its wait, would cause) — and spills nothing,
-// except the 24 bytes of the skewed no-mask kernel that splits its last round (left to the A/B).
+// skewed walks and with skewed walks overlapped (FLEXTILE_SKEW_OVERLAP=1): ptxas (offline) keeps
+// every kernel's wgmma groups overlapped — no C7515 "wgmma.mma_async instructions are serialized"
+// (which a predicated wgmma, or a register another instruction defines between a group's fence
+// and its wait, would cause) — and spills nothing, except the 24 bytes of the skewed no-mask
+// kernel that splits its last round.
 TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
   if (!codegen::findPtxas()) GTEST_SKIP() << "needs ptxas";
   const auto sm90a = codegen::Target::sm90a();
