@@ -707,7 +707,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     throw Error(std::string(op) + ": scale must be finite and non-zero, got " + std::to_string(scale));
 
   const ScoreMod scoreMod = scoreModIn.defined() ? scoreModIn : noop_score();
-  const bool hasScoreMod = &scoreMod.state() != &noop_score().state();
+  const bool hasScoreMod = detail::changesScores(scoreMod);
   if (scoreMod.captureSpace() && *scoreMod.captureSpace() != space)
     throw Error(std::string(op) + ": score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 

@@ -223,6 +223,9 @@ bool pingpongWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& bl
 // captured tensor read per tile) took its consumers past their 240 registers (84 bytes spilled,
 // -5 %); the document mask (a captured tensor per key, no turns) lost 15 % to its uneven rows.
 bool persistentWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
+// Whether a score_mod changes the scores: by identity with noop_score(), not by name (a user's mod
+// may be called "noop" and still change them).
+bool changesScores(const ScoreMod& scoreMod);
 // Whether the forward's Auto overlaps its skewed walks (FlexAttentionConfig::overlap): a score_mod
 // that reads no captured tensor, and no mask_mod that does (soft-cap among the yardsticks).
 bool overlapWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);

@@ -296,9 +296,12 @@ bool persistentWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& 
   return !captures(scoreMod) && !(blockMask && captures(blockMask->maskMod()));
 }
 
+bool changesScores(const ScoreMod& scoreMod) {
+  return scoreMod.defined() && &scoreMod.state() != &noop_score().state();
+}
+
 bool overlapWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
-  const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
-  return hasScoreMod && persistentWanted(scoreMod, blockMask);
+  return changesScores(scoreMod) && persistentWanted(scoreMod, blockMask);
 }
 
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
@@ -875,13 +878,12 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's `skew`
   // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
   // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
-  // override them. Auto is off until measured on the H200. Not with deferred accumulation (which
-  // rotates the same products its own way) or a paged K/V (whose page-table rows a phantom step
-  // would have to clamp).
+  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped where the turns
+  // are and a score_mod that reads no captured tensor adds its element-wise work to the softmax
+  // (soft-cap +2.5 to +2.8 % in three A/Bs; without a score_mod level to −5 %, ALiBi −2 %). Not
+  // with deferred accumulation (which rotates the same products its own way) or a paged K/V (whose
+  // page-table rows a phantom step would have to clamp).
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
-  // Auto: overlapped where the turns are and a score_mod that reads no captured tensor adds its
-  // element-wise work to the softmax (soft-cap: +2.5 to +2.8 % in three A/Bs on the H200,
-  // 2026-12-05; without a score_mod it was level to −5 %, ALiBi −2 %).
   const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP")
                            .value_or(p.config.overlap == LoopSchedule::On ||
                                      (p.config.overlap == LoopSchedule::Auto && p.config.skew != LoopSchedule::Off &&
@@ -960,8 +962,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(p.D));
   if (!std::isfinite(p.scale) || p.scale == 0)
     throw Error("flex_attention: scale must be finite and non-zero, got " + std::to_string(p.scale));
-  // By identity, not by name: a user's mod may be called "noop" and still change the scores.
-  const bool hasScoreMod = scoreMod.defined() && &scoreMod.state() != &noop_score().state();
+  const bool hasScoreMod = detail::changesScores(scoreMod);
   p.constants = ForwardConstants{c.block_m,
                                  c.block_n,
                                  p.D,

@@ -106,13 +106,9 @@ TEST(FlexAttentionBackward, LengthsAroundTheBlocks) {
 // Rows with no allowed key get exactly 0 gradients (and so do keys nobody sees), never NaN.
 TEST(FlexAttentionBackward, FullyMaskedRowsGiveZeroGradients) {
   SeededRandom rng;
-  MaskMod everyThirdRowBlind("every_third_row_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
-    return (q % 3 != 0) & (kv <= q);
-  });
-  RefMaskFn refEveryThird = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q; };
-  MaskMod firstRowsBlind("first_40_rows_blind",
-                         [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); });
-  RefMaskFn refFirstRows = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; };
+  const BlindRowMasks blind = blindRowMasks();
+  const MaskMod &everyThirdRowBlind = blind.everyThird, &firstRowsBlind = blind.first40;
+  const RefMaskFn refEveryThird = blind.refEveryThird, refFirstRows = blind.refFirst40;
   AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 70, .D = 64, .dtype = DType::BF16};
   c.context = "every third row blind";
   if (!checkBackward(rng, c, kHost, noop_score(), createBlockMask(everyThirdRowBlind, 1, 1, 70, 70, kMaskBlocks, kHost),

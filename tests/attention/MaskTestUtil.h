@@ -134,4 +134,20 @@ void expectError(F&& f, std::vector<std::string> parts) {
   }
 }
 
+// Masks with rows that see no key, for the fully-masked-row tests: every third query row blind
+// (causal otherwise), and the first 40 rows blind (each row sees the keys 40 or more behind it).
+struct BlindRowMasks {
+  attention::MaskMod everyThird, first40;
+  RefMask refEveryThird, refFirst40;
+};
+inline BlindRowMasks blindRowMasks() {
+  using dsl::Tile;
+  return {attention::MaskMod("every_third_row_blind",
+                             [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q % 3 != 0) & (kv <= q); }),
+          attention::MaskMod("first_40_rows_blind",
+                             [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); }),
+          [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q; },
+          [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; }};
+}
+
 }  // namespace flextile::testing

@@ -713,13 +713,9 @@ TEST(TilePassesInterpreted, SkewedWalks) {
 // keys a multiple of the block.
 TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) {
   SeededRandom rng;
-  MaskMod everyThirdRowBlind("every_third_row_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
-    return (q % 3 != 0) & (kv <= q);
-  });
-  RefMaskFn refEveryThird = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 3 != 0 && kv <= q; };
-  MaskMod firstRowsBlind("first_40_rows_blind",
-                         [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q >= 40) & (kv <= q - 40); });
-  RefMaskFn refFirstRows = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; };
+  const BlindRowMasks blind = blindRowMasks();
+  const MaskMod &everyThirdRowBlind = blind.everyThird, &firstRowsBlind = blind.first40;
+  const RefMaskFn refEveryThird = blind.refEveryThird, refFirstRows = blind.refFirst40;
   RefMaskFn refNone = [](int64_t, int64_t, int64_t, int64_t) { return false; };
   ScopedSetenv skew("FLEXTILE_SKEW", "all");
   for (const char* overlap : {"0", "1"})
