@@ -131,10 +131,19 @@ dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& l
 // -inf where masked) and its values `v` (the products in `dt`); a row without a live score keeps
 // m = -inf and adds nothing. With `rowScale`, `s` holds the raw products, which are scaled after
 // the row max (scale · max(s) = max(scale · s) for a positive scale): one fma a score inside
-// exp2's argument instead of a multiply and an fma. Returns the new (m, l, acc).
+// exp2's argument instead of a multiply and an fma. With `sumAfterProduct` the row sum is traced
+// after P·V (sumAfterProductWanted). Returns the new (m, l, acc).
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
-                                                              const dsl::Tile* rowScale = nullptr);
+                                                              const dsl::Tile* rowScale = nullptr,
+                                                              bool sumAfterProduct = false);
+
+// Whether a walk traces its row sum after P·V, so that on wgmma the sum's adds and shuffles run
+// while the product is in flight instead of delaying its issue (the program order is the PTX's).
+// FLEXTILE_SUM_AFTER_PRODUCT=0/1 forces it; by default the forward does so without a score_mod
+// (H200, 2026-12-05: no mask +0.5 to +1.2 %, masks level, ALiBi −2 %) and the decode does not
+// (level).
+bool sumAfterProductWanted(bool byDefault);
 
 // The online softmax's weights for a block of scores (as in onlineSoftmaxStep, whose first half this
 // is): the new row max m', the weights p = 2^(s − m') and the factor alpha = 2^(m − m') that

@@ -353,7 +353,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         s = s * p.scale;  // the host folded log2 e into the scale
       if (partial) s = where(maskMod(b, modHead, qPos, kvPos), s, -INFINITY);
       if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-      return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt);
+      return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, nullptr, detail::sumAfterProductWanted(false));
     });
     return std::tuple{m2, l2, acc2};
   };

@@ -520,8 +520,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         return s;
       };
       auto scores = [&](const Keys& ks, const Tile& kt) { return scoresOf(ks, dot(q, kt.trans())); };
+      const bool sumAfterProduct = detail::sumAfterProductWanted(!k.hasScoreMod);
       auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
-        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr);
+        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr, sumAfterProduct);
       };
       // A piece walks its steps [lo, hi) of the list; a whole tile, all of them.
       const bool pieceWalk = piece && !partial;
@@ -1148,13 +1149,14 @@ SoftmaxWeights softmaxWeights(const Tile& m, Tile s, const Tile* rowScale, const
   return {mNew, p, alpha};
 }
 
+bool sumAfterProductWanted(bool byDefault) {
+  return forcedBySwitch("FLEXTILE_SUM_AFTER_PRODUCT").value_or(byDefault);
+}
+
 std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
-                                               DType dt, const Tile* rowScale) {
+                                               DType dt, const Tile* rowScale, bool sumAfterProduct) {
   auto [mNew, p, alpha] = softmaxWeights(m, std::move(s), rowScale);
-  // Opt-in (FLEXTILE_SUM_AFTER_PRODUCT=1, read when the kernel is traced): the row sum after the
-  // product is issued, so that its adds and shuffles run while P·V is in flight instead of
-  // delaying its issue (on wgmma the product is asynchronous; the program order is the PTX's).
-  if (forcedBySwitch("FLEXTILE_SUM_AFTER_PRODUCT").value_or(false)) {
+  if (sumAfterProduct) {
     Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
     Tile lNew = l * alpha + sum(p, 1);
     return std::tuple{mNew, lNew, aNew};

@@ -11,10 +11,10 @@
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 
-echo "== every variant: the row sum after P·V (no mask +0.5 to +1.2 %, ALiBi -2 % on 2026-12-05;"
-echo "   pending a rule for the mods it pays on)"
+echo "== every variant: the row sum after P·V by its rule (without a score_mod) against before it"
+echo "   (the rule's first run; no mask +0.5 to +1.2 % as an opt-in on 2026-12-05)"
 FLEXTILE_AB_TAG=forward FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SUM_AFTER_PRODUCT=1" "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SUM_AFTER_PRODUCT=1"
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SUM_AFTER_PRODUCT=0" "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SUM_AFTER_PRODUCT=0"
 
 # The device tool brings back few files: the per-run logs travel as one archive.
 tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls forward_*.log 2>/dev/null) &&

@@ -819,12 +819,12 @@ TEST(FlexAttentionCodegen, SkewedWalksIssueBothProductsInOneTurn) {
     }
 }
 
-// FLEXTILE_SUM_AFTER_PRODUCT=1 (opt-in until measured): the softmax's row sum is traced after
-// P·V, so on wgmma its adds and shuffles follow the product's issue instead of delaying it. In the
-// PTX of the walk: between the first Q·Kᵀ and the first P·V, the row max's four shuffles only,
-// not also the sum's. The results are those of the reference (the interpreted-after-passes and
-// GPU tests run the default order; the order changes no value).
-TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
+// The row sum after P·V (detail::sumAfterProductWanted): on wgmma its adds and shuffles follow
+// the product's issue instead of delaying it. In the PTX of the walk: between the first Q·Kᵀ and
+// the first P·V, the row max's four shuffles only, not also the sum's. By default without a
+// score_mod; ALiBi (a score_mod) keeps the sum first; FLEXTILE_SUM_AFTER_PRODUCT forces either.
+// The results are those of the reference (the order changes no value).
+TEST(FlexAttentionCodegen, TheRowSumFollowsTheProductWithoutAScoreMod) {
   auto shufflesBeforeTheFirstPv = [](const std::string& ptx) {
     size_t at = 0;
     std::vector<size_t> wgmma;
@@ -835,17 +835,28 @@ TEST(FlexAttentionCodegen, TheRowSumCanFollowTheProduct) {
       ++n;
     return n;
   };
-  const int before = shufflesBeforeTheFirstPv(compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}).ptx);
-  ScopedSetenv after("FLEXTILE_SUM_AFTER_PRODUCT", "1");
+  const auto sm90a = codegen::Target::sm90a();
+  EXPECT_EQ(shufflesBeforeTheFirstPv(compileFor(sm90a, {128, 128, 8, 2}).ptx), 4) << "the max's: two rows a thread, two shuffles each";
+  {
+    Tensor q = Tensor::empty(DType::BF16, {2, 16, 1024, 128}, MemorySpace::Host);
+    VariantInstance v = variant("alibi").make({2, 16, 1024, 1024, MemorySpace::Host, BlockSizes{}, 1});
+    FlexAttentionConfig c{128, 128, 8, 2};
+    c.persistent = LoopSchedule::Off;
+    EXPECT_EQ(shufflesBeforeTheFirstPv(plan_flex_attention(q, q, q, v.score, v.mask, {.config = c}, true, sm90a).compiled->ptx), 8)
+        << "a score_mod's kernel: the max's and the sum's";
+  }
+  ScopedSetenv before("FLEXTILE_SUM_AFTER_PRODUCT", "0");
   // Read when a kernel is traced: another head dim is another trace of the cached kernel.
-  const auto& k = compileFor(codegen::Target::sm90a(), {128, 128, 8, 2}, 64);
-  EXPECT_EQ(before, 8) << "max and sum: two rows a thread, two shuffles each";
-  EXPECT_EQ(shufflesBeforeTheFirstPv(k.ptx), 4);
+  EXPECT_EQ(shufflesBeforeTheFirstPv(compileFor(sm90a, {128, 128, 8, 2}, 64).ptx), 8);
   flextile::testing::SeededRandom rng;
-  flextile::testing::AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 70, .S = 90, .D = 64, .dtype = DType::BF16, .context = "sum after P·V"};
-  BlockMask m = causalBlockMask(1, 1, c.L, c.S, {32, 32}, MemorySpace::Host);
-  EXPECT_TRUE(flextile::testing::checkFlexAttention(rng, c, MemorySpace::Host, noop_score(), m, nullptr, flextile::testing::refCausal(),
-                                 {.config = FlexAttentionConfig{32, 32, 4, 2}}));
+  for (const char* order : {"0", "1"}) {
+    ScopedSetenv forced("FLEXTILE_SUM_AFTER_PRODUCT", order);
+    flextile::testing::AttentionCase c{.B = 1, .Hq = 2, .Hkv = 2, .L = 70, .S = 90, .D = 64, .dtype = DType::BF16,
+                                       .context = std::string("sum after P·V: ") + order};
+    BlockMask m = causalBlockMask(1, 1, c.L, c.S, {32, 32}, MemorySpace::Host);
+    EXPECT_TRUE(flextile::testing::checkFlexAttention(rng, c, MemorySpace::Host, noop_score(), m, nullptr,
+                                                      flextile::testing::refCausal(), {.config = FlexAttentionConfig{32, 32, 4, 2}}));
+  }
 }
 
 // The seven yardstick variants at the H200's shape, as the forward compiles them by default, with
