@@ -390,6 +390,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   else f.attrs()["wgmma_register_a"] = int64_t(1);
   if (k.tma) f.attrs()["tma"] = int64_t(1);  // the pipeline may fill the K and V rings with TMA
   if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
+  // exp2 keeps ex2's non-ftz form where the warpgroups take turns on unoverlapped walks: with ftz
+  // (fewer instructions a score) no mask, causal and prefix LM ran 2 % slower and ALiBi 4 % (it
+  // spills 16-44 bytes), the window level; without turns (document) or overlapped (soft-cap) ftz
+  // gained 2-3 % (H200, 2026-12-05; codegen/Exp2Emulation.h, exp2FlushesSubnormals).
+  if (k.pingpong && !(k.skew & kSkewOverlap)) f.attrs()["exp2_ftz"] = int64_t(0);
   if (k.defer) f.attrs()["defer_accumulation"] = int64_t(1);  // P·V of step t after Q·Kᵀ of step t+1
   // A persistent program's walks share their rings across its tiles (pipeline pass, shared rings),
   // so its producer issues the next tile's K and V during this tile's epilogue: without that the

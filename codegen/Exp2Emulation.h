@@ -10,7 +10,7 @@
 //   p = 1 + f (c1 + f (c2 + f (c3 + f c4)))   a degree-4 fit of 2^f (relative error 2.9e-6)
 //   2^x = p * bits((t + 127) << 23)           the scale 2^j built in the exponent field: 0 for
 //                                             j = -127 (x = -inf), inf for j = 128
-// Results below 2^-126 (subnormal) may come out 0, where ex2.approx.f32 keeps them; nothing the
+// Results below 2^-126 (subnormal) come out 0, as ex2.approx.ftz.f32 flushes them; nothing the
 // softmax sums can tell. One SFU instruction becomes ten FMA-pipe and two integer ones, so the share that pays is small:
 // where the SFU and the issue slots balance. This header is the one definition: the lowering
 // (codegen/LowerElementwise.cpp) emits exactly these operations, and exp2Emulated is the host
@@ -30,6 +30,13 @@ namespace flextile::codegen {
 // N for `f`: FLEXTILE_EXP2_EMULATION=N when set (an integer), else its attribute exp2_emulation,
 // else 0 (none).
 int64_t exp2EmulationPeriod(const ir::Function& f);
+
+// Whether `f`'s f32 exp2 (and exp) take ex2.approx.ftz.f32, which flushes subnormal results to 0
+// (the interpreter's semantics), rather than ex2.approx.f32, around which ptxas adds a compare and
+// two predicated multiplies per exponential: FLEXTILE_EXP2_FTZ=0/1 when set, else the function
+// attribute exp2_ftz (default 1). The forward sets it to 0 where its warpgroups take turns on
+// unoverlapped walks (measured slower with ftz there; FlexAttentionForward.cpp).
+bool exp2FlushesSubnormals(const ir::Function& f);
 
 // Relative least-squares-minimax fit of 2^f on [-0.5, 0.5] with p(0) = 1 (Lawson iterations over
 // Chebyshev nodes), rounded to f32.

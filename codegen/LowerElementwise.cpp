@@ -4,7 +4,8 @@
 //   * f16/bf16 arithmetic extends to f32, computes, and rounds back to nearest even.
 //   * add/sub/mul/div/sqrt of f32 and f64 are correctly rounded (LLVM's fdiv
 //     and llvm.sqrt lower to div.rn / sqrt.rn: no fast-math flags are set).
-//   * exp2 and log2 use ex2.approx / lg2.approx (about 2 ulp on f32);
+//   * exp2 and log2 use ex2.approx.ftz / lg2.approx (about 2 ulp on f32; exp2 flushes a
+//     subnormal result to +0, which the interpreter models);
 //     exp(x) = ex2(x * log2(e)), log(x) = lg2(x) * ln(2); tanh uses
 //     tanh.approx.f32 and rsqrt rsqrt.approx: the fast-path instructions
 //     attention kernels want. These have no f64 form here (error).
@@ -23,6 +24,7 @@
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <numbers>
 
 #include "codegen/Exp2Emulation.h"
@@ -93,8 +95,15 @@ struct ApproximateF32Only : UnaryLowering, FloatsOnly {
   static constexpr bool kF64 = false;
 };
 
+// Whether the function being lowered takes ex2's ftz form (exp2FlushesSubnormals), for the
+// static lowerings below; set by lowerElementwise for each op.
+thread_local bool ex2Ftz = true;
+// The ftz form: without it ptxas wraps every MUFU.EX2 in a compare with -126 and two predicated
+// multiplies (to make subnormal results), a third of the forward's softmax instructions; the
+// subnormals it keeps are below 2^-126, nothing a softmax's sum or a bf16 P can hold.
 llvm::Value* ex2(llvm::IRBuilder<>& b, llvm::Value* v) {
-  return b.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx, {v->getType()}, {v});
+  return b.CreateIntrinsic(ex2Ftz ? llvm::Intrinsic::nvvm_ex2_approx_ftz : llvm::Intrinsic::nvvm_ex2_approx,
+                           {v->getType()}, {v});
 }
 // codegen/Exp2Emulation.h's sequence, one f32 register.
 llvm::Value* exp2OnFmaPipes(llvm::IRBuilder<>& b, llvm::Value* x) {
@@ -310,6 +319,12 @@ void withArithmeticLowering(const ir::Op& op, F&& f) {
 
 }  // namespace
 
+bool exp2FlushesSubnormals(const ir::Function& f) {
+  if (const char* e = std::getenv("FLEXTILE_EXP2_FTZ"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
+    return e[0] == '1';
+  return f.intAttrOr("exp2_ftz", 1) != 0;
+}
+
 int64_t exp2EmulationPeriod(const ir::Function& f) {
   if (const char* e = std::getenv("FLEXTILE_EXP2_EMULATION"); e && *e) {
     char* end = nullptr;
@@ -341,6 +356,7 @@ void Lowering::lowerElementwise(const ir::Op& op) {
   const DType t = op.operand(0)->type().dtype();  // operand element type (cmp, cast: differs from the result)
   const bool fp = ir::isFloat(t);
   auto operandRegs = [&](size_t i) -> const Regs& { return get(op.operand(i)); };
+  if (op.kind() == OpKind::Exp2 || op.kind() == OpKind::Exp) ex2Ftz = exp2FlushesSubnormals(func);
 
   // Every N-th register of an f32 exp2 tile off the SFU (codegen/Exp2Emulation.h).
   if (op.kind() == OpKind::Exp2 && t == DType::F32 && rt.isTile()) {

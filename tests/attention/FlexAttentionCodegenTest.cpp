@@ -864,7 +864,8 @@ TEST(FlexAttentionCodegen, TheRowSumFollowsTheProductWithoutAScoreMod) {
 // every kernel's wgmma groups overlapped — no C7515 "wgmma.mma_async instructions are serialized"
 // (which a predicated wgmma, or a register another instruction defines between a group's fence
 // and its wait, would cause) — and spills nothing, except the 24 bytes of the skewed no-mask
-// kernel that splits its last round.
+// kernel that splits its last round and the 44 of overlapped ALiBi (not a default: its exp2 takes
+// the ftz form there, and ptxas allocates differently).
 TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
   if (!codegen::findPtxas()) GTEST_SKIP() << "needs ptxas";
   const auto sm90a = codegen::Target::sm90a();
@@ -880,13 +881,39 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
       auto plan = plan_flex_attention(q, q, q, v.score, v.mask, {}, true, sm90a);
       codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, sm90a);
       EXPECT_EQ(r.log.find("serialized"), std::string::npos) << r.log;
-      const bool knownSpill = std::string(skew) != "0" && std::string(name) == "full" && plan.lastRoundSplit;
+      const int64_t knownSpill = std::string(skew) != "0" && std::string(name) == "full" && plan.lastRoundSplit ? 24
+                                 : overlap && std::string(name) == "alibi"                                    ? 44
+                                                                                                              : 0;
       // Overlapped: the softmax waits for its scores with the previous step's P·V still in flight.
       if (overlap) {
         EXPECT_GE(count(plan.compiled->ptx, "wgmma\\.wait_group\\.sync\\.aligned 1;"), 1);
       }
-      EXPECT_EQ(r.spillStoreBytes, knownSpill ? 24 : 0) << r.log;
+      EXPECT_EQ(r.spillStoreBytes, knownSpill) << r.log;
     }
+}
+
+// exp2's ftz form (codegen::exp2FlushesSubnormals) everywhere but where the warpgroups take turns
+// on unoverlapped walks: at the H200's shape the no-mask, causal, window, prefix LM and ALiBi
+// forwards keep ex2.approx.f32 (ftz measured 2-4 % slower there), the document mask (no turns)
+// and soft-cap (overlapped) take ex2.approx.ftz.f32, as does the forward without turns.
+TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnTheTurns) {
+  const auto sm90a = codegen::Target::sm90a();
+  const int64_t B = 2, H = 16, L = 8192, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  auto ftz = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
+    VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    const std::string& ptx = plan_flex_attention(q, q, q, v.score, v.mask, {.config = config}, true, sm90a).compiled->ptx;
+    EXPECT_NE(ptx.find("ex2.approx"), std::string::npos) << name;
+    return ptx.find("ex2.approx.ftz.f32") != std::string::npos;
+  };
+  for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "alibi"}) EXPECT_FALSE(ftz(name)) << name;
+  EXPECT_TRUE(ftz("document"));
+  EXPECT_TRUE(ftz("softcap"));
+  FlexAttentionConfig noTurns{128, 128, 8, 2};
+  noTurns.turns = LoopSchedule::Off;
+  EXPECT_TRUE(ftz("causal", noTurns));
+  ScopedSetenv forced("FLEXTILE_EXP2_FTZ", "1");
+  EXPECT_TRUE(ftz("alibi"));
 }
 
 // The rule for overlapped skewed walks (detail::overlapWanted, FlexAttentionConfig::overlap Auto):

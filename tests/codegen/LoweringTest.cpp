@@ -218,7 +218,7 @@ TEST(Lowering, EveryElementwiseOpAndCast) {
     OpKind kind;
     const char* ptx;
   };
-  const Expect expectations[] = {{OpKind::Exp2, "ex2.approx"}, {OpKind::Exp, "ex2.approx"},
+  const Expect expectations[] = {{OpKind::Exp2, "ex2.approx.ftz.f32"}, {OpKind::Exp, "ex2.approx.ftz.f32"},
                                  {OpKind::Log2, "lg2.approx"}, {OpKind::Log, "lg2.approx"},
                                  {OpKind::Tanh, "tanh.approx.f32"}, {OpKind::Rsqrt, "rsqrt.approx"},
                                  {OpKind::Sqrt, "sqrt.rn"}};
@@ -422,6 +422,19 @@ TEST(Compile, RejectsUnknownTargetsAndReportsTime) {
 
 
 // exp2 off the SFU (codegen/Exp2Emulation.h): the host mirror of the lowered sequence within
+// exp2 is ex2.approx.ftz.f32: the non-ftz form makes ptxas wrap every MUFU.EX2 in a compare and
+// two predicated multiplies (the forward's cubin is 6 KB larger with it). FLEXTILE_EXP2_FTZ=0
+// gives that form back, for measurement.
+TEST(Lowering, Exp2FlushesSubnormalsUnlessAskedNotTo) {
+  auto f = elementwise(OpKind::Exp2, DType::F32, DType::F32, 256, 4);
+  EXPECT_GT(count(compileAndAssemble(*f).ptx, "ex2.approx.ftz.f32"), 0);
+  ::setenv("FLEXTILE_EXP2_FTZ", "0", 1);
+  const std::string ptx = compileAndAssemble(*f).ptx;
+  ::unsetenv("FLEXTILE_EXP2_FTZ");
+  EXPECT_EQ(count(ptx, "ex2.approx.ftz"), 0) << ptx;
+  EXPECT_GT(count(ptx, "ex2.approx.f32"), 0) << ptx;
+}
+
 // 3e-6 of exp2 over every f32 the softmax feeds it (a sweep of [-130, 130] and the f32 bit
 // patterns around the integers), exact at the ends: -inf and anything at or below -127 give 0,
 // 0 gives 1, 128 and above inf, NaN NaN. The lowering emits the sequence for every N-th register

@@ -1,5 +1,7 @@
 // Element-wise ops and casts against independent references, on every float
 // and integer dtype, over grids with masked tails.
+#include <numbers>
+
 #include "tests/interpreter/TestUtil.h"
 
 namespace flextile::test {
@@ -122,6 +124,28 @@ TEST(InterpreterElementwise, MaximumMinimumPropagateNaNAndOrderSignedZeros) {
     }
     EXPECT_EQ(mx.get(5), 2);
     EXPECT_EQ(mn.get(5), -3);
+  }
+}
+
+// exp and exp2 flush a subnormal f32 result to +0, as the GPU's ex2.approx.ftz.f32 does; the
+// smallest normal result and f64's subnormals stay.
+TEST(InterpreterElementwise, ExponentialsFlushSubnormalF32ResultsToZero) {
+  const std::vector<double> xs = {-130.0, -126.0, -1000.0, -std::numeric_limits<double>::infinity(), 0.0};
+  for (DType t : {DType::F32, DType::F64}) {
+    HostBuf x(t, xs.size()), e2(t, xs.size()), e(t, xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) x.set(i, xs[i]);
+    auto fexp2 = mapKernel({t}, t, [](Builder& b, const auto& v) { return b.unary(OpKind::Exp2, v[0]); });
+    auto fexp = mapKernel({t}, t, [](Builder& b, const auto& v) { return b.unary(OpKind::Exp, v[0]); });
+    runMap(*fexp2, {&x}, e2);
+    x.set(0, -130.0 * std::numbers::ln2);  // exp of it is 2^-130 too
+    runMap(*fexp, {&x}, e);
+    const double sub = t == DType::F32 ? 0.0 : std::ldexp(1.0, -130);
+    EXPECT_EQ(e2.get(0), sub) << dtypeName(t);
+    EXPECT_NEAR(e.get(0), sub, std::ldexp(1.0, -140)) << dtypeName(t);
+    EXPECT_EQ(e2.get(1), std::ldexp(1.0, -126)) << dtypeName(t);
+    EXPECT_EQ(e2.get(2), t == DType::F32 ? 0.0 : std::exp2(-1000.0));
+    EXPECT_EQ(e2.get(3), 0.0);
+    EXPECT_EQ(e2.get(4), 1.0);
   }
 }
 
