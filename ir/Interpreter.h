@@ -53,7 +53,8 @@
 //   * neg, abs: wrap for integers (abs(INT_MIN) == INT_MIN). not: bitwise
 //     complement on integers, logical on i1; not on floats is an error.
 //   * exp exp2 log log2 tanh sqrt rsqrt: std:: functions in float (double for
-//     f64); rsqrt(x) = 1 / sqrt(x).
+//     f64); rsqrt(x) = 1 / sqrt(x); exp and exp2 flush a subnormal float result
+//     to +0 (the GPU's ex2.approx.ftz).
 //   * div, rem on integers truncate toward zero (as in C); a zero divisor is an
 //     Error naming the op, the program and the element; INT_MIN / -1 wraps to
 //     INT_MIN and INT_MIN % -1 is 0. Ops run on every lane of a tile, masked
