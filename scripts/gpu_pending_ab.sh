@@ -17,7 +17,8 @@ FLEXTILE_AB_TAG=forward FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=150 scrip
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
 FLEXTILE_AB_TAG=backward FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
-FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_ARGS="" FLEXTILE_AB_TIMEOUT=150 \
+FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
 
 # The device tool brings back few files: the per-run logs travel as one archive.
