@@ -235,9 +235,6 @@ bool persistentWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& 
 // Whether a score_mod changes the scores: by identity with noop_score(), not by name (a user's mod
 // may be called "noop" and still change them).
 bool changesScores(const ScoreMod& scoreMod);
-// Whether the forward's Auto overlaps its skewed walks (FlexAttentionConfig::overlap): a score_mod
-// that reads no captured tensor, and no mask_mod that does (soft-cap among the yardsticks).
-bool overlapWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 
 // Whether a call runs the decode template (options.kernel, else L <= kDecodeMaxQueries or a
 // query_offset, which only decode takes).

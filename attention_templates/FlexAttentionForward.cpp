@@ -300,10 +300,6 @@ bool changesScores(const ScoreMod& scoreMod) {
   return scoreMod.defined() && &scoreMod.state() != &noop_score().state();
 }
 
-bool overlapWanted(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
-  return changesScores(scoreMod) && persistentWanted(scoreMod, blockMask);
-}
-
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
   return modsShow(scoreMod, blockMask, &ScoreMod::gathersPerElement, &MaskMod::gathersPerElement);
 }
@@ -884,16 +880,18 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's `skew`
   // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
   // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
-  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped where the turns
-  // are and a score_mod that reads no captured tensor adds its element-wise work to the softmax
-  // (soft-cap +2.5 to +2.8 % in three A/Bs; without a score_mod level to −5 %, ALiBi −2 %). Not
-  // with deferred accumulation (which rotates the same products its own way) or a paged K/V (whose
-  // page-table rows a phantom step would have to clamp).
+  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped wherever the
+  // turns are: with exp2's ftz form (which the overlapped kernels take) no mask +1.7 to +2.0 %,
+  // causal +3.4 to +3.6 %, prefix LM +2.5 %, ALiBi +0.6 %, the window −0.6 % (its walks are short:
+  // the phantom step weighs), soft-cap overlapped before (+2.5 to +2.8 %); before ftz the same
+  // order was level without a score_mod (H200, 2026-12-05). Not with deferred accumulation (which
+  // rotates the same products its own way) or a paged K/V (whose page-table rows a phantom step
+  // would have to clamp).
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
   const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP")
                            .value_or(p.config.overlap == LoopSchedule::On ||
                                      (p.config.overlap == LoopSchedule::Auto && p.config.skew != LoopSchedule::Off &&
-                                      p.constants.pingpong && detail::overlapWanted(scoreMod, blockMask)));
+                                      p.constants.pingpong));
   p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
                      : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On || overlap)
                          ? kSkewFullWalks
