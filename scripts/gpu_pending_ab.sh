@@ -7,20 +7,16 @@
 # Keep this list to what is pending: once a switch is measured, record it in bench/RESULTS.md,
 # make it the default or leave it opt-in (docs/performance.md, "Tuning knobs"), and drop it here.
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
-# round's programmatic merge, the skewed and overlapped walks, and (as its rule) the row sum
-# after P·V (bench/RESULTS.md).
+# round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
+# form on the forward and backward, the row max as four chains (bench/RESULTS.md).
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 
-echo "== exp2's ftz form by its rule (every kernel but the forward's turns) against none: forward, backward, decode"
-FLEXTILE_AB_TAG=forward FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
-FLEXTILE_AB_TAG=backward FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
+echo "== the decode with exp2's ftz form (its default since 533707f) against without"
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls forward_*.log backward_*.log decode_*.log 2>/dev/null) &&
-  (cd "$OUT" && rm -f forward_*.log backward_*.log decode_*.log)
+tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log 2>/dev/null) &&
+  (cd "$OUT" && rm -f decode_*.log)
