@@ -71,6 +71,20 @@ const codegen::CompiledKernel& compileFor(codegen::Target target, FlexAttentionC
   auto plan = plan_flex_attention(q, k, k, noop_score(), mask, {.config = config}, true, target);
   return *plan.compiled;
 }
+// A yardstick variant's forward at the H200's shape (B=2 H=16 N=8192 D=128), compiled for sm_90a
+// with `config` (the default when none): its IR and PTX, copied (the kernel lives as long as the
+// variant's mods).
+struct KernelText {
+  std::string ir, ptx;
+};
+KernelText yardstickKernel(const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
+  const int64_t B = 2, H = 16, L = 8192, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  const codegen::CompiledKernel& k =
+      *plan_flex_attention(q, q, q, v.score, v.mask, {.config = config}, true, codegen::Target::sm90a()).compiled;
+  return {k.ir, k.ptx};
+}
 // FLEXTILE_TMA for one scope: "0" keeps the cp.async rings on sm_90a (the schedule the tests
 // below check), "1" the default's TMA rings.
 struct TmaScope {
@@ -900,12 +914,8 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
 // forward takes ex2.approx.ftz.f32 (the turns' walks are overlapped, the document mask has no
 // turns); a config with the turns and `no-overlap` keeps ex2.approx.f32, one without turns not.
 TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnUnoverlappedTurns) {
-  const auto sm90a = codegen::Target::sm90a();
-  const int64_t B = 2, H = 16, L = 8192, D = 128;
-  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
   auto ftz = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
-    VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
-    const std::string& ptx = plan_flex_attention(q, q, q, v.score, v.mask, {.config = config}, true, sm90a).compiled->ptx;
+    const std::string ptx = yardstickKernel(name, config).ptx;
     EXPECT_NE(ptx.find("ex2.approx"), std::string::npos) << name;
     return ptx.find("ex2.approx.ftz.f32") != std::string::npos;
   };
@@ -927,13 +937,8 @@ TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnUnoverlappedTurns) {
 // takes no turns, walks unskewed. The config's `no-overlap` or `no-skew`, FLEXTILE_SKEW_OVERLAP=0
 // and FLEXTILE_PINGPONG=0 turn it off.
 TEST(FlexAttentionCodegen, OverlapRuleFollowsTheTurns) {
-  const auto sm90a = codegen::Target::sm90a();
-  const int64_t B = 2, H = 16, L = 8192, D = 128;
-  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
   auto overlapped = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
-    VariantInstance v = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
-    const std::string& ir = plan_flex_attention(q, q, q, v.score, v.mask, {.config = config}, true, sm90a).compiled->ir;
-    return ir.find("pending = 1") != std::string::npos;
+    return yardstickKernel(name, config).ir.find("pending = 1") != std::string::npos;
   };
   for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "alibi", "softcap"})
     EXPECT_TRUE(overlapped(name)) << name;
