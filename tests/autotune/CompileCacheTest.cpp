@@ -144,7 +144,7 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
 TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS",
                            "FLEXTILE_WARP_SPECIALIZE", "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_STAGE_AT_FIRST_USE",
-                           "FLEXTILE_SHARE_RINGS"}) {
+                           "FLEXTILE_SHARE_RINGS", "FLEXTILE_EXP2_FTZ"}) {
     SCOPED_TRACE(name);
     const char* old = std::getenv(name);
     const std::string keep = old ? old : "";
@@ -177,6 +177,7 @@ TEST(CompileCache, TheReductionTreeSwitchKeysWhatTheLoweringDoes) {
   EXPECT_EQ(keyWith(""), unset);
   EXPECT_EQ(keyWith("chains"), unset);
   const std::string all = keyWith("1"), none = keyWith("0"), maxOnly = keyWith("max");
+  EXPECT_NE(keyWith("chains4"), unset);
   EXPECT_NE(all, unset);
   EXPECT_NE(none, unset);
   EXPECT_NE(maxOnly, unset);
