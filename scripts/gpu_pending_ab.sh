@@ -17,6 +17,12 @@ FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTIL
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
 
+echo "== ALiBi's overlapped default spills 44 bytes (offline ptxas); each of these switches removes the"
+echo "   spill: does any of them pay now? (each was a gain before the overlap)"
+FLEXTILE_AB_TAG=alibi FLEXTILE_AB_ARGS="--quick --variants alibi" FLEXTILE_AB_TIMEOUT=60 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_REGROUP_SUMS=0" "FLEXTILE_HOIST_INVARIANT_LOADS=0" "FLEXTILE_EXP2_FTZ=0" \
+  "FLEXTILE_SKEW_OVERLAP=0" "FLEXTILE_AB_BASELINE=1"
+
 # The device tool brings back few files: the per-run logs travel as one archive.
-tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log 2>/dev/null) &&
-  (cd "$OUT" && rm -f decode_*.log)
+tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log alibi_*.log 2>/dev/null) &&
+  (cd "$OUT" && rm -f decode_*.log alibi_*.log)
