@@ -132,6 +132,39 @@ TEST(CompiledGpu, FloatElementwiseOpsMatchTheInterpreter) {
       checkElementwise(k, t, t, rng);
 }
 
+// exp2's ftz form (the default): a result below 2^-126 is 0 on the GPU as in the interpreter, the
+// smallest normal one and the ends are exact; FLEXTILE_EXP2_FTZ=0 keeps the subnormals, which the
+// interpreter flushes (the one place the two differ, below 2^-126).
+TEST(CompiledGpu, Exp2FlushesSubnormalResultsAsTheInterpreterDoes) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const std::vector<float> xs = {-130.0f, -140.5f, -126.5f, -126.0f, -125.0f, 0.0f, 3.0f, -INFINITY};
+  const int64_t n = 256;
+  auto f = testkernels::elementwise(OpKind::Exp2, DType::F32, DType::F32, 256, 4);
+  for (const char* ftz : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_EXP2_FTZ=") + ftz);
+    ScopedSetenv form("FLEXTILE_EXP2_FTZ", ftz);
+    Bytes x = randomBuffer(DType::F32, size_t(n), rng, -12, 12);
+    for (size_t i = 0; i < xs.size(); ++i) writeAs(x, DType::F32, i, xs[i]);
+    BothRuns r = runBoth(*f, {x, randomBuffer(DType::F32, size_t(n), rng, -1, 1), randomBuffer(DType::I1, size_t(n), rng, 0, 1),
+                              poisoned(DType::F32, size_t(n)), int64_t(n)},
+                         {1, 1, 1});
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double g = readAs(r.gpu[3], DType::F32, i), e = readAs(r.interpreter[3], DType::F32, i);
+      const bool subnormal = xs[i] < -126.0f && xs[i] > -150.0f;
+      if (subnormal && ftz[0] == '0') {
+        EXPECT_GT(g, 0.0) << "x = " << xs[i] << ": the non-ftz form keeps a subnormal";
+        EXPECT_EQ(e, 0.0) << "x = " << xs[i];
+      } else if (subnormal || xs[i] == -INFINITY) {
+        EXPECT_EQ(g, 0.0) << "x = " << xs[i];
+        EXPECT_EQ(e, 0.0) << "x = " << xs[i];
+      } else {
+        EXPECT_NEAR(g, e, tolerance(OpKind::Exp2, DType::F32, e)) << "x = " << xs[i];
+      }
+    }
+  }
+}
+
 // exp2 with every other register off the SFU (FLEXTILE_EXP2_EMULATION=2, codegen/Exp2Emulation.h):
 // within exp2's tolerance of the interpreter over random inputs, and the ends: -inf and below -127
 // give 0 (a subnormal result may flush), 128 and above inf, NaN NaN.
