@@ -48,6 +48,8 @@ std::vector<FlexAttentionConfig> ConfigSpace::configs() const {
                   if ((t == LoopSchedule::On && !specializable) || (d == LoopSchedule::On && !schedulable) ||
                       (p == LoopSchedule::On && (!specializable || d == LoopSchedule::On)) ||
                       (k == LoopSchedule::On && (!schedulable || d == LoopSchedule::On)) ||
+                      // (no-skew differs from Auto only where the turns may overlap the walks)
+                      (k == LoopSchedule::Off && (!specializable || d == LoopSchedule::On)) ||
                       (o == LoopSchedule::On && k != LoopSchedule::On))  // overlap refines skew
                     continue;
                   out.push_back({m, n, w, s, ws, t, d, p, k, o});
@@ -60,8 +62,11 @@ ConfigSpace defaultSpace(DType dtype, int64_t headDim) {
   s.turns = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   s.defer = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
   s.persistent = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
-  s.skew = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
-  s.overlap = {attention::LoopSchedule::Auto, attention::LoopSchedule::On};
+  // Skew: Auto (the overlapped walks where the warpgroups take turns, unskewed elsewhere) or Off
+  // (the unskewed walks on the turns); the plain skew (−15 % on the H200) and an explicit overlap
+  // (Auto's kernel wherever it differs from Off) are left out.
+  s.skew = {attention::LoopSchedule::Auto, attention::LoopSchedule::Off};
+  s.overlap = {attention::LoopSchedule::Auto};
   if (headDim > 128 || ir::byteWidth(dtype) == 4) s.blockN = {32, 64};
   return s;
 }

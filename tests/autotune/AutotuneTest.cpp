@@ -54,13 +54,14 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
     EXPECT_EQ(s.specialize, (std::vector<attention::WarpSpecialization>{attention::WarpSpecialization::Auto,
                                                                         attention::WarpSpecialization::Off}));
     // The tiles times the choices of specialization; the loop schedules add, on the 8-warp
-    // 128-row pipelined tiles, every combination of turns, defer, persistent programs and skew
-    // (plain or overlapped) but none and defer with persistent or skew (13 of 24) where the kernel
-    // may be specialized, and defer, skew or overlapped skew alone (3) where it may not (Off).
+    // 128-row pipelined tiles, every combination of turns, defer, persistent programs and no-skew
+    // but none and defer with persistent or no-skew (9 of 16) where the kernel may be specialized,
+    // and defer alone (1) where it may not (Off). Skew is Auto (overlapped on the turns) or Off.
     using attention::LoopSchedule;
     const size_t tiles = s.blockM.size() * s.blockN.size() * s.warps.size() * s.stages.size() * s.specialize.size();
     const size_t scheduled = s.blockN.size() * 2;  // BM 128, w8, s 2 and 3
-    EXPECT_EQ(configs.size(), tiles + scheduled * (13 + 3));
+    EXPECT_EQ(configs.size(), tiles + scheduled * (9 + 1));
+    EXPECT_EQ(s.skew, (std::vector<LoopSchedule>{LoopSchedule::Auto, LoopSchedule::Off}));
     for (const FlexAttentionConfig& c : configs) {
       if (c.turns == LoopSchedule::Auto && c.defer == LoopSchedule::Auto && c.persistent == LoopSchedule::Auto &&
           c.skew == LoopSchedule::Auto && c.overlap == LoopSchedule::Auto)
@@ -72,6 +73,10 @@ TEST(AutotuneSpace, DefaultSpaceHoldsTheDefaultConfigAndIsAProduct) {
       EXPECT_FALSE(c.defer == LoopSchedule::On && c.persistent == LoopSchedule::On) << c.describe();
       EXPECT_FALSE(c.defer == LoopSchedule::On && c.skew == LoopSchedule::On) << c.describe();
       EXPECT_FALSE(c.overlap == LoopSchedule::On && c.skew != LoopSchedule::On) << c.describe();
+      if (c.skew == LoopSchedule::Off) {
+        EXPECT_NE(c.warp_specialize, attention::WarpSpecialization::Off) << c.describe();
+        EXPECT_NE(c.defer, LoopSchedule::On) << c.describe();
+      }
     }
     for (std::optional<codegen::Target> target :
          {std::optional<codegen::Target>(), std::optional(codegen::Target::sm80()), std::optional(codegen::Target::sm90a())})
