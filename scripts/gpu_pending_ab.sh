@@ -23,6 +23,11 @@ FLEXTILE_AB_TAG=alibi FLEXTILE_AB_ARGS="--quick --variants alibi" FLEXTILE_AB_TI
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_REGROUP_SUMS=0" "FLEXTILE_HOIST_INVARIANT_LOADS=0" "FLEXTILE_EXP2_FTZ=0" \
   "FLEXTILE_SKEW_OVERLAP=0" "FLEXTILE_AB_BASELINE=1"
 
+echo "== the backward's warpgroup turns (off by default: -0.5 to +1.6 % on 2026-12-03, before ftz"
+echo "   shortened its softmax) against its default"
+FLEXTILE_AB_TAG=bwdturns FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_PINGPONG=1"
+
 # The device tool brings back few files: the per-run logs travel as one archive.
-tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log alibi_*.log 2>/dev/null) &&
-  (cd "$OUT" && rm -f decode_*.log alibi_*.log)
+tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log 2>/dev/null) &&
+  (cd "$OUT" && rm -f decode_*.log alibi_*.log bwdturns_*.log)
