@@ -20,9 +20,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "ir/IR.h"
 
