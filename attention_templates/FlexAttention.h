@@ -81,8 +81,9 @@ struct FlexAttentionConfig {
   LoopSchedule skew = LoopSchedule::Auto;
   // `overlap`, forward only: the skewed walks in FlashAttention-3's intra-warpgroup order (Q·Kᵀ of
   // step t, then P·V of step t − 1, the softmax of step t while that product runs). On implies
-  // `skew`; with `no-skew` or `defer` it is refused. Auto: on wherever the warpgroups take turns
-  // (no mask +2 %, causal +3.5 %, prefix LM +2.5 %, soft-cap +2.5 %, the window −0.6 %; H200).
+  // `skew`; with `no-skew` or `defer` it is refused. Auto: on where the warpgroups take turns and
+  // the mask's longest row walks 16 steps or more (each walk pays one phantom step): no mask +2 %,
+  // causal +3.5 %, prefix LM +2.5 %, soft-cap +2.5 %; a window of 1024 (10 steps) −0.6 % (H200).
   // FLEXTILE_SKEW_OVERLAP=0 or =1 overrides the config.
   LoopSchedule overlap = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",

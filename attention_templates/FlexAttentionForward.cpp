@@ -352,6 +352,9 @@ struct ForwardConstants {
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
 // their softmax overlaps the previous step's P·V (FLEXTILE_SKEW_OVERLAP=1).
 constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4;
+// The fewest steps (BLOCK_N keys each) the longest row of a mask must walk for the forward to
+// overlap its skewed walks by default: each walk pays one phantom step (FlexAttentionConfig::overlap).
+constexpr int64_t kOverlapMinSteps = 16;
 
 // A split last round's cut (Stream-K), the same arithmetic in the forward and the merge kernel: the
 // last round's tiles' steps laid end to end (`units` of them), program q's run is steps
@@ -880,18 +883,21 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's `skew`
   // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
   // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
-  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped wherever the
-  // turns are: with exp2's ftz form (which the overlapped kernels take) no mask +1.7 to +2.0 %,
-  // causal +3.4 to +3.6 %, prefix LM +2.5 %, ALiBi +0.6 %, the window −0.6 % (its walks are short:
-  // the phantom step weighs), soft-cap overlapped before (+2.5 to +2.8 %); before ftz the same
-  // order was level without a score_mod (H200, 2026-12-05). Not with deferred accumulation (which
-  // rotates the same products its own way) or a paged K/V (whose page-table rows a phantom step
-  // would have to clamp).
+  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped where the
+  // turns are and a row's walk may be long (kOverlapMinSteps): with exp2's ftz form (which the
+  // overlapped kernels take) no mask +1.7 to +2.0 %, causal +3.4 to +3.6 %, prefix LM +2.5 %,
+  // ALiBi +0.6 %, soft-cap +2.5 to +2.8 % (64 steps a row at most), the window of 1024 −0.5 to
+  // −0.6 % (10): a walk of n steps pays one phantom step (1/n of its products) for the overlap;
+  // before ftz the order was level without a score_mod (H200, 2026-12-05). Not with deferred
+  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
+  // rows a phantom step would have to clamp).
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
   const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP")
                            .value_or(p.config.overlap == LoopSchedule::On ||
                                      (p.config.overlap == LoopSchedule::Auto && p.config.skew != LoopSchedule::Off &&
-                                      p.constants.pingpong));
+                                      p.constants.pingpong &&
+                                      p.mask->maxLiveBlocksPerRow() * (p.mask->kvBlockSize() / p.config.block_n) >=
+                                          kOverlapMinSteps));
   p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
                      : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On || overlap)
                          ? kSkewFullWalks

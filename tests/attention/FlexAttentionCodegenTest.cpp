@@ -911,16 +911,17 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
 
 // exp2's ftz form (codegen::exp2FlushesSubnormals) everywhere but where the warpgroups take turns
 // on unoverlapped walks (ftz measured 2-4 % slower there): at the H200's shape every default
-// forward takes ex2.approx.ftz.f32 (the turns' walks are overlapped, the document mask has no
-// turns); a config with the turns and `no-overlap` keeps ex2.approx.f32, one without turns not.
+// forward but the window's takes ex2.approx.ftz.f32 (the turns' long walks are overlapped, the
+// document mask has no turns); a config with the turns and `no-overlap` keeps ex2.approx.f32, one
+// without turns not.
 TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnUnoverlappedTurns) {
   auto ftz = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
     const std::string ptx = yardstickKernel(name, config).ptx;
     EXPECT_NE(ptx.find("ex2.approx"), std::string::npos) << name;
     return ptx.find("ex2.approx.ftz.f32") != std::string::npos;
   };
-  for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"})
-    EXPECT_TRUE(ftz(name)) << name;
+  for (const char* name : {"full", "causal", "document", "prefix_lm", "alibi", "softcap"}) EXPECT_TRUE(ftz(name)) << name;
+  EXPECT_FALSE(ftz("sliding_window")) << "short walks: unoverlapped, on the turns";
   FlexAttentionConfig noOverlap{128, 128, 8, 2}, noTurns{128, 128, 8, 2};
   noOverlap.overlap = LoopSchedule::Off;
   noTurns.turns = LoopSchedule::Off;
@@ -931,18 +932,32 @@ TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnUnoverlappedTurns) {
   EXPECT_TRUE(ftz("prefix_lm", noOverlap));
 }
 
-// The rule for overlapped skewed walks (FlexAttentionConfig::overlap Auto): wherever the
-// warpgroups take turns (H200, 2026-12-05, with exp2's ftz form: no mask +2 %, causal +3.5 %,
-// prefix LM +2.5 %, ALiBi +0.6 %, soft-cap +2.5 %, the window −0.6 %); the document mask, which
-// takes no turns, walks unskewed. The config's `no-overlap` or `no-skew`, FLEXTILE_SKEW_OVERLAP=0
-// and FLEXTILE_PINGPONG=0 turn it off.
+// The rule for overlapped skewed walks (FlexAttentionConfig::overlap Auto): where the warpgroups
+// take turns and the mask's longest row walks at least 16 steps (H200, 2026-12-05, with exp2's ftz
+// form: no mask +2 %, causal +3.5 %, prefix LM +2.5 %, ALiBi +0.6 %, soft-cap +2.5 % at 64 steps;
+// the window of 1024, 10 steps, −0.6 %); the document mask, which takes no turns, walks unskewed,
+// and so does a causal mask over 1024 keys (8 steps). The config's `no-overlap` or `no-skew`,
+// FLEXTILE_SKEW_OVERLAP=0 and FLEXTILE_PINGPONG=0 turn it off; the config's `overlap` turns it on
+// for short walks too.
 TEST(FlexAttentionCodegen, OverlapRuleFollowsTheTurns) {
   auto overlapped = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
     return yardstickKernel(name, config).ir.find("pending = 1") != std::string::npos;
   };
-  for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "alibi", "softcap"})
-    EXPECT_TRUE(overlapped(name)) << name;
+  for (const char* name : {"full", "causal", "prefix_lm", "alibi", "softcap"}) EXPECT_TRUE(overlapped(name)) << name;
+  EXPECT_FALSE(overlapped("sliding_window"));
   EXPECT_FALSE(overlapped("document"));
+  {
+    Tensor q = Tensor::empty(DType::BF16, {1, 16, 1024, 128}, MemorySpace::Host);
+    VariantInstance v = variant("causal").make({1, 16, 1024, 1024, MemorySpace::Host, BlockSizes{}, 1});
+    auto shortCausal = [&](std::optional<FlexAttentionConfig> c) {
+      return plan_flex_attention(q, q, q, v.score, v.mask, {.config = c}, true, codegen::Target::sm90a())
+                 .compiled->ir.find("pending = 1") != std::string::npos;
+    };
+    FlexAttentionConfig asked{128, 128, 8, 2};
+    asked.overlap = LoopSchedule::On;
+    EXPECT_FALSE(shortCausal(FlexAttentionConfig{128, 128, 8, 2})) << "8 steps";
+    EXPECT_TRUE(shortCausal(asked));
+  }
   FlexAttentionConfig noOverlap{128, 128, 8, 2}, noSkew{128, 128, 8, 2};
   noOverlap.overlap = LoopSchedule::Off;
   noSkew.skew = LoopSchedule::Off;
