@@ -330,6 +330,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         return bits;
       });
     }
+    const bool sumAfterProduct = detail::sumAfterProductWanted(false);  // (level on the decode)
     auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile start = stepStart(t);
       Tile offsN = start + arange(0, k.BN);
@@ -353,7 +354,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         s = s * p.scale;  // the host folded log2 e into the scale
       if (partial) s = where(maskMod(b, modHead, qPos, kvPos), s, -INFINITY);
       if (keysMayEnd) s = where(colLive.expand(0), s, -INFINITY);
-      return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, nullptr, detail::sumAfterProductWanted(false));
+      return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, nullptr, sumAfterProduct);
     });
     return std::tuple{m2, l2, acc2};
   };

@@ -55,7 +55,7 @@ llvm::Value* Lowering::shuffleXor(llvm::Value* v, int laneMask) {
 std::string reduceTreeSetting() {
   const char* e = std::getenv("FLEXTILE_REDUCE_TREE");
   const std::string v = e ? e : "";
-  return v == "1" || v == "0" || v == "max" || v == "chains4" ? v : "sum";
+  return v == "1" || v == "0" || v == "max" ? v : "sum";
 }
 
 void Lowering::lowerReduce(const ir::Op& op) {
@@ -91,19 +91,15 @@ void Lowering::lowerReduce(const ir::Op& op) {
   }
   // FLEXTILE_REDUCE_TREE (reduceTreeSetting): 0 is the lowering before 2026-12-04.
   const std::string treeKinds = reduceTreeSetting();
-  const bool tree = treeKinds == "1" || treeKinds == (kind == "sum" ? "sum" : "max") ||
-                    (treeKinds == "chains4" && kind == "sum");
-  // "chains4": a max or min as four interleaved chains (registers i, i + 4, ...), then a tree of
-  // the four: a quarter of the chain's dependent steps with three more live registers. Measured on
-  // the H200 (2026-12-05): no mask 590 against 631 TFLOP/s, causal 534 against 574; one chain stays.
-  const size_t chains = treeKinds == "chains4" && kind != "sum" ? 4 : 1;
+  // (Four interleaved chains for the max, a quarter of the dependent steps, measured 590 against 631
+  // TFLOP/s without a mask on the H200, 2026-12-05: one chain stays.)
+  const bool tree = treeKinds == "1" || treeKinds == (kind == "sum" ? "sum" : "max");
   Regs acc(size_t(S.numRegisters()), nullptr);
   for (size_t j = 0; j < parts.size(); ++j) {
     Regs level = std::move(parts[j]);
     if (!tree) {
-      const size_t k = std::min(chains, level.size());
-      for (size_t i = k; i < level.size(); ++i) level[i % k] = combine(kind, level[i % k], level[i], t);
-      level.resize(std::min(level.size(), k));
+      for (size_t i = 1; i < level.size(); ++i) level[0] = combine(kind, level[0], level[i], t);
+      level.resize(std::min<size_t>(level.size(), 1));
     }
     while (level.size() > 1) {
       Regs next;

@@ -72,8 +72,7 @@ LoweredKernel lowerAndEmit(const ir::Function& f, const Target& target, const Lo
 
 // Which row reductions combine a thread's registers as a pairwise tree (LowerReduce.cpp), from
 // FLEXTILE_REDUCE_TREE: "sum" (sums only: the default, also for an unset, empty or unknown value),
-// "1" (every kind), "max" (max and min only), "0" (none) or "chains4" (sums as trees, max and min as
-// four interleaved chains). The compile cache's identity reads it too.
+// "1" (every kind), "max" (max and min only) or "0" (none). The compile cache's identity reads it too.
 std::string reduceTreeSetting();
 
 // Lowers `f` into a new module of `ctx`. Throws flextile::Error naming the op
