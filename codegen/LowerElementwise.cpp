@@ -47,15 +47,23 @@ bool isHalfLike(DType t) { return t == DType::F16 || t == DType::BF16; }
 //
 // ArithmeticLowering<K> is the LLVM code of the arithmetic op K (FT_ARITHMETIC_OP
 // in ir/Ops.def), one register at a time:
-//   onFloat(b, a[, c])     for float dtypes (unless the op is kIntOnly), on
+//   onFloat(f, a[, c])     for float dtypes (unless the op is kIntOnly), on
 //                          values of the compute type: f32 for f16/bf16 (the
 //                          caller extends and rounds back), unless
-//                          kFloatOnStorageType, where the register is used as is
+//                          kFloatOnStorageType, where the register is used as is;
+//                          f is a FloatOperands, which most lowerings take as the
+//                          builder it converts to
 //   kF64                   false where there is no f64 instruction (an error)
 //   onInt(ints, a[, c])    for integer dtypes (unless the op is kFloatOnly)
 // The static_asserts after the table make an op without its lowering, or with
 // one that disagrees with the table's traits, a compile error.
 
+// What a float lowering may need besides the builder: the function's choices of instruction form.
+struct FloatOperands {
+  llvm::IRBuilder<>& b;
+  bool ex2Ftz;  // exp2FlushesSubnormals of the function being lowered
+  operator llvm::IRBuilder<>&() const { return b; }
+};
 struct IntOperands {
   llvm::IRBuilder<>& b;
   DType t;
@@ -95,14 +103,11 @@ struct ApproximateF32Only : UnaryLowering, FloatsOnly {
   static constexpr bool kF64 = false;
 };
 
-// Whether the function being lowered takes ex2's ftz form (exp2FlushesSubnormals), for the
-// static lowerings below; set by lowerElementwise for each op.
-thread_local bool ex2Ftz = true;
 // The ftz form: without it ptxas wraps every MUFU.EX2 in a compare with -126 and two predicated
 // multiplies (to make subnormal results), a third of the forward's softmax instructions; the
 // subnormals it keeps are below 2^-126, nothing a softmax's sum or a bf16 P can hold.
-llvm::Value* ex2(llvm::IRBuilder<>& b, llvm::Value* v) {
-  return b.CreateIntrinsic(ex2Ftz ? llvm::Intrinsic::nvvm_ex2_approx_ftz : llvm::Intrinsic::nvvm_ex2_approx,
+llvm::Value* ex2(llvm::IRBuilder<>& b, llvm::Value* v, bool ftz) {
+  return b.CreateIntrinsic(ftz ? llvm::Intrinsic::nvvm_ex2_approx_ftz : llvm::Intrinsic::nvvm_ex2_approx,
                            {v->getType()}, {v});
 }
 // codegen/Exp2Emulation.h's sequence, one f32 register.
@@ -148,13 +153,13 @@ struct ArithmeticLowering<OpKind::Abs> : UnaryLowering, FloatsAndInts {
 };
 template <>
 struct ArithmeticLowering<OpKind::Exp2> : ApproximateF32Only {
-  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) { return ex2(b, x); }
+  static llvm::Value* onFloat(const FloatOperands& f, llvm::Value* x) { return ex2(f.b, x, f.ex2Ftz); }
 };
 // exp(x) = ex2(x * log2(e))
 template <>
 struct ArithmeticLowering<OpKind::Exp> : ApproximateF32Only {
-  static llvm::Value* onFloat(llvm::IRBuilder<>& b, llvm::Value* x) {
-    return ex2(b, b.CreateFMul(x, llvm::ConstantFP::get(b.getFloatTy(), std::numbers::log2e)));
+  static llvm::Value* onFloat(const FloatOperands& f, llvm::Value* x) {
+    return ex2(f.b, f.b.CreateFMul(x, llvm::ConstantFP::get(f.b.getFloatTy(), std::numbers::log2e)), f.ex2Ftz);
   }
 };
 template <>
@@ -356,7 +361,7 @@ void Lowering::lowerElementwise(const ir::Op& op) {
   const DType t = op.operand(0)->type().dtype();  // operand element type (cmp, cast: differs from the result)
   const bool fp = ir::isFloat(t);
   auto operandRegs = [&](size_t i) -> const Regs& { return get(op.operand(i)); };
-  if (op.kind() == OpKind::Exp2 || op.kind() == OpKind::Exp) ex2Ftz = exp2FlushesSubnormals(func);
+  const FloatOperands floats{b, (op.kind() == OpKind::Exp2 || op.kind() == OpKind::Exp) && exp2FlushesSubnormals(func)};
 
   // Every N-th register of an f32 exp2 tile off the SFU (codegen/Exp2Emulation.h).
   if (op.kind() == OpKind::Exp2 && t == DType::F32 && rt.isTile()) {
@@ -364,7 +369,7 @@ void Lowering::lowerElementwise(const ir::Op& op) {
     if (period >= 2) {
       const Regs& x = operandRegs(0);
       set(res, mapRegs(n, [&](size_t r) {
-            return int64_t(r) % period == period - 1 ? exp2OnFmaPipes(b, x[r]) : ex2(b, x[r]);
+            return int64_t(r) % period == period - 1 ? exp2OnFmaPipes(b, x[r]) : ex2(b, x[r], floats.ex2Ftz);
           }));
       return;
     }
@@ -385,14 +390,14 @@ void Lowering::lowerElementwise(const ir::Op& op) {
           if constexpr (L::kOperands == 1) {
             const Regs& x = operandRegs(0);
             if constexpr (L::kFloatOnStorageType)
-              set(res, mapRegs(n, [&](size_t r) { return L::onFloat(b, x[r]); }));
+              set(res, mapRegs(n, [&](size_t r) { return L::onFloat(floats, x[r]); }));
             else
-              set(res, mapRegs(n, [&](size_t r) { return fromCompute(L::onFloat(b, toCompute(x[r], t)), t); }));
+              set(res, mapRegs(n, [&](size_t r) { return fromCompute(L::onFloat(floats, toCompute(x[r], t)), t); }));
           } else {
             const Regs& x = operandRegs(0);
             const Regs& y = operandRegs(1);
             set(res, mapRegs(n, [&](size_t r) {
-                  return fromCompute(L::onFloat(b, toCompute(x[r], t), toCompute(y[r], t)), t);
+                  return fromCompute(L::onFloat(floats, toCompute(x[r], t), toCompute(y[r], t)), t);
                 }));
           }
           return;
