@@ -351,7 +351,8 @@ struct ForwardConstants {
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
 // their softmax overlaps the previous step's P·V (FLEXTILE_SKEW_OVERLAP=1).
-constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4;
+// kSkewPeel: the walks' first and last steps peeled (FLEXTILE_SKEW_PEEL=1), no phantom step.
+constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4, kSkewPeel = 8;
 // The fewest steps (BLOCK_N keys each) the longest row of a mask must walk for the forward to
 // overlap its skewed walks by default: each walk pays one phantom step (FlexAttentionConfig::overlap).
 constexpr int64_t kOverlapMinSteps = 16;
@@ -476,9 +477,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         Tile start, offsN, colLive, kvOffs, vOffs, live;
       };
       // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk). A phantom
-      // step's loads need their mask even where the keys divide the block.
+      // step's loads need their mask even where the keys divide the block (a peeled walk has none).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
-      const bool exact = !keysMayEnd && k.DP == k.D && !skewWalk;
+      const bool exact = !keysMayEnd && k.DP == k.D && !(skewWalk && !(k.skew & kSkewPeel));
       auto keysAt = [&](const Tile& t, const Tile* phantom) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
@@ -542,6 +543,67 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       }
       const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
       Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
+      if (k.skew & kSkewPeel) {
+        // Peeled (kSkewPeel): the skewed walk as FlashAttention-3 writes it — a prologue issuing
+        // Q·K_lo alone, steps lo+1 .. hi−1 each issuing Q·K_t and P·V_{t−1}, an epilogue issuing
+        // P·V_{hi−1} alone. The prologue and the epilogue are loops of at most one iteration whose
+        // stages hold K alone and V alone, on the walk's rings (the pipeline pass's shared rings),
+        // so no phantom tile is loaded and no phantom product issued.
+        const Tile headEnd = pieceWalk ? minimum(hi, piece->from + 1) : minimum(hi, 1);
+        const Tile tailEnd = where(hi > lo, hi + 1, hi);
+        auto stageK = [&](const Tile& t) {
+          Keys ks = keysAt(t, nullptr);
+          return std::pair{ks, loadK(ks)};
+        };
+        // (Clamped: the pipeline computes a stage's addresses even where the loop has no iteration,
+        // and an empty walk's step lo − 1 would read its list before the row.)
+        auto stageV = [&](const Tile& t) { return loadV(keysAt(maximum(t - 1, lo), nullptr)); };
+        if (!(k.skew & kSkewOverlap)) {
+          Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
+          Tile s1 = for_range(lo, headEnd, 1, s0, [&](Tile t, Tile) {
+            auto [ks, kt] = stageK(t);
+            return scores(ks, kt);
+          });
+          auto [mb, lb, ab, sb] = for_range(headEnd, hi, 1, std::tuple{m, l, acc, s1},
+                                            [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
+                                              auto [ks, kt] = stageK(t);
+                                              Tile vt = stageV(t);
+                                              auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
+                                              return std::tuple{mn, ln, an, scores(ks, kt)};
+                                            });
+          return for_range(hi, tailEnd, 1, std::tuple{mb, lb, ab},
+                           [&](Tile t, Tile mi, Tile li, Tile ai) { return softmaxStep(mi, li, ai, sb, stageV(t)); });
+        }
+        // Overlapped: the softmax of step t runs while P·V of step t − 1 is in flight.
+        auto weigh = [&](const Keys& ks, const Tile& raw, const Tile& mi, const Tile& li) {
+          const detail::SoftmaxWeights w = detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr);
+          return std::pair{w, li * w.alpha + sum(w.p, 1)};
+        };
+        // The prologue hands its rescale of O out rather than applying it: a loop that only scales
+        // O would get O in another layout than the products' accumulator (assign-layouts), and
+        // O would be converted through shared memory around the steps' loop.
+        Tile p0 = zeros({k.BM, k.BN}, dt);
+        Tile alpha0 = full({k.BM}, 1.0, DType::F32);
+        auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{m, l, p0, alpha0},
+                                              [&](Tile t, Tile mi, Tile li, Tile, Tile) {
+                                                auto [ks, kt] = stageK(t);
+                                                auto [w, ln] = weigh(ks, dot(q, kt.trans()), mi, li);
+                                                return std::tuple{w.m, ln, w.p.to(dt), w.alpha};
+                                              });
+        Tile ah = acc * alphaH.expand(1);
+        auto [mb, lb, ab, pb] = for_range(headEnd, hi, 1, std::tuple{mh, lh, ah, ph},
+                                          [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
+                                            auto [ks, kt] = stageK(t);
+                                            Tile vt = stageV(t);
+                                            Tile raw = dot(q, kt.trans());
+                                            Tile o = dot(pi, vt, ai);
+                                            auto [w, ln] = weigh(ks, raw, mi, li);
+                                            Tile pn = w.p.to(dt);
+                                            return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
+                                          });
+        Tile as = for_range(hi, tailEnd, 1, ab, [&](Tile t, Tile ai) { return dot(pb, stageV(t), ai); });
+        return std::tuple{mb, lb, as};
+      }
       // Skewed: iteration t issues P·V of step t − 1 and then Q·Kᵀ of step t, so a warpgroup's two
       // products run back to back (one turn, one wait) and its ring stage holds K_t and V_{t-1}
       // (traced in that order, so that the stage's buffers match an unskewed walk's and the walks
@@ -903,6 +965,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                          ? kSkewFullWalks
                          : 0;
   if (overlap && p.constants.skew) p.constants.skew |= kSkewOverlap;
+  if (p.constants.skew && detail::forcedBySwitch("FLEXTILE_SKEW_PEEL").value_or(false)) p.constants.skew |= kSkewPeel;
   if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors

@@ -99,7 +99,7 @@
 //
 // Rings past their loop (TMA only; docs/architecture.md). Unshared, every loop owns its rings,
 // and the barrier and inval after it part it from the next. Shared (share_rings): the TMA loops of
-// a block whose rings match share one set allocated before them — or before the loop of the
+// a block whose rings fit one set (a loop may use some of its buffers) share it, allocated before them — or before the loop of the
 // function's body that holds them, which then carries the slot and count — and each loop issues
 // its own first stages into the next slots once released; stages past a loop's end arrive on
 // nothing (mbarrier_expect_tx {only_on = 1}).
@@ -515,6 +515,7 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
 struct ScheduleLinks {
   const RingChain* from = nullptr;  // the rings, barriers, slot and count this loop continues
   bool keepAlive = false;           // a later loop continues the rings: no barrier or inval after
+  const std::vector<size_t>* buffers = nullptr;  // which of `from`'s buffers each ring is (else the same order)
 };
 
 // Writes the loop's schedule, linked to its neighbours by `links`; returns its rings, barriers and
@@ -544,7 +545,7 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   // With TMA, `full[s]` counts thread 0's expect_tx and the bytes of the stage's copies instead.
   const bool withBarriers = tma || ringBarriersWanted(f);
   const RingChain own = from ? *from : allocateRings(before, plan, stages, withBarriers);
-  for (size_t i = 0; i < rings.size(); ++i) rings[i].buffer = own.buffers[i];
+  for (size_t i = 0; i < rings.size(); ++i) rings[i].buffer = own.buffers[links.buffers ? links.buffers->at(i) : i];
   ir::Value* full = own.full;
   ir::Value* empty = own.empty;
   const ir::Type i32(ir::DType::I32);
@@ -673,18 +674,28 @@ bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SH
 
 namespace {
 
-// Whether two loops' rings can be the same buffers: one for one, the same tile type, shared
-// layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both filled by TMA.
-bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
-  if (!a.tma || !b.tma || a.rings.size() != b.rings.size()) return false;
-  for (size_t i = 0; i < a.rings.size(); ++i) {
-    const Ring& x = a.rings[i];
-    const Ring& y = b.rings[i];
-    if (x.rows != y.rows || x.wgmma != y.wgmma || !(x.load->result()->type() == y.load->result()->type()) ||
-        !(a.layoutOf.at(x.load) == b.layoutOf.at(y.load)))
-      return false;
+// Which of `set`'s rings each ring of `loop` can be (an index per ring of `loop`, each used once):
+// the same tile type, shared layout and kind (dot operand or row ring, wgmma's or ldmatrix's), both
+// filled by TMA; none where some ring has no free match. A loop may use fewer rings than the set: a
+// skewed walk's peeled first and last steps stage K alone and V alone (attention_templates/
+// FlexAttentionForward.cpp), and their stages leave the other buffers' slots unwritten.
+std::optional<std::vector<size_t>> ringsInto(const LoopPlan& set, const LoopPlan& loop) {
+  if (!set.tma || !loop.tma || loop.rings.size() > set.rings.size()) return std::nullopt;
+  std::vector<size_t> into;
+  std::vector<bool> taken(set.rings.size(), false);
+  for (const Ring& y : loop.rings) {
+    size_t i = 0;
+    for (; i < set.rings.size(); ++i) {
+      const Ring& x = set.rings[i];
+      if (!taken[i] && x.rows == y.rows && x.wgmma == y.wgmma && x.load->result()->type() == y.load->result()->type() &&
+          set.layoutOf.at(x.load) == loop.layoutOf.at(y.load))
+        break;
+    }
+    if (i == set.rings.size()) return std::nullopt;
+    taken[i] = true;
+    into.push_back(i);
   }
-  return true;
+  return into;
 }
 
 // Loops that share one set of rings (shared rings, below), in program order, and the loop around
@@ -692,11 +703,14 @@ bool ringsMatch(const LoopPlan& a, const LoopPlan& b) {
 struct SharedRings {
   std::vector<size_t> loops;  // indices into the plans
   Op* outer = nullptr;
+  size_t widest = 0;                      // the loop whose rings are the set (the most rings)
+  std::vector<std::vector<size_t>> into;  // per loop: ringsInto(the widest, it)
 };
 
-// The TMA loops of one block whose rings match: two or more side by side (the forward's, dkdv's and
-// dq's two walks), or any number directly in the body of a loop of the function's body (the
-// persistent forward's tile loop, whose iterations then pass the rings on to each other).
+// The TMA loops of one block whose rings fit one set (ringsInto the widest loop's): two or more
+// side by side (the forward's, dkdv's and dq's two walks, a peeled skewed walk's three loops), or
+// any number directly in the body of a loop of the function's body (the persistent forward's tile
+// loop, whose iterations then pass the rings on to each other).
 std::vector<SharedRings> sharedRingGroups(const ir::Function& f, const std::vector<std::optional<LoopPlan>>& plans) {
   std::map<const ir::Block*, std::vector<size_t>> byBlock;
   std::vector<const ir::Block*> order;
@@ -709,12 +723,20 @@ std::vector<SharedRings> sharedRingGroups(const ir::Function& f, const std::vect
   std::vector<SharedRings> groups;
   for (const ir::Block* block : order) {
     const std::vector<size_t>& loops = byBlock.at(block);
-    if (!std::all_of(loops.begin(), loops.end(), [&](size_t i) { return ringsMatch(*plans[loops.front()], *plans[i]); }))
-      continue;
+    SharedRings group{loops, nullptr, loops.front(), {}};
+    for (size_t i : loops)
+      if (plans[i]->rings.size() > plans[group.widest]->rings.size()) group.widest = i;
+    bool fit = true;
+    for (size_t i : loops) {
+      std::optional<std::vector<size_t>> into = ringsInto(*plans[group.widest], *plans[i]);
+      if (!into) fit = false;
+      else group.into.push_back(std::move(*into));
+    }
+    if (!fit) continue;
     Op* owner = block->parentOp();
     const bool carried = owner && owner->kind() == OpKind::For && owner->parentBlock() == &f.body();
-    if (carried) groups.push_back({loops, owner});
-    else if (loops.size() >= 2 && !owner) groups.push_back({loops, nullptr});
+    if (carried) group.outer = owner;
+    if (carried || (loops.size() >= 2 && !owner)) groups.push_back(std::move(group));
   }
   return groups;
 }
@@ -730,12 +752,11 @@ std::vector<SharedRings> sharedRingGroups(const ir::Function& f, const std::vect
 // stage takes that slot and phase.
 void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& plans, const SharedRings& group,
                       int64_t stages, const Target& target) {
-  LoopPlan& first = *plans[group.loops.front()];
-  Op* anchor = group.outer ? group.outer : first.forOp;
+  Op* anchor = group.outer ? group.outer : plans[group.loops.front()]->forOp;
   ir::Block& home = *anchor->parentBlock();
   const ir::Location loc = anchor->loc();
   Inserter at{f, home, home.find(anchor), loc};
-  RingChain chain = allocateRings(at, first, stages, true);
+  RingChain chain = allocateRings(at, *plans[group.widest], stages, true);
   chain.slot = at.constant(0, ir::DType::I32);
   chain.count = at.constant(0, ir::DType::I32);
   const ir::Type i32(ir::DType::I32);
@@ -752,6 +773,7 @@ void writeSharedRings(ir::Function& f, std::vector<std::optional<LoopPlan>>& pla
     ScheduleLinks links;
     links.from = &chain;
     links.keepAlive = group.outer || k + 1 < group.loops.size();
+    links.buffers = &group.into[k];
     const RingChain after = writeSchedule(f, *plans[group.loops[k]], stages, target, links);
     chain.slot = after.slot;
     chain.count = after.count;

@@ -668,7 +668,8 @@ TEST(TilePassesInterpreted, DecodeClusterMerge) {
 // step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, with the
 // loop one iteration short, and, overlapped, with the last step's m or l not kept: each checked by
 // hand.)
-TEST(TilePassesInterpreted, SkewedWalks) {
+static void checkSkewedWalks(const char* peel) {
+  ScopedSetenv peeled("FLEXTILE_SKEW_PEEL", peel);
   SeededRandom rng;
   const std::vector<const char*> all = {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"};
   for (const char* mode : {"1", "all", "1+overlap", "all+overlap"}) {
@@ -706,12 +707,22 @@ TEST(TilePassesInterpreted, SkewedWalks) {
   }
 }
 
+TEST(TilePassesInterpreted, SkewedWalks) { checkSkewedWalks("0"); }
+// The same walks peeled (FLEXTILE_SKEW_PEEL=1): Q·K_lo alone in a loop of at most one iteration,
+// the steps, then P·V_{hi−1} alone, the three loops on one set of rings where TMA fills them
+// (a stage of K alone, of K and V, of V alone), no phantom tile. (Fails with the epilogue's V
+// read at step hi instead of hi − 1, with the prologue's rescale of O dropped (the partial walk
+// after a full one), and with the prologue's bound lo + 1 where the walk is empty: each checked
+// by hand.)
+TEST(TilePassesInterpreted, SkewedWalksPeeled) { checkSkewedWalks("1"); }
+
 // The skewed walks at their edges, plain and overlapped, every walk skewed, before the passes and
 // after sm_90a's: rows that see no key (every third row blind; the first 40 rows blind, so whole
 // query tiles walk nothing), a mask that allows nothing (every walk empty: no iteration at all),
 // one key (a single step, whose phantoms are the whole rest of the loop), and GQA 8:1 with the
 // keys a multiple of the block.
-TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) {
+static void checkSkewedWalksAtTheirEdges(const char* peel) {
+  ScopedSetenv peeled("FLEXTILE_SKEW_PEEL", peel);
   SeededRandom rng;
   const BlindRowMasks blind = blindRowMasks();
   const MaskMod &everyThirdRowBlind = blind.everyThird, &firstRowsBlind = blind.first40;
@@ -747,3 +758,5 @@ TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) {
         return;
     }
 }
+TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) { checkSkewedWalksAtTheirEdges("0"); }
+TEST(TilePassesInterpreted, SkewedWalksPeeledAtTheirEdges) { checkSkewedWalksAtTheirEdges("1"); }
