@@ -144,6 +144,7 @@ std::string codegenSwitches() {
       out += std::string("; ") + name + "=" + e;
   if (const std::string tree = reduceTreeSetting(); tree != "sum") out += "; FLEXTILE_REDUCE_TREE=" + tree;
   if (const char* e = std::getenv("FLEXTILE_EXP2_EMULATION"); e && *e) out += std::string("; FLEXTILE_EXP2_EMULATION=") + e;
+  if (const char* e = std::getenv("FLEXTILE_PRODUCER_REGISTERS"); e && *e) out += std::string("; FLEXTILE_PRODUCER_REGISTERS=") + e;
   return out;
 }
 

@@ -521,19 +521,39 @@ std::unique_ptr<llvm::Module> Lowering::run() {
 // Below 256, the producer gives its registers back (setmaxnreg.dec to 24) and the consumers take
 // them (setmaxnreg.inc to L + (L - 24) * producer threads / consumer threads): one program of 8
 // consumer warps gets 240, two of 4 get 232. The same registers move, so the inc never waits.
-RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm) {
+RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm, int producerRegisters) {
   const int64_t threads = 32 * int64_t(consumerWarps + producerWarps);
   const int64_t launch = 65536 / (std::max<int64_t>(1, programsPerSm) * threads) / 8 * 8;
   if (launch >= 256) return {};
+  if (producerRegisters < 24 || producerRegisters % 8 != 0 || producerRegisters >= launch)
+    throw Error("producer_registers must be a multiple of 8 from 24 to below the launch's " + std::to_string(launch) +
+                " registers a thread (" + std::to_string(consumerWarps + producerWarps) + " warps, " +
+                std::to_string(programsPerSm) + " programs per SM), got " + std::to_string(producerRegisters));
   RegisterSplit split;
   split.launch = int(launch);
-  split.producer = 24;
-  split.consumer = int(std::min<int64_t>(256, (launch + (launch - 24) * producerWarps / consumerWarps) / 8 * 8));
+  split.producer = producerRegisters;
+  split.consumer = int(std::min<int64_t>(
+      256, (launch + (launch - producerRegisters) * producerWarps / consumerWarps) / 8 * 8));
   return split;
 }
 
+int producerRegisters(const ir::Function& f) {
+  if (const char* e = std::getenv("FLEXTILE_PRODUCER_REGISTERS"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end != 0) throw Error(std::string("FLEXTILE_PRODUCER_REGISTERS must be a number, got '") + e + "'");
+    return int(v);
+  }
+  return int(f.intAttrOr("producer_registers", 24));
+}
+
 void Lowering::lowerSpecialized(int64_t programsPerSm) {
-  const RegisterSplit split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm);
+  RegisterSplit split;
+  try {
+    split = registerSplit(func.numWarps(), producerWarps(func), programsPerSm, producerRegisters(func));
+  } catch (const Error& e) {
+    throw Error("function '" + func.name() + "': " + e.what());
+  }
   // The common prefix (ws = "all": the rings' barriers, their inits by thread 0 and a barrier):
   // one instruction stream for every thread, so its barrier is the aligned bar.sync 0.
   for (const auto& op : func.body().ops()) {

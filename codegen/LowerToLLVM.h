@@ -56,10 +56,17 @@ LoweringPlan planLowering(const ir::Function& f);
 // How a warp-specialized program (codegen/passes/WarpSpecialize.cpp) shares the register file:
 // ptxas caps every thread at `launch`, then setmaxnreg moves the producer to `producer` and the
 // consumers to `consumer`. All zero when the launch cap is 256 or more (nothing to move).
+// `producerRegisters`: what the producer keeps (24 by default; a multiple of 8 below the launch
+// cap, else an Error naming the value): a producer with more scalar state than 24 registers hold
+// (the peeled skewed walks' three loops) spills there, and every 8 more it keeps cost the
+// consumers 8 (two consumer warpgroups).
 struct RegisterSplit {
   int launch = 0, producer = 0, consumer = 0;
 };
-RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm);
+RegisterSplit registerSplit(int consumerWarps, int producerWarps, int64_t programsPerSm, int producerRegisters = 24);
+// The producer's registers for `f`: FLEXTILE_PRODUCER_REGISTERS, else the function attribute
+// producer_registers, else 24.
+int producerRegisters(const ir::Function& f);
 
 // Lowering, LLVM O3 and PTX emission of a function that already carries
 // layouts, under a given plan: compile() without the IR passes, for tests

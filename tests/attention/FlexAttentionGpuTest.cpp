@@ -188,7 +188,7 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
 
 namespace {
 // Every variant of kScheduleCases, one float64 reference per (variant, shape), under each skew
-// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP) at its configs (all with `skew` On).
+// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP, FLEXTILE_SKEW_PEEL) at its configs (all with `skew` On).
 void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexAttentionConfig>>>& modes) {
   SeededRandom rng;
   for (const Variant& var : variants())
@@ -199,6 +199,7 @@ void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexA
       for (const auto& [mode, configs] : modes) {
         ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
         ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
+        ScopedSetenv peel("FLEXTILE_SKEW_PEEL", mode.find("peel") != std::string::npos ? "1" : "0");
         for (FlexAttentionConfig config : configs) {
           config.skew = LoopSchedule::On;
           const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks " + mode;
@@ -233,6 +234,16 @@ TEST(FlexAttentionGpu, OverlappedSkewedWalksEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   checkSkewedWalks({{"overlap", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
                     {"all+overlap", {{128, 128, 8, 2}}}});
+}
+
+// The same peeled (FLEXTILE_SKEW_PEEL=1): Q·K_lo alone, the steps, P·V_{hi−1} alone, three loops
+// whose stages hold K alone, K and V, V alone on one set of rings (shared across the persistent
+// program's tiles), no phantom tile. Plain and overlapped.
+TEST(FlexAttentionGpu, PeeledSkewedWalksEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  checkSkewedWalks({{"overlap+peel", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
+                    {"peel", {{128, 128, 8, 2}}},
+                    {"all+overlap+peel", {{128, 128, 8, 2}}}});
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the

@@ -162,6 +162,19 @@ TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   }
 }
 
+// FLEXTILE_PRODUCER_REGISTERS takes a count: each count keys its own kernels (the setmaxnreg
+// split is the lowering's).
+TEST(CompileCache, TheProducerRegistersAreKeyed) {
+  flextile::testing::ScopedSetenv unset("FLEXTILE_PRODUCER_REGISTERS", "");
+  const std::string none = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+  flextile::testing::ScopedSetenv at32("FLEXTILE_PRODUCER_REGISTERS", "32");
+  const std::string with32 = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+  flextile::testing::ScopedSetenv at40("FLEXTILE_PRODUCER_REGISTERS", "40");
+  const std::string with40 = codegen::CompileCacheKey{0x1234, codegen::Target::sm90a()}.text();
+  EXPECT_NE(none, with32);
+  EXPECT_NE(with32, with40);
+}
+
 // FLEXTILE_REDUCE_TREE takes words, not just 0/1: each setting that changes the lowering has its own
 // key, and a value the lowering does not know (it lowers the default) keys as the default.
 TEST(CompileCache, TheReductionTreeSwitchKeysWhatTheLoweringDoes) {

@@ -306,6 +306,22 @@ TEST(WarpSpecialize, RegisterSplitMovesTheProducersRegistersToTheConsumers) {
   EXPECT_EQ(one.consumer, 232);
   EXPECT_LE(128 * one.producer + 128 * one.consumer, 256 * one.launch);
   EXPECT_EQ(registerSplit(4, 4, 1).launch, 0);  // 255 registers each already: nothing to move
+  // A producer that keeps 32 (the peeled skewed walks): the consumers get 8 fewer.
+  const RegisterSplit kept = registerSplit(8, 4, 1, 32);
+  EXPECT_EQ(kept.producer, 32);
+  EXPECT_EQ(kept.consumer, 232);
+  EXPECT_LE(128 * kept.producer + 256 * kept.consumer, 384 * kept.launch);
+  for (int bad : {16, 30, 168, 200}) {
+    try {
+      registerSplit(8, 4, 1, bad);
+      ADD_FAILURE() << bad << " producer registers accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("producer_registers must be a multiple of 8 from 24 to below the launch's 168"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("got " + std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
 }
 
 
