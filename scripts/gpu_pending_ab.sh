@@ -30,7 +30,7 @@ FLEXTILE_AB_TAG=bwdturns FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 
 echo "== the skewed walks peeled (no phantom step: 1.6 % of a no-mask walk's products, 3 % causal,"
 echo "   12 % on the window's) against the default, with the producer at 24 registers (it spills"
-echo "   4-20 bytes peeled) and at 32 (no spill but ALiBi's consumers 72 bytes); the window overlapped"
+echo "   16-52 bytes peeled) and at 32 (no spill but ALiBi's consumers 52 bytes); the window overlapped"
 echo "   too, whose short walks paid most for the phantom step"
 FLEXTILE_AB_TAG=peel FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SKEW_PEEL=1" "FLEXTILE_SKEW_PEEL=1 FLEXTILE_PRODUCER_REGISTERS=32" \

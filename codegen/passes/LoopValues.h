@@ -25,6 +25,13 @@ std::vector<ir::Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::
 // The value of an integer scalar constant (a loop's bound or step), or none.
 std::optional<int64_t> scalarConstant(const ir::Value* v);
 
+// The most iterations a `for` loop can run, where its bounds prove one: a constant step s > 0 and
+// an upper bound at most lb + d, for ub = lb + d (d constant), both constants, minimum(x, y) with
+// one side so bounded, or a select of two sides so bounded; then ceil(d / s) (0 for d <= 0).
+// A peeled skewed walk's prologue (lb, minimum(hi, lb + 1)) and epilogue (hi, select(hi > lo,
+// hi + 1, hi)) run at most once.
+std::optional<int64_t> staticTripBound(const ir::Op& forOp);
+
 // Inserts ops before `pos` of one block.
 struct Inserter {
   ir::Function& f;

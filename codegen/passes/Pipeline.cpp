@@ -80,6 +80,8 @@
 //   barrier; mbarrier_inval %full, %empty; barrier
 // The parities follow the iteration count k: iteration k's data is fill k/S of its slot. No proxy
 // fence: TMA writes through the async proxy that wgmma reads through, ordered by the barrier.
+// A loop whose bounds prove at most S-1 iterations (LoopValues.h staticTripBound) has all its
+// stages in the prologue: its body issues nothing (no release wait, no expect_tx, no copy).
 // (The barrier schedule without TMA, ring_barriers, has every thread copy and arrive.)
 //
 // Row rings. In a loop filled by TMA, a rank-1 load with a tensor box and a zero `other` that is
@@ -599,14 +601,21 @@ RingChain writeSchedule(ir::Function& f, LoopPlan& plan, int64_t stages, const T
   auto ahead = [&] {  // the induction value of iteration i+S-1, whose copies this iteration issues
     return issue.value(OpKind::Add, {body.arg(0), issue.value(OpKind::Mul, {step, issue.constant(stages - 1, ivType.dtype())}, ivType)}, ivType);
   };
+  // A loop of at most S - 1 iterations (staticTripBound) had every stage issued before it: its
+  // refills would all lie past its end. With TMA they are left out (no copy, and with shared rings
+  // no arrival either; without sharing the rings die with the loop): the peeled walks' one-step
+  // loops then cost the producer no issue path.
+  const std::optional<int64_t> trips = staticTripBound(forOp);
+  const bool refills = !(tma && trips && *trips <= stages - 1);
   if (tma) {
     // Thread 0 alone waits until every thread has released slot %write (in iteration i-1), then
     // refills it; the other threads only wait for their data. Issued before this iteration's
     // wait, so the copy has the longest lead; the copies' coordinates before the release wait.
     // (H200, 2026-12-03: the backward without a mask 416.4 against 400.6 TFLOP/s the other way,
     // its dq's producer reading each block index from the list.)
-    issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); },
-                  shared);
+    if (refills)
+      issueStageTma(issue, body, rings, ahead(), ub, writeSlot, full, [&] { waitReleased({{"issuer", int64_t(1)}}); },
+                    shared);
     waitFull();
   } else {
     if (withBarriers)
@@ -668,6 +677,42 @@ std::optional<int64_t> scalarConstant(const ir::Value* v) {
   if (!d || d->kind() != OpKind::Constant || v->type().isTile()) return std::nullopt;
   const auto* x = std::get_if<int64_t>(&d->attrs().at("value"));
   return x ? std::optional<int64_t>(*x) : std::nullopt;
+}
+
+namespace {
+// The most `ub` can exceed `lb` by, where the ops defining `ub` prove it.
+std::optional<int64_t> distanceBound(const ir::Value* ub, const ir::Value* lb) {
+  if (ub == lb) return 0;
+  if (auto u = scalarConstant(ub), l = scalarConstant(lb); u && l) return *u - *l;
+  const Op* d = ub->definingOp();
+  if (!d || ub->type().isTile()) return std::nullopt;
+  switch (d->kind()) {
+    case OpKind::Add:
+      for (int i = 0; i < 2; ++i)
+        if (d->operand(size_t(i)) == lb)
+          if (auto k = scalarConstant(d->operand(size_t(1 - i)))) return *k;
+      return std::nullopt;
+    case OpKind::Minimum: {
+      auto a = distanceBound(d->operand(0), lb), b = distanceBound(d->operand(1), lb);
+      if (a && b) return std::min(*a, *b);
+      return a ? a : b;
+    }
+    case OpKind::Select: {
+      auto a = distanceBound(d->operand(1), lb), b = distanceBound(d->operand(2), lb);
+      if (a && b) return std::max(*a, *b);
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
+}
+}  // namespace
+
+std::optional<int64_t> staticTripBound(const Op& forOp) {
+  const auto step = scalarConstant(forOp.operand(2));
+  if (!step || *step <= 0) return std::nullopt;
+  const auto d = distanceBound(forOp.operand(1), forOp.operand(0));
+  if (!d) return std::nullopt;
+  return *d <= 0 ? 0 : (*d + *step - 1) / *step;
 }
 
 bool shareRingsWanted(const ir::Function& f) { return passSwitch(f, "FLEXTILE_SHARE_RINGS", "share_rings"); }

@@ -18,6 +18,7 @@
 #include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/passes/LoopValues.h"
 #include "dsl/Kernel.h"
 #include "examples/kernels.h"
 #include "ir/Interpreter.h"
@@ -102,6 +103,67 @@ TEST(Pipeline, TheScheduleLowersTheSameAfterPrintingAndParsing) {
     EXPECT_EQ(count(direct, "wgmma\\.mma_async"), target.has(Feature::Wgmma) ? 2 : 0);
     EXPECT_GT(count(direct, "cp\\.async\\.cg"), 0);
   }
+}
+
+// The trip bound the pipeline reads off a loop's bounds (codegen/passes/LoopValues.h
+// staticTripBound): lb + d, constants, minimum with one bounded side, a select of two bounded
+// sides, a step that divides the distance; none where the bounds prove nothing.
+TEST(Pipeline, StaticTripBoundsComeFromTheBoundsOps) {
+  const char* text = R"(
+func @trips(%n: i32, %lo: i32) {
+  %c0 = constant {value = 0} : i32
+  %c1 = constant {value = 1} : i32
+  %c2 = constant {value = 2} : i32
+  %c5 = constant {value = 5} : i32
+  %lo1 = add %lo, %c1 : i32
+  %lo5 = add %c5, %lo : i32
+  %m = minimum %n, %lo1 : i32
+  %mc = minimum %n, %c1 : i32
+  %gt = cmp %n, %lo {pred = "gt"} : i1
+  %s = select %gt, %lo1, %lo : i32
+  %s2 = select %gt, %lo5, %n : i32
+  for %lo, %m, %c1 {
+  ^bb(%i0: i32):
+    yield
+  }
+  for %c0, %mc, %c1 {
+  ^bb(%i1: i32):
+    yield
+  }
+  for %lo, %s, %c1 {
+  ^bb(%i2: i32):
+    yield
+  }
+  for %lo, %lo5, %c2 {
+  ^bb(%i3: i32):
+    yield
+  }
+  for %lo, %lo, %c1 {
+  ^bb(%i4: i32):
+    yield
+  }
+  for %lo, %n, %c1 {
+  ^bb(%i5: i32):
+    yield
+  }
+  for %lo, %s2, %c1 {
+  ^bb(%i6: i32):
+    yield
+  }
+  for %lo, %lo1, %n {
+  ^bb(%i7: i32):
+    yield
+  }
+  return
+}
+)";
+  auto f = ir::parseFunction(text);
+  ir::verify(*f);
+  std::vector<std::optional<int64_t>> bounds;
+  for (const auto& op : f->body().ops())
+    if (op->kind() == ir::OpKind::For) bounds.push_back(staticTripBound(*op));
+  const std::vector<std::optional<int64_t>> expected = {1, 1, 1, 3, 0, std::nullopt, std::nullopt, std::nullopt};
+  EXPECT_EQ(bounds, expected);
 }
 
 TEST(Pipeline, OneStageMakesNoRing) {
