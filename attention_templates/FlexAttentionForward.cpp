@@ -399,7 +399,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // A persistent program's walks share their rings across its tiles (pipeline pass, shared rings),
   // so its producer issues the next tile's K and V during this tile's epilogue: without that the
   // persistent forward ran 0-14 % slower than a program per tile (H200, 2026-12-04).
-  if (k.persistent) f.attrs()["share_rings"] = int64_t(1);
+  // A peeled walk's three loops share their rings too, or each would set up, fill and invalidate
+  // a ring of its own with the loads' latency exposed at every loop's start.
+  if (k.persistent || (k.skew & kSkewPeel)) f.attrs()["share_rings"] = int64_t(1);
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   // ... and a mod's key positions, start + arange, are scaled as a scalar plus a loop-invariant
   // product (ALiBi: 32 multiplies a thread a step fewer at 128 x 128 on 8 warps; +2.1 % on the H200).

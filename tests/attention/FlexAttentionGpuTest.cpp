@@ -238,12 +238,16 @@ TEST(FlexAttentionGpu, OverlappedSkewedWalksEveryVariant) {
 
 // The same peeled (FLEXTILE_SKEW_PEEL=1): Q·K_lo alone, the steps, P·V_{hi−1} alone, three loops
 // whose stages hold K alone, K and V, V alone on one set of rings (shared across the persistent
-// program's tiles), no phantom tile. Plain and overlapped.
+// program's tiles), no phantom tile. Plain and overlapped; then with a ring set per loop
+// (FLEXTILE_SHARE_RINGS=0), where the one-step loops' barriers are invalidated with the phase
+// their refill no longer completes.
 TEST(FlexAttentionGpu, PeeledSkewedWalksEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   checkSkewedWalks({{"overlap+peel", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
                     {"peel", {{128, 128, 8, 2}}},
                     {"all+overlap+peel", {{128, 128, 8, 2}}}});
+  ScopedSetenv apart("FLEXTILE_SHARE_RINGS", "0");
+  checkSkewedWalks({{"overlap+peel", {{128, 128, 8, 2}, perTileConfig(), {128, 64, 8, 3}}}});
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the
