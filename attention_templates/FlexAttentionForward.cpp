@@ -399,6 +399,10 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // A persistent program's walks share their rings across its tiles (pipeline pass, shared rings),
   // so its producer issues the next tile's K and V during this tile's epilogue: without that the
   // persistent forward ran 0-14 % slower than a program per tile (H200, 2026-12-04).
+  // A persistent program's producer carries its peeled walks' bounds and ring state from tile to
+  // tile: at 24 registers it spills 16-52 bytes (152 where the last round splits), at 32 nothing,
+  // and the consumers' 232 spill nothing either (offline ptxas, 2026-12-05; not yet timed).
+  if (k.warpSpecialize && k.persistent && (k.skew & kSkewPeel)) f.attrs()["producer_registers"] = int64_t(32);
   // A peeled walk's three loops share their rings too, or each would set up, fill and invalidate
   // a ring of its own with the loads' latency exposed at every loop's start.
   if (k.persistent || (k.skew & kSkewPeel)) f.attrs()["share_rings"] = int64_t(1);
