@@ -9,25 +9,36 @@
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains (bench/RESULTS.md).
+# FLEXTILE_PENDING="peel decode ..." runs only the sections named (decode, alibi, bwdturns, peel),
+# to fit beside the GPU suite in one call:
+#   scripts/gpu_run.sh; FLEXTILE_PENDING=peel scripts/gpu_pending_ab.sh
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
+wanted() { [ -z "${FLEXTILE_PENDING:-}" ] || [[ " $FLEXTILE_PENDING " == *" $1 "* ]]; }
 
+if wanted decode; then
 echo "== the decode with exp2's ftz form (its default since 533707f) against without"
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
+fi
 
+if wanted alibi; then
 echo "== ALiBi's overlapped default spills 44 bytes (offline ptxas); each of these switches removes the"
 echo "   spill: does any of them pay now? (each was a gain before the overlap)"
 FLEXTILE_AB_TAG=alibi FLEXTILE_AB_ARGS="--quick --variants alibi" FLEXTILE_AB_TIMEOUT=60 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_REGROUP_SUMS=0" "FLEXTILE_HOIST_INVARIANT_LOADS=0" "FLEXTILE_EXP2_FTZ=0" \
   "FLEXTILE_SKEW_OVERLAP=0" "FLEXTILE_AB_BASELINE=1"
+fi
 
+if wanted bwdturns; then
 echo "== the backward's warpgroup turns (off by default: -0.5 to +1.6 % on 2026-12-03, before ftz"
 echo "   shortened its softmax) against its default"
 FLEXTILE_AB_TAG=bwdturns FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_PINGPONG=1"
+fi
 
+if wanted peel; then
 echo "== the skewed walks peeled (no phantom step: 1.6 % of a no-mask walk's products, 3 % causal,"
 echo "   12 % on the window's) against the default; a persistent peeled producer keeps 32 registers"
 echo "   (at 24 it spills 16-52 bytes, offline ptxas): that too against 24; the producer at 32 unpeeled;"
@@ -38,7 +49,10 @@ FLEXTILE_AB_TAG=peel FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/g
 FLEXTILE_AB_TAG=peelwin FLEXTILE_AB_ARGS="--quick --variants sliding_window" FLEXTILE_AB_TIMEOUT=60 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW_PEEL=1" \
   "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW_PEEL=1 FLEXTILE_PRODUCER_REGISTERS=24" "FLEXTILE_AB_BASELINE=1"
+fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log 2>/dev/null) &&
-  (cd "$OUT" && rm -f decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log)
+logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log 2>/dev/null)
+if [ -n "$logs" ]; then
+  tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
+fi
