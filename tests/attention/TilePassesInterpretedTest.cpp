@@ -672,7 +672,11 @@ static void checkSkewedWalks(const char* peel) {
   ScopedSetenv peeled("FLEXTILE_SKEW_PEEL", peel);
   SeededRandom rng;
   const std::vector<const char*> all = {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"};
-  for (const char* mode : {"1", "all", "1+overlap", "all+overlap"}) {
+  // Peeled, two of the four modes (the overlapped full walks, every walk plain; the persistent
+  // runs below take every walk both ways): the test runs ~4 minutes under ASan otherwise.
+  const std::vector<const char*> modes = std::string(peel) == "1" ? std::vector<const char*>{"1+overlap", "all"}
+                                                                  : std::vector<const char*>{"1", "all", "1+overlap", "all+overlap"};
+  for (const char* mode : modes) {
     const std::string m(mode);
     ScopedSetenv skew("FLEXTILE_SKEW", m.substr(0, m.find('+')).c_str());
     ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", m.find("overlap") != std::string::npos ? "1" : "0");
