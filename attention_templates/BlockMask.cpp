@@ -3,10 +3,13 @@
 #include "runtime/Stream.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <numeric>
 #include <tuple>
 
 namespace flextile::attention {
@@ -18,6 +21,8 @@ struct BlockMask::TensorCache {
   // Per space (0 host, 1 device): the forward lists (kvTensors; views of the parent's for a slice)
   // and all eight (tensors).
   std::optional<BlockMaskTensors> kv[2], all[2];
+  // Per space: heaviestTilesFirstTensor by (B, H, qLen, blockM).
+  std::map<std::array<int64_t, 4>, Tensor> tileOrders[2];
 };
 
 namespace {
@@ -772,6 +777,45 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
     slot = std::move(t);
   }
   return *slot;
+}
+
+std::vector<int32_t> BlockMask::heaviestTilesFirst(int64_t B, int64_t H, int64_t qLen, int64_t blockM) const {
+  requireHostLists("heaviestTilesFirst");
+  if (B < 1 || H < 1 || qLen < 1 || blockM < 1)
+    throw Error("BlockMask::heaviestTilesFirst: B, H, qLen and blockM must be positive, got B=" + std::to_string(B) +
+                " H=" + std::to_string(H) + " qLen=" + std::to_string(qLen) + " blockM=" + std::to_string(blockM));
+  checkInputs(B, H, qLen, kvLen_);
+  const int64_t mTiles = (qLen + blockM - 1) / blockM;
+  if (double(B) * double(H) * double(mTiles) > double(INT32_MAX))
+    throw Error("BlockMask::heaviestTilesFirst: " + std::to_string(B * H * mTiles) + " tiles do not fit i32");
+  std::vector<int64_t> work(size_t(B * H * mTiles));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t m = 0; m < mTiles; ++m) {
+        // The row the kernel reads (FlexAttentionForward.cpp's maskRow), B and H broadcast.
+        const int64_t maskRow = std::min((m * blockM + qPhase_) / sizes_.q, nQ_ - 1);
+        const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nQ_ + maskRow);
+        work[size_t((b * H + h) * mTiles + m)] = int64_t(partialKv_.num[r]) + fullKv_.num[r];
+      }
+  std::vector<int32_t> order(work.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return work[size_t(x)] > work[size_t(y)]; });
+  return order;
+}
+
+const Tensor& BlockMask::heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM, MemorySpace space,
+                                                  runtime::Stream* stream) const& {
+  std::lock_guard lock(tensors_->mutex);
+  auto& cache = tensors_->tileOrders[spaceSlot(space)];
+  const std::array<int64_t, 4> key{B, H, qLen, blockM};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const std::vector<int32_t> order = heaviestTilesFirst(B, H, qLen, blockM);
+    Tensor t = Tensor::fromHost(order, {int64_t(order.size())}, space, stream);
+    finishUpload(space, stream);  // kept for later calls on any stream
+    it = cache.emplace(key, std::move(t)).first;
+  }
+  return it->second;
 }
 
 const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* stream) const& {

@@ -243,6 +243,21 @@ class BlockMask {
   const BlockMaskTensors& kvTensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&;
   const BlockMaskTensors& kvTensors(dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&& = delete;
 
+  // The query tiles of a forward over B batches, H query heads and qLen queries in tiles of
+  // blockM rows, heaviest first: tile t = (b·H + h)·mTiles + m (m the tile's first query over
+  // blockM; the order a program per tile is launched in) ordered by the live blocks, full and
+  // partial, of the mask row the tile reads (the kernel's row, qPhase() included), most first;
+  // ties keep the launch order. The forward's FLEXTILE_TILE_ORDER=1 hands tiles out in this order
+  // (longest processing time first), so that a mask whose long rows are not the last ones (the
+  // document mask) does not end on a long tile alone. Needs the host lists.
+  std::vector<int32_t> heaviestTilesFirst(int64_t B, int64_t H, int64_t qLen, int64_t blockM) const;
+  // The same as an i32 tensor in `space`, made on first use for those sizes and kept (a
+  // reference into this mask's cache: lvalues only, as tensors()).
+  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM,
+                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&;
+  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM,
+                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&& = delete;
+
   // Where partial-block kernels of this mask run: where its captured tensors
   // live (set by the builder).
   std::optional<dsl::MemorySpace> space() const { return space_; }

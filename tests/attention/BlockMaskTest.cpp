@@ -5,6 +5,7 @@
 // without retracing, slices keep their queries' global positions, and every
 // misuse is a clear error.
 #include <gtest/gtest.h>
+#include <numeric>
 
 #include <utility>
 
@@ -323,6 +324,59 @@ concept CanAskForTensors = requires(M&& m) { std::forward<M>(m).tensors(MemorySp
 static_assert(CanAskForKvTensors<BlockMask&> && CanAskForKvTensors<const BlockMask&>);
 static_assert(!CanAskForKvTensors<BlockMask> && !CanAskForKvTensors<BlockMask&&>);
 static_assert(CanAskForTensors<const BlockMask&> && !CanAskForTensors<BlockMask>);
+
+// The forward's tile order (BlockMask::heaviestTilesFirst): tiles t = (b·H + h)·mTiles + m sorted
+// by their mask row's live blocks, most first, ties in launch order; B and H broadcast from a mask
+// of one; tiles smaller than the mask's rows share their row's count; a slice's rows start at its
+// query phase; sizes the mask does not fit are errors.
+TEST(BlockMask, HeaviestTilesFirstSortsTilesByTheirRowsLiveBlocks) {
+  // Causal over 200 queries in blocks of 64: rows 0..3 have 1, 2, 3, 4 live blocks.
+  BlockMask causal = createBlockMask(causal_mask(), 1, 1, 200, 200, {64, 64}, MemorySpace::Host);
+  const std::vector<int32_t> order = causal.heaviestTilesFirst(2, 2, 200, 64);
+  std::vector<int32_t> expected;
+  for (int m = 3; m >= 0; --m)
+    for (int bh = 0; bh < 4; ++bh) expected.push_back(bh * 4 + m);
+  EXPECT_EQ(order, expected);
+  // Tiles of 32 rows: two a mask row (the last row's second past the queries), with that row's
+  // count, in launch order.
+  const std::vector<int32_t> halves = causal.heaviestTilesFirst(1, 1, 200, 32);
+  EXPECT_EQ(halves, (std::vector<int32_t>{6, 4, 5, 2, 3, 0, 1}));
+  // A slice of rows 1..2 (queries 64..191): its own two rows, 2 and 3 live blocks.
+  BlockMask rows = causal.sliceRows(1, 2);
+  EXPECT_EQ(rows.heaviestTilesFirst(1, 1, 128, 64), (std::vector<int32_t>{1, 0}));
+  // A random document mask: a permutation whose work never rises.
+  SeededRandom rng;
+  std::vector<int32_t> ids(600);  // [2, 300]: each batch its own documents
+  for (size_t i = 0, doc = 0; i < ids.size(); ++i) {
+    if (i % 300 == 0 || rng() % 40 == 0) ++doc;
+    ids[i] = int32_t(doc);
+  }
+  CapturedTensor idTensor = capture(Tensor::fromHost(ids, {2, 300}, MemorySpace::Host), "document_ids");
+  BlockMask docs = createBlockMask(and_masks(causal_mask(), document_mask(idTensor)), 2, 1, 300, 300, {32, 32},
+                                   MemorySpace::Host);
+  const std::vector<int32_t> d = docs.heaviestTilesFirst(2, 3, 300, 32);
+  std::vector<int32_t> sorted = d;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int32_t> all(d.size());
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(sorted, all);
+  const BlockMaskTensors& lists = docs.kvTensors(MemorySpace::Host);
+  const std::vector<int32_t> partial = lists.kvNum.toHost<int32_t>(), full = lists.fullKvNum.toHost<int32_t>();
+  auto work = [&](int32_t t) {
+    const int64_t m = t % 10, b = t / 30;  // 10 tiles a head, 3 heads; the mask's H of 1 broadcasts
+    return partial[size_t(b * 10 + m)] + full[size_t(b * 10 + m)];
+  };
+  for (size_t i = 1; i < d.size(); ++i) {
+    EXPECT_GE(work(d[i - 1]), work(d[i])) << i;
+    if (work(d[i - 1]) == work(d[i])) EXPECT_LT(d[i - 1], d[i]) << i;
+  }
+  EXPECT_THROW(causal.heaviestTilesFirst(1, 1, 300, 64), Error);  // longer than the mask
+  EXPECT_THROW(causal.heaviestTilesFirst(1, 1, 200, 0), Error);
+  // The tensor form: the same order, kept.
+  const Tensor& t = causal.heaviestTilesFirstTensor(2, 2, 200, 64, MemorySpace::Host);
+  EXPECT_EQ(t.toHost<int32_t>(), expected);
+  EXPECT_EQ(&causal.heaviestTilesFirstTensor(2, 2, 200, 64, MemorySpace::Host), &t);
+}
 
 TEST(BlockMask, PictureOfASmallCausalMask) {
   BlockMask m = causalBlockMask(1, 1, 100, 100, {32, 32});

@@ -944,6 +944,22 @@ TEST(FlexAttentionCodegen, PeeledWalksShareTheirRingsAndSizeTheProducer) {
   }
 }
 
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): the kernel takes the order as a
+// parameter after its own (before the mods' captured tensors) and reads each tile from it, a program per tile (document) and
+// persistent (causal) alike; the default kernels have no such parameter. No mask with a split
+// last round deals its tiles its own way and takes no order.
+TEST(FlexAttentionCodegen, TheTileOrderIsAParameterOnlyWhenAskedFor) {
+  for (const char* name : {"document", "causal", "full"})
+    EXPECT_EQ(yardstickKernel(name).ir.find("%tile_order"), std::string::npos) << name;
+  ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  for (const char* name : {"document", "causal"}) {
+    const std::string ir = yardstickKernel(name).ir;
+    EXPECT_NE(ir.find("%tile_order: ptr<i32>"), std::string::npos) << name;
+    EXPECT_NE(ir.find("addptr %tile_order"), std::string::npos) << name;
+  }
+  EXPECT_EQ(yardstickKernel("full").ir.find("%tile_order"), std::string::npos);
+}
+
 // exp2's ftz form (codegen::exp2FlushesSubnormals) everywhere but where the warpgroups take turns
 // on unoverlapped walks (ftz measured 2-4 % slower there): at the H200's shape every default
 // forward but the window's takes ex2.approx.ftz.f32 (the turns' long walks are overlapped, the

@@ -293,6 +293,30 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
   }
 }
 
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1, BlockMask::heaviestTilesFirst, the
+// order uploaded once a mask): every variant on its default schedule (a program per tile reading
+// its tile from the order, persistent programs dealing the order in rounds) and forced persistent.
+// Lengths off the block, GQA, a padded head dim. A tile computed twice and another never shows as
+// poisoned rows.
+TEST(FlexAttentionGpu, TilesHeaviestFirstEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  for (const char* persistent : {"", "1"}) {
+    ScopedSetenv dealt("FLEXTILE_FORWARD_PERSISTENT", persistent);
+    for (const Variant& var : variants())
+      for (AttentionCase c : kScheduleCases) {
+        if (!inScope(c.work())) continue;
+        c.context = "variant " + var.name + ", " + c.describe() + ", tiles heaviest first, persistent '" + persistent + "'";
+        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+        if (*persistent && inst.score.gathersPerElement()) continue;  // (as RingsThatOutliveTheirLoop)
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask,
+                                withConfig(FlexAttentionConfig{128, 128, 8, 2})))
+          return;
+      }
+  }
+}
+
 // A persistent forward that splits its last round (the rule: tiles that walk alike, no mask): pieces
 // of the round's tiles walked by every program, then folded by the merge kernel. No mask, more
 // tiles than SMs (256 and 192 tiles on the H200's 132: a whole round, then 124 and 60 tiles cut),

@@ -654,6 +654,30 @@ TEST(TilePassesInterpreted, DecodeClusterMerge) {
   EXPECT_TRUE(checkFusedMergeCalls(rng, c, kHost));
 }
 
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1, BlockMask::heaviestTilesFirst): a
+// program per tile reads its tile from the order, persistent programs deal the order in rounds;
+// every tile is still computed once (the outputs are poisoned first). Before and after sm_90a's
+// passes, B and H above 1, query and key lengths off the block, GQA. (Fails with the order's h
+// and b decoded in the other nesting, and with the persistent programs reading the order at the
+// round's index plus one: each checked by hand.)
+TEST(TilePassesInterpreted, TilesHeaviestFirst) {
+  SeededRandom rng;
+  ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  const std::vector<const char*> names = {"document", "causal", "sliding_window", "prefix_lm", "alibi"};
+  for (const char* target : {"", "sm_90a"}) {
+    std::optional<InterpretAfterPasses> scope;
+    if (*target) scope.emplace(target);
+    for (const char* persistent : {"0", "1"}) {
+      ScopedSetenv dealt("FLEXTILE_FORWARD_PERSISTENT", persistent);
+      const std::string label = std::string("tiles heaviest first, persistent ") + persistent + " " + target;
+      const std::vector<FlexAttentionConfig> configs =
+          *target ? std::vector<FlexAttentionConfig>{kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}}
+                  : std::vector<FlexAttentionConfig>{kWgmmaTiles};
+      if (!checkWalkVariants(rng, label, configs, names)) return;
+    }
+  }
+}
+
 // The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk; iteration t issues P·V of
 // step t − 1, then Q·Kᵀ of step t; the first V and the last K are phantom tiles past the keys), and
 // overlapped (FLEXTILE_SKEW_OVERLAP=1: Q·Kᵀ of step t first, then P·V of step t − 1 with P carried,
