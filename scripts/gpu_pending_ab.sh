@@ -2,16 +2,16 @@
 # The opt-in switches built without a GPU and waiting for their measurement, as A/Bs against the
 # default in one device call (each setting a process of its own: the switches are read when a
 # kernel is traced or compiled, and each run gets a fresh compile cache). Run from the repo root
-# with ./bundle carried; logs under $OUT, the tables on stdout. About 4 minutes.
+# with ./bundle carried; logs under $OUT, the tables on stdout. About 5 minutes.
 #   device tool: run(command="scripts/gpu_pending_ab.sh", carry=["bundle"])
 # Keep this list to what is pending: once a switch is measured, record it in bench/RESULTS.md,
 # make it the default or leave it opt-in (docs/performance.md, "Tuning knobs"), and drop it here.
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains (bench/RESULTS.md).
-# FLEXTILE_PENDING="peel decode ..." runs only the sections named (decode, alibi, bwdturns, peel),
+# FLEXTILE_PENDING="peel order ..." runs only the sections named (decode, alibi, bwdturns, peel, order),
 # to fit beside the GPU suite in one call:
-#   scripts/gpu_run.sh; FLEXTILE_PENDING=peel scripts/gpu_pending_ab.sh
+#   scripts/gpu_run.sh; FLEXTILE_PENDING="peel order" scripts/gpu_pending_ab.sh
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 wanted() { [ -z "${FLEXTILE_PENDING:-}" ] || [[ " $FLEXTILE_PENDING " == *" $1 "* ]]; }
@@ -51,8 +51,17 @@ FLEXTILE_AB_TAG=peelwin FLEXTILE_AB_ARGS="--quick --variants sliding_window" FLE
   "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW_PEEL=1 FLEXTILE_PRODUCER_REGISTERS=24" "FLEXTILE_AB_BASELINE=1"
 fi
 
+if wanted order; then
+echo "== the tiles handed out heaviest first (a model of the document grid: the default order 9 %"
+echo "   behind longest-first); and persistent with that order (persistent lost 14 % on the document"
+echo "   mask in its default order)"
+FLEXTILE_AB_TAG=order FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_TILE_ORDER=1" "FLEXTILE_TILE_ORDER=1 FLEXTILE_FORWARD_PERSISTENT=1" \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_TILE_ORDER=1"
+fi
+
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi
