@@ -101,10 +101,10 @@
 //
 // Rings past their loop (TMA only; docs/architecture.md). Unshared, every loop owns its rings,
 // and the barrier and inval after it part it from the next. Shared (share_rings): the TMA loops of
-// a block whose rings fit one set (a loop may use some of its buffers) share it, allocated before them — or before the loop of the
-// function's body that holds them, which then carries the slot and count — and each loop issues
-// its own first stages into the next slots once released; stages past a loop's end arrive on
-// nothing (mbarrier_expect_tx {only_on = 1}).
+// a block whose rings fit one set (a loop may use some of its buffers) share it, allocated before
+// them — or before the loop of the function's body that holds them, which then carries the slot
+// and count — and each loop issues its own first stages into the next slots once released;
+// stages past a loop's end arrive on nothing (mbarrier_expect_tx {only_on = 1}).
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
