@@ -21,8 +21,8 @@ struct BlockMask::TensorCache {
   // Per space (0 host, 1 device): the forward lists (kvTensors; views of the parent's for a slice)
   // and all eight (tensors).
   std::optional<BlockMaskTensors> kv[2], all[2];
-  // Per space: heaviestTilesFirstTensor by (B, H, qLen, blockM).
-  std::map<std::array<int64_t, 4>, Tensor> tileOrders[2];
+  // Per space: heaviestTilesFirstTensor by (B, H, length, block, keys, G).
+  std::map<std::array<int64_t, 6>, Tensor> tileOrders[2];
 };
 
 namespace {
@@ -779,6 +779,16 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
   return *slot;
 }
 
+namespace {
+// Tile indices sorted by `work`, most first, ties in index order.
+std::vector<int32_t> mostWorkFirst(const std::vector<int64_t>& work) {
+  std::vector<int32_t> order(work.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return work[size_t(x)] > work[size_t(y)]; });
+  return order;
+}
+}  // namespace
+
 std::vector<int32_t> BlockMask::heaviestTilesFirst(int64_t B, int64_t H, int64_t qLen, int64_t blockM) const {
   requireHostLists("heaviestTilesFirst");
   if (B < 1 || H < 1 || qLen < 1 || blockM < 1)
@@ -797,20 +807,46 @@ std::vector<int32_t> BlockMask::heaviestTilesFirst(int64_t B, int64_t H, int64_t
         const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nQ_ + maskRow);
         work[size_t((b * H + h) * mTiles + m)] = int64_t(partialKv_.num[r]) + fullKv_.num[r];
       }
-  std::vector<int32_t> order(work.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return work[size_t(x)] > work[size_t(y)]; });
-  return order;
+  return mostWorkFirst(work);
 }
 
-const Tensor& BlockMask::heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM, MemorySpace space,
-                                                  runtime::Stream* stream) const& {
+std::vector<int32_t> BlockMask::heaviestKeyTilesFirst(int64_t B, int64_t Hkv, int64_t G, int64_t kvLen,
+                                                      int64_t blockN) const {
+  requireHostLists("heaviestKeyTilesFirst");
+  if (B < 1 || Hkv < 1 || G < 1 || kvLen < 1 || blockN < 1)
+    throw Error("BlockMask::heaviestKeyTilesFirst: B, Hkv, G, kvLen and blockN must be positive, got B=" +
+                std::to_string(B) + " Hkv=" + std::to_string(Hkv) + " G=" + std::to_string(G) + " kvLen=" +
+                std::to_string(kvLen) + " blockN=" + std::to_string(blockN));
+  checkInputs(B, Hkv * G, qLen_, kvLen);
+  const int64_t nTiles = (kvLen + blockN - 1) / blockN;
+  if (double(B) * double(Hkv) * double(nTiles) > double(INT32_MAX))
+    throw Error("BlockMask::heaviestKeyTilesFirst: " + std::to_string(B * Hkv * nTiles) + " tiles do not fit i32");
+  std::vector<int64_t> work(size_t(B * Hkv * nTiles));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv)
+      for (int64_t n = 0; n < nTiles; ++n) {
+        const int64_t column = std::min(n * blockN / sizes_.kv, nKv_ - 1);
+        int64_t w = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t h = hkv * G + g;
+          const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nKv_ + column);
+          w += int64_t(partialQ_.num[r]) + fullQ_.num[r];
+        }
+        work[size_t((b * Hkv + hkv) * nTiles + n)] = w;
+      }
+  return mostWorkFirst(work);
+}
+
+const Tensor& BlockMask::heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t length, int64_t block,
+                                                  MemorySpace space, runtime::Stream* stream, bool keys,
+                                                  int64_t G) const& {
   std::lock_guard lock(tensors_->mutex);
   auto& cache = tensors_->tileOrders[spaceSlot(space)];
-  const std::array<int64_t, 4> key{B, H, qLen, blockM};
+  const std::array<int64_t, 6> key{B, H, length, block, keys, G};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    const std::vector<int32_t> order = heaviestTilesFirst(B, H, qLen, blockM);
+    const std::vector<int32_t> order =
+        keys ? heaviestKeyTilesFirst(B, H, G, length, block) : heaviestTilesFirst(B, H, length, block);
     Tensor t = Tensor::fromHost(order, {int64_t(order.size())}, space, stream);
     finishUpload(space, stream);  // kept for later calls on any stream
     it = cache.emplace(key, std::move(t)).first;

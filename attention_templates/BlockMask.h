@@ -251,12 +251,19 @@ class BlockMask {
   // (longest processing time first), so that a mask whose long rows are not the last ones (the
   // document mask) does not end on a long tile alone. Needs the host lists.
   std::vector<int32_t> heaviestTilesFirst(int64_t B, int64_t H, int64_t qLen, int64_t blockM) const;
+  // The backward's key tiles the same way: tile t = (b·Hkv + g)·nTiles + n (n the tile's first key
+  // over blockN) of a program that walks the columns of the G query heads hkv·G .. hkv·G + G − 1,
+  // ordered by their live blocks (the transposed lists), most first, ties in launch order.
+  std::vector<int32_t> heaviestKeyTilesFirst(int64_t B, int64_t Hkv, int64_t G, int64_t kvLen, int64_t blockN) const;
   // The same as an i32 tensor in `space`, made on first use for those sizes and kept (a
-  // reference into this mask's cache: lvalues only, as tensors()).
-  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM,
-                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&;
-  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t qLen, int64_t blockM,
-                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr) const&& = delete;
+  // reference into this mask's cache: lvalues only, as tensors()); `keys` for heaviestKeyTilesFirst
+  // (H is then Hkv, `length` kvLen, `block` blockN, and G the query heads a key tile walks).
+  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t length, int64_t block,
+                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr,
+                                              bool keys = false, int64_t G = 1) const&;
+  const dsl::Tensor& heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t length, int64_t block,
+                                              dsl::MemorySpace space, runtime::Stream* stream = nullptr,
+                                              bool keys = false, int64_t G = 1) const&& = delete;
 
   // Where partial-block kernels of this mask run: where its captured tensors
   // live (set by the builder).

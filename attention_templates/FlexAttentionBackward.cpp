@@ -132,7 +132,7 @@ struct GradConstants {
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
                            (int64_t, exponentFirst), (int64_t, maskedDpEarly),
-                           (int64_t, seedFreeAdjoint), (int64_t, overlapDq));
+                           (int64_t, seedFreeAdjoint), (int64_t, overlapDq), (int64_t, tileOrder));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -286,12 +286,21 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   const auto k = constantsFrom<GradConstants>(constants);
   setGradKernelAttributes(f, k);
   const auto p = declareParams<GradParams>(f, dt);
+  std::optional<TileOrderParams<Traced>> order;
+  if (k.tileOrder) order = declareParams<TileOrderParams>(f, dt);
   const std::vector<TrainableCapture> trainable =
       declareTrainable(f, scoreMod, k.deterministic, k.atomicDq ? p.dq_accum.value() : nullptr);
   // dq reads nothing dkdv writes: once every dkdv program has started, dq's programs may take the
   // SMs dkdv's last wave leaves idle (programmatic dependent launch; dq waits for dkdv at its end).
   if (k.overlapDq) release_dependent_grids();
+  // In launch order, or with tileOrder the key tiles heaviest first (heaviestKeyTilesFirst).
   Tile nBlock = program_id(0), hkv = program_id(1), b = program_id(2);
+  if (k.tileOrder) {
+    Tile t = load(order->tile_order + (program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2))));
+    nBlock = t % num_programs(0);
+    hkv = (t / num_programs(0)) % num_programs(1);
+    b = t / (num_programs(0) * num_programs(1));
+  }
   Tile offsN = nBlock * k.BN + arange(0, k.BN);
   Tile offsD = arange(0, k.DP);
   Tile b64 = b.to(DType::I64);
@@ -442,9 +451,19 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   const auto k = constantsFrom<GradConstants>(constants);
   setGradKernelAttributes(f, k);
   const auto p = declareParams<GradParams>(f, dt);
+  std::optional<TileOrderParams<Traced>> order;
+  if (k.tileOrder) order = declareParams<TileOrderParams>(f, dt);
   // The gradient buffers exist in both kernels' signatures (one argument list); dq never writes them.
   declareTrainable(f, scoreMod, k.deterministic);
+  // The query tiles in reverse launch order (causal: the longest rows first), or with tileOrder
+  // heaviest first (heaviestTilesFirst).
   Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
+  if (k.tileOrder) {
+    Tile t = load(order->tile_order + (program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2))));
+    mBlock = t % num_programs(0);
+    h = (t / num_programs(0)) % num_programs(1);
+    b = t / (num_programs(0) * num_programs(1));
+  }
   Tile hkv = h / k.G;
   Tile offsM = mBlock * k.BM + arange(0, k.BM);
   Tile offsD = arange(0, k.DP);
@@ -868,7 +887,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      detail::forcedBySwitch("FLEXTILE_BWD_SEED_FREE_ADJOINT") != false,
                      // dkdv lets the separate dq kernel start during its last wave
                      // (FLEXTILE_BWD_OVERLAP_DQ=0: dq after dkdv has finished, as before).
-                     !atomicDq && detail::forcedBySwitch("FLEXTILE_BWD_OVERLAP_DQ") != false};
+                     !atomicDq && detail::forcedBySwitch("FLEXTILE_BWD_OVERLAP_DQ") != false,
+                     // The tiles heaviest first (FLEXTILE_TILE_ORDER=1, as the forward's; opt-in until
+                     // timed): dkdv's key tiles by their columns' live blocks, dq's query tiles by
+                     // their rows'. Needs the host lists; not with the atomic dQ (its dkdv is the
+                     // only kernel and keeps its order).
+                     detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};
@@ -890,6 +914,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
          .dout_stride_h = dos[1], .dout_stride_m = dos[2], .q_heads = Hq, .scale = kernelScale, .grad_scale = scale,
          .dq_accum = dqAccum},
         kernel.name());
+    if (gc.tileOrder) {
+      const Tensor& order = dkdv ? mask.heaviestTilesFirstTensor(B, Hkv, S, c.block_n, space, options.stream, true, Hq / Hkv)
+                                 : mask.heaviestTilesFirstTensor(B, Hq, L, c.block_m, space, options.stream);
+      const std::vector<KernelArg> ordered = bindParams<TileOrderParams>({.tile_order = order}, kernel.name());
+      args.insert(args.end(), ordered.begin(), ordered.end());
+    }
     for (const Tensor& g : gradBuffers) args.push_back(KernelArg(g));
     launches.push_back({&kernel, lo, std::move(args)});
   };

@@ -30,6 +30,14 @@ struct PagedKvParams {
                            (P<I32Ptr>, kv_lengths));
 };
 
+// The parameter a template declares after its own (and the paged ones) when it hands its tiles
+// out in an order (the forward's and the backward's `tileOrder` constant): the tiles in that order
+// (BlockMask::heaviestTilesFirst, heaviestKeyTilesFirst).
+template <template <class> class P>
+struct TileOrderParams {
+  BOOST_HANA_DEFINE_STRUCT(TileOrderParams, (P<I32Ptr>, tile_order));
+};
+
 // The compile-time constants of a paged K/V, after the template's own: the page size and whether
 // the per-batch lengths are read.
 struct PagedKvConstants {

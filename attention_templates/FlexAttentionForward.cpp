@@ -339,13 +339,6 @@ struct ForwardParams {
                            (P<F32Ptr>, part_lse), (P<I32>, tile_steps));
 };
 
-// With the `tileOrder` constant, after the others (and the paged ones): the tiles in the order
-// they are handed out (BlockMask::heaviestTilesFirst).
-template <template <class> class P>
-struct TileOrderParams {
-  BOOST_HANA_DEFINE_STRUCT(TileOrderParams, (P<I32Ptr>, tile_order));
-};
-
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
 struct ForwardConstants {
   BOOST_HANA_DEFINE_STRUCT(ForwardConstants, (int64_t, BM), (int64_t, BN), (int64_t, D), (int64_t, DP), (int64_t, G),

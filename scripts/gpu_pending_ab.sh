@@ -58,10 +58,13 @@ echo "   mask in its default order)"
 FLEXTILE_AB_TAG=order FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/gpu_ab.sh \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_TILE_ORDER=1" "FLEXTILE_TILE_ORDER=1 FLEXTILE_FORWARD_PERSISTENT=1" \
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_TILE_ORDER=1"
+echo "== the backward's tiles heaviest first (dkdv's key tiles, dq's query tiles)"
+FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_TILE_ORDER=1"
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

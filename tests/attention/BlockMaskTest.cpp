@@ -370,6 +370,13 @@ TEST(BlockMask, HeaviestTilesFirstSortsTilesByTheirRowsLiveBlocks) {
     EXPECT_GE(work(d[i - 1]), work(d[i])) << i;
     if (work(d[i - 1]) == work(d[i])) EXPECT_LT(d[i - 1], d[i]) << i;
   }
+  // The backward's key tiles: causal column n of 4 has 4 − n live blocks, over G = 2 query heads
+  // of each of Hkv = 2 (the mask's H of one broadcast): the first columns first.
+  std::vector<int32_t> keyExpected;
+  for (int n = 0; n < 4; ++n)
+    for (int bh = 0; bh < 2; ++bh) keyExpected.push_back(bh * 4 + n);
+  EXPECT_EQ(causal.heaviestKeyTilesFirst(1, 2, 2, 200, 64), keyExpected);
+  EXPECT_THROW(causal.heaviestKeyTilesFirst(1, 2, 2, 300, 64), Error);  // longer than the mask
   EXPECT_THROW(causal.heaviestTilesFirst(1, 1, 300, 64), Error);  // longer than the mask
   EXPECT_THROW(causal.heaviestTilesFirst(1, 1, 200, 0), Error);
   // The tensor form: the same order, kept.

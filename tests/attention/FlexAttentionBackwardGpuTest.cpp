@@ -143,6 +143,18 @@ TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
                     DqAccumulation::Separate);
 }
 
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles and dq's query
+// tiles read from orders made on the host, every variant, the default config and the specialized
+// one. A tile computed twice and another never shows as poisoned gradients.
+TEST(FlexAttentionBackwardGpu, TilesHeaviestFirstEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  flextile::testing::ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  checkEveryVariant(rng, "backward, tiles heaviest first", {{129, 1000}, {1000, 333}},
+                    {std::nullopt, FlexAttentionBackwardConfig{dkdv, dq}}, DqAccumulation::Separate);
+}
+
 // The backward's walks on a ring each (FLEXTILE_SHARE_RINGS=0; the default shares one set between
 // them, which every other backward test runs): dkdv's and dq's full and partial walks, every
 // variant, at the default config.

@@ -87,6 +87,21 @@ TEST(FlexAttentionBackward, EveryVariant) {
   checkEveryVariant(rng, DqAccumulation::Separate, "");
 }
 
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles by their columns'
+// live blocks over the group's query heads, dq's query tiles by their rows' (the forward's order);
+// every variant on shapes with B and H above 1, GQA and MQA. (Fails with dkdv's head and batch
+// decoded in the other nesting, and with dq's order taken for dkdv: each checked by hand.)
+TEST(FlexAttentionBackward, TilesHeaviestFirst) {
+  SeededRandom rng;
+  ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  checkEveryVariant(rng, DqAccumulation::Separate, "tiles heaviest first, ");
+  // (B differs from Hkv: a program that swapped them would still cover every tile where they agree.)
+  AttentionCase c{.B = 3, .Hq = 4, .Hkv = 2, .L = 150, .S = 200, .D = 32, .dtype = DType::BF16,
+                  .context = "causal, tiles heaviest first, blocks of 32"};
+  BlockMask m = causalBlockMask(1, 1, c.L, c.S, {32, 32});
+  checkBackward(rng, c, kHost, noop_score(), m, small(refCausal()));
+}
+
 // Lengths 1, 3, 127, 128, 129 both ways with the default mask blocks and the default config.
 TEST(FlexAttentionBackward, LengthsAroundTheBlocks) {
   SeededRandom rng;

@@ -676,6 +676,8 @@ TEST(TilePassesInterpreted, TilesHeaviestFirst) {
       if (!checkWalkVariants(rng, label, configs, names)) return;
     }
   }
+  InterpretAfterPasses scope("sm_90a");
+  checkBackwardWalks(rng, "tiles heaviest first");
 }
 
 // The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk; iteration t issues P·V of
