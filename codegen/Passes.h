@@ -79,7 +79,7 @@ bool ringBarriersWanted(const ir::Function& f);
 // attribute tma_in_staging_loops = 1, or FLEXTILE_TMA_IN_STAGING_LOOPS=1 (such a loop gave wrong
 // rows on the H200 with TMA before warp specialization existed: docs/reliability.md).
 bool tmaInStagingLoopsWanted(const ir::Function& f);
-// Whether TMA loops whose rings match share one set of ring buffers and barriers, each loop issuing
+// Whether TMA loops whose rings fit one set share its ring buffers and barriers, each loop issuing
 // its own first stages into the slots after the previous loop's (pipeline pass, "shared rings"):
 // two walks side by side, or the walks of a loop of the function's body, whose iterations pass the
 // rings on (the persistent forward). Opt-in: function attribute share_rings = 1, or
