@@ -11,7 +11,7 @@
 # form on the forward and backward, the row max as four chains (bench/RESULTS.md).
 # FLEXTILE_PENDING="peel order ..." runs only the sections named (decode, alibi, bwdturns, peel, order),
 # to fit beside the GPU suite in one call:
-#   scripts/gpu_run.sh; FLEXTILE_PENDING="peel order" scripts/gpu_pending_ab.sh
+#   scripts/gpu_run.sh; FLEXTILE_PENDING=peel scripts/gpu_pending_ab.sh
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 wanted() { [ -z "${FLEXTILE_PENDING:-}" ] || [[ " $FLEXTILE_PENDING " == *" $1 "* ]]; }
