@@ -780,8 +780,15 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
 }
 
 namespace {
-// Tile indices sorted by `work`, most first, ties in index order.
-std::vector<int32_t> mostWorkFirst(const std::vector<int64_t>& work) {
+// Tiles t = (b·H + h)·tiles + i, sorted by workOf(b, h, i), most first, ties in index order.
+std::vector<int32_t> mostWorkFirst(const char* what, int64_t B, int64_t H, int64_t tiles,
+                                   const std::function<int64_t(int64_t, int64_t, int64_t)>& workOf) {
+  if (double(B) * double(H) * double(tiles) > double(INT32_MAX))
+    throw Error(std::string("BlockMask::") + what + ": " + std::to_string(B * H * tiles) + " tiles do not fit i32");
+  std::vector<int64_t> work(size_t(B * H * tiles));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < tiles; ++i) work[size_t((b * H + h) * tiles + i)] = workOf(b, h, i);
   std::vector<int32_t> order(work.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return work[size_t(x)] > work[size_t(y)]; });
@@ -795,19 +802,12 @@ std::vector<int32_t> BlockMask::heaviestTilesFirst(int64_t B, int64_t H, int64_t
     throw Error("BlockMask::heaviestTilesFirst: B, H, qLen and blockM must be positive, got B=" + std::to_string(B) +
                 " H=" + std::to_string(H) + " qLen=" + std::to_string(qLen) + " blockM=" + std::to_string(blockM));
   checkInputs(B, H, qLen, kvLen_);
-  const int64_t mTiles = (qLen + blockM - 1) / blockM;
-  if (double(B) * double(H) * double(mTiles) > double(INT32_MAX))
-    throw Error("BlockMask::heaviestTilesFirst: " + std::to_string(B * H * mTiles) + " tiles do not fit i32");
-  std::vector<int64_t> work(size_t(B * H * mTiles));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t m = 0; m < mTiles; ++m) {
-        // The row the kernel reads (FlexAttentionForward.cpp's maskRow), B and H broadcast.
-        const int64_t maskRow = std::min((m * blockM + qPhase_) / sizes_.q, nQ_ - 1);
-        const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nQ_ + maskRow);
-        work[size_t((b * H + h) * mTiles + m)] = int64_t(partialKv_.num[r]) + fullKv_.num[r];
-      }
-  return mostWorkFirst(work);
+  return mostWorkFirst("heaviestTilesFirst", B, H, (qLen + blockM - 1) / blockM, [&](int64_t b, int64_t h, int64_t m) {
+    // The row the kernel reads (FlexAttentionForward.cpp's maskRow), B and H broadcast.
+    const int64_t maskRow = std::min((m * blockM + qPhase_) / sizes_.q, nQ_ - 1);
+    const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nQ_ + maskRow);
+    return int64_t(partialKv_.num[r]) + fullKv_.num[r];
+  });
 }
 
 std::vector<int32_t> BlockMask::heaviestKeyTilesFirst(int64_t B, int64_t Hkv, int64_t G, int64_t kvLen,
@@ -818,23 +818,17 @@ std::vector<int32_t> BlockMask::heaviestKeyTilesFirst(int64_t B, int64_t Hkv, in
                 std::to_string(B) + " Hkv=" + std::to_string(Hkv) + " G=" + std::to_string(G) + " kvLen=" +
                 std::to_string(kvLen) + " blockN=" + std::to_string(blockN));
   checkInputs(B, Hkv * G, qLen_, kvLen);
-  const int64_t nTiles = (kvLen + blockN - 1) / blockN;
-  if (double(B) * double(Hkv) * double(nTiles) > double(INT32_MAX))
-    throw Error("BlockMask::heaviestKeyTilesFirst: " + std::to_string(B * Hkv * nTiles) + " tiles do not fit i32");
-  std::vector<int64_t> work(size_t(B * Hkv * nTiles));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t hkv = 0; hkv < Hkv; ++hkv)
-      for (int64_t n = 0; n < nTiles; ++n) {
-        const int64_t column = std::min(n * blockN / sizes_.kv, nKv_ - 1);
-        int64_t w = 0;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = hkv * G + g;
-          const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nKv_ + column);
-          w += int64_t(partialQ_.num[r]) + fullQ_.num[r];
-        }
-        work[size_t((b * Hkv + hkv) * nTiles + n)] = w;
-      }
-  return mostWorkFirst(work);
+  return mostWorkFirst("heaviestKeyTilesFirst", B, Hkv, (kvLen + blockN - 1) / blockN,
+                       [&](int64_t b, int64_t hkv, int64_t n) {
+                         // The column the kernel walks, over the group's query heads (transposed lists).
+                         const int64_t column = std::min(n * blockN / sizes_.kv, nKv_ - 1);
+                         int64_t w = 0;
+                         for (int64_t h = hkv * G; h < (hkv + 1) * G; ++h) {
+                           const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nKv_ + column);
+                           w += int64_t(partialQ_.num[r]) + fullQ_.num[r];
+                         }
+                         return w;
+                       });
 }
 
 const Tensor& BlockMask::heaviestTilesFirstTensor(int64_t B, int64_t H, int64_t length, int64_t block,
