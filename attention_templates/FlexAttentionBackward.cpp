@@ -295,12 +295,9 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   if (k.overlapDq) release_dependent_grids();
   // In launch order, or with tileOrder the key tiles heaviest first (heaviestKeyTilesFirst).
   Tile nBlock = program_id(0), hkv = program_id(1), b = program_id(2);
-  if (k.tileOrder) {
-    Tile t = load(order->tile_order + (program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2))));
-    nBlock = t % num_programs(0);
-    hkv = (t / num_programs(0)) % num_programs(1);
-    b = t / (num_programs(0) * num_programs(1));
-  }
+  if (k.tileOrder)
+    std::tie(nBlock, hkv, b) =
+        detail::tileFromOrder(order->tile_order, detail::launchIndex(), num_programs(0), num_programs(1));
   Tile offsN = nBlock * k.BN + arange(0, k.BN);
   Tile offsD = arange(0, k.DP);
   Tile b64 = b.to(DType::I64);
@@ -458,12 +455,9 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   // The query tiles in reverse launch order (causal: the longest rows first), or with tileOrder
   // heaviest first (heaviestTilesFirst).
   Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
-  if (k.tileOrder) {
-    Tile t = load(order->tile_order + (program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2))));
-    mBlock = t % num_programs(0);
-    h = (t / num_programs(0)) % num_programs(1);
-    b = t / (num_programs(0) * num_programs(1));
-  }
+  if (k.tileOrder)
+    std::tie(mBlock, h, b) =
+        detail::tileFromOrder(order->tile_order, detail::launchIndex(), num_programs(0), num_programs(1));
   Tile hkv = h / k.G;
   Tile offsM = mBlock * k.BM + arange(0, k.BM);
   Tile offsD = arange(0, k.DP);

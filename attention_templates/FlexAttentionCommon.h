@@ -163,6 +163,13 @@ struct SoftmaxWeights {
 SoftmaxWeights softmaxWeights(const dsl::Tile& m, dsl::Tile s, const dsl::Tile* rowScale = nullptr,
                               const dsl::Tile* keepM = nullptr);
 
+// A tile order (TileOrderParams): the grid coordinates (x, y, z) of its entry n, a launch index
+// (z·ny + y)·nx + x of a grid nx × ny × …; and this program's own launch index, the n a program per
+// tile takes.
+std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> tileFromOrder(const dsl::Tile& order, const dsl::Tile& n,
+                                                          const dsl::Tile& nx, const dsl::Tile& ny);
+dsl::Tile launchIndex();
+
 // A row's log-sum-exp from its online-softmax state in the exp2 domain (`empty`: l == 0, a row with
 // no live score, whose lse is -inf): m + log2 l, the partials' lse that the merges fold, or with
 // `natural` that times ln 2, the lse a caller gets.

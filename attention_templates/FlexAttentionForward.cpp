@@ -702,13 +702,12 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // With a tile order (tileOrder: BlockMask::heaviestTilesFirst, longest first), the n-th tile
   // handed out is the order's n-th: t = (b·H + h)·mBlocks + m.
   auto orderedTile = [&](const Tile& n, const Tile& mBlocks, const Piece* piece) {
-    Tile t = load(order->tile_order + n);
-    tile(t % mBlocks, (t / mBlocks) % p.q_heads, t / (mBlocks * p.q_heads), piece);
+    auto [mBlock, h, b] = detail::tileFromOrder(order->tile_order, n, mBlocks, p.q_heads);
+    tile(mBlock, h, b, piece);
   };
   if (!k.persistent) {
     if (k.tileOrder) {
-      orderedTile(program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2)), num_programs(0),
-                  nullptr);
+      orderedTile(detail::launchIndex(), num_programs(0), nullptr);
       return;
     }
     Tile mBlock = num_programs(0) - 1 - program_id(0), h = program_id(1), b = program_id(2);
@@ -1269,6 +1268,13 @@ std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, con
   Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
   return std::tuple{mNew, lNew, aNew};
 }
+
+std::tuple<Tile, Tile, Tile> tileFromOrder(const Tile& order, const Tile& n, const Tile& nx, const Tile& ny) {
+  Tile t = load(order + n);
+  return {t % nx, (t / nx) % ny, t / (nx * ny)};
+}
+
+Tile launchIndex() { return program_id(0) + num_programs(0) * (program_id(1) + num_programs(1) * program_id(2)); }
 
 Tile rowLse(const Tile& m, const Tile& l, const Tile& empty, bool natural) {
   Tile log2Lse = m + log2(where(empty, 1.0, l));
