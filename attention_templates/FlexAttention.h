@@ -139,9 +139,14 @@ struct FlexDecodeConfig {
   // which is Off (19-22 % slower on the H200's long decodes, 2026-12-05).
   // FLEXTILE_DECODE_CLUSTER_MERGE=0/1 overrides it.
   LoopSchedule cluster_merge = LoopSchedule::Auto;
-  std::string describe() const;  // "BN64 w4 s3 splits auto", then " cluster" or " no-cluster" if said
-  // "BN,W,S[,SPLITS][,cluster|,no-cluster]" (flextile compile --kernel decode --config); throws an
-  // Error naming the text and the form.
+  // The full blocks' K and V filled by TMA from a producer warpgroup of its own, the num_warps warps
+  // consuming (sm_90a, a contiguous K/V that TMA can describe; a paged K/V ignores it): On, Off, or
+  // Auto, which is Off until measured on a GPU. FLEXTILE_DECODE_WARP_SPECIALIZE=0/1 overrides it.
+  WarpSpecialization warp_specialize = WarpSpecialization::Auto;
+  // "BN64 w4 s3 splits auto", then " cluster" / " no-cluster" and " ws" / " no-ws" where said
+  std::string describe() const;
+  // "BN,W,S[,SPLITS][,cluster|,no-cluster][,ws|,no-ws]" (flextile compile --kernel decode
+  // --config); throws an Error naming the text and the form.
   static FlexDecodeConfig parse(std::string_view text);
   bool operator==(const FlexDecodeConfig&) const = default;
 };
@@ -381,7 +386,10 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
 // resident: as many as its shared memory holds (each with the system's per-block reservation), at
 // most 8, but no more than leave each thread 128 registers. The kernel asks ptxas for this
 // residency (min_programs_per_sm), so registers never lower it.
-int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch);
+// `producerWarps`: a specialized program's producer warpgroup (4 warps at the producer's 24
+// registers a thread) besides its num_warps consumers.
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch,
+                            int producerWarps = 0);
 
 // What the decode template would run for these inputs (names, the split count, the configs), for
 // tests, tools and the docs; nothing is launched.

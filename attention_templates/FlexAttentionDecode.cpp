@@ -55,17 +55,28 @@ using namespace flextile::attention::tmpl;
 std::string FlexDecodeConfig::describe() const {
   return "BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" + std::to_string(num_stages) +
          " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto")) +
-         (cluster_merge == LoopSchedule::On ? " cluster" : cluster_merge == LoopSchedule::Off ? " no-cluster" : "");
+         (cluster_merge == LoopSchedule::On ? " cluster" : cluster_merge == LoopSchedule::Off ? " no-cluster" : "") +
+         (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "");
 }
 
 FlexDecodeConfig FlexDecodeConfig::parse(std::string_view text) {
   const std::string usage = "decode config '" + std::string(text) +
                             "': expects BN,W,S (three positive integers), then optionally SPLITS (0 chooses), then "
-                            "optionally ,cluster or ,no-cluster";
+                            "optionally ,cluster or ,no-cluster and ,ws or ,no-ws";
   std::vector<std::string> items = detail::configItems(text);
   FlexDecodeConfig c;
-  if (!items.empty() && (items.back() == "cluster" || items.back() == "no-cluster")) {
-    c.cluster_merge = items.back() == "cluster" ? LoopSchedule::On : LoopSchedule::Off;
+  bool clusterSaid = false, wsSaid = false;
+  while (!items.empty() && items.back().find_first_not_of("0123456789") != std::string::npos) {
+    const std::string& word = items.back();
+    if ((word == "cluster" || word == "no-cluster") && !clusterSaid) {
+      c.cluster_merge = word == "cluster" ? LoopSchedule::On : LoopSchedule::Off;
+      clusterSaid = true;
+    } else if ((word == "ws" || word == "no-ws") && !wsSaid) {
+      c.warp_specialize = word == "ws" ? WarpSpecialization::On : WarpSpecialization::Off;
+      wsSaid = true;
+    } else {
+      throw Error(usage);
+    }
     items.pop_back();
   }
   if (items.size() < 3 || items.size() > 4) throw Error(usage);
@@ -92,14 +103,17 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   return {64, 4, 2, 0};
 }
 
-int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch) {
+int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::TargetDescription& arch,
+                            int producerWarps) {
   // The rest of a decode program's shared memory (the cross-warp reductions) is small. 128 registers
-  // a thread is the template's floor, well under the architecture's ceiling (registersPerThread).
-  constexpr int64_t kRegistersPerThread = 128;
+  // a thread is the template's floor, well under the architecture's ceiling (registersPerThread);
+  // a producer keeps the warp-specialize pass's 24.
+  constexpr int64_t kRegistersPerThread = 128, kProducerRegisters = 24;
   const int64_t perProgram = std::max<int64_t>(1, ringBytes) + arch.reservedSharedBytesPerBlock;
   const int64_t byShared = std::clamp<int64_t>(arch.sharedBytesPerSm / perProgram, 1, 8);
-  const int64_t byRegisters =
-      std::max<int64_t>(1, arch.registersPerSm / (kRegistersPerThread * 32 * std::max(1, numWarps)));
+  const int64_t registers =
+      32 * (kRegistersPerThread * std::max(1, numWarps) + kProducerRegisters * std::max(0, producerWarps));
+  const int64_t byRegisters = std::max<int64_t>(1, arch.registersPerSm / registers);
   return std::min(byShared, byRegisters);
 }
 
@@ -152,7 +166,7 @@ struct DecodeConstants {
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
-                           (int64_t, clusterTickets));
+                           (int64_t, clusterTickets), (int64_t, warpSpecialize));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -222,6 +236,13 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // than three programs leave (32 rows at D = 128 spilled 112 bytes at 168, 128 rows 4 KB), so
   // those keep ptxas's own choice.
   if (k.PPSM > 0 && k.BM <= 16) f.attrs()["min_programs_per_sm"] = k.PPSM;
+  if (k.warpSpecialize) {
+    // The full walk's rings by TMA from a producer warpgroup. Its loop reduces rows and converts P
+    // across warps through shared memory, which the pipeline gives TMA only with a producer.
+    f.attrs()["tma"] = int64_t(1);
+    f.attrs()["warp_specialize"] = int64_t(1);
+    f.attrs()["tma_in_staging_loops"] = int64_t(1);
+  }
   const auto p = declareParams<DecodeParams>(f, dt);
   std::optional<PagedKvConstants> pc;
   std::optional<PagedKvParams<Traced>> pp;
@@ -344,8 +365,24 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         loadCols = colLive & ((step >= kLiveBits) | (((liveBits >> step) & 1) != 0));
       }
       const bool exact = !partial && !keysMayEnd && k.DP == k.D;
-      Tile kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(loadCols));
-      Tile vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(loadCols));
+      Tile kt, vt;
+      if (k.warpSpecialize && !partial) {
+        // Full steps as tensor boxes of K and V (`paged` never specializes): TMA zero-fills the
+        // keys past kv_len and the columns past D, as the masked copies do. A partial step loads
+        // only its live columns (a NaN in a dead key's V would reach the output), so it keeps
+        // the copies.
+        auto box = [&](const Tile& base, const Tile& strideB, const Tile& strideH, const Tile& strideN) {
+          return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
+                           {b, hkv, start, 0}};
+        };
+        const TensorBox kBox = box(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
+        const TensorBox vBox = box(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
+        kt = exact ? load(kBase + kOffs, kBox) : load(kBase + kOffs, byD(loadCols), kBox);
+        vt = exact ? load(vBase + vOffs, vBox) : load(vBase + vOffs, byD(loadCols), vBox);
+      } else {
+        kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(loadCols));
+        vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(loadCols));
+      }
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
       if (k.hasScoreMod)
@@ -553,6 +590,8 @@ struct DecodePrepared {
   const PagedKV* paged = nullptr;  // the paged K/V, or null for contiguous k and v
   PagedKvConstants pagedConstants{};
   bool clustersAvailable = false;  // the GPU planned for has thread block clusters (or none: the interpreter)
+  bool kvBoxes = false;            // TMA can describe K and V (detail::tmaBoxesFor)
+  bool warpSpecialized = false;    // decodeWarpSpecialized
   int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
 };
 
@@ -586,6 +625,7 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = k.size(1), p.S = k.size(2);
   p.dtype = q.dtype();
   p.space = q.space();
+  p.kvBoxes = detail::tmaBoxesFor({&k, &v}, 2, true);
   finishPrepare(p, scoreMod, blockMask, options, target);
   return p;
 }
@@ -605,6 +645,18 @@ DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& 
   p.pagedConstants = detail::pagedKvConstants(kv);
   finishPrepare(p, scoreMod, blockMask, options, target);
   return p;
+}
+
+// Whether the decode's full walk takes TMA rings and a producer warpgroup: the config's (or
+// FLEXTILE_DECODE_WARP_SPECIALIZE's) On, for a contiguous K/V that TMA can describe, at 2 stages or
+// more, on a GPU with TMA and setmaxnreg (or none named: the interpreter, whose passes decide).
+bool decodeWarpSpecialized(const DecodePrepared& p, const std::optional<codegen::Target>& gpu) {
+  const std::optional<bool> forced = detail::forcedBySwitch("FLEXTILE_DECODE_WARP_SPECIALIZE");
+  const bool wanted = forced.value_or(p.config.warp_specialize == WarpSpecialization::On);
+  const bool hopper = !gpu || (gpu->has(codegen::Feature::TensorMemoryAccelerator) &&
+                               gpu->has(codegen::Feature::SetMaxNReg));
+  return wanted && hopper && !p.paged && p.kvBoxes && p.config.num_stages >= 2 &&
+         (p.config.num_warps == 4 || p.config.num_warps == 8);
 }
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
@@ -702,8 +754,10 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   // else none (the interpreter: one split, no residency).
   const std::optional<codegen::Target> gpu = detail::defaultsTarget(p.space, target);
   p.clustersAvailable = !gpu || gpu->description().has(codegen::Feature::ThreadBlockClusters);
-  p.programsPerSm =
-      gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps, gpu->description()) : 0;
+  p.warpSpecialized = decodeWarpSpecialized(p, gpu);
+  p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps,
+                                              gpu->description(), p.warpSpecialized ? 4 : 0)
+                        : 0;
   if (c.splits == 0) {
     // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
     const int sms = target ? target->description().part.multiprocessors
@@ -744,7 +798,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
                          detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true),
                          cluster,
-                         cluster > 0 && p.config.splits > cluster};
+                         cluster > 0 && p.config.splits > cluster,
+                         p.warpSpecialized};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

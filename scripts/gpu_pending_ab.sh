@@ -9,7 +9,8 @@
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains (bench/RESULTS.md).
-# FLEXTILE_PENDING="peel order ..." runs only the sections named (decode, alibi, bwdturns, peel, order),
+# FLEXTILE_PENDING="peel order ..." runs only the sections named (decode, decodews, alibi, bwdturns,
+# peel, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=peel scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -21,6 +22,16 @@ echo "== the decode with exp2's ftz form (its default since 533707f) against wit
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
+fi
+
+if wanted decodews; then
+echo "== the decode's full walk on TMA rings from a producer warpgroup (#12's window goal: 3.52 TB/s;"
+echo "   two stages in flight without a CTA barrier, no copy instructions in the consumers) against"
+echo "   the default cp.async ring, twice"
+FLEXTILE_AB_TAG=decodews FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode --only decode_causal --only decode_window4096 --only decode_b1 --only decode_s2048 --only decode_b1_s2048" \
+  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_WARP_SPECIALIZE=1" "FLEXTILE_AB_BASELINE=1" \
+  "FLEXTILE_DECODE_WARP_SPECIALIZE=1"
 fi
 
 if wanted alibi; then
@@ -64,7 +75,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log decodews_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

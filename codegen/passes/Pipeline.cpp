@@ -183,6 +183,22 @@ bool waitsForTheCta(const ir::Block& body, const std::set<const Op*>& except) {
   return false;
 }
 
+// wgmma's 128-byte swizzled panels (TensorCores.h wgmmaSharedLayout) for an ldmatrix ring whose
+// rows are wider than a TMA swizzle spans, when every convert of the ring reads the tile from them
+// by ldmatrix; none otherwise. The panels hold the same 16-byte chunks as the row layout, only
+// split at 128 bytes, so ldmatrix's eight rows a matrix still fall in eight distinct banks.
+std::optional<ir::SharedLayout> ldmatrixPanels(const Op& load, const ir::SharedLayout& rows,
+                                               const std::vector<Op*>& converts) {
+  const ir::Type& t = load.result()->type();
+  if (t.shape().size() != 2) return std::nullopt;
+  const ir::SharedLayout panels = wgmmaSharedLayout(t.shape(), rows.order()[0], ir::byteWidth(t.dtype()));
+  if (!tmaSlotRefusal(panels, t.shape(), t.dtype()).empty()) return std::nullopt;
+  for (const Op* cvt : converts)
+    if (cvt->operand(0) == load.result() && !ldmatrixReadPlan(panels, *cvt->result()->type().layout(), t.dtype()))
+      return std::nullopt;
+  return panels;
+}
+
 std::vector<Op*> bodySlice(const std::vector<const ir::Value*>& values, ir::Block& body) {
   std::set<const Op*> need;
   std::vector<const ir::Value*> work = values;
@@ -488,6 +504,7 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
   };
   dropRowRings([&](const Ring& ring) { return !rowRingFits(ring); });
   if (rings.empty()) return std::nullopt;
+  std::map<const Op*, ir::SharedLayout> inPanels;  // ldmatrix rings TMA can fill only in panels
   for (Ring& ring : rings) {
     ring.box = ir::loadTensorBox(*ring.load);
     std::set<const ir::Value*> seen;
@@ -495,11 +512,19 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
     if (coordsOk)
       for (const ir::Value* v : boxOperands(ring)) coordsOk = coordsOk && recomputableInLoop(v, body, readOnlyLoop, seen);
     // A ring read by ldmatrix (not wgmma) qualifies when its layout is one TMA writes (the GEMM's
-    // A: 128-byte rows in the 128-byte swizzle).
+    // A: 128-byte rows in the 128-byte swizzle), or when ldmatrix reads the tile from 128-byte
+    // panels as well (rows wider than TMA's swizzle span: the decode's K and V at D = 128).
     const ir::Type& t = ring.load->result()->type();
-    const bool writable = ring.wgmma || ring.rows || tmaSlotRefusal(layoutOf.at(ring.load), t.shape(), t.dtype()).empty();
+    bool writable = ring.wgmma || ring.rows || tmaSlotRefusal(layoutOf.at(ring.load), t.shape(), t.dtype()).empty();
+    if (!writable && tma && coordsOk)
+      if (auto panels = ldmatrixPanels(*ring.load, layoutOf.at(ring.load), converts)) {
+        inPanels.emplace(ring.load, *panels);
+        writable = true;
+      }
     tma = tma && coordsOk && writable;
   }
+  if (tma)
+    for (auto& [load, panels] : inPanels) layoutOf.insert_or_assign(load, panels);
   if (!tma) {
     dropRowRings([](const Ring&) { return true; });
     for (Ring& ring : rings) ring.box.reset();

@@ -151,6 +151,32 @@ TEST(FlexDecodeGpu, ClusterMergeCallAfterCall) {
       return;
 }
 
+// The full walk's K and V filled by TMA from a producer warpgroup (FLEXTILE_DECODE_WARP_SPECIALIZE=1:
+// 4 consumer warps at 136 registers, the producer at 24; at D = 128 the rings hold 128-byte panels
+// that ldmatrix reads). Every variant at the window decode's shape and off-block lengths (the
+// boxes zero-fill the keys past kv_len), D 64 and 128, L 1 and 4, one split and many; then the
+// fused merge's calls with the split count moving, so a slot refilled before its readers released
+// it, or a phase mixed up between the full walk's TMA ring and the partial walk's copies, shows.
+TEST(FlexDecodeGpu, WarpSpecializedEveryVariant) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv specialized("FLEXTILE_DECODE_WARP_SPECIALIZE", "1");
+  const std::vector<AttentionCase> cases = {
+      {.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128, .dtype = DType::BF16},
+      {.B = 1, .Hq = 8, .Hkv = 1, .L = 4, .S = 1000, .D = 64, .dtype = DType::F16},
+  };
+  ConfigSample splits(std::vector<int64_t>{0, 1, 7}, 2, rng, /*alwaysFirst=*/true);
+  for (const AttentionCase& c : cases)
+    for (const Variant& v : variants())
+      if (!checkDecodeVariant(rng, v, c, kDevice, {.splits = splits.next(), .blocks = {128, 128},
+                                                   .prefillConfig = {64, 64, 4, 2}}))
+        return;
+  const FusedMergeCase merge{.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096,
+                             .blocks = {128, 128}, .blockN = 64, .splits = {6, 33, 2, 64, 6}};
+  for (int round = 0; round < 2; ++round)
+    if (!checkFusedMergeCalls(rng, merge, kDevice)) return;
+}
+
 // query_offsets on the device: a batch of requests at different positions of a window mask, each
 // against a reference run at its own position (the offsets are never read by the host).
 TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {

@@ -548,3 +548,55 @@ TEST(FlexDecode, ClusterMergeIsAConfigChoice) {
   for (const char* bad : {"64,4", "64,4,2,6,7", "64,4,2,cluster,6", "64,x,2", "64,4,2,-1", "64,4,2,6,clusters"})
     expectError([&] { FlexDecodeConfig::parse(bad); }, {"decode config '" + std::string(bad) + "'", "BN,W,S"});
 }
+
+// The producer warpgroup as a config choice: `warp_specialize` On gives the sm_90a decode TMA
+// copies of the full walk, a launch of 8 warps and setmaxnreg, at the residency counted with the
+// producer's 24 registers (three programs a SM at the default ring, as without), and ptxas spills
+// nothing at a length the blocks divide (the consumers' 136 registers; the masks' partial walks,
+// on copies, spill 4-32 bytes, offline ptxas 2026-12-05); Auto and Off give the copies, and so does sm_80 with On (a paged K/V: TilePassesInterpreted.DecodeWarpSpecialized);
+// FLEXTILE_DECODE_WARP_SPECIALIZE overrides the config; the text form parses and prints it.
+TEST(FlexDecode, WarpSpecializationIsAConfigChoice) {
+  const int64_t B = 2, Hq = 32, Hkv = 8, S = 4096;
+  auto ptxOf = [&](WarpSpecialization choice, int64_t D, const codegen::Target& target) {
+    Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
+    const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
+                                 .decode_config = FlexDecodeConfig{.num_stages = 2, .splits = 6, .warp_specialize = choice}};
+    FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, target);
+    return plan.compiled[0]->ptx;
+  };
+  auto specialized = [](const std::string& ptx) {
+    const bool tma = ptx.find("cp.async.bulk.tensor") != std::string::npos;
+    EXPECT_EQ(tma, ptx.find("setmaxnreg.dec.sync.aligned.u32 24") != std::string::npos);
+    EXPECT_EQ(tma, ptx.find(".maxntid 256") != std::string::npos);
+    return tma;
+  };
+  const codegen::Target sm90a = codegen::Target::sm90a();
+  for (int64_t D : {64, 128}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    EXPECT_FALSE(specialized(ptxOf(WarpSpecialization::Auto, D, sm90a)));
+    EXPECT_FALSE(specialized(ptxOf(WarpSpecialization::Off, D, sm90a)));
+    const std::string ws = ptxOf(WarpSpecialization::On, D, sm90a);
+    EXPECT_TRUE(specialized(ws));
+    EXPECT_NE(ws.find(".minnctapersm 3"), std::string::npos);
+    if (codegen::findPtxas()) {
+      const codegen::PtxasReport report = codegen::runPtxas(ws, sm90a);
+      EXPECT_EQ(report.spillStoreBytes, 0);
+    }
+  }
+  EXPECT_FALSE(specialized(ptxOf(WarpSpecialization::On, 128, codegen::Target::fromName("sm_80").value())));
+  {
+    ScopedSetenv off("FLEXTILE_DECODE_WARP_SPECIALIZE", "0");
+    EXPECT_FALSE(specialized(ptxOf(WarpSpecialization::On, 128, sm90a))) << "the environment overrides the config";
+  }
+  {
+    ScopedSetenv on("FLEXTILE_DECODE_WARP_SPECIALIZE", "1");
+    EXPECT_TRUE(specialized(ptxOf(WarpSpecialization::Off, 128, sm90a)));
+  }
+  const FlexDecodeConfig c = FlexDecodeConfig::parse("64,4,2,6,cluster,ws");
+  EXPECT_EQ(c, (FlexDecodeConfig{.block_n = 64, .num_warps = 4, .num_stages = 2, .splits = 6,
+                                 .cluster_merge = LoopSchedule::On, .warp_specialize = WarpSpecialization::On}));
+  EXPECT_EQ(c.describe(), "BN64 w4 s2 splits 6 cluster ws");
+  EXPECT_EQ(FlexDecodeConfig::parse("64,4,2,no-ws,no-cluster").describe(), "BN64 w4 s2 splits auto no-cluster no-ws");
+  for (const char* bad : {"64,4,2,ws,ws", "64,4,2,ws,6", "64,4,2,producer"})
+    expectError([&] { FlexDecodeConfig::parse(bad); }, {"decode config '" + std::string(bad) + "'", ",ws or ,no-ws"});
+}

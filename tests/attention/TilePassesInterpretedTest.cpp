@@ -589,6 +589,34 @@ TEST(TilePassesInterpreted, DecodeSplits) {
   }
 }
 
+// The decode's full walk on TMA rings from a producer warpgroup (FLEXTILE_DECODE_WARP_SPECIALIZE=1)
+// after sm_90a's passes: boxes at the step's block (keys past the cache's end and, at D = 48,
+// columns past D zero-filled), the partial walk still on copies, D = 128's rings in 128-byte
+// panels; masked rows, GQA 4:1 and MQA, one split and several.
+TEST(TilePassesInterpreted, DecodeWarpSpecialized) {
+  SeededRandom rng;
+  ScopedSetenv specialized("FLEXTILE_DECODE_WARP_SPECIALIZE", "1");
+  InterpretAfterPasses scope("sm_90a");
+  const std::vector<AttentionCase> cases = {
+      {.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = 128, .dtype = DType::BF16},
+      {.B = 1, .Hq = 4, .Hkv = 1, .L = 4, .S = 256, .D = 64, .dtype = DType::BF16},
+      {.B = 1, .Hq = 2, .Hkv = 1, .L = 2, .S = 200, .D = 48, .dtype = DType::F16},
+  };
+  for (AttentionCase c : cases)
+    for (const char* name : {"full", "sliding_window", "document", "softcap"}) {
+      c.context = "sm_90a decode, warp-specialized";
+      if (!checkDecodeVariant(rng, variant(name), c, kHost, {.splits = {0, 3}, .blocks = {64, 64},
+                                                             .prefillConfig = kWgmmaTiles}))
+        return;
+    }
+  // A paged K/V has no boxes (its keys are read through the page table): the switch leaves it on
+  // its copies, ragged lengths and a shared prefix included.
+  PagedCase paged{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .D = 128, .pageSize = 64, .lengths = {300, 130},
+                  .sharedPrefixPages = 1, .context = "sm_90a paged decode, warp-specialize asked"};
+  const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = 3}};
+  checkPaged(rng, paged, kHost, noop_score(), std::nullopt, nullptr, nullptr, o);
+}
+
 TEST(TilePassesInterpreted, AnUnknownTargetIsAnError) {
   InterpretAfterPasses scope("sm_12");
   SeededRandom rng;

@@ -14,6 +14,7 @@
 #include "codegen/Ptxas.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/TensorCores.h"
+#include "codegen/TensorMaps.h"
 #include "ir/Verifier.h"
 
 namespace flextile::codegen {
@@ -338,6 +339,69 @@ TEST(Mma, StagingConvertsDeliverEveryElement) {
       auto g = matmul(bm, bn, d, nw, true, 16, DType::BF16);
       EXPECT_EQ(check(*g), 2);
     }
+}
+
+// The ldmatrix reads of a tile that TMA stored in wgmma's 128-byte panels (the pipeline's
+// ldmatrixPanels: rows wider than a TMA swizzle spans, the decode's K and V at D = 128). TMA puts
+// element c at stored.offsetOf(c); replays each ldmatrix access as in replayStaging. Returns the
+// first register that does not receive its element, or "".
+std::string replayPanelReads(const SharedLayout& stored, const Layout& to, const LdmatrixPlan& plan) {
+  const int64_t cols = to.shape()[1];
+  std::vector<int64_t> smem(size_t(stored.numElements()), -1);
+  for (int64_t r = 0; r < to.shape()[0]; ++r)
+    for (int64_t c = 0; c < cols; ++c) smem[size_t(stored.offsetOf({r, c}))] = r * cols + c;
+  for (int w = 0; w < to.numWarps(); ++w) {
+    int64_t warpPart = 0;
+    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
+      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
+    for (size_t q = 0; q < plan.accessBase.size(); ++q) {
+      auto rowAddress = [&](int lane) {
+        int64_t a = plan.accessBase[q] ^ warpPart;
+        for (int i = 0; i < 5; ++i)
+          if (lane >> i & 1) a ^= plan.laneTerm[size_t(i)];
+        return a;
+      };
+      for (int t = 0; t < 32; ++t)
+        for (int j = 0; j < plan.numMatrices; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int64_t got = plan.trans ? smem[size_t(rowAddress(8 * j + 2 * (t % 4) + half) + t / 4)]
+                                           : smem[size_t(rowAddress(8 * j + t / 4) + 2 * (t % 4) + half)];
+            const int64_t reg = plan.registers[q][size_t(2 * j + half)];
+            const Layout::Coord want = to.apply(reg, t, w);
+            if (got != want[0] * cols + want[1])
+              return "warp " + std::to_string(w) + " lane " + std::to_string(t) + " register " + std::to_string(reg) +
+                     " got element " + std::to_string(got) + ", wants " + std::to_string(want[0] * cols + want[1]);
+          }
+    }
+  }
+  return "";
+}
+
+TEST(Mma, LdmatrixReadsTmaPanels) {
+  // The decode's tile (16 rows, 64 keys, D = 128, 4 warps) and wider ones: every staged dot
+  // operand whose row layout spans more than 128 bytes is read from the panels TMA writes.
+  int read = 0;
+  for (auto [bm, bn, d, nw] : std::vector<std::array<int64_t, 4>>{{16, 64, 128, 4}, {16, 128, 128, 4}, {64, 64, 256, 4},
+                                                                   {32, 64, 128, 2}, {16, 64, 128, 1}}) {
+    SCOPED_TRACE("attention " + std::to_string(bm) + "x" + std::to_string(bn) + " d " + std::to_string(d) + " warps " +
+                 std::to_string(nw));
+    auto f = attentionBlock(bm, bn, d, int(nw));
+    assignLayouts(*f, Target::sm90a());
+    f->walk([&](const Op& op) {
+      if (op.kind() != OpKind::ConvertLayout) return;
+      const Layout &from = *op.operand(0)->type().layout(), &to = *op.result()->type().layout();
+      const DType t = op.result()->type().dtype();
+      auto rows = ldmatrixPlan(from, to, t);
+      if (!rows || rows->smem.order()[0] != 1 || rows->smem.panel() * 2 <= 128) return;
+      const SharedLayout panels = wgmmaSharedLayout(to.shape(), 1, 2);
+      ASSERT_EQ(tmaSlotRefusal(panels, to.shape(), t), "") << panels.str();
+      auto plan = ldmatrixReadPlan(panels, to, t);
+      ASSERT_TRUE(plan) << op.describe() << ": " << to.str() << " from " << panels.str();
+      EXPECT_EQ(replayPanelReads(panels, to, *plan), "") << op.describe() << ": " << to.str() << " from " << panels.str();
+      ++read;
+    });
+  }
+  EXPECT_GE(read, 5);
 }
 
 // ---- PTX --------------------------------------------------------------------
