@@ -650,12 +650,14 @@ DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& 
 // Whether the decode's full walk takes TMA rings and a producer warpgroup: the config's (or
 // FLEXTILE_DECODE_WARP_SPECIALIZE's) On, for a contiguous K/V that TMA can describe, at 2 stages or
 // more, on a GPU with TMA and setmaxnreg (or none named: the interpreter, whose passes decide).
+// Not with the cluster merge, which asks it: every thread of a cluster meets at its barriers,
+// and a producer's threads leave once their copies are issued.
 bool decodeWarpSpecialized(const DecodePrepared& p, const std::optional<codegen::Target>& gpu) {
   const std::optional<bool> forced = detail::forcedBySwitch("FLEXTILE_DECODE_WARP_SPECIALIZE");
   const bool wanted = forced.value_or(p.config.warp_specialize == WarpSpecialization::On);
   const bool hopper = !gpu || (gpu->has(codegen::Feature::TensorMemoryAccelerator) &&
                                gpu->has(codegen::Feature::SetMaxNReg));
-  return wanted && hopper && !p.paged && p.kvBoxes && p.config.num_stages >= 2 &&
+  return wanted && hopper && !p.paged && p.kvBoxes && !clusterMergeWanted(p) && p.config.num_stages >= 2 &&
          (p.config.num_warps == 4 || p.config.num_warps == 8);
 }
 

@@ -18,7 +18,8 @@
 //                                            their operands come from (bounds, block indices read
 //                                            from the BlockMask lists, coordinates, slots and
 //                                            parities), the loops around them, their yields, the
-//                                            return, and the CTA barriers both roles meet at
+//                                            return, the CTA barriers both roles meet at, and a
+//                                            grid_dependency wait ahead of the first copy
 //   op attribute ws = "all"                  the rings' barrier buffers and their mbarrier_init, moved
 //                                            to the top of the function and followed by a barrier
 //                                            there: every thread runs them before the roles part
@@ -206,6 +207,20 @@ std::string plan(ir::Function& f, Marks& marks) {
     if (&block == &f.body()) marks.hoisted.push_back(const_cast<Op*>(alloc));
   }
   if (Op* ret = f.body().terminator(); ret && ret->kind() == OpKind::Return) marks.both.insert(ret);
+  // A wait for the stream's previous grid (programmatic launch) ahead of the first copy: the
+  // producer waits too, since its copies may read what that grid wrote (a decode step's cache
+  // append). A wait after the copies (dq's, which only orders the grids' completion) stays the
+  // consumers'.
+  std::set<const Op*> issuing;  // the top-level ops that are or hold a copy
+  for (const Op* p : marks.producer) {
+    const Op* top = p;
+    while (top->parentBlock() != &f.body()) top = top->parentBlock()->parentOp();
+    issuing.insert(top);
+  }
+  for (auto& op : f.body().ops()) {
+    if (issuing.count(op.get())) break;
+    if (op->kind() == OpKind::GridDependency && op->strAttr("kind") == "wait") marks.both.insert(op.get());
+  }
   for (Op* p : marks.producer) marks.both.erase(p);
   return "";
 }

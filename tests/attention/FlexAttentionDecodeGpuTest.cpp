@@ -173,8 +173,12 @@ TEST(FlexDecodeGpu, WarpSpecializedEveryVariant) {
         return;
   const FusedMergeCase merge{.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096,
                              .blocks = {128, 128}, .blockN = 64, .splits = {6, 33, 2, 64, 6}};
-  for (int round = 0; round < 2; ++round)
-    if (!checkFusedMergeCalls(rng, merge, kDevice)) return;
+  for (const char* programmatic : {"0", "1"}) {  // with programmatic launch both roles wait first
+    ScopedSetenv launch("FLEXTILE_PROGRAMMATIC_LAUNCH", programmatic);
+    SCOPED_TRACE(std::string("FLEXTILE_PROGRAMMATIC_LAUNCH=") + programmatic);
+    for (int round = 0; round < 2; ++round)
+      if (!checkFusedMergeCalls(rng, merge, kDevice)) return;
+  }
 }
 
 // query_offsets on the device: a batch of requests at different positions of a window mask, each

@@ -554,7 +554,8 @@ TEST(FlexDecode, ClusterMergeIsAConfigChoice) {
 // producer's 24 registers (three programs a SM at the default ring, as without), and ptxas spills
 // nothing at a length the blocks divide (the consumers' 136 registers; the masks' partial walks,
 // on copies, spill 4-32 bytes, offline ptxas 2026-12-05); Auto and Off give the copies, and so does sm_80 with On (a paged K/V: TilePassesInterpreted.DecodeWarpSpecialized);
-// FLEXTILE_DECODE_WARP_SPECIALIZE overrides the config; the text form parses and prints it.
+// FLEXTILE_DECODE_WARP_SPECIALIZE overrides the config, the cluster merge wins over it, and with
+// programmatic launch both roles wait for the previous grid; the text form parses and prints it.
 TEST(FlexDecode, WarpSpecializationIsAConfigChoice) {
   const int64_t B = 2, Hq = 32, Hkv = 8, S = 4096;
   auto ptxOf = [&](WarpSpecialization choice, int64_t D, const codegen::Target& target) {
@@ -591,6 +592,20 @@ TEST(FlexDecode, WarpSpecializationIsAConfigChoice) {
   {
     ScopedSetenv on("FLEXTILE_DECODE_WARP_SPECIALIZE", "1");
     EXPECT_TRUE(specialized(ptxOf(WarpSpecialization::Off, 128, sm90a)));
+    {
+      // With programmatic launch the producer waits for the previous grid too (its copies read
+      // what that grid may have written), each role before its first global access.
+      ScopedSetenv programmatic("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");
+      const std::string ptx = ptxOf(WarpSpecialization::On, 128, sm90a);
+      size_t waits = 0;
+      for (size_t at = ptx.find("griddepcontrol.wait"); at != std::string::npos; at = ptx.find("griddepcontrol.wait", at + 1))
+        ++waits;
+      EXPECT_EQ(waits, 2u) << "one wait a role";
+      EXPECT_LT(ptx.find("griddepcontrol.wait", ptx.find("setmaxnreg.dec")), ptx.find("cp.async.bulk.tensor", ptx.find("setmaxnreg.dec")))
+          << "the producer waits before its first copy";
+    }
+    ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+    EXPECT_FALSE(specialized(ptxOf(WarpSpecialization::On, 128, sm90a))) << "the cluster merge asked for wins";
   }
   const FlexDecodeConfig c = FlexDecodeConfig::parse("64,4,2,6,cluster,ws");
   EXPECT_EQ(c, (FlexDecodeConfig{.block_n = 64, .num_warps = 4, .num_stages = 2, .splits = 6,
