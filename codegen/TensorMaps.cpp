@@ -59,6 +59,8 @@ std::string tmaSlotRefusal(const ir::SharedLayout& l, const ir::Shape& shape, ir
   return "";
 }
 
+int64_t tmaSlotAlignment(const ir::SharedLayout& layout) { return layout.maxPhase() != 1 ? 1024 : kTmaPlainAlignment; }
+
 namespace {
 
 SlotGeometry slotGeometry(const Op& copy, size_t rank) {
@@ -137,7 +139,8 @@ TmaCopyPlan tmaCopyPlan(const Op& copy, const ir::Function& f, const std::vector
   auto it = std::find(recipes.begin(), recipes.end(), r);
   if (it == recipes.end()) throw Error(copy.describe() + ": no tensor map was planned for it", ErrorKind::Internal);
   const SlotGeometry g = slotGeometry(copy, r.dims.size());
-  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes, g.swizzle ? 1024 : kTmaPlainAlignment};
+  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes,
+          tmaSlotAlignment(*copy.operand(0)->type().sharedLayout())};
 }
 
 // One recipe per line: dtype base R dims... strides... box... swizzle, operands as p<N> or c<N>.

@@ -49,6 +49,11 @@ struct TmaCopyPlan {
 // span's phase), rows of at most 256 elements that are multiples of 16 bytes.
 std::string tmaSlotRefusal(const ir::SharedLayout& layout, const ir::Shape& shape, ir::DType dtype);
 
+// Where a TMA destination of this layout may start in shared memory: a multiple of 1024 bytes when
+// swizzled (the swizzle is a function of the absolute address, its pattern 1024 bytes long), of
+// kTmaPlainAlignment (128) when not. A ring's slots must each be a multiple of it.
+int64_t tmaSlotAlignment(const ir::SharedLayout& layout);
+
 // Every distinct recipe of `f`'s tma_copy ops, in program order. Throws Error (naming the op) when
 // a copy's tensor operands are not parameters or constants, or its slot layout is not one TMA writes.
 std::vector<TensorMapRecipe> tensorMapRecipes(const ir::Function& f);

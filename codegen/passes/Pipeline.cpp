@@ -14,6 +14,11 @@
 //   * `other` is absent or a constant zero (cp.async zero-fills masked bytes),
 //   * each thread's global accesses are at least 4 bytes wide and land as
 //     whole vectors in the swizzled shared tile (asyncCopyWidth >= 2 elements),
+//   * nothing in the loop writes the memory it reads: no store or atomic of the
+//     loop goes through its pointer parameter (or through a pointer the pass
+//     cannot trace to a parameter); distinct pointer parameters are taken not to
+//     overlap, as the templates' tensors do not (a kernel that writes a buffer it
+//     also streams keeps those loads where they are),
 //   * its pointer and mask are computed from the induction variable, values
 //     defined outside the loop, pure region-free ops of the body and, when
 //     the loop stores nothing, scalar loads of the body (no loop-carried
@@ -521,6 +526,14 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
         inPanels.emplace(ring.load, *panels);
         writable = true;
       }
+    // Each slot must start where TMA may write its layout (a small swizzled tile, 16 x 16 f16 in
+    // 512 bytes, would put every other slot off the 1024-byte swizzle pattern). A row ring's
+    // plain layout is checked in rowRingFits.
+    if (writable && !ring.rows) {
+      const auto panels = inPanels.find(ring.load);
+      const ir::SharedLayout& slot = panels != inPanels.end() ? panels->second : layoutOf.at(ring.load);
+      writable = t.numElements() * ir::byteWidth(t.dtype()) % tmaSlotAlignment(slot) == 0;
+    }
     tma = tma && coordsOk && writable;
   }
   if (tma)
@@ -881,9 +894,16 @@ void pipelineLoads(ir::Function& f, const Target& target) {
     };
     collect(body);
     bool readOnlyLoop = true;
+    // The pointer parameters the loop writes through (private ones aside); null: a write whose
+    // pointer comes from elsewhere (anything may be written).
+    std::set<const ir::Value*> written;
     std::function<void(ir::Block&)> findStores = [&](ir::Block& blk) {
       for (auto& op : blk.ops()) {
-        if (op->hasTrait(ir::kSideEffect) && !writesOnlyPrivateMemory(*op, f)) readOnlyLoop = false;
+        if (op->hasTrait(ir::kSideEffect) && !writesOnlyPrivateMemory(*op, f)) {
+          readOnlyLoop = false;
+          if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd)
+            written.insert(ir::pointerBase(op->operand(0)));
+        }
         for (auto& r : op->regions()) findStores(*r);
       }
     };
@@ -923,6 +943,11 @@ void pipelineLoads(ir::Function& f, const Target& target) {
         continue;
       }
       if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
+      // Read iterations ahead, the tile must not be written by the iterations between: no store
+      // or atomic of the loop goes through the load's parameter, or through a pointer of unknown
+      // origin. (Distinct pointer parameters are taken not to overlap.)
+      const ir::Value* base = ir::pointerBase(load.operand(0));
+      if (!base || written.count(base) || written.count(nullptr)) continue;
       const int64_t width = memoryAccessWidth(load, axis).width;
       if (asyncCopyWidth(*load.result()->type().layout(), plan->smem, width, t) < 2) continue;
       std::set<const ir::Value*> seen;

@@ -13,7 +13,13 @@
 //     are out of the buffer exactly where the mask is off (a pass that dropped or reordered a
 //     mask makes the interpreter report an out-of-bounds access);
 //   * for loops (nested twice at most) with 0 to 40 iterations, i32 or i64 bounds, carrying 1 to
-//     3 values of any shape and dtype, bodies that load, store and use the induction variable.
+//     3 values of any shape and dtype, bodies that load, store and use the induction variable;
+//   * in half of the programs, dots inside loops whose B operand streams as a tensor box of the
+//     f16 buffer (rows past the tensor's end zero-filled), with the function asking for TMA and
+//     sometimes for warp specialization: on sm_90a the pipeline's TMA rings, their shared rings,
+//     ldmatrix rings in wgmma's panels (rows of 128 columns) and the producer warpgroup, which the
+//     interpreter then runs after the passes. Those programs run one program (the tensor is the
+//     buffer's first rows, which every program would read while another writes them).
 //
 // Memory: three buffers, f32, f16 and i32, each both read and written; program p of the grid
 // touches only elements [p * kRegion, (p + 1) * kRegion) of each (every local offset is below
@@ -66,6 +72,7 @@ struct GeneratedProgram {
   float alpha = 1;
   uint64_t dataSeed = 0;  // the input buffers' contents
   int numStages = 1;
+  bool streamed = false;  // dots over streamed tensor boxes (one program)
   // False when the program holds an op the PTX lowering refuses by design, with a clear error,
   // though the IR allows it and the interpreter and the passes take it: a dot other than
   // f16/bf16/f32 x same into f32 (codegen/LowerDot.cpp), exp/exp2/log/log2/tanh of f64
@@ -95,6 +102,16 @@ class TileProgramGenerator {
     g.numStages = c_.of({1, 2, 3});
     g.dataSeed = c_.bits();
     f_->attrs()["num_warps"] = int64_t(c_.of({1, 2, 4, 8}));
+    g.streamed = c_.percent(50);
+    if (g.streamed) {
+      g.programs = 1;
+      g.numStages = c_.of({2, 3});
+      // Most random loop bodies reduce or convert through shared memory, which gets TMA only
+      // with a producer warpgroup (tma_in_staging_loops): ask for both often.
+      if (c_.percent(85)) f_->attrs()["tma"] = int64_t(1);
+      if (c_.percent(75)) f_->attrs()["warp_specialize"] = int64_t(1);
+      if (c_.percent(75)) f_->attrs()["tma_in_staging_loops"] = int64_t(1);
+    }
     if (g.numStages > 1) f_->attrs()["num_stages"] = int64_t(g.numStages);
     // What a launcher promises: 16-byte aligned buffers, nothing about n.
     f_->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 1, 1};
@@ -105,7 +122,10 @@ class TileProgramGenerator {
     regionBase_ = mul(pid_, i32(kRegion));
 
     const int steps = 3 + c_.below(14);
-    for (int i = 0; i < steps; ++i) step(0);
+    for (int i = 0; i < steps; ++i) {
+      if (g.streamed && i == steps / 2) streamedLoop();
+      step(0);
+    }
     // Everything left alive is observable: a sample of it is stored.
     const int stores = int(pool_.size() < 6 ? pool_.size() : 6);
     for (int i = 0; i < stores; ++i) store(pool_[size_t(c_.below(int(pool_.size())))]);
@@ -413,6 +433,50 @@ class TileProgramGenerator {
     return b_->dot(value({m, k}, in), value({k, n}, in), value({m, n}, acc));
   }
 
+  // A dot whose B operand is rows [row0, row0 + k) of the f16 buffer viewed as a [R, C] tensor
+  // (row stride C), loaded as that tensor box: R is n where the buffer holds n rows, else the
+  // rows it holds, so tiles past the end are cut (zero-filled) anywhere; row0 moves with the
+  // innermost induction variable. The mask and the pointers are exactly the box's (the
+  // interpreter checks it), with `other` zero (+0 or -0, a constant or a splat).
+  Value* streamedDot() {
+    const int64_t C = c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
+    const int64_t k = c_.of({int64_t(16), int64_t(32)}), m = c_.of({int64_t(16), int64_t(32), int64_t(64)});
+    Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
+    Value* iv = loopIvs_.back();
+    if (iv->type().dtype() != DType::I32) iv = b_->cast(iv, DType::I32);
+    Value* row0 = mul(b_->binary(OpKind::And, iv, i32(3)), i32(c_.percent(50) ? k : 8));
+    const Shape s{k, C};
+    Value* r = add(b_->splat(row0, {k}), b_->arange(0, k));
+    Value* rowsOf = b_->broadcast(b_->expandDims(r, 1), s);
+    Value* offs = add(mul(rowsOf, i32Tile(C, s)), b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
+    Value* ptrs = b_->addptr(b_->splat(bufF16_, s), offs);
+    Value* live = b_->cmp("lt", rowsOf, b_->splat(rows, s));
+    ir::TensorBox box{bufF16_, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}};
+    Value* other = c_.percent(50) ? b_->constant(Type(DType::F16, s), 0.0)
+                                  : b_->splat(b_->constant(Type(DType::F16), -0.0), s);
+    Value* bt = b_->load(ptrs, live, other, box);
+    Value* d = b_->dot(wideValue({m, k}, DType::F16), bt, wideValue({m, C}, DType::F32));
+    // Tiles past 1024 elements must not reach the pool (localOffsets' bound): a row reduction
+    // does, stored at once so that the dot is never dead code.
+    Value* folded = b_->reduce(d, c_.below(2), c_.of({"sum", "max", "min"}));
+    store(folded);
+    return folded;
+  }
+  // A value of a shape past the pool's 1024 elements: a constant, a scalar splat, or a load at
+  // offsets wrapped into [0, 1024) of the region.
+  Value* wideValue(const Shape& s, DType dt) {
+    switch (c_.below(3)) {
+      case 0: return constantOf(s, dt);
+      case 1: return b_->splat(b_->cast(c_.percent(50) ? alpha_ : n_, dt), s);
+      default: {
+        Value* flat = b_->reshape(b_->arange(0, s[0] * s[1]), s);
+        Value* offs = add(b_->binary(OpKind::And, flat, i32Tile(1023, s)), b_->splat(add(regionBase_, i32(c_.below(512))), s));
+        Value* ptrs = b_->addptr(b_->splat(dt == DType::F16 ? bufF16_ : bufF32_, s), offs);
+        return b_->load(ptrs);
+      }
+    }
+  }
+
   Value* atomic() {
     const Shape s = pickShape();
     const DType dt = c_.percent(50) ? DType::F32 : DType::I32;
@@ -437,9 +501,29 @@ class TileProgramGenerator {
     auto results = b_->forLoop(lb, ub, stepV, inits, [&](Value* iv, std::vector<Value*> args) {
       loopIvs_.push_back(iv);
       for (Value* a : args) push(a);
+      if (g_->streamed && c_.percent(60)) push(streamedDot());
       for (int i = 0, steps = 1 + c_.below(6); i < steps; ++i) step(depth + 1);
       std::vector<Value*> next;
       for (Value* a : args) next.push_back(c_.percent(80) ? value(a->type().shape(), a->type().dtype()) : a);
+      loopIvs_.pop_back();
+      return next;
+    });
+    pool_ = saved;
+    for (Value* r : results) push(r);
+  }
+
+  // A loop around a streamed dot with few other ops in its body (more streamed dots come from
+  // step()): the pattern the pipeline's TMA rings serve.
+  void streamedLoop() {
+    Value* lb = i32(c_.below(2));
+    Value* ub = c_.percent(50) ? n_ : i32(c_.below(12));
+    const auto saved = pool_;
+    auto results = b_->forLoop(lb, ub, i32(1 + c_.below(2)), {any()}, [&](Value* iv, std::vector<Value*> args) {
+      loopIvs_.push_back(iv);
+      for (Value* a : args) push(a);
+      push(streamedDot());
+      for (int i = 0, steps = c_.below(3); i < steps; ++i) step(1);
+      std::vector<Value*> next{c_.percent(70) ? value(args[0]->type().shape(), args[0]->type().dtype()) : args[0]};
       loopIvs_.pop_back();
       return next;
     });
@@ -458,7 +542,7 @@ class TileProgramGenerator {
       case 5: r = reduce(); break;
       case 6:
       case 7: r = shapeOp(); break;
-      case 8: r = dot(); break;
+      case 8: r = g_->streamed && !loopIvs_.empty() && c_.percent(70) ? streamedDot() : dot(); break;
       case 9: r = load(pickShape(), c_.of({DType::F32, DType::F16, DType::I32})); break;
       case 10:
       case 11: store(any()); break;

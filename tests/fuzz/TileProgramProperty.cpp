@@ -15,6 +15,7 @@
 #include "ir/Pass.h"
 #include "ir/Passes.h"
 #include "ir/Printer.h"
+#include "ir/SharedLayout.h"
 #include "ir/Verifier.h"
 
 namespace flextile::fuzz {
@@ -157,6 +158,7 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
       {"assign-layouts + pipeline (sm_90a)", ir::PassPipeline().add(codegen::assignLayoutsPass(sm90)).add(codegen::pipelinePass(sm90))});
   const codegen::Target target = choices.percent(50) ? sm80 : sm90;
   variants.push_back({"the compiler's tile pipeline (" + target.smName() + ")", codegen::tilePassPipeline(target)});
+  if (target != sm90 && g.streamed) variants.push_back({"the compiler's tile pipeline (sm_90a)", codegen::tilePassPipeline(sm90)});
 
   for (const Variant& v : variants) {
     std::unique_ptr<ir::Function> copy = f.clone();
@@ -174,6 +176,13 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
                    "\n--- after " + v.name + " ---\n" + ir::printFunction(*copy);
       return out;
     }
+    copy->walk([&](const ir::Op& op) {
+      if (op.kind() != ir::OpKind::TmaCopy) return;
+      out.tmaRings = true;
+      const ir::SharedLayout& l = *op.operand(0)->type().sharedLayout();
+      out.panelRings = out.panelRings || (l.numPanels() > 1 && op.operand(0)->type().dtype() == ir::DType::F16);
+    });
+    out.producer = out.producer || copy->intAttrOr("producer_warps", 0) > 0;
     if (std::string d = difference(expected, got); !d.empty()) {
       out.broken = v.name + " changes what the program computes: " + d + where + "\n--- after " + v.name + " ---\n" +
                    ir::printFunction(*copy);

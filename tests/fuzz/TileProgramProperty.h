@@ -4,7 +4,8 @@
 //   * the generated program verifies and runs in the interpreter without an error;
 //   * each tile-level pass of the compiler on its own (canonicalize, cse, dce, assign-layouts for
 //     sm_80, assign-layouts + pipeline for sm_90a) and the compiler's whole tile pipeline
-//     (codegen::tilePassPipeline) keep it verified, and the interpreter then leaves every buffer
+//     (codegen::tilePassPipeline, and sm_90a's whatever the target drawn: its TMA rings and
+//     producer warpgroup) keep it verified, and the interpreter then leaves every buffer
 //     with the same contents: bit for bit, integers and floats alike, except that any NaN equals
 //     any NaN;
 //   * codegen::compile lowers it to PTX (sm_80 or sm_90a) without an error, and ptxas (where
@@ -32,6 +33,10 @@ struct TileProgramOutcome {
   int64_t changedBytes = 0;  // bytes of the buffers the original program changed
   int ops = 0;               // ops in the generated program
   bool compiled = false;     // it was lowered to PTX (see GeneratedProgram::lowerable)
+  // What sm_90a's passes made of its streamed dots (TileProgramGenerator.h), so that a test can
+  // ask that the TMA paths were reached at all: TMA rings, ldmatrix rings in 128-byte panels, a
+  // producer warpgroup.
+  bool tmaRings = false, panelRings = false, producer = false;
 };
 
 TileProgramOutcome checkTileProgram(Choices& choices);
