@@ -111,6 +111,12 @@ class TileProgramGenerator {
       if (c_.percent(85)) f_->attrs()["tma"] = int64_t(1);
       if (c_.percent(75)) f_->attrs()["warp_specialize"] = int64_t(1);
       if (c_.percent(75)) f_->attrs()["tma_in_staging_loops"] = int64_t(1);
+      // One tile for the program's streamed dots, mostly, so that their loops' rings can be one
+      // set (share_rings): the forward's walks, a peeled walk's loops of at most one trip.
+      if (c_.percent(50)) f_->attrs()["share_rings"] = int64_t(1);
+      streamC_ = c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
+      streamK_ = c_.of({int64_t(16), int64_t(32)});
+      streamM_ = c_.of({int64_t(16), int64_t(32), int64_t(64)});
     }
     if (g.numStages > 1) f_->attrs()["num_stages"] = int64_t(g.numStages);
     // What a launcher promises: 16-byte aligned buffers, nothing about n.
@@ -123,7 +129,8 @@ class TileProgramGenerator {
 
     const int steps = 3 + c_.below(14);
     for (int i = 0; i < steps; ++i) {
-      if (g.streamed && i == steps / 2) streamedLoop();
+      if (g.streamed && i == steps / 2)
+        for (int loops = 1 + c_.below(3); loops > 0; --loops) streamedLoop();  // back to back: shared rings
       step(0);
     }
     // Everything left alive is observable: a sample of it is stored.
@@ -439,8 +446,10 @@ class TileProgramGenerator {
   // innermost induction variable. The mask and the pointers are exactly the box's (the
   // interpreter checks it), with `other` zero (+0 or -0, a constant or a splat).
   Value* streamedDot() {
-    const int64_t C = c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
-    const int64_t k = c_.of({int64_t(16), int64_t(32)}), m = c_.of({int64_t(16), int64_t(32), int64_t(64)});
+    const bool same = c_.percent(80);
+    const int64_t C = same ? streamC_ : c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
+    const int64_t k = same ? streamK_ : c_.of({int64_t(16), int64_t(32)});
+    const int64_t m = same ? streamM_ : c_.of({int64_t(16), int64_t(32), int64_t(64)});
     Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
     Value* iv = loopIvs_.back();
     if (iv->type().dtype() != DType::I32) iv = b_->cast(iv, DType::I32);
@@ -517,6 +526,9 @@ class TileProgramGenerator {
   void streamedLoop() {
     Value* lb = i32(c_.below(2));
     Value* ub = c_.percent(50) ? n_ : i32(c_.below(12));
+    // A loop of at most one trip, as a peeled walk's prologue (the pipeline proves the bound:
+    // staticTripBound, and issues no refill in it).
+    if (c_.percent(25)) ub = b_->binary(OpKind::Minimum, ub, add(lb, i32(1)));
     const auto saved = pool_;
     auto results = b_->forLoop(lb, ub, i32(1 + c_.below(2)), {any()}, [&](Value* iv, std::vector<Value*> args) {
       loopIvs_.push_back(iv);
@@ -565,6 +577,7 @@ class TileProgramGenerator {
   std::vector<Shape> shapes_;
   std::vector<Value*> pool_;
   std::vector<Value*> loopIvs_;
+  int64_t streamC_ = 32, streamK_ = 16, streamM_ = 16;  // the streamed dots' usual tile
 };
 
 }  // namespace flextile::fuzz

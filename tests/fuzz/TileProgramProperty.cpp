@@ -5,6 +5,8 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "TileProgramGenerator.h"
@@ -176,9 +178,15 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
                    "\n--- after " + v.name + " ---\n" + ir::printFunction(*copy);
       return out;
     }
+    std::map<const ir::Value*, std::set<const ir::Op*>> loopsFilling;  // ring buffer -> loops refilling it
     copy->walk([&](const ir::Op& op) {
       if (op.kind() != ir::OpKind::TmaCopy) return;
       out.tmaRings = true;
+      if (const ir::Op* loop = op.parentBlock()->parentOp()) {
+        auto& loops = loopsFilling[op.operand(0)];
+        loops.insert(loop);
+        out.sharedRings = out.sharedRings || loops.size() > 1;
+      }
       const ir::SharedLayout& l = *op.operand(0)->type().sharedLayout();
       out.panelRings = out.panelRings || (l.numPanels() > 1 && op.operand(0)->type().dtype() == ir::DType::F16);
     });

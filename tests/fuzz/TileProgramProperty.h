@@ -35,8 +35,9 @@ struct TileProgramOutcome {
   bool compiled = false;     // it was lowered to PTX (see GeneratedProgram::lowerable)
   // What sm_90a's passes made of its streamed dots (TileProgramGenerator.h), so that a test can
   // ask that the TMA paths were reached at all: TMA rings, ldmatrix rings in 128-byte panels, a
-  // producer warpgroup.
+  // producer warpgroup, rings shared by loops.
   bool tmaRings = false, panelRings = false, producer = false;
+  bool sharedRings = false;  // one ring buffer refilled by TMA in two loops (share_rings)
 };
 
 TileProgramOutcome checkTileProgram(Choices& choices);
