@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 
 TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramCompiles) {
   const int seeds = fuzzSeedCount(40);
-  int64_t ops = 0, writers = 0, compiled = 0, tma = 0, panels = 0, producers = 0, shared = 0;
+  int64_t ops = 0, writers = 0, compiled = 0, tma = 0, panels = 0, producers = 0, shared = 0, turns = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};
     TileProgramOutcome outcome = checkTileProgram(choices);
@@ -37,10 +37,12 @@ TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramComp
     panels += outcome.panelRings;
     producers += outcome.producer;
     shared += outcome.sharedRings;
+    turns += outcome.turns;
   }
   std::cout << seeds << " random programs, " << ops << " ops in all; " << writers << " changed memory, " << compiled
             << " were lowered to PTX; on sm_90a " << tma << " had TMA rings, " << panels << " in 128-byte panels, "
-            << producers << " a producer warpgroup, " << shared << " rings shared by loops\n";
+            << producers << " a producer warpgroup, " << shared << " rings shared by loops, " << turns
+            << " warpgroup turns\n";
   // A property over programs that do nothing, or that are never lowered, would prove nothing.
   EXPECT_GE(writers, seeds * 3 / 4);
   EXPECT_GE(compiled, seeds * 3 / 4);

@@ -114,9 +114,15 @@ class TileProgramGenerator {
       // One tile for the program's streamed dots, mostly, so that their loops' rings can be one
       // set (share_rings): the forward's walks, a peeled walk's loops of at most one trip.
       if (c_.percent(50)) f_->attrs()["share_rings"] = int64_t(1);
+      // Warpgroup turns around the products of 8-warp loops (the forward's on its walks).
+      const bool turns = c_.percent(30);
+      if (turns) {
+        f_->attrs()["num_warps"] = int64_t(8);
+        f_->attrs()["pingpong"] = int64_t(1);
+      }
       streamC_ = c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
       streamK_ = c_.of({int64_t(16), int64_t(32)});
-      streamM_ = c_.of({int64_t(16), int64_t(32), int64_t(64)});
+      streamM_ = turns ? 128 : c_.of({int64_t(16), int64_t(32), int64_t(64)});  // 8 warps of 16 rows: wgmma
     }
     if (g.numStages > 1) f_->attrs()["num_stages"] = int64_t(g.numStages);
     // What a launcher promises: 16-byte aligned buffers, nothing about n.
@@ -445,8 +451,10 @@ class TileProgramGenerator {
   // rows it holds, so tiles past the end are cut (zero-filled) anywhere; row0 moves with the
   // innermost induction variable. The mask and the pointers are exactly the box's (the
   // interpreter checks it), with `other` zero (+0 or -0, a constant or a splat).
-  Value* streamedDot() {
-    const bool same = c_.percent(80);
+  // With `acc` ([m, C] f32, the caller's carried accumulator, m and C the program's own), the dot
+  // accumulates into it and is returned whole.
+  Value* streamedDot(Value* acc = nullptr) {
+    const bool same = acc || c_.percent(80);
     const int64_t C = same ? streamC_ : c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
     const int64_t k = same ? streamK_ : c_.of({int64_t(16), int64_t(32)});
     const int64_t m = same ? streamM_ : c_.of({int64_t(16), int64_t(32), int64_t(64)});
@@ -464,7 +472,8 @@ class TileProgramGenerator {
     Value* other = c_.percent(50) ? b_->constant(Type(DType::F16, s), 0.0)
                                   : b_->splat(b_->constant(Type(DType::F16), -0.0), s);
     Value* bt = b_->load(ptrs, live, other, box);
-    Value* d = b_->dot(wideValue({m, k}, DType::F16), bt, wideValue({m, C}, DType::F32));
+    Value* d = b_->dot(wideValue({m, k}, DType::F16), bt, acc ? acc : wideValue({m, C}, DType::F32));
+    if (acc) return d;  // the caller carries it
     // Tiles past 1024 elements must not reach the pool (localOffsets' bound): a row reduction
     // does, stored at once so that the dot is never dead code.
     Value* folded = b_->reduce(d, c_.below(2), c_.of({"sum", "max", "min"}));
@@ -530,17 +539,34 @@ class TileProgramGenerator {
     // staticTripBound, and issues no refill in it).
     if (c_.percent(25)) ub = b_->binary(OpKind::Minimum, ub, add(lb, i32(1)));
     const auto saved = pool_;
-    auto results = b_->forLoop(lb, ub, i32(1 + c_.below(2)), {any()}, [&](Value* iv, std::vector<Value*> args) {
+    // Half the loops accumulate one dot across iterations (a GEMM's K loop, the forward's P·V):
+    // the accumulator is carried, reduced and stored after the loop, and the body holds nothing
+    // else, so it may take the warpgroup turns.
+    const bool accumulate = c_.percent(50);
+    std::vector<Value*> inits{any()};
+    if (accumulate) inits.push_back(wideValue({streamM_, streamC_}, DType::F32));
+    auto results = b_->forLoop(lb, ub, i32(1 + c_.below(2)), inits, [&](Value* iv, std::vector<Value*> args) {
       loopIvs_.push_back(iv);
-      for (Value* a : args) push(a);
-      push(streamedDot());
-      for (int i = 0, steps = c_.below(3); i < steps; ++i) step(1);
-      std::vector<Value*> next{c_.percent(70) ? value(args[0]->type().shape(), args[0]->type().dtype()) : args[0]};
+      push(args[0]);
+      std::vector<Value*> next;
+      if (accumulate) {
+        Value* acc = streamedDot(args[1]);
+        next = {args[0], acc};
+      } else {
+        push(streamedDot());
+        for (int i = 0, steps = c_.below(3); i < steps; ++i) step(1);
+        next = {c_.percent(70) ? value(args[0]->type().shape(), args[0]->type().dtype()) : args[0]};
+      }
       loopIvs_.pop_back();
       return next;
     });
     pool_ = saved;
-    for (Value* r : results) push(r);
+    push(results[0]);
+    if (accumulate) {
+      Value* folded = b_->reduce(results[1], c_.below(2), c_.of({"sum", "max", "min"}));
+      store(folded);
+      push(folded);
+    }
   }
 
   void step(int depth) {

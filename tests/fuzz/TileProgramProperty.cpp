@@ -180,6 +180,7 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
     }
     std::map<const ir::Value*, std::set<const ir::Op*>> loopsFilling;  // ring buffer -> loops refilling it
     copy->walk([&](const ir::Op& op) {
+      out.turns = out.turns || op.kind() == ir::OpKind::WarpgroupTurn;
       if (op.kind() != ir::OpKind::TmaCopy) return;
       out.tmaRings = true;
       if (const ir::Op* loop = op.parentBlock()->parentOp()) {

@@ -38,6 +38,7 @@ struct TileProgramOutcome {
   // producer warpgroup, rings shared by loops.
   bool tmaRings = false, panelRings = false, producer = false;
   bool sharedRings = false;  // one ring buffer refilled by TMA in two loops (share_rings)
+  bool turns = false;        // warpgroup turns (pingpong)
 };
 
 TileProgramOutcome checkTileProgram(Choices& choices);
