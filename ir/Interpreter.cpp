@@ -20,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -392,6 +393,21 @@ class Program {
   // The barrier buffers initialized with {arrivals = 1}: only mbarrier_expect_tx arrives on them,
   // and only it may not arrive on the others (on the GPU a phase would miss its arrivals).
   std::unordered_map<const Value*, bool> oneArrival_;
+  // The copies issued into shared slots that nothing has completed yet (see exec): a cp.async
+  // copy is completed by an async_wait that covers its commit group, or by a wait on the barrier
+  // phase an async_copy_arrive after it counts it toward; a TMA copy by a wait on the barrier
+  // slot and phase its bytes count toward (that of the last expect_tx on that slot).
+  struct InFlight {
+    const Op* copy;
+    const Value* buffer;
+    size_t first, count;
+    int64_t group = -1;               // cp.async: the commit group it joined (async_wait completes it); TMA: -1
+    const Value* barriers = nullptr;  // the barrier whose phase counts it (a wait there completes it), if any
+    int64_t barrierSlot = 0, phase = 0;
+  };
+  std::vector<InFlight> inFlight_;
+  int64_t openGroup_ = 0;  // the cp.async group copies join until the next async_commit
+  std::map<std::pair<const Value*, int64_t>, int64_t> expectedPhase_;  // barrier slot -> phase of its last expect_tx
   std::array<int64_t, 3> pid_{};
   ClusterRendezvous* cluster_ = nullptr;
   int64_t rank_ = 0;
@@ -454,10 +470,14 @@ class Program {
 
   void exec(const Op& op) {
     switch (op.kind()) {
-      // Every async op runs at once, in program order: a copy is complete when issued, so waits,
-      // commits, barriers and proxy fences have nothing left to do (the program is one thread here).
-      case OpKind::AsyncCommit:
-      case OpKind::AsyncWait:
+      // Every async op runs at once, in program order: a copy's bytes land when it is issued. But
+      // a copy stays in flight (inFlight_) until the op that completes it on a GPU — async_wait
+      // for cp.async groups, a wait on the barrier phase a TMA copy or cp.async arrive counts
+      // toward — and reading or overwriting its slot before then is an error: on the GPU those
+      // bytes may not have landed. Barriers and proxy fences have nothing left to do (the
+      // program is one thread here).
+      case OpKind::AsyncCommit: ++openGroup_; return;
+      case OpKind::AsyncWait: return asyncWait(op);
       case OpKind::Barrier:
       case OpKind::WarpgroupTurn:
       case OpKind::FenceAsyncShared: return;
@@ -844,6 +864,11 @@ class Program {
   void mbarrier(const Op& op) {
     std::vector<int64_t>& phases = buffers_.at(op.operand(0))->vec<int64_t>();
     if (op.kind() == OpKind::MbarrierInit || op.kind() == OpKind::MbarrierInval) {
+      if (op.kind() == OpKind::MbarrierInval)
+        for (const InFlight& c : inFlight_)
+          if (c.barriers == op.operand(0))
+            fail(op, "invalidates a barrier while " + c.copy->describe() + " counting toward its slot " +
+                         std::to_string(c.barrierSlot) + " is in flight (no wait completed it)");
       for (size_t s = 0; s < phases.size(); ++s) {
         if (op.kind() == OpKind::MbarrierInit && phases[s] >= 0)
           fail(op, "slot " + std::to_string(s) + " is already a barrier (mbarrier_inval it first)");
@@ -866,6 +891,10 @@ class Program {
       // {only_on = 1}: a stage past the end arrives on nothing.
       if (op.kind() == OpKind::MbarrierExpectTx && op.hasAttr("only_on") && op.intAttr("only_on") && !scalarInt(op.operand(2)))
         return;
+      if (op.kind() == OpKind::MbarrierExpectTx) expectedPhase_[{op.operand(0), int64_t(slot)}] = phases[slot];
+      if (op.kind() == OpKind::AsyncCopyArrive)  // the phase completes once the program's copies so far land
+        for (InFlight& c : inFlight_)
+          if (c.group >= 0 && !c.barriers) c.barriers = op.operand(0), c.barrierSlot = int64_t(slot), c.phase = phases[slot];
       ++phases[slot];
       return;
     }
@@ -876,6 +905,36 @@ class Program {
       fail(op, "waits on slot " + std::to_string(slot) + " for the phase of parity " + std::to_string(parity) +
                    ", which has not completed (" + std::to_string(phases[slot]) +
                    " completed so far): on the GPU this wait would never return");
+    // The wait returns once the phase of that parity completed, and the phases before it did too:
+    // the copies they count are complete for the waiting threads.
+    std::erase_if(inFlight_, [&](const InFlight& c) {
+      return c.barriers == op.operand(0) && c.barrierSlot == int64_t(slot) && c.phase < phases[slot];
+    });
+  }
+
+  // async_wait {pending = N}: every committed group but the N most recent is complete.
+  void asyncWait(const Op& op) {
+    const int64_t complete = openGroup_ - op.intAttr("pending");
+    std::erase_if(inFlight_, [&](const InFlight& c) { return c.group >= 0 && c.group < complete; });
+  }
+
+  // A copy is issued into [first, first + count) of `buffer`'s elements: it stays in flight (see exec).
+  void issued(const Op& copy, SlotElements slot, int64_t group, const Value* barriers = nullptr, int64_t barrierSlot = 0,
+              int64_t phase = 0) {
+    touchedInFlight(copy, "writes", slot);
+    inFlight_.push_back({&copy, copy.operand(0), slot.first, slot.count, group, barriers, barrierSlot, phase});
+  }
+  // Fails when [slot] of operand 0 holds a copy still in flight.
+  void touchedInFlight(const Op& op, const char* verb, SlotElements slot) const {
+    for (const InFlight& c : inFlight_)
+      if (c.buffer == op.operand(0) && c.first < slot.first + slot.count && slot.first < c.first + c.count)
+        fail(op, std::string(verb) + " slot " + std::to_string(slot.first / std::max<size_t>(1, slot.count)) + " of %" +
+                     std::to_string(op.operand(0)->id()) + " while " + c.copy->describe() +
+                     " into it is in flight: nothing completes that copy first (" +
+                     (!c.barriers ? std::string("no async_wait covers its group")
+                                  : "no wait on barrier %" + std::to_string(c.barriers->id()) + " slot " +
+                                        std::to_string(c.barrierSlot) + " for phase " + std::to_string(c.phase)) +
+                     "); on the GPU its bytes may not have landed");
   }
 
   void asyncCopy(const Op& op) {
@@ -892,6 +951,7 @@ class Program {
       for (size_t i = 0; i < n; ++i) o[i] = mask && !mask[i] ? T{} : M::read(address(op, "async_copy", t.shape(), i, p[i], width));
       return 0;
     });
+    issued(op, {base, n}, openGroup_);
   }
 
   // The box lands at once (the barrier's phase then needs only the expect_tx arrival).
@@ -923,11 +983,17 @@ class Program {
       }
       return 0;
     });
+    const auto expected = expectedPhase_.find({op.operand(2), barSlot});
+    if (expected == expectedPhase_.end())
+      fail(op, "copies toward barrier %" + std::to_string(op.operand(2)->id()) + " slot " + std::to_string(barSlot) +
+                   ", on which no mbarrier_expect_tx announced bytes: on the GPU no wait would account for them");
+    issued(op, {base, n}, -1, op.operand(2), barSlot, expected->second);
   }
 
   void localLoad(const Op& op) {
     const Type& t = op.operand(0)->type();
     const auto [base, n] = slotElements(op);
+    touchedInFlight(op, "reads", {base, n});
     const Data& buf = in(op, 0);
     set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
           using T = decltype(held);
@@ -941,6 +1007,7 @@ class Program {
   void localStore(const Op& op) {
     const Type& t = op.operand(0)->type();
     const auto [base, n] = slotElements(op);
+    touchedInFlight(op, "writes", {base, n});
     Data& buf = *buffers_.at(op.operand(0));
     const Data& v = in(op, 2);
     withStorage(storageOf(t.dtype()), [&](auto held) {

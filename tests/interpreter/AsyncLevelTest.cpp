@@ -72,6 +72,8 @@ func @ring(%x: ptr<f16>, %out: ptr<f16>, %n: i32, %first: i32) {
 }
 )";
 
+std::vector<Eigen::half> runRing(const std::string& text, int64_t first);
+
 TEST(InterpreterAsync, CopiesLandInTheirSlotsZeroFilledWhereMaskedAndPrintParseRoundTrips) {
   FT_SEEDED_RNG(rng);
   auto f = parseFunction(kRing, "ring.ftir");
@@ -96,6 +98,14 @@ TEST(InterpreterAsync, CopiesLandInTheirSlotsZeroFilledWhereMaskedAndPrintParseR
         EXPECT_EQ(float(out[size_t(p) * 64 + 32 + size_t(i)]), wantB) << "program " << p << " element " << i;
       }
   }
+  // A copy is in flight until an async_wait covers its group: waiting for all but the last group
+  // leaves slot 0's copy in flight when it is read (on a GPU it may not have landed).
+  std::string early = kRing;
+  early.replace(early.find("async_wait {pending = 0}"), 24, "async_wait {pending = 1}");
+  const std::string msg = errorOf([&] { runRing(early, 0); });
+  EXPECT_TRUE(contains(msg, "reads slot 0 of %") && contains(msg, "while op 'async_copy'") &&
+              contains(msg, "no async_wait covers its group"))
+      << msg;
 }
 
 // The ring of kRing with its copies tracked by barriers in shared memory instead of commit groups:
@@ -154,6 +164,8 @@ TEST(InterpreterAsync, BarriersInSharedMemoryTrackTheCopiesOfEachSlot) {
   fails("mbarrier_wait %bars, %s1, %s0", "mbarrier_wait %bars, %s1, %c4", "the phase parity must be 0 or 1, got 4");
   fails("mbarrier_arrive %bars, %s0", "mbarrier_arrive %buf, %s0", "must be a buffer of barriers");
   fails("mbarrier_wait %bars, %s0, %s1", "mbarrier_wait %bars, %s0, %r", "the phase parity");
+  // Slot 1's copy is in flight until a wait on its barrier's phase: read without it, an error.
+  fails("  mbarrier_wait %bars, %s1, %s0\n", "", "while op 'async_copy'");
 }
 
 // Regression: programs run one after another on one host thread, each with its own barriers: a
@@ -310,7 +322,10 @@ TEST(InterpreterAsync, TmaCopiesABoxZeroFilledOutsideTheTensor) {
   // A barrier counting every thread's arrival never completes with one expect_tx, and the reverse.
   fails("mbarrier_init %bars {arrivals = 1}", "mbarrier_init %bars", "arrives once for the program on a barrier that counts every thread's");
   fails("mbarrier_expect_tx %bars, %s1, %on {bytes = 128}", "mbarrier_arrive %bars, %s1", "every thread arrives on a barrier that counts one arrival");
-  fails("mbarrier_expect_tx %bars, %s1, %on {bytes = 128}\n", "", "which has not completed");
+  fails("mbarrier_expect_tx %bars, %s1, %on {bytes = 128}\n", "", "on which no mbarrier_expect_tx announced bytes");
+  fails("mbarrier_wait %bars, %s1, %s0", "mbarrier_wait %bars, %s1, %s1", "which has not completed");
+  // The copy is in flight until the wait: a read of its slot before it, or an inval, is an error.
+  fails("mbarrier_wait %bars, %s1, %s0\n", "", "while op 'tma_copy'");
   fails("tma_copy %buf, %s1, %bars, %s1, %on,", "tma_copy %buf, %s1, %bars, %c3, %on,", "barrier slot 3 is outside the buffer's 2 slots");
   // Malformed copies are the verifier's errors.
   fails("%rstride, %batch, %row0, %col0", "%rstride, %batch, %row0", "then R dims, R-1 strides and R coords");
