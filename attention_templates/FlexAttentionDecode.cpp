@@ -368,9 +368,9 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       Tile kt, vt;
       if (k.warpSpecialize && !partial) {
         // Full steps as tensor boxes of K and V (`paged` never specializes): TMA zero-fills the
-        // keys past kv_len and the columns past D, as the masked copies do. A partial step loads
-        // only its live columns (a NaN in a dead key's V would reach the output), so it keeps
-        // the copies.
+        // keys past kv_len and the columns past D, as the masked copies do. The partial walk keeps
+        // its copies: it skips steps by liveBits, which come from mask_mod's tiles, and a
+        // producer runs scalars only.
         auto box = [&](const Tile& base, const Tile& strideB, const Tile& strideH, const Tile& strideN) {
           return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
                            {b, hkv, start, 0}};
