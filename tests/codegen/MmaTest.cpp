@@ -261,6 +261,38 @@ TEST(Mma, StagingAddressesAreLinear) {
         }
 }
 
+// Each ldmatrix access of `plan` from `smem` (element ids, row-major, at their shared offsets), with
+// the instruction's semantics (PTX ISA): thread t gets row t/4, columns 2(t%4) and 2(t%4)+1 of each
+// 8x8 matrix (with .trans rows 2(t%4), 2(t%4)+1 of column t/4). The first register of `to` that
+// does not receive its element, or "".
+std::string replayLdmatrix(const std::vector<int64_t>& smem, const Layout& to, const LdmatrixPlan& plan) {
+  auto flat = [&](const Layout::Coord& c) { return c[0] * to.shape()[1] + c[1]; };
+  for (int w = 0; w < to.numWarps(); ++w) {
+    int64_t warpPart = 0;
+    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
+      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
+    for (size_t q = 0; q < plan.accessBase.size(); ++q) {
+      auto rowAddress = [&](int lane) {
+        int64_t a = plan.accessBase[q] ^ warpPart;
+        for (int i = 0; i < 5; ++i)
+          if (lane >> i & 1) a ^= plan.laneTerm[size_t(i)];
+        return a;
+      };
+      for (int t = 0; t < 32; ++t)
+        for (int j = 0; j < plan.numMatrices; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int64_t got = plan.trans ? smem[size_t(rowAddress(8 * j + 2 * (t % 4) + half) + t / 4)]
+                                           : smem[size_t(rowAddress(8 * j + t / 4) + 2 * (t % 4) + half)];
+            const int64_t reg = plan.registers[q][size_t(2 * j + half)];
+            if (got != flat(to.apply(reg, t, w)))
+              return "warp " + std::to_string(w) + " lane " + std::to_string(t) + " register " + std::to_string(reg) +
+                     " got element " + std::to_string(got) + ", wants " + std::to_string(flat(to.apply(reg, t, w)));
+          }
+    }
+  }
+  return "";
+}
+
 // Replays a staging convert as the lowering emits it, with the instructions'
 // semantics (PTX ISA): every thread stores its registers in vectors of v at
 // threadPart ^ offsetOf(regCoord), then each ldmatrix access loads 8x8
@@ -290,30 +322,7 @@ std::string replayStaging(const Layout& from, const Layout& to, const LdmatrixPl
         for (int64_t i = 0; i < v; ++i) smem[size_t(at + i)] = flat(from.apply(r0 + i, l, w));
       }
     }
-  for (int w = 0; w < to.numWarps(); ++w) {
-    int64_t warpPart = 0;
-    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
-      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
-    for (size_t q = 0; q < plan.accessBase.size(); ++q) {
-      auto rowAddress = [&](int lane) {
-        int64_t a = plan.accessBase[q] ^ warpPart;
-        for (int i = 0; i < 5; ++i)
-          if (lane >> i & 1) a ^= plan.laneTerm[size_t(i)];
-        return a;
-      };
-      for (int t = 0; t < 32; ++t)
-        for (int j = 0; j < plan.numMatrices; ++j)
-          for (int half = 0; half < 2; ++half) {
-            const int64_t got = plan.trans ? smem[size_t(rowAddress(8 * j + 2 * (t % 4) + half) + t / 4)]
-                                           : smem[size_t(rowAddress(8 * j + t / 4) + 2 * (t % 4) + half)];
-            const int64_t reg = plan.registers[q][size_t(2 * j + half)];
-            if (got != flat(to.apply(reg, t, w)))
-              return "warp " + std::to_string(w) + " lane " + std::to_string(t) + " register " + std::to_string(reg) +
-                     " got element " + std::to_string(got) + ", wants " + std::to_string(flat(to.apply(reg, t, w)));
-          }
-    }
-  }
-  return "";
+  return replayLdmatrix(smem, to, plan);
 }
 
 TEST(Mma, StagingConvertsDeliverEveryElement) {
@@ -343,38 +352,13 @@ TEST(Mma, StagingConvertsDeliverEveryElement) {
 
 // The ldmatrix reads of a tile that TMA stored in wgmma's 128-byte panels (the pipeline's
 // ldmatrixPanels: rows wider than a TMA swizzle spans, the decode's K and V at D = 128). TMA puts
-// element c at stored.offsetOf(c); replays each ldmatrix access as in replayStaging. Returns the
-// first register that does not receive its element, or "".
+// element c at stored.offsetOf(c); then each ldmatrix access is replayed (replayLdmatrix).
 std::string replayPanelReads(const SharedLayout& stored, const Layout& to, const LdmatrixPlan& plan) {
   const int64_t cols = to.shape()[1];
   std::vector<int64_t> smem(size_t(stored.numElements()), -1);
   for (int64_t r = 0; r < to.shape()[0]; ++r)
     for (int64_t c = 0; c < cols; ++c) smem[size_t(stored.offsetOf({r, c}))] = r * cols + c;
-  for (int w = 0; w < to.numWarps(); ++w) {
-    int64_t warpPart = 0;
-    for (size_t i = 0; i < plan.warpTerm.size(); ++i)
-      if (w >> i & 1) warpPart ^= plan.warpTerm[i];
-    for (size_t q = 0; q < plan.accessBase.size(); ++q) {
-      auto rowAddress = [&](int lane) {
-        int64_t a = plan.accessBase[q] ^ warpPart;
-        for (int i = 0; i < 5; ++i)
-          if (lane >> i & 1) a ^= plan.laneTerm[size_t(i)];
-        return a;
-      };
-      for (int t = 0; t < 32; ++t)
-        for (int j = 0; j < plan.numMatrices; ++j)
-          for (int half = 0; half < 2; ++half) {
-            const int64_t got = plan.trans ? smem[size_t(rowAddress(8 * j + 2 * (t % 4) + half) + t / 4)]
-                                           : smem[size_t(rowAddress(8 * j + t / 4) + 2 * (t % 4) + half)];
-            const int64_t reg = plan.registers[q][size_t(2 * j + half)];
-            const Layout::Coord want = to.apply(reg, t, w);
-            if (got != want[0] * cols + want[1])
-              return "warp " + std::to_string(w) + " lane " + std::to_string(t) + " register " + std::to_string(reg) +
-                     " got element " + std::to_string(got) + ", wants " + std::to_string(want[0] * cols + want[1]);
-          }
-    }
-  }
-  return "";
+  return replayLdmatrix(smem, to, plan);
 }
 
 TEST(Mma, LdmatrixReadsTmaPanels) {
