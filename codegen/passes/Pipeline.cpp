@@ -913,6 +913,11 @@ void pipelineLoads(ir::Function& f, const Target& target) {
       if (load.kind() != OpKind::Load || !load.result()->type().isTile() || !load.result()->type().hasLayout()) continue;
       const auto& us = users[load.result()];
       if (us.empty()) continue;
+      // Read iterations ahead, the tile must not be written by the iterations between: no store
+      // or atomic of the loop goes through the load's parameter, or through a pointer of unknown
+      // origin. (Distinct pointer parameters are taken not to overlap.)
+      const ir::Value* base = ir::pointerBase(load.operand(0));
+      if (!base || written.count(base) || written.count(nullptr)) continue;
       // Every reader stages a dot operand from the one ring tile: all of them must read the same
       // swizzled layout (a tile used as Kᵀ in one product and as K in another, say).
       const ir::DType t = load.result()->type().dtype();
@@ -943,11 +948,6 @@ void pipelineLoads(ir::Function& f, const Target& target) {
         continue;
       }
       if (load.numOperands() >= 3 && !isZeroConstant(load.operand(2))) continue;
-      // Read iterations ahead, the tile must not be written by the iterations between: no store
-      // or atomic of the loop goes through the load's parameter, or through a pointer of unknown
-      // origin. (Distinct pointer parameters are taken not to overlap.)
-      const ir::Value* base = ir::pointerBase(load.operand(0));
-      if (!base || written.count(base) || written.count(nullptr)) continue;
       const int64_t width = memoryAccessWidth(load, axis).width;
       if (asyncCopyWidth(*load.result()->type().layout(), plan->smem, width, t) < 2) continue;
       std::set<const ir::Value*> seen;
