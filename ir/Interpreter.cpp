@@ -21,6 +21,7 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -408,6 +409,12 @@ class Program {
   std::vector<InFlight> inFlight_;
   int64_t openGroup_ = 0;  // the cp.async group copies join until the next async_commit
   std::map<std::pair<const Value*, int64_t>, int64_t> expectedPhase_;  // barrier slot -> phase of its last expect_tx
+  // The shared slots read (local_load) since every thread was last known past its reads: a CTA
+  // barrier, or for ring slot s a wait on slot s of a barrier the readers release slots on
+  // (mbarrier_arrive: a ring's `empty`). A copy or store into such a slot races with warps still
+  // reading it.
+  std::map<std::pair<const Value*, size_t>, const Op*> readSinceRelease_;
+  std::set<const Value*> releases_;  // barrier buffers mbarrier_arrive arrives on
   std::array<int64_t, 3> pid_{};
   ClusterRendezvous* cluster_ = nullptr;
   int64_t rank_ = 0;
@@ -478,7 +485,7 @@ class Program {
       // program is one thread here).
       case OpKind::AsyncCommit: ++openGroup_; return;
       case OpKind::AsyncWait: return asyncWait(op);
-      case OpKind::Barrier:
+      case OpKind::Barrier: readSinceRelease_.clear(); return;  // every thread is past its reads
       case OpKind::WarpgroupTurn:
       case OpKind::FenceAsyncShared: return;
       case OpKind::LocalAlloc: return localAlloc(op);
@@ -892,6 +899,7 @@ class Program {
       if (op.kind() == OpKind::MbarrierExpectTx && op.hasAttr("only_on") && op.intAttr("only_on") && !scalarInt(op.operand(2)))
         return;
       if (op.kind() == OpKind::MbarrierExpectTx) expectedPhase_[{op.operand(0), int64_t(slot)}] = phases[slot];
+      if (op.kind() == OpKind::MbarrierArrive) releases_.insert(op.operand(0));
       if (op.kind() == OpKind::AsyncCopyArrive)  // the phase completes once the program's copies so far land
         for (InFlight& c : inFlight_)
           if (c.group >= 0 && !c.barriers) c.barriers = op.operand(0), c.barrierSlot = int64_t(slot), c.phase = phases[slot];
@@ -905,6 +913,8 @@ class Program {
       fail(op, "waits on slot " + std::to_string(slot) + " for the phase of parity " + std::to_string(parity) +
                    ", which has not completed (" + std::to_string(phases[slot]) +
                    " completed so far): on the GPU this wait would never return");
+    if (releases_.count(op.operand(0)))  // the readers of ring slot `slot` released it
+      std::erase_if(readSinceRelease_, [&](const auto& e) { return e.first.second == slot; });
     // The wait returns once the phase of that parity completed, and the phases before it did too:
     // the copies they count are complete for the waiting threads.
     std::erase_if(inFlight_, [&](const InFlight& c) {
@@ -922,7 +932,18 @@ class Program {
   void issued(const Op& copy, SlotElements slot, int64_t group, const Value* barriers = nullptr, int64_t barrierSlot = 0,
               int64_t phase = 0) {
     touchedInFlight(copy, "writes", slot);
+    writtenAfterReads(copy, slot);
     inFlight_.push_back({&copy, copy.operand(0), slot.first, slot.count, group, barriers, barrierSlot, phase});
+  }
+  // Fails when [slot] of operand 0 was read since its readers were last known done (see
+  // readSinceRelease_).
+  void writtenAfterReads(const Op& op, SlotElements slot) const {
+    const auto it = readSinceRelease_.find({op.operand(0), slot.first / std::max<size_t>(1, slot.count)});
+    if (it != readSinceRelease_.end())
+      fail(op, "writes slot " + std::to_string(it->first.second) + " of %" + std::to_string(op.operand(0)->id()) +
+                   ", which " + it->second->describe() +
+                   " read, with no barrier or wait for the slot's release between: on the GPU warps may still be "
+                   "reading it");
   }
   // Fails when [slot] of operand 0 holds a copy still in flight.
   void touchedInFlight(const Op& op, const char* verb, SlotElements slot) const {
@@ -994,6 +1015,7 @@ class Program {
     const Type& t = op.operand(0)->type();
     const auto [base, n] = slotElements(op);
     touchedInFlight(op, "reads", {base, n});
+    readSinceRelease_[{op.operand(0), base / std::max<size_t>(1, n)}] = &op;
     const Data& buf = in(op, 0);
     set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
           using T = decltype(held);
@@ -1008,6 +1030,7 @@ class Program {
     const Type& t = op.operand(0)->type();
     const auto [base, n] = slotElements(op);
     touchedInFlight(op, "writes", {base, n});
+    writtenAfterReads(op, {base, n});
     Data& buf = *buffers_.at(op.operand(0));
     const Data& v = in(op, 2);
     withStorage(storageOf(t.dtype()), [&](auto held) {

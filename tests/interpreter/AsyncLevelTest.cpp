@@ -326,6 +326,20 @@ TEST(InterpreterAsync, TmaCopiesABoxZeroFilledOutsideTheTensor) {
   fails("mbarrier_wait %bars, %s1, %s0", "mbarrier_wait %bars, %s1, %s1", "which has not completed");
   // The copy is in flight until the wait: a read of its slot before it, or an inval, is an error.
   fails("mbarrier_wait %bars, %s1, %s0\n", "", "while op 'tma_copy'");
+  // A refill of a slot read since the last barrier (no wait for its release either) races with
+  // the warps still reading it; after a barrier it is the next phase's copy.
+  const std::string refill =
+      "  mbarrier_expect_tx %bars, %s1, %on {bytes = 128}\n"
+      "  tma_copy %buf, %s1, %bars, %s1, %on, %x, %two, %rows, %c8, %bstride, %rstride, %batch, %row0, %col0\n"
+      "  mbarrier_wait %bars, %s1, %s1\n";
+  fails("  %t = local_load %buf, %s1 : f32[4,8]\n", "  %t = local_load %buf, %s1 : f32[4,8]\n" + refill,
+        "which op 'local_load' read, with no barrier or wait for the slot's release between");
+  {
+    std::string t = kTma;
+    const std::string read = "  %t = local_load %buf, %s1 : f32[4,8]\n";
+    t.replace(t.find(read), read.size(), read + "  barrier\n" + refill);
+    EXPECT_EQ(runTma(t, x, 0), "");
+  }
   fails("tma_copy %buf, %s1, %bars, %s1, %on,", "tma_copy %buf, %s1, %bars, %c3, %on,", "barrier slot 3 is outside the buffer's 2 slots");
   // Malformed copies are the verifier's errors.
   fails("%rstride, %batch, %row0, %col0", "%rstride, %batch, %row0", "then R dims, R-1 strides and R coords");
