@@ -4,6 +4,7 @@
 //   flextile_attention_decode_bench              # the decode shapes below, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
 //   flextile_attention_decode_bench --sweep-splits   # block size x stages x split count on every shape
+//   flextile_attention_decode_bench --sweep-ws   # the producer warpgroup (config `ws`) at 2 and 3 stages, BN 64 and 128
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
@@ -131,14 +132,15 @@ double copyMicroseconds(double bytesMoved) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool sweep = false, sweepSplits = false;
+  bool sweep = false, sweepSplits = false, sweepWs = false;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
+    else if (!std::strcmp(argv[i], "--sweep-ws")) sweepWs = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--only SHAPE]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--only SHAPE]...\n", argv[0]);
       return 2;
     }
   }
@@ -225,6 +227,11 @@ int main(int argc, char** argv) try {
         for (int w : {4, 8})
           for (int st : {2, 3})
             for (int64_t sp : {0, 1, 2, 3, 4, 6, 8, 16}) configs.push_back({bn, w, st, sp});
+    if (sweepWs && !paged)  // the producer warpgroup: the default tile, a third stage, 128-key steps
+      for (FlexDecodeConfig c : {FlexDecodeConfig{64, 4, 2, 0}, FlexDecodeConfig{64, 4, 3, 0}, FlexDecodeConfig{128, 4, 2, 0}}) {
+        c.warp_specialize = WarpSpecialization::On;
+        configs.push_back(c);
+      }
     double dfltTbps = 0;
     Row best{s.name, "", INFINITY, 0, 0, 0, 0, 0};
     for (size_t ci = 0; ci < configs.size(); ++ci) {

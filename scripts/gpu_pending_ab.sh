@@ -32,6 +32,9 @@ FLEXTILE_AB_TAG=decodews FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXT
   FLEXTILE_AB_ARGS="--only decode --only decode_causal --only decode_window4096 --only decode_b1 --only decode_s2048 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_WARP_SPECIALIZE=1" "FLEXTILE_AB_BASELINE=1" \
   "FLEXTILE_DECODE_WARP_SPECIALIZE=1"
+echo "== the producer's configs on the main shape and the window: 2 and 3 stages, 128-key steps"
+FLEXTILE_AB_TAG=decodewssweep FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --sweep-ws" scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1"
 fi
 
 if wanted alibi; then
@@ -75,7 +78,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log decodews_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log decodews_*.log decodewssweep_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi
