@@ -167,10 +167,14 @@ TEST(FlexDecodeGpu, WarpSpecializedEveryVariant) {
   };
   ConfigSample splits(std::vector<int64_t>{0, 1, 7}, 2, rng, /*alwaysFirst=*/true);
   for (const AttentionCase& c : cases)
-    for (const Variant& v : variants())
+    for (const Variant& v : variants()) {
+      // Every variant at the window decode's shape; the small-head case on the walks that differ
+      // (no mask, a window's partial edge, a gathering mask), to keep the suite's budget.
+      if (c.D == 64 && v.name != "full" && v.name != "sliding_window" && v.name != "document") continue;
       if (!checkDecodeVariant(rng, v, c, kDevice, {.splits = splits.next(), .blocks = {128, 128},
                                                    .prefillConfig = {64, 64, 4, 2}}))
         return;
+    }
   const FusedMergeCase merge{.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096,
                              .blocks = {128, 128}, .blockN = 64, .splits = {6, 33, 2, 64, 6}};
   for (const char* programmatic : {"0", "1"}) {  // with programmatic launch both roles wait first
