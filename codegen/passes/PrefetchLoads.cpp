@@ -93,7 +93,11 @@ std::map<const ir::Value*, ir::Value*> cloneForIteration(Inserter& at, const std
     std::vector<ir::Value*> operands{mapped(op->operand(0))};
     operands.push_back(op->numOperands() >= 2 ? at.value(OpKind::And, {mapped(op->operand(1)), on}, maskType) : on);
     if (op->numOperands() >= 3) operands.push_back(mapped(op->operand(2)));
-    Op* copy = at.op(OpKind::Load, std::move(operands), {op->result()->type()}, op->attrs());
+    // A load that names a tensor box is cloned without it: masked off past the loop's end, the
+    // clone's mask is no longer the box's bounds, and a prefetched load is an ordinary one.
+    ir::Attrs attrs = op->attrs();
+    attrs.erase("tensor_rank");
+    Op* copy = at.op(OpKind::Load, std::move(operands), {op->result()->type()}, std::move(attrs));
     clone[op->result()] = copy->result();
   }
   return clone;

@@ -1,6 +1,8 @@
 #include "MaskModProperty.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -284,10 +286,27 @@ MaskModOutcome checkMaskMod(Choices& c) {
     options.kernel = attention::AttentionTemplate::Decode;
     options.decode_config =
         attention::FlexDecodeConfig{blockUpTo(sizes.kv), c.of({1, 2, 4, 8}), c.of({1, 2, 3}), int64_t(c.below(4))};
+    // The producer warpgroup where the passes below may give it one (sm_90a, 4 or 8 warps).
+    if (c.percent(50)) options.decode_config->warp_specialize = attention::WarpSpecialization::On;
     out.description += ", decode " + options.decode_config->describe();
   } else {
     out.description += ", default config";
   }
+  // What the interpreter runs: the traced kernels, or the IR after sm_80's or sm_90a's tile passes
+  // (FLEXTILE_INTERPRET_AFTER_PASSES: rings, TMA copies, wgmma, warp specialization), so random
+  // masks reach every schedule the templates take.
+  const char* passes = c.of<const char*>({"", "sm_80", "sm_90a"});
+  if (*passes) out.description += std::string(", interpreted after ") + passes + "'s passes";
+  struct AfterPasses {
+    std::optional<std::string> old;
+    explicit AfterPasses(const char* target) {
+      if (const char* v = std::getenv("FLEXTILE_INTERPRET_AFTER_PASSES")) old = v;
+      ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", target, 1);
+    }
+    ~AfterPasses() {
+      old ? (void)::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", old->c_str(), 1) : (void)::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES");
+    }
+  } afterPasses(passes);
 
   std::mt19937_64 rng(c.bits());
   try {
