@@ -18,6 +18,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <limits>
 #include <map>
@@ -415,6 +416,17 @@ class Program {
   // reading it.
   std::map<std::pair<const Value*, size_t>, const Op*> readSinceRelease_;
   std::set<const Value*> releases_;  // barrier buffers mbarrier_arrive arrives on
+  // The async dots issued and not yet covered by a wgmma_wait, in issue order, each with the ring
+  // slots it reads from shared memory (the wgmma reads them until it completes), and which release
+  // barrier each ring buffer's refills wait on (learned from the wait before each copy).
+  struct AsyncDot {
+    const Op* dot;
+    std::vector<std::pair<const Value*, size_t>> slots;
+  };
+  std::deque<AsyncDot> asyncDots_;
+  std::map<const Value*, std::pair<const Value*, size_t>> slotOfLoad_;  // local_load result -> (buffer, slot)
+  std::map<const Value*, const Value*> releaseOf_;  // ring buffer -> the barrier its refills wait on
+  const Value* lastReleaseWait_ = nullptr;           // the release barrier the last wait on one was on
   std::array<int64_t, 3> pid_{};
   ClusterRendezvous* cluster_ = nullptr;
   int64_t rank_ = 0;
@@ -485,7 +497,13 @@ class Program {
       // program is one thread here).
       case OpKind::AsyncCommit: ++openGroup_; return;
       case OpKind::AsyncWait: return asyncWait(op);
-      case OpKind::Barrier: readSinceRelease_.clear(); return;  // every thread is past its reads
+      case OpKind::Barrier:  // every thread is past its reads, but not its async dots' (they read until waited)
+        std::erase_if(readSinceRelease_, [&](const auto& e) {
+          for (const AsyncDot& d : asyncDots_)
+            if (std::find(d.slots.begin(), d.slots.end(), e.first) != d.slots.end()) return false;
+          return true;
+        });
+        return;
       case OpKind::WarpgroupTurn:
       case OpKind::FenceAsyncShared: return;
       case OpKind::LocalAlloc: return localAlloc(op);
@@ -502,6 +520,7 @@ class Program {
       case OpKind::ClusterAllGather: return clusterAllGather(op);
       case OpKind::WgmmaWait:  // the accumulators pass through: an async dot was complete at issue
         for (size_t i = 0; i < op.numOperands(); ++i) set(op.result(i), slots_[size_t(op.operand(i)->id())]);
+        while (asyncDots_.size() > size_t(op.intAttr("pending"))) asyncDots_.pop_front();  // all but the newest N
         return;
       default: break;
     }
@@ -601,7 +620,9 @@ class Program {
       case OpKind::WarpgroupTurn:
       case OpKind::WgmmaWait: return;  // the memory/async level, run above
       case OpKind::Reduce: return set(op.result(), reduce(op, rt));
-      case OpKind::Dot: return set(op.result(), dot(op, rt));
+      case OpKind::Dot:
+        if (op.hasAttr("async") && op.intAttr("async") != 0) asyncDotIssued(op);
+        return set(op.result(), dot(op, rt));
       case OpKind::For: return forLoop(op);
       case OpKind::Yield:
       case OpKind::Return: return;
@@ -899,7 +920,10 @@ class Program {
       if (op.kind() == OpKind::MbarrierExpectTx && op.hasAttr("only_on") && op.intAttr("only_on") && !scalarInt(op.operand(2)))
         return;
       if (op.kind() == OpKind::MbarrierExpectTx) expectedPhase_[{op.operand(0), int64_t(slot)}] = phases[slot];
-      if (op.kind() == OpKind::MbarrierArrive) releases_.insert(op.operand(0));
+      if (op.kind() == OpKind::MbarrierArrive) {
+        releases_.insert(op.operand(0));
+        releasedWhileRead(op, slot);
+      }
       if (op.kind() == OpKind::AsyncCopyArrive)  // the phase completes once the program's copies so far land
         for (InFlight& c : inFlight_)
           if (c.group >= 0 && !c.barriers) c.barriers = op.operand(0), c.barrierSlot = int64_t(slot), c.phase = phases[slot];
@@ -913,8 +937,10 @@ class Program {
       fail(op, "waits on slot " + std::to_string(slot) + " for the phase of parity " + std::to_string(parity) +
                    ", which has not completed (" + std::to_string(phases[slot]) +
                    " completed so far): on the GPU this wait would never return");
-    if (releases_.count(op.operand(0)))  // the readers of ring slot `slot` released it
+    if (releases_.count(op.operand(0))) {  // the readers of ring slot `slot` released it
       std::erase_if(readSinceRelease_, [&](const auto& e) { return e.first.second == slot; });
+      lastReleaseWait_ = op.operand(0);
+    }
     // The wait returns once the phase of that parity completed, and the phases before it did too:
     // the copies they count are complete for the waiting threads.
     std::erase_if(inFlight_, [&](const InFlight& c) {
@@ -933,7 +959,32 @@ class Program {
               int64_t phase = 0) {
     touchedInFlight(copy, "writes", slot);
     writtenAfterReads(copy, slot);
+    if (lastReleaseWait_) releaseOf_[copy.operand(0)] = lastReleaseWait_;
     inFlight_.push_back({&copy, copy.operand(0), slot.first, slot.count, group, barriers, barrierSlot, phase});
+  }
+  // An async dot reads the shared slots its operands were loaded from (through trans) until a
+  // wgmma_wait covers it.
+  void asyncDotIssued(const Op& dot) {
+    AsyncDot d{&dot, {}};
+    for (const Value* v : dot.operands()) {
+      while (v->definingOp() && v->definingOp()->kind() == OpKind::Trans) v = v->definingOp()->operand(0);
+      if (auto it = slotOfLoad_.find(v); it != slotOfLoad_.end()) d.slots.push_back(it->second);
+    }
+    if (!d.slots.empty()) asyncDots_.push_back(std::move(d));
+  }
+  // An mbarrier_arrive that releases ring slot `slot` while an async dot still reads that slot of
+  // a buffer whose refills wait on this barrier: the next copy may overwrite what the tensor
+  // cores are still reading.
+  void releasedWhileRead(const Op& arrive, size_t slot) const {
+    for (const AsyncDot& d : asyncDots_)
+      for (const auto& [buffer, s] : d.slots) {
+        const auto it = releaseOf_.find(buffer);
+        if (s == slot && it != releaseOf_.end() && it->second == arrive.operand(0))
+          fail(arrive, "releases slot " + std::to_string(slot) + " while " + d.dot->describe() + ", which reads slot " +
+                           std::to_string(s) + " of %" + std::to_string(buffer->id()) +
+                           ", is incomplete (no wgmma_wait covers it yet): on the GPU the slot's next copy may "
+                           "overwrite what it still reads");
+      }
   }
   // Fails when [slot] of operand 0 was read since its readers were last known done (see
   // readSinceRelease_).
@@ -1016,6 +1067,7 @@ class Program {
     const auto [base, n] = slotElements(op);
     touchedInFlight(op, "reads", {base, n});
     readSinceRelease_[{op.operand(0), base / std::max<size_t>(1, n)}] = &op;
+    slotOfLoad_[op.result()] = {op.operand(0), base / std::max<size_t>(1, n)};
     const Data& buf = in(op, 0);
     set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
           using T = decltype(held);

@@ -348,6 +348,40 @@ TEST(InterpreterAsync, TmaCopiesABoxZeroFilledOutsideTheTensor) {
   fails("{bytes = 128}", "{bytes = -1}", "bytes");
 }
 
+// kTma with a release barrier and an async dot reading the slot: the slot is released (arrive on
+// `empty`) once the wgmma_wait covers the dot, since the tensor cores read it until then. Released
+// before the wait, the next copy into the slot (which waits on `empty`) could overwrite it: an
+// error naming the arrive and the dot.
+TEST(InterpreterAsync, ASlotIsReleasedOnlyAfterItsAsyncDotsComplete) {
+  std::string text = kTma;
+  auto replace = [&](std::string& t, const std::string& from, const std::string& to) {
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+  };
+  const std::string bars =
+      "  %bars = local_alloc : smem<2 x i64[1], #ft.shared<[1], order=[0], vec=1, perPhase=1, maxPhase=1, bytes=8>>\n";
+  replace(text, bars, bars + "  %empty = local_alloc : smem<2 x i64[1], #ft.shared<[1], order=[0], vec=1, perPhase=1, maxPhase=1, bytes=8>>\n");
+  replace(text, "  mbarrier_init %bars {arrivals = 1}\n  barrier\n",
+          "  mbarrier_init %bars {arrivals = 1}\n  mbarrier_init %empty\n  barrier\n  mbarrier_arrive %empty, %s1\n"
+          "  mbarrier_wait %empty, %s1, %s0 {issuer = 1}\n");
+  replace(text, "  %t = local_load %buf, %s1 : f32[4,8]\n",
+          "  %t = local_load %buf, %s1 : f32[4,8]\n  %ones = constant {value = 1.0} : f32[4,4]\n"
+          "  %zero = constant {value = 0.0} : f32[4,8]\n  %d = dot %ones, %t, %zero {async = 1} : f32[4,8]\n"
+          "  %w = wgmma_wait %d {pending = 0} : f32[4,8]\n  mbarrier_arrive %empty, %s1\n");
+  replace(text, "  mbarrier_inval %bars\n", "  mbarrier_inval %bars\n  mbarrier_inval %empty\n");
+  replace(text, "  store %po, %t\n", "  store %po, %w\n");
+  FT_SEEDED_RNG(rng);
+  std::vector<float> x(200);
+  for (float& v : x) v = float(uniform(rng, -4, 4));
+  ASSERT_EQ(runTma(text, x, 0), "");
+  std::string early = text;
+  replace(early, "  %w = wgmma_wait %d {pending = 0} : f32[4,8]\n  mbarrier_arrive %empty, %s1\n",
+          "  mbarrier_arrive %empty, %s1\n  %w = wgmma_wait %d {pending = 0} : f32[4,8]\n");
+  const std::string msg = runTma(early, x, 0);
+  EXPECT_TRUE(contains(msg, "releases slot 1 while op 'dot'") && contains(msg, "no wgmma_wait covers it")) << msg;
+}
+
 // A load that names its tile as a box of a tensor (load {tensor_rank}): its pointers and mask are
 // the box's elements and the tensor's bounds (rows 3p - 2 .. 3p + 1 of [2, 7, 8] at batch 1, cols
 // col0 .. col0 + 7), the value it reads is the pointer load's, and every way the box can disagree
