@@ -22,8 +22,8 @@
 #include <exception>
 #include <limits>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -383,6 +383,17 @@ class Program {
   void run(std::array<int64_t, 3> pid) {
     pid_ = pid;
     gathers_ = 0;
+    // A worker runs program after program on one Program: the async level's bookkeeping is each
+    // program's own (the same values name another program's buffers).
+    inFlight_.clear();
+    openGroup_ = 0;
+    expectedPhase_.clear();
+    readSinceRelease_.clear();
+    releases_.clear();
+    asyncDots_.clear();
+    slotOfLoad_.clear();
+    releaseOf_.clear();
+    lastReleaseWait_ = nullptr;
     for (size_t i = 0; i < l_.params.size(); ++i) slots_[size_t(l_.f->params()[i]->id())] = l_.params[i];
     runBlock(l_.f->body());
   }
