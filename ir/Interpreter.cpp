@@ -876,6 +876,7 @@ class Program {
   // The elements [first, first + count) of the buffer operand 0 that slot operand 1 names.
   struct SlotElements {
     size_t first, count;
+    size_t index;  // the slot
   };
   SlotElements slotElements(const Op& op) const {
     const Type& t = op.operand(0)->type();
@@ -883,7 +884,7 @@ class Program {
     if (slot < 0 || slot >= slots)
       fail(op, "slot " + std::to_string(slot) + " is outside the buffer's " + std::to_string(slots) + " slots");
     const size_t count = size_t(numElements(t.shape()));
-    return {size_t(slot) * count, count};
+    return {size_t(slot) * count, count, size_t(slot)};
   }
 
   void localAlloc(const Op& op) {
@@ -916,7 +917,7 @@ class Program {
       oneArrival_[op.operand(0)] = op.hasAttr("arrivals") && op.intAttr("arrivals") == 1;
       return;
     }
-    const size_t slot = slotElements(op).first;
+    const size_t slot = slotElements(op).index;
     if (phases[slot] < 0)
       fail(op, "slot " + std::to_string(slot) + " is not an initialized barrier (mbarrier_init first)");
     const bool one = oneArrival_[op.operand(0)];
@@ -1000,7 +1001,7 @@ class Program {
   // Fails when [slot] of operand 0 was read since its readers were last known done (see
   // readSinceRelease_).
   void writtenAfterReads(const Op& op, SlotElements slot) const {
-    const auto it = readSinceRelease_.find({op.operand(0), slot.first / std::max<size_t>(1, slot.count)});
+    const auto it = readSinceRelease_.find({op.operand(0), slot.index});
     if (it != readSinceRelease_.end())
       fail(op, "writes slot " + std::to_string(it->first.second) + " of %" + std::to_string(op.operand(0)->id()) +
                    ", which " + it->second->describe() +
@@ -1011,7 +1012,7 @@ class Program {
   void touchedInFlight(const Op& op, const char* verb, SlotElements slot) const {
     for (const InFlight& c : inFlight_)
       if (c.buffer == op.operand(0) && c.first < slot.first + slot.count && slot.first < c.first + c.count)
-        fail(op, std::string(verb) + " slot " + std::to_string(slot.first / std::max<size_t>(1, slot.count)) + " of %" +
+        fail(op, std::string(verb) + " slot " + std::to_string(slot.index) + " of %" +
                      std::to_string(op.operand(0)->id()) + " while " + c.copy->describe() +
                      " into it is in flight: nothing completes that copy first (" +
                      (!c.barriers ? std::string("no async_wait covers its group")
@@ -1022,7 +1023,7 @@ class Program {
 
   void asyncCopy(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const auto [base, n] = slotElements(op);
+    const auto [base, n, index] = slotElements(op);
     Data& buf = *buffers_.at(op.operand(0));
     const PtrVal* p = inp<PtrVal>(op, 2);
     const int64_t* mask = op.numOperands() > 3 ? inp<int64_t>(op, 3) : nullptr;
@@ -1034,7 +1035,7 @@ class Program {
       for (size_t i = 0; i < n; ++i) o[i] = mask && !mask[i] ? T{} : M::read(address(op, "async_copy", t.shape(), i, p[i], width));
       return 0;
     });
-    issued(op, {base, n}, openGroup_);
+    issued(op, {base, n, index}, openGroup_);
   }
 
   // The box lands at once (the barrier's phase then needs only the expect_tx arrival).
@@ -1046,7 +1047,7 @@ class Program {
     const int64_t barSlot = scalarInt(op.operand(3)), barSlots = op.operand(2)->type().slots();
     if (barSlot < 0 || barSlot >= barSlots)
       fail(op, "barrier slot " + std::to_string(barSlot) + " is outside the buffer's " + std::to_string(barSlots) + " slots");
-    const auto [base, n] = slotElements(op);
+    const auto [base, n, index] = slotElements(op);
     Data& buf = *buffers_.at(op.operand(0));
     const PtrVal origin = in(op, 5).ptrs[0];
     BoxElements box;
@@ -1070,15 +1071,15 @@ class Program {
     if (expected == expectedPhase_.end())
       fail(op, "copies toward barrier %" + std::to_string(op.operand(2)->id()) + " slot " + std::to_string(barSlot) +
                    ", on which no mbarrier_expect_tx announced bytes: on the GPU no wait would account for them");
-    issued(op, {base, n}, -1, op.operand(2), barSlot, expected->second);
+    issued(op, {base, n, index}, -1, op.operand(2), barSlot, expected->second);
   }
 
   void localLoad(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const auto [base, n] = slotElements(op);
-    touchedInFlight(op, "reads", {base, n});
-    readSinceRelease_[{op.operand(0), base / std::max<size_t>(1, n)}] = &op;
-    slotOfLoad_[op.result()] = {op.operand(0), base / std::max<size_t>(1, n)};
+    const auto [base, n, index] = slotElements(op);
+    touchedInFlight(op, "reads", {base, n, index});
+    readSinceRelease_[{op.operand(0), index}] = &op;
+    slotOfLoad_[op.result()] = {op.operand(0), index};
     const Data& buf = in(op, 0);
     set(op.result(), withStorage(storageOf(t.dtype()), [&](auto held) -> DataRef {
           using T = decltype(held);
@@ -1091,9 +1092,9 @@ class Program {
 
   void localStore(const Op& op) {
     const Type& t = op.operand(0)->type();
-    const auto [base, n] = slotElements(op);
-    touchedInFlight(op, "writes", {base, n});
-    writtenAfterReads(op, {base, n});
+    const auto [base, n, index] = slotElements(op);
+    touchedInFlight(op, "writes", {base, n, index});
+    writtenAfterReads(op, {base, n, index});
     Data& buf = *buffers_.at(op.operand(0));
     const Data& v = in(op, 2);
     withStorage(storageOf(t.dtype()), [&](auto held) {
