@@ -400,9 +400,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // so its producer issues the next tile's K and V during this tile's epilogue: without that the
   // persistent forward ran 0-14 % slower than a program per tile (H200, 2026-12-04).
   // A persistent program's producer carries its peeled walks' bounds and ring state from tile to
-  // tile: at 24 registers it spills 16-52 bytes (152 where the last round splits), at 32 nothing,
-  // and the consumers' 232 spill nothing either (offline ptxas, 2026-12-05; not yet timed).
-  if (k.warpSpecialize && k.persistent && (k.skew & kSkewPeel)) f.attrs()["producer_registers"] = int64_t(32);
+  // tile: at the default 24 registers it spills 16-52 bytes (152 where the last round splits), at
+  // 32 nothing (offline ptxas). Yet 24 ran faster: its consumers keep 240 registers instead of 232
+  // (H100, 2026-12-05: no mask +1.5 %, prefix LM +1.5 %, the window +0.9 %, soft-cap −0.6 to −1.9 %).
   // A peeled walk's three loops share their rings too, or each would set up, fill and invalidate
   // a ring of its own with the loads' latency exposed at every loop's start.
   if (k.persistent || (k.skew & kSkewPeel)) f.attrs()["share_rings"] = int64_t(1);
@@ -965,26 +965,31 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
   // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
   // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped where the
-  // turns are and a row's walk may be long (kOverlapMinSteps): with exp2's ftz form (which the
+  // turns are (unpeeled, only where a row's walk may be long: kOverlapMinSteps): with exp2's ftz form (which the
   // overlapped kernels take) no mask +1.7 to +2.0 %, causal +3.4 to +3.6 %, prefix LM +2.5 %,
   // ALiBi +0.6 %, soft-cap +2.5 to +2.8 % (64 steps a row at most), the window of 1024 −0.5 to
   // −0.6 % (10): a walk of n steps pays one phantom step (1/n of its products) for the overlap;
   // before ftz the order was level without a score_mod (H200, 2026-12-05). Not with deferred
   // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
   // rows a phantom step would have to clamp).
+  // Peeled (FLEXTILE_SKEW_PEEL, default on): a skewed walk's first Q·Kᵀ and last P·V in loops
+  // of their own, no phantom step; so a short walk may overlap too. Peeled against the phantom
+  // step (H100, 2026-12-05): ALiBi +3 %, soft-cap +3 to +5 %, no mask +1 to +2.6 %, the window
+  // overlapped +1.4 to +2.2 %, causal, document and prefix LM level.
+  const bool peel = detail::forcedBySwitch("FLEXTILE_SKEW_PEEL").value_or(true);
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
   const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP")
                            .value_or(p.config.overlap == LoopSchedule::On ||
                                      (p.config.overlap == LoopSchedule::Auto && p.config.skew != LoopSchedule::Off &&
                                       p.constants.pingpong &&
-                                      p.mask->maxLiveBlocksPerRow() * (p.mask->kvBlockSize() / p.config.block_n) >=
-                                          kOverlapMinSteps));
+                                      (peel || p.mask->maxLiveBlocksPerRow() * (p.mask->kvBlockSize() / p.config.block_n) >=
+                                                   kOverlapMinSteps)));
   p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
                      : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On || overlap)
                          ? kSkewFullWalks
                          : 0;
   if (overlap && p.constants.skew) p.constants.skew |= kSkewOverlap;
-  if (p.constants.skew && detail::forcedBySwitch("FLEXTILE_SKEW_PEEL").value_or(false)) p.constants.skew |= kSkewPeel;
+  if (p.constants.skew && peel) p.constants.skew |= kSkewPeel;
   if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors

@@ -8,11 +8,11 @@
 # make it the default or leave it opt-in (docs/performance.md, "Tuning knobs"), and drop it here.
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
-# form on the forward and backward, the row max as four chains (bench/RESULTS.md).
-# FLEXTILE_PENDING="peel order ..." runs only the sections named (decode, decodews, alibi, bwdturns,
-# peel, order),
+# form on the forward and backward, the row max as four chains; on 2026-12-05 (H100) the peeled
+# skewed walks (made the default) and the decode's producer warpgroup (left opt-in) (bench/RESULTS.md).
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
-#   scripts/gpu_run.sh; FLEXTILE_PENDING=peel scripts/gpu_pending_ab.sh
+#   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 wanted() { [ -z "${FLEXTILE_PENDING:-}" ] || [[ " $FLEXTILE_PENDING " == *" $1 "* ]]; }
@@ -22,19 +22,6 @@ echo "== the decode with exp2's ftz form (its default since 533707f) against wit
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
-fi
-
-if wanted decodews; then
-echo "== the decode's full walk on TMA rings from a producer warpgroup (#12's window goal: 3.52 TB/s;"
-echo "   two stages in flight without a CTA barrier, no copy instructions in the consumers) against"
-echo "   the default cp.async ring, twice"
-FLEXTILE_AB_TAG=decodews FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode --only decode_causal --only decode_window4096 --only decode_b1 --only decode_s2048 --only decode_b1_s2048" \
-  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_WARP_SPECIALIZE=1" "FLEXTILE_AB_BASELINE=1" \
-  "FLEXTILE_DECODE_WARP_SPECIALIZE=1"
-echo "== the producer's configs on the main shape and the window: 2 and 3 stages, 128-key steps"
-FLEXTILE_AB_TAG=decodewssweep FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --sweep-ws" scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1"
 fi
 
 if wanted alibi; then
@@ -52,19 +39,6 @@ FLEXTILE_AB_TAG=bwdturns FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
   "FLEXTILE_AB_BASELINE=1" "FLEXTILE_PINGPONG=1"
 fi
 
-if wanted peel; then
-echo "== the skewed walks peeled (no phantom step: 1.6 % of a no-mask walk's products, 3 % causal,"
-echo "   12 % on the window's) against the default; a persistent peeled producer keeps 32 registers"
-echo "   (at 24 it spills 16-52 bytes, offline ptxas): that too against 24; the producer at 32 unpeeled;"
-echo "   the window overlapped too, whose short walks paid most for the phantom step"
-FLEXTILE_AB_TAG=peel FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SKEW_PEEL=1" "FLEXTILE_SKEW_PEEL=1 FLEXTILE_PRODUCER_REGISTERS=24" \
-  "FLEXTILE_PRODUCER_REGISTERS=32" "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SKEW_PEEL=1"
-FLEXTILE_AB_TAG=peelwin FLEXTILE_AB_ARGS="--quick --variants sliding_window" FLEXTILE_AB_TIMEOUT=60 scripts/gpu_ab.sh \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW_PEEL=1" \
-  "FLEXTILE_SKEW_OVERLAP=1 FLEXTILE_SKEW_PEEL=1 FLEXTILE_PRODUCER_REGISTERS=24" "FLEXTILE_AB_BASELINE=1"
-fi
-
 if wanted order; then
 echo "== the tiles handed out heaviest first (a model of the document grid: the default order 9 %"
 echo "   behind longest-first); and persistent with that order (persistent lost 14 % on the document"
@@ -78,7 +52,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log decodews_*.log decodewssweep_*.log alibi_*.log bwdturns_*.log peel_*.log peelwin_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi
