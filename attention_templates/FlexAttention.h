@@ -74,19 +74,16 @@ struct FlexAttentionConfig {
   // `skew`, forward only: each iteration of a full walk issues P·V of step t − 1 and then Q·Kᵀ of
   // step t, back to back in one warpgroup turn, so a ring stage holds K_t and V_{t-1} and the
   // scores cross the loop's back edge (FlashAttention-3's order of the two products). The walk's
-  // first Q·Kᵀ and last P·V are peeled into loops of at most one iteration (FLEXTILE_SKEW_PEEL=0:
-  // one loop with a zero-filled phantom step instead, which is why the short partial walks stay
-  // unskewed). Auto is off (−15 % on the H200); On with `defer` is refused; a
+  // first Q·Kᵀ and last P·V are peeled into loops of at most one iteration; the masks' short
+  // partial walks stay unskewed. Auto is off (−15 % on the H200); On with `defer` is refused; a
   // paged K/V ignores it. FLEXTILE_SKEW=0 or =1 overrides the config, =all skews every walk;
   // FLEXTILE_SKEW_OVERLAP=1 also overlaps each step's softmax with the previous step's P·V.
   LoopSchedule skew = LoopSchedule::Auto;
   // `overlap`, forward only: the skewed walks in FlashAttention-3's intra-warpgroup order (Q·Kᵀ of
   // step t, then P·V of step t − 1, the softmax of step t while that product runs). On implies
   // `skew`; with `no-skew` or `defer` it is refused. Auto: on where the warpgroups take turns: no
-  // mask +2 %, causal +3.5 %, prefix LM +2.5 %, soft-cap +2.5 % (H200); peeled, a window of 1024
-  // (10 steps) +1.4 to +2.2 % (H100). Unpeeled (FLEXTILE_SKEW_PEEL=0) each walk pays a phantom
-  // step, so only where the mask's longest row walks 16 steps or more (the window −0.6 %).
-  // FLEXTILE_SKEW_OVERLAP=0 or =1 overrides the config.
+  // mask +2 %, causal +3.5 %, prefix LM +2.5 %, soft-cap +2.5 % (H200), a window of 1024 (10
+  // steps) +1.3 to +2.3 % (H100). FLEXTILE_SKEW_OVERLAP=0 or =1 overrides the config.
   LoopSchedule overlap = LoopSchedule::Auto;
   // "BM128 BN64 w8 s2", then " ws" / " no-ws", " turns" / " no-turns", " defer" / " no-defer",
   // " persistent" / " no-persistent", " skew" / " no-skew", " overlap" / " no-overlap" for the

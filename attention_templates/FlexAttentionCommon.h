@@ -155,13 +155,11 @@ bool sumAfterProductWanted(bool byDefault);
 
 // The online softmax's weights for a block of scores (as in onlineSoftmaxStep, whose first half this
 // is): the new row max m', the weights p = 2^(s − m') and the factor alpha = 2^(m − m') that
-// rescales what was summed before. `keepM` (an i1 scalar): m' = m where it holds (alpha = 1), for a
-// block whose scores must not count (the skewed walks' phantom step); p is then meaningless.
+// rescales what was summed before.
 struct SoftmaxWeights {
   dsl::Tile m, p, alpha;
 };
-SoftmaxWeights softmaxWeights(const dsl::Tile& m, dsl::Tile s, const dsl::Tile* rowScale = nullptr,
-                              const dsl::Tile* keepM = nullptr);
+SoftmaxWeights softmaxWeights(const dsl::Tile& m, dsl::Tile s, const dsl::Tile* rowScale = nullptr);
 
 // A tile order (TileOrderParams): the grid coordinates (x, y, z) of its entry n, a launch index
 // (z·ny + y)·nx + x of a grid nx × ny × …; and this program's own launch index, the n a program per

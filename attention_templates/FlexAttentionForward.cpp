@@ -351,11 +351,7 @@ struct ForwardConstants {
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
 // their softmax overlaps the previous step's P·V (FLEXTILE_SKEW_OVERLAP=1).
-// kSkewPeel: the walks' first and last steps peeled (FLEXTILE_SKEW_PEEL=1), no phantom step.
-constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4, kSkewPeel = 8;
-// The fewest steps (BLOCK_N keys each) the longest row of a mask must walk for the forward to
-// overlap its skewed walks by default: each walk pays one phantom step (FlexAttentionConfig::overlap).
-constexpr int64_t kOverlapMinSteps = 16;
+constexpr int64_t kSkewFullWalks = 1, kSkewEveryWalk = 2, kSkewOverlap = 4;
 
 // A split last round's cut (Stream-K), the same arithmetic in the forward and the merge kernel: the
 // last round's tiles' steps laid end to end (`units` of them), program q's run is steps
@@ -405,7 +401,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   // (H100, 2026-12-05: no mask +1.5 %, prefix LM +1.5 %, the window +0.9 %, soft-cap −0.6 to −1.9 %).
   // A peeled walk's three loops share their rings too, or each would set up, fill and invalidate
   // a ring of its own with the loads' latency exposed at every loop's start.
-  if (k.persistent || (k.skew & kSkewPeel)) f.attrs()["share_rings"] = int64_t(1);
+  if (k.persistent || k.skew) f.attrs()["share_rings"] = int64_t(1);
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   // ... and a mod's key positions, start + arange, are scaled as a scalar plus a loop-invariant
   // product (ALiBi: 32 multiplies a thread a step fewer at 128 x 128 on 8 warps; +2.1 % on the H200).
@@ -478,22 +474,18 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
     auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
       Tile listBase = rowBase * p.mask_kv_blocks;
-      // Step t's keys: their positions, which are live, and the K/V offsets. A phantom step (the
-      // skewed walk's first V and last K) starts at the keys' end, so every row of its loads is
-      // masked (a TMA box past the tensor, a predicated-off copy): zeros, no memory traffic.
+      // Step t's keys: their positions, which are live, and the K/V offsets.
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live;
       };
-      // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk). A phantom
-      // step's loads need their mask even where the keys divide the block (a peeled walk has none).
+      // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
-      const bool exact = !keysMayEnd && k.DP == k.D && !(skewWalk && !(k.skew & kSkewPeel));
-      auto keysAt = [&](const Tile& t, const Tile* phantom) {
+      const bool exact = !keysMayEnd && k.DP == k.D;
+      auto keysAt = [&](const Tile& t) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
         Keys ks;
         ks.start = block * k.KVBS + (t % R) * k.BN;
-        if (phantom) ks.start = where(*phantom, p.kv_len, ks.start);
         ks.offsN = ks.start + arange(0, k.BN);
         if (!paged) {
           ks.colLive = ks.offsN < p.kv_len;
@@ -541,7 +533,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       const bool pieceWalk = piece && !partial;
       if (!skewWalk) {
         auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
-          Keys ks = keysAt(t, nullptr);
+          Keys ks = keysAt(t);
           Tile kt = loadK(ks);
           Tile vt = loadV(ks);
           return softmaxStep(mi, li, ai, scores(ks, kt), vt);
@@ -551,115 +543,67 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       }
       const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
       Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
-      if (k.skew & kSkewPeel) {
-        // Peeled (kSkewPeel): the skewed walk as FlashAttention-3 writes it — a prologue issuing
-        // Q·K_lo alone, steps lo+1 .. hi−1 each issuing Q·K_t and P·V_{t−1}, an epilogue issuing
-        // P·V_{hi−1} alone. The prologue and the epilogue are loops of at most one iteration whose
-        // stages hold K alone and V alone, on the walk's rings (the pipeline pass's shared rings),
-        // so no phantom tile is loaded and no phantom product issued.
-        const Tile headEnd = pieceWalk ? minimum(hi, piece->from + 1) : minimum(hi, 1);
-        const Tile tailEnd = where(hi > lo, hi + 1, hi);
-        auto stageK = [&](const Tile& t) {
-          Keys ks = keysAt(t, nullptr);
-          return std::pair{ks, loadK(ks)};
-        };
-        // (Clamped: the pipeline computes a stage's addresses even where the loop has no iteration,
-        // and an empty walk's step lo − 1 would read its list before the row.)
-        auto stageV = [&](const Tile& t) { return loadV(keysAt(maximum(t - 1, lo), nullptr)); };
-        if (!(k.skew & kSkewOverlap)) {
-          Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
-          Tile s1 = for_range(lo, headEnd, 1, s0, [&](Tile t, Tile) {
-            auto [ks, kt] = stageK(t);
-            return scores(ks, kt);
-          });
-          auto [mb, lb, ab, sb] = for_range(headEnd, hi, 1, std::tuple{m, l, acc, s1},
-                                            [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
-                                              auto [ks, kt] = stageK(t);
-                                              Tile vt = stageV(t);
-                                              auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
-                                              return std::tuple{mn, ln, an, scores(ks, kt)};
-                                            });
-          return for_range(hi, tailEnd, 1, std::tuple{mb, lb, ab},
-                           [&](Tile t, Tile mi, Tile li, Tile ai) { return softmaxStep(mi, li, ai, sb, stageV(t)); });
-        }
-        // Overlapped: the softmax of step t runs while P·V of step t − 1 is in flight.
-        auto weigh = [&](const Keys& ks, const Tile& raw, const Tile& mi, const Tile& li) {
-          const detail::SoftmaxWeights w = detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr);
-          return std::pair{w, li * w.alpha + sum(w.p, 1)};
-        };
-        // The prologue hands its rescale of O out rather than applying it: a loop that only scales
-        // O would get O in another layout than the products' accumulator (assign-layouts), and
-        // O would be converted through shared memory around the steps' loop.
-        Tile p0 = zeros({k.BM, k.BN}, dt);
-        Tile alpha0 = full({k.BM}, 1.0, DType::F32);
-        auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{m, l, p0, alpha0},
-                                              [&](Tile t, Tile mi, Tile li, Tile, Tile) {
-                                                auto [ks, kt] = stageK(t);
-                                                auto [w, ln] = weigh(ks, dot(q, kt.trans()), mi, li);
-                                                return std::tuple{w.m, ln, w.p.to(dt), w.alpha};
-                                              });
-        Tile ah = acc * alphaH.expand(1);
-        auto [mb, lb, ab, pb] = for_range(headEnd, hi, 1, std::tuple{mh, lh, ah, ph},
-                                          [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
-                                            auto [ks, kt] = stageK(t);
-                                            Tile vt = stageV(t);
-                                            Tile raw = dot(q, kt.trans());
-                                            Tile o = dot(pi, vt, ai);
-                                            auto [w, ln] = weigh(ks, raw, mi, li);
-                                            Tile pn = w.p.to(dt);
-                                            return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
-                                          });
-        Tile as = for_range(hi, tailEnd, 1, ab, [&](Tile t, Tile ai) { return dot(pb, stageV(t), ai); });
-        return std::tuple{mb, lb, as};
-      }
-      // Skewed: iteration t issues P·V of step t − 1 and then Q·Kᵀ of step t, so a warpgroup's two
-      // products run back to back (one turn, one wait) and its ring stage holds K_t and V_{t-1}
-      // (traced in that order, so that the stage's buffers match an unskewed walk's and the walks
-      // still share their rings). The scores cross the back edge; the first iteration's V and the
-      // last one's K are phantoms (zeros), its first softmax sees only −inf (no effect on m, l,
-      // acc), and the last scores are dropped: one loop of hi − lo + 1 iterations, none for no steps.
-      struct SkewedStage {
-        Keys keys;  // of K_t
-        Tile k, v, last;
+      // Skewed: iteration t issues Q·K_t and P·V_{t−1} in one warpgroup turn (one wait), its ring
+      // stage holding K_t and V_{t−1}; the walk as FlashAttention-3 writes it — a prologue issuing
+      // Q·K_lo alone, steps lo+1 .. hi−1, an epilogue issuing P·V_{hi−1} alone. The prologue and
+      // the epilogue are loops of at most one iteration whose stages hold K alone and V alone, on
+      // the walk's rings (the pipeline pass's shared rings).
+      const Tile headEnd = pieceWalk ? minimum(hi, piece->from + 1) : minimum(hi, 1);
+      const Tile tailEnd = where(hi > lo, hi + 1, hi);
+      auto stageK = [&](const Tile& t) {
+        Keys ks = keysAt(t);
+        return std::pair{ks, loadK(ks)};
       };
-      auto skewedStage = [&](const Tile& t) {
-        Tile first = t == lo, last = t == hi;
-        Keys ks = keysAt(t, &last);
-        Tile kt = loadK(ks);
-        Keys vs = keysAt(maximum(t - 1, lo), &first);
-        return SkewedStage{ks, kt, loadV(vs), last};
-      };
-      auto skewed = [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
-        SkewedStage st = skewedStage(t);
-        auto [mn, ln, an] = softmaxStep(mi, li, ai, si, st.v);
-        return std::tuple{mn, ln, an, scores(st.keys, st.k)};
-      };
-      const Tile trips = where(hi > lo, hi + 1, lo);
+      // (Clamped: the pipeline computes a stage's addresses even where the loop has no iteration,
+      // and an empty walk's step lo − 1 would read its list before the row.)
+      auto stageV = [&](const Tile& t) { return loadV(keysAt(maximum(t - 1, lo))); };
       if (!(k.skew & kSkewOverlap)) {
         Tile s0 = full({k.BM, k.BN}, -INFINITY, DType::F32);
-        auto [ms, ls, as, unused] = for_range(lo, trips, 1, std::tuple{m, l, acc, s0}, skewed);
-        return std::tuple{ms, ls, as};
+        Tile s1 = for_range(lo, headEnd, 1, s0, [&](Tile t, Tile) {
+          auto [ks, kt] = stageK(t);
+          return scores(ks, kt);
+        });
+        auto [mb, lb, ab, sb] = for_range(headEnd, hi, 1, std::tuple{m, l, acc, s1},
+                                          [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
+                                            auto [ks, kt] = stageK(t);
+                                            Tile vt = stageV(t);
+                                            auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
+                                            return std::tuple{mn, ln, an, scores(ks, kt)};
+                                          });
+        return for_range(hi, tailEnd, 1, std::tuple{mb, lb, ab},
+                         [&](Tile t, Tile mi, Tile li, Tile ai) { return softmaxStep(mi, li, ai, sb, stageV(t)); });
       }
-      // Overlapped (kSkewOverlap; FlashAttention-3's intra-warpgroup order on the skewed ring):
-      // iteration t issues Q·Kᵀ of step t, then P·V of step t − 1 with P carried from the previous
-      // iteration, and runs the softmax of step t while that P·V is in flight; the rescale of O
-      // waits for it. The stage still holds K_t and V_{t-1}, both read by this iteration's
-      // products, so it is released at its end as before. The first iteration's P is zero (its V a
-      // phantom); the last one's scores come from a phantom K, so its m and l are kept and its P
-      // dropped (O is then rescaled by exactly 1).
-      auto overlapped = [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
-        SkewedStage st = skewedStage(t);
-        Tile raw = dot(q, st.k.trans());
-        Tile o = dot(pi, st.v, ai);
-        const detail::SoftmaxWeights w =
-            detail::softmaxWeights(mi, scoresOf(st.keys, raw), scaleLater ? &p.scale : nullptr, &st.last);
-        Tile ln = where(st.last, li, li * w.alpha + sum(w.p, 1));
-        Tile pn = w.p.to(dt);  // (before the rescale, which waits for P·V: the conversion overlaps it too)
-        return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
+      // Overlapped (kSkewOverlap; FlashAttention-3's intra-warpgroup order): iteration t issues
+      // Q·Kᵀ of step t, then P·V of step t − 1 with P carried from the previous iteration, and runs
+      // the softmax of step t while that P·V is in flight; the rescale of O waits for it.
+      auto weigh = [&](const Keys& ks, const Tile& raw, const Tile& mi, const Tile& li) {
+        const detail::SoftmaxWeights w = detail::softmaxWeights(mi, scoresOf(ks, raw), scaleLater ? &p.scale : nullptr);
+        return std::pair{w, li * w.alpha + sum(w.p, 1)};
       };
+      // The prologue hands its rescale of O out rather than applying it: a loop that only scales
+      // O would get O in another layout than the products' accumulator (assign-layouts), and
+      // O would be converted through shared memory around the steps' loop.
       Tile p0 = zeros({k.BM, k.BN}, dt);
-      auto [ms, ls, as, unused] = for_range(lo, trips, 1, std::tuple{m, l, acc, p0}, overlapped);
-      return std::tuple{ms, ls, as};
+      Tile alpha0 = full({k.BM}, 1.0, DType::F32);
+      auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{m, l, p0, alpha0},
+                                            [&](Tile t, Tile mi, Tile li, Tile, Tile) {
+                                              auto [ks, kt] = stageK(t);
+                                              auto [w, ln] = weigh(ks, dot(q, kt.trans()), mi, li);
+                                              return std::tuple{w.m, ln, w.p.to(dt), w.alpha};
+                                            });
+      Tile ah = acc * alphaH.expand(1);
+      auto [mb, lb, ab, pb] = for_range(headEnd, hi, 1, std::tuple{mh, lh, ah, ph},
+                                        [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
+                                          auto [ks, kt] = stageK(t);
+                                          Tile vt = stageV(t);
+                                          Tile raw = dot(q, kt.trans());
+                                          Tile o = dot(pi, vt, ai);
+                                          auto [w, ln] = weigh(ks, raw, mi, li);
+                                          Tile pn = w.p.to(dt);
+                                          return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
+                                        });
+      Tile as = for_range(hi, tailEnd, 1, ab, [&](Tile t, Tile ai) { return dot(pb, stageV(t), ai); });
+      return std::tuple{mb, lb, as};
     };
 
     Tile m = m0, l = l0, acc = acc0;
@@ -961,35 +905,27 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
-  // The skewed walks (P·V of step t − 1 and Q·Kᵀ of step t in one iteration): the config's `skew`
-  // skews the full walks and its `overlap` (which implies them) runs each step's softmax during the
-  // previous step's P·V; FLEXTILE_SKEW=0, =1 or =all (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1
-  // override them. Auto: no plain skew (−15 % on the H200, 2026-12-05), overlapped where the
-  // turns are (unpeeled, only where a row's walk may be long: kOverlapMinSteps): with exp2's ftz form (which the
-  // overlapped kernels take) no mask +1.7 to +2.0 %, causal +3.4 to +3.6 %, prefix LM +2.5 %,
-  // ALiBi +0.6 %, soft-cap +2.5 to +2.8 % (64 steps a row at most), the window of 1024 −0.5 to
-  // −0.6 % (10): a walk of n steps pays one phantom step (1/n of its products) for the overlap;
-  // before ftz the order was level without a score_mod (H200, 2026-12-05). Not with deferred
-  // accumulation (which rotates the same products its own way) or a paged K/V (whose page-table
-  // rows a phantom step would have to clamp).
-  // Peeled (FLEXTILE_SKEW_PEEL, default on): a skewed walk's first Q·Kᵀ and last P·V in loops
-  // of their own, no phantom step; so a short walk may overlap too. Peeled against the phantom
-  // step (H100, 2026-12-05): ALiBi +3 %, soft-cap +3 to +5 %, no mask +1 to +2.6 %, the window
-  // overlapped +1.4 to +2.2 %, causal, document and prefix LM level.
-  const bool peel = detail::forcedBySwitch("FLEXTILE_SKEW_PEEL").value_or(true);
+  // The skewed walks (Q·Kᵀ of step t and P·V of step t − 1 in one iteration, the first and last
+  // products peeled): the config's `skew` skews the full walks and its `overlap` (which implies
+  // them) runs each step's softmax during the previous step's P·V; FLEXTILE_SKEW=0, =1 or =all
+  // (every walk) and FLEXTILE_SKEW_OVERLAP=0 or =1 override them. Auto: no plain skew (−15 % on the
+  // H200, 2026-12-05), overlapped where the turns are: with exp2's ftz form (which the overlapped
+  // kernels take) no mask +1.7 to +2.0 %, causal +3.4 to +3.6 %, prefix LM +2.5 %, ALiBi +0.6 %,
+  // soft-cap +2.5 to +2.8 % (H200, 2026-12-05, each walk then paying a phantom step: one loop of
+  // n + 1 iterations whose first V and last K were zero-filled); peeled instead, ALiBi +3 %,
+  // soft-cap +3 to +5 %, no mask +2.4 %, prefix LM +1.6 % more, and the window's 10-step walks,
+  // which the phantom step had kept unoverlapped, +1.3 to +2.3 % (H100, 2026-12-05, two calls).
+  // Not with deferred accumulation (which rotates the same products its own way) or a paged K/V.
   const char* skewSwitch = std::getenv("FLEXTILE_SKEW");
   const bool overlap = detail::forcedBySwitch("FLEXTILE_SKEW_OVERLAP")
                            .value_or(p.config.overlap == LoopSchedule::On ||
                                      (p.config.overlap == LoopSchedule::Auto && p.config.skew != LoopSchedule::Off &&
-                                      p.constants.pingpong &&
-                                      (peel || p.mask->maxLiveBlocksPerRow() * (p.mask->kvBlockSize() / p.config.block_n) >=
-                                                   kOverlapMinSteps)));
+                                      p.constants.pingpong));
   p.constants.skew = skewSwitch && !std::strcmp(skewSwitch, "all") ? kSkewEveryWalk
                      : detail::forcedBySwitch("FLEXTILE_SKEW").value_or(p.config.skew == LoopSchedule::On || overlap)
                          ? kSkewFullWalks
                          : 0;
   if (overlap && p.constants.skew) p.constants.skew |= kSkewOverlap;
-  if (p.constants.skew && peel) p.constants.skew |= kSkewPeel;
   if (deferred) p.constants.skew = 0;
   if (p.constants.persistent) {  // (every call prepares: ask for the SM count only when it is used)
     const int sms = target ? target->description().part.multiprocessors
@@ -1247,9 +1183,8 @@ bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bo
   }
   return true;
 }
-SoftmaxWeights softmaxWeights(const Tile& m, Tile s, const Tile* rowScale, const Tile* keepM) {
+SoftmaxWeights softmaxWeights(const Tile& m, Tile s, const Tile* rowScale) {
   Tile mNew = maximum(m, rowScale ? max(s, 1) * *rowScale : max(s, 1));
-  if (keepM) mNew = where(*keepM, m, mNew);
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
   if (rowScale) s = s * *rowScale;
   Tile p = exp2(s - mSafe.expand(1));

@@ -188,7 +188,7 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
 
 namespace {
 // Every variant of kScheduleCases, one float64 reference per (variant, shape), under each skew
-// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP, FLEXTILE_SKEW_PEEL) at its configs (all with `skew` On).
+// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP) at its configs (all with `skew` On).
 void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexAttentionConfig>>>& modes) {
   SeededRandom rng;
   for (const Variant& var : variants())
@@ -199,7 +199,6 @@ void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexA
       for (const auto& [mode, configs] : modes) {
         ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
         ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
-        ScopedSetenv peel("FLEXTILE_SKEW_PEEL", mode.find("peel") != std::string::npos ? "1" : "0");
         for (FlexAttentionConfig config : configs) {
           config.skew = LoopSchedule::On;
           const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks " + mode;
@@ -216,13 +215,13 @@ FlexAttentionConfig perTileConfig() {
 }
 }  // namespace
 
-// The skewed walks (FlexAttentionConfig::skew, opt-in until measured): iteration t issues P·V of
-// step t − 1 and Q·Kᵀ of step t in one turn; its first V and last K are TMA boxes wholly past the
-// keys (zero fill, their bytes still counted by the stage's barrier). Every variant with the full
-// walks skewed on the default schedules (persistent programs with shared rings where the rule gives
-// them), with a program per tile, on one warpgroup and at three stages; every walk skewed
-// (FLEXTILE_SKEW=all) on the default tile. Lengths off the block, GQA, a padded head dim. A wrong
-// phantom or parity shows as wrong rows or a hang (the binary's timeout).
+// The skewed walks (FlexAttentionConfig::skew): iteration t issues Q·K_t and P·V_{t−1} in one
+// turn, Q·K_lo and P·V_{hi−1} peeled into loops of at most one iteration whose stages hold K alone
+// and V alone, on one set of rings (shared across a persistent program's tiles). Every variant with
+// the full walks skewed on the default schedules (persistent programs with shared rings where the
+// rule gives them), with a program per tile, on one warpgroup and at three stages; every walk
+// skewed (FLEXTILE_SKEW=all) on the default tile. Lengths off the block, GQA, a padded head dim. A
+// wrong stage or parity shows as wrong rows or a hang (the binary's timeout).
 TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
   checkSkewedWalks({{"", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}}, {"all", {{128, 128, 8, 2}}}});
@@ -236,18 +235,12 @@ TEST(FlexAttentionGpu, OverlappedSkewedWalksEveryVariant) {
                     {"all+overlap", {{128, 128, 8, 2}}}});
 }
 
-// The same peeled (FLEXTILE_SKEW_PEEL=1): Q·K_lo alone, the steps, P·V_{hi−1} alone, three loops
-// whose stages hold K alone, K and V, V alone on one set of rings (shared across the persistent
-// program's tiles), no phantom tile. Plain and overlapped; then with a ring set per loop
-// (FLEXTILE_SHARE_RINGS=0), where the one-step loops' barriers are invalidated with the phase
-// their refill no longer completes.
-TEST(FlexAttentionGpu, PeeledSkewedWalksEveryVariant) {
+// The overlapped walks with a ring set per loop (FLEXTILE_SHARE_RINGS=0), where the peeled
+// one-step loops' barriers are invalidated with the phase their refill no longer completes.
+TEST(FlexAttentionGpu, SkewedWalksOnARingSetPerLoopEveryVariant) {
   FLEXTILE_REQUIRE_GPU();
-  checkSkewedWalks({{"overlap+peel", {{128, 128, 8, 2}, perTileConfig(), {128, 64, 8, 3}}},
-                    {"peel", {{128, 128, 8, 2}}},
-                    {"all+overlap+peel", {{128, 128, 8, 2}}}});
   ScopedSetenv apart("FLEXTILE_SHARE_RINGS", "0");
-  checkSkewedWalks({{"overlap+peel", {{128, 128, 8, 2}}}});
+  checkSkewedWalks({{"overlap", {{128, 128, 8, 2}, perTileConfig()}}});
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the

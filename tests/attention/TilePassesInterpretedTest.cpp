@@ -708,28 +708,22 @@ TEST(TilePassesInterpreted, TilesHeaviestFirst) {
   checkBackwardWalks(rng, "tiles heaviest first");
 }
 
-// The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk; iteration t issues P·V of
-// step t − 1, then Q·Kᵀ of step t; the first V and the last K are phantom tiles past the keys), and
-// overlapped (FLEXTILE_SKEW_OVERLAP=1: Q·Kᵀ of step t first, then P·V of step t − 1 with P carried,
-// the softmax of step t while it runs; the last step's m and l kept).
-// Every variant (score_mods that would turn a phantom's −inf into a finite score, masks whose walks
-// are empty for some rows: causal's first full list, the window's) before the passes and through
-// sm_90a's (TMA rings whose phantom boxes lie past the tensor, turns covering both products, a
-// skewed and an unskewed walk sharing one ring) and sm_80's (cp.async with the phantom rows
-// predicated off), lengths off the block, GQA; then persistent programs (shared rings across
-// tiles) and a split last round (a piece's walk skews its own steps [from, to)); key lengths off
-// the block and divided by it (where nothing masks the phantom K's scores). (Fails with the V of
-// step t read instead of step t − 1, with the first softmax fed zeros instead of −inf, with the
-// loop one iteration short, and, overlapped, with the last step's m or l not kept: each checked by
-// hand.)
-static void checkSkewedWalks(const char* peel) {
-  ScopedSetenv peeled("FLEXTILE_SKEW_PEEL", peel);
+// The skewed walks (FLEXTILE_SKEW=1: the full walks; =all: every walk): Q·K_lo alone in a loop of
+// at most one iteration, then iteration t issues P·V of step t − 1 and Q·Kᵀ of step t, then P·V_{hi−1}
+// alone, the three loops on one set of rings where TMA fills them (a stage of K alone, of K and V,
+// of V alone); and overlapped (FLEXTILE_SKEW_OVERLAP=1: Q·Kᵀ of step t first, then P·V of step
+// t − 1 with P carried, the softmax of step t while it runs). Every variant (masks whose walks are
+// empty for some rows: causal's first full list, the window's) before the passes and through
+// sm_90a's (TMA rings, turns covering both products, a skewed and an unskewed walk sharing one
+// ring) and sm_80's (cp.async), lengths off the block and divided by it, GQA; then persistent
+// programs (shared rings across tiles) and a split last round (a piece's walk skews its own steps
+// [from, to)). (Fails with the V of step t read instead of step t − 1, with the epilogue's V read
+// at step hi instead of hi − 1, with the prologue's rescale of O dropped (the partial walk after a
+// full one), and with the prologue's bound lo + 1 where the walk is empty: each checked by hand.)
+static void checkSkewedWalks() {
   SeededRandom rng;
   const std::vector<const char*> all = {"full", "causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap"};
-  // Peeled, two of the four modes (the overlapped full walks, every walk plain; the persistent
-  // runs below take every walk both ways): the test runs ~4 minutes under ASan otherwise.
-  const std::vector<const char*> modes = std::string(peel) == "1" ? std::vector<const char*>{"1+overlap", "all"}
-                                                                  : std::vector<const char*>{"1", "all", "1+overlap", "all+overlap"};
+  const std::vector<const char*> modes = {"1", "all", "1+overlap", "all+overlap"};
   for (const char* mode : modes) {
     const std::string m(mode);
     ScopedSetenv skew("FLEXTILE_SKEW", m.substr(0, m.find('+')).c_str());
@@ -741,8 +735,7 @@ static void checkSkewedWalks(const char* peel) {
           std::string(target) == "sm_90a" ? std::vector<FlexAttentionConfig>{kWgmmaTiles, FlexAttentionConfig{128, 64, 8, 2}}
                                           : std::vector<FlexAttentionConfig>{kWgmmaTiles};
       const std::string label = std::string("skewed ") + mode + " " + (*target ? target : "interpreted");
-      // Keys off the block (the phantom K's scores masked like keys past the end) and keys the
-      // blocks divide (its scores finite: the walk must drop them itself).
+      // Keys off the block and keys the blocks divide (no load masked).
       if (!checkWalkVariants(rng, label, configs, all) || !checkWalkVariants(rng, label + ", S = 256", configs, all, 256))
         return;
     }
@@ -765,22 +758,14 @@ static void checkSkewedWalks(const char* peel) {
   }
 }
 
-TEST(TilePassesInterpreted, SkewedWalks) { checkSkewedWalks("0"); }
-// The same walks peeled (FLEXTILE_SKEW_PEEL=1): Q·K_lo alone in a loop of at most one iteration,
-// the steps, then P·V_{hi−1} alone, the three loops on one set of rings where TMA fills them
-// (a stage of K alone, of K and V, of V alone), no phantom tile. (Fails with the epilogue's V
-// read at step hi instead of hi − 1, with the prologue's rescale of O dropped (the partial walk
-// after a full one), and with the prologue's bound lo + 1 where the walk is empty: each checked
-// by hand.)
-TEST(TilePassesInterpreted, SkewedWalksPeeled) { checkSkewedWalks("1"); }
+TEST(TilePassesInterpreted, SkewedWalks) { checkSkewedWalks(); }
 
 // The skewed walks at their edges, plain and overlapped, every walk skewed, before the passes and
 // after sm_90a's: rows that see no key (every third row blind; the first 40 rows blind, so whole
 // query tiles walk nothing), a mask that allows nothing (every walk empty: no iteration at all),
-// one key (a single step, whose phantoms are the whole rest of the loop), and GQA 8:1 with the
-// keys a multiple of the block.
-static void checkSkewedWalksAtTheirEdges(const char* peel) {
-  ScopedSetenv peeled("FLEXTILE_SKEW_PEEL", peel);
+// one key (a single step: the prologue and the epilogue alone), and GQA 8:1 with the keys a
+// multiple of the block.
+TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) {
   SeededRandom rng;
   const BlindRowMasks blind = blindRowMasks();
   const MaskMod &everyThirdRowBlind = blind.everyThird, &firstRowsBlind = blind.first40;
@@ -816,5 +801,3 @@ static void checkSkewedWalksAtTheirEdges(const char* peel) {
         return;
     }
 }
-TEST(TilePassesInterpreted, SkewedWalksAtTheirEdges) { checkSkewedWalksAtTheirEdges("0"); }
-TEST(TilePassesInterpreted, SkewedWalksPeeledAtTheirEdges) { checkSkewedWalksAtTheirEdges("1"); }
