@@ -793,8 +793,8 @@ TEST(FlexAttentionCodegen, ConfigsChooseTheForwardLoopSchedule) {
 // before it releases the stage (an unskewed walk waits twice, for S and then at the yield); skewed
 // and unskewed walks still share one ring (its barriers initialized once), and the kernel compiles
 // for the no-mask and causal variants with no spill but its producer's (the persistent programs'
-// producer, at 24 registers, spills 52 bytes of the walks' state; none at 32) and no serialized
-// wgmma. A different kernel, so a different cache key.
+// producer, at 24 registers, spills 52-56 bytes of the walks' state, as clang or gcc built the
+// library; none at 32) and no serialized wgmma. A different kernel, so a different cache key.
 TEST(FlexAttentionCodegen, SkewedWalksIssueBothProductsInOneTurn) {
   const auto sm90a = codegen::Target::sm90a();
   const int64_t B = 2, H = 16, L = 8192, D = 128;
@@ -839,7 +839,14 @@ TEST(FlexAttentionCodegen, SkewedWalksIssueBothProductsInOneTurn) {
       EXPECT_EQ(count(ir, "mbarrier_init "), 2) << "one ring for all the walks' loops";
       if (codegen::findPtxas()) {
         codegen::PtxasReport r = codegen::runPtxas(skew.compiled->ptx, sm90a);
-        EXPECT_LE(r.spillStoreBytes, 52) << r.log;
+        EXPECT_LE(r.spillStoreBytes, 64) << r.log;
+        {
+          // What spills is the producer's: 8 registers more for it (8 fewer for the consumers) and none.
+          ScopedSetenv roomier("FLEXTILE_PRODUCER_REGISTERS", "32");
+          ScopedSetenv again("FLEXTILE_SKEW", every ? "all" : "");
+          auto at32 = plan_flex_attention(q, q, q, v.score, v.mask, {.config = skewed}, true, sm90a);
+          EXPECT_EQ(codegen::runPtxas(at32.compiled->ptx, sm90a).spillStoreBytes, 0);
+        }
         // ptxas keeps the wgmmas overlapped (no C7515). A predicated wgmma (or a branch around
         // one) made ptxas serialize every wgmma of the kernel.
         EXPECT_EQ(r.log.find("serialized"), std::string::npos) << r.log;
