@@ -972,9 +972,9 @@ TEST(FlexAttentionCodegen, TheTileOrderIsAParameterOnlyWhenAskedFor) {
 
 // exp2's ftz form (codegen::exp2FlushesSubnormals) everywhere but where the warpgroups take turns
 // on unoverlapped walks (ftz measured 2-4 % slower there): at the H200's shape every default
-// forward but the window's takes ex2.approx.ftz.f32 (the turns' long walks are overlapped, the
-// document mask has no turns); a config with the turns and `no-overlap` keeps ex2.approx.f32, one
-// without turns not.
+// forward takes ex2.approx.ftz.f32 (the turns' walks are overlapped, the window's short ones too,
+// the document mask has no turns); a config with the turns and `no-overlap` keeps ex2.approx.f32,
+// one without turns not.
 TEST(FlexAttentionCodegen, Exp2FlushesSubnormalsExceptOnUnoverlappedTurns) {
   auto ftz = [&](const char* name, std::optional<FlexAttentionConfig> config = std::nullopt) {
     const std::string ptx = yardstickKernel(name, config).ptx;
