@@ -67,8 +67,9 @@ struct FlexAttentionConfig {
   // the query tiles (snake order), and its walks share their K/V rings across tiles, so that the
   // producer loads the next tile's keys during this tile's epilogue (that needs warp
   // specialization and TMA rings; without them the program still loops over its tiles, with
-  // nothing to overlap). Auto: on where the turns are, nothing defers the accumulation and no mod
-  // reads a captured tensor (detail::persistentWanted); On with `defer` is refused.
+  // nothing to overlap). Auto: on where the turns are, nothing defers the accumulation, no mod
+  // reads a captured tensor (detail::persistentWanted) and the rings fit the block's shared memory
+  // (the Q ring takes a slot per stage); On with `defer` is refused.
   // FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides the config.
   LoopSchedule persistent = LoopSchedule::Auto;
   // `skew`, forward only: each iteration of a full walk issues P·V of step t − 1 and then Q·Kᵀ of

@@ -867,6 +867,22 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
 
+// Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
+// loop's Q ring as many slots as the walks' K and V rings have stages, so they take
+// stages × (BM + 2·BN) × DP × element bytes, plus their barriers: at D = 128 and 128 × 128 tiles,
+// three stages need 288 KB, past sm_90a's 227 KB, where a program per tile needs 224 KB. Unknown
+// limit (no target, host memory): true.
+bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
+  const int64_t limit = target                              ? target->maxSharedBytesPerBlock()
+                        : p.space == MemorySpace::Device ? int64_t(runtime::Device::current().maxSharedBytesPerBlockOptin())
+                                                            : 0;
+  if (limit <= 0) return true;
+  constexpr int64_t kBarrierBytes = 1024;
+  const int64_t rings = int64_t(p.config.num_stages) * (p.config.block_m + 2 * p.config.block_n) * p.constants.DP *
+                        int64_t(ir::byteWidth(p.dtype));
+  return rings + kBarrierBytes <= limit;
+}
+
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                  const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,
                  std::optional<codegen::Target> target = std::nullopt) {
@@ -898,13 +914,16 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // turns are and nothing defers the accumulation; FLEXTILE_FORWARD_PERSISTENT=0 or =1 overrides
   // both. With deferred accumulation, compute-sanitizer's racecheck reported hazards on the
   // persistent kernel's in-loop conversion through shared memory (H200, 2026-12-04; none on the
-  // persistent kernels without it): configProblem refuses a config that asks for both.
+  // persistent kernels without it): configProblem refuses a config that asks for both. Nor where
+  // its rings would not fit (persistentRingsFit): a config of three 128 × 128 stages at D = 128
+  // runs a program per tile rather than a kernel the shared-memory planner refuses.
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
   p.constants.persistent = persistentForced ? *persistentForced
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
-                               : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask);
+                               : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask) &&
+                                     persistentRingsFit(p, target);
   // The skewed walks (Q·Kᵀ of step t and P·V of step t − 1 in one iteration, the first and last
   // products peeled): the config's `skew` skews the full walks and its `overlap` (which implies
   // them) runs each step's softmax during the previous step's P·V; FLEXTILE_SKEW=0, =1 or =all

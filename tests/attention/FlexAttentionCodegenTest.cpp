@@ -434,6 +434,35 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
   }
 }
 
+// Persistent programs only where their rings fit (persistentRingsFit): their Q ring takes as many
+// slots as the K/V rings have stages, so at D = 128 three 128 × 128 stages (288 KB) or four of
+// 128 × 64 (256 KB) exceed sm_90a's 227 KB. Those configs used to reach the shared-memory planner's
+// refusal (and the autotuner pruned them); they now run a program per tile and compile. Asked for
+// explicitly, persistent programs are still refused with an error that names the shared memory.
+TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
+  const int64_t B = 2, H = 2, L = 3000, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  VariantInstance inst = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+  auto persistent = [&](FlexAttentionConfig c) {
+    auto plan = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = c}, true, codegen::Target::sm90a());
+    EXPECT_NE(plan.compiled, nullptr);
+    return plan.persistentPrograms > 0;
+  };
+  EXPECT_TRUE(persistent({128, 128, 8, 2})) << "2 x (128 + 256) x 128 x 2 bytes: 192 KB";
+  EXPECT_TRUE(persistent({128, 64, 8, 3})) << "3 x (128 + 128) x 128 x 2 bytes: 192 KB";
+  EXPECT_FALSE(persistent({128, 128, 8, 3})) << "288 KB";
+  EXPECT_FALSE(persistent({128, 64, 8, 4})) << "256 KB";
+  FlexAttentionConfig asked{128, 128, 8, 3};
+  asked.persistent = LoopSchedule::On;
+  try {
+    plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = asked}, true, codegen::Target::sm90a());
+    ADD_FAILURE() << "a persistent config past the shared memory compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::ResourceLimit) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos) << e.what();
+  }
+}
+
 // The last round's split (splitLastRound; FLEXTILE_SPLIT_LAST_ROUND=0 turns it off): the no-mask
 // yardstick on the H200's 132 SMs splits (2048 tiles: 15 whole rounds, 68 tiles cut into runs of 33
 // steps); a causal mask's tiles do not walk alike, and 2112 tiles fill whole rounds, so neither
