@@ -33,6 +33,12 @@
 #   FLEXTILE_COMPUTE_SANITIZER        the executable (default: PATH, then /usr/local/cuda*/bin)
 #   FLEXTILE_SANITIZER_JOBS=N         sanitized processes at once (default 16: all sixteen of "all")
 #   FLEXTILE_SANITIZER_TIMEOUT        seconds per sanitized process (default 240)
+#   FLEXTILE_SANITIZER_SASS=1         each sanitized process dumps the PTX it compiles
+#                                     (FLEXTILE_DUMP=ptx, a folder a process); for every kernel a
+#                                     report names, each dumped PTX of it is assembled as the
+#                                     launch assembles it (ptxas -arch=sm_90a) and disassembled
+#                                     with offsets (nvdisasm, else cuobjdump -sass), so a report's
+#                                     "kernel+0x6910" reads as an instruction: sanitizer_sass.tgz
 #   FLEXTILE_SANITIZER_ATTN_FILTER, FLEXTILE_SANITIZER_CORE_FILTER: gtest filters of
 #                                     attention_gpu_tests and flextile_gpu_tests under every tool;
 #                                     an attention filter of positive patterns only (A.x:B.*) runs
@@ -260,8 +266,41 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
         runs+=("${tool}_core|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/flextile_gpu_tests --gtest_filter='$core_filter'")
       [ "$tool" = memcheck ] && runs+=("${tool}_autotune|$SANITIZER_TIMEOUT|env $env '$sanitizer' $flags $BUNDLE/bin/autotune_gpu_tests")
     done
+    if [ "${FLEXTILE_SANITIZER_SASS:-0}" = 1 ]; then
+      # A dump folder a process (the dumps' sequence numbers count per process), and no compile
+      # cache: a kernel found there is not compiled, so not dumped.
+      dumped=()
+      for run in "${runs[@]}"; do
+        name=${run%%|*}; rest=${run#*|}
+        mkdir -p "$LOGS/sanitizer_ptx/$name"
+        dumped+=("$name|${rest%%|*}|FLEXTILE_CACHE=0 FLEXTILE_DUMP=ptx FLEXTILE_DUMP_DIR='$LOGS/sanitizer_ptx/$name' ${rest#*|}")
+      done
+      runs=("${dumped[@]}")
+    fi
     start=$(now)
     run_parts "$SANITIZER_JOBS" "${runs[@]}"
+    if [ "${FLEXTILE_SANITIZER_SASS:-0}" = 1 ]; then
+      sass_dir="$LOGS/sanitizer_sass"
+      mkdir -p "$sass_dir"
+      ptxas_bin=$(command -v ptxas || ls -d /usr/local/cuda/bin/ptxas 2>/dev/null | head -1)
+      disasm=$(command -v nvdisasm || ls -d /usr/local/cuda/bin/nvdisasm 2>/dev/null | head -1)
+      cuobjdump_bin=$(command -v cuobjdump || ls -d /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
+      kernels=$(cat "$PARTS"/*.log 2>/dev/null | sed -n 's/.* at \([A-Za-z_][A-Za-z0-9_]*\)+0x[0-9a-f]*.*/\1/p' | sort -u)
+      for kernel in $kernels; do
+        grep -l -r --include='*.ptx' "\.entry $kernel(" "$LOGS/sanitizer_ptx" 2>/dev/null | while read -r ptx; do
+          base="$sass_dir/$(basename "$(dirname "$ptx")")-$(basename "$ptx" .ptx)"
+          cp "$ptx" "$base.ptx"
+          if [ -n "$ptxas_bin" ] && "$ptxas_bin" -arch=sm_90a "$ptx" -o "$base.cubin" 2> "$base.ptxas.log"; then
+            if [ -n "$disasm" ]; then "$disasm" -c "$base.cubin" > "$base.sass" 2>&1
+            elif [ -n "$cuobjdump_bin" ]; then "$cuobjdump_bin" -sass "$base.cubin" > "$base.sass" 2>&1
+            fi
+            rm -f "$base.cubin"
+          fi
+        done
+      done
+      (cd "$LOGS" && tar czf sanitizer_sass.tgz sanitizer_sass && rm -rf sanitizer_sass sanitizer_ptx)
+      echo "== sanitizer SASS: $(echo $kernels | wc -w) kernels named in reports, sanitizer_sass.tgz"
+    fi
     for tool in $tools; do
       tool_log="$LOGS/sanitizer_$tool.log"
       : > "$tool_log"
