@@ -4,6 +4,7 @@
 // both without spills.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -84,6 +85,19 @@ KernelText yardstickKernel(const char* name, std::optional<FlexAttentionConfig> 
   const codegen::CompiledKernel& k =
       *plan_flex_attention(q, q, q, v.score, v.mask, {.config = config}, true, codegen::Target::sm90a()).compiled;
   return {k.ir, k.ptx};
+}
+// A warp-specialized kernel spills at most `atMost` bytes, and what it spills is its producer's:
+// compiled again (`compile`, under the caller's switches) with 8 registers more for the producer
+// and so 8 fewer for the consumers (FLEXTILE_PRODUCER_REGISTERS=32), it spills nothing. Returns
+// ptxas's report of the kernel as compiled first.
+codegen::PtxasReport expectOnlyTheProducerSpills(const std::function<const codegen::CompiledKernel*()>& compile,
+                                                 int64_t atMost) {
+  const codegen::PtxasReport r = codegen::runPtxas(compile()->ptx, codegen::Target::sm90a());
+  EXPECT_LE(r.spillStoreBytes, atMost) << r.log;
+  ScopedSetenv roomier("FLEXTILE_PRODUCER_REGISTERS", "32");
+  const codegen::PtxasReport at32 = codegen::runPtxas(compile()->ptx, codegen::Target::sm90a());
+  EXPECT_EQ(at32.spillStoreBytes, 0) << at32.log;
+  return r;
 }
 // FLEXTILE_TMA for one scope: "0" keeps the cp.async rings on sm_90a (the schedule the tests
 // below check), "1" the default's TMA rings.
@@ -423,14 +437,12 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
     EXPECT_EQ(ir.find("%tiles", ir.find('{', ir.find("func @"))) != std::string::npos, expected);
     // 16 query tiles (2 heads of 1024 rows in 128-row tiles): as many programs, fewer than the SMs.
     EXPECT_EQ(plan.persistentPrograms, expected ? 16 : 0);
-    if (expected && codegen::findPtxas()) {
-      codegen::PtxasReport r = codegen::runPtxas(plan.compiled->ptx, codegen::Target::sm90a());
-      EXPECT_LE(r.spillStoreBytes, 52) << r.log;
-      ScopedSetenv roomier("FLEXTILE_PRODUCER_REGISTERS", "32");
-      auto at32 = plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 128, 8, 2}},
-                                      true, codegen::Target::sm90a());
-      EXPECT_EQ(codegen::runPtxas(at32.compiled->ptx, codegen::Target::sm90a()).spillStoreBytes, 0);
-    }
+    if (expected && codegen::findPtxas())
+      expectOnlyTheProducerSpills([&] {
+        return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 128, 8, 2}}, true,
+                                   codegen::Target::sm90a())
+            .compiled;
+      }, 52);
   }
 }
 
@@ -867,15 +879,9 @@ TEST(FlexAttentionCodegen, SkewedWalksIssueBothProductsInOneTurn) {
       EXPECT_EQ(count(plain.compiled->ir, "wgmma_wait "), 2 * walks) << "unskewed: S, then at the yield";
       EXPECT_EQ(count(ir, "mbarrier_init "), 2) << "one ring for all the walks' loops";
       if (codegen::findPtxas()) {
-        codegen::PtxasReport r = codegen::runPtxas(skew.compiled->ptx, sm90a);
-        EXPECT_LE(r.spillStoreBytes, 64) << r.log;
-        {
-          // What spills is the producer's: 8 registers more for it (8 fewer for the consumers) and none.
-          ScopedSetenv roomier("FLEXTILE_PRODUCER_REGISTERS", "32");
-          ScopedSetenv again("FLEXTILE_SKEW", every ? "all" : "");
-          auto at32 = plan_flex_attention(q, q, q, v.score, v.mask, {.config = skewed}, true, sm90a);
-          EXPECT_EQ(codegen::runPtxas(at32.compiled->ptx, sm90a).spillStoreBytes, 0);
-        }
+        ScopedSetenv again("FLEXTILE_SKEW", every ? "all" : "");
+        const codegen::PtxasReport r = expectOnlyTheProducerSpills(
+            [&] { return plan_flex_attention(q, q, q, v.score, v.mask, {.config = skewed}, true, sm90a).compiled; }, 64);
         // ptxas keeps the wgmmas overlapped (no C7515). A predicated wgmma (or a branch around
         // one) made ptxas serialize every wgmma of the kernel.
         EXPECT_EQ(r.log.find("serialized"), std::string::npos) << r.log;
