@@ -115,6 +115,13 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
           else
             asmStatement("mbarrier.inval.shared.b64 [$0];", "r,~{memory}", {addr});
         }
+        // The initializing thread releases its inits before the barrier that follows them (ir/Ops.def
+        // asks for one): without it the other threads' first arrivals and the TMA unit's
+        // complete_tx (the async proxy) may meet a slot not yet initialized — compute-sanitizer's
+        // racecheck reports each re-initialized ring's first arrivals otherwise. sm_80 to sm_89
+        // have neither the fence nor an async proxy: there the barrier orders them.
+        if (op.kind() == ir::OpKind::MbarrierInit && target.has(Feature::TensorMemoryAccelerator))
+          asmStatement("fence.mbarrier_init.release.cluster;");
       });
       return;
     }
