@@ -339,6 +339,13 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::AtomicAdd: lowerAtomicAdd(op); return;
     case OpKind::Fence: lowerFence(op); return;
     case OpKind::GridDependency: lowerGridDependency(op); return;
+    case OpKind::GlobalTimer: {
+      // Volatile asm with a memory clobber: never merged, hoisted or moved across memory accesses.
+      auto* fnTy = llvm::FunctionType::get(b.getInt64Ty(), false);
+      set(op.result(), {b.CreateCall(fnTy, llvm::InlineAsm::get(fnTy, "mov.u64 $0, %globaltimer;", "=l,~{memory}",
+                                                                 /*hasSideEffects=*/true))});
+      return;
+    }
     case OpKind::ClusterAllGather: lowerClusterAllGather(op); return;
     case OpKind::Reduce: lowerReduce(op); return;
     case OpKind::Dot: lowerDot(op); return;

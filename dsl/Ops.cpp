@@ -323,6 +323,7 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
 void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
+Tile global_timer(SourceLoc loc) { return Tile(builderAt(loc, "global_timer").globalTimer()); }
 void release_dependent_grids(SourceLoc loc) { builderAt(loc, "release_dependent_grids").gridDependency("release"); }
 std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc) {
   return cluster_all_gather(values, size, ClusterGatherOptions{}, loc);

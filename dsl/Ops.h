@@ -94,6 +94,11 @@ void fence(SourceLoc loc = SourceLoc::current());
 // before the first read of anything the previous kernel may write (in practice: before any global
 // access). release_dependent_grids lets the stream's next such kernel start launching.
 void wait_for_prior_grids(SourceLoc loc = SourceLoc::current());
+// The GPU's global clock in nanoseconds (an i64 scalar; the interpreter reads the host's steady
+// clock), read when the program gets there: for timelines of a kernel's phases, stored to a buffer
+// the caller reads back. A read waits for nothing in flight: place it after an op that consumes
+// what the phase waited for.
+Tile global_timer(SourceLoc loc = SourceLoc::current());
 void release_dependent_grids(SourceLoc loc = SourceLoc::current());
 // Thread block clusters (sm_90+): the `size` programs C * c .. C * c + C - 1 along grid axis 0
 // (2 <= size <= 8; the grid's axis 0 a multiple of size) hand `values` to each other through

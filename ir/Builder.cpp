@@ -109,6 +109,7 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
 
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
+Value* Builder::globalTimer() { return create1(OpKind::GlobalTimer, {}, Type(DType::I64)); }
 
 std::vector<Value*> Builder::clusterAllGather(const std::vector<Value*>& values, int64_t size,
                                               std::optional<int64_t> to, int64_t rows) {

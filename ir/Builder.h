@@ -56,6 +56,7 @@ class Builder {
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)
+  Value* globalTimer();                          // i64 nanoseconds (ir/Ops.def)
   // Every program of a cluster of `size` hands `values` to all of them: result i * size + r is
   // values[i] of the cluster's program r (ir/Ops.def cluster_all_gather); with `to`, only that rank
   // receives, and with `rows` > 0 only the tiles' first rows cross.

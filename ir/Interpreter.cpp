@@ -13,6 +13,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -550,6 +551,12 @@ class Program {
         auto d = alloc<int64_t>(1);
         size_t axis = size_t(op.intAttr("axis"));
         d->ints[0] = wrapToWidth(op.kind() == OpKind::ProgramId ? pid_[axis] : l_.grid[axis], rt.dtype());
+        return set(op.result(), std::move(d));
+      }
+      case OpKind::GlobalTimer: {
+        auto d = alloc<int64_t>(1);
+        d->ints[0] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch()).count();
         return set(op.result(), std::move(d));
       }
       case OpKind::Constant: return set(op.result(), constant(op, rt, n));

@@ -327,6 +327,10 @@ class Verifier {
               break;
             }
         break;
+      case OpKind::GlobalTimer:
+        if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
+        expectScalarOf(op, out(), DType::I64, "the result");
+        break;
       case OpKind::ClusterAllGather: clusterAllGather(op); break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <regex>
@@ -228,6 +229,40 @@ TEST(Dsl, DotInputPrecisionIsRecordedOnTheOp) {
 }  // namespace
 
 // ---- atomic_add --------------------------------------------------------------
+
+// global_timer: one op per read, kept where it was traced (its reads around a loop of loads stay
+// on either side of it), and on the interpreter the host's steady clock: every program's first
+// read comes no later than its second, and both lie inside the launch's own interval.
+TEST(Dsl, GlobalTimerReadsTheClockWhereItIsTraced) {
+  auto timed = kernel("timed_sum", [](Ptr<f32> x, Ptr<f32> out, Ptr<i64> stamps, Int n, Const<int> BLOCK) {
+    Tile t0 = global_timer();
+    Tile sum = for_range(0, n, BLOCK, zeros({BLOCK}, DType::F32),
+                         [&](Tile i, Tile acc) { return acc + load(x + (i + arange(0, BLOCK)), i + arange(0, BLOCK) < n, 0.0f); });
+    store(out + program_id(0), flextile::dsl::sum(sum, 0));
+    Tile t1 = global_timer();
+    store(stamps + program_id(0) * 2, t0);
+    store(stamps + (program_id(0) * 2 + 1), t1);
+  });
+  const auto f = timed.trace({.constants = {64}});
+  EXPECT_EQ(countOps(*f, ir::OpKind::GlobalTimer), 2);
+  const std::string text = ir::printFunction(*f);
+  const size_t first = text.find("global_timer"), loop = text.find(" for "), second = text.rfind("global_timer");
+  EXPECT_TRUE(first < loop && loop != std::string::npos && loop < second) << text;
+  std::vector<float> x(1000, 1.0f), out(4, -1.0f);
+  std::vector<int64_t> stamps(8, -1);
+  auto now = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  const int64_t before = now();
+  timed.interpret({{4, 1, 1}, {64}}, x, out, stamps, 1000);
+  const int64_t after = now();
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(out[size_t(p)], 1000.0f);
+    EXPECT_LE(before, stamps[size_t(2 * p)]) << p;
+    EXPECT_LE(stamps[size_t(2 * p)], stamps[size_t(2 * p + 1)]) << p;
+    EXPECT_LE(stamps[size_t(2 * p + 1)], after) << p;
+  }
+}
 
 TEST(DslAtomic, TracesOneOpAndBroadcastsTheValue) {
   auto k = kernel("k", [](Ptr<f32> p, Int n) {
