@@ -151,6 +151,12 @@ struct FlexDecodeConfig {
   bool operator==(const FlexDecodeConfig&) const = default;
 };
 
+// The columns of FlexAttentionOptions::decode_timeline: the GPU's nanosecond clock (%globaltimer)
+// when a decode program starts, ends its walk over K/V, has released its partials (the stores
+// drained by the fence), starts merging its group (the program that merges; 0 elsewhere) and ends.
+inline constexpr int kTimelineStart = 0, kTimelineWalked = 1, kTimelineReleased = 2, kTimelineMerging = 3,
+                     kTimelineEnd = 4, kTimelineSlots = 5;
+
 struct FlexAttentionOptions {
   std::optional<double> scale;                // default 1 / sqrt(D)
   bool return_lse = false;
@@ -174,6 +180,13 @@ struct FlexAttentionOptions {
   // so calls on two streams never share a buffer (docs/architecture.md, "Streams"). Host tensors
   // ignore it.
   runtime::Stream* stream = nullptr;
+  // Diagnostics of the decode template: an i64 [programs, kTimelineSlots] tensor in q's memory
+  // space, program (b * groups + group) * splits + split (plan_flex_decode gives the grid), that
+  // receives each program's clock at its phases (kTimeline*; 0 in a slot a program does not pass:
+  // one split has no partials, and only the last program of a group merges). A separate kernel is
+  // compiled for it; the times are what a profiler's timeline shows, inside one launch. Leave it
+  // empty outside a bench.
+  std::optional<dsl::Tensor> decode_timeline;
 };
 
 // What a config resolver sees of a call that gave no config.

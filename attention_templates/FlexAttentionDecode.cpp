@@ -157,7 +157,8 @@ struct DecodeParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, guess_full), (P<I32>, guess_partial));
+                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, guess_full), (P<I32>, guess_partial),
+                           (P<I64Ptr>, timeline));
 };
 
 struct DecodeConstants {
@@ -166,7 +167,8 @@ struct DecodeConstants {
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
-                           (int64_t, clusterTickets), (int64_t, warpSpecialize), (int64_t, guessEntries));
+                           (int64_t, clusterTickets), (int64_t, warpSpecialize), (int64_t, guessEntries),
+                           (int64_t, timeline));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -256,6 +258,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // the stream's previous kernel (which may write the cache, the queries or the lists), and lets
   // the next kernel start launching once its walk is done (below).
   if (k.programmaticLaunch) wait_for_prior_grids();
+  // FlexAttentionOptions::decode_timeline: the clock at the program's phases (kTimeline* slots),
+  // stored at its end.
+  std::optional<Tile> stamps[kTimelineSlots];
+  if (k.timeline) stamps[kTimelineStart] = global_timer();
   Tile split = program_id(0), group = program_id(1), b = program_id(2);
   Tile splits = num_programs(0);
   Tile b64 = b.to(DType::I64);
@@ -451,6 +457,14 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   };
   walkList(k.partialFirst != 0);
   walkList(k.partialFirst == 0);
+  if (k.timeline) stamps[kTimelineWalked] = global_timer();
+  auto storeTimeline = [&] {
+    if (!k.timeline) return;
+    stamps[kTimelineEnd] = global_timer();
+    Tile program = (b * num_programs(1) + group) * splits + split;
+    for (int64_t e = 0; e < kTimelineSlots; ++e)
+      store(p.timeline + (program.to(DType::I64) * kTimelineSlots + e), stamps[e] ? *stamps[e] : zeros({}, DType::I64));
+  };
 
   if (k.programmaticLaunch) release_dependent_grids();
   Tile empty = l == 0.0;
@@ -466,13 +480,21 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
     fence();  // release the partials
+    if (k.timeline) stamps[kTimelineReleased] = global_timer();
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
     Tile ticket = atomic_add(counter, 1);
-    for_range(0, (ticket == count - 1).to(DType::I32), 1, [&](Tile) {
+    Tile merging = (ticket == count - 1).to(DType::I32);
+    auto merge = [&] {
       fence();  // acquire: the other programs' partials are visible from here on
+      Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added
-    });
+      return start;
+    };
+    if (k.timeline)
+      stamps[kTimelineMerging] = for_range(0, merging, 1, zeros({}, DType::I64), [&](Tile, Tile) { return merge(); });
+    else
+      for_range(0, merging, 1, [&](Tile) { merge(); });
   };
   if (k.split && k.clusterMerge) {
     // The splits of a (group, batch) are thread block clusters of clusterMerge programs along axis
@@ -495,16 +517,21 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       for_range(0, (split % k.clusterMerge == 0).to(DType::I32), 1, [&](Tile) {
         ticketMerge(folded, mm, ll, none, split / k.clusterMerge, splits / k.clusterMerge);
       });
+      stamps[kTimelineReleased].reset();  // read inside the loop above: not values after it
+      stamps[kTimelineMerging].reset();
+      storeTimeline();
       return;
     }
     Tile stores = rowLive & (split == 0);
     Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
     store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), folded.to(dt), byD(stores));
     if (k.hasLse) store(p.lse + rowId.to(DType::I64), detail::rowLse(mm, ll, none, /*natural=*/true), stores);
+    storeTimeline();
     return;
   }
   if (k.split) {
     ticketMerge(out, m, l, empty, split, splits);
+    storeTimeline();
     return;
   }
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
@@ -513,6 +540,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
   }
+  storeTimeline();
 }
 
 // ---- the block lists of the call's queries -------------------------------------
@@ -640,6 +668,7 @@ struct DecodePrepared {
   bool kvBoxes = false;            // TMA can describe K and V (detail::tmaBoxesFor)
   bool warpSpecialized = false;    // decodeWarpSpecialized
   int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
+  std::optional<Tensor> timeline;  // options.decode_timeline, checked
 };
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
@@ -822,6 +851,14 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     fail("scale must be finite and non-zero, got " + std::to_string(p.scale));
   p.hasScoreMod = detail::changesScores(scoreMod);
   p.clusterSize = clusterMergeSize(p);
+  if (options.decode_timeline) {
+    const Tensor& t = *options.decode_timeline;
+    const int64_t programs = p.config.splits * (p.Hq / p.HP) * p.B;
+    t.expect(std::string(me) + ": decode_timeline", DType::I64, {programs, kTimelineSlots});
+    if (t.space() != p.space || !t.isContiguous())
+      fail("decode_timeline must be contiguous and in q's memory space, got " + t.describe());
+    p.timeline = t;
+  }
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -850,7 +887,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          cluster > 0 && p.config.splits > cluster,
                          p.warpSpecialized,
                          // The first list entries read ahead: measured before it is a default.
-                         detail::forcedBySwitch("FLEXTILE_DECODE_GUESS_ENTRIES").value_or(false)};
+                         detail::forcedBySwitch("FLEXTILE_DECODE_GUESS_ENTRIES").value_or(false),
+                         p.timeline.has_value()};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -922,7 +960,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
             .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale,
-            .guess_full = lists.guessFull, .guess_partial = lists.guessPartial},
+            .guess_full = lists.guessFull, .guess_partial = lists.guessPartial,
+            .timeline = p.timeline ? *p.timeline : anyF32},  // written only with a timeline
            kernel.name())});
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());

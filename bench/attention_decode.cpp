@@ -5,6 +5,7 @@
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
 //   flextile_attention_decode_bench --sweep-splits   # block size x stages x split count on every shape
 //   flextile_attention_decode_bench --sweep-ws   # the producer warpgroup (config `ws`) at 2 and 3 stages, BN 64 and 128
+//   flextile_attention_decode_bench --timeline   # also each shape's phases from the kernel's own clock (printTimeline)
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
@@ -29,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -119,6 +121,38 @@ double kvBytesRead(const Shape& s, const std::optional<BlockMask>& mask, int64_t
   return perKey * keys;
 }
 
+// --timeline: where one call's time goes, from the kernel's own clock (FlexAttentionOptions::
+// decode_timeline): each phase's time after the first program started, over the programs
+// (median and last), three warm calls after the timed ones. `end` of the last program against the
+// events' figure is what the launch and the events cost around the kernel.
+void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const std::optional<BlockMask>& mask, FlexAttentionOptions o,
+                   const std::function<void(const FlexAttentionOptions&)>& run) {
+  const FlexDecodePlan plan = plan_flex_decode(q, k, v, noop_score(), mask, o);
+  const int64_t programs = plan.config.splits * (q.shape()[1] / plan.headsPerProgram) * q.shape()[0];
+  Tensor stamps = Tensor::zeros(DType::I64, {programs, kTimelineSlots}, MemorySpace::Device);
+  o.decode_timeline = stamps;
+  const char* phases[kTimelineSlots] = {"start", "walked", "released", "merging", "end"};
+  for (int call = 0; call < 3; ++call) {
+    run(o);
+    runtime::synchronize();
+    const std::vector<int64_t> t = stamps.toHost<int64_t>();
+    int64_t zero = INT64_MAX;
+    for (int64_t p = 0; p < programs; ++p) zero = std::min(zero, t[size_t(p * kTimelineSlots + kTimelineStart)]);
+    std::printf("%-18s timeline call %d, %lld programs (us after the first start, median / last):", name.c_str(), call,
+                static_cast<long long>(programs));
+    for (int e = 0; e < kTimelineSlots; ++e) {
+      std::vector<double> at;
+      for (int64_t p = 0; p < programs; ++p)
+        if (const int64_t x = t[size_t(p * kTimelineSlots + e)]; x != 0) at.push_back(double(x - zero) / 1e3);
+      if (at.empty()) continue;
+      std::sort(at.begin(), at.end());
+      std::printf("  %s %.2f / %.2f", phases[e], at[at.size() / 2], at.back());
+    }
+    std::printf("\n");
+  }
+}
+
 // The yardstick: microseconds of a device-to-device copy that moves `bytesMoved` bytes (reads half,
 // writes half), timed as the decode calls are.
 double copyMicroseconds(double bytesMoved) {
@@ -133,15 +167,16 @@ double copyMicroseconds(double bytesMoved) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool sweep = false, sweepSplits = false, sweepWs = false;
+  bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-ws")) sweepWs = true;
+    else if (!std::strcmp(argv[i], "--timeline")) timeline = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--only SHAPE]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--only SHAPE]...\n", argv[0]);
       return 2;
     }
   }
@@ -266,6 +301,7 @@ int main(int argc, char** argv) try {
                     tbps, hostUs);
         std::fflush(stdout);
         if (ms * 1e3 < best.us) best = {s.name, label, ms * 1e3, tbps, 0, 0, 0, 0};
+        if (timeline && ci == 0 && !paged) printTimeline(s.name, q, k, v, mask, o, run);
       } catch (const std::exception& e) {
         std::printf("%-18s %-28s refused: %s\n", s.name.c_str(), label.c_str(), e.what());
       }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "FlexAttentionCheck.h"
+#include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
 
 namespace flextile::testing {
@@ -148,6 +149,74 @@ inline bool checkFusedMergeCalls(std::mt19937_64& rng, const FusedMergeCase& c, 
     if (!compareWithReference(out, lse, want, c.D, c.dtype)) return false;
   }
   return true;
+}
+
+// FlexAttentionOptions::decode_timeline: every program's clock at its phases, in order; with
+// several splits exactly one program of each (batch, group) merges, after its partials are
+// released; with one split nothing is released or merged; the whole call spans well under a
+// second. The output stays the reference's. A timeline of the wrong dtype is refused by name.
+inline void checkDecodeTimeline(std::mt19937_64& rng, dsl::MemorySpace space) {
+  using namespace attention;
+  using dsl::DType;
+  using dsl::Tensor;
+  const int64_t B = 2, Hq = 8, Hkv = 2, S = 300, pos = S - 1;
+  BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {200}, {32, 32}, space);
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, 64}, space);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, 64}, space), v = randomTensor(rng, DType::BF16, {B, Hkv, S, 64}, space);
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({200}), 0.125, pos);
+  for (int64_t splits : {1, 3}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{32, 4, 2, splits},
+                           .query_offset = pos};
+    const FlexDecodePlan plan = plan_flex_decode(q, k, v, noop_score(), mask, o);
+    const int64_t groups = Hq / plan.headsPerProgram, programs = splits * groups * B;
+    Tensor timeline = Tensor::fromHost(std::vector<int64_t>(size_t(programs * kTimelineSlots), -1),
+                                       {programs, kTimelineSlots}, space);
+    o.decode_timeline = timeline;
+    Tensor out = Tensor::empty(DType::BF16, q.shape(), space), lse = Tensor::empty(DType::F32, {B, Hq, 1}, space);
+    poison(out);
+    poison(lse);
+    flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
+    const std::vector<int64_t> t = timeline.toHost<int64_t>();
+    int64_t first = INT64_MAX, last = 0;
+    for (int64_t program = 0; program < programs; ++program) {
+      first = std::min(first, t[size_t(program * kTimelineSlots + kTimelineStart)]);
+      last = std::max(last, t[size_t(program * kTimelineSlots + kTimelineEnd)]);
+    }
+    EXPECT_LT(last - first, int64_t(1e9)) << "a call of a few microseconds took a second by its clock";
+    std::vector<int> mergers(size_t(B * groups), 0);
+    for (int64_t program = 0; program < programs; ++program) {
+      auto at = [&](int slot) { return t[size_t(program * kTimelineSlots + slot)]; };
+      SCOPED_TRACE("program " + std::to_string(program));
+      EXPECT_GT(at(kTimelineStart), 0);
+      EXPECT_LE(at(kTimelineStart), at(kTimelineWalked));
+      EXPECT_LE(at(kTimelineWalked), at(kTimelineEnd));
+      if (splits == 1) {
+        EXPECT_EQ(at(kTimelineReleased), 0);
+        EXPECT_EQ(at(kTimelineMerging), 0);
+        continue;
+      }
+      EXPECT_LE(at(kTimelineWalked), at(kTimelineReleased));
+      EXPECT_LE(at(kTimelineReleased), at(kTimelineEnd));
+      if (at(kTimelineMerging) != 0) {
+        ++mergers[size_t(program / splits)];
+        EXPECT_LE(at(kTimelineReleased), at(kTimelineMerging));
+        EXPECT_LE(at(kTimelineMerging), at(kTimelineEnd));
+      }
+    }
+    if (splits > 1)
+      for (int merged : mergers) EXPECT_EQ(merged, 1);
+  }
+  FlexAttentionOptions wrong{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{32, 4, 2, 3},
+                             .query_offset = pos, .decode_timeline = Tensor::empty(DType::I32, {24, kTimelineSlots}, space)};
+  Tensor out = Tensor::empty(DType::BF16, q.shape(), space);
+  try {
+    flex_attention_into(q, k, v, noop_score(), mask, out, nullptr, wrong);
+    ADD_FAILURE() << "an i32 timeline was taken";
+  } catch (const flextile::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decode_timeline"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace flextile::testing

@@ -104,6 +104,12 @@ TEST(FlexDecode, ListEntriesReadAheadFromAWrongGuessStillGiveTheReference) {
     }
 }
 
+// FlexAttentionOptions::decode_timeline (checkDecodeTimeline) through the interpreter.
+TEST(FlexDecode, TimelinesRecordEveryProgramsPhasesInOrder) {
+  SeededRandom rng;
+  checkDecodeTimeline(rng, kHost);
+}
+
 TEST(FlexDecode, FullyMaskedQueriesGiveZeroAndMinusInfinity) {
   SeededRandom rng;
   MaskMod oddQueriesBlind("odd_queries_blind",
