@@ -37,6 +37,9 @@
 //   mbarrier_wait       a loop on mbarrier.try_wait.parity (sm_90: the thread
 //                       may sleep until the phase completes or a time limit)
 //                       or test_wait.parity (sm_80 to sm_89) until it holds
+#include <cstdlib>
+#include <string_view>
+
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -54,6 +57,13 @@ using ir::DType;
 using ir::Layout;
 
 namespace {
+// FLEXTILE_MBARRIER_INIT_FENCE=0 leaves out the fence after mbarrier inits, for an A/B: ptxas lays
+// some kernels out differently with it (ALiBi's overlapped forward spills 44 bytes, not 28).
+bool mbarrierInitFence() {
+  const char* e = std::getenv("FLEXTILE_MBARRIER_INIT_FENCE");
+  return !(e && std::string_view(e) == "0");
+}
+
 // The local_alloc that made buffer operand `i`.
 const ir::Op& allocOf(const ir::Op& op, size_t i = 0) {
   const ir::Op* alloc = op.operand(i)->definingOp();
@@ -120,7 +130,8 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
         // complete_tx (the async proxy) may meet a slot not yet initialized — compute-sanitizer's
         // racecheck reports each re-initialized ring's first arrivals otherwise. sm_80 to sm_89
         // have neither the fence nor an async proxy: there the barrier orders them.
-        if (op.kind() == ir::OpKind::MbarrierInit && target.has(Feature::TensorMemoryAccelerator))
+        if (op.kind() == ir::OpKind::MbarrierInit && target.has(Feature::TensorMemoryAccelerator) &&
+            mbarrierInitFence())
           asmStatement("fence.mbarrier_init.release.cluster;");
       });
       return;

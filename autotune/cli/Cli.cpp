@@ -95,8 +95,9 @@ const std::vector<Command>& commands() {
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
-       "                        --emit traced|ir|llvm|ptx\n"
-       "  Prints one stage of the kernel: traced (tile IR as traced), ir (after the passes, with layouts),\n"
+       "                        --emit traced|ir|llvm|ptx [--locations]\n"
+       "  Prints one stage of the kernel: traced (tile IR as traced; --locations: each op's template or\n"
+       "  mod source line), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
        "  --kernel picks a kernel of the backward or the decode kernel (default: the forward). For the\n"
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
@@ -107,7 +108,7 @@ const std::vector<Command>& commands() {
        "  by TMA from a producer warpgroup). last-round-merge: the\n"
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {}, true},
+       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {"--locations"}, true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
        "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
@@ -585,7 +586,7 @@ int compileDecodeKernel(const Args& a, const Problem& p, const std::string& emit
   }
   const attention::FlexDecodePlan plan = attention::plan_flex_decode(
       shapeOnly(p.dtype, {p.B, p.H, L, p.D}), p.k, p.v, p.instance.score, p.instance.mask, options, target);
-  if (emit == "traced") out << ir::printFunction(*plan.traced);
+  if (emit == "traced") out << ir::printFunction(*plan.traced, {.locations = a.has("--locations")});
   else if (emit == "ir") out << plan.compiled[0]->ir;
   else if (emit == "llvm") out << plan.compiled[0]->llvmIR;
   else out << plan.compiled[0]->ptx;
@@ -596,6 +597,8 @@ int cmdCompile(const Args& a, std::ostream& out) {
   const std::string emit = a.get("--emit", "");
   if (emit != "traced" && emit != "ir" && emit != "llvm" && emit != "ptx")
     throw UsageError{"--emit must be traced, ir, llvm or ptx" + (emit.empty() ? std::string() : ", got '" + emit + "'")};
+  if (a.has("--locations") && emit != "traced")
+    throw UsageError{"--locations applies to --emit traced (the later stages print no source lines)"};
   Problem p = makeProblem(a, a.variant, "1,2,1024,128", MemorySpace::Host, 1, false);
   // Compiling reads only shapes, strides and alignment.
   p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
@@ -621,7 +624,7 @@ int cmdCompile(const Args& a, std::ostream& out) {
                   "not a whole number of rounds; config " + plan.config.describe() + ")");
     compiled = plan.mergeCompiled;
   }
-  if (emit == "traced") out << ir::printFunction(*plan.traced);
+  if (emit == "traced") out << ir::printFunction(*plan.traced, {.locations = a.has("--locations")});
   else if (emit == "ir") out << compiled->ir;
   else if (emit == "llvm") out << compiled->llvmIR;
   else out << compiled->ptx;
