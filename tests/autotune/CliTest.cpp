@@ -56,6 +56,7 @@ TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
       {{"compile", "causal"}, "--emit must be"},
       {{"compile", "causal", "--emit", "sass"}, "got 'sass'"},
       {{"compile", "causal", "--emit", "ptx", "--target", "sm_70"}, "--target must be"},
+      {{"compile", "causal", "--emit", "ptx", "--locations"}, "--locations applies to --emit traced"},
       {{"list", "extra"}, "unexpected argument 'extra'"},
       {{"run", "causal", "--host=yes"}, "takes no value"},
       {{"run", "causal", "--host", "--check=yes"}, "--check=all (every row)"},
@@ -99,6 +100,12 @@ TEST(Cli, CompileEmitsPtxAndIrWithoutAGpu) {
   Result traced = run({"compile", "causal", "--shape", "1,2,256,64", "--emit", "traced", "--config", "64,32,4,1"});
   ASSERT_EQ(traced.status, 0) << traced.err;
   EXPECT_NE(traced.out.find("num_warps = 4"), std::string::npos) << traced.out.substr(0, 600);
+  EXPECT_EQ(traced.out.find("loc("), std::string::npos) << "source lines only when asked";
+  // --locations: each traced op names its line, the forward template's and the mask's own.
+  Result located = run({"compile", "causal", "--shape", "1,2,256,64", "--emit", "traced", "--locations"});
+  ASSERT_EQ(located.status, 0) << located.err;
+  EXPECT_NE(located.out.find("FlexAttentionForward.cpp\":"), std::string::npos) << located.out.substr(0, 2000);
+  EXPECT_NE(located.out.find("Mods.cpp\":"), std::string::npos) << located.out.substr(0, 2000);
   // A fifth number of --config picks warp specialization (1) or not (0) over the template's choice.
   for (const char* config : {"128,128,8,2,no-ws", "128,128,8,2,ws"}) {
     Result ir = run({"compile", "causal", "--shape", "1,2,1024,128", "--emit", "ir", "--config", config});
