@@ -734,15 +734,16 @@ void BlockMask::check() const {
 }
 
 void BlockMask::checkInputs(int64_t B, int64_t H, int64_t qLen, int64_t kvLen) const {
-  const std::string me = "block mask (" + describe() + ")";
+  // Every call checks: the mask's description is formed only for a message.
+  auto me = [&] { return "block mask (" + describe() + ")"; };
   if (qLen != qLen_ || kvLen != kvLen_)
-    throw Error("the " + me + " was built for " + lengths(qLen_, kvLen_) + " but the inputs have " +
+    throw Error("the " + me() + " was built for " + lengths(qLen_, kvLen_) + " but the inputs have " +
                 lengths(qLen, kvLen) + "; build a mask for these lengths (a mask is never cropped or padded silently)");
   if (B_ != 1 && B_ != B)
-    throw Error("the " + me + " has batch " + std::to_string(B_) + " but the inputs have batch " + std::to_string(B) +
+    throw Error("the " + me() + " has batch " + std::to_string(B_) + " but the inputs have batch " + std::to_string(B) +
                 " (a mask's B is 1, to broadcast, or the batch)");
   if (H_ != 1 && H_ != H)
-    throw Error("the " + me + " has " + std::to_string(H_) + " heads but the inputs have " + std::to_string(H) +
+    throw Error("the " + me() + " has " + std::to_string(H_) + " heads but the inputs have " + std::to_string(H) +
                 " query heads (a mask's H is 1, to broadcast, or the number of query heads)");
 }
 

@@ -131,7 +131,8 @@ std::string compilerVersion() {
   return v + codegenSwitches();
 }
 
-std::string codegenSwitches() {
+namespace {
+std::string readCodegenSwitches() {
   std::string out = wgmmaSettingsIdentity();
   if (const char* e = std::getenv("FLEXTILE_BULK_REDUCE"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_REDUCE=0";
   if (const char* e = std::getenv("FLEXTILE_RING_BARRIERS"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
@@ -146,6 +147,24 @@ std::string codegenSwitches() {
   if (const char* e = std::getenv("FLEXTILE_EXP2_EMULATION"); e && *e) out += std::string("; FLEXTILE_EXP2_EMULATION=") + e;
   if (const char* e = std::getenv("FLEXTILE_PRODUCER_REGISTERS"); e && *e) out += std::string("; FLEXTILE_PRODUCER_REGISTERS=") + e;
   return out;
+}
+}  // namespace
+
+std::string codegenSwitches() {
+  // Asked on every launch: two dozen getenv scans of the whole environment cost half a
+  // microsecond there. Every switch is a FLEXTILE_ variable, so the answer is kept per thread and
+  // formed again only when the FLEXTILE_ part of the environment changed (a test's setenv).
+  thread_local std::string seen, switches;
+  thread_local bool valid = false;
+  std::string now;
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, "FLEXTILE_", 9) == 0) now.append(*e).push_back('\n');
+  if (!valid || now != seen) {
+    switches = readCodegenSwitches();
+    seen = std::move(now);
+    valid = true;
+  }
+  return switches;
 }
 
 std::optional<fs::path> userCacheDirectory() {

@@ -11,6 +11,7 @@
 #include "runtime/Module.h"
 #include "runtime/Stream.h"
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -146,10 +147,24 @@ void checkArgs(const std::string& name, const ir::Function& f, const std::vector
   }
 }
 
+// Appends `sep` and the decimal digits of x, without a temporary string: the keys below are
+// formed on every launch from dozens of integers.
+void appendInt(std::string& k, char sep, int64_t x) {
+  char digits[24];
+  digits[0] = sep;
+  const auto [end, ec] = std::to_chars(digits + 1, digits + sizeof digits, x);
+  k.append(digits, size_t(end - digits));
+}
+
 std::string constantsKey(const LaunchOptions& o) {
-  std::string k = "w" + std::to_string(o.num_warps) + "s" + std::to_string(o.num_stages) + (o.tma ? "t" : "") +
-                  (o.warp_specialize ? "p" : "") + (o.reassociate ? "r" : "");
-  for (auto c : o.constants) k += "," + std::to_string(c);
+  std::string k;
+  k.reserve(16 + 12 * o.constants.size());
+  appendInt(k, 'w', o.num_warps);
+  appendInt(k, 's', o.num_stages);
+  if (o.tma) k += 't';
+  if (o.warp_specialize) k += 'p';
+  if (o.reassociate) k += 'r';
+  for (auto c : o.constants) appendInt(k, ',', c);
   return k;
 }
 
@@ -246,9 +261,16 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   // The wgmma switches change the code of one specialization (tests and
   // benchmarks compare both within a process).
   const std::string settings = codegen::codegenSwitches();
-  std::string launchKey = constantsKey(options) + "|" + target->smName() + settings;
-  for (auto d : div) launchKey += "," + std::to_string(d);
-  for (auto i : ones) launchKey += ",=1@" + std::to_string(i);
+  std::string launchKey = constantsKey(options);
+  launchKey.reserve(launchKey.size() + 64 + settings.size() + 4 * div.size());
+  launchKey += '|';
+  launchKey += target->smName();
+  launchKey += settings;
+  for (auto d : div) appendInt(launchKey, ',', d);
+  for (auto i : ones) {
+    launchKey += ",=1";
+    appendInt(launchKey, '@', i);
+  }
   {
     std::lock_guard lock(mutex_);
     if (auto it = launches_.find(launchKey); it != launches_.end()) return *it->second;
