@@ -184,7 +184,10 @@ TraceOptions asTrace(const LaunchOptions& o) {
 }  // namespace
 
 const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options) {
-  const std::string key = constantsKey(options);
+  return tracedEntry(options, constantsKey(options));
+}
+
+const Kernel::Traced& Kernel::tracedEntry(const LaunchOptions& options, const std::string& key) {
   std::lock_guard lock(mutex_);
   auto it = traces_.find(key);
   if (it == traces_.end()) it = traces_.emplace(key, traceWithCaptures(asTrace(options))).first;
@@ -249,7 +252,13 @@ static std::vector<int64_t> argumentsEqualToOne(const ir::Function& f, const std
 
 Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                                    std::optional<codegen::Target> target) {
-  const ir::Function& f = traced(options);
+  const std::string key = constantsKey(options);
+  return compiled(options, args, target, *tracedEntry(options, key).function, key);
+}
+
+Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                                   std::optional<codegen::Target> target, const ir::Function& f,
+                                   const std::string& constants) {
   const std::vector<int64_t> div = argumentDivisibility(f, args);
   const std::vector<int64_t> ones = argumentsEqualToOne(f, args);
   if (!target) {
@@ -261,7 +270,7 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   // The wgmma switches change the code of one specialization (tests and
   // benchmarks compare both within a process).
   const std::string settings = codegen::codegenSwitches();
-  std::string launchKey = constantsKey(options);
+  std::string launchKey = constants;
   launchKey.reserve(launchKey.size() + 64 + settings.size() + 4 * div.size());
   launchKey += '|';
   launchKey += target->smName();
@@ -414,13 +423,15 @@ runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::Ten
 }
 
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
-  const auto args = withCaptures(tracedEntry(options), given, MemorySpace::Device);
-  checkArgs(name_, traced(options), args, ArgMode::Device);
+  const std::string key = constantsKey(options);
+  const Traced& t = tracedEntry(options, key);
+  const auto args = withCaptures(t, given, MemorySpace::Device);
+  checkArgs(name_, *t.function, args, ArgMode::Device);
   for (int a = 0; a < 3; ++a)
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
       throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
                   std::to_string(options.grid[a]) + ", outside what CUDA allows");
-  Compiled& c = compiled(options, args, std::nullopt);
+  Compiled& c = compiled(options, args, std::nullopt, *t.function, key);
   const codegen::CompiledKernel& code = c.code;
   {
     std::lock_guard lock(mutex_);

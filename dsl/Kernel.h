@@ -192,12 +192,17 @@ class Kernel {
   };
   Traced traceWithCaptures(const TraceOptions& options) const;
   const Traced& tracedEntry(const LaunchOptions& options);
+  // The same with the options' key (constantsKey) formed already: a launch forms it once.
+  const Traced& tracedEntry(const LaunchOptions& options, const std::string& key);
   // The caller's arguments followed by those of the captured tensors.
   std::vector<KernelArg> withCaptures(const Traced& t, const std::vector<KernelArg>& args,
                                       std::optional<MemorySpace> space);
   const ir::Function& traced(const LaunchOptions& options);
   Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                      std::optional<codegen::Target> target);
+  // The same for a trace and key the caller already has (runArgs).
+  Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
+                     std::optional<codegen::Target> target, const ir::Function& f, const std::string& key);
   void loadModule(Compiled& c);  // with mutex_ held
 
   std::string name_;
