@@ -5,6 +5,7 @@
 #include "dsl/Capture.h"
 #include "ir/Hash.h"
 #include "ir/Interpreter.h"
+#include "ir/Passes.h"
 #include "ir/Verifier.h"
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
@@ -104,6 +105,9 @@ Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
     }
     t.ownParams = f.params().size() - captured;
   }
+  // FLEXTILE_CANONICAL_ORDER=1: the traced order no longer depends on the host compiler
+  // (ir/passes/CanonicalOrder.cpp); opt-in until its kernels are timed.
+  if (const char* e = std::getenv("FLEXTILE_CANONICAL_ORDER"); e && std::string_view(e) == "1") ir::canonicalOrder(f);
   ir::verify(f);
   return t;
 }

@@ -50,6 +50,7 @@ std::optional<Pass> targetIndependentPass(std::string_view name) {
   if (name == "canonicalize") return canonicalizePass();
   if (name == "cse") return csePass();
   if (name == "dce") return dcePass();
+  if (name == "canonical-order") return canonicalOrderPass();
   if (name == "fold-scales") return foldScalesPass();
   if (name == "regroup-sums") return regroupSumsPass();
   return std::nullopt;

@@ -27,6 +27,10 @@
 //                 splats and loop-invariant values to f32 term by term.
 //   dce           erases ops whose results are unused and that have no effect:
 //                 pure ops, loads, and for loops whose bodies have no stores.
+//   canonical-order  places each block's pure ops just before the first op with effects that
+//                 needs them, operands first in operand order, so the order no longer depends on
+//                 the order a C++ compiler evaluated a template's operands in; erases the pure ops
+//                 nothing needs (ir/passes/CanonicalOrder.cpp). Ops with effects keep their order.
 #pragma once
 
 #include <optional>
@@ -39,6 +43,7 @@ namespace flextile::ir {
 bool canonicalize(Function& f);
 bool cse(Function& f);
 bool dce(Function& f);
+bool canonicalOrder(Function& f);
 // fold-scales on any function, whatever its attributes (the pass checks reassociate = 1).
 // `invariantTerms`: a row, column or vector sum of an absorbing and a loop-invariant term takes the
 // factor too, the invariant term by a product of its own (FoldScales.cpp; function attribute
@@ -50,10 +55,12 @@ bool regroupSums(Function& f);
 Pass canonicalizePass();
 Pass csePass();
 Pass dcePass();
+Pass canonicalOrderPass();
 Pass foldScalesPass();
 Pass regroupSumsPass();
 
-// The pass of this name ("canonicalize", "cse", "dce", "fold-scales", "regroup-sums"), for command lines.
+// The pass of this name ("canonicalize", "cse", "dce", "canonical-order", "fold-scales", "regroup-sums"),
+// for command lines.
 std::optional<Pass> targetIndependentPass(std::string_view name);
 
 }  // namespace flextile::ir

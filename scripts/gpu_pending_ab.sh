@@ -10,7 +10,7 @@
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains; on 2026-12-05 (H100) the peeled
 # skewed walks (made the default) and the decode's producer warpgroup (left opt-in) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, guess, alibi, bwdturns, order),
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, guess, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -22,6 +22,19 @@ echo "== the decode with exp2's ftz form (its default since 533707f) against wit
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
+fi
+
+if wanted canonical; then
+echo "== traced IR in canonical order (FLEXTILE_CANONICAL_ORDER=1: the same kernels whatever compiler"
+echo "   built FlexTile; offline ptxas: ALiBi's spill 28 -> 0 bytes, no mask's producer 152 -> 176)"
+echo "   against the default, every forward variant, then the backward and the decode"
+FLEXTILE_AB_TAG=canonical FLEXTILE_AB_ARGS="--quick" FLEXTILE_AB_TIMEOUT=90 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1" "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
+FLEXTILE_AB_TAG=canonicalbwd FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLEXTILE_AB_TIMEOUT=150 scripts/gpu_ab.sh \
+  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
+FLEXTILE_AB_TAG=canonicaldec FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1" \
+  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
 fi
 
 if wanted guess; then
@@ -61,7 +74,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log guess_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log canonical*.log guess_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

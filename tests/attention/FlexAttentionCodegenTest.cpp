@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -18,6 +19,9 @@
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
 #include "ir/Parser.h"
+#include "ir/Passes.h"
+#include "ir/Printer.h"
+#include "ir/Verifier.h"
 
 using namespace flextile;
 using namespace flextile::attention;
@@ -1064,4 +1068,77 @@ TEST(FlexAttentionCodegen, OverlapRuleFollowsTheTurns) {
   }
   ScopedSetenv noTurns("FLEXTILE_PINGPONG", "0");
   EXPECT_FALSE(overlapped("prefix_lm"));
+}
+
+namespace {
+
+// Whether `user` (or an op inside its regions) reads a result of `def`.
+bool reads(const ir::Op& user, const ir::Op& def) {
+  for (const ir::Value* v : user.operands())
+    if (v->definingOp() == &def) return true;
+  for (const auto& region : user.regions())
+    for (const auto& inner : region->ops())
+      if (reads(*inner, def)) return true;
+  return false;
+}
+
+// Another order a compiler could have traced `f` in: random swaps of neighbours that do not
+// depend on each other, never two ops with effects or products, never a load and such an op (a
+// load stays between the same ones), never the terminator.
+void traceInAnotherOrder(ir::Block& b, std::mt19937_64& rng) {
+  auto effects = [](const ir::Op& op) {
+    return (!op.hasTrait(ir::kPure) && op.kind() != ir::OpKind::Load) || op.kind() == ir::OpKind::Dot ||
+           op.kind() == ir::OpKind::Reduce;
+  };
+  for (auto& op : b.ops())
+    for (auto& region : op->regions()) traceInAnotherOrder(*region, rng);
+  std::vector<std::unique_ptr<ir::Op>*> ops;
+  for (auto& op : b.ops()) ops.push_back(&op);
+  if (ops.size() < 3) return;
+  for (size_t round = 0; round < 20 * ops.size(); ++round) {
+    const size_t i = size_t(rng() % (ops.size() - 2));  // the last op (the terminator) stays
+    ir::Op& x = **ops[i];
+    ir::Op& y = **ops[i + 1];
+    if (reads(y, x) || (effects(x) && effects(y))) continue;
+    if ((x.kind() == ir::OpKind::Load && effects(y)) || (y.kind() == ir::OpKind::Load && effects(x))) continue;
+    std::swap(*ops[i], *ops[i + 1]);  // the unique_ptrs trade places in the list
+  }
+}
+
+}  // namespace
+
+// ir/passes/CanonicalOrder.cpp (FLEXTILE_CANONICAL_ORDER=1): the order a compiler evaluates a
+// template's operands in no longer shows in the IR. Each yardstick forward's and the decode's
+// traced IR, reordered at random as another compiler could have traced it (pure ops and loads
+// moved past what they do not depend on), comes out of the pass exactly as the original does.
+TEST(FlexAttentionCodegen, TheCanonicalOrderDoesNotDependOnTheTracedOrder) {
+  std::mt19937_64 rng(20261205);
+  const auto sm90a = codegen::Target::sm90a();
+  Tensor q = Tensor::empty(DType::BF16, {2, 16, 1000, 128}, MemorySpace::Host);
+  Tensor q1 = Tensor::empty(DType::BF16, {2, 16, 1, 128}, MemorySpace::Host);
+  Tensor kv = Tensor::empty(DType::BF16, {2, 4, 1000, 128}, MemorySpace::Host);
+  for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}) {
+    SCOPED_TRACE(name);
+    VariantInstance v = variant(name).make({2, 16, 1000, 1000, MemorySpace::Host, BlockSizes{}, 1});
+    const ir::Function* forward = plan_flex_attention(q, kv, kv, v.score, v.mask, {}, false, sm90a).traced;
+    VariantInstance d = variant(name).make({2, 16, 1000, 1000, MemorySpace::Host, BlockSizes{}, 1});
+    FlexAttentionOptions at;
+    if (d.mask && d.mask->qLen() > 1) at.query_offset = 999;  // a mask for every query: the last one's row
+    const ir::Function* decode = plan_flex_decode(q1, kv, kv, d.score, d.mask, at, sm90a).traced;
+    for (const ir::Function* traced : {forward, decode}) {
+      ASSERT_NE(traced, nullptr);
+      std::unique_ptr<ir::Function> canonical = traced->clone();
+      ir::canonicalOrder(*canonical);
+      ASSERT_NO_THROW(ir::verify(*canonical));
+      const std::string want = ir::printFunction(*canonical);
+      for (int trial = 0; trial < 3; ++trial) {
+        std::unique_ptr<ir::Function> other = traced->clone();
+        traceInAnotherOrder(other->body(), rng);
+        ASSERT_NO_THROW(ir::verify(*other));
+        EXPECT_NE(ir::printFunction(*other), ir::printFunction(*traced)) << "the shuffle moved nothing";
+        ir::canonicalOrder(*other);
+        EXPECT_EQ(ir::printFunction(*other), want) << "trial " << trial;
+      }
+    }
+  }
 }
