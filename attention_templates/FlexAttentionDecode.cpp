@@ -157,7 +157,7 @@ struct DecodeParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale), (P<I32>, guess_full), (P<I32>, guess_partial),
+                           (P<I32>, q_heads), (P<F32>, scale),
                            (P<I64Ptr>, timeline));
 };
 
@@ -167,7 +167,7 @@ struct DecodeConstants {
                            (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial), (int64_t, split),
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
-                           (int64_t, clusterTickets), (int64_t, warpSpecialize), (int64_t, guessEntries),
+                           (int64_t, clusterTickets), (int64_t, warpSpecialize),
                            (int64_t, timeline));
 };
 
@@ -319,57 +319,18 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile fullCount = k.hasFull ? load(p.full_kv_num + listRow) : zeros({}, DType::I32);
   Tile partialCount = k.hasPartial ? load(p.kv_num + listRow) : zeros({}, DType::I32);
   Tile fullSteps = fullCount * R, partialSteps = partialCount * R;
-  // The cut of a row of `fullSteps` + `partialSteps` steps: this program's steps [first, last) and,
-  // per list, the part of them that falls in it (laid `before` steps into the row).
-  auto runOf = [&](const Tile& fullSteps, const Tile& partialSteps) {
-    Tile steps = fullSteps + partialSteps;
-    Tile share = (steps + splits - 1) / splits;
-    Tile from = minimum(split * share, steps);
-    return std::pair{from, minimum(from + share, steps)};
-  };
-  auto [first, last] = runOf(fullSteps, partialSteps);
-  auto listRun = [&](const Tile& from, const Tile& to, const Tile& before, const Tile& steps) {
-    return std::pair{minimum(maximum(from - before, 0), steps), minimum(maximum(to - before, 0), steps)};
-  };
-  const Tile none = zeros({}, DType::I32);
-  auto beforeList = [&](bool partial, const Tile& fullSteps, const Tile& partialSteps) {
-    return partial == (k.partialFirst != 0) ? none : k.partialFirst ? partialSteps : fullSteps;
-  };
+  Tile rowSteps = fullSteps + partialSteps;
+  Tile share = (rowSteps + splits - 1) / splits;
+  Tile first = minimum(split * share, rowSteps);
+  Tile last = minimum(first + share, rowSteps);
 
-  // A program's first K/V copy waits for its list row's counts (which place its run), then for the
-  // run's first block index: two dependent global reads before the first byte of K or V is asked
-  // for. guessEntries reads the index first too: the host's guess of the counts (the first (b, h)
-  // row's, -1 when it has no host lists) places a guessed run, and the entry that run starts at is
-  // loaded at once, beside the counts. A step whose entry is that one takes the loaded value; any
-  // other loads its own as before. So a wrong guess costs only the read it failed to save, and the
-  // result never depends on it.
-  auto guessedEntry = [&](bool partial) {
-    Tile known = (p.guess_full >= 0) & (p.guess_partial >= 0);
-    Tile gFull = maximum(p.guess_full, 0), gPartial = maximum(p.guess_partial, 0);
-    Tile gFullSteps = gFull * R, gPartialSteps = gPartial * R;
-    auto [gFirst, gLast] = runOf(gFullSteps, gPartialSteps);
-    auto [from, to] = listRun(gFirst, gLast, beforeList(partial, gFullSteps, gPartialSteps),
-                              partial ? gPartialSteps : gFullSteps);
-    Tile entry = where(known & (from < to), from / R, -1);
-    Tile indices = partial ? p.kv_indices : p.full_kv_indices;
-    Tile read = (entry >= 0) & (entry < p.list_kv_blocks);
-    return std::pair{entry, load(indices + (listRow * p.list_kv_blocks + maximum(entry, 0)), read, 0)};
-  };
-
-  // Steps [begin, end) of one list of `count` entries; `guess` is one of its entries, read ahead.
-  auto walk = [&](const Tile& count, const Tile& indices, bool partial, const Tile& begin, const Tile& end,
-                  const std::optional<std::pair<Tile, Tile>>& guess, Tile m, Tile l, Tile acc) {
+  // Steps [begin, end) of one list of `count` entries.
+  auto walk = [&](const Tile& count, const Tile& indices, bool partial, const Tile& begin, const Tile& end, Tile m,
+                  Tile l, Tile acc) {
     Tile listBase = listRow * p.list_kv_blocks;
     auto stepStart = [&](const Tile& t) {  // the logical position of step t's first key
       Tile entry = t / R;
-      Tile block;
-      if (guess) {
-        Tile guessed = entry == guess->first;
-        Tile read = load(indices + (listBase + entry), (entry < count) & (entry != guess->first), 0);
-        block = where(guessed & (entry < count), guess->second, read);
-      } else {
-        block = load(indices + (listBase + entry), entry < count, 0);
-      }
+      Tile block = load(indices + (listBase + entry), entry < count, 0);
       return block * k.KVBS + (t % R) * k.BN;
     };
     // A partial block of the mask row may hold no allowed pair for this call's few queries (a
@@ -445,18 +406,17 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile l = zeros({k.BM}, DType::F32);
   Tile acc = zeros({k.BM, k.DP}, DType::F32);
   // The steps [first, last) of the run that fall in one list, laid `before` steps into the row.
-  // The guessed entries are read before either walk: the second list's first copy waits for it too.
-  std::optional<std::pair<Tile, Tile>> guesses[2];
-  for (bool partial : {k.partialFirst != 0, k.partialFirst == 0})
-    if (k.guessEntries && (partial ? k.hasPartial : k.hasFull)) guesses[partial] = guessedEntry(partial);
-  auto walkList = [&](bool partial) {
+  auto walkList = [&](bool partial, const Tile& before) {
     if (!(partial ? k.hasPartial : k.hasFull)) return;
-    auto [from, to] = listRun(first, last, beforeList(partial, fullSteps, partialSteps), partial ? partialSteps : fullSteps);
+    const Tile& steps = partial ? partialSteps : fullSteps;
+    Tile from = minimum(maximum(first - before, 0), steps), to = minimum(maximum(last - before, 0), steps);
     std::tie(m, l, acc) = walk(partial ? partialCount : fullCount, partial ? p.kv_indices : p.full_kv_indices, partial,
-                               from, to, guesses[partial], m, l, acc);
+                               from, to, m, l, acc);
   };
-  walkList(k.partialFirst != 0);
-  walkList(k.partialFirst == 0);
+  const Tile none = zeros({}, DType::I32);
+  walkList(k.partialFirst != 0, none);
+  walkList(k.partialFirst == 0, k.partialFirst ? partialSteps : fullSteps);
+
   if (k.timeline) stamps[kTimelineWalked] = global_timer();
   auto storeTimeline = [&] {
     if (!k.timeline) return;
@@ -552,10 +512,6 @@ struct DecodeLists {
   int64_t bStride = 0, hStride = 0, row = 0, numKvBlocks = 1;
   int64_t maxLiveBlocks = 0;  // of any (b, h) row, full + partial
   bool anyFull = false, anyPartial = false;
-  // A guess of every row's full and partial counts, from which the kernel reads its first list
-  // entries ahead (guessEntries in traceDecode): the first (b, h) row's; -1 where the host has no
-  // lists to guess from. Only speed depends on it.
-  int64_t guessFull = -1, guessPartial = -1;
 };
 
 // The mask row that holds the queries [start, start + count) (global), or -1 when they straddle two.
@@ -586,7 +542,6 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, 
       lists.maxLiveBlocks = std::max(lists.maxLiveBlocks, nf + np);
       lists.anyFull |= nf > 0;
       lists.anyPartial |= np > 0;
-      if (b == 0 && h == 0) lists.guessFull = nf, lists.guessPartial = np;
     }
   return lists;
 }
@@ -595,7 +550,6 @@ DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, 
 // host bounds are those of the whole mask.
 DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space, runtime::Stream* stream) {
   DecodeLists lists = maskRowLists(mask, 0, space, stream);
-  lists.guessFull = lists.guessPartial = -1;  // row 0's counts say nothing of the rows found on the device
   if (!mask.hasHostLists()) return lists;
   lists.maxLiveBlocks = 0;
   for (int64_t b = 0; b < mask.batch(); ++b)
@@ -886,8 +840,6 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          cluster,
                          cluster > 0 && p.config.splits > cluster,
                          p.warpSpecialized,
-                         // The first list entries read ahead: measured before it is a default.
-                         detail::forcedBySwitch("FLEXTILE_DECODE_GUESS_ENTRIES").value_or(false),
                          p.timeline.has_value()};
 }
 
@@ -960,7 +912,6 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
             .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale,
-            .guess_full = lists.guessFull, .guess_partial = lists.guessPartial,
             .timeline = p.timeline ? *p.timeline : anyF32},  // written only with a timeline
            kernel.name())});
   if (p.paged) {

@@ -140,7 +140,7 @@ std::string readCodegenSwitches() {
   for (const char* name : {"FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_WARP_SPECIALIZE",
                            "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_FOLD_SCALES", "FLEXTILE_REGROUP_SUMS", "FLEXTILE_PREFETCH_LOADS",
                            "FLEXTILE_HOIST_BARRIER_INITS", "FLEXTILE_TMA_IN_STAGING_LOOPS", "FLEXTILE_FOLD_INVARIANT_TERMS",
-                           "FLEXTILE_STAGE_AT_FIRST_USE", "FLEXTILE_SHARE_RINGS", "FLEXTILE_EXP2_FTZ", "FLEXTILE_MBARRIER_INIT_FENCE"})
+                           "FLEXTILE_STAGE_AT_FIRST_USE", "FLEXTILE_SHARE_RINGS", "FLEXTILE_EXP2_FTZ"})
     if (const char* e = std::getenv(name); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
       out += std::string("; ") + name + "=" + e;
   if (const std::string tree = reduceTreeSetting(); tree != "sum") out += "; FLEXTILE_REDUCE_TREE=" + tree;

@@ -37,9 +37,6 @@
 //   mbarrier_wait       a loop on mbarrier.try_wait.parity (sm_90: the thread
 //                       may sleep until the phase completes or a time limit)
 //                       or test_wait.parity (sm_80 to sm_89) until it holds
-#include <cstdlib>
-#include <string_view>
-
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -57,17 +54,6 @@ using ir::DType;
 using ir::Layout;
 
 namespace {
-// FLEXTILE_MBARRIER_INIT_FENCE=1 adds fence.mbarrier_init after the inits (below). Off: the fence
-// makes inits visible across a thread block cluster, which no FlexTile ring is shared with; within
-// a program the barrier after the inits orders them (PTX memory model), and ptxas lays some
-// kernels out worse around the fence (ALiBi's overlapped forward spills 44 bytes, not 28). Kept to
-// settle whether racecheck's reports on rings re-initialized mid-kernel are about it (docs/
-// reliability.md).
-bool mbarrierInitFence() {
-  const char* e = std::getenv("FLEXTILE_MBARRIER_INIT_FENCE");
-  return e && std::string_view(e) == "1";
-}
-
 // The local_alloc that made buffer operand `i`.
 const ir::Op& allocOf(const ir::Op& op, size_t i = 0) {
   const ir::Op* alloc = op.operand(i)->definingOp();
@@ -129,10 +115,6 @@ void Lowering::lowerAsyncOp(const ir::Op& op) {
           else
             asmStatement("mbarrier.inval.shared.b64 [$0];", "r,~{memory}", {addr});
         }
-        // Opt-in (mbarrierInitFence): the initializing thread releases its inits to the cluster.
-        if (op.kind() == ir::OpKind::MbarrierInit && target.has(Feature::TensorMemoryAccelerator) &&
-            mbarrierInitFence())
-          asmStatement("fence.mbarrier_init.release.cluster;");
       });
       return;
     }

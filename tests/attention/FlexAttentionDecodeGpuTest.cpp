@@ -134,28 +134,6 @@ TEST(FlexDecodeGpu, TimelinesRecordEveryProgramsPhasesInOrder) {
   checkDecodeTimeline(rng, kDevice);
 }
 
-// FLEXTILE_DECODE_GUESS_ENTRIES=1 on the GPU: the first list entries read ahead from the host's
-// guess, right for some groups and wrong for others (the per-head windows of the second case),
-// over split counts that move every run's start.
-TEST(FlexDecodeGpu, ListEntriesReadAheadCallAfterCall) {
-  FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
-  ScopedSetenv guess("FLEXTILE_DECODE_GUESS_ENTRIES", "1");
-  const std::vector<FusedMergeCase> cases = {
-      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
-       .splits = {6, 8, 2, 48, 33, 1}},
-      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
-       .blocks = {128, 128}, .blockN = 64, .splits = {3, 16, 5, 7}},
-  };
-  for (const FusedMergeCase& c : cases)
-    if (!checkFusedMergeCalls(rng, c, kDevice)) return;
-  AttentionCase c{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128, .dtype = DType::BF16, .context = "read ahead"};
-  for (const char* name : {"sliding_window", "document", "causal"})
-    if (!checkDecodeVariant(rng, variant(name), c, kDevice, {.splits = {6, 1}, .blocks = {128, 128},
-                                                             .prefillConfig = {64, 64, 4, 2}}))
-      return;
-}
-
 TEST(FlexDecodeGpu, ClusterMergeCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;

@@ -74,36 +74,6 @@ TEST(FlexDecode, PerHeadMasksWalkEachHeadsOwnList) {
   EXPECT_EQ(plan_flex_decode(q1, k1, k1, noop_score(), mask, {.query_offset = 10}).headsPerProgram, 1);
 }
 
-// FLEXTILE_DECODE_GUESS_ENTRIES=1: each program reads the list entry its run would start at if
-// every row had the first (b, h) row's counts, beside the counts themselves. Per-head windows give
-// every head other counts than head 0, so most programs' guesses are wrong (a step then reads its
-// own entry) and head 0's are right: both must give the reference, at split counts that move the
-// runs' starts across both lists.
-TEST(FlexDecode, ListEntriesReadAheadFromAWrongGuessStillGiveTheReference) {
-  ScopedSetenv guess("FLEXTILE_DECODE_GUESS_ENTRIES", "1");
-  SeededRandom rng;
-  const std::vector<int64_t> windows = {130, 20, 45, 300};
-  const int64_t S = 333;
-  BlockMask mask = slidingWindowBlockMask(1, 4, S + 3, S, windows, kBlocks, kHost);
-  Tensor k = randomTensor(rng, DType::BF16, {2, 2, S, 64}, kHost), v = randomTensor(rng, DType::BF16, {2, 2, S, 64}, kHost);
-  for (int64_t L : {1, 3})
-    for (int64_t pos : {S - L, int64_t(200)}) {
-      Tensor q = randomTensor(rng, DType::BF16, {2, 4, L, 64}, kHost);
-      const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow(windows), 0.125, pos);
-      for (int64_t splits : {1, 2, 4, 7}) {
-        SCOPED_TRACE("L " + std::to_string(L) + " at " + std::to_string(pos) + ", splits " + std::to_string(splits));
-        Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {2, 4, L}, kHost);
-        poison(out);
-        poison(lse);
-        flex_attention_into(q, k, v, noop_score(), mask, out, &lse,
-                            {.kernel = AttentionTemplate::Decode,
-                             .decode_config = FlexDecodeConfig{32, 4, 2, splits},
-                             .query_offset = pos});
-        if (!compareWithReference(out, lse, ref, 64, DType::BF16)) return;
-      }
-    }
-}
-
 // FlexAttentionOptions::decode_timeline (checkDecodeTimeline) through the interpreter.
 TEST(FlexDecode, TimelinesRecordEveryProgramsPhasesInOrder) {
   SeededRandom rng;
@@ -218,14 +188,11 @@ TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
 
 // A run of steps may hold partial and full steps: the template walks the partial list's first
 // (FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's). Both orders against the reference, with runs
-// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN);
-// with the first list entries read ahead (FLEXTILE_DECODE_GUESS_ENTRIES) and without.
+// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN).
 TEST(FlexDecode, EitherOrderOfTheListsGivesTheReference) {
-  for (const char* partialFirst : {"1", "0"})
-  for (const char* guess : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst + ", FLEXTILE_DECODE_GUESS_ENTRIES=" + guess);
+  for (const char* partialFirst : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst);
     ScopedSetenv order("FLEXTILE_DECODE_PARTIAL_FIRST", partialFirst);
-    ScopedSetenv readAhead("FLEXTILE_DECODE_GUESS_ENTRIES", guess);
     SeededRandom rng;
     const FusedMergeCase window{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 611, .D = 64, .window = 200,
                                 .splits = {2, 3, 5, 9}};

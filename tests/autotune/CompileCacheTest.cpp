@@ -144,7 +144,7 @@ TEST(CompileCache, KeyNamesTheCompilerAndTarget) {
 TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   for (const char* name : {"FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_RING_BARRIERS",
                            "FLEXTILE_WARP_SPECIALIZE", "FLEXTILE_HOIST_INVARIANT_LOADS", "FLEXTILE_STAGE_AT_FIRST_USE",
-                           "FLEXTILE_SHARE_RINGS", "FLEXTILE_EXP2_FTZ", "FLEXTILE_MBARRIER_INIT_FENCE"}) {
+                           "FLEXTILE_SHARE_RINGS", "FLEXTILE_EXP2_FTZ"}) {
     SCOPED_TRACE(name);
     const char* old = std::getenv(name);
     const std::string keep = old ? old : "";
