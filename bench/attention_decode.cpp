@@ -150,6 +150,19 @@ void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, co
       std::printf("  %s %.2f / %.2f", phases[e], at[at.size() / 2], at.back());
     }
     std::printf("\n");
+    // Which runs of the row end last: each split's walk end, median / last over its programs.
+    const int64_t splits = plan.config.splits;
+    if (call == 2 && splits > 1 && splits <= 16) {
+      std::printf("%-18s walk end by split (median / last):", name.c_str());
+      for (int64_t s = 0; s < splits; ++s) {
+        std::vector<double> at;
+        for (int64_t p = s; p < programs; p += splits)
+          at.push_back(double(t[size_t(p * kTimelineSlots + kTimelineWalked)] - zero) / 1e3);
+        std::sort(at.begin(), at.end());
+        std::printf("  s%lld %.2f / %.2f", static_cast<long long>(s), at[at.size() / 2], at.back());
+      }
+      std::printf("\n");
+    }
   }
 }
 
