@@ -168,7 +168,7 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline));
+                           (int64_t, timeline), (int64_t, acqRelTicket));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -439,13 +439,16 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile slot = rowId.to(DType::I64) * count + index;
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
-    fence();  // release the partials
+    // acqRelTicket (FLEXTILE_DECODE_ACQREL_TICKET=1): the ticket itself releases the partials and
+    // acquires the others' (one thread's atom.acq_rel after a barrier of the program, as CUDA's
+    // grid sync does) instead of a fence of every thread on each side.
+    if (!k.acqRelTicket) fence();  // release the partials
     if (k.timeline) stamps[kTimelineReleased] = global_timer();
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = atomic_add(counter, 1);
+    Tile ticket = k.acqRelTicket ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
     Tile merging = (ticket == count - 1).to(DType::I32);
     auto merge = [&] {
-      fence();  // acquire: the other programs' partials are visible from here on
+      if (!k.acqRelTicket) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added
@@ -840,7 +843,9 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          cluster,
                          cluster > 0 && p.config.splits > cluster,
                          p.warpSpecialized,
-                         p.timeline.has_value()};
+                         p.timeline.has_value(),
+                         // The ticket as the merge's release and acquire: opt-in until timed.
+                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(false)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

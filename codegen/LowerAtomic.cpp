@@ -191,14 +191,30 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
 
   const auto rmw = ir::isFloat(t) ? llvm::AtomicRMWInst::FAdd : llvm::AtomicRMWInst::Add;
   const llvm::SyncScope::ID device = ctx.getOrInsertSyncScopeID("device");
+  // {order = "acq_rel"}: the program's ticket. A barrier first, so that every thread's earlier
+  // accesses precede the adding thread's release (the barrier orders them within the program, and
+  // release is cumulative); after the add, the old value's way to the other threads (shared
+  // memory and a barrier, or a barrier alone) carries the adder's acquire to them.
+  const bool acqRel = op.hasAttr("order") && op.strAttr("order") == "acq_rel";
+  if (acqRel && l) fail(op, "order = \"acq_rel\" takes a scalar address (the program's one ticket)");
+  if (acqRel) barrier();
+  const llvm::AtomicOrdering ordering = acqRel ? llvm::AtomicOrdering::AcquireRelease : llvm::AtomicOrdering::Monotonic;
   llvm::Type* ty = llvmType(t);
   Regs old(n);
   for (size_t r = 0; r < n; ++r) {
     llvm::Value* pred = owner;
     if (mask) pred = pred ? b.CreateAnd(pred, (*mask)[r]) : (*mask)[r];
-    auto add = [&] {
-      return b.CreateAtomicRMW(rmw, ptrs[r], vals[r], llvm::MaybeAlign(ir::byteWidth(t)),
-                               llvm::AtomicOrdering::Monotonic, device);
+    auto add = [&]() -> llvm::Value* {
+      if (acqRel) {
+        // By hand: LLVM's NVPTX backend prints an acq_rel atomicrmw as a plain (relaxed) atom.
+        const char* type = t == DType::F32 ? "f32" : t == DType::I32 ? "u32" : "u64";
+        const char* reg = t == DType::F32 ? "f" : t == DType::I32 ? "r" : "l";
+        auto* fnTy = llvm::FunctionType::get(ty, {ptrs[r]->getType(), ty}, false);
+        auto* asmFn = llvm::InlineAsm::get(fnTy, std::string("atom.acq_rel.gpu.global.add.") + type + " $0, [$1], $2;",
+                                           std::string("=") + reg + ",l," + reg + ",~{memory}", /*hasSideEffects=*/true);
+        return b.CreateCall(fnTy, asmFn, {ptrs[r], vals[r]});
+      }
+      return b.CreateAtomicRMW(rmw, ptrs[r], vals[r], llvm::MaybeAlign(ir::byteWidth(t)), ordering, device);
     };
     if (!pred) {
       old[r] = add();
@@ -231,6 +247,8 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
       barrier();
       old = {loadShared(sharedAddress(offset, i32(0), t), t)};
     }
+  } else if (acqRel) {
+    barrier();
   }
   set(res, std::move(old));
 }

@@ -298,8 +298,12 @@ void storeImpl(const Operand& ptr, const Operand& value, const Operand* mask, co
   builderAt(loc, "store").store(p.value(), v.value(), m);
 }
 
-Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc) {
+Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc,
+                   bool acqRel = false) {
   Tile p = pointerOperand(ptr, loc, "atomic_add");
+  if (acqRel && !p.type().isScalar())
+    traceError(loc, "atomic_add", "MemoryOrder::AcqRel takes the program's one ticket, a scalar pointer, not " +
+                                      p.type().str());
   const DType t = p.type().pointee();
   if (t != DType::F32 && t != DType::I32 && t != DType::I64)
     traceError(loc, "atomic_add", "adds f32, i32 or i64 atomically, but the pointer is " + p.type().str());
@@ -315,12 +319,16 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
     traceError(loc, "atomic_add", "cannot add " + describe(value) + " to the integers of " + p.type().str());
   }
   Tile v = broadcastTile(asTile(value, t, loc), p.shape(), loc, "atomic_add");
+  if (acqRel) return Tile(builderAt(loc, "atomic_add").atomicAddAcqRel(p.value(), v.value()));
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "atomic_add").value() : nullptr;
   return Tile(builderAt(loc, "atomic_add").atomicAdd(p.value(), v.value(), m));
 }
 }  // namespace
 
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
+Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc) {
+  return atomicAddImpl(ptr, value, nullptr, loc, order == MemoryOrder::AcqRel);
+}
 void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
 Tile global_timer(SourceLoc loc) { return Tile(builderAt(loc, "global_timer").globalTimer()); }

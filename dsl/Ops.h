@@ -82,6 +82,12 @@ Tile load(Operand ptr, const TensorBox& box, SourceLoc loc = SourceLoc::current(
 // may differ in their last bits from run to run, integer sums never.
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current());
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
+// A program's one ticket that also releases everything the program did before it and acquires
+// for everything after (AcqRel; a scalar pointer): the pattern "write partials, fence, take a
+// ticket; the last holder fences, then reads" with the two fences folded into the add, which one
+// thread issues after a barrier of the program (ir/Ops.def atomic_add {order = "acq_rel"}).
+enum class MemoryOrder { Relaxed, AcqRel };
+Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc = SourceLoc::current());
 // An acq_rel memory fence at GPU scope for the whole program: every load and store of the
 // program before it (all of its threads') is ordered before every one after it, for any other
 // program that synchronizes with this one through an atomic_add (ir/Ops.def). The pattern it

@@ -107,6 +107,11 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
   return create1(OpKind::AtomicAdd, ops, Type(ptr->type().pointee(), ptr->type().shape()));
 }
 
+Value* Builder::atomicAddAcqRel(Value* ptr, Value* value) {
+  return create1(OpKind::AtomicAdd, {ptr, value}, Type(ptr->type().pointee(), ptr->type().shape()),
+                 {{"order", std::string("acq_rel")}});
+}
+
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 Value* Builder::globalTimer() { return create1(OpKind::GlobalTimer, {}, Type(DType::I64)); }

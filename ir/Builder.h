@@ -53,6 +53,8 @@ class Builder {
   void store(Value* ptr, Value* value, Value* mask = nullptr);
   // *ptr += value where mask, atomically; gives the old values.
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
+  // The same with {order = "acq_rel"} (a scalar ticket that releases and acquires; ir/Ops.def).
+  Value* atomicAddAcqRel(Value* ptr, Value* value);
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)

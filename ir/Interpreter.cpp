@@ -616,7 +616,14 @@ class Program {
       }
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
-      case OpKind::AtomicAdd: return set(op.result(), atomicAdd(op, rt, n));
+      case OpKind::AtomicAdd: {
+        // {order = "acq_rel"}: the program (one host thread here) releases before and acquires after.
+        const bool acqRel = op.hasAttr("order") && op.strAttr("order") == "acq_rel";
+        if (acqRel) std::atomic_thread_fence(std::memory_order_acq_rel);
+        DataRef old = atomicAdd(op, rt, n);
+        if (acqRel) std::atomic_thread_fence(std::memory_order_acq_rel);
+        return set(op.result(), std::move(old));
+      }
       case OpKind::Fence:  // run above: it has neither operands nor results
       case OpKind::GridDependency:
       case OpKind::ClusterAllGather:

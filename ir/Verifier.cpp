@@ -664,6 +664,9 @@ class Verifier {
     }
     const Type& r = op.result()->type();
     if (!r.sameShapeAndElement(value)) err(op, "result (the old values) must be " + value.str() + ", got " + r.str());
+    if (op.hasAttr("order") && strAttrIn(op, "order", {"relaxed", "acq_rel"}) && op.strAttr("order") == "acq_rel" &&
+        !p.isScalar())
+      err(op, "order = \"acq_rel\" is a program's one ticket: it takes a scalar address, not " + p.str());
     if (op.hasAttr("bulk_rows")) {
       // Whole rows through the bulk-copy engine (codegen/passes/BulkReduce.cpp), which returns no old values.
       if (!intAttrIn(op, "bulk_rows", 0, 1)) return;

@@ -101,6 +101,24 @@ TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
       if (!checkFusedMergeCalls(rng, c, kDevice)) return;
 }
 
+// The same calls with the ticket as the merge's release and acquire (FLEXTILE_DECODE_ACQREL_TICKET=1:
+// one thread's atom.acq_rel after a barrier, no fences): a partial read before its writer's stores
+// are visible would show as a wrong row.
+TEST(FlexDecodeGpu, AcqRelTicketCallAfterCall) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", "1");
+  const std::vector<FusedMergeCase> cases = {
+      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
+       .splits = {6, 64, 7, 128, 33, 2}},
+      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
+       .blocks = {128, 128}, .blockN = 64, .splits = {16, 3, 40, 3}},
+  };
+  for (int round = 0; round < 3; ++round)
+    for (const FusedMergeCase& c : cases)
+      if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+}
+
 // The same calls with programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH=1): each decode
 // kernel may start while the previous one finishes, waits before its first global access (the
 // merge counters the previous call's last program resets, the partials it reads), and releases

@@ -175,15 +175,20 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
 // to call on one scratch (the counters must be back at 0 after every call), fully masked rows
 // beside live ones, GQA 4:1 and MQA, L > 1, empty splits, and 128 rows a program (4 merge rounds).
 TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
-  SeededRandom rng;
-  const std::vector<FusedMergeCase> cases = {
-      {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
-      {.B = 3, .Hq = 4, .Hkv = 1, .L = 1, .S = 257, .D = 32, .dtype = DType::F16, .window = 90, .splits = {3, 9, 2, 9}},
-      {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 70, .D = 32, .dtype = DType::F32, .blindOddQueries = true,
-       .splits = {4, 11, 2}},
-  };
-  for (const FusedMergeCase& c : cases)
-    if (!checkFusedMergeCalls(rng, c, kHost)) return;
+  for (const char* acqRel : {"0", "1"}) {
+    // FLEXTILE_DECODE_ACQREL_TICKET=1: the ticket releases and acquires itself (no fences).
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
+    ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
+    SeededRandom rng;
+    const std::vector<FusedMergeCase> cases = {
+        {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
+        {.B = 3, .Hq = 4, .Hkv = 1, .L = 1, .S = 257, .D = 32, .dtype = DType::F16, .window = 90, .splits = {3, 9, 2, 9}},
+        {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 70, .D = 32, .dtype = DType::F32, .blindOddQueries = true,
+         .splits = {4, 11, 2}},
+    };
+    for (const FusedMergeCase& c : cases)
+      if (!checkFusedMergeCalls(rng, c, kHost)) return;
+  }
 }
 
 // A run of steps may hold partial and full steps: the template walks the partial list's first

@@ -306,6 +306,19 @@ TEST(DslAtomic, MistakesNameTheOpTypesAndLine) {
   EXPECT_NE(msg.find("atomic_add: cannot add number 0.500000 to the integers of ptr<i32>"), std::string::npos) << msg;
   msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { atomic_add(arange(0, 16), 1.0); }).trace(); });
   EXPECT_NE(msg.find("atomic_add: expects a pointer"), std::string::npos) << msg;
+  msg = errorOf([] {
+    kernel("bad", [](Ptr<i32> p) { atomic_add(p + arange(0, 16), 1, MemoryOrder::AcqRel); }).trace();
+  });
+  EXPECT_NE(msg.find("atomic_add: MemoryOrder::AcqRel takes the program's one ticket, a scalar pointer, not ptr<i32>[16]"),
+            std::string::npos)
+      << msg;
+  // The scalar ticket traces to one op carrying the order.
+  auto f = kernel("ticket", [](Ptr<i32> p) { atomic_add(p, 1, MemoryOrder::AcqRel); }).trace();
+  int tickets = 0;
+  f->walk([&](const ir::Op& op) {
+    tickets += op.kind() == ir::OpKind::AtomicAdd && op.hasAttr("order") && op.strAttr("order") == "acq_rel";
+  });
+  EXPECT_EQ(tickets, 1);
 }
 
 TEST(DslAtomic, InterpretedKernelsCountExactly) {
