@@ -27,10 +27,11 @@
 //                 splats and loop-invariant values to f32 term by term.
 //   dce           erases ops whose results are unused and that have no effect:
 //                 pure ops, loads, and for loops whose bodies have no stores.
-//   canonical-order  places each block's pure ops just before the first op with effects that
-//                 needs them, operands first in operand order, so the order no longer depends on
-//                 the order a C++ compiler evaluated a template's operands in; erases the pure ops
-//                 nothing needs (ir/passes/CanonicalOrder.cpp). Ops with effects keep their order.
+//   canonical-order  places each block's pure ops and loads just before the first op with
+//                 effects, product or reduction that needs them, operands first in operand order
+//                 (loads never past an op with effects), so the order no longer depends on the
+//                 order a C++ compiler evaluated a template's operands in; erases what nothing
+//                 needs (ir/passes/CanonicalOrder.cpp). The others keep their order.
 #pragma once
 
 #include <optional>

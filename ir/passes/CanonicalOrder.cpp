@@ -1,5 +1,5 @@
-// canonical-order: places each block's pure ops by the use-def graph instead of the order they
-// were traced in.
+// canonical-order: places each block's pure ops and loads by the use-def graph instead of the
+// order they were traced in.
 //
 // Why: C++ leaves the order in which a call's arguments, or the two operands of an overloaded
 // operator, are evaluated unspecified. A template's `a + b`, with both operands tracing ops, is
@@ -8,8 +8,8 @@
 // one build, 56 under the other): the sanitizer build tested other kernels than users ran.
 //
 // What stays: every op with effects (stores, atomics, fences, loops, barriers, the clock; the
-// terminator) and every tensor-core product (a template's issue order is its schedule) keeps its
-// place relative to the others — the anchors. What moves: each pure op and
+// terminator), every tensor-core product and every reduction (a template's order of those is its
+// schedule) keeps its place relative to the others — the anchors. What moves: each pure op and
 // each load is placed just before the first anchor that needs it, directly or through other such
 // ops, after its own operands, visited in operand order (a loop needs what its body uses from the
 // block). A load may not pass an anchor (a store might change what it reads): the loads traced
@@ -28,9 +28,10 @@ namespace flextile::ir {
 
 namespace {
 
-// The ops that keep their order: everything but pure ops and loads, and the products — a
-// template issues its tensor-core products in the order it means them to run (two independent
-// products back to back, one overlapped with the softmax), and the later passes keep that order.
+// The ops that keep their order: everything but pure ops and loads, and the products and
+// reductions — a template issues them in the order it means them to run (two independent products
+// back to back, one overlapped with the softmax, a row sum before or after P·V), and the later
+// passes keep that order.
 bool isAnchor(const Op& op) {
   return (!op.hasTrait(kPure) && op.kind() != OpKind::Load) || op.kind() == OpKind::Dot || op.kind() == OpKind::Reduce;
 }
