@@ -150,7 +150,7 @@ std::string readCodegenSwitches() {
 }
 }  // namespace
 
-std::string codegenSwitches() {
+const std::string& codegenSwitches() {
   // Asked on every launch: two dozen getenv scans of the whole environment cost half a
   // microsecond there. Every switch is a FLEXTILE_ variable, so the answer is kept per thread and
   // formed again only when the FLEXTILE_ part of the environment changed (a test's setenv).

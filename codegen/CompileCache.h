@@ -48,8 +48,8 @@ std::string compilerVersion();
 // The environment switches that change the generated code and are read on
 // every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0) as text, "" at
 // their defaults: part of compilerVersion(), and of the in-memory caches'
-// keys (dsl::Kernel).
-std::string codegenSwitches();
+// keys (dsl::Kernel). The reference stays valid until this thread calls again.
+const std::string& codegenSwitches();
 
 // The user's FlexTile cache folder (see above); nullopt when neither variable
 // nor HOME is set.

@@ -273,7 +273,7 @@ Kernel::Compiled& Kernel::compiled(const LaunchOptions& options, const std::vect
   // a new specialization is compiled.
   // The wgmma switches change the code of one specialization (tests and
   // benchmarks compare both within a process).
-  const std::string settings = codegen::codegenSwitches();
+  const std::string& settings = codegen::codegenSwitches();
   std::string launchKey = constants;
   launchKey.reserve(launchKey.size() + 64 + settings.size() + 4 * div.size());
   launchKey += '|';

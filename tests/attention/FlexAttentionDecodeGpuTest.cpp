@@ -84,39 +84,37 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
 // count changing from call to call on one scratch, so a ticket counter not reset to 0 by the last
 // program of its group, or a merge that read another program's partials before they were visible,
 // shows as a wrong or poisoned output; fully masked rows beside live ones, GQA 4:1 and 8:1, L > 1,
-// 128 rows a program, KV lengths off the block.
+// 128 rows a program, KV lengths off the block; the window decode's shape (4096, 6 splits). Both
+// ways of ordering the merge: fences around the ticket, and the ticket as its own release and
+// acquire (FLEXTILE_DECODE_ACQREL_TICKET=1: one thread's atom.acq_rel after a barrier).
 TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const std::vector<FusedMergeCase> cases = {
       {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .blocks = {128, 128}, .blockN = 64,
        .splits = {64, 7, 128, 7, 33, 2}},
+      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
+       .splits = {6, 64, 7, 128, 33, 2}},
       {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {16, 3, 40, 3}},
       {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {20, 9, 47}},
   };
-  for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
-    for (const FusedMergeCase& c : cases)
-      if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+  for (const char* acqRel : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
+    ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
+    for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
+      for (const FusedMergeCase& c : cases)
+        if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+  }
 }
 
-// The same calls with the ticket as the merge's release and acquire (FLEXTILE_DECODE_ACQREL_TICKET=1:
-// one thread's atom.acq_rel after a barrier, no fences): a partial read before its writer's stores
-// are visible would show as a wrong row.
-TEST(FlexDecodeGpu, AcqRelTicketCallAfterCall) {
+// FlexAttentionOptions::decode_timeline on the GPU: %globaltimer at every program's phases, in
+// order, one merger per group (checkDecodeTimeline).
+TEST(FlexDecodeGpu, TimelinesRecordEveryProgramsPhasesInOrder) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", "1");
-  const std::vector<FusedMergeCase> cases = {
-      {.B = 3, .Hq = 32, .Hkv = 8, .L = 1, .S = 5000, .D = 128, .window = 4096, .blocks = {128, 128}, .blockN = 64,
-       .splits = {6, 64, 7, 128, 33, 2}},
-      {.B = 2, .Hq = 32, .Hkv = 8, .L = 4, .S = 4097, .D = 128, .window = 1000, .blindOddQueries = true,
-       .blocks = {128, 128}, .blockN = 64, .splits = {16, 3, 40, 3}},
-  };
-  for (int round = 0; round < 3; ++round)
-    for (const FusedMergeCase& c : cases)
-      if (!checkFusedMergeCalls(rng, c, kDevice)) return;
+  checkDecodeTimeline(rng, kDevice);
 }
 
 // The same calls with programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH=1): each decode
@@ -144,14 +142,6 @@ TEST(FlexDecodeGpu, FusedMergeCallAfterCallWithProgrammaticLaunch) {
 // count moves across 8 from call to call, so a cluster that read a rank's partial before it was
 // written, or a merge that mixed the two paths' scratch, shows. The window decode's shape among
 // them (GQA 4:1, D = 128, 128-key blocks), fully masked rows, L > 1, and with programmatic launch.
-// FlexAttentionOptions::decode_timeline on the GPU: %globaltimer at every program's phases, in
-// order, one merger per group (checkDecodeTimeline).
-TEST(FlexDecodeGpu, TimelinesRecordEveryProgramsPhasesInOrder) {
-  FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
-  checkDecodeTimeline(rng, kDevice);
-}
-
 TEST(FlexDecodeGpu, ClusterMergeCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
