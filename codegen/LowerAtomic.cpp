@@ -198,7 +198,6 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
   const bool acqRel = op.hasAttr("order") && op.strAttr("order") == "acq_rel";
   if (acqRel && l) fail(op, "order = \"acq_rel\" takes a scalar address (the program's one ticket)");
   if (acqRel) barrier();
-  const llvm::AtomicOrdering ordering = acqRel ? llvm::AtomicOrdering::AcquireRelease : llvm::AtomicOrdering::Monotonic;
   llvm::Type* ty = llvmType(t);
   Regs old(n);
   for (size_t r = 0; r < n; ++r) {
@@ -209,12 +208,11 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
         // By hand: LLVM's NVPTX backend prints an acq_rel atomicrmw as a plain (relaxed) atom.
         const char* type = t == DType::F32 ? "f32" : t == DType::I32 ? "u32" : "u64";
         const char* reg = t == DType::F32 ? "f" : t == DType::I32 ? "r" : "l";
-        auto* fnTy = llvm::FunctionType::get(ty, {ptrs[r]->getType(), ty}, false);
-        auto* asmFn = llvm::InlineAsm::get(fnTy, std::string("atom.acq_rel.gpu.global.add.") + type + " $0, [$1], $2;",
-                                           std::string("=") + reg + ",l," + reg + ",~{memory}", /*hasSideEffects=*/true);
-        return b.CreateCall(fnTy, asmFn, {ptrs[r], vals[r]});
+        return asmValue(ty, std::string("atom.acq_rel.gpu.global.add.") + type + " $0, [$1], $2;",
+                        std::string("=") + reg + ",l," + reg + ",~{memory}", {ptrs[r], vals[r]});
       }
-      return b.CreateAtomicRMW(rmw, ptrs[r], vals[r], llvm::MaybeAlign(ir::byteWidth(t)), ordering, device);
+      return b.CreateAtomicRMW(rmw, ptrs[r], vals[r], llvm::MaybeAlign(ir::byteWidth(t)),
+                               llvm::AtomicOrdering::Monotonic, device);
     };
     if (!pred) {
       old[r] = add();

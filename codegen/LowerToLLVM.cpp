@@ -126,6 +126,14 @@ void Lowering::asmStatement(const std::string& text, const std::string& constrai
   b.CreateCall(ty, llvm::InlineAsm::get(ty, text, constraints, /*hasSideEffects=*/true), args);
 }
 
+llvm::Value* Lowering::asmValue(llvm::Type* result, const std::string& text, const std::string& constraints,
+                                const std::vector<llvm::Value*>& args) {
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* a : args) types.push_back(a->getType());
+  auto* ty = llvm::FunctionType::get(result, types, false);
+  return b.CreateCall(ty, llvm::InlineAsm::get(ty, text, constraints, /*hasSideEffects=*/true), args);
+}
+
 llvm::Value* Lowering::flatIndex(const ir::Shape& shape, const std::vector<llvm::Value*>& coord) {
   llvm::Value* idx = i32(0);
   for (size_t d = 0; d < shape.size(); ++d) idx = b.CreateAdd(b.CreateMul(idx, i32(shape[d])), coord[d]);
@@ -339,13 +347,10 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::AtomicAdd: lowerAtomicAdd(op); return;
     case OpKind::Fence: lowerFence(op); return;
     case OpKind::GridDependency: lowerGridDependency(op); return;
-    case OpKind::GlobalTimer: {
+    case OpKind::GlobalTimer:
       // Volatile asm with a memory clobber: never merged, hoisted or moved across memory accesses.
-      auto* fnTy = llvm::FunctionType::get(b.getInt64Ty(), false);
-      set(op.result(), {b.CreateCall(fnTy, llvm::InlineAsm::get(fnTy, "mov.u64 $0, %globaltimer;", "=l,~{memory}",
-                                                                 /*hasSideEffects=*/true))});
+      set(op.result(), {asmValue(b.getInt64Ty(), "mov.u64 $0, %globaltimer;", "=l,~{memory}")});
       return;
-    }
     case OpKind::ClusterAllGather: lowerClusterAllGather(op); return;
     case OpKind::Reduce: lowerReduce(op); return;
     case OpKind::Dot: lowerDot(op); return;

@@ -72,6 +72,9 @@ class Lowering {
   // One PTX statement with side effects and no results (a fence, a bulk copy, a group wait).
   void asmStatement(const std::string& text, const std::string& constraints = "~{memory}",
                     const std::vector<llvm::Value*>& args = {});
+  // One PTX statement with side effects and one result of type `result` ($0 in `text`).
+  llvm::Value* asmValue(llvm::Type* result, const std::string& text, const std::string& constraints,
+                        const std::vector<llvm::Value*>& args = {});
 
   // Converts between a register value and f32 for f16/bf16 arithmetic.
   llvm::Value* toCompute(llvm::Value* v, ir::DType t);
