@@ -20,16 +20,18 @@
 // came last. Empty splits have lse_s = -inf and weigh nothing; a row with no live key anywhere
 // ends with out 0, lse -inf.
 //
-// Why the last program sees the others' partials (the PTX memory model's release/acquire
-// through a fence and an atomic, as in CUDA's threadFenceReduction sample): a writer's
-// partial stores come before its fence (ir fence: bar.sync, fence.acq_rel.gpu, bar.sync;
-// codegen/LowerAtomic.cpp) and its fence before its ticket (a relaxed atom.add.gpu, issued
-// once, by thread 0): that is a release. The last program's ticket reads a value that every
-// writer's atomic precedes (the model's observation order runs along the chain of atomics on
-// one counter), and its own fence follows the ticket: an acquire. So every writer's stores
-// happen before the last program's merge loads.
+// Why the last program sees the others' partials (the PTX memory model's release/acquire, the
+// pattern of CUDA's grid synchronization): a writer's partial stores come before a barrier of the
+// program, and the barrier before thread 0's ticket, an atom.acq_rel.gpu (codegen/LowerAtomic.cpp):
+// its release is cumulative, so it covers every thread's stores. The last program's ticket reads a
+// value that every writer's ticket precedes (the model's observation order runs along the chain of
+// atomics on one counter), and its acquire, passed to the program's other threads by the barrier
+// that shares the ticket's value, orders the merge's loads after every writer's stores.
+// (FLEXTILE_DECODE_ACQREL_TICKET=0 takes the older form: a fence of every thread — bar.sync,
+// fence.acq_rel.gpu, bar.sync — on each side of a relaxed ticket, as in CUDA's
+// threadFenceReduction sample.)
 // Those loads are plain ld.global (LowerMemory never emits ld.global.nc, and the pointers are
-// not noalias), coherent at L2 once ordered by the acquire fence. The ticket reaches all of the
+// not noalias), coherent at L2 once ordered by the acquire. The ticket reaches all of the
 // program's threads through shared memory (one uniform value), so the merge's branch is taken
 // by the whole program or by none of it.
 #include <algorithm>
@@ -158,7 +160,7 @@ struct DecodeParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale),
-                           (P<I64Ptr>, timeline));
+                           (P<I64Ptr>, timeline), (P<I64Ptr>, part_tagged), (P<I32>, merge_tag));
 };
 
 struct DecodeConstants {
@@ -168,10 +170,16 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket));
+                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, taggedMerge));
 };
 
 // ---- traced kernels ----------------------------------------------------------
+
+// The tagged merge's words (taggedPartials on the host): the lse words of every (row, split) of
+// the call — rows B * Hq * L, splits the grid's axis 0 — then the outputs' DP words each.
+Tile taggedOutWords(const DecodeParams<Traced>& p) {
+  return p.part_tagged + (num_programs(2) * p.q_heads * p.q_len).to(DType::I64) * num_programs(0).to(DType::I64);
+}
 
 // The merge, run by the last program of a (group, batch): its HP * L real rows, MC at a time, each
 // folding the `splits` partials in split order by the online-softmax rule (running maximum,
@@ -184,7 +192,8 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
   const int64_t realRows = k.HP * k.LQ;
   int64_t MC = 4;
   while (MC < std::min<int64_t>(realRows, 16)) MC *= 2;
-  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP), 1, 16);
+  // (A tagged word takes two registers until its wait is over: half as many splits a round.)
+  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP) / (k.taggedMerge ? 2 : 1), 1, 16);
   Tile offsD = arange(0, k.DP);
   Tile dLive = offsD < k.D;
   for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
@@ -204,6 +213,12 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         // Past the last split or the real rows: lse -inf, weight 0, nothing read.
         Tile live = rowLive & (s < splits);
         Tile slot = firstSlot + s.to(DType::I64);
+        if (k.taggedMerge) {  // each word waits for this call's tag: no fence before these loads
+          lse.push_back(where(live, load_tagged(p.part_tagged + slot, p.merge_tag, live), -INFINITY));
+          part.push_back(load_tagged(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)), p.merge_tag,
+                                     live.expand(1)));
+          continue;
+        }
         lse.push_back(load(p.part_lse + slot, live, -INFINITY));
         part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       }
@@ -437,18 +452,31 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& index,
                          const Tile& count) {
     Tile slot = rowId.to(DType::I64) * count + index;
-    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
-    store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
-    // acqRelTicket (FLEXTILE_DECODE_ACQREL_TICKET=1): the ticket itself releases the partials and
-    // acquires the others' (one thread's atom.acq_rel after a barrier of the program, as CUDA's
-    // grid sync does) instead of a fence of every thread on each side.
-    if (!k.acqRelTicket) fence();  // release the partials
+    // taggedMerge: each partial word carries this call's tag (store_tagged), so no program releases
+    // anything: the ticket is a relaxed add, and the merger's loads wait, word by word, for the tag
+    // (load_tagged). Waiting is safe: the merger drew the last ticket, so every program it waits
+    // for has taken its own, after its stores, and runs to its end without waiting on anyone. On
+    // the last program's path this leaves the ticket's and the loads' round trips, where the fenced
+    // forms also wait for the stores' acknowledgement before the ticket and for the acquire after.
+    if (k.taggedMerge) {
+      store_tagged(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)), partial, p.merge_tag,
+                   rowLive.expand(1));
+      store_tagged(p.part_tagged + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), p.merge_tag, rowLive);
+    } else {
+      store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
+      store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
+    }
+    const bool acqRel = k.acqRelTicket && !k.taggedMerge, fences = !k.acqRelTicket && !k.taggedMerge;
+    // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
+    // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
+    // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
+    if (fences) fence();  // release the partials
     if (k.timeline) stamps[kTimelineReleased] = global_timer();
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = k.acqRelTicket ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
+    Tile ticket = acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
     Tile merging = (ticket == count - 1).to(DType::I32);
     auto merge = [&] {
-      if (!k.acqRelTicket) fence();  // acquire: the other programs' partials are visible from here on
+      if (fences) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added
@@ -599,6 +627,34 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
     slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
   if (space == MemorySpace::Device) return Tensor::deviceView(slot.deviceAddress(), DType::I32, {count});
   return Tensor::hostView(slot.hostData(), DType::I32, {count});
+}
+
+// The tagged merge's partials (taggedMerge): i64 words, each a value and its call's tag
+// (store_tagged), grow-only and zeroed when allocated, per thread, memory space and stream like the
+// partials. Each call takes the next tag of its slot, so words a previous call left are never
+// mistaken for this call's; tag 0 (the zeroed words') is never handed out, and when the tags wrap
+// (after 2^32 - 1 calls) the words are zeroed again.
+struct TaggedPartials {
+  Tensor words;  // the lse words of every (row, split), then the output words (the kernel's taggedWords)
+  int32_t tag;
+};
+
+TaggedPartials taggedPartials(MemorySpace space, runtime::Stream* stream, int64_t lseWords, int64_t outWords) {
+  struct Slot {
+    Tensor words;
+    uint32_t tag = 0;
+  };
+  thread_local Slot host;
+  thread_local std::map<void*, Slot> device;  // by CUstream, as detail::perStreamSlot
+  Slot& slot = space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
+  const int64_t needed = lseWords + outWords;
+  if (++slot.tag == 0 || !slot.words.defined() || slot.words.numel() < needed) {
+    slot.words = Tensor::zeros(DType::I64, {std::max<int64_t>(2 * needed, int64_t(1) << 15)}, space, stream);
+    slot.tag = 1;
+  }
+  if (space == MemorySpace::Device)
+    return {Tensor::deviceView(slot.words.deviceAddress(), DType::I64, {needed}), int32_t(slot.tag)};
+  return {Tensor::hostView(slot.words.hostData(), DType::I64, {needed}), int32_t(slot.tag)};
 }
 
 void resetMergeCounters(MemorySpace space) {
@@ -844,8 +900,11 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          cluster > 0 && p.config.splits > cluster,
                          p.warpSpecialized,
                          p.timeline.has_value(),
-                         // The ticket as the merge's release and acquire: opt-in until timed.
-                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(false)};
+                         // The ticket as the merge's release and acquire (the default since the H100's
+                         // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
+                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true),
+                         // Tagged partials, no release or acquire at all: opt-in until timed.
+                         detail::forcedBySwitch("FLEXTILE_DECODE_TAGGED_MERGE").value_or(false)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -875,13 +934,17 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const int64_t rows = p.B * p.Hq * p.L;
   const bool split = constants.split && (!constants.clusterMerge || constants.clusterTickets);  // partials in global memory
   Tensor partOut, partLse, counters;
-  if (split) {
+  std::optional<TaggedPartials> tagged;
+  if (split && constants.taggedMerge) {
+    tagged = taggedPartials(p.space, p.stream, rows * c.splits, rows * c.splits * DP);
+    counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
+  } else if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
     partLse = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems, {lseElems});  // the far end first
     partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
     counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
-  const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
+  const Tensor& anyF32 = split && !tagged ? partLse : (lse ? *lse : p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
   LaunchOptions lo;
   lo.grid = {c.splits, p.Hq / p.HP, p.B};
@@ -902,8 +965,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   result.push_back(
       {&kernel, lo,
        bindParams<DecodeParams>(
-           {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
-            .part_lse = split ? partLse : anyF32,
+           {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split && !tagged ? partOut : anyF32,
+            .part_lse = split && !tagged ? partLse : anyF32,
             .merge_counters = split ? counters : lists.fullNum,  // touched only with several splits
             .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
@@ -917,7 +980,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
             .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale,
-            .timeline = p.timeline ? *p.timeline : anyF32},  // written only with a timeline
+            .timeline = p.timeline ? *p.timeline : anyF32,  // written only with a timeline
+            .part_tagged = tagged ? tagged->words : anyF32, .merge_tag = tagged ? tagged->tag : 0},
            kernel.name())});
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());

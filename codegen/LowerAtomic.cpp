@@ -269,4 +269,89 @@ void Lowering::lowerFence(const ir::Op& op) {
   barrier();
 }
 
+// Tagged words (ir/Ops.def): one relaxed GPU-scope 64-bit access per element, by inline PTX with
+// the element's predicate (LLVM would branch around each), so that value and tag land and are
+// seen together; no fence anywhere. ptr, value and mask share one layout; the tag is a scalar.
+namespace {
+const ir::Layout* taggedLayout(Lowering& lo, const ir::Op& op, size_t tagIndex) {
+  const ir::Value* ptrV = op.operand(0);
+  if (!ptrV->type().isTile()) {
+    for (const ir::Value* v : op.operands())
+      if (!v->type().isScalar()) lo.fail(op, "takes the tile " + v->type().str() + " through a scalar pointer");
+    return nullptr;
+  }
+  const ir::Layout* l = &lo.layoutOf(ptrV, op);
+  for (size_t i = 1; i < op.numOperands(); ++i)
+    if (i != tagIndex && lo.layoutOf(op.operand(i), op) != *l)
+      lo.fail(op, "operand layout " + op.operand(i)->type().layout()->str() + " differs from the pointer layout " +
+                      l->str() + " (ptr, value and mask share one layout)");
+  return l;
+}
+}  // namespace
+
+void Lowering::lowerStoreTagged(const ir::Op& op) {
+  if (op.numOperands() < 3 || op.numOperands() > 4) fail(op, "store_tagged takes (ptr, value, tag [, mask])");
+  const ir::Layout* l = taggedLayout(*this, op, 2);
+  const size_t n = l ? size_t(l->numRegisters()) : 1;
+  const Regs& ptrs = get(op.operand(0));
+  const Regs& vals = get(op.operand(1));
+  const Regs* mask = op.numOperands() == 4 ? &get(op.operand(3)) : nullptr;
+  llvm::Value* tagHigh = b.CreateShl(b.CreateZExt(get(op.operand(2))[0], b.getInt64Ty()), 32);
+  // One writer per element: replicated threads stay silent; a scalar is stored by thread 0.
+  llvm::Value* owner = l ? ownerPredicate(*l) : threadsWithBitsClear(31u, uint32_t(func.numWarps() - 1));
+  for (size_t r = 0; r < n; ++r) {
+    llvm::Value* pred = owner;
+    if (mask) pred = pred ? b.CreateAnd(pred, (*mask)[r]) : (*mask)[r];
+    if (!pred) pred = b.getTrue();
+    llvm::Value* word = b.CreateOr(tagHigh, b.CreateZExt(b.CreateBitCast(vals[r], b.getInt32Ty()), b.getInt64Ty()));
+    asmStatement("@$2 st.relaxed.gpu.global.b64 [$0], $1;", "l,l,b,~{memory}", {ptrs[r], word, pred});
+  }
+}
+
+void Lowering::lowerLoadTagged(const ir::Op& op) {
+  if (op.numOperands() < 2 || op.numOperands() > 3) fail(op, "load_tagged takes (ptr, tag [, mask])");
+  const ir::Layout* l = taggedLayout(*this, op, 1);
+  if (l && layoutOf(op.result(), op) != *l) fail(op, "the result's layout differs from the pointer layout " + l->str());
+  const size_t n = l ? size_t(l->numRegisters()) : 1;
+  const Regs& ptrs = get(op.operand(0));
+  llvm::Value* tag = get(op.operand(1))[0];
+  const Regs* mask = op.numOperands() == 3 ? &get(op.operand(2)) : nullptr;
+  // Every thread that holds an element reads it (replicas too) and waits for its own elements:
+  // all loads of a round in flight together, then one test, then the next round only if a tag was
+  // missing, after a short sleep so that a waiting program does not flood the L2. A wait that has
+  // not ended after 2^24 rounds (10 s and more) traps, so a writer that never comes fails the
+  // launch instead of hanging it.
+  constexpr uint32_t kMaxRounds = 1u << 24;
+  llvm::BasicBlock* pre = b.GetInsertBlock();
+  auto* round = llvm::BasicBlock::Create(ctx, "tagged.round", kernel);
+  auto* retry = llvm::BasicBlock::Create(ctx, "tagged.retry", kernel);
+  auto* done = llvm::BasicBlock::Create(ctx, "tagged.done", kernel);
+  b.CreateBr(round);
+  b.SetInsertPoint(round);
+  llvm::PHINode* rounds = b.CreatePHI(b.getInt32Ty(), 2, "rounds");
+  rounds->addIncoming(b.getInt32(0), pre);
+  Regs words(n);
+  llvm::Value* arrived = b.getTrue();
+  for (size_t r = 0; r < n; ++r) {
+    llvm::Value* pred = mask ? (*mask)[r] : b.getTrue();
+    words[r] = asmValue(b.getInt64Ty(), "@$2 ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l,b,~{memory}", {ptrs[r], pred});
+    llvm::Value* tagged = b.CreateICmpEQ(b.CreateTrunc(b.CreateLShr(words[r], 32), b.getInt32Ty()), tag);
+    arrived = b.CreateAnd(arrived, mask ? b.CreateOr(b.CreateNot(pred), tagged) : tagged);
+  }
+  b.CreateCondBr(arrived, done, retry);
+  b.SetInsertPoint(retry);
+  llvm::Value* next = b.CreateAdd(rounds, b.getInt32(1));
+  asmStatement("nanosleep.u32 64;");
+  onlyWhere(b.CreateICmpUGE(next, b.getInt32(kMaxRounds)), "tagged.trap", [&] { asmStatement("trap;"); });
+  rounds->addIncoming(next, b.GetInsertBlock());
+  b.CreateBr(round);
+  b.SetInsertPoint(done);
+  Regs values(n);
+  for (size_t r = 0; r < n; ++r) {
+    llvm::Value* v = b.CreateBitCast(b.CreateTrunc(words[r], b.getInt32Ty()), b.getFloatTy());
+    values[r] = mask ? b.CreateSelect((*mask)[r], v, llvm::ConstantFP::get(b.getFloatTy(), 0.0)) : v;
+  }
+  set(op.result(), std::move(values));
+}
+
 }  // namespace flextile::codegen

@@ -345,6 +345,8 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::Load: lowerLoad(op); return;
     case OpKind::Store: lowerStore(op); return;
     case OpKind::AtomicAdd: lowerAtomicAdd(op); return;
+    case OpKind::StoreTagged: lowerStoreTagged(op); return;
+    case OpKind::LoadTagged: lowerLoadTagged(op); return;
     case OpKind::Fence: lowerFence(op); return;
     case OpKind::GridDependency: lowerGridDependency(op); return;
     case OpKind::GlobalTimer:

@@ -130,6 +130,8 @@ class Lowering {
   void lowerAtomicAdd(const ir::Op& op);       // LowerAtomic.cpp
   void lowerAtomicAddBulkRows(const ir::Op& op);  // bulk_rows = 1: cp.reduce.async.bulk per row
   void lowerFence(const ir::Op& op);
+  void lowerStoreTagged(const ir::Op& op);  // LowerAtomic.cpp
+  void lowerLoadTagged(const ir::Op& op);
   void lowerGridDependency(const ir::Op& op);
   void lowerClusterAllGather(const ir::Op& op);  // LowerCluster.cpp
   // barrier.cluster arrive (release) and wait (acquire) by every thread of the program.

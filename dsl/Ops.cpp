@@ -323,7 +323,44 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "atomic_add").value() : nullptr;
   return Tile(builderAt(loc, "atomic_add").atomicAdd(p.value(), v.value(), m));
 }
+
+Tile taggedPointer(const Operand& ptr, const Operand& tag, const SourceLoc& loc, const char* op) {
+  Tile p = pointerOperand(ptr, loc, op);
+  if (p.type().pointee() != DType::I64)
+    traceError(loc, op, "tagged words are i64 (tag << 32 | value bits), but the pointer is " + p.type().str());
+  if (tag.isTile() && (!tag.tile().type().isScalar() || tag.tile().dtype() != DType::I32))
+    traceError(loc, op, "the tag must be an i32 scalar, got " + tag.tile().type().str());
+  return p;
+}
+
+void storeTaggedImpl(const Operand& ptr, const Operand& value, const Operand& tag, const Operand* mask,
+                     const SourceLoc& loc) {
+  Tile p = taggedPointer(ptr, tag, loc, "store_tagged");
+  if (value.isTile() && value.tile().dtype() != DType::F32)
+    traceError(loc, "store_tagged", "stores f32 values, got " + value.tile().type().str() + " (cast it first)");
+  if (value.isTile() && (value.tile().rank() > p.rank() ||
+                         broadcastShapes(value.tile().shape(), p.shape(), loc, "store_tagged") != p.shape()))
+    traceError(loc, "store_tagged", "value " + value.tile().type().str() + " does not fit pointer tile " + p.type().str());
+  Tile v = broadcastTile(asTile(value, DType::F32, loc), p.shape(), loc, "store_tagged");
+  ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "store_tagged").value() : nullptr;
+  builderAt(loc, "store_tagged").storeTagged(p.value(), v.value(), asTile(tag, DType::I32, loc).value(), m);
+}
+
+Tile loadTaggedImpl(const Operand& ptr, const Operand& tag, const Operand* mask, const SourceLoc& loc) {
+  Tile p = taggedPointer(ptr, tag, loc, "load_tagged");
+  ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "load_tagged").value() : nullptr;
+  return Tile(builderAt(loc, "load_tagged").loadTagged(p.value(), asTile(tag, DType::I32, loc).value(), m));
+}
 }  // namespace
+
+void store_tagged(Operand ptr, Operand value, Operand tag, SourceLoc loc) {
+  storeTaggedImpl(ptr, value, tag, nullptr, loc);
+}
+void store_tagged(Operand ptr, Operand value, Operand tag, Operand mask, SourceLoc loc) {
+  storeTaggedImpl(ptr, value, tag, &mask, loc);
+}
+Tile load_tagged(Operand ptr, Operand tag, SourceLoc loc) { return loadTaggedImpl(ptr, tag, nullptr, loc); }
+Tile load_tagged(Operand ptr, Operand tag, Operand mask, SourceLoc loc) { return loadTaggedImpl(ptr, tag, &mask, loc); }
 
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
 Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc) {

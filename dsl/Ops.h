@@ -88,6 +88,17 @@ Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = Source
 // thread issues after a barrier of the program (ir/Ops.def atomic_add {order = "acq_rel"}).
 enum class MemoryOrder { Relaxed, AcqRel };
 Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc = SourceLoc::current());
+// Tagged words: a value handed to another program without a fence. store_tagged writes each f32
+// element with a 32-bit tag into one i64 (one relaxed 64-bit store, so value and tag arrive
+// together); load_tagged waits until every element it reads carries the tag, then gives the
+// values. A reader needs one round trip instead of fence, flag and load; the tag (a call's
+// number, say) tells this call's words from a previous call's. The writer must already be running
+// when a reader waits for it (a program that took its ticket after it, say): a wait for a program
+// that cannot start until the reader ends never ends (on the GPU it traps after ~10 s).
+void store_tagged(Operand ptr, Operand value, Operand tag, SourceLoc loc = SourceLoc::current());
+void store_tagged(Operand ptr, Operand value, Operand tag, Operand mask, SourceLoc loc = SourceLoc::current());
+Tile load_tagged(Operand ptr, Operand tag, SourceLoc loc = SourceLoc::current());
+Tile load_tagged(Operand ptr, Operand tag, Operand mask, SourceLoc loc = SourceLoc::current());
 // An acq_rel memory fence at GPU scope for the whole program: every load and store of the
 // program before it (all of its threads') is ordered before every one after it, for any other
 // program that synchronizes with this one through an atomic_add (ir/Ops.def). The pattern it

@@ -112,6 +112,18 @@ Value* Builder::atomicAddAcqRel(Value* ptr, Value* value) {
                  {{"order", std::string("acq_rel")}});
 }
 
+void Builder::storeTagged(Value* ptr, Value* value, Value* tag, Value* mask) {
+  std::vector<Value*> ops{ptr, value, tag};
+  if (mask) ops.push_back(mask);
+  create(OpKind::StoreTagged, ops, {});
+}
+
+Value* Builder::loadTagged(Value* ptr, Value* tag, Value* mask) {
+  std::vector<Value*> ops{ptr, tag};
+  if (mask) ops.push_back(mask);
+  return create1(OpKind::LoadTagged, ops, Type(DType::F32, ptr->type().shape()));
+}
+
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 Value* Builder::globalTimer() { return create1(OpKind::GlobalTimer, {}, Type(DType::I64)); }

@@ -55,6 +55,9 @@ class Builder {
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
   // The same with {order = "acq_rel"} (a scalar ticket that releases and acquires; ir/Ops.def).
   Value* atomicAddAcqRel(Value* ptr, Value* value);
+  // Tagged words (ir/Ops.def): each element its f32 value and a 32-bit tag in one i64.
+  void storeTagged(Value* ptr, Value* value, Value* tag, Value* mask = nullptr);
+  Value* loadTagged(Value* ptr, Value* tag, Value* mask = nullptr);  // waits for the tag
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)

@@ -311,6 +311,7 @@ struct Launch {
   const std::vector<InterpArg>* args = nullptr;
   std::vector<DataRef> params;  // bound once, shared by every program
   std::array<int64_t, 3> grid{};
+  const std::atomic<bool>* stopped = nullptr;  // set once a program failed: waits give up
 };
 
 // The meeting point of one cluster's programs (cluster_all_gather). Gather g of every program
@@ -616,6 +617,8 @@ class Program {
       }
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
+      case OpKind::StoreTagged: return storeTagged(op, n);
+      case OpKind::LoadTagged: return set(op.result(), loadTagged(op, n));
       case OpKind::AtomicAdd: {
         // {order = "acq_rel"}: the program (one host thread here) releases before and acquires after.
         const bool acqRel = op.hasAttr("order") && op.strAttr("order") == "acq_rel";
@@ -1134,6 +1137,49 @@ class Program {
     });
   }
 
+  // Tagged words: one relaxed host atomic each, as the GPU's relaxed 64-bit accesses.
+  void storeTagged(const Op& op, size_t n) {
+    const PtrVal* p = inp<PtrVal>(op, 0);
+    const float* v = inp<float>(op, 1);
+    const uint64_t tag = uint64_t(uint32_t(inp<int64_t>(op, 2)[0]));
+    const int64_t* mask = op.numOperands() > 3 ? inp<int64_t>(op, 3) : nullptr;
+    const Shape& shape = op.operand(0)->type().shape();
+    for (size_t i = 0; i < n; ++i) {
+      if (mask && !mask[i]) continue;
+      const uint64_t word = tag << 32 | std::bit_cast<uint32_t>(v[i]);
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(address(op, "store_tagged", shape, i, p[i], 8)))
+          .store(word, std::memory_order_relaxed);
+    }
+  }
+
+  // Waits for each element's tag (the writers run on other host threads; a program runs to its end
+  // once started, so a writer that has started finishes). Gives up when another program failed,
+  // and after a minute: a wait for a writer that never runs is the caller's bug, reported.
+  DataRef loadTagged(const Op& op, size_t n) {
+    const PtrVal* p = inp<PtrVal>(op, 0);
+    const uint32_t tag = uint32_t(inp<int64_t>(op, 1)[0]);
+    const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
+    const Shape& shape = op.result()->type().shape();
+    auto d = alloc<float>(n);  // zero where masked off
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (size_t i = 0; i < n; ++i) {
+      if (mask && !mask[i]) continue;
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(address(op, "load_tagged", shape, i, p[i], 8)));
+      uint64_t w = word.load(std::memory_order_relaxed);
+      while (uint32_t(w >> 32) != tag) {
+        if (l_.stopped && l_.stopped->load(std::memory_order_relaxed))
+          fail(op, "stopped waiting for tag " + std::to_string(tag) + ": another program failed");
+        if (std::chrono::steady_clock::now() > deadline)
+          fail(op, "waited a minute for tag " + std::to_string(tag) + " at element " + std::to_string(i) +
+                       " (it holds tag " + std::to_string(w >> 32) + "): no program stores it");
+        std::this_thread::yield();
+        w = word.load(std::memory_order_relaxed);
+      }
+      d->f32[i] = std::bit_cast<float>(uint32_t(w));
+    }
+    return d;
+  }
+
   // Elements in row-major order, each read-modify-write one host atomic, so
   // programs running on other threads may add to the same addresses.
   DataRef atomicAdd(const Op& op, const Type& rt, size_t n) {
@@ -1358,6 +1404,7 @@ void interpret(const Function& f, const std::vector<InterpArg>& argsIn, std::arr
   // lowest failure reported is the same whatever the scheduling.
   std::atomic<int64_t> next{0};
   std::atomic<bool> stop{false};
+  launch.stopped = &stop;
   std::mutex errorMutex;
   int64_t errorProgram = total;
   std::exception_ptr error;  // the first failing program's, rethrown as it was

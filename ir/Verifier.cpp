@@ -314,6 +314,8 @@ class Verifier {
       case OpKind::Load:
       case OpKind::Store: memory(op); break;
       case OpKind::AtomicAdd: atomicAdd(op); break;
+      case OpKind::StoreTagged:
+      case OpKind::LoadTagged: tagged(op); break;
       case OpKind::Fence:
         // Its only meaning is acq_rel at GPU scope: an attribute asking for another (a scope,
         // an ordering) would otherwise be ignored without a word.
@@ -679,6 +681,39 @@ class Verifier {
       for (size_t i = 1; i < n; ++i)
         if (!sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address")) return;
       sameLayout(op, *r.layout(), *p.layout(), "result", "the address");
+    }
+  }
+
+  // store_tagged (p, v, tag [, mask]); load_tagged (p, tag [, mask]) -> f32: p ptr<i64>, v f32 of
+  // p's shape, tag an i32 scalar.
+  void tagged(const Op& op) {
+    const bool isLoad = op.kind() == OpKind::LoadTagged;
+    const size_t lo = isLoad ? 2 : 3, n = op.numOperands();
+    if (n < lo || n > lo + 1)
+      return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(lo + 1) + " operands (" +
+                         (isLoad ? "ptr, tag [, mask]" : "ptr, value, tag [, mask]") + "), got " + std::to_string(n));
+    if (ownAttrCount(op) != 0) return err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
+    const Type& p = op.operand(0)->type();
+    if (!p.isPointer() || p.pointee() != DType::I64)
+      return err(op, "address must be a pointer to i64 (a tagged word: tag << 32 | value bits), got " + p.str());
+    const Type value(DType::F32, p.shape());
+    const Type& v = isLoad ? op.result()->type() : op.operand(1)->type();
+    if (!v.sameShapeAndElement(value))
+      err(op, std::string(isLoad ? "result" : "stored value") + " must be " + value.str() + " to match address " + p.str() +
+                  ", got " + v.str());
+    const Type& tag = op.operand(lo - 1)->type();
+    if (!tag.isScalar() || tag.dtype() != DType::I32) err(op, "the tag must be an i32 scalar, got " + tag.str());
+    if (n > lo) {
+      const Type& m = op.operand(lo)->type();
+      if (m.dtype() != DType::I1 || m.shape() != p.shape())
+        err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + m.str());
+    }
+    if (lay_ && !opFailed_ && p.isTile()) {
+      for (size_t i = 1; i < n; ++i)
+        if (op.operand(i)->type().isTile() &&
+            !sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address"))
+          return;
+      if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
     }
   }
 

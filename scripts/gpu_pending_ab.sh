@@ -9,8 +9,9 @@
 # Measured and dropped on 2026-12-05: the decode's cluster merge, exp2 off the SFU, the split last
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains; on 2026-12-05 (H100) the peeled
-# skewed walks (made the default) and the decode's producer warpgroup (left opt-in) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, acqrel, alibi, bwdturns, order),
+# skewed walks (made the default) and the decode's producer warpgroup (left opt-in); on 2026-12-05 the
+# acq_rel ticket (made the default) and the tagged merge (left opt-in) (bench/RESULTS.md).
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -36,15 +37,6 @@ FLEXTILE_AB_TAG=canonicalbwd FLEXTILE_AB_BENCH=flextile_attention_backward_bench
 FLEXTILE_AB_TAG=canonicaldec FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
-fi
-
-if wanted acqrel; then
-echo "== the decode's ticket as the merge's release and acquire (FLEXTILE_DECODE_ACQREL_TICKET=1: one"
-echo "   thread's atom.acq_rel after a barrier, no fences) against the two fences, twice; #12's window"
-FLEXTILE_AB_TAG=acqrel FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_b1_s2048" \
-  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_ACQREL_TICKET=1" "FLEXTILE_AB_BASELINE=1" \
-  "FLEXTILE_DECODE_ACQREL_TICKET=1"
 fi
 
 if wanted alibi; then
@@ -75,7 +67,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log canonical*.log acqrel_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

@@ -429,6 +429,7 @@ class LayoutAssigner {
     LayoutPtr l;
     switch (op.kind()) {
       case OpKind::Load:
+      case OpKind::LoadTagged:
         l = known(op.operand(0));
         if (!l) l = coalesced(op);
         break;
@@ -581,11 +582,13 @@ class LayoutAssigner {
     auto tile = [&](size_t i) { return op.operand(i)->type().isTile(); };
     switch (op.kind()) {
       case OpKind::Load:
+      case OpKind::LoadTagged:
         if (op.result()->type().isTile()) {
           LayoutPtr l = known(op.result());
           for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
         }
         break;
+      case OpKind::StoreTagged:
       case OpKind::Store:
         if (LayoutPtr l = storeLayout(op))
           for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;

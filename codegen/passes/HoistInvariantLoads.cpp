@@ -32,7 +32,10 @@ namespace {
 
 bool writesMemory(const ir::Block& block) {
   for (const auto& op : block.ops()) {
-    if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::Fence) return true;
+    // (load_tagged waits for other programs' stores: nothing moves across it either.)
+    if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::Fence ||
+        op->kind() == OpKind::StoreTagged || op->kind() == OpKind::LoadTagged)
+      return true;
     for (const auto& r : op->regions())
       if (writesMemory(*r)) return true;
   }

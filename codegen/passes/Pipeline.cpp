@@ -901,7 +901,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
       for (auto& op : blk.ops()) {
         if (op->hasTrait(ir::kSideEffect) && !writesOnlyPrivateMemory(*op, f)) {
           readOnlyLoop = false;
-          if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd)
+          if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::StoreTagged)
             written.insert(ir::pointerBase(op->operand(0)));
         }
         for (auto& r : op->regions()) findStores(*r);

@@ -84,9 +84,11 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
 // count changing from call to call on one scratch, so a ticket counter not reset to 0 by the last
 // program of its group, or a merge that read another program's partials before they were visible,
 // shows as a wrong or poisoned output; fully masked rows beside live ones, GQA 4:1 and 8:1, L > 1,
-// 128 rows a program, KV lengths off the block; the window decode's shape (4096, 6 splits). Both
-// ways of ordering the merge: fences around the ticket, and the ticket as its own release and
-// acquire (FLEXTILE_DECODE_ACQREL_TICKET=1: one thread's atom.acq_rel after a barrier).
+// 128 rows a program, KV lengths off the block; the window decode's shape (4096, 6 splits). Each
+// way of ordering the merge: fences around the ticket, the ticket as its own release and acquire
+// (the default: one thread's atom.acq_rel after a barrier), and tagged partials that the merger
+// waits for word by word (FLEXTILE_DECODE_TAGGED_MERGE=1: a stale word from the previous call, or a
+// wait that never ends, shows as a wrong output or a trapped launch).
 TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
@@ -100,9 +102,10 @@ TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
       {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {20, 9, 47}},
   };
-  for (const char* acqRel : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
+  for (const auto& [acqRel, tagged] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"1", "1"}}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_TAGGED_MERGE=" + tagged);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
+    ScopedSetenv words("FLEXTILE_DECODE_TAGGED_MERGE", tagged);
     for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
       for (const FusedMergeCase& c : cases)
         if (!checkFusedMergeCalls(rng, c, kDevice)) return;

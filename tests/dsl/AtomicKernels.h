@@ -107,4 +107,25 @@ inline Kernel fencedLastProgramSum() {
   });
 }
 
+// The same hand-off through tagged words (store_tagged / load_tagged): no fence anywhere, a relaxed
+// ticket, and the last ticket's program waits for each word of each program to carry `tag`. The
+// words of the previous launch carry the previous tag and other values, so one taken too early
+// shows as a wrong sum.
+inline Kernel taggedLastProgramSum() {
+  return kernel("tagged_last_program_sum", [](Ptr<f32> values, Ptr<i64> words, Ptr<i32> counter, Ptr<f32> sums,
+                                              Int tag, Const<int> BLOCK) {
+    auto program = program_id(0);
+    auto programs = num_programs(0);
+    auto offs = arange(0, BLOCK);
+    store_tagged(words + program * BLOCK + offs, load(values + program * BLOCK + offs) * 3.0, tag);
+    auto ticket = atomic_add(counter, 1);
+    for_range(0, (ticket == programs - 1).to(i32{}), 1, [&](Tile) {
+      Tile total = for_range(0, programs, 1, zeros({int64_t(BLOCK)}, DType::F32),
+                             [&](Tile p, Tile acc) { return acc + load_tagged(words + p * BLOCK + offs, tag); });
+      store(sums + offs, total);
+      store(counter, 0);
+    });
+  });
+}
+
 }  // namespace flextile::testing

@@ -312,6 +312,16 @@ TEST(DslAtomic, MistakesNameTheOpTypesAndLine) {
   EXPECT_NE(msg.find("atomic_add: MemoryOrder::AcqRel takes the program's one ticket, a scalar pointer, not ptr<i32>[16]"),
             std::string::npos)
       << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<f32> p) { store_tagged(p + arange(0, 16), 1.0, 7); }).trace(); });
+  EXPECT_NE(msg.find("store_tagged: tagged words are i64 (tag << 32 | value bits), but the pointer is ptr<f32>[16]"),
+            std::string::npos)
+      << msg;
+  msg = errorOf([] { kernel("bad", [](Ptr<i64> p) { load_tagged(p + arange(0, 16), arange(0, 16)); }).trace(); });
+  EXPECT_NE(msg.find("load_tagged: the tag must be an i32 scalar, got i32[16]"), std::string::npos) << msg;
+  msg = errorOf([] {
+    kernel("bad", [](Ptr<i64> p) { store_tagged(p + arange(0, 16), arange(0, 16), 7); }).trace();
+  });
+  EXPECT_NE(msg.find("store_tagged: stores f32 values, got i32[16] (cast it first)"), std::string::npos) << msg;
   // The scalar ticket traces to one op carrying the order.
   auto f = kernel("ticket", [](Ptr<i32> p) { atomic_add(p, 1, MemoryOrder::AcqRel); }).trace();
   int tickets = 0;
@@ -357,6 +367,21 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
       EXPECT_EQ(sums, want) << "launch " << launch;
       EXPECT_EQ(counter[0], 0) << "launch " << launch;
       EXPECT_TRUE(last[0] >= 0 && last[0] < programs) << last[0];
+    }
+  }
+  // The same through tagged words: the tag changes each launch, the words stay (a stale word is the
+  // previous launch's value, so a wait that took one shows in the sum).
+  {
+    const int programs = 40, block = 64;
+    std::vector<int64_t> words(size_t(programs * block), 0);
+    std::vector<int32_t> counter{0};
+    for (int launch = 1; launch <= 3; ++launch) {
+      std::vector<float> in(size_t(programs * block)), sums(size_t(block), NAN), want(size_t(block), 0.0f);
+      for (size_t i = 0; i < in.size(); ++i) want[i % size_t(block)] += 3 * (in[i] = float(int(gen() % 21) - 10));
+      flextile::testing::taggedLastProgramSum().interpret({{programs, 1, 1}, {block}}, in, words, counter, sums, launch);
+      EXPECT_EQ(sums, want) << "launch " << launch;
+      EXPECT_EQ(counter[0], 0) << "launch " << launch;
+      EXPECT_EQ(uint64_t(words[0]) >> 32, uint64_t(launch));
     }
   }
   // Whole rows shared by programs and steps, the last rows masked (the GPU's bulk-reduce path).

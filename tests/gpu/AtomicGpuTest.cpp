@@ -123,6 +123,35 @@ TEST(AtomicGpu, TheLastProgramThroughAFenceSeesEveryProgramsWrites) {
     }
 }
 
+// The same hand-off through tagged words: no fence, a relaxed ticket, and the last program waits for
+// every word of every program (3000 programs, many waves: some writers have long finished, others
+// are still running when it starts waiting). The words stay between launches with the previous
+// launch's tag and values, so a word taken before it arrived shows as a wrong sum.
+TEST(AtomicGpu, TheLastProgramWaitsForEveryProgramsTaggedWords) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  Kernel lastSum = taggedLastProgramSum();
+  const int programs = 3000, block = 256;
+  std::vector<int32_t> zero{0};
+  auto dcounter = toDevice(zero);
+  auto dwords = toDevice(std::vector<int64_t>(size_t(programs * block), 0));
+  int tag = 0;
+  for (int warps : {1, 4, 8})
+    for (int launch = 0; launch < 10; ++launch) {
+      std::vector<float> in(size_t(programs * block)), sums(size_t(block), 0.0f), want(size_t(block), 0.0f);
+      for (size_t i = 0; i < in.size(); ++i) want[i % size_t(block)] += 3 * (in[i] = float(int(rng() % 21) - 10));
+      auto din = toDevice(in), dsums = toDevice(sums);
+      dsums.fillBytes(0xFF);
+      lastSum.run({{programs, 1, 1}, {block}, warps}, din, dwords, dcounter, dsums, ++tag);
+      runtime::synchronize();
+      std::vector<int32_t> counter{-1};
+      fromDevice(dsums, sums);
+      fromDevice(dcounter, counter);
+      ASSERT_EQ(sums, want) << "warps " << warps << " launch " << launch;
+      ASSERT_EQ(counter[0], 0) << "warps " << warps << " launch " << launch;
+    }
+}
+
 TEST(AtomicGpu, ReplicatedRowsAndColumnsAddOncePerElement) {
   FLEXTILE_REQUIRE_GPU();
   Kernel replicated = atomicReplicated();

@@ -9,13 +9,14 @@ namespace flextile::ir::testing {
 std::unique_ptr<Function> everyOpProgram() {
   auto f = std::make_unique<Function>("every_op");
   f->attrs()["num_warps"] = int64_t(4);
-  f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 1};
+  f->attrs()["arg_divisibility"] = std::vector<int64_t>{16, 16, 16, 1, 16};
   f->attrs()["scale"] = 0.5;
   f->attrs()["template"] = std::string("test \"quoted\"");
   Value* a = f->addParam(Type::pointer(DType::F32), "a");
   Value* bp = f->addParam(Type::pointer(DType::F16), "b");
   Value* out = f->addParam(Type::pointer(DType::F32), "out");
   Value* n = f->addParam(Type(DType::I32), "n");
+  Value* words = f->addParam(Type::pointer(DType::I64), "words");
   Builder b(*f);
   b.setLoc({"every_op.cpp", 10});
   const Shape tile = {64, 32};
@@ -111,6 +112,10 @@ std::unique_ptr<Function> everyOpProgram() {
   // The cluster of 2 along axis 0 hands each program the other's row and trip count.
   std::vector<Value*> gathered = b.clusterAllGather({scaled, results[1]}, 2);
   b.store(b.addptr(b.splat(out, {64}), rows), b.binary(OpKind::Add, gathered[0], gathered[1]), inBounds);
+  // Tagged words: the row handed over with the trip count as its tag, and waited for.
+  Value* wordPtrs = b.addptr(b.splat(words, {64}), rows);
+  b.storeTagged(wordPtrs, scaled, results[1], inBounds);
+  b.store(b.addptr(b.splat(out, {64}), rows), b.loadTagged(wordPtrs, results[1], inBounds), inBounds);
   b.fence();  // orders the stores and atomics above for other programs
   b.globalTimer();  // unused: its side effect (reading the clock where it stands) keeps it
   b.gridDependency("release");  // the stream's next grid may start launching
