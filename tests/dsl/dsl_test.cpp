@@ -384,6 +384,23 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
       EXPECT_EQ(uint64_t(words[0]) >> 32, uint64_t(launch));
     }
   }
+  // A writer that fails before it stores: the program waiting for its words gives up at once (it
+  // does not wait out its minute) and the writer's own error is the one reported.
+  {
+    auto waitsForProgramZero = kernel("waits_for_program_zero", [](Ptr<f32> values, Ptr<i64> words, Int tag) {
+      auto program = program_id(0);
+      for_range(0, (program == 0).to(i32{}), 1, [&](Tile) {
+        store_tagged(words, load(values + 1000000), tag);  // out of bounds: program 0 fails here
+      });
+      for_range(0, (program == 1).to(i32{}), 1, [&](Tile) { store(values, load_tagged(words, tag)); });
+    });
+    std::vector<float> values(4, 1.0f);
+    std::vector<int64_t> words(1, 0);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string msg = errorOf([&] { waitsForProgramZero.interpret({{2, 1, 1}, {}}, values, words, 9); });
+    EXPECT_NE(msg.find("in program (0, 0, 0): out-of-bounds load"), std::string::npos) << msg;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << msg;
+  }
   // Whole rows shared by programs and steps, the last rows masked (the GPU's bulk-reduce path).
   for (int dot : {0, 1}) {
     const int programs = 5, steps = 3, BM = 16, W = 32, rows = (programs + steps) * BM / 2 - 5;
