@@ -8,6 +8,7 @@
 // with each element); rows with no allowed key (and keys no query sees) must be exactly 0.
 #pragma once
 
+#include <cstdio>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,9 +77,16 @@ struct BackwardCheck {
 inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::MemorySpace space,
                           const attention::ScoreMod& score, const std::optional<attention::BlockMask>& mask,
                           const BackwardCheck& check) {
-  SCOPED_TRACE(c.describe() + (check.options.config ? " config " + check.options.config->describe()
-                                                    : std::string(" default config")) +
-               (mask ? " mask " + mask->describe() : std::string(" no mask")));
+  const std::string what = c.describe() + (check.options.config ? " config " + check.options.config->describe()
+                                                                 : std::string(" default config")) +
+                           (mask ? " mask " + mask->describe() : std::string(" no mask"));
+  SCOPED_TRACE(what);
+  // On the GPU each case is named before it runs, so that a shard cut off by its time limit
+  // (scripts/gpu_run.sh) shows which case it was in: a kernel that never ends, or a slow one.
+  if (space == dsl::MemorySpace::Device) {
+    std::fprintf(stdout, "[ CASE     ] %s\n", what.c_str());
+    std::fflush(stdout);
+  }
   dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
   dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
