@@ -206,6 +206,26 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile m0 = full({MC}, -INFINITY, DType::F32), l0 = zeros({MC}, DType::F32), a0 = zeros({MC, k.DP}, DType::F32);
     Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
+      if (k.taggedMerge) {
+        // The round's splits as one tile each for the lse and the outputs — rows u·MC + r hold
+        // split u's row r — so that the round waits once for its tags (one load_tagged waits for
+        // its own words only, and a round of a load per split waited one round trip per load),
+        // then folded over the split axis by reductions.
+        const int64_t P = perRound;
+        Tile s = round * P + arange(0, P);                                            // [P]
+        Tile live = (s < splits).expand(1) & rowLive.expand(0);                       // [P, MC]
+        Tile slot = s.to(DType::I64).expand(1) + firstSlot.expand(0);                 // [P, MC]
+        Tile lse = where(live, load_tagged(p.part_tagged + slot, p.merge_tag, live), -INFINITY);
+        Tile flat = slot.reshape({P * MC}), flatLive = live.reshape({P * MC});
+        Tile part = load_tagged(taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0)), p.merge_tag,
+                                flatLive.expand(1));                                  // [P·MC, DP]
+        Tile mNew = maximum(mi, max(lse, 0));
+        Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
+        Tile alpha = exp2(mi - mSafe);
+        Tile w = exp2(lse - mSafe.expand(0));                                         // [P, MC]; 0 where dead
+        Tile weighted = (part * w.reshape({P * MC}).expand(1)).reshape({P, MC * k.DP});
+        return std::tuple{mNew, li * alpha + sum(w, 0), ai * alpha.expand(1) + sum(weighted, 0).reshape({MC, k.DP})};
+      }
       // Every load of the round first (independent of each other and of the fold), then the fold.
       std::vector<Tile> lse, part;
       for (int64_t u = 0; u < perRound; ++u) {
@@ -213,12 +233,6 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         // Past the last split or the real rows: lse -inf, weight 0, nothing read.
         Tile live = rowLive & (s < splits);
         Tile slot = firstSlot + s.to(DType::I64);
-        if (k.taggedMerge) {  // each word waits for this call's tag: no fence before these loads
-          lse.push_back(where(live, load_tagged(p.part_tagged + slot, p.merge_tag, live), -INFINITY));
-          part.push_back(load_tagged(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)), p.merge_tag,
-                                     live.expand(1)));
-          continue;
-        }
         lse.push_back(load(p.part_lse + slot, live, -INFINITY));
         part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       }
