@@ -207,18 +207,19 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
       if (k.taggedMerge) {
-        // The round's splits as one tile each for the lse and the outputs — rows u·MC + r hold
-        // split u's row r — so that the round waits once for its tags (one load_tagged waits for
-        // its own words only, and a round of a load per split waited one round trip per load),
-        // then folded over the split axis by reductions.
+        // The round's splits as one tile for the lse and one for the outputs — rows u·MC + r hold
+        // split u's row r — waited for together (one load_tagged over both: a load_tagged per
+        // split waited one round trip each), then folded over the split axis by reductions.
         const int64_t P = perRound;
         Tile s = round * P + arange(0, P);                                            // [P]
         Tile live = (s < splits).expand(1) & rowLive.expand(0);                       // [P, MC]
         Tile slot = s.to(DType::I64).expand(1) + firstSlot.expand(0);                 // [P, MC]
-        Tile lse = where(live, load_tagged(p.part_tagged + slot, p.merge_tag, live), -INFINITY);
-        Tile flat = slot.reshape({P * MC}), flatLive = live.reshape({P * MC});
-        Tile part = load_tagged(taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0)), p.merge_tag,
-                                flatLive.expand(1));                                  // [P·MC, DP]
+        Tile flat = slot.reshape({P * MC});
+        Tile flatLive = live.reshape({P * MC}).expand(1);                             // [P·MC, 1]
+        std::vector<Tile> words = load_tagged({p.part_tagged + slot, taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0))},
+                                              p.merge_tag, {live, flatLive});
+        Tile lse = where(live, words[0], -INFINITY);                                  // [P, MC]
+        const Tile& part = words[1];                                                  // [P·MC, DP]
         Tile mNew = maximum(mi, max(lse, 0));
         Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
         Tile alpha = exp2(mi - mSafe);

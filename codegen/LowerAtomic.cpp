@@ -271,31 +271,35 @@ void Lowering::lowerFence(const ir::Op& op) {
 
 // Tagged words (ir/Ops.def): one relaxed GPU-scope 64-bit access per element, by inline PTX with
 // the element's predicate (LLVM would branch around each), so that value and tag land and are
-// seen together; no fence anywhere. ptr, value and mask share one layout; the tag is a scalar.
+// seen together; no fence anywhere. A pointer tile, its value or result and its mask share one
+// layout; the tag is a scalar.
 namespace {
-const ir::Layout* taggedLayout(Lowering& lo, const ir::Op& op, size_t tagIndex) {
-  const ir::Value* ptrV = op.operand(0);
-  if (!ptrV->type().isTile()) {
-    for (const ir::Value* v : op.operands())
-      if (!v->type().isScalar()) lo.fail(op, "takes the tile " + v->type().str() + " through a scalar pointer");
+// The layout of the pointer operand `ptr` of a tagged op, checked against `others` (null: a
+// scalar pointer, whose companions must be scalars too).
+const ir::Layout* taggedLayout(Lowering& lo, const ir::Op& op, const ir::Value* ptr,
+                               std::initializer_list<const ir::Value*> others) {
+  if (!ptr->type().isTile()) {
+    for (const ir::Value* v : others)
+      if (v && !v->type().isScalar()) lo.fail(op, "takes the tile " + v->type().str() + " through a scalar pointer");
     return nullptr;
   }
-  const ir::Layout* l = &lo.layoutOf(ptrV, op);
-  for (size_t i = 1; i < op.numOperands(); ++i)
-    if (i != tagIndex && lo.layoutOf(op.operand(i), op) != *l)
-      lo.fail(op, "operand layout " + op.operand(i)->type().layout()->str() + " differs from the pointer layout " +
-                      l->str() + " (ptr, value and mask share one layout)");
+  const ir::Layout* l = &lo.layoutOf(ptr, op);
+  for (const ir::Value* v : others)
+    if (v && lo.layoutOf(v, op) != *l)
+      lo.fail(op, "layout " + v->type().layout()->str() + " differs from its pointer's layout " + l->str() +
+                      " (a pointer, its value or result and its mask share one layout)");
   return l;
 }
 }  // namespace
 
 void Lowering::lowerStoreTagged(const ir::Op& op) {
   if (op.numOperands() < 3 || op.numOperands() > 4) fail(op, "store_tagged takes (ptr, value, tag [, mask])");
-  const ir::Layout* l = taggedLayout(*this, op, 2);
+  const ir::Value* maskV = op.numOperands() == 4 ? op.operand(3) : nullptr;
+  const ir::Layout* l = taggedLayout(*this, op, op.operand(0), {op.operand(1), maskV});
   const size_t n = l ? size_t(l->numRegisters()) : 1;
   const Regs& ptrs = get(op.operand(0));
   const Regs& vals = get(op.operand(1));
-  const Regs* mask = op.numOperands() == 4 ? &get(op.operand(3)) : nullptr;
+  const Regs* mask = maskV ? &get(maskV) : nullptr;
   llvm::Value* tagHigh = b.CreateShl(b.CreateZExt(get(op.operand(2))[0], b.getInt64Ty()), 32);
   // One writer per element: replicated threads stay silent; a scalar is stored by thread 0.
   llvm::Value* owner = l ? ownerPredicate(*l) : threadsWithBitsClear(31u, uint32_t(func.numWarps() - 1));
@@ -309,18 +313,16 @@ void Lowering::lowerStoreTagged(const ir::Op& op) {
 }
 
 void Lowering::lowerLoadTagged(const ir::Op& op) {
-  if (op.numOperands() < 2 || op.numOperands() > 3) fail(op, "load_tagged takes (ptr, tag [, mask])");
-  const ir::Layout* l = taggedLayout(*this, op, 1);
-  if (l && layoutOf(op.result(), op) != *l) fail(op, "the result's layout differs from the pointer layout " + l->str());
-  const size_t n = l ? size_t(l->numRegisters()) : 1;
-  const Regs& ptrs = get(op.operand(0));
-  llvm::Value* tag = get(op.operand(1))[0];
-  const Regs* mask = op.numOperands() == 3 ? &get(op.operand(2)) : nullptr;
-  // Every thread that holds an element reads it (replicas too) and waits for its own elements:
-  // all loads of a round in flight together, then one test, then the next round only if a tag was
-  // missing, after a short sleep so that a waiting program does not flood the L2. A wait that has
-  // not ended after 2^24 rounds (10 s and more) traps, so a writer that never comes fails the
-  // launch instead of hanging it.
+  const size_t tiles = op.numResults();
+  if (tiles == 0 || (op.numOperands() != tiles + 1 && op.numOperands() != 2 * tiles + 1))
+    fail(op, "load_tagged takes (ptr..., tag [, mask...]), one result per pointer");
+  const bool masked = op.numOperands() == 2 * tiles + 1;
+  llvm::Value* tag = get(op.operand(tiles))[0];
+  // Every thread that holds an element reads it (replicas too) and waits for its own elements, of
+  // every tile of the op: all loads of a round in flight together, then one test, then the next
+  // round only if a tag was missing, after a short sleep so that a waiting program does not flood
+  // the L2. A wait that has not ended after 2^24 rounds (10 s and more) traps, so a writer that
+  // never comes fails the launch instead of hanging it.
   constexpr uint32_t kMaxRounds = 1u << 24;
   llvm::BasicBlock* pre = b.GetInsertBlock();
   auto* round = llvm::BasicBlock::Create(ctx, "tagged.round", kernel);
@@ -330,13 +332,22 @@ void Lowering::lowerLoadTagged(const ir::Op& op) {
   b.SetInsertPoint(round);
   llvm::PHINode* rounds = b.CreatePHI(b.getInt32Ty(), 2, "rounds");
   rounds->addIncoming(b.getInt32(0), pre);
-  Regs words(n);
+  std::vector<Regs> words(tiles);
+  std::vector<const Regs*> masks(tiles, nullptr);
   llvm::Value* arrived = b.getTrue();
-  for (size_t r = 0; r < n; ++r) {
-    llvm::Value* pred = mask ? (*mask)[r] : b.getTrue();
-    words[r] = asmValue(b.getInt64Ty(), "@$2 ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l,b,~{memory}", {ptrs[r], pred});
-    llvm::Value* tagged = b.CreateICmpEQ(b.CreateTrunc(b.CreateLShr(words[r], 32), b.getInt32Ty()), tag);
-    arrived = b.CreateAnd(arrived, mask ? b.CreateOr(b.CreateNot(pred), tagged) : tagged);
+  for (size_t t = 0; t < tiles; ++t) {
+    const ir::Value* maskV = masked ? op.operand(tiles + 1 + t) : nullptr;
+    const ir::Layout* l = taggedLayout(*this, op, op.operand(t), {op.result(t), maskV});
+    const Regs& ptrs = get(op.operand(t));
+    if (maskV) masks[t] = &get(maskV);
+    words[t].resize(l ? size_t(l->numRegisters()) : 1);
+    for (size_t r = 0; r < words[t].size(); ++r) {
+      llvm::Value* pred = masks[t] ? (*masks[t])[r] : b.getTrue();
+      words[t][r] = asmValue(b.getInt64Ty(), "@$2 ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l,b,~{memory}",
+                             {ptrs[r], pred});
+      llvm::Value* tagged = b.CreateICmpEQ(b.CreateTrunc(b.CreateLShr(words[t][r], 32), b.getInt32Ty()), tag);
+      arrived = b.CreateAnd(arrived, masks[t] ? b.CreateOr(b.CreateNot(pred), tagged) : tagged);
+    }
   }
   b.CreateCondBr(arrived, done, retry);
   b.SetInsertPoint(retry);
@@ -346,12 +357,14 @@ void Lowering::lowerLoadTagged(const ir::Op& op) {
   rounds->addIncoming(next, b.GetInsertBlock());
   b.CreateBr(round);
   b.SetInsertPoint(done);
-  Regs values(n);
-  for (size_t r = 0; r < n; ++r) {
-    llvm::Value* v = b.CreateBitCast(b.CreateTrunc(words[r], b.getInt32Ty()), b.getFloatTy());
-    values[r] = mask ? b.CreateSelect((*mask)[r], v, llvm::ConstantFP::get(b.getFloatTy(), 0.0)) : v;
+  for (size_t t = 0; t < tiles; ++t) {
+    Regs values(words[t].size());
+    for (size_t r = 0; r < values.size(); ++r) {
+      llvm::Value* v = b.CreateBitCast(b.CreateTrunc(words[t][r], b.getInt32Ty()), b.getFloatTy());
+      values[r] = masks[t] ? b.CreateSelect((*masks[t])[r], v, llvm::ConstantFP::get(b.getFloatTy(), 0.0)) : v;
+    }
+    set(op.result(t), std::move(values));
   }
-  set(op.result(), std::move(values));
 }
 
 }  // namespace flextile::codegen

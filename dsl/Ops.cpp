@@ -346,10 +346,22 @@ void storeTaggedImpl(const Operand& ptr, const Operand& value, const Operand& ta
   builderAt(loc, "store_tagged").storeTagged(p.value(), v.value(), asTile(tag, DType::I32, loc).value(), m);
 }
 
-Tile loadTaggedImpl(const Operand& ptr, const Operand& tag, const Operand* mask, const SourceLoc& loc) {
-  Tile p = taggedPointer(ptr, tag, loc, "load_tagged");
-  ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "load_tagged").value() : nullptr;
-  return Tile(builderAt(loc, "load_tagged").loadTagged(p.value(), asTile(tag, DType::I32, loc).value(), m));
+std::vector<Tile> loadTaggedImpl(const std::vector<Operand>& ptrs, const Operand& tag, const std::vector<Operand>& masks,
+                                 const SourceLoc& loc) {
+  const char* op = "load_tagged";
+  if (ptrs.empty()) traceError(loc, op, "needs at least one pointer tile");
+  if (!masks.empty() && masks.size() != ptrs.size())
+    traceError(loc, op, "takes a mask for every pointer or none, got " + std::to_string(masks.size()) + " masks for " +
+                            std::to_string(ptrs.size()) + " pointers");
+  std::vector<ir::Value*> ps, ms;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    Tile p = taggedPointer(ptrs[i], tag, loc, op);
+    ps.push_back(p.value());
+    if (!masks.empty()) ms.push_back(maskOperand(masks[i], p.shape(), loc, op).value());
+  }
+  std::vector<Tile> out;
+  for (ir::Value* v : builderAt(loc, op).loadTagged(ps, asTile(tag, DType::I32, loc).value(), ms)) out.emplace_back(v);
+  return out;
 }
 }  // namespace
 
@@ -359,8 +371,14 @@ void store_tagged(Operand ptr, Operand value, Operand tag, SourceLoc loc) {
 void store_tagged(Operand ptr, Operand value, Operand tag, Operand mask, SourceLoc loc) {
   storeTaggedImpl(ptr, value, tag, &mask, loc);
 }
-Tile load_tagged(Operand ptr, Operand tag, SourceLoc loc) { return loadTaggedImpl(ptr, tag, nullptr, loc); }
-Tile load_tagged(Operand ptr, Operand tag, Operand mask, SourceLoc loc) { return loadTaggedImpl(ptr, tag, &mask, loc); }
+Tile load_tagged(Operand ptr, Operand tag, SourceLoc loc) { return loadTaggedImpl({ptr}, tag, {}, loc)[0]; }
+Tile load_tagged(Operand ptr, Operand tag, Operand mask, SourceLoc loc) {
+  return loadTaggedImpl({ptr}, tag, {mask}, loc)[0];
+}
+std::vector<Tile> load_tagged(const std::vector<Tile>& ptrs, Operand tag, const std::vector<Tile>& masks, SourceLoc loc) {
+  return loadTaggedImpl(std::vector<Operand>(ptrs.begin(), ptrs.end()), tag,
+                        std::vector<Operand>(masks.begin(), masks.end()), loc);
+}
 
 Tile atomic_add(Operand ptr, Operand value, SourceLoc loc) { return atomicAddImpl(ptr, value, nullptr, loc); }
 Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc) {

@@ -99,6 +99,11 @@ void store_tagged(Operand ptr, Operand value, Operand tag, SourceLoc loc = Sourc
 void store_tagged(Operand ptr, Operand value, Operand tag, Operand mask, SourceLoc loc = SourceLoc::current());
 Tile load_tagged(Operand ptr, Operand tag, SourceLoc loc = SourceLoc::current());
 Tile load_tagged(Operand ptr, Operand tag, Operand mask, SourceLoc loc = SourceLoc::current());
+// Several tiles, one wait: every word of every tile is loaded, then the round repeats until all
+// carry the tag (one round trip where a load_tagged per tile waits one after the other). `masks`
+// is empty or has one mask per pointer.
+std::vector<Tile> load_tagged(const std::vector<Tile>& ptrs, Operand tag, const std::vector<Tile>& masks = {},
+                              SourceLoc loc = SourceLoc::current());
 // An acq_rel memory fence at GPU scope for the whole program: every load and store of the
 // program before it (all of its threads') is ordered before every one after it, for any other
 // program that synchronizes with this one through an atomic_add (ir/Ops.def). The pattern it

@@ -119,9 +119,17 @@ void Builder::storeTagged(Value* ptr, Value* value, Value* tag, Value* mask) {
 }
 
 Value* Builder::loadTagged(Value* ptr, Value* tag, Value* mask) {
-  std::vector<Value*> ops{ptr, tag};
-  if (mask) ops.push_back(mask);
-  return create1(OpKind::LoadTagged, ops, Type(DType::F32, ptr->type().shape()));
+  return loadTagged(std::vector<Value*>{ptr}, tag, mask ? std::vector<Value*>{mask} : std::vector<Value*>{})[0];
+}
+
+std::vector<Value*> Builder::loadTagged(const std::vector<Value*>& ptrs, Value* tag, const std::vector<Value*>& masks) {
+  std::vector<Value*> ops(ptrs);
+  ops.push_back(tag);
+  ops.insert(ops.end(), masks.begin(), masks.end());
+  std::vector<Type> types;
+  for (Value* p : ptrs) types.push_back(Type(DType::F32, p->type().shape()));
+  Op* op = create(OpKind::LoadTagged, ops, types);
+  return std::vector<Value*>(op->results().begin(), op->results().end());
 }
 
 void Builder::fence() { create(OpKind::Fence, {}, {}); }

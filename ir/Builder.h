@@ -58,6 +58,8 @@ class Builder {
   // Tagged words (ir/Ops.def): each element its f32 value and a 32-bit tag in one i64.
   void storeTagged(Value* ptr, Value* value, Value* tag, Value* mask = nullptr);
   Value* loadTagged(Value* ptr, Value* tag, Value* mask = nullptr);  // waits for the tag
+  // Several tiles, one wait (masks: empty, or one per pointer).
+  std::vector<Value*> loadTagged(const std::vector<Value*>& ptrs, Value* tag, const std::vector<Value*>& masks);
   // An acq_rel fence at GPU scope over the whole program (ir/Ops.def).
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)

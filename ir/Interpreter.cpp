@@ -618,7 +618,9 @@ class Program {
       case OpKind::Load: return set(op.result(), load(op, rt, n));
       case OpKind::Store: return store(op, n);
       case OpKind::StoreTagged: return storeTagged(op, n);
-      case OpKind::LoadTagged: return set(op.result(), loadTagged(op, n));
+      case OpKind::LoadTagged:
+        for (size_t i = 0; i < op.numResults(); ++i) set(op.result(i), loadTagged(op, i));
+        return;
       case OpKind::AtomicAdd: {
         // {order = "acq_rel"}: the program (one host thread here) releases before and acquires after.
         const bool acqRel = op.hasAttr("order") && op.strAttr("order") == "acq_rel";
@@ -1155,11 +1157,15 @@ class Program {
   // Waits for each element's tag (the writers run on other host threads; a program runs to its end
   // once started, so a writer that has started finishes). Gives up when another program failed,
   // and after a minute: a wait for a writer that never runs is the caller's bug, reported.
-  DataRef loadTagged(const Op& op, size_t n) {
-    const PtrVal* p = inp<PtrVal>(op, 0);
-    const uint32_t tag = uint32_t(inp<int64_t>(op, 1)[0]);
-    const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
-    const Shape& shape = op.result()->type().shape();
+  // Tile `t` of the op (its pointer t, its mask tiles + 1 + t when it has masks). Waiting tile by
+  // tile is the same wait: every writer is running, and each word once tagged stays so.
+  DataRef loadTagged(const Op& op, size_t t) {
+    const size_t tiles = op.numResults();
+    const PtrVal* p = inp<PtrVal>(op, t);
+    const uint32_t tag = uint32_t(inp<int64_t>(op, tiles)[0]);
+    const int64_t* mask = op.numOperands() > tiles + 1 ? inp<int64_t>(op, tiles + 1 + t) : nullptr;
+    const Shape& shape = op.result(t)->type().shape();
+    const size_t n = size_t(ir::numElements(shape));
     auto d = alloc<float>(n);  // zero where masked off
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (size_t i = 0; i < n; ++i) {

@@ -684,36 +684,39 @@ class Verifier {
     }
   }
 
-  // store_tagged (p, v, tag [, mask]); load_tagged (p, tag [, mask]) -> f32: p ptr<i64>, v f32 of
-  // p's shape, tag an i32 scalar.
+  // store_tagged (p, v, tag [, mask]): p ptr<i64>, v f32 of p's shape, tag an i32 scalar.
+  // load_tagged (p..., tag [, mask...]) -> f32...: n pointers and n results, masks for all or none.
   void tagged(const Op& op) {
     const bool isLoad = op.kind() == OpKind::LoadTagged;
-    const size_t lo = isLoad ? 2 : 3, n = op.numOperands();
-    if (n < lo || n > lo + 1)
-      return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(lo + 1) + " operands (" +
-                         (isLoad ? "ptr, tag [, mask]" : "ptr, value, tag [, mask]") + "), got " + std::to_string(n));
+    const size_t n = op.numOperands(), tiles = isLoad ? op.numResults() : 1;
+    if (isLoad ? (tiles == 0 || (n != tiles + 1 && n != 2 * tiles + 1)) : (n < 3 || n > 4))
+      return err(op, isLoad ? "takes pointers, a tag and a mask for each pointer or none (one result per pointer), got " +
+                                  std::to_string(n) + " operands and " + std::to_string(tiles) + " results"
+                            : "takes 3 to 4 operands (ptr, value, tag [, mask]), got " + std::to_string(n));
     if (ownAttrCount(op) != 0) return err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
-    const Type& p = op.operand(0)->type();
-    if (!p.isPointer() || p.pointee() != DType::I64)
-      return err(op, "address must be a pointer to i64 (a tagged word: tag << 32 | value bits), got " + p.str());
-    const Type value(DType::F32, p.shape());
-    const Type& v = isLoad ? op.result()->type() : op.operand(1)->type();
-    if (!v.sameShapeAndElement(value))
-      err(op, std::string(isLoad ? "result" : "stored value") + " must be " + value.str() + " to match address " + p.str() +
-                  ", got " + v.str());
-    const Type& tag = op.operand(lo - 1)->type();
+    const size_t tagAt = isLoad ? tiles : 2;
+    const Type& tag = op.operand(tagAt)->type();
     if (!tag.isScalar() || tag.dtype() != DType::I32) err(op, "the tag must be an i32 scalar, got " + tag.str());
-    if (n > lo) {
-      const Type& m = op.operand(lo)->type();
-      if (m.dtype() != DType::I1 || m.shape() != p.shape())
-        err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + m.str());
-    }
-    if (lay_ && !opFailed_ && p.isTile()) {
-      for (size_t i = 1; i < n; ++i)
-        if (op.operand(i)->type().isTile() &&
-            !sameLayout(op, *op.operand(i)->type().layout(), *p.layout(), nth("operand", i), "the address"))
-          return;
-      if (isLoad) sameLayout(op, *v.layout(), *p.layout(), "result", "the address");
+    for (size_t i = 0; i < tiles; ++i) {
+      const Type& p = op.operand(i)->type();
+      if (!p.isPointer() || p.pointee() != DType::I64) {
+        err(op, "address must be a pointer to i64 (a tagged word: tag << 32 | value bits), got " + p.str());
+        continue;
+      }
+      const Type value(DType::F32, p.shape());
+      const Type& v = isLoad ? op.result(i)->type() : op.operand(1)->type();
+      if (!v.sameShapeAndElement(value))
+        err(op, std::string(isLoad ? "result" : "stored value") + " must be " + value.str() + " to match address " +
+                    p.str() + ", got " + v.str());
+      const size_t maskAt = isLoad ? tiles + 1 + i : 3;
+      const Value* mask = maskAt < n ? op.operand(maskAt) : nullptr;
+      if (mask && (mask->type().dtype() != DType::I1 || mask->type().shape() != p.shape()))
+        err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + mask->type().str());
+      if (lay_ && !opFailed_ && p.isTile()) {
+        if (!isLoad && !sameLayout(op, *v.layout(), *p.layout(), "operand #1", "the address")) return;
+        if (mask && !sameLayout(op, *mask->type().layout(), *p.layout(), nth("operand", maskAt), "the address")) return;
+        if (isLoad && !sameLayout(op, *v.layout(), *p.layout(), nth("result", i), "its address")) return;
+      }
     }
   }
 

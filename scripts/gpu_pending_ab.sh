@@ -10,8 +10,9 @@
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains; on 2026-12-05 (H100) the peeled
 # skewed walks (made the default) and the decode's producer warpgroup (left opt-in); on 2026-12-05 the
-# acq_rel ticket (made the default) and the tagged merge (left opt-in) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, alibi, bwdturns, order),
+# acq_rel ticket (made the default) and the tagged merge (left opt-in; rebuilt with one wait a round,
+# pending again: section tagged) (bench/RESULTS.md).
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, tagged, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -37,6 +38,20 @@ FLEXTILE_AB_TAG=canonicalbwd FLEXTILE_AB_BENCH=flextile_attention_backward_bench
 FLEXTILE_AB_TAG=canonicaldec FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
+fi
+
+if wanted tagged; then
+echo "== the decode's tagged merge (FLEXTILE_DECODE_TAGGED_MERGE=1: tagged partials, a relaxed ticket,"
+echo "   one wait a round) against the default acq_rel ticket, twice; timelines of the window after"
+FLEXTILE_AB_TAG=tagged FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_s2048 --only decode_b1_s2048" \
+  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_TAGGED_MERGE=1" "FLEXTILE_AB_BASELINE=1" \
+  "FLEXTILE_DECODE_TAGGED_MERGE=1"
+for v in 1 0; do
+  FLEXTILE_DECODE_TAGGED_MERGE=$v timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
+    --only decode_window4096 > "$OUT/tagged_timeline_$v.log" 2>&1
+  echo "-- timeline, FLEXTILE_DECODE_TAGGED_MERGE=$v"; grep -E "timeline call|walk end" "$OUT/tagged_timeline_$v.log"
+done
 fi
 
 if wanted alibi; then
@@ -67,7 +82,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log canonical*.log tagged_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

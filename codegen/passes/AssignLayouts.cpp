@@ -162,10 +162,8 @@ Layout blockedLayout(const Shape& shape, int numWarps, int fastDim, int64_t vec)
   return Layout::defaultBlocked(permuted, numWarps, vec).transposed(inverse);
 }
 
-Layout coalescedLayout(const Op& op, const AxisInfoAnalysis& axis, int numWarps) {
-  const Value* ptr = op.operand(0);
-  const Value* mask = op.kind() == OpKind::Load ? (op.numOperands() > 1 ? op.operand(1) : nullptr)
-                                                : (op.numOperands() > 2 ? op.operand(2) : nullptr);
+namespace {
+Layout coalescedLayoutFor(const Value* ptr, const Value* mask, const AxisInfoAnalysis& axis, int numWarps) {
   const Shape& shape = ptr->type().shape();
   int dim = fastestDim(ptr, axis);
   int64_t vec = vectorWidth(ptr, axis, mask, dim);
@@ -173,6 +171,21 @@ Layout coalescedLayout(const Op& op, const AxisInfoAnalysis& axis, int numWarps)
   // idle (replicated); prefer spreading the tile over all threads.
   vec = std::min(vec, floorPow2(std::max<int64_t>(1, ir::numElements(shape) / (32 * numWarps))));
   return blockedLayout(shape, numWarps, dim, vec);
+}
+
+// The mask that goes with pointer operand `i` of a memory op (null: none).
+const Value* maskOf(const Op& op, size_t i) {
+  switch (op.kind()) {
+    case OpKind::Load: return op.numOperands() > 1 ? op.operand(1) : nullptr;
+    case OpKind::StoreTagged: return op.numOperands() > 3 ? op.operand(3) : nullptr;
+    case OpKind::LoadTagged: return op.numOperands() > op.numResults() + 1 ? op.operand(op.numResults() + 1 + i) : nullptr;
+    default: return op.numOperands() > 2 ? op.operand(2) : nullptr;
+  }
+}
+}  // namespace
+
+Layout coalescedLayout(const Op& op, const AxisInfoAnalysis& axis, int numWarps) {
+  return coalescedLayoutFor(op.operand(0), maskOf(op, 0), axis, numWarps);
 }
 
 namespace {
@@ -424,12 +437,12 @@ class LayoutAssigner {
   void planOp(Op& op) {
     if (op.kind() == OpKind::For) return planFor(op);
     if (op.kind() == OpKind::ClusterAllGather) return planClusterAllGather(op);
+    if (op.kind() == OpKind::LoadTagged) return planLoadTagged(op);
     if (op.numResults() != 1 || cls_.at(op.result()) != Class::Computed) return;
     Value* r = op.result();
     LayoutPtr l;
     switch (op.kind()) {
       case OpKind::Load:
-      case OpKind::LoadTagged:
         l = known(op.operand(0));
         if (!l) l = coalesced(op);
         break;
@@ -467,6 +480,17 @@ class LayoutAssigner {
       LayoutPtr l = known(x);
       if (!l) l = defaultLayout(x->type().shape());
       for (size_t r = 0; r < size; ++r) setPlan(op.result(i * size + r), l);
+    }
+  }
+
+  // Each result of a load_tagged as its pointer's layout (a load's rule, tile by tile).
+  void planLoadTagged(const Op& op) {
+    for (size_t t = 0; t < op.numResults(); ++t) {
+      const Value* r = op.result(t);
+      if (cls_.at(r) != Class::Computed) continue;
+      LayoutPtr l = known(op.operand(t));
+      if (!l) l = ir::makeLayout(coalescedLayoutFor(op.operand(t), maskOf(op, t), *axis_, numWarps_));
+      setPlan(r, l);
     }
   }
 
@@ -582,12 +606,20 @@ class LayoutAssigner {
     auto tile = [&](size_t i) { return op.operand(i)->type().isTile(); };
     switch (op.kind()) {
       case OpKind::Load:
-      case OpKind::LoadTagged:
         if (op.result()->type().isTile()) {
           LayoutPtr l = known(op.result());
           for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
         }
         break;
+      case OpKind::LoadTagged: {
+        const size_t tiles = op.numResults();
+        for (size_t t = 0; t < tiles; ++t) {
+          if (!op.result(t)->type().isTile()) continue;
+          req[t] = known(op.result(t));
+          if (op.numOperands() > tiles + 1) req[tiles + 1 + t] = req[t];
+        }
+        break;
+      }
       case OpKind::StoreTagged:
       case OpKind::Store:
         if (LayoutPtr l = storeLayout(op))

@@ -108,9 +108,10 @@ inline Kernel fencedLastProgramSum() {
 }
 
 // The same hand-off through tagged words (store_tagged / load_tagged): no fence anywhere, a relaxed
-// ticket, and the last ticket's program waits for each word of each program to carry `tag`. The
-// words of the previous launch carry the previous tag and other values, so one taken too early
-// shows as a wrong sum.
+// ticket, and the last ticket's program waits for each word of each program to carry `tag` — two
+// programs' words a wait (load_tagged of two tiles), the odd one out alone. The words of the
+// previous launch carry the previous tag and other values, so one taken too early shows as a wrong
+// sum.
 inline Kernel taggedLastProgramSum() {
   return kernel("tagged_last_program_sum", [](Ptr<f32> values, Ptr<i64> words, Ptr<i32> counter, Ptr<f32> sums,
                                               Int tag, Const<int> BLOCK) {
@@ -120,8 +121,13 @@ inline Kernel taggedLastProgramSum() {
     store_tagged(words + program * BLOCK + offs, load(values + program * BLOCK + offs) * 3.0, tag);
     auto ticket = atomic_add(counter, 1);
     for_range(0, (ticket == programs - 1).to(i32{}), 1, [&](Tile) {
-      Tile total = for_range(0, programs, 1, zeros({int64_t(BLOCK)}, DType::F32),
-                             [&](Tile p, Tile acc) { return acc + load_tagged(words + p * BLOCK + offs, tag); });
+      Tile pairs = for_range(0, programs / 2, 1, zeros({int64_t(BLOCK)}, DType::F32), [&](Tile p, Tile acc) {
+        std::vector<Tile> two = load_tagged({words + 2 * p * BLOCK + offs, words + (2 * p + 1) * BLOCK + offs}, tag);
+        return acc + two[0] + two[1];
+      });
+      Tile total = for_range(0, programs % 2, 1, pairs, [&](Tile, Tile acc) {
+        return acc + load_tagged(words + (programs - 1) * BLOCK + offs, tag);
+      });
       store(sums + offs, total);
       store(counter, 0);
     });

@@ -319,6 +319,14 @@ TEST(DslAtomic, MistakesNameTheOpTypesAndLine) {
   msg = errorOf([] { kernel("bad", [](Ptr<i64> p) { load_tagged(p + arange(0, 16), arange(0, 16)); }).trace(); });
   EXPECT_NE(msg.find("load_tagged: the tag must be an i32 scalar, got i32[16]"), std::string::npos) << msg;
   msg = errorOf([] {
+    kernel("bad", [](Ptr<i64> p) {
+      Tile a = p + arange(0, 16);
+      load_tagged({a, a}, 7, {arange(0, 16) < 8});
+    }).trace();
+  });
+  EXPECT_NE(msg.find("load_tagged: takes a mask for every pointer or none, got 1 masks for 2 pointers"), std::string::npos)
+      << msg;
+  msg = errorOf([] {
     kernel("bad", [](Ptr<i64> p) { store_tagged(p + arange(0, 16), arange(0, 16), 7); }).trace();
   });
   EXPECT_NE(msg.find("store_tagged: stores f32 values, got i32[16] (cast it first)"), std::string::npos) << msg;
@@ -372,7 +380,7 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
   // The same through tagged words: the tag changes each launch, the words stay (a stale word is the
   // previous launch's value, so a wait that took one shows in the sum).
   {
-    const int programs = 40, block = 64;
+    const int programs = 41, block = 64;  // odd: a pair a wait, then the last alone
     std::vector<int64_t> words(size_t(programs * block), 0);
     std::vector<int32_t> counter{0};
     for (int launch = 1; launch <= 3; ++launch) {

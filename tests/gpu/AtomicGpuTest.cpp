@@ -124,14 +124,14 @@ TEST(AtomicGpu, TheLastProgramThroughAFenceSeesEveryProgramsWrites) {
 }
 
 // The same hand-off through tagged words: no fence, a relaxed ticket, and the last program waits for
-// every word of every program (3000 programs, many waves: some writers have long finished, others
+// every word of every program (3001 programs, many waves: some writers have long finished, others
 // are still running when it starts waiting). The words stay between launches with the previous
 // launch's tag and values, so a word taken before it arrived shows as a wrong sum.
 TEST(AtomicGpu, TheLastProgramWaitsForEveryProgramsTaggedWords) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   Kernel lastSum = taggedLastProgramSum();
-  const int programs = 3000, block = 256;
+  const int programs = 3001, block = 256;  // odd: pairs of programs a wait, then the last alone
   std::vector<int32_t> zero{0};
   auto dcounter = toDevice(zero);
   auto dwords = toDevice(std::vector<int64_t>(size_t(programs * block), 0));

@@ -116,6 +116,9 @@ std::unique_ptr<Function> everyOpProgram() {
   Value* wordPtrs = b.addptr(b.splat(words, {64}), rows);
   b.storeTagged(wordPtrs, scaled, results[1], inBounds);
   b.store(b.addptr(b.splat(out, {64}), rows), b.loadTagged(wordPtrs, results[1], inBounds), inBounds);
+  // ... and two tiles waited for at once (one wait for both).
+  std::vector<Value*> both = b.loadTagged({wordPtrs, wordPtrs}, results[1], {});
+  b.store(b.addptr(b.splat(out, {64}), rows), b.binary(OpKind::Add, both[0], both[1]), inBounds);
   b.fence();  // orders the stores and atomics above for other programs
   b.globalTimer();  // unused: its side effect (reading the clock where it stands) keeps it
   b.gridDependency("release");  // the stream's next grid may start launching
@@ -196,8 +199,18 @@ void assignTestLayouts(Function& f) {
           if (tileResult) set(r, makeLayout(layoutOf(op.operand(0)).sliced(int(op.intAttr("axis")))));
           break;
         case OpKind::Dot: set(r, op.operand(2)->type().layout()); break;
+        case OpKind::LoadTagged: {  // pointers, the tag, a mask per pointer: result t as pointer t
+          const size_t tiles = op.numResults();
+          for (size_t t = 0; t < tiles; ++t) {
+            if (!op.operand(t)->type().isTile()) continue;
+            if (op.numOperands() > tiles + 1) fit(op, tiles + 1 + t, layoutOf(op.operand(t)));
+            set(op.result(t), op.operand(t)->type().layout());
+          }
+          break;
+        }
         case OpKind::Load:
         case OpKind::Store:
+        case OpKind::StoreTagged:
         case OpKind::AtomicAdd:
           if (!op.operand(0)->type().isTile()) break;
           for (size_t i = 1; i < op.numOperands(); ++i) fit(op, i, layoutOf(op.operand(0)));
