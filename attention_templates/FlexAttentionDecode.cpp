@@ -216,8 +216,8 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         Tile slot = s.to(DType::I64).expand(1) + firstSlot.expand(0);                 // [P, MC]
         Tile flat = slot.reshape({P * MC});
         Tile flatLive = live.reshape({P * MC}).expand(1);                             // [P·MC, 1]
-        std::vector<Tile> words = load_tagged({p.part_tagged + slot, taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0))},
-                                              p.merge_tag, {live, flatLive});
+        Tile outWords = taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0));   // [P·MC, DP]
+        std::vector<Tile> words = load_tagged({p.part_tagged + slot, outWords}, p.merge_tag, {live, flatLive});
         Tile lse = where(live, words[0], -INFINITY);                                  // [P, MC]
         const Tile& part = words[1];                                                  // [P·MC, DP]
         Tile mNew = maximum(mi, max(lse, 0));
@@ -650,7 +650,7 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
 // mistaken for this call's; tag 0 (the zeroed words') is never handed out, and when the tags wrap
 // (after 2^32 - 1 calls) the words are zeroed again.
 struct TaggedPartials {
-  Tensor words;  // the lse words of every (row, split), then the output words (the kernel's taggedWords)
+  Tensor words;  // the lse words of every (row, split), then the output words (the kernel's taggedOutWords)
   int32_t tag;
 };
 
