@@ -654,14 +654,13 @@ struct TaggedPartials {
   int32_t tag;
 };
 
+struct TaggedWordsSlot {
+  Tensor words;
+  uint32_t tag = 0;  // the last call's
+};
+
 TaggedPartials taggedPartials(MemorySpace space, runtime::Stream* stream, int64_t lseWords, int64_t outWords) {
-  struct Slot {
-    Tensor words;
-    uint32_t tag = 0;
-  };
-  thread_local Slot host;
-  thread_local std::map<void*, Slot> device;  // by CUstream, as detail::perStreamSlot
-  Slot& slot = space == MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
+  TaggedWordsSlot& slot = detail::perStreamSlot<TaggedWordsSlot, TaggedWordsSlot>(space, stream);
   const int64_t needed = lseWords + outWords;
   if (++slot.tag == 0 || !slot.words.defined() || slot.words.numel() < needed) {
     slot.words = Tensor::zeros(DType::I64, {std::max<int64_t>(2 * needed, int64_t(1) << 15)}, space, stream);

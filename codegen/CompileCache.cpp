@@ -154,16 +154,25 @@ const std::string& codegenSwitches() {
   // Asked on every launch: two dozen getenv scans of the whole environment cost half a
   // microsecond there. Every switch is a FLEXTILE_ variable, so the answer is kept per thread and
   // formed again only when the FLEXTILE_ part of the environment changed (a test's setenv).
+  // The comparison walks the environment against the kept text; nothing is allocated unless it
+  // changed.
   thread_local std::string seen, switches;
   thread_local bool valid = false;
+  bool same = valid;
+  size_t at = 0;
+  for (char** e = environ; same && e && *e; ++e) {
+    if (std::strncmp(*e, "FLEXTILE_", 9) != 0) continue;
+    const size_t len = std::strlen(*e);
+    same = at + len < seen.size() && seen.compare(at, len, *e) == 0 && seen[at + len] == '\n';
+    at += len + 1;
+  }
+  if (same && at == seen.size()) return switches;
   std::string now;
   for (char** e = environ; e && *e; ++e)
     if (std::strncmp(*e, "FLEXTILE_", 9) == 0) now.append(*e).push_back('\n');
-  if (!valid || now != seen) {
-    switches = readCodegenSwitches();
-    seen = std::move(now);
-    valid = true;
-  }
+  switches = readCodegenSwitches();
+  seen = std::move(now);
+  valid = true;
   return switches;
 }
 

@@ -316,7 +316,6 @@ void Lowering::lowerLoadTagged(const ir::Op& op) {
   const size_t tiles = op.numResults();
   if (tiles == 0 || (op.numOperands() != tiles + 1 && op.numOperands() != 2 * tiles + 1))
     fail(op, "load_tagged takes (ptr..., tag [, mask...]), one result per pointer");
-  const bool masked = op.numOperands() == 2 * tiles + 1;
   llvm::Value* tag = get(op.operand(tiles))[0];
   // Every thread that holds an element reads it (replicas too) and waits for its own elements, of
   // every tile of the op: all loads of a round in flight together, then one test, then the next
@@ -336,7 +335,8 @@ void Lowering::lowerLoadTagged(const ir::Op& op) {
   std::vector<const Regs*> masks(tiles, nullptr);
   llvm::Value* arrived = b.getTrue();
   for (size_t t = 0; t < tiles; ++t) {
-    const ir::Value* maskV = masked ? op.operand(tiles + 1 + t) : nullptr;
+    const size_t maskAt = ir::loadTaggedMaskIndex(op, t);
+    const ir::Value* maskV = maskAt ? op.operand(maskAt) : nullptr;
     const ir::Layout* l = taggedLayout(*this, op, op.operand(t), {op.result(t), maskV});
     const Regs& ptrs = get(op.operand(t));
     if (maskV) masks[t] = &get(maskV);

@@ -286,6 +286,15 @@ std::optional<TensorBox> loadTensorBox(const Op& load) {
 
 size_t loadOperandCount(const Op& load) { return load.hasAttr("tensor_rank") ? 3 : load.numOperands(); }
 
+bool writesGlobalMemory(const Op& op) {
+  return op.kind() == OpKind::Store || op.kind() == OpKind::AtomicAdd || op.kind() == OpKind::StoreTagged;
+}
+
+size_t loadTaggedMaskIndex(const Op& op, size_t t) {
+  const size_t tiles = op.numResults();
+  return op.numOperands() == 2 * tiles + 1 ? tiles + 1 + t : 0;
+}
+
 int64_t clusterSize(const Function& f) {
   int64_t size = 1;
   f.walk([&](const Op& op) {

@@ -290,6 +290,12 @@ struct TensorBox {
 std::optional<TensorBox> loadTensorBox(const Op& load);
 // The operands a load reads through, (p [, mask [, other]]): all of them but a tensor box's.
 size_t loadOperandCount(const Op& load);
+// Whether `op` writes global memory through its pointer operand 0 (store, atomic_add,
+// store_tagged): what a pass asks before it moves a load across the op or reads ahead of it.
+bool writesGlobalMemory(const Op& op);
+// The operand index of load_tagged's mask for its tile t (pointers, tag, then a mask per pointer
+// or none), or 0 when it has no masks.
+size_t loadTaggedMaskIndex(const Op& op, size_t t);
 // The programs a launch of `f` groups into one thread block cluster along grid axis 0: the size of
 // its cluster_all_gathers (all alike, ir::verify), else 1.
 int64_t clusterSize(const Function& f);

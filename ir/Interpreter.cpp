@@ -1163,7 +1163,8 @@ class Program {
     const size_t tiles = op.numResults();
     const PtrVal* p = inp<PtrVal>(op, t);
     const uint32_t tag = uint32_t(inp<int64_t>(op, tiles)[0]);
-    const int64_t* mask = op.numOperands() > tiles + 1 ? inp<int64_t>(op, tiles + 1 + t) : nullptr;
+    const size_t maskAt = loadTaggedMaskIndex(op, t);
+    const int64_t* mask = maskAt ? inp<int64_t>(op, maskAt) : nullptr;
     const Shape& shape = op.result(t)->type().shape();
     const size_t n = size_t(ir::numElements(shape));
     auto d = alloc<float>(n);  // zero where masked off

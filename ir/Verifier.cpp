@@ -708,8 +708,8 @@ class Verifier {
       if (!v.sameShapeAndElement(value))
         err(op, std::string(isLoad ? "result" : "stored value") + " must be " + value.str() + " to match address " +
                     p.str() + ", got " + v.str());
-      const size_t maskAt = isLoad ? tiles + 1 + i : 3;
-      const Value* mask = maskAt < n ? op.operand(maskAt) : nullptr;
+      const size_t maskAt = isLoad ? loadTaggedMaskIndex(op, i) : (n > 3 ? 3 : 0);
+      const Value* mask = maskAt ? op.operand(maskAt) : nullptr;
       if (mask && (mask->type().dtype() != DType::I1 || mask->type().shape() != p.shape()))
         err(op, "mask must be " + Type(DType::I1, p.shape()).str() + ", got " + mask->type().str());
       if (lay_ && !opFailed_ && p.isTile()) {

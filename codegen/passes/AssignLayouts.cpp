@@ -178,7 +178,7 @@ const Value* maskOf(const Op& op, size_t i) {
   switch (op.kind()) {
     case OpKind::Load: return op.numOperands() > 1 ? op.operand(1) : nullptr;
     case OpKind::StoreTagged: return op.numOperands() > 3 ? op.operand(3) : nullptr;
-    case OpKind::LoadTagged: return op.numOperands() > op.numResults() + 1 ? op.operand(op.numResults() + 1 + i) : nullptr;
+    case OpKind::LoadTagged: return ir::loadTaggedMaskIndex(op, i) ? op.operand(ir::loadTaggedMaskIndex(op, i)) : nullptr;
     default: return op.numOperands() > 2 ? op.operand(2) : nullptr;
   }
 }
@@ -611,15 +611,13 @@ class LayoutAssigner {
           for (size_t i = 0; i < op.numOperands(); ++i) req[i] = tile(i) ? l : nullptr;
         }
         break;
-      case OpKind::LoadTagged: {
-        const size_t tiles = op.numResults();
-        for (size_t t = 0; t < tiles; ++t) {
+      case OpKind::LoadTagged:
+        for (size_t t = 0; t < op.numResults(); ++t) {
           if (!op.result(t)->type().isTile()) continue;
           req[t] = known(op.result(t));
-          if (op.numOperands() > tiles + 1) req[tiles + 1 + t] = req[t];
+          if (const size_t m = ir::loadTaggedMaskIndex(op, t)) req[m] = req[t];
         }
         break;
-      }
       case OpKind::StoreTagged:
       case OpKind::Store:
         if (LayoutPtr l = storeLayout(op))

@@ -33,9 +33,7 @@ namespace {
 bool writesMemory(const ir::Block& block) {
   for (const auto& op : block.ops()) {
     // (load_tagged waits for other programs' stores: nothing moves across it either.)
-    if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::Fence ||
-        op->kind() == OpKind::StoreTagged || op->kind() == OpKind::LoadTagged)
-      return true;
+    if (ir::writesGlobalMemory(*op) || op->kind() == OpKind::Fence || op->kind() == OpKind::LoadTagged) return true;
     for (const auto& r : op->regions())
       if (writesMemory(*r)) return true;
   }

@@ -143,7 +143,7 @@ bool isZeroConstant(const ir::Value* v) {
 // change what a scalar load of another parameter reads, so the loop still counts as read-only for
 // re-reading block indices ahead.
 bool writesOnlyPrivateMemory(const Op& op, const ir::Function& f) {
-  if (op.kind() != OpKind::Store && op.kind() != OpKind::AtomicAdd) return false;
+  if (!ir::writesGlobalMemory(op)) return false;
   auto it = f.attrs().find("private_params");
   if (it == f.attrs().end()) return false;
   const auto* indices = std::get_if<std::vector<int64_t>>(&it->second);
@@ -901,7 +901,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
       for (auto& op : blk.ops()) {
         if (op->hasTrait(ir::kSideEffect) && !writesOnlyPrivateMemory(*op, f)) {
           readOnlyLoop = false;
-          if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::StoreTagged)
+          if (ir::writesGlobalMemory(*op))
             written.insert(ir::pointerBase(op->operand(0)));
         }
         for (auto& r : op->regions()) findStores(*r);

@@ -42,7 +42,7 @@ constexpr int64_t kMaxElements = 256;
 
 bool writesGlobalMemory(const ir::Block& body) {
   for (const auto& op : body.ops()) {
-    if (op->kind() == OpKind::Store || op->kind() == OpKind::AtomicAdd || op->kind() == OpKind::StoreTagged) return true;
+    if (ir::writesGlobalMemory(*op)) return true;
     for (const auto& r : op->regions())
       if (writesGlobalMemory(*r)) return true;
   }

@@ -203,7 +203,7 @@ void assignTestLayouts(Function& f) {
           const size_t tiles = op.numResults();
           for (size_t t = 0; t < tiles; ++t) {
             if (!op.operand(t)->type().isTile()) continue;
-            if (op.numOperands() > tiles + 1) fit(op, tiles + 1 + t, layoutOf(op.operand(t)));
+            if (const size_t m = loadTaggedMaskIndex(op, t)) fit(op, m, layoutOf(op.operand(t)));
             set(op.result(t), op.operand(t)->type().layout());
           }
           break;
