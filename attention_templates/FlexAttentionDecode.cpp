@@ -175,6 +175,11 @@ struct DecodeConstants {
 
 // ---- traced kernels ----------------------------------------------------------
 
+// DecodeConstants::taggedMerge: 0 plain partials behind the ticket's release and acquire; the
+// partials as tagged words (store_tagged / load_tagged), merged by the holder of a relaxed ticket
+// (kTicketMerger) or by the group's last split without a ticket (kDesignatedMerger).
+constexpr int64_t kTicketMerger = 1, kDesignatedMerger = 2;
+
 // The tagged merge's words (taggedPartials on the host): the lse words of every (row, split) of
 // the call — rows B * Hq * L, splits the grid's axis 0 — then the outputs' DP words each.
 Tile taggedOutWords(const DecodeParams<Traced>& p) {
@@ -207,25 +212,25 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
       if (k.taggedMerge) {
-        // The round's splits as one tile for the lse and one for the outputs — rows u·MC + r hold
-        // split u's row r — waited for together (one load_tagged over both: a load_tagged per
-        // split waited one round trip each), then folded over the split axis by reductions.
-        const int64_t P = perRound;
-        Tile s = round * P + arange(0, P);                                            // [P]
-        Tile live = (s < splits).expand(1) & rowLive.expand(0);                       // [P, MC]
-        Tile slot = s.to(DType::I64).expand(1) + firstSlot.expand(0);                 // [P, MC]
-        Tile flat = slot.reshape({P * MC});
-        Tile flatLive = live.reshape({P * MC}).expand(1);                             // [P·MC, 1]
-        Tile outWords = taggedOutWords(p) + (flat.expand(1) * k.DP + offsD.expand(0));   // [P·MC, DP]
-        std::vector<Tile> words = load_tagged({p.part_tagged + slot, outWords}, p.merge_tag, {live, flatLive});
-        Tile lse = where(live, words[0], -INFINITY);                                  // [P, MC]
-        const Tile& part = words[1];                                                  // [P·MC, DP]
-        Tile mNew = maximum(mi, max(lse, 0));
-        Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
-        Tile alpha = exp2(mi - mSafe);
-        Tile w = exp2(lse - mSafe.expand(0));                                         // [P, MC]; 0 where dead
-        Tile weighted = (part * w.reshape({P * MC}).expand(1)).reshape({P, MC * k.DP});
-        return std::tuple{mNew, li * alpha + sum(w, 0), ai * alpha.expand(1) + sum(weighted, 0).reshape({MC, k.DP})};
+        // The round's splits, a tile each as in the plain merge below, all waited for by one
+        // load_tagged (a load_tagged a tile waited one round trip each; one tile of every split,
+        // folded by reductions over the split axis, paid for its layout conversions).
+        std::vector<Tile> ptrs, masks;
+        for (int64_t u = 0; u < perRound; ++u) {
+          Tile live = rowLive & (round * perRound + u < splits);
+          Tile slot = firstSlot + (round * perRound + u).to(DType::I64);
+          ptrs.push_back(p.part_tagged + slot);
+          ptrs.push_back(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)));
+          masks.push_back(live);
+          masks.push_back(live.expand(1));
+        }
+        std::vector<Tile> words = load_tagged(ptrs, p.merge_tag, masks);
+        std::vector<Tile> lse, part;
+        for (int64_t u = 0; u < perRound; ++u) {
+          lse.push_back(where(masks[size_t(2 * u)], words[size_t(2 * u)], -INFINITY));  // dead: weight 0
+          part.push_back(words[size_t(2 * u + 1)]);                                       // 0 where dead
+        }
+        return detail::foldPartials(mi, li, ai, lse, part);
       }
       // Every load of the round first (independent of each other and of the fold), then the fold.
       std::vector<Tile> lse, part;
@@ -487,14 +492,19 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
     if (fences) fence();  // release the partials
     if (k.timeline) stamps[kTimelineReleased] = global_timer();
+    // kDesignatedMerger: no ticket at all — the group's last split merges, waiting for the others'
+    // tagged words from the moment its own walk ends. It waits only for programs numbered below it,
+    // which start before it (the host asks for it only when the grid is one wave on the GPU; the
+    // interpreter starts programs in increasing order), so every program it waits for runs to its end.
+    const bool designated = k.taggedMerge == kDesignatedMerger;
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
+    Tile ticket = designated ? index : acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
     Tile merging = (ticket == count - 1).to(DType::I32);
     auto merge = [&] {
       if (fences) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
-      store(counter, zeros({}, DType::I32));  // every other program of the group has added
+      if (!designated) store(counter, zeros({}, DType::I32));  // every other program of the group has added
       return start;
     };
     if (k.timeline)
@@ -679,6 +689,7 @@ void resetMergeCounters(MemorySpace space) {
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
   int64_t programsPerSm;  // resident on one SM of the GPU planned for (decodeProgramsPerSm); 0: none
+  int multiprocessors = 0;  // of the GPU planned for; 0: none (the interpreter)
   DType dtype;
   MemorySpace space;
   FlexDecodeConfig config;
@@ -863,12 +874,12 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps,
                                               gpu->description(), p.warpSpecialized ? 4 : 0)
                         : 0;
+  // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
+  p.multiprocessors = target ? target->description().part.multiprocessors
+                      : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
   if (c.splits == 0) {
-    // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
-    const int sms = target ? target->description().part.multiprocessors
-                    : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                sms, std::max<int64_t>(1, p.programsPerSm));
+                                p.multiprocessors, std::max<int64_t>(1, p.programsPerSm));
     // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
     if (clusterMergeWanted(p) && c.splits > kMaxClusterSize)
       c.splits = (c.splits + kMaxClusterSize - 1) / kMaxClusterSize * kMaxClusterSize;
@@ -886,6 +897,21 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
       fail("decode_timeline must be contiguous and in q's memory space, got " + t.describe());
     p.timeline = t;
   }
+}
+
+// DecodeConstants::taggedMerge. Tagged partials, no release or acquire at all, are opt-in:
+// FLEXTILE_DECODE_TAGGED_MERGE=1 merges by a relaxed ticket, FLEXTILE_DECODE_DESIGNATED_MERGER=1 by
+// the group's last split, waiting from its own walk's end. The latter only where every program it
+// waits for has started before it: a grid of one wave on the GPU (all resident at once), or the
+// interpreter (programs started in increasing order); not with the cluster merge's tickets.
+int64_t taggedMergeMode(const DecodePrepared& p, int64_t cluster) {
+  if (p.config.splits <= 1) return 0;
+  const int64_t programs = p.config.splits * (p.Hq / p.HP) * p.B;
+  // (Residency is asked of ptxas only for programs of 16 rows: see traceDecode.)
+  const bool oneWave = p.multiprocessors == 0 || (p.BM <= 16 && programs <= p.multiprocessors * p.programsPerSm);
+  if (cluster == 0 && oneWave && detail::forcedBySwitch("FLEXTILE_DECODE_DESIGNATED_MERGER").value_or(false))
+    return kDesignatedMerger;
+  return detail::forcedBySwitch("FLEXTILE_DECODE_TAGGED_MERGE").value_or(false) ? kTicketMerger : 0;
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -917,8 +943,7 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
                          detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true),
-                         // Tagged partials, no release or acquire at all: opt-in until timed.
-                         detail::forcedBySwitch("FLEXTILE_DECODE_TAGGED_MERGE").value_or(false)};
+                         taggedMergeMode(p, cluster)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

@@ -3,7 +3,7 @@
 //
 //   flextile_attention_decode_bench              # the decode shapes below, default configs
 //   flextile_attention_decode_bench --sweep      # also a config sweep on the main shape
-//   flextile_attention_decode_bench --sweep-splits   # block size x stages x split count on every shape
+//   flextile_attention_decode_bench --sweep-splits   # block size (32-128) x stages x split count on every shape
 //   flextile_attention_decode_bench --sweep-ws   # the producer warpgroup (config `ws`) at 2 and 3 stages, BN 64 and 128
 //   flextile_attention_decode_bench --timeline   # also each shape's phases from the kernel's own clock (printTimeline)
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
@@ -271,6 +271,9 @@ int main(int argc, char** argv) try {
       for (int64_t bn : {64, 128})
         for (int st : {2, 3})
           for (int64_t sp : {0, 2, 4, 8, 16}) configs.push_back({bn, bn == 64 ? 4 : 8, st, sp});
+    if (sweepSplits && (s.name != "decode" || !sweep))  // 32-key steps: finer runs, deeper rings
+      for (int st : {2, 3, 4})
+        for (int64_t sp : {0, 6, 8, 12}) configs.push_back({32, 4, st, sp});
     if (sweep && s.name == "decode")
       for (int64_t bn : {64, 128})
         for (int w : {4, 8})

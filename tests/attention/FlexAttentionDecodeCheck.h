@@ -205,8 +205,9 @@ inline void checkDecodeTimeline(std::mt19937_64& rng, dsl::MemorySpace space) {
         EXPECT_LE(at(kTimelineMerging), at(kTimelineEnd));
       }
     }
-    if (splits > 1)
+    if (splits > 1) {
       for (int merged : mergers) EXPECT_EQ(merged, 1);
+    }
   }
   FlexAttentionOptions wrong{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{32, 4, 2, 3},
                              .query_offset = pos, .decode_timeline = Tensor::empty(DType::I32, {24, kTimelineSlots}, space)};
