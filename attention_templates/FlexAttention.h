@@ -393,7 +393,8 @@ FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
 // steps (live blocks x KV_BLOCK_SIZE / BLOCK_N: the BlockMask's counts, never the raw KV length),
 // on a GPU of `multiprocessors` SMs (0: the interpreter, one split), `programsPerSm` of them
-// resident on each (decodeProgramsPerSm): the count whose waves x steps per program is least.
+// resident on each (decodeProgramsPerSm; at most two are aimed at): the count whose waves x steps
+// per program is least.
 int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm);
 // Decode programs of `numWarps` warps whose K/V ring takes `ringBytes` that one SM of `arch` keeps
 // resident: as many as its shared memory holds (each with the system's per-block reservation), at

@@ -123,7 +123,14 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
   if (multiprocessors <= 0 || liveSteps <= 1 || programsPerSplit < 1) return 1;
   // At most 128 splits: the last program of a group folds them all.
   constexpr int64_t kMinStepsPerSplit = 4;
-  const int64_t slots = int64_t(multiprocessors) * std::max<int64_t>(1, programsPerSm);
+  // Two programs an SM, not every slot the ring allows: with two stages in flight each, two keep an
+  // SM's share of the bandwidth busy, and a third only adds partials and merge work (H100,
+  // 2026-12-05, two processes each: at three an SM the window took 53.9-54.2 µs against 52.8-52.9
+  // at two, the long decode 356.4 against 352.1-352.4, B = 1 55.6 against 53.3, S = 2048 31.5
+  // against 31.0; five splits, three programs on some SMs and two on others, lost 3.5 %; on the
+  // H200 four splits of the window were level with six, and led on the long decode, 2026-12-01/04).
+  constexpr int64_t kProgramsPerSmAimedAt = 2;
+  const int64_t slots = int64_t(multiprocessors) * std::clamp<int64_t>(programsPerSm, 1, kProgramsPerSmAimedAt);
   const int64_t most = std::clamp<int64_t>(liveSteps / kMinStepsPerSplit, 1, 128);
   // The time of a grid is about its waves times the steps of one program; a split more costs its
   // partials and a round of the merge, so ties (within 3 %) go to fewer splits.

@@ -7,6 +7,7 @@
 //   flextile_attention_decode_bench --sweep-ws   # the producer warpgroup (config `ws`) at 2 and 3 stages, BN 64 and 128
 //   flextile_attention_decode_bench --timeline   # also each shape's phases from the kernel's own clock (printTimeline)
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
+//   flextile_attention_decode_bench --config 64,4,2,4      # also this config on every shape (repeatable)
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
@@ -182,14 +183,19 @@ double copyMicroseconds(double bytesMoved) {
 int main(int argc, char** argv) try {
   bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false;
   std::vector<std::string> only;
+  std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-ws")) sweepWs = true;
     else if (!std::strcmp(argv[i], "--timeline")) timeline = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
+    else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--only SHAPE]...\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--only SHAPE]... "
+                   "[--config BN,W,S[,SPLITS]]...\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -267,6 +273,7 @@ int main(int argc, char** argv) try {
       else flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
     };
     std::vector<FlexDecodeConfig> configs = {FlexDecodeConfig{}};
+    configs.insert(configs.end(), extraConfigs.begin(), extraConfigs.end());
     if (sweepSplits && (s.name != "decode" || !sweep))
       for (int64_t bn : {64, 128})
         for (int st : {2, 3})

@@ -71,7 +71,7 @@ done
 timeout 120 ./bundle/bin/flextile_attention_decode_bench --sweep-splits --only decode_window4096 \
   > "$OUT/designated_sweep.log" 2>&1
 grep -E "^decode_window4096 .* us " "$OUT/designated_sweep.log" | grep -v yardstick |
-  awk '{ for (i = 1; i < NF; ++i) if ($(i + 1) == "us") print $i, $0 }' | sort -n | head -8
+  awk '{ for (i = 1; i < NF; ++i) if ($(i + 1) == "us" && $(i + 3) == "TB/s") { print $i, $0; break } }' | sort -n | head -8
 fi
 
 if wanted alibi; then

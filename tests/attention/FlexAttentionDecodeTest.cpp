@@ -245,8 +245,12 @@ TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
   EXPECT_EQ(decodeSplitCount(64, 512, 0, ring), 1);  // the interpreter: one split
   EXPECT_GE(decodeSplitCount(1, 1 << 20, 132, ring), 120);  // one long row: about one program per SM
   EXPECT_LE(decodeSplitCount(1, 1 << 20, 132, ring), 128);
-  // Three programs per SM: more slots, more splits.
-  EXPECT_EQ(decodeSplitCount(64, 256, 132, 3), 6);
+  // Two programs per SM: more slots, more splits; three resident are still aimed at two (the
+  // window decode: 64 groups over 64 steps take 4 splits, B = 1 over 512 steps 32, not 47).
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 2), 4);
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 3), 4);
+  EXPECT_EQ(decodeSplitCount(64, 64, 132, 3), 4);
+  EXPECT_EQ(decodeSplitCount(8, 512, 132, 3), 32);
 }
 
 // Residency: what the ring's shared memory allows, capped where a thread would keep fewer than 128
