@@ -167,7 +167,7 @@ struct DecodeParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale),
-                           (P<I64Ptr>, timeline), (P<I64Ptr>, part_tagged), (P<I32>, merge_tag));
+                           (P<I64Ptr>, timeline));
 };
 
 struct DecodeConstants {
@@ -177,21 +177,10 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, taggedMerge));
+                           (int64_t, timeline), (int64_t, acqRelTicket));
 };
 
 // ---- traced kernels ----------------------------------------------------------
-
-// DecodeConstants::taggedMerge: 0 plain partials behind the ticket's release and acquire; the
-// partials as tagged words (store_tagged / load_tagged), merged by the holder of a relaxed ticket
-// (kTicketMerger) or by the group's last split without a ticket (kDesignatedMerger).
-constexpr int64_t kTicketMerger = 1, kDesignatedMerger = 2;
-
-// The tagged merge's words (taggedPartials on the host): the lse words of every (row, split) of
-// the call — rows B * Hq * L, splits the grid's axis 0 — then the outputs' DP words each.
-Tile taggedOutWords(const DecodeParams<Traced>& p) {
-  return p.part_tagged + (num_programs(2) * p.q_heads * p.q_len).to(DType::I64) * num_programs(0).to(DType::I64);
-}
 
 // The merge, run by the last program of a (group, batch): its HP * L real rows, MC at a time, each
 // folding the `splits` partials in split order by the online-softmax rule (running maximum,
@@ -204,8 +193,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
   const int64_t realRows = k.HP * k.LQ;
   int64_t MC = 4;
   while (MC < std::min<int64_t>(realRows, 16)) MC *= 2;
-  // (A tagged word takes two registers until its wait is over: half as many splits a round.)
-  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP) / (k.taggedMerge ? 2 : 1), 1, 16);
+  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP), 1, 16);
   Tile offsD = arange(0, k.DP);
   Tile dLive = offsD < k.D;
   for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
@@ -218,27 +206,6 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile m0 = full({MC}, -INFINITY, DType::F32), l0 = zeros({MC}, DType::F32), a0 = zeros({MC, k.DP}, DType::F32);
     Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
-      if (k.taggedMerge) {
-        // The round's splits, a tile each as in the plain merge below, all waited for by one
-        // load_tagged (a load_tagged a tile waited one round trip each; one tile of every split,
-        // folded by reductions over the split axis, paid for its layout conversions).
-        std::vector<Tile> ptrs, masks;
-        for (int64_t u = 0; u < perRound; ++u) {
-          Tile live = rowLive & (round * perRound + u < splits);
-          Tile slot = firstSlot + (round * perRound + u).to(DType::I64);
-          ptrs.push_back(p.part_tagged + slot);
-          ptrs.push_back(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)));
-          masks.push_back(live);
-          masks.push_back(live.expand(1));
-        }
-        std::vector<Tile> words = load_tagged(ptrs, p.merge_tag, masks);
-        std::vector<Tile> lse, part;
-        for (int64_t u = 0; u < perRound; ++u) {
-          lse.push_back(where(masks[size_t(2 * u)], words[size_t(2 * u)], -INFINITY));  // dead: weight 0
-          part.push_back(words[size_t(2 * u + 1)]);                                       // 0 where dead
-        }
-        return detail::foldPartials(mi, li, ai, lse, part);
-      }
       // Every load of the round first (independent of each other and of the fold), then the fold.
       std::vector<Tile> lse, part;
       for (int64_t u = 0; u < perRound; ++u) {
@@ -479,39 +446,22 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& index,
                          const Tile& count) {
     Tile slot = rowId.to(DType::I64) * count + index;
-    // taggedMerge: each partial word carries this call's tag (store_tagged), so no program releases
-    // anything: the ticket is a relaxed add, and the merger's loads wait, word by word, for the tag
-    // (load_tagged). Waiting is safe: the merger drew the last ticket, so every program it waits
-    // for has taken its own, after its stores, and runs to its end without waiting on anyone. On
-    // the last program's path this leaves the ticket's and the loads' round trips, where the fenced
-    // forms also wait for the stores' acknowledgement before the ticket and for the acquire after.
-    if (k.taggedMerge) {
-      store_tagged(taggedOutWords(p) + (slot.expand(1) * k.DP + offsD.expand(0)), partial, p.merge_tag,
-                   rowLive.expand(1));
-      store_tagged(p.part_tagged + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), p.merge_tag, rowLive);
-    } else {
-      store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
-      store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
-    }
-    const bool acqRel = k.acqRelTicket && !k.taggedMerge, fences = !k.acqRelTicket && !k.taggedMerge;
+    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
+    store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
+    const bool acqRel = k.acqRelTicket, fences = !k.acqRelTicket;
     // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
     // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
     // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
     if (fences) fence();  // release the partials
     if (k.timeline) stamps[kTimelineReleased] = global_timer();
-    // kDesignatedMerger: no ticket at all — the group's last split merges, waiting for the others'
-    // tagged words from the moment its own walk ends. It waits only for programs numbered below it,
-    // which start before it (the host asks for it only when the grid is one wave on the GPU; the
-    // interpreter starts programs in increasing order), so every program it waits for runs to its end.
-    const bool designated = k.taggedMerge == kDesignatedMerger;
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = designated ? index : acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
+    Tile ticket = acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
     Tile merging = (ticket == count - 1).to(DType::I32);
     auto merge = [&] {
       if (fences) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
-      if (!designated) store(counter, zeros({}, DType::I32));  // every other program of the group has added
+      store(counter, zeros({}, DType::I32));  // every other program of the group has added
       return start;
     };
     if (k.timeline)
@@ -661,33 +611,6 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
   return Tensor::hostView(slot.hostData(), DType::I32, {count});
 }
 
-// The tagged merge's partials (taggedMerge): i64 words, each a value and its call's tag
-// (store_tagged), grow-only and zeroed when allocated, per thread, memory space and stream like the
-// partials. Each call takes the next tag of its slot, so words a previous call left are never
-// mistaken for this call's; tag 0 (the zeroed words') is never handed out, and when the tags wrap
-// (after 2^32 - 1 calls) the words are zeroed again.
-struct TaggedPartials {
-  Tensor words;  // the lse words of every (row, split), then the output words (the kernel's taggedOutWords)
-  int32_t tag;
-};
-
-struct TaggedWordsSlot {
-  Tensor words;
-  uint32_t tag = 0;  // the last call's
-};
-
-TaggedPartials taggedPartials(MemorySpace space, runtime::Stream* stream, int64_t lseWords, int64_t outWords) {
-  TaggedWordsSlot& slot = detail::perStreamSlot<TaggedWordsSlot, TaggedWordsSlot>(space, stream);
-  const int64_t needed = lseWords + outWords;
-  if (++slot.tag == 0 || !slot.words.defined() || slot.words.numel() < needed) {
-    slot.words = Tensor::zeros(DType::I64, {std::max<int64_t>(2 * needed, int64_t(1) << 15)}, space, stream);
-    slot.tag = 1;
-  }
-  if (space == MemorySpace::Device)
-    return {Tensor::deviceView(slot.words.deviceAddress(), DType::I64, {needed}), int32_t(slot.tag)};
-  return {Tensor::hostView(slot.words.hostData(), DType::I64, {needed}), int32_t(slot.tag)};
-}
-
 void resetMergeCounters(MemorySpace space) {
   Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, nullptr);
   if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
@@ -696,7 +619,6 @@ void resetMergeCounters(MemorySpace space) {
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
   int64_t programsPerSm;  // resident on one SM of the GPU planned for (decodeProgramsPerSm); 0: none
-  int multiprocessors = 0;  // of the GPU planned for; 0: none (the interpreter)
   DType dtype;
   MemorySpace space;
   FlexDecodeConfig config;
@@ -881,12 +803,12 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps,
                                               gpu->description(), p.warpSpecialized ? 4 : 0)
                         : 0;
-  // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
-  p.multiprocessors = target ? target->description().part.multiprocessors
-                      : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
   if (c.splits == 0) {
+    // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).
+    const int sms = target ? target->description().part.multiprocessors
+                    : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                p.multiprocessors, std::max<int64_t>(1, p.programsPerSm));
+                                sms, std::max<int64_t>(1, p.programsPerSm));
     // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
     if (clusterMergeWanted(p) && c.splits > kMaxClusterSize)
       c.splits = (c.splits + kMaxClusterSize - 1) / kMaxClusterSize * kMaxClusterSize;
@@ -904,21 +826,6 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
       fail("decode_timeline must be contiguous and in q's memory space, got " + t.describe());
     p.timeline = t;
   }
-}
-
-// DecodeConstants::taggedMerge. Tagged partials, no release or acquire at all, are opt-in:
-// FLEXTILE_DECODE_TAGGED_MERGE=1 merges by a relaxed ticket, FLEXTILE_DECODE_DESIGNATED_MERGER=1 by
-// the group's last split, waiting from its own walk's end. The latter only where every program it
-// waits for has started before it: a grid of one wave on the GPU (all resident at once), or the
-// interpreter (programs started in increasing order); not with the cluster merge's tickets.
-int64_t taggedMergeMode(const DecodePrepared& p, int64_t cluster) {
-  if (p.config.splits <= 1) return 0;
-  const int64_t programs = p.config.splits * (p.Hq / p.HP) * p.B;
-  // (Residency is asked of ptxas only for programs of 16 rows: see traceDecode.)
-  const bool oneWave = p.multiprocessors == 0 || (p.BM <= 16 && programs <= p.multiprocessors * p.programsPerSm);
-  if (cluster == 0 && oneWave && detail::forcedBySwitch("FLEXTILE_DECODE_DESIGNATED_MERGER").value_or(false))
-    return kDesignatedMerger;
-  return detail::forcedBySwitch("FLEXTILE_DECODE_TAGGED_MERGE").value_or(false) ? kTicketMerger : 0;
 }
 
 DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
@@ -949,8 +856,7 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.timeline.has_value(),
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
-                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true),
-                         taggedMergeMode(p, cluster)};
+                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -980,17 +886,13 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const int64_t rows = p.B * p.Hq * p.L;
   const bool split = constants.split && (!constants.clusterMerge || constants.clusterTickets);  // partials in global memory
   Tensor partOut, partLse, counters;
-  std::optional<TaggedPartials> tagged;
-  if (split && constants.taggedMerge) {
-    tagged = taggedPartials(p.space, p.stream, rows * c.splits, rows * c.splits * DP);
-    counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
-  } else if (split) {
+  if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
     partLse = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems, {lseElems});  // the far end first
     partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
     counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
-  const Tensor& anyF32 = split && !tagged ? partLse : (lse ? *lse : p.lists.fullNum);
+  const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
   LaunchOptions lo;
   lo.grid = {c.splits, p.Hq / p.HP, p.B};
@@ -1011,8 +913,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   result.push_back(
       {&kernel, lo,
        bindParams<DecodeParams>(
-           {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split && !tagged ? partOut : anyF32,
-            .part_lse = split && !tagged ? partLse : anyF32,
+           {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
+            .part_lse = split ? partLse : anyF32,
             .merge_counters = split ? counters : lists.fullNum,  // touched only with several splits
             .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
             .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
@@ -1026,8 +928,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
             .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale,
-            .timeline = p.timeline ? *p.timeline : anyF32,  // written only with a timeline
-            .part_tagged = tagged ? tagged->words : anyF32, .merge_tag = tagged ? tagged->tag : 0},
+            .timeline = p.timeline ? *p.timeline : anyF32},  // written only with a timeline
            kernel.name())});
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());

@@ -10,9 +10,9 @@
 # round's programmatic merge, the skewed and overlapped walks, the row sum after P·V, exp2's ftz
 # form on the forward and backward, the row max as four chains; on 2026-12-05 (H100) the peeled
 # skewed walks (made the default) and the decode's producer warpgroup (left opt-in); on 2026-12-05 the
-# acq_rel ticket (made the default) and the tagged merge (left opt-in; rebuilt with one wait a round,
-# pending again: section tagged) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, tagged, designated, alibi, bwdturns, order),
+# acq_rel ticket (made the default); on 2026-12-05 (H100) the tagged merge, rebuilt, and a merge
+# without a ticket (both removed: level or slower on every shape) (bench/RESULTS.md).
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -38,40 +38,6 @@ FLEXTILE_AB_TAG=canonicalbwd FLEXTILE_AB_BENCH=flextile_attention_backward_bench
 FLEXTILE_AB_TAG=canonicaldec FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_CANONICAL_ORDER=1"
-fi
-
-if wanted tagged; then
-echo "== the decode's tagged merge (FLEXTILE_DECODE_TAGGED_MERGE=1: tagged partials, a relaxed ticket,"
-echo "   one wait a round) against the default acq_rel ticket, twice; timelines of the window after"
-FLEXTILE_AB_TAG=tagged FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_s2048 --only decode_b1_s2048" \
-  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_TAGGED_MERGE=1" "FLEXTILE_AB_BASELINE=1" \
-  "FLEXTILE_DECODE_TAGGED_MERGE=1"
-for v in 1 0; do
-  FLEXTILE_DECODE_TAGGED_MERGE=$v timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
-    --only decode_window4096 > "$OUT/tagged_timeline_$v.log" 2>&1
-  echo "-- timeline, FLEXTILE_DECODE_TAGGED_MERGE=$v"; grep -E "timeline call|walk end" "$OUT/tagged_timeline_$v.log"
-done
-fi
-
-if wanted designated; then
-echo "== the decode's merge without a ticket (FLEXTILE_DECODE_DESIGNATED_MERGER=1: tagged partials, each"
-echo "   group's last split waits for the others' words from its own walk's end) and the tagged"
-echo "   merge's round as a tile a split (FLEXTILE_DECODE_TAGGED_MERGE=1) against the default, twice;"
-echo "   timelines of the window after; then 32-key steps on the window"
-FLEXTILE_AB_TAG=designated FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_s2048 --only decode_b1_s2048" \
-  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_DESIGNATED_MERGER=1" "FLEXTILE_DECODE_TAGGED_MERGE=1" \
-  "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_DESIGNATED_MERGER=1"
-for v in DESIGNATED_MERGER=1 TAGGED_MERGE=1 AB_BASELINE=1; do
-  env FLEXTILE_$v timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
-    --only decode_window4096 > "$OUT/designated_timeline_$v.log" 2>&1
-  echo "-- timeline, FLEXTILE_$v"; grep -E "timeline call|walk end" "$OUT/designated_timeline_$v.log"
-done
-timeout 120 ./bundle/bin/flextile_attention_decode_bench --sweep-splits --only decode_window4096 \
-  > "$OUT/designated_sweep.log" 2>&1
-grep -E "^decode_window4096 .* us " "$OUT/designated_sweep.log" | grep -v yardstick |
-  awk '{ for (i = 1; i < NF; ++i) if ($(i + 1) == "us" && $(i + 3) == "TB/s") { print $i, $0; break } }' | sort -n | head -8
 fi
 
 if wanted alibi; then
@@ -102,7 +68,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log canonical*.log tagged_*.log designated_*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

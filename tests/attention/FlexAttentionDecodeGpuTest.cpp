@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <tuple>
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -86,12 +85,8 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
 // program of its group, or a merge that read another program's partials before they were visible,
 // shows as a wrong or poisoned output; fully masked rows beside live ones, GQA 4:1 and 8:1, L > 1,
 // 128 rows a program, KV lengths off the block; the window decode's shape (4096, 6 splits). Each
-// way of ordering the merge: fences around the ticket, the ticket as its own release and acquire
-// (the default: one thread's atom.acq_rel after a barrier), and tagged partials that the merger
-// waits for word by word (FLEXTILE_DECODE_TAGGED_MERGE=1: a stale word from the previous call, or a
-// wait that never ends, shows as a wrong output or a trapped launch), merged by a ticket's holder or
-// by each group's last split without a ticket (FLEXTILE_DECODE_DESIGNATED_MERGER=1, taken by the
-// grids of one wave here: 6 to 33 splits of 8 groups, 3 batches; the larger ones keep the ticket).
+// way of ordering the merge: fences around the ticket, and the ticket as its own release and acquire
+// (the default: one thread's atom.acq_rel after a barrier).
 TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
@@ -105,13 +100,9 @@ TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
       {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {20, 9, 47}},
   };
-  for (const auto& [acqRel, tagged, designated] :
-       {std::tuple{"0", "0", "0"}, std::tuple{"1", "0", "0"}, std::tuple{"1", "1", "0"}, std::tuple{"1", "0", "1"}}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_TAGGED_MERGE=" + tagged +
-                 " FLEXTILE_DECODE_DESIGNATED_MERGER=" + designated);
+  for (const char* acqRel : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
-    ScopedSetenv words("FLEXTILE_DECODE_TAGGED_MERGE", tagged);
-    ScopedSetenv lastSplit("FLEXTILE_DECODE_DESIGNATED_MERGER", designated);
     for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
       for (const FusedMergeCase& c : cases)
         if (!checkFusedMergeCalls(rng, c, kDevice)) return;

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <tuple>
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -175,19 +174,12 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
 // ticket and the fences are exercised for real): many splits, the split count changing from call
 // to call on one scratch (the counters must be back at 0 after every call), fully masked rows
 // beside live ones, GQA 4:1 and MQA, L > 1, empty splits, and 128 rows a program (4 merge rounds).
-// Each way of ordering the merge: fences around a relaxed ticket, the ticket as its own release and
-// acquire (the default), and tagged partials the merger waits for (FLEXTILE_DECODE_TAGGED_MERGE=1:
-// the tags must tell this call's words from the previous call's, which sit in the same scratch),
-// merged by a ticket's holder or by each group's last split, without a ticket
-// (FLEXTILE_DECODE_DESIGNATED_MERGER=1: it waits for programs the interpreter started before it).
+// Each way of ordering the merge: fences around a relaxed ticket, and the ticket as its own release
+// and acquire (the default).
 TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
-  for (const auto& [acqRel, tagged, designated] :
-       {std::tuple{"0", "0", "0"}, std::tuple{"1", "0", "0"}, std::tuple{"1", "1", "0"}, std::tuple{"1", "0", "1"}}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_TAGGED_MERGE=" + tagged +
-                 " FLEXTILE_DECODE_DESIGNATED_MERGER=" + designated);
+  for (const char* acqRel : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
-    ScopedSetenv words("FLEXTILE_DECODE_TAGGED_MERGE", tagged);
-    ScopedSetenv lastSplit("FLEXTILE_DECODE_DESIGNATED_MERGER", designated);
     SeededRandom rng;
     const std::vector<FusedMergeCase> cases = {
         {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
