@@ -393,9 +393,11 @@ FlexDecodeConfig defaultFlexDecodeConfig(dsl::DType dtype, int64_t headDim);
 // Splits for `programsPerSplit` programs (B x head groups) over rows of at most `liveSteps` inner
 // steps (live blocks x KV_BLOCK_SIZE / BLOCK_N: the BlockMask's counts, never the raw KV length),
 // on a GPU of `multiprocessors` SMs (0: the interpreter, one split), `programsPerSm` of them
-// resident on each (decodeProgramsPerSm; at most two are aimed at): the count whose waves x steps
-// per program is least.
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm);
+// resident on each (decodeProgramsPerSm), of which at most `aimedPerSm` are aimed at: the count
+// whose waves x steps per program is least.
+inline constexpr int64_t kDecodeProgramsPerSmAimedAt = 2;
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm,
+                         int64_t aimedPerSm = kDecodeProgramsPerSmAimedAt);
 // Decode programs of `numWarps` warps whose K/V ring takes `ringBytes` that one SM of `arch` keeps
 // resident: as many as its shared memory holds (each with the system's per-block reservation), at
 // most 8, but no more than leave each thread 128 registers. The kernel asks ptxas for this

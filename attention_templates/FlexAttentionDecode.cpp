@@ -119,7 +119,8 @@ int64_t decodeProgramsPerSm(int64_t ringBytes, int numWarps, const codegen::Targ
   return std::min(byShared, byRegisters);
 }
 
-int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm) {
+int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multiprocessors, int64_t programsPerSm,
+                         int64_t aimedPerSm) {
   if (multiprocessors <= 0 || liveSteps <= 1 || programsPerSplit < 1) return 1;
   // At most 128 splits: the last program of a group folds them all.
   constexpr int64_t kMinStepsPerSplit = 4;
@@ -129,8 +130,8 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
   // at two, the long decode 356.4 against 352.1-352.4, B = 1 55.6 against 53.3, S = 2048 31.5
   // against 31.0; five splits, three programs on some SMs and two on others, lost 3.5 %; on the
   // H200 four splits of the window were level with six, and led on the long decode, 2026-12-01/04).
-  constexpr int64_t kProgramsPerSmAimedAt = 2;
-  const int64_t slots = int64_t(multiprocessors) * std::clamp<int64_t>(programsPerSm, 1, kProgramsPerSmAimedAt);
+  // (FLEXTILE_DECODE_FILL_SLOTS=1 aims at every slot again, for the A/B on other GPUs.)
+  const int64_t slots = int64_t(multiprocessors) * std::clamp<int64_t>(programsPerSm, 1, std::max<int64_t>(1, aimedPerSm));
   const int64_t most = std::clamp<int64_t>(liveSteps / kMinStepsPerSplit, 1, 128);
   // The time of a grid is about its waves times the steps of one program; a split more costs its
   // partials and a round of the merge, so ties (within 3 %) go to fewer splits.
@@ -808,7 +809,10 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     const int sms = target ? target->description().part.multiprocessors
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
-                                sms, std::max<int64_t>(1, p.programsPerSm));
+                                sms, std::max<int64_t>(1, p.programsPerSm),
+                                detail::forcedBySwitch("FLEXTILE_DECODE_FILL_SLOTS").value_or(false)
+                                    ? p.programsPerSm
+                                    : kDecodeProgramsPerSmAimedAt);
     // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
     if (clusterMergeWanted(p) && c.splits > kMaxClusterSize)
       c.splits = (c.splits + kMaxClusterSize - 1) / kMaxClusterSize * kMaxClusterSize;

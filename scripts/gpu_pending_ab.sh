@@ -12,7 +12,7 @@
 # skewed walks (made the default) and the decode's producer warpgroup (left opt-in); on 2026-12-05 the
 # acq_rel ticket (made the default); on 2026-12-05 (H100) the tagged merge, rebuilt, and a merge
 # without a ticket (both removed: level or slower on every shape) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, canonical, alibi, bwdturns, order),
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, splits, canonical, alibi, bwdturns, order),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -24,6 +24,16 @@ echo "== the decode with exp2's ftz form (its default since 533707f) against wit
 FLEXTILE_AB_TAG=decode FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
   FLEXTILE_AB_ARGS="--only decode --only decode_window4096 --only decode_b1_s2048" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_EXP2_FTZ=0"
+fi
+
+if wanted splits; then
+echo "== the decode's split count aimed at two programs an SM (the default since 2026-12-05: H100 -0.6 to"
+echo "   -3.3 % on every shape) against every slot of the ring (FLEXTILE_DECODE_FILL_SLOTS=1, the counts"
+echo "   before), twice: not yet measured on an H200, where #12's goals are set"
+FLEXTILE_AB_TAG=splits FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
+  FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_s2048 --only decode_l4" \
+  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_FILL_SLOTS=1" "FLEXTILE_AB_BASELINE=1" \
+  "FLEXTILE_DECODE_FILL_SLOTS=1"
 fi
 
 if wanted canonical; then
@@ -68,7 +78,7 @@ FLEXTILE_AB_TAG=bwdorder FLEXTILE_AB_BENCH=flextile_attention_backward_bench FLE
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log splits_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

@@ -243,6 +243,23 @@ TEST(FlexDecode, SplitCountFollowsLiveBlocksNotTheKvLength) {
   EXPECT_EQ(decodeSplitCount(64, 256, 132, 3), 4);
   EXPECT_EQ(decodeSplitCount(64, 64, 132, 3), 4);
   EXPECT_EQ(decodeSplitCount(8, 512, 132, 3), 32);
+  // Aiming at every slot (FLEXTILE_DECODE_FILL_SLOTS=1): the counts of before 2026-12-05.
+  EXPECT_EQ(decodeSplitCount(64, 256, 132, 3, 3), 6);
+  EXPECT_EQ(decodeSplitCount(64, 64, 132, 3, 3), 6);
+  EXPECT_EQ(decodeSplitCount(8, 512, 132, 3, 3), 47);
+}
+
+// A plan for the H100/H200 (sm_90a, 132 SMs) takes the split count aimed at two programs an SM;
+// FLEXTILE_DECODE_FILL_SLOTS=1 aims at the three the default ring allows (the counts before
+// 2026-12-05), for the A/B on another GPU. B = 8 groups of GQA 4:1 over 4096 keys: 64 steps.
+TEST(FlexDecode, PlannedSplitsAimAtTwoProgramsAnSm) {
+  const int64_t B = 8, Hq = 32, Hkv = 8, S = 4096, D = 128;
+  Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
+  const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
+  auto splits = [&] { return plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a()).config.splits; };
+  EXPECT_EQ(splits(), 4);
+  ScopedSetenv fill("FLEXTILE_DECODE_FILL_SLOTS", "1");
+  EXPECT_EQ(splits(), 6);
 }
 
 // Residency: what the ring's shared memory allows, capped where a thread would keep fewer than 128
