@@ -206,11 +206,11 @@ struct BlockMaskBuilder {
     m.hostLists_ = hostLists;
     if (!hostLists) return m;
     const size_t rowsQ = size_t(B * H * m.nQ_), rowsKv = size_t(B * H * m.nKv_), cells = rowsQ * size_t(m.nKv_);
-    for (BlockLists* l : {&m.partialKv_, &m.fullKv_}) {
+    for (BlockLists* l : {&m.lists_->partialKv, &m.lists_->fullKv}) {
       l->num.assign(rowsQ, 0);
       l->indices.assign(cells, 0);
     }
-    for (BlockLists* l : {&m.partialQ_, &m.fullQ_}) {
+    for (BlockLists* l : {&m.lists_->partialQ, &m.lists_->fullQ}) {
       l->num.assign(rowsKv, 0);
       l->indices.assign(cells, 0);
     }
@@ -257,7 +257,7 @@ struct BlockMaskBuilder {
       for (int64_t c = unionLo / BKV; c <= unionHi / BKV; ++c) {
         const int64_t c0 = c * BKV, c1 = std::min(c0 + BKV, m.kvLen_) - 1;
         const bool full = lastLive == e && interLo <= c0 && c1 <= interHi;
-        append(full ? m.fullKv_ : m.partialKv_, rowIndex, m.nKv_, int32_t(c));
+        append(full ? m.lists_->fullKv : m.lists_->partialKv, rowIndex, m.nKv_, int32_t(c));
       }
     }
   }
@@ -268,8 +268,8 @@ struct BlockMaskBuilder {
     for (int64_t rowIndex = 0; rowIndex < m.B_ * m.H_ * m.nQ_; ++rowIndex)
       for (int64_t c = 0; c < m.nKv_; ++c) {
         const int8_t s = states[size_t(rowIndex * m.nKv_ + c)];
-        if (s == 1) append(m.partialKv_, rowIndex, m.nKv_, int32_t(c));
-        else if (s == 2) append(m.fullKv_, rowIndex, m.nKv_, int32_t(c));
+        if (s == 1) append(m.lists_->partialKv, rowIndex, m.nKv_, int32_t(c));
+        else if (s == 2) append(m.lists_->fullKv, rowIndex, m.nKv_, int32_t(c));
         else if (s != 0) throw Error("createBlockMask: the builder kernel wrote block state " + std::to_string(s));
       }
     m.deriveTransposes();
@@ -290,15 +290,15 @@ struct BlockMaskBuilder {
 // ---- construction ----------------------------------------------------------
 
 void BlockMask::deriveTransposes() {
-  for (BlockLists* l : {&partialQ_, &fullQ_}) {
+  for (BlockLists* l : {&lists_->partialQ, &lists_->fullQ}) {
     std::fill(l->num.begin(), l->num.end(), 0);
     std::fill(l->indices.begin(), l->indices.end(), 0);
   }
   for (int64_t bh = 0; bh < B_ * H_; ++bh)
     for (int64_t r = 0; r < nQ_; ++r) {
       const int64_t rowIndex = bh * nQ_ + r;
-      for (int32_t c : row(partialKv_, rowIndex, nKv_)) BlockMaskBuilder::append(partialQ_, bh * nKv_ + c, nQ_, int32_t(r));
-      for (int32_t c : row(fullKv_, rowIndex, nKv_)) BlockMaskBuilder::append(fullQ_, bh * nKv_ + c, nQ_, int32_t(r));
+      for (int32_t c : row(lists_->partialKv, rowIndex, nKv_)) BlockMaskBuilder::append(lists_->partialQ, bh * nKv_ + c, nQ_, int32_t(r));
+      for (int32_t c : row(lists_->fullKv, rowIndex, nKv_)) BlockMaskBuilder::append(lists_->fullQ, bh * nKv_ + c, nQ_, int32_t(r));
     }
 }
 
@@ -335,13 +335,13 @@ void checkRows(const char* what, const char* name, const BlockLists& l, int64_t 
 BlockMask BlockMask::fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
                                  BlockLists partialKv, BlockLists fullKv) {
   BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, "BlockMask::fromKvLists");
-  checkListShape("BlockMask::fromKvLists", "partialKv", partialKv, m.partialKv_.num.size(), size_t(m.nKv_));
-  checkListShape("BlockMask::fromKvLists", "fullKv", fullKv, m.fullKv_.num.size(), size_t(m.nKv_));
-  const int64_t rows = int64_t(m.fullKv_.num.size());
+  checkListShape("BlockMask::fromKvLists", "partialKv", partialKv, m.lists_->partialKv.num.size(), size_t(m.nKv_));
+  checkListShape("BlockMask::fromKvLists", "fullKv", fullKv, m.lists_->fullKv.num.size(), size_t(m.nKv_));
+  const int64_t rows = int64_t(m.lists_->fullKv.num.size());
   checkRows("BlockMask::fromKvLists", "partialKv", partialKv, rows, m.nKv_);
   checkRows("BlockMask::fromKvLists", "fullKv", fullKv, rows, m.nKv_);
-  m.partialKv_ = std::move(partialKv);
-  m.fullKv_ = std::move(fullKv);
+  m.lists_->partialKv = std::move(partialKv);
+  m.lists_->fullKv = std::move(fullKv);
   m.space_ = m.mask_.captureSpace();
   m.deriveTransposes();
   m.check();
@@ -351,10 +351,10 @@ BlockMask BlockMask::fromKvLists(MaskMod maskMod, int64_t B, int64_t H, int64_t 
 BlockMask BlockMask::fromLists(MaskMod maskMod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
                                BlockLists partialKv, BlockLists fullKv, BlockLists partialQ, BlockLists fullQ) {
   BlockMask m = BlockMaskBuilder::init(std::move(maskMod), B, H, qLen, kvLen, sizes, "BlockMask::fromLists");
-  m.partialKv_ = std::move(partialKv);
-  m.fullKv_ = std::move(fullKv);
-  m.partialQ_ = std::move(partialQ);
-  m.fullQ_ = std::move(fullQ);
+  m.lists_->partialKv = std::move(partialKv);
+  m.lists_->fullKv = std::move(fullKv);
+  m.lists_->partialQ = std::move(partialQ);
+  m.lists_->fullQ = std::move(fullQ);
   m.space_ = m.mask_.captureSpace();
   m.check();
   return m;
@@ -405,7 +405,7 @@ std::span<const int32_t> BlockMask::partialKvBlocks(int64_t b, int64_t h, int64_
   checkIndex("partialKvBlocks", b, B_, "b");
   checkIndex("partialKvBlocks", h, H_, "h");
   checkIndex("partialKvBlocks", qBlock, nQ_, "q block");
-  return row(partialKv_, (b * H_ + h) * nQ_ + qBlock, nKv_);
+  return row(lists_->partialKv, (b * H_ + h) * nQ_ + qBlock, nKv_);
 }
 
 std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
@@ -413,7 +413,7 @@ std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t q
   checkIndex("fullKvBlocks", b, B_, "b");
   checkIndex("fullKvBlocks", h, H_, "h");
   checkIndex("fullKvBlocks", qBlock, nQ_, "q block");
-  return row(fullKv_, (b * H_ + h) * nQ_ + qBlock, nKv_);
+  return row(lists_->fullKv, (b * H_ + h) * nQ_ + qBlock, nKv_);
 }
 
 std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
@@ -421,7 +421,7 @@ std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t
   checkIndex("partialQBlocks", b, B_, "b");
   checkIndex("partialQBlocks", h, H_, "h");
   checkIndex("partialQBlocks", kvBlock, nKv_, "kv block");
-  return row(partialQ_, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+  return row(lists_->partialQ, (b * H_ + h) * nKv_ + kvBlock, nQ_);
 }
 
 std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
@@ -429,7 +429,7 @@ std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kv
   checkIndex("fullQBlocks", b, B_, "b");
   checkIndex("fullQBlocks", h, H_, "h");
   checkIndex("fullQBlocks", kvBlock, nKv_, "kv block");
-  return row(fullQ_, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+  return row(lists_->fullQ, (b * H_ + h) * nKv_ + kvBlock, nQ_);
 }
 
 BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBlock) const {
@@ -444,14 +444,14 @@ BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBloc
 int64_t BlockMask::numPartialBlocks() const {
   requireHostLists("numPartialBlocks");
   int64_t n = 0;
-  for (int32_t c : partialKv_.num) n += c;
+  for (int32_t c : lists_->partialKv.num) n += c;
   return n;
 }
 
 int64_t BlockMask::numFullBlocks() const {
   requireHostLists("numFullBlocks");
   int64_t n = 0;
-  for (int32_t c : fullKv_.num) n += c;
+  for (int32_t c : lists_->fullKv.num) n += c;
   return n;
 }
 
@@ -464,8 +464,8 @@ std::vector<uint8_t> BlockMask::toDenseBlocks() const {
   requireHostLists("toDenseBlocks");
   std::vector<uint8_t> out(size_t(B_ * H_ * nQ_ * nKv_), uint8_t(BlockState::Empty));
   for (int64_t rowIndex = 0; rowIndex < B_ * H_ * nQ_; ++rowIndex) {
-    for (int32_t c : row(partialKv_, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Partial);
-    for (int32_t c : row(fullKv_, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Full);
+    for (int32_t c : row(lists_->partialKv, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Partial);
+    for (int32_t c : row(lists_->fullKv, rowIndex, nKv_)) out[size_t(rowIndex * nKv_ + c)] = uint8_t(BlockState::Full);
   }
   return out;
 }
@@ -481,14 +481,14 @@ std::vector<uint8_t> BlockMask::toDense() const {
   for (int64_t bh = 0; bh < B_ * H_; ++bh)
     for (int64_t r = 0; r < nQ_; ++r) {
       const int64_t rowIndex = bh * nQ_ + r;
-      for (int32_t c : row(fullKv_, rowIndex, nKv_)) {
+      for (int32_t c : row(lists_->fullKv, rowIndex, nKv_)) {
         const int64_t i0 = std::max<int64_t>(rowStart + r * sizes_.q - qOffset_, 0);
         const int64_t i1 = std::min<int64_t>(rowStart + (r + 1) * sizes_.q - qOffset_, qLen_);
         const int64_t j0 = c * sizes_.kv, j1 = std::min<int64_t>(j0 + sizes_.kv, kvLen_);
         for (int64_t i = i0; i < i1; ++i)
           std::fill(dense.begin() + (bh * qLen_ + i) * kvLen_ + j0, dense.begin() + (bh * qLen_ + i) * kvLen_ + j1, 1);
       }
-      for (int32_t c : row(partialKv_, rowIndex, nKv_)) partial.insert(partial.end(), {int32_t(bh), int32_t(r), c});
+      for (int32_t c : row(lists_->partialKv, rowIndex, nKv_)) partial.insert(partial.end(), {int32_t(bh), int32_t(r), c});
     }
   if (partial.empty()) return dense;
   const MemorySpace space = chooseSpace(space_, mask_.captureSpace());
@@ -579,7 +579,7 @@ BlockMask BlockMask::sliceRows(int64_t qBlockStart, int64_t count, std::optional
     for (int64_t bh = 0; bh < B_ * H_; ++bh)
       for (int64_t r = 0; r < count; ++r) {
         const int64_t from = (bh * nQ_ + qBlockStart + r), to = bh * count + r;
-        for (auto [src, dst] : {std::pair{&partialKv_, &m.partialKv_}, std::pair{&fullKv_, &m.fullKv_}}) {
+        for (auto [src, dst] : {std::pair{&lists_->partialKv, &m.lists_->partialKv}, std::pair{&lists_->fullKv, &m.lists_->fullKv}}) {
           dst->num[size_t(to)] = src->num[size_t(from)];
           std::copy_n(src->indices.begin() + from * nKv_, nKv_, dst->indices.begin() + to * nKv_);
         }
@@ -670,8 +670,8 @@ BlockMask BlockMask::toHost(runtime::Stream* stream) const {
   m.qOffset_ = qOffset_;
   m.qPhase_ = qPhase_;
   m.space_ = space_;
-  m.partialKv_ = {read(t->kvNum, rows, rowStrides), read(t->kvIndices, cells, cellStrides)};
-  m.fullKv_ = {read(t->fullKvNum, rows, rowStrides), read(t->fullKvIndices, cells, cellStrides)};
+  m.lists_->partialKv = {read(t->kvNum, rows, rowStrides), read(t->kvIndices, cells, cellStrides)};
+  m.lists_->fullKv = {read(t->fullKvNum, rows, rowStrides), read(t->fullKvIndices, cells, cellStrides)};
   if (stream) stream->synchronize();
   m.deriveTransposes();
   m.check();
@@ -681,7 +681,7 @@ BlockMask BlockMask::toHost(runtime::Stream* stream) const {
 int64_t BlockMask::maxLiveBlocksPerRow() const {
   if (!hostLists_) return bounds_.maxLiveBlocksPerRow < 0 ? nKv_ : bounds_.maxLiveBlocksPerRow;
   int64_t most = 0;
-  for (size_t r = 0; r < partialKv_.num.size(); ++r) most = std::max<int64_t>(most, partialKv_.num[r] + fullKv_.num[r]);
+  for (size_t r = 0; r < lists_->partialKv.num.size(); ++r) most = std::max<int64_t>(most, lists_->partialKv.num[r] + lists_->fullKv.num[r]);
   return most;
 }
 
@@ -694,23 +694,23 @@ void BlockMask::check() const {
   requireHostLists("check");
   auto fail = [&](const std::string& m) { throw Error("BlockMask::check: " + m); };
   const size_t rowsQ = size_t(B_ * H_ * nQ_), rowsKv = size_t(B_ * H_ * nKv_);
-  checkListShape("BlockMask::check", "partialKv", partialKv_, rowsQ, size_t(nKv_));
-  checkListShape("BlockMask::check", "fullKv", fullKv_, rowsQ, size_t(nKv_));
-  checkListShape("BlockMask::check", "partialQ", partialQ_, rowsKv, size_t(nQ_));
-  checkListShape("BlockMask::check", "fullQ", fullQ_, rowsKv, size_t(nQ_));
+  checkListShape("BlockMask::check", "partialKv", lists_->partialKv, rowsQ, size_t(nKv_));
+  checkListShape("BlockMask::check", "fullKv", lists_->fullKv, rowsQ, size_t(nKv_));
+  checkListShape("BlockMask::check", "partialQ", lists_->partialQ, rowsKv, size_t(nQ_));
+  checkListShape("BlockMask::check", "fullQ", lists_->fullQ, rowsKv, size_t(nQ_));
   if (qPhase_ < 0 || qPhase_ >= sizes_.q || (qPhase_ + qLen_ + sizes_.q - 1) / sizes_.q != nQ_)
     fail("query phase " + std::to_string(qPhase_) + " and length " + std::to_string(qLen_) + " do not give " +
          std::to_string(nQ_) + " block rows");
-  checkRows("BlockMask::check", "partialKv", partialKv_, int64_t(rowsQ), nKv_);
-  checkRows("BlockMask::check", "fullKv", fullKv_, int64_t(rowsQ), nKv_);
-  checkRows("BlockMask::check", "partialQ", partialQ_, int64_t(rowsKv), nQ_);
-  checkRows("BlockMask::check", "fullQ", fullQ_, int64_t(rowsKv), nQ_);
+  checkRows("BlockMask::check", "partialKv", lists_->partialKv, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "fullKv", lists_->fullKv, int64_t(rowsQ), nKv_);
+  checkRows("BlockMask::check", "partialQ", lists_->partialQ, int64_t(rowsKv), nQ_);
+  checkRows("BlockMask::check", "fullQ", lists_->fullQ, int64_t(rowsKv), nQ_);
   // No block both full and partial; the transposes list exactly the same blocks.
   std::vector<uint8_t> forward(size_t(B_ * H_ * nQ_ * nKv_), 0), backward(forward.size(), 0);
   for (int64_t bh = 0; bh < B_ * H_; ++bh) {
     for (int64_t r = 0; r < nQ_; ++r) {
-      for (int32_t c : row(partialKv_, bh * nQ_ + r, nKv_)) forward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
-      for (int32_t c : row(fullKv_, bh * nQ_ + r, nKv_)) {
+      for (int32_t c : row(lists_->partialKv, bh * nQ_ + r, nKv_)) forward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
+      for (int32_t c : row(lists_->fullKv, bh * nQ_ + r, nKv_)) {
         uint8_t& cell = forward[size_t((bh * nQ_ + r) * nKv_ + c)];
         if (cell & 1)
           fail("block (bh " + std::to_string(bh) + ", q " + std::to_string(r) + ", kv " + std::to_string(c) +
@@ -719,8 +719,8 @@ void BlockMask::check() const {
       }
     }
     for (int64_t c = 0; c < nKv_; ++c) {
-      for (int32_t r : row(partialQ_, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
-      for (int32_t r : row(fullQ_, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 2;
+      for (int32_t r : row(lists_->partialQ, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 1;
+      for (int32_t r : row(lists_->fullQ, bh * nKv_ + c, nQ_)) backward[size_t((bh * nQ_ + r) * nKv_ + c)] |= 2;
     }
   }
   for (size_t i = 0; i < forward.size(); ++i)
@@ -768,10 +768,10 @@ const BlockMaskTensors& BlockMask::kvTensors(MemorySpace space, runtime::Stream*
   if (!slot) {
     BlockMaskTensors t;
     const Shape rowsQ{B_, H_, nQ_}, cellsQ{B_, H_, nQ_, nKv_};
-    t.kvNum = Tensor::fromHost(partialKv_.num, rowsQ, space, stream);
-    t.kvIndices = Tensor::fromHost(partialKv_.indices, cellsQ, space, stream);
-    t.fullKvNum = Tensor::fromHost(fullKv_.num, rowsQ, space, stream);
-    t.fullKvIndices = Tensor::fromHost(fullKv_.indices, cellsQ, space, stream);
+    t.kvNum = Tensor::fromHost(lists_->partialKv.num, rowsQ, space, stream);
+    t.kvIndices = Tensor::fromHost(lists_->partialKv.indices, cellsQ, space, stream);
+    t.fullKvNum = Tensor::fromHost(lists_->fullKv.num, rowsQ, space, stream);
+    t.fullKvIndices = Tensor::fromHost(lists_->fullKv.indices, cellsQ, space, stream);
     t.kvBatchStride = B_ > 1 ? H_ * nQ_ : 0;
     t.kvHeadStride = H_ > 1 ? nQ_ : 0;
     finishUpload(space, stream);
@@ -807,7 +807,7 @@ std::vector<int32_t> BlockMask::heaviestTilesFirst(int64_t B, int64_t H, int64_t
     // The row the kernel reads (FlexAttentionForward.cpp's maskRow), B and H broadcast.
     const int64_t maskRow = std::min((m * blockM + qPhase_) / sizes_.q, nQ_ - 1);
     const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nQ_ + maskRow);
-    return int64_t(partialKv_.num[r]) + fullKv_.num[r];
+    return int64_t(lists_->partialKv.num[r]) + lists_->fullKv.num[r];
   });
 }
 
@@ -826,7 +826,7 @@ std::vector<int32_t> BlockMask::heaviestKeyTilesFirst(int64_t B, int64_t Hkv, in
                          int64_t w = 0;
                          for (int64_t h = hkv * G; h < (hkv + 1) * G; ++h) {
                            const size_t r = size_t(((B_ > 1 ? b : 0) * H_ + (H_ > 1 ? h : 0)) * nKv_ + column);
-                           w += int64_t(partialQ_.num[r]) + fullQ_.num[r];
+                           w += int64_t(lists_->partialQ.num[r]) + lists_->fullQ.num[r];
                          }
                          return w;
                        });
@@ -874,10 +874,10 @@ const BlockMaskTensors& BlockMask::tensors(MemorySpace space, runtime::Stream* s
   if (!slot) {
     BlockMaskTensors t = kv;
     const Shape rowsKv{B_, H_, nKv_}, cellsKv{B_, H_, nKv_, nQ_};
-    t.qNum = Tensor::fromHost(partialQ_.num, rowsKv, space, stream);
-    t.qIndices = Tensor::fromHost(partialQ_.indices, cellsKv, space, stream);
-    t.fullQNum = Tensor::fromHost(fullQ_.num, rowsKv, space, stream);
-    t.fullQIndices = Tensor::fromHost(fullQ_.indices, cellsKv, space, stream);
+    t.qNum = Tensor::fromHost(lists_->partialQ.num, rowsKv, space, stream);
+    t.qIndices = Tensor::fromHost(lists_->partialQ.indices, cellsKv, space, stream);
+    t.fullQNum = Tensor::fromHost(lists_->fullQ.num, rowsKv, space, stream);
+    t.fullQIndices = Tensor::fromHost(lists_->fullQ.indices, cellsKv, space, stream);
     finishUpload(space, stream);
     slot = std::move(t);
   }

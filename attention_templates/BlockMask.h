@@ -164,10 +164,10 @@ class BlockMask {
   // The mask_mod for partial blocks (evaluate it at global query positions).
   const MaskMod& maskMod() const { return mask_; }
 
-  const BlockLists& partialKv() const { requireHostLists("partialKv"); return partialKv_; }
-  const BlockLists& fullKv() const { requireHostLists("fullKv"); return fullKv_; }
-  const BlockLists& partialQ() const { requireHostLists("partialQ"); return partialQ_; }
-  const BlockLists& fullQ() const { requireHostLists("fullQ"); return fullQ_; }
+  const BlockLists& partialKv() const { requireHostLists("partialKv"); return lists_->partialKv; }
+  const BlockLists& fullKv() const { requireHostLists("fullKv"); return lists_->fullKv; }
+  const BlockLists& partialQ() const { requireHostLists("partialQ"); return lists_->partialQ; }
+  const BlockLists& fullQ() const { requireHostLists("fullQ"); return lists_->fullQ; }
 
   // One row of a list. b and h are the mask's (0 on a broadcast dimension).
   std::span<const int32_t> partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const;
@@ -285,7 +285,13 @@ class BlockMask {
   std::optional<dsl::MemorySpace> space_;
   bool hostLists_ = true;
   ListBounds bounds_;  // without host lists
-  BlockLists partialKv_, fullKv_, partialQ_, fullQ_;
+  // The host lists, shared by a mask's copies: a mask is immutable once built (every write is to a
+  // mask that a builder has just made), so passing one by value, or where a std::optional<BlockMask>
+  // is taken, copies no list.
+  struct HostLists {
+    BlockLists partialKv, fullKv, partialQ, fullQ;
+  };
+  std::shared_ptr<HostLists> lists_ = std::make_shared<HostLists>();
   struct TensorCache;
   std::shared_ptr<TensorCache> tensors_;
 };
