@@ -178,7 +178,7 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket));
+                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, liveRuns));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -334,39 +334,73 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile first = minimum(split * share, rowSteps);
   Tile last = minimum(first + share, rowSteps);
 
+  // Which of the partial steps [begin, limit) (at most kLiveBits) hold an allowed pair for these
+  // queries: a bit each from `begin` on, and how many. mask_mod alone decides, no K/V is read; four
+  // steps a round, their block indices loaded together (one list read a round, not one a step).
+  // (Each user forms listRow · list_kv_blocks where it starts: the default kernel's instructions
+  // stay in the order they were measured in.)
+  auto stepStartIn = [&](const Tile& count, const Tile& indices, const Tile& listBase, const Tile& t) {
+    Tile entry = t / R;  // step t's first key
+    Tile block = load(indices + (listBase + entry), entry < count, 0);
+    return block * k.KVBS + (t % R) * k.BN;
+  };
+  auto liveStepsRound = [&](const Tile& listBase, const Tile& begin, const Tile& limit, const Tile& t, Tile bits,
+                            Tile* live) {
+    constexpr int64_t kRound = 4;
+    std::vector<Tile> starts;
+    for (int64_t i = 0; i < kRound; ++i) starts.push_back(stepStartIn(partialCount, p.kv_indices, listBase, t + i));
+    for (int64_t i = 0; i < kRound; ++i) {
+      Tile ti = t + i;
+      Tile offsN = starts[size_t(i)] + arange(0, k.BN);
+      Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
+      Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64) * (ti < limit).to(DType::I64);
+      bits = bits | (any << minimum(ti - begin, kLiveBits - 1).to(DType::I64));
+      if (live) *live = *live + any.to(DType::I32);
+    }
+    return bits;
+  };
+  auto livePartialBits = [&](const Tile& listBase, const Tile& begin, const Tile& limit) {
+    return for_range(begin, limit, 4, zeros({}, DType::I64),
+                     [&](Tile t, Tile bits) { return liveStepsRound(listBase, begin, limit, t, bits, nullptr); });
+  };
+  auto livePartialCount = [&](const Tile& limit) {
+    Tile begin = zeros({}, DType::I32), listBase = listRow * p.list_kv_blocks;
+    auto [bits, live] = for_range(begin, limit, 4, std::tuple{zeros({}, DType::I64), zeros({}, DType::I32)},
+                                  [&](Tile t, Tile bitsIn, Tile liveIn) {
+                                    Tile bitsOut = liveStepsRound(listBase, begin, limit, t, bitsIn, &liveIn);
+                                    return std::tuple{bitsOut, liveIn};
+                                  });
+    return live;
+  };
+  // liveRuns (FLEXTILE_DECODE_LIVE_RUNS=1, opt-in until measured): the runs are cut over the row's
+  // live steps, not all of them. A sliding window's left-edge block is dead for the newest query,
+  // and its steps, laid first, went to the first split: at 4 splits the window's 66 steps (64 live)
+  // were cut 17/17/17/15, the first run holding 2 dead ones, where 16 live steps each suffice
+  // (H100 timeline: the short runs ended 1.2-3.3 us before the long ones, whose steps took as long
+  // as before while the card's bandwidth went half used). Every program counts the dead steps among
+  // the row's first kLiveBits partial steps (one list read a round of four) and takes live steps
+  // [split·live/splits, (split+1)·live/splits) as if the dead ones came first, which they do for a
+  // window's left edge; elsewhere the runs are only less even, never wrong: they still partition
+  // the row in order.
+  if (k.liveRuns && k.split && k.hasPartial && k.partialFirst) {
+    Tile rowLimit = minimum(partialSteps, kLiveBits);
+    Tile dead = rowLimit - livePartialCount(rowLimit);
+    Tile live = rowSteps - dead;
+    first = where(split == 0, 0, split * live / splits + dead);
+    last = (split + 1) * live / splits + dead;
+  }
+
   // Steps [begin, end) of one list of `count` entries.
   auto walk = [&](const Tile& count, const Tile& indices, bool partial, const Tile& begin, const Tile& end, Tile m,
                   Tile l, Tile acc) {
     Tile listBase = listRow * p.list_kv_blocks;
-    auto stepStart = [&](const Tile& t) {  // the logical position of step t's first key
-      Tile entry = t / R;
-      Tile block = load(indices + (listBase + entry), entry < count, 0);
-      return block * k.KVBS + (t % R) * k.BN;
-    };
+    auto stepStart = [&](const Tile& t) { return stepStartIn(count, indices, listBase, t); };
     // A partial block of the mask row may hold no allowed pair for this call's few queries (a
-    // sliding window's left edge, say). Before the walk, mask_mod decides which of the program's
-    // first kLiveBits steps have one; the others are never loaded (their scores are -inf anyway,
-    // but a NaN in their V would reach the output through 0 * NaN). Four steps a round: their
-    // block indices are loaded together, so the program waits for one list read a round rather
-    // than one a step (the window decode's partial steps sit at the end of a split's walk, on the
-    // kernel's critical path).
+    // sliding window's left edge, say): its steps are never loaded (their scores are -inf anyway,
+    // but a NaN in their V would reach the output through 0 * NaN). Only the program's first
+    // kLiveBits partial steps are decided so; the window decode's sit at the start of a walk.
     Tile liveBits;
-    if (partial) {
-      constexpr int64_t kRound = 4;
-      Tile limit = minimum(end, begin + kLiveBits);
-      liveBits = for_range(begin, limit, kRound, zeros({}, DType::I64), [&](Tile t, Tile bits) {
-        std::vector<Tile> starts;
-        for (int64_t i = 0; i < kRound; ++i) starts.push_back(stepStart(t + i));
-        for (int64_t i = 0; i < kRound; ++i) {
-          Tile ti = t + i;
-          Tile offsN = starts[size_t(i)] + arange(0, k.BN);
-          Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
-          Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64) * (ti < limit).to(DType::I64);
-          bits = bits | (any << minimum(ti - begin, kLiveBits - 1).to(DType::I64));
-        }
-        return bits;
-      });
-    }
+    if (partial) liveBits = livePartialBits(listBase, begin, minimum(end, begin + kLiveBits));
     const bool sumAfterProduct = detail::sumAfterProductWanted(false);  // (level on the decode)
     auto [m2, l2, acc2] = for_range(begin, end, 1, std::tuple{m, l, acc}, [&](Tile t, Tile mi, Tile li, Tile ai) {
       Tile start = stepStart(t);
@@ -860,7 +894,9 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.timeline.has_value(),
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
-                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true)};
+                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true),
+                         // Runs cut over the row's live steps: opt-in until a GPU has timed it.
+                         detail::forcedBySwitch("FLEXTILE_DECODE_LIVE_RUNS").value_or(false)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

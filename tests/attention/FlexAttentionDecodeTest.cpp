@@ -194,11 +194,14 @@ TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
 
 // A run of steps may hold partial and full steps: the template walks the partial list's first
 // (FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's). Both orders against the reference, with runs
-// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN).
+// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN);
+// and the runs cut over the live steps (FLEXTILE_DECODE_LIVE_RUNS=1), which moves every boundary
+// past the dead steps: each must still be skipped by whichever program's run holds it.
 TEST(FlexDecode, EitherOrderOfTheListsGivesTheReference) {
-  for (const char* partialFirst : {"1", "0"}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst);
+  for (const auto& [partialFirst, liveRuns] : {std::pair{"1", "0"}, std::pair{"0", "0"}, std::pair{"1", "1"}}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst + " FLEXTILE_DECODE_LIVE_RUNS=" + liveRuns);
     ScopedSetenv order("FLEXTILE_DECODE_PARTIAL_FIRST", partialFirst);
+    ScopedSetenv runs("FLEXTILE_DECODE_LIVE_RUNS", liveRuns);
     SeededRandom rng;
     const FusedMergeCase window{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 611, .D = 64, .window = 200,
                                 .splits = {2, 3, 5, 9}};
@@ -212,7 +215,7 @@ TEST(FlexDecode, EitherOrderOfTheListsGivesTheReference) {
     for (int64_t j = 160 * 64; j < 192 * 64; ++j) vHost[size_t(j)] = NAN;
     Tensor v = Tensor::fromHost(vHost, DType::BF16, {1, 1, S, 64}, kHost);
     const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({W}), 0.125, pos);
-    for (int64_t splits : {1, 2, 3}) {
+    for (int64_t splits : {1, 2, 3, 5}) {
       Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {1, 4, 1}, kHost);
       poison(out);
       poison(lse);
