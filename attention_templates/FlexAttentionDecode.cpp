@@ -334,16 +334,17 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   Tile first = minimum(split * share, rowSteps);
   Tile last = minimum(first + share, rowSteps);
 
-  // Which of the partial steps [begin, limit) (at most kLiveBits) hold an allowed pair for these
-  // queries: a bit each from `begin` on, and how many. mask_mod alone decides, no K/V is read; four
-  // steps a round, their block indices loaded together (one list read a round, not one a step).
-  // (Each user forms listRow · list_kv_blocks where it starts: the default kernel's instructions
+  // The logical position of step t's first key in a list of `count` entries. (Each user forms
+  // listBase = listRow · list_kv_blocks where it starts, so that the default kernel's instructions
   // stay in the order they were measured in.)
   auto stepStartIn = [&](const Tile& count, const Tile& indices, const Tile& listBase, const Tile& t) {
-    Tile entry = t / R;  // step t's first key
+    Tile entry = t / R;
     Tile block = load(indices + (listBase + entry), entry < count, 0);
     return block * k.KVBS + (t % R) * k.BN;
   };
+  // Which of the partial steps [begin, limit) (at most kLiveBits) hold an allowed pair for these
+  // queries: a bit each from `begin` on, and (with `live`) how many. mask_mod alone decides, no K/V
+  // is read; four steps a round, their block indices loaded together (one list read a round).
   auto liveStepsRound = [&](const Tile& listBase, const Tile& begin, const Tile& limit, const Tile& t, Tile bits,
                             Tile* live) {
     constexpr int64_t kRound = 4;
