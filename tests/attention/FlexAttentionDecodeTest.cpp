@@ -175,11 +175,13 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
 // to call on one scratch (the counters must be back at 0 after every call), fully masked rows
 // beside live ones, GQA 4:1 and MQA, L > 1, empty splits, and 128 rows a program (4 merge rounds).
 // Each way of ordering the merge: fences around a relaxed ticket, and the ticket as its own release
-// and acquire (the default).
+// and acquire (the default); the latter also with the runs cut over the live steps
+// (FLEXTILE_DECODE_LIVE_RUNS=1: windows, L > 1 and queries that see only every other key).
 TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
-  for (const char* acqRel : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
+  for (const auto& [acqRel, liveRuns] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"1", "1"}}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_LIVE_RUNS=" + liveRuns);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
+    ScopedSetenv runs("FLEXTILE_DECODE_LIVE_RUNS", liveRuns);
     SeededRandom rng;
     const std::vector<FusedMergeCase> cases = {
         {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
