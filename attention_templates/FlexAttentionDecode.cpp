@@ -342,11 +342,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile block = load(indices + (listBase + entry), entry < count, 0);
     return block * k.KVBS + (t % R) * k.BN;
   };
-  // Which of the partial steps [begin, limit) (at most kLiveBits) hold an allowed pair for these
-  // queries: a bit each from `begin` on, and (with `live`) how many. mask_mod alone decides, no K/V
-  // is read; four steps a round, their block indices loaded together (one list read a round).
-  auto liveStepsRound = [&](const Tile& listBase, const Tile& begin, const Tile& limit, const Tile& t, Tile bits,
-                            Tile* live) {
+  // Whether each of the four partial steps t .. t + 3 holds an allowed pair for these queries (1 or
+  // 0, i64; 0 at or past `limit`), handed to use(step, live) in order: mask_mod alone decides, no
+  // K/V is read, and the four block indices are loaded together (one list read a round).
+  auto testPartialSteps = [&](const Tile& listBase, const Tile& limit, const Tile& t, const auto& use) {
     constexpr int64_t kRound = 4;
     std::vector<Tile> starts;
     for (int64_t i = 0; i < kRound; ++i) starts.push_back(stepStartIn(partialCount, p.kv_indices, listBase, t + i));
@@ -354,24 +353,25 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       Tile ti = t + i;
       Tile offsN = starts[size_t(i)] + arange(0, k.BN);
       Tile allowed = maskMod(b, modHead, qPos, offsN.expand(0)) & (offsN < keyEnd).expand(0);
-      Tile any = max(max(allowed.to(DType::I32), 1), 0).to(DType::I64) * (ti < limit).to(DType::I64);
-      bits = bits | (any << minimum(ti - begin, kLiveBits - 1).to(DType::I64));
-      if (live) *live = *live + any.to(DType::I32);
+      use(ti, max(max(allowed.to(DType::I32), 1), 0).to(DType::I64) * (ti < limit).to(DType::I64));
     }
-    return bits;
   };
+  // The partial steps [begin, limit) (at most kLiveBits) as bits from `begin` on: set where live.
   auto livePartialBits = [&](const Tile& listBase, const Tile& begin, const Tile& limit) {
-    return for_range(begin, limit, 4, zeros({}, DType::I64),
-                     [&](Tile t, Tile bits) { return liveStepsRound(listBase, begin, limit, t, bits, nullptr); });
+    return for_range(begin, limit, 4, zeros({}, DType::I64), [&](Tile t, Tile bits) {
+      testPartialSteps(listBase, limit, t, [&](const Tile& ti, const Tile& live) {
+        bits = bits | (live << minimum(ti - begin, kLiveBits - 1).to(DType::I64));
+      });
+      return bits;
+    });
   };
+  // How many of the row's partial steps [0, limit) are live.
   auto livePartialCount = [&](const Tile& limit) {
-    Tile begin = zeros({}, DType::I32), listBase = listRow * p.list_kv_blocks;
-    auto [bits, live] = for_range(begin, limit, 4, std::tuple{zeros({}, DType::I64), zeros({}, DType::I32)},
-                                  [&](Tile t, Tile bitsIn, Tile liveIn) {
-                                    Tile bitsOut = liveStepsRound(listBase, begin, limit, t, bitsIn, &liveIn);
-                                    return std::tuple{bitsOut, liveIn};
-                                  });
-    return live;
+    Tile listBase = listRow * p.list_kv_blocks;
+    return for_range(0, limit, 4, zeros({}, DType::I32), [&](Tile t, Tile count) {
+      testPartialSteps(listBase, limit, t, [&](const Tile&, const Tile& live) { count = count + live.to(DType::I32); });
+      return count;
+    });
   };
   // liveRuns (FLEXTILE_DECODE_LIVE_RUNS=1, opt-in until measured): the runs are cut over the row's
   // live steps, not all of them. A sliding window's left-edge block is dead for the newest query,
@@ -484,17 +484,16 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile slot = rowId.to(DType::I64) * count + index;
     store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
-    const bool acqRel = k.acqRelTicket, fences = !k.acqRelTicket;
     // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
     // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
     // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
-    if (fences) fence();  // release the partials
+    if (!k.acqRelTicket) fence();  // release the partials
     if (k.timeline) stamps[kTimelineReleased] = global_timer();
     Tile counter = p.merge_counters + (b * num_programs(1) + group);
-    Tile ticket = acqRel ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
+    Tile ticket = k.acqRelTicket ? atomic_add(counter, 1, MemoryOrder::AcqRel) : atomic_add(counter, 1);
     Tile merging = (ticket == count - 1).to(DType::I32);
     auto merge = [&] {
-      if (fences) fence();  // acquire: the other programs' partials are visible from here on
+      if (!k.acqRelTicket) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
       mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added

@@ -274,13 +274,13 @@ int main(int argc, char** argv) try {
     };
     std::vector<FlexDecodeConfig> configs = {FlexDecodeConfig{}};
     configs.insert(configs.end(), extraConfigs.begin(), extraConfigs.end());
-    if (sweepSplits && (s.name != "decode" || !sweep))
+    if (sweepSplits && (s.name != "decode" || !sweep)) {
       for (int64_t bn : {64, 128})
         for (int st : {2, 3})
           for (int64_t sp : {0, 2, 4, 8, 16}) configs.push_back({bn, bn == 64 ? 4 : 8, st, sp});
-    if (sweepSplits && (s.name != "decode" || !sweep))  // 32-key steps: finer runs, deeper rings
-      for (int st : {2, 3, 4})
+      for (int st : {2, 3, 4})  // 32-key steps: finer runs, deeper rings
         for (int64_t sp : {0, 6, 8, 12}) configs.push_back({32, 4, st, sp});
+    }
     if (sweep && s.name == "decode")
       for (int64_t bn : {64, 128})
         for (int w : {4, 8})
