@@ -273,11 +273,11 @@ std::string kernelName(const std::string& name);
 // space and (on the device) stream, for each kind of buffer `Kind`. Per thread, so that one
 // thread's growth never frees what another's views point into; per stream, because a call on
 // another stream may still be using its own. Reuse is safe because one slot's launches all go to
-// one stream in order. `Slot` is what each keeps: a buffer, or a buffer with state of its own.
-template <class Kind, class Slot = dsl::Tensor>
-Slot& perStreamSlot(dsl::MemorySpace space, runtime::Stream* stream) {
-  thread_local Slot host;
-  thread_local std::map<void*, Slot> device;  // by CUstream (null: the legacy default stream)
+// one stream in order.
+template <class Kind>
+dsl::Tensor& perStreamSlot(dsl::MemorySpace space, runtime::Stream* stream) {
+  thread_local dsl::Tensor host;
+  thread_local std::map<void*, dsl::Tensor> device;  // by CUstream (null: the legacy default stream)
   return space == dsl::MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
 }
 

@@ -8,10 +8,10 @@
 // with each element); rows with no allowed key (and keys no query sees) must be exactly 0.
 #pragma once
 
-#include <cstdio>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <functional>
 #include <optional>
