@@ -135,6 +135,11 @@ struct FlexDecodeConfig {
   // Programs each (batch, head group) row of live blocks is split across; 0: chosen from the
   // BlockMask's live block counts and the GPU's size (decodeSplitCount).
   int64_t splits = 0;
+  // With splits 0: the programs an SM the chosen count aims at (decodeSplitCount's aimedPerSm; no
+  // more than the ring lets reside). 0: kDecodeProgramsPerSmAimedAt. The best differs by GPU and
+  // shape (H100: one an SM for B = 1 and for 2048 keys, two for B = 8 over 32768), which is what
+  // `flextile autotune --kernel decode` tunes.
+  int programs_per_sm = 0;
   // The splits' merge through thread block clusters (docs/decode.md; sm_90+): On, Off, or Auto,
   // which is Off (19-22 % slower on the H200's long decodes, 2026-12-05).
   // FLEXTILE_DECODE_CLUSTER_MERGE=0/1 overrides it.
@@ -143,11 +148,13 @@ struct FlexDecodeConfig {
   // consuming (sm_90a, a contiguous K/V that TMA can describe; a paged K/V ignores it): On, Off, or
   // Auto, which is Off until measured on a GPU. FLEXTILE_DECODE_WARP_SPECIALIZE=0/1 overrides it.
   WarpSpecialization warp_specialize = WarpSpecialization::Auto;
-  // "BN64 w4 s3 splits auto", then " cluster" / " no-cluster" and " ws" / " no-ws" where said
+  // "BN64 w4 s3 splits auto", then " per-sm N", " cluster" / " no-cluster" and " ws" / " no-ws"
+  // where said
   std::string describe() const;
-  // "BN,W,S[,SPLITS][,cluster|,no-cluster][,ws|,no-ws]" (flextile compile --kernel decode
-  // --config); throws an Error naming the text and the form.
+  // "BN,W,S[,SPLITS][,per-sm=N][,cluster|,no-cluster][,ws|,no-ws]" (flextile compile --kernel
+  // decode --config); throws an Error naming the text and the form. parse(c.text()) == c.
   static FlexDecodeConfig parse(std::string_view text);
+  std::string text() const;
   bool operator==(const FlexDecodeConfig&) const = default;
 };
 
@@ -205,6 +212,15 @@ struct FlexAttentionProblem {
 // ignored. Must be cheap and thread-safe: it runs on every such call.
 using FlexAttentionConfigResolver = std::function<std::optional<FlexAttentionConfig>(const FlexAttentionProblem&)>;
 void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver);  // empty: none
+// The same hook for the decode template, consulted when options.decode_config is empty (the
+// problem's L is the call's queries; autotune/ installs its per-GPU cache of tuned decode configs).
+// A returned config the call cannot take (BLOCK_N not dividing the mask's KV blocks, a bad tile) is
+// ignored; a paged call still narrows its BLOCK_N to the page size. `mayAnswer`, when given, says
+// cheaply whether the resolver could answer at all (a tune cache with entries): a decode step's
+// host path is a few microseconds, and the problem (the mods' names and hashes) costs ~0.5 of them.
+using FlexDecodeConfigResolver = std::function<std::optional<FlexDecodeConfig>(const FlexAttentionProblem&)>;
+void setFlexDecodeConfigResolver(FlexDecodeConfigResolver resolver,  // empty: none
+                                 std::function<bool()> mayAnswer = {});
 // The problem a resolver sees for these inputs (the autotuner keys its cache by it).
 FlexAttentionProblem flexAttentionProblem(const dsl::Tensor& q, const dsl::Tensor& k, const ScoreMod& scoreMod,
                                           const std::optional<BlockMask>& blockMask);

@@ -212,6 +212,12 @@ std::optional<std::string> configProblem(const FlexAttentionConfig& config, cons
 // tensors, else none (host tensors run on the interpreter: the portable default).
 std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std::optional<codegen::Target>& target);
 
+// What a config resolver sees of a call (FlexAttentionProblem): its shapes, the mods' names, captures
+// and structural hashes, the BlockMask's block sizes.
+FlexAttentionProblem attentionProblem(dsl::DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
+                                      int64_t D, dsl::MemorySpace space, const ScoreMod& scoreMod,
+                                      const std::optional<BlockMask>& blockMask);
+
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 std::optional<bool> forcedBySwitch(const char* name);
 

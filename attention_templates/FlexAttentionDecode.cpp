@@ -57,20 +57,33 @@ using namespace flextile::attention::tmpl;
 std::string FlexDecodeConfig::describe() const {
   return "BN" + std::to_string(block_n) + " w" + std::to_string(num_warps) + " s" + std::to_string(num_stages) +
          " splits " + (splits > 0 ? std::to_string(splits) : std::string("auto")) +
+         (programs_per_sm > 0 ? " per-sm " + std::to_string(programs_per_sm) : std::string()) +
          (cluster_merge == LoopSchedule::On ? " cluster" : cluster_merge == LoopSchedule::Off ? " no-cluster" : "") +
          (warp_specialize == WarpSpecialization::On ? " ws" : warp_specialize == WarpSpecialization::Off ? " no-ws" : "");
+}
+
+std::string FlexDecodeConfig::text() const {
+  return std::to_string(block_n) + "," + std::to_string(num_warps) + "," + std::to_string(num_stages) + "," +
+         std::to_string(splits) + (programs_per_sm > 0 ? ",per-sm=" + std::to_string(programs_per_sm) : "") +
+         (cluster_merge == LoopSchedule::On ? ",cluster" : cluster_merge == LoopSchedule::Off ? ",no-cluster" : "") +
+         (warp_specialize == WarpSpecialization::On ? ",ws" : warp_specialize == WarpSpecialization::Off ? ",no-ws" : "");
 }
 
 FlexDecodeConfig FlexDecodeConfig::parse(std::string_view text) {
   const std::string usage = "decode config '" + std::string(text) +
                             "': expects BN,W,S (three positive integers), then optionally SPLITS (0 chooses), then "
-                            "optionally ,cluster or ,no-cluster and ,ws or ,no-ws";
+                            "optionally ,per-sm=N (1 to 8), ,cluster or ,no-cluster and ,ws or ,no-ws";
   std::vector<std::string> items = detail::configItems(text);
   FlexDecodeConfig c;
-  bool clusterSaid = false, wsSaid = false;
+  bool clusterSaid = false, wsSaid = false, perSmSaid = false;
   while (!items.empty() && items.back().find_first_not_of("0123456789") != std::string::npos) {
     const std::string& word = items.back();
-    if ((word == "cluster" || word == "no-cluster") && !clusterSaid) {
+    if (word.starts_with("per-sm=") && !perSmSaid) {
+      const std::optional<int64_t> n = detail::configInteger(word.substr(7));
+      if (!n || *n < 1 || *n > 8) throw Error(usage);
+      c.programs_per_sm = int(*n);
+      perSmSaid = true;
+    } else if ((word == "cluster" || word == "no-cluster") && !clusterSaid) {
       c.cluster_merge = word == "cluster" ? LoopSchedule::On : LoopSchedule::Off;
       clusterSaid = true;
     } else if ((word == "ws" || word == "no-ws") && !wsSaid) {
@@ -673,6 +686,42 @@ struct DecodePrepared {
   std::optional<Tensor> timeline;  // options.decode_timeline, checked
 };
 
+std::mutex& resolverMutex() {
+  static std::mutex m;
+  return m;
+}
+struct ResolverSlot {
+  FlexDecodeConfigResolver resolve;
+  std::function<bool()> mayAnswer;
+};
+ResolverSlot& resolverSlot() {
+  static ResolverSlot r;
+  return r;
+}
+
+// The resolver's config (a tuned one) when there is one the call can take, else the default.
+FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& scoreMod, const BlockMask& mask) {
+  const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, p.D);
+  FlexDecodeConfigResolver resolver;
+  {
+    std::lock_guard lock(resolverMutex());
+    const ResolverSlot& slot = resolverSlot();
+    if (!slot.resolve || (slot.mayAnswer && !slot.mayAnswer())) return fallback;
+    resolver = slot.resolve;
+  }
+  std::optional<FlexDecodeConfig> c;
+  try {
+    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, mask));
+  } catch (const Error&) {
+    return fallback;  // a mod the probe tiles do not fit: the real trace reports what is wrong
+  }
+  if (!c || c->splits < 0 || c->programs_per_sm < 0 || c->programs_per_sm > 8 || c->block_n < 16 ||
+      mask.kvBlockSize() % std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize())) != 0 ||
+      detail::configProblem({p.BM, c->block_n, c->num_warps, c->num_stages}, nullptr))
+    return fallback;
+  return *c;
+}
+
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, const std::optional<codegen::Target>& target);
 
@@ -809,8 +858,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   p.BM = 16;
   while (p.BM < p.HP * p.L) p.BM *= 2;
 
-  p.config = options.decode_config ? *options.decode_config
-                                   : defaultFlexDecodeConfig(p.dtype, p.D);
+  p.config = options.decode_config ? *options.decode_config : tunedOrDefaultConfig(p, scoreMod, mask);
   FlexDecodeConfig& c = p.config;
   c.block_n = std::min(c.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
   // Paged: an inner step's keys must lie in one page for the K/V to stream through the pipeline
@@ -822,6 +870,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     fail("config " + c.describe() + ": BLOCK_N must divide the BlockMask's KV_BLOCK_SIZE (" +
          std::to_string(mask.kvBlockSize()) + ")");
   if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
+  if (c.programs_per_sm < 0 || c.programs_per_sm > 8)
+    fail("config " + c.describe() + ": programs_per_sm must be in [0, 8] (0 chooses)");
 
   if (p.queryOffsets) {
     p.lists = maskListsForAnyRow(mask, p.space, p.stream);
@@ -844,7 +894,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
                     : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
                                 sms, std::max<int64_t>(1, p.programsPerSm),
-                                detail::forcedBySwitch("FLEXTILE_DECODE_FILL_SLOTS").value_or(false)
+                                c.programs_per_sm > 0 ? c.programs_per_sm
+                                : detail::forcedBySwitch("FLEXTILE_DECODE_FILL_SLOTS").value_or(false)
                                     ? p.programsPerSm
                                     : kDecodeProgramsPerSmAimedAt);
     // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
@@ -1009,6 +1060,11 @@ void flexDecodeInto(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod
 }
 
 }  // namespace detail
+
+void setFlexDecodeConfigResolver(FlexDecodeConfigResolver resolver, std::function<bool()> mayAnswer) {
+  std::lock_guard lock(resolverMutex());
+  resolverSlot() = {std::move(resolver), std::move(mayAnswer)};
+}
 
 FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                                 const std::optional<BlockMask>& blockMask, const FlexAttentionOptions& options,

@@ -821,26 +821,6 @@ FlexAttentionConfigResolver& resolverSlot() {
   return r;
 }
 
-std::string captureSignature(const std::vector<CapturedTensor>& captures) {
-  std::string s;
-  for (const CapturedTensor& c : captures) {
-    if (!s.empty()) s += ' ';
-    s.append(ir::dtypeName(c.dtype())).append("[").append(std::to_string(c.rank())).append("]");
-  }
-  return s;
-}
-
-FlexAttentionProblem makeProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D,
-                                 MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
-  const MaskMod mask = blockMask ? blockMask->maskMod() : noop_mask();
-  const ScoreMod score = scoreMod.defined() ? scoreMod : noop_score();
-  return FlexAttentionProblem{dtype, B, Hq, Hkv, L, S, D,
-                              score.name(), mask.name(),
-                              captureSignature(score.captures()) + "|" + captureSignature(mask.captures()),
-                              ir::hashText(std::to_string(score.structuralHash()), mask.structuralHash()),
-                              blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space};
-}
-
 // The resolver's config when it gives a usable one, else the default.
 FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
                                   const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
@@ -856,7 +836,7 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
     // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
     // (it insists on its template's tile shapes, say) just runs the default config, and the real
     // trace below reports anything truly wrong with it.
-    c = resolver(makeProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask));
+    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask));
   } catch (const Error&) {
     return fallback;
   }
@@ -1180,7 +1160,7 @@ FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, cons
                                           const std::optional<BlockMask>& blockMask) {
   expectRank4("q", q);
   expectRank4("k", k);
-  return makeProblem(q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.space(), scoreMod,
+  return detail::attentionProblem(q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.space(), scoreMod,
                      blockMask);
 }
 
@@ -1190,6 +1170,28 @@ void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
 }
 
 namespace detail {
+
+namespace {
+std::string captureSignature(const std::vector<CapturedTensor>& captures) {
+  std::string s;
+  for (const CapturedTensor& c : captures) {
+    if (!s.empty()) s += ' ';
+    s.append(ir::dtypeName(c.dtype())).append("[").append(std::to_string(c.rank())).append("]");
+  }
+  return s;
+}
+}  // namespace
+
+FlexAttentionProblem attentionProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D,
+                                      MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+  const MaskMod mask = blockMask ? blockMask->maskMod() : noop_mask();
+  const ScoreMod score = scoreMod.defined() ? scoreMod : noop_score();
+  return FlexAttentionProblem{dtype, B, Hq, Hkv, L, S, D,
+                              score.name(), mask.name(),
+                              captureSignature(score.captures()) + "|" + captureSignature(mask.captures()),
+                              ir::hashText(std::to_string(score.structuralHash()), mask.structuralHash()),
+                              blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space};
+}
 
 bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bool byDefault) {
   const bool wanted = forcedBySwitch("FLEXTILE_TMA").value_or(byDefault);

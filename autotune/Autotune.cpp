@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "attention_templates/Reference.h"
+#include "autotune/Sweep.h"
 #include "autotune/TuneCache.h"
 #include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
@@ -85,7 +86,7 @@ DeviceLimits DeviceLimits::ofCurrentDevice() {
   return l;
 }
 
-const char* statusName(Candidate::Status s) {
+const char* statusName(CandidateStatus s) {
   switch (s) {
     case Candidate::Status::Pruned: return "pruned";
     case Candidate::Status::Failed: return "failed";
@@ -136,31 +137,30 @@ std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, cons
   return std::nullopt;
 }
 
-std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64_t sharedBytes, int registers,
-                                             int spillBytes, const DeviceLimits& limits) {
+std::optional<std::string> pruneAfterCompile(int numWarps, int64_t sharedBytes, int registers, int spillBytes,
+                                             const DeviceLimits& limits) {
   if (sharedBytes > limits.sharedBytesPerBlock)
     return "shared memory: " + std::to_string(sharedBytes) + " bytes > " + std::to_string(limits.sharedBytesPerBlock);
-  if (registers > 0 && int64_t(registers) * c.num_warps * 32 > limits.registersPerBlock)
-    return "registers: " + std::to_string(registers) + " x " + std::to_string(c.num_warps * 32) + " threads > " +
+  if (registers > 0 && int64_t(registers) * numWarps * 32 > limits.registersPerBlock)
+    return "registers: " + std::to_string(registers) + " x " + std::to_string(numWarps * 32) + " threads > " +
            std::to_string(limits.registersPerBlock);
   // A few spilled bytes can still be the fastest config; heavy spilling never is.
   if (spillBytes > kMaxSpillBytes) return "spills: " + std::to_string(spillBytes) + " bytes to local memory";
   return std::nullopt;
 }
 
-Candidate::Status statusOfCompileFailure(const std::exception& e) {
+CandidateStatus statusOfCompileFailure(const std::exception& e) {
   const auto* error = dynamic_cast<const Error*>(&e);
   // The shared-memory planner refuses what does not fit: a pruning, not a bug.
   return error && error->kind() == ErrorKind::ResourceLimit ? Candidate::Status::Pruned : Candidate::Status::Failed;
 }
 
-namespace {
+namespace sweep {
 
 double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// max |a - b| / max |b|; NaN or inf in a counts as wrong.
 double relativeDifference(const Tensor& a, const Tensor& b) {
   const std::vector<double> x = attention::toDoubles(a), y = attention::toDoubles(b);
   double worst = 0, mag = 1e-6;
@@ -172,7 +172,6 @@ double relativeDifference(const Tensor& a, const Tensor& b) {
   return worst / mag;
 }
 
-// NaN everywhere, so an element a candidate forgets to write fails its check.
 void poison(Tensor& t) {
   const size_t n = size_t(t.numel());
   switch (t.dtype()) {
@@ -205,7 +204,7 @@ codegen::PtxasReport cachedPtxas(const codegen::CompiledKernel& kernel) {
   return r;
 }
 
-}  // namespace
+}  // namespace sweep
 
 TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, const attention::ScoreMod& scoreMod,
                              const std::optional<attention::BlockMask>& blockMask, const ConfigSpace& space,
@@ -248,117 +247,25 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
     if (c == defaultConfig) report.defaultIndex = int(report.candidates.size() - 1);
   }
 
-  // ---- parallel compile ----
-  const bool ptxas = options.runPtxas && codegen::findPtxas().has_value();
-  const auto compileStart = std::chrono::steady_clock::now();
-  std::atomic<size_t> next{0};
-  std::atomic<int> done{0};
-  std::mutex sayMutex;
-  const int toCompile = int(std::count_if(report.candidates.begin(), report.candidates.end(),
-                                          [](const Candidate& c) { return c.status != Candidate::Status::Pruned; }));
-  auto worker = [&] {
-    for (size_t i = next++; i < report.candidates.size(); i = next++) {
-      Candidate& c = report.candidates[i];
-      if (c.status == Candidate::Status::Pruned) continue;
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        runtime::maybeInjectFault(runtime::FaultSite::AutotuneCompile, c.config.describe());
-        attention::FlexAttentionOptions o;
-        o.config = c.config;
-        attention::FlexAttentionPlan plan = attention::plan_flex_attention(q, k, v, scoreMod, blockMask, o, true, target);
-        c.sharedBytes = plan.compiled->sharedBytes;
-        c.compileCached = plan.compiled->fromCache;
-        if (ptxas) {
-          codegen::PtxasReport r = cachedPtxas(*plan.compiled);
-          c.registers = r.registers;
-          c.spillBytes = r.spillStoreBytes + r.spillLoadBytes;
-        }
-        if (auto why = pruneAfterCompile(c.config, c.sharedBytes, c.registers, c.spillBytes, limits)) {
-          c.status = Candidate::Status::Pruned;
-          c.reason = *why;
-        } else if (c.spillBytes > 0) {
-          c.reason = "spills " + std::to_string(c.spillBytes) + " bytes";
-        }
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        c.status = statusOfCompileFailure(e);
-        c.reason = what.substr(0, what.find('\n'));
-      }
-      c.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      std::lock_guard lock(sayMutex);
-      char line[256];
-      std::snprintf(line, sizeof line, "[%d/%d] compiled %-16s %-8s %8.1f ms%s", ++done, toCompile,
-                    c.config.describe().c_str(), statusName(c.status), c.compileMs, c.compileCached ? " (cache)" : "");
-      say(line + (c.reason.empty() ? "" : "  " + c.reason));
-    }
+  sweep::Hooks<FlexAttentionConfig> hooks;
+  hooks.compile = [&](const FlexAttentionConfig& c) {
+    attention::FlexAttentionOptions o;
+    o.config = c;
+    const attention::FlexAttentionPlan plan = attention::plan_flex_attention(q, k, v, scoreMod, blockMask, o, true, target);
+    return sweep::Hooks<FlexAttentionConfig>::Compiled{{plan.compiled}, {}};
   };
-  int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::min(threads, std::max(1, toCompile));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
-  report.compileSeconds = secondsSince(compileStart);
-
+  hooks.run = [&](const FlexAttentionConfig& c, Tensor& out) {
+    attention::FlexAttentionOptions o;
+    o.config = c;
+    attention::flex_attention_into(q, k, v, scoreMod, blockMask, out, nullptr, o);
+  };
+  hooks.work = options.flops;
+  sweep::compileAll(report, hooks, options, limits);
   if (!device) {
     say("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
     return report;
   }
-
-  // ---- check and time on the GPU ----
-  report.timed = true;
-  const auto timeStart = std::chrono::steady_clock::now();
-  Tensor reference = Tensor::empty(q.dtype(), q.shape(), MemorySpace::Device);
-  Tensor scratch = Tensor::empty(q.dtype(), q.shape(), MemorySpace::Device);
-  {
-    attention::FlexAttentionOptions o;
-    o.config = defaultConfig;
-    attention::flex_attention_into(q, k, v, scoreMod, blockMask, reference, nullptr, o);
-    runtime::synchronize();
-  }
-  const double tolerance = problem.dtype == DType::F32 ? 1e-2 : problem.dtype == DType::F16 ? 1e-2 : 3e-2;
-  for (Candidate& c : report.candidates) {
-    if (c.status != Candidate::Status::Compiled) continue;
-    if (options.budgetSeconds > 0 && secondsSince(timeStart) > options.budgetSeconds) {
-      c.status = Candidate::Status::Skipped;
-      c.reason = "budget spent";
-      continue;
-    }
-    attention::FlexAttentionOptions o;
-    o.config = c.config;
-    poison(scratch);
-    try {
-      attention::flex_attention_into(q, k, v, scoreMod, blockMask, scratch, nullptr, o);
-      runtime::synchronize();
-      c.error = relativeDifference(scratch, reference);
-      if (!(c.error <= tolerance)) {
-        c.status = Candidate::Status::Wrong;
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "output differs from the default config's by %.2e", c.error);
-        c.reason = buf;
-        say(c.config.describe() + " WRONG: " + c.reason);
-        continue;
-      }
-      std::vector<double> samples = runtime::timeKernel(
-          [&] { attention::flex_attention_into(q, k, v, scoreMod, blockMask, scratch, nullptr, o); },
-          options.warmup, options.repetitions);
-      c.ms = runtime::median(samples);
-      c.tflops = options.flops > 0 ? options.flops / c.ms / 1e9 : 0;
-      c.status = Candidate::Status::Timed;
-      char line[160];
-      std::snprintf(line, sizeof line, "timed %-16s %9.3f ms %7.1f TFLOP/s", c.config.describe().c_str(), c.ms, c.tflops);
-      say(line);
-    } catch (const std::exception& e) {
-      c.status = Candidate::Status::Failed;
-      const std::string what = e.what();
-      c.reason = what.substr(0, what.find('\n'));
-    }
-  }
-  report.timingSeconds = secondsSince(timeStart);
-  for (size_t i = 0; i < report.candidates.size(); ++i) {
-    const Candidate& c = report.candidates[i];
-    if (c.status == Candidate::Status::Timed && (report.best < 0 || c.ms < report.candidates[size_t(report.best)].ms))
-      report.best = int(i);
-  }
+  sweep::checkAndTime(report, hooks, options, q, defaultConfig);
   if (report.best >= 0 && options.store) {
     if (std::optional<GpuIdentity> gpu = currentGpu(); gpu) {
       if (TuneCache* cache = TuneCache::forCurrentGpu()) {
@@ -377,39 +284,6 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
   return report;
 }
 
-std::string formatReport(const TuneReport& r) {
-  std::string out;
-  char line[512];
-  std::snprintf(line, sizeof line, "%-18s %-9s %8s %5s %10s %10s %9s  %s\n", "config", "status", "smem KB", "regs",
-                "compile ms", "time ms", "TFLOP/s", "note");
-  out += line;
-  for (size_t i = 0; i < r.candidates.size(); ++i) {
-    const Candidate& c = r.candidates[i];
-    std::string note = c.reason;
-    if (int(i) == r.best) note = "BEST" + (note.empty() ? "" : "; " + note);
-    if (int(i) == r.defaultIndex) note = "default" + (note.empty() ? "" : "; " + note);
-    const std::string regs = c.registers >= 0 ? std::to_string(c.registers) : "-";
-    const std::string ms = c.status == Candidate::Status::Timed ? std::to_string(c.ms).substr(0, 8) : "-";
-    char tf[32] = "-";
-    if (c.status == Candidate::Status::Timed && c.tflops > 0) std::snprintf(tf, sizeof tf, "%.1f", c.tflops);
-    std::snprintf(line, sizeof line, "%-18s %-9s %8.1f %5s %10.1f %10s %9s  %s\n", c.config.describe().c_str(),
-                  statusName(c.status), double(c.sharedBytes) / 1024.0, regs.c_str(), c.compileMs, ms.c_str(), tf,
-                  note.c_str());
-    out += line;
-  }
-  std::snprintf(line, sizeof line, "compile: %.2f s for %zu configs; timing: %.2f s%s\n", r.compileSeconds,
-                r.candidates.size(), r.timingSeconds, r.timed ? "" : " (dry run: no GPU timing)");
-  out += line;
-  if (r.timed && r.best >= 0 && r.defaultIndex >= 0 &&
-      r.candidates[size_t(r.defaultIndex)].status == Candidate::Status::Timed) {
-    const Candidate &best = r.candidates[size_t(r.best)], &def = r.candidates[size_t(r.defaultIndex)];
-    std::snprintf(line, sizeof line, "winner: %s %.4f ms %.1f TFLOP/s; default %s %.4f ms %.1f TFLOP/s; speedup %.3f\n",
-                  best.config.describe().c_str(), best.ms, best.tflops, def.config.describe().c_str(), def.ms,
-                  def.tflops, def.ms / best.ms);
-    out += line;
-  }
-  if (!r.storedIn.empty()) out += "stored the winner in " + r.storedIn + "\n";
-  return out;
-}
+std::string formatReport(const TuneReport& r) { return sweep::format(r, "TFLOP/s"); }
 
 }  // namespace flextile::autotune

@@ -64,26 +64,37 @@ struct DeviceLimits {
 std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, const attention::FlexAttentionProblem& p,
                                               const DeviceLimits& limits);
 // After compiling (registers < 0: unknown, no ptxas).
-std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64_t sharedBytes, int registers,
-                                             int spillBytes, const DeviceLimits& limits);
+std::optional<std::string> pruneAfterCompile(int numWarps, int64_t sharedBytes, int registers, int spillBytes,
+                                             const DeviceLimits& limits);
+inline std::optional<std::string> pruneAfterCompile(const FlexAttentionConfig& c, int64_t sharedBytes, int registers,
+                                                    int spillBytes, const DeviceLimits& limits) {
+  return pruneAfterCompile(c.num_warps, sharedBytes, registers, spillBytes, limits);
+}
 
-struct Candidate {
-  enum class Status { Pruned, Failed, Compiled, Wrong, Timed, Skipped };
-  FlexAttentionConfig config;
+enum class CandidateStatus { Pruned, Failed, Compiled, Wrong, Timed, Skipped };
+
+// One config of a sweep, of the forward (FlexAttentionConfig) or the decode (FlexDecodeConfig).
+template <class Config>
+struct CandidateOf {
+  using Status = CandidateStatus;
+  Config config;
   Status status = Status::Compiled;
   std::string reason;  // why pruned, failed, wrong or skipped
   int64_t sharedBytes = 0;
-  int registers = -1, spillBytes = 0;
+  int registers = -1, spillBytes = 0;  // the most of the config's kernels
   double compileMs = 0;
   bool compileCached = false;  // from the on-disk compile cache
-  double ms = 0, tflops = 0, error = 0;
+  // rate: TFLOP/s for the forward, TB/s of K and V read for the decode (0: not reported)
+  double ms = 0, rate = 0, error = 0;
 };
+using Candidate = CandidateOf<FlexAttentionConfig>;
+using DecodeCandidate = CandidateOf<attention::FlexDecodeConfig>;
 
 // How a candidate whose compile threw counts: Pruned when the error's kind says the config needs
 // more of the GPU than the target has (ErrorKind::ResourceLimit: the shared-memory planner refuses
 // it), Failed for anything else, whatever its message says.
-Candidate::Status statusOfCompileFailure(const std::exception& e);
-const char* statusName(Candidate::Status s);
+CandidateStatus statusOfCompileFailure(const std::exception& e);
+const char* statusName(CandidateStatus s);
 
 struct TuneOptions {
   double budgetSeconds = 0;  // timing stops when spent (0: no limit); compiling always finishes
@@ -91,19 +102,23 @@ struct TuneOptions {
   int warmup = 3, repetitions = 20;
   bool runPtxas = true;      // when ptxas is found: registers and spills
   std::optional<codegen::Target> target;  // dry runs (host inputs): what to compile for; default sm_90a
-  double flops = 0;          // of one call, for TFLOP/s (0: not reported)
+  double flops = 0;          // of one forward call, for TFLOP/s (0: not reported)
+  double bytes = 0;          // of K and V one decode call reads, for TB/s (0: not reported)
   bool store = true;         // write the winner into the per-GPU cache
   std::function<void(const std::string&)> progress;  // one line per event
 };
 
-struct TuneReport {
-  std::vector<Candidate> candidates;
+template <class Config>
+struct TuneReportOf {
+  std::vector<CandidateOf<Config>> candidates;
   int best = -1, defaultIndex = -1;  // indices into candidates (-1: none)
   double compileSeconds = 0, timingSeconds = 0;
   bool timed = false;   // false: a dry run (no GPU, or host inputs)
   std::string key;      // the per-GPU cache key (empty for dry runs)
   std::string storedIn; // the cache file the winner went to
 };
+using TuneReport = TuneReportOf<FlexAttentionConfig>;
+using DecodeTuneReport = TuneReportOf<attention::FlexDecodeConfig>;
 
 // Tunes flex_attention(q, k, v, scoreMod, blockMask) over `space`. Device
 // inputs are timed on the current GPU; host inputs give a dry run.
@@ -112,7 +127,31 @@ TuneReport tuneFlexAttention(const dsl::Tensor& q, const dsl::Tensor& k, const d
                              const ConfigSpace& space, const TuneOptions& options = {});
 
 // A text table of the report (config, status, shared memory, registers,
-// compile ms, time, TFLOP/s, reason).
+// compile ms, time, TFLOP/s or TB/s, reason).
 std::string formatReport(const TuneReport& report);
+std::string formatReport(const DecodeTuneReport& report);
+
+// ---- the decode template (autotune/AutotuneDecode.cpp) ----
+//
+// The decode's configs: BLOCK_N x warps x stages x the programs an SM its split count aims at
+// (FlexDecodeConfig::programs_per_sm; the count itself follows each call's live blocks, so a tuned
+// config carries over to every length of its bucket). A config whose plan is another's (the same
+// kernel and split count: an aim above what the ring lets reside) is pruned with that reason.
+struct DecodeConfigSpace {
+  std::vector<int64_t> blockN;
+  std::vector<int> warps, stages, programsPerSm;
+  std::vector<attention::FlexDecodeConfig> configs() const;  // the product, in a stable order
+};
+DecodeConfigSpace defaultDecodeSpace(dsl::DType dtype, int64_t headDim);
+
+// Tunes flex_attention(q, k, v, scoreMod, blockMask, base) on the decode template (base carries
+// the call's query_offset or query_offsets; its decode_config is ignored) over `space`: the same
+// sweep as the forward's (compile in parallel, prune, check each against the default config's
+// output, time), the winner stored under decodeTuneKey. Host inputs give a dry run.
+DecodeTuneReport tuneFlexDecode(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                const attention::ScoreMod& scoreMod,
+                                const std::optional<attention::BlockMask>& blockMask,
+                                const attention::FlexAttentionOptions& base, const DecodeConfigSpace& space,
+                                const TuneOptions& options = {});
 
 }  // namespace flextile::autotune

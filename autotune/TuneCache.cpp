@@ -65,6 +65,20 @@ std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity&
          std::to_string(p.Hkv ? p.Hq / p.Hkv : 0) + " len" + std::to_string(lengthBucket(p.L, p.S));
 }
 
+std::string decodeTuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  const std::string mods = p.scoreMod + "|" + p.maskMod + "|" + p.captures;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.modHash));
+  int64_t queries = 1, groups = 1;
+  while (queries < p.L) queries *= 2;
+  while (groups < p.B * p.Hkv) groups *= 2;
+  return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
+         FLEXTILE_VERSION + " flex_attention_decode mods " + hash + " (" + mods + ") " +
+         std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +
+         std::to_string(p.Hkv ? p.Hq / p.Hkv : 0) + " q" + std::to_string(queries) + " len" +
+         std::to_string(lengthBucket(1, p.S)) + " groups" + std::to_string(groups);
+}
+
 TuneCache::TuneCache(fs::path file, GpuIdentity gpu) : file_(std::move(file)), gpu_(std::move(gpu)) {}
 
 fs::path TuneCache::defaultFile(const GpuIdentity& gpu) {
@@ -137,11 +151,17 @@ void putChoice(Json& entry, const char* key, Choice c) {
 }
 }  // namespace
 
-std::optional<TunedConfig> TuneCache::find(const std::string& key) {
+std::optional<Json> TuneCache::entry(const std::string& key) {
   std::lock_guard lock(mutex_);
   loadLocked();
   const Json* e = entries_.find(key);
-  if (!e) return std::nullopt;
+  return e ? std::optional<Json>(*e) : std::nullopt;
+}
+
+std::optional<TunedConfig> TuneCache::find(const std::string& key) {
+  const std::optional<Json> found = entry(key);
+  if (!found) return std::nullopt;
+  const Json* e = &*found;
   auto num = [&](const char* k) {
     const Json* v = e->find(k);
     return v && v->kind == Json::Kind::Number ? v->number : -1.0;
@@ -158,6 +178,31 @@ std::optional<TunedConfig> TuneCache::find(const std::string& key) {
   t.defaultMs = num("default_ms");
   if (const Json* s = e->find("shape")) t.shape = s->string;
   if (t.config.block_m <= 0 || t.config.block_n <= 0 || t.config.num_warps <= 0 || t.config.num_stages <= 0)
+    return std::nullopt;  // a damaged entry: the default is used (the resolver also validates)
+  return t;
+}
+
+std::optional<TunedDecodeConfig> TuneCache::findDecode(const std::string& key) {
+  const std::optional<Json> e = entry(key);
+  if (!e) return std::nullopt;
+  auto num = [&](const char* k) {
+    const Json* v = e->find(k);
+    return v && v->kind == Json::Kind::Number ? v->number : -1.0;
+  };
+  TunedDecodeConfig t;
+  t.config.block_n = int64_t(num("block_n"));
+  t.config.num_warps = int(num("num_warps"));
+  t.config.num_stages = int(num("num_stages"));
+  t.config.splits = int64_t(num("splits"));
+  t.config.programs_per_sm = int(num("programs_per_sm"));
+  t.config.cluster_merge = choiceOf<attention::LoopSchedule>(*e, "cluster_merge");
+  t.config.warp_specialize = choiceOf<attention::WarpSpecialization>(*e, "warp_specialize");
+  t.ms = num("ms");
+  t.defaultMs = num("default_ms");
+  if (const Json* s = e->find("shape")) t.shape = s->string;
+  const Json* kernel = e->find("kernel");
+  if (!kernel || kernel->string != "decode" || t.config.block_n <= 0 || t.config.num_warps <= 0 ||
+      t.config.num_stages <= 0 || t.config.splits < 0 || t.config.programs_per_sm < 0)
     return std::nullopt;  // a damaged entry: the default is used (the resolver also validates)
   return t;
 }
@@ -192,8 +237,6 @@ class FileLock {
 }  // namespace
 
 bool TuneCache::put(const std::string& key, const TunedConfig& t) {
-  std::lock_guard lock(mutex_);
-  loadLocked();
   Json e = Json::obj();
   e.object["block_m"] = Json::num(double(t.config.block_m));
   e.object["block_n"] = Json::num(double(t.config.block_n));
@@ -208,8 +251,30 @@ bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   e.object["ms"] = Json::num(t.ms);
   e.object["default_ms"] = Json::num(t.defaultMs);
   e.object["shape"] = Json::str(t.shape);
+  return store(key, std::move(e));
+}
+
+bool TuneCache::putDecode(const std::string& key, const TunedDecodeConfig& t) {
+  Json e = Json::obj();
+  e.object["kernel"] = Json::str("decode");
+  e.object["block_n"] = Json::num(double(t.config.block_n));
+  e.object["num_warps"] = Json::num(t.config.num_warps);
+  e.object["num_stages"] = Json::num(t.config.num_stages);
+  e.object["splits"] = Json::num(double(t.config.splits));
+  e.object["programs_per_sm"] = Json::num(t.config.programs_per_sm);
+  putChoice(e, "cluster_merge", t.config.cluster_merge);
+  putChoice(e, "warp_specialize", t.config.warp_specialize);
+  e.object["ms"] = Json::num(t.ms);
+  e.object["default_ms"] = Json::num(t.defaultMs);
+  e.object["shape"] = Json::str(t.shape);
+  return store(key, std::move(e));
+}
+
+bool TuneCache::store(const std::string& key, Json e) {
+  std::lock_guard lock(mutex_);
+  loadLocked();
   // Kept in memory whatever the disk says, so this process uses what it tuned.
-  entries_.object[key] = e;
+  entries_.object[key] = std::move(e);
   std::string why;
   try {
     std::error_code ec;
@@ -266,6 +331,20 @@ void installResolver() {
         std::optional<TunedConfig> t = cache->find(tuneKey(p, *currentGpu()));
         if (!t) return std::nullopt;
         return t->config;
+      });
+  attention::setFlexDecodeConfigResolver(
+      [](const attention::FlexAttentionProblem& p) -> std::optional<attention::FlexDecodeConfig> {
+        if (p.space != dsl::MemorySpace::Device) return std::nullopt;
+        TuneCache* cache = TuneCache::forCurrentGpu();
+        if (!cache) return std::nullopt;
+        std::optional<TunedDecodeConfig> t = cache->findDecode(decodeTuneKey(p, *currentGpu()));
+        if (!t) return std::nullopt;
+        return t->config;
+      },
+      // With nothing tuned, a decode step builds no problem and no key.
+      [] {
+        TuneCache* cache = TuneCache::forCurrentGpu();
+        return cache && cache->size() > 0;
       });
 }
 

@@ -39,10 +39,22 @@ int64_t lengthBucket(int64_t L, int64_t S);
 // The key text of a problem on a GPU (readable, stored as the JSON key).
 std::string tuneKey(const attention::FlexAttentionProblem& problem, const GpuIdentity& gpu);
 
+// The decode template's key: the same fields under "flex_attention_decode", with the call's queries
+// L (its next power of two) in place of the forward's and the programs of one split, B x KV heads
+// (next power of two): the split count a config aims at pays off by how many groups fill the GPU
+// (H100: one program an SM best for B = 1, two for B = 8 over the same keys).
+std::string decodeTuneKey(const attention::FlexAttentionProblem& problem, const GpuIdentity& gpu);
+
 struct TunedConfig {
   attention::FlexAttentionConfig config;
   double ms = 0, defaultMs = 0;  // median times at tuning
   std::string shape;             // "B=2 H=16 L=8192 S=8192 D=128", the shape it was tuned at
+};
+
+struct TunedDecodeConfig {
+  attention::FlexDecodeConfig config;
+  double ms = 0, defaultMs = 0;
+  std::string shape;  // "B=8 Hq=32 Hkv=8 L=1 S=32768 D=128"
 };
 
 class TuneCache {
@@ -58,10 +70,14 @@ class TuneCache {
   // processes stored since this one loaded it (under a lock file next to it). False, with one
   // warning per cache, when the file cannot be written: the entry is then kept in memory only.
   bool put(const std::string& key, const TunedConfig& entry);
+  std::optional<TunedDecodeConfig> findDecode(const std::string& key);
+  bool putDecode(const std::string& key, const TunedDecodeConfig& entry);
   size_t size();
 
  private:
   void loadLocked();
+  std::optional<Json> entry(const std::string& key);
+  bool store(const std::string& key, Json entry);
   Json readEntries(std::string& problem) const;
   std::filesystem::path file_;
   GpuIdentity gpu_;
@@ -72,7 +88,8 @@ class TuneCache {
 };
 
 // Makes flex_attention consult TuneCache::forCurrentGpu() when it is given no
-// config (attention::setFlexAttentionConfigResolver).
+// config (attention::setFlexAttentionConfigResolver), and its decode template when it is given no
+// decode config (attention::setFlexDecodeConfigResolver).
 void installResolver();
 
 }  // namespace flextile::autotune

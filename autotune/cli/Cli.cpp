@@ -85,12 +85,19 @@ const std::vector<Command>& commands() {
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
+       "                         [--kernel forward|decode] [--queries L]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
        "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
        "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n"
+       "  --kernel decode tunes the decode template instead: L queries (--queries, default 1) at the end of\n"
+       "  a cache of N keys, the mask sliced to them, over BLOCK_N x warps x stages x the programs an SM\n"
+       "  its split count aims at; the rate is TB/s of the K and V in the blocks the mask lists. Its\n"
+       "  winner serves decode calls of the same mods, dtype, head dim, GQA, queries (power of two), KV\n"
+       "  length bucket and B x KV heads (power of two). Default shape 8,32,32768,128.\n"
        "  --plot FILE draws the sweep (TFLOP/s per config; pruned, failed, wrong and skipped configs marked):\n"
-       "  SVG when FILE ends in .svg, else PNG.\n",
-       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot"},
+       "  SVG when FILE ends in .svg, else PNG (forward only).\n",
+       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot", "--kernel",
+        "--queries"},
        {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
@@ -497,10 +504,73 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   return checkAgainstReference(p, r, check, seed, plan.config.block_m, out) ? 0 : 1;
 }
 
+// The sweep's options from the command line (budget, threads, target, store, progress on err).
+autotune::TuneOptions tuneOptions(const Args& a, std::ostream& err) {
+  autotune::TuneOptions o;
+  o.budgetSeconds = parseNumber("--budget", a.get("--budget", "0"));
+  if (a.has("--threads")) o.threads = int(parseInts("--threads", a.get("--threads", ""), 1, 1)[0]);
+  if (a.has("--target")) o.target = parseTarget(a.get("--target", ""));
+  o.store = !a.has("--no-store");
+  o.progress = [&err](const std::string& line) { err << line << "\n" << std::flush; };
+  return o;
+}
+
+// Bytes of K and V in the blocks a decode of the queries ending at `last` reads: the keys of the
+// listed blocks that start at or before it (the mask's row for those queries), every key without a
+// mask.
+double decodeBytes(const Problem& p, int64_t last) {
+  const double perKey = double(p.Hkv) * double(p.D) * double(ir::byteWidth(p.dtype)) * 2 /*K and V*/;
+  const std::optional<attention::BlockMask>& mask = p.instance.mask;
+  if (!mask) return perKey * double(p.B) * double(p.N);
+  const int64_t row = (last - mask->qOffset()) / mask->qBlockSize(), kvbs = mask->kvBlockSize();
+  double keys = 0;
+  for (int64_t b = 0; b < p.B; ++b)  // (a mask of batch 1 serves every batch)
+    for (auto list : {mask->fullKvBlocks(b % mask->batch(), 0, row), mask->partialKvBlocks(b % mask->batch(), 0, row)})
+      for (int32_t j : list)
+        if (j * kvbs <= last) keys += double(std::min<int64_t>(kvbs, p.N - j * kvbs));
+  return perKey * keys;
+}
+
+// `flextile autotune --kernel decode`: the decode template's sweep (autotune::tuneFlexDecode).
+int autotuneDecode(const Args& a, bool device, std::ostream& out, std::ostream& err) {
+  if (a.has("--plot")) throw UsageError{"--plot draws the forward's sweep; the decode's is the table"};
+  Problem p = makeProblem(a, a.variant, "8,32,32768,128", device ? MemorySpace::Device : MemorySpace::Host, 7, false);
+  const int64_t L = parseInts("--queries", a.get("--queries", "1"), 1, 1)[0];
+  if (L < 1 || L > std::min<int64_t>(p.N, attention::kDecodeMaxQueries))
+    throw UsageError{"--queries " + std::to_string(L) + " must be in [1, min(N, " +
+                     std::to_string(attention::kDecodeMaxQueries) + ")]"};
+  if (device) {
+    p.q = randomTensor(7, 0, p.dtype, {p.B, p.H, L, p.D}, MemorySpace::Device);
+    p.k = randomTensor(7, 1, p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Device);
+    p.v = randomTensor(7, 2, p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Device);
+  } else {
+    p.q = shapeOnly(p.dtype, {p.B, p.H, L, p.D});
+    p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
+    p.v = p.k;
+  }
+  attention::FlexAttentionOptions base{.kernel = attention::AttentionTemplate::Decode};
+  if (p.instance.mask) base.query_offset = p.N - L;
+  autotune::TuneOptions o = tuneOptions(a, err);
+  o.bytes = decodeBytes(p, p.N - 1);
+  autotune::DecodeTuneReport r = autotune::tuneFlexDecode(p.q, p.k, p.v, p.instance.score, p.instance.mask, base,
+                                                          autotune::defaultDecodeSpace(p.dtype, p.D), o);
+  out << formatReport(r);
+  return r.timed && r.best < 0 ? 1 : 0;
+}
+
 int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   std::string why;
   const bool device = gpuPresent(&why);
   if (!device) err << "flextile autotune: no GPU (" << why << "): a dry run (compile and prune only), nothing is timed\n";
+  const std::string kernel = a.get("--kernel", "forward");
+  if (kernel != "forward" && kernel != "decode")
+    throw UsageError{"--kernel must be forward or decode, got '" + kernel + "'"};
+  if (kernel == "decode") {
+    const int status = autotuneDecode(a, device, out, err);
+    if (status != 0) err << "flextile autotune: no config ran correctly\n";
+    return status;
+  }
+  if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   // A plot that cannot be written should say so before a sweep of many seconds, not after it.
   if (a.has("--plot") && !std::ofstream(a.get("--plot", "")))
     throw UsageError{"--plot: cannot write '" + a.get("--plot", "") + "'"};
@@ -510,13 +580,8 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
     p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
     p.v = p.k;
   }
-  autotune::TuneOptions o;
-  o.budgetSeconds = parseNumber("--budget", a.get("--budget", "0"));
-  if (a.has("--threads")) o.threads = int(parseInts("--threads", a.get("--threads", ""), 1, 1)[0]);
-  if (a.has("--target")) o.target = parseTarget(a.get("--target", ""));
-  o.store = !a.has("--no-store");
+  autotune::TuneOptions o = tuneOptions(a, err);
   o.flops = device ? forwardFlops(p) : 0;
-  o.progress = [&](const std::string& line) { err << line << "\n" << std::flush; };
   autotune::TuneReport r = autotune::tuneFlexAttention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                        autotune::defaultSpace(p.dtype, p.D), o);
   out << formatReport(r);

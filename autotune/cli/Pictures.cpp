@@ -207,7 +207,7 @@ SweepPicture drawSweep(const autotune::TuneReport& r, const std::string& title) 
   Canvas& c = pic.canvas;
   double maxTflops = 0;
   for (const auto& cand : r.candidates)
-    if (cand.status == autotune::Candidate::Status::Timed) maxTflops = std::max(maxTflops, cand.tflops);
+    if (cand.status == autotune::Candidate::Status::Timed) maxTflops = std::max(maxTflops, cand.rate);
   c.text(left, 22, title + (r.timed ? "" : " (dry run: compiled and pruned, nothing timed)"), 14);
   // Axes: the TFLOP/s scale on the left, the baseline under the bars.
   c.fill(left - 2, top, 1, pic.plotHeight + 1, colour::frame);
@@ -223,7 +223,7 @@ SweepPicture drawSweep(const autotune::TuneReport& r, const std::string& title) 
     pic.columnX.push_back(x);
     const Rgb col = statusColour(cand, i == r.best);
     if (cand.status == autotune::Candidate::Status::Timed && maxTflops > 0) {
-      const int h = std::max(1, int(cand.tflops / maxTflops * pic.plotHeight + 0.5));
+      const int h = std::max(1, int(cand.rate / maxTflops * pic.plotHeight + 0.5));
       c.fill(x, pic.baselineY - h, pic.columnWidth, h, col);
     }
     c.fill(x, pic.statusY, pic.columnWidth, pic.statusHeight, col);

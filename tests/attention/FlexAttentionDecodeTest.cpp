@@ -263,8 +263,64 @@ TEST(FlexDecode, PlannedSplitsAimAtTwoProgramsAnSm) {
   const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
   auto splits = [&] { return plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, codegen::Target::sm90a()).config.splits; };
   EXPECT_EQ(splits(), 4);
+  // The config's aim (what `flextile autotune --kernel decode` tunes): one an SM halves the count,
+  // three is every slot of the default ring, more than the ring lets reside is what it lets.
+  auto aimed = [&](int perSm) {
+    FlexAttentionOptions a = o;
+    a.decode_config = defaultFlexDecodeConfig(DType::BF16, D);
+    a.decode_config->programs_per_sm = perSm;
+    return plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, a, codegen::Target::sm90a()).config.splits;
+  };
+  EXPECT_EQ(aimed(1), 2);
+  EXPECT_EQ(aimed(2), 4);
+  EXPECT_EQ(aimed(3), 6);
+  EXPECT_EQ(aimed(8), 6);
   ScopedSetenv fill("FLEXTILE_DECODE_FILL_SLOTS", "1");
   EXPECT_EQ(splits(), 6);
+  EXPECT_EQ(aimed(1), 2) << "the config's aim wins over the switch";
+}
+
+// The decode's config hook (setFlexDecodeConfigResolver; autotune/ installs its per-GPU cache of
+// tuned decode configs there): a call without a decode config runs the resolver's when it can take
+// it, and the result is the reference's; a config given in the options wins; one the call cannot
+// take (BLOCK_N not dividing the KV blocks, an odd warp count, an aim out of range) is ignored.
+TEST(FlexDecode, TheResolversConfigRunsWhenTheCallCanTakeIt) {
+  SeededRandom rng;
+  const int64_t S = 150, L = 1, pos = 140, B = 2, Hq = 4, Hkv = 2, D = 64;
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S + L, S, {40}, kBlocks, kHost);
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, L, D}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kHost);
+  FlexAttentionProblem seen{};
+  FlexDecodeConfig answer{.block_n = 16, .num_warps = 4, .num_stages = 3, .splits = 3, .programs_per_sm = 1};
+  setFlexDecodeConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexDecodeConfig> {
+    seen = p;
+    return answer;
+  });
+  const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode, .query_offset = pos};
+  EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, o).config, answer);
+  EXPECT_EQ(seen.L, L);
+  EXPECT_EQ(seen.Hkv, Hkv);
+  EXPECT_EQ(seen.S, S);
+  EXPECT_EQ(seen.maskMod, mask.maskMod().name());
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, refWindow({40}), 0.125, pos);
+  Tensor out = Tensor::empty(DType::BF16, q.shape(), kHost), lse = Tensor::empty(DType::F32, {B, Hq, L}, kHost);
+  poison(out);
+  poison(lse);
+  flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+  EXPECT_TRUE(compareWithReference(out, lse, ref, D, DType::BF16));
+
+  FlexAttentionOptions given = o;
+  given.decode_config = FlexDecodeConfig{.block_n = 32, .num_warps = 4, .num_stages = 2, .splits = 2};
+  EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, given).config, *given.decode_config);
+  setFlexDecodeConfigResolver({});
+  const FlexDecodeConfig fallback = plan_flex_decode(q, k, v, noop_score(), mask, o).config;
+  setFlexDecodeConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexDecodeConfig> { return answer; });
+  for (const FlexDecodeConfig& unusable : {FlexDecodeConfig{.block_n = 24}, FlexDecodeConfig{.num_warps = 3},
+                                           FlexDecodeConfig{.programs_per_sm = 9}, FlexDecodeConfig{.splits = -1}}) {
+    answer = unusable;
+    EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, o).config, fallback) << unusable.describe();
+  }
+  setFlexDecodeConfigResolver({});
 }
 
 // Residency: what the ring's shared memory allows, capped where a thread would keep fewer than 128
@@ -583,8 +639,16 @@ TEST(FlexDecode, ClusterMergeIsAConfigChoice) {
   EXPECT_EQ(c.describe(), "BN64 w4 s2 splits 6 cluster");
   EXPECT_EQ(FlexDecodeConfig::parse("32,4,3,no-cluster").describe(), "BN32 w4 s3 splits auto no-cluster");
   EXPECT_EQ(FlexDecodeConfig::parse("32,4,3"), (FlexDecodeConfig{.block_n = 32, .num_warps = 4, .num_stages = 3}));
-  for (const char* bad : {"64,4", "64,4,2,6,7", "64,4,2,cluster,6", "64,x,2", "64,4,2,-1", "64,4,2,6,clusters"})
+  for (const char* bad : {"64,4", "64,4,2,6,7", "64,4,2,cluster,6", "64,x,2", "64,4,2,-1", "64,4,2,6,clusters",
+                          "64,4,2,per-sm=0", "64,4,2,per-sm=9", "64,4,2,per-sm=", "64,4,2,per-sm=1,per-sm=2"})
     expectError([&] { FlexDecodeConfig::parse(bad); }, {"decode config '" + std::string(bad) + "'", "BN,W,S"});
+  // The aim at programs an SM, and the text form every config prints back to (the tune cache's).
+  const FlexDecodeConfig aimed = FlexDecodeConfig::parse("32,4,3,0,per-sm=1,no-ws");
+  EXPECT_EQ(aimed, (FlexDecodeConfig{.block_n = 32, .num_warps = 4, .num_stages = 3, .programs_per_sm = 1,
+                                     .warp_specialize = WarpSpecialization::Off}));
+  EXPECT_EQ(aimed.describe(), "BN32 w4 s3 splits auto per-sm 1 no-ws");
+  for (const FlexDecodeConfig& x : {c, aimed, FlexDecodeConfig{}, FlexDecodeConfig::parse("128,8,2,12,per-sm=3,cluster,ws")})
+    EXPECT_EQ(FlexDecodeConfig::parse(x.text()), x) << x.text();
 }
 
 // The producer warpgroup as a config choice: `warp_specialize` On gives the sm_90a decode TMA

@@ -69,5 +69,46 @@ TEST(AutotuneGpu, InjectedLaunchFailureFailsOneCandidateOnly) {
   EXPECT_EQ(r.candidates[size_t(r.best)].status, Candidate::Status::Timed);
 }
 
+// The decode's sweep on the GPU: a window over a KV length the blocks do not divide, GQA 4:1, two
+// queries; every config checked against the default's output, the winner stored in this test's
+// cache (FLEXTILE_CACHE_DIR) and then run by flex_attention without a config (the resolver), its
+// output the float64 reference's.
+TEST(AutotuneGpu, DecodeSweepStoresAWinnerThatCallsWithoutAConfigRun) {
+  FLEXTILE_REQUIRE_GPU();
+  flextile::testing::SeededRandom rng;
+  const int64_t B = 2, Hq = 8, Hkv = 2, L = 2, S = 5000, D = 64, window = 1000, pos = S - L;
+  Tensor q = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hq, L, D}, MemorySpace::Device);
+  Tensor k = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hkv, S, D}, MemorySpace::Device);
+  Tensor v = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hkv, S, D}, MemorySpace::Device);
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {window}, {128, 128}, MemorySpace::Device);
+  const FlexAttentionOptions base{.kernel = AttentionTemplate::Decode, .query_offset = pos};
+  TuneOptions o;
+  o.repetitions = 5;
+  DecodeTuneReport r = tuneFlexDecode(q, k, v, noop_score(), mask, base, DecodeConfigSpace{{32, 64}, {4}, {2, 3}, {1, 2}}, o);
+  EXPECT_TRUE(r.timed);
+  ASSERT_GE(r.best, 0) << formatReport(r);
+  for (const DecodeCandidate& c : r.candidates) {
+    EXPECT_NE(c.status, CandidateStatus::Wrong) << formatReport(r);
+    EXPECT_NE(c.status, CandidateStatus::Failed) << formatReport(r);
+  }
+  EXPECT_LE(r.candidates[size_t(r.best)].ms, r.candidates[size_t(r.defaultIndex)].ms);
+  ASSERT_FALSE(r.storedIn.empty()) << formatReport(r);
+
+  const FlexDecodeConfig best = r.candidates[size_t(r.best)].config;
+  FlexDecodeConfig planned = plan_flex_decode(q, k, v, noop_score(), mask, base).config;
+  EXPECT_GT(planned.splits, 0);
+  planned.splits = 0;
+  EXPECT_EQ(planned, best) << "a call without a decode config runs the stored winner";
+  Tensor out = Tensor::empty(dsl::DType::BF16, q.shape(), MemorySpace::Device);
+  Tensor lse = Tensor::empty(dsl::DType::F32, {B, Hq, L}, MemorySpace::Device);
+  flextile::testing::poison(out);
+  flextile::testing::poison(lse);
+  flex_attention_into(q, k, v, noop_score(), mask, out, &lse, base);
+  const ReferenceResult ref = referenceAttention(
+      q, k, v, nullptr,
+      [=](int64_t, int64_t, int64_t qi, int64_t kv) { return kv <= qi && qi - kv < window; }, 1.0 / 8.0, pos);
+  EXPECT_EQ(flextile::testing::attentionMismatch(out, lse, ref, D, dsl::DType::BF16), "");
+}
+
 }  // namespace
 }  // namespace flextile

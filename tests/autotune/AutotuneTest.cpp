@@ -396,5 +396,96 @@ TEST(AutotuneSweep, DryRunCompilesAGridInParallelAndReportsEveryConfig) {
   EXPECT_FALSE(lines.empty());
 }
 
+// The decode's sweep, dry (host shapes, sm_90a): the space's product with the default first, a
+// BLOCK_N the mask's blocks cannot take pruned before compiling, and every config whose plan another
+// runs (an aim at more programs an SM than its ring lets reside, or the default's own aim) pruned
+// after planning with the config it runs as.
+TEST(AutotuneDecode, DryRunPrunesWhatTheMaskRefusesAndWhatAnotherConfigRuns) {
+  const int64_t B = 8, Hq = 32, Hkv = 8, S = 8192, D = 128;
+  alignas(1024) static std::byte block[1024];
+  const Tensor q = Tensor::hostView(block, DType::BF16, {B, Hq, 1, D});
+  const Tensor kv = Tensor::hostView(block, DType::BF16, {B, Hkv, S, D});
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {4096}, {128, 128}, MemorySpace::Host);
+  const DecodeConfigSpace space{{64, 256}, {4}, {2, 4}, {1, 2, 3}};
+  TuneOptions o;
+  o.threads = 2;
+  o.runPtxas = false;
+  o.target = codegen::Target::sm90a();
+  const DecodeTuneReport r =
+      tuneFlexDecode(q, kv, kv, noop_score(), mask, {.query_offset = S - 1}, space, o);
+  EXPECT_FALSE(r.timed);
+  EXPECT_EQ(r.best, -1);
+  ASSERT_EQ(r.defaultIndex, 0) << formatReport(r);
+  EXPECT_EQ(r.candidates[0].config, defaultFlexDecodeConfig(DType::BF16, D));
+  ASSERT_EQ(r.candidates.size(), space.configs().size() + 1);
+  auto find = [&](const char* text) -> const DecodeCandidate& {
+    const FlexDecodeConfig want = FlexDecodeConfig::parse(text);
+    for (const DecodeCandidate& c : r.candidates)
+      if (c.config == want) return c;
+    ADD_FAILURE() << text << " not in the sweep";
+    return r.candidates[0];
+  };
+  for (const DecodeCandidate& c : r.candidates) {
+    SCOPED_TRACE(c.config.describe() + ": " + c.reason);
+    EXPECT_TRUE(c.status == CandidateStatus::Compiled || c.status == CandidateStatus::Pruned);
+    if (c.config.block_n == 256) EXPECT_NE(c.reason.find("wider than the BlockMask's KV block 128"), std::string::npos);
+  }
+  EXPECT_EQ(r.candidates[0].status, CandidateStatus::Compiled);
+  EXPECT_GT(r.candidates[0].sharedBytes, 0);
+  // The default ring (64 KB) lets three programs reside: aims 1, 2 (the default's) and 3 give 2, 4
+  // and 6 splits of the window's 66 steps...
+  EXPECT_NE(find("64,4,2,0,per-sm=2").reason.find("runs as BN64 w4 s2 splits auto ("), std::string::npos);
+  EXPECT_EQ(find("64,4,2,0,per-sm=3").status, CandidateStatus::Compiled);
+  EXPECT_EQ(find("64,4,2,0,per-sm=1").status, CandidateStatus::Compiled);
+  // ...a four-stage ring (128 KB) lets one: aims 2 and 3 run as 1.
+  EXPECT_EQ(find("64,4,4,0,per-sm=1").status, CandidateStatus::Compiled);
+  for (const char* same : {"64,4,4,0,per-sm=2", "64,4,4,0,per-sm=3"})
+    EXPECT_NE(find(same).reason.find("runs as BN64 w4 s4 splits auto per-sm 1"), std::string::npos) << same;
+  const std::string table = formatReport(r);
+  EXPECT_NE(table.find("TB/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("dry run"), std::string::npos) << table;
+}
+
+// Decode entries: their own key (the template, queries, B x KV heads), their own fields, and the
+// forward's lookups never read one (nor the decode's a forward entry).
+TEST(AutotuneCache, DecodeKeysAndEntries) {
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  FlexAttentionProblem p = problem();
+  p.B = 8, p.Hq = 32, p.Hkv = 8, p.L = 1, p.S = 32768;
+  const std::string base = decodeTuneKey(p, gpu);
+  EXPECT_NE(base, tuneKey(p, gpu));
+  auto keyWith = [&](auto edit) {
+    FlexAttentionProblem x = p;
+    edit(x);
+    return decodeTuneKey(x, gpu);
+  };
+  EXPECT_NE(keyWith([](auto& x) { x.L = 2; }), base);
+  EXPECT_EQ(keyWith([](auto& x) { x.L = 3; }), keyWith([](auto& x) { x.L = 4; }));
+  EXPECT_NE(keyWith([](auto& x) { x.B = 1; }), base) << "B x KV heads 8 against 64";
+  EXPECT_EQ(keyWith([](auto& x) { x.B = 7; }), base) << "56 groups round up to 64";
+  EXPECT_NE(keyWith([](auto& x) { x.S = 2048; }), base);
+  EXPECT_EQ(keyWith([](auto& x) { x.S = 30000; }), base);
+  EXPECT_NE(keyWith([](auto& x) { x.modHash = 0x99; }), base);
+  EXPECT_NE(keyWith([](auto& x) { x.Hkv = 4; }), base);
+
+  TempDir dir;
+  const fs::path file = dir.path / "autotune" / "h200.json";
+  const FlexDecodeConfig tuned = FlexDecodeConfig::parse("32,4,3,0,per-sm=1,no-cluster");
+  {
+    TuneCache cache(file, gpu);
+    EXPECT_TRUE(cache.putDecode(base, {tuned, 0.05, 0.052, "B=8 Hq=32 Hkv=8 L=1 S=32768 D=128"}));
+    EXPECT_TRUE(cache.put(tuneKey(p, gpu), {{128, 64, 8, 2}, 1, 1, ""}));
+  }
+  TuneCache cache(file, gpu);  // a new process reads the file
+  const std::optional<TunedDecodeConfig> t = cache.findDecode(base);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->config, tuned);
+  EXPECT_DOUBLE_EQ(t->defaultMs, 0.052);
+  EXPECT_EQ(t->shape, "B=8 Hq=32 Hkv=8 L=1 S=32768 D=128");
+  EXPECT_FALSE(cache.find(base)) << "a decode entry is no forward config";
+  EXPECT_FALSE(cache.findDecode(tuneKey(p, gpu))) << "a forward entry is no decode config";
+  EXPECT_TRUE(cache.find(tuneKey(p, gpu)));
+}
+
 }  // namespace
 }  // namespace flextile

@@ -61,6 +61,10 @@ TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
       {{"run", "causal", "--host=yes"}, "takes no value"},
       {{"run", "causal", "--host", "--check=yes"}, "--check=all (every row)"},
       {{"autotune", "causal", "--budget", "-3"}, "non-negative number"},
+      {{"autotune", "causal", "--kernel", "dq"}, "--kernel must be forward or decode, got 'dq'"},
+      {{"autotune", "causal", "--queries", "2"}, "--queries applies to --kernel decode"},
+      {{"autotune", "causal", "--kernel", "decode", "--queries", "17"}, "--queries 17 must be in [1, min(N, 16)]"},
+      {{"autotune", "causal", "--kernel", "decode", "--plot", "x.png"}, "--plot draws the forward's sweep"},
   };
   for (const auto& [args, message] : cases) {
     Result r = run(args);
@@ -161,6 +165,22 @@ TEST(Cli, CompileEmitsTheDecodeKernel) {
 
 // --kernel last-round-merge prints the kernel that folds a split last round's pieces (no mask, 256
 // tiles on sm_90a's 132 SMs); a call that does not split is refused by name.
+// `autotune --kernel decode` without a GPU: the decode's sweep planned and compiled for the target,
+// the configs whose plan the default already runs pruned as such, nothing timed or stored.
+TEST(Cli, AutotuneDecodeDryRunPlansTheDecodesConfigs) {
+  Result r = run({"autotune", "sliding_window", "--kernel", "decode", "--shape", "2,8,4096,64", "--gqa", "4",
+                  "--queries", "2", "--target", "sm_80", "--threads", "2"});
+  if (r.err.find("no GPU") == std::string::npos) GTEST_SKIP() << "a GPU is present: this is the dry run's test";
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("BN64 w4 s2 splits auto "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("runs as BN64 w4 s2 splits auto ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("TB/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dry run"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("stored"), std::string::npos) << r.out;
+}
+
 TEST(Cli, CompileEmitsTheLastRoundMergeKernel) {
   Result ptx = run({"compile", "full", "--shape", "1,16,2048,128", "--config", "128,128,8,2", "--kernel",
                     "last-round-merge", "--emit", "ptx"});

@@ -115,12 +115,12 @@ TEST(Pictures, SweepShowsBarsAndStatuses) {
     autotune::Candidate c;
     c.config = {int64_t(16) << (i % 4), 64, 4, 2};
     c.status = statuses[i];
-    c.tflops = c.status == S::Timed ? 10.0 + double(rng() % 500) / 10.0 : 0;
+    c.rate = c.status == S::Timed ? 10.0 + double(rng() % 500) / 10.0 : 0;
     r.candidates.push_back(c);
   }
   r.best = 2;
   r.defaultIndex = 6;
-  r.candidates[2].tflops = 100;  // the winner is the tallest bar
+  r.candidates[2].rate = 100;  // the winner is the tallest bar
   const cli::SweepPicture pic = cli::drawSweep(r, "sweep");
   const std::string path = tempPath("sweep.png");
   pic.canvas.writePng(path);
@@ -135,7 +135,7 @@ TEST(Pictures, SweepShowsBarsAndStatuses) {
     EXPECT_EQ(d.at(x, pic.statusY + pic.statusHeight / 2), statusWant[i]) << "status of candidate " << i;
     const int barTop = pic.baselineY - 1;  // the bar's lowest row
     if (statuses[i] == S::Timed) {
-      const int height = int(r.candidates[i].tflops / 100.0 * pic.plotHeight + 0.5);
+      const int height = int(r.candidates[i].rate / 100.0 * pic.plotHeight + 0.5);
       EXPECT_EQ(d.at(x, pic.baselineY - height), statusWant[i]) << "top of bar " << i;
       EXPECT_EQ(d.at(x, pic.baselineY - height - 1), cli::colour::background) << "above bar " << i;
     } else {

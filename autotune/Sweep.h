@@ -1,0 +1,216 @@
+// The sweep both autotuners run (the forward's in Autotune.cpp, the decode's in AutotuneDecode.cpp):
+// compile every unpruned candidate on a thread pool (ptxas for registers and spills when present),
+// prune on the compiled kernels, then on a GPU check each against the default config's output into
+// a poisoned scratch tensor and time it. Internal to autotune/.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "autotune/Autotune.h"
+#include "codegen/Ptxas.h"
+#include "runtime/Device.h"
+#include "runtime/Event.h"
+#include "runtime/FaultInjection.h"
+
+namespace flextile::autotune::sweep {
+
+// What a kind of kernel gives the sweep.
+template <class Config>
+struct Hooks {
+  struct Compiled {
+    std::vector<const codegen::CompiledKernel*> kernels;
+    // What the call would run with this config once resolved (the decode's split count); two
+    // candidates with the same plan are one kernel timed twice, so the later is pruned. Empty: every
+    // config is its own plan.
+    std::string plan;
+  };
+  std::function<Compiled(const Config&)> compile;          // throws what the planner or compiler throws
+  std::function<void(const Config&, dsl::Tensor& out)> run;  // one call into out
+  double work = 0;                                          // FLOPs or bytes of one call (0: no rate)
+  const char* unit = "TFLOP/s";                             // rate = work / ms / 1e9
+};
+
+double secondsSince(std::chrono::steady_clock::time_point t0);
+// max |a - b| / max |b|; NaN or inf in a counts as wrong.
+double relativeDifference(const dsl::Tensor& a, const dsl::Tensor& b);
+// NaN everywhere, so an element a candidate forgets to write fails its check.
+void poison(dsl::Tensor& t);
+// ptxas's report of a kernel, kept in the kernel's compile-cache entry (Autotune.cpp).
+codegen::PtxasReport cachedPtxas(const codegen::CompiledKernel& kernel);
+
+template <class Config>
+void compileAll(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const TuneOptions& options,
+                const DeviceLimits& limits) {
+  auto say = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  const bool ptxas = options.runPtxas && codegen::findPtxas().has_value();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> plans(report.candidates.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int> done{0};
+  std::mutex sayMutex;
+  const int toCompile = int(std::count_if(report.candidates.begin(), report.candidates.end(), [](const auto& c) {
+    return c.status != CandidateStatus::Pruned;
+  }));
+  auto worker = [&] {
+    for (size_t i = next++; i < report.candidates.size(); i = next++) {
+      CandidateOf<Config>& c = report.candidates[i];
+      if (c.status == CandidateStatus::Pruned) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        runtime::maybeInjectFault(runtime::FaultSite::AutotuneCompile, c.config.describe());
+        typename Hooks<Config>::Compiled compiled = hooks.compile(c.config);
+        plans[i] = compiled.plan;
+        c.compileCached = !compiled.kernels.empty();
+        for (const codegen::CompiledKernel* k : compiled.kernels) {
+          if (!k) continue;
+          c.sharedBytes = std::max<int64_t>(c.sharedBytes, k->sharedBytes);
+          c.compileCached = c.compileCached && k->fromCache;
+          if (!ptxas) continue;
+          const codegen::PtxasReport r = cachedPtxas(*k);
+          c.registers = std::max(c.registers, r.registers);
+          c.spillBytes = std::max(c.spillBytes, r.spillStoreBytes + r.spillLoadBytes);
+        }
+        if (auto why = pruneAfterCompile(c.config.num_warps, c.sharedBytes, c.registers, c.spillBytes, limits)) {
+          c.status = CandidateStatus::Pruned;
+          c.reason = *why;
+        } else if (c.spillBytes > 0) {
+          c.reason = "spills " + std::to_string(c.spillBytes) + " bytes";
+        }
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        c.status = statusOfCompileFailure(e);
+        c.reason = what.substr(0, what.find('\n'));
+      }
+      c.compileMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard lock(sayMutex);
+      char line[256];
+      std::snprintf(line, sizeof line, "[%d/%d] compiled %-16s %-8s %8.1f ms%s", ++done, toCompile,
+                    c.config.describe().c_str(), statusName(c.status), c.compileMs, c.compileCached ? " (cache)" : "");
+      say(line + (c.reason.empty() ? "" : "  " + c.reason));
+    }
+  };
+  int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, std::max(1, toCompile));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  // The same plan twice: the first in the space's order stays (the default config, first, always does).
+  std::map<std::string, size_t> firstOfPlan;
+  for (size_t i = 0; i < report.candidates.size(); ++i) {
+    CandidateOf<Config>& c = report.candidates[i];
+    if (c.status != CandidateStatus::Compiled || plans[i].empty()) continue;
+    auto [at, fresh] = firstOfPlan.emplace(plans[i], i);
+    if (fresh) continue;
+    c.status = CandidateStatus::Pruned;
+    c.reason = "runs as " + report.candidates[at->second].config.describe() + " (" + plans[i] + ")";
+  }
+  report.compileSeconds = secondsSince(start);
+}
+
+// Checks and times every compiled candidate on the GPU; `like` gives the output's dtype and shape.
+template <class Config>
+void checkAndTime(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const TuneOptions& options,
+                  const dsl::Tensor& like, const Config& defaultConfig) {
+  auto say = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  using dsl::DType;
+  using dsl::MemorySpace;
+  using dsl::Tensor;
+  report.timed = true;
+  const auto start = std::chrono::steady_clock::now();
+  Tensor reference = Tensor::empty(like.dtype(), like.shape(), MemorySpace::Device);
+  Tensor scratch = Tensor::empty(like.dtype(), like.shape(), MemorySpace::Device);
+  hooks.run(defaultConfig, reference);
+  runtime::synchronize();
+  const double tolerance = like.dtype() == DType::BF16 ? 3e-2 : 1e-2;
+  for (CandidateOf<Config>& c : report.candidates) {
+    if (c.status != CandidateStatus::Compiled) continue;
+    if (options.budgetSeconds > 0 && secondsSince(start) > options.budgetSeconds) {
+      c.status = CandidateStatus::Skipped;
+      c.reason = "budget spent";
+      continue;
+    }
+    poison(scratch);
+    try {
+      hooks.run(c.config, scratch);
+      runtime::synchronize();
+      c.error = relativeDifference(scratch, reference);
+      if (!(c.error <= tolerance)) {
+        c.status = CandidateStatus::Wrong;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "output differs from the default config's by %.2e", c.error);
+        c.reason = buf;
+        say(c.config.describe() + " WRONG: " + c.reason);
+        continue;
+      }
+      const std::vector<double> samples =
+          runtime::timeKernel([&] { hooks.run(c.config, scratch); }, options.warmup, options.repetitions);
+      c.ms = runtime::median(samples);
+      c.rate = hooks.work > 0 ? hooks.work / c.ms / 1e9 : 0;
+      c.status = CandidateStatus::Timed;
+      char line[192];
+      std::snprintf(line, sizeof line, "timed %-16s %9.4f ms %7.2f %s", c.config.describe().c_str(), c.ms, c.rate,
+                    hooks.unit);
+      say(line);
+    } catch (const std::exception& e) {
+      c.status = CandidateStatus::Failed;
+      const std::string what = e.what();
+      c.reason = what.substr(0, what.find('\n'));
+    }
+  }
+  report.timingSeconds = secondsSince(start);
+  for (size_t i = 0; i < report.candidates.size(); ++i) {
+    const CandidateOf<Config>& c = report.candidates[i];
+    if (c.status == CandidateStatus::Timed && (report.best < 0 || c.ms < report.candidates[size_t(report.best)].ms))
+      report.best = int(i);
+  }
+}
+
+// The report as a table; `unit` names the rate column.
+template <class Config>
+std::string format(const TuneReportOf<Config>& r, const char* unit) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-18s %-9s %8s %5s %10s %10s %9s  %s\n", "config", "status", "smem KB", "regs",
+                "compile ms", "time ms", unit, "note");
+  out += line;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const CandidateOf<Config>& c = r.candidates[i];
+    std::string note = c.reason;
+    if (int(i) == r.best) note = "BEST" + (note.empty() ? "" : "; " + note);
+    if (int(i) == r.defaultIndex) note = "default" + (note.empty() ? "" : "; " + note);
+    const std::string regs = c.registers >= 0 ? std::to_string(c.registers) : "-";
+    const std::string ms = c.status == CandidateStatus::Timed ? std::to_string(c.ms).substr(0, 8) : "-";
+    char rate[32] = "-";
+    if (c.status == CandidateStatus::Timed && c.rate > 0) std::snprintf(rate, sizeof rate, "%.2f", c.rate);
+    std::snprintf(line, sizeof line, "%-18s %-9s %8.1f %5s %10.1f %10s %9s  %s\n", c.config.describe().c_str(),
+                  statusName(c.status), double(c.sharedBytes) / 1024.0, regs.c_str(), c.compileMs, ms.c_str(), rate,
+                  note.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "compile: %.2f s for %zu configs; timing: %.2f s%s\n", r.compileSeconds,
+                r.candidates.size(), r.timingSeconds, r.timed ? "" : " (dry run: no GPU timing)");
+  out += line;
+  if (r.timed && r.best >= 0 && r.defaultIndex >= 0 &&
+      r.candidates[size_t(r.defaultIndex)].status == CandidateStatus::Timed) {
+    const CandidateOf<Config>&best = r.candidates[size_t(r.best)], &def = r.candidates[size_t(r.defaultIndex)];
+    std::snprintf(line, sizeof line, "winner: %s %.4f ms %.2f %s; default %s %.4f ms %.2f %s; speedup %.3f\n",
+                  best.config.describe().c_str(), best.ms, best.rate, unit, def.config.describe().c_str(), def.ms,
+                  def.rate, unit, def.ms / best.ms);
+    out += line;
+  }
+  if (!r.storedIn.empty()) out += "stored the winner in " + r.storedIn + "\n";
+  return out;
+}
+
+}  // namespace flextile::autotune::sweep
