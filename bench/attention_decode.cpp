@@ -8,6 +8,7 @@
 //   flextile_attention_decode_bench --timeline   # also each shape's phases from the kernel's own clock (printTimeline)
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //   flextile_attention_decode_bench --config 64,4,2,4      # also this config on every shape (repeatable)
+//   flextile_attention_decode_bench --tune       # also the decode autotuner's winner on every shape
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
@@ -40,6 +41,7 @@
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/PagedKVCache.h"
 #include "attention_templates/Reference.h"
+#include "autotune/Autotune.h"
 #include "dsl/DSL.h"
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
@@ -181,7 +183,7 @@ double copyMicroseconds(double bytesMoved) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false;
+  bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false;
   std::vector<std::string> only;
   std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
   for (int i = 1; i < argc; ++i) {
@@ -189,11 +191,12 @@ int main(int argc, char** argv) try {
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-ws")) sweepWs = true;
     else if (!std::strcmp(argv[i], "--timeline")) timeline = true;
+    else if (!std::strcmp(argv[i], "--tune")) tune = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--only SHAPE]... "
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--tune] [--only SHAPE]... "
                    "[--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
@@ -291,6 +294,23 @@ int main(int argc, char** argv) try {
         c.warp_specialize = WarpSpecialization::On;
         configs.push_back(c);
       }
+    if (tune && !paged) {
+      // The autotuner's sweep (autotune/AutotuneDecode.cpp) in this process, nothing stored: its
+      // winner is then timed below like any config, beside the default in the same loop.
+      autotune::TuneOptions to;
+      to.bytes = bytes;
+      to.store = false;
+      FlexAttentionOptions tb = base;
+      tb.kernel = AttentionTemplate::Decode;
+      const autotune::DecodeTuneReport r = autotune::tuneFlexDecode(
+          q, k, v, noop_score(), mask, tb, autotune::defaultDecodeSpace(DType::BF16, s.D), to);
+      const std::string table = autotune::formatReport(r);
+      const size_t at = table.find("winner:");
+      std::printf("%-18s tuned over %zu configs in %.1f s: %s", s.name.c_str(), r.candidates.size(),
+                  r.compileSeconds + r.timingSeconds,
+                  at == std::string::npos ? "no winner\n" : table.substr(at, table.find('\n', at) + 1 - at).c_str());
+      if (r.best >= 0 && r.best != r.defaultIndex) configs.push_back(r.candidates[size_t(r.best)].config);
+    }
     double dfltTbps = 0;
     Row best{s.name, "", INFINITY, 0, 0, 0, 0, 0};
     for (size_t ci = 0; ci < configs.size(); ++ci) {
