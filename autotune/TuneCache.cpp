@@ -53,29 +53,30 @@ int64_t lengthBucket(int64_t L, int64_t S) {
   return b;
 }
 
-std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
-  // The hash decides (it covers the mods' bodies and captured dtypes/ranks); the names and capture
-  // signature are in the text for people reading the file.
+namespace {
+// What both templates' keys hold, through the GQA ratio. The hash decides (it covers the mods'
+// bodies and captured dtypes/ranks); the names and capture signature are in the text for people
+// reading the file.
+std::string commonKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu, const char* templateName) {
   const std::string mods = p.scoreMod + "|" + p.maskMod + "|" + p.captures;
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.modHash));
   return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
-         FLEXTILE_VERSION + " flex_attention_fwd mods " + hash + " (" + mods + ") " +
+         FLEXTILE_VERSION + " " + templateName + " mods " + hash + " (" + mods + ") " +
          std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +
-         std::to_string(p.Hkv ? p.Hq / p.Hkv : 0) + " len" + std::to_string(lengthBucket(p.L, p.S));
+         std::to_string(p.Hkv ? p.Hq / p.Hkv : 0);
+}
+}  // namespace
+
+std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  return commonKey(p, gpu, "flex_attention_fwd") + " len" + std::to_string(lengthBucket(p.L, p.S));
 }
 
 std::string decodeTuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
-  const std::string mods = p.scoreMod + "|" + p.maskMod + "|" + p.captures;
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.modHash));
   int64_t queries = 1, groups = 1;
   while (queries < p.L) queries *= 2;
   while (groups < p.B * p.Hkv) groups *= 2;
-  return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
-         FLEXTILE_VERSION + " flex_attention_decode mods " + hash + " (" + mods + ") " +
-         std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +
-         std::to_string(p.Hkv ? p.Hq / p.Hkv : 0) + " q" + std::to_string(queries) + " len" +
+  return commonKey(p, gpu, "flex_attention_decode") + " q" + std::to_string(queries) + " len" +
          std::to_string(lengthBucket(1, p.S)) + " groups" + std::to_string(groups);
 }
 
