@@ -110,9 +110,9 @@ const std::vector<Command>& commands() {
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
        "  other keeps its default; the backward's kernels have no traced stage here. decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
-       "  then BN,W,S[,SPLITS][,cluster|,no-cluster][,ws|,no-ws] (SPLITS 0 or absent: chosen for the\n"
-       "  target's GPU; cluster: the splits merge through thread block clusters; ws: the full blocks\n"
-       "  by TMA from a producer warpgroup). last-round-merge: the\n"
+       "  then BN,W,S[,SPLITS][,per-sm=N][,cluster|,no-cluster][,ws|,no-ws] (SPLITS 0 or absent: chosen\n"
+       "  for the target's GPU, aiming at N programs an SM, default 2; cluster: the splits merge through\n"
+       "  thread block clusters; ws: the full blocks by TMA from a producer warpgroup). last-round-merge: the\n"
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
        {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {"--locations"}, true},

@@ -314,12 +314,24 @@ TEST(FlexDecode, TheResolversConfigRunsWhenTheCallCanTakeIt) {
   EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, given).config, *given.decode_config);
   setFlexDecodeConfigResolver({});
   const FlexDecodeConfig fallback = plan_flex_decode(q, k, v, noop_score(), mask, o).config;
-  setFlexDecodeConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexDecodeConfig> { return answer; });
+  setFlexDecodeConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexDecodeConfig> {
+    seen = p;
+    return answer;
+  });
   for (const FlexDecodeConfig& unusable : {FlexDecodeConfig{.block_n = 24}, FlexDecodeConfig{.num_warps = 3},
                                            FlexDecodeConfig{.programs_per_sm = 9}, FlexDecodeConfig{.splits = -1}}) {
     answer = unusable;
     EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, o).config, fallback) << unusable.describe();
   }
+  // A paged call takes a resolved config too, its BLOCK_N narrowed to pages of 16 keys as the
+  // default's is (the pages in random order, a shared prefix, an empty sequence).
+  answer = FlexDecodeConfig{.block_n = 32, .num_warps = 4, .num_stages = 2, .splits = 2, .programs_per_sm = 1};
+  seen = {};
+  PagedCase c{.B = 3, .Hq = 8, .Hkv = 2, .L = 1, .D = 32, .pageSize = 16, .lengths = {70, 0, 129},
+              .sharedPrefixPages = 1, .dtype = DType::BF16, .context = "resolved config"};
+  EXPECT_TRUE(checkPaged(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                         {.kernel = AttentionTemplate::Decode}));
+  EXPECT_EQ(seen.S, c.logicalLength()) << "the resolver was asked";
   setFlexDecodeConfigResolver({});
 }
 

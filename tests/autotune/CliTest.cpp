@@ -158,6 +158,12 @@ TEST(Cli, CompileEmitsTheDecodeKernel) {
   ASSERT_EQ(traced.status, 0) << traced.err;
   EXPECT_EQ(run({"compile", "full", "--kernel", "decode", "--queries", "0", "--emit", "ir"}).status, 2);
   EXPECT_EQ(run({"compile", "full", "--kernel", "decode", "--config", "64,4", "--emit", "ir"}).status, 2);
+  // The split count's aim (what the decode's autotuner tunes).
+  EXPECT_EQ(run({"compile", "full", "--shape", "1,4,512,64", "--kernel", "decode", "--config", "64,4,2,0,per-sm=1",
+                 "--emit", "ir"}).status, 0);
+  Result aim = run({"compile", "full", "--kernel", "decode", "--config", "64,4,2,0,per-sm=0", "--emit", "ir"});
+  EXPECT_EQ(aim.status, 2);
+  EXPECT_NE(aim.err.find("per-sm=N (1 to 8)"), std::string::npos) << aim.err;
   Result stray = run({"compile", "full", "--queries", "2", "--emit", "ir"});
   EXPECT_EQ(stray.status, 2);
   EXPECT_NE(stray.err.find("--queries applies to --kernel decode"), std::string::npos) << stray.err;
