@@ -1160,8 +1160,8 @@ FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, cons
                                           const std::optional<BlockMask>& blockMask) {
   expectRank4("q", q);
   expectRank4("k", k);
-  return detail::attentionProblem(q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.space(), scoreMod,
-                     blockMask);
+  return detail::attentionProblem(q.dtype(), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
+                                  q.space(), scoreMod, blockMask);
 }
 
 void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {

@@ -2,26 +2,15 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <unistd.h>
-#include <mutex>
-#include <thread>
 
 #include "attention_templates/Reference.h"
 #include "autotune/Sweep.h"
 #include "autotune/TuneCache.h"
 #include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
-#include "ir/Hash.h"
 #include "runtime/Device.h"
-#include "runtime/Event.h"
-#include "runtime/FaultInjection.h"
 
 namespace flextile::autotune {
 
