@@ -332,6 +332,17 @@ TEST(FlexDecode, TheResolversConfigRunsWhenTheCallCanTakeIt) {
   EXPECT_TRUE(checkPaged(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
                          {.kernel = AttentionTemplate::Decode}));
   EXPECT_EQ(seen.S, c.logicalLength()) << "the resolver was asked";
+  // While the resolver says it cannot answer (autotune/'s: nothing tuned), no problem is built and
+  // the resolver is not asked: the default runs.
+  int asked = 0;
+  setFlexDecodeConfigResolver(
+      [&](const FlexAttentionProblem&) -> std::optional<FlexDecodeConfig> {
+        ++asked;
+        return answer;
+      },
+      [] { return false; });
+  EXPECT_EQ(plan_flex_decode(q, k, v, noop_score(), mask, o).config, fallback);
+  EXPECT_EQ(asked, 0);
   setFlexDecodeConfigResolver({});
 }
 
