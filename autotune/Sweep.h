@@ -181,8 +181,10 @@ template <class Config>
 std::string format(const TuneReportOf<Config>& r, const char* unit) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-18s %-9s %8s %5s %10s %10s %9s  %s\n", "config", "status", "smem KB", "regs",
-                "compile ms", "time ms", unit, "note");
+  int width = 18;  // the config column fits the longest description
+  for (const CandidateOf<Config>& c : r.candidates) width = std::max(width, int(c.config.describe().size()));
+  std::snprintf(line, sizeof line, "%-*s %-9s %8s %5s %10s %10s %9s  %s\n", width, "config", "status", "smem KB",
+                "regs", "compile ms", "time ms", unit, "note");
   out += line;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const CandidateOf<Config>& c = r.candidates[i];
@@ -193,7 +195,7 @@ std::string format(const TuneReportOf<Config>& r, const char* unit) {
     const std::string ms = c.status == CandidateStatus::Timed ? std::to_string(c.ms).substr(0, 8) : "-";
     char rate[32] = "-";
     if (c.status == CandidateStatus::Timed && c.rate > 0) std::snprintf(rate, sizeof rate, "%.2f", c.rate);
-    std::snprintf(line, sizeof line, "%-18s %-9s %8.1f %5s %10.1f %10s %9s  %s\n", c.config.describe().c_str(),
+    std::snprintf(line, sizeof line, "%-*s %-9s %8.1f %5s %10.1f %10s %9s  %s\n", width, c.config.describe().c_str(),
                   statusName(c.status), double(c.sharedBytes) / 1024.0, regs.c_str(), c.compileMs, ms.c_str(), rate,
                   note.c_str());
     out += line;
