@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "codegen/CompileCache.h"
 #include "dsl/Tensor.h"
@@ -72,12 +74,20 @@ std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity&
   return commonKey(p, gpu, "flex_attention_fwd") + " len" + std::to_string(lengthBucket(p.L, p.S));
 }
 
-std::string decodeTuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+namespace {
+// The decode key's buckets: queries (next power of two), KV length, B x KV heads (next power of two).
+std::tuple<int64_t, int64_t, int64_t> decodeBuckets(const attention::FlexAttentionProblem& p) {
   int64_t queries = 1, groups = 1;
   while (queries < p.L) queries *= 2;
   while (groups < p.B * p.Hkv) groups *= 2;
+  return {queries, lengthBucket(1, p.S), groups};
+}
+}  // namespace
+
+std::string decodeTuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  const auto [queries, length, groups] = decodeBuckets(p);
   return commonKey(p, gpu, "flex_attention_decode") + " q" + std::to_string(queries) + " len" +
-         std::to_string(lengthBucket(1, p.S)) + " groups" + std::to_string(groups);
+         std::to_string(length) + " groups" + std::to_string(groups);
 }
 
 TuneCache::TuneCache(fs::path file, GpuIdentity gpu) : file_(std::move(file)), gpu_(std::move(gpu)) {}
@@ -133,6 +143,7 @@ void TuneCache::loadLocked() {
   loaded_ = true;
   std::string problem;
   entries_ = readEntries(problem);
+  generation_.fetch_add(1, std::memory_order_release);
   if (!problem.empty())
     warn("autotune cache " + file_.string() + " is " + problem + "; ignoring it (it is rebuilt on the next tune)");
 }
@@ -276,6 +287,7 @@ bool TuneCache::store(const std::string& key, Json e) {
   loadLocked();
   // Kept in memory whatever the disk says, so this process uses what it tuned.
   entries_.object[key] = std::move(e);
+  generation_.fetch_add(1, std::memory_order_release);
   std::string why;
   try {
     std::error_code ec;
@@ -338,9 +350,21 @@ void installResolver() {
         if (p.space != dsl::MemorySpace::Device) return std::nullopt;
         TuneCache* cache = TuneCache::forCurrentGpu();
         if (!cache) return std::nullopt;
+        // A decode step asks every call; the key's text costs more than the rest of the lookup, so
+        // each thread keeps its answers by the fields the key is made of, until the cache changes.
+        using Fields = std::tuple<std::string, std::string, std::string, uint64_t, int, int64_t, int64_t,
+                                  std::tuple<int64_t, int64_t, int64_t>>;
+        thread_local std::map<Fields, std::optional<attention::FlexDecodeConfig>> memo;
+        thread_local uint64_t memoGeneration = ~uint64_t(0);
+        if (const uint64_t g = cache->generation(); g != memoGeneration) {
+          memo.clear();
+          memoGeneration = g;
+        }
+        const Fields fields{p.scoreMod,      p.maskMod, p.captures, p.modHash, int(p.dtype),
+                            p.D, p.Hkv ? p.Hq / p.Hkv : 0, decodeBuckets(p)};
+        if (auto it = memo.find(fields); it != memo.end()) return it->second;
         std::optional<TunedDecodeConfig> t = cache->findDecode(decodeTuneKey(p, *currentGpu()));
-        if (!t) return std::nullopt;
-        return t->config;
+        return memo[fields] = t ? std::optional(t->config) : std::nullopt;
       },
       // With nothing tuned, a decode step builds no problem and no key.
       [] {

@@ -15,6 +15,7 @@
 // lock file (<file>.lock) and adds its entry, so none is lost.
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -72,6 +73,8 @@ class TuneCache {
   bool put(const std::string& key, const TunedConfig& entry);
   std::optional<TunedDecodeConfig> findDecode(const std::string& key);
   bool putDecode(const std::string& key, const TunedDecodeConfig& entry);
+  // Changes whenever the entries may have (a load, a store): what a memo of lookups checks.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   size_t size();
 
  private:
@@ -85,6 +88,7 @@ class TuneCache {
   bool loaded_ = false;
   bool warnedStore_ = false;
   Json entries_ = Json::obj();
+  std::atomic<uint64_t> generation_{0};
 };
 
 // Makes flex_attention consult TuneCache::forCurrentGpu() when it is given no
