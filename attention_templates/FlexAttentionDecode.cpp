@@ -699,6 +699,21 @@ ResolverSlot& resolverSlot() {
   return r;
 }
 
+// BLOCK_N as a mask's blocks take it: no wider than a KV block (at least 16).
+int64_t narrowedBlockN(int64_t blockN, const BlockMask& mask) {
+  return std::min(blockN, std::max<int64_t>(16, mask.kvBlockSize()));
+}
+
+// Why a decode of BM-row programs over `mask` cannot run `c` (its BLOCK_N narrowed), or nullopt.
+std::optional<std::string> decodeConfigProblem(const FlexDecodeConfig& c, const BlockMask& mask, int64_t BM) {
+  if (auto why = detail::configProblem({BM, c.block_n, c.num_warps, c.num_stages}, nullptr)) return why;
+  if (mask.kvBlockSize() % c.block_n != 0)
+    return "BLOCK_N must divide the BlockMask's KV_BLOCK_SIZE (" + std::to_string(mask.kvBlockSize()) + ")";
+  if (c.splits < 0) return "splits must be >= 0 (0 chooses)";
+  if (c.programs_per_sm < 0 || c.programs_per_sm > 8) return "programs_per_sm must be in [0, 8] (0 chooses)";
+  return std::nullopt;
+}
+
 // The resolver's config (a tuned one) when there is one the call can take, else the default.
 FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& scoreMod, const BlockMask& mask) {
   const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, p.D);
@@ -715,11 +730,10 @@ FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& s
   } catch (const Error&) {
     return fallback;  // a mod the probe tiles do not fit: the real trace reports what is wrong
   }
-  if (!c || c->splits < 0 || c->programs_per_sm < 0 || c->programs_per_sm > 8 || c->block_n < 16 ||
-      mask.kvBlockSize() % std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize())) != 0 ||
-      detail::configProblem({p.BM, c->block_n, c->num_warps, c->num_stages}, nullptr))
-    return fallback;
-  return *c;
+  if (!c) return fallback;
+  FlexDecodeConfig narrowed = *c;
+  narrowed.block_n = narrowedBlockN(c->block_n, mask);
+  return decodeConfigProblem(narrowed, mask, p.BM) ? fallback : *c;
 }
 
 void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
@@ -860,18 +874,11 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
 
   p.config = options.decode_config ? *options.decode_config : tunedOrDefaultConfig(p, scoreMod, mask);
   FlexDecodeConfig& c = p.config;
-  c.block_n = std::min(c.block_n, std::max<int64_t>(16, mask.kvBlockSize()));
+  c.block_n = narrowedBlockN(c.block_n, mask);
   // Paged: an inner step's keys must lie in one page for the K/V to stream through the pipeline
   // (detail::kvStorageRows); a config the caller gave is kept (it gathers per key).
   if (p.paged && !options.decode_config) c.block_n = std::min(c.block_n, p.paged->pageSize);
-  if (auto why = detail::configProblem({p.BM, c.block_n, c.num_warps, c.num_stages}, nullptr))
-    fail("config " + c.describe() + ": " + *why);
-  if (mask.kvBlockSize() % c.block_n != 0)
-    fail("config " + c.describe() + ": BLOCK_N must divide the BlockMask's KV_BLOCK_SIZE (" +
-         std::to_string(mask.kvBlockSize()) + ")");
-  if (c.splits < 0) fail("config " + c.describe() + ": splits must be >= 0 (0 chooses)");
-  if (c.programs_per_sm < 0 || c.programs_per_sm > 8)
-    fail("config " + c.describe() + ": programs_per_sm must be in [0, 8] (0 chooses)");
+  if (auto why = decodeConfigProblem(c, mask, p.BM)) fail("config " + c.describe() + ": " + *why);
 
   if (p.queryOffsets) {
     p.lists = maskListsForAnyRow(mask, p.space, p.stream);
