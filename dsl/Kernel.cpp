@@ -65,12 +65,37 @@ struct Kernel::Compiled {
   int64_t clusterSize = 1;
 };
 
+struct Kernel::RecentLaunch {
+  // The launch options a trace is chosen by (constantsKey's fields).
+  std::vector<int64_t> constants;
+  int numWarps = 0, numStages = 0;
+  bool tma = false, warpSpecialize = false, reassociate = false;
+  const Traced* traced = nullptr;
+  // What else the launch key holds (compiled): the specialization and the code generator's target.
+  std::vector<int64_t> divisibility, ones;
+  const runtime::Device* device = nullptr;
+  std::string settings;
+  Compiled* compiled = nullptr;
+
+  bool sameTrace(const LaunchOptions& o) const {
+    return numWarps == o.num_warps && numStages == o.num_stages && tma == o.tma && warpSpecialize == o.warp_specialize &&
+           reassociate == o.reassociate && constants == o.constants;
+  }
+};
+
+namespace {
+// Enough for a template's few specializations launched in turn (a decode's kernel, a forward's
+// main and merge kernels, a backward's three).
+constexpr size_t kRecentLaunches = 8;
+}  // namespace
+
 Kernel::Kernel(std::string name, Tracer tracer, size_t numConstants)
     : name_(std::move(name)), tracer_(std::move(tracer)), numConstants_(numConstants) {}
 Kernel::~Kernel() = default;
 Kernel::Kernel(Kernel&& o) noexcept
     : name_(std::move(o.name_)), tracer_(std::move(o.tracer_)), numConstants_(o.numConstants_),
-      traces_(std::move(o.traces_)), cache_(std::move(o.cache_)), launches_(std::move(o.launches_)) {}
+      traces_(std::move(o.traces_)), cache_(std::move(o.cache_)), launches_(std::move(o.launches_)),
+      recent_(std::move(o.recent_)) {}
 
 std::unique_ptr<ir::Function> Kernel::trace(const TraceOptions& options) const {
   return traceWithCaptures(options).function;
@@ -426,16 +451,57 @@ runtime::TensorMap encodeTensorMap(const std::string& kernel, const codegen::Ten
   return encodeNamed(kernel, r, [&] { return runtime::TensorMap(std::move(d)); });
 }
 
+const Kernel::Traced* Kernel::recentTrace(const LaunchOptions& options) const {
+  for (const RecentLaunch& r : recent_)
+    if (r.sameTrace(options)) return r.traced;
+  return nullptr;
+}
+
+Kernel::Compiled* Kernel::recentCompiled(const LaunchOptions& options, const Traced& traced,
+                                         const std::vector<int64_t>& divisibility, const std::vector<int64_t>& ones,
+                                         const runtime::Device* device, const std::string& settings) const {
+  for (const RecentLaunch& r : recent_)
+    if (r.traced == &traced && r.device == device && r.divisibility == divisibility && r.ones == ones &&
+        r.settings == settings && r.sameTrace(options))
+      return r.compiled;
+  return nullptr;
+}
+
 void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>& given) {
-  const std::string key = constantsKey(options);
-  const Traced& t = tracedEntry(options, key);
+  const Traced* recent;
+  {
+    std::lock_guard lock(mutex_);
+    recent = recentTrace(options);
+  }
+  std::string key;
+  if (!recent) key = constantsKey(options);
+  const Traced& t = recent ? *recent : tracedEntry(options, key);
   const auto args = withCaptures(t, given, MemorySpace::Device);
   checkArgs(name_, *t.function, args, ArgMode::Device);
   for (int a = 0; a < 3; ++a)
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
       throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
                   std::to_string(options.grid[a]) + ", outside what CUDA allows");
-  Compiled& c = compiled(options, args, std::nullopt, *t.function, key);
+  // Every field of compiled's launch key, as values (the target follows from the device). The
+  // device is asked for after the checks: their errors name the arguments, not a missing driver.
+  const runtime::Device* device = &runtime::Device::current();
+  std::vector<int64_t> div = argumentDivisibility(*t.function, args), ones = argumentsEqualToOne(*t.function, args);
+  const std::string& settings = codegen::codegenSwitches();
+  Compiled* found;
+  {
+    std::lock_guard lock(mutex_);
+    found = recentCompiled(options, t, div, ones, device, settings);
+  }
+  if (!found) {
+    if (key.empty()) key = constantsKey(options);
+    found = &compiled(options, args, std::nullopt, *t.function, key);
+    std::lock_guard lock(mutex_);
+    recent_.insert(recent_.begin(), RecentLaunch{options.constants, options.num_warps, options.num_stages, options.tma,
+                                                 options.warp_specialize, options.reassociate, &t, std::move(div),
+                                                 std::move(ones), device, settings, found});
+    if (recent_.size() > kRecentLaunches) recent_.pop_back();
+  }
+  Compiled& c = *found;
   const codegen::CompiledKernel& code = c.code;
   {
     std::lock_guard lock(mutex_);

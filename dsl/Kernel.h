@@ -37,6 +37,7 @@
 #include "runtime/TensorMap.h"
 
 namespace flextile::runtime {
+class Device;
 class DeviceBuffer;
 class Stream;
 }
@@ -204,6 +205,14 @@ class Kernel {
   Compiled& compiled(const LaunchOptions& options, const std::vector<KernelArg>& args,
                      std::optional<codegen::Target> target, const ir::Function& f, const std::string& key);
   void loadModule(Compiled& c);  // with mutex_ held
+  // The last launches' keys as values (runArgs): a launch like a recent one finds its trace and
+  // its compiled kernel by comparing a few integers, not by forming the string keys and looking
+  // them up (a fifth of a decode step's host time).
+  struct RecentLaunch;
+  const Traced* recentTrace(const LaunchOptions& options) const;  // with mutex_ held
+  Compiled* recentCompiled(const LaunchOptions& options, const Traced& traced, const std::vector<int64_t>& divisibility,
+                           const std::vector<int64_t>& ones, const runtime::Device* device,
+                           const std::string& settings) const;  // with mutex_ held
 
   std::string name_;
   Tracer tracer_;
@@ -212,6 +221,7 @@ class Kernel {
   std::map<std::string, Traced> traces_;                           // by constants and num_warps
   std::map<std::string, std::unique_ptr<Compiled>> cache_;        // by IR structural hash and target
   std::map<std::string, Compiled*> launches_;                      // by constants, specialization, target
+  std::vector<RecentLaunch> recent_;                               // most recent first (kRecentLaunches)
 };
 
 namespace detail {

@@ -145,6 +145,49 @@ TEST(Streams, AKernelThatWaitsForItsPriorGridsIsLaunchedForProgrammaticOverlap) 
   EXPECT_EQ(plainLaunches[0], "launch scale_without_waiting stream " + handleText(stream));
 }
 
+// A launch like a recent one takes its compiled kernel from the kernel's recent launches
+// (Kernel::runArgs) by the launch key's values; every value that makes another specialization —
+// a pointer's alignment, an integer equal to 1, the constants, a code generator switch — must
+// still find its own kernel, alternating with the others and past the recent list's length.
+TEST(Launches, EachSpecializationCompilesOnceAndRepeatsFindTheirOwn) {
+  Tensor x = Tensor::empty(DType::F32, {1000}, MemorySpace::Device), y = Tensor::empty(DType::F32, {1000}, MemorySpace::Device);
+  const Tensor xOff = Tensor::deviceView(x.deviceAddress() + 4, DType::F32, {999});  // 4-byte aligned
+  Kernel k = scaleKernel("scale_specializations");
+  const auto aligned = [&] { k.run({.grid = {8, 1, 1}, .constants = {128}}, x, y, 1000, 2.0f); };
+  const auto offset = [&] { k.run({.grid = {8, 1, 1}, .constants = {128}}, xOff, y, 999, 2.0f); };
+  const auto unitLength = [&] { k.run({.grid = {1, 1, 1}, .constants = {128}}, x, y, 1, 2.0f); };
+  const auto otherBlock = [&] { k.run({.grid = {16, 1, 1}, .constants = {64}}, x, y, 1000, 2.0f); };
+  auto loads = [&] {
+    const auto lines = take();
+    return matching(lines, "load ").size();
+  };
+  take();
+  for (int round = 0; round < 2; ++round) {
+    aligned(), offset(), unitLength(), otherBlock();
+    EXPECT_EQ(k.numCompiled(), 4u) << "round " << round;
+    EXPECT_EQ(loads(), round == 0 ? 4u : 0u) << "round " << round;
+  }
+  // A switch of the code generator (codegen::codegenSwitches) is another kernel, and unset again
+  // the first one.
+  ASSERT_EQ(setenv("FLEXTILE_EXP2_FTZ", "0", 1), 0);
+  aligned();
+  EXPECT_EQ(k.numCompiled(), 5u);
+  EXPECT_EQ(loads(), 1u);
+  ASSERT_EQ(unsetenv("FLEXTILE_EXP2_FTZ"), 0);
+  aligned();
+  EXPECT_EQ(k.numCompiled(), 5u);
+  EXPECT_EQ(loads(), 0u);
+  // More specializations than the recent list holds (ten), twice round: each compiled and loaded
+  // once.
+  for (int round = 0; round < 2; ++round)
+    for (int64_t block = 4; block <= 2048; block *= 2)
+      k.run({.grid = {cdiv(1000, block), 1, 1}, .constants = {block}}, x, y, 1000, 2.0f);
+  EXPECT_EQ(k.numCompiled(), 5u + 8u);  // blocks 64 and 128 were compiled already
+  EXPECT_EQ(loads(), 8u);
+  offset();
+  EXPECT_EQ(loads(), 0u);
+}
+
 TEST(Streams, TensorCopiesAndFillsGoToTheGivenStream) {
   runtime::Stream s;
   take();
