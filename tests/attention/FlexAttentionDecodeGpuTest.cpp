@@ -50,6 +50,7 @@ TEST_P(FlexDecodeGpuVariant, AtTheDecodeShapes) {
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 16, .S = 4097, .D = 64, .dtype = DType::F16},
       {.B = 1, .Hq = 4, .Hkv = 2, .L = 3, .S = 300, .D = 256, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 4, .L = 2, .S = 300, .D = 64, .dtype = DType::F32},
+      {.B = 2, .Hq = 10, .Hkv = 2, .L = 3, .S = 1000, .D = 80, .dtype = DType::F16},  // D padded, GQA 5:1
   };
   ConfigSample splits(kDefaultBlocks.splits, 1, rng);
   for (const AttentionCase& c : cases) {

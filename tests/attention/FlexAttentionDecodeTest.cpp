@@ -35,6 +35,8 @@ TEST(FlexDecode, EveryVariantMatchesTheReferenceAndThePrefillTemplate) {
       {.B = 2, .Hq = 4, .Hkv = 1, .L = 2, .S = 127, .D = 64, .dtype = DType::F16},
       {.B = 1, .Hq = 8, .Hkv = 2, .L = 5, .S = 129, .D = 64, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 4, .L = 1, .S = 200, .D = 96, .dtype = DType::BF16},
+      // A head dimension padded to its power of two, in a group of five heads (15 of 16 rows).
+      {.B = 1, .Hq = 10, .Hkv = 2, .L = 3, .S = 150, .D = 80, .dtype = DType::F16},
   };
   for (const Variant& v : variants())
     for (const AttentionCase& c : cases)
