@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -220,6 +221,9 @@ FlexAttentionProblem attentionProblem(dsl::DType dtype, int64_t B, int64_t Hq, i
 
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 std::optional<bool> forcedBySwitch(const char* name);
+// The same for several switches from one walk over the environment (each getenv walks all of it:
+// a decode step's nine took 8 % of its host time). values[i] is names[i]'s.
+void forcedBySwitches(std::span<const char* const> names, std::span<std::optional<bool>> values);
 
 // A config's text form (FlexAttentionConfig::parse, FlexDecodeConfig::parse): its comma-separated
 // items, and one item as a whole integer (nullopt for anything else: a sign-only, a suffix, a word).

@@ -35,6 +35,7 @@
 // program's threads through shared memory (one uniform value), so the merge's branch is taken
 // by the whole program or by none of it.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -664,6 +665,22 @@ void resetMergeCounters(MemorySpace space) {
   if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
 }
 
+// The decode's switches (docs/performance.md, "Tuning knobs"), read once a call: nine getenv
+// walks of the environment took 8 % of a decode step's host time.
+struct DecodeSwitches {
+  std::optional<bool> clusterMerge, warpSpecialize, fillSlots, programmaticLaunch, partialFirst, acqRelTicket, liveRuns;
+
+  static DecodeSwitches read() {
+    static constexpr std::array<const char*, 7> kNames = {
+        "FLEXTILE_DECODE_CLUSTER_MERGE", "FLEXTILE_DECODE_WARP_SPECIALIZE", "FLEXTILE_DECODE_FILL_SLOTS",
+        "FLEXTILE_PROGRAMMATIC_LAUNCH",  "FLEXTILE_DECODE_PARTIAL_FIRST",   "FLEXTILE_DECODE_ACQREL_TICKET",
+        "FLEXTILE_DECODE_LIVE_RUNS"};
+    std::array<std::optional<bool>, kNames.size()> v;
+    detail::forcedBySwitches(kNames, v);
+    return {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+  }
+};
+
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
   int64_t programsPerSm;  // resident on one SM of the GPU planned for (decodeProgramsPerSm); 0: none
@@ -684,6 +701,7 @@ struct DecodePrepared {
   bool warpSpecialized = false;    // decodeWarpSpecialized
   int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
   std::optional<Tensor> timeline;  // options.decode_timeline, checked
+  DecodeSwitches switches;
 };
 
 std::mutex& resolverMutex() {
@@ -749,7 +767,7 @@ constexpr int64_t kMaxClusterSize = 8;
 bool clusterMergeWanted(const DecodePrepared& p) {
   const LoopSchedule asked = p.config.cluster_merge;
   return p.clustersAvailable &&
-         detail::forcedBySwitch("FLEXTILE_DECODE_CLUSTER_MERGE").value_or(asked == LoopSchedule::On);
+         p.switches.clusterMerge.value_or(asked == LoopSchedule::On);
 }
 int64_t clusterMergeSize(const DecodePrepared& p) {
   const int64_t splits = p.config.splits;
@@ -794,8 +812,7 @@ DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& 
 // Not with the cluster merge, which asks it: every thread of a cluster meets at its barriers,
 // and a producer's threads leave once their copies are issued.
 bool decodeWarpSpecialized(const DecodePrepared& p, const std::optional<codegen::Target>& gpu) {
-  const std::optional<bool> forced = detail::forcedBySwitch("FLEXTILE_DECODE_WARP_SPECIALIZE");
-  const bool wanted = forced.value_or(p.config.warp_specialize == WarpSpecialization::On);
+  const bool wanted = p.switches.warpSpecialize.value_or(p.config.warp_specialize == WarpSpecialization::On);
   const bool hopper = !gpu || (gpu->has(codegen::Feature::TensorMemoryAccelerator) &&
                                gpu->has(codegen::Feature::SetMaxNReg));
   return wanted && hopper && !p.paged && p.kvBoxes && !clusterMergeWanted(p) && p.config.num_stages >= 2 &&
@@ -806,6 +823,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
                    const FlexAttentionOptions& options, const std::optional<codegen::Target>& target) {
   const char* me = "flex_attention (decode)";
   auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
+  p.switches = DecodeSwitches::read();
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
@@ -902,7 +920,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
     c.splits = decodeSplitCount(p.B * (p.Hq / p.HP), p.lists.maxLiveBlocks * (mask.kvBlockSize() / c.block_n),
                                 sms, std::max<int64_t>(1, p.programsPerSm),
                                 c.programs_per_sm > 0 ? c.programs_per_sm
-                                : detail::forcedBySwitch("FLEXTILE_DECODE_FILL_SLOTS").value_or(false)
+                                : p.switches.fillSlots.value_or(false)
                                     ? p.programsPerSm
                                     : kDecodeProgramsPerSmAimedAt);
     // Clusters of 8 over more splits need a multiple of 8 (B = 1 over 32768 keys: 47 -> 48).
@@ -944,17 +962,17 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.queryOffsets.has_value(),
                          p.programsPerSm,
                          // Programmatic dependent launch: opt-in until measured.
-                         detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false),
-                         detail::forcedBySwitch("FLEXTILE_DECODE_PARTIAL_FIRST").value_or(true),
+                         p.switches.programmaticLaunch.value_or(false),
+                         p.switches.partialFirst.value_or(true),
                          cluster,
                          cluster > 0 && p.config.splits > cluster,
                          p.warpSpecialized,
                          p.timeline.has_value(),
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
-                         detail::forcedBySwitch("FLEXTILE_DECODE_ACQREL_TICKET").value_or(true),
+                         p.switches.acqRelTicket.value_or(true),
                          // Runs cut over the row's live steps: opt-in until a GPU has timed it.
-                         detail::forcedBySwitch("FLEXTILE_DECODE_LIVE_RUNS").value_or(false)};
+                         p.switches.liveRuns.value_or(false)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

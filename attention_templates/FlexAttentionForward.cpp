@@ -27,6 +27,8 @@
 #include <string_view>
 #include <utility>
 
+#include <unistd.h>
+
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
 #include "codegen/Ptxas.h"
@@ -222,11 +224,33 @@ std::optional<codegen::Target> defaultsTarget(MemorySpace space, const std::opti
   return codegen::Target::fromCapability(device.capabilityMajor(), device.capabilityMinor());
 }
 
-std::optional<bool> forcedBySwitch(const char* name) {
-  const char* e = std::getenv(name);
-  if (e && !std::strcmp(e, "1")) return true;
-  if (e && !std::strcmp(e, "0")) return false;
+namespace {
+std::optional<bool> switchValue(const char* text) {
+  if (text && !std::strcmp(text, "1")) return true;
+  if (text && !std::strcmp(text, "0")) return false;
   return std::nullopt;
+}
+}  // namespace
+
+std::optional<bool> forcedBySwitch(const char* name) { return switchValue(std::getenv(name)); }
+
+void forcedBySwitches(std::span<const char* const> names, std::span<std::optional<bool>> values) {
+  for (std::optional<bool>& v : values) v.reset();
+  if (names.size() > 64) throw Error("forcedBySwitches: at most 64 switches a walk");
+  uint64_t found = 0;  // the first entry of a name counts, as for getenv
+  std::array<size_t, 64> lengths;
+  for (size_t i = 0; i < names.size(); ++i) lengths[i] = std::strlen(names[i]);
+  for (char** e = environ; e && *e; ++e) {
+    const char* entry = *e;
+    if (entry[0] != 'F' || std::strncmp(entry, "FLEXTILE_", 9) != 0) continue;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const size_t n = lengths[i];
+      if (!(found >> i & 1) && std::strncmp(entry, names[i], n) == 0 && entry[n] == '=') {
+        values[i] = switchValue(entry + n + 1);
+        found |= uint64_t(1) << i;
+      }
+    }
+  }
 }
 
 std::vector<std::string> configItems(std::string_view text) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <cstring>
 
 #include <cmath>
@@ -800,4 +802,33 @@ TEST(FlexAttention, ConfigParsesTheCliSpelling) {
           << e.what();
     }
   }
+}
+
+// forcedBySwitches reads several switches in one walk of the environment: each value as
+// forcedBySwitch reads it alone, a name that begins another's (FLEXTILE_TMA and
+// FLEXTILE_TMA_IN_STAGING_LOOPS) only its own, and an unset or unparsable one nullopt.
+TEST(FlexAttentionSwitches, OneWalkReadsWhatEachGetenvWould) {
+  using flextile::attention::detail::forcedBySwitch;
+  using flextile::attention::detail::forcedBySwitches;
+  const std::array<const char*, 5> names = {"FLEXTILE_TEST_SWITCH_A", "FLEXTILE_TEST_SWITCH", "FLEXTILE_TEST_SWITCH_AB",
+                                            "FLEXTILE_TEST_SWITCH_UNSET", "FLEXTILE_TEST_SWITCH_WORD"};
+  ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH_A", "1", 1), 0);
+  ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH", "0", 1), 0);
+  ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH_AB", "0", 1), 0);
+  ASSERT_EQ(unsetenv("FLEXTILE_TEST_SWITCH_UNSET"), 0);
+  ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH_WORD", "yes", 1), 0);
+  std::array<std::optional<bool>, names.size()> values;
+  values.fill(true);  // poisoned: every slot must be written
+  forcedBySwitches(names, values);
+  EXPECT_EQ(values[0], std::optional<bool>(true));
+  EXPECT_EQ(values[1], std::optional<bool>(false));
+  EXPECT_EQ(values[2], std::optional<bool>(false));
+  EXPECT_EQ(values[3], std::nullopt);
+  EXPECT_EQ(values[4], std::nullopt);
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(values[i], forcedBySwitch(names[i])) << names[i];
+  // Changed between two walks: the second sees the change.
+  ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH_A", "0", 1), 0);
+  forcedBySwitches(names, values);
+  EXPECT_EQ(values[0], std::optional<bool>(false));
+  for (const char* name : names) unsetenv(name);
 }
