@@ -79,6 +79,7 @@ template <template <template <class> class> class P>
 std::vector<dsl::KernelArg> bindParams(const P<Bound>& bound, const std::string& kernelName) {
   namespace hana = boost::hana;
   std::vector<dsl::KernelArg> args;
+  args.reserve(hana::length(hana::accessors<P<Bound>>()));  // bound on every launch: no regrowth
   hana::for_each(hana::accessors<P<Bound>>(), [&](auto accessor) {
     const auto& member = hana::second(accessor)(bound);
     if (!member.arg)
@@ -95,6 +96,7 @@ template <class C>
 std::vector<int64_t> constantList(const C& c) {
   namespace hana = boost::hana;
   std::vector<int64_t> out;
+  out.reserve(hana::length(hana::accessors<C>()));
   hana::for_each(hana::members(c), [&](int64_t v) { out.push_back(v); });
   return out;
 }
