@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue #12's proof in one device call: the decode bench beside PyTorch's decode (bench/
+# torch_decode.py: SDPA and FlexDecoding in the same call), the serving part of the GPU tests and
+# the autotune GPU tests, the decode tuner's sweep on the window and B=1 S=2048, and on an H200 with
+# time left the live runs' A/B (scripts/gpu_pending_ab.sh). On an H200, where #12's goals are set,
+# the benches run first; elsewhere the tests do. About 3-6 minutes; logs under $OUT. Run from the
+# repo root with ./bundle carried:
+#   device tool: run(command="scripts/gpu_decode_goal.sh", carry=["bundle"])
+set -uo pipefail
+export OUT=${OUT:-./gpu-logs}
+mkdir -p "$OUT"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$GPU; $(sed -n 2p bundle/MANIFEST.txt)"
+export FLEXTILE_TEST_SEED=${FLEXTILE_TEST_SEED:-$RANDOM$RANDOM}
+echo "seed $FLEXTILE_TEST_SEED"
+serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
+t0=$SECONDS
+
+benches() {
+  FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 80 ./bundle/bin/flextile_attention_decode_bench > "$OUT/decode.log" 2>&1
+  echo "decode bench rc=$? ($((SECONDS - t0)) s)"
+  sed -n '/^shape  *MB read/,$p' "$OUT/decode.log"
+  timeout 80 python3 bench/torch_decode.py --json "$OUT/torch_decode.json" > "$OUT/torch_decode.log" 2>&1
+  echo "torch_decode rc=$? ($((SECONDS - t0)) s)"
+  sed -n '/^shape  *flex us/,$p' "$OUT/torch_decode.log"
+}
+
+tests() {
+  # The core tests alone first: RuntimeGpu.AllocationShowsInFreeMemory reads the card's free memory,
+  # which other processes' allocations move.
+  FLEXTILE_CACHE_DIR=/tmp/ftcache-core timeout 150 ./bundle/bin/flextile_gpu_tests > "$OUT/core.log" 2>&1
+  echo "flextile_gpu_tests rc=$?"
+  for i in 0 1 2; do
+    FLEXTILE_CACHE_DIR=/tmp/ftcache-serving$i GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i timeout 170 \
+      ./bundle/bin/attention_gpu_tests --gtest_filter="$serving" > "$OUT/serving$i.log" 2>&1 &
+  done
+  wait
+  FLEXTILE_CACHE_DIR=/tmp/ftcache-tune timeout 100 ./bundle/bin/autotune_gpu_tests > "$OUT/autotune.log" 2>&1
+  echo "autotune_gpu_tests rc=$?"
+  grep -hE "^\[  PASSED|^\[  FAILED" "$OUT/core.log" "$OUT"/serving*.log "$OUT/autotune.log"
+  echo "tests done ($((SECONDS - t0)) s)"
+}
+
+if [[ "$GPU" == *H200* ]]; then benches; tests; else tests; benches; fi
+FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 70 ./bundle/bin/flextile_attention_decode_bench --tune \
+  --only decode_window4096 --only decode_b1_s2048 > "$OUT/decode_tune.log" 2>&1
+echo "decode --tune rc=$?"
+grep -E "tuned over" "$OUT/decode_tune.log"
+if [[ "$GPU" == *H200* ]] && (( SECONDS - t0 < 330 )); then
+  FLEXTILE_PENDING=liveruns timeout 150 scripts/gpu_pending_ab.sh > "$OUT/pending.log" 2>&1
+  grep -A8 "^figure" "$OUT/pending.log"
+fi
+echo "total $((SECONDS - t0)) s"
