@@ -457,12 +457,13 @@ const Kernel::Traced* Kernel::recentTrace(const LaunchOptions& options) const {
   return nullptr;
 }
 
-Kernel::Compiled* Kernel::recentCompiled(const LaunchOptions& options, const Traced& traced,
-                                         const std::vector<int64_t>& divisibility, const std::vector<int64_t>& ones,
-                                         const runtime::Device* device, const std::string& settings) const {
+Kernel::Compiled* Kernel::recentCompiled(const Traced& traced, const std::vector<int64_t>& divisibility,
+                                         const std::vector<int64_t>& ones, const runtime::Device* device,
+                                         const std::string& settings) const {
+  // One trace per constantsKey: the same trace is the same launch options' fields.
   for (const RecentLaunch& r : recent_)
     if (r.traced == &traced && r.device == device && r.divisibility == divisibility && r.ones == ones &&
-        r.settings == settings && r.sameTrace(options))
+        r.settings == settings)
       return r.compiled;
   return nullptr;
 }
@@ -490,7 +491,7 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   Compiled* found;
   {
     std::lock_guard lock(mutex_);
-    found = recentCompiled(options, t, div, ones, device, settings);
+    found = recentCompiled(t, div, ones, device, settings);
   }
   if (!found) {
     if (key.empty()) key = constantsKey(options);

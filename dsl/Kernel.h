@@ -210,7 +210,7 @@ class Kernel {
   // them up (a fifth of a decode step's host time).
   struct RecentLaunch;
   const Traced* recentTrace(const LaunchOptions& options) const;  // with mutex_ held
-  Compiled* recentCompiled(const LaunchOptions& options, const Traced& traced, const std::vector<int64_t>& divisibility,
+  Compiled* recentCompiled(const Traced& traced, const std::vector<int64_t>& divisibility,
                            const std::vector<int64_t>& ones, const runtime::Device* device,
                            const std::string& settings) const;  // with mutex_ held
 
