@@ -179,6 +179,10 @@ dsl::Tile rowLse(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& empty,
 // `l` ([rows]) and accumulator `acc` ([rows, D]) take partials u (each a normalized output `part[u]`
 // and its lse[u] = m_u + log2 l_u; -inf for an empty or absent partial, which weighs nothing). The
 // caller issues every load of the round before calling, so the round waits on one round trip.
+// `m`, `l` and the lse may instead be [rows, D] like the partials, each row's value repeated along
+// D (a broadcast load): then every weight lives where its partial does, and no row value crosses
+// threads — a [rows] value meets a [rows, D] tile through a layout conversion, a shared-memory round
+// trip between two barriers for each partial.
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> foldPartials(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                          const std::vector<dsl::Tile>& lse,
                                                          const std::vector<dsl::Tile>& part);

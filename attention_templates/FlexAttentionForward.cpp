@@ -1276,15 +1276,16 @@ Tile rowLse(const Tile& m, const Tile& l, const Tile& empty, bool natural) {
 
 std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
                                           const std::vector<Tile>& part) {
+  auto perRow = [&](const Tile& x) { return x.shape().size() == acc.shape().size() ? x : x.expand(1); };
   Tile mNew = m;
   for (const Tile& x : lse) mNew = maximum(mNew, x);
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);
   Tile alpha = exp2(m - mSafe);
-  Tile lNew = l * alpha, aNew = acc * alpha.expand(1);
+  Tile lNew = l * alpha, aNew = acc * perRow(alpha);
   for (size_t u = 0; u < lse.size(); ++u) {
     Tile w = exp2(lse[u] - mSafe);
     lNew = lNew + w;
-    aNew = aNew + part[u] * w.expand(1);
+    aNew = aNew + part[u] * perRow(w);
   }
   return std::tuple{mNew, lNew, aNew};
 }

@@ -36,7 +36,10 @@
 //              carried by a loop), else the coalesced layout of the access
 //              (codegen::coalescedLayout: contiguous dim fastest, as many
 //              elements per thread as a 16-byte vector, alignment, contiguity
-//              and mask constancy allow).
+//              and mask constancy allow; an address that repeats along the
+//              whole fastest dim — a row's value read for every column — is
+//              laid out as a contiguous access of its shape would be, so that
+//              it lines up with the tiles it is combined with).
 //   dot        on tensor cores (codegen/TensorCores.h: a target with mma.sync,
 //              f16/bf16/f32 operands, M >= 16, N >= 8, K >= 16 or 8): the mma
 //              accumulator layout with the warp split of mmaWarpsPerCTA
@@ -167,6 +170,13 @@ Layout coalescedLayoutFor(const Value* ptr, const Value* mask, const AxisInfoAna
   const Shape& shape = ptr->type().shape();
   int dim = fastestDim(ptr, axis);
   int64_t vec = vectorWidth(ptr, axis, mask, dim);
+  // One address along the whole fastest dim (a row's value read for every column, as the decode
+  // merge reads each partial's lse beside the partial): laid out as a contiguous access of that
+  // shape and type would be, so that it meets the tiles it is combined with in their layout
+  // instead of through a conversion apiece. Its lowering still reads one element at a time.
+  const AxisInfo& info = axis.get(ptr);
+  if (shape[dim] > 1 && info.contiguity[dim] == 1 && info.constancy[dim] == shape[dim])
+    vec = std::max<int64_t>(1, 16 / ir::byteWidth(ptr->type().pointee()));
   // With fewer elements than threads x vec, wide vectors would leave threads
   // idle (replicated); prefer spreading the tile over all threads.
   vec = std::min(vec, floorPow2(std::max<int64_t>(1, ir::numElements(shape) / (32 * numWarps))));

@@ -260,6 +260,32 @@ TEST(AssignLayouts, ElementwiseMixOfTwoLoadsConvertsTheSecond) {
   EXPECT_EQ(opsOf(f, OpKind::ConvertLayout)[0]->operand(0), at);
 }
 
+TEST(AssignLayouts, ARowValueReadForEveryColumnTakesTheTilesLayout) {
+  // A merge of partial results reads each row's weight for every column of the partial (the
+  // decode template's lse): an address that repeats along the fastest dim. Laid out as a
+  // contiguous read of that shape, it meets the partial without a conversion (with one element
+  // a thread it took one, a shared-memory round trip between two barriers, per partial).
+  for (int warps : kWarpCounts) {
+    Function f("row_value");
+    Value* x = f.addParam(Type::pointer(DType::F32), "x");
+    Value* w = f.addParam(Type::pointer(DType::F32), "w");
+    Value* y = f.addParam(Type::pointer(DType::F32), "y");
+    setAttrs(f, warps, {});
+    Builder b(f);
+    K k{b};
+    const Shape tile{16, 128};
+    Value* r = b.arange(0, 16);
+    Value* c = b.arange(0, 128);
+    Value* rowMajor = k.add(k.col(k.mul(r, k.splat(k.i32(128), {16})), tile), k.row(c, tile));
+    Value* part = b.load(k.ptrs(x, rowMajor));
+    Value* weight = b.load(k.ptrs(w, k.col(k.mul(r, k.splat(k.i32(3), {16})), tile)));  // row r: w[3 r]
+    b.store(k.ptrs(y, rowMajor), k.mul(part, b.unary(OpKind::Exp2, weight)));
+    b.ret();
+    assignAndCheck(f, 0);
+    EXPECT_EQ(*weight->type().layout(), *part->type().layout()) << "num_warps " << warps;
+  }
+}
+
 TEST(AssignLayouts, AtomicAddOverCheapOperandsRunsOnceInOneLayout) {
   // Its pointer and value are cheap (recomputed per user's layout), but an
   // atomic must run once: its old values are converted, never the op cloned.
