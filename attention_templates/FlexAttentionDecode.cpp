@@ -192,7 +192,7 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, liveRuns));
+                           (int64_t, timeline), (int64_t, acqRelTicket));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -385,32 +385,6 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       return bits;
     });
   };
-  // How many of the row's partial steps [0, limit) are live.
-  auto livePartialCount = [&](const Tile& limit) {
-    Tile listBase = listRow * p.list_kv_blocks;
-    return for_range(0, limit, 4, zeros({}, DType::I32), [&](Tile t, Tile count) {
-      testPartialSteps(listBase, limit, t, [&](const Tile&, const Tile& live) { count = count + live.to(DType::I32); });
-      return count;
-    });
-  };
-  // liveRuns (FLEXTILE_DECODE_LIVE_RUNS=1, opt-in until measured): the runs are cut over the row's
-  // live steps, not all of them. A sliding window's left-edge block is dead for the newest query,
-  // and its steps, laid first, went to the first split: at 4 splits the window's 66 steps (64 live)
-  // were cut 17/17/17/15, the first run holding 2 dead ones, where 16 live steps each suffice
-  // (H100 timeline: the short runs ended 1.2-3.3 us before the long ones, whose steps took as long
-  // as before while the card's bandwidth went half used). Every program counts the dead steps among
-  // the row's first kLiveBits partial steps (one list read a round of four) and takes live steps
-  // [split·live/splits, (split+1)·live/splits) as if the dead ones came first, which they do for a
-  // window's left edge; elsewhere the runs are only less even, never wrong: they still partition
-  // the row in order.
-  if (k.liveRuns && k.split && k.hasPartial && k.partialFirst) {
-    Tile rowLimit = minimum(partialSteps, kLiveBits);
-    Tile dead = rowLimit - livePartialCount(rowLimit);
-    Tile live = rowSteps - dead;
-    first = where(split == 0, 0, split * live / splits + dead);
-    last = (split + 1) * live / splits + dead;
-  }
-
   // Steps [begin, end) of one list of `count` entries.
   auto walk = [&](const Tile& count, const Tile& indices, bool partial, const Tile& begin, const Tile& end, Tile m,
                   Tile l, Tile acc) {
@@ -674,16 +648,15 @@ void resetMergeCounters(MemorySpace space) {
 // The decode's switches (docs/performance.md, "Tuning knobs"), read once a call: nine getenv
 // walks of the environment took 8 % of a decode step's host time.
 struct DecodeSwitches {
-  std::optional<bool> clusterMerge, warpSpecialize, fillSlots, programmaticLaunch, partialFirst, acqRelTicket, liveRuns;
+  std::optional<bool> clusterMerge, warpSpecialize, fillSlots, programmaticLaunch, partialFirst, acqRelTicket;
 
   static DecodeSwitches read() {
-    static constexpr std::array<const char*, 7> kNames = {
+    static constexpr std::array<const char*, 6> kNames = {
         "FLEXTILE_DECODE_CLUSTER_MERGE", "FLEXTILE_DECODE_WARP_SPECIALIZE", "FLEXTILE_DECODE_FILL_SLOTS",
-        "FLEXTILE_PROGRAMMATIC_LAUNCH",  "FLEXTILE_DECODE_PARTIAL_FIRST",   "FLEXTILE_DECODE_ACQREL_TICKET",
-        "FLEXTILE_DECODE_LIVE_RUNS"};
+        "FLEXTILE_PROGRAMMATIC_LAUNCH",  "FLEXTILE_DECODE_PARTIAL_FIRST",   "FLEXTILE_DECODE_ACQREL_TICKET"};
     std::array<std::optional<bool>, kNames.size()> v;
     detail::forcedBySwitches(kNames, v);
-    return {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+    return {v[0], v[1], v[2], v[3], v[4], v[5]};
   }
 };
 
@@ -976,9 +949,7 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.timeline.has_value(),
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
-                         p.switches.acqRelTicket.value_or(true),
-                         // Runs cut over the row's live steps: opt-in until a GPU has timed it.
-                         p.switches.liveRuns.value_or(false)};
+                         p.switches.acqRelTicket.value_or(true)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue #12's proof in one device call: the decode bench beside PyTorch's decode (bench/
 # torch_decode.py: SDPA and FlexDecoding in the same call), the serving part of the GPU tests and
-# the autotune GPU tests, the decode tuner's sweep on the window and B=1 S=2048, and on an H200 with
-# time left the live runs' A/B (scripts/gpu_pending_ab.sh). On an H200, where #12's goals are set,
+# the autotune GPU tests and the decode tuner's sweep on the window and B=1 S=2048, with the window's
+# timeline (the kernel's own clock at each program's phases). On an H200, where #12's goals are set,
 # the benches run first; elsewhere the tests do. About 3-6 minutes; logs under $OUT. Run from the
 # repo root with ./bundle carried:
 #   device tool: run(command="scripts/gpu_decode_goal.sh", carry=["bundle"])
@@ -46,8 +46,8 @@ FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 70 ./bundle/bin/flextile_attention
   --only decode_window4096 --only decode_b1_s2048 > "$OUT/decode_tune.log" 2>&1
 echo "decode --tune rc=$?"
 grep -E "tuned over" "$OUT/decode_tune.log"
-if [[ "$GPU" == *H200* ]] && (( SECONDS - t0 < 330 )); then
-  FLEXTILE_PENDING=liveruns timeout 150 scripts/gpu_pending_ab.sh > "$OUT/pending.log" 2>&1
-  grep -A8 "^figure" "$OUT/pending.log"
-fi
+FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
+  --only decode_window4096 > "$OUT/decode_timeline.log" 2>&1
+echo "decode --timeline rc=$?"
+grep -E "timeline call|walk end" "$OUT/decode_timeline.log"
 echo "total $((SECONDS - t0)) s"

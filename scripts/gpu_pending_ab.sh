@@ -12,9 +12,9 @@
 # skewed walks (made the default) and the decode's producer warpgroup (left opt-in); on 2026-12-05 the
 # acq_rel ticket (made the default); on 2026-12-05 (H100) the tagged merge, rebuilt, and a merge
 # without a ticket (both removed: level or slower on every shape); on 2026-12-05 (H100, seventeenth
-# session) the split count again and the live runs (-0.4 to -1.5 % on the window; both still
-# pending on an H200, where #12's goals are set) (bench/RESULTS.md).
-# FLEXTILE_PENDING="order ..." runs only the sections named (decode, splits, liveruns, canonical, alibi, bwdturns, order, tune),
+# session) the split count again and the live runs (-0.4 to -1.5 % on the window); on 2026-12-06
+# (H200) the live runs again (-1.5 to -1.8 % on the window: removed) (bench/RESULTS.md).
+# FLEXTILE_PENDING="order ..." runs only the sections named (decode, splits, canonical, alibi, bwdturns, order, tune),
 # to fit beside the GPU suite in one call:
 #   scripts/gpu_run.sh; FLEXTILE_PENDING=order scripts/gpu_pending_ab.sh
 set -uo pipefail
@@ -36,21 +36,6 @@ FLEXTILE_AB_TAG=splits FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTIL
   FLEXTILE_AB_ARGS="--only decode_window4096 --only decode_b1 --only decode --only decode_s2048 --only decode_l4" \
   scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_FILL_SLOTS=1" "FLEXTILE_AB_BASELINE=1" \
   "FLEXTILE_DECODE_FILL_SLOTS=1"
-fi
-
-if wanted liveruns; then
-echo "== the decode's runs cut over the row's live steps (FLEXTILE_DECODE_LIVE_RUNS=1: the window's 66"
-echo "   steps, 64 live, as 16 live each instead of 17/17/17/15) against the default, twice; the"
-echo "   window's timelines after"
-FLEXTILE_AB_TAG=liveruns FLEXTILE_AB_BENCH=flextile_attention_decode_bench FLEXTILE_AB_TIMEOUT=150 \
-  FLEXTILE_AB_ARGS="--only decode_window4096 --only window_devlists --only decode --only decode_causal" \
-  scripts/gpu_ab.sh "FLEXTILE_AB_BASELINE=1" "FLEXTILE_DECODE_LIVE_RUNS=1" "FLEXTILE_AB_BASELINE=1" \
-  "FLEXTILE_DECODE_LIVE_RUNS=1"
-for v in 1 0; do
-  FLEXTILE_DECODE_LIVE_RUNS=$v timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
-    --only decode_window4096 > "$OUT/liveruns_timeline_$v.log" 2>&1
-  echo "-- timeline, FLEXTILE_DECODE_LIVE_RUNS=$v"; grep -E "timeline call|walk end" "$OUT/liveruns_timeline_$v.log"
-done
 fi
 
 if wanted canonical; then
@@ -104,7 +89,7 @@ echo "decode bench --tune rc=$?"; grep -E "tuned over" "$OUT/tune_decode.log"; s
 fi
 
 # The device tool brings back few files: the per-run logs travel as one archive.
-logs=$(cd "$OUT" && ls decode_*.log splits_*.log liveruns_*.log tune_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
+logs=$(cd "$OUT" && ls decode_*.log splits_*.log tune_*.log canonical*.log alibi_*.log bwdturns_*.log order_*.log bwdorder_*.log 2>/dev/null)
 if [ -n "$logs" ]; then
   tar czf "$OUT/pending_ab_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 fi

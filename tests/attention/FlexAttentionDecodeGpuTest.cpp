@@ -88,8 +88,7 @@ TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
 // 128 rows a program, KV lengths off the block; the window decode's shape (4096 keys: 4 splits,
 // its count since 2026-12-05, and 6, the one before). Each way of ordering the merge: fences
 // around the ticket, and the ticket as its own release and acquire (the default: one thread's
-// atom.acq_rel after a barrier); and with the runs cut over the live steps
-// (FLEXTILE_DECODE_LIVE_RUNS=1: the window's dead left-edge steps move every boundary).
+// atom.acq_rel after a barrier).
 TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
@@ -103,10 +102,9 @@ TEST(FlexDecodeGpu, FusedMergeOverManySplitsCallAfterCall) {
       {.B = 1, .Hq = 8, .Hkv = 1, .L = 16, .S = 3000, .D = 64, .dtype = DType::F16, .blindOddQueries = true,
        .blocks = {128, 128}, .blockN = 64, .splits = {20, 9, 47}},
   };
-  for (const auto& [acqRel, liveRuns] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"1", "1"}}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_LIVE_RUNS=" + liveRuns);
+  for (const char* acqRel : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
-    ScopedSetenv runs("FLEXTILE_DECODE_LIVE_RUNS", liveRuns);
     for (int round = 0; round < 3; ++round)  // more launches, more interleavings of the programs
       for (const FusedMergeCase& c : cases)
         if (!checkFusedMergeCalls(rng, c, kDevice)) return;

@@ -177,13 +177,11 @@ TEST(FlexDecode, QueriesOutsideThePrebuiltMaskAreAnError) {
 // to call on one scratch (the counters must be back at 0 after every call), fully masked rows
 // beside live ones, GQA 4:1 and MQA, L > 1, empty splits, and 128 rows a program (4 merge rounds).
 // Each way of ordering the merge: fences around a relaxed ticket, and the ticket as its own release
-// and acquire (the default); the latter also with the runs cut over the live steps
-// (FLEXTILE_DECODE_LIVE_RUNS=1: windows, L > 1 and queries that see only every other key).
+// and acquire (the default).
 TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
-  for (const auto& [acqRel, liveRuns] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"1", "1"}}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel + " FLEXTILE_DECODE_LIVE_RUNS=" + liveRuns);
+  for (const char* acqRel : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_ACQREL_TICKET=") + acqRel);
     ScopedSetenv ticket("FLEXTILE_DECODE_ACQREL_TICKET", acqRel);
-    ScopedSetenv runs("FLEXTILE_DECODE_LIVE_RUNS", liveRuns);
     SeededRandom rng;
     const std::vector<FusedMergeCase> cases = {
         {.B = 2, .Hq = 8, .Hkv = 2, .L = 3, .S = 300, .D = 64, .blindOddQueries = true, .splits = {7, 16, 5, 40, 7}},
@@ -198,14 +196,11 @@ TEST(FlexDecode, FusedMergeOverManySplitsCallAfterCall) {
 
 // A run of steps may hold partial and full steps: the template walks the partial list's first
 // (FLEXTILE_DECODE_PARTIAL_FIRST=0: the full list's). Both orders against the reference, with runs
-// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN);
-// and the runs cut over the live steps (FLEXTILE_DECODE_LIVE_RUNS=1), which moves every boundary
-// past the dead steps: each must still be skipped by whichever program's run holds it.
+// that straddle the two lists and a window whose left-edge block must be skipped (its V is NaN).
 TEST(FlexDecode, EitherOrderOfTheListsGivesTheReference) {
-  for (const auto& [partialFirst, liveRuns] : {std::pair{"1", "0"}, std::pair{"0", "0"}, std::pair{"1", "1"}}) {
-    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst + " FLEXTILE_DECODE_LIVE_RUNS=" + liveRuns);
+  for (const char* partialFirst : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLEXTILE_DECODE_PARTIAL_FIRST=") + partialFirst);
     ScopedSetenv order("FLEXTILE_DECODE_PARTIAL_FIRST", partialFirst);
-    ScopedSetenv runs("FLEXTILE_DECODE_LIVE_RUNS", liveRuns);
     SeededRandom rng;
     const FusedMergeCase window{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 611, .D = 64, .window = 200,
                                 .splits = {2, 3, 5, 9}};
