@@ -221,8 +221,9 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     // The running max and sum, and each partial's lse, are [MC, DP] with the row's value along D:
     // every thread reads the lse of the rows it holds (a warp's repeated addresses are one
     // transaction), so a weight never crosses threads. As [MC] tiles each partial's weight met its
-    // partial through a shared-memory conversion, two barriers apiece: 16 of them a round cost the
-    // window decode's last program ~0.8 us after its walk (H200 timeline, 2026-12-06).
+    // partial through a shared-memory conversion, two barriers apiece, 16 a round; without them the
+    // window was level and B = 1 (two rounds) 1 % faster (H100, 2026-12-06): the merge's time is its
+    // L2 round trip.
     const Shape byRowAndD{MC, k.DP};
     Tile m0 = full(byRowAndD, -INFINITY, DType::F32), l0 = zeros(byRowAndD, DType::F32), a0 = zeros(byRowAndD, DType::F32);
     Tile rounds = (splits + (perRound - 1)) / perRound;

@@ -173,7 +173,8 @@ Layout coalescedLayoutFor(const Value* ptr, const Value* mask, const AxisInfoAna
   // One address along the whole fastest dim (a row's value read for every column, as the decode
   // merge reads each partial's lse beside the partial): laid out as a contiguous access of that
   // shape and type would be, so that it meets the tiles it is combined with in their layout
-  // instead of through a conversion apiece. Its lowering still reads one element at a time.
+  // instead of through a conversion apiece. Its lowering still accesses one element at a time
+  // (memoryAccessWidth follows the contiguity, not the layout).
   const AxisInfo& info = axis.get(ptr);
   if (shape[dim] > 1 && info.contiguity[dim] == 1 && info.constancy[dim] == shape[dim])
     vec = std::max<int64_t>(1, 16 / ir::byteWidth(ptr->type().pointee()));
