@@ -160,9 +160,10 @@ struct FlexDecodeConfig {
 
 // The columns of FlexAttentionOptions::decode_timeline: the GPU's nanosecond clock (%globaltimer)
 // when a decode program starts, ends its walk over K/V, has released its partials (the stores
-// drained by the fence), starts merging its group (the program that merges; 0 elsewhere) and ends.
+// drained by the fence), starts merging its group (the program that merges; 0 elsewhere) and ends;
+// then not a time but the multiprocessor it started on (%smid; 0 on the interpreter).
 inline constexpr int kTimelineStart = 0, kTimelineWalked = 1, kTimelineReleased = 2, kTimelineMerging = 3,
-                     kTimelineEnd = 4, kTimelineSlots = 5;
+                     kTimelineEnd = 4, kTimelineSm = 5, kTimelineSlots = 6;
 
 struct FlexAttentionOptions {
   std::optional<double> scale;                // default 1 / sqrt(D)

@@ -292,7 +292,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // FlexAttentionOptions::decode_timeline: the clock at the program's phases (kTimeline* slots),
   // stored at its end.
   std::optional<Tile> stamps[kTimelineSlots];
-  if (k.timeline) stamps[kTimelineStart] = global_timer();
+  if (k.timeline) stamps[kTimelineStart] = global_timer(), stamps[kTimelineSm] = sm_id().to(DType::I64);
   Tile split = program_id(0), group = program_id(1), b = program_id(2);
   Tile splits = num_programs(0);
   Tile b64 = b.to(DType::I64);

@@ -135,7 +135,7 @@ void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, co
   const int64_t programs = plan.config.splits * (q.shape()[1] / plan.headsPerProgram) * q.shape()[0];
   Tensor stamps = Tensor::zeros(DType::I64, {programs, kTimelineSlots}, MemorySpace::Device);
   o.decode_timeline = stamps;
-  const char* phases[kTimelineSlots] = {"start", "walked", "released", "merging", "end"};
+  const char* phases[kTimelineSm] = {"start", "walked", "released", "merging", "end"};
   for (int call = 0; call < 3; ++call) {
     run(o);
     runtime::synchronize();
@@ -144,13 +144,33 @@ void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, co
     for (int64_t p = 0; p < programs; ++p) zero = std::min(zero, t[size_t(p * kTimelineSlots + kTimelineStart)]);
     std::printf("%-18s timeline call %d, %lld programs (us after the first start, median / last):", name.c_str(), call,
                 static_cast<long long>(programs));
-    for (int e = 0; e < kTimelineSlots; ++e) {
+    for (int e = 0; e < kTimelineSm; ++e) {
       std::vector<double> at;
       for (int64_t p = 0; p < programs; ++p)
         if (const int64_t x = t[size_t(p * kTimelineSlots + e)]; x != 0) at.push_back(double(x - zero) / 1e3);
       if (at.empty()) continue;
       std::sort(at.begin(), at.end());
       std::printf("  %s %.2f / %.2f", phases[e], at[at.size() / 2], at.back());
+    }
+    std::printf("\n");
+    // Where the late walks ran: the SMs of the eight last (call after call: the same SMs, or
+    // others?), and the walk end by how many of the call's programs shared the SM.
+    auto walked = [&](int64_t p) { return t[size_t(p * kTimelineSlots + kTimelineWalked)]; };
+    auto smOf = [&](int64_t p) { return t[size_t(p * kTimelineSlots + kTimelineSm)]; };
+    std::vector<int64_t> order(static_cast<size_t>(programs));
+    for (int64_t p = 0; p < programs; ++p) order[size_t(p)] = p;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return walked(a) > walked(b); });
+    std::printf("%-18s SMs of the 8 last walks:", name.c_str());
+    for (size_t i = 0; i < std::min<size_t>(8, order.size()); ++i)
+      std::printf(" %lld", static_cast<long long>(smOf(order[i])));
+    std::map<int64_t, int> onSm;
+    for (int64_t p = 0; p < programs; ++p) ++onSm[smOf(p)];
+    std::map<int, std::vector<double>> bySharing;
+    for (int64_t p = 0; p < programs; ++p) bySharing[onSm[smOf(p)]].push_back(double(walked(p) - zero) / 1e3);
+    std::printf(";  walk end by programs on the SM (count: median / last):");
+    for (auto& [sharing, at] : bySharing) {
+      std::sort(at.begin(), at.end());
+      std::printf("  %d (%zu): %.2f / %.2f", sharing, at.size(), at[at.size() / 2], at.back());
     }
     std::printf("\n");
     // Which runs of the row end last: each split's walk end, median / last over its programs.

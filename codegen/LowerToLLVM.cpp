@@ -353,6 +353,11 @@ void Lowering::lowerOp(const ir::Op& op) {
       // Volatile asm with a memory clobber: never merged, hoisted or moved across memory accesses.
       set(op.result(), {asmValue(b.getInt64Ty(), "mov.u64 $0, %globaltimer;", "=l,~{memory}")});
       return;
+    case OpKind::SmId:
+      // Volatile like global_timer's read: a program may move between SMs (preemption), so two
+      // reads are two instructions.
+      set(op.result(), {asmValue(b.getInt32Ty(), "mov.u32 $0, %smid;", "=r,~{memory}")});
+      return;
     case OpKind::ClusterAllGather: lowerClusterAllGather(op); return;
     case OpKind::Reduce: lowerReduce(op); return;
     case OpKind::Dot: lowerDot(op); return;

@@ -387,6 +387,7 @@ Tile atomic_add(Operand ptr, Operand value, MemoryOrder order, SourceLoc loc) {
 void fence(SourceLoc loc) { builderAt(loc, "fence").fence(); }
 void wait_for_prior_grids(SourceLoc loc) { builderAt(loc, "wait_for_prior_grids").gridDependency("wait"); }
 Tile global_timer(SourceLoc loc) { return Tile(builderAt(loc, "global_timer").globalTimer()); }
+Tile sm_id(SourceLoc loc) { return Tile(builderAt(loc, "sm_id").smId()); }
 void release_dependent_grids(SourceLoc loc) { builderAt(loc, "release_dependent_grids").gridDependency("release"); }
 std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t size, SourceLoc loc) {
   return cluster_all_gather(values, size, ClusterGatherOptions{}, loc);

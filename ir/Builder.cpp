@@ -135,6 +135,7 @@ std::vector<Value*> Builder::loadTagged(const std::vector<Value*>& ptrs, Value* 
 void Builder::fence() { create(OpKind::Fence, {}, {}); }
 void Builder::gridDependency(const std::string& kind) { create(OpKind::GridDependency, {}, {}, {{"kind", kind}}); }
 Value* Builder::globalTimer() { return create1(OpKind::GlobalTimer, {}, Type(DType::I64)); }
+Value* Builder::smId() { return create1(OpKind::SmId, {}, Type(DType::I32)); }
 
 std::vector<Value*> Builder::clusterAllGather(const std::vector<Value*>& values, int64_t size,
                                               std::optional<int64_t> to, int64_t rows) {

@@ -64,6 +64,7 @@ class Builder {
   void fence();
   void gridDependency(const std::string& kind);  // "wait" or "release" (ir/Ops.def)
   Value* globalTimer();                          // i64 nanoseconds (ir/Ops.def)
+  Value* smId();                                 // i32 multiprocessor index (ir/Ops.def)
   // Every program of a cluster of `size` hands `values` to all of them: result i * size + r is
   // values[i] of the cluster's program r (ir/Ops.def cluster_all_gather); with `to`, only that rank
   // receives, and with `rows` > 0 only the tiles' first rows cross.

@@ -560,6 +560,11 @@ class Program {
                          std::chrono::steady_clock::now().time_since_epoch()).count();
         return set(op.result(), std::move(d));
       }
+      case OpKind::SmId: {  // one multiprocessor: the interpreter's
+        auto d = alloc<int64_t>(1);
+        d->ints[0] = 0;
+        return set(op.result(), std::move(d));
+      }
       case OpKind::Constant: return set(op.result(), constant(op, rt, n));
       case OpKind::Arange: {
         auto d = alloc<int64_t>(n);

@@ -333,6 +333,10 @@ class Verifier {
         if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
         expectScalarOf(op, out(), DType::I64, "the result");
         break;
+      case OpKind::SmId:
+        if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
+        expectScalarOf(op, out(), DType::I32, "the result");
+        break;
       case OpKind::ClusterAllGather: clusterAllGather(op); break;
       case OpKind::Reduce: reduce(op); break;
       case OpKind::Dot: dot(op); break;

@@ -13,6 +13,7 @@
 #include "FlexAttentionCheck.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
+#include "runtime/Device.h"
 
 namespace flextile::testing {
 
@@ -190,6 +191,10 @@ inline void checkDecodeTimeline(std::mt19937_64& rng, dsl::MemorySpace space) {
       auto at = [&](int slot) { return t[size_t(program * kTimelineSlots + slot)]; };
       SCOPED_TRACE("program " + std::to_string(program));
       EXPECT_GT(at(kTimelineStart), 0);
+      if (space == dsl::MemorySpace::Device)
+        EXPECT_LT(at(kTimelineSm), runtime::Device::current().multiprocessorCount());
+      EXPECT_GE(at(kTimelineSm), 0);
+      if (space == dsl::MemorySpace::Host) EXPECT_EQ(at(kTimelineSm), 0) << "the interpreter is one multiprocessor";
       EXPECT_LE(at(kTimelineStart), at(kTimelineWalked));
       EXPECT_LE(at(kTimelineWalked), at(kTimelineEnd));
       if (splits == 1) {
