@@ -49,5 +49,5 @@ grep -E "tuned over" "$OUT/decode_tune.log"
 FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 60 ./bundle/bin/flextile_attention_decode_bench --timeline \
   --only decode_window4096 > "$OUT/decode_timeline.log" 2>&1
 echo "decode --timeline rc=$?"
-grep -E "timeline call|walk end" "$OUT/decode_timeline.log"
+grep -E "timeline call|walk end|SMs of" "$OUT/decode_timeline.log"
 echo "total $((SECONDS - t0)) s"
