@@ -121,6 +121,7 @@ std::unique_ptr<Function> everyOpProgram() {
   b.store(b.addptr(b.splat(out, {64}), rows), b.binary(OpKind::Add, both[0], both[1]), inBounds);
   b.fence();  // orders the stores and atomics above for other programs
   b.globalTimer();  // unused: its side effect (reading the clock where it stands) keeps it
+  b.smId();  // unused, kept like the clock read above
   b.gridDependency("release");  // the stream's next grid may start launching
   b.ret();
   return f;
