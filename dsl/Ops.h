@@ -121,8 +121,9 @@ void wait_for_prior_grids(SourceLoc loc = SourceLoc::current());
 // the caller reads back. A read waits for nothing in flight: place it after an op that consumes
 // what the phase waited for.
 Tile global_timer(SourceLoc loc = SourceLoc::current());
-// The multiprocessor the program runs on (an i32 scalar, 0 .. the GPU's SM count - 1; the
-// interpreter: 0): beside global_timer in a timeline, which SMs hold the late programs.
+// The multiprocessor the program runs on (an i32 scalar >= 0, %smid, whose numbering may skip
+// disabled SMs; the interpreter: 0): beside global_timer in a timeline, which SMs hold the late
+// programs.
 Tile sm_id(SourceLoc loc = SourceLoc::current());
 void release_dependent_grids(SourceLoc loc = SourceLoc::current());
 // Thread block clusters (sm_90+): the `size` programs C * c .. C * c + C - 1 along grid axis 0
