@@ -329,13 +329,10 @@ class Verifier {
               break;
             }
         break;
-      case OpKind::GlobalTimer:
+      case OpKind::GlobalTimer:  // the clock, i64
+      case OpKind::SmId:         // the multiprocessor, i32
         if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
-        expectScalarOf(op, out(), DType::I64, "the result");
-        break;
-      case OpKind::SmId:
-        if (ownAttrCount(op) != 0) err(op, "takes no attributes, got '" + firstOwnAttr(op) + "'");
-        expectScalarOf(op, out(), DType::I32, "the result");
+        expectScalarOf(op, out(), op.kind() == OpKind::GlobalTimer ? DType::I64 : DType::I32, "the result");
         break;
       case OpKind::ClusterAllGather: clusterAllGather(op); break;
       case OpKind::Reduce: reduce(op); break;
