@@ -6,6 +6,7 @@
 //   flextile_attention_decode_bench --sweep-splits   # block size (32-128) x stages x split count on every shape
 //   flextile_attention_decode_bench --sweep-ws   # the producer warpgroup (config `ws`) at 2 and 3 stages, BN 64 and 128
 //   flextile_attention_decode_bench --timeline   # also each shape's phases from the kernel's own clock (printTimeline)
+//   flextile_attention_decode_bench --timeline-csv F   # and every program's stamps of 10 calls into F (ns, SM)
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //   flextile_attention_decode_bench --config 64,4,2,4      # also this config on every shape (repeatable)
 //   flextile_attention_decode_bench --tune       # also the decode autotuner's winner on every shape
@@ -124,24 +125,39 @@ double kvBytesRead(const Shape& s, const std::optional<BlockMask>& mask, int64_t
   return perKey * keys;
 }
 
+double emptyKernelMicroseconds(int64_t programs);
+
 // --timeline: where one call's time goes, from the kernel's own clock (FlexAttentionOptions::
 // decode_timeline): each phase's time after the first program started, over the programs
 // (median and last), three warm calls after the timed ones. `end` of the last program against the
 // events' figure is what the launch and the events cost around the kernel.
 void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, const Tensor& v,
                    const std::optional<BlockMask>& mask, FlexAttentionOptions o,
-                   const std::function<void(const FlexAttentionOptions&)>& run) {
+                   const std::function<void(const FlexAttentionOptions&)>& run, std::FILE* csv) {
   const FlexDecodePlan plan = plan_flex_decode(q, k, v, noop_score(), mask, o);
   const int64_t programs = plan.config.splits * (q.shape()[1] / plan.headsPerProgram) * q.shape()[0];
   Tensor stamps = Tensor::zeros(DType::I64, {programs, kTimelineSlots}, MemorySpace::Device);
   o.decode_timeline = stamps;
   const char* phases[kTimelineSm] = {"start", "walked", "released", "merging", "end"};
-  for (int call = 0; call < 3; ++call) {
+  for (int call = 0; call < (csv ? 10 : 3); ++call) {
     run(o);
     runtime::synchronize();
     const std::vector<int64_t> t = stamps.toHost<int64_t>();
     int64_t zero = INT64_MAX;
     for (int64_t p = 0; p < programs; ++p) zero = std::min(zero, t[size_t(p * kTimelineSlots + kTimelineStart)]);
+    if (csv) {
+      for (int64_t p = 0; p < programs; ++p) {
+        std::fprintf(csv, "%s,%d,%lld,%lld", name.c_str(), call, static_cast<long long>(p),
+                     static_cast<long long>(t[size_t(p * kTimelineSlots + kTimelineSm)]));
+        for (int e = 0; e < kTimelineSm; ++e) {
+          const int64_t x = t[size_t(p * kTimelineSlots + e)];
+          std::fprintf(csv, ",%lld", static_cast<long long>(x ? x - zero : -1));
+        }
+        std::fprintf(csv, "\n");
+      }
+      std::fflush(csv);
+      if (call >= 3) continue;
+    }
     std::printf("%-18s timeline call %d, %lld programs (us after the first start, median / last):", name.c_str(), call,
                 static_cast<long long>(programs));
     for (int e = 0; e < kTimelineSm; ++e) {
@@ -187,6 +203,51 @@ void printTimeline(const std::string& name, const Tensor& q, const Tensor& k, co
       std::printf("\n");
     }
   }
+  // The gap between calls: one call's last program end to the next call's first program start,
+  // the two queued back to back, then with a timing event pair around each (as the bench times):
+  // what the launch and the completion cost beside the kernel's own span.
+  Tensor next = Tensor::zeros(DType::I64, {programs, kTimelineSlots}, MemorySpace::Device);
+  for (bool events : {false, true}) {
+    std::vector<double> gaps, spans;
+    for (int rep = 0; rep < 9; ++rep) {
+      runtime::Event a0, a1, b0, b1;
+      for (const Tensor* into : {&stamps, &next}) {
+        o.decode_timeline = *into;
+        if (events) (into == &stamps ? a0 : b0).record();
+        run(o);
+        if (events) (into == &stamps ? a1 : b1).record();
+      }
+      runtime::synchronize();
+      const std::vector<int64_t> ta = stamps.toHost<int64_t>(), tb = next.toHost<int64_t>();
+      int64_t aStart = INT64_MAX, aEnd = 0, bStart = INT64_MAX;
+      for (int64_t p = 0; p < programs; ++p) {
+        aStart = std::min(aStart, ta[size_t(p * kTimelineSlots + kTimelineStart)]);
+        aEnd = std::max(aEnd, ta[size_t(p * kTimelineSlots + kTimelineEnd)]);
+        bStart = std::min(bStart, tb[size_t(p * kTimelineSlots + kTimelineStart)]);
+      }
+      gaps.push_back(double(bStart - aEnd) / 1e3);
+      spans.push_back(double(aEnd - aStart) / 1e3);
+    }
+    std::printf("%-18s between calls%s: the kernel's span %.2f us, the gap to the next call's first start %.2f us "
+                "(medians of 9)\n",
+                name.c_str(), events ? " (an event pair around each)" : " (back to back)", runtime::median(spans),
+                runtime::median(gaps));
+  }
+  std::printf("%-18s an empty kernel of %lld programs: %.2f us by the same events\n", name.c_str(),
+              static_cast<long long>(programs), emptyKernelMicroseconds(programs));
+}
+
+// The floor of what a launch costs inside the events: a kernel of `programs` programs of four
+// warps that each store one word, timed as the decode calls are.
+double emptyKernelMicroseconds(int64_t programs) {
+  static dsl::Kernel empty = dsl::kernel("empty", [](dsl::Ptr<dsl::i32> out) {
+    dsl::store(out + dsl::program_id(0), dsl::program_id(0));
+  });
+  Tensor out = Tensor::zeros(DType::I32, {programs}, MemorySpace::Device);
+  dsl::LaunchOptions o;
+  o.grid = {programs, 1, 1};
+  o.num_stages = 1;
+  return runtime::median(runtime::timeKernel([&] { empty.run(o, out); }, 5, 50)) * 1e3;
 }
 
 // The yardstick: microseconds of a device-to-device copy that moves `bytesMoved` bytes (reads half,
@@ -204,6 +265,7 @@ double copyMicroseconds(double bytesMoved) {
 
 int main(int argc, char** argv) try {
   bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false;
+  std::FILE* timelineCsv = nullptr;
   std::vector<std::string> only;
   std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
   for (int i = 1; i < argc; ++i) {
@@ -211,12 +273,19 @@ int main(int argc, char** argv) try {
     else if (!std::strcmp(argv[i], "--sweep-splits")) sweepSplits = true;
     else if (!std::strcmp(argv[i], "--sweep-ws")) sweepWs = true;
     else if (!std::strcmp(argv[i], "--timeline")) timeline = true;
-    else if (!std::strcmp(argv[i], "--tune")) tune = true;
+    else if (!std::strcmp(argv[i], "--timeline-csv") && i + 1 < argc) {
+      timeline = true;
+      if (!(timelineCsv = std::fopen(argv[++i], "w"))) {
+        std::fprintf(stderr, "--timeline-csv: cannot write %s\n", argv[i]);
+        return 2;
+      }
+      std::fprintf(timelineCsv, "shape,call,program,sm,start,walked,released,merging,end\n");
+    } else if (!std::strcmp(argv[i], "--tune")) tune = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline] [--tune] [--only SHAPE]... "
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--only SHAPE]... "
                    "[--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
@@ -239,6 +308,7 @@ int main(int argc, char** argv) try {
       {"window_devlists_b", 8, 32, 8, 32768, 1, 128, 4096, false, 0, 2},
       {"decode_b1", 1, 32, 8, 32768, 1, 128},
       {"decode_s2048", 8, 32, 8, 2048, 1, 128},
+      {"decode_s4096", 8, 32, 8, 4096, 1, 128},  // the window's bytes without a mask or its lists
       {"decode_b1_s2048", 1, 32, 8, 2048, 1, 128},
       {"decode_l4", 8, 32, 8, 32768, 4, 128},
       {"decode_paged128", 8, 32, 8, 32768, 1, 128, 0, false, 128},
@@ -364,7 +434,7 @@ int main(int argc, char** argv) try {
                     tbps, hostUs);
         std::fflush(stdout);
         if (ms * 1e3 < best.us) best = {s.name, label, ms * 1e3, tbps, 0, 0, 0, 0};
-        if (timeline && ci == 0 && !paged) printTimeline(s.name, q, k, v, mask, o, run);
+        if (timeline && ci == 0 && !paged) printTimeline(s.name, q, k, v, mask, o, run, timelineCsv);
       } catch (const std::exception& e) {
         std::printf("%-18s %-28s refused: %s\n", s.name.c_str(), label.c_str(), e.what());
       }

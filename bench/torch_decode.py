@@ -3,7 +3,7 @@
 shapes of bench/attention_decode.cpp, in the same run on the same GPU: TB/s of K and V read (the
 live blocks' bytes for a sliding window) and microseconds per call, median of many calls.
 
-  python3 bench/torch_decode.py [--json out.json]
+  python3 bench/torch_decode.py [--json out.json] [--only SHAPE]...
 """
 import argparse, json
 
@@ -20,6 +20,7 @@ SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask
     ("decode_window4096", 8, 32, 8, 32768, 1, 4096, False),
     ("decode_b1", 1, 32, 8, 32768, 1, 0, False),
     ("decode_s2048", 8, 32, 8, 2048, 1, 0, False),
+    ("decode_s4096", 8, 32, 8, 4096, 1, 0, False),  # the window's bytes without a mask
     ("decode_b1_s2048", 1, 32, 8, 2048, 1, 0, False),
     ("decode_l4", 8, 32, 8, 32768, 4, 0, False),
 ]
@@ -28,12 +29,15 @@ SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", action="append", default=[], help="a shape's name (repeatable)")
     a = ap.parse_args()
     dev, dt, D = "cuda", torch.bfloat16, 128
     torch.manual_seed(0)
     flex = torch.compile(flex_attention, dynamic=False)
     results = []
     for name, B, Hq, Hkv, S, L, window, causal in SHAPES:
+        if a.only and name not in a.only:
+            continue
         q = torch.randn(B, Hq, L, D, device=dev, dtype=dt)
         k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=dt) for _ in range(2))
         pos = S - L
