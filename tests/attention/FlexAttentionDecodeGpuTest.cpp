@@ -119,7 +119,8 @@ TEST(FlexDecodeGpu, TimelinesRecordEveryProgramsPhasesInOrder) {
   checkDecodeTimeline(rng, kDevice);
 }
 
-// The same calls with programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH=1): each decode
+// The same calls with programmatic dependent launch (FLEXTILE_PROGRAMMATIC_LAUNCH=1, set here although
+// the decode's default since 2026-12-06, so that the test keeps its subject): each decode
 // kernel may start while the previous one finishes, waits before its first global access (the
 // merge counters the previous call's last program resets, the partials it reads), and releases
 // the next after its walk.

@@ -558,20 +558,21 @@ TEST(FlexDecode, EverySequenceAtItsOwnPosition) {
   expectError([&] { flex_attention(q, k, v, noop_score(), mask, wrongShape); }, {"query_offsets"});
 }
 
-// Programmatic dependent launch (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1): the decode kernel waits
-// for its prior grids before its first global load and releases the next grid after its walk;
-// without the switch neither appears. The results stay those of the reference (the interpreter
-// runs the ops as nothing: one launch at a time).
+// Programmatic dependent launch (the decode's default; FLEXTILE_PROGRAMMATIC_LAUNCH=0 turns it
+// off): the decode kernel waits for its prior grids before its first global load and releases the
+// next grid after its walk; with the switch off neither appears. The results stay those of the
+// reference (the interpreter runs the ops as nothing: one launch at a time).
 TEST(FlexDecode, ProgrammaticLaunchWaitsBeforeTheFirstGlobalLoad) {
   const codegen::Target target = codegen::Target::sm90a();
   const int64_t B = 2, Hq = 8, Hkv = 2, S = 1000, D = 128;
   Tensor q = Tensor::zeros(DType::BF16, {B, Hq, 1, D}, kHost), kv = Tensor::zeros(DType::BF16, {B, Hkv, S, D}, kHost);
   const FlexAttentionOptions o{.kernel = AttentionTemplate::Decode};
   {
+    ScopedSetenv off("FLEXTILE_PROGRAMMATIC_LAUNCH", "0");
     FlexDecodePlan plain = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, target);
     EXPECT_EQ(plain.compiled[0]->ptx.find("griddepcontrol"), std::string::npos);
   }
-  ScopedSetenv programmatic("FLEXTILE_PROGRAMMATIC_LAUNCH", "1");
+  ScopedSetenv byDefault("FLEXTILE_PROGRAMMATIC_LAUNCH", nullptr);
   FlexDecodePlan plan = plan_flex_decode(q, kv, kv, noop_score(), std::nullopt, o, target);
   const std::string& ptx = plan.compiled[0]->ptx;
   const size_t wait = ptx.find("griddepcontrol.wait;"), release = ptx.find("griddepcontrol.launch_dependents;");

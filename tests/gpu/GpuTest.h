@@ -26,12 +26,13 @@ namespace flextile::testing {
 // A generator seeded from the run's seed and the test's name (TestBudget.h: FLEXTILE_TEST_SEED
 // replays a run); the seeds go into every failure message of the test (through SCOPED_TRACE).
 // Usage: `flextile::testing::SeededRandom random;` in the test body (the trace lives as long).
-// Sets an environment variable for a scope and puts back what was there (set or not).
+// Sets an environment variable for a scope (unsets it where `value` is null: a default under
+// test) and puts back what was there (set or not).
 class ScopedSetenv {
  public:
   ScopedSetenv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
+    value ? (void)::setenv(name, value, 1) : (void)::unsetenv(name);
   }
   ~ScopedSetenv() { old_ ? (void)::setenv(name_.c_str(), old_->c_str(), 1) : (void)::unsetenv(name_.c_str()); }
   ScopedSetenv(const ScopedSetenv&) = delete;
