@@ -192,13 +192,26 @@ TEST(RuntimeGpu, DeviceQuery) {
 TEST(RuntimeGpu, AllocationShowsInFreeMemory) {
   FLEXTILE_REQUIRE_GPU();
   Device& device = Device::current();
-  size_t before = device.memoryInfo()[0];
-  {
-    DeviceBuffer big(size_t(1) << 30);
-    EXPECT_NE(big.address(), 0u);
-    EXPECT_LE(device.memoryInfo()[0] + (size_t(1) << 30), before + (64u << 20));
+  // The card's free memory is shared with every other process on it (the GPU suite runs in
+  // parallel shards), whose allocations move it too: an attempt counts only if nothing else moved
+  // it by more than the slack, and one of five such attempts must see our gigabyte come and go.
+  const size_t gigabyte = size_t(1) << 30, slack = 64u << 20;
+  std::string seen;
+  bool shown = false;
+  for (int attempt = 0; attempt < 5 && !shown; ++attempt) {
+    const size_t before = device.memoryInfo()[0];
+    size_t during = 0;
+    {
+      DeviceBuffer big(gigabyte);
+      ASSERT_NE(big.address(), 0u);
+      during = device.memoryInfo()[0];
+    }
+    const size_t after = device.memoryInfo()[0];
+    shown = during + gigabyte <= before + slack && after + slack >= before;
+    seen += " (free before " + std::to_string(before) + ", with 1 GiB held " + std::to_string(during) + ", after " +
+            std::to_string(after) + ")";
   }
-  EXPECT_GE(device.memoryInfo()[0] + (64u << 20), before);
+  EXPECT_TRUE(shown) << "no attempt saw the allocation in the free memory:" << seen;
   // Far more than the device holds: the driver's error is reported by name with the size.
   size_t tooMuch = device.totalMemoryBytes() * 4;
   std::string message = errorOf([&] { DeviceBuffer buffer(tooMuch); });
