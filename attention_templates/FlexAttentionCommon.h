@@ -18,6 +18,7 @@
 #include "attention_templates/PagedKVCache.h"
 #include "attention_templates/TemplateParams.h"
 #include "dsl/Tensor.h"
+#include "runtime/Graph.h"
 #include "runtime/Stream.h"
 
 namespace flextile::attention::tmpl {
@@ -295,6 +296,16 @@ dsl::Tensor& perStreamSlot(dsl::MemorySpace space, runtime::Stream* stream) {
   return space == dsl::MemorySpace::Device ? device[runtime::streamHandle(stream)] : host;
 }
 
+// Puts `replacement` in a slot. Once the process has captured a CUDA graph (runtime/Graph.h), what
+// the slot held is kept alive for the thread's lifetime instead of freed: a graph that captured a
+// call holds the old buffer's address, and replays it after a later call outgrew it. Slots grow by
+// doubling, so what is kept is less than what is in use.
+inline void replaceSlot(dsl::Tensor& slot, dsl::Tensor replacement) {
+  thread_local std::vector<dsl::Tensor> retired;
+  if (slot.defined() && runtime::anyGraphCaptured()) retired.push_back(std::move(slot));
+  slot = std::move(replacement);
+}
+
 // A view of shape `shape` (contiguous f32) at element `offset` of Kind's grow-only f32 buffer
 // (grown, by reallocation, to twice what is needed when it is too small): a call takes all its
 // views before launching anything, the far end first, since a later view may reallocate the buffer.
@@ -305,7 +316,7 @@ dsl::Tensor f32Scratch(dsl::MemorySpace space, runtime::Stream* stream, int64_t 
   dsl::Tensor& slot = perStreamSlot<Kind>(space, stream);
   const int64_t needed = offset + count;
   if (!slot.defined() || slot.numel() < needed)
-    slot = dsl::Tensor::empty(dsl::DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space);
+    replaceSlot(slot, dsl::Tensor::empty(dsl::DType::F32, {std::max<int64_t>(2 * needed, int64_t(1) << 16)}, space));
   if (space == dsl::MemorySpace::Device)
     return dsl::Tensor::deviceView(slot.deviceAddress() + uint64_t(offset) * 4, dsl::DType::F32, shape);
   return dsl::Tensor::hostView(static_cast<float*>(slot.hostData()) + offset, dsl::DType::F32, shape);

@@ -636,14 +636,14 @@ Tensor mergeCounters(MemorySpace space, runtime::Stream* stream, int64_t count) 
   Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, stream);
   // Zeroed on the call's own stream, so the first launch on it sees zeros.
   if (!slot.defined() || slot.numel() < count)
-    slot = Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream);
+    detail::replaceSlot(slot, Tensor::zeros(DType::I32, {std::max<int64_t>(2 * count, 1024)}, space, stream));
   if (space == MemorySpace::Device) return Tensor::deviceView(slot.deviceAddress(), DType::I32, {count});
   return Tensor::hostView(slot.hostData(), DType::I32, {count});
 }
 
 void resetMergeCounters(MemorySpace space) {
   Tensor& slot = detail::perStreamSlot<MergeCountersSlot>(space, nullptr);
-  if (slot.defined()) slot = Tensor::zeros(DType::I32, {slot.numel()}, space);
+  if (slot.defined()) detail::replaceSlot(slot, Tensor::zeros(DType::I32, {slot.numel()}, space));
 }
 
 // The decode's switches (docs/performance.md, "Tuning knobs"), read once a call: nine getenv

@@ -4,6 +4,7 @@
 #include "runtime/DriverError.h"
 
 #include <dlfcn.h>
+#include <type_traits>
 
 #include <atomic>
 #include <cstdlib>
@@ -120,6 +121,15 @@ LoadOutcome load(const std::string& path) {
   // Optional entry points: their users say what is missing (runtime/TensorMap.cpp).
   api->tensorMapEncodeTiled = reinterpret_cast<decltype(api->tensorMapEncodeTiled)>(dlsym(library, "cuTensorMapEncodeTiled"));
   api->launchKernelEx = reinterpret_cast<decltype(api->launchKernelEx)>(dlsym(library, "cuLaunchKernelEx"));
+  auto optional = [&](auto& entry, const char* name) {
+    entry = reinterpret_cast<std::remove_reference_t<decltype(entry)>>(dlsym(library, name));
+  };
+  optional(api->streamBeginCapture, "cuStreamBeginCapture_v2");
+  optional(api->streamEndCapture, "cuStreamEndCapture");
+  optional(api->graphInstantiate, "cuGraphInstantiateWithFlags");
+  optional(api->graphLaunch, "cuGraphLaunch");
+  optional(api->graphExecDestroy, "cuGraphExecDestroy");
+  optional(api->graphDestroy, "cuGraphDestroy");
   if (cu::Result result = api->init(0); result != cu::kSuccess) {
     outcome.whyNot = "no usable CUDA driver (cuInit failed: " + describeWith(*api, result) + ")" + kConsequence;
     return outcome;

@@ -33,6 +33,8 @@ using Function = struct Function_st*;  // CUfunction
 using Stream = struct Stream_st*;      // CUstream
 using Event = struct Event_st*;        // CUevent
 using LinkState = struct LinkState_st*;  // CUlinkState
+using Graph = struct Graph_st*;          // CUgraph
+using GraphExec = struct GraphExec_st*;  // CUgraphExec
 
 // CUresult values the runtime reasons about (the rest are named by cuGetErrorName).
 inline constexpr Result kSuccess = 0;
@@ -90,6 +92,9 @@ inline constexpr int kJitInputPtx = 1;  // CU_JIT_INPUT_PTX
 
 inline constexpr unsigned kStreamDefault = 0x0;    // CU_STREAM_DEFAULT
 inline constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
+// CUstreamCaptureMode: thread-local, so that another thread's unrelated calls neither break a
+// capture nor are refused because of it.
+inline constexpr int kStreamCaptureModeThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 inline constexpr unsigned kEventDefault = 0x0;     // CU_EVENT_DEFAULT
 inline constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 
@@ -204,6 +209,14 @@ struct Api {
   // Optional likewise (CUDA 12.0): a launch with attributes, here programmatic stream
   // serialization for kernels that wait for their prior grids themselves (griddepcontrol).
   Result (*launchKernelEx)(const LaunchConfig* config, Function function, void** params, void** extra);
+  // Optional likewise (every CUDA 12 driver has them; a stand-in may not): stream capture into a
+  // graph and its replay (runtime/Graph.h), which say what is missing when null.
+  Result (*streamBeginCapture)(Stream stream, int mode);  // _v2
+  Result (*streamEndCapture)(Stream stream, Graph* graph);
+  Result (*graphInstantiate)(GraphExec* exec, Graph graph, unsigned long long flags);  // cuGraphInstantiateWithFlags
+  Result (*graphLaunch)(GraphExec exec, Stream stream);
+  Result (*graphExecDestroy)(GraphExec exec);
+  Result (*graphDestroy)(Graph graph);
 };
 
 // The process-wide table; throws DriverError with the plain reason when no driver is usable.

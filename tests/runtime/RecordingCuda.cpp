@@ -16,6 +16,9 @@
 // so a test can tell the driver's bytes from any other. It refuses a map not 64-byte aligned, as
 // the driver requires, and any map when FLEXTILE_FAKE_CUDA_TENSOR_MAP_FAILS=1 (CUDA_ERROR_INVALID_VALUE).
 // cuLaunchKernelEx logs "launchex" lines (below), with the geometry and attributes it read.
+// Stream capture and graph launch are emulated (below): work queued on the stream being captured
+// is logged with " (captured)", and a call a graph cannot hold (a synchronous copy or wait, an
+// upload from host memory on the captured stream) is refused and breaks the capture.
 // Built with FLEXTILE_FAKE_CUDA_OLD_DRIVER it is a CUDA 11.8 driver instead: no
 // cuTensorMapEncodeTiled and no cuLaunchKernelEx at all (tests/runtime/TensorMapOldDriverTest.cpp).
 #include <cstdint>
@@ -58,6 +61,34 @@ struct LinkState {
 };
 
 int gStreams = 0;
+
+// Stream capture (thread-local, as FlexTile asks for): the stream being captured by this thread,
+// the launches and copies recorded into its graph, and whether a call the capture cannot hold (a
+// synchronous copy, memset or wait) broke it, as the driver's CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// does.
+constexpr int kCaptureUnsupported = 900, kCaptureInvalidated = 901;
+thread_local void* gCapturing = nullptr;
+thread_local int gCapturedNodes = 0;
+thread_local bool gCaptureBroken = false;
+
+// A synchronous call during a capture: refused, and the capture is broken.
+bool refusedInCapture(const char* what) {
+  if (!gCapturing) return false;
+  gCaptureBroken = true;
+  record(std::string("refused ") + what + " during a capture");
+  return true;
+}
+
+// " (captured)" for work queued on the stream being captured, which a graph now holds instead.
+std::string capturedNote(void* stream) {
+  if (!gCapturing || stream != gCapturing) return "";
+  ++gCapturedNodes;
+  return " (captured)";
+}
+
+struct FakeGraph {
+  int nodes;
+};
 
 }  // namespace
 
@@ -124,7 +155,7 @@ int cuDevicePrimaryCtxRetain(void** context, int) {
   return 0;
 }
 int cuCtxSetCurrent(void*) { return 0; }
-int cuCtxSynchronize() { return 0; }
+int cuCtxSynchronize() { return refusedInCapture("cuCtxSynchronize") ? kCaptureUnsupported : 0; }
 int cuMemGetInfo_v2(size_t* freeBytes, size_t* totalBytes) {
   *freeBytes = *totalBytes = size_t(1) << 34;
   return 0;
@@ -142,38 +173,45 @@ int cuMemFree_v2(uint64_t pointer) {
   return 0;
 }
 int cuMemcpyHtoD_v2(uint64_t to, const void* from, size_t bytes) {
+  if (refusedInCapture("cuMemcpyHtoD_v2")) return kCaptureUnsupported;
   std::memcpy(addressOf(to), from, bytes);
   record("htod " + std::to_string(bytes) + " stream sync");
   return 0;
 }
 int cuMemcpyDtoH_v2(void* to, uint64_t from, size_t bytes) {
+  if (refusedInCapture("cuMemcpyDtoH_v2")) return kCaptureUnsupported;
   std::memcpy(to, addressOf(from), bytes);
   record("dtoh " + std::to_string(bytes) + " stream sync");
   return 0;
 }
 int cuMemcpyDtoD_v2(uint64_t to, uint64_t from, size_t bytes) {
+  if (refusedInCapture("cuMemcpyDtoD_v2")) return kCaptureUnsupported;
   std::memmove(addressOf(to), addressOf(from), bytes);
   record("dtod " + std::to_string(bytes) + " stream sync");
   return 0;
 }
 int cuMemsetD8_v2(uint64_t to, unsigned char value, size_t bytes) {
+  if (refusedInCapture("cuMemsetD8_v2")) return kCaptureUnsupported;
   std::memset(addressOf(to), value, bytes);
   record("memset " + std::to_string(bytes) + " stream sync");
   return 0;
 }
 int cuMemcpyHtoDAsync_v2(uint64_t to, const void* from, size_t bytes, void* stream) {
+  // From pageable host memory, as FlexTile's uploads are: a graph cannot hold it.
+  if (stream == gCapturing && refusedInCapture("cuMemcpyHtoDAsync_v2")) return kCaptureUnsupported;
   std::memcpy(addressOf(to), from, bytes);
   record("htod " + std::to_string(bytes) + " stream " + streamText(stream));
   return 0;
 }
 int cuMemcpyDtoHAsync_v2(void* to, uint64_t from, size_t bytes, void* stream) {
+  if (stream == gCapturing && refusedInCapture("cuMemcpyDtoHAsync_v2")) return kCaptureUnsupported;
   std::memcpy(to, addressOf(from), bytes);
   record("dtoh " + std::to_string(bytes) + " stream " + streamText(stream));
   return 0;
 }
 int cuMemsetD8Async(uint64_t to, unsigned char value, size_t bytes, void* stream) {
   std::memset(addressOf(to), value, bytes);
-  record("memset " + std::to_string(bytes) + " stream " + streamText(stream));
+  record("memset " + std::to_string(bytes) + " stream " + streamText(stream) + capturedNote(stream));
   return 0;
 }
 
@@ -241,7 +279,7 @@ int cuFuncGetAttribute(int* value, int attribute, void*) {
 int cuFuncSetAttribute(void*, int, int) { return 0; }
 int cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void* stream,
                    void**, void**) {
-  record("launch " + static_cast<Function*>(function)->name + " stream " + streamText(stream));
+  record("launch " + static_cast<Function*>(function)->name + " stream " + streamText(stream) + capturedNote(stream));
   return 0;
 }
 
@@ -249,7 +287,7 @@ int cuStreamCreate(void** stream, unsigned) {
   *stream = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + 0x10 * ++gStreams));
   return 0;
 }
-int cuStreamSynchronize(void*) { return 0; }
+int cuStreamSynchronize(void*) { return refusedInCapture("cuStreamSynchronize") ? kCaptureUnsupported : 0; }
 int cuStreamDestroy_v2(void* stream) {
   record("destroy stream " + streamText(stream));
   return 0;
@@ -295,7 +333,46 @@ int cuLaunchKernelEx(const CUlaunchConfig* config, void* function, void**, void*
          std::to_string(config->gridDimX) + "," + std::to_string(config->gridDimY) + "," +
          std::to_string(config->gridDimZ) + " block " + std::to_string(config->blockDimX) + "," +
          std::to_string(config->blockDimY) + "," + std::to_string(config->blockDimZ) + " smem " +
-         std::to_string(config->sharedMemBytes) + " attrs " + attrs);
+         std::to_string(config->sharedMemBytes) + " attrs " + attrs + capturedNote(config->hStream));
+  return 0;
+}
+
+// Stream capture and graph replay. Logs "begin capture stream <s>", "end capture stream <s>
+// nodes <n>" (or "capture broken"), "instantiate nodes <n>", "graph launch stream <s> nodes <n>".
+int cuStreamBeginCapture_v2(void* stream, int mode) {
+  if (gCapturing || !stream || mode != 1) return kInvalidValue;  // FlexTile captures thread-locally
+  gCapturing = stream, gCapturedNodes = 0, gCaptureBroken = false;
+  record("begin capture stream " + streamText(stream));
+  return 0;
+}
+int cuStreamEndCapture(void* stream, void** graph) {
+  if (stream != gCapturing) return kInvalidValue;
+  gCapturing = nullptr;
+  *graph = nullptr;
+  if (gCaptureBroken) {
+    record("end capture stream " + streamText(stream) + ": capture broken");
+    return kCaptureInvalidated;
+  }
+  record("end capture stream " + streamText(stream) + " nodes " + std::to_string(gCapturedNodes));
+  *graph = new FakeGraph{gCapturedNodes};
+  return 0;
+}
+int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+  *exec = new FakeGraph{static_cast<FakeGraph*>(graph)->nodes};
+  record("instantiate nodes " + std::to_string(static_cast<FakeGraph*>(graph)->nodes));
+  return 0;
+}
+int cuGraphLaunch(void* exec, void* stream) {
+  record("graph launch stream " + streamText(stream) + " nodes " + std::to_string(static_cast<FakeGraph*>(exec)->nodes));
+  return 0;
+}
+int cuGraphExecDestroy(void* exec) {
+  delete static_cast<FakeGraph*>(exec);
+  return 0;
+}
+int cuGraphDestroy(void* graph) {
+  delete static_cast<FakeGraph*>(graph);
+  record("destroy graph");
   return 0;
 }
 

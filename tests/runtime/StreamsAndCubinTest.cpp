@@ -21,6 +21,7 @@
 #include "codegen/CompileCache.h"
 #include "dsl/DSL.h"
 #include "runtime/Device.h"
+#include "runtime/Graph.h"
 #include "runtime/Stream.h"
 #include "tests/runtime/RecordingDriverLog.h"
 
@@ -392,6 +393,109 @@ TEST(DeviceMemory, EveryAllocationOfADecodeStepIsFreedByExit) {
   fs::remove(log, ec);
   EXPECT_GE(allocations, 2u) << "the child made no device allocation: nothing was tested";
   for (const auto& [address, line] : live) ADD_FAILURE() << "never freed: " << line;
+}
+
+// ---- CUDA graphs (runtime/Graph.h) ----------------------------------------------
+
+// A decode step with its positions in device memory, captured after one eager call: the capture
+// holds the step's launches and nothing else (no upload, allocation or wait), and each replay is
+// one graph launch on the stream.
+TEST(Graphs, ADecodeStepCapturedAfterOneEagerCallReplaysWithOneLaunch) {
+  runtime::Stream s;
+  Inputs decode(2, 8, 2, 1, 4096, 64);
+  BlockMask mask = causalBlockMask(1, 1, 4096, 4096, {128, 128}, {MemorySpace::Device, &s});
+  Tensor positions = Tensor::fromHost(std::vector<int32_t>{4000, 4095}, {2}, MemorySpace::Device);
+  Tensor out = Tensor::empty(DType::BF16, decode.q.shape(), MemorySpace::Device);
+  const FlexAttentionOptions o{.query_offsets = positions, .stream = &s};
+  auto step = [&] { flex_attention_into(decode.q, decode.k, decode.v, noop_score(), mask, out, nullptr, o); };
+  step();  // compiles and loads the kernel, makes the scratch
+  take();
+  runtime::Graph graph = runtime::Graph::capture(s, step);
+  std::vector<std::string> lines = take();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.front(), "begin capture stream " + handleText(s)) << joined(lines);
+  size_t launches = 0;
+  for (const std::string& l : lines) {
+    EXPECT_TRUE(l.rfind("htod", 0) != 0 && l.rfind("dtoh", 0) != 0 && l.rfind("alloc", 0) != 0 &&
+                l.rfind("refused", 0) != 0)
+        << "a captured step only launches: " << joined(lines);
+    if (l.rfind("launch", 0) == 0) {
+      EXPECT_NE(l.find(" (captured)"), std::string::npos) << l;
+      ++launches;
+    }
+  }
+  EXPECT_GE(launches, 1u) << joined(lines);
+  const std::string nodes = " nodes " + std::to_string(launches);
+  EXPECT_EQ(matching(lines, "end capture stream " + handleText(s) + nodes).size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "instantiate" + nodes).size(), 1u) << joined(lines);
+
+  graph.launch(s);
+  graph.launch(s);
+  lines = take();
+  EXPECT_EQ(matching(lines, "graph launch stream " + handleText(s) + nodes).size(), 2u) << joined(lines);
+  EXPECT_TRUE(matching(lines, "launch").empty()) << "replays launch nothing one by one:\n" << joined(lines);
+  step();  // the stream works eagerly again
+  EXPECT_FALSE(matching(take(), "launch").empty());
+}
+
+// A call that would upload or wait inside a capture (here the first call on a mask whose lists are
+// still on the host) is refused by the driver; the error says what a capture may hold and how to
+// get there, and the stream leaves capture mode.
+TEST(Graphs, ACaptureThatWouldUploadSaysToRunTheCallsOnceFirst) {
+  runtime::Stream s;
+  Inputs decode(1, 8, 2, 1, 1000, 64);
+  BlockMask mask = causalBlockMask(1, 1, 1000, 1000, {128, 128});  // host lists: the first device call uploads them
+  Tensor out = Tensor::empty(DType::BF16, decode.q.shape(), MemorySpace::Device);
+  const FlexAttentionOptions o{.query_offset = 999, .stream = &s};
+  auto step = [&] { flex_attention_into(decode.q, decode.k, decode.v, noop_score(), mask, out, nullptr, o); };
+  take();
+  std::string message;
+  try {
+    runtime::Graph::capture(s, step);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("while capturing a graph"), std::string::npos) << message;
+  EXPECT_NE(message.find("run the same calls once before capturing them"), std::string::npos) << message;
+  const std::vector<std::string> lines = take();
+  EXPECT_FALSE(matching(lines, "refused").empty()) << joined(lines);
+  EXPECT_FALSE(matching(lines, "end capture stream " + handleText(s) + ": capture broken").empty()) << joined(lines);
+  step();  // eager again: uploads, launches
+  runtime::Graph graph = runtime::Graph::capture(s, step);  // and now it captures
+  EXPECT_FALSE(graph.empty());
+}
+
+TEST(Graphs, TheLegacyStreamCannotBeCapturedAndAnEmptyGraphCannotLaunch) {
+  runtime::Stream legacy = runtime::Stream::borrow(nullptr);
+  std::string message;
+  try {
+    runtime::Graph::capture(legacy, [] {});
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("legacy default stream cannot be captured"), std::string::npos) << message;
+  runtime::Graph empty;
+  runtime::Stream s;
+  message.clear();
+  try {
+    empty.launch(s);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("an empty graph"), std::string::npos) << message;
+}
+
+// What `record` throws reaches the caller unchanged, and the stream is not left capturing.
+TEST(Graphs, AnExceptionInsideACaptureEndsIt) {
+  runtime::Stream s;
+  take();
+  EXPECT_THROW(runtime::Graph::capture(s, [] { throw std::invalid_argument("the user's own error"); }),
+               std::invalid_argument);
+  const std::vector<std::string> lines = take();
+  EXPECT_EQ(matching(lines, "begin capture").size(), 1u) << joined(lines);
+  EXPECT_EQ(matching(lines, "end capture").size(), 1u) << joined(lines);
+  runtime::Graph again = runtime::Graph::capture(s, [] {});
+  EXPECT_FALSE(again.empty());
 }
 
 }  // namespace

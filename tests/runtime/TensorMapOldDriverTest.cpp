@@ -1,7 +1,8 @@
 // A CUDA 11.8 driver (the recording fake built without cuTensorMapEncodeTiled): FlexTile still
 // loads it (nothing else needs CUDA 12), and a tensor map is refused with the reason, naming the
 // driver and its version, instead of a null call or a bare "symbol not found". Without
-// cuLaunchKernelEx, a kernel that waits for its prior grids is launched the ordinary way.
+// cuLaunchKernelEx, a kernel that waits for its prior grids is launched the ordinary way. Without
+// stream capture, a graph is refused with the entry points it needs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,6 +15,8 @@
 
 #include "runtime/Driver.h"
 #include "runtime/DriverError.h"
+#include "runtime/Graph.h"
+#include "runtime/Stream.h"
 #include "runtime/TensorMap.h"
 
 namespace flextile::runtime {
@@ -79,6 +82,19 @@ TEST(TensorMapOldDriver, AKernelThatWaitsForItsPriorGridsLaunchesTheOrdinaryWay)
   std::remove(path);
   EXPECT_NE(log.str().find("launch fill_after_prior_grids stream"), std::string::npos) << log.str();
   EXPECT_EQ(log.str().find("launchex"), std::string::npos) << log.str();
+}
+
+TEST(TensorMapOldDriver, ADriverWithoutStreamCaptureRefusesAGraphByName) {
+  ASSERT_TRUE(kOldDriver);
+  Stream s;
+  std::string msg;
+  try {
+    Graph::capture(s, [] {});
+  } catch (const DriverError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no stream capture or graph launch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuStreamBeginCapture_v2"), std::string::npos) << msg;
 }
 
 }  // namespace
