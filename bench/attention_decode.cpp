@@ -10,6 +10,7 @@
 //   flextile_attention_decode_bench --only decode_causal   # one shape (repeatable), e.g. under ncu
 //   flextile_attention_decode_bench --config 64,4,2,4      # also this config on every shape (repeatable)
 //   flextile_attention_decode_bench --tune       # also the decode autotuner's winner on every shape
+//   flextile_attention_decode_bench --graph      # also 20 steps captured in a CUDA graph, per step (no host)
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
@@ -47,6 +48,8 @@
 #include "runtime/Device.h"
 #include "runtime/DeviceBuffer.h"
 #include "runtime/Event.h"
+#include "runtime/Graph.h"
+#include "runtime/Stream.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -126,6 +129,35 @@ double kvBytesRead(const Shape& s, const std::optional<BlockMask>& mask, int64_t
 }
 
 double emptyKernelMicroseconds(int64_t programs);
+
+// --graph: 20 steps of the call captured in a CUDA graph on a stream of their own (runtime/Graph.h),
+// as a serving loop replays its decode steps: the events around one replay, over 20, give a step's
+// time without the host's per-call work. The replay's output is checked against the eager call's.
+void printGraphSteps(const std::string& name, double bytes, double callUs, FlexAttentionOptions o,
+                     const std::function<void(const FlexAttentionOptions&)>& run, Tensor& out, const Tensor& want) {
+  constexpr int kSteps = 20;
+  runtime::Stream stream;
+  o.stream = &stream;
+  run(o);  // this stream's scratch, before the capture
+  runtime::Graph graph = runtime::Graph::capture(stream, [&] {
+    for (int i = 0; i < kSteps; ++i) run(o);
+  });
+  out.copyFromHost(std::vector<float>(size_t(out.numel()), NAN));
+  graph.launch(stream);
+  stream.synchronize();
+  const double err = maxAbsDiff(out, want);
+  if (!(err < 2e-2)) {
+    std::printf("%-18s graph of %d steps WRONG (max |graph - prefill| %.2e)\n", name.c_str(), kSteps, err);
+    return;
+  }
+  runtime::TimingOptions timing;
+  timing.warmup = 3;
+  timing.reps = 20;
+  timing.stream = &stream;
+  const double us = runtime::median(runtime::timeKernel([&] { graph.launch(stream); }, timing)) * 1e3 / kSteps;
+  std::printf("%-18s graph of %d steps %17.1f us %6.2f TB/s a step  (%.1f us a call without the graph)\n",
+              name.c_str(), kSteps, us, bytes / us / 1e6, callUs);
+}
 
 // --timeline: where one call's time goes, from the kernel's own clock (FlexAttentionOptions::
 // decode_timeline): each phase's time after the first program started, over the programs
@@ -264,7 +296,7 @@ double copyMicroseconds(double bytesMoved) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false;
+  bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false, graph = false;
   std::FILE* timelineCsv = nullptr;
   std::vector<std::string> only;
   std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
@@ -281,11 +313,12 @@ int main(int argc, char** argv) try {
       }
       std::fprintf(timelineCsv, "shape,call,program,sm,start,walked,released,merging,end\n");
     } else if (!std::strcmp(argv[i], "--tune")) tune = true;
+    else if (!std::strcmp(argv[i], "--graph")) graph = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--only SHAPE]... "
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--graph] [--only SHAPE]... "
                    "[--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
@@ -435,6 +468,7 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
         if (ms * 1e3 < best.us) best = {s.name, label, ms * 1e3, tbps, 0, 0, 0, 0};
         if (timeline && ci == 0 && !paged) printTimeline(s.name, q, k, v, mask, o, run, timelineCsv);
+        if (graph && ci == 0) printGraphSteps(s.name, bytes, ms * 1e3, o, run, out, want);
       } catch (const std::exception& e) {
         std::printf("%-18s %-28s refused: %s\n", s.name.c_str(), label.c_str(), e.what());
       }

@@ -3,7 +3,10 @@
 shapes of bench/attention_decode.cpp, in the same run on the same GPU: TB/s of K and V read (the
 live blocks' bytes for a sliding window) and microseconds per call, median of many calls.
 
-  python3 bench/torch_decode.py [--json out.json] [--only SHAPE]...
+  python3 bench/torch_decode.py [--json out.json] [--only SHAPE]... [--graph]
+
+--graph also times 20 calls captured in a CUDA graph (torch.cuda.CUDAGraph), per call: the peers'
+figure for flextile_attention_decode_bench --graph.
 """
 import argparse, json
 
@@ -26,10 +29,26 @@ SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask
 ]
 
 
+def graph_us(fn, steps=20):
+    """Microseconds a call of fn() when `steps` calls are replayed from one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capturing stream, as torch.cuda.graph asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(steps):
+            fn()
+    return median_ms(g.replay) * 1e3 / steps
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", action="append", default=[], help="a shape's name (repeatable)")
+    ap.add_argument("--graph", action="store_true", help="also 20 calls replayed from a CUDA graph, per call")
     a = ap.parse_args()
     dev, dt, D = "cuda", torch.bfloat16, 128
     torch.manual_seed(0)
@@ -60,14 +79,27 @@ def main():
         if not window:
             ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
             r.update(sdpa_us=ms * 1e3, sdpa_tbps=kv_bytes / ms / 1e9)
+        if a.graph:
+            for key, fn in (("flex", lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)),
+                            ("sdpa", None if window else lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))):
+                if fn is None:
+                    continue
+                try:
+                    r[key + "_graph_us"] = graph_us(fn)
+                except Exception as ex:
+                    r[key + "_graph_error"] = repr(ex)[:200]
         print(json.dumps(r), flush=True)
         results.append(r)
         del q, k, v
         torch.cuda.empty_cache()
-    print("\n%-18s %10s %10s %10s %10s" % ("shape", "flex us", "flex TB/s", "sdpa us", "sdpa TB/s"))
+    print("\n%-18s %10s %10s %10s %10s" % ("shape", "flex us", "flex TB/s", "sdpa us", "sdpa TB/s")
+          + ("  %14s %14s" % ("flex graph us", "sdpa graph us") if a.graph else ""))
     for r in results:
+        graphs = ""
+        if a.graph:
+            graphs = "  %14s %14s" % tuple("%.1f" % r[key] if key in r else "-" for key in ("flex_graph_us", "sdpa_graph_us"))
         print("%-18s %10.1f %10.2f %10s %10s" % (r["variant"], r.get("flex_us", float("nan")), r.get("flex_tbps", float("nan")),
-              "%.1f" % r["sdpa_us"] if "sdpa_us" in r else "-", "%.2f" % r["sdpa_tbps"] if "sdpa_tbps" in r else "-"))
+              "%.1f" % r["sdpa_us"] if "sdpa_us" in r else "-", "%.2f" % r["sdpa_tbps"] if "sdpa_tbps" in r else "-") + graphs)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

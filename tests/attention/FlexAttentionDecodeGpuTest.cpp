@@ -9,6 +9,8 @@
 #include "ListTensorMaskCheck.h"
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
+#include "runtime/Graph.h"
+#include "runtime/Stream.h"
 
 #include <chrono>
 #include <cstdio>
@@ -232,6 +234,52 @@ TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {
     poison(out);
     poison(lse);
     flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o);
+    if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
+  }
+}
+
+// A decode step captured into a CUDA graph (runtime/Graph.h) after one eager call, then replayed
+// as a serving loop would: between replays the new queries and every sequence's position change in
+// device memory only, and each replay's output (poisoned first) matches the reference at the new
+// positions.
+TEST(FlexDecodeGpu, StepsReplayedFromAGraphFollowTheDevicePositions) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 4, Hq = 32, Hkv = 8, S = 4097, D = 128, W = 1000;
+  runtime::Stream stream;
+  const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, {128, 128}, {kDevice, &stream});
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, D}, kDevice);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice);
+  std::vector<int32_t> positions = {0, 1500, 2900, 4096};
+  Tensor offsets = Tensor::fromHost(positions, {B}, kDevice);
+  Tensor out = Tensor::empty(DType::BF16, q.shape(), kDevice), lse = Tensor::empty(DType::F32, {B, Hq, 1}, kDevice);
+  const FlexAttentionOptions o{.query_offsets = offsets, .stream = &stream};
+  auto step = [&] { flex_attention_into(q, k, v, noop_score(), mask, out, &lse, o); };
+  step();  // compiles, loads and makes the scratch: the capture only launches
+  runtime::Graph graph = runtime::Graph::capture(stream, step);
+  std::uniform_int_distribution<int32_t> position(0, int32_t(S - 1));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("replay " + std::to_string(round));
+    if (round > 0) {
+      for (int32_t& p : positions) p = position(rng);
+      fillRandom(rng, q, -1, 1);
+    }
+    stream.synchronize();
+    offsets.copyFromHost(positions);
+    poison(out);
+    poison(lse);
+    graph.launch(stream);
+    stream.synchronize();
+    ReferenceResult ref;
+    for (int64_t b = 0; b < B; ++b) {
+      auto one = [&](const Tensor& t) {
+        return Tensor::viewOf(t, b * t.strides()[0], {1, t.size(1), t.size(2), t.size(3)}, t.strides()).to(MemorySpace::Host);
+      };
+      ReferenceResult r = referenceAttention(one(q), one(k), one(v), nullptr, refWindow({W}), 1.0 / std::sqrt(double(D)),
+                                             positions[size_t(b)]);
+      ref.out.insert(ref.out.end(), r.out.begin(), r.out.end());
+      ref.lse.insert(ref.lse.end(), r.lse.begin(), r.lse.end());
+    }
     if (!compareWithReference(out, lse, ref, D, DType::BF16)) return;
   }
 }
