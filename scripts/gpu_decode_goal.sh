@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Issue #12's proof in one device call: the decode bench beside PyTorch's decode (bench/
-# torch_decode.py: SDPA and FlexDecoding in the same call), the serving part of the GPU tests and
+# torch_decode.py: SDPA and FlexDecoding in the same call; both also as steps replayed from a CUDA
+# graph, --graph), the serving part of the GPU tests and
 # the autotune GPU tests and the decode tuner's sweep on the window and B=1 S=2048, with the window's
 # timeline (the kernel's own clock at each program's phases). On an H200, where #12's goals are set,
 # the benches run first; elsewhere the tests do. About 3-6 minutes; logs under $OUT. Run from the
 # repo root with ./bundle carried:
 #   device tool: run(command="scripts/gpu_decode_goal.sh", carry=["bundle"])
+# FLEXTILE_GOAL_BENCHES_ONLY=1 runs the two benches alone (about 4 minutes), for a short device budget.
 set -uo pipefail
 export OUT=${OUT:-./gpu-logs}
 mkdir -p "$OUT"
@@ -17,10 +19,11 @@ serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:
 t0=$SECONDS
 
 benches() {
-  FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 110 ./bundle/bin/flextile_attention_decode_bench > "$OUT/decode.log" 2>&1
+  FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 170 ./bundle/bin/flextile_attention_decode_bench --graph > "$OUT/decode.log" 2>&1
   echo "decode bench rc=$? ($((SECONDS - t0)) s)"
   sed -n '/^shape  *MB read/,$p' "$OUT/decode.log"
-  timeout 110 python3 bench/torch_decode.py --json "$OUT/torch_decode.json" > "$OUT/torch_decode.log" 2>&1
+  grep -E "graph of" "$OUT/decode.log"
+  timeout 150 python3 bench/torch_decode.py --graph --json "$OUT/torch_decode.json" > "$OUT/torch_decode.log" 2>&1
   echo "torch_decode rc=$? ($((SECONDS - t0)) s)"
   sed -n '/^shape  *flex us/,$p' "$OUT/torch_decode.log"
 }
@@ -41,6 +44,11 @@ tests() {
   echo "tests done ($((SECONDS - t0)) s)"
 }
 
+if [[ "${FLEXTILE_GOAL_BENCHES_ONLY:-0}" == 1 ]]; then
+  benches
+  echo "total $((SECONDS - t0)) s"
+  exit 0
+fi
 if [[ "$GPU" == *H200* ]]; then benches; tests; else tests; benches; fi
 FLEXTILE_CACHE_DIR=/tmp/ftcache-bench timeout 70 ./bundle/bin/flextile_attention_decode_bench --tune \
   --only decode_window4096 --only decode_b1_s2048 > "$OUT/decode_tune.log" 2>&1
