@@ -30,8 +30,10 @@ class Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
-  // Queues the captured work on `stream` (any stream of the graph's device; it runs after what the
-  // stream already holds, and what is queued next runs after it).
+  // Queues the captured work on `stream`: it runs after what the stream already holds, and what is
+  // queued next runs after it. Replay on the stream of the capture: FlexTile's calls keep their
+  // scratch per stream, and the graph uses that stream's, which another stream's replay would share
+  // with the capture stream's own work at the same time.
   void launch(Stream& stream) const;
   bool empty() const { return exec_ == nullptr; }
 

@@ -190,14 +190,18 @@ inline void checkDecodeTimeline(std::mt19937_64& rng, dsl::MemorySpace space) {
     // so no bound but 0): a call of many programs on a GPU spreads over more than one.
     std::set<int64_t> sms;
     for (int64_t program = 0; program < programs; ++program) sms.insert(t[size_t(program * kTimelineSlots + kTimelineSm)]);
-    if (space == dsl::MemorySpace::Device) EXPECT_GT(sms.size(), 1u) << "every program reported one SM";
+    if (space == dsl::MemorySpace::Device) {
+      EXPECT_GT(sms.size(), 1u) << "every program reported one SM";
+    }
     std::vector<int> mergers(size_t(B * groups), 0);
     for (int64_t program = 0; program < programs; ++program) {
       auto at = [&](int slot) { return t[size_t(program * kTimelineSlots + slot)]; };
       SCOPED_TRACE("program " + std::to_string(program));
       EXPECT_GT(at(kTimelineStart), 0);
       EXPECT_GE(at(kTimelineSm), 0);
-      if (space == dsl::MemorySpace::Host) EXPECT_EQ(at(kTimelineSm), 0) << "the interpreter is one multiprocessor";
+      if (space == dsl::MemorySpace::Host) {
+        EXPECT_EQ(at(kTimelineSm), 0) << "the interpreter is one multiprocessor";
+      }
       EXPECT_LE(at(kTimelineStart), at(kTimelineWalked));
       EXPECT_LE(at(kTimelineWalked), at(kTimelineEnd));
       if (splits == 1) {
