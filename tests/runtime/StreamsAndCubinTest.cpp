@@ -465,6 +465,33 @@ TEST(Graphs, ACaptureThatWouldUploadSaysToRunTheCallsOnceFirst) {
   EXPECT_FALSE(graph.empty());
 }
 
+// A graph keeps the addresses of the scratch its captured calls used: a later call on the stream
+// that outgrows that scratch must not free it (detail::replaceSlot keeps it once a graph exists).
+TEST(Graphs, ScratchAGraphHoldsIsNotFreedWhenALaterCallOutgrowsIt) {
+  runtime::Stream s;
+  auto decodeCall = [&](int64_t B, int64_t Hq) {
+    Inputs in(B, Hq, 2, 1, 4096, 64);
+    BlockMask mask = causalBlockMask(1, 1, 4096, 4096, {128, 128}, {MemorySpace::Device, &s});
+    Tensor out = Tensor::empty(DType::BF16, in.q.shape(), MemorySpace::Device);
+    const FlexAttentionOptions o{.decode_config = FlexDecodeConfig{.splits = 8}, .query_offset = 4095, .stream = &s};
+    return [in, mask, out, o]() mutable { flex_attention_into(in.q, in.k, in.v, noop_score(), mask, out, nullptr, o); };
+  };
+  auto small = decodeCall(1, 8);
+  take();
+  small();
+  std::vector<std::string> scratch;  // what the first call allocated: its scratch among it
+  for (const std::string& l : matching(take(), "alloc ")) scratch.push_back(l.substr(6, l.find(' ', 6) - 6));
+  ASSERT_FALSE(scratch.empty());
+  runtime::Graph graph = runtime::Graph::capture(s, small);
+  auto large = decodeCall(256, 64);  // 8 splits of 16384 rows: far more partials than the small call's
+  large();
+  const std::vector<std::string> lines = take();
+  ASSERT_FALSE(matching(lines, "alloc ").empty()) << "the large call should have grown the scratch:\n" << joined(lines);
+  for (const std::string& address : scratch)
+    EXPECT_TRUE(matching(lines, "free " + address).empty()) << "freed " << address << ", which the graph replays";
+  graph.launch(s);
+}
+
 TEST(Graphs, TheLegacyStreamCannotBeCapturedAndAnEmptyGraphCannotLaunch) {
   runtime::Stream legacy = runtime::Stream::borrow(nullptr);
   std::string message;
