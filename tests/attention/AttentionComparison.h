@@ -62,6 +62,25 @@ inline void poison(dsl::Tensor& t) {
   }
 }
 
+// The float64 reference when sequence b's queries sit at positions[b] (the decode's
+// query_offsets): each batch row of q against its own K/V, with `mask` at that position.
+inline attention::ReferenceResult referenceAtPositions(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                                       const attention::RefMaskFn& mask,
+                                                       const std::vector<int32_t>& positions) {
+  attention::ReferenceResult ref;
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    auto one = [&](const dsl::Tensor& t) {
+      return dsl::Tensor::viewOf(t, b * t.strides()[0], {1, t.size(1), t.size(2), t.size(3)}, t.strides())
+          .to(dsl::MemorySpace::Host);
+    };
+    attention::ReferenceResult r = attention::referenceAttention(one(q), one(k), one(v), nullptr, mask,
+                                                                 1.0 / std::sqrt(double(q.size(3))), positions[size_t(b)]);
+    ref.out.insert(ref.out.end(), r.out.begin(), r.out.end());
+    ref.lse.insert(ref.lse.end(), r.lse.begin(), r.lse.end());
+  }
+  return ref;
+}
+
 // Element-wise bound on |out - reference|. Outputs are convex combinations
 // of values in [-1, 1]: bf16 (8-bit mantissa) rounds P and out to ~2^-9
 // relative; f16 to ~2^-12; f32 runs its dots on tf32 (10-bit) on the GPU.

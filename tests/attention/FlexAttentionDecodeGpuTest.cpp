@@ -206,22 +206,6 @@ TEST(FlexDecodeGpu, WarpSpecializedEveryVariant) {
   }
 }
 
-// The float64 reference of a sliding window of W keys for sequence b's queries at positions[b].
-ReferenceResult windowReferenceAt(const Tensor& q, const Tensor& k, const Tensor& v, int64_t W,
-                                  const std::vector<int32_t>& positions) {
-  ReferenceResult ref;
-  for (int64_t b = 0; b < q.size(0); ++b) {
-    auto one = [&](const Tensor& t) {
-      return Tensor::viewOf(t, b * t.strides()[0], {1, t.size(1), t.size(2), t.size(3)}, t.strides()).to(MemorySpace::Host);
-    };
-    ReferenceResult r = referenceAttention(one(q), one(k), one(v), nullptr, refWindow({W}),
-                                           1.0 / std::sqrt(double(q.size(3))), positions[size_t(b)]);
-    ref.out.insert(ref.out.end(), r.out.begin(), r.out.end());
-    ref.lse.insert(ref.lse.end(), r.lse.begin(), r.lse.end());
-  }
-  return ref;
-}
-
 // query_offsets on the device: a batch of requests at different positions of a window mask, each
 // against a reference run at its own position (the offsets are never read by the host).
 TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {
@@ -232,7 +216,7 @@ TEST(FlexDecodeGpu, EverySequenceAtItsOwnPosition) {
   const BlockMask mask = slidingWindowBlockMask(1, 1, S, S, {W}, {128, 128}, kDevice);
   Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, D}, kDevice);
   Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice), v = randomTensor(rng, DType::BF16, {B, Hkv, S, D}, kDevice);
-  const ReferenceResult ref = windowReferenceAt(q, k, v, W, positions);
+  const ReferenceResult ref = referenceAtPositions(q, k, v, refWindow({W}), positions);
   const Tensor offsets = Tensor::fromHost(positions, {B}, kDevice);
   for (int64_t splits : {0, 1, 7}) {
     SCOPED_TRACE("splits " + std::to_string(splits));
@@ -277,7 +261,7 @@ TEST(FlexDecodeGpu, StepsReplayedFromAGraphFollowTheDevicePositions) {
     poison(lse);
     graph.launch(stream);
     stream.synchronize();
-    if (!compareWithReference(out, lse, windowReferenceAt(q, k, v, W, positions), D, DType::BF16)) return;
+    if (!compareWithReference(out, lse, referenceAtPositions(q, k, v, refWindow({W}), positions), D, DType::BF16)) return;
   }
 }
 

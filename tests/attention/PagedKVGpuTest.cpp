@@ -11,6 +11,8 @@
 #include "MaskTestUtil.h"
 #include "PagedKVCheck.h"
 #include "gpu/GpuTest.h"
+#include "runtime/Graph.h"
+#include "runtime/Stream.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
 
@@ -143,5 +145,67 @@ TEST(PagedKVCacheGpu, ServingLoopMatchesReference) {
         EXPECT_EQ(m.v.toHost<float>(), v.toHost<float>());
       }
     }
+  }
+}
+
+// The serving loop as a graph replays it (runtime/Graph.h): one decode step captured after an
+// eager one, then every step only writes device memory — the new tokens' K/V (the cache's write
+// kernel), the page table and lengths (view() uploads them to the same tensors), each sequence's
+// position and the queries — and replays. A sequence finishes halfway and a new request takes its
+// slot on sequence 0's prefix pages, so the replayed kernel reads a page table that changed under
+// it. Every step (poisoned first) against the float64 reference at each sequence's own position.
+TEST(PagedKVCacheGpu, AServingLoopReplaysOneCapturedDecodeStep) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const int64_t B = 3, Hq = 8, Hkv = 2, D = 128, ps = 64, maxLen = 4096, T = 700;
+  const DType dt = DType::BF16;
+  runtime::Stream stream;
+  PagedKVCache cache(dt, Hkv, D, /*numPages*/ maxLen / ps * 3, ps, /*maxBatch*/ B, /*maxPages*/ maxLen / ps, kDevice);
+  cache.setStream(&stream);
+  LogicalHistory hist(B, Hkv, D);
+  const std::vector<int64_t> order{1, 2, 0}, prompt{333, 700, 650};
+  NewTokens p = randomTokens(rng, dt, B, Hkv, T, D, kDevice);
+  cache.write(order, p.k, p.v, prompt);
+  for (int64_t i = 0; i < B; ++i) hist.append(order[size_t(i)], p.kHost, p.vHost, i, T, prompt[size_t(i)]);
+  const BlockMask causal = causalBlockMask(1, 1, maxLen, maxLen, {128, 128}, {kDevice, &stream});
+  Tensor q = Tensor::empty(dt, {B, Hq, 1, D}, kDevice);
+  Tensor positions = Tensor::empty(DType::I32, {B}, kDevice);
+  Tensor out = Tensor::empty(dt, q.shape(), kDevice), lse = Tensor::empty(DType::F32, {B, Hq, 1}, kDevice);
+  const FlexAttentionOptions o{.query_offsets = positions, .stream = &stream};
+  PagedKV kv;
+  auto step = [&] { flex_attention_into(q, kv, noop_score(), causal, out, &lse, o); };
+  runtime::Graph graph;
+  for (int s = 0; s < 8; ++s) {
+    SCOPED_TRACE("decode step " + std::to_string(s) + (s == 0 ? " (eager, then captured)" : " (replayed)"));
+    if (s == 4) {  // sequence 1 is done; a new request shares sequence 0's first 4 pages
+      cache.erase(1);
+      cache.sharePrefix(1, 0, 4);
+      hist.k[1].assign(hist.k[0].begin(), hist.k[0].begin() + 4 * ps * Hkv * D);
+      hist.v[1].assign(hist.v[0].begin(), hist.v[0].begin() + 4 * ps * Hkv * D);
+    }
+    NewTokens n = randomTokens(rng, dt, B, Hkv, 1, D, kDevice);
+    cache.append(n.k, n.v);
+    for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+    const PagedKV now = cache.view({.batches = B, .length = maxLen});  // uploads the table and lengths
+    if (s == 0) kv = now;
+    ASSERT_EQ(now.pageTable.deviceAddress(), kv.pageTable.deviceAddress()) << "the captured table moved";
+    const std::vector<int64_t> lengths = hist.lengths(B);
+    std::vector<int32_t> newest;
+    for (int64_t len : lengths) newest.push_back(int32_t(len - 1));
+    stream.synchronize();
+    positions.copyFromHost(newest);
+    fillRandom(rng, q, -1, 1);
+    poison(out);
+    poison(lse);
+    if (s == 0) {
+      step();
+      graph = runtime::Graph::capture(stream, step);
+    } else {
+      graph.launch(stream);
+    }
+    stream.synchronize();
+    const int64_t S = *std::max_element(lengths.begin(), lengths.end());
+    auto [k, v] = hist.tensors(B, S, dt);
+    if (!compareWithReference(out, lse, referenceAtPositions(q, k, v, refCausal(), newest), D, dt)) return;
   }
 }
