@@ -104,6 +104,25 @@ TEST(PagedKVGpu, SharedPrefixPages) {
   checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr);
 }
 
+// Sequence `done` finishes and a new request takes its slot, sharing the first `pages` pages of
+// sequence `from` (in the cache and in the test's history).
+static void replaceWithSharedPrefix(PagedKVCache& cache, LogicalHistory& hist, int64_t done, int64_t from, int64_t pages,
+                                    int64_t pageSize, int64_t Hkv, int64_t D) {
+  cache.erase(done);
+  cache.sharePrefix(done, from, pages);
+  const int64_t values = pages * pageSize * Hkv * D;
+  hist.k[size_t(done)].assign(hist.k[size_t(from)].begin(), hist.k[size_t(from)].begin() + values);
+  hist.v[size_t(done)].assign(hist.v[size_t(from)].begin(), hist.v[size_t(from)].begin() + values);
+}
+
+// A decode step's new token for each of the first B sequences, in the cache and the history.
+static void appendOneToken(std::mt19937_64& rng, PagedKVCache& cache, LogicalHistory& hist, int64_t B, int64_t Hkv, int64_t D,
+                           DType dt) {
+  NewTokens n = randomTokens(rng, dt, B, Hkv, 1, D, kDevice);
+  cache.append(n.k, n.v);
+  for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+}
+
 // A serving loop on the device: ragged prefill through the write kernel, then decode steps of one
 // token per sequence, checked every step; sequence 1 finishes (erased) halfway and a new request
 // takes its slot sharing sequence 0's prefix pages.
@@ -123,15 +142,8 @@ TEST(PagedKVCacheGpu, ServingLoopMatchesReference) {
     for (int64_t i = 0; i < B; ++i) hist.append(order[size_t(i)], p.kHost, p.vHost, i, T, prompt[size_t(i)]);
     for (int step = 0; step < 12; ++step) {
       SCOPED_TRACE("decode step " + std::to_string(step));
-      if (step == 6) {  // sequence 1 is done; a new request shares sequence 0's first 4 pages
-        cache.erase(1);
-        cache.sharePrefix(1, 0, 4);
-        hist.k[1].assign(hist.k[0].begin(), hist.k[0].begin() + 4 * ps * Hkv * D);
-        hist.v[1].assign(hist.v[0].begin(), hist.v[0].begin() + 4 * ps * Hkv * D);
-      }
-      NewTokens n = randomTokens(rng, dt, B, Hkv, 1, D, kDevice);
-      cache.append(n.k, n.v);
-      for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+      if (step == 6) replaceWithSharedPrefix(cache, hist, 1, 0, 4, ps, Hkv, D);
+      appendOneToken(rng, cache, hist, B, Hkv, D, dt);
       const std::vector<int64_t> lengths = hist.lengths(B);
       const int64_t S = *std::max_element(lengths.begin(), lengths.end());
       const Tensor q = randomTensor(rng, dt, {B, Hq, 1, D}, kDevice);
@@ -177,15 +189,8 @@ TEST(PagedKVCacheGpu, AServingLoopReplaysOneCapturedDecodeStep) {
   runtime::Graph graph;
   for (int s = 0; s < 8; ++s) {
     SCOPED_TRACE("decode step " + std::to_string(s) + (s == 0 ? " (eager, then captured)" : " (replayed)"));
-    if (s == 4) {  // sequence 1 is done; a new request shares sequence 0's first 4 pages
-      cache.erase(1);
-      cache.sharePrefix(1, 0, 4);
-      hist.k[1].assign(hist.k[0].begin(), hist.k[0].begin() + 4 * ps * Hkv * D);
-      hist.v[1].assign(hist.v[0].begin(), hist.v[0].begin() + 4 * ps * Hkv * D);
-    }
-    NewTokens n = randomTokens(rng, dt, B, Hkv, 1, D, kDevice);
-    cache.append(n.k, n.v);
-    for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+    if (s == 4) replaceWithSharedPrefix(cache, hist, 1, 0, 4, ps, Hkv, D);
+    appendOneToken(rng, cache, hist, B, Hkv, D, dt);
     const PagedKV now = cache.view({.batches = B, .length = maxLen});  // uploads the table and lengths
     if (s == 0) kv = now;
     ASSERT_EQ(now.pageTable.deviceAddress(), kv.pageTable.deviceAddress()) << "the captured table moved";
