@@ -18,7 +18,8 @@
 // cuLaunchKernelEx logs "launchex" lines (below), with the geometry and attributes it read.
 // Stream capture and graph launch are emulated (below): work queued on the stream being captured
 // is logged with " (captured)", and a call a graph cannot hold (a synchronous copy or wait, an
-// upload from host memory on the captured stream) is refused and breaks the capture.
+// upload from host memory on the captured stream, an allocation or free) is refused and breaks the
+// capture.
 // Built with FLEXTILE_FAKE_CUDA_OLD_DRIVER it is a CUDA 11.8 driver instead: no
 // cuTensorMapEncodeTiled and no cuLaunchKernelEx at all (tests/runtime/TensorMapOldDriverTest.cpp).
 #include <cstdint>
@@ -161,6 +162,9 @@ int cuMemGetInfo_v2(size_t* freeBytes, size_t* totalBytes) {
   return 0;
 }
 int cuMemAlloc_v2(uint64_t* pointer, size_t bytes) {
+  // An allocation or free would make the graph hold memory whose life it does not control (and a
+  // free synchronizes): refused inside a capture, as the driver's unsafe calls are.
+  if (refusedInCapture("cuMemAlloc_v2")) return kCaptureUnsupported;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!p) return 2;
   *pointer = reinterpret_cast<uintptr_t>(p);
@@ -168,6 +172,7 @@ int cuMemAlloc_v2(uint64_t* pointer, size_t bytes) {
   return 0;
 }
 int cuMemFree_v2(uint64_t pointer) {
+  if (refusedInCapture("cuMemFree_v2")) return kCaptureUnsupported;
   record("free " + streamText(addressOf(pointer)));
   std::free(addressOf(pointer));
   return 0;

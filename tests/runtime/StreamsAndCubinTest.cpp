@@ -492,6 +492,47 @@ TEST(Graphs, ScratchAGraphHoldsIsNotFreedWhenALaterCallOutgrowsIt) {
   graph.launch(s);
 }
 
+// A training step — forward with its lse, then the backward — into caller-owned outputs and
+// gradients, captured after one eager step: the capture holds launches (and the backward's
+// stream-ordered zeroing of its dQ accumulator) only. The allocating forms (flex_attention,
+// flex_attention_backward returning their tensors) cannot be captured: a graph cannot own what a
+// call allocates, and the driver refuses allocations and frees inside a capture.
+TEST(Graphs, ATrainingStepIntoCallerOwnedTensorsCapturesAfterOneEagerStep) {
+  runtime::Stream s;
+  Inputs in(1, 4, 2, 200, 300, 64);
+  BlockMask mask = causalBlockMask(1, 1, 200, 300, {64, 64}, {MemorySpace::Device, &s});
+  Tensor dout = Tensor::zeros(DType::BF16, in.q.shape(), MemorySpace::Device);
+  Tensor out = Tensor::empty(DType::BF16, in.q.shape(), MemorySpace::Device);
+  Tensor lse = Tensor::empty(DType::F32, {1, 4, 200}, MemorySpace::Device);
+  FlexAttentionGrads grads{.dq = Tensor::empty(DType::BF16, in.q.shape(), MemorySpace::Device),
+                           .dk = Tensor::empty(DType::BF16, in.k.shape(), MemorySpace::Device),
+                           .dv = Tensor::empty(DType::BF16, in.v.shape(), MemorySpace::Device)};
+  auto trainingStep = [&] {
+    flex_attention_into(in.q, in.k, in.v, noop_score(), mask, out, &lse, {.stream = &s});
+    flex_attention_backward_into(in.q, in.k, in.v, out, lse, dout, noop_score(), mask, grads, {.stream = &s});
+  };
+  trainingStep();
+  take();
+  runtime::Graph graph = runtime::Graph::capture(s, trainingStep);
+  const std::vector<std::string> lines = take();
+  EXPECT_TRUE(matching(lines, "refused").empty()) << joined(lines);
+  EXPECT_EQ(matching(lines, "end capture stream " + handleText(s) + " nodes").size(), 1u) << joined(lines);
+  graph.launch(s);
+
+  // The allocating forms: refused, with the advice.
+  auto allocating = [&] {
+    auto fwd = flex_attention(in.q, in.k, in.v, noop_score(), mask, {.return_lse = true, .stream = &s});
+    flex_attention_backward(in.q, in.k, in.v, fwd.out, fwd.lse, dout, noop_score(), mask, {.stream = &s});
+  };
+  std::string message;
+  try {
+    runtime::Graph::capture(s, allocating);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("while capturing a graph"), std::string::npos) << message;
+}
+
 TEST(Graphs, TheLegacyStreamCannotBeCapturedAndAnEmptyGraphCannotLaunch) {
   runtime::Stream legacy = runtime::Stream::borrow(nullptr);
   std::string message;
