@@ -4,11 +4,11 @@
 #include "runtime/DriverError.h"
 
 #include <dlfcn.h>
-#include <type_traits>
 
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 namespace flextile::runtime {
 
@@ -119,11 +119,11 @@ LoadOutcome load(const std::string& path) {
     return outcome;
   }
   // Optional entry points: their users say what is missing (runtime/TensorMap.cpp).
-  api->tensorMapEncodeTiled = reinterpret_cast<decltype(api->tensorMapEncodeTiled)>(dlsym(library, "cuTensorMapEncodeTiled"));
-  api->launchKernelEx = reinterpret_cast<decltype(api->launchKernelEx)>(dlsym(library, "cuLaunchKernelEx"));
   auto optional = [&](auto& entry, const char* name) {
     entry = reinterpret_cast<std::remove_reference_t<decltype(entry)>>(dlsym(library, name));
   };
+  optional(api->tensorMapEncodeTiled, "cuTensorMapEncodeTiled");
+  optional(api->launchKernelEx, "cuLaunchKernelEx");
   optional(api->streamBeginCapture, "cuStreamBeginCapture_v2");
   optional(api->streamEndCapture, "cuStreamEndCapture");
   optional(api->graphInstantiate, "cuGraphInstantiateWithFlags");

@@ -108,11 +108,18 @@ Graph& Graph::operator=(Graph&& other) noexcept {
 void Graph::destroy() {
   if (!graph_ && !exec_) return;
   const cu::Api& api = cu::api();
+  const char* failed = "cuCtxSetCurrent";
   cu::Result result = api.ctxSetCurrent(static_cast<cu::Context>(device_->context()));
-  if (result == cu::kSuccess && exec_) result = api.graphExecDestroy(static_cast<cu::GraphExec>(exec_));
-  if (result == cu::kSuccess && graph_) result = api.graphDestroy(static_cast<cu::Graph>(graph_));
+  if (result == cu::kSuccess && exec_) {
+    failed = "cuGraphExecDestroy";
+    result = api.graphExecDestroy(static_cast<cu::GraphExec>(exec_));
+  }
+  if (result == cu::kSuccess && graph_) {
+    failed = "cuGraphDestroy";
+    result = api.graphDestroy(static_cast<cu::Graph>(graph_));
+  }
   if (result != cu::kSuccess && result != cu::kErrorDeinitialized)
-    std::fprintf(stderr, "flextile: %s\n", DriverError::format("cuGraphExecDestroy", result, "").c_str());
+    std::fprintf(stderr, "flextile: %s\n", DriverError::format(failed, result, "").c_str());
   graph_ = exec_ = nullptr;
 }
 

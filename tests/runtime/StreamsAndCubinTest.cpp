@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -55,6 +56,16 @@ std::string joined(const std::vector<std::string>& lines) {
   std::string out;
   for (const std::string& l : lines) out += l + "\n";
   return out;
+}
+
+// The message of what `fn` throws ("" if nothing).
+std::string messageOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Every launch and copy in `lines` went to `stream`, and there were at least `minLaunches` launches
@@ -449,12 +460,7 @@ TEST(Graphs, ACaptureThatWouldUploadSaysToRunTheCallsOnceFirst) {
   const FlexAttentionOptions o{.query_offset = 999, .stream = &s};
   auto step = [&] { flex_attention_into(decode.q, decode.k, decode.v, noop_score(), mask, out, nullptr, o); };
   take();
-  std::string message;
-  try {
-    runtime::Graph::capture(s, step);
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
+  const std::string message = messageOf([&] { runtime::Graph::capture(s, step); });
   EXPECT_NE(message.find("while capturing a graph"), std::string::npos) << message;
   EXPECT_NE(message.find("run the same calls once before capturing them"), std::string::npos) << message;
   const std::vector<std::string> lines = take();
@@ -524,33 +530,18 @@ TEST(Graphs, ATrainingStepIntoCallerOwnedTensorsCapturesAfterOneEagerStep) {
     auto fwd = flex_attention(in.q, in.k, in.v, noop_score(), mask, {.return_lse = true, .stream = &s});
     flex_attention_backward(in.q, in.k, in.v, fwd.out, fwd.lse, dout, noop_score(), mask, {.stream = &s});
   };
-  std::string message;
-  try {
-    runtime::Graph::capture(s, allocating);
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
+  const std::string message = messageOf([&] { runtime::Graph::capture(s, allocating); });
   EXPECT_NE(message.find("while capturing a graph"), std::string::npos) << message;
 }
 
 TEST(Graphs, TheLegacyStreamCannotBeCapturedAndAnEmptyGraphCannotLaunch) {
   runtime::Stream legacy = runtime::Stream::borrow(nullptr);
-  std::string message;
-  try {
-    runtime::Graph::capture(legacy, [] {});
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  EXPECT_NE(message.find("legacy default stream cannot be captured"), std::string::npos) << message;
+  const std::string legacyMessage = messageOf([&] { runtime::Graph::capture(legacy, [] {}); });
+  EXPECT_NE(legacyMessage.find("legacy default stream cannot be captured"), std::string::npos) << legacyMessage;
   runtime::Graph empty;
   runtime::Stream s;
-  message.clear();
-  try {
-    empty.launch(s);
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  EXPECT_NE(message.find("an empty graph"), std::string::npos) << message;
+  const std::string emptyMessage = messageOf([&] { empty.launch(s); });
+  EXPECT_NE(emptyMessage.find("an empty graph"), std::string::npos) << emptyMessage;
 }
 
 // What `record` throws reaches the caller unchanged, and the stream is not left capturing.
