@@ -3,6 +3,7 @@
 #include "codegen/Compiler.h"
 #include "codegen/TensorMaps.h"
 #include "ir/Parser.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile::codegen {
 namespace {
@@ -32,14 +33,7 @@ func @copies(%x: ptr<bf16>, %rows: i32, %stride: i32, %y: ptr<bf16>, %b: i32, %h
 }
 )";
 
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string errorOf(const std::function<void()>& fn) { return flextile::testing::thrownMessage(fn); }
 
 TEST(TensorMaps, CopiesOfOneTensorShareAMapAndTheTextRoundTrips) {
   auto f = ir::parseFunction(kCopies, "copies.ftir");

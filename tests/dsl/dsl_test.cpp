@@ -14,6 +14,7 @@
 #include "tests/dsl/AtomicKernels.h"
 #include "ir/Hash.h"
 #include "ir/Printer.h"
+#include "tests/ThrownMessage.h"
 
 using namespace flextile;
 using namespace flextile::dsl;
@@ -37,14 +38,7 @@ int countOps(const ir::Function& f, ir::OpKind k) {
 
 // The message of the flextile::Error `fn` throws ("" when none).
 template <class F>
-std::string errorOf(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string errorOf(F fn) { return flextile::testing::thrownMessage<Error>(fn); }
 
 TEST(Dsl, BroadcastingFollowsNumpyRules) {
   auto f = traceBody([](ir::Function&) {

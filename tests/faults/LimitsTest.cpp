@@ -11,6 +11,7 @@
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile {
 namespace {
@@ -19,14 +20,7 @@ using namespace flextile::attention;
 using dsl::DType;
 using dsl::Tensor;
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string errorOf(const std::function<void()>& f) { return testing::thrownMessage(f); }
 
 constexpr uint64_t kNowhere = 0x7f0000000000;  // never dereferenced: the checks come first
 

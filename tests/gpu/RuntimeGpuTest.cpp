@@ -8,6 +8,7 @@
 #include "runtime/Event.h"
 #include "runtime/Module.h"
 #include "runtime/Stream.h"
+#include "tests/ThrownMessage.h"
 
 #include <algorithm>
 #include <cmath>
@@ -135,15 +136,7 @@ WAIT:
 }
 )";
 
-std::string errorOf(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const DriverError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a DriverError";
-  return "";
-}
+std::string errorOf(const std::function<void()>& call) { return flextile::testing::requiredMessage<DriverError>(call); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

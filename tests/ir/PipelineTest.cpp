@@ -13,6 +13,7 @@
 #include "ir/Passes.h"
 #include "ir/Printer.h"
 #include "ir/Verifier.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile::ir {
 namespace {
@@ -22,14 +23,7 @@ struct DumpGuard {
   ~DumpGuard() { setDumpConfig("", ""); }
 };
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string errorOf(const std::function<void()>& f) { return flextile::testing::thrownMessage<Error>(f, "(no error)"); }
 
 TEST(PassPipeline, RunsPassesInOrderAndTimesThem) {
   auto f = testing::everyOpProgram();

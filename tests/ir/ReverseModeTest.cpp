@@ -21,6 +21,7 @@
 #include "ir/Printer.h"
 #include "ir/Verifier.h"
 #include "ir/passes/ReverseMode.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile::ir {
 namespace {
@@ -698,14 +699,7 @@ TEST(ReverseMode, EmittedOpsCarryTheLocationOfTheOpTheyDifferentiate) {
   EXPECT_EQ(locs, (std::vector<std::string>{"mod.cpp:8", "mod.cpp:8", "mod.cpp:7", "mod.cpp:7", "mod.cpp:7", "mod.cpp:7"}));
 }
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+std::string errorOf(const std::function<void()>& f) { return flextile::testing::thrownMessage<Error>(f, "no error"); }
 
 TEST(ReverseMode, ARunTimeLoopInTheSliceIsAnErrorNamingIt) {
   Function f("loop");

@@ -5,6 +5,7 @@
 #include "runtime/Event.h"
 #include "runtime/Kernel.h"
 #include "runtime/Module.h"
+#include "tests/ThrownMessage.h"
 
 #include <gtest/gtest.h>
 
@@ -23,15 +24,7 @@ unsigned freshSeed() {
 
 // The message of the DriverError that `call` throws ("" and a test failure when none).
 template <class Call>
-std::string errorOf(Call&& call) {
-  try {
-    call();
-  } catch (const DriverError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a DriverError";
-  return "";
-}
+std::string errorOf(Call&& call) { return testing::requiredMessage<DriverError>(call); }
 
 TEST(CopyRange, AcceptsExactlyTheRangesInsideTheBuffer) {
   unsigned seed = freshSeed();

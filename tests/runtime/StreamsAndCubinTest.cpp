@@ -25,6 +25,7 @@
 #include "runtime/Graph.h"
 #include "runtime/Stream.h"
 #include "tests/runtime/RecordingDriverLog.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile {
 namespace {
@@ -59,14 +60,7 @@ std::string joined(const std::vector<std::string>& lines) {
 }
 
 // The message of what `fn` throws ("" if nothing).
-std::string messageOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string messageOf(const std::function<void()>& fn) { return testing::thrownMessage(fn); }
 
 // Every launch and copy in `lines` went to `stream`, and there were at least `minLaunches` launches
 // (launches with attributes, "launchex NAME stream S grid ...", count too).

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include "runtime/TensorMap.h"
 #include "tests/runtime/RecordingDriverLog.h"
+#include "tests/ThrownMessage.h"
 
 namespace flextile::runtime {
 namespace {
@@ -32,12 +33,7 @@ const flextile::testing::RecordingDriverLog kDriver("tensor-map");
 std::vector<std::string> takeEncodes() { return kDriver.take("tensormap"); }
 
 std::string errorOf(const TensorMapDesc& desc) {
-  try {
-    TensorMap map(desc);
-  } catch (const DriverError& e) {
-    return e.what();
-  }
-  return "(encoded)";
+  return testing::thrownMessage<DriverError>([&] { TensorMap map(desc); }, "(encoded)");
 }
 
 bool contains(const std::string& s, const std::string& piece) { return s.find(piece) != std::string::npos; }
