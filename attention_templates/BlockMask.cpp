@@ -685,6 +685,14 @@ int64_t BlockMask::maxLiveBlocksPerRow() const {
   return most;
 }
 
+int64_t BlockMask::uniformFullRowLength() const {
+  if (!hostLists_ || lists_->fullKv.num.empty()) return -1;
+  const int32_t first = lists_->fullKv.num.front();
+  for (size_t r = 0; r < lists_->fullKv.num.size(); ++r)
+    if (lists_->partialKv.num[r] != 0 || lists_->fullKv.num[r] != first) return -1;
+  return first;
+}
+
 bool BlockMask::mayHaveFullBlocks() const { return hostLists_ ? numFullBlocks() > 0 : bounds_.mayHaveFull; }
 bool BlockMask::mayHavePartialBlocks() const { return hostLists_ ? numPartialBlocks() > 0 : bounds_.mayHavePartial; }
 

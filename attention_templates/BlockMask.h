@@ -147,6 +147,10 @@ class BlockMask {
   int64_t maxLiveBlocksPerRow() const;
   bool mayHaveFullBlocks() const;
   bool mayHavePartialBlocks() const;
+  // The number of blocks every row lists when the host lists show no partial block and the same
+  // count of full blocks in every row (an all-full mask, or block-sparse rows of equal length):
+  // then every query tile walks alike. -1 otherwise, and without host lists.
+  int64_t uniformFullRowLength() const;
 
   int64_t batch() const { return B_; }
   int64_t heads() const { return H_; }

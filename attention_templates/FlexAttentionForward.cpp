@@ -819,8 +819,12 @@ int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p
 // The steps of one tile's walk when every tile walks the same (the dense mask built for a call
 // without one: every block full), else 0.
 int64_t uniformTileSteps(const Prepared& p) {
-  if (!p.ownedMask || p.paged || p.constants.hasPartial) return 0;
-  return p.mask->numKvBlocks() * (p.mask->kvBlockSize() / p.config.block_n);
+  if (p.paged || p.constants.hasPartial) return 0;
+  // Without a mask every row lists every block; a user's mask qualifies when its host lists show
+  // rows of full blocks only, all of one length (an explicit all-full mask then runs, and rounds,
+  // exactly as no mask does).
+  const int64_t blocks = p.ownedMask ? p.mask->numKvBlocks() : p.mask->uniformFullRowLength();
+  return blocks > 0 ? blocks * (p.mask->kvBlockSize() / p.config.block_n) : 0;
 }
 
 // Whether a persistent forward cuts its last round's steps evenly over its programs (the traced

@@ -271,6 +271,44 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
   checkFlexAttention(rng, c, kHost, inst.score, std::nullopt, inst.refScore, nullptr, options);
 }
 
+// A user's mask whose rows are full blocks of one length walks alike too, so the persistent forward
+// splits its last round as it does without a mask (by the default rule, no switch): an explicit
+// all-full mask gives the no-mask output bit for bit — examples/attention/full.cpp says so, and
+// failed on an H100 (2026-12-06) while only the call without a mask split — and block-sparse rows
+// of four full blocks each match float64. A causal mask (partial blocks) keeps whole tiles. Three
+// programs: 32 tiles of 128 rows are ten whole rounds and two tiles cut.
+TEST(TilePassesInterpreted, MasksOfEqualFullRowsSplitTheLastRoundAsNoMaskDoes) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  const int64_t B = 1, Hq = 4, Hkv = 2, N = 1000, D = 64;
+  const FlexAttentionOptions options{.config = FlexAttentionConfig{128, 64, 8, 2}};
+  Tensor q = randomTensor(rng, DType::BF16, {B, Hq, N, D}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {B, Hkv, N, D}, kHost);
+  Tensor v = randomTensor(rng, DType::BF16, {B, Hkv, N, D}, kHost);
+  const BlockMask everything = createBlockMask(noop_mask(), 1, 1, N, N, {128, 128}, kHost);
+  ASSERT_EQ(everything.uniformFullRowLength(), 8);
+  ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, options).lastRoundSplit);
+  ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), everything, options).lastRoundSplit);
+  const Tensor unmasked = flex_attention(q, k, v, noop_score(), std::nullopt, options).out;
+  const Tensor explicitFull = flex_attention(q, k, v, noop_score(), everything, options).out;
+  EXPECT_EQ(toDoubles(explicitFull), toDoubles(unmasked));
+
+  auto alternate = [](int64_t, int64_t, int64_t qi, int64_t kv) { return (qi / 128 + kv / 128) % 2 == 0; };
+  const MaskMod alternateBlocks("alternate_blocks", [](const Tile&, const Tile&, const Tile& qi, const Tile& kv) {
+    return (qi / 128 + kv / 128) % 2 == 0;
+  });
+  const BlockMask sparse = createBlockMask(alternateBlocks, 1, 1, N, N, {128, 128}, kHost);
+  ASSERT_EQ(sparse.uniformFullRowLength(), 4);
+  ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), sparse, options).lastRoundSplit);
+  AttentionCase c{.B = B, .Hq = Hq, .Hkv = Hkv, .L = N, .S = N, .D = D, .dtype = DType::BF16,
+                  .context = "split last round, block-sparse rows of equal length"};
+  EXPECT_TRUE(checkFlexAttention(rng, c, kHost, noop_score(), sparse, nullptr, alternate, options));
+
+  const BlockMask causal = causalBlockMask(1, 1, N, N, {128, 128}, kHost);
+  EXPECT_EQ(causal.uniformFullRowLength(), -1);
+  EXPECT_FALSE(plan_flex_attention(q, k, v, noop_score(), causal, options).lastRoundSplit);
+}
+
 // The split last round's merge kernel writes the tiles it folds through the output's strides, as
 // the forward writes the others: q and out as [B, L, H, D] buffers viewed as [B, H, L, D], out's
 // rows padded past D with a sentinel that must stay, lse too; the merge launched as a programmatic
