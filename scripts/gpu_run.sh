@@ -21,7 +21,8 @@
 #   FLEXTILE_GPU_TEST_JOBS=N          attention processes at once (default 4 × the shards: 12, of the
 #                                     machine's 16 cores)
 #   FLEXTILE_GPU_TEST_FILTER, FLEXTILE_ATTN_TEST_FILTER, FLEXTILE_AUTOTUNE_TEST_FILTER: gtest filters
-#   FLEXTILE_GPU_TEST_TIMEOUT         seconds per test process (default 300)
+#   FLEXTILE_GPU_TEST_TIMEOUT         seconds per test process (default 300); one that runs past it
+#                                     is killed after its log gets what it was doing (run_limited)
 #
 # compute-sanitizer pass (docs/reliability.md, "GPU"): FLEXTILE_SANITIZER=memcheck|racecheck|
 # synccheck|all (or a list, "memcheck racecheck") runs the GPU test binaries under each tool with
@@ -115,6 +116,41 @@ done
 PARTS=$(mktemp -d)
 trap 'rm -rf "$PARTS"' EXIT
 
+# run_limited SECONDS LOG COMMAND: runs COMMAND (bash -c) with its output to LOG. Past SECONDS it
+# appends to LOG what the process was doing — each thread's state and kernel wait channel, gdb's
+# backtraces where gdb is installed, the GPU's utilization by process — then kills it (TERM, then
+# KILL 15 s later) and returns 124, as timeout does. A test stuck in a kernel that never ends and
+# one stuck on the host (a compile, a reference) then read differently in the log.
+run_limited() {
+  local limit=$1 log=$2 command=$3 waited=0 p t
+  bash -c "$command" > "$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid"
+    return
+  fi
+  {
+    echo "== timed out after $limit s; what it was doing:"
+    for p in $pid $(pgrep -P "$pid" 2>/dev/null); do
+      ps -o pid,stat,etime,time,pcpu,args -p "$p" --no-headers
+      for t in /proc/"$p"/task/*; do
+        echo "  thread ${t##*/}: state $(awk '{print $3}' "$t/stat" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null), cpu ticks $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null)"
+      done
+      if command -v gdb > /dev/null; then
+        timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 16" 2>/dev/null | grep -E "^Thread|^#" | head -120
+      fi
+    done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    timeout 20 nvidia-smi pmon -c 1 -s u 2>/dev/null
+  } >> "$log" 2>&1
+  pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
+  for ((waited = 0; waited < 15; waited++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  pkill -KILL -P "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 124
+}
+
 # run_parts JOBS ENTRY...: runs each "name|timeout|command" with at most JOBS at once, the output
 # of each to $PARTS/<name>.log and its exit status to $PARTS/<name>.rc, its seconds to .secs.
 run_parts() {
@@ -125,7 +161,7 @@ run_parts() {
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     (
       begin=$(now)
-      timeout --kill-after=15 "$limit" bash -c "$command" > "$PARTS/$name.log" 2>&1
+      run_limited "$limit" "$PARTS/$name.log" "$command"
       echo $? > "$PARTS/$name.rc"
       seconds_since "$begin" > "$PARTS/$name.secs"
     ) &
