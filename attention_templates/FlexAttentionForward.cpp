@@ -816,13 +816,11 @@ struct Prepared {
 
 int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
 
-// The steps of one tile's walk when every tile walks the same (the dense mask built for a call
-// without one: every block full), else 0.
+// The steps of one tile's walk when every tile walks the same, else 0: the dense mask built for a
+// call without one (every block full), or a user's mask whose host lists hold rows of full blocks
+// only, all of one length (an explicit all-full mask then runs, and rounds, exactly as no mask).
 int64_t uniformTileSteps(const Prepared& p) {
   if (p.paged || p.constants.hasPartial) return 0;
-  // Without a mask every row lists every block; a user's mask qualifies when its host lists show
-  // rows of full blocks only, all of one length (an explicit all-full mask then runs, and rounds,
-  // exactly as no mask does).
   const int64_t blocks = p.ownedMask ? p.mask->numKvBlocks() : p.mask->uniformFullRowLength();
   return blocks > 0 ? blocks * (p.mask->kvBlockSize() / p.config.block_n) : 0;
 }
