@@ -33,9 +33,18 @@ tests() {
   # which other processes' allocations move.
   FLEXTILE_CACHE_DIR=/tmp/ftcache-core timeout 150 ./bundle/bin/flextile_gpu_tests > "$OUT/core.log" 2>&1
   echo "flextile_gpu_tests rc=$?"
+  # Three processes, the tests dealt longest first (scripts/gpu_test_shards.py, as gpu_run.sh does).
+  local filters=()
+  mapfile -t filters < <(python3 scripts/gpu_test_shards.py deal ./bundle/bin/attention_gpu_tests "$serving" 3 \
+                           scripts/gpu_test_seconds.txt 2>/dev/null)
   for i in 0 1 2; do
-    FLEXTILE_CACHE_DIR=/tmp/ftcache-serving$i GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i timeout 170 \
-      ./bundle/bin/attention_gpu_tests --gtest_filter="$serving" > "$OUT/serving$i.log" 2>&1 &
+    if [ "${#filters[@]}" -eq 3 ]; then
+      FLEXTILE_CACHE_DIR=/tmp/ftcache-serving$i timeout 170 \
+        ./bundle/bin/attention_gpu_tests --gtest_filter="${filters[$i]}" > "$OUT/serving$i.log" 2>&1 &
+    else
+      FLEXTILE_CACHE_DIR=/tmp/ftcache-serving$i GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i timeout 170 \
+        ./bundle/bin/attention_gpu_tests --gtest_filter="$serving" > "$OUT/serving$i.log" 2>&1 &
+    fi
   done
   wait
   FLEXTILE_CACHE_DIR=/tmp/ftcache-tune timeout 100 ./bundle/bin/autotune_gpu_tests > "$OUT/autotune.log" 2>&1

@@ -16,8 +16,11 @@
 #   FLEXTILE_GPU_TESTS_FULL=1         every config of every shape, full references (the suite took
 #                                     about 9 minutes on the H200 so, before the budget)
 #   FLEXTILE_GPU_TEST_SHARDS=N        each attention part (forward, its schedule sweeps, backward, serving) runs
-#                                     as N gtest shards (GTEST_TOTAL_SHARDS), each its own process (default 3;
-#                                     their time is host compiles and float64 references, one core each)
+#                                     as N shards, each its own process, its tests dealt longest first by
+#                                     scripts/gpu_test_seconds.txt (default 3; their time is host
+#                                     compiles and float64 references, one core each). After a suite
+#                                     whose tests changed: scripts/gpu_test_shards.py seconds
+#                                     gpu_tests.log > scripts/gpu_test_seconds.txt (keep its header)
 #   FLEXTILE_GPU_TEST_JOBS=N          attention processes at once (default 4 × the shards: 12, of the
 #                                     machine's 16 cores)
 #   FLEXTILE_GPU_TEST_FILTER, FLEXTILE_ATTN_TEST_FILTER, FLEXTILE_AUTOTUNE_TEST_FILTER: gtest filters
@@ -193,12 +196,22 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
            "attention_backward|FlexAttentionBackwardGpu.*"
            "attention_serving|$serving")
   fi
-  # Each part as gtest shards (tests dealt round-robin over the shards), one process each: a part's
-  # wall time is then about its slowest test's, not the sum of its tests'.
+  # Each part as TEST_SHARDS processes, its tests dealt longest first to the shard with the least
+  # time so far, by the seconds of an earlier run (scripts/gpu_test_shards.py, gpu_test_seconds.txt;
+  # 10 s for a test not listed): a part then lasts about its total over the shards, where gtest's
+  # round-robin shards waited on whichever held two long tests (2026-12-06: the sweeps 131 s round-robin,
+  # 105 s dealt). Without python3, gtest's own shards.
   attention=()
   for entry in "${parts[@]}"; do
+    filters=()
+    mapfile -t filters < <(python3 scripts/gpu_test_shards.py deal "$BUNDLE/bin/attention_gpu_tests" "${entry#*|}" \
+                             "$TEST_SHARDS" scripts/gpu_test_seconds.txt 2>/dev/null)
     for ((i = 0; i < TEST_SHARDS; i++)); do
-      attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|GTEST_TOTAL_SHARDS=$TEST_SHARDS GTEST_SHARD_INDEX=$i $BUNDLE/bin/attention_gpu_tests --gtest_filter='${entry#*|}'")
+      if [ "${#filters[@]}" -eq "$TEST_SHARDS" ]; then
+        attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='${filters[$i]}'")
+      else
+        attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|GTEST_TOTAL_SHARDS=$TEST_SHARDS GTEST_SHARD_INDEX=$i $BUNDLE/bin/attention_gpu_tests --gtest_filter='${entry#*|}'")
+      fi
     done
   done
   # flextile_gpu_tests and autotune_gpu_tests time kernels (events, the tuner's ranking): each
