@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/gpu_test_shards.py deals each part of the GPU suite as scripts/gpu_run.sh does: every test
+# the part's filter selects lands in exactly one shard, a shard left without a test runs nothing
+# ('-*'), and the listed seconds order the dealing (the two longest tests of a part never share a
+# shard when there are two shards or more). Runs without a GPU: it only lists the tests.
+#   check_gpu_test_shards.sh SOURCE_DIR ATTENTION_GPU_TESTS
+set -euo pipefail
+src=$1 binary=$2
+seconds="$src/scripts/gpu_test_seconds.txt"
+serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
+sweeps='FlexAttentionGpu.*EveryVariant'
+listed() { "$binary" --gtest_list_tests --gtest_filter="$1" | awk '/^Running main/ || /^$/ { next }
+  /^[^ ]/ { suite = $1; next } { print suite $1 }' | sort; }
+for filter in "$sweeps" "-FlexAttentionBackwardGpu.*:$serving:$sweeps" 'FlexAttentionBackwardGpu.*' "$serving"; do
+  for shards in 1 3 4 40; do
+    dealt=$(python3 "$src/scripts/gpu_test_shards.py" deal "$binary" "$filter" "$shards" "$seconds")
+    [ "$(printf '%s\n' "$dealt" | wc -l)" -eq "$shards" ] || { echo "FAIL: $shards shards asked, got other than $shards lines for '$filter'"; exit 1; }
+    got=$(printf '%s\n' "$dealt" | grep -v '^-\*$' | tr ':' '\n' | sort)
+    want=$(listed "$filter")
+    [ -n "$want" ] || { echo "FAIL: the filter '$filter' selects no test"; exit 1; }
+    if [ "$got" != "$want" ]; then
+      echo "FAIL: $shards shards of '$filter' do not hold each test once:"; diff <(echo "$want") <(echo "$got") || true; exit 1
+    fi
+    if [ "$shards" -ge 2 ]; then
+      top=$(grep -v '^#' "$seconds" | awk '{ print $2 }' | grep -Fx -f <(echo "$want") | head -2 | paste -sd' ')
+      if [ "$(echo "$top" | wc -w)" -eq 2 ]; then
+        read -r a b <<< "$top"
+        if printf '%s\n' "$dealt" | tr ':' ' ' | awk -v a="$a" -v b="$b" '{ x = y = 0; for (i = 1; i <= NF; ++i) { if ($i == a) x = 1; if ($i == b) y = 1 } if (x && y) f = 1 } END { exit !f }'; then
+          echo "FAIL: the two longest tests of '$filter', $a and $b, share a shard of $shards"; exit 1
+        fi
+      fi
+    fi
+  done
+done
+echo "every part dealt: each test once, the longest apart"
