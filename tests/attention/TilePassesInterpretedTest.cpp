@@ -603,6 +603,30 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
   backwardVariantsAfterPasses({"alibi", "causal"}, dkdv, dq, "with turns");
 }
 
+// The turns on the document variant at the two shapes where FlexAttentionBackwardGpu.
+// WarpgroupTurnsEveryVariant stalled under the parallel GPU suite (2026-12-05, 2026-12-06): GQA 4:1
+// with more keys than queries (key tiles no query reaches: empty walks between open and close) and
+// MQA with more queries than keys. The interpreter counts every barrier's phases, so a wait on a
+// phase that no arrival completes — a hang on the GPU — is an error here.
+TEST(TilePassesInterpreted, BackwardWithWarpgroupTurnsOnDocumentsAtTheStalledShapes) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  dkdv.turns = dq.turns = LoopSchedule::On;
+  for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 129, .S = 1000, .D = 64, .dtype = DType::F16},
+                          AttentionCase{.B = 2, .Hq = 8, .Hkv = 1, .L = 1000, .S = 333, .D = 128, .dtype = DType::BF16}}) {
+    c.context = "sm_90a backward with turns, document, " + c.describe();
+    VariantInstance inst = variant("document").make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    BackwardCheck check;
+    check.refScore = inst.refScore;
+    check.refScoreGrad = inst.refScoreGrad;
+    check.refMask = inst.refMask;
+    check.forwardConfig = kWgmmaTiles;
+    check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
+    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+  }
+}
+
 // The backward's orders switched back (FLEXTILE_BWD_EXPONENT_FIRST=0: mask, then subtract lse2;
 // FLEXTILE_BWD_MASKED_DP_EARLY=0: dPᵀ after pᵀ in the masked walk; FLEXTILE_BWD_SEED_FREE_ADJOINT=0:
 // the mod's adjoint through dS): masked, empty and off-the-block rows, a score_mod.
