@@ -400,36 +400,32 @@ void checkIndex(const char* what, int64_t v, int64_t n, const char* name) {
 }
 }  // namespace
 
+// Row `index` of a (b, h)'s `rows` rows of one list, each `rowLength` entries long, for accessor
+// `what`: the host lists and every index checked, naming what is out of range.
+std::span<const int32_t> BlockMask::listRow(const char* what, const BlockLists& lists, int64_t b, int64_t h,
+                                            int64_t index, int64_t rows, const char* indexName,
+                                            int64_t rowLength) const {
+  requireHostLists(what);
+  checkIndex(what, b, B_, "b");
+  checkIndex(what, h, H_, "h");
+  checkIndex(what, index, rows, indexName);
+  return row(lists, (b * H_ + h) * rows + index, rowLength);
+}
+
 std::span<const int32_t> BlockMask::partialKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
-  requireHostLists("partialKvBlocks");
-  checkIndex("partialKvBlocks", b, B_, "b");
-  checkIndex("partialKvBlocks", h, H_, "h");
-  checkIndex("partialKvBlocks", qBlock, nQ_, "q block");
-  return row(lists_->partialKv, (b * H_ + h) * nQ_ + qBlock, nKv_);
+  return listRow("partialKvBlocks", lists_->partialKv, b, h, qBlock, nQ_, "q block", nKv_);
 }
 
 std::span<const int32_t> BlockMask::fullKvBlocks(int64_t b, int64_t h, int64_t qBlock) const {
-  requireHostLists("fullKvBlocks");
-  checkIndex("fullKvBlocks", b, B_, "b");
-  checkIndex("fullKvBlocks", h, H_, "h");
-  checkIndex("fullKvBlocks", qBlock, nQ_, "q block");
-  return row(lists_->fullKv, (b * H_ + h) * nQ_ + qBlock, nKv_);
+  return listRow("fullKvBlocks", lists_->fullKv, b, h, qBlock, nQ_, "q block", nKv_);
 }
 
 std::span<const int32_t> BlockMask::partialQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
-  requireHostLists("partialQBlocks");
-  checkIndex("partialQBlocks", b, B_, "b");
-  checkIndex("partialQBlocks", h, H_, "h");
-  checkIndex("partialQBlocks", kvBlock, nKv_, "kv block");
-  return row(lists_->partialQ, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+  return listRow("partialQBlocks", lists_->partialQ, b, h, kvBlock, nKv_, "kv block", nQ_);
 }
 
 std::span<const int32_t> BlockMask::fullQBlocks(int64_t b, int64_t h, int64_t kvBlock) const {
-  requireHostLists("fullQBlocks");
-  checkIndex("fullQBlocks", b, B_, "b");
-  checkIndex("fullQBlocks", h, H_, "h");
-  checkIndex("fullQBlocks", kvBlock, nKv_, "kv block");
-  return row(lists_->fullQ, (b * H_ + h) * nKv_ + kvBlock, nQ_);
+  return listRow("fullQBlocks", lists_->fullQ, b, h, kvBlock, nKv_, "kv block", nQ_);
 }
 
 BlockState BlockMask::state(int64_t b, int64_t h, int64_t qBlock, int64_t kvBlock) const {

@@ -281,6 +281,8 @@ class BlockMask {
   BlockMask() = default;
   // Throws, naming `what` and toHost(), for a mask without host lists.
   void requireHostLists(const char* what) const;
+  std::span<const int32_t> listRow(const char* what, const BlockLists& lists, int64_t b, int64_t h, int64_t index,
+                                   int64_t rows, const char* indexName, int64_t rowLength) const;
   void deriveTransposes();
 
   MaskMod mask_;

@@ -576,6 +576,20 @@ TEST(TilePassesInterpreted, BackwardAtomicDqSpecialized) {
 namespace {
 // The backward of each named variant at B=1 Hq=4 Hkv=2 L=200 S=190 D=128 (lengths off the block,
 // GQA) with the given specialized dkdv and dq tiles, against float64 after the sm_90a passes.
+// The backward of variant `name` on case c with the given dkdv and dq tiles, against float64 (the
+// caller sets the passes' target).
+bool checkBackwardVariant(std::mt19937_64& rng, const char* name, const AttentionCase& c, const FlexAttentionConfig& dkdv,
+                          const FlexAttentionConfig& dq) {
+  VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+  BackwardCheck check;
+  check.refScore = inst.refScore;
+  check.refScoreGrad = inst.refScoreGrad;
+  check.refMask = inst.refMask;
+  check.forwardConfig = kWgmmaTiles;
+  check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
+  return checkBackward(rng, c, kHost, inst.score, inst.mask, check);
+}
+
 void backwardVariantsAfterPasses(std::initializer_list<const char*> names, const FlexAttentionConfig& dkdv,
                                  const FlexAttentionConfig& dq, const std::string& context) {
   SeededRandom rng;
@@ -583,14 +597,7 @@ void backwardVariantsAfterPasses(std::initializer_list<const char*> names, const
   for (const char* name : names) {
     AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 190, .D = 128, .dtype = DType::BF16,
                     .context = "sm_90a backward, " + context + ", " + name};
-    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-    BackwardCheck check;
-    check.refScore = inst.refScore;
-    check.refScoreGrad = inst.refScoreGrad;
-    check.refMask = inst.refMask;
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
-    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+    if (!checkBackwardVariant(rng, name, c, dkdv, dq)) return;
   }
 }
 }  // namespace
@@ -616,14 +623,7 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurnsOnDocumentsAtTheStalledSha
   for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 129, .S = 1000, .D = 64, .dtype = DType::F16},
                           AttentionCase{.B = 2, .Hq = 8, .Hkv = 1, .L = 1000, .S = 333, .D = 128, .dtype = DType::BF16}}) {
     c.context = "sm_90a backward with turns, document, " + c.describe();
-    VariantInstance inst = variant("document").make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-    BackwardCheck check;
-    check.refScore = inst.refScore;
-    check.refScoreGrad = inst.refScoreGrad;
-    check.refMask = inst.refMask;
-    check.forwardConfig = kWgmmaTiles;
-    check.options.config = FlexAttentionBackwardConfig{dkdv, dq};
-    if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+    if (!checkBackwardVariant(rng, "document", c, dkdv, dq)) return;
   }
 }
 
