@@ -15,12 +15,13 @@
 #   FLEXTILE_GPU_TESTS=0              skip them (say, for a sanitizer-only call)
 #   FLEXTILE_GPU_TESTS_FULL=1         every config of every shape, full references (the suite took
 #                                     about 9 minutes on the H200 so, before the budget)
-#   FLEXTILE_GPU_TEST_SHARDS=N        each attention part (forward, its schedule sweeps, backward, serving) runs
-#                                     as N shards, each its own process, its tests dealt longest first by
-#                                     scripts/gpu_test_seconds.txt (default 3; their time is host
-#                                     compiles and float64 references, one core each). After a suite
-#                                     whose tests changed: scripts/gpu_test_shards.py seconds
-#                                     gpu_tests.log > scripts/gpu_test_seconds.txt (keep its header)
+#   FLEXTILE_GPU_TEST_SHARDS=N        the attention parts (forward, its schedule sweeps, backward, serving) run
+#                                     as N processes a part in all, shared out by each part's measured
+#                                     time, its tests dealt longest first by scripts/gpu_test_seconds.txt
+#                                     (default 3; their time is host compiles and float64 references,
+#                                     one core each). After a suite whose tests changed:
+#                                     scripts/gpu_test_shards.py seconds gpu_tests.log, into
+#                                     scripts/gpu_test_seconds.txt under its header
 #   FLEXTILE_GPU_TEST_JOBS=N          attention processes at once (default 4 × the shards: 12, of the
 #                                     machine's 16 cores)
 #   FLEXTILE_GPU_TEST_FILTER, FLEXTILE_ATTN_TEST_FILTER, FLEXTILE_AUTOTUNE_TEST_FILTER: gtest filters
@@ -196,24 +197,30 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
            "attention_backward|FlexAttentionBackwardGpu.*"
            "attention_serving|$serving")
   fi
-  # Each part as TEST_SHARDS processes, its tests dealt longest first to the shard with the least
-  # time so far, by the seconds of an earlier run (scripts/gpu_test_shards.py, gpu_test_seconds.txt;
-  # 10 s for a test not listed): a part then lasts about its total over the shards, where gtest's
-  # round-robin shards waited on whichever held two long tests (2026-12-06: the sweeps 131 s round-robin,
-  # 105 s dealt). Without python3, gtest's own shards.
-  attention=()
-  for entry in "${parts[@]}"; do
-    filters=()
-    mapfile -t filters < <(python3 scripts/gpu_test_shards.py deal "$BUNDLE/bin/attention_gpu_tests" "${entry#*|}" \
-                             "$TEST_SHARDS" scripts/gpu_test_seconds.txt 2>/dev/null)
-    for ((i = 0; i < TEST_SHARDS; i++)); do
-      if [ "${#filters[@]}" -eq "$TEST_SHARDS" ]; then
-        attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='${filters[$i]}'")
-      else
+  # TEST_SHARDS processes a part in all, shared out in proportion to each part's measured time and
+  # its tests dealt longest first to the shard with the least time so far, by the seconds of an
+  # earlier run (scripts/gpu_test_shards.py, gpu_test_seconds.txt; 10 s for a test not listed): the
+  # parts then end together, where equal gtest round-robin shards waited on the forward's sweeps
+  # (2026-12-06 times, 16 processes: the slowest shard 131.5 s round-robin, 90.6 s so). Without
+  # python3, gtest's own shards, TEST_SHARDS a part.
+  declare -A part_shards=()
+  attention=() plan_args=()
+  for entry in "${parts[@]}"; do plan_args+=("${entry%%|*}=${entry#*|}"); done
+  plan=$(python3 scripts/gpu_test_shards.py plan "$BUNDLE/bin/attention_gpu_tests" $((TEST_SHARDS * ${#parts[@]})) \
+           scripts/gpu_test_seconds.txt "${plan_args[@]}" 2>/dev/null) || plan=""
+  if [ -n "$plan" ]; then
+    while IFS=$'\t' read -r name index filter; do
+      attention+=("$name.$index|$TEST_TIMEOUT|$BUNDLE/bin/attention_gpu_tests --gtest_filter='$filter'")
+      part_shards[$name]=$((index + 1))
+    done <<< "$plan"
+  else
+    for entry in "${parts[@]}"; do
+      for ((i = 0; i < TEST_SHARDS; i++)); do
         attention+=("${entry%%|*}.$i|$TEST_TIMEOUT|GTEST_TOTAL_SHARDS=$TEST_SHARDS GTEST_SHARD_INDEX=$i $BUNDLE/bin/attention_gpu_tests --gtest_filter='${entry#*|}'")
-      fi
+      done
+      part_shards[${entry%%|*}]=$TEST_SHARDS
     done
-  done
+  fi
   # flextile_gpu_tests and autotune_gpu_tests time kernels (events, the tuner's ranking): each
   # runs alone, before and after the attention parts.
   run_parts 1 "core|$TEST_TIMEOUT|$BUNDLE/bin/flextile_gpu_tests ${FLEXTILE_GPU_TEST_FILTER:+--gtest_filter='$FLEXTILE_GPU_TEST_FILTER'}"
@@ -226,7 +233,7 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   # failing shard's status.
   for part in core "${parts[@]%%|*}" autotune; do
     shards=("$part")
-    [ "$part" != core ] && [ "$part" != autotune ] && shards=($(for ((i = 0; i < TEST_SHARDS; i++)); do echo "$part.$i"; done))
+    [ "$part" != core ] && [ "$part" != autotune ] && shards=($(for ((i = 0; i < ${part_shards[$part]}; i++)); do echo "$part.$i"; done))
     part_rc=0; part_secs=0; part_logs=()
     for shard in "${shards[@]}"; do
       shard_rc=$(cat "$PARTS/$shard.rc"); shard_secs=$(cat "$PARTS/$shard.secs")

@@ -10,6 +10,10 @@ far, longest test first (LPT), by the seconds of an earlier run:
       prints SHARDS lines, each the ':'-joined names of one shard's tests (a gtest filter), from the
       tests BINARY --gtest_list_tests selects with FILTER; a shard with no test prints '-*' (a
       filter that runs nothing). A test the seconds file does not list counts as 10 s.
+  gpu_test_shards.py plan BINARY PROCESSES SECONDS_FILE NAME=FILTER...
+      the same for several parts at once, PROCESSES shards in all, each part given shards in
+      proportion to its tests' total time (at least one, at most one a test): prints a line
+      "NAME<tab>INDEX<tab>FILTER" a shard, the parts in the order given.
   gpu_test_shards.py seconds LOG...
       prints "seconds name" for every test gtest reported as OK or FAILED in the logs (the longest
       of its runs): how scripts/gpu_test_seconds.txt is made from a run's gpu_tests.log.
@@ -48,16 +52,39 @@ def read_seconds(path):
     return seconds
 
 
-def deal(binary, gtest_filter, shards, seconds_file=None):
-    seconds = read_seconds(seconds_file) if seconds_file else {}
-    tests = listed_tests(binary, gtest_filter)
+def dealt(tests, shards, seconds):
+    """The tests in `shards` lists, longest first to the least loaded (LPT); '-*' for an empty one."""
     loads = [[0.0, i, []] for i in range(shards)]
     for test in sorted(tests, key=lambda t: (-seconds.get(t, DEFAULT_SECONDS), t)):
         shard = min(loads, key=lambda s: (s[0], s[1]))
         shard[0] += seconds.get(test, DEFAULT_SECONDS)
         shard[2].append(test)
-    for _, _, names in loads:
-        print(":".join(names) if names else "-*")
+    return [":".join(names) if names else "-*" for _, _, names in loads]
+
+
+def deal(binary, gtest_filter, shards, seconds_file=None):
+    seconds = read_seconds(seconds_file) if seconds_file else {}
+    for line in dealt(listed_tests(binary, gtest_filter), shards, seconds):
+        print(line)
+
+
+def plan(binary, processes, seconds_file, parts):
+    seconds = read_seconds(seconds_file)
+    named = []
+    for part in parts:
+        name, _, gtest_filter = part.partition("=")
+        tests = listed_tests(binary, gtest_filter)
+        named.append((name, tests, sum(seconds.get(t, DEFAULT_SECONDS) for t in tests)))
+    # One shard a part, then each further process to the part whose shards carry the most time.
+    shards = {name: 1 for name, _, _ in named}
+    for _ in range(max(0, processes - len(named))):
+        open_parts = [(total / shards[name], name) for name, tests, total in named if shards[name] < len(tests)]
+        if not open_parts:
+            break
+        shards[max(open_parts)[1]] += 1
+    for name, tests, _ in named:
+        for index, line in enumerate(dealt(tests, shards[name], seconds)):
+            print(f"{name}\t{index}\t{line}")
 
 
 def seconds_from_logs(paths):
@@ -76,6 +103,8 @@ def seconds_from_logs(paths):
 def main(argv):
     if len(argv) >= 4 and argv[0] == "deal":
         deal(argv[1], argv[2], int(argv[3]), argv[4] if len(argv) > 4 else None)
+    elif len(argv) >= 5 and argv[0] == "plan":
+        plan(argv[1], int(argv[2]), argv[3], argv[4:])
     elif len(argv) >= 2 and argv[0] == "seconds":
         seconds_from_logs(argv[1:])
     else:

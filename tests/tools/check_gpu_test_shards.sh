@@ -32,4 +32,21 @@ for filter in "$sweeps" "-FlexAttentionBackwardGpu.*:$serving:$sweeps" 'FlexAtte
     fi
   done
 done
-echo "every part dealt: each test once, the longest apart"
+# The plan of all four parts at once (as gpu_run.sh asks for it): PROCESSES shards in all, at least
+# one a part, and every test of every part in exactly one shard of its own part.
+parts=("sweeps=$sweeps" "forward=-FlexAttentionBackwardGpu.*:$serving:$sweeps" "backward=FlexAttentionBackwardGpu.*" "serving=$serving")
+for processes in 4 12 16 200; do
+  plan=$(python3 "$src/scripts/gpu_test_shards.py" plan "$binary" "$processes" "$seconds" "${parts[@]}")
+  for part in "${parts[@]}"; do
+    name=${part%%=*}
+    lines=$(printf '%s\n' "$plan" | awk -F'\t' -v n="$name" '$1 == n')
+    [ -n "$lines" ] || { echo "FAIL: the plan of $processes gives $name no shard"; exit 1; }
+    got=$(printf '%s\n' "$lines" | cut -f3 | grep -v '^-\*$' | tr ':' '\n' | sort)
+    if [ "$got" != "$(listed "${part#*=}")" ]; then echo "FAIL: the plan of $processes does not hold each test of $name once"; exit 1; fi
+  done
+  total=$(printf '%s\n' "$plan" | wc -l)
+  all=$(for part in "${parts[@]}"; do listed "${part#*=}"; done | wc -l)
+  want=$(( processes < all ? processes : all ))
+  [ "$total" -eq "$want" ] || { echo "FAIL: the plan of $processes has $total shards, not $want"; exit 1; }
+done
+echo "every part dealt: each test once, the longest apart; every plan uses its processes"
