@@ -191,7 +191,7 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   else
     # The forward's schedule sweeps (every variant under each schedule switch) are a part of their
     # own: with the offline ptxas assembling the specialized kernels the forward outgrew 240 s.
-    sweeps='FlexAttentionGpu.*EveryVariant'
+    sweeps='FlexAttentionGpu.*EveryVariant:EveryVariant/FlexAttentionGpuSchedule.*'
     parts=("attention_forward_sweeps|$sweeps"
            "attention_forward|-FlexAttentionBackwardGpu.*:$serving:$sweeps"
            "attention_backward|FlexAttentionBackwardGpu.*"

@@ -125,46 +125,58 @@ TEST(FlexAttentionGpu, DeferredAccumulationEveryVariant) {
     }
 }
 
+// The schedule tests that run every variant are one test per variant
+// (EveryVariant/FlexAttentionGpuSchedule.<schedule>/<variant>), so that the GPU suite's shards
+// (scripts/gpu_run.sh) share them: as one test each they took up to 75 s.
+class FlexAttentionGpuSchedule : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionGpuSchedule, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const Variant& v : variants()) names.push_back(v.name);
+                           return names;
+                         }()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
 // K and V copied by TMA (the default on sm_90a: codegen/passes/Pipeline.cpp): every variant at
 // the default config, on one warpgroup and at three stages, lengths off the block (the boxes'
 // zero fill), a padded head dim, GQA; the compiled kernel must take its tensor maps. (Every
 // other forward test runs the same schedule; FLEXTILE_TMA=0 runs them on cp.async.)
-TEST(FlexAttentionGpu, TmaCopiesEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, TmaCopies) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const char* env = std::getenv("FLEXTILE_TMA");
   const bool tmaTarget = runtime::Device::current().capabilityMajor() >= 9 && !(env && std::strcmp(env, "0") == 0);
-  for (const Variant& var : variants())
-    for (AttentionCase c : kScheduleCases) {
-      if (!inScope(c.work())) continue;
-      c.context = "variant " + var.name + ", TMA";
-      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      for (const std::optional<FlexAttentionConfig>& config :
-           {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
-            std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
-        if (tmaTarget) {
-          Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-          Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-          FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
-          // The yardstick variants' loops take TMA; a loop that waits for the CTA (a gather's layout
-          // conversion through shared memory: the bias table) keeps the cp.async ring.
-          const bool yardstick = var.name != "bias";
-          if (yardstick) {
-            ASSERT_EQ(plan.compiled->tensorMaps.size(), 2u) << c.context << " " << plan.config.describe();
-          }
+  const Variant& var = variant(GetParam());
+  for (AttentionCase c : kScheduleCases) {
+    if (!inScope(c.work())) continue;
+    c.context = "variant " + var.name + ", TMA";
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    for (const std::optional<FlexAttentionConfig>& config :
+         {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
+          std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
+      if (tmaTarget) {
+        Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+        Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+        FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
+        // The yardstick variants' loops take TMA; a loop that waits for the CTA (a gather's layout
+        // conversion through shared memory: the bias table) keeps the cp.async ring.
+        const bool yardstick = var.name != "bias";
+        if (yardstick) {
+          ASSERT_EQ(plan.compiled->tensorMaps.size(), 2u) << c.context << " " << plan.config.describe();
         }
-        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
-          return;
       }
+      if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+        return;
     }
+  }
 }
 
 // The two warpgroups taking turns at their products (opt-in: FLEXTILE_PINGPONG=1,
 // codegen/passes/Pingpong.cpp), with and without the defer-accumulation rotation: every variant
 // on two warpgroups, lengths off the block, GQA, a padded head dim.
-TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, WarpgroupTurns) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  const Variant& var = variant(GetParam());
   ::setenv("FLEXTILE_PINGPONG", "1", 1);
   struct Unset {
     ~Unset() {
@@ -174,38 +186,37 @@ TEST(FlexAttentionGpu, WarpgroupTurnsEveryVariant) {
   } unset;
   for (const char* defer : {"0", "1"}) {
     ::setenv("FLEXTILE_DEFER_ACCUMULATION", defer, 1);
-    for (const Variant& var : variants())
-      for (AttentionCase c : kScheduleCases) {
-        if (!inScope(c.work())) continue;
-        c.context = "variant " + var.name + ", warpgroup turns, defer " + defer;
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
-          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
-            return;
-      }
+    for (AttentionCase c : kScheduleCases) {
+      if (!inScope(c.work())) continue;
+      c.context = "variant " + var.name + ", warpgroup turns, defer " + defer;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      for (const FlexAttentionConfig& config : {FlexAttentionConfig{128, 128, 8, 2}, FlexAttentionConfig{128, 64, 8, 3}})
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+          return;
+    }
   }
 }
 
 namespace {
-// Every variant of kScheduleCases, one float64 reference per (variant, shape), under each skew
-// setting (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP) at its configs (all with `skew` On).
-void checkSkewedWalks(const std::vector<std::pair<std::string, std::vector<FlexAttentionConfig>>>& modes) {
+// One variant at each of kScheduleCases, one float64 reference per shape, under each skew setting
+// (FLEXTILE_SKEW, FLEXTILE_SKEW_OVERLAP) at its configs (all with `skew` On).
+void checkSkewedWalks(const Variant& var,
+                      const std::vector<std::pair<std::string, std::vector<FlexAttentionConfig>>>& modes) {
   SeededRandom rng;
-  for (const Variant& var : variants())
-    for (AttentionCase c : kScheduleCases) {
-      if (!inScope(c.work())) continue;
-      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
-      for (const auto& [mode, configs] : modes) {
-        ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
-        ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
-        for (FlexAttentionConfig config : configs) {
-          config.skew = LoopSchedule::On;
-          const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks " + mode;
-          if (!runAndCompare(q, k, v, out, ref, context, inst.score, inst.mask, withConfig(config))) return;
-        }
+  for (AttentionCase c : kScheduleCases) {
+    if (!inScope(c.work())) continue;
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
+    for (const auto& [mode, configs] : modes) {
+      ScopedSetenv every("FLEXTILE_SKEW", mode.rfind("all", 0) == 0 ? "all" : "");
+      ScopedSetenv overlap("FLEXTILE_SKEW_OVERLAP", mode.find("overlap") != std::string::npos ? "1" : "0");
+      for (FlexAttentionConfig config : configs) {
+        config.skew = LoopSchedule::On;
+        const std::string context = "variant " + var.name + ", " + c.describe() + ", skewed walks " + mode;
+        if (!runAndCompare(q, k, v, out, ref, context, inst.score, inst.mask, withConfig(config))) return;
       }
     }
+  }
 }
 
 FlexAttentionConfig perTileConfig() {
@@ -222,25 +233,25 @@ FlexAttentionConfig perTileConfig() {
 // rule gives them), with a program per tile, on one warpgroup and at three stages; every walk
 // skewed (FLEXTILE_SKEW=all) on the default tile. Lengths off the block, GQA, a padded head dim. A
 // wrong stage or parity shows as wrong rows or a hang (the binary's timeout).
-TEST(FlexAttentionGpu, SkewedWalksEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, SkewedWalks) {
   FLEXTILE_REQUIRE_GPU();
-  checkSkewedWalks({{"", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}}, {"all", {{128, 128, 8, 2}}}});
+  checkSkewedWalks(variant(GetParam()), {{"", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}}, {"all", {{128, 128, 8, 2}}}});
 }
 
 // The same overlapped (FLEXTILE_SKEW_OVERLAP=1): Q·Kᵀ of step t, then P·V of step t − 1 with P
 // carried, and the softmax of step t while that product runs (wgmma_wait pending 1).
-TEST(FlexAttentionGpu, OverlappedSkewedWalksEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, OverlappedSkewedWalks) {
   FLEXTILE_REQUIRE_GPU();
-  checkSkewedWalks({{"overlap", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
+  checkSkewedWalks(variant(GetParam()), {{"overlap", {{128, 128, 8, 2}, perTileConfig(), {64, 64, 4, 2}, {128, 64, 8, 3}}},
                     {"all+overlap", {{128, 128, 8, 2}}}});
 }
 
 // The overlapped walks with a ring set per loop (FLEXTILE_SHARE_RINGS=0), where the peeled
 // one-step loops' barriers are invalidated with the phase their refill no longer completes.
-TEST(FlexAttentionGpu, SkewedWalksOnARingSetPerLoopEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, SkewedWalksOnARingSetPerLoop) {
   FLEXTILE_REQUIRE_GPU();
   ScopedSetenv apart("FLEXTILE_SHARE_RINGS", "0");
-  checkSkewedWalks({{"overlap", {{128, 128, 8, 2}, perTileConfig()}}});
+  checkSkewedWalks(variant(GetParam()), {{"overlap", {{128, 128, 8, 2}, perTileConfig()}}});
 }
 
 // Rings that outlive their loop (docs/architecture.md), forced on every variant whatever the
@@ -342,31 +353,31 @@ TEST(FlexAttentionGpu, PersistentForwardSplitsItsLastRound) {
 // codegen/passes/WarpSpecialize.cpp), with and without the consumers' warpgroup turns: every
 // variant on one and on two consumer warpgroups, lengths off the block, GQA, a padded head dim.
 // The yardstick variants' kernels must launch the producer warps.
-TEST(FlexAttentionGpu, WarpSpecializedEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, WarpSpecialized) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "warp specialization needs sm_90a";
   SeededRandom rng;
   ScopedSetenv specialized("FLEXTILE_WARP_SPECIALIZE", "1");
+  const Variant& var = variant(GetParam());
   for (const char* pingpong : {"0", "1"}) {
     ScopedSetenv turns("FLEXTILE_PINGPONG", pingpong);
-    for (const Variant& var : variants())
-      for (AttentionCase c : kScheduleCases) {
-        if (!inScope(c.work())) continue;
-        c.context = "variant " + var.name + ", warp-specialized, pingpong " + pingpong;
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        for (const std::optional<FlexAttentionConfig>& config :
-             {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
-              std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
-          Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
-          Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
-          FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
-          if (var.name != "bias") {
-            ASSERT_EQ(plan.compiled->producerWarps, 4) << c.context << " " << plan.config.describe();
-          }
-          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
-            return;
+    for (AttentionCase c : kScheduleCases) {
+      if (!inScope(c.work())) continue;
+      c.context = "variant " + var.name + ", warp-specialized, pingpong " + pingpong;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      for (const std::optional<FlexAttentionConfig>& config :
+           {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}},
+            std::optional{FlexAttentionConfig{128, 64, 8, 3}}}) {
+        Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+        Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+        FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
+        if (var.name != "bias") {
+          ASSERT_EQ(plan.compiled->producerWarps, 4) << c.context << " " << plan.config.describe();
         }
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+          return;
       }
+    }
   }
 }
 

@@ -8,7 +8,7 @@ set -euo pipefail
 src=$1 binary=$2
 seconds="$src/scripts/gpu_test_seconds.txt"
 serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
-sweeps='FlexAttentionGpu.*EveryVariant'
+sweeps='FlexAttentionGpu.*EveryVariant:EveryVariant/FlexAttentionGpuSchedule.*'
 listed() { "$binary" --gtest_list_tests --gtest_filter="$1" | awk '/^Running main/ || /^$/ { next }
   /^[^ ]/ { suite = $1; next } { print suite $1 }' | sort; }
 for filter in "$sweeps" "-FlexAttentionBackwardGpu.*:$serving:$sweeps" 'FlexAttentionBackwardGpu.*' "$serving"; do
