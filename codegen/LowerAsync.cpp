@@ -244,6 +244,11 @@ void Lowering::lowerWarpgroupTurn(const ir::Op& op) {
   const bool open = step == "open";
   onlyWhere(b.CreateICmpEQ(group, i32(open ? 1 : 0)), open ? "turns.open" : "turns.close",
             [&] { named(open ? "bar.arrive" : "bar.sync", i32(1)); });
+  if (open || !op.hasAttr("handshake")) return;
+  // The close's handshake: warpgroup 0, its last turn taken, arrives on barrier 2, where warpgroup 1
+  // waits — so warpgroup 1 arrives on barrier 1 again (a later open) only after warpgroup 0 synced there.
+  onlyWhere(b.CreateICmpEQ(group, i32(0)), "turns.handover", [&] { named("bar.arrive", i32(2)); });
+  onlyWhere(b.CreateICmpEQ(group, i32(1)), "turns.handback", [&] { named("bar.sync", i32(2)); });
 }
 
 void Lowering::lowerLocalLoad(const ir::Op& op) {

@@ -402,10 +402,14 @@ class Verifier {
         }
         break;
       case OpKind::TmaCopy: tmaCopy(op); break;
-      case OpKind::WarpgroupTurn:
+      case OpKind::WarpgroupTurn: {
         if (!strAttrIn(op, "step", {"open", "begin", "end", "close"})) break;
-        if (ownAttrCount(op) != 1) err(op, "takes only the attribute 'step'");
+        const bool handshake = op.hasAttr("handshake");
+        if (handshake && (op.strAttr("step") != "close" || op.intAttr("handshake") != 1))
+          err(op, "takes 'handshake = 1' on its close step only");
+        if (ownAttrCount(op) != 1 + size_t(handshake)) err(op, "takes only the attributes 'step' and (on a close) 'handshake'");
         break;
+      }
       case OpKind::AsyncCommit:
       case OpKind::Barrier:
       case OpKind::FenceAsyncShared:

@@ -14,7 +14,9 @@
 //     warpgroup_turn {step = "end"}      after the last of them: hand the turn over
 //     ...
 //   }
-//   warpgroup_turn {step = "close"}      warpgroup 0 takes the turn handed back last
+//   warpgroup_turn {step = "close"}      warpgroup 0 takes the turn handed back last (with
+//                                        handshake = 1 where a later open could follow before the
+//                                        warpgroups meet: warpgroup 1 then waits for that)
 //
 // A loop qualifies when the function has 8 warps on a wgmma target, its body (not nested regions)
 // holds at least one async dot, and nothing in the body waits for the whole CTA: no barrier op and
@@ -22,6 +24,9 @@
 // waiting for its turn would never reach such a barrier while the other waits there. Both
 // warpgroups run the same trip count (the loop is the program's), so the turns balance. Opt-in:
 // function attribute pingpong = 1, or FLEXTILE_PINGPONG=1 (=0 turns it off everywhere).
+#include <functional>
+#include <set>
+
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
 #include "codegen/Target.h"
@@ -36,6 +41,42 @@ namespace {
 
 void turn(ir::Function& f, ir::Block& block, ir::Block::OpList::iterator pos, const char* step, ir::Location loc) {
   block.insert(pos, f.createOp(OpKind::WarpgroupTurn, {}, {}, {{"step", std::string(step)}}, loc));
+}
+
+bool isTurn(const Op& op, const char* step) {
+  return op.kind() == OpKind::WarpgroupTurn && op.strAttr("step") == step;
+}
+
+// Whether both warpgroups meet at `op`: a CTA barrier, or an op whose lowering brackets it with some.
+bool meets(const Op& op) { return op.kind() == OpKind::Barrier || scratchBytes(op) > 0; }
+
+bool opensTurns(const Op& op) {
+  for (const auto& region : op.regions())
+    for (const auto& inner : region->ops())
+      if (isTurn(*inner, "open") || opensTurns(*inner)) return true;
+  return false;
+}
+
+// Whether a warpgroup that leaves `close` may reach an `open` before the two warpgroups meet:
+// along the rest of its block, then — the block a loop's body — around to the body's start (the
+// next trip) and on after the loop, and so outwards to the function's end. A nested region on the
+// way counts as an open if it holds one (its trips are unknown here) and as no meeting otherwise.
+bool mayReachAnOpenAlone(Op& close) {
+  std::set<const ir::Block*> wrapped;
+  std::function<bool(ir::Block&, ir::Block::OpList::iterator)> from = [&](ir::Block& block, auto it) {
+    for (; it != block.ops().end(); ++it) {
+      const Op& op = **it;
+      if (isTurn(op, "open") || (!op.regions().empty() && opensTurns(op))) return true;
+      if (meets(op)) return false;
+    }
+    Op* parent = block.parentOp();
+    if (!parent) return false;  // the function's end: no open follows
+    if (parent->kind() == OpKind::For && wrapped.insert(&block).second && from(block, block.ops().begin())) return true;
+    ir::Block& outer = *parent->parentBlock();
+    return from(outer, std::next(outer.find(parent)));
+  };
+  ir::Block& block = *close.parentBlock();
+  return from(block, std::next(block.find(&close)));
 }
 
 }  // namespace
@@ -96,6 +137,19 @@ void scheduleWarpgroupTurns(ir::Function& f, const Target& target) {
     close->parentBlock()->erase(close);
     open->parentBlock()->erase(open);
   }
+  // The same hazard where a close and the next open are not neighbours of one block: the turns of
+  // a loop nested in another (the backward's dkdv opens and closes them once a head of the GQA
+  // group, the heads' walks often empty) let warpgroup 1 leave the close and arrive for the next
+  // trip's open while warpgroup 0 is still on its way to the close. Such a close also hands the
+  // end of the turns to warpgroup 1 (handshake = 1: warpgroup 1 waits for warpgroup 0 to have
+  // taken its last turn), so no later arrival of warpgroup 1 can overtake it. (The backward's
+  // turns stalled so under the parallel GPU suite three times, 2026-12-05 and -06.)
+  std::vector<Op*> closes;
+  f.walk([&](Op& op) {
+    if (isTurn(op, "close")) closes.push_back(&op);
+  });
+  for (Op* close : closes)
+    if (mayReachAnOpenAlone(*close)) close->setAttr("handshake", int64_t(1));
 }
 
 ir::Pass pingpongPass(const Target& target) {

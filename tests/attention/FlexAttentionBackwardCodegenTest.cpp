@@ -281,6 +281,44 @@ TEST(FlexAttentionBackwardCodegen, SpecializedDkdvCopiesItsRowsByTma) {
   }
 }
 
+// Regression (FlexAttentionBackwardGpu.WarpgroupTurnsEveryVariant stalled under the parallel GPU
+// suite, 2026-12-05 and -06): dkdv opens and closes its warpgroup turns once a head of the GQA group,
+// in its loop over the heads, with nothing between a close and the next head's open where the two
+// warpgroups meet — so warpgroup 1 could arrive on named barrier 1 for the next open before
+// warpgroup 0 synced there for the close, and two arrivals of one warpgroup complete the barrier.
+// Its close hands the end of the turns to warpgroup 1 (handshake = 1: one more bar.arrive and
+// bar.sync on a named barrier of 256 threads); dq closes once a program and keeps the plain close.
+TEST(FlexAttentionBackwardCodegen, TurnsClosedInsideTheHeadLoopHandTheEndBack) {
+  FlexAttentionConfig dkdvTile{64, 128, 8, 2, WarpSpecialization::On}, dqTile{128, 64, 8, 2, WarpSpecialization::On};
+  dkdvTile.turns = dqTile.turns = LoopSchedule::On;
+  const int64_t B = 2, Hq = 8, Hkv = 2, L = 129, S = 1000, D = 64;
+  Tensor q = Tensor::empty(DType::F16, {B, Hq, L, D}, MemorySpace::Host);
+  Tensor kv = Tensor::empty(DType::F16, {B, Hkv, S, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, Hq, L}, MemorySpace::Host);
+  VariantInstance documents = variant("document").make({B, Hq, L, S, MemorySpace::Host, BlockSizes{128, 128}, 1});
+  FlexAttentionBackwardPlan plan = plan_flex_attention_backward(q, kv, kv, q, lse, q, documents.score, documents.mask,
+                                                                {.config = FlexAttentionBackwardConfig{dkdvTile, dqTile}},
+                                                                codegen::Target::sm90a());
+  ASSERT_EQ(plan.compiled.size(), 3u);
+  const codegen::CompiledKernel& dkdv = *plan.compiled[1];
+  const codegen::CompiledKernel& dq = *plan.compiled[2];
+  EXPECT_EQ(count(dkdv.ir, "warpgroup_turn \\{handshake = 1, step = \"close\"\\}"), 1) << dkdv.ir;
+  EXPECT_EQ(count(dq.ir, "warpgroup_turn \\{step = \"close\"\\}"), 1) << dq.ir;
+  EXPECT_EQ(count(dq.ir, "handshake"), 0);
+  // Named barriers of 256 threads: an end's arrive and a begin's sync a walk with turns, the open's
+  // arrive and the close's sync, and in dkdv the handshake's arrive and sync.
+  const std::string arrive = "bar\\.arrive \t?%r[0-9]+, 256;", sync = "bar\\.sync \t?%r[0-9]+, 256;";
+  for (const auto* k : {&dkdv, &dq}) {
+    const int walks = count(k->ir, "warpgroup_turn \\{step = \"end\"\\}"), handshake = k == &dkdv ? 1 : 0;
+    EXPECT_GE(walks, 1);
+    EXPECT_EQ(count(k->ptx, arrive), walks + 1 + handshake) << (k == &dkdv ? "dkdv" : "dq");
+    EXPECT_EQ(count(k->ptx, sync), walks + 1 + handshake) << (k == &dkdv ? "dkdv" : "dq");
+  }
+  if (codegen::findPtxas()) {
+    EXPECT_NO_THROW(codegen::runPtxas(dkdv.ptx, codegen::Target::sm90a()));
+  }
+}
+
 // Regression (FlexAttentionBackwardGpu under FLEXTILE_WARP_SPECIALIZE=1, 2026-12-03: "its slots start
 // at byte 57344 + s * 64 ...; TMA with this layout needs multiples of 128"): a row ring's slot is an
 // unswizzled TMA destination, 128-byte aligned. 16 query rows (64 bytes of f32) are loaded by the

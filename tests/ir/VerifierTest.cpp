@@ -162,6 +162,17 @@ TEST(Verifier, FenceTakesNothing) {
   EXPECT_HAS(parseError, "v.ftir:2:3", "op 'fence' expects 0 operands, got 1");
 }
 
+// A close may hand the end of the turns back (codegen/passes/Pingpong.cpp); no other step may.
+TEST(Verifier, OnlyACloseTurnTakesAHandshake) {
+  EXPECT_EQ(bodyError("  warpgroup_turn {step = \"open\"}\n  warpgroup_turn {handshake = 1, step = \"close\"}\n"), "(valid)");
+  EXPECT_HAS(bodyError("  warpgroup_turn {handshake = 1, step = \"begin\"}\n"), "op 'warpgroup_turn'",
+             "takes 'handshake = 1' on its close step only");
+  EXPECT_HAS(bodyError("  warpgroup_turn {handshake = 2, step = \"close\"}\n"), "op 'warpgroup_turn'",
+             "takes 'handshake = 1' on its close step only");
+  EXPECT_HAS(bodyError("  warpgroup_turn {step = \"close\", turns = 1}\n"), "op 'warpgroup_turn'",
+             "takes only the attributes 'step' and (on a close) 'handshake'");
+}
+
 TEST(Verifier, AtomicAddValueMaskAndResultMatchTheAddress) {
   EXPECT_HAS(bodyError("  %a = atomic_add %p, %i : f32\n"), "op 'atomic_add'",
              "added value must be f32 to match address ptr<f32>, got i32");
