@@ -139,7 +139,10 @@ run_limited() {
     for p in $pid $(pgrep -P "$pid" 2>/dev/null); do
       ps -o pid,stat,etime,time,pcpu,args -p "$p" --no-headers
       for t in /proc/"$p"/task/*; do
-        echo "  thread ${t##*/}: state $(awk '{print $3}' "$t/stat" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null), cpu ticks $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null)"
+        # syscall: its number and arguments (16 ioctl: in the driver, 202 futex: a lock or a
+        # condition, "running": in user code); stack: the kernel's frames where root may read them.
+        echo "  thread ${t##*/}: state $(awk '{print $3}' "$t/stat" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null), cpu ticks $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null), syscall $(cut -d' ' -f1-3 "$t/syscall" 2>/dev/null)"
+        head -4 "$t/stack" 2>/dev/null | sed 's/^/      /'
       done
       if command -v gdb > /dev/null; then
         timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 16" 2>/dev/null | grep -E "^Thread|^#" | head -120
