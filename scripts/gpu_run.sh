@@ -184,6 +184,8 @@ kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "
 # The serving part of attention_gpu_tests: decode, paged K/V, decode lists and calls on user streams.
 decode='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*'
 serving="$decode:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*"
+# The backward: its tests, and its warpgroup turns one test a variant.
+backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*'
 
 if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts in $TEST_SHARDS shards each, $TEST_JOBS processes at once)"
@@ -196,8 +198,8 @@ if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
     # own: with the offline ptxas assembling the specialized kernels the forward outgrew 240 s.
     sweeps='FlexAttentionGpu.*EveryVariant:EveryVariant/FlexAttentionGpuSchedule.*'
     parts=("attention_forward_sweeps|$sweeps"
-           "attention_forward|-FlexAttentionBackwardGpu.*:$serving:$sweeps"
-           "attention_backward|FlexAttentionBackwardGpu.*"
+           "attention_forward|-$backward:$serving:$sweeps"
+           "attention_backward|$backward"
            "attention_serving|$serving")
   fi
   # TEST_SHARDS processes a part in all, shared out in proportion to each part's measured time and
@@ -313,8 +315,8 @@ if [ -n "${FLEXTILE_SANITIZER:-}" ]; then
         done
       else
         timed='FlexAttentionStreamsGpu.*OverlapInTime*'
-        attn_parts=("forward|*-FlexAttentionBackwardGpu.*:$serving"
-                    "backward|FlexAttentionBackwardGpu.*"
+        attn_parts=("forward|*-$backward:$serving"
+                    "backward|$backward"
                     "decode|$decode"
                     "serving|${serving#"$decode:"}-$timed")
         for attn_part in "${attn_parts[@]}"; do

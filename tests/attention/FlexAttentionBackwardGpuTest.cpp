@@ -5,6 +5,8 @@
 // random sample of the configs (all of them with FLEXTILE_GPU_TESTS_FULL=1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 
@@ -89,24 +91,35 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
 namespace {
 // Every variant with dQ summed as `dq`, GQA 4:1 and MQA (alternating), bf16 and f16, D 128 and
 // 64, at each (L, S) of `lengths` and each of `configs`.
+// The `index`-th variant of variants() at each of `lengths`: the cases alternate GQA 4:1 and MQA,
+// f16 and bf16, and take D = 64 every third, counted over the variants in order. False once a
+// check failed.
+bool checkVariant(SeededRandom& rng, const std::string& what, size_t index,
+                  const std::vector<std::pair<int64_t, int64_t>>& lengths,
+                  const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
+  const Variant& var = variants().at(index);
+  int i = int(index * lengths.size());
+  for (auto [L, S] : lengths) {
+    const bool mqa = i % 2;
+    AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
+                    .dtype = i % 2 ? DType::BF16 : DType::F16,
+                    .context = what + " " + var.name + (mqa ? " MQA" : " GQA 4:1")};
+    ++i;
+    if (!inScope(c.work())) continue;
+    VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
+    for (const auto& config : configs) {
+      BackwardCheck check = withConfig(config, inst);
+      check.options.dq_accumulation = dq;
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return false;
+    }
+  }
+  return true;
+}
+
 void checkEveryVariant(SeededRandom& rng, const std::string& what, const std::vector<std::pair<int64_t, int64_t>>& lengths,
                        const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
-  int i = 0;
-  for (const Variant& var : variants())
-    for (auto [L, S] : lengths) {
-      const bool mqa = i % 2;
-      AttentionCase c{.B = 2, .Hq = 8, .Hkv = mqa ? 1 : 2, .L = L, .S = S, .D = i % 3 ? 128 : 64,
-                      .dtype = i % 2 ? DType::BF16 : DType::F16,
-                      .context = what + " " + var.name + (mqa ? " MQA" : " GQA 4:1")};
-      ++i;
-      if (!inScope(c.work())) continue;
-      VariantInstance inst = var.make({c.B, c.Hq, L, S, kDevice, BlockSizes{}, rng()});
-      for (const auto& config : configs) {
-        BackwardCheck check = withConfig(config, inst);
-        check.options.dq_accumulation = dq;
-        if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
-      }
-    }
+  for (size_t v = 0; v < variants().size(); ++v)
+    if (!checkVariant(rng, what, v, lengths, configs, dq)) return;
 }
 }  // namespace
 
@@ -132,15 +145,28 @@ TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
 }
 
 // Warpgroup turns (config `turns`, pass "pingpong") in the specialized dkdv and dq: the two
-// consumer warpgroups take turns issuing each step's first products. Every variant, lengths off
-// the blocks, GQA and MQA, D 128 and 64.
-TEST(FlexAttentionBackwardGpu, WarpgroupTurnsEveryVariant) {
+// consumer warpgroups take turns issuing each step's first products. One test a variant
+// (EveryVariant/FlexAttentionBackwardGpuTurns.EachVariant/<variant>), lengths off the blocks, GQA
+// and MQA, D 128 and 64 — as one test it stalled three times under the parallel suite, each time in
+// the document variant (dkdv's turns closed and reopened once a head: the close's handshake since),
+// and one variant alone is what scripts/gpu_stress_turns.sh repeats.
+class FlexAttentionBackwardGpuTurns : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuTurns, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const Variant& v : variants()) names.push_back(v.name);
+                           return names;
+                         }()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(FlexAttentionBackwardGpuTurns, EachVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
   dkdv.turns = dq.turns = LoopSchedule::On;
-  checkEveryVariant(rng, "backward turns", {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
-                    DqAccumulation::Separate);
+  const std::vector<Variant> all = variants();
+  const size_t index = size_t(std::find_if(all.begin(), all.end(), [&](const Variant& v) { return v.name == GetParam(); }) - all.begin());
+  checkVariant(rng, "backward turns", index, {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
+               DqAccumulation::Separate);
 }
 
 // The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles and dq's query

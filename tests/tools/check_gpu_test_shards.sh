@@ -9,9 +9,10 @@ src=$1 binary=$2
 seconds="$src/scripts/gpu_test_seconds.txt"
 serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
 sweeps='FlexAttentionGpu.*EveryVariant:EveryVariant/FlexAttentionGpuSchedule.*'
+backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*'
 listed() { "$binary" --gtest_list_tests --gtest_filter="$1" | awk '/^Running main/ || /^$/ { next }
   /^[^ ]/ { suite = $1; next } { print suite $1 }' | sort; }
-for filter in "$sweeps" "-FlexAttentionBackwardGpu.*:$serving:$sweeps" 'FlexAttentionBackwardGpu.*' "$serving"; do
+for filter in "$sweeps" "-$backward:$serving:$sweeps" "$backward" "$serving"; do
   for shards in 1 3 4 40; do
     dealt=$(python3 "$src/scripts/gpu_test_shards.py" deal "$binary" "$filter" "$shards" "$seconds")
     [ "$(printf '%s\n' "$dealt" | wc -l)" -eq "$shards" ] || { echo "FAIL: $shards shards asked, got other than $shards lines for '$filter'"; exit 1; }
@@ -34,7 +35,7 @@ for filter in "$sweeps" "-FlexAttentionBackwardGpu.*:$serving:$sweeps" 'FlexAtte
 done
 # The plan of all four parts at once (as gpu_run.sh asks for it): PROCESSES shards in all, at least
 # one a part, and every test of every part in exactly one shard of its own part.
-parts=("sweeps=$sweeps" "forward=-FlexAttentionBackwardGpu.*:$serving:$sweeps" "backward=FlexAttentionBackwardGpu.*" "serving=$serving")
+parts=("sweeps=$sweeps" "forward=-$backward:$serving:$sweeps" "backward=$backward" "serving=$serving")
 for processes in 4 12 16 200; do
   plan=$(python3 "$src/scripts/gpu_test_shards.py" plan "$binary" "$processes" "$seconds" "${parts[@]}")
   for part in "${parts[@]}"; do
