@@ -151,20 +151,15 @@ TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
 // the document variant (dkdv's turns closed and reopened once a head: the close's handshake since),
 // and one variant alone is what scripts/gpu_stress_turns.sh repeats.
 class FlexAttentionBackwardGpuTurns : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuTurns, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const Variant& v : variants()) names.push_back(v.name);
-                           return names;
-                         }()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuTurns, ::testing::ValuesIn(variantNames()), variantParamName);
 
 TEST_P(FlexAttentionBackwardGpuTurns, EachVariant) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
   dkdv.turns = dq.turns = LoopSchedule::On;
-  const std::vector<Variant> all = variants();
-  const size_t index = size_t(std::find_if(all.begin(), all.end(), [&](const Variant& v) { return v.name == GetParam(); }) - all.begin());
+  const std::vector<std::string> names = variantNames();
+  const size_t index = size_t(std::find(names.begin(), names.end(), GetParam()) - names.begin());
   checkVariant(rng, "backward turns", index, {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
                DqAccumulation::Separate);
 }

@@ -28,11 +28,6 @@ namespace {
 constexpr MemorySpace kDevice = MemorySpace::Device;
 const DecodeCheck kDefaultBlocks{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}};
 
-std::vector<std::string> builtinVariantNames() {
-  std::vector<std::string> names;
-  for (const Variant& v : variants()) names.push_back(v.name);
-  return names;
-}
 }  // namespace
 
 // One test per variant (FlexDecodeGpuVariant/AtTheDecodeShapes/<variant>), so that gtest's shards
@@ -69,8 +64,7 @@ TEST_P(FlexDecodeGpuVariant, AtTheDecodeShapes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexDecodeGpuVariant, ::testing::ValuesIn(builtinVariantNames()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexDecodeGpuVariant, ::testing::ValuesIn(variantNames()), variantParamName);
 
 TEST(FlexDecodeGpu, ManySplitsOverALongCache) {
   FLEXTILE_REQUIRE_GPU();

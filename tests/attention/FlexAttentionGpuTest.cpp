@@ -129,12 +129,7 @@ TEST(FlexAttentionGpu, DeferredAccumulationEveryVariant) {
 // (EveryVariant/FlexAttentionGpuSchedule.<schedule>/<variant>), so that the GPU suite's shards
 // (scripts/gpu_run.sh) share them: as one test each they took up to 75 s.
 class FlexAttentionGpuSchedule : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionGpuSchedule, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const Variant& v : variants()) names.push_back(v.name);
-                           return names;
-                         }()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionGpuSchedule, ::testing::ValuesIn(variantNames()), variantParamName);
 
 // K and V copied by TMA (the default on sm_90a: codegen/passes/Pipeline.cpp): every variant at
 // the default config, on one warpgroup and at three stages, lengths off the block (the boxes'

@@ -150,4 +150,14 @@ inline BlindRowMasks blindRowMasks() {
           [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= 40 && kv <= q - 40; }};
 }
 
+// The registered variants' names, in order: the parameters of the tests that run one test a
+// variant (INSTANTIATE_TEST_SUITE_P(EveryVariant, Suite, ValuesIn(variantNames()), variantParamName)),
+// so that the GPU suite's shards share them.
+inline std::vector<std::string> variantNames() {
+  std::vector<std::string> names;
+  for (const attention::Variant& v : attention::variants()) names.push_back(v.name);
+  return names;
+}
+inline std::string variantParamName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
 }  // namespace flextile::testing

@@ -613,8 +613,10 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurns) {
 // The turns on the document variant at the two shapes where FlexAttentionBackwardGpu.
 // WarpgroupTurnsEveryVariant stalled under the parallel GPU suite (2026-12-05, 2026-12-06): GQA 4:1
 // with more keys than queries (key tiles no query reaches: empty walks between open and close) and
-// MQA with more queries than keys. The interpreter counts every barrier's phases, so a wait on a
-// phase that no arrival completes — a hang on the GPU — is an error here.
+// MQA with more queries than keys. The interpreter counts every mbarrier's phases, so a wait on a
+// phase that no arrival completes — a hang on the GPU — is an error here. (It runs one thread, so
+// it cannot see the named barriers of the turns lap each other, the stall's likely cause:
+// FlexAttentionBackwardCodegen.TurnsClosedInsideTheHeadLoopHandTheEndBack checks that fix.)
 TEST(TilePassesInterpreted, BackwardWithWarpgroupTurnsOnDocumentsAtTheStalledShapes) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
