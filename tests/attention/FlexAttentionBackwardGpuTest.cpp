@@ -91,13 +91,14 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
 namespace {
 // Every variant with dQ summed as `dq`, GQA 4:1 and MQA (alternating), bf16 and f16, D 128 and
 // 64, at each (L, S) of `lengths` and each of `configs`.
-// The `index`-th variant of variants() at each of `lengths`: the cases alternate GQA 4:1 and MQA,
+// `var`, the `index`-th of variants(), at each of `lengths`: the cases alternate GQA 4:1 and MQA,
 // f16 and bf16, and take D = 64 every third, counted over the variants in order. False once a
-// check failed.
-bool checkVariant(SeededRandom& rng, const std::string& what, size_t index,
+// check failed. The caller holds the Variant: variants() returns a copy, and a reference into
+// that temporary dangled here once (every backward EveryVariant test failed with bad_alloc on
+// the GPU, 2026-12-06).
+bool checkVariant(SeededRandom& rng, const std::string& what, const Variant& var, size_t index,
                   const std::vector<std::pair<int64_t, int64_t>>& lengths,
                   const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
-  const Variant& var = variants().at(index);
   int i = int(index * lengths.size());
   for (auto [L, S] : lengths) {
     const bool mqa = i % 2;
@@ -118,8 +119,9 @@ bool checkVariant(SeededRandom& rng, const std::string& what, size_t index,
 
 void checkEveryVariant(SeededRandom& rng, const std::string& what, const std::vector<std::pair<int64_t, int64_t>>& lengths,
                        const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
-  for (size_t v = 0; v < variants().size(); ++v)
-    if (!checkVariant(rng, what, v, lengths, configs, dq)) return;
+  const std::vector<Variant> all = variants();
+  for (size_t v = 0; v < all.size(); ++v)
+    if (!checkVariant(rng, what, all[v], v, lengths, configs, dq)) return;
 }
 }  // namespace
 
@@ -160,7 +162,7 @@ TEST_P(FlexAttentionBackwardGpuTurns, EachVariant) {
   dkdv.turns = dq.turns = LoopSchedule::On;
   const std::vector<std::string> names = variantNames();
   const size_t index = size_t(std::find(names.begin(), names.end(), GetParam()) - names.begin());
-  checkVariant(rng, "backward turns", index, {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
+  checkVariant(rng, "backward turns", variant(GetParam()), index, {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
                DqAccumulation::Separate);
 }
 
