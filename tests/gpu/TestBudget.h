@@ -120,6 +120,20 @@ inline bool fullSweeps() { return gpuTestScope() == GpuTestScope::Full; }
 inline constexpr int64_t kSmallProblemWork = int64_t(1) << 21;
 inline bool inScope(int64_t work) { return gpuTestScope() != GpuTestScope::Small || work <= kSmallProblemWork; }
 
+// The sanitizer build (scripts/sanitize.sh; tests/CMakeLists.txt defines FLEXTILE_SANITIZED_BUILD
+// there) runs the interpreter ~15x slower, and CI's two cores run the whole host suite under it:
+// the heaviest interpreted sweeps run a share of their cases there (the normal build runs all).
+#ifndef FLEXTILE_SANITIZED_BUILD
+#define FLEXTILE_SANITIZED_BUILD 0
+#endif
+inline constexpr bool kSanitizedBuild = FLEXTILE_SANITIZED_BUILD != 0;
+
+// Whether case `index` of a sweep runs: always in the normal build; in the sanitizer build one case
+// in `share`, the offset drawn from `seed` (a SeededRandom's), so successive runs cover them all.
+inline bool runsInThisBuild(uint64_t seed, size_t index, size_t share) {
+  return !kSanitizedBuild || share <= 1 || (index + detail::mix(seed)) % share == 0;
+}
+
 // First statement after FLEXTILE_REQUIRE_GPU() of a test made only of large shapes.
 #define FLEXTILE_SKIP_WHEN_SMALL(why)                                                                     \
   do {                                                                                                   \
