@@ -225,9 +225,10 @@ FlexAttentionProblem attentionProblem(dsl::DType dtype, int64_t B, int64_t Hq, i
                                       const std::optional<BlockMask>& blockMask);
 
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
+// Both keep their answers per thread until the environment changes (codegen::environmentGeneration),
+// so a launch reads no environment; `names` are string literals (kept by address).
 std::optional<bool> forcedBySwitch(const char* name);
-// The same for several switches from one walk over the environment (each getenv walks all of it:
-// a decode step's nine took 8 % of its host time). values[i] is names[i]'s.
+// The same for several switches at once. values[i] is names[i]'s.
 void forcedBySwitches(std::span<const char* const> names, std::span<std::optional<bool>> values);
 
 // A config's text form (FlexAttentionConfig::parse, FlexDecodeConfig::parse): its comma-separated

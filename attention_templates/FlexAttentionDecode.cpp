@@ -551,7 +551,10 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
 // One list row per (b, h) of the mask, covering all of the call's queries: row (b, h) of the lists
 // is at b * bStride + h * hStride + row (in list rows of numKvBlocks entries).
 struct DecodeLists {
-  Tensor fullNum, fullIndices, partialNum, partialIndices;
+  // The mask's own list tensors (alive as long as the mask, which outlives the call), or those of
+  // `made` for this call: pointed at, not copied (four tensor copies were eight allocations a call).
+  const Tensor *fullNum = nullptr, *fullIndices = nullptr, *partialNum = nullptr, *partialIndices = nullptr;
+  std::shared_ptr<const DecodeBlockLists> made;
   int64_t bStride = 0, hStride = 0, row = 0, numKvBlocks = 1;
   int64_t maxLiveBlocks = 0;  // of any (b, h) row, full + partial
   bool anyFull = false, anyPartial = false;
@@ -568,7 +571,7 @@ int64_t onlyRow(const BlockMask& mask, int64_t start, int64_t count) {
 // row slice's are views of its parent's, with the parent's row strides).
 DecodeLists maskRowLists(const BlockMask& mask, int64_t row, MemorySpace space, runtime::Stream* stream) {
   const BlockMaskTensors& t = mask.kvTensors(space, stream);
-  DecodeLists lists{t.fullKvNum, t.fullKvIndices, t.kvNum, t.kvIndices};
+  DecodeLists lists{&t.fullKvNum, &t.fullKvIndices, &t.kvNum, &t.kvIndices};
   lists.bStride = t.kvBatchStride;
   lists.hStride = t.kvHeadStride;
   lists.row = row;
@@ -608,8 +611,9 @@ DecodeLists maskListsForAnyRow(const BlockMask& mask, MemorySpace space, runtime
 // Exact lists for queries that straddle mask rows, made on the device (DecodeLists.h).
 DecodeLists straddlingLists(const BlockMask& mask, int64_t start, int64_t count, MemorySpace space,
                             runtime::Stream* stream) {
-  DecodeBlockLists d = decodeBlockLists(mask, start, count, space, stream);
-  DecodeLists lists{d.fullNum, d.fullIndices, d.partialNum, d.partialIndices};
+  auto made = std::make_shared<const DecodeBlockLists>(decodeBlockLists(mask, start, count, space, stream));
+  const DecodeBlockLists& d = *made;
+  DecodeLists lists{&d.fullNum, &d.fullIndices, &d.partialNum, &d.partialIndices, made};
   lists.bStride = d.batch > 1 ? d.heads : 0;
   lists.hStride = d.heads > 1 ? 1 : 0;
   lists.numKvBlocks = d.numKvBlocks;
@@ -962,7 +966,8 @@ std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
 
 Kernel& decodeKernel(const DecodePrepared& p, const ScoreMod& scoreMod) {
   const MaskMod& maskMod = p.mask->maskMod();
-  const ScoreMod sm = scoreMod.defined() ? scoreMod : noop_score();
+  static const ScoreMod noop = noop_score();  // (a copy a call was a tenth of this function's time)
+  const ScoreMod& sm = scoreMod.defined() ? scoreMod : noop;
   const DType dt = p.dtype;
   const bool paged = p.paged != nullptr;
   return maskMod.state().kernel(decodeKernelKey(sm, dt, paged), sm.lifetime(), [&] {
@@ -989,7 +994,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
     partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
     counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
   }
-  const Tensor& anyF32 = split ? partLse : (lse ? *lse : p.lists.fullNum);
+  const Tensor& anyF32 = split ? partLse : (lse ? *lse : *p.lists.fullNum);
   Kernel& kernel = decodeKernel(p, scoreMod);
   LaunchOptions lo;
   lo.grid = {c.splits, p.Hq / p.HP, p.B};
@@ -1012,12 +1017,12 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
        bindParams<DecodeParams>(
            {.q = q, .k = k, .v = v, .out = out, .lse = lse ? *lse : anyF32, .part_out = split ? partOut : anyF32,
             .part_lse = split ? partLse : anyF32,
-            .merge_counters = split ? counters : lists.fullNum,  // touched only with several splits
-            .kv_num = lists.partialNum, .kv_indices = lists.partialIndices,
-            .full_kv_num = lists.fullNum, .full_kv_indices = lists.fullIndices,
+            .merge_counters = split ? counters : *lists.fullNum,  // touched only with several splits
+            .kv_num = *lists.partialNum, .kv_indices = *lists.partialIndices,
+            .full_kv_num = *lists.fullNum, .full_kv_indices = *lists.fullIndices,
             .list_b_stride = lists.bStride, .list_h_stride = lists.hStride, .list_row = lists.row,
             .list_kv_blocks = lists.numKvBlocks,
-            .q_offsets = p.queryOffsets ? *p.queryOffsets : lists.fullNum,  // read only with per-sequence offsets
+            .q_offsets = p.queryOffsets ? *p.queryOffsets : *lists.fullNum,  // read only with per-sequence offsets
             .mask_row_start = p.mask->qOffset() - p.mask->qPhase(), .mask_q_blocks = p.mask->numQBlocks(),
             .q_len = p.L, .kv_len = p.S, .q_offset = p.queryStart,
             .q_stride_b = qs[0], .q_stride_h = qs[1], .q_stride_m = qs[2],

@@ -17,6 +17,7 @@
 // Online softmax in the exp2 domain (scores are scaled by log2 e once), with
 // the running max clamped to 0 while a row has seen nothing but -inf, so a
 // fully masked row ends with l = 0: out 0, lse -inf.
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -31,6 +32,7 @@
 
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/FlexAttentionCommon.h"
+#include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
 #include "attention_templates/TemplateParams.h"
 #include "dsl/Capture.h"
@@ -132,8 +134,9 @@ void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
   // The templates offset by batch and head in 64 bits but by row and column within one head in
   // 32 (row * row stride + d: i32 tiles, the fast path on the GPU), so one head's rows must lie
   // within 2^31 - 1 elements of its first.
-  const double headSpan = double(t.size(2) - 1) * double(t.strides()[2]) + double(t.size(3) - 1);
-  if (t.size(2) > 0 && t.size(3) > 0 && headSpan > double(INT32_MAX))
+  const Shape& s = t.shape();
+  const double headSpan = double(s[2] - 1) * double(t.strides()[2]) + double(s[3] - 1);
+  if (s[2] > 0 && s[3] > 0 && headSpan > double(INT32_MAX))
     throw Error(std::string(op) + ": " + what + " " + t.describe() + ": one head's rows span " +
                 std::to_string(int64_t(headSpan) + 1) + " elements ((len - 1) * row stride + D), more than the " +
                 "32-bit row offsets of the kernels reach (2^31 - 1 = 2147483647); split the sequence");
@@ -143,31 +146,37 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
   expectAttentionInput("flex_attention", "q", q);
   expectAttentionInput("flex_attention", "k", k);
   expectAttentionInput("flex_attention", "v", v);
+  // Every call checks: the sizes are read from the shapes (rank 4 is checked above), not through
+  // Tensor::size's range check, two dozen times.
+  struct Sizes {
+    const Shape& s;
+    int64_t size(int d) const { return s[size_t(d)]; }
+  } qs{q.shape()}, ks{k.shape()}, vs{v.shape()};
   auto shapeStr = [](const Tensor& t) { return t.describe(); };
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
     throw Error("flex_attention: q, k and v must have one dtype, got q " + shapeStr(q) + ", k " + shapeStr(k) +
                 ", v " + shapeStr(v));
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16 && q.dtype() != DType::F32)
     throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + shapeStr(q));
-  if (sameBatch && (k.size(0) != q.size(0) || v.size(0) != q.size(0)))
+  if (sameBatch && (ks.size(0) != qs.size(0) || vs.size(0) != qs.size(0)))
     throw Error("flex_attention: batch sizes differ: q " + shapeStr(q) + ", k " + shapeStr(k) + ", v " + shapeStr(v));
-  if (v.size(1) != k.size(1) || v.size(2) != k.size(2))
+  if (vs.size(1) != ks.size(1) || vs.size(2) != ks.size(2))
     throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
                 shapeStr(v));
-  if (k.size(3) != q.size(3) || v.size(3) != q.size(3))
+  if (ks.size(3) != qs.size(3) || vs.size(3) != qs.size(3))
     throw Error("flex_attention: q, k and v must have the same head dim D: q " + shapeStr(q) + ", k " +
                 shapeStr(k) + ", v " + shapeStr(v));
-  if (k.size(1) < 1 || q.size(1) % k.size(1) != 0)
-    throw Error("flex_attention: the query heads (" + std::to_string(q.size(1)) + ") must be a multiple of the kv heads (" +
-                std::to_string(k.size(1)) + ")");
-  if (q.size(3) < 16 || q.size(3) > 256 || q.size(3) % 16 != 0)
-    throw Error("flex_attention: head dim D = " + std::to_string(q.size(3)) + " is not supported (a multiple of 16 up to 256)",
+  if (ks.size(1) < 1 || qs.size(1) % ks.size(1) != 0)
+    throw Error("flex_attention: the query heads (" + std::to_string(qs.size(1)) + ") must be a multiple of the kv heads (" +
+                std::to_string(ks.size(1)) + ")");
+  if (qs.size(3) < 16 || qs.size(3) > 256 || qs.size(3) % 16 != 0)
+    throw Error("flex_attention: head dim D = " + std::to_string(qs.size(3)) + " is not supported (a multiple of 16 up to 256)",
                 ErrorKind::Unsupported);
-  if (q.size(2) < 1 || k.size(2) < 1 || q.size(0) < 1)
+  if (qs.size(2) < 1 || ks.size(2) < 1 || qs.size(0) < 1)
     throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
   // The kernels number the rows of lse and the (batch, head) pairs in i32 (b * Hq + h).
-  if (double(q.size(0)) * double(q.size(1)) > double(INT32_MAX))
-    throw Error("flex_attention: B * Hq = " + std::to_string(q.size(0)) + " * " + std::to_string(q.size(1)) +
+  if (double(qs.size(0)) * double(qs.size(1)) > double(INT32_MAX))
+    throw Error("flex_attention: B * Hq = " + std::to_string(qs.size(0)) + " * " + std::to_string(qs.size(1)) +
                 " passes the kernels' 32-bit (batch, head) index (2^31 - 1 = 2147483647): q " + shapeStr(q));
   if (k.space() != q.space() || v.space() != q.space())
     throw Error("flex_attention: q, k and v must be in one memory space (all host or all device)");
@@ -232,11 +241,56 @@ std::optional<bool> switchValue(const char* text) {
 }
 }  // namespace
 
-std::optional<bool> forcedBySwitch(const char* name) { return switchValue(std::getenv(name)); }
+// Both are asked on every call (a dozen switches a forward call): their answers are kept per thread
+// while codegen::environmentGeneration() stays, so a launch reads no environment.
+std::optional<bool> forcedBySwitch(const char* name) {
+  struct Known {
+    const char* name;
+    std::optional<bool> value;
+  };
+  struct Kept {
+    std::vector<Known> known;
+    uint64_t readAt = 0;
+  };
+  thread_local Kept kept;
+  Kept& k = kept;  // one thread-local lookup
+  std::vector<Known>& known = k.known;
+  if (const uint64_t now = codegen::environmentGeneration(); now != k.readAt) {
+    known.clear();
+    k.readAt = now;
+  }
+  for (const Known& k : known)
+    if (k.name == name || !std::strcmp(k.name, name)) return k.value;
+  const std::optional<bool> value = switchValue(std::getenv(name));
+  if (known.size() < 64) known.push_back({name, value});  // names are literals; a bound in case they are not
+  return value;
+}
 
 void forcedBySwitches(std::span<const char* const> names, std::span<std::optional<bool>> values) {
   for (std::optional<bool>& v : values) v.reset();
   if (names.size() > 64) throw Error("forcedBySwitches: at most 64 switches a walk");
+  // One walk's answer a list of names (the decode's), kept as forcedBySwitch keeps its own.
+  // Keyed by the names' addresses: callers pass string literals.
+  struct Walk {
+    std::vector<const char*> names;
+    std::vector<std::optional<bool>> values;
+  };
+  struct Walks {
+    std::vector<Walk> walks;
+    uint64_t readAt = 0;
+  };
+  thread_local Walks kept;
+  Walks& k = kept;  // one thread-local lookup
+  std::vector<Walk>& walks = k.walks;
+  if (const uint64_t now = codegen::environmentGeneration(); now != k.readAt) {
+    walks.clear();
+    k.readAt = now;
+  }
+  for (const Walk& w : walks)
+    if (std::ranges::equal(w.names, names) && values.size() == w.values.size()) {
+      std::ranges::copy(w.values, values.begin());
+      return;
+    }
   uint64_t found = 0;  // the first entry of a name counts, as for getenv
   std::array<size_t, 64> lengths;
   for (size_t i = 0; i < names.size(); ++i) lengths[i] = std::strlen(names[i]);
@@ -251,6 +305,7 @@ void forcedBySwitches(std::span<const char* const> names, std::span<std::optiona
       }
     }
   }
+  if (walks.size() < 8) walks.push_back({{names.begin(), names.end()}, {values.begin(), values.end()}});
 }
 
 std::vector<std::string> configItems(std::string_view text) {
@@ -1326,18 +1381,21 @@ bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
 
 namespace {
 void expectOutputs(const Tensor& q, const Tensor& out, const Tensor* lse) {
+  // Checked on every call: nothing is allocated unless a check fails.
   expectRank4("q", q);
+  // out is written through the same i32 strides and row offsets as q is read.
   expectRank4("out", out);
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
-  out.expectDType("flex_attention: out", q.dtype());
-  if (out.shape() != Shape{B, Hq, L, D})
+  if (out.dtype() != q.dtype()) out.expectDType("flex_attention: out", q.dtype());
+  const Shape& o = out.shape();
+  if (o[0] != B || o[1] != Hq || o[2] != L || o[3] != D)
     throw Error("flex_attention: out must be [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " +
                 std::to_string(L) + ", " + std::to_string(D) + "], got " + out.describe());
   if (out.space() != q.space()) throw Error("flex_attention: out is in another memory space than q");
-  // out is written through the same i32 strides and row offsets as q is read.
-  detail::expectAttentionInput("flex_attention", "out", out);
   if (lse) {
-    lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
+    const Shape& s = lse->shape();
+    if (!lse->defined() || lse->dtype() != DType::F32 || s.size() != 3 || s[0] != B || s[1] != Hq || s[2] != L)
+      lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
     if (!lse->isContiguous() || lse->space() != q.space())
       throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
   }

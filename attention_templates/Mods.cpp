@@ -84,15 +84,17 @@ detail::ModState::ProbeFacts probeFacts(Kernel& probe, int ownLoads, const std::
 }
 
 
-std::optional<MemorySpace> spaceOf(const std::string& what, const std::vector<CapturedTensor>& captures) {
+// `what()` names the mod in the error; called only then.
+template <class What>
+std::optional<MemorySpace> spaceOf(const What& what, const std::vector<CapturedTensor>& captures) {
   std::optional<MemorySpace> space;
-  std::string first;
+  const CapturedTensor* first = nullptr;
   for (const auto& c : captures) {
     MemorySpace s = c.tensor().space();
     if (space && *space != s)
-      throw Error(what + ": captured tensors '" + first + "' and '" + c.name() +
+      throw Error(what() + ": captured tensors '" + first->name() + "' and '" + c.name() +
                   "' are in different memory spaces (one host, one device)");
-    if (!space) first = c.name();
+    if (!space) first = &c;
     space = s;
   }
   return space;
@@ -214,7 +216,8 @@ const std::vector<CapturedTensor>& detail::ModBase<Mod, Fn>::captures() const {
 
 template <class Mod, class Fn>
 std::optional<MemorySpace> detail::ModBase<Mod, Fn>::captureSpace() const {
-  return spaceOf(describe(), captures());
+  // Asked on every call: the mod's description is formed only for an error.
+  return spaceOf([&] { return describe(); }, captures());
 }
 
 template class detail::ModBase<MaskMod, detail::MaskModFn>;

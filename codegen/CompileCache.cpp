@@ -150,29 +150,36 @@ std::string readCodegenSwitches() {
 }
 }  // namespace
 
+uint64_t environmentGeneration() {
+  struct Seen {
+    std::vector<const char*> entries;  // the entries' addresses, without the null
+    uint64_t generation = 0;
+  };
+  thread_local Seen kept;
+  Seen& k = kept;  // one thread-local lookup
+  std::vector<const char*>& seen = k.entries;
+  uint64_t& generation = k.generation;
+  const char* const* env = environ;
+  size_t i = 0;
+  if (env)
+    while (i < seen.size() && env[i] == seen[i]) ++i;  // stops at a null too: `seen` holds none
+  if (generation && i == seen.size() && (env ? env[i] == nullptr : seen.empty())) return generation;
+  size_t n = 0;
+  while (env && env[n]) ++n;
+  seen.assign(env, env + n);
+  return ++generation;
+}
+
 const std::string& codegenSwitches() {
   // Asked on every launch: two dozen getenv scans of the whole environment cost half a
-  // microsecond there. Every switch is a FLEXTILE_ variable, so the answer is kept per thread and
-  // formed again only when the FLEXTILE_ part of the environment changed (a test's setenv).
-  // The comparison walks the environment against the kept text; nothing is allocated unless it
-  // changed.
-  thread_local std::string seen, switches;
-  thread_local bool valid = false;
-  bool same = valid;
-  size_t at = 0;
-  for (char** e = environ; same && e && *e; ++e) {
-    if (std::strncmp(*e, "FLEXTILE_", 9) != 0) continue;
-    const size_t len = std::strlen(*e);
-    same = at + len < seen.size() && seen.compare(at, len, *e) == 0 && seen[at + len] == '\n';
-    at += len + 1;
+  // microsecond there, so the answer is kept per thread and formed again only when the
+  // environment changed (a test's setenv).
+  thread_local std::string switches;
+  thread_local uint64_t readAt = 0;
+  if (const uint64_t now = environmentGeneration(); now != readAt) {
+    switches = readCodegenSwitches();
+    readAt = now;
   }
-  if (same && at == seen.size()) return switches;
-  std::string now;
-  for (char** e = environ; e && *e; ++e)
-    if (std::strncmp(*e, "FLEXTILE_", 9) == 0) now.append(*e).push_back('\n');
-  switches = readCodegenSwitches();
-  seen = std::move(now);
-  valid = true;
   return switches;
 }
 

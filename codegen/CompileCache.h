@@ -50,6 +50,12 @@ std::string compilerVersion();
 // their defaults: part of compilerVersion(), and of the in-memory caches'
 // keys (dsl::Kernel). The reference stays valid until this thread calls again.
 const std::string& codegenSwitches();
+// A number that stays the same while the process environment does and changes once it may have
+// (per thread): setenv, unsetenv and putenv each leave an entry of `environ` pointing at another
+// string or change their count, which this compares pointer by pointer (~3 instructions an entry,
+// nothing allocated). What reads FLEXTILE_ switches on every launch keeps its answer under it. A
+// string edited in place after putenv goes unseen.
+uint64_t environmentGeneration();
 
 // The user's FlexTile cache folder (see above); nullopt when neither variable
 // nor HOME is set.

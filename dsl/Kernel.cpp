@@ -12,6 +12,10 @@
 #include "runtime/Module.h"
 #include "runtime/Stream.h"
 
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <memory_resource>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +138,14 @@ Kernel::Traced Kernel::traceWithCaptures(const TraceOptions& options) const {
   // (ir/passes/CanonicalOrder.cpp); opt-in until its kernels are timed.
   if (const char* e = std::getenv("FLEXTILE_CANONICAL_ORDER"); e && std::string_view(e) == "1") ir::canonicalOrder(f);
   ir::verify(f);
+  t.paramKinds.reserve(f.params().size());
+  for (const auto* p : f.params()) {
+    const ir::Type& type = p->type();
+    t.paramKinds.push_back(type.isPointer()                ? ParamKind::Pointer
+                           : !ir::isInteger(type.dtype())  ? ParamKind::Number
+                           : type.dtype() == DType::I32    ? ParamKind::I32
+                                                           : ParamKind::OtherInteger);
+  }
   return t;
 }
 
@@ -141,11 +153,7 @@ namespace {
 
 // Largest power of two (up to 16) dividing v: what the code generator may
 // assume about an argument (Triton's divisible-by-16 specialization).
-int64_t divisibility(uint64_t v) {
-  int64_t d = 1;
-  while (d < 16 && v % uint64_t(d * 2) == 0) d *= 2;
-  return v == 0 ? 16 : d;
-}
+int64_t divisibility(uint64_t v) { return v == 0 ? 16 : int64_t(1) << std::min(std::countr_zero(v), 4); }
 
 // Compiling accepts either kind of buffer (only alignment matters); running
 // needs device buffers, interpreting host ones.
@@ -458,12 +466,13 @@ const Kernel::Traced* Kernel::recentTrace(const LaunchOptions& options) const {
   return nullptr;
 }
 
-Kernel::Compiled* Kernel::recentCompiled(const Traced& traced, const std::vector<int64_t>& divisibility,
-                                         const std::vector<int64_t>& ones, const runtime::Device* device,
+Kernel::Compiled* Kernel::recentCompiled(const Traced& traced, std::span<const int64_t> divisibility,
+                                         std::span<const int64_t> ones, const runtime::Device* device,
                                          const std::string& settings) const {
   // One trace per constantsKey: the same trace is the same launch options' fields.
   for (const RecentLaunch& r : recent_)
-    if (r.traced == &traced && r.device == device && r.divisibility == divisibility && r.ones == ones &&
+    if (r.traced == &traced && r.device == device && std::ranges::equal(r.divisibility, divisibility) &&
+        std::ranges::equal(r.ones, ones) &&
         r.settings == settings)
       return r.compiled;
   return nullptr;
@@ -478,8 +487,43 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   std::string key;
   if (!recent) key = constantsKey(options);
   const Traced& t = recent ? *recent : tracedEntry(options, key);
-  const auto args = withCaptures(t, given, MemorySpace::Device);
-  checkArgs(name_, *t.function, args, ArgMode::Device);
+  std::vector<KernelArg> withCaptured;  // the given ones are used as they are where nothing was captured
+  if (!t.captures.empty()) withCaptured = withCaptures(t, given, MemorySpace::Device);
+  const std::vector<KernelArg>& args = t.captures.empty() ? given : withCaptured;
+  // One pass over the arguments by their parameters' kinds: checked, and the launch key's facts
+  // (argumentDivisibility, argumentsEqualToOne) formed into this thread's scratch; checkArgs says
+  // what is wrong when one does not fit. Every launch does this for its forty-odd arguments.
+  // This launch's scratch lives on the stack: no allocation for up to a hundred-odd arguments.
+  std::array<std::byte, 4096> stack;
+  std::pmr::monotonic_buffer_resource arena(stack.data(), stack.size());
+  std::pmr::vector<int64_t> div(&arena), ones(&arena);
+  div.reserve(args.size());
+  bool fits = args.size() == t.paramKinds.size();
+  for (size_t i = 0; fits && i < args.size(); ++i) {
+    const KernelArg& a = args[i];
+    switch (t.paramKinds[i]) {
+      case ParamKind::Pointer:
+        fits = a.kind() == KernelArg::Kind::Device;
+        div.push_back(divisibility(a.deviceAddress()));
+        break;
+      case ParamKind::I32:
+        fits = a.kind() == KernelArg::Kind::Integer && a.integer() >= INT32_MIN && a.integer() <= INT32_MAX;
+        [[fallthrough]];
+      case ParamKind::OtherInteger:
+        fits = fits && a.kind() == KernelArg::Kind::Integer;
+        div.push_back(divisibility(uint64_t(a.integer())));
+        if (a.integer() == 1) ones.push_back(int64_t(i));
+        break;
+      case ParamKind::Number:
+        fits = a.kind() == KernelArg::Kind::Real || a.kind() == KernelArg::Kind::Integer;
+        div.push_back(1);
+        break;
+    }
+  }
+  if (!fits) {
+    checkArgs(name_, *t.function, args, ArgMode::Device);
+    throw Error("kernel '" + name_ + "': the arguments do not fit its parameters");  // (checkArgs names which)
+  }
   for (int a = 0; a < 3; ++a)
     if (options.grid[a] < 1 || options.grid[a] > (a == 0 ? INT32_MAX : 65535))
       throw Error("kernel '" + name_ + "': grid dimension " + std::to_string(a) + " is " +
@@ -487,7 +531,6 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   // Every field of compiled's launch key, as values (the target follows from the device). The
   // device is asked for after the checks: their errors name the arguments, not a missing driver.
   const runtime::Device* device = &runtime::Device::current();
-  std::vector<int64_t> div = argumentDivisibility(*t.function, args), ones = argumentsEqualToOne(*t.function, args);
   const std::string& settings = codegen::codegenSwitches();
   Compiled* found;
   {
@@ -499,8 +542,9 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     found = &compiled(options, args, std::nullopt, *t.function, key);
     std::lock_guard lock(mutex_);
     recent_.insert(recent_.begin(), RecentLaunch{options.constants, options.num_warps, options.num_stages, options.tma,
-                                                 options.warp_specialize, options.reassociate, &t, std::move(div),
-                                                 std::move(ones), device, settings, found});
+                                                 options.warp_specialize, options.reassociate, &t,
+                                                 {div.begin(), div.end()}, {ones.begin(), ones.end()}, device,
+                                                 settings, found});
     if (recent_.size() > kRecentLaunches) recent_.pop_back();
   }
   Compiled& c = *found;
@@ -513,9 +557,9 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
     throw Error("kernel '" + name_ + "': grid dimension 0 is " + std::to_string(options.grid[0]) +
                 ", not a multiple of its thread block cluster's " + std::to_string(c.clusterSize) +
                 " programs (cluster_all_gather)");
-  // Kernel parameters in the ABI of codegen/Compiler.h.
-  std::vector<uint64_t> storage(args.size());
-  std::vector<void*> ptrs(args.size());
+  // Kernel parameters in the ABI of codegen/Compiler.h (the driver copies them at the launch).
+  std::pmr::vector<uint64_t> storage(args.size(), &arena);
+  std::pmr::vector<void*> ptrs(args.size(), &arena);
   for (size_t i = 0; i < args.size(); ++i) {
     const ir::Type& t = code.params[i];
     void* slot = &storage[i];

@@ -186,10 +186,14 @@ class Kernel {
 
  private:
   struct Compiled;
+  // What a parameter takes at a launch, read once from its IR type (runArgs checks and keys every
+  // argument by it without going back to the function).
+  enum class ParamKind : uint8_t { Pointer, I32, OtherInteger, Number };
   struct Traced {
     std::unique_ptr<ir::Function> function;
     std::vector<std::shared_ptr<CaptureSlot>> captures;
     size_t ownParams = 0;  // parameters of the callable; the captured ones follow
+    std::vector<ParamKind> paramKinds;  // one a parameter of `function`
   };
   Traced traceWithCaptures(const TraceOptions& options) const;
   const Traced& tracedEntry(const LaunchOptions& options);
@@ -210,8 +214,8 @@ class Kernel {
   // them up (a fifth of a decode step's host time).
   struct RecentLaunch;
   const Traced* recentTrace(const LaunchOptions& options) const;  // with mutex_ held
-  Compiled* recentCompiled(const Traced& traced, const std::vector<int64_t>& divisibility,
-                           const std::vector<int64_t>& ones, const runtime::Device* device,
+  Compiled* recentCompiled(const Traced& traced, std::span<const int64_t> divisibility,
+                           std::span<const int64_t> ones, const runtime::Device* device,
                            const std::string& settings) const;  // with mutex_ held
 
   std::string name_;

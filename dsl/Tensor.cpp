@@ -169,7 +169,16 @@ int64_t Tensor::size(int dim) const {
 
 int64_t Tensor::numel() const { return defined() ? ir::numElements(shape_) : 0; }
 
-bool Tensor::isContiguous() const { return strides_ == contiguousStrides(shape_) || numel() <= 1; }
+bool Tensor::isContiguous() const {
+  // Asked on every launch (the templates' output checks): compared in place, not against a new
+  // vector of contiguous strides.
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (strides_[i] != expected) return numel() <= 1;
+    expected *= shape_[i];
+  }
+  return true;
+}
 
 MemorySpace Tensor::space() const {
   if (!storage_) throw Error("tensor: use of an empty Tensor");
@@ -179,9 +188,13 @@ MemorySpace Tensor::space() const {
 bool Tensor::owned() const { return storage_ && storage_->owned; }
 
 size_t Tensor::extentBytes() const {
-  if (numel() == 0) return 0;
+  // Every launch asks it of each tensor argument: one pass, no numel().
+  if (!defined()) return 0;
   int64_t last = 0;
-  for (size_t d = 0; d < shape_.size(); ++d) last += (shape_[d] - 1) * strides_[d];
+  for (size_t d = 0; d < shape_.size(); ++d) {
+    if (shape_[d] == 0) return 0;
+    last += (shape_[d] - 1) * strides_[d];
+  }
   return size_t(last + 1) * size_t(elementBytes());
 }
 

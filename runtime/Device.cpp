@@ -113,8 +113,9 @@ std::string Device::codeIdentity() const {
 void Device::makeCurrent() {
   // cuCtxSetCurrent only stores a thread-local pointer in the driver; calling it every time
   // is cheaper than tracking whether some other library switched contexts since.
-  cu::check(cu::api().ctxSetCurrent(static_cast<cu::Context>(context_)), "cuCtxSetCurrent",
-            "device " + std::to_string(ordinal_));
+  // (The context of an error is formed only for one: every launch comes here.)
+  cu::checkLazy(cu::api().ctxSetCurrent(static_cast<cu::Context>(context_)), "cuCtxSetCurrent",
+                [&] { return "device " + std::to_string(ordinal_); });
 }
 
 std::array<size_t, 2> Device::memoryInfo() {

@@ -826,9 +826,15 @@ TEST(FlexAttentionSwitches, OneWalkReadsWhatEachGetenvWould) {
   EXPECT_EQ(values[3], std::nullopt);
   EXPECT_EQ(values[4], std::nullopt);
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(values[i], forcedBySwitch(names[i])) << names[i];
-  // Changed between two walks: the second sees the change.
+  // Changed between two walks: the second sees the change (the answers are kept only while the
+  // environment stays), and so does forcedBySwitch; removed, both see it gone.
   ASSERT_EQ(setenv("FLEXTILE_TEST_SWITCH_A", "0", 1), 0);
   forcedBySwitches(names, values);
   EXPECT_EQ(values[0], std::optional<bool>(false));
+  EXPECT_EQ(forcedBySwitch(names[0]), std::optional<bool>(false));
+  ASSERT_EQ(unsetenv("FLEXTILE_TEST_SWITCH_A"), 0);
+  forcedBySwitches(names, values);
+  EXPECT_EQ(values[0], std::nullopt);
+  EXPECT_EQ(forcedBySwitch(names[0]), std::nullopt);
   for (const char* name : names) unsetenv(name);
 }

@@ -162,6 +162,44 @@ TEST(CompileCache, TheSwitchesOfThePassesArePartOfTheKey) {
   }
 }
 
+// The launches keep what they read of the FLEXTILE_ switches while the environment's generation
+// stays (codegen::environmentGeneration): it must stay without a change and move with every kind
+// of change — a value set anew, a variable added, removed, or put with putenv — or a launch would
+// run the kernel of a switch no longer set.
+TEST(CompileCache, TheEnvironmentsGenerationMovesWithEveryChangeAndOnlyThen) {
+  using codegen::environmentGeneration;
+  ::unsetenv("FLEXTILE_TEST_GENERATION");
+  ::unsetenv("FLEXTILE_TEST_GENERATION_PUT");
+  uint64_t g = environmentGeneration();
+  EXPECT_EQ(environmentGeneration(), g);
+  EXPECT_EQ(environmentGeneration(), g);
+  auto moved = [&](const char* what) {
+    const uint64_t now = environmentGeneration();
+    EXPECT_NE(now, g) << what;
+    EXPECT_EQ(environmentGeneration(), now) << what << ", asked again";
+    g = now;
+  };
+  ASSERT_EQ(::setenv("FLEXTILE_TEST_GENERATION", "1", 1), 0);
+  moved("a variable added");
+  ASSERT_EQ(::setenv("FLEXTILE_TEST_GENERATION", "0", 1), 0);
+  moved("a value set anew");
+  ASSERT_EQ(::setenv("FLEXTILE_TEST_GENERATION", "1", 1), 0);
+  moved("the first value set back");
+  static char put[] = "FLEXTILE_TEST_GENERATION_PUT=1";
+  ASSERT_EQ(::putenv(put), 0);
+  moved("putenv");
+  ASSERT_EQ(::unsetenv("FLEXTILE_TEST_GENERATION"), 0);
+  moved("a variable removed");
+  ASSERT_EQ(::unsetenv("FLEXTILE_TEST_GENERATION_PUT"), 0);
+  moved("the put one removed");
+  // The switches the launches key by follow (a switch of the code generator, set and unset).
+  const std::string before = codegen::codegenSwitches();
+  ASSERT_EQ(::setenv("FLEXTILE_EXP2_FTZ", "0", 1), 0);
+  EXPECT_NE(codegen::codegenSwitches(), before);
+  ASSERT_EQ(::unsetenv("FLEXTILE_EXP2_FTZ"), 0);
+  EXPECT_EQ(codegen::codegenSwitches(), before);
+}
+
 // FLEXTILE_PRODUCER_REGISTERS takes a count: each count keys its own kernels (the setmaxnreg
 // split is the lowering's).
 TEST(CompileCache, TheProducerRegistersAreKeyed) {
