@@ -248,17 +248,8 @@ std::optional<bool> forcedBySwitch(const char* name) {
     const char* name;
     std::optional<bool> value;
   };
-  struct Kept {
-    std::vector<Known> known;
-    uint64_t readAt = 0;
-  };
-  thread_local Kept kept;
-  Kept& k = kept;  // one thread-local lookup
-  std::vector<Known>& known = k.known;
-  if (const uint64_t now = codegen::environmentGeneration(); now != k.readAt) {
-    known.clear();
-    k.readAt = now;
-  }
+  thread_local codegen::KeptWhileEnvironmentStays<std::vector<Known>> kept;
+  std::vector<Known>& known = kept.get();
   for (const Known& k : known)
     if (k.name == name || !std::strcmp(k.name, name)) return k.value;
   const std::optional<bool> value = switchValue(std::getenv(name));
@@ -275,17 +266,8 @@ void forcedBySwitches(std::span<const char* const> names, std::span<std::optiona
     std::vector<const char*> names;
     std::vector<std::optional<bool>> values;
   };
-  struct Walks {
-    std::vector<Walk> walks;
-    uint64_t readAt = 0;
-  };
-  thread_local Walks kept;
-  Walks& k = kept;  // one thread-local lookup
-  std::vector<Walk>& walks = k.walks;
-  if (const uint64_t now = codegen::environmentGeneration(); now != k.readAt) {
-    walks.clear();
-    k.readAt = now;
-  }
+  thread_local codegen::KeptWhileEnvironmentStays<std::vector<Walk>> kept;
+  std::vector<Walk>& walks = kept.get();
   for (const Walk& w : walks)
     if (std::ranges::equal(w.names, names) && values.size() == w.values.size()) {
       std::ranges::copy(w.values, values.begin());

@@ -1,14 +1,16 @@
-// What the attention benches share: argument lists and PyTorch's document cuts.
+// What the attention benches share: argument lists, PyTorch's document cuts, random inputs.
 #pragma once
 
 #include <cctype>
 #include <cstdio>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/Reference.h"
+#include "dsl/Tensor.h"
 
 namespace flextile::bench {
 
@@ -43,6 +45,16 @@ inline std::vector<std::vector<int64_t>> readOffsets(const std::string& path, co
   }
   if (out.empty()) throw Error(who + ": no offset lists in " + path);
   return out;
+}
+
+// A bf16 device tensor of standard normal values.
+inline dsl::Tensor randomBf16(std::mt19937_64& rng, const dsl::Shape& shape) {
+  std::normal_distribution<float> n(0.f, 1.f);
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  std::vector<float> host(static_cast<size_t>(count));
+  for (float& x : host) x = n(rng);
+  return dsl::Tensor::fromHost(host, dsl::DType::BF16, shape, dsl::MemorySpace::Device);
 }
 
 }  // namespace flextile::bench

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchUtil.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/PagedKVCache.h"
 #include "attention_templates/Reference.h"
@@ -58,6 +59,7 @@ using namespace flextile::attention;
 using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
+using bench::randomBf16;
 
 namespace {
 
@@ -95,15 +97,6 @@ PagedKV pagedCopy(std::mt19937_64& rng, const Tensor& k, const Tensor& v, int64_
   kv.pageSize = pageSize;
   kv.length = S;
   return kv;
-}
-
-Tensor randomBf16(std::mt19937_64& rng, dsl::Shape shape) {
-  std::normal_distribution<float> n(0.f, 1.f);
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  std::vector<float> host(static_cast<size_t>(count));
-  for (float& x : host) x = n(rng);
-  return Tensor::fromHost(host, DType::BF16, shape, MemorySpace::Device);
 }
 
 double maxAbsDiff(const Tensor& a, const Tensor& b) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchUtil.h"
 #include "attention_templates/FlexAttention.h"
 #include "dsl/DSL.h"
 #include "runtime/Device.h"
@@ -36,17 +37,9 @@ using namespace flextile::attention;
 using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
+using bench::randomBf16;
 
 namespace {
-
-Tensor randomBf16(std::mt19937_64& rng, std::vector<int64_t> shape) {
-  std::normal_distribution<float> n(0.f, 1.f);
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  std::vector<float> host(static_cast<size_t>(count));
-  for (float& x : host) x = n(rng);
-  return Tensor::fromHost(host, DType::BF16, shape, MemorySpace::Device);
-}
 
 // The calls callgrind's --toggle-collect counts: kept out of line under this name.
 [[gnu::noinline]] void timedCalls(const std::function<void()>& call, int calls) {

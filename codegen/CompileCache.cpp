@@ -174,13 +174,14 @@ const std::string& codegenSwitches() {
   // Asked on every launch: two dozen getenv scans of the whole environment cost half a
   // microsecond there, so the answer is kept per thread and formed again only when the
   // environment changed (a test's setenv).
-  thread_local std::string switches;
-  thread_local uint64_t readAt = 0;
-  if (const uint64_t now = environmentGeneration(); now != readAt) {
-    switches = readCodegenSwitches();
-    readAt = now;
-  }
-  return switches;
+  struct Read {
+    bool done = false;
+    std::string switches;
+  };
+  thread_local KeptWhileEnvironmentStays<Read> kept;
+  Read& read = kept.get();
+  if (!read.done) read = {true, readCodegenSwitches()};
+  return read.switches;
 }
 
 std::optional<fs::path> userCacheDirectory() {

@@ -56,6 +56,23 @@ const std::string& codegenSwitches();
 // nothing allocated). What reads FLEXTILE_ switches on every launch keeps its answer under it. A
 // string edited in place after putenv goes unseen.
 uint64_t environmentGeneration();
+// A value a thread keeps while the environment stays (what it read of the switches): `get` gives
+// it emptied (T{}) once environmentGeneration() moved since the last call. Hold it thread_local.
+template <class T>
+class KeptWhileEnvironmentStays {
+ public:
+  T& get() {
+    if (const uint64_t now = environmentGeneration(); now != readAt_) {
+      value_ = T{};
+      readAt_ = now;
+    }
+    return value_;
+  }
+
+ private:
+  T value_{};
+  uint64_t readAt_ = 0;
+};
 
 // The user's FlexTile cache folder (see above); nullopt when neither variable
 // nor HOME is set.

@@ -428,7 +428,9 @@ TEST(AutotuneDecode, DryRunPrunesWhatTheMaskRefusesAndWhatAnotherConfigRuns) {
   for (const DecodeCandidate& c : r.candidates) {
     SCOPED_TRACE(c.config.describe() + ": " + c.reason);
     EXPECT_TRUE(c.status == CandidateStatus::Compiled || c.status == CandidateStatus::Pruned);
-    if (c.config.block_n == 256) EXPECT_NE(c.reason.find("wider than the BlockMask's KV block 128"), std::string::npos);
+    if (c.config.block_n == 256) {
+      EXPECT_NE(c.reason.find("wider than the BlockMask's KV block 128"), std::string::npos);
+    }
   }
   EXPECT_EQ(r.candidates[0].status, CandidateStatus::Compiled);
   EXPECT_GT(r.candidates[0].sharedBytes, 0);
