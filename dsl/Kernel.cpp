@@ -15,11 +15,11 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <memory_resource>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory_resource>
 #include <string_view>
 
 namespace flextile::dsl {
@@ -491,9 +491,9 @@ void Kernel::runArgs(const LaunchOptions& options, const std::vector<KernelArg>&
   if (!t.captures.empty()) withCaptured = withCaptures(t, given, MemorySpace::Device);
   const std::vector<KernelArg>& args = t.captures.empty() ? given : withCaptured;
   // One pass over the arguments by their parameters' kinds: checked, and the launch key's facts
-  // (argumentDivisibility, argumentsEqualToOne) formed into this thread's scratch; checkArgs says
-  // what is wrong when one does not fit. Every launch does this for its forty-odd arguments.
-  // This launch's scratch lives on the stack: no allocation for up to a hundred-odd arguments.
+  // (what argumentDivisibility and argumentsEqualToOne give) formed; checkArgs says what is wrong
+  // when one does not fit. Every launch does this for its forty-odd arguments, so its scratch
+  // lives on the stack: no allocation for up to a hundred-odd arguments.
   std::array<std::byte, 4096> stack;
   std::pmr::monotonic_buffer_resource arena(stack.data(), stack.size());
   std::pmr::vector<int64_t> div(&arena), ones(&arena);

@@ -185,7 +185,7 @@ kernels_in() { sed -n 's/^\[ KERNELS  \] \([0-9][0-9]*\) kernels built.*/\1/p' "
 decode='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*'
 serving="$decode:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*"
 # The backward: its tests, and its warpgroup turns one test a variant.
-backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*'
+backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*:*/FlexAttentionBackwardGpuSchedule.*'
 
 if [ "${FLEXTILE_GPU_TESTS:-1}" != 0 ]; then
   echo "== GPU tests (seed $FLEXTILE_TEST_SEED; $([ "${FLEXTILE_GPU_TESTS_FULL:-0}" = 1 ] && echo "every config" || echo "sampled configs"); attention parts in $TEST_SHARDS shards each, $TEST_JOBS processes at once)"

@@ -89,11 +89,9 @@ TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
 }
 
 namespace {
-// Every variant with dQ summed as `dq`, GQA 4:1 and MQA (alternating), bf16 and f16, D 128 and
-// 64, at each (L, S) of `lengths` and each of `configs`.
-// `var`, the `index`-th of variants(), at each of `lengths`: the cases alternate GQA 4:1 and MQA,
-// f16 and bf16, and take D = 64 every third, counted over the variants in order. False once a
-// check failed. The caller holds the Variant: variants() returns a copy, and a reference into
+// `var`, the `index`-th of variants(), with dQ summed as `dq`, at each (L, S) of `lengths` and each
+// of `configs`: the cases alternate GQA 4:1 and MQA, f16 and bf16, and take D = 64 every third,
+// counted over the variants in order. False once a check failed. The caller holds the Variant: variants() returns a copy, and a reference into
 // that temporary dangled here once (every backward EveryVariant test failed with bad_alloc on
 // the GPU, 2026-12-06).
 bool checkVariant(SeededRandom& rng, const std::string& what, const Variant& var, size_t index,
@@ -116,42 +114,72 @@ bool checkVariant(SeededRandom& rng, const std::string& what, const Variant& var
   }
   return true;
 }
-
-void checkEveryVariant(SeededRandom& rng, const std::string& what, const std::vector<std::pair<int64_t, int64_t>>& lengths,
-                       const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
-  const std::vector<Variant> all = variants();
-  for (size_t v = 0; v < all.size(); ++v)
-    if (!checkVariant(rng, what, all[v], v, lengths, configs, dq)) return;
-}
 }  // namespace
 
-// dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; every
-// variant, GQA 4:1 and MQA, lengths around the blocks, the default and a wide dkdv tile.
-TEST(FlexAttentionBackwardGpu, AtomicDqEveryVariant) {
+// The backward's schedules over every variant, one test a variant
+// (EveryVariant/FlexAttentionBackwardGpuSchedule.<schedule>/<variant>), so that the GPU suite's
+// dealing evens them out (as one test each they took 28-46 s); each variant keeps the case mix it
+// had in the whole sweep (checkVariant counts the cases over the variants in order).
+class FlexAttentionBackwardGpuSchedule : public ::testing::TestWithParam<std::string> {
+ protected:
+  void check(const std::string& what, const std::vector<std::pair<int64_t, int64_t>>& lengths,
+             const std::vector<std::optional<FlexAttentionBackwardConfig>>& configs, DqAccumulation dq) {
+    SeededRandom rng;
+    const std::vector<std::string> names = variantNames();
+    const size_t index = size_t(std::find(names.begin(), names.end(), GetParam()) - names.begin());
+    checkVariant(rng, what, variant(GetParam()), index, lengths, configs, dq);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuSchedule, ::testing::ValuesIn(variantNames()),
+                         variantParamName);
+
+// dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; GQA 4:1
+// and MQA, lengths around the blocks, the default and a wide dkdv tile.
+TEST_P(FlexAttentionBackwardGpuSchedule, AtomicDq) {
   FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
-  checkEveryVariant(rng, "atomic dQ", {{129, 1000}, {1000, 129}}, {std::nullopt, kConfigs[1]}, DqAccumulation::Atomic);
+  check("atomic dQ", {{129, 1000}, {1000, 129}}, {std::nullopt, kConfigs[1]}, DqAccumulation::Atomic);
 }
 
 // Atomic dQ from the specialized dkdv (64 queries x 128 keys, a producer warpgroup), opt-in with
 // FLEXTILE_TMA_IN_STAGING_LOOPS=1: dQᵀ = Kᵀ dSᵀ on wgmma with Kᵀ read M-major and dSᵀ staged in
 // shared memory every step, beside the TMA rings (TilePassesInterpreted.BackwardAtomicDqSpecialized
-// runs the same IR in the interpreter). Every variant, D 128 (wgmma) and 64 (mma.sync for dQᵀ).
-TEST(FlexAttentionBackwardGpu, SpecializedAtomicDqEveryVariant) {
+// runs the same IR in the interpreter). D 128 (wgmma) and 64 (mma.sync for dQᵀ).
+TEST_P(FlexAttentionBackwardGpuSchedule, SpecializedAtomicDq) {
   FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
   ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
-  checkEveryVariant(rng, "specialized atomic dQ", {{129, 1000}, {1000, 333}},
-                    {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}},
-                    DqAccumulation::Atomic);
+  check("specialized atomic dQ", {{129, 1000}, {1000, 333}},
+        {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}}, DqAccumulation::Atomic);
+}
+
+// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles and dq's query
+// tiles read from orders made on the host, the default config and the specialized one. A tile
+// computed twice and another never shows as poisoned gradients.
+TEST_P(FlexAttentionBackwardGpuSchedule, TilesHeaviestFirst) {
+  FLEXTILE_REQUIRE_GPU();
+  flextile::testing::ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  check("backward, tiles heaviest first", {{129, 1000}, {1000, 333}}, {std::nullopt, FlexAttentionBackwardConfig{dkdv, dq}},
+        DqAccumulation::Separate);
+}
+
+// The backward's walks on a ring each (FLEXTILE_SHARE_RINGS=0; the default shares one set between
+// them, which every other backward test runs): dkdv's and dq's full and partial walks, at the
+// specialized config.
+TEST_P(FlexAttentionBackwardGpuSchedule, RingsThatOutliveTheirLoop) {
+  FLEXTILE_REQUIRE_GPU();
+  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
+  flextile::testing::ScopedSetenv on("FLEXTILE_SHARE_RINGS", "0");
+  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
+  check("backward, FLEXTILE_SHARE_RINGS=0", {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
+        DqAccumulation::Separate);
 }
 
 // Warpgroup turns (config `turns`, pass "pingpong") in the specialized dkdv and dq: the two
 // consumer warpgroups take turns issuing each step's first products. One test a variant
 // (EveryVariant/FlexAttentionBackwardGpuTurns.EachVariant/<variant>), lengths off the blocks, GQA
 // and MQA, D 128 and 64 — as one test it stalled three times under the parallel suite, each time in
-// the document variant (dkdv's turns closed and reopened once a head: the close's handshake since),
-// and one variant alone is what scripts/gpu_stress_turns.sh repeats.
+// the document variant (dkdv's turns closed and reopened once a head: the close's handshake since,
+// confirmed on an H100 2026-12-06), and one variant alone is what scripts/gpu_stress_turns.sh repeats.
 class FlexAttentionBackwardGpuTurns : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuTurns, ::testing::ValuesIn(variantNames()), variantParamName);
 
@@ -164,33 +192,6 @@ TEST_P(FlexAttentionBackwardGpuTurns, EachVariant) {
   const size_t index = size_t(std::find(names.begin(), names.end(), GetParam()) - names.begin());
   checkVariant(rng, "backward turns", variant(GetParam()), index, {{129, 1000}, {1000, 333}}, {FlexAttentionBackwardConfig{dkdv, dq}},
                DqAccumulation::Separate);
-}
-
-// The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles and dq's query
-// tiles read from orders made on the host, every variant, the default config and the specialized
-// one. A tile computed twice and another never shows as poisoned gradients.
-TEST(FlexAttentionBackwardGpu, TilesHeaviestFirstEveryVariant) {
-  FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
-  flextile::testing::ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
-  FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
-  checkEveryVariant(rng, "backward, tiles heaviest first", {{129, 1000}, {1000, 333}},
-                    {std::nullopt, FlexAttentionBackwardConfig{dkdv, dq}}, DqAccumulation::Separate);
-}
-
-// The backward's walks on a ring each (FLEXTILE_SHARE_RINGS=0; the default shares one set between
-// them, which every other backward test runs): dkdv's and dq's full and partial walks, every
-// variant, at the default config.
-TEST(FlexAttentionBackwardGpu, RingsThatOutliveTheirLoopEveryVariant) {
-  FLEXTILE_REQUIRE_GPU();
-  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
-  SeededRandom rng;
-  for (const char* var : {"FLEXTILE_SHARE_RINGS"}) {
-    flextile::testing::ScopedSetenv on(var, "0");
-    FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
-    checkEveryVariant(rng, std::string("backward, ") + var + "=0", {{129, 1000}, {1000, 333}},
-                      {FlexAttentionBackwardConfig{dkdv, dq}}, DqAccumulation::Separate);
-  }
 }
 
 TEST(FlexAttentionBackwardGpu, FullyMaskedRowsAndMaskAlgebra) {

@@ -9,7 +9,7 @@ src=$1 binary=$2
 seconds="$src/scripts/gpu_test_seconds.txt"
 serving='FlexDecodeGpu.*:*/FlexDecodeGpuVariant.*:DecodeListsGpu.*:PagedKVGpu.*:PagedKVCacheGpu.*:FlexAttentionStreamsGpu.*'
 sweeps='FlexAttentionGpu.*EveryVariant:EveryVariant/FlexAttentionGpuSchedule.*'
-backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*'
+backward='FlexAttentionBackwardGpu.*:*/FlexAttentionBackwardGpuTurns.*:*/FlexAttentionBackwardGpuSchedule.*'
 listed() { "$binary" --gtest_list_tests --gtest_filter="$1" | awk '/^Running main/ || /^$/ { next }
   /^[^ ]/ { suite = $1; next } { print suite $1 }' | sort; }
 for filter in "$sweeps" "-$backward:$serving:$sweeps" "$backward" "$serving"; do
