@@ -252,8 +252,9 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
       for (const AttentionCase& shape : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64},
                                          AttentionCase{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80}})
         for (int call = 0; call < 2; ++call) {
-          // Under the sanitizers half the shapes and configs, each with its two calls.
-          if (!runsInThisBuild(rng.seed(), sweepCase++ / 2, 2)) continue;
+          // Under the sanitizers the small shape always, the L = S = 1000 one (nearly all the
+          // time) for one (target, config) of the four, with its two calls.
+          if (shape.L == 1000 && !runsInThisBuild(rng.seed(), sweepCase++ / 2, 4)) continue;
           AttentionCase c = shape;
           c.dtype = DType::BF16;
           c.context = std::string("split last round, ") + (*target ? target : "interpreted") + " " +
