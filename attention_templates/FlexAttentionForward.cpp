@@ -849,6 +849,7 @@ struct Prepared {
   PagedKvConstants pagedConstants{};
   runtime::Stream* stream = nullptr;   // options.stream
   int64_t programs = 0;                // the persistent grid (constants.persistent): a program per SM
+  int64_t tileSteps = 0;               // uniformTileSteps, read once (a user's mask is scanned for it)
 };
 
 int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
@@ -871,7 +872,7 @@ int64_t uniformTileSteps(const Prepared& p) {
 // (soft-cap is the one persistent such kernel). FLEXTILE_SPLIT_LAST_ROUND=0 or 1 turns it off or on
 // wherever it applies.
 bool lastRoundSplits(const Prepared& p) {
-  const int64_t steps = uniformTileSteps(p), tiles = forwardTiles(p), programs = p.programs;
+  const int64_t steps = p.tileSteps, tiles = forwardTiles(p), programs = p.programs;
   if (steps == 0 || programs < 1 || tiles <= programs || tiles % programs == 0) return false;
   const int64_t units = (tiles % programs) * steps;
   if ((units + steps) * (programs + 1) >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 30)) return false;
@@ -1001,6 +1002,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
     const int sms = target ? target->description().part.multiprocessors
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     p.programs = sms > 0 ? sms : 3;
+    p.tileSteps = uniformTileSteps(p);
     p.constants.splitLastRound = lastRoundSplits(p);
   }
   // The tiles handed out heaviest first (BlockMask::heaviestTilesFirst, uploaded once a mask and
@@ -1179,7 +1181,7 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
        .scale = scale, .tiles = forwardTiles(p), .part_out = split ? partOut : lists.kvNum,
-       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? uniformTileSteps(p) : 0},
+       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? p.tileSteps : 0},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
@@ -1215,7 +1217,7 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
                           {.out = out, .lse = lse ? *lse : partLse, .part_out = partOut, .part_lse = partLse,
                            .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0], .out_stride_h = os[1],
                            .out_stride_m = os[2], .tiles = forwardTiles(p), .programs = p.programs,
-                           .tile_steps = uniformTileSteps(p)},
+                           .tile_steps = p.tileSteps},
                           merge.name())});
   return launches;
 }
