@@ -47,30 +47,6 @@ BackwardCheck withConfig(const std::optional<FlexAttentionBackwardConfig>& c, co
 
 }  // namespace
 
-TEST(FlexAttentionBackwardGpu, EveryVariantShapeAndConfig) {
-  FLEXTILE_REQUIRE_GPU();
-  SeededRandom rng;
-  const AttentionCase shapes[] = {
-      {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 127, .D = 64, .dtype = DType::BF16},
-      {.B = 2, .Hq = 4, .Hkv = 2, .L = 300, .S = 300, .D = 128, .dtype = DType::BF16},
-      {.B = 1, .Hq = 2, .Hkv = 2, .L = 200, .S = 77, .D = 96, .dtype = DType::F16},
-      {.B = 1, .Hq = 2, .Hkv = 1, .L = 100, .S = 130, .D = 64, .dtype = DType::F32},
-      {.B = 1, .Hq = 2, .Hkv = 1, .L = 150, .S = 140, .D = 256, .dtype = DType::F16},
-  };
-  ConfigSample configs(kConfigs, 1, rng);
-  const std::vector<std::optional<FlexAttentionBackwardConfig>> defaultOnly{std::nullopt};
-  for (const Variant& var : variants())
-    for (AttentionCase c : shapes) {
-      if (!inScope(c.work())) continue;
-      // f32 and D > 128 run their defaults only.
-      for (const auto& config : c.dtype == DType::F32 || c.D > 128 ? defaultOnly : configs.next()) {
-        c.context = "variant " + var.name;
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
-      }
-    }
-}
-
 TEST(FlexAttentionBackwardGpu, LengthsGqaAndMqa) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
@@ -132,6 +108,32 @@ class FlexAttentionBackwardGpuSchedule : public ::testing::TestWithParam<std::st
 };
 INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionBackwardGpuSchedule, ::testing::ValuesIn(variantNames()),
                          variantParamName);
+
+// Every variant at shapes off the block (GQA, MQA, f16, bf16, f32, D 64 to 256), each shape at one
+// of the configs sampled in turn (f32 and D > 128 at their defaults).
+TEST_P(FlexAttentionBackwardGpuSchedule, ShapesAndConfigs) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const Variant& var = variant(GetParam());
+  const AttentionCase shapes[] = {
+      {.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 127, .D = 64, .dtype = DType::BF16},
+      {.B = 2, .Hq = 4, .Hkv = 2, .L = 300, .S = 300, .D = 128, .dtype = DType::BF16},
+      {.B = 1, .Hq = 2, .Hkv = 2, .L = 200, .S = 77, .D = 96, .dtype = DType::F16},
+      {.B = 1, .Hq = 2, .Hkv = 1, .L = 100, .S = 130, .D = 64, .dtype = DType::F32},
+      {.B = 1, .Hq = 2, .Hkv = 1, .L = 150, .S = 140, .D = 256, .dtype = DType::F16},
+  };
+  ConfigSample configs(kConfigs, 1, rng);
+  const std::vector<std::optional<FlexAttentionBackwardConfig>> defaultOnly{std::nullopt};
+  for (AttentionCase c : shapes) {
+    if (!inScope(c.work())) continue;
+    // f32 and D > 128 run their defaults only.
+    for (const auto& config : c.dtype == DType::F32 || c.D > 128 ? defaultOnly : configs.next()) {
+      c.context = "variant " + var.name;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
+    }
+  }
+}
 
 // dq_accumulation = Atomic on the GPU: f32 atomics from the dkdv programs, then the cast; GQA 4:1
 // and MQA, lengths around the blocks, the default and a wide dkdv tile.

@@ -86,50 +86,47 @@ CaseInputs randomInputs(SeededRandom& rng, const AttentionCase& c, const Variant
 
 }  // namespace
 
-// Every variant x every shape x the configs (one sampled per pair, so each config runs for about
+// The tests that run every variant are one test per variant
+// (EveryVariant/FlexAttentionGpuSchedule.<test>/<variant>), so that the GPU suite's shards
+// (scripts/gpu_run.sh) share them: as one test each they took up to 75 s.
+class FlexAttentionGpuSchedule : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionGpuSchedule, ::testing::ValuesIn(variantNames()), variantParamName);
+
+// Every variant x every shape x the configs (one sampled per shape, so each config runs for about
 // a quarter of the pairs; every one with FLEXTILE_GPU_TESTS_FULL=1), captures and lists on the
 // device; one reference per (variant, shape) serves its configs.
-TEST(FlexAttentionGpu, EveryVariantEveryShapeEveryConfig) {
+TEST_P(FlexAttentionGpuSchedule, EveryShapeEveryConfig) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   ConfigSample configs(kConfigs, 1, rng);
-  for (const Variant& var : variants())
-    for (AttentionCase c : kVariantCases) {
-      if (!inScope(c.work())) continue;
-      c.context = "variant " + var.name;
-      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
-      for (const auto& config : configs.next())
-        if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
-    }
+  const Variant& var = variant(GetParam());
+  for (AttentionCase c : kVariantCases) {
+    if (!inScope(c.work())) continue;
+    c.context = "variant " + var.name;
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
+    for (const auto& config : configs.next())
+      if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
+  }
 }
 
 // The forward with its loops rotated by defer-accumulation (opt-in; codegen/passes/
 // DeferAccumulation.cpp): every variant at the default config and on one warpgroup, lengths off
 // the block, GQA.
-TEST(FlexAttentionGpu, DeferredAccumulationEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, DeferredAccumulation) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  ::setenv("FLEXTILE_DEFER_ACCUMULATION", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FLEXTILE_DEFER_ACCUMULATION"); }
-  } unset;
-  for (const Variant& var : variants())
-    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
-                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 64, .dtype = DType::F16}}) {
-      c.context = "variant " + var.name + ", deferred accumulation";
-      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-      for (const std::optional<FlexAttentionConfig>& config : {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}}})
-        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
-          return;
-    }
+  const Variant& var = variant(GetParam());
+  ScopedSetenv defer("FLEXTILE_DEFER_ACCUMULATION", "1");
+  for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1000, .D = 128, .dtype = DType::BF16},
+                          AttentionCase{.B = 1, .Hq = 4, .Hkv = 1, .L = 129, .S = 383, .D = 64, .dtype = DType::F16}}) {
+    c.context = "variant " + var.name + ", deferred accumulation";
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    for (const std::optional<FlexAttentionConfig>& config : {std::optional<FlexAttentionConfig>{}, std::optional{FlexAttentionConfig{64, 64, 4, 2}}})
+      if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+        return;
+  }
 }
-
-// The schedule tests that run every variant are one test per variant
-// (EveryVariant/FlexAttentionGpuSchedule.<schedule>/<variant>), so that the GPU suite's shards
-// (scripts/gpu_run.sh) share them: as one test each they took up to 75 s.
-class FlexAttentionGpuSchedule : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(EveryVariant, FlexAttentionGpuSchedule, ::testing::ValuesIn(variantNames()), variantParamName);
 
 // K and V copied by TMA (the default on sm_90a: codegen/passes/Pipeline.cpp): every variant at
 // the default config, on one warpgroup and at three stages, lengths off the block (the boxes'
@@ -255,10 +252,11 @@ TEST_P(FlexAttentionGpuSchedule, SkewedWalksOnARingSetPerLoop) {
 // Lengths off the block, GQA, a padded head dim, on the default 8-warp tile (and on 3 stages for
 // the persistent mode). A wrong slot or parity shows as wrong rows or a hang (the test binary's
 // timeout).
-TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, RingsThatOutliveTheirLoop) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "TMA rings need sm_90a";
   SeededRandom rng;
+  const Variant& var = variant(GetParam());
   const std::vector<std::vector<std::pair<const char*, const char*>>> modes = {
       {{"FLEXTILE_FORWARD_PERSISTENT", "1"}},
       {{"FLEXTILE_FORWARD_PERSISTENT", "1"}, {"FLEXTILE_SHARE_RINGS", "0"}},
@@ -266,29 +264,28 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
   for (const auto& mode : modes) {
     std::vector<std::unique_ptr<flextile::testing::ScopedSetenv>> set;
     std::string name;
-    for (const auto& [var, value] : mode) {
-      set.push_back(std::make_unique<flextile::testing::ScopedSetenv>(var, value));
-      name += std::string(name.empty() ? "" : " ") + var + "=" + value;
+    for (const auto& [switchName, value] : mode) {
+      set.push_back(std::make_unique<flextile::testing::ScopedSetenv>(switchName, value));
+      name += std::string(name.empty() ? "" : " ") + switchName + "=" + value;
     }
-    for (const Variant& var : variants())
-      for (AttentionCase c : kScheduleCases) {
-        if (!inScope(c.work())) continue;
-        c.context = "variant " + var.name + ", " + name;
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        // A mod that gathers per score keeps a program per tile (its loads and rings are the
-        // consumers' own, and with the tile loop's Q ring they need 256 KB, which the compiler
-        // refuses by name: docs/performance.md).
-        if (mode.front().first == std::string("FLEXTILE_FORWARD_PERSISTENT") && mode.front().second == std::string("1") &&
-            inst.score.gathersPerElement())
-          continue;
-        // The default tile for every mode; 3 stages (the slots wrap at another count) for the
-        // persistent one only, to keep the test within its shard's budget.
-        std::vector<FlexAttentionConfig> configs{FlexAttentionConfig{128, 128, 8, 2}};
-        if (&mode == &modes.front()) configs.push_back(FlexAttentionConfig{128, 64, 8, 3});
-        for (const FlexAttentionConfig& config : configs)
-          if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
-            return;
-      }
+    for (AttentionCase c : kScheduleCases) {
+      if (!inScope(c.work())) continue;
+      c.context = "variant " + var.name + ", " + name;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      // A mod that gathers per score keeps a program per tile (its loads and rings are the
+      // consumers' own, and with the tile loop's Q ring they need 256 KB, which the compiler
+      // refuses by name: docs/performance.md).
+      if (mode.front().first == std::string("FLEXTILE_FORWARD_PERSISTENT") && mode.front().second == std::string("1") &&
+          inst.score.gathersPerElement())
+        continue;
+      // The default tile for every mode; 3 stages (the slots wrap at another count) for the
+      // persistent one only, to keep the test within its shard's budget.
+      std::vector<FlexAttentionConfig> configs{FlexAttentionConfig{128, 128, 8, 2}};
+      if (&mode == &modes.front()) configs.push_back(FlexAttentionConfig{128, 64, 8, 3});
+      for (const FlexAttentionConfig& config : configs)
+        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, withConfig(config)))
+          return;
+    }
   }
 }
 
@@ -297,22 +294,22 @@ TEST(FlexAttentionGpu, RingsThatOutliveTheirLoopEveryVariant) {
 // its tile from the order, persistent programs dealing the order in rounds) and forced persistent.
 // Lengths off the block, GQA, a padded head dim. A tile computed twice and another never shows as
 // poisoned rows.
-TEST(FlexAttentionGpu, TilesHeaviestFirstEveryVariant) {
+TEST_P(FlexAttentionGpuSchedule, TilesHeaviestFirst) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  const Variant& var = variant(GetParam());
   ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
   for (const char* persistent : {"", "1"}) {
     ScopedSetenv dealt("FLEXTILE_FORWARD_PERSISTENT", persistent);
-    for (const Variant& var : variants())
-      for (AttentionCase c : kScheduleCases) {
-        if (!inScope(c.work())) continue;
-        c.context = "variant " + var.name + ", " + c.describe() + ", tiles heaviest first, persistent '" + persistent + "'";
-        VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
-        if (*persistent && inst.score.gathersPerElement()) continue;  // (as RingsThatOutliveTheirLoop)
-        if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask,
-                                withConfig(FlexAttentionConfig{128, 128, 8, 2})))
-          return;
-      }
+    for (AttentionCase c : kScheduleCases) {
+      if (!inScope(c.work())) continue;
+      c.context = "variant " + var.name + ", " + c.describe() + ", tiles heaviest first, persistent '" + persistent + "'";
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      if (*persistent && inst.score.gathersPerElement()) continue;  // (as RingsThatOutliveTheirLoop)
+      if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask,
+                              withConfig(FlexAttentionConfig{128, 128, 8, 2})))
+        return;
+    }
   }
 }
 
