@@ -372,6 +372,8 @@ TEST(TilePassesInterpreted, SharedRings) {
   ScopedSetenv shared("FLEXTILE_SHARE_RINGS", "1");
   InterpretAfterPasses scope("sm_90a");
   for (const char* persistent : {"0", "1"}) {
+    // Under the sanitizers one of the two schedules a run, drawn from the seed.
+    if (!runsInThisBuild(rng.seed(), *persistent == '1', 2)) continue;
     ScopedSetenv tiles("FLEXTILE_FORWARD_PERSISTENT", persistent);
     if (!checkWalkVariants(rng, std::string("shared rings, persistent ") + persistent,
                            {kWgmmaTiles, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{128, 64, 8, 2}},
@@ -626,8 +628,10 @@ TEST(TilePassesInterpreted, BackwardWithWarpgroupTurnsOnDocumentsAtTheStalledSha
   InterpretAfterPasses scope("sm_90a");
   FlexAttentionConfig dkdv{64, 128, 8, 2, WarpSpecialization::On}, dq{128, 64, 8, 2, WarpSpecialization::On};
   dkdv.turns = dq.turns = LoopSchedule::On;
+  size_t shape = 0;
   for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 129, .S = 1000, .D = 64, .dtype = DType::F16},
                           AttentionCase{.B = 2, .Hq = 8, .Hkv = 1, .L = 1000, .S = 333, .D = 128, .dtype = DType::BF16}}) {
+    if (!runsInThisBuild(rng.seed(), shape++, 2)) continue;  // under the sanitizers one shape a run
     c.context = "sm_90a backward with turns, document, " + c.describe();
     if (!checkBackwardVariant(rng, "document", c, dkdv, dq)) return;
   }
@@ -764,6 +768,9 @@ TEST(TilePassesInterpreted, TilesHeaviestFirst) {
     std::optional<InterpretAfterPasses> scope;
     if (*target) scope.emplace(target);
     for (const char* persistent : {"0", "1"}) {
+      // Under the sanitizers two of the four (target, schedule) pairs a run, each target on one
+      // schedule, drawn from the seed.
+      if (!runsInThisBuild(rng.seed(), (*target != 0) + (*persistent == '1'), 2)) continue;
       ScopedSetenv dealt("FLEXTILE_FORWARD_PERSISTENT", persistent);
       const std::string label = std::string("tiles heaviest first, persistent ") + persistent + " " + target;
       const std::vector<FlexAttentionConfig> configs =
