@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace flextile::ir {
@@ -30,7 +31,7 @@ class Verifier {
       if (p->type().isTile())
         problem("function @" + f_.name() + ": " + nth("parameter", i) + " is a tile (" + p->type().str() +
                 "); parameters are pointers and scalars");
-      checkValue(p->type(), "function @" + f_.name() + ": " + nth("parameter", i));
+      checkValue(p->type(), [&] { return "function @" + f_.name() + ": " + nth("parameter", i); });
     }
     block(f_.body(), nullptr);
     if (problems_.empty() && f_.intAttrOr("producer_warps", 0) > 0) producerSlice();
@@ -57,40 +58,43 @@ class Verifier {
   }
 
   // Rules for one value's type, independent of the op that makes it.
-  void checkValue(const Type& t, const std::string& where) {
+  // `describeWhere()` names the value in a problem: formed only when there is one (the verifier
+  // runs after every pass, and describing every result it checks was a third of its time).
+  template <class DescribeWhere>
+  void checkValue(const Type& t, const DescribeWhere& describeWhere) {
     if (t.isSharedBuffer()) {
       const SharedLayout& l = *t.sharedLayout();
-      if (auto e = l.verify(); !e.empty()) problem(where + " has an invalid shared layout " + l.str() + ": " + e);
+      if (auto e = l.verify(); !e.empty()) problem(describeWhere() + " has an invalid shared layout " + l.str() + ": " + e);
       else if (l.shape() != t.shape() || l.elemBytes() != byteWidth(t.dtype()) || t.dtype() == DType::Ptr)
-        problem(where + " (" + t.str() + "): the shared layout must store the tile's shape and element size");
-      if (t.slots() < 1 || t.slots() > 64) problem(where + " (" + t.str() + ") must have 1 to 64 slots");
-      if (t.hasLayout()) problem(where + " (" + t.str() + ") is a shared buffer but has a register layout");
+        problem(describeWhere() + " (" + t.str() + "): the shared layout must store the tile's shape and element size");
+      if (t.slots() < 1 || t.slots() > 64) problem(describeWhere() + " (" + t.str() + ") must have 1 to 64 slots");
+      if (t.hasLayout()) problem(describeWhere() + " (" + t.str() + ") is a shared buffer but has a register layout");
       return;
     }
     for (int64_t d : t.shape())
       if (!isPow2(d)) {
-        problem(where + " has shape " + shapeString(t.shape()) + ": tile dimensions must be powers of two");
+        problem(describeWhere() + " has shape " + shapeString(t.shape()) + ": tile dimensions must be powers of two");
         break;
       }
     if (t.numElements() > kMaxTileElements)  // numElements saturates: no overflow on any shape
-      problem(where + " has shape " + shapeString(t.shape()) + ": more than 2^31 elements in one tile");
+      problem(describeWhere() + " has shape " + shapeString(t.shape()) + ": more than 2^31 elements in one tile");
     if (t.isScalar()) {
-      if (t.hasLayout()) problem(where + " is a scalar (" + t.str() + ") but has a layout; scalars never do");
+      if (t.hasLayout()) problem(describeWhere() + " is a scalar (" + t.str() + ") but has a layout; scalars never do");
       return;
     }
     if (!t.hasLayout()) {
-      if (layoutsOn_) problem(where + " (" + t.str() + ") has no layout, but other tiles do: either all tiles have "
+      if (layoutsOn_) problem(describeWhere() + " (" + t.str() + ") has no layout, but other tiles do: either all tiles have "
                               "layouts or none does");
       return;
     }
     const Layout& l = *t.layout();
     if (l.shape() != t.shape()) {
-      problem(where + " (" + t.str() + ") has a layout of shape " + shapeString(l.shape()));
+      problem(describeWhere() + " (" + t.str() + ") has a layout of shape " + shapeString(l.shape()));
       return;
     }
-    if (auto e = l.verify(); !e.empty()) problem(where + " has an invalid layout " + l.str() + ": " + e);
+    if (const std::string& e = layoutProblem(l); !e.empty()) problem(describeWhere() + " has an invalid layout " + l.str() + ": " + e);
     else if (l.numWarps() != f_.numWarps())
-      problem(where + " has a layout over " + std::to_string(l.numWarps()) + " warps, but the function has num_warps = " +
+      problem(describeWhere() + " has a layout over " + std::to_string(l.numWarps()) + " warps, but the function has num_warps = " +
               std::to_string(f_.numWarps()));
   }
 
@@ -103,8 +107,9 @@ class Verifier {
   void block(const Block& b, const Op* parent) {
     scopes_.emplace_back(b.args().begin(), b.args().end());
     for (size_t i = 0; i < b.args().size(); ++i)
-      checkValue(b.arg(i)->type(), (parent ? parent->describe() : "function @" + f_.name()) + ": region " +
-                                        nth("argument", i));
+      checkValue(b.arg(i)->type(), [&] {
+        return (parent ? parent->describe() : "function @" + f_.name()) + ": region " + nth("argument", i);
+      });
     for (auto it = b.ops().begin(); it != b.ops().end(); ++it) {
       const Op& op = **it;
       opFailed_ = false;
@@ -120,7 +125,8 @@ class Verifier {
       if (op.kind() == OpKind::Return && parent) err(op, "'return' may only end the function body; use 'yield' in " + parent->describe());
       if (op.kind() == OpKind::Yield && (!parent || parent->kind() != OpKind::For))
         err(op, "'yield' may only end the body of a 'for'");
-      for (size_t i = 0; i < op.numResults(); ++i) checkValue(op.result(i)->type(), op.describe() + ": " + nth("result", i));
+      for (size_t i = 0; i < op.numResults(); ++i)
+        checkValue(op.result(i)->type(), [&] { return op.describe() + ": " + nth("result", i); });
       // Shared buffers are made by local_alloc and used by the async level's ops only: a buffer
       // carried by a loop, stored or computed on would have no meaning in registers.
       for (size_t i = 0; i < op.numResults(); ++i)
@@ -838,9 +844,17 @@ class Verifier {
   // Whether every tile operand and result has a well-formed layout of its
   // shape; only then do the per-op layout rules apply (checkValue reports the
   // rest once, at the definition).
-  bool layoutsUsable(const Op& op) const {
-    auto ok = [](const Type& t) {
-      return t.isScalar() || (t.hasLayout() && t.layout()->shape() == t.shape() && t.layout()->verify().empty());
+  // Layout::verify's verdict on `l` (empty: valid), once per layout object a run: types share
+  // their layouts, and each op asks about every operand's.
+  const std::string& layoutProblem(const Layout& l) {
+    auto [it, fresh] = layoutProblems_.try_emplace(&l);
+    if (fresh) it->second = l.verify();
+    return it->second;
+  }
+
+  bool layoutsUsable(const Op& op) {
+    auto ok = [&](const Type& t) {
+      return t.isScalar() || (t.hasLayout() && t.layout()->shape() == t.shape() && layoutProblem(*t.layout()).empty());
     };
     for (const Value* v : op.operands())
       if (!ok(v->type())) return false;
@@ -859,6 +873,7 @@ class Verifier {
   const Function& f_;
   std::vector<std::string> problems_;
   std::vector<std::unordered_set<const Value*>> scopes_;
+  std::unordered_map<const Layout*, std::string> layoutProblems_;  // layoutProblem's verdicts
   bool layoutsOn_ = false;
   bool lay_ = false;  // layout rules apply to the op being checked
   bool opFailed_ = false;
