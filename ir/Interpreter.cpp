@@ -94,22 +94,33 @@ struct BoxElements {
     bool inside = true;
     int64_t offset = 0;  // in elements from the tensor's base
   };
-  Element at(const Shape& shape, size_t i) const {
-    const size_t rank = dims.size(), lead = rank - shape.size();
-    Element e;
-    int64_t rest = int64_t(i);
-    for (size_t k = rank; k-- > 0;) {
-      int64_t idx = coords[k];
-      if (k >= lead) {
-        const int64_t extent = shape[k - lead];
-        idx += rest % extent;
-        rest /= extent;
+  // The tile's elements in order (row-major over `shape`): element() is tile element i after i
+  // calls of next(), its index kept as a counter per dimension rather than divided out of i.
+  class Walk {
+   public:
+    Walk(const BoxElements& box, const Shape& shape) : box_(box), shape_(shape), at_(shape.size(), 0) {}
+    Element element() const {
+      const size_t rank = box_.dims.size(), lead = rank - shape_.size();
+      Element e;
+      for (size_t k = 0; k < rank; ++k) {
+        const int64_t idx = box_.coords[k] + (k >= lead ? at_[k - lead] : 0);
+        e.inside = e.inside && idx >= 0 && idx < box_.dims[k];
+        e.offset += idx * box_.strides[k];
       }
-      e.inside = e.inside && idx >= 0 && idx < dims[k];
-      e.offset += idx * strides[k];
+      return e;
     }
-    return e;
-  }
+    void next() {
+      for (size_t d = shape_.size(); d-- > 0;) {
+        if (++at_[d] < shape_[d]) return;
+        at_[d] = 0;
+      }
+    }
+
+   private:
+    const BoxElements& box_;
+    const Shape& shape_;
+    std::vector<int64_t> at_;  // the element's index in each dimension of the tile
+  };
 };
 
 struct PtrVal {
@@ -876,8 +887,9 @@ class Program {
     }
     const PtrVal origin = slots_[size_t(tensor.base->id())]->ptrs[0];
     const size_t n = size_t(numElements(shape));
-    for (size_t i = 0; i < n; ++i) {
-      const BoxElements::Element e = box.at(shape, i);
+    BoxElements::Walk walk(box, shape);
+    for (size_t i = 0; i < n; ++i, walk.next()) {
+      const BoxElements::Element e = walk.element();
       const bool on = !mask || mask[i];
       if (on != e.inside)
         fail(op, "its mask is " + std::string(on ? "on" : "off") + " at tile element " + coordString(shape, int64_t(i)) +
@@ -1085,8 +1097,9 @@ class Program {
       using M = decltype(mem);
       using T = typename M::Held;
       T* o = buf.template vec<T>().data() + base;
-      for (size_t i = 0; i < n; ++i) {
-        const BoxElements::Element e = box.at(shape, i);
+      BoxElements::Walk walk(box, shape);
+      for (size_t i = 0; i < n; ++i, walk.next()) {
+        const BoxElements::Element e = walk.element();
         o[i] = e.inside ? M::read(address(op, "tma_copy", shape, i, {origin.offset + e.offset * width, origin.buffer}, width)) : T{};
       }
       return 0;
