@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "codegen/Ptxas.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -127,6 +129,12 @@ inline bool inScope(int64_t work) { return gpuTestScope() != GpuTestScope::Small
 #define FLEXTILE_SANITIZED_BUILD 0
 #endif
 inline constexpr bool kSanitizedBuild = FLEXTILE_SANITIZED_BUILD != 0;
+
+// Whether a test that assembles kernels at scale runs ptxas: not in the sanitizer build, where
+// ptxas (a separate program, not instrumented) took 90 % of such a test's time, as much as in the
+// normal build, which runs it and asserts on its report. There the test still plans and compiles
+// the kernels, our code under the sanitizers.
+inline bool assemblesInThisBuild() { return !kSanitizedBuild && codegen::findPtxas().has_value(); }
 
 // Whether case `index` of a sweep runs: always in the normal build; in the sanitizer build one case
 // in `share`, the offset drawn from `seed` (a SeededRandom's), so successive runs cover them all.
