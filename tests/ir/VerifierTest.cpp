@@ -382,6 +382,29 @@ TEST(VerifierLayouts, LayoutFitsItsValue) {
   EXPECT_HAS(verifyError(*h), "op 'arange'", "has an invalid layout", "lane/warp basis [[1]] is dependent");
 }
 
+// The verifier checks each layout object once a run and reuses the verdict: an invalid layout
+// that two values share is reported at both.
+TEST(VerifierLayouts, AnInvalidLayoutSharedByTwoValuesIsReportedAtEach) {
+  auto f = layoutProgram();
+  const auto invalid = makeLayout(Layout({64}, {{1}}, {{1}, {2}, {4}, {8}, {16}}, {{32}, {0}}));
+  Op* arange = firstOp(*f, OpKind::Arange);
+  Op* other = nullptr;
+  f->walk([&](Op& op) {
+    if (!other && &op != arange && op.numResults() == 1 && op.result()->type().isTile() &&
+        op.result()->type().shape() == Shape{64})
+      other = &op;
+  });
+  ASSERT_TRUE(other) << "the program has no other [64] tile";
+  for (Op* op : {arange, other}) op->result()->setType(op->result()->type().withLayout(invalid));
+  int reports = 0;
+  for (const std::string& p : verificationProblems(*f))
+    if (p.find("has an invalid layout") != std::string::npos) {
+      ++reports;
+      EXPECT_TRUE(p.find("op 'arange'") != std::string::npos || p.find("op '" + std::string(other->name()) + "'") != std::string::npos) << p;
+    }
+  EXPECT_EQ(reports, 2);
+}
+
 TEST(VerifierLayouts, ElementwiseOperandsShareTheResultLayout) {
   auto f = layoutProgram();
   perturb(firstOp(*f, OpKind::Exp));  // its user 'exp2' now sees a different operand layout
