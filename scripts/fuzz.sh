@@ -20,6 +20,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-60}"
 build="${2:-$root/build-asan}"
+mkdir -p "$build" && build="$(cd "$build" && pwd)"  # absolute: the fuzzers run from inside it
 jobs="${FUZZ_JOBS:-1}"
 targets="${FUZZ_TARGETS:-ir_parser tile_program mask_mod}"
 "$root/scripts/sanitizer_build.sh" configure "$build"
