@@ -174,14 +174,10 @@ const std::string& codegenSwitches() {
   // Asked on every launch: two dozen getenv scans of the whole environment cost half a
   // microsecond there, so the answer is kept per thread and formed again only when the
   // environment changed (a test's setenv).
-  struct Read {
-    bool done = false;
-    std::string switches;
-  };
-  thread_local KeptWhileEnvironmentStays<Read> kept;
-  Read& read = kept.get();
-  if (!read.done) read = {true, readCodegenSwitches()};
-  return read.switches;
+  thread_local KeptWhileEnvironmentStays<std::optional<std::string>> kept;
+  std::optional<std::string>& switches = kept.get();
+  if (!switches) switches = readCodegenSwitches();
+  return *switches;
 }
 
 std::optional<fs::path> userCacheDirectory() {
