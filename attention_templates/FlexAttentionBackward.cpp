@@ -683,6 +683,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                 ", v " + v.describe());
   if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)
     throw Error(std::string(op) + ": dtype must be bf16, f16 or f32, got " + q.describe());
+  if (v.size(3) != D && k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == S && k.size(3) == D)
+    throw Error(std::string(op) + ": v's head dim DV = " + std::to_string(v.size(3)) + " differs from q's and k's D = " +
+                    std::to_string(D) + ": the forward and the decode take such a v, the backward does not yet (v " +
+                    v.describe() + ")",
+                ErrorKind::Unsupported);
   if (k.size(0) != B || v.size(0) != B || v.size(1) != Hkv || v.size(2) != S || k.size(3) != D || v.size(3) != D)
     throw Error(std::string(op) + ": k and v must be [B, Hkv, S, D] with q's B and D: q " + q.describe() + ", k " +
                 k.describe() + ", v " + v.describe());

@@ -214,6 +214,11 @@ inline int64_t paddedHeadDim(int64_t D) {
 // and the tiles dividing the mask's blocks (BLOCK_M | Q_BLOCK_SIZE, BLOCK_N | KV_BLOCK_SIZE).
 std::optional<std::string> configProblem(const FlexAttentionConfig& config, const BlockMask* mask);
 
+// untunedFlexAttentionConfig for a head dim of the caller's choosing: where v's head dim differs
+// from q's, the larger of the two sizes the tile.
+FlexAttentionConfig untunedConfig(const dsl::Tensor& q, int64_t headDim, const ScoreMod& scoreMod,
+                                  const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target);
+
 // The target a call's defaults are chosen for: the given one, else the current device's for device
 // tensors, else none (host tensors run on the interpreter: the portable default).
 std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std::optional<codegen::Target>& target);

@@ -161,9 +161,9 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
 
 namespace {
 
-// The shared memory of a decode program's K/V ring.
-int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, DType dt) {
-  return int64_t(c.num_stages) * 2 * c.block_n * paddedD * ir::byteWidth(dt);
+// The shared memory of a decode program's K/V ring (K's rows DP wide, V's DVP).
+int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, int64_t paddedDV, DType dt) {
+  return int64_t(c.num_stages) * c.block_n * (paddedD + paddedDV) * ir::byteWidth(dt);
 }
 
 // ---- kernel parameters -------------------------------------------------------
@@ -192,7 +192,7 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket));
+                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, DV), (int64_t, DVP));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -208,9 +208,9 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
   const int64_t realRows = k.HP * k.LQ;
   int64_t MC = 4;
   while (MC < std::min<int64_t>(realRows, 16)) MC *= 2;
-  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DP), 1, 16);
-  Tile offsD = arange(0, k.DP);
-  Tile dLive = offsD < k.D;
+  const int64_t perRound = std::clamp<int64_t>(64 * 32 * numWarps / (MC * k.DVP), 1, 16);
+  Tile offsD = arange(0, k.DVP);  // the partials' and the output's columns: v's head dim
+  Tile dLive = offsD < k.DV;
   for_range(0, cdiv(realRows, MC), 1, [&](Tile chunk) {
     Tile rows = chunk * MC + arange(0, MC);
     Tile rowLive = rows < realRows;
@@ -224,7 +224,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     // partial through a shared-memory conversion, two barriers apiece, 16 a round; without them the
     // window was level and B = 1 (two rounds) 1 % faster (H100, 2026-12-06): the merge's time is its
     // L2 round trip.
-    const Shape byRowAndD{MC, k.DP};
+    const Shape byRowAndD{MC, k.DVP};
     Tile m0 = full(byRowAndD, -INFINITY, DType::F32), l0 = zeros(byRowAndD, DType::F32), a0 = zeros(byRowAndD, DType::F32);
     Tile rounds = (splits + (perRound - 1)) / perRound;
     auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
@@ -236,7 +236,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         Tile live = rowLive & (s < splits);
         Tile slot = firstSlot + s.to(DType::I64);
         lse.push_back(load(p.part_lse + slot.expand(1).broadcast_to(byRowAndD), live.expand(1), -INFINITY));
-        part.push_back(load(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
+        part.push_back(load(p.part_out + (slot.expand(1) * k.DVP + offsD.expand(0)), live.expand(1), 0.0));
       }
       return detail::foldPartials(mi, li, ai, lse, part);
     });
@@ -244,7 +244,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     Tile out = acc * (1.0 / where(empty, 1.0, l));
     Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
                  (query * p.out_stride_m).to(DType::I64);
-    Tile oMask = k.DP != k.D ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
+    Tile oMask = k.DVP != k.DV ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
     store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), oMask);
     if (k.hasLse)  // one store a row: column 0's
       store(p.lse + rowId.to(DType::I64).expand(1).broadcast_to(byRowAndD), detail::rowLse(m, l, empty, /*natural=*/true),
@@ -308,6 +308,14 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   auto byD = [&](const Tile& rowMask) {
     Tile m = rowMask.expand(1);
     return k.DP != k.D ? m & dLive.expand(0) : m;
+  };
+  // V, the accumulator, the partials and the output have v's head dim (DV; D where it is q's).
+  const bool vDimOwn = k.DVP != k.DP || k.DV != k.D;
+  Tile offsDV = vDimOwn ? arange(0, k.DVP) : offsD;
+  auto byDV = [&](const Tile& rowMask) {
+    if (!vDimOwn) return byD(rowMask);
+    Tile m = rowMask.expand(1);
+    return k.DVP != k.DV ? m & (offsDV < k.DV).expand(0) : m;
   };
 
   Tile qRows = head.to(DType::I64) * p.q_stride_h + (query * p.q_stride_m).to(DType::I64);
@@ -404,30 +412,30 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       Tile colLive = offsN < keyEnd;
       Tile rows = paged ? detail::kvStorageRows(*pagedRows, start, k.BN, keyEnd) : offsN;
       Tile kOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-      Tile vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
+      Tile vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
       Tile loadCols = colLive;
       if (partial) {
         Tile step = (t - begin).to(DType::I64);
         loadCols = colLive & ((step >= kLiveBits) | (((liveBits >> step) & 1) != 0));
       }
-      const bool exact = !partial && !keysMayEnd && k.DP == k.D;
+      const bool exact = !partial && !keysMayEnd && k.DP == k.D && k.DVP == k.DV;
       Tile kt, vt;
       if (k.warpSpecialize && !partial) {
         // Full steps as tensor boxes of K and V (`paged` never specializes): TMA zero-fills the
         // keys past kv_len and the columns past D, as the masked copies do. The partial walk keeps
         // its copies: it skips steps by liveBits, which come from mask_mod's tiles, and a
         // producer runs scalars only.
-        auto box = [&](const Tile& base, const Tile& strideB, const Tile& strideH, const Tile& strideN) {
-          return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, k.D}, {strideB, strideH, strideN},
+        auto box = [&](const Tile& base, const Tile& strideB, const Tile& strideH, const Tile& strideN, int64_t dim) {
+          return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, dim}, {strideB, strideH, strideN},
                            {b, hkv, start, 0}};
         };
-        const TensorBox kBox = box(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n);
-        const TensorBox vBox = box(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n);
+        const TensorBox kBox = box(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, k.D);
+        const TensorBox vBox = box(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, k.DV);
         kt = exact ? load(kBase + kOffs, kBox) : load(kBase + kOffs, byD(loadCols), kBox);
-        vt = exact ? load(vBase + vOffs, vBox) : load(vBase + vOffs, byD(loadCols), vBox);
+        vt = exact ? load(vBase + vOffs, vBox) : load(vBase + vOffs, byDV(loadCols), vBox);
       } else {
         kt = exact ? load(kBase + kOffs) : load(kBase + kOffs, byD(loadCols));
-        vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byD(loadCols));
+        vt = exact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(loadCols));
       }
       Tile s = dot(q, kt.trans());
       Tile kvPos = offsN.expand(0);
@@ -444,7 +452,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
 
   Tile m = full({k.BM}, -INFINITY, DType::F32);
   Tile l = zeros({k.BM}, DType::F32);
-  Tile acc = zeros({k.BM, k.DP}, DType::F32);
+  Tile acc = zeros({k.BM, k.DVP}, DType::F32);
   // The steps [first, last) of the run that fall in one list, laid `before` steps into the row.
   auto walkList = [&](bool partial, const Tile& before) {
     if (!(partial ? k.hasPartial : k.hasFull)) return;
@@ -477,7 +485,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& index,
                          const Tile& count) {
     Tile slot = rowId.to(DType::I64) * count + index;
-    store(p.part_out + (slot.expand(1) * k.DP + offsD.expand(0)), partial, rowLive.expand(1));
+    store(p.part_out + (slot.expand(1) * k.DVP + offsDV.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
     // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
     // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
@@ -512,7 +520,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
                                                {.to = 0, .rows = crossing < k.BM ? crossing : 0});
     const auto mid = all.begin() + std::ptrdiff_t(k.clusterMerge);
     auto [mm, ll, merged] = detail::foldPartials(full({k.BM}, -INFINITY, DType::F32), zeros({k.BM}, DType::F32),
-                                                 zeros({k.BM, k.DP}, DType::F32), std::vector<Tile>(all.begin(), mid),
+                                                 zeros({k.BM, k.DVP}, DType::F32), std::vector<Tile>(all.begin(), mid),
                                                  std::vector<Tile>(mid, all.end()));
     Tile none = ll == 0.0;
     Tile folded = merged * (1.0 / where(none, 1.0, ll)).expand(1);
@@ -527,7 +535,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     }
     Tile stores = rowLive & (split == 0);
     Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
-    store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), folded.to(dt), byD(stores));
+    store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsDV.expand(0)), folded.to(dt), byDV(stores));
     if (k.hasLse) store(p.lse + rowId.to(DType::I64), detail::rowLse(mm, ll, none, /*natural=*/true), stores);
     storeTimeline();
     return;
@@ -538,7 +546,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     return;
   }
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
-  store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsD.expand(0)), out.to(dt), byD(rowLive));
+  store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsDV.expand(0)), out.to(dt), byDV(rowLive));
   if (k.hasLse) {
     Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
@@ -667,6 +675,7 @@ struct DecodeSwitches {
 
 struct DecodePrepared {
   int64_t B, Hq, Hkv, L, S, D, G, HP, BM, queryStart;
+  int64_t DV;             // v's head dim: the output's (D unless v's differs)
   int64_t programsPerSm;  // resident on one SM of the GPU planned for (decodeProgramsPerSm); 0: none
   DType dtype;
   MemorySpace space;
@@ -718,7 +727,9 @@ std::optional<std::string> decodeConfigProblem(const FlexDecodeConfig& c, const 
 
 // The resolver's config (a tuned one) when there is one the call can take, else the default.
 FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& scoreMod, const BlockMask& mask) {
-  const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, p.D);
+  const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, std::max(p.D, p.DV));
+  // Tuned configs are keyed by one head dim (FlexAttentionProblem::D): none was measured where v's differs.
+  if (p.DV != p.D) return fallback;
   FlexDecodeConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -766,6 +777,7 @@ DecodePrepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const 
   detail::checkAttentionInputs(q, k, v, scoreMod);
   DecodePrepared p{};
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = k.size(1), p.S = k.size(2);
+  p.DV = v.size(3);
   p.dtype = q.dtype();
   p.space = q.space();
   p.kvBoxes = detail::tmaBoxesFor({&k, &v}, 2, true);
@@ -782,6 +794,7 @@ DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& 
   detail::checkAttentionInputs(q, kv.k, kv.v, scoreMod, /*sameBatch=*/false);
   DecodePrepared p{};
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = kv.kvHeads(), p.S = kv.length;
+  p.DV = p.D;  // (a paged cache keeps one head dim)
   p.dtype = q.dtype();
   p.space = q.space();
   p.paged = &kv;
@@ -894,7 +907,11 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   const std::optional<codegen::Target> gpu = detail::defaultsTarget(p.space, target);
   p.clustersAvailable = !gpu || gpu->description().has(codegen::Feature::ThreadBlockClusters);
   p.warpSpecialized = decodeWarpSpecialized(p, gpu);
-  p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(p.D), p.dtype), c.num_warps,
+  // Planned as for the wider of q's and v's head dims: a program's registers grow with both (Q's
+  // rows, the accumulator's), and the narrower ring would ask for more programs than they leave
+  // room for (D = 128, DV = 64: four an SM, 36 bytes spilled at 128 registers).
+  const int64_t widerDim = detail::paddedHeadDim(std::max(p.D, p.DV));
+  p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, widerDim, widerDim, p.dtype), c.num_warps,
                                               gpu->description(), p.warpSpecialized ? 4 : 0)
                         : 0;
   if (c.splits == 0) {
@@ -957,7 +974,9 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.timeline.has_value(),
                          // The ticket as the merge's release and acquire (the default since the H100's
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
-                         p.switches.acqRelTicket.value_or(true)};
+                         p.switches.acqRelTicket.value_or(true),
+                         p.DV,
+                         detail::paddedHeadDim(p.DV)};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -984,7 +1003,7 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
                              const Tensor& v, const Tensor& out, const Tensor* lse) {
   const FlexDecodeConfig& c = p.config;
   const DecodeConstants constants = decodeConstants(p, lse != nullptr);
-  const int64_t DP = constants.DP;
+  const int64_t DP = constants.DVP;  // a partial's row: v's head dim
   const int64_t rows = p.B * p.Hq * p.L;
   const bool split = constants.split && (!constants.clusterMerge || constants.clusterTickets);  // partials in global memory
   Tensor partOut, partLse, counters;
@@ -1088,8 +1107,9 @@ FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& 
   plan.clusterSize = p.clusterSize;
   // Compiling reads shapes, strides and alignment only: a 16-byte-aligned view stands in for out.
   alignas(16) static std::byte anyAligned[16];
-  Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
-                                            : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
+  const Shape outShape{p.B, p.Hq, p.L, p.DV};
+  Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), outShape)
+                                            : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), outShape);
   for (const Launch& l : launches(p, scoreMod, q, k, v, out, nullptr)) {
     plan.kernelNames.push_back(l.kernel->name());
     if (target) plan.compiled.push_back(&l.kernel->compile(l.options, l.args, target));

@@ -163,14 +163,18 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
   if (vs.size(1) != ks.size(1) || vs.size(2) != ks.size(2))
     throw Error("flex_attention: k and v must have the same heads and length: k " + shapeStr(k) + ", v " +
                 shapeStr(v));
-  if (ks.size(3) != qs.size(3) || vs.size(3) != qs.size(3))
-    throw Error("flex_attention: q, k and v must have the same head dim D: q " + shapeStr(q) + ", k " +
-                shapeStr(k) + ", v " + shapeStr(v));
+  if (ks.size(3) != qs.size(3))
+    throw Error("flex_attention: q and k must have the same head dim D: q " + shapeStr(q) + ", k " + shapeStr(k) +
+                ", v " + shapeStr(v));
   if (ks.size(1) < 1 || qs.size(1) % ks.size(1) != 0)
     throw Error("flex_attention: the query heads (" + std::to_string(qs.size(1)) + ") must be a multiple of the kv heads (" +
                 std::to_string(ks.size(1)) + ")");
   if (qs.size(3) < 16 || qs.size(3) > 256 || qs.size(3) % 16 != 0)
     throw Error("flex_attention: head dim D = " + std::to_string(qs.size(3)) + " is not supported (a multiple of 16 up to 256)",
+                ErrorKind::Unsupported);
+  if (vs.size(3) < 16 || vs.size(3) > 256 || vs.size(3) % 16 != 0)
+    throw Error("flex_attention: v's head dim DV = " + std::to_string(vs.size(3)) +
+                    " is not supported (a multiple of 16 up to 256): v " + shapeStr(v),
                 ErrorKind::Unsupported);
   if (qs.size(2) < 1 || ks.size(2) < 1 || qs.size(0) < 1)
     throw Error("flex_attention: empty input: q " + shapeStr(q) + ", k " + shapeStr(k));
@@ -415,7 +419,7 @@ struct ForwardConstants {
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
-                           (int64_t, skew), (int64_t, tileOrder));
+                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -510,6 +514,15 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       if (k.DP != k.D) m = m & dLive.expand(0);
       return m;
     };
+    // V, the output and the accumulator have V's head dim (DV; D where V's is Q's and K's).
+    const bool vDimOwn = k.DVP != k.DP || k.DV != k.D;
+    Tile offsDV = vDimOwn ? arange(0, k.DVP) : offsD;
+    auto rowsByDV = [&](const Tile& rows) {  // [rows, DVP] load/store mask
+      if (!vDimOwn) return rowsByD(rows);
+      Tile m = rows.expand(1);
+      if (k.DVP != k.DV) m = m & (offsDV < k.DV).expand(0);
+      return m;
+    };
 
     Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
                 (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
@@ -535,7 +548,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
 
     Tile m0 = full({k.BM}, -INFINITY, DType::F32);
     Tile l0 = zeros({k.BM}, DType::F32);
-    Tile acc0 = zeros({k.BM, k.DP}, DType::F32);
+    Tile acc0 = zeros({k.BM, k.DVP}, DType::F32);
 
     // Both lists' lengths are read before the first walk: the second walk's first block index then
     // waits only for the first walk's end, not for a dependent read of its length after it.
@@ -545,11 +558,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile listBase = rowBase * p.mask_kv_blocks;
       // Step t's keys: their positions, which are live, and the K/V offsets.
       struct Keys {
-        Tile start, offsN, colLive, kvOffs, vOffs, live;
+        Tile start, offsN, colLive, kvOffs, vOffs, live, vLive;
       };
       // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
-      const bool exact = !keysMayEnd && k.DP == k.D;
+      const bool exact = !keysMayEnd && k.DP == k.D && k.DVP == k.DV;
       auto keysAt = [&](const Tile& t) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
@@ -559,15 +572,15 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (!paged) {
           ks.colLive = ks.offsN < p.kv_len;
           ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-          ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsD.expand(0);
+          ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
           ks.colLive = ks.offsN < keyEnd;
           Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
           ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-          ks.vOffs = rows.expand(1) * p.v_stride_n + offsD.expand(0);
+          ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
         }
-        if (!exact) ks.live = rowsByD(ks.colLive);
+        if (!exact) ks.live = rowsByD(ks.colLive), ks.vLive = vDimOwn ? rowsByDV(ks.colLive) : ks.live;
         return ks;
       };
       auto loadK = [&](const Keys& ks) {
@@ -576,9 +589,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
                                         k.D, k.tma);
       };
       auto loadV = [&](const Keys& ks) {
-        return detail::loadStreamedRows(vBase + ks.vOffs, exact, ks.live,
+        return detail::loadStreamedRows(vBase + ks.vOffs, exact, ks.vLive,
                                         {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, ks.start,
-                                        k.D, k.tma);
+                                        k.DV, k.tma);
       };
       // Without a score_mod and with a positive scale, the scale applies after the row max.
       const bool scaleLater = !k.hasScoreMod && k.positiveScale;
@@ -685,7 +698,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
       // write theirs) goes to its slot, for the merge kernel.
       Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
-      store(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), out);
+      store(p.part_out + (slotRows.expand(1) * k.DVP + offsDV.expand(0)), out);
       store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
       return;
     }
@@ -693,11 +706,11 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     // call's arguments.)
     Tile oRows = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
     Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
-    Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
-    if (k.qDivisible && k.DP == k.D)
+    Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsDV.expand(0));
+    if (k.qDivisible && k.DVP == k.DV)
       store(oPtrs, out.to(dt));
     else
-      store(oPtrs, out.to(dt), rowsByD(rowLive));
+      store(oPtrs, out.to(dt), rowsByDV(rowLive));
     if (k.hasLse) {
       Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
       Tile lsePtrs = lseRows + offsM;
@@ -785,6 +798,7 @@ struct LastRoundMergeParams {
                            (P<I32>, out_stride_h), (P<I32>, out_stride_m), (P<I32>, tiles), (P<I32>, programs),
                            (P<I32>, tile_steps));
 };
+// D and DP: the output's head dim (v's) and its padded width.
 struct LastRoundMergeConstants {
   BOOST_HANA_DEFINE_STRUCT(LastRoundMergeConstants, (int64_t, BM), (int64_t, MC), (int64_t, D), (int64_t, DP),
                            (int64_t, hasLse), (int64_t, programmaticLaunch));
@@ -838,6 +852,7 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
 
 struct Prepared {
   int64_t B, Hq, Hkv, L, S, D;
+  int64_t DV;  // v's head dim: the output's (D unless v's differs)
   DType dtype;
   MemorySpace space;
   FlexAttentionConfig config;
@@ -896,7 +911,10 @@ FlexAttentionConfigResolver& resolverSlot() {
 // The resolver's config when it gives a usable one, else the default.
 FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
                                   const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
-  const FlexAttentionConfig fallback = untunedFlexAttentionConfig(q, scoreMod, blockMask, target);
+  const FlexAttentionConfig fallback = detail::untunedConfig(q, std::max(p.D, p.DV), scoreMod, blockMask, target);
+  // The tuned configs are keyed by one head dim (FlexAttentionProblem::D): where v's differs, none
+  // of them was measured for the call, and its tile may not fit.
+  if (p.DV != p.D) return fallback;
   FlexAttentionConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -921,7 +939,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 
 // Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
 // loop's Q ring as many slots as the walks' K and V rings have stages, so they take
-// stages × (BM + 2·BN) × DP × element bytes, plus their barriers: at D = 128 and 128 × 128 tiles,
+// stages × (BM + 2·BN) × DP × element bytes (V's BN rows of DVP where v's head dim differs), plus their barriers: at D = 128 and 128 × 128 tiles,
 // three stages need 288 KB, past sm_90a's 227 KB, where a program per tile needs 224 KB. Unknown
 // limit (no target, host memory): true.
 bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
@@ -930,7 +948,8 @@ bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>&
                                                             : 0;
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
-  const int64_t rings = int64_t(p.config.num_stages) * (p.config.block_m + 2 * p.config.block_n) * p.constants.DP *
+  const int64_t rings = int64_t(p.config.num_stages) *
+                        ((p.config.block_m + p.config.block_n) * p.constants.DP + p.config.block_n * p.constants.DVP) *
                         int64_t(ir::byteWidth(p.dtype));
   return rings + kBarrierBytes <= limit;
 }
@@ -943,7 +962,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   expectRank4("v", v);
   Prepared p{};
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3);
-  p.Hkv = k.size(1), p.S = k.size(2);
+  p.Hkv = k.size(1), p.S = k.size(2), p.DV = v.size(3);
   p.dtype = q.dtype();
   detail::checkAttentionInputs(q, k, v, scoreMod);
   p.space = q.space();
@@ -1028,7 +1047,7 @@ Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreM
   if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
     throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + q.describe());
   detail::expectPagedKvFor("flex_attention", kv, p.B, p.D, p.dtype, p.space);
-  p.Hkv = kv.kvHeads(), p.S = kv.length;
+  p.Hkv = kv.kvHeads(), p.S = kv.length, p.DV = p.D;  // (a paged cache keeps one head dim)
   if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
     throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(p.Hkv) + ")");
@@ -1092,6 +1111,8 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  !(p.paged && p.pagedConstants.hasLengths) && p.S % mask.kvBlockSize() == 0,
                                  mask.mayHaveFullBlocks(),
                                  mask.mayHavePartialBlocks()};
+  p.constants.DV = p.DV;
+  p.constants.DVP = detail::paddedHeadDim(p.DV);
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
@@ -1143,8 +1164,8 @@ struct SplitRoundPartialsSlot;  // a split last round's partials (detail::f32Scr
 // first: a scratch that must grow grows then, before the outputs' view into it is taken.
 std::pair<Tensor, Tensor> lastRoundPartials(const Prepared& p) {
   const int64_t rows = 2 * p.programs * p.config.block_m;
-  Tensor lse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DP, {rows});
-  Tensor out = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DP});
+  Tensor lse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DVP, {rows});
+  Tensor out = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DVP});
   return {out, lse};
 }
 
@@ -1205,7 +1226,7 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
   LaunchOptions lo;
   lo.grid = {forwardTiles(p) % p.programs, p.config.block_m / MC, 1};
   lo.constants = constantList(LastRoundMergeConstants{
-      p.config.block_m, MC, p.D, p.constants.DP, lse != nullptr,
+      p.config.block_m, MC, p.DV, p.constants.DVP, lse != nullptr,
       detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false)});
   lo.num_warps = 4;
   lo.num_stages = 1;
@@ -1364,12 +1385,13 @@ bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
 }  // namespace detail
 
 namespace {
-void expectOutputs(const Tensor& q, const Tensor& out, const Tensor* lse) {
+// out is [B, Hq, L, DV]: v's head dim `valueDim`.
+void expectOutputs(const Tensor& q, int64_t valueDim, const Tensor& out, const Tensor* lse) {
   // Checked on every call: nothing is allocated unless a check fails.
   expectRank4("q", q);
   // out is written through the same i32 strides and row offsets as q is read.
   expectRank4("out", out);
-  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = valueDim;
   if (out.dtype() != q.dtype()) out.expectDType("flex_attention: out", q.dtype());
   const Shape& o = out.shape();
   if (o[0] != B || o[1] != Hq || o[2] != L || o[3] != D)
@@ -1401,8 +1423,9 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
   plan.traced = &kernel.cachedTrace(to);
   if (compile) {
     alignas(16) static std::byte anyAligned[16];
-    Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), q.shape())
-                                              : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), q.shape());
+    const Shape outShape{p.B, p.Hq, p.L, p.DV};
+    Tensor out = p.space == MemorySpace::Host ? Tensor::hostView(anyAligned, q.dtype(), outShape)
+                                              : Tensor::deviceView(uint64_t(1) << 20, q.dtype(), outShape);
     plan.compiled = &kernel.compile(lo, arguments(p, kernel, q, k, v, out, nullptr), target);
     if (p.constants.splitLastRound) {
       const Launch merge = forwardLaunches(p, kernel, q, k, v, out, nullptr).at(1);
@@ -1414,9 +1437,10 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
 // Runs `decode` (the decode template) when the call chooses it and returns true; otherwise refuses a
 // query_offset, which the prefill template does not take.
 template <class Decode>
-bool decodeIfChosen(const Tensor& q, Tensor& out, Tensor* lse, const FlexAttentionOptions& o, Decode&& decode) {
+bool decodeIfChosen(const Tensor& q, int64_t valueDim, Tensor& out, Tensor* lse, const FlexAttentionOptions& o,
+                    Decode&& decode) {
   if (detail::usesDecodeTemplate(q, o)) {
-    expectOutputs(q, out, lse);
+    expectOutputs(q, valueDim, out, lse);
     decode();
     return true;
   }
@@ -1432,10 +1456,11 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  if (decodeIfChosen(q, out, lse, o, [&] { detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o); }))
+  if (decodeIfChosen(q, v.rank() == 4 ? v.size(3) : 0, out, lse, o,
+                     [&] { detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o); }))
     return;
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
-  expectOutputs(q, out, lse);
+  expectOutputs(q, p.DV, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
   runInOrder(forwardLaunches(p, kernel, q, k, v, out, lse), p.space, p.stream);
 }
@@ -1445,10 +1470,11 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  if (decodeIfChosen(q, out, lse, o, [&] { detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o); }))
+  if (decodeIfChosen(q, q.rank() == 4 ? q.size(3) : 0, out, lse, o,
+                     [&] { detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o); }))
     return;
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
-  expectOutputs(q, out, lse);
+  expectOutputs(q, p.DV, out, lse);
   Kernel& kernel = forwardKernel(p, scoreMod);
   runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, kv.k, kv.v, out, lse)}}, p.space, p.stream);
 }
@@ -1477,7 +1503,7 @@ FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tenso
   // kernels' limits is refused, not allocated (faults/LimitsTest.cpp).
   detail::checkAttentionInputs(q, k, v, scoreMod);
   FlexAttentionResult r;
-  r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
+  r.out = Tensor::empty(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)}, q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
   flex_attention_into(q, k, v, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
   return r;
@@ -1494,8 +1520,14 @@ FlexAttentionConfig untunedFlexAttentionConfig(const Tensor& q, const ScoreMod& 
                                                const std::optional<BlockMask>& blockMask,
                                                std::optional<codegen::Target> target) {
   expectRank4("q", q);
+  return detail::untunedConfig(q, q.size(3), scoreMod, blockMask, target);
+}
+
+FlexAttentionConfig detail::untunedConfig(const Tensor& q, int64_t headDim, const ScoreMod& scoreMod,
+                                          const std::optional<BlockMask>& blockMask,
+                                          std::optional<codegen::Target> target) {
   const int64_t queryTiles = q.size(0) * q.size(1) * ((q.size(2) + 127) / 128);
-  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), q.size(3), detail::defaultsTarget(q.space(), target), queryTiles,
+  FlexAttentionConfig c = defaultFlexAttentionConfig(q.dtype(), headDim, detail::defaultsTarget(q.space(), target), queryTiles,
                                                      detail::modsGatherPerElement(scoreMod, blockMask));
   if (blockMask) {  // narrowed to tile a mask with smaller blocks, keeping 16 query rows per warp
     c.block_m = std::min(c.block_m, std::max<int64_t>(16, blockMask->qBlockSize()));

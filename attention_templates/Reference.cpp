@@ -124,6 +124,7 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
                                      int64_t qOffset, int threads) {
   const Tensor q = onHost(qIn), k = onHost(kIn), v = onHost(vIn);
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t DV = v.size(3);  // the output's head dim (v's may differ from q's and k's)
   for (const QueryRow& r : rows)
     if (r.b < 0 || r.b >= B || r.h < 0 || r.h >= Hq || r.i < 0 || r.i >= L)
       throw Error("referenceAttentionRows: row (" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " +
@@ -145,13 +146,13 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
                                            indices.begin() + std::min(indices.size(), first + kChunk))});
 
   ReferenceRows r;
-  r.out.assign(rows.size() * size_t(D), 0.0);
+  r.out.assign(rows.size() * size_t(DV), 0.0);
   r.lse.assign(rows.size(), -INFINITY);
   std::atomic<int64_t> allowedPairs{0};
   parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
     const Task& task = tasks[t];
     const int64_t n = int64_t(task.rows.size());
-    Mat K(S, D), V(S, D), Q(n, D);
+    Mat K(S, D), V(S, DV), Q(n, D);
     gatherRows(k, task.b, task.hk, S, [](int64_t j) { return j; }, K.data());
     gatherRows(v, task.b, task.hk, S, [](int64_t j) { return j; }, V.data());
     for (int64_t x = 0; x < n; ++x) {  // the task's rows may belong to different query heads
@@ -175,7 +176,7 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
       if (m == -INFINITY) continue;  // no allowed key: out 0, lse -inf
       double l = 0;
       for (int64_t j = 0; j < S; ++j) l += s(x, j) = std::exp(s(x, j) - m);
-      Eigen::Map<Eigen::RowVectorXd>(r.out.data() + index * size_t(D), D) = (s.row(x) * V) / l;
+      Eigen::Map<Eigen::RowVectorXd>(r.out.data() + index * size_t(DV), DV) = (s.row(x) * V) / l;
       r.lse[index] = m + std::log(l);
     }
     allowedPairs += pairs;

@@ -20,12 +20,12 @@ using RefMaskFn = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t kv
 using RefScoreFn = std::function<double(double s, int64_t b, int64_t h, int64_t q, int64_t kv)>;
 
 struct ReferenceResult {
-  std::vector<double> out;  // [B, Hq, L, D]
+  std::vector<double> out;  // [B, Hq, L, DV]
   std::vector<double> lse;  // [B, Hq, L], natural log; -inf for a row with no allowed key
   int64_t allowedPairs = 0; // over all (b, h)
 };
 
-// q [B, Hq, L, D], k/v [B, Hkv, S, D] of any float dtype in either memory
+// q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, DV] of any float dtype in either memory
 // space. An empty mask allows everything, an empty score is the identity.
 ReferenceResult referenceAttention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                    const RefScoreFn& score, const RefMaskFn& mask, double scale,
@@ -38,7 +38,7 @@ struct QueryRow {
 };
 
 struct ReferenceRows {
-  std::vector<double> out;   // [rows.size(), D], in the order of the rows asked for
+  std::vector<double> out;   // [rows.size(), DV], in the order of the rows asked for
   std::vector<double> lse;   // [rows.size()], natural log; -inf for a row with no allowed key
   int64_t allowedPairs = 0;  // over these rows
 };

@@ -29,13 +29,16 @@ struct AttentionCase {
   int64_t B = 1, Hq = 2, Hkv = 2, L = 129, S = 129, D = 64;
   dsl::DType dtype = dsl::DType::BF16;
   std::string context;
+  int64_t DV = 0;  // v's head dim (and the output's); 0: D
+
+  int64_t valueDim() const { return DV > 0 ? DV : D; }
 
   int64_t work() const { return B * Hq * L * S; }  // score elements (TestBudget.h's inScope)
 
   std::string describe() const {
     return context + " B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
-           " L=" + std::to_string(L) + " S=" + std::to_string(S) + " D=" + std::to_string(D) + " " +
-           std::string(ir::dtypeName(dtype));
+           " L=" + std::to_string(L) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
+           (DV > 0 && DV != D ? " DV=" + std::to_string(DV) : std::string()) + " " + std::string(ir::dtypeName(dtype));
   }
 };
 
@@ -60,12 +63,12 @@ inline bool runAndCompare(const dsl::Tensor& q, const dsl::Tensor& k, const dsl:
                (mask ? " mask blocks " + std::to_string(mask->qBlockSize()) + "x" +
                            std::to_string(mask->kvBlockSize())
                      : std::string(" no mask")));
-  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), DV = v.size(3);
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
   poison(out);
   poison(lse);
   attention::flex_attention_into(q, k, v, score, mask, out, &lse, options);
-  return compareWithReference(out, lse, ref, D, q.dtype());
+  return compareWithReference(out, lse, ref, DV, q.dtype());
 }
 
 // Above this many score elements (B * Hq * L * S) a GPU check's float64 reference covers a sample
@@ -85,7 +88,7 @@ inline attention::ReferenceResult referenceFor(const dsl::Tensor& q, const dsl::
                                                uint64_t rowSampleSeed = 0) {
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(q.size(3)));
   const int64_t qOffset = mask ? mask->qOffset() : 0;
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), S = k.size(2);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = v.size(3), S = k.size(2);  // D: out's rows
   if (q.space() != dsl::MemorySpace::Device || fullSweeps() || B * H * L * S <= kFullReferenceWork)
     return attention::referenceAttention(q, k, v, refScore, refMask, scale, qOffset);
   const std::vector<attention::QueryRow> rows = attention::sampleQueryRows(
@@ -115,15 +118,15 @@ inline bool checkFlexAttentionOn(const dsl::Tensor& q, const dsl::Tensor& k, con
   return runAndCompare(q, k, v, out, ref, context, score, mask, options);
 }
 
-// Fresh random q [B, Hq, L, D], k and v [B, Hkv, S, D] in `space`, run and checked.
+// Fresh random q [B, Hq, L, D], k [B, Hkv, S, D] and v [B, Hkv, S, DV] in `space`, run and checked.
 inline bool checkFlexAttention(std::mt19937_64& rng, const AttentionCase& c, dsl::MemorySpace space,
                                const attention::ScoreMod& score, const std::optional<attention::BlockMask>& mask,
                                const attention::RefScoreFn& refScore, const attention::RefMaskFn& refMask,
                                const attention::FlexAttentionOptions& options = {}) {
   dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.valueDim()}, space);
+  dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   return checkFlexAttentionOn(q, k, v, out, c.describe(), score, mask, refScore, refMask, options, rng());
 }
 

@@ -49,10 +49,10 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
   SCOPED_TRACE(c.describe());
   dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.valueDim()}, space);
+  dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {c.B, c.Hq, c.L}, space);
-  dsl::Tensor prefillOut = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor prefillOut = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   const double scale = 1.0 / std::sqrt(double(c.D));
 
   std::vector<int64_t> positions = {maxQueries - c.L, std::max<int64_t>(0, c.S / 2 - c.L / 2)};
@@ -71,7 +71,7 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
       poison(out);
       poison(lse);
       flex_attention_into(q, k, v, inst.score, whole, out, &lse, o);
-      if (!compareWithReference(out, lse, ref, c.D, c.dtype)) return false;
+      if (!compareWithReference(out, lse, ref, c.valueDim(), c.dtype)) return false;
     }
     // The prefill template on the same queries, through a row slice where one row holds them.
     std::optional<BlockMask> slice;
@@ -86,7 +86,7 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
     poison(lse);
     flex_attention_into(q, k, v, inst.score, slice, prefillOut, &lse,
                         {.config = pc, .kernel = AttentionTemplate::Prefill});
-    if (!compareWithReference(prefillOut, lse, ref, c.D, c.dtype)) return false;
+    if (!compareWithReference(prefillOut, lse, ref, c.valueDim(), c.dtype)) return false;
     if (!templatesAgree(out, prefillOut, c.dtype, c.describe())) return false;
   }
   return true;

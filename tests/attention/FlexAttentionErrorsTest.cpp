@@ -54,7 +54,7 @@ TEST(FlexAttentionErrors, ShapesThatDisagree) {
   expectError([&] { run(q, k, hostTensor(DType::BF16, {2, 1, 20, 64})); }, {"k and v must have the same heads and length"});
   expectError([&] { run(q, hostTensor(DType::BF16, {2, 2, 20, 128}), hostTensor(DType::BF16, {2, 2, 20, 128})); },
               {"same head dim D"});
-  expectError([&] { run(q, k, hostTensor(DType::BF16, {2, 2, 20, 32})); }, {"same head dim D"});
+  expectError([&] { run(q, k, hostTensor(DType::BF16, {2, 2, 20, 40})); }, {"v's head dim DV = 40"});
   expectError([&] { run(hostTensor(DType::BF16, {2, 4, 0, 64}), k, k); }, {"empty input"});
 }
 

@@ -1,0 +1,59 @@
+// v's head dim differing from q's and k's on the GPU (tests/attention/ValueHeadDimTest.cpp checks
+// the same through the interpreter): the forward at its sm_90a defaults (wgmma, TMA rings of two
+// widths, the producer warpgroup, persistent programs and the split last round where they apply)
+// and the decode template (its fused merge over many splits), against float64.
+#include <gtest/gtest.h>
+
+#include "FlexAttentionCheck.h"
+#include "FlexAttentionDecodeCheck.h"
+#include "MaskTestUtil.h"
+#include "attention_templates/Variants.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+
+namespace {
+constexpr MemorySpace kDevice = MemorySpace::Device;
+struct Dims {
+  int64_t D, DV;
+};
+// DeepSeek's MLA prefill (192 / 128), V wider and narrower than Q·K's dim, a DV that pads.
+const Dims kDims[] = {{192, 128}, {64, 128}, {128, 64}, {128, 48}};
+}  // namespace
+
+TEST(ValueHeadDimGpu, ForwardEveryVariantAtTheDefaults) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (Dims dims : kDims)
+    for (const Variant& var : variants()) {
+      AttentionCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1030, .D = dims.D, .dtype = DType::BF16,
+                      .context = var.name, .DV = dims.DV};
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask)) return;
+    }
+  // Persistent programs with the last round cut into pieces (no mask, more tiles than SMs).
+  for (Dims dims : kDims) {
+    AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = 4000, .S = 4000, .D = dims.D, .dtype = DType::BF16,
+                    .context = "no mask, persistent", .DV = dims.DV};
+    if (!checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr)) return;
+  }
+}
+
+TEST(ValueHeadDimGpu, DecodeMatchesTheReferenceAndThePrefillTemplate) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (Dims dims : kDims)
+    for (int64_t L : {1, 4})
+      for (const char* name : {"full", "sliding_window", "document", "softcap"}) {
+        AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = L, .S = 4097, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
+        if (!checkDecodeVariant(rng, variant(name), c, kDevice,
+                                {.splits = {0, 1, 7}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}}))
+          return;
+      }
+}

@@ -1,0 +1,186 @@
+// v's head dim differing from q's and k's (DV != D, as PyTorch's FlexAttention allows: out is
+// [B, Hq, L, DV]). The forward and the decode templates against float64 — before the passes, and
+// after sm_90a's (TMA rings of two widths, the producer warpgroup, persistent programs with a
+// split last round, the fused decode merge) — and what is refused, by name.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "FlexAttentionCheck.h"
+#include "FlexAttentionDecodeCheck.h"
+#include "MaskTestUtil.h"
+#include "attention_templates/Variants.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+using dsl::Tile;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::Host;
+
+struct InterpretAfterPasses {
+  explicit InterpretAfterPasses(const char* target) { ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", target, 1); }
+  ~InterpretAfterPasses() { ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES"); }
+};
+
+// (D, DV) pairs: V wider and narrower than Q·K's dim, a DV that pads (48 -> 64 columns), a D that
+// pads beside a DV that does not, and DeepSeek's MLA prefill (192 / 128).
+struct Dims {
+  int64_t D, DV;
+};
+const Dims kDims[] = {{64, 128}, {128, 64}, {64, 48}, {80, 64}, {192, 128}};
+
+// Causal, with every third query blind (no allowed key: out 0, lse -inf) beside live rows.
+MaskMod blindThirdsMask() {
+  return MaskMod("causal_blind_thirds", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (kv <= q) & (q % 3 != 0);
+  });
+}
+RefMaskFn refBlindThirds() {
+  return [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q % 3 != 0; };
+}
+
+bool checkVariantsAt(SeededRandom& rng, const std::string& label, const std::vector<const char*>& names, Dims dims,
+                     const FlexAttentionOptions& options) {
+  for (const char* name : names) {
+    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 259, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
+    c.context = std::string(name) + " " + label;
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, options)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Every (D, DV) pair on the interpreter, without a mask, masked (rows with no key among them) and
+// with a score_mod, GQA 2:1, lengths off every block.
+TEST(ValueHeadDim, ForwardMatchesTheReference) {
+  SeededRandom rng;
+  for (Dims dims : kDims) {
+    const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    if (!checkVariantsAt(rng, label, {"full", "causal", "softcap"}, dims,
+                         {.config = FlexAttentionConfig{32, 32, 4, 2}}))
+      return;
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 100, .S = 100, .D = dims.D, .dtype = DType::F16, .context = "blind thirds, MQA, " + label,
+                    .DV = dims.DV};
+    const BlockMask mask = createBlockMask(blindThirdsMask(), 1, 1, c.L, c.S, {32, 32}, kHost);
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), mask, nullptr, refBlindThirds(),
+                            {.config = FlexAttentionConfig{32, 32, 4, 2}}))
+      return;
+  }
+}
+
+// After sm_90a's passes on one and two warpgroups (wgmma, TMA rings of K and V of their own widths,
+// the producer warpgroup and the turns where the mods allow), and persistent with the last round split (V's
+// width in the partials and the merge kernel).
+TEST(ValueHeadDim, ForwardAfterTheSm90aPasses) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  for (Dims dims : {Dims{64, 128}, Dims{128, 64}, Dims{64, 48}}) {
+    const std::string label = "sm_90a D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    for (const FlexAttentionConfig& config : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2}})
+      if (!checkVariantsAt(rng, label + " " + config.describe(), {"full", "sliding_window", "document", "alibi"}, dims,
+                           {.config = config}))
+        return;
+    ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = dims.D, .dtype = DType::BF16, .context = "persistent, split last round, " + label,
+                    .DV = dims.DV};
+    const FlexAttentionOptions o{.config = FlexAttentionConfig{128, 64, 8, 2}};
+    Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost), k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
+    Tensor v = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, dims.DV}, kHost);
+    ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, o).lastRoundSplit) << label;
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
+  }
+}
+
+// The decode template (one split, several, and its own choice) and the prefill template on the same
+// queries, against float64 and each other: L in {1, 5}, GQA 4:1 and MQA, a window and documents
+// with query offsets; then after sm_90a's passes, with the producer warpgroup's TMA boxes.
+TEST(ValueHeadDim, DecodeMatchesTheReferenceAndThePrefillTemplate) {
+  SeededRandom rng;
+  for (Dims dims : {Dims{64, 128}, Dims{128, 64}, Dims{64, 48}})
+    for (int64_t L : {1, 5})
+      for (const char* name : {"full", "sliding_window", "document"}) {
+        AttentionCase c{.B = 2, .Hq = L == 1 ? 8 : 4, .Hkv = L == 1 ? 2 : 1, .L = L, .S = 300, .D = dims.D,
+                        .dtype = DType::BF16, .DV = dims.DV};
+        if (!checkDecodeVariant(rng, variant(name), c, kHost)) return;
+      }
+  InterpretAfterPasses scope("sm_90a");
+  for (const char* specialize : {"0", "1"}) {
+    ScopedSetenv specialized("FLEXTILE_DECODE_WARP_SPECIALIZE", specialize);
+    for (Dims dims : {Dims{64, 128}, Dims{128, 64}})
+      for (const char* name : {"full", "sliding_window"}) {
+        AttentionCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 1, .S = 300, .D = dims.D, .dtype = DType::BF16, .context = std::string("sm_90a, warp-specialized ") + specialize,
+                        .DV = dims.DV};
+        if (!checkDecodeVariant(rng, variant(name), c, kHost,
+                                {.splits = {0, 3}, .blocks = {64, 64}, .prefillConfig = {64, 64, 4, 2}}))
+          return;
+      }
+  }
+}
+
+// flex_attention allocates out with v's head dim; both templates' kernels for DV != D assemble for
+// sm_90a, the decode's without spilling (its residency is planned as for the wider of the two dims:
+// planned for the narrower ring, it asked for four programs an SM and spilled 36 bytes at D = 128,
+// DV = 64).
+TEST(ValueHeadDim, OutputTakesVsHeadDimAndTheKernelsAssemble) {
+  SeededRandom rng;
+  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 40, 64}, kHost), k = randomTensor(rng, DType::BF16, {1, 2, 70, 64}, kHost);
+  Tensor v = randomTensor(rng, DType::BF16, {1, 2, 70, 128}, kHost);
+  for (AttentionTemplate t : {AttentionTemplate::Prefill, AttentionTemplate::Decode}) {
+    const FlexAttentionResult r = flex_attention(q, k, v, noop_score(), std::nullopt, {.return_lse = true, .kernel = t});
+    EXPECT_EQ(r.out.shape(), (dsl::Shape{1, 2, 40, 128}));
+    EXPECT_EQ(r.lse.shape(), (dsl::Shape{1, 2, 40}));
+  }
+  if (!assemblesInThisBuild()) GTEST_SKIP() << "ptxas not found or a sanitized build: not assembling";
+  const codegen::Target target = codegen::Target::sm90a();
+  for (Dims dims : {Dims{128, 64}, Dims{64, 128}}) {
+    const int64_t B = 2, Hq = 16, Hkv = 4, N = 4096;
+    Tensor qd = Tensor::zeros(DType::BF16, {B, Hq, N, dims.D}, kHost), kd = Tensor::zeros(DType::BF16, {B, Hkv, N, dims.D}, kHost);
+    Tensor vd = Tensor::zeros(DType::BF16, {B, Hkv, N, dims.DV}, kHost);
+    const VariantInstance causal = variant("causal").make({B, Hq, N, N, kHost, BlockSizes{}, rng()});
+    const FlexAttentionPlan plan = plan_flex_attention(qd, kd, vd, noop_score(), causal.mask, {}, true, target);
+    const codegen::PtxasReport report = codegen::runPtxas(plan.compiled->ptx, target);
+    std::printf("forward D=%ld DV=%ld: %s, %d registers, %d bytes spilled\n", long(dims.D), long(dims.DV),
+                plan.config.describe().c_str(), report.registers, report.spillStoreBytes);
+    EXPECT_LE(report.spillStoreBytes, 64) << "D=" << dims.D << " DV=" << dims.DV << "\n" << report.log;
+    Tensor q1 = Tensor::zeros(DType::BF16, {B, Hq, 1, dims.D}, kHost);
+    const FlexDecodePlan decode = plan_flex_decode(q1, kd, vd, noop_score(), causal.mask,
+                                                   {.kernel = AttentionTemplate::Decode, .query_offset = N - 1}, target);
+    for (const codegen::CompiledKernel* c : decode.compiled) {
+      const codegen::PtxasReport r = codegen::runPtxas(c->ptx, target);
+      std::printf("decode D=%ld DV=%ld: %s, %d registers, %d bytes spilled\n", long(dims.D), long(dims.DV),
+                  decode.config.describe().c_str(), r.registers, r.spillStoreBytes);
+      EXPECT_EQ(r.spillStoreBytes, 0) << "D=" << dims.D << " DV=" << dims.DV << "\n" << r.log;
+    }
+  }
+}
+
+// What is refused names the dims: a v head dim the kernels cannot tile, an output of q's head dim
+// where v's differs, and the backward (not yet built for DV != D).
+TEST(ValueHeadDim, WhatIsRefusedNamesTheDims) {
+  auto zeros = [](dsl::Shape s) { return Tensor::zeros(DType::BF16, std::move(s), kHost); };
+  const Tensor q = zeros({1, 2, 16, 64}), k = zeros({1, 2, 20, 64});
+  expectError([&] { flex_attention(q, k, zeros({1, 2, 20, 40}), noop_score(), std::nullopt); },
+              {"v's head dim DV = 40", "a multiple of 16 up to 256"});
+  expectError([&] { flex_attention(q, k, zeros({1, 2, 20, 272}), noop_score(), std::nullopt); }, {"DV = 272"});
+  for (AttentionTemplate t : {AttentionTemplate::Prefill, AttentionTemplate::Decode}) {
+    Tensor out = zeros({1, 2, 16, 64});
+    expectError([&] { flex_attention_into(q, k, zeros({1, 2, 20, 128}), noop_score(), std::nullopt, out, nullptr, {.kernel = t}); },
+                {"out must be [1, 2, 16, 128]"});
+  }
+  const Tensor v = zeros({1, 2, 20, 128});
+  const Tensor out = zeros({1, 2, 16, 128}), lse = Tensor::zeros(DType::F32, {1, 2, 16}, kHost);
+  expectError([&] { flex_attention_backward(q, k, v, out, lse, out, noop_score(), std::nullopt); },
+              {"v's head dim DV = 128 differs from q's and k's D = 64", "the backward does not yet"});
+}
