@@ -11,9 +11,11 @@
 // A row with no allowed key (or whose scores are all -inf) gives out 0 and
 // lse -inf, never NaN.
 //
-// Inputs: q [B, Hq, L, D], k and v [B, Hkv, S, D], one dtype (bf16, f16 or
-// f32; f32 dots run on tf32 tensor cores), Hq a multiple of Hkv (GQA; MQA is
-// Hkv = 1), D a multiple of 16 up to 256, any L and S >= 1. The last dim of
+// Inputs: q [B, Hq, L, D], k [B, Hkv, S, D] and v [B, Hkv, S, DV] (out is
+// [B, Hq, L, DV]; DV = D but for models such as MLA's 192 / 128 — the forward
+// and the decode take it, the backward and a paged cache not yet), one dtype
+// (bf16, f16 or f32; f32 dots run on tf32 tensor cores), Hq a multiple of Hkv
+// (GQA; MQA is Hkv = 1), D and DV multiples of 16 up to 256, any L and S >= 1. The last dim of
 // each tensor must be contiguous; other strides are free (views of another
 // framework's buffers pass without a copy). All tensors live in one memory
 // space: device tensors run on the GPU, host tensors run through the IR
