@@ -10,7 +10,9 @@
 // Prints a table and one JSON line per variant (bench/compare_attention.py
 // joins them with torch_reference.py's JSON).
 //
-//   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--quick]
+//   flextile_attention_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--dv DV] [--quick]
+//     (--dv: v's head dim, when it differs from q's and k's, as MLA's 192 / 128; FLOPs then
+//      2 * (D + DV) * allowed pairs: Q·Kᵀ at D and P·V at DV)
 //                            [--config BM,BN,W,S[,ws][,turns][,defer]]...   (timed too, after the default and the sweep)
 //                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
 //                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
@@ -62,8 +64,8 @@ double msSince(std::chrono::steady_clock::time_point t0) {
 
 // Largest |out - ref| / max|ref row| over sampled rows (float64 reference).
 double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std::vector<H>& v,
-                    const std::vector<H>& out, int64_t B, int64_t Hq, int64_t N, int64_t D, const VariantInstance& var,
-                    std::mt19937_64& rng) {
+                    const std::vector<H>& out, int64_t B, int64_t Hq, int64_t N, int64_t D, int64_t DV,
+                    const VariantInstance& var, std::mt19937_64& rng) {
   double worst = 0;
   std::uniform_int_distribution<int64_t> pb(0, B - 1), ph(0, Hq - 1), pi(0, N - 1);
   const double scale = 1.0 / std::sqrt(double(D));
@@ -72,7 +74,7 @@ double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std:
     const int64_t b = sample == 0 ? B - 1 : pb(rng), h = sample == 0 ? Hq - 1 : ph(rng), i = sample == 0 ? N - 1 : pi(rng);
     const H* qi = &q[size_t(((b * Hq + h) * N + i) * D)];
     const H* kb = &k[size_t((b * Hq + h) * N * D)];
-    const H* vb = &v[size_t((b * Hq + h) * N * D)];
+    const H* vb = &v[size_t((b * Hq + h) * N * DV)];
     double m = -INFINITY;
     for (int64_t j = 0; j < N; ++j) {
       if (var.refMask && !var.refMask(b, h, i, j)) {
@@ -84,18 +86,18 @@ double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std:
       s[size_t(j)] = var.refScore ? var.refScore(dot * scale, b, h, i, j) : dot * scale;
       m = std::max(m, s[size_t(j)]);
     }
-    std::vector<double> o(size_t(D), 0.0);
+    std::vector<double> o(size_t(DV), 0.0);
     double l = 0;
     for (int64_t j = 0; j < N; ++j) {
       if (s[size_t(j)] == -INFINITY) continue;
       const double p = std::exp(s[size_t(j)] - m);
       l += p;
-      for (int64_t d = 0; d < D; ++d) o[size_t(d)] += p * double(float(vb[j * D + d]));
+      for (int64_t d = 0; d < DV; ++d) o[size_t(d)] += p * double(float(vb[j * DV + d]));
     }
     double mag = 1e-6, err = 0;
-    for (int64_t d = 0; d < D; ++d) {
+    for (int64_t d = 0; d < DV; ++d) {
       const double want = l > 0 ? o[size_t(d)] / l : 0.0;
-      const double got = double(float(out[size_t(((b * Hq + h) * N + i) * D + d)]));
+      const double got = double(float(out[size_t(((b * Hq + h) * N + i) * DV + d)]));
       if (!std::isfinite(got)) return INFINITY;
       mag = std::max(mag, std::abs(want));
       err = std::max(err, std::abs(got - want));
@@ -121,7 +123,7 @@ int programCost(int64_t Hq, int64_t D, std::mt19937_64& rng) {
     out.copyFromHost(std::vector<H>(elems, H(NAN)));
     flex_attention_into(q, k, v, ScoreMod(), std::nullopt, out, nullptr, {.config = c});
     runtime::synchronize();
-    const double err = sampledError(hq, hk, hv, out.toHost<H>(), B, Hq, N, D, VariantInstance{}, rng);
+    const double err = sampledError(hq, hk, hv, out.toHost<H>(), B, Hq, N, D, D, VariantInstance{}, rng);
     if (!(err < 2e-2)) {
       std::printf("%2lld x %-5lld WRONG (error %.2e): not timed\n", (long long)B, (long long)N, err);
       return 1;
@@ -148,7 +150,7 @@ int programCost(int64_t Hq, int64_t D, std::mt19937_64& rng) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int64_t B = 2, Hq = 16, N = 8192, D = 128;
+  int64_t B = 2, Hq = 16, N = 8192, D = 128, DV = 0;
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
   bool quick = false;
   std::vector<std::vector<int64_t>> documentOffsets;
@@ -165,6 +167,7 @@ int main(int argc, char** argv) try {
     else if (a == "--h") Hq = std::stoll(next());
     else if (a == "--n") N = std::stoll(next());
     else if (a == "--d") D = std::stoll(next());
+    else if (a == "--dv") DV = std::stoll(next());
     else if (a == "--quick") quick = true;
     else if (a == "--config") extraConfigs.push_back(FlexAttentionConfig::parse(next()));
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
@@ -180,18 +183,22 @@ int main(int argc, char** argv) try {
     std::mt19937_64 rng(std::random_device{}());
     return programCost(Hq, D, rng);
   }
-  std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld bf16\n", runtime::Device::current().name().c_str(),
-              (long long)B, (long long)Hq, (long long)N, (long long)D);
+  if (DV <= 0) DV = D;
+  std::printf("device: %s   B=%lld H=%lld N=%lld D=%lld%s bf16\n", runtime::Device::current().name().c_str(),
+              (long long)B, (long long)Hq, (long long)N, (long long)D,
+              DV != D ? (" DV=" + std::to_string(DV)).c_str() : "");
   std::mt19937_64 rng(std::random_device{}());
-  const size_t elems = size_t(B * Hq * N * D);
-  std::vector<H> hq = randomHost(rng, elems), hk = randomHost(rng, elems), hv = randomHost(rng, elems), hout(elems);
+  const size_t elems = size_t(B * Hq * N * D), valueElems = size_t(B * Hq * N * DV);
+  std::vector<H> hq = randomHost(rng, elems), hk = randomHost(rng, elems), hv = randomHost(rng, valueElems),
+                 hout(valueElems);
   Tensor q = Tensor::fromHost(hq, {B, Hq, N, D}, MemorySpace::Device);
   Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
-  Tensor v = Tensor::fromHost(hv, {B, Hq, N, D}, MemorySpace::Device);
-  Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
+  Tensor v = Tensor::fromHost(hv, {B, Hq, N, DV}, MemorySpace::Device);
+  Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, DV}, MemorySpace::Device);
 
-  // The first config is what flex_attention runs untuned on this GPU at this shape.
-  std::vector<FlexAttentionConfig> configs{untunedFlexAttentionConfig(q, ScoreMod(), std::nullopt)};
+  // The first config is what flex_attention runs untuned on this GPU at this shape (for the wider
+  // of D and DV where v's head dim differs).
+  std::vector<FlexAttentionConfig> configs{plan_flex_attention(q, k, v, ScoreMod(), std::nullopt).config};
   if (!quick)
     for (FlexAttentionConfig c : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{64, 64, 4, 3}, FlexAttentionConfig{64, 64, 4, 4},
                                   FlexAttentionConfig{64, 32, 4, 3}, FlexAttentionConfig{64, 128, 4, 2},
@@ -247,19 +254,20 @@ int main(int argc, char** argv) try {
       row.sparsity = inst.mask->sparsity();
     }
     const double pairs = inst.mask ? countAllowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
-    const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq));
+    // 4 * D a pair (DESIGN.md), or 2 * D for Q·Kᵀ and 2 * DV for P·V where v's head dim differs.
+    const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq)) * double(D + DV) / double(2 * D);
     for (const FlexAttentionConfig& c : configs) {
       FlexAttentionOptions opt{.config = c};
       double err = 0;
       try {
-        out.copyFromHost(std::vector<H>(elems, H(NAN)));
+        out.copyFromHost(std::vector<H>(valueElems, H(NAN)));
         t0 = std::chrono::steady_clock::now();
         flex_attention_into(q, k, v, inst.score, inst.mask, out, nullptr, opt);
         runtime::synchronize();
         const double firstMs = msSince(t0);
         if (c == configs[0]) row.compileMs = firstMs;
         hout = out.toHost<H>();
-        err = sampledError(hq, hk, hv, hout, B, Hq, N, D, inst, rng);
+        err = sampledError(hq, hk, hv, hout, B, Hq, N, D, DV, inst, rng);
       } catch (const std::exception& e) {
         std::printf("%-15s %-16s refused: %s\n", name.c_str(), c.describe().c_str(), e.what());
         continue;
@@ -295,10 +303,10 @@ int main(int argc, char** argv) try {
     std::printf("%-15s %-16s %9.3f %9.1f %9.1f %12.3f %12.3f %12.3f %10.1f\n", r.variant.c_str(), r.config.c_str(), r.ms,
                 r.tflops, r.defaultTflops, r.maskGenericMs, r.maskDeviceListsMs, r.maskStructuralMs, r.compileMs);
     std::printf("{\"impl\": \"flextile\", \"variant\": \"%s\", \"B\": %lld, \"H\": %lld, \"N\": %lld, \"D\": %lld, "
-                "\"fwd_ms\": %.6f, \"fwd_tflops\": %.2f, \"default_tflops\": %.2f, \"config\": \"%s\", "
+                "\"DV\": %lld, \"fwd_ms\": %.6f, \"fwd_tflops\": %.2f, \"default_tflops\": %.2f, \"config\": \"%s\", "
                 "\"blockmask_generic_ms\": %.4f, \"blockmask_device_lists_ms\": %.4f, \"blockmask_structural_ms\": %.4f, "
                 "\"first_call_ms\": %.1f, \"sparsity\": %.4f}\n",
-                r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, r.ms, r.tflops,
+                r.variant.c_str(), (long long)B, (long long)Hq, (long long)N, (long long)D, (long long)DV, r.ms, r.tflops,
                 r.defaultTflops, r.config.c_str(), std::isnan(r.maskGenericMs) ? -1.0 : r.maskGenericMs,
                 std::isnan(r.maskDeviceListsMs) ? -1.0 : r.maskDeviceListsMs,
                 std::isnan(r.maskStructuralMs) ? -1.0 : r.maskStructuralMs, r.compileMs, r.sparsity);
