@@ -103,8 +103,16 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std
   // 64 x 64 tiles on one warpgroup: the portable point, small enough for three programs per SM and
   // the fastest untuned one on small grids.
   FlexAttentionConfig c{64, 64, 4, 2};
+  const bool wgmma = target && target->has(codegen::Feature::Wgmma);
   if (headDim > 128 || ir::byteWidth(dtype) == 4) {
     c.block_n = 32;
+    // Heads past 128 (MLA's 192, 256) on wgmma, where the grid is large: 128 x 64 on two warpgroups
+    // ran 1.53-1.88x the 64 x 32 point on an H100 at B=2 H=16 N=8192 (2048 query tiles; no mask,
+    // causal, window 1024 at D = 192 and 256, and D = 192 or 256 with v's head dim 128: 504-657
+    // TFLOP/s against 268-444; three stages level or far slower, 128 x 128 no faster than 64 x 32;
+    // bench/RESULTS.md, 2026-12-06). Small grids and per-element captures keep the measured-nowhere
+    // point, as at D = 128.
+    if (wgmma && ir::byteWidth(dtype) == 2 && queryTiles >= kManyQueryTiles && !gathersPerElement) c = {128, 64, 8, 2};
     return c;
   }
   // The H200 figures behind the wgmma points (bench/RESULTS.md, 2026-11-29): at D <= 64, 64 x 128
@@ -112,7 +120,7 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std
   // 1.05x over the seven variants when the grid holds 2048 tiles of 128 rows (causal and prefix LM
   // 1.14x, no mask 0.98x), but no better at 512 tiles and worse below. Measured with the products on
   // wgmma, so a target without it (sm_90 rather than sm_90a, too) keeps the portable point.
-  if (target && target->has(codegen::Feature::Wgmma)) {
+  if (wgmma) {
     if (headDim <= 64) c.block_n = 128;
     else if (queryTiles >= kManyQueryTiles && !gathersPerElement) c = {128, 128, 8, 2};
   }

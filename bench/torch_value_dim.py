@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's forward where v's head dim differs from q's and k's (DeepSeek's MLA prefill: D = 192,
 DV = 128), the peer of `flextile_attention_bench --d 192 --dv 128` in the same call: FlexAttention
-(compiled, Triton backend) and SDPA, timed as ../shared/bench/torch_reference.py times them (CUDA
-events around each call, median). FLOPs count allowed (q, kv) pairs: 2 * (D + DV) a pair, Q·Kᵀ at
+(compiled, Triton backend) and SDPA, timed by benchlib.median_ms (CUDA events around each call,
+median), as ../shared/bench/torch_reference.py times them. FLOPs count allowed (q, kv) pairs: 2 * (D + DV) a pair, Q·Kᵀ at
 D and P·V at DV (4 * D a pair where the dims agree, as DESIGN.md counts).
 
   python3 bench/torch_value_dim.py [--variants full,causal] [--b 2] [--h 16] [--n 8192] [--d 192] [--dv 128]
@@ -14,18 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-
-def median_ms(fn, iters, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
+from benchlib import median_ms
 
 
 def main():
@@ -60,7 +49,7 @@ def main():
         try:
             out = flex(q, k, v, block_mask=bm)
             assert out.shape == (B, H, N, DV), out.shape
-            ms = median_ms(lambda: flex(q, k, v, block_mask=bm), a.iters)
+            ms = median_ms(lambda: flex(q, k, v, block_mask=bm), a.iters, 3)
             print(json.dumps(dict(impl="torch_flex", variant=name, B=B, H=H, N=N, D=D, DV=DV, fwd_ms=ms,
                                   fwd_tflops=flops / ms / 1e9)), flush=True)
         except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
@@ -72,7 +61,7 @@ def main():
         try:
             sd = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
             sd()
-            ms = median_ms(sd, a.iters)
+            ms = median_ms(sd, a.iters, 3)
             print(json.dumps(dict(impl="torch_sdpa", variant=name, B=B, H=H, N=N, D=D, DV=DV, fwd_ms=ms,
                                   fwd_tflops=flops / ms / 1e9)), flush=True)
         except Exception as e:  # noqa: BLE001

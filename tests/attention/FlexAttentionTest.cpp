@@ -665,7 +665,13 @@ TEST(FlexAttentionDefaults, WgmmaTargetsPickTheTileByHeadDimAndGridElsewhereTheP
       EXPECT_EQ(defaultFlexAttentionConfig(d, 64, other, 4096), (C{64, 64, 4, 2})) << name;
       EXPECT_EQ(defaultFlexAttentionConfig(d, 128, other, 4096), (C{64, 64, 4, 2})) << name;
     }
-    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, hopper, 4096), (C{64, 32, 4, 2}));
+    // Past 128, on two warpgroups where the grid is large; elsewhere, on small grids and with a mod
+    // that reads a captured tensor per score, the 64 x 32 point.
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, hopper, kManyQueryTiles), (C{128, 64, 8, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 192, hopper, 4096), (C{128, 64, 8, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 192, hopper, kManyQueryTiles - 1), (C{64, 32, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 192, hopper, 4096, /*gathersPerElement=*/true), (C{64, 32, 4, 2}));
+    EXPECT_EQ(defaultFlexAttentionConfig(d, 256, codegen::Target::sm80(), 4096), (C{64, 32, 4, 2}));
   }
   EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 128, hopper, 4096), (C{64, 32, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionConfig(DType::F32, 64, hopper, 4096), (C{64, 32, 4, 2}));

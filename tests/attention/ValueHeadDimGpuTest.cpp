@@ -48,12 +48,13 @@ TEST(ValueHeadDimGpu, ForwardEveryVariantAtTheDefaults) {
 TEST(ValueHeadDimGpu, DecodeMatchesTheReferenceAndThePrefillTemplate) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  // (One query on the window and no mask, four on documents and soft-cap: each a kernel of its own
+  // per dims and split count; all sixteen and three split counts took 56 s on an H100.)
   for (Dims dims : kDims)
-    for (int64_t L : {1, 4})
-      for (const char* name : {"full", "sliding_window", "document", "softcap"}) {
-        AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = L, .S = 4097, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
-        if (!checkDecodeVariant(rng, variant(name), c, kDevice,
-                                {.splits = {0, 1, 7}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}}))
-          return;
-      }
+    for (auto [L, name] : {std::pair<int64_t, const char*>{1, "full"}, {1, "sliding_window"}, {4, "document"}, {4, "softcap"}}) {
+      AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = L, .S = 4097, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
+      if (!checkDecodeVariant(rng, variant(name), c, kDevice,
+                              {.splits = {0, 7}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}}))
+        return;
+    }
 }
