@@ -12,8 +12,8 @@
 // lse -inf, never NaN.
 //
 // Inputs: q [B, Hq, L, D], k [B, Hkv, S, D] and v [B, Hkv, S, DV] (out is
-// [B, Hq, L, DV]; DV = D but for models such as MLA's 192 / 128 — the forward
-// and the decode take it, the backward and a paged cache not yet), one dtype
+// [B, Hq, L, DV]; DV = D but for models such as MLA's 192 / 128 — the forward,
+// the decode and the backward take it, a paged cache not yet), one dtype
 // (bf16, f16 or f32; f32 dots run on tf32 tensor cores), Hq a multiple of Hkv
 // (GQA; MQA is Hkv = 1), D and DV multiples of 16 up to 256, any L and S >= 1. The last dim of
 // each tensor must be contiguous; other strides are free (views of another
@@ -360,7 +360,7 @@ struct FlexAttentionBackwardOptions {
 struct FlexAttentionGrads {
   dsl::Tensor dq;  // [B, Hq, L, D]
   dsl::Tensor dk;  // [B, Hkv, S, D]
-  dsl::Tensor dv;  // [B, Hkv, S, D]
+  dsl::Tensor dv;  // [B, Hkv, S, DV]: v's head dim
   // The score_mod's trainable captures (in its captures() order) and their f32 gradients.
   std::vector<dsl::CapturedTensor> trainable;
   std::vector<dsl::Tensor> captureGrads;

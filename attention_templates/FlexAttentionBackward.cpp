@@ -105,6 +105,7 @@ struct PreprocessParams {
                            (P<I32>, dout_stride_b), (P<I32>, dout_stride_h), (P<I32>, dout_stride_m));
 };
 
+// D and DP: the output's head dim (v's) and its padded width.
 struct PreprocessConstants {
   BOOST_HANA_DEFINE_STRUCT(PreprocessConstants, (int64_t, BM), (int64_t, D), (int64_t, DP), (int64_t, hasDlse));
 };
@@ -132,7 +133,8 @@ struct GradConstants {
                            (int64_t, numTrainable), (int64_t, deterministic), (int64_t, atomicDq),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
                            (int64_t, exponentFirst), (int64_t, maskedDpEarly),
-                           (int64_t, seedFreeAdjoint), (int64_t, overlapDq), (int64_t, tileOrder));
+                           (int64_t, seedFreeAdjoint), (int64_t, overlapDq), (int64_t, tileOrder),
+                           (int64_t, DV), (int64_t, DVP));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -176,6 +178,26 @@ Tile rowsByHeadDim(const Tile& rows, const Tile& dLive, const GradConstants& k) 
   if (k.DP != k.D) m = m & dLive.expand(0);
   return m;
 }
+
+// V's head dim (DV, padded DVP) beside q's and k's: V, dO and dV have it. Where it is D, every tile
+// and mask is D's own (the kernels stay as they were).
+struct ValueColumns {
+  bool own;       // DV or its padding differs from D's
+  Tile offs;      // arange(0, DVP), or D's
+  Tile live;      // offs < DV where padded
+  ValueColumns(const GradConstants& k, const Tile& offsD)
+      : own(k.DVP != k.DP || k.DV != k.D), offs(own ? arange(0, k.DVP) : offsD) {
+    if (own && k.DVP != k.DV) live = offs < k.DV;
+  }
+  // [rows, DVP]'s load/store mask; D's (`byD`) where the dims agree.
+  template <class ByD>
+  Tile rowsBy(const Tile& rows, const ByD& byD, const GradConstants& k) const {
+    if (!own) return byD(rows);
+    Tile m = rows.expand(1);
+    if (k.DVP != k.DV) m = m & live.expand(0);
+    return m;
+  }
+};
 
 struct TrainableCapture {
   std::shared_ptr<CaptureSlot> slot;
@@ -304,12 +326,18 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   Tile colLive = offsN < p.kv_len;
   Tile dLive = offsD < k.D;
   auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
+  const ValueColumns vc(k, offsD);
+  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD, k); };
+  // Unmasked only where the keys fill whole blocks and no column is padding: a padded D read 48
+  // columns past each row at D = 80, and past the end of the last one
+  // (FlexAttentionBackward.PaddedHeadDimOverWholeBlocks).
+  const bool kExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
   Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
-  Tile kt = k.kvExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive));
-  Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
-  Tile vt = k.kvExact ? load(vBase + vOffs) : load(vBase + vOffs, byD(colLive));
+  Tile kt = kExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive));
+  Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
+  Tile vt = vExact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(colLive));
   Tile kvPos = offsN.expand(1);
   Tile maskCol = (nBlock * k.BN) / k.KVBS;
   const int64_t R = k.QBS / k.BM;
@@ -334,9 +362,11 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile rowLive = offsM < p.q_len;
         if (!k.qExact) rowLive = rowLive & (offsM >= 0);
         Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
-        Tile doOffs = offsM.expand(1) * p.dout_stride_m + offsD.expand(0);
+        Tile doOffs = offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0);
         const bool exact = k.qExact && k.DP == k.D;
         const Tile live = exact ? Tile() : byD(rowLive);
+        const bool doExact = k.qExact && k.DVP == k.DV;
+        const Tile doLive = !vc.own ? live : doExact ? Tile() : byDV(rowLive);
         // The step's LSE (+inf past L: p exactly 0 there) and delta. Specialized, they are boxes of
         // the [B * Hq, L] rows where L allows (rowBoxes), which the producer copies into the ring
         // with Q and dO (a row ring, codegen/passes/Pipeline.cpp) as FlashAttention-3 does: no
@@ -361,9 +391,9 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (k.warpSpecialize) loadRows();
         Tile qt = detail::loadStreamedRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m},
                                            b, h, row0, k.D, k.tma);
-        Tile dOt = detail::loadStreamedRows(doBase + doOffs, exact, live,
+        Tile dOt = detail::loadStreamedRows(doBase + doOffs, doExact, doLive,
                                             {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0,
-                                            k.D, k.tma);
+                                            k.DV, k.tma);
         if (!k.warpSpecialize) loadRows();
         Tile qPos = (offsM + p.q_offset).expand(0);
         // Without a score_mod both products go first: on sm_90a their wgmmas are in flight
@@ -422,7 +452,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
     return std::tuple{dk, dv};
   };
 
-  Tile dk = zeros({k.BN, k.DP}, DType::F32), dv = zeros({k.BN, k.DP}, DType::F32);
+  Tile dk = zeros({k.BN, k.DP}, DType::F32), dv = zeros({k.BN, k.DVP}, DType::F32);
   if (k.G == 1) {
     std::tie(dk, dv) = headGroup(hkv, dk, dv);
   } else {
@@ -430,11 +460,18 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
       return headGroup(hkv * k.G + g, dki, dvi);
     });
   }
-  // dK and dV are contiguous [B, Hkv, S, D].
+  // dK and dV are contiguous [B, Hkv, S, D] and [B, Hkv, S, DV].
   Tile outOffs = ((b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len) * k.D +
                  (offsN.expand(1) * k.D + offsD.expand(0));
   Tile dkScaled = dk * p.grad_scale;
-  if (k.kvExact && k.DP == k.D) {
+  if (vc.own) {
+    Tile dvOffs = ((b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len) * k.DV +
+                  (offsN.expand(1) * k.DV + vc.offs.expand(0));
+    if (kExact) store(p.grad + outOffs, dkScaled.to(dt));
+    else store(p.grad + outOffs, dkScaled.to(dt), byD(colLive));
+    if (vExact) store(p.grad2 + dvOffs, dv.to(dt));
+    else store(p.grad2 + dvOffs, dv.to(dt), byDV(colLive));
+  } else if (kExact) {
     store(p.grad + outOffs, dkScaled.to(dt));
     store(p.grad2 + outOffs, dv.to(dt));
   } else {
@@ -465,12 +502,14 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   Tile rowLive = offsM < p.q_len;
   Tile dLive = offsD < k.D;
   auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
-  const bool exact = k.qExact && k.DP == k.D;
+  const ValueColumns vc(k, offsD);
+  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD, k); };
+  const bool exact = k.qExact && k.DP == k.D, doExact = k.qExact && k.DVP == k.DV;
   Tile qPtrs = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
   Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
-                (offsM.expand(1) * p.dout_stride_m + offsD.expand(0));
+                (offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0));
   Tile qt = exact ? load(qPtrs) : load(qPtrs, byD(rowLive));
-  Tile dOt = exact ? load(doPtrs) : load(doPtrs, byD(rowLive));
+  Tile dOt = doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive));
   Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
   Tile lse2 = k.qExact ? load(p.lse2 + rows) : load(p.lse2 + rows, rowLive, INFINITY);
   Tile delta = k.qExact ? load(p.delta + rows) : load(p.delta + rows, rowLive);
@@ -493,13 +532,14 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile offsN = row0 + arange(0, k.BN);
       Tile colLive = offsN < p.kv_len;
       Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-      Tile vOffs = offsN.expand(1) * p.v_stride_n + offsD.expand(0);
-      const bool kvExact = k.kvExact && k.DP == k.D;
+      Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
+      const bool kvExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
       const Tile live = kvExact ? Tile() : byD(colLive);
+      const Tile vLive = !vc.own ? live : vExact ? Tile() : byDV(colLive);
       Tile kt = detail::loadStreamedRows(kBase + kOffs, kvExact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
                                          b, hkv, row0, k.D, k.tma);
-      Tile vt = detail::loadStreamedRows(vBase + vOffs, kvExact, live, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
-                                         b, hkv, row0, k.D, k.tma);
+      Tile vt = detail::loadStreamedRows(vBase + vOffs, vExact, vLive, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
+                                         b, hkv, row0, k.DV, k.tma);
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt, kt.trans());  // [BM, BN]
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
@@ -655,7 +695,8 @@ FlexAttentionGrads flex_attention_backward(const Tensor& q, const Tensor& k, con
   FlexAttentionGrads grads;
   grads.dq = Tensor::empty(q.dtype(), q.shape(), q.space());
   grads.dk = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
-  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  detail::expectAttentionInput("flex_attention_backward", "v", v);
+  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), v.size(3)}, q.space());
   flex_attention_backward_into(q, k, v, out, lse, dout, scoreMod, blockMask, grads, options);
   return grads;
 }
@@ -683,28 +724,28 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                 ", v " + v.describe());
   if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)
     throw Error(std::string(op) + ": dtype must be bf16, f16 or f32, got " + q.describe());
-  if (v.size(3) != D && k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == S && k.size(3) == D)
-    throw Error(std::string(op) + ": v's head dim DV = " + std::to_string(v.size(3)) + " differs from q's and k's D = " +
-                    std::to_string(D) + ": the forward and the decode take such a v, the backward does not yet (v " +
-                    v.describe() + ")",
-                ErrorKind::Unsupported);
-  if (k.size(0) != B || v.size(0) != B || v.size(1) != Hkv || v.size(2) != S || k.size(3) != D || v.size(3) != D)
-    throw Error(std::string(op) + ": k and v must be [B, Hkv, S, D] with q's B and D: q " + q.describe() + ", k " +
-                k.describe() + ", v " + v.describe());
+  const int64_t DV = v.size(3);  // v's head dim: out's, dout's and dv's
+  if (k.size(0) != B || v.size(0) != B || v.size(1) != Hkv || v.size(2) != S || k.size(3) != D)
+    throw Error(std::string(op) + ": k must be [B, Hkv, S, D] with q's B and D, and v [B, Hkv, S, DV] with k's B, Hkv "
+                "and S: q " + q.describe() + ", k " + k.describe() + ", v " + v.describe());
   if (Hkv < 1 || Hq % Hkv != 0)
     throw Error(std::string(op) + ": the query heads (" + std::to_string(Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(Hkv) + ")");
   if (D < 16 || D > 256 || D % 16 != 0)
     throw Error(std::string(op) + ": head dim D = " + std::to_string(D) + " is not supported (a multiple of 16 up to 256)",
                 ErrorKind::Unsupported);
+  if (DV < 16 || DV > 256 || DV % 16 != 0)
+    throw Error(std::string(op) + ": v's head dim DV = " + std::to_string(DV) +
+                    " is not supported (a multiple of 16 up to 256): v " + v.describe(),
+                ErrorKind::Unsupported);
   const MemorySpace space = q.space();
   if (k.space() != space || v.space() != space)
     throw Error(std::string(op) + ": q, k and v must be in one memory space");
   auto expectLike = [&](const char* what, const Tensor& t) {
     if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an empty tensor");
-    if (t.dtype() != dt || t.shape() != q.shape())
-      throw Error(std::string(op) + ": " + what + " must be " + std::string(ir::dtypeName(dt)) + shapeOf(B, Hq, L, D) +
-                  " like q, got " + t.describe());
+    if (t.dtype() != dt || t.shape() != Shape{B, Hq, L, DV})
+      throw Error(std::string(op) + ": " + what + " must be " + std::string(ir::dtypeName(dt)) + shapeOf(B, Hq, L, DV) +
+                  (DV == D ? " like q" : " (q's B, Hq and L; v's head dim)") + ", got " + t.describe());
     detail::expectAttentionInput(op, what, t);
     if (t.space() != space) throw Error(std::string(op) + ": " + what + " is in another memory space than q");
   };
@@ -731,7 +772,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 
   FlexAttentionBackwardConfig config =
       options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
+                     : defaultFlexAttentionBackwardConfig(dt, std::max(D, DV), detail::defaultsTarget(space, target),
                                                           detail::modsGatherPerElement(scoreMod, blockMask),
                                                           options.dq_accumulation);
   std::optional<BlockMask> ownedMask;
@@ -775,7 +816,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   };
   expectGrad("dq", grads.dq, q.shape());
   expectGrad("dk", grads.dk, {B, Hkv, S, D});
-  expectGrad("dv", grads.dv, {B, Hkv, S, D});
+  expectGrad("dv", grads.dv, {B, Hkv, S, DV});
   grads.trainable.clear();
   grads.captureGrads.clear();
   for (const CapturedTensor& c : scoreMod.captures()) {
@@ -815,8 +856,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   std::vector<Launch> launches;
   // Preprocess.
   {
-    const int64_t BMP = 64, DP = detail::paddedHeadDim(D);
-    PreprocessConstants c{BMP, D, DP, options.dlse.has_value()};
+    const int64_t BMP = 64, DP = detail::paddedHeadDim(DV);  // delta = rowsum(out ∘ dout): v's head dim
+    PreprocessConstants c{BMP, DV, DP, options.dlse.has_value()};
     LaunchOptions lo;
     lo.grid = {cdiv(L, BMP), Hq, B};
     lo.constants = constantList(c);
@@ -891,7 +932,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      // timed): dkdv's key tiles by their columns' live blocks, dq's query tiles by
                      // their rows'. Needs the host lists; not with the atomic dQ (its dkdv is the
                      // only kernel and keeps its order).
-                     detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq};
+                     detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq,
+                     DV,
+                     detail::paddedHeadDim(DV)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};
@@ -971,7 +1014,8 @@ FlexAttentionBackwardPlan plan_flex_attention_backward(const Tensor& q, const Te
   FlexAttentionGrads grads;
   grads.dq = Tensor::empty(q.dtype(), q.shape(), q.space());
   grads.dk = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
-  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), q.size(3)}, q.space());
+  detail::expectAttentionInput("flex_attention_backward", "v", v);
+  grads.dv = Tensor::empty(q.dtype(), {k.size(0), k.size(1), k.size(2), v.size(3)}, q.space());
   FlexAttentionBackwardPlan plan;
   backward(q, k, v, out, lse, dout, scoreMod, blockMask, grads, options, &plan, target);
   return plan;

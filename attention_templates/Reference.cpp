@@ -303,22 +303,23 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
                                           const Tensor* out) {
   using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t DV = v.size(3);  // v's, out's and dout's head dim
   const std::vector<double> qd = toDoubles(q), kd = toDoubles(k), vd = toDoubles(v), dod = toDoubles(dout);
   const std::vector<double> od = out ? toDoubles(*out) : std::vector<double>();
   ReferenceGrads g;
   g.dq.assign(size_t(B * Hq * L * D), 0.0);
   g.dk.assign(size_t(B * Hkv * S * D), 0.0);
-  g.dv.assign(size_t(B * Hkv * S * D), 0.0);
+  g.dv.assign(size_t(B * Hkv * S * DV), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t hk = h / (Hq / Hkv);
       Eigen::Map<const Mat> Q(qd.data() + (b * Hq + h) * L * D, L, D);
-      Eigen::Map<const Mat> dO(dod.data() + (b * Hq + h) * L * D, L, D);
+      Eigen::Map<const Mat> dO(dod.data() + (b * Hq + h) * L * DV, L, DV);
       Eigen::Map<const Mat> K(kd.data() + (b * Hkv + hk) * S * D, S, D);
-      Eigen::Map<const Mat> V(vd.data() + (b * Hkv + hk) * S * D, S, D);
+      Eigen::Map<const Mat> V(vd.data() + (b * Hkv + hk) * S * DV, S, DV);
       Eigen::Map<Mat> dQ(g.dq.data() + (b * Hq + h) * L * D, L, D);
       Eigen::Map<Mat> dK(g.dk.data() + (b * Hkv + hk) * S * D, S, D);
-      Eigen::Map<Mat> dV(g.dv.data() + (b * Hkv + hk) * S * D, S, D);
+      Eigen::Map<Mat> dV(g.dv.data() + (b * Hkv + hk) * S * DV, S, DV);
       const Mat s = (Q * K.transpose()) * scale;
       const Mat dP = dO * V.transpose();
       Mat P = Mat::Zero(L, S), dS = Mat::Zero(L, S);
@@ -340,8 +341,8 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
         P.row(i) /= l;
         double delta = 0;
         if (out)
-          for (int64_t d = 0; d < D; ++d)
-            delta += od[size_t(((b * Hq + h) * L + i) * D + d)] * dod[size_t(((b * Hq + h) * L + i) * D + d)];
+          for (int64_t d = 0; d < DV; ++d)
+            delta += od[size_t(((b * Hq + h) * L + i) * DV + d)] * dod[size_t(((b * Hq + h) * L + i) * DV + d)];
         else
           delta = P.row(i).dot(dP.row(i));
         if (dlse) delta -= (*dlse)[size_t((b * Hq + h) * L + i)];

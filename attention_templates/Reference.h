@@ -92,10 +92,10 @@ using RefScoreGradSink = std::function<void(double g, double s, int64_t b, int64
 struct ReferenceGrads {
   std::vector<double> dq;  // [B, Hq, L, D]
   std::vector<double> dk;  // [B, Hkv, S, D], summed over each GQA group
-  std::vector<double> dv;  // [B, Hkv, S, D]
+  std::vector<double> dv;  // [B, Hkv, S, DV]
 };
 
-// The gradients of loss(out, lse) given dout = dloss/dout (any float tensor [B, Hq, L, D]) and
+// The gradients of loss(out, lse) given dout = dloss/dout (any float tensor [B, Hq, L, DV]) and
 // optionally dlse ([B, Hq, L], row-major), from the formulas, in float64:
 //   p = softmax(score(scale q·k)) over allowed keys, dP = dout·vᵀ, delta_i = sum_j p_ij dP_ij - dlse_i,
 //   dS = p (dP - delta), dS' = dS · score'(s), dq = scale dS' k, dk = scale dS'ᵀ q, dv = pᵀ dout.

@@ -89,8 +89,8 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   }
   dsl::Tensor q = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   dsl::Tensor k = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  dsl::Tensor dout = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.D}, space);
+  dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.valueDim()}, space);
+  dsl::Tensor dout = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   attention::FlexAttentionOptions fo{.scale = check.options.scale, .return_lse = true, .config = check.forwardConfig};
   attention::FlexAttentionResult fwd = attention::flex_attention(q, k, v, score, mask, fo);
   attention::FlexAttentionBackwardOptions bo = check.options;
@@ -103,7 +103,7 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   attention::FlexAttentionGrads g;
   g.dq = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, space);
   g.dk = dsl::Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
-  g.dv = dsl::Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, space);
+  g.dv = dsl::Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.valueDim()}, space);
   poison(g.dq);
   poison(g.dk);
   poison(g.dv);
@@ -131,7 +131,7 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
     for (double x : *t) floor = std::max(floor, 0.05 * std::abs(x));
   if (!compareGrad("dq", attention::toDoubles(g.dq), ref.dq, c.dtype, &deadRows, c.D, floor)) return false;
   if (!compareGrad("dk", attention::toDoubles(g.dk), ref.dk, c.dtype, &deadKeys, c.D, floor)) return false;
-  if (!compareGrad("dv", attention::toDoubles(g.dv), ref.dv, c.dtype, &deadKeys, c.D, floor)) return false;
+  if (!compareGrad("dv", attention::toDoubles(g.dv), ref.dv, c.dtype, &deadKeys, c.valueDim(), floor)) return false;
   if (check.expectedCaptureGrads) {
     if (g.captureGrads.size() != check.expectedCaptureGrads->size()) {
       ADD_FAILURE() << g.captureGrads.size() << " captured gradients, expected " << check.expectedCaptureGrads->size();

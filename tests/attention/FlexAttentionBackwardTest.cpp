@@ -184,6 +184,21 @@ TEST(FlexAttentionBackward, LseGradient) {
   checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, 45, 45, kMaskBlocks), check);
 }
 
+// A padded head dim (80 in 128 columns) where the keys fill whole blocks (S a multiple of the KV
+// block: the kernels' kvExact), and the queries too: every K, V, Q and dO row must still be read
+// only up to D. dkdv read K and V unmasked there, 48 columns past each row, and past the end of
+// the last one.
+TEST(FlexAttentionBackward, PaddedHeadDimOverWholeBlocks) {
+  SeededRandom rng;
+  for (DqAccumulation dq : {DqAccumulation::Separate, DqAccumulation::Atomic}) {
+    AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = 64, .S = 64, .D = 80, .dtype = DType::BF16,
+                    .context = dq == DqAccumulation::Atomic ? "atomic dQ" : "separate dQ"};
+    BackwardCheck check = small(refCausal());
+    check.options.dq_accumulation = dq;
+    if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, kMaskBlocks), check)) return;
+  }
+}
+
 // A non-default scale and D not a power of two (padded inside the template).
 TEST(FlexAttentionBackward, ScaleAndPaddedHeadDim) {
   SeededRandom rng;

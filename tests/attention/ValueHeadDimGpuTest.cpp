@@ -1,9 +1,11 @@
 // v's head dim differing from q's and k's on the GPU (tests/attention/ValueHeadDimTest.cpp checks
 // the same through the interpreter): the forward at its sm_90a defaults (wgmma, TMA rings of two
-// widths, the producer warpgroup, persistent programs and the split last round where they apply)
-// and the decode template (its fused merge over many splits), against float64.
+// widths, the producer warpgroup, persistent programs and the split last round where they apply),
+// the decode template (its fused merge over many splits) and the backward at its sm_90a defaults
+// (the specialized dkdv and dq), against float64.
 #include <gtest/gtest.h>
 
+#include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
@@ -56,5 +58,22 @@ TEST(ValueHeadDimGpu, DecodeMatchesTheReferenceAndThePrefillTemplate) {
       if (!checkDecodeVariant(rng, variant(name), c, kDevice,
                               {.splits = {0, 7}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}}))
         return;
+    }
+}
+
+TEST(ValueHeadDimGpu, BackwardAtTheDefaults) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (Dims dims : kDims)
+    for (const char* name : {"full", "causal", "document", "softcap"}) {
+      // (The float64 backward reference is whole, not sampled: a small problem, keys in whole blocks.)
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 300, .S = 256, .D = dims.D, .dtype = DType::BF16,
+                      .context = name, .DV = dims.DV};
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      BackwardCheck check;
+      check.refScore = inst.refScore;
+      check.refScoreGrad = inst.refScoreGrad;
+      check.refMask = inst.refMask;
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
     }
 }

@@ -1,11 +1,13 @@
 // v's head dim differing from q's and k's (DV != D, as PyTorch's FlexAttention allows: out is
-// [B, Hq, L, DV]). The forward and the decode templates against float64 — before the passes, and
-// after sm_90a's (TMA rings of two widths, the producer warpgroup, persistent programs with a
-// split last round, the fused decode merge) — and what is refused, by name.
+// [B, Hq, L, DV]). The forward, decode and backward templates against float64 — before the
+// passes, and after sm_90a's (TMA rings of two widths, the producer warpgroup, persistent programs
+// with a split last round, the fused decode merge, the specialized dkdv and dq) — and what is
+// refused, by name.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
+#include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
@@ -163,11 +165,80 @@ TEST(ValueHeadDim, OutputTakesVsHeadDimAndTheKernelsAssemble) {
                   decode.config.describe().c_str(), r.registers, r.spillStoreBytes);
       EXPECT_EQ(r.spillStoreBytes, 0) << "D=" << dims.D << " DV=" << dims.DV << "\n" << r.log;
     }
+    // The backward's kernels at the sm_90a default (the specialized dkdv and dq): they spill as much
+    // as the equal dims' kernel of the wider dim does, or less (printed for the record).
+    Tensor od = Tensor::zeros(DType::BF16, {B, Hq, N, dims.DV}, kHost), lse = Tensor::zeros(DType::F32, {B, Hq, N}, kHost);
+    const FlexAttentionBackwardPlan backward =
+        plan_flex_attention_backward(qd, kd, vd, od, lse, od, noop_score(), causal.mask, {}, target);
+    const int64_t wide = std::max(dims.D, dims.DV);
+    Tensor qw = Tensor::zeros(DType::BF16, {B, Hq, N, wide}, kHost), kw = Tensor::zeros(DType::BF16, {B, Hkv, N, wide}, kHost);
+    const FlexAttentionBackwardPlan equal =
+        plan_flex_attention_backward(qw, kw, kw, qw, lse, qw, noop_score(), causal.mask, {}, target);
+    ASSERT_EQ(backward.compiled.size(), equal.compiled.size());
+    for (size_t i = 0; i < backward.compiled.size(); ++i) {
+      const codegen::PtxasReport r = codegen::runPtxas(backward.compiled[i]->ptx, target);
+      const codegen::PtxasReport e = codegen::runPtxas(equal.compiled[i]->ptx, target);
+      std::printf("backward D=%ld DV=%ld %s: %d registers, %d bytes spilled (D=DV=%ld: %d)\n", long(dims.D),
+                  long(dims.DV), backward.kernelNames[i].c_str(), r.registers, r.spillStoreBytes, long(wide),
+                  e.spillStoreBytes);
+      EXPECT_LE(r.spillStoreBytes, e.spillStoreBytes) << backward.kernelNames[i] << "\n" << r.log;
+    }
+  }
+}
+
+// The backward (dV and dO at v's head dim, delta summed over it; dQ and dK at D) against float64:
+// no mask, causal with blind rows, a score_mod, GQA and MQA, dQ by its own kernel and by atomics,
+// lengths off the blocks and on them (padded columns with whole blocks of keys); then after
+// sm_90a's passes on wgmma tiles and at the sm_90a default config (the specialized dkdv and dq).
+TEST(ValueHeadDim, BackwardMatchesTheReference) {
+  SeededRandom rng;
+  const FlexAttentionBackwardConfig small{{32, 32, 4, 2}, {32, 32, 4, 2}};
+  for (Dims dims : kDims)
+    for (DqAccumulation dq : {DqAccumulation::Separate, DqAccumulation::Atomic}) {
+      const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV) +
+                                (dq == DqAccumulation::Atomic ? " atomic dQ" : "");
+      for (const char* name : {"full", "causal", "softcap"}) {
+        AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 64, .D = dims.D, .dtype = DType::BF16,
+                        .context = std::string(name) + " " + label, .DV = dims.DV};
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{32, 32}, rng()});
+        BackwardCheck check;
+        check.refScore = inst.refScore;
+        check.refScoreGrad = inst.refScoreGrad;
+        check.refMask = inst.refMask;
+        check.forwardConfig = FlexAttentionConfig{32, 32, 4, 2};
+        check.options.config = small;
+        check.options.dq_accumulation = dq;
+        if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+      }
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 45, .S = 50, .D = dims.D, .dtype = DType::F16,
+                      .context = "blind thirds, MQA, " + label, .DV = dims.DV};
+      BackwardCheck check;
+      check.refMask = refBlindThirds();
+      check.forwardConfig = FlexAttentionConfig{32, 32, 4, 2};
+      check.options.config = small;
+      check.options.dq_accumulation = dq;
+      if (!checkBackward(rng, c, kHost, noop_score(),
+                         createBlockMask(blindThirdsMask(), 1, 1, c.L, c.S, {32, 32}, kHost), check))
+        return;
+    }
+  InterpretAfterPasses scope("sm_90a");
+  for (Dims dims : {Dims{64, 128}, Dims{128, 64}, Dims{64, 48}}) {
+    const FlexAttentionBackwardConfig wgmma{{64, 64, 4, 2}, {64, 64, 4, 2}};
+    for (const FlexAttentionBackwardConfig& config :
+         {wgmma, defaultFlexAttentionBackwardConfig(DType::BF16, std::max(dims.D, dims.DV), codegen::Target::sm90a())}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = dims.D, .dtype = DType::BF16,
+                      .context = "sm_90a " + config.describe(), .DV = dims.DV};
+      BackwardCheck check;
+      check.refMask = refCausal();
+      check.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
+      check.options.config = config;
+      if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {128, 128}), check)) return;
+    }
   }
 }
 
 // What is refused names the dims: a v head dim the kernels cannot tile, an output of q's head dim
-// where v's differs, and the backward (not yet built for DV != D).
+// where v's differs, in the forward and the backward.
 TEST(ValueHeadDim, WhatIsRefusedNamesTheDims) {
   auto zeros = [](dsl::Shape s) { return Tensor::zeros(DType::BF16, std::move(s), kHost); };
   const Tensor q = zeros({1, 2, 16, 64}), k = zeros({1, 2, 20, 64});
@@ -181,6 +252,11 @@ TEST(ValueHeadDim, WhatIsRefusedNamesTheDims) {
   }
   const Tensor v = zeros({1, 2, 20, 128});
   const Tensor out = zeros({1, 2, 16, 128}), lse = Tensor::zeros(DType::F32, {1, 2, 16}, kHost);
-  expectError([&] { flex_attention_backward(q, k, v, out, lse, out, noop_score(), std::nullopt); },
-              {"v's head dim DV = 128 differs from q's and k's D = 64", "the backward does not yet"});
+  expectError([&] { flex_attention_backward(q, k, v, out, lse, zeros({1, 2, 16, 64}), noop_score(), std::nullopt); },
+              {"dout must be bf16[1, 2, 16, 128] (q's B, Hq and L; v's head dim)", "[1, 2, 16, 64]"});
+  expectError([&] { flex_attention_backward(q, k, zeros({1, 2, 20, 40}), out, lse, out, noop_score(), std::nullopt); },
+              {"v's head dim DV = 40"});
+  FlexAttentionGrads grads{.dq = zeros({1, 2, 16, 64}), .dk = zeros({1, 2, 20, 64}), .dv = zeros({1, 2, 20, 64})};
+  expectError([&] { flex_attention_backward_into(q, k, v, out, lse, out, noop_score(), std::nullopt, grads); },
+              {"dv must be a contiguous bf16[1, 2, 20, 128]"});
 }
