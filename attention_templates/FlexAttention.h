@@ -13,7 +13,7 @@
 //
 // Inputs: q [B, Hq, L, D], k [B, Hkv, S, D] and v [B, Hkv, S, DV] (out is
 // [B, Hq, L, DV]; DV = D but for models such as MLA's 192 / 128 — the forward,
-// the decode and the backward take it, a paged cache not yet), one dtype
+// the decode, the backward and a paged K/V take it), one dtype
 // (bf16, f16 or f32; f32 dots run on tf32 tensor cores), Hq a multiple of Hkv
 // (GQA; MQA is Hkv = 1), D and DV multiples of 16 up to 256, any L and S >= 1. The last dim of
 // each tensor must be contiguous; other strides are free (views of another

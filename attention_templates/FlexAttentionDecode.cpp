@@ -794,7 +794,7 @@ DecodePrepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& 
   detail::checkAttentionInputs(q, kv.k, kv.v, scoreMod, /*sameBatch=*/false);
   DecodePrepared p{};
   p.B = q.size(0), p.Hq = q.size(1), p.L = q.size(2), p.D = q.size(3), p.Hkv = kv.kvHeads(), p.S = kv.length;
-  p.DV = p.D;  // (a paged cache keeps one head dim)
+  p.DV = kv.valueHeadDim();
   p.dtype = q.dtype();
   p.space = q.space();
   p.paged = &kv;

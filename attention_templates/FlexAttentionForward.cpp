@@ -1055,12 +1055,16 @@ Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreM
   if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)
     throw Error("flex_attention: dtype must be bf16, f16 or f32, got " + q.describe());
   detail::expectPagedKvFor("flex_attention", kv, p.B, p.D, p.dtype, p.space);
-  p.Hkv = kv.kvHeads(), p.S = kv.length, p.DV = p.D;  // (a paged cache keeps one head dim)
+  p.Hkv = kv.kvHeads(), p.S = kv.length, p.DV = kv.valueHeadDim();
   if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
     throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(p.Hkv) + ")");
   if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
     throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)",
+                ErrorKind::Unsupported);
+  if (p.DV < 16 || p.DV > 256 || p.DV % 16 != 0)
+    throw Error("flex_attention: the paged KV's value head dim DV = " + std::to_string(p.DV) +
+                    " is not supported (a multiple of 16 up to 256): v " + kv.v.describe(),
                 ErrorKind::Unsupported);
   if (p.L < 1) throw Error("flex_attention: empty input: q " + q.describe());
   p.paged = &kv;
@@ -1478,7 +1482,7 @@ void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& sco
                          const FlexAttentionOptions& options) {
   FlexAttentionOptions o = options;
   o.return_lse = lse != nullptr;
-  if (decodeIfChosen(q, q.rank() == 4 ? q.size(3) : 0, out, lse, o,
+  if (decodeIfChosen(q, kv.valueHeadDim(), out, lse, o,
                      [&] { detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o); }))
     return;
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
@@ -1492,7 +1496,7 @@ FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const Sco
   // Before allocating the outputs: a shape past the kernels' limits is refused, not allocated.
   detail::expectAttentionInput("flex_attention", "q", q);
   FlexAttentionResult r;
-  r.out = Tensor::empty(q.dtype(), q.shape(), q.space());
+  r.out = Tensor::empty(q.dtype(), {q.size(0), q.size(1), q.size(2), kv.valueHeadDim()}, q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
   flex_attention_into(q, kv, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
   return r;

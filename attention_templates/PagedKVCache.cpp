@@ -52,9 +52,11 @@ void checkPagedKV(const PagedKV& kv, const std::string& op) {
       if (t->strides()[size_t(i)] > INT32_MAX)
         fail(std::string(name) + " storage strides exceed int32: " + t->describe());
   }
-  if (kv.k.shape() != kv.v.shape() || kv.k.dtype() != kv.v.dtype() || kv.k.space() != kv.v.space())
-    fail("k and v storage must have one shape, dtype and memory space, got k " + kv.k.describe() + ", v " +
-         kv.v.describe());
+  const Shape& ks = kv.k.shape();
+  const Shape& vs = kv.v.shape();
+  if (ks[1] != vs[1] || ks[2] != vs[2] || kv.k.dtype() != kv.v.dtype() || kv.k.space() != kv.v.space())
+    fail("k and v storage must have one dtype, memory space and shape but for the head dim, got k " + kv.k.describe() +
+         ", v " + kv.v.describe());
   if (kv.pageSize < 16 || !isPowerOfTwo(kv.pageSize) || kv.pageSize > (int64_t(1) << 20))
     fail("pageSize must be a power of two in [16, 2^20], got " + str(kv.pageSize));
   const int64_t rows = kv.k.size(2);
@@ -112,7 +114,7 @@ void checkPagedKV(const PagedKV& kv, const std::string& op) {
 
 LogicalKV materializePagedKV(const PagedKV& kv, MemorySpace space) {
   checkPagedKV(kv, "materializePagedKV");
-  const int64_t B = kv.batch(), H = kv.kvHeads(), S = kv.length, D = kv.headDim(), ps = kv.pageSize;
+  const int64_t B = kv.batch(), H = kv.kvHeads(), S = kv.length, ps = kv.pageSize;
   const int64_t rows = kv.k.size(2), maxPages = kv.maxPagesPerSequence(), numPages = kv.numPages();
   const std::vector<int32_t> table = kv.pageTable.toHost<int32_t>();
   const std::vector<int32_t> lengths =
@@ -120,6 +122,7 @@ LogicalKV materializePagedKV(const PagedKV& kv, MemorySpace space) {
   LogicalKV out;
   for (const auto& [storage, result] : {std::pair{&kv.k, &out.k}, std::pair{&kv.v, &out.v}}) {
     // bf16 and f16 values are exact in float, so the round trip through float is lossless.
+    const int64_t D = storage->size(3);
     const std::vector<float> phys = storage->toHost<float>();  // [1, H, rows, D] row-major
     std::vector<float> logical(size_t(B * H * S * D), 0.0f);
     for (int64_t b = 0; b < B; ++b)
@@ -207,7 +210,8 @@ struct PagedWriteParams {
                            (P<I32>, k_cache_stride_n), (P<I32>, v_cache_stride_h), (P<I32>, v_cache_stride_n));
 };
 struct PagedWriteConstants {
-  BOOST_HANA_DEFINE_STRUCT(PagedWriteConstants, (int64_t, BT), (int64_t, D), (int64_t, DP), (int64_t, PAGE));
+  BOOST_HANA_DEFINE_STRUCT(PagedWriteConstants, (int64_t, BT), (int64_t, D), (int64_t, DP), (int64_t, PAGE),
+                           (int64_t, DV), (int64_t, DVP));
 };
 
 void traceWrite(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
@@ -225,17 +229,24 @@ void traceWrite(ir::Function& f, const std::vector<int64_t>& constants, DType dt
   Tile offsD = arange(0, c.DP);
   Tile m = live.expand(1);
   if (c.DP != c.D) m = m & (offsD < c.D).expand(0);
+  // V's columns: its own head dim where it differs (DV), else K's.
+  const bool vOwn = c.DVP != c.DP || c.DV != c.D;
+  Tile offsDV = vOwn ? arange(0, c.DVP) : offsD, mV = m;
+  if (vOwn) {
+    mV = live.expand(1);
+    if (c.DVP != c.DV) mV = mV & (offsDV < c.DV).expand(0);
+  }
   Tile row64 = row.to(DType::I64), h64 = h.to(DType::I64);
   auto copy = [&](const Tile& src, const Tile& sb, const Tile& sh, const Tile& st, const Tile& cache, const Tile& ch,
-                  const Tile& cn) {
-    Tile from = src + (row64 * sb + h64 * sh) + (tok.expand(1) * st + offsD.expand(0));
-    Tile to = cache + h64 * ch + (dst.expand(1) * cn + offsD.expand(0));
-    store(to, load(from, m), m);
+                  const Tile& cn, const Tile& cols, const Tile& mask) {
+    Tile from = src + (row64 * sb + h64 * sh) + (tok.expand(1) * st + cols.expand(0));
+    Tile to = cache + h64 * ch + (dst.expand(1) * cn + cols.expand(0));
+    store(to, load(from, mask), mask);
   };
   copy(p.k_new, p.k_new_stride_b, p.k_new_stride_h, p.k_new_stride_t, p.k_cache, p.k_cache_stride_h,
-       p.k_cache_stride_n);
+       p.k_cache_stride_n, offsD, m);
   copy(p.v_new, p.v_new_stride_b, p.v_new_stride_h, p.v_new_stride_t, p.v_cache, p.v_cache_stride_h,
-       p.v_cache_stride_n);
+       p.v_cache_stride_n, offsDV, mV);
 }
 
 // One write kernel per dtype, shared by the caches of that dtype and freed with the last one.
@@ -257,10 +268,11 @@ std::shared_ptr<Kernel> writeKernelFor(DType dt) {
 // ---- the cache ---------------------------------------------------------------------------------
 
 PagedKVCache::PagedKVCache(DType dtype, int64_t kvHeads, int64_t headDim, int64_t numPages, int64_t pageSize,
-                           int64_t maxBatch, int64_t maxPagesPerSequence, MemorySpace space)
+                           int64_t maxBatch, int64_t maxPagesPerSequence, MemorySpace space, int64_t valueHeadDim)
     : dtype_(dtype),
       kvHeads_(kvHeads),
       headDim_(headDim),
+      valueHeadDim_(valueHeadDim > 0 ? valueHeadDim : headDim),
       numPages_(numPages),
       pageSize_(pageSize),
       maxBatch_(maxBatch),
@@ -273,22 +285,25 @@ PagedKVCache::PagedKVCache(DType dtype, int64_t kvHeads, int64_t headDim, int64_
   if (kvHeads < 1) fail("kvHeads must be >= 1, got " + str(kvHeads));
   if (headDim < 16 || headDim > 256 || headDim % 16 != 0)
     fail("headDim must be a multiple of 16 up to 256 (what the attention templates take), got " + str(headDim));
+  if (valueHeadDim < 0 || (valueHeadDim > 0 && (valueHeadDim < 16 || valueHeadDim > 256 || valueHeadDim % 16 != 0)))
+    fail("valueHeadDim must be 0 (headDim) or a multiple of 16 up to 256, got " + str(valueHeadDim));
   if (pageSize < 16 || !isPowerOfTwo(pageSize) || pageSize > (int64_t(1) << 20))
     fail("pageSize must be a power of two in [16, 2^20], got " + str(pageSize));
   if (numPages < 1) fail("numPages must be >= 1, got " + str(numPages));
-  if (numPages * pageSize * headDim > INT32_MAX)
-    fail(str(numPages) + " pages of " + str(pageSize) + " tokens at D = " + str(headDim) +
-         " exceed the kernels' 32-bit offsets within one head (at most " + str(INT32_MAX / (pageSize * headDim)) +
+  const int64_t widerDim = std::max(headDim, valueHeadDim_);
+  if (numPages * pageSize * widerDim > INT32_MAX)
+    fail(str(numPages) + " pages of " + str(pageSize) + " tokens at D = " + str(widerDim) +
+         " exceed the kernels' 32-bit offsets within one head (at most " + str(INT32_MAX / (pageSize * widerDim)) +
          " pages)");
   if (maxBatch < 1 || maxBatch > 65535) fail("maxBatch must be in [1, 65535], got " + str(maxBatch));
   if (maxPagesPerSequence < 1 || maxPagesPerSequence * pageSize > INT32_MAX)
     fail("maxPagesPerSequence must be >= 1 and hold at most 2^31 - 1 tokens, got " + str(maxPagesPerSequence));
 
-  const Shape storage{1, kvHeads, numPages * pageSize, headDim};
+  const Shape storage{1, kvHeads, numPages * pageSize, headDim}, valueStorage{1, kvHeads, numPages * pageSize, valueHeadDim_};
   // Device storage is left uninitialized: the kernels never read a row that was not written (the
   // loads of keys past a sequence's length are masked off).
   k_ = space == MemorySpace::Host ? Tensor::zeros(dtype, storage, space) : Tensor::empty(dtype, storage, space);
-  v_ = space == MemorySpace::Host ? Tensor::zeros(dtype, storage, space) : Tensor::empty(dtype, storage, space);
+  v_ = space == MemorySpace::Host ? Tensor::zeros(dtype, valueStorage, space) : Tensor::empty(dtype, valueStorage, space);
   held_.resize(size_t(maxBatch));
   lengths_.assign(size_t(maxBatch), 0);
   refCount_.assign(size_t(numPages), 0);
@@ -454,13 +469,15 @@ void PagedKVCache::write(std::span<const int64_t> batches, const Tensor& kNew, c
     if (t->dtype() != dtype_)
       throw Error(op + ": " + name + " is " + t->describe() + ", but the cache holds " +
                   std::string(ir::dtypeName(dtype_)));
-    if (t->size(1) != kvHeads_ || t->size(3) != headDim_)
-      throw Error(op + ": " + name + " must be [B, Hkv = " + str(kvHeads_) + ", T, D = " + str(headDim_) + "], got " +
-                  t->describe());
+    const int64_t dim = t == &kNew ? headDim_ : valueHeadDim_;
+    if (t->size(1) != kvHeads_ || t->size(3) != dim)
+      throw Error(op + ": " + name + " must be [B, Hkv = " + str(kvHeads_) + ", T, " + (t == &kNew ? "D" : "DV") +
+                  " = " + str(dim) + "], got " + t->describe());
     if (t->space() != space_) throw Error(op + ": " + name + " is in another memory space than the cache");
   }
-  if (kNew.shape() != vNew.shape())
-    throw Error(op + ": kNew and vNew must have one shape, got " + kNew.describe() + " and " + vNew.describe());
+  if (kNew.size(0) != vNew.size(0) || kNew.size(2) != vNew.size(2))
+    throw Error(op + ": kNew and vNew must have one shape but for the head dim, got " + kNew.describe() + " and " +
+                vNew.describe());
   const int64_t rows = kNew.size(0), T = kNew.size(2);
   if (int64_t(batches.size()) != rows)
     throw Error(op + ": " + str(int64_t(batches.size())) + " batch indices for " + str(rows) + " rows of kNew");
@@ -510,7 +527,8 @@ void PagedKVCache::write(std::span<const int64_t> batches, const Tensor& kNew, c
     const int64_t BT = maxCount <= 16 ? 16 : 32;
     LaunchOptions lo;
     lo.grid = {cdiv(maxCount, BT), kvHeads_, rows};
-    lo.constants = constantList(PagedWriteConstants{BT, headDim_, detail::paddedHeadDim(headDim_), pageSize_});
+    lo.constants = constantList(PagedWriteConstants{BT, headDim_, detail::paddedHeadDim(headDim_), pageSize_,
+                                                    valueHeadDim_, detail::paddedHeadDim(valueHeadDim_)});
     lo.num_warps = 4;
     lo.num_stages = 1;
     const auto& ks = kNew.strides();
@@ -586,7 +604,7 @@ LogicalKV PagedKVCache::materialize(std::optional<int64_t> batches, std::optiona
 
 std::string PagedKVCache::describe() const {
   return "PagedKVCache " + std::string(ir::dtypeName(dtype_)) + " Hkv=" + str(kvHeads_) + " D=" + str(headDim_) +
-         ": " + str(numPages_) + " pages of " + str(pageSize_) + " tokens (" + str(numFreePages()) + " free), " +
+         (valueHeadDim_ != headDim_ ? " DV=" + str(valueHeadDim_) : std::string()) + ": " + str(numPages_) + " pages of " + str(pageSize_) + " tokens (" + str(numFreePages()) + " free), " +
          str(maxBatch_) + " sequences of at most " + str(maxPagesPerSequence_) + " pages";
 }
 

@@ -27,10 +27,11 @@ class Kernel;
 namespace flextile::attention {
 
 // A paged K/V as the attention templates read it.
-//   k, v        physical storage [1, Hkv, numPages * pageSize, D]: token t of physical page p is
-//               row p * pageSize + t. The batch dim is 1 (batch stride 0): pages are shared by
-//               the whole batch, and two sequences may point at the same page (a shared prefix).
-//               The last dim must be contiguous; k and v have one dtype, shape and memory space.
+//   k, v        physical storage [1, Hkv, numPages * pageSize, D] (v's last dim DV, its own head
+//               dim, D unless it differs): token t of physical page p is row p * pageSize + t.
+//               The batch dim is 1 (batch stride 0): pages are shared by the whole batch, and two
+//               sequences may point at the same page (a shared prefix). The last dim must be
+//               contiguous; k and v have one dtype, memory space and shape but for that dim.
 //   pageTable   i32 [B, maxPages], same memory space, last dim contiguous: logical page j of
 //               batch b is physical page pageTable[b, j]. Entries of pages past a batch's length
 //               are never read.
@@ -50,6 +51,7 @@ struct PagedKV {
   int64_t batch() const { return pageTable.defined() ? pageTable.size(0) : 0; }
   int64_t kvHeads() const { return k.defined() ? k.size(1) : 0; }
   int64_t headDim() const { return k.defined() ? k.size(3) : 0; }
+  int64_t valueHeadDim() const { return v.defined() ? v.size(3) : 0; }
   int64_t numPages() const { return k.defined() && pageSize > 0 ? k.size(2) / pageSize : 0; }
   int64_t maxPagesPerSequence() const { return pageTable.defined() ? pageTable.size(1) : 0; }
 };
@@ -65,7 +67,7 @@ struct PagedKV {
 void checkPagedKV(const PagedKV& kv, const std::string& op);
 
 // The logical K/V of a paged one, gathered on the host (slow; for tests and debugging):
-// [B, Hkv, length, D] in kv's dtype, zeros at positions >= lengths[b].
+// [B, Hkv, length, D] (v: DV) in kv's dtype, zeros at positions >= lengths[b].
 struct LogicalKV {
   dsl::Tensor k, v;
 };
@@ -95,8 +97,10 @@ struct PagedViewOptions {
 // error (share whole pages of a prefix; a sequence writes its own tail into pages of its own).
 class PagedKVCache {
  public:
+  // `valueHeadDim`: V's head dim where it differs from K's (MLA's 192 / 128); 0: headDim.
   PagedKVCache(dsl::DType dtype, int64_t kvHeads, int64_t headDim, int64_t numPages, int64_t pageSize,
-               int64_t maxBatch, int64_t maxPagesPerSequence, dsl::MemorySpace space = dsl::MemorySpace::Device);
+               int64_t maxBatch, int64_t maxPagesPerSequence, dsl::MemorySpace space = dsl::MemorySpace::Device,
+               int64_t valueHeadDim = 0);
   ~PagedKVCache();
   PagedKVCache(PagedKVCache&&) noexcept;
   PagedKVCache& operator=(PagedKVCache&&) noexcept;
@@ -104,6 +108,7 @@ class PagedKVCache {
   dsl::DType dtype() const { return dtype_; }
   int64_t kvHeads() const { return kvHeads_; }
   int64_t headDim() const { return headDim_; }
+  int64_t valueHeadDim() const { return valueHeadDim_; }
   int64_t numPages() const { return numPages_; }
   int64_t pageSize() const { return pageSize_; }
   int64_t maxBatch() const { return maxBatch_; }
@@ -112,7 +117,7 @@ class PagedKVCache {
   // The most tokens one sequence can hold: maxPagesPerSequence * pageSize.
   int64_t capacity() const { return maxPagesPerSequence_ * pageSize_; }
 
-  // The physical storage, [1, Hkv, numPages * pageSize, D] each.
+  // The physical storage, [1, Hkv, numPages * pageSize, D] (values: DV).
   const dsl::Tensor& keys() const { return k_; }
   const dsl::Tensor& values() const { return v_; }
 
@@ -182,7 +187,7 @@ class PagedKVCache {
   int64_t longest(int64_t batches) const;
 
   dsl::DType dtype_;
-  int64_t kvHeads_, headDim_, numPages_, pageSize_, maxBatch_, maxPagesPerSequence_;
+  int64_t kvHeads_, headDim_, valueHeadDim_, numPages_, pageSize_, maxBatch_, maxPagesPerSequence_;
   dsl::MemorySpace space_;
   dsl::Tensor k_, v_;
   std::vector<std::vector<int32_t>> held_;  // per sequence, its pages in logical order

@@ -11,6 +11,8 @@
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
+#include "PagedKVCheck.h"
+#include "attention_templates/PagedKVCache.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
 
@@ -235,6 +237,48 @@ TEST(ValueHeadDim, BackwardMatchesTheReference) {
       if (!checkBackward(rng, c, kHost, noop_score(), causalBlockMask(1, 1, c.L, c.S, {128, 128}), check)) return;
     }
   }
+}
+
+// A paged K/V whose V pages are DV wide: hand-made pools (fragmented tables, a shared prefix page,
+// ragged lengths) through the prefill and the decode templates, and a PagedKVCache (its write kernel
+// storing K and V rows of two widths) over a prefill and decode steps with the cache growing.
+TEST(ValueHeadDim, PagedKvMatchesTheReference) {
+  SeededRandom rng;
+  for (Dims dims : {Dims{64, 128}, Dims{128, 64}, Dims{64, 48}}) {
+    const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    PagedCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 1, .D = dims.D, .pageSize = 16, .lengths = {70, 33},
+                .sharedPrefixPages = 1, .context = "decode " + label, .DV = dims.DV};
+    if (!checkPaged(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                    {.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = 3}}))
+      return;
+    c.L = 40, c.context = "prefill " + label;
+    if (!checkPaged(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                    {.config = FlexAttentionConfig{32, 16, 4, 2}, .kernel = AttentionTemplate::Prefill}))
+      return;
+  }
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 64, DV = 128, T = 40, maxLength = 64;
+  const DType dt = DType::BF16;
+  PagedKVCache cache(dt, Hkv, D, /*numPages*/ 12, /*pageSize*/ 16, /*maxBatch*/ 2, /*maxPagesPerSequence*/ 4, kHost, DV);
+  EXPECT_NE(cache.describe().find("D=64 DV=128"), std::string::npos) << cache.describe();
+  LogicalHistory hist(B, Hkv, D, DV);
+  NewTokens prompt = randomTokens(rng, dt, B, Hkv, T, D, kHost, DV);
+  const std::vector<int64_t> order{0, 1}, counts{40, 23};
+  cache.write(order, prompt.k, prompt.v, counts);
+  for (int64_t i = 0; i < B; ++i) hist.append(i, prompt.kHost, prompt.vHost, i, T, counts[size_t(i)]);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("decode step " + std::to_string(step));
+    NewTokens n = randomTokens(rng, dt, B, Hkv, 1, D, kHost, DV);
+    cache.append(n.k, n.v);
+    for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+    const std::vector<int64_t> lengths = hist.lengths(B);
+    auto [k, v] = hist.tensors(B, maxLength, dt);
+    const Tensor q = randomTensor(rng, dt, {B, Hq, 1, D}, kHost);
+    if (!checkPagedOn(q, cache.view({.batches = B, .length = maxLength}), k, v, lengths, "cache", noop_score(),
+                      std::nullopt, nullptr, nullptr, {.kernel = AttentionTemplate::Decode}))
+      return;
+  }
+  expectError([&] { cache.append(randomTensor(rng, dt, {B, Hkv, 1, D}, kHost), randomTensor(rng, dt, {B, Hkv, 1, D}, kHost)); },
+              {"vNew must be [B, Hkv = 2, T, DV = 128]"});
 }
 
 // What is refused names the dims: a v head dim the kernels cannot tile, an output of q's head dim
