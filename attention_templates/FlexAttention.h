@@ -208,6 +208,9 @@ struct FlexAttentionProblem {
   uint64_t modHash = 0;                 // the structural hashes of both mods, combined (names are for people)
   int64_t qBlockSize, kvBlockSize;      // the BlockMask's block sizes (a config must tile them)
   dsl::MemorySpace space;
+  int64_t DV = 0;                       // v's head dim where it differs from D; 0: D
+
+  int64_t valueDim() const { return DV > 0 ? DV : D; }
 };
 // A hook consulted when options.config is empty: returns a config (e.g. a
 // tuned one: autotune/ installs its per-GPU cache here) or nullopt for the
@@ -224,9 +227,12 @@ void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver);  // e
 using FlexDecodeConfigResolver = std::function<std::optional<FlexDecodeConfig>(const FlexAttentionProblem&)>;
 void setFlexDecodeConfigResolver(FlexDecodeConfigResolver resolver,  // empty: none
                                  std::function<bool()> mayAnswer = {});
-// The problem a resolver sees for these inputs (the autotuner keys its cache by it).
+// The problem a resolver sees for these inputs (the autotuner keys its cache by it); with `v`, its
+// head dim where it differs from q's (FlexAttentionProblem::DV).
 FlexAttentionProblem flexAttentionProblem(const dsl::Tensor& q, const dsl::Tensor& k, const ScoreMod& scoreMod,
                                           const std::optional<BlockMask>& blockMask);
+FlexAttentionProblem flexAttentionProblem(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                          const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 
 struct FlexAttentionResult {
   dsl::Tensor out;  // [B, Hq, L, D], q's dtype, contiguous, q's memory space

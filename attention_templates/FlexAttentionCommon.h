@@ -225,9 +225,10 @@ std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std:
 
 // What a config resolver sees of a call (FlexAttentionProblem): its shapes, the mods' names, captures
 // and structural hashes, the BlockMask's block sizes.
+// `DV`: v's head dim (kept only where it differs from D).
 FlexAttentionProblem attentionProblem(dsl::DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
                                       int64_t D, dsl::MemorySpace space, const ScoreMod& scoreMod,
-                                      const std::optional<BlockMask>& blockMask);
+                                      const std::optional<BlockMask>& blockMask, int64_t DV = 0);
 
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 // Both keep their answers per thread until the environment changes (codegen::environmentGeneration),

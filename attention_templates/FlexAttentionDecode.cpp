@@ -728,8 +728,6 @@ std::optional<std::string> decodeConfigProblem(const FlexDecodeConfig& c, const 
 // The resolver's config (a tuned one) when there is one the call can take, else the default.
 FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& scoreMod, const BlockMask& mask) {
   const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, std::max(p.D, p.DV));
-  // Tuned configs are keyed by one head dim (FlexAttentionProblem::D): none was measured where v's differs.
-  if (p.DV != p.D) return fallback;
   FlexDecodeConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -739,7 +737,7 @@ FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& s
   }
   std::optional<FlexDecodeConfig> c;
   try {
-    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, mask));
+    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, mask, p.DV));
   } catch (const Error&) {
     return fallback;  // a mod the probe tiles do not fit: the real trace reports what is wrong
   }

@@ -920,9 +920,6 @@ FlexAttentionConfigResolver& resolverSlot() {
 FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
                                   const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
   const FlexAttentionConfig fallback = detail::untunedConfig(q, std::max(p.D, p.DV), scoreMod, blockMask, target);
-  // The tuned configs are keyed by one head dim (FlexAttentionProblem::D): where v's differs, none
-  // of them was measured for the call, and its tile may not fit.
-  if (p.DV != p.D) return fallback;
   FlexAttentionConfigResolver resolver;
   {
     std::lock_guard lock(resolverMutex());
@@ -934,7 +931,7 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
     // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
     // (it insists on its template's tile shapes, say) just runs the default config, and the real
     // trace below reports anything truly wrong with it.
-    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask));
+    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask, p.DV));
   } catch (const Error&) {
     return fallback;
   }
@@ -1270,6 +1267,14 @@ FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, cons
                                   q.space(), scoreMod, blockMask);
 }
 
+FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
+                                          const std::optional<BlockMask>& blockMask) {
+  expectRank4("v", v);
+  FlexAttentionProblem p = flexAttentionProblem(q, k, scoreMod, blockMask);
+  if (v.size(3) != p.D) p.DV = v.size(3);
+  return p;
+}
+
 void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
   std::lock_guard lock(resolverMutex());
   resolverSlot() = std::move(resolver);
@@ -1289,14 +1294,16 @@ std::string captureSignature(const std::vector<CapturedTensor>& captures) {
 }  // namespace
 
 FlexAttentionProblem attentionProblem(DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t D,
-                                      MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask) {
+                                      MemorySpace space, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
+                                      int64_t DV) {
   const MaskMod mask = blockMask ? blockMask->maskMod() : noop_mask();
   const ScoreMod score = scoreMod.defined() ? scoreMod : noop_score();
   return FlexAttentionProblem{dtype, B, Hq, Hkv, L, S, D,
                               score.name(), mask.name(),
                               captureSignature(score.captures()) + "|" + captureSignature(mask.captures()),
                               ir::hashText(std::to_string(score.structuralHash()), mask.structuralHash()),
-                              blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space};
+                              blockMask ? blockMask->qBlockSize() : 0, blockMask ? blockMask->kvBlockSize() : 0, space,
+                              DV > 0 && DV != D ? DV : 0};
 }
 
 bool tmaBoxesFor(std::initializer_list<const Tensor*> tensors, int numStages, bool byDefault) {

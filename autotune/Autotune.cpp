@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/Reference.h"
 #include "autotune/Sweep.h"
 #include "autotune/TuneCache.h"
@@ -117,9 +118,10 @@ std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, cons
   if (p.kvBlockSize && p.kvBlockSize % c.block_n != 0)
     return "BLOCK_N " + std::to_string(c.block_n) + " does not divide the BlockMask's KV block " +
            std::to_string(p.kvBlockSize);
-  // The K and V rings alone (num_stages tiles of BLOCK_N x D each) are a
+  // The K and V rings alone (num_stages tiles of BLOCK_N x D and of BLOCK_N x DV) are a
   // lower bound of the kernel's shared memory.
-  const int64_t ring = 2 * int64_t(std::max(1, c.num_stages)) * c.block_n * nextPow2(p.D) * ir::byteWidth(p.dtype);
+  const int64_t ring = int64_t(std::max(1, c.num_stages)) * c.block_n * (nextPow2(p.D) + nextPow2(p.valueDim())) *
+                       ir::byteWidth(p.dtype);
   if (c.num_stages > 1 && ring > limits.sharedBytesPerBlock)
     return "shared memory: the K/V rings alone need " + std::to_string(ring) + " bytes > " +
            std::to_string(limits.sharedBytesPerBlock);
@@ -201,12 +203,15 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
   auto say = [&](const std::string& line) {
     if (options.progress) options.progress(line);
   };
-  const FlexAttentionProblem problem = attention::flexAttentionProblem(q, k, scoreMod, blockMask);
+  const FlexAttentionProblem problem = attention::flexAttentionProblem(q, k, v, scoreMod, blockMask);
   const bool device = problem.space == MemorySpace::Device;
   const std::optional<codegen::Target> target =
       device ? std::nullopt : std::optional(options.target.value_or(codegen::Target::sm90a()));
   const DeviceLimits limits = device ? DeviceLimits::ofCurrentDevice() : DeviceLimits::of(*target);
-  const FlexAttentionConfig defaultConfig = attention::untunedFlexAttentionConfig(q, scoreMod, blockMask, target);
+  // What the call runs untuned: the default for the wider of q's and v's head dims.
+  const FlexAttentionConfig defaultConfig =
+      attention::detail::untunedConfig(q, problem.valueDim() > problem.D ? problem.valueDim() : problem.D, scoreMod,
+                                       blockMask, target);
 
   TuneReport report;
   std::vector<FlexAttentionConfig> configs = space.configs();
@@ -264,7 +269,8 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
         t.ms = b.ms;
         t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
         t.shape = "B=" + std::to_string(problem.B) + " H=" + std::to_string(problem.Hq) + " L=" +
-                  std::to_string(problem.L) + " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D);
+                  std::to_string(problem.L) + " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D) +
+                  (problem.DV ? " DV=" + std::to_string(problem.DV) : std::string());
         report.key = tuneKey(problem, *gpu);
         if (cache->put(report.key, t)) report.storedIn = cache->file().string();
       }

@@ -131,8 +131,9 @@ DecodeTuneReport tuneFlexDecode(const Tensor& q, const Tensor& k, const Tensor& 
   t.ms = best.ms;
   t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
   t.shape = "B=" + std::to_string(q.size(0)) + " Hq=" + std::to_string(q.size(1)) + " Hkv=" + std::to_string(k.size(1)) +
-            " L=" + std::to_string(q.size(2)) + " S=" + std::to_string(k.size(2)) + " D=" + std::to_string(q.size(3));
-  report.key = decodeTuneKey(attention::flexAttentionProblem(q, k, scoreMod, blockMask), *gpu);
+            " L=" + std::to_string(q.size(2)) + " S=" + std::to_string(k.size(2)) + " D=" + std::to_string(q.size(3)) +
+            (v.size(3) != q.size(3) ? " DV=" + std::to_string(v.size(3)) : std::string());
+  report.key = decodeTuneKey(attention::flexAttentionProblem(q, k, v, scoreMod, blockMask), *gpu);
   if (cache->putDecode(report.key, t)) report.storedIn = cache->file().string();
   return report;
 }

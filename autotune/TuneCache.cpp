@@ -65,7 +65,9 @@ std::string commonKey(const attention::FlexAttentionProblem& p, const GpuIdentit
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.modHash));
   return gpu.name + " sm" + std::to_string(gpu.capability) + " driver " + std::to_string(gpu.driver) + " flextile " +
          FLEXTILE_VERSION + " " + templateName + " mods " + hash + " (" + mods + ") " +
-         std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) + " gqa" +
+         std::string(ir::dtypeName(p.dtype)) + " D" + std::to_string(p.D) +
+         // v's own head dim where it differs (keys of equal dims unchanged)
+         (p.valueDim() != p.D ? " DV" + std::to_string(p.valueDim()) : std::string()) + " gqa" +
          std::to_string(p.Hkv ? p.Hq / p.Hkv : 0);
 }
 }  // namespace
@@ -352,7 +354,7 @@ void installResolver() {
         if (!cache) return std::nullopt;
         // A decode step asks every call; the key's text costs more than the rest of the lookup, so
         // each thread keeps its answers by the fields the key is made of, until the cache changes.
-        using Fields = std::tuple<std::string, std::string, std::string, uint64_t, int, int64_t, int64_t,
+        using Fields = std::tuple<std::string, std::string, std::string, uint64_t, int, int64_t, int64_t, int64_t,
                                   std::tuple<int64_t, int64_t, int64_t>>;
         thread_local std::map<Fields, std::optional<attention::FlexDecodeConfig>> memo;
         thread_local uint64_t memoGeneration = ~uint64_t(0);
@@ -360,8 +362,8 @@ void installResolver() {
           memo.clear();
           memoGeneration = g;
         }
-        const Fields fields{p.scoreMod,      p.maskMod, p.captures, p.modHash, int(p.dtype),
-                            p.D, p.Hkv ? p.Hq / p.Hkv : 0, decodeBuckets(p)};
+        const Fields fields{p.scoreMod, p.maskMod, p.captures, p.modHash, int(p.dtype),
+                            p.D, p.valueDim(), p.Hkv ? p.Hq / p.Hkv : 0, decodeBuckets(p)};
         if (auto it = memo.find(fields); it != memo.end()) return it->second;
         std::optional<TunedDecodeConfig> t = cache->findDecode(decodeTuneKey(p, *currentGpu()));
         return memo[fields] = t ? std::optional(t->config) : std::nullopt;

@@ -30,9 +30,9 @@ namespace {
 
 constexpr MemorySpace kHost = MemorySpace::Host;
 
-struct InterpretAfterPasses {
-  explicit InterpretAfterPasses(const char* target) { ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", target, 1); }
-  ~InterpretAfterPasses() { ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES"); }
+// The kernels run by the interpreter after a target's passes (TilePassesInterpretedTest.cpp).
+struct InterpretAfterPasses : ScopedSetenv {
+  explicit InterpretAfterPasses(const char* target) : ScopedSetenv("FLEXTILE_INTERPRET_AFTER_PASSES", target) {}
 };
 
 // (D, DV) pairs: V wider and narrower than Q·K's dim, a DV that pads (48 -> 64 columns), a D that
@@ -279,6 +279,25 @@ TEST(ValueHeadDim, PagedKvMatchesTheReference) {
   }
   expectError([&] { cache.append(randomTensor(rng, dt, {B, Hkv, 1, D}, kHost), randomTensor(rng, dt, {B, Hkv, 1, D}, kHost)); },
               {"vNew must be [B, Hkv = 2, T, DV = 128]"});
+}
+
+// A config resolver (the autotuner's cache) sees v's head dim, so a config tuned for D = 64 with
+// DV = 128 is found for such calls, and only for them (the tune key holds DV: AutotuneCache.KeyHoldsVsOwnHeadDim).
+TEST(ValueHeadDim, TheResolverSeesVsHeadDim) {
+  std::vector<int64_t> seen;
+  const FlexAttentionConfig tuned{32, 32, 4, 3};
+  setFlexAttentionConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionConfig> {
+    seen.push_back(p.DV);
+    return p.valueDim() == 128 ? std::optional(tuned) : std::nullopt;
+  });
+  struct Reset {
+    ~Reset() { setFlexAttentionConfigResolver({}); }
+  } reset;
+  const Tensor q = Tensor::zeros(DType::BF16, {1, 2, 64, 64}, kHost);
+  EXPECT_EQ(plan_flex_attention(q, q, Tensor::zeros(DType::BF16, {1, 2, 64, 128}, kHost), noop_score(), std::nullopt).config,
+            tuned);
+  EXPECT_NE(plan_flex_attention(q, q, q, noop_score(), std::nullopt).config, tuned);
+  EXPECT_EQ(seen, (std::vector<int64_t>{128, 0}));
 }
 
 // What is refused names the dims: a v head dim the kernels cannot tile, an output of q's head dim

@@ -195,6 +195,31 @@ TEST(AutotuneCache, KeyFollowsTheModsBodiesNotTheirNames) {
   EXPECT_EQ(keyOf(none, causal), keyOf(none, MaskMod(causal))) << "a copy is the same mod";
 }
 
+// v's own head dim is part of the key: a config tuned at D = 192 with DV = 128 (its V ring narrower)
+// must not serve D = DV = 192, nor the reverse; equal dims keep the key they had (tune files
+// written before stay valid). The pruning's ring bound counts V's width too.
+TEST(AutotuneCache, KeyHoldsVsOwnHeadDim) {
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  auto tensor = [](int64_t d) { return dsl::Tensor::empty(DType::BF16, {1, 2, 256, d}, MemorySpace::Host); };
+  const dsl::Tensor q = tensor(192), v128 = tensor(128), v192 = tensor(192);
+  const auto none = attention::noop_score();
+  const std::string equal = tuneKey(attention::flexAttentionProblem(q, q, v192, none, std::nullopt), gpu);
+  const std::string mla = tuneKey(attention::flexAttentionProblem(q, q, v128, none, std::nullopt), gpu);
+  EXPECT_EQ(equal, tuneKey(attention::flexAttentionProblem(q, q, none, std::nullopt), gpu));
+  EXPECT_NE(mla, equal);
+  EXPECT_NE(mla.find(" D192 DV128 "), std::string::npos) << mla;
+  EXPECT_NE(decodeTuneKey(attention::flexAttentionProblem(q, q, v128, none, std::nullopt), gpu),
+            decodeTuneKey(attention::flexAttentionProblem(q, q, v192, none, std::nullopt), gpu));
+  // Two stages of 128 keys: K at 192 (256 padded) and V at 128 take 192 KB, within sm_90a's 227; V
+  // at 256 takes 256 KB (as K's width counted for both, the bound before DV).
+  DeviceLimits limits = DeviceLimits::of(codegen::Target::sm90a());
+  const attention::FlexAttentionConfig c{64, 128, 4, 2};
+  EXPECT_FALSE(pruneBeforeCompile(c, attention::flexAttentionProblem(q, q, v128, none, std::nullopt), limits));
+  const auto why = pruneBeforeCompile(c, attention::flexAttentionProblem(q, q, tensor(256), none, std::nullopt), limits);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("shared memory"), std::string::npos) << *why;
+}
+
 TEST(AutotuneCache, RoundTripCorruptAndForeignFiles) {
   TempDir dir;
   const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
