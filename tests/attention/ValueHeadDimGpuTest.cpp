@@ -9,6 +9,8 @@
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
+#include "PagedKVCheck.h"
+#include "attention_templates/PagedKVCache.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
 
@@ -76,4 +78,38 @@ TEST(ValueHeadDimGpu, BackwardAtTheDefaults) {
       check.refMask = inst.refMask;
       if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, check)) return;
     }
+}
+
+// A PagedKVCache whose V pages are DV wide on the GPU: its write kernel, then decode steps (the
+// decode template's default split count) and a prefill on hand-made fragmented pools.
+TEST(ValueHeadDimGpu, PagedKv) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (Dims dims : {Dims{192, 128}, Dims{64, 128}}) {
+    PagedCase c{.B = 3, .Hq = 16, .Hkv = 4, .L = 1, .D = dims.D, .pageSize = 64, .lengths = {1500, 700, 0},
+                .sharedPrefixPages = 2, .context = "decode", .DV = dims.DV};
+    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, {.kernel = AttentionTemplate::Decode}))
+      return;
+    c.L = 300, c.lengths = {300, 200, 0}, c.context = "prefill";
+    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, {.kernel = AttentionTemplate::Prefill}))
+      return;
+    const int64_t B = 2, Hq = 8, Hkv = 2, T = 200, maxLength = 512;
+    PagedKVCache cache(DType::BF16, Hkv, dims.D, 32, 64, B, 8, kDevice, dims.DV);
+    LogicalHistory hist(B, Hkv, dims.D, dims.DV);
+    NewTokens prompt = randomTokens(rng, DType::BF16, B, Hkv, T, dims.D, kDevice, dims.DV);
+    cache.write(std::vector<int64_t>{0, 1}, prompt.k, prompt.v, std::vector<int64_t>{200, 77});
+    hist.append(0, prompt.kHost, prompt.vHost, 0, T, 200);
+    hist.append(1, prompt.kHost, prompt.vHost, 1, T, 77);
+    for (int step = 0; step < 3; ++step) {
+      NewTokens n = randomTokens(rng, DType::BF16, B, Hkv, 1, dims.D, kDevice, dims.DV);
+      cache.append(n.k, n.v);
+      for (int64_t b = 0; b < B; ++b) hist.append(b, n.kHost, n.vHost, b, 1, 1);
+      auto [k, v] = hist.tensors(B, maxLength, DType::BF16);
+      const dsl::Tensor q = randomTensor(rng, DType::BF16, {B, Hq, 1, dims.D}, kDevice);
+      if (!checkPagedOn(q, cache.view({.batches = B, .length = maxLength}), k, v, hist.lengths(B),
+                        "cache step " + std::to_string(step), noop_score(), std::nullopt, nullptr, nullptr,
+                        {.kernel = AttentionTemplate::Decode}))
+        return;
+    }
+  }
 }
