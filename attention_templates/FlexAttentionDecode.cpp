@@ -426,8 +426,8 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
         // its copies: it skips steps by liveBits, which come from mask_mod's tiles, and a
         // producer runs scalars only.
         auto box = [&](const Tile& base, const Tile& strideB, const Tile& strideH, const Tile& strideN, int64_t dim) {
-          return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, dim}, {strideB, strideH, strideN},
-                           {b, hkv, start, 0}};
+          return TensorBox{base, {detail::kUnboundedDim, detail::kUnboundedDim, p.kv_len, dim},
+                           {strideB, strideH, strideN}, {b, hkv, start, 0}};
         };
         const TensorBox kBox = box(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, k.D);
         const TensorBox vBox = box(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, k.DV);

@@ -944,9 +944,9 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 
 // Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
 // loop's Q ring as many slots as the walks' K and V rings have stages, so they take
-// stages × (BM + 2·BN) × DP × element bytes (V's BN rows of DVP where v's head dim differs), plus their barriers: at D = 128 and 128 × 128 tiles,
-// three stages need 288 KB, past sm_90a's 227 KB, where a program per tile needs 224 KB. Unknown
-// limit (no target, host memory): true.
+// stages × (BM + 2·BN) × DP × element bytes (V's BN rows DVP wide where v's head dim differs),
+// plus their barriers: at D = 128 and 128 × 128 tiles, three stages need 288 KB, past sm_90a's
+// 227 KB, where a program per tile needs 224 KB. Unknown limit (no target, host memory): true.
 bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
   const int64_t limit = target                              ? target->maxSharedBytesPerBlock()
                         : p.space == MemorySpace::Device ? int64_t(runtime::Device::current().maxSharedBytesPerBlockOptin())

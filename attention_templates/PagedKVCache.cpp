@@ -299,11 +299,13 @@ PagedKVCache::PagedKVCache(DType dtype, int64_t kvHeads, int64_t headDim, int64_
   if (maxPagesPerSequence < 1 || maxPagesPerSequence * pageSize > INT32_MAX)
     fail("maxPagesPerSequence must be >= 1 and hold at most 2^31 - 1 tokens, got " + str(maxPagesPerSequence));
 
-  const Shape storage{1, kvHeads, numPages * pageSize, headDim}, valueStorage{1, kvHeads, numPages * pageSize, valueHeadDim_};
+  const Shape storage{1, kvHeads, numPages * pageSize, headDim};
+  const Shape valueStorage{1, kvHeads, numPages * pageSize, valueHeadDim_};
   // Device storage is left uninitialized: the kernels never read a row that was not written (the
   // loads of keys past a sequence's length are masked off).
   k_ = space == MemorySpace::Host ? Tensor::zeros(dtype, storage, space) : Tensor::empty(dtype, storage, space);
-  v_ = space == MemorySpace::Host ? Tensor::zeros(dtype, valueStorage, space) : Tensor::empty(dtype, valueStorage, space);
+  v_ = space == MemorySpace::Host ? Tensor::zeros(dtype, valueStorage, space)
+                                  : Tensor::empty(dtype, valueStorage, space);
   held_.resize(size_t(maxBatch));
   lengths_.assign(size_t(maxBatch), 0);
   refCount_.assign(size_t(numPages), 0);
@@ -464,15 +466,22 @@ void PagedKVCache::uploadPending() {
 void PagedKVCache::write(std::span<const int64_t> batches, const Tensor& kNew, const Tensor& vNew,
                          std::span<const int64_t> tokenCounts) {
   const std::string op = "PagedKVCache::write";
-  for (const auto& [name, t] : {std::pair{"kNew", &kNew}, std::pair{"vNew", &vNew}}) {
+  // (By name, not address: one tensor may be passed as both.)
+  struct NewRows {
+    const char* name;
+    const Tensor* t;
+    const char* dimName;
+    int64_t dim;
+  };
+  for (const auto& [name, t, dimName, dim] :
+       {NewRows{"kNew", &kNew, "D", headDim_}, NewRows{"vNew", &vNew, "DV", valueHeadDim_}}) {
     detail::expectAttentionInput(op.c_str(), name, *t);
     if (t->dtype() != dtype_)
       throw Error(op + ": " + name + " is " + t->describe() + ", but the cache holds " +
                   std::string(ir::dtypeName(dtype_)));
-    const int64_t dim = t == &kNew ? headDim_ : valueHeadDim_;
     if (t->size(1) != kvHeads_ || t->size(3) != dim)
-      throw Error(op + ": " + name + " must be [B, Hkv = " + str(kvHeads_) + ", T, " + (t == &kNew ? "D" : "DV") +
-                  " = " + str(dim) + "], got " + t->describe());
+      throw Error(op + ": " + name + " must be [B, Hkv = " + str(kvHeads_) + ", T, " + dimName + " = " + str(dim) +
+                  "], got " + t->describe());
     if (t->space() != space_) throw Error(op + ": " + name + " is in another memory space than the cache");
   }
   if (kNew.size(0) != vNew.size(0) || kNew.size(2) != vNew.size(2))
@@ -604,8 +613,8 @@ LogicalKV PagedKVCache::materialize(std::optional<int64_t> batches, std::optiona
 
 std::string PagedKVCache::describe() const {
   return "PagedKVCache " + std::string(ir::dtypeName(dtype_)) + " Hkv=" + str(kvHeads_) + " D=" + str(headDim_) +
-         (valueHeadDim_ != headDim_ ? " DV=" + str(valueHeadDim_) : std::string()) + ": " + str(numPages_) + " pages of " + str(pageSize_) + " tokens (" + str(numFreePages()) + " free), " +
-         str(maxBatch_) + " sequences of at most " + str(maxPagesPerSequence_) + " pages";
+         (valueHeadDim_ != headDim_ ? " DV=" + str(valueHeadDim_) : std::string()) + ": " + str(numPages_) +
+         " pages of " + str(pageSize_) + " tokens (" + str(numFreePages()) + " free), " + str(maxBatch_) + " sequences of at most " + str(maxPagesPerSequence_) + " pages";
 }
 
 }  // namespace flextile::attention

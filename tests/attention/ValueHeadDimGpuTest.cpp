@@ -55,7 +55,8 @@ TEST(ValueHeadDimGpu, DecodeMatchesTheReferenceAndThePrefillTemplate) {
   // (One query on the window and no mask, four on documents and soft-cap: each a kernel of its own
   // per dims and split count; all sixteen and three split counts took 56 s on an H100.)
   for (Dims dims : kDims)
-    for (auto [L, name] : {std::pair<int64_t, const char*>{1, "full"}, {1, "sliding_window"}, {4, "document"}, {4, "softcap"}}) {
+    for (auto [L, name] :
+         {std::pair<int64_t, const char*>{1, "full"}, {1, "sliding_window"}, {4, "document"}, {4, "softcap"}}) {
       AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = L, .S = 4097, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
       if (!checkDecodeVariant(rng, variant(name), c, kDevice,
                               {.splits = {0, 7}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}}))
@@ -88,10 +89,12 @@ TEST(ValueHeadDimGpu, PagedKv) {
   for (Dims dims : {Dims{192, 128}, Dims{64, 128}}) {
     PagedCase c{.B = 3, .Hq = 16, .Hkv = 4, .L = 1, .D = dims.D, .pageSize = 64, .lengths = {1500, 700, 0},
                 .sharedPrefixPages = 2, .context = "decode", .DV = dims.DV};
-    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, {.kernel = AttentionTemplate::Decode}))
+    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr,
+                    {.kernel = AttentionTemplate::Decode}))
       return;
     c.L = 300, c.lengths = {300, 200, 0}, c.context = "prefill";
-    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, {.kernel = AttentionTemplate::Prefill}))
+    if (!checkPaged(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr,
+                    {.kernel = AttentionTemplate::Prefill}))
       return;
     const int64_t B = 2, Hq = 8, Hkv = 2, T = 200, maxLength = 512;
     PagedKVCache cache(DType::BF16, Hkv, dims.D, 32, 64, B, 8, kDevice, dims.DV);
