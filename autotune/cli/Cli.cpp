@@ -70,9 +70,10 @@ const std::vector<Command>& commands() {
       {"list", "usage: flextile list\n  Lists the registered variants (built-in and user) and the templates.\n", {}, {},
        false},
       {"run",
-       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
+       "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                    [--check[=all]] [--host] [--seed S] [--document-offsets FILE]\n"
-       "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads), prints the time and\n"
+       "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads; v's head dim DV with\n"
+       "  --dv, as MLA's 192 / 128), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
        "  suits small shapes only. --check compares with the float64 reference (exit 1 when it differs) on a\n"
        "  seeded sample of rows: every batch and head, first and last rows, both sides of every block\n"
@@ -81,9 +82,9 @@ const std::vector<Command>& commands() {
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--seed", "--document-offsets"}, {"--host"}, true, {"--check"}},
+       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"}, {"--host"}, true, {"--check"}},
       {"autotune",
-       "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--budget SECONDS] [--threads N]\n"
+       "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--dv DV] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
        "                         [--kernel forward|decode] [--queries L]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
@@ -96,11 +97,11 @@ const std::vector<Command>& commands() {
        "  length bucket and B x KV heads (power of two). Default shape 8,32,32768,128.\n"
        "  --plot FILE draws the sweep (TFLOP/s per config; pruned, failed, wrong and skipped configs marked):\n"
        "  SVG when FILE ends in .svg, else PNG (forward only).\n",
-       {"--shape", "--dtype", "--gqa", "--budget", "--threads", "--target", "--document-offsets", "--plot", "--kernel",
-        "--queries"},
+       {"--shape", "--dtype", "--gqa", "--dv", "--budget", "--threads", "--target", "--document-offsets", "--plot",
+        "--kernel", "--queries"},
        {"--no-store"}, true},
       {"compile",
-       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
+       "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
        "                        --emit traced|ir|llvm|ptx [--locations]\n"
        "  Prints one stage of the kernel: traced (tile IR as traced; --locations: each op's template or\n"
@@ -115,12 +116,13 @@ const std::vector<Command>& commands() {
        "  thread block clusters; ws: the full blocks by TMA from a producer warpgroup). last-round-merge: the\n"
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
-       {"--shape", "--dtype", "--gqa", "--config", "--target", "--emit", "--kernel", "--queries"}, {"--locations"}, true},
+       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--target", "--emit", "--kernel", "--queries"}, {"--locations"},
+       true},
       {"bench",
-       "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--variants a,b,..] [--document-offsets FILE]\n"
+       "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--dv DV] [--variants a,b,..] [--document-offsets FILE]\n"
        "  Times every variant (or those listed) with its tuned or default config; needs a GPU.\n"
        "  Default shape 2,16,8192,128 (DESIGN.md's yardstick).\n",
-       {"--shape", "--dtype", "--variants", "--document-offsets"}, {}, false},
+       {"--shape", "--dtype", "--dv", "--variants", "--document-offsets"}, {}, false},
       {"blockmask",
        "usage: flextile blockmask [VARIANT] --shape B,H,N[,D] [--block Q[,KV]] [--tile BM[,BN]] [--png FILE]\n"
        "                          [--svg FILE] [--document-offsets FILE]\n"
@@ -311,6 +313,7 @@ struct Problem {
   MemorySpace space;
   attention::VariantInstance instance;
   Tensor q, k, v;
+  int64_t DV = 0;  // v's head dim (--dv; D unless given)
 };
 
 Problem makeProblem(const Args& a, const std::string& variantName, const std::string& defaultShape, MemorySpace space,
@@ -321,6 +324,7 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
   if (p.H % gqa != 0)
     throw UsageError{"--gqa " + std::to_string(gqa) + " must divide the heads H = " + std::to_string(p.H)};
   p.Hkv = p.H / gqa;
+  p.DV = parseInts("--dv", a.get("--dv", std::to_string(p.D)), 1, 1)[0];
   if (space == MemorySpace::Host && needTensors &&
       double(p.B * p.H) * double(p.N) * double(p.N) * double(p.D) > 64.0 * 1024 * 1024)
     throw UsageError{"the interpreter is meant for small shapes: B*H*N*N*D must be at most 64M (try --shape 1,2,256,64)"};
@@ -335,7 +339,7 @@ Problem makeProblem(const Args& a, const std::string& variantName, const std::st
   if (needTensors) {
     p.q = randomTensor(seed, 0, p.dtype, {p.B, p.H, p.N, p.D}, space);
     p.k = randomTensor(seed, 1, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
-    p.v = randomTensor(seed, 2, p.dtype, {p.B, p.Hkv, p.N, p.D}, space);
+    p.v = randomTensor(seed, 2, p.dtype, {p.B, p.Hkv, p.N, p.DV}, space);
   }
   return p;
 }
@@ -353,7 +357,8 @@ std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
 double forwardFlops(const Problem& p) {
   const double pairs = p.instance.mask ? attention::countAllowedPairs(*p.instance.mask, p.instance.refMask, p.B, p.H)
                                        : double(p.B * p.H) * double(p.N) * double(p.N);
-  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H));
+  // 4 * D a pair (DESIGN.md); 2 * (D + DV) where v's head dim differs (Q·Kᵀ at D, P·V at DV).
+  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H)) * double(p.D + p.DV) / double(2 * p.D);
 }
 
 bool gpuPresent(std::string* why = nullptr) { return dsl::deviceAvailable(why); }
@@ -425,13 +430,13 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
   for (size_t n = 0; n < rows.size(); ++n) {
     const attention::QueryRow& row = rows[n];
     const int64_t flat = (row.b * p.H + row.h) * p.N + row.i;
-    const Tensor rowView = Tensor::hostView(static_cast<char*>(outHost.hostData()) + flat * p.D * outHost.elementBytes(),
-                                            p.dtype, {p.D});
+    const Tensor rowView = Tensor::hostView(static_cast<char*>(outHost.hostData()) + flat * p.DV * outHost.elementBytes(),
+                                            p.dtype, {p.DV});
     const std::vector<double> got = attention::toDoubles(rowView);
     const std::string where = std::to_string(row.b) + ", " + std::to_string(row.h) + ", " + std::to_string(row.i);
     double rowNum = 0, rowDen = 0;
-    for (int64_t d = 0; d < p.D; ++d) {
-      const double g = got[size_t(d)], want = ref.out[n * size_t(p.D) + size_t(d)];
+    for (int64_t d = 0; d < p.DV; ++d) {
+      const double g = got[size_t(d)], want = ref.out[n * size_t(p.DV) + size_t(d)];
       if (!std::isfinite(g) && firstProblem.empty()) firstProblem = "out[" + where + ", " + std::to_string(d) + "] is " + std::to_string(g);
       rowNum += (g - want) * (g - want);
       rowDen += want * want;
@@ -474,8 +479,9 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   char line[512];
   // Each line is printed as soon as it is known (the streams flush per write: flextileMain), so a
   // run stopped during a long step shows how far it got.
-  std::snprintf(line, sizeof line, "%s B=%lld H=%lld Hkv=%lld N=%lld D=%lld %s on %s, seed %llu\n", a.variant.c_str(),
-                (long long)p.B, (long long)p.H, (long long)p.Hkv, (long long)p.N, (long long)p.D,
+  const std::string dv = p.DV != p.D ? " DV=" + std::to_string(p.DV) : std::string();
+  std::snprintf(line, sizeof line, "%s B=%lld H=%lld Hkv=%lld N=%lld D=%lld%s %s on %s, seed %llu\n", a.variant.c_str(),
+                (long long)p.B, (long long)p.H, (long long)p.Hkv, (long long)p.N, (long long)p.D, dv.c_str(),
                 std::string(ir::dtypeName(p.dtype)).c_str(),
                 device ? runtime::Device::current().name().c_str() : "the interpreter", (unsigned long long)seed);
   out << line;
@@ -519,7 +525,7 @@ autotune::TuneOptions tuneOptions(const Args& a, std::ostream& err) {
 // listed blocks that start at or before it (the mask's row for those queries), every key without a
 // mask.
 double decodeBytes(const Problem& p, int64_t last) {
-  const double perKey = double(p.Hkv) * double(p.D) * double(ir::byteWidth(p.dtype)) * 2 /*K and V*/;
+  const double perKey = double(p.Hkv) * double(p.D + p.DV) * double(ir::byteWidth(p.dtype));  // K and V
   const std::optional<attention::BlockMask>& mask = p.instance.mask;
   if (!mask) return perKey * double(p.B) * double(p.N);
   const int64_t row = (last - mask->qOffset()) / mask->qBlockSize(), kvbs = mask->kvBlockSize();
@@ -542,18 +548,18 @@ int autotuneDecode(const Args& a, bool device, std::ostream& out, std::ostream& 
   if (device) {
     p.q = randomTensor(7, 0, p.dtype, {p.B, p.H, L, p.D}, MemorySpace::Device);
     p.k = randomTensor(7, 1, p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Device);
-    p.v = randomTensor(7, 2, p.dtype, {p.B, p.Hkv, p.N, p.D}, MemorySpace::Device);
+    p.v = randomTensor(7, 2, p.dtype, {p.B, p.Hkv, p.N, p.DV}, MemorySpace::Device);
   } else {
     p.q = shapeOnly(p.dtype, {p.B, p.H, L, p.D});
     p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
-    p.v = p.k;
+    p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.DV});
   }
   attention::FlexAttentionOptions base{.kernel = attention::AttentionTemplate::Decode};
   if (p.instance.mask) base.query_offset = p.N - L;
   autotune::TuneOptions o = tuneOptions(a, err);
   o.bytes = decodeBytes(p, p.N - 1);
   autotune::DecodeTuneReport r = autotune::tuneFlexDecode(p.q, p.k, p.v, p.instance.score, p.instance.mask, base,
-                                                          autotune::defaultDecodeSpace(p.dtype, p.D), o);
+                                                          autotune::defaultDecodeSpace(p.dtype, std::max(p.D, p.DV)), o);
   out << formatReport(r);
   return r.timed && r.best < 0 ? 1 : 0;
 }
@@ -578,12 +584,12 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   if (!device) {  // dry run: shapes only (nothing is computed)
     p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
     p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
-    p.v = p.k;
+    p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.DV});
   }
   autotune::TuneOptions o = tuneOptions(a, err);
   o.flops = device ? forwardFlops(p) : 0;
   autotune::TuneReport r = autotune::tuneFlexAttention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
-                                                       autotune::defaultSpace(p.dtype, p.D), o);
+                                                       autotune::defaultSpace(p.dtype, std::max(p.D, p.DV)), o);
   out << formatReport(r);
   if (a.has("--plot")) {
     const std::string path = a.get("--plot", "");
@@ -609,20 +615,21 @@ int compileBackwardKernel(const Args& a, const Problem& p, const std::string& ke
     throw UsageError{"--emit traced: the backward's kernels (--kernel " + kernel +
                      ") are traced inside the compile; ask for ir, llvm or ptx"};
   const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
+  const dsl::Tensor rows = shapeOnly(p.dtype, {p.B, p.H, p.N, p.DV});  // out and dout: v's head dim
   attention::FlexAttentionBackwardOptions options;
   if (std::optional<FlexAttentionConfig> tile = parseConfig(a)) {
     if (kernel == "preprocess") throw UsageError{"--config: the preprocess kernel has no tile to choose"};
     // The other kernel keeps the tile the call would pick (the default, narrowed to the mask's
     // blocks), which only a plan resolves.
     attention::FlexAttentionBackwardConfig c =
-        attention::plan_flex_attention_backward(p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask,
+        attention::plan_flex_attention_backward(p.q, p.k, p.v, rows, lse, rows, p.instance.score, p.instance.mask,
                                                 {}, target)
             .config;
     (kernel == "dkdv" ? c.dkdv : c.dq) = *tile;
     options.config = c;
   }
   const attention::FlexAttentionBackwardPlan plan = attention::plan_flex_attention_backward(
-      p.q, p.k, p.v, p.q, lse, p.q, p.instance.score, p.instance.mask, options, target);
+      p.q, p.k, p.v, rows, lse, rows, p.instance.score, p.instance.mask, options, target);
   const auto at = std::find_if(plan.kernelNames.begin(), plan.kernelNames.end(),
                                [&](const std::string& name) { return name.starts_with("flex_bwd_" + kernel + "_"); });
   if (at == plan.kernelNames.end()) throw Error("flextile compile: the backward plan has no " + kernel + " kernel");
@@ -668,7 +675,7 @@ int cmdCompile(const Args& a, std::ostream& out) {
   // Compiling reads only shapes, strides and alignment.
   p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
   p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
-  p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
+  p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.DV});
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   const std::string kernel = a.get("--kernel", "forward");
   if (kernel == "decode") return compileDecodeKernel(a, p, emit, target, out);
@@ -715,7 +722,7 @@ int cmdBench(const Args& a, std::ostream& out, std::ostream& err) {
   out << line;
   for (const std::string& name : names) {
     Problem p = makeProblem(a, name, "2,16,8192,128", MemorySpace::Device, 7);
-    Tensor o = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, MemorySpace::Device);
+    Tensor o = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.DV}, MemorySpace::Device);
     auto t0 = std::chrono::steady_clock::now();
     attention::flex_attention_into(p.q, p.k, p.v, p.instance.score, p.instance.mask, o, nullptr);
     runtime::synchronize();

@@ -210,6 +210,25 @@ TEST(Cli, RunCheckPassesOnTheInterpreterAtATinyShape) {
   }
 }
 
+// --dv gives V its own head dim: run checks the output's DV columns (a check that compared D of
+// them failed on a correct output), compile plans the forward, the backward and the decode with it.
+TEST(Cli, ValuesOfTheirOwnHeadDim) {
+  for (const char* dv : {"128", "48"}) {
+    Result r = run({"run", "causal", "--host", "--shape", "1,4,70,64", "--gqa", "2", "--dv", dv, "--check=all"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("D=64 DV=") + dv), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+  }
+  for (const char* kernel : {"forward", "dkdv", "dq", "decode"}) {
+    Result r = run({"compile", "causal", "--shape", "1,4,512,192", "--dv", "128", "--kernel", kernel, "--emit", "ptx"});
+    EXPECT_EQ(r.status, 0) << kernel << "\n" << r.err;
+    EXPECT_NE(r.out.find(".entry"), std::string::npos) << kernel;
+  }
+  Result bad = run({"run", "causal", "--host", "--shape", "1,2,64,64", "--dv", "40"});
+  EXPECT_EQ(bad.status, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("DV = 40"), std::string::npos) << bad.err;
+}
+
 // --check reads a seeded sample of rows and says so; --check=all reads every row. Both compare a
 // row the mask leaves without keys exactly (out 0, lse -inf).
 TEST(Cli, RunCheckSaysWhichRowsItChecked) {
