@@ -179,26 +179,6 @@ Tile rowsByHeadDim(const Tile& rows, const Tile& dLive, const GradConstants& k) 
   return m;
 }
 
-// V's head dim (DV, padded DVP) beside q's and k's: V, dO and dV have it. Where it is D, every tile
-// and mask is D's own (the kernels stay as they were).
-struct ValueColumns {
-  bool own;       // DV or its padding differs from D's
-  Tile offs;      // arange(0, DVP), or D's
-  Tile live;      // offs < DV where padded
-  ValueColumns(const GradConstants& k, const Tile& offsD)
-      : own(k.DVP != k.DP || k.DV != k.D), offs(own ? arange(0, k.DVP) : offsD) {
-    if (own && k.DVP != k.DV) live = offs < k.DV;
-  }
-  // [rows, DVP]'s load/store mask; D's (`byD`) where the dims agree.
-  template <class ByD>
-  Tile rowsBy(const Tile& rows, const ByD& byD, const GradConstants& k) const {
-    if (!own) return byD(rows);
-    Tile m = rows.expand(1);
-    if (k.DVP != k.DV) m = m & live.expand(0);
-    return m;
-  }
-};
-
 struct TrainableCapture {
   std::shared_ptr<CaptureSlot> slot;
   Tile grad;  // the gradient buffer's parameter: ptr<f32>, or ptr<i64> when deterministic
@@ -326,8 +306,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   Tile colLive = offsN < p.kv_len;
   Tile dLive = offsD < k.D;
   auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
-  const ValueColumns vc(k, offsD);
-  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD, k); };
+  const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, dO and dV
+  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD); };
   // Unmasked only where the keys fill whole blocks and no column is padding: a padded D read 48
   // columns past each row at D = 80, and past the end of the last one
   // (FlexAttentionBackward.PaddedHeadDimOverWholeBlocks).
@@ -502,8 +482,8 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   Tile rowLive = offsM < p.q_len;
   Tile dLive = offsD < k.D;
   auto byD = [&](const Tile& rows) { return rowsByHeadDim(rows, dLive, k); };
-  const ValueColumns vc(k, offsD);
-  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD, k); };
+  const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, dO and dV
+  auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD); };
   const bool exact = k.qExact && k.DP == k.D, doExact = k.qExact && k.DVP == k.DV;
   Tile qPtrs = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
   Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
@@ -731,10 +711,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (Hkv < 1 || Hq % Hkv != 0)
     throw Error(std::string(op) + ": the query heads (" + std::to_string(Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(Hkv) + ")");
-  if (D < 16 || D > 256 || D % 16 != 0)
+  if (!detail::supportedHeadDim(D))
     throw Error(std::string(op) + ": head dim D = " + std::to_string(D) + " is not supported (a multiple of 16 up to 256)",
                 ErrorKind::Unsupported);
-  if (DV < 16 || DV > 256 || DV % 16 != 0)
+  if (!detail::supportedHeadDim(DV))
     throw Error(std::string(op) + ": v's head dim DV = " + std::to_string(DV) +
                     " is not supported (a multiple of 16 up to 256): v " + v.describe(),
                 ErrorKind::Unsupported);

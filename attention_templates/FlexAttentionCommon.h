@@ -208,6 +208,32 @@ inline int64_t paddedHeadDim(int64_t D) {
   return p;
 }
 
+// A head dim the templates take (q's, k's or v's): a multiple of 16 up to 256.
+inline bool supportedHeadDim(int64_t d) { return d >= 16 && d <= 256 && d % 16 == 0; }
+
+// V's columns in a traced template, beside Q's and K's (`offsD`, arange(0, DP)): V, the
+// accumulator, the output (and dO, dV) are DV wide, padded to DVP. Where DV and its padding are
+// D's, every tile and mask is D's own, so such a kernel traces exactly the ops it did before v's
+// head dim could differ.
+struct ValueColumns {
+  bool own;       // DV or its padding differs from D's
+  bool padded;    // DVP != DV: the columns past DV are masked
+  dsl::Tile offs;  // arange(0, DVP), or offsD
+  dsl::Tile live;  // offs < DV, where own and padded
+  ValueColumns(int64_t D, int64_t DP, int64_t DV, int64_t DVP, const dsl::Tile& offsD)
+      : own(DVP != DP || DV != D), padded(DVP != DV), offs(own ? dsl::arange(0, DVP) : offsD) {
+    if (own && padded) live = offs < DV;
+  }
+  // The [rows, DVP] load/store mask of `rows` (live rows); `byD(rows)`, D's own mask, where the
+  // dims agree.
+  template <class ByD>
+  dsl::Tile rowsBy(const dsl::Tile& rows, const ByD& byD) const {
+    if (!own) return byD(rows);
+    dsl::Tile m = rows.expand(1);
+    return padded ? m & live.expand(0) : m;
+  }
+};
+
 // Why `config` cannot run an attention template over `mask` (nullptr: no mask), or nullopt: the
 // one check of a tile config that the forward, its config resolver and both backward kernels use.
 // BLOCK_M and BLOCK_N powers of two in [16, 256], num_warps 1-16 (a power of two), num_stages 1-4,

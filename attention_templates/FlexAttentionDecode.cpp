@@ -161,9 +161,9 @@ int64_t decodeSplitCount(int64_t programsPerSplit, int64_t liveSteps, int multip
 
 namespace {
 
-// The shared memory of a decode program's K/V ring (K's rows DP wide, V's DVP).
-int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, int64_t paddedDV, DType dt) {
-  return int64_t(c.num_stages) * c.block_n * (paddedD + paddedDV) * ir::byteWidth(dt);
+// The shared memory of a decode program's K/V ring.
+int64_t ringBytes(const FlexDecodeConfig& c, int64_t paddedD, DType dt) {
+  return int64_t(c.num_stages) * 2 * c.block_n * paddedD * ir::byteWidth(dt);
 }
 
 // ---- kernel parameters -------------------------------------------------------
@@ -309,14 +309,9 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile m = rowMask.expand(1);
     return k.DP != k.D ? m & dLive.expand(0) : m;
   };
-  // V, the accumulator, the partials and the output have v's head dim (DV; D where it is q's).
-  const bool vDimOwn = k.DVP != k.DP || k.DV != k.D;
-  Tile offsDV = vDimOwn ? arange(0, k.DVP) : offsD;
-  auto byDV = [&](const Tile& rowMask) {
-    if (!vDimOwn) return byD(rowMask);
-    Tile m = rowMask.expand(1);
-    return k.DVP != k.DV ? m & (offsDV < k.DV).expand(0) : m;
-  };
+  const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, the accumulator, partials, output
+  const Tile& offsDV = vc.offs;
+  auto byDV = [&](const Tile& rowMask) { return vc.rowsBy(rowMask, byD); };
 
   Tile qRows = head.to(DType::I64) * p.q_stride_h + (query * p.q_stride_m).to(DType::I64);
   Tile qPtrs = p.q + b64 * p.q_stride_b + (qRows.expand(1) + offsD.expand(0));
@@ -908,9 +903,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   // Planned as for the wider of q's and v's head dims: a program's registers grow with both (Q's
   // rows, the accumulator's), and the narrower ring would ask for more programs than they leave
   // room for (D = 128, DV = 64: four an SM, 36 bytes spilled at 128 registers).
-  const int64_t widerDim = detail::paddedHeadDim(std::max(p.D, p.DV));
-  p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, widerDim, widerDim, p.dtype), c.num_warps,
-                                              gpu->description(), p.warpSpecialized ? 4 : 0)
+  p.programsPerSm = gpu ? decodeProgramsPerSm(ringBytes(c, detail::paddedHeadDim(std::max(p.D, p.DV)), p.dtype),
+                                              c.num_warps, gpu->description(), p.warpSpecialized ? 4 : 0)
                         : 0;
   if (c.splits == 0) {
     // A plan for a target counts the SMs of the part its description names (an H100/H200 for sm_90a).

@@ -177,10 +177,10 @@ void checkAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v, con
   if (ks.size(1) < 1 || qs.size(1) % ks.size(1) != 0)
     throw Error("flex_attention: the query heads (" + std::to_string(qs.size(1)) + ") must be a multiple of the kv heads (" +
                 std::to_string(ks.size(1)) + ")");
-  if (qs.size(3) < 16 || qs.size(3) > 256 || qs.size(3) % 16 != 0)
+  if (!detail::supportedHeadDim(qs.size(3)))
     throw Error("flex_attention: head dim D = " + std::to_string(qs.size(3)) + " is not supported (a multiple of 16 up to 256)",
                 ErrorKind::Unsupported);
-  if (vs.size(3) < 16 || vs.size(3) > 256 || vs.size(3) % 16 != 0)
+  if (!detail::supportedHeadDim(vs.size(3)))
     throw Error("flex_attention: v's head dim DV = " + std::to_string(vs.size(3)) +
                     " is not supported (a multiple of 16 up to 256): v " + shapeStr(v),
                 ErrorKind::Unsupported);
@@ -522,15 +522,9 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       if (k.DP != k.D) m = m & dLive.expand(0);
       return m;
     };
-    // V, the output and the accumulator have V's head dim (DV; D where V's is Q's and K's).
-    const bool vDimOwn = k.DVP != k.DP || k.DV != k.D;
-    Tile offsDV = vDimOwn ? arange(0, k.DVP) : offsD;
-    auto rowsByDV = [&](const Tile& rows) {  // [rows, DVP] load/store mask
-      if (!vDimOwn) return rowsByD(rows);
-      Tile m = rows.expand(1);
-      if (k.DVP != k.DV) m = m & (offsDV < k.DV).expand(0);
-      return m;
-    };
+    const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, the accumulator, the output
+    const Tile& offsDV = vc.offs;
+    auto rowsByDV = [&](const Tile& rows) { return vc.rowsBy(rows, rowsByD); };
 
     Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
                 (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
@@ -588,7 +582,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
           ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
           ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
         }
-        if (!exact) ks.live = rowsByD(ks.colLive), ks.vLive = vDimOwn ? rowsByDV(ks.colLive) : ks.live;
+        if (!exact) ks.live = rowsByD(ks.colLive), ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live;
         return ks;
       };
       auto loadK = [&](const Keys& ks) {
@@ -1056,10 +1050,10 @@ Prepared preparePaged(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreM
   if (p.Hkv < 1 || p.Hq % p.Hkv != 0)
     throw Error("flex_attention: the query heads (" + std::to_string(p.Hq) + ") must be a multiple of the kv heads (" +
                 std::to_string(p.Hkv) + ")");
-  if (p.D < 16 || p.D > 256 || p.D % 16 != 0)
+  if (!detail::supportedHeadDim(p.D))
     throw Error("flex_attention: head dim D = " + std::to_string(p.D) + " is not supported (a multiple of 16 up to 256)",
                 ErrorKind::Unsupported);
-  if (p.DV < 16 || p.DV > 256 || p.DV % 16 != 0)
+  if (!detail::supportedHeadDim(p.DV))
     throw Error("flex_attention: the paged KV's value head dim DV = " + std::to_string(p.DV) +
                     " is not supported (a multiple of 16 up to 256): v " + kv.v.describe(),
                 ErrorKind::Unsupported);

@@ -229,13 +229,9 @@ void traceWrite(ir::Function& f, const std::vector<int64_t>& constants, DType dt
   Tile offsD = arange(0, c.DP);
   Tile m = live.expand(1);
   if (c.DP != c.D) m = m & (offsD < c.D).expand(0);
-  // V's columns: its own head dim where it differs (DV), else K's.
-  const bool vOwn = c.DVP != c.DP || c.DV != c.D;
-  Tile offsDV = vOwn ? arange(0, c.DVP) : offsD, mV = m;
-  if (vOwn) {
-    mV = live.expand(1);
-    if (c.DVP != c.DV) mV = mV & (offsDV < c.DV).expand(0);
-  }
+  const detail::ValueColumns vc(c.D, c.DP, c.DV, c.DVP, offsD);  // V's rows: DV wide
+  const Tile& offsDV = vc.offs;
+  const Tile mV = vc.rowsBy(live, [&](const Tile&) { return m; });
   Tile row64 = row.to(DType::I64), h64 = h.to(DType::I64);
   auto copy = [&](const Tile& src, const Tile& sb, const Tile& sh, const Tile& st, const Tile& cache, const Tile& ch,
                   const Tile& cn, const Tile& cols, const Tile& mask) {
@@ -283,9 +279,9 @@ PagedKVCache::PagedKVCache(DType dtype, int64_t kvHeads, int64_t headDim, int64_
     fail("dtype must be bf16, f16 or f32 (the attention templates' dtypes), got " +
          std::string(ir::dtypeName(dtype)));
   if (kvHeads < 1) fail("kvHeads must be >= 1, got " + str(kvHeads));
-  if (headDim < 16 || headDim > 256 || headDim % 16 != 0)
+  if (!detail::supportedHeadDim(headDim))
     fail("headDim must be a multiple of 16 up to 256 (what the attention templates take), got " + str(headDim));
-  if (valueHeadDim < 0 || (valueHeadDim > 0 && (valueHeadDim < 16 || valueHeadDim > 256 || valueHeadDim % 16 != 0)))
+  if (valueHeadDim != 0 && !detail::supportedHeadDim(valueHeadDim))
     fail("valueHeadDim must be 0 (headDim) or a multiple of 16 up to 256, got " + str(valueHeadDim));
   if (pageSize < 16 || !isPowerOfTwo(pageSize) || pageSize > (int64_t(1) << 20))
     fail("pageSize must be a power of two in [16, 2^20], got " + str(pageSize));

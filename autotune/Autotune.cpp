@@ -210,8 +210,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
   const DeviceLimits limits = device ? DeviceLimits::ofCurrentDevice() : DeviceLimits::of(*target);
   // What the call runs untuned: the default for the wider of q's and v's head dims.
   const FlexAttentionConfig defaultConfig =
-      attention::detail::untunedConfig(q, problem.valueDim() > problem.D ? problem.valueDim() : problem.D, scoreMod,
-                                       blockMask, target);
+      attention::detail::untunedConfig(q, std::max(problem.D, problem.valueDim()), scoreMod, blockMask, target);
 
   TuneReport report;
   std::vector<FlexAttentionConfig> configs = space.configs();

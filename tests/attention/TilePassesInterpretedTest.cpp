@@ -34,11 +34,6 @@ namespace {
 constexpr MemorySpace kHost = MemorySpace::Host;
 const FlexAttentionConfig kWgmmaTiles{64, 64, 4, 2};
 
-struct InterpretAfterPasses {
-  explicit InterpretAfterPasses(const char* target) { ::setenv("FLEXTILE_INTERPRET_AFTER_PASSES", target, 1); }
-  ~InterpretAfterPasses() { ::unsetenv("FLEXTILE_INTERPRET_AFTER_PASSES"); }
-};
-
 // The backward of `c` (forward at kWgmmaTiles, backward at `config`) against float64, without a
 // mask ("full") or with a causal BlockMask of `blocks` x `blocks` ("causal").
 bool checkFullOrCausalBackward(SeededRandom& rng, const AttentionCase& c, const std::string& name,

@@ -30,11 +30,6 @@ namespace {
 
 constexpr MemorySpace kHost = MemorySpace::Host;
 
-// The kernels run by the interpreter after a target's passes (TilePassesInterpretedTest.cpp).
-struct InterpretAfterPasses : ScopedSetenv {
-  explicit InterpretAfterPasses(const char* target) : ScopedSetenv("FLEXTILE_INTERPRET_AFTER_PASSES", target) {}
-};
-
 // (D, DV) pairs: V wider and narrower than Q·K's dim, a DV that pads (48 -> 64 columns), a D that
 // pads beside a DV that does not, and DeepSeek's MLA prefill (192 / 128).
 struct Dims {

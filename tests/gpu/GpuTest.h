@@ -43,6 +43,12 @@ class ScopedSetenv {
   std::optional<std::string> old_;
 };
 
+// The templates' kernels run by the interpreter after a target's tile passes
+// (FLEXTILE_INTERPRET_AFTER_PASSES; tests/attention/TilePassesInterpretedTest.cpp) for a scope.
+struct InterpretAfterPasses : ScopedSetenv {
+  explicit InterpretAfterPasses(const char* target) : ScopedSetenv("FLEXTILE_INTERPRET_AFTER_PASSES", target) {}
+};
+
 class SeededRandom : public std::mt19937_64 {
  public:
   SeededRandom() : SeededRandom(testSeed(), "replay: FLEXTILE_TEST_SEED=" + std::to_string(runSeed())) {}
