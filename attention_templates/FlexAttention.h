@@ -455,8 +455,9 @@ FlexDecodePlan plan_flex_decode(const dsl::Tensor& q, const dsl::Tensor& k, cons
 // the number of (query, key) pairs the mask allows per head (dense: L * S),
 // counted exactly from the mask (evaluating mask_mod on the host is too slow,
 // so the caller gives the count; countAllowedPairs in Reference.h makes it).
-inline double flexAttentionFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {
-  return 4.0 * double(B) * double(Hq) * double(D) * allowedPairsPerHead;
+// Where v's head dim DV differs, 2 * D a pair for Q·Kᵀ and 2 * DV for P·V (DV 0: D).
+inline double flexAttentionFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead, int64_t DV = 0) {
+  return 2.0 * double(B) * double(Hq) * double(D + (DV > 0 ? DV : D)) * allowedPairsPerHead;
 }
 // The backward's FLOPs (DESIGN.md): 2.5 times the forward's, whatever the kernels recompute.
 inline double flexAttentionBackwardFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {

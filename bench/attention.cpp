@@ -254,8 +254,7 @@ int main(int argc, char** argv) try {
       row.sparsity = inst.mask->sparsity();
     }
     const double pairs = inst.mask ? countAllowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
-    // 4 * D a pair (DESIGN.md), or 2 * D for Q·Kᵀ and 2 * DV for P·V where v's head dim differs.
-    const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq)) * double(D + DV) / double(2 * D);
+    const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq), DV);
     for (const FlexAttentionConfig& c : configs) {
       FlexAttentionOptions opt{.config = c};
       double err = 0;

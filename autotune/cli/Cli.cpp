@@ -357,8 +357,7 @@ std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
 double forwardFlops(const Problem& p) {
   const double pairs = p.instance.mask ? attention::countAllowedPairs(*p.instance.mask, p.instance.refMask, p.B, p.H)
                                        : double(p.B * p.H) * double(p.N) * double(p.N);
-  // 4 * D a pair (DESIGN.md); 2 * (D + DV) where v's head dim differs (Q·Kᵀ at D, P·V at DV).
-  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H)) * double(p.D + p.DV) / double(2 * p.D);
+  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H), p.DV);
 }
 
 bool gpuPresent(std::string* why = nullptr) { return dsl::deviceAvailable(why); }

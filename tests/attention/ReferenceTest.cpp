@@ -164,6 +164,9 @@ TEST(CountAllowedPairs, AgreesWithTheWholePlane) {
   const double pairsPerHead = bruteForce(window, 0, L) / double(B * H);
   EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 64, pairsPerHead), 4.0 * 64 * bruteForce(window, 0, L));
   EXPECT_DOUBLE_EQ(flexAttentionBackwardFlops(B, H, 64, pairsPerHead), 10.0 * 64 * bruteForce(window, 0, L));
+  // v's own head dim: Q·Kᵀ at D and P·V at DV, 2 each a pair.
+  EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 192, pairsPerHead, 128), 2.0 * (192 + 128) * bruteForce(window, 0, L));
+  EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 64, pairsPerHead, 64), flexAttentionFlops(B, H, 64, pairsPerHead));
 }
 
 TEST(SampleQueryRows, TheSeedDecidesTheRandomRows) {
