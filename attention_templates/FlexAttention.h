@@ -460,8 +460,9 @@ inline double flexAttentionFlops(int64_t B, int64_t Hq, int64_t D, double allowe
   return 2.0 * double(B) * double(Hq) * double(D + (DV > 0 ? DV : D)) * allowedPairsPerHead;
 }
 // The backward's FLOPs (DESIGN.md): 2.5 times the forward's, whatever the kernels recompute.
-inline double flexAttentionBackwardFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead) {
-  return 2.5 * flexAttentionFlops(B, Hq, D, allowedPairsPerHead);
+inline double flexAttentionBackwardFlops(int64_t B, int64_t Hq, int64_t D, double allowedPairsPerHead,
+                                         int64_t DV = 0) {
+  return 2.5 * flexAttentionFlops(B, Hq, D, allowedPairsPerHead, DV);
 }
 
 }  // namespace flextile::attention

@@ -14,11 +14,11 @@
 
 namespace flextile::bench {
 
-// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
-inline std::vector<std::string> split(const std::string& s) {
+// "a,b,c" -> {"a", "b", "c"} (empty items dropped); another separator for lists of configs.
+inline std::vector<std::string> split(const std::string& s, char separator = ',') {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
+  for (std::string item; std::getline(ss, item, separator);)
     if (!item.empty()) out.push_back(item);
   return out;
 }

@@ -167,6 +167,8 @@ TEST(CountAllowedPairs, AgreesWithTheWholePlane) {
   // v's own head dim: Q·Kᵀ at D and P·V at DV, 2 each a pair.
   EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 192, pairsPerHead, 128), 2.0 * (192 + 128) * bruteForce(window, 0, L));
   EXPECT_DOUBLE_EQ(flexAttentionFlops(B, H, 64, pairsPerHead, 64), flexAttentionFlops(B, H, 64, pairsPerHead));
+  EXPECT_DOUBLE_EQ(flexAttentionBackwardFlops(B, H, 192, pairsPerHead, 128),
+                   5.0 * (192 + 128) * bruteForce(window, 0, L));
 }
 
 TEST(SampleQueryRows, TheSeedDecidesTheRandomRows) {
