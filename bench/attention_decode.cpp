@@ -339,6 +339,7 @@ int main(int argc, char** argv) try {
       {"decode_l4", 8, 32, 8, 32768, 4, 128},
       {"decode_paged128", 8, 32, 8, 32768, 1, 128, 0, false, 128},
       {"decode_paged64", 8, 32, 8, 32768, 1, 128, 0, false, 64},
+      {"decode_d256", 8, 32, 8, 16384, 1, 256},  // the main shape's bytes at D = 256
   };
   struct Row {
     std::string shape, config;

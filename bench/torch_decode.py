@@ -17,15 +17,16 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from benchlib import median_ms  # bench/benchlib.py: event-timed median
 
 
-SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask
-    ("decode", 8, 32, 8, 32768, 1, 0, False),
-    ("decode_causal", 8, 32, 8, 32768, 1, 0, True),
-    ("decode_window4096", 8, 32, 8, 32768, 1, 4096, False),
-    ("decode_b1", 1, 32, 8, 32768, 1, 0, False),
-    ("decode_s2048", 8, 32, 8, 2048, 1, 0, False),
-    ("decode_s4096", 8, 32, 8, 4096, 1, 0, False),  # the window's bytes without a mask
-    ("decode_b1_s2048", 1, 32, 8, 2048, 1, 0, False),
-    ("decode_l4", 8, 32, 8, 32768, 4, 0, False),
+SHAPES = [  # name, B, Hq, Hkv, S, L, window (0: none), causal mask, head dim
+    ("decode", 8, 32, 8, 32768, 1, 0, False, 128),
+    ("decode_causal", 8, 32, 8, 32768, 1, 0, True, 128),
+    ("decode_window4096", 8, 32, 8, 32768, 1, 4096, False, 128),
+    ("decode_b1", 1, 32, 8, 32768, 1, 0, False, 128),
+    ("decode_s2048", 8, 32, 8, 2048, 1, 0, False, 128),
+    ("decode_s4096", 8, 32, 8, 4096, 1, 0, False, 128),  # the window's bytes without a mask
+    ("decode_b1_s2048", 1, 32, 8, 2048, 1, 0, False, 128),
+    ("decode_l4", 8, 32, 8, 32768, 4, 0, False, 128),
+    ("decode_d256", 8, 32, 8, 16384, 1, 0, False, 256),  # the main shape's bytes at D = 256
 ]
 
 
@@ -50,11 +51,11 @@ def main():
     ap.add_argument("--only", action="append", default=[], help="a shape's name (repeatable)")
     ap.add_argument("--graph", action="store_true", help="also 20 calls replayed from a CUDA graph, per call")
     a = ap.parse_args()
-    dev, dt, D = "cuda", torch.bfloat16, 128
+    dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     flex = torch.compile(flex_attention, dynamic=False)
     results = []
-    for name, B, Hq, Hkv, S, L, window, causal in SHAPES:
+    for name, B, Hq, Hkv, S, L, window, causal, D in SHAPES:
         if a.only and name not in a.only:
             continue
         q = torch.randn(B, Hq, L, D, device=dev, dtype=dt)
@@ -70,7 +71,7 @@ def main():
                 first = max(0, (pos - window + 1) // 128) * 128
                 keys = min(S, (pos // 128 + 1) * 128) - first
         kv_bytes = 2 * B * Hkv * keys * D * k.element_size()
-        r = {"variant": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "L": L}
+        r = {"variant": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "L": L, "D": D}
         try:
             ms = median_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True))
             r.update(flex_us=ms * 1e3, flex_tbps=kv_bytes / ms / 1e9)
