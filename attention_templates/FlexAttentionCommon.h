@@ -133,8 +133,10 @@ struct StreamedRows {
 // One streamed tile, rows row0 .. of head (b, h): the load of `ptrs` under `live` (no mask when
 // `exact`), which with `tma` (tmaBoxesFor) also names the tile as a box of `t`, rows bounded by
 // t.len and columns by D, so that the pipeline may copy it with TMA.
+// `col0`: the tile's first column (a chunk of a split head dim, headDimSplit).
 dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& live, const StreamedRows& t,
-                           const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
+                           const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma,
+                           int64_t col0 = 0);
 
 // One step of the online softmax in the exp2 domain, as the forward and decode walks take it: the
 // running row max `m`, row sum `l` and accumulator `acc` take a block of scores `s` (log2-scaled,
@@ -206,6 +208,19 @@ inline int64_t paddedHeadDim(int64_t D) {
   int64_t p = 1;
   while (p < D) p *= 2;
   return p;
+}
+
+// Where the forward splits Q's and K's head dim: tiles are powers of two wide, so D = 192 padded to
+// 256 spends a quarter of Q·Kᵀ's tensor-core work, and of K's ring, on zero columns. Two chunks
+// [0, first) and [first, first + paddedHeadDim(D − first)], both powers of two, cover 192 as
+// 128 + 64 (96 as 64 + 32, 80 as 64 + 16) and Q·Kᵀ is the sum of their products. Returns `first`,
+// or 0 where the chunks would be no narrower than the padded tile (a power of two, 112, 224).
+// FLEXTILE_SPLIT_HEAD_DIM=0 keeps the padded tile.
+int64_t headDimSplit(int64_t D);
+// The columns of the forward's Q and K tiles: the two chunks' where the head dim is split, else DP.
+inline int64_t qkTileColumns(int64_t D) {
+  const int64_t first = headDimSplit(D);
+  return first ? first + paddedHeadDim(D - first) : paddedHeadDim(D);
 }
 
 // A head dim the templates take (q's, k's or v's): a multiple of 16 up to 256.

@@ -427,7 +427,7 @@ struct ForwardConstants {
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
-                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP));
+                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -525,10 +525,34 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, the accumulator, the output
     const Tile& offsDV = vc.offs;
     auto rowsByDV = [&](const Tile& rows) { return vc.rowsBy(rows, rowsByD); };
+    // A split head dim (k.DS, detail::headDimSplit): Q's and K's columns in two power-of-two chunks,
+    // Q·Kᵀ the sum of their products; otherwise one tile DP wide (no chunks here).
+    struct Chunk {
+      int64_t first;
+      Tile offs, live;  // arange(first, first + width); offs < D where the chunk reaches past D
+    };
+    std::vector<Chunk> chunks;
+    if (k.DS)
+      for (const auto& [first, width] : {std::pair{int64_t(0), k.DS}, std::pair{k.DS, detail::paddedHeadDim(k.D - k.DS)}}) {
+        Chunk& c = chunks.emplace_back(Chunk{first, arange(first, first + width), Tile()});
+        if (first + width > k.D) c.live = c.offs < k.D;
+      }
+    auto rowsByChunk = [&](const Chunk& c, const Tile& rows) {
+      Tile m = rows.expand(1);
+      return c.live.valid() ? m & c.live.expand(0) : m;
+    };
 
-    Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
-                (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
-    Tile q = (k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive));
+    std::vector<Tile> q;  // Q's tile, or its chunks
+    if (chunks.empty()) {
+      Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
+                  (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
+      q.push_back((k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive)));
+    }
+    for (const Chunk& c : chunks) {
+      Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
+                  (offsM.expand(1) * p.q_stride_m + c.offs.expand(0));
+      q.push_back((k.qDivisible && !c.live.valid()) ? load(qPtrs) : load(qPtrs, rowsByChunk(c, rowLive)));
+    }
     Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
     Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
     // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).
@@ -561,10 +585,13 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // Step t's keys: their positions, which are live, and the K/V offsets.
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live, vLive;
+        std::vector<Tile> chunkOffs, chunkLive;  // K's chunks where the head dim is split
       };
       // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
-      const bool exact = !keysMayEnd && k.DP == k.D && k.DVP == k.DV;
+      // K's and V's loads need no mask where no key ends and no column is padding (each chunk's
+      // own, where the head dim is split).
+      const bool kExact = !keysMayEnd && k.DP == k.D, vExact = !keysMayEnd && k.DVP == k.DV;
       auto keysAt = [&](const Tile& t) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
@@ -573,25 +600,36 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         ks.offsN = ks.start + arange(0, k.BN);
         if (!paged) {
           ks.colLive = ks.offsN < p.kv_len;
-          ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+          if (chunks.empty()) ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+          for (const Chunk& c : chunks) ks.chunkOffs.push_back(ks.offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
           ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
           ks.colLive = ks.offsN < keyEnd;
           Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
-          ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+          if (chunks.empty()) ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
+          for (const Chunk& c : chunks) ks.chunkOffs.push_back(rows.expand(1) * p.k_stride_n + c.offs.expand(0));
           ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
         }
-        if (!exact) ks.live = rowsByD(ks.colLive), ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live;
+        if (!kExact && chunks.empty()) ks.live = rowsByD(ks.colLive);
+        for (const Chunk& c : chunks)
+          ks.chunkLive.push_back(keysMayEnd || c.live.valid() ? rowsByChunk(c, ks.colLive) : Tile());
+        if (!vExact) ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live.valid() ? ks.live : rowsByD(ks.colLive);
         return ks;
       };
-      auto loadK = [&](const Keys& ks) {
-        return detail::loadStreamedRows(kBase + ks.kvOffs, exact, ks.live,
-                                        {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n}, b, hkv, ks.start,
-                                        k.D, k.tma);
+      auto loadK = [&](const Keys& ks) {  // K's tile, or its chunks
+        const detail::StreamedRows rows{p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n};
+        if (chunks.empty())
+          return std::vector<Tile>{detail::loadStreamedRows(kBase + ks.kvOffs, kExact, ks.live, rows, b, hkv, ks.start,
+                                                            k.D, k.tma)};
+        std::vector<Tile> parts;
+        for (size_t i = 0; i < chunks.size(); ++i)
+          parts.push_back(detail::loadStreamedRows(kBase + ks.chunkOffs[i], !ks.chunkLive[i].valid(), ks.chunkLive[i],
+                                                   rows, b, hkv, ks.start, k.D, k.tma, chunks[i].first));
+        return parts;
       };
       auto loadV = [&](const Keys& ks) {
-        return detail::loadStreamedRows(vBase + ks.vOffs, exact, ks.vLive,
+        return detail::loadStreamedRows(vBase + ks.vOffs, vExact, ks.vLive,
                                         {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, ks.start,
                                         k.DV, k.tma);
       };
@@ -608,7 +646,12 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (keysMayEnd) s = where(ks.colLive.expand(0), s, -INFINITY);
         return s;
       };
-      auto scores = [&](const Keys& ks, const Tile& kt) { return scoresOf(ks, dot(q, kt.trans())); };
+      auto product = [&](const std::vector<Tile>& kt) {  // Q·Kᵀ, chunk by chunk into one accumulator
+        Tile s = dot(q[0], kt[0].trans());
+        for (size_t i = 1; i < kt.size(); ++i) s = dot(q[i], kt[i].trans(), s);
+        return s;
+      };
+      auto scores = [&](const Keys& ks, const std::vector<Tile>& kt) { return scoresOf(ks, product(kt)); };
       const bool sumAfterProduct = detail::sumAfterProductWanted(!k.hasScoreMod);
       auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
         return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr, sumAfterProduct);
@@ -618,7 +661,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       if (!skewWalk) {
         auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
           Keys ks = keysAt(t);
-          Tile kt = loadK(ks);
+          std::vector<Tile> kt = loadK(ks);
           Tile vt = loadV(ks);
           return softmaxStep(mi, li, ai, scores(ks, kt), vt);
         };
@@ -672,7 +715,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{m, l, p0, alpha0},
                                             [&](Tile t, Tile mi, Tile li, Tile, Tile) {
                                               auto [ks, kt] = stageK(t);
-                                              auto [w, ln] = weigh(ks, dot(q, kt.trans()), mi, li);
+                                              auto [w, ln] = weigh(ks, product(kt), mi, li);
                                               return std::tuple{w.m, ln, w.p.to(dt), w.alpha};
                                             });
       Tile ah = acc * alphaH.expand(1);
@@ -680,7 +723,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
                                         [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
                                           auto [ks, kt] = stageK(t);
                                           Tile vt = stageV(t);
-                                          Tile raw = dot(q, kt.trans());
+                                          Tile raw = product(kt);
                                           Tile o = dot(pi, vt, ai);
                                           auto [w, ln] = weigh(ks, raw, mi, li);
                                           Tile pn = w.p.to(dt);
@@ -938,7 +981,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 
 // Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
 // loop's Q ring as many slots as the walks' K and V rings have stages, so they take
-// stages × (BM + 2·BN) × DP × element bytes (V's BN rows DVP wide where v's head dim differs),
+// stages × (BM + 2·BN) × DP × element bytes (Q's and K's rows qkTileColumns wide, V's DVP),
 // plus their barriers: at D = 128 and 128 × 128 tiles, three stages need 288 KB, past sm_90a's
 // 227 KB, where a program per tile needs 224 KB. Unknown limit (no target, host memory): true.
 bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
@@ -948,7 +991,8 @@ bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>&
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
   const int64_t rings = int64_t(p.config.num_stages) *
-                        ((p.config.block_m + p.config.block_n) * p.constants.DP + p.config.block_n * p.constants.DVP) *
+                        ((p.config.block_m + p.config.block_n) * detail::qkTileColumns(p.D) +
+                         p.config.block_n * p.constants.DVP) *
                         int64_t(ir::byteWidth(p.dtype));
   return rings + kBarrierBytes <= limit;
 }
@@ -1116,6 +1160,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  mask.mayHavePartialBlocks()};
   p.constants.DV = p.DV;
   p.constants.DVP = detail::paddedHeadDim(p.DV);
+  p.constants.DS = detail::headDimSplit(p.D);
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
@@ -1378,10 +1423,17 @@ Tile listEntry(const Tile& list, const Tile& rowStart, const Tile& entry, const 
   return where(entry < length, load(list + (rowStart + entry), entry < capacity, 0), 0);
 }
 
+int64_t headDimSplit(int64_t D) {
+  const bool enabled = forcedBySwitch("FLEXTILE_SPLIT_HEAD_DIM") != false;
+  const int64_t padded = paddedHeadDim(D), first = padded / 2;
+  if (!enabled || D <= first || first < 16) return 0;
+  return first + paddedHeadDim(D - first) < padded ? first : 0;
+}
+
 Tile loadStreamedRows(const Tile& ptrs, bool exact, const Tile& live, const StreamedRows& t, const Tile& b,
-                      const Tile& h, const Tile& row0, int64_t D, bool tma) {
+                      const Tile& h, const Tile& row0, int64_t D, bool tma, int64_t col0) {
   if (!tma) return exact ? load(ptrs) : load(ptrs, live);
-  TensorBox box{t.tensor, {kUnboundedDim, kUnboundedDim, t.len, D}, {t.strideB, t.strideH, t.strideN}, {b, h, row0, 0}};
+  TensorBox box{t.tensor, {kUnboundedDim, kUnboundedDim, t.len, D}, {t.strideB, t.strideH, t.strideN}, {b, h, row0, col0}};
   return exact ? load(ptrs, box) : load(ptrs, live, box);
 }
 

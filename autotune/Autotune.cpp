@@ -118,9 +118,10 @@ std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, cons
   if (p.kvBlockSize && p.kvBlockSize % c.block_n != 0)
     return "BLOCK_N " + std::to_string(c.block_n) + " does not divide the BlockMask's KV block " +
            std::to_string(p.kvBlockSize);
-  // The K and V rings alone (num_stages tiles of BLOCK_N x D and of BLOCK_N x DV) are a
-  // lower bound of the kernel's shared memory.
-  const int64_t ring = int64_t(std::max(1, c.num_stages)) * c.block_n * (nextPow2(p.D) + nextPow2(p.valueDim())) *
+  // The K and V rings alone (num_stages tiles of BLOCK_N x D and of BLOCK_N x DV, as wide as the
+  // template's tiles) are a lower bound of the kernel's shared memory.
+  const int64_t ring = int64_t(std::max(1, c.num_stages)) * c.block_n *
+                       (attention::detail::qkTileColumns(p.D) + nextPow2(p.valueDim())) *
                        ir::byteWidth(p.dtype);
   if (c.num_stages > 1 && ring > limits.sharedBytesPerBlock)
     return "shared memory: the K/V rings alone need " + std::to_string(ring) + " bytes > " +

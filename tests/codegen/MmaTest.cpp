@@ -185,6 +185,26 @@ TEST(Mma, SoftmaxOverTheAccumulatorStaysInRegisters) {
     }
 }
 
+// S summed over two column chunks, the second product accumulating into the first's result (the
+// forward's split head dim): both products take the chain's split, all warps along M, so the second
+// adds into the first's registers. The first once got a 2D split (it feeds no A operand itself) and
+// its accumulator went through shared memory into the second's; on sm_90a neither ran on wgmma.
+TEST(Mma, AnAccumulatorFromAnotherDotSharesItsWarpSplit) {
+  for (int nw : {4, 8}) {
+    SCOPED_TRACE("warps " + std::to_string(nw));
+    auto f = attentionBlock(128, 64, 128, nw, DType::BF16, /*split=*/64);
+    assignLayouts(*f, Target::sm90a());
+    ASSERT_NO_THROW(verify(*f)) << dump(*f);
+    auto dots = opsOf(*f, OpKind::Dot);
+    ASSERT_EQ(dots.size(), 3u);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(*dots[i]->result()->type().layout(), Layout::mmaAccumulator({128, 64}, nw, {nw, 1})) << dump(*f);
+    EXPECT_EQ(dots[1]->operand(2), dots[0]->result()) << dump(*f);
+    // Only the operands' staging converts: Q's and Kᵀ's chunks and V.
+    EXPECT_EQ(countOps(*f, OpKind::ConvertLayout), 5) << dump(*f);
+  }
+}
+
 TEST(Mma, EqualStagingsAreNotMerged) {
   // M = 16 with 4 warps: Q [16, 64] and P [16, 64] are staged to the same A
   // layout at the same scratch offset; each must load its own tile (LLVM once

@@ -1,0 +1,147 @@
+// The forward's split head dim (detail::headDimSplit): where q's and k's head dim sits just past a
+// power of two (192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16), Q·Kᵀ is the sum of two chunks'
+// products instead of one product over the padded width. Which dims split, the forward against
+// float64 before the passes and after sm_90a's (wgmma chained through the accumulator, a TMA box
+// per chunk, the producer warpgroup, persistent programs with a split last round, a paged K/V),
+// and what the sm_90a kernel issues for it.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "FlexAttentionCheck.h"
+#include "PagedKVCheck.h"
+#include "attention_templates/FlexAttentionCommon.h"
+#include "attention_templates/Variants.h"
+#include "codegen/Ptxas.h"
+#include "gpu/GpuTest.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers leave members default
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::Host;
+
+struct Dims {
+  int64_t D, DV;
+};
+// MLA's prefill (192 / 128), equal dims that split (96, 80: V padded beside Q's and K's chunks),
+// and a chunk of 16 columns (80 = 64 + 16).
+const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}};
+
+bool checkVariantsAt(SeededRandom& rng, const std::string& label, const std::vector<const char*>& names, Dims dims,
+                     const FlexAttentionOptions& options) {
+  for (const char* name : names) {
+    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 259, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
+    c.context = std::string(name) + " " + label;
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, options)) return false;
+  }
+  return true;
+}
+
+int count(const std::string& text, const std::string& re) {
+  const std::regex r(re);
+  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
+}
+
+}  // namespace
+
+TEST(HeadDimSplit, SplitsWhereTheChunksAreNarrowerThanThePadding) {
+  for (auto [D, first] : std::vector<std::pair<int64_t, int64_t>>{
+           {192, 128}, {160, 128}, {176, 128}, {96, 64}, {80, 64}, {48, 32}, {16, 0}, {32, 0}, {64, 0},
+           {112, 0}, {128, 0}, {208, 0}, {224, 0}, {240, 0}, {256, 0}}) {
+    EXPECT_EQ(attention::detail::headDimSplit(D), first) << "D = " << D;
+    EXPECT_EQ(attention::detail::qkTileColumns(D), first ? first + attention::detail::paddedHeadDim(D - first) : attention::detail::paddedHeadDim(D));
+  }
+  EXPECT_EQ(attention::detail::qkTileColumns(192), 192);
+  EXPECT_EQ(attention::detail::qkTileColumns(80), 80);
+  ScopedSetenv off("FLEXTILE_SPLIT_HEAD_DIM", "0");
+  EXPECT_EQ(attention::detail::headDimSplit(192), 0);
+  EXPECT_EQ(attention::detail::qkTileColumns(192), 256);
+}
+
+// On the interpreter: keys ending mid-block, GQA 2:1, masks with rows that see no key, a score_mod.
+TEST(HeadDimSplit, ForwardMatchesTheReference) {
+  SeededRandom rng;
+  size_t index = 0;
+  for (Dims dims : kSplitDims) {
+    if (!runsInThisBuild(rng.seed(), index++, 2)) continue;
+    const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    if (!checkVariantsAt(rng, label, {"full", "causal", "softcap", "document"}, dims,
+                         {.config = FlexAttentionConfig{32, 32, 4, 2}}))
+      return;
+  }
+}
+
+// After sm_90a's passes: one and two warpgroups (wgmma, a TMA box and ring per chunk), the producer
+// warpgroup, persistent programs with the last round split, and a paged K/V whose chunks are read
+// through the page table.
+TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  size_t index = 0;
+  for (Dims dims : kSplitDims) {
+    if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
+    const std::string label = "sm_90a D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    for (const FlexAttentionConfig& config :
+         {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2},
+          FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}})
+      if (!checkVariantsAt(rng, label + " " + config.describe(), {"full", "sliding_window", "alibi"}, dims,
+                           {.config = config}))
+        return;
+    {
+      ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+      ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = dims.D, .dtype = DType::BF16,
+                      .context = "persistent, split last round, " + label,
+                      .DV = dims.DV};
+      const FlexAttentionOptions o{.config = FlexAttentionConfig{128, 64, 8, 2}};
+      Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
+      Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
+      Tensor v = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, dims.DV}, kHost);
+      ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, o).lastRoundSplit) << label;
+      if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
+    }
+    PagedCase pc{.B = 3, .Hq = 4, .Hkv = 2, .L = 70, .D = dims.D, .pageSize = 64, .lengths = {200, 0, 130},
+                 .sharedPrefixPages = 1, .context = "paged, " + label, .DV = dims.DV};
+    if (!checkPaged(rng, pc, kHost, noop_score(), std::nullopt, nullptr, nullptr,
+                    {.config = FlexAttentionConfig{64, 64, 4, 2}}))
+      return;
+  }
+}
+
+// What the split buys on sm_90a at MLA's dims: Q·Kᵀ over 192 columns is 12 wgmma k-steps a product
+// instead of 16 over the padded 256, every product still on wgmma, nothing spilled beyond what the
+// padded kernel spills. Against the same kernel with FLEXTILE_SPLIT_HEAD_DIM=0.
+TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
+  if (!assemblesInThisBuild()) GTEST_SKIP() << "ptxas not found or a sanitized build: not assembling";
+  const codegen::Target target = codegen::Target::sm90a();
+  const int64_t B = 2, Hq = 16, N = 8192;
+  Tensor q = Tensor::zeros(DType::BF16, {B, Hq, N, 192}, kHost);
+  Tensor v = Tensor::zeros(DType::BF16, {B, Hq, N, 128}, kHost);
+  SeededRandom rng;
+  const VariantInstance causal = variant("causal").make({B, Hq, N, N, kHost, BlockSizes{}, rng()});
+  auto kernel = [&](const char* split) {
+    ScopedSetenv s("FLEXTILE_SPLIT_HEAD_DIM", split);
+    const FlexAttentionPlan plan = plan_flex_attention(q, q, v, noop_score(), causal.mask, {}, true, target);
+    return std::pair{plan.compiled->ptx, codegen::runPtxas(plan.compiled->ptx, target)};
+  };
+  const auto [splitPtx, splitReport] = kernel("1");
+  const auto [paddedPtx, paddedReport] = kernel("0");
+  const int splitProducts = count(splitPtx, R"(wgmma\.mma_async)"), paddedProducts = count(paddedPtx, R"(wgmma\.mma_async)");
+  std::printf("D=192 DV=128 causal: %d wgmma split, %d padded; spills %d / %d bytes\n", splitProducts, paddedProducts,
+              splitReport.spillStoreBytes, paddedReport.spillStoreBytes);
+  EXPECT_GT(splitProducts, 0);
+  EXPECT_EQ(count(splitPtx, R"(mma\.sync)"), 0);
+  // Per walk and warpgroup, Q·Kᵀ's 16 instructions (k = 16 each) become 12 and P·V keeps its 4
+  // (64 keys): 20 → 16.
+  EXPECT_EQ(splitProducts * 20, paddedProducts * 16);
+  EXPECT_LE(splitReport.spillStoreBytes, paddedReport.spillStoreBytes) << splitReport.log;
+}
