@@ -8,7 +8,7 @@
 
 #include <regex>
 
-#include "FlexAttentionCheck.h"
+#include "HeadDimCheck.h"
 #include "PagedKVCheck.h"
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/Variants.h"
@@ -28,23 +28,10 @@ namespace {
 
 constexpr MemorySpace kHost = MemorySpace::Host;
 
-struct Dims {
-  int64_t D, DV;
-};
+using Dims = HeadDims;
 // MLA's prefill (192 / 128), equal dims that split (96, 80: V padded beside Q's and K's chunks),
 // and a chunk of 16 columns (80 = 64 + 16).
 const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}};
-
-bool checkVariantsAt(SeededRandom& rng, const std::string& label, const std::vector<const char*>& names, Dims dims,
-                     const FlexAttentionOptions& options) {
-  for (const char* name : names) {
-    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 259, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
-    c.context = std::string(name) + " " + label;
-    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, options)) return false;
-  }
-  return true;
-}
 
 int count(const std::string& text, const std::string& re) {
   const std::regex r(re);
@@ -73,7 +60,7 @@ TEST(HeadDimSplit, ForwardMatchesTheReference) {
   size_t index = 0;
   for (Dims dims : kSplitDims) {
     if (!runsInThisBuild(rng.seed(), index++, 2)) continue;
-    const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    const std::string label = dims.describe();
     if (!checkVariantsAt(rng, label, {"full", "causal", "softcap", "document"}, dims,
                          {.config = FlexAttentionConfig{32, 32, 4, 2}}))
       return;
@@ -89,26 +76,14 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
   size_t index = 0;
   for (Dims dims : kSplitDims) {
     if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
-    const std::string label = "sm_90a D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV);
+    const std::string label = "sm_90a " + dims.describe();
     for (const FlexAttentionConfig& config :
          {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2},
           FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}})
       if (!checkVariantsAt(rng, label + " " + config.describe(), {"full", "sliding_window", "alibi"}, dims,
                            {.config = config}))
         return;
-    {
-      ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-      ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
-      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = dims.D, .dtype = DType::BF16,
-                      .context = "persistent, split last round, " + label,
-                      .DV = dims.DV};
-      const FlexAttentionOptions o{.config = FlexAttentionConfig{128, 64, 8, 2}};
-      Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
-      Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
-      Tensor v = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, dims.DV}, kHost);
-      ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, o).lastRoundSplit) << label;
-      if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
-    }
+    if (!checkPersistentSplitLastRound(rng, label, dims)) return;
     PagedCase pc{.B = 3, .Hq = 4, .Hkv = 2, .L = 70, .D = dims.D, .pageSize = 64, .lengths = {200, 0, 130},
                  .sharedPrefixPages = 1, .context = "paged, " + label, .DV = dims.DV};
     if (!checkPaged(rng, pc, kHost, noop_score(), std::nullopt, nullptr, nullptr,

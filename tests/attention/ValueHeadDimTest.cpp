@@ -10,6 +10,7 @@
 #include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
 #include "FlexAttentionDecodeCheck.h"
+#include "HeadDimCheck.h"
 #include "MaskTestUtil.h"
 #include "PagedKVCheck.h"
 #include "attention_templates/PagedKVCache.h"
@@ -32,9 +33,7 @@ constexpr MemorySpace kHost = MemorySpace::Host;
 
 // (D, DV) pairs: V wider and narrower than Q·K's dim, a DV that pads (48 -> 64 columns), a D that
 // pads beside a DV that does not, and DeepSeek's MLA prefill (192 / 128).
-struct Dims {
-  int64_t D, DV;
-};
+using Dims = HeadDims;
 const Dims kDims[] = {{64, 128}, {128, 64}, {64, 48}, {80, 64}, {192, 128}};
 
 // Causal, with every third query blind (no allowed key: out 0, lse -inf) beside live rows.
@@ -45,17 +44,6 @@ MaskMod blindThirdsMask() {
 }
 RefMaskFn refBlindThirds() {
   return [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q % 3 != 0; };
-}
-
-bool checkVariantsAt(SeededRandom& rng, const std::string& label, const std::vector<const char*>& names, Dims dims,
-                     const FlexAttentionOptions& options) {
-  for (const char* name : names) {
-    AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 130, .S = 259, .D = dims.D, .dtype = DType::BF16, .DV = dims.DV};
-    c.context = std::string(name) + " " + label;
-    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, options)) return false;
-  }
-  return true;
 }
 
 // Under the sanitizers a test takes one of its (D, DV) pairs in `share`, the choice drawn from the
@@ -99,17 +87,7 @@ TEST(ValueHeadDim, ForwardAfterTheSm90aPasses) {
       if (!checkVariantsAt(rng, label + " " + config.describe(), {"full", "sliding_window", "document", "alibi"}, dims,
                            {.config = config}))
         return;
-    ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
-    ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = dims.D, .dtype = DType::BF16,
-                    .context = "persistent, split last round, " + label,
-                    .DV = dims.DV};
-    const FlexAttentionOptions o{.config = FlexAttentionConfig{128, 64, 8, 2}};
-    Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
-    Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
-    Tensor v = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, dims.DV}, kHost);
-    ASSERT_TRUE(plan_flex_attention(q, k, v, noop_score(), std::nullopt, o).lastRoundSplit) << label;
-    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
+    if (!checkPersistentSplitLastRound(rng, label, dims)) return;
   }
 }
 
