@@ -30,8 +30,9 @@ constexpr MemorySpace kHost = MemorySpace::Host;
 
 using Dims = HeadDims;
 // MLA's prefill (192 / 128), equal dims that split (96, 80: V padded beside Q's and K's chunks),
-// and a chunk of 16 columns (80 = 64 + 16).
-const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}};
+// chunks of 16 columns (80 = 64 + 16, 48 = 32 + 16), and a second chunk that pads (176 = 128 + 48,
+// in 64 columns).
+const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}, {176, 128}};
 
 int count(const std::string& text, const std::string& re) {
   const std::regex r(re);
