@@ -542,17 +542,15 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       return c.live.valid() ? m & c.live.expand(0) : m;
     };
 
+    auto loadQ = [&](const Tile& offs, bool exact, const auto& live) {  // Q's columns `offs`
+      Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
+                  (offsM.expand(1) * p.q_stride_m + offs.expand(0));
+      return exact ? load(qPtrs) : load(qPtrs, live());
+    };
     std::vector<Tile> q;  // Q's tile, or its chunks
-    if (chunks.empty()) {
-      Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
-                  (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
-      q.push_back((k.qDivisible && k.DP == k.D) ? load(qPtrs) : load(qPtrs, rowsByD(rowLive)));
-    }
-    for (const Chunk& c : chunks) {
-      Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
-                  (offsM.expand(1) * p.q_stride_m + c.offs.expand(0));
-      q.push_back((k.qDivisible && !c.live.valid()) ? load(qPtrs) : load(qPtrs, rowsByChunk(c, rowLive)));
-    }
+    if (chunks.empty()) q.push_back(loadQ(offsD, k.qDivisible && k.DP == k.D, [&] { return rowsByD(rowLive); }));
+    for (const Chunk& c : chunks)
+      q.push_back(loadQ(c.offs, k.qDivisible && !c.live.valid(), [&] { return rowsByChunk(c, rowLive); }));
     Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
     Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
     // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).

@@ -403,20 +403,6 @@ class LayoutAssigner {
         }
       }
     }
-    // A dot whose accumulator is another dot's result (the forward's Q·Kᵀ over a split head dim,
-    // chunk by chunk) adds into that dot's registers: both take one warp split.
-    for (bool grew = true; grew;) {
-      grew = false;
-      for (Op* dot : dots) {
-        const Op* first = dot->numOperands() > 2 ? dot->operand(2)->definingOp() : nullptr;
-        if (!first || first->kind() != OpKind::Dot || !mmaEligible(*first, target_)) continue;
-        if (chained.count(dot) != chained.count(first)) {
-          chained.insert(dot);
-          chained.insert(first);
-          grew = true;
-        }
-      }
-    }
     // On a wgmma target, a dot in a loop whose B is loop-invariant (the backward's atomic dS·K
     // reads K so) reads B from a resident shared tile (TensorCores.h wgmmaResidentB) when its
     // warps lie along M, as wgmma's accumulator needs: give it that split.
@@ -446,6 +432,20 @@ class LayoutAssigner {
           if (x && !inLoop(x) && fits) chained.insert(dot);
         }
       }
+    // A dot whose accumulator is another dot's result (the forward's Q·Kᵀ over a split head dim,
+    // chunk by chunk) adds into that dot's registers: both take one warp split.
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (Op* dot : dots) {
+        const Op* first = dot->numOperands() > 2 ? dot->operand(2)->definingOp() : nullptr;
+        if (!first || first->kind() != OpKind::Dot || !mmaEligible(*first, target_)) continue;
+        if (chained.count(dot) != chained.count(first)) {
+          chained.insert(dot);
+          chained.insert(first);
+          grew = true;
+        }
+      }
+    }
     for (Op* dot : dots) {
       const Shape& s = dot->result()->type().shape();
       mma_[dot] = ir::makeLayout(
