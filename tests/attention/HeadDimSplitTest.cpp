@@ -94,8 +94,9 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
 }
 
 // What the split buys on sm_90a at MLA's dims: Q·Kᵀ over 192 columns is 12 wgmma k-steps a product
-// instead of 16 over the padded 256, every product still on wgmma, nothing spilled beyond what the
-// padded kernel spills. Against the same kernel with FLEXTILE_SPLIT_HEAD_DIM=0.
+// instead of 16 over the padded 256, every product still on wgmma, each chunk of K copied by TMA
+// (a tensor map each), nothing spilled beyond what the padded kernel spills. Against the same
+// kernel with FLEXTILE_SPLIT_HEAD_DIM=0.
 TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
   if (!assemblesInThisBuild()) GTEST_SKIP() << "ptxas not found or a sanitized build: not assembling";
   const codegen::Target target = codegen::Target::sm90a();
@@ -107,10 +108,13 @@ TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
   auto kernel = [&](const char* split) {
     ScopedSetenv s("FLEXTILE_SPLIT_HEAD_DIM", split);
     const FlexAttentionPlan plan = plan_flex_attention(q, q, v, noop_score(), causal.mask, {}, true, target);
-    return std::pair{plan.compiled->ptx, codegen::runPtxas(plan.compiled->ptx, target)};
+    return std::tuple{plan.compiled->ptx, codegen::runPtxas(plan.compiled->ptx, target),
+                      plan.compiled->tensorMaps.size()};
   };
-  const auto [splitPtx, splitReport] = kernel("1");
-  const auto [paddedPtx, paddedReport] = kernel("0");
+  const auto [splitPtx, splitReport, splitMaps] = kernel("1");
+  const auto [paddedPtx, paddedReport, paddedMaps] = kernel("0");
+  EXPECT_EQ(splitMaps, 3u) << "K's two chunks and V, each copied by TMA";
+  EXPECT_EQ(paddedMaps, 2u);
   const int splitProducts = count(splitPtx, R"(wgmma\.mma_async)"), paddedProducts = count(paddedPtx, R"(wgmma\.mma_async)");
   std::printf("D=192 DV=128 causal: %d wgmma split, %d padded; spills %d / %d bytes\n", splitProducts, paddedProducts,
               splitReport.spillStoreBytes, paddedReport.spillStoreBytes);
