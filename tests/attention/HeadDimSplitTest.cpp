@@ -3,11 +3,12 @@
 // products instead of one product over the padded width. Which dims split, the forward against
 // float64 before the passes and after sm_90a's (wgmma chained through the accumulator, a TMA box
 // per chunk, the producer warpgroup, persistent programs with a split last round, a paged K/V),
-// and what the sm_90a kernel issues for it.
+// against the decode template (which pads), and what the sm_90a kernel issues for it.
 #include <gtest/gtest.h>
 
 #include <regex>
 
+#include "FlexAttentionDecodeCheck.h"
 #include "HeadDimCheck.h"
 #include "PagedKVCheck.h"
 #include "attention_templates/FlexAttentionCommon.h"
@@ -90,6 +91,23 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
     if (!checkPaged(rng, pc, kHost, noop_score(), std::nullopt, nullptr, nullptr,
                     {.config = FlexAttentionConfig{64, 64, 4, 2}}))
       return;
+  }
+}
+
+// The decode template (which pads) and the prefill template (which splits) on the same queries, L in
+// {1, 5}, a window with query offsets, against float64 and each other.
+TEST(HeadDimSplit, DecodeAgreesWithTheSplitPrefill) {
+  SeededRandom rng;
+  size_t index = 0;
+  for (Dims dims : {Dims{192, 128}, Dims{96, 96}}) {
+    if (!runsInThisBuild(rng.seed(), index++, 2)) continue;
+    for (int64_t L : {1, 5})
+      for (const char* name : {"full", "sliding_window"}) {
+        AttentionCase c{.B = 2, .Hq = 4, .Hkv = 1, .L = L, .S = 300, .D = dims.D, .dtype = DType::BF16,
+                        .context = "decode against the split prefill, " + dims.describe(),
+                        .DV = dims.DV};
+        if (!checkDecodeVariant(rng, variant(name), c, kHost)) return;
+      }
   }
 }
 
