@@ -70,8 +70,8 @@ TEST(HeadDimSplit, ForwardMatchesTheReference) {
 }
 
 // After sm_90a's passes: one and two warpgroups (wgmma, a TMA box and ring per chunk), the producer
-// warpgroup, persistent programs with the last round split, and a paged K/V whose chunks are read
-// through the page table.
+// warpgroup, the skewed and overlapped walks (K's chunks staged a step ahead of V), persistent
+// programs with the last round split, and a paged K/V whose chunks are read through the page table.
 TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
@@ -81,7 +81,8 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
     const std::string label = "sm_90a " + dims.describe();
     for (const FlexAttentionConfig& config :
          {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2},
-          FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}})
+          FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}, FlexAttentionConfig::parse("128,64,8,2,skew"),
+          FlexAttentionConfig::parse("128,64,8,2,skew,overlap")})
       if (!checkVariantsAt(rng, label + " " + config.describe(), {"full", "sliding_window", "alibi"}, dims,
                            {.config = config}))
         return;
