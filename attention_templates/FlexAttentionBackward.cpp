@@ -134,7 +134,7 @@ struct GradConstants {
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
                            (int64_t, exponentFirst), (int64_t, maskedDpEarly),
                            (int64_t, seedFreeAdjoint), (int64_t, overlapDq), (int64_t, tileOrder),
-                           (int64_t, DV), (int64_t, DVP));
+                           (int64_t, DV), (int64_t, DVP), (int64_t, DS));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -485,10 +485,21 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   const detail::ValueColumns vc(k.D, k.DP, k.DV, k.DVP, offsD);  // V, dO and dV
   auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD); };
   const bool exact = k.qExact && k.DP == k.D, doExact = k.qExact && k.DVP == k.DV;
-  Tile qPtrs = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offsD.expand(0));
+  // A split head dim (k.DS, as the forward's): Q's and K's columns, and dQ's, in two chunks; S is the
+  // sum of the chunks' products and dQ an accumulator a chunk. Otherwise one tile DP wide.
+  const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
+  auto qPtrsAt = [&](const Tile& offs) {
+    return p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offs.expand(0));
+  };
+  Tile qPtrs = chunks.empty() ? qPtrsAt(offsD) : Tile();
   Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
                 (offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0));
-  Tile qt = exact ? load(qPtrs) : load(qPtrs, byD(rowLive));
+  std::vector<Tile> qt;  // Q's tile, or its chunks
+  if (chunks.empty()) qt.push_back(exact ? load(qPtrs) : load(qPtrs, byD(rowLive)));
+  for (const detail::HeadDimChunk& c : chunks) {
+    Tile ptrs = qPtrsAt(c.offs);
+    qt.push_back(k.qExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
+  }
   Tile dOt = doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive));
   Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
   Tile lse2 = k.qExact ? load(p.lse2 + rows) : load(p.lse2 + rows, rowLive, INFINITY);
@@ -503,25 +514,33 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   // Both lists' lengths before the first walk (as in the forward).
   Tile fullCount = k.hasFull ? load(p.full_num + rowBase) : Tile();
   Tile partialCount = k.hasPartial ? load(p.partial_num + rowBase) : Tile();
-  auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile dq0) {
+  auto walk = [&](const Tile& count, const Tile& indices, bool partial, const std::vector<Tile>& dq0) {
     Tile listBase = rowBase * p.mask_kv_blocks;
-    return for_range(0, count * R, 1, dq0, [&](Tile t, Tile dqi) {
+    return for_range(0, count * R, 1, dq0, [&](Tile t, const std::vector<Tile>& dqi) {
       Tile entry = t / R;
       Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_kv_blocks);
       Tile row0 = block * k.KVBS + (t % R) * k.BN;
       Tile offsN = row0 + arange(0, k.BN);
       Tile colLive = offsN < p.kv_len;
-      Tile kOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+      Tile kOffs = chunks.empty() ? offsN.expand(1) * p.k_stride_n + offsD.expand(0) : Tile();
       Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
       const bool kvExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
-      const Tile live = kvExact ? Tile() : byD(colLive);
-      const Tile vLive = !vc.own ? live : vExact ? Tile() : byDV(colLive);
-      Tile kt = detail::loadStreamedRows(kBase + kOffs, kvExact, live, {p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n},
-                                         b, hkv, row0, k.D, k.tma);
+      const Tile live = kvExact || !chunks.empty() ? Tile() : byD(colLive);
+      const Tile vLive = !vc.own ? (live.valid() || vExact ? live : byD(colLive)) : vExact ? Tile() : byDV(colLive);
+      const detail::StreamedRows kRows{p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n};
+      std::vector<Tile> kt;  // K's tile, or its chunks
+      if (chunks.empty()) kt.push_back(detail::loadStreamedRows(kBase + kOffs, kvExact, live, kRows, b, hkv, row0, k.D, k.tma));
+      for (const detail::HeadDimChunk& c : chunks) {
+        const bool chunkExact = k.kvExact && !c.live.valid();
+        kt.push_back(detail::loadStreamedRows(kBase + (offsN.expand(1) * p.k_stride_n + c.offs.expand(0)), chunkExact,
+                                              chunkExact ? Tile() : c.rowsBy(colLive), kRows, b, hkv, row0, k.D, k.tma,
+                                              c.first));
+      }
       Tile vt = detail::loadStreamedRows(vBase + vOffs, vExact, vLive, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
                                          b, hkv, row0, k.DV, k.tma);
       Tile kvPos = offsN.expand(0);
-      Tile s = dot(qt, kt.trans());  // [BM, BN]
+      Tile s = dot(qt[0], kt[0].trans());  // [BM, BN], chunk by chunk where the head dim is split
+      for (size_t i = 1; i < kt.size(); ++i) s = dot(qt[i], kt[i].trans(), s);
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
       if (!k.hasScoreMod) dpEarly = dot(dOt, vt.trans());
       ModScores m = modScores(k, s, p.scale, scoreMod, b, h, qPos, kvPos);
@@ -535,19 +554,34 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile dp = dpEarly ? *dpEarly : dot(dOt, vt.trans());
       Tile ds = (pg ? *pg : pr) * (dp - delta.expand(1));
       if (k.hasScoreMod && !pg) ds = modAdjoint(m, ds, nullptr, false);
-      return dot(ds.to(dt), kt, dqi);
+      Tile dsLow = ds.to(dt);
+      std::vector<Tile> next;
+      for (size_t i = 0; i < kt.size(); ++i) next.push_back(dot(dsLow, kt[i], dqi[i]));
+      return next;
     });
   };
-  Tile dq = zeros({k.BM, k.DP}, DType::F32);
+  std::vector<Tile> dq;
+  if (chunks.empty()) dq.push_back(zeros({k.BM, k.DP}, DType::F32));
+  for (const detail::HeadDimChunk& c : chunks) dq.push_back(zeros({k.BM, c.offs.shape()[0]}, DType::F32));
   if (k.hasFull) dq = walk(fullCount, p.full_indices, false, dq);
   if (k.hasPartial) dq = walk(partialCount, p.partial_indices, true, dq);
   // dQ is contiguous [B, Hq, L, D].
-  Tile dqScaled = (dq * p.grad_scale).to(dt);
-  Tile outOffs = (rows.expand(1) * k.D) + offsD.expand(0);
-  if (exact)
-    store(p.grad + outOffs, dqScaled);
-  else
-    store(p.grad + outOffs, dqScaled, byD(rowLive));
+  if (chunks.empty()) {
+    Tile dqScaled = (dq[0] * p.grad_scale).to(dt);
+    Tile outOffs = (rows.expand(1) * k.D) + offsD.expand(0);
+    if (exact)
+      store(p.grad + outOffs, dqScaled);
+    else
+      store(p.grad + outOffs, dqScaled, byD(rowLive));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Tile dqScaled = (dq[i] * p.grad_scale).to(dt);
+    Tile outOffs = (rows.expand(1) * k.D) + chunks[i].offs.expand(0);
+    if (k.qExact && !chunks[i].live.valid())
+      store(p.grad + outOffs, dqScaled);
+    else
+      store(p.grad + outOffs, dqScaled, chunks[i].rowsBy(rowLive));
+  }
   // Launched while dkdv's last programs run (overlapDq), dq reads only what the preprocess wrote
   // before dkdv started; waiting for dkdv here, at its end, keeps every later kernel of the stream
   // (the captured gradients' conversion, the user's next) after dkdv too.
@@ -914,7 +948,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      // only kernel and keeps its order).
                      detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq,
                      DV,
-                     detail::paddedHeadDim(DV)};
+                     detail::paddedHeadDim(DV),
+                     // dq splits Q's and K's head dim as the forward does (dkdv pads it).
+                     dkdv ? 0 : detail::headDimSplit(D)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

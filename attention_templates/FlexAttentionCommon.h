@@ -222,6 +222,19 @@ inline int64_t qkTileColumns(int64_t D) {
   const int64_t first = headDimSplit(D);
   return first ? first + paddedHeadDim(D - first) : paddedHeadDim(D);
 }
+// One chunk of a split head dim in a traced template: its columns arange(first, first + width) and,
+// where it reaches past D, which of them are live.
+struct HeadDimChunk {
+  int64_t first;
+  dsl::Tile offs, live;
+  // The [rows, width] load/store mask of `rows` (live rows).
+  dsl::Tile rowsBy(const dsl::Tile& rows) const {
+    dsl::Tile m = rows.expand(1);
+    return live.valid() ? m & live.expand(0) : m;
+  }
+};
+// The chunks of D split at `first` (headDimSplit), traced; none where `first` is 0.
+std::vector<HeadDimChunk> headDimChunks(int64_t D, int64_t first);
 
 // A head dim the templates take (q's, k's or v's): a multiple of 16 up to 256.
 inline bool supportedHeadDim(int64_t d) { return d >= 16 && d <= 256 && d % 16 == 0; }

@@ -527,20 +527,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     auto rowsByDV = [&](const Tile& rows) { return vc.rowsBy(rows, rowsByD); };
     // A split head dim (k.DS, detail::headDimSplit): Q's and K's columns in two power-of-two chunks,
     // Q·Kᵀ the sum of their products; otherwise one tile DP wide (no chunks here).
-    struct Chunk {
-      int64_t first;
-      Tile offs, live;  // arange(first, first + width); offs < D where the chunk reaches past D
-    };
-    std::vector<Chunk> chunks;
-    if (k.DS)
-      for (const auto& [first, width] : {std::pair{int64_t(0), k.DS}, std::pair{k.DS, detail::paddedHeadDim(k.D - k.DS)}}) {
-        Chunk& c = chunks.emplace_back(Chunk{first, arange(first, first + width), Tile()});
-        if (first + width > k.D) c.live = c.offs < k.D;
-      }
-    auto rowsByChunk = [&](const Chunk& c, const Tile& rows) {
-      Tile m = rows.expand(1);
-      return c.live.valid() ? m & c.live.expand(0) : m;
-    };
+    const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
 
     auto loadQ = [&](const Tile& offs, bool exact, const auto& live) {  // Q's columns `offs`
       Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
@@ -549,8 +536,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     };
     std::vector<Tile> q;  // Q's tile, or its chunks
     if (chunks.empty()) q.push_back(loadQ(offsD, k.qDivisible && k.DP == k.D, [&] { return rowsByD(rowLive); }));
-    for (const Chunk& c : chunks)
-      q.push_back(loadQ(c.offs, k.qDivisible && !c.live.valid(), [&] { return rowsByChunk(c, rowLive); }));
+    for (const detail::HeadDimChunk& c : chunks)
+      q.push_back(loadQ(c.offs, k.qDivisible && !c.live.valid(), [&] { return c.rowsBy(rowLive); }));
     Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
     Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
     // Paged: the batch's row of the page table, and where its keys end (kv_len, or its length).
@@ -599,19 +586,20 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (!paged) {
           ks.colLive = ks.offsN < p.kv_len;
           if (chunks.empty()) ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-          for (const Chunk& c : chunks) ks.chunkOffs.push_back(ks.offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
+          for (const detail::HeadDimChunk& c : chunks)
+            ks.chunkOffs.push_back(ks.offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
           ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
           ks.colLive = ks.offsN < keyEnd;
           Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
           if (chunks.empty()) ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-          for (const Chunk& c : chunks) ks.chunkOffs.push_back(rows.expand(1) * p.k_stride_n + c.offs.expand(0));
+          for (const detail::HeadDimChunk& c : chunks) ks.chunkOffs.push_back(rows.expand(1) * p.k_stride_n + c.offs.expand(0));
           ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
         }
         if (!kExact && chunks.empty()) ks.live = rowsByD(ks.colLive);
-        for (const Chunk& c : chunks)
-          ks.chunkLive.push_back(keysMayEnd || c.live.valid() ? rowsByChunk(c, ks.colLive) : Tile());
+        for (const detail::HeadDimChunk& c : chunks)
+          ks.chunkLive.push_back(keysMayEnd || c.live.valid() ? c.rowsBy(ks.colLive) : Tile());
         if (!vExact) ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live.valid() ? ks.live : rowsByD(ks.colLive);
         return ks;
       };
@@ -1419,6 +1407,16 @@ Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make
 
 Tile listEntry(const Tile& list, const Tile& rowStart, const Tile& entry, const Tile& length, const Tile& capacity) {
   return where(entry < length, load(list + (rowStart + entry), entry < capacity, 0), 0);
+}
+
+std::vector<HeadDimChunk> headDimChunks(int64_t D, int64_t first) {
+  std::vector<HeadDimChunk> chunks;
+  if (first)
+    for (const auto& [start, width] : {std::pair{int64_t(0), first}, std::pair{first, paddedHeadDim(D - first)}}) {
+      HeadDimChunk& c = chunks.emplace_back(HeadDimChunk{start, arange(start, start + width), Tile()});
+      if (start + width > D) c.live = c.offs < D;
+    }
+  return chunks;
 }
 
 int64_t headDimSplit(int64_t D) {

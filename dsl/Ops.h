@@ -225,6 +225,16 @@ Tile for_range(Operand lo, Operand hi, Operand step, const Tile& init, Body&& bo
                       [&](Tile iv, const std::vector<Tile>& c) { return std::vector<Tile>{body(iv, c[0])}; }, loc)[0];
 }
 
+// A loop whose carried tiles are a vector, their number chosen while tracing (a template's chunks of
+// a split head dim): `body(i, carried)` returns the next ones, as many, in the same order.
+template <class Body>
+std::vector<Tile> for_range(Operand lo, Operand hi, Operand step, const std::vector<Tile>& init, Body&& body,
+                            SourceLoc loc = SourceLoc::current()) {
+  return forRangeImpl(lo, hi, step, init,
+                      [&](Tile iv, const std::vector<Tile>& carried) { return std::vector<Tile>(body(iv, carried)); },
+                      loc);
+}
+
 // A loop with no carried values (its body only stores).
 template <class Body>
 void for_range(Operand lo, Operand hi, Operand step, Body&& body, SourceLoc loc = SourceLoc::current()) {

@@ -8,6 +8,7 @@
 
 #include <regex>
 
+#include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "HeadDimCheck.h"
 #include "PagedKVCheck.h"
@@ -92,6 +93,41 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
     if (!checkPaged(rng, pc, kHost, noop_score(), std::nullopt, nullptr, nullptr,
                     {.config = FlexAttentionConfig{64, 64, 4, 2}}))
       return;
+  }
+}
+
+// The backward, whose dq kernel splits the head dim as the forward does (dkdv pads it): on the
+// interpreter, and after sm_90a's passes on one warpgroup (wgmma), two with the producer warpgroup
+// (TMA boxes per chunk), and the default past D = 128; masked rows, keys off the block, GQA.
+TEST(HeadDimSplit, BackwardMatchesTheReference) {
+  SeededRandom rng;
+  size_t index = 0;
+  auto check = [&](Dims dims, const FlexAttentionBackwardConfig& config, const std::string& label) {
+    for (const char* name : {"full", "causal", "softcap"}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 140, .S = 130, .D = dims.D, .dtype = DType::BF16,
+                      .context = std::string(name) + " " + label + " " + dims.describe() + " " + config.describe(),
+                      .DV = dims.DV};
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      BackwardCheck how;
+      how.refScore = inst.refScore;
+      how.refScoreGrad = inst.refScoreGrad;
+      how.refMask = inst.refMask;
+      how.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
+      how.options.config = config;
+      if (!checkBackward(rng, c, kHost, inst.score, inst.mask, how)) return false;
+    }
+    return true;
+  };
+  for (Dims dims : kSplitDims) {
+    if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
+    if (!check(dims, {{32, 32, 4, 2}, {32, 32, 4, 2}}, "interpreter")) return;
+  }
+  InterpretAfterPasses scope("sm_90a");
+  for (Dims dims : {Dims{192, 128}, Dims{96, 96}, Dims{176, 128}}) {
+    if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
+    for (const FlexAttentionConfig& dq : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On},
+                                          FlexAttentionConfig{16, 32, 4, 2}})
+      if (!check(dims, {{16, 32, 4, 2}, dq}, "sm_90a")) return;
   }
 }
 
