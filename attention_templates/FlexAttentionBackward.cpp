@@ -566,21 +566,14 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   if (k.hasFull) dq = walk(fullCount, p.full_indices, false, dq);
   if (k.hasPartial) dq = walk(partialCount, p.partial_indices, true, dq);
   // dQ is contiguous [B, Hq, L, D].
-  if (chunks.empty()) {
-    Tile dqScaled = (dq[0] * p.grad_scale).to(dt);
-    Tile outOffs = (rows.expand(1) * k.D) + offsD.expand(0);
-    if (exact)
-      store(p.grad + outOffs, dqScaled);
-    else
-      store(p.grad + outOffs, dqScaled, byD(rowLive));
-  }
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  for (size_t i = 0; i < dq.size(); ++i) {
+    const detail::HeadDimChunk* c = chunks.empty() ? nullptr : &chunks[i];
     Tile dqScaled = (dq[i] * p.grad_scale).to(dt);
-    Tile outOffs = (rows.expand(1) * k.D) + chunks[i].offs.expand(0);
-    if (k.qExact && !chunks[i].live.valid())
+    Tile outOffs = (rows.expand(1) * k.D) + (c ? c->offs : offsD).expand(0);
+    if (c ? k.qExact && !c->live.valid() : exact)
       store(p.grad + outOffs, dqScaled);
     else
-      store(p.grad + outOffs, dqScaled, chunks[i].rowsBy(rowLive));
+      store(p.grad + outOffs, dqScaled, c ? c->rowsBy(rowLive) : byD(rowLive));
   }
   // Launched while dkdv's last programs run (overlapDq), dq reads only what the preprocess wrote
   // before dkdv started; waiting for dkdv here, at its end, keeps every later kernel of the stream

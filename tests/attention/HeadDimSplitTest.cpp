@@ -1,9 +1,10 @@
-// The forward's split head dim (detail::headDimSplit): where q's and k's head dim sits just past a
-// power of two (192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16), Q·Kᵀ is the sum of two chunks'
-// products instead of one product over the padded width. Which dims split, the forward against
-// float64 before the passes and after sm_90a's (wgmma chained through the accumulator, a TMA box
-// per chunk, the producer warpgroup, persistent programs with a split last round, a paged K/V),
-// against the decode template (which pads), and what the sm_90a kernel issues for it.
+// The split head dim of the forward and the backward's dq kernel (detail::headDimSplit): where q's
+// and k's head dim sits just past a power of two (192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16),
+// Q·Kᵀ is the sum of two chunks' products instead of one product over the padded width (and dq's
+// dQ an accumulator a chunk). Which dims split, the forward and the backward against float64
+// before the passes and after sm_90a's (wgmma chained through the accumulator, a TMA box per chunk,
+// the producer warpgroup, skewed walks, persistent programs with a split last round, a paged K/V),
+// the forward against the decode template (which pads), and what the sm_90a kernel issues for it.
 #include <gtest/gtest.h>
 
 #include <regex>
