@@ -526,7 +526,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
       const bool kvExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
       const Tile live = kvExact || !chunks.empty() ? Tile() : byD(colLive);
-      const Tile vLive = !vc.own ? (live.valid() || vExact ? live : byD(colLive)) : vExact ? Tile() : byDV(colLive);
+      const Tile vLive = vExact ? Tile() : !vc.own ? (live.valid() ? live : byD(colLive)) : byDV(colLive);
       const detail::StreamedRows kRows{p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n};
       std::vector<Tile> kt;  // K's tile, or its chunks
       if (chunks.empty()) kt.push_back(detail::loadStreamedRows(kBase + kOffs, kvExact, live, kRows, b, hkv, row0, k.D, k.tma));

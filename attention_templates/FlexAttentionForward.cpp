@@ -977,7 +977,7 @@ bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>&
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
   const int64_t rings = int64_t(p.config.num_stages) *
-                        ((p.config.block_m + p.config.block_n) * detail::qkTileColumns(p.D) +
+                        ((p.config.block_m + p.config.block_n) * detail::qkTileColumns(p.D, p.constants.DS) +
                          p.config.block_n * p.constants.DVP) *
                         int64_t(ir::byteWidth(p.dtype));
   return rings + kBarrierBytes <= limit;
