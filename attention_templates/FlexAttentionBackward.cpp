@@ -312,17 +312,28 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   // columns past each row at D = 80, and past the end of the last one
   // (FlexAttentionBackward.PaddedHeadDimOverWholeBlocks).
   const bool kExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
-  Tile kvOffs = offsN.expand(1) * p.k_stride_n + offsD.expand(0);
+  // A split head dim (k.DS, as the forward's and dq's): K's resident tile, Q's steps and dK's
+  // accumulator in two chunks; Sᵀ is the sum of the chunks' products. Otherwise one tile DP wide.
+  const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
+  const size_t dkParts = std::max<size_t>(1, chunks.size());
+  auto chunkExact = [&](const detail::HeadDimChunk& c, bool rowsExact) { return rowsExact && !c.live.valid(); };
+  Tile kvOffs = chunks.empty() ? offsN.expand(1) * p.k_stride_n + offsD.expand(0) : Tile();
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
-  Tile kt = kExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive));
+  std::vector<Tile> kt;  // K's tile, or its chunks
+  if (chunks.empty()) kt.push_back(kExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive)));
+  for (const detail::HeadDimChunk& c : chunks) {
+    Tile ptrs = kBase + (offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
+    kt.push_back(chunkExact(c, k.kvExact) ? load(ptrs) : load(ptrs, c.rowsBy(colLive)));
+  }
   Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
   Tile vt = vExact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(colLive));
   Tile kvPos = offsN.expand(1);
   Tile maskCol = (nBlock * k.BN) / k.KVBS;
   const int64_t R = k.QBS / k.BM;
 
-  auto headGroup = [&](const Tile& h, Tile dk, Tile dv) {
+  // The carried accumulators: dK's tile (or its chunks), then dV.
+  auto headGroup = [&](const Tile& h, const std::vector<Tile>& acc) {
     Tile h64 = h.to(DType::I64);
     Tile qBase = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h);
     Tile doBase = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h);
@@ -331,9 +342,9 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
     // Both lists' lengths before the first walk (as in the forward).
     Tile fullCount = k.hasFull ? load(p.full_num + colBase) : Tile();
     Tile partialCount = k.hasPartial ? load(p.partial_num + colBase) : Tile();
-    auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile dk0, Tile dv0) {
+    auto walk = [&](const Tile& count, const Tile& indices, bool partial, const std::vector<Tile>& acc0) {
       Tile listBase = colBase * p.mask_q_blocks;
-      auto [dk2, dv2] = for_range(0, count * R, 1, std::tuple{dk0, dv0}, [&](Tile t, Tile dki, Tile dvi) {
+      return for_range(0, count * R, 1, acc0, [&](Tile t, const std::vector<Tile>& acci) {
         Tile entry = t / R;
         Tile block = detail::listEntry(indices, listBase, entry, count, p.mask_q_blocks);
         Tile row0 = block * k.QBS + (t % R) * k.BM;
@@ -369,8 +380,15 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
           }
         };
         if (k.warpSpecialize) loadRows();
-        Tile qt = detail::loadStreamedRows(qBase + qOffs, exact, live, {p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m},
-                                           b, h, row0, k.D, k.tma);
+        const detail::StreamedRows qRows{p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m};
+        std::vector<Tile> qt;  // Q's tile, or its chunks
+        if (chunks.empty()) qt.push_back(detail::loadStreamedRows(qBase + qOffs, exact, live, qRows, b, h, row0, k.D, k.tma));
+        for (const detail::HeadDimChunk& c : chunks) {
+          const bool cExact = chunkExact(c, k.qExact);
+          qt.push_back(detail::loadStreamedRows(qBase + (offsM.expand(1) * p.q_stride_m + c.offs.expand(0)), cExact,
+                                                cExact ? Tile() : c.rowsBy(rowLive), qRows, b, h, row0, k.D, k.tma,
+                                                c.first));
+        }
         Tile dOt = detail::loadStreamedRows(doBase + doOffs, doExact, doLive,
                                             {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0,
                                             k.DV, k.tma);
@@ -382,7 +400,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         // bytes), so then dPᵀ waits for pᵀ; so it does beside the specialized atomic dQ's
         // accumulator (causal dkdv: 476 -> 408 bytes of spills).
         const bool atomicDqT = k.atomicDq && k.warpSpecialize;
-        Tile sT = dot(kt, qt.trans());  // [BN, BM]
+        Tile sT = dot(kt[0], qt[0].trans());  // [BN, BM], chunk by chunk where the head dim is split
+        for (size_t i = 1; i < kt.size(); ++i) sT = dot(kt[i], qt[i].trans(), sT);
         std::optional<Tile> dpEarly;
         if (!k.hasScoreMod && !atomicDqT && (!partial || k.maskedDpEarly)) dpEarly = dot(vt, dOt.trans());
         ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
@@ -395,7 +414,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (!k.kvExact && (k.numTrainable || k.atomicDq)) z = where(colLive.expand(1), z, -INFINITY);
         if (k.rowBoxes && !k.qExact) z = where(rowLive.expand(0), z, -INFINITY);
         Tile pT = exp2(k.exponentFirst ? z : z - lse2.expand(0));
-        Tile dvNew = dot(pT.to(dt), dOt, dvi);
+        Tile dvNew = dot(pT.to(dt), dOt, acci.back());
         // A mod's adjoint is linear in its seed: without trainable captures (whose gradients need
         // the seed itself) it is seed · g with g the adjoint of ones, taken here, before dPᵀ's
         // wait, so that only p·g stays live across it, not the mod's intermediates (soft-cap's tanh).
@@ -412,52 +431,56 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         // mma.sync and hold K's fragments in every thread. Then it goes before dK (the document
         // dkdv spills 420 bytes so, 560 after dK; the others the same).
         auto accumulateDq = [&] {
-          Tile dq = atomicDqT ? (dot(kt.trans(), dsLow) * p.grad_scale).trans()  // [BM, DP]
-                              : dot(dsLow.trans(), kt) * p.grad_scale;
-          Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + offsD.expand(0));
-          if (exact)
-            atomic_add(dqPtrs, dq);
-          else
-            atomic_add(dqPtrs, dq, byD(rowLive));
+          for (size_t i = 0; i < kt.size(); ++i) {
+            const detail::HeadDimChunk* c = chunks.empty() ? nullptr : &chunks[i];
+            Tile dq = atomicDqT ? (dot(kt[i].trans(), dsLow) * p.grad_scale).trans()  // [BM, DP]
+                                : dot(dsLow.trans(), kt[i]) * p.grad_scale;
+            Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + (c ? c->offs : offsD).expand(0));
+            if (c ? chunkExact(*c, k.qExact) : exact)
+              atomic_add(dqPtrs, dq);
+            else
+              atomic_add(dqPtrs, dq, c ? c->rowsBy(rowLive) : byD(rowLive));
+          }
         };
         if (atomicDqT) accumulateDq();
-        Tile dkNew = dot(dsLow, qt, dki);
+        std::vector<Tile> next;
+        for (size_t i = 0; i < dkParts; ++i) next.push_back(dot(dsLow, qt[i], acci[i]));
         if (k.atomicDq && !atomicDqT) accumulateDq();
-        return std::tuple{dkNew, dvNew};
+        next.push_back(dvNew);
+        return next;
       });
-      return std::tuple{dk2, dv2};
     };
-    if (k.hasFull) std::tie(dk, dv) = walk(fullCount, p.full_indices, false, dk, dv);
-    if (k.hasPartial) std::tie(dk, dv) = walk(partialCount, p.partial_indices, true, dk, dv);
-    return std::tuple{dk, dv};
+    std::vector<Tile> out = acc;
+    if (k.hasFull) out = walk(fullCount, p.full_indices, false, out);
+    if (k.hasPartial) out = walk(partialCount, p.partial_indices, true, out);
+    return out;
   };
 
-  Tile dk = zeros({k.BN, k.DP}, DType::F32), dv = zeros({k.BN, k.DVP}, DType::F32);
-  if (k.G == 1) {
-    std::tie(dk, dv) = headGroup(hkv, dk, dv);
-  } else {
-    std::tie(dk, dv) = for_range(0, k.G, 1, std::tuple{dk, dv}, [&](Tile g, Tile dki, Tile dvi) {
-      return headGroup(hkv * k.G + g, dki, dvi);
-    });
+  std::vector<Tile> acc;
+  if (chunks.empty()) acc.push_back(zeros({k.BN, k.DP}, DType::F32));
+  for (const detail::HeadDimChunk& c : chunks) acc.push_back(zeros({k.BN, c.offs.shape()[0]}, DType::F32));
+  acc.push_back(zeros({k.BN, k.DVP}, DType::F32));
+  if (k.G == 1)
+    acc = headGroup(hkv, acc);
+  else
+    acc = for_range(0, k.G, 1, acc, [&](Tile g, const std::vector<Tile>& acci) { return headGroup(hkv * k.G + g, acci); });
+  // dK (its tile or its chunks) and dV are contiguous [B, Hkv, S, D] and [B, Hkv, S, DV].
+  Tile kvRows = (b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len;
+  Tile outOffs = kvRows * k.D + (offsN.expand(1) * k.D + offsD.expand(0));
+  for (size_t i = 0; i < dkParts; ++i) {
+    const detail::HeadDimChunk* c = chunks.empty() ? nullptr : &chunks[i];
+    Tile offs = c ? kvRows * k.D + (offsN.expand(1) * k.D + c->offs.expand(0)) : outOffs;
+    Tile dkLow = (acc[i] * p.grad_scale).to(dt);
+    if (c ? chunkExact(*c, k.kvExact) : kExact)
+      store(p.grad + offs, dkLow);
+    else
+      store(p.grad + offs, dkLow, c ? c->rowsBy(colLive) : byD(colLive));
   }
-  // dK and dV are contiguous [B, Hkv, S, D] and [B, Hkv, S, DV].
-  Tile outOffs = ((b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len) * k.D +
-                 (offsN.expand(1) * k.D + offsD.expand(0));
-  Tile dkScaled = dk * p.grad_scale;
-  if (vc.own) {
-    Tile dvOffs = ((b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len) * k.DV +
-                  (offsN.expand(1) * k.DV + vc.offs.expand(0));
-    if (kExact) store(p.grad + outOffs, dkScaled.to(dt));
-    else store(p.grad + outOffs, dkScaled.to(dt), byD(colLive));
-    if (vExact) store(p.grad2 + dvOffs, dv.to(dt));
-    else store(p.grad2 + dvOffs, dv.to(dt), byDV(colLive));
-  } else if (kExact) {
-    store(p.grad + outOffs, dkScaled.to(dt));
-    store(p.grad2 + outOffs, dv.to(dt));
-  } else {
-    store(p.grad + outOffs, dkScaled.to(dt), byD(colLive));
-    store(p.grad2 + outOffs, dv.to(dt), byD(colLive));
-  }
+  Tile dvOffs = vc.own ? kvRows * k.DV + (offsN.expand(1) * k.DV + vc.offs.expand(0)) : outOffs;
+  if (vExact)
+    store(p.grad2 + dvOffs, acc.back().to(dt));
+  else
+    store(p.grad2 + dvOffs, acc.back().to(dt), byDV(colLive));
 }
 
 void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
@@ -942,8 +965,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq,
                      DV,
                      detail::paddedHeadDim(DV),
-                     // dq splits Q's and K's head dim as the forward does (dkdv pads it).
-                     dkdv ? 0 : detail::headDimSplit(D)};
+                     // Both kernels split Q's and K's head dim as the forward does.
+                     detail::headDimSplit(D)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

@@ -97,13 +97,15 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
   }
 }
 
-// The backward, whose dq kernel splits the head dim as the forward does (dkdv pads it): on the
-// interpreter, and after sm_90a's passes on one warpgroup (wgmma), two with the producer warpgroup
-// (TMA boxes per chunk), and the default past D = 128; masked rows, keys off the block, GQA.
+// The backward, whose kernels split the head dim as the forward does (dq: Q's, K's and dQ's chunks;
+// dkdv: K's resident chunks, Q's streamed ones and dK's): on the interpreter, and after sm_90a's
+// passes on mma.sync, one warpgroup (wgmma), two with the producer warpgroup (TMA boxes per chunk),
+// and the atomic dQ; masked rows, keys off the block, GQA.
 TEST(HeadDimSplit, BackwardMatchesTheReference) {
   SeededRandom rng;
   size_t index = 0;
-  auto check = [&](Dims dims, const FlexAttentionBackwardConfig& config, const std::string& label) {
+  auto check = [&](Dims dims, const FlexAttentionBackwardConfig& config, const std::string& label,
+                   DqAccumulation dqAccumulation = DqAccumulation::Separate) {
     for (const char* name : {"full", "causal", "softcap"}) {
       AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 140, .S = 130, .D = dims.D, .dtype = DType::BF16,
                       .context = std::string(name) + " " + label + " " + dims.describe() + " " + config.describe(),
@@ -115,6 +117,7 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
       how.refMask = inst.refMask;
       how.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
       how.options.config = config;
+      how.options.dq_accumulation = dqAccumulation;
       if (!checkBackward(rng, c, kHost, inst.score, inst.mask, how)) return false;
     }
     return true;
@@ -124,11 +127,18 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
     if (!check(dims, {{32, 32, 4, 2}, {32, 32, 4, 2}}, "interpreter")) return;
   }
   InterpretAfterPasses scope("sm_90a");
+  // dkdv on mma.sync and on one and two warpgroups (and specialized), each beside a dq tile.
+  const auto ws = WarpSpecialization::On;
+  const std::vector<FlexAttentionBackwardConfig> configs{{{16, 32, 4, 2}, {64, 64, 4, 2}},
+                                                         {{16, 64, 4, 2}, {128, 64, 8, 2, ws}},
+                                                         {{32, 128, 8, 2}, {16, 32, 4, 2}},
+                                                         {{64, 128, 8, 2, ws}, {64, 32, 4, 2}}};
   for (Dims dims : {Dims{192, 128}, Dims{96, 96}, Dims{176, 128}}) {
     if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
-    for (const FlexAttentionConfig& dq : {FlexAttentionConfig{64, 64, 4, 2}, FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On},
-                                          FlexAttentionConfig{16, 32, 4, 2}})
-      if (!check(dims, {{16, 32, 4, 2}, dq}, "sm_90a")) return;
+    for (const FlexAttentionBackwardConfig& config : configs)
+      if (!check(dims, config, "sm_90a")) return;
+    // The atomic dQ: dkdv adds each chunk's share at its columns.
+    if (!check(dims, {{16, 64, 4, 2}, {16, 64, 4, 2}}, "sm_90a atomic dQ", DqAccumulation::Atomic)) return;
   }
 }
 
