@@ -210,11 +210,11 @@ inline int64_t paddedHeadDim(int64_t D) {
   return p;
 }
 
-// Where the forward and the backward's dq kernel split Q's and K's head dim (dkdv and the decode
-// pad it): tiles are powers of two wide, so D = 192 padded to
-// 256 spends a quarter of Q·Kᵀ's tensor-core work, and of K's ring, on zero columns. Two chunks
-// [0, first) and [first, first + paddedHeadDim(D − first)), both powers of two, cover 192 as
-// 128 + 64 (96 as 64 + 32, 80 as 64 + 16) and Q·Kᵀ is the sum of their products. Returns `first`,
+// Where the forward and the backward's kernels split Q's and K's head dim (the decode pads it):
+// tiles are powers of two wide, so D = 192 padded to 256 spends a quarter of Q·Kᵀ's tensor-core
+// work, and of K's ring, on zero columns. Two chunks [0, first) and [first, first +
+// paddedHeadDim(D − first)), both powers of two, cover 192 as 128 + 64 (96 as 64 + 32, 80 as
+// 64 + 16) and Q·Kᵀ is the sum of their products. Returns `first`,
 // or 0 where the chunks would be no narrower than the padded tile (a power of two, 112, 224).
 // FLEXTILE_SPLIT_HEAD_DIM=0 keeps the padded tile.
 int64_t headDimSplit(int64_t D);

@@ -4,6 +4,7 @@
 
 #include <regex>
 
+#include "tests/TextCount.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"
 #include "codegen/Ptxas.h"
@@ -17,10 +18,7 @@ using dsl::Tensor;
 
 namespace {
 
-int count(const std::string& text, const std::string& re) {
-  std::regex r(re);
-  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
-}
+using flextile::testing::count;
 
 // The compiled kernels live in the mask mod's state, so the plan keeps the variant (its mods) alive.
 struct VariantPlan : FlexAttentionBackwardPlan {

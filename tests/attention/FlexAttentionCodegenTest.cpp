@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "tests/TextCount.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"
 #include "codegen/Passes.h"
@@ -33,10 +34,7 @@ using flextile::testing::assemblesInThisBuild;
 using flextile::testing::expectError;
 
 namespace {
-int count(const std::string& text, const std::string& re) {
-  std::regex r(re);
-  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
-}
+using flextile::testing::count;
 
 // Branches from above a loop into its middle: a loop spans from a label to the last branch back to
 // it, and an entry below that label means the layout that LLVM's block placement makes when it

@@ -9,6 +9,7 @@
 
 #include <regex>
 
+#include "tests/TextCount.h"
 #include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionDecodeCheck.h"
 #include "HeadDimCheck.h"
@@ -37,10 +38,7 @@ using Dims = HeadDims;
 // in 64 columns).
 const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}, {176, 128}};
 
-int count(const std::string& text, const std::string& re) {
-  const std::regex r(re);
-  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
-}
+using flextile::testing::count;
 
 }  // namespace
 
@@ -197,4 +195,27 @@ TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
   // (64 keys): 20 → 16.
   EXPECT_EQ(splitProducts * 20, paddedProducts * 16);
   EXPECT_LE(splitReport.spillStoreBytes, paddedReport.spillStoreBytes) << splitReport.log;
+
+  // The backward's dkdv on one warpgroup: per query step Sᵀ = K·Qᵀ's 16 k-steps become 12, dPᵀ keeps
+  // its 8 (DV = 128), dV's product its one, and dK's one 256-column product becomes one a chunk:
+  // 26 → 23.
+  Tensor lse = Tensor::zeros(DType::F32, {B, Hq, N}, kHost);
+  auto dkdv = [&](const char* split) {
+    ScopedSetenv s("FLEXTILE_SPLIT_HEAD_DIM", split);
+    const FlexAttentionBackwardPlan plan = plan_flex_attention_backward(
+        q, q, v, v, lse, v, noop_score(), causal.mask,
+        {.config = FlexAttentionBackwardConfig{{16, 64, 4, 2}, {64, 64, 4, 2}}}, target);
+    for (size_t i = 0; i < plan.kernelNames.size(); ++i)
+      if (plan.kernelNames[i].find("dkdv") != std::string::npos)
+        return std::pair{plan.compiled[i]->ptx, codegen::runPtxas(plan.compiled[i]->ptx, target)};
+    ADD_FAILURE() << "no dkdv kernel in the plan";
+    return std::pair{std::string(), codegen::PtxasReport{}};
+  };
+  const auto [splitDkdv, splitDkdvReport] = dkdv("1");
+  const auto [paddedDkdv, paddedDkdvReport] = dkdv("0");
+  const int splitDkdvProducts = count(splitDkdv, R"(wgmma\.mma_async)");
+  EXPECT_GT(splitDkdvProducts, 0);
+  EXPECT_EQ(count(splitDkdv, R"(mma\.sync)"), 0);
+  EXPECT_EQ(splitDkdvProducts * 26, count(paddedDkdv, R"(wgmma\.mma_async)") * 23);
+  EXPECT_LE(splitDkdvReport.spillStoreBytes, paddedDkdvReport.spillStoreBytes) << splitDkdvReport.log;
 }

@@ -13,6 +13,7 @@
 #include <random>
 #include <regex>
 
+#include "tests/TextCount.h"
 #include "codegen/Compiler.h"
 #include "codegen/LowerToLLVM.h"
 #include "codegen/Passes.h"
@@ -38,10 +39,7 @@ std::unique_ptr<ir::Function> tracedMatmul(int bm, int bn, int bk, int warps, in
   return f;
 }
 
-int count(const std::string& text, const std::string& re) {
-  std::regex r(re);
-  return int(std::distance(std::sregex_iterator(text.begin(), text.end(), r), std::sregex_iterator()));
-}
+using flextile::testing::count;
 
 int countOps(const ir::Function& f, ir::OpKind kind) {
   int n = 0;
