@@ -134,7 +134,7 @@ struct GradConstants {
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, rowBoxes), (int64_t, pingpong),
                            (int64_t, exponentFirst), (int64_t, maskedDpEarly),
                            (int64_t, seedFreeAdjoint), (int64_t, overlapDq), (int64_t, tileOrder),
-                           (int64_t, DV), (int64_t, DVP), (int64_t, DS));
+                           (int64_t, DV), (int64_t, DVP), (int64_t, DS), (int64_t, DVS));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -314,8 +314,10 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   const bool kExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
   // A split head dim (k.DS, as the forward's and dq's): K's resident tile, Q's steps and dK's
   // accumulator in two chunks; Sᵀ is the sum of the chunks' products. Otherwise one tile DP wide.
+  // V's own (k.DVS) the same way: V's resident tile, dO's steps and dV's accumulator, dPᵀ the sum.
   const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
-  const size_t dkParts = std::max<size_t>(1, chunks.size());
+  const std::vector<detail::HeadDimChunk> vChunks = detail::headDimChunks(k.DV, k.DVS);
+  const size_t dkParts = std::max<size_t>(1, chunks.size()), dvParts = std::max<size_t>(1, vChunks.size());
   auto chunkExact = [&](const detail::HeadDimChunk& c, bool rowsExact) { return rowsExact && !c.live.valid(); };
   Tile kvOffs = chunks.empty() ? offsN.expand(1) * p.k_stride_n + offsD.expand(0) : Tile();
   Tile kBase = p.k + (b64 * p.k_stride_b + hkv.to(DType::I64) * p.k_stride_h);
@@ -326,13 +328,20 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
     Tile ptrs = kBase + (offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
     kt.push_back(chunkExact(c, k.kvExact) ? load(ptrs) : load(ptrs, c.rowsBy(colLive)));
   }
-  Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
-  Tile vt = vExact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(colLive));
+  std::vector<Tile> vt;  // V's tile, or its chunks
+  if (vChunks.empty()) {
+    Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
+    vt.push_back(vExact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(colLive)));
+  }
+  for (const detail::HeadDimChunk& c : vChunks) {
+    Tile ptrs = vBase + (offsN.expand(1) * p.v_stride_n + c.offs.expand(0));
+    vt.push_back(chunkExact(c, k.kvExact) ? load(ptrs) : load(ptrs, c.rowsBy(colLive)));
+  }
   Tile kvPos = offsN.expand(1);
   Tile maskCol = (nBlock * k.BN) / k.KVBS;
   const int64_t R = k.QBS / k.BM;
 
-  // The carried accumulators: dK's tile (or its chunks), then dV.
+  // The carried accumulators: dK's tile (or its chunks), then dV's.
   auto headGroup = [&](const Tile& h, const std::vector<Tile>& acc) {
     Tile h64 = h.to(DType::I64);
     Tile qBase = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h);
@@ -353,11 +362,11 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile rowLive = offsM < p.q_len;
         if (!k.qExact) rowLive = rowLive & (offsM >= 0);
         Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
-        Tile doOffs = offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0);
+        Tile doOffs = vChunks.empty() ? offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0) : Tile();
         const bool exact = k.qExact && k.DP == k.D;
         const Tile live = exact ? Tile() : byD(rowLive);
         const bool doExact = k.qExact && k.DVP == k.DV;
-        const Tile doLive = !vc.own ? live : doExact ? Tile() : byDV(rowLive);
+        const Tile doLive = !vChunks.empty() ? Tile() : !vc.own ? live : doExact ? Tile() : byDV(rowLive);
         // The step's LSE (+inf past L: p exactly 0 there) and delta. Specialized, they are boxes of
         // the [B * Hq, L] rows where L allows (rowBoxes), which the producer copies into the ring
         // with Q and dO (a row ring, codegen/passes/Pipeline.cpp) as FlashAttention-3 does: no
@@ -389,9 +398,16 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
                                                 cExact ? Tile() : c.rowsBy(rowLive), qRows, b, h, row0, k.D, k.tma,
                                                 c.first));
         }
-        Tile dOt = detail::loadStreamedRows(doBase + doOffs, doExact, doLive,
-                                            {p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m}, b, h, row0,
-                                            k.DV, k.tma);
+        const detail::StreamedRows doRows{p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m};
+        std::vector<Tile> dOt;  // dO's tile, or its chunks
+        if (vChunks.empty())
+          dOt.push_back(detail::loadStreamedRows(doBase + doOffs, doExact, doLive, doRows, b, h, row0, k.DV, k.tma));
+        for (const detail::HeadDimChunk& c : vChunks) {
+          const bool cExact = chunkExact(c, k.qExact);
+          dOt.push_back(detail::loadStreamedRows(doBase + (offsM.expand(1) * p.dout_stride_m + c.offs.expand(0)), cExact,
+                                                 cExact ? Tile() : c.rowsBy(rowLive), doRows, b, h, row0, k.DV, k.tma,
+                                                 c.first));
+        }
         if (!k.warpSpecialize) loadRows();
         Tile qPos = (offsM + p.q_offset).expand(0);
         // Without a score_mod both products go first: on sm_90a their wgmmas are in flight
@@ -402,8 +418,13 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         const bool atomicDqT = k.atomicDq && k.warpSpecialize;
         Tile sT = dot(kt[0], qt[0].trans());  // [BN, BM], chunk by chunk where the head dim is split
         for (size_t i = 1; i < kt.size(); ++i) sT = dot(kt[i], qt[i].trans(), sT);
+        auto dpProduct = [&] {  // dPᵀ = V·dOᵀ, chunk by chunk where v's head dim is split
+          Tile dp = dot(vt[0], dOt[0].trans());
+          for (size_t i = 1; i < vt.size(); ++i) dp = dot(vt[i], dOt[i].trans(), dp);
+          return dp;
+        };
         std::optional<Tile> dpEarly;
-        if (!k.hasScoreMod && !atomicDqT && (!partial || k.maskedDpEarly)) dpEarly = dot(vt, dOt.trans());
+        if (!k.hasScoreMod && !atomicDqT && (!partial || k.maskedDpEarly)) dpEarly = dpProduct();
         ModScores m = modScores(k, sT, p.scale, scoreMod, b, h, qPos, kvPos);
         // The exponent, then the masks: lse2 is never -inf (+inf on empty rows), so a masked score
         // gives -inf either way, and without a score_mod s · scale − lse2 stays one fma.
@@ -414,14 +435,16 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (!k.kvExact && (k.numTrainable || k.atomicDq)) z = where(colLive.expand(1), z, -INFINITY);
         if (k.rowBoxes && !k.qExact) z = where(rowLive.expand(0), z, -INFINITY);
         Tile pT = exp2(k.exponentFirst ? z : z - lse2.expand(0));
-        Tile dvNew = dot(pT.to(dt), dOt, acci.back());
+        const Tile pLow = pT.to(dt);
+        std::vector<Tile> dvNew;
+        for (size_t i = 0; i < dvParts; ++i) dvNew.push_back(dot(pLow, dOt[i], acci[dkParts + i]));
         // A mod's adjoint is linear in its seed: without trainable captures (whose gradients need
         // the seed itself) it is seed · g with g the adjoint of ones, taken here, before dPᵀ's
         // wait, so that only p·g stays live across it, not the mod's intermediates (soft-cap's tanh).
         const bool seedFree = k.hasScoreMod && k.numTrainable == 0 && k.seedFreeAdjoint;
         std::optional<Tile> pg;
         if (seedFree) pg = pT * modAdjoint(m, full({k.BN, k.BM}, 1.0, DType::F32), nullptr, false);
-        Tile dpT = dpEarly ? *dpEarly : dot(vt, dOt.trans());
+        Tile dpT = dpEarly ? *dpEarly : dpProduct();
         Tile dsT = (pg ? *pg : pT) * (dpT - delta.expand(0));
         if (k.hasScoreMod && !seedFree) dsT = modAdjoint(m, dsT, &trainable, k.deterministic);
         Tile dsLow = dsT.to(dt);
@@ -446,7 +469,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         std::vector<Tile> next;
         for (size_t i = 0; i < dkParts; ++i) next.push_back(dot(dsLow, qt[i], acci[i]));
         if (k.atomicDq && !atomicDqT) accumulateDq();
-        next.push_back(dvNew);
+        next.insert(next.end(), dvNew.begin(), dvNew.end());
         return next;
       });
     };
@@ -459,7 +482,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   std::vector<Tile> acc;
   if (chunks.empty()) acc.push_back(zeros({k.BN, k.DP}, DType::F32));
   for (const detail::HeadDimChunk& c : chunks) acc.push_back(zeros({k.BN, c.offs.shape()[0]}, DType::F32));
-  acc.push_back(zeros({k.BN, k.DVP}, DType::F32));
+  if (vChunks.empty()) acc.push_back(zeros({k.BN, k.DVP}, DType::F32));
+  for (const detail::HeadDimChunk& c : vChunks) acc.push_back(zeros({k.BN, c.offs.shape()[0]}, DType::F32));
   if (k.G == 1)
     acc = headGroup(hkv, acc);
   else
@@ -476,11 +500,16 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
     else
       store(p.grad + offs, dkLow, c ? c->rowsBy(colLive) : byD(colLive));
   }
-  Tile dvOffs = vc.own ? kvRows * k.DV + (offsN.expand(1) * k.DV + vc.offs.expand(0)) : outOffs;
-  if (vExact)
-    store(p.grad2 + dvOffs, acc.back().to(dt));
-  else
-    store(p.grad2 + dvOffs, acc.back().to(dt), byDV(colLive));
+  for (size_t i = 0; i < dvParts; ++i) {
+    const detail::HeadDimChunk* c = vChunks.empty() ? nullptr : &vChunks[i];
+    Tile offs = c ? kvRows * k.DV + (offsN.expand(1) * k.DV + c->offs.expand(0))
+                : vc.own ? kvRows * k.DV + (offsN.expand(1) * k.DV + vc.offs.expand(0)) : outOffs;
+    Tile dvLow = acc[dkParts + i].to(dt);
+    if (c ? chunkExact(*c, k.kvExact) : vExact)
+      store(p.grad2 + offs, dvLow);
+    else
+      store(p.grad2 + offs, dvLow, c ? c->rowsBy(colLive) : byDV(colLive));
+  }
 }
 
 void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, const ScoreMod& scoreMod,
@@ -509,21 +538,30 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   auto byDV = [&](const Tile& rows) { return vc.rowsBy(rows, byD); };
   const bool exact = k.qExact && k.DP == k.D, doExact = k.qExact && k.DVP == k.DV;
   // A split head dim (k.DS, as the forward's): Q's and K's columns, and dQ's, in two chunks; S is the
-  // sum of the chunks' products and dQ an accumulator a chunk. Otherwise one tile DP wide.
+  // sum of the chunks' products and dQ an accumulator a chunk. Otherwise one tile DP wide. V's own
+  // (k.DVS) the same way: dO's and V's chunks, dP the sum of their products.
   const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
+  const std::vector<detail::HeadDimChunk> vChunks = detail::headDimChunks(k.DV, k.DVS);
   auto qPtrsAt = [&](const Tile& offs) {
     return p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offs.expand(0));
   };
   Tile qPtrs = chunks.empty() ? qPtrsAt(offsD) : Tile();
-  Tile doPtrs = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) +
-                (offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0));
+  auto doPtrsAt = [&](const Tile& offs) {
+    return p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) + (offsM.expand(1) * p.dout_stride_m + offs.expand(0));
+  };
+  Tile doPtrs = vChunks.empty() ? doPtrsAt(vc.offs) : Tile();
   std::vector<Tile> qt;  // Q's tile, or its chunks
   if (chunks.empty()) qt.push_back(exact ? load(qPtrs) : load(qPtrs, byD(rowLive)));
   for (const detail::HeadDimChunk& c : chunks) {
     Tile ptrs = qPtrsAt(c.offs);
     qt.push_back(k.qExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
   }
-  Tile dOt = doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive));
+  std::vector<Tile> dOt;  // dO's tile, or its chunks
+  if (vChunks.empty()) dOt.push_back(doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive)));
+  for (const detail::HeadDimChunk& c : vChunks) {
+    Tile ptrs = doPtrsAt(c.offs);
+    dOt.push_back(k.qExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
+  }
   Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
   Tile lse2 = k.qExact ? load(p.lse2 + rows) : load(p.lse2 + rows, rowLive, INFINITY);
   Tile delta = k.qExact ? load(p.delta + rows) : load(p.delta + rows, rowLive);
@@ -546,10 +584,10 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile offsN = row0 + arange(0, k.BN);
       Tile colLive = offsN < p.kv_len;
       Tile kOffs = chunks.empty() ? offsN.expand(1) * p.k_stride_n + offsD.expand(0) : Tile();
-      Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
+      Tile vOffs = vChunks.empty() ? offsN.expand(1) * p.v_stride_n + vc.offs.expand(0) : Tile();
       const bool kvExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
       const Tile live = kvExact || !chunks.empty() ? Tile() : byD(colLive);
-      const Tile vLive = vExact ? Tile() : !vc.own ? (live.valid() ? live : byD(colLive)) : byDV(colLive);
+      const Tile vLive = vExact || !vChunks.empty() ? Tile() : !vc.own ? (live.valid() ? live : byD(colLive)) : byDV(colLive);
       const detail::StreamedRows kRows{p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n};
       std::vector<Tile> kt;  // K's tile, or its chunks
       if (chunks.empty()) kt.push_back(detail::loadStreamedRows(kBase + kOffs, kvExact, live, kRows, b, hkv, row0, k.D, k.tma));
@@ -559,13 +597,25 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
                                               chunkExact ? Tile() : c.rowsBy(colLive), kRows, b, hkv, row0, k.D, k.tma,
                                               c.first));
       }
-      Tile vt = detail::loadStreamedRows(vBase + vOffs, vExact, vLive, {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n},
-                                         b, hkv, row0, k.DV, k.tma);
+      const detail::StreamedRows vRows{p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n};
+      std::vector<Tile> vt;  // V's tile, or its chunks
+      if (vChunks.empty()) vt.push_back(detail::loadStreamedRows(vBase + vOffs, vExact, vLive, vRows, b, hkv, row0, k.DV, k.tma));
+      for (const detail::HeadDimChunk& c : vChunks) {
+        const bool chunkExact = k.kvExact && !c.live.valid();
+        vt.push_back(detail::loadStreamedRows(vBase + (offsN.expand(1) * p.v_stride_n + c.offs.expand(0)), chunkExact,
+                                              chunkExact ? Tile() : c.rowsBy(colLive), vRows, b, hkv, row0, k.DV, k.tma,
+                                              c.first));
+      }
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt[0], kt[0].trans());  // [BM, BN], chunk by chunk where the head dim is split
       for (size_t i = 1; i < kt.size(); ++i) s = dot(qt[i], kt[i].trans(), s);
+      auto dpProduct = [&] {  // dP = dO·Vᵀ, chunk by chunk where v's head dim is split
+        Tile dp = dot(dOt[0], vt[0].trans());
+        for (size_t i = 1; i < vt.size(); ++i) dp = dot(dOt[i], vt[i].trans(), dp);
+        return dp;
+      };
       std::optional<Tile> dpEarly;  // in flight with s (see dkdv)
-      if (!k.hasScoreMod) dpEarly = dot(dOt, vt.trans());
+      if (!k.hasScoreMod) dpEarly = dpProduct();
       ModScores m = modScores(k, s, p.scale, scoreMod, b, h, qPos, kvPos);
       Tile z = k.exponentFirst ? m.z - lse2.expand(1) : m.z;  // the exponent, then the masks (as in dkdv)
       if (partial) z = where(maskMod(b, h, qPos, kvPos), z, -INFINITY);
@@ -574,7 +624,7 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       // The mod's adjoint as p·g before dP's wait (as in dkdv; dq scatters no captured gradient).
       std::optional<Tile> pg;
       if (k.hasScoreMod && k.seedFreeAdjoint) pg = pr * modAdjoint(m, full({k.BM, k.BN}, 1.0, DType::F32), nullptr, false);
-      Tile dp = dpEarly ? *dpEarly : dot(dOt, vt.trans());
+      Tile dp = dpEarly ? *dpEarly : dpProduct();
       Tile ds = (pg ? *pg : pr) * (dp - delta.expand(1));
       if (k.hasScoreMod && !pg) ds = modAdjoint(m, ds, nullptr, false);
       Tile dsLow = ds.to(dt);
@@ -965,8 +1015,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      detail::forcedBySwitch("FLEXTILE_TILE_ORDER").value_or(false) && mask.hasHostLists() && !atomicDq,
                      DV,
                      detail::paddedHeadDim(DV),
-                     // Both kernels split Q's and K's head dim as the forward does.
-                     detail::headDimSplit(D)};
+                     // Both kernels split Q's and K's head dim as the forward does, and v's.
+                     detail::headDimSplit(D), detail::headDimSplit(DV)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

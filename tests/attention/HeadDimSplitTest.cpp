@@ -96,9 +96,9 @@ TEST(HeadDimSplit, ForwardAfterTheSm90aPasses) {
 }
 
 // The backward, whose kernels split the head dim as the forward does (dq: Q's, K's and dQ's chunks;
-// dkdv: K's resident chunks, Q's streamed ones and dK's): on the interpreter, and after sm_90a's
-// passes on mma.sync, one warpgroup (wgmma), two with the producer warpgroup (TMA boxes per chunk),
-// and the atomic dQ; masked rows, keys off the block, GQA.
+// dkdv: K's resident chunks, Q's streamed ones and dK's; and V's side where DV splits, 96 and 80):
+// on the interpreter, and after sm_90a's passes on mma.sync, one warpgroup (wgmma), two with the
+// producer warpgroup (TMA boxes per chunk), and the atomic dQ; masked rows, keys off the block, GQA.
 TEST(HeadDimSplit, BackwardMatchesTheReference) {
   SeededRandom rng;
   size_t index = 0;
@@ -131,7 +131,7 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
                                                          {{16, 64, 4, 2}, {128, 64, 8, 2, ws}},
                                                          {{32, 128, 8, 2}, {16, 32, 4, 2}},
                                                          {{64, 128, 8, 2, ws}, {64, 32, 4, 2}}};
-  for (Dims dims : {Dims{192, 128}, Dims{96, 96}, Dims{176, 128}}) {
+  for (Dims dims : {Dims{192, 128}, Dims{96, 96}, Dims{176, 128}, Dims{80, 80}}) {
     if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
     for (const FlexAttentionBackwardConfig& config : configs)
       if (!check(dims, config, "sm_90a")) return;
