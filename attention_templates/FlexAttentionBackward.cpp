@@ -1016,7 +1016,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                      DV,
                      detail::paddedHeadDim(DV),
                      // Both kernels split Q's and K's head dim as the forward does, and v's.
-                     detail::headDimSplit(D), detail::headDimSplit(DV)};
+                     detail::headDimSplit(D), detail::valueDimSplit(DV)};
     if (dkdv) gc.qExact = gc.qExact && mask.qBlockSize() % c.block_m == 0 && L % mask.qBlockSize() == 0;
     LaunchOptions lo;
     lo.grid = dkdv ? std::array<int64_t, 3>{cdiv(S, c.block_n), Hkv, B} : std::array<int64_t, 3>{cdiv(L, c.block_m), Hq, B};

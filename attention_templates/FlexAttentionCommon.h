@@ -149,6 +149,11 @@ std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> onlineSoftmaxStep(const dsl::Tile& m
                                                               dsl::Tile s, const dsl::Tile& v, dsl::DType dt,
                                                               const dsl::Tile* rowScale = nullptr,
                                                               bool sumAfterProduct = false);
+// The same over an accumulator in chunks (v's head dim split, headDimSplit): `acc[i]` takes P·`v[i]`.
+std::tuple<dsl::Tile, dsl::Tile, std::vector<dsl::Tile>> onlineSoftmaxStep(const dsl::Tile& m, const dsl::Tile& l,
+                                                                           const std::vector<dsl::Tile>& acc, dsl::Tile s,
+                                                                           const std::vector<dsl::Tile>& v, dsl::DType dt,
+                                                                           const dsl::Tile* rowScale, bool sumAfterProduct);
 
 // Whether a walk traces its row sum after P·V, so that on wgmma the sum's adds and shuffles run
 // while the product is in flight instead of delaying its issue (the program order is the PTX's).
@@ -210,20 +215,22 @@ inline int64_t paddedHeadDim(int64_t D) {
   return p;
 }
 
-// Where the forward and the backward's kernels split Q's and K's head dim (the decode pads it):
-// tiles are powers of two wide, so D = 192 padded to 256 spends a quarter of Q·Kᵀ's tensor-core
-// work, and of K's ring, on zero columns. Two chunks [0, first) and [first, first +
+// Where the forward and the backward's kernels split a head dim, Q's and K's or V's (the decode
+// pads them): tiles are powers of two wide, so D = 192 padded to 256 spends a quarter of Q·Kᵀ's
+// tensor-core work, and of K's ring, on zero columns. Two chunks [0, first) and [first, first +
 // paddedHeadDim(D − first)), both powers of two, cover 192 as 128 + 64 (96 as 64 + 32, 80 as
-// 64 + 16) and Q·Kᵀ is the sum of their products. Returns `first`,
-// or 0 where the chunks would be no narrower than the padded tile (a power of two, 112, 224).
-// FLEXTILE_SPLIT_HEAD_DIM=0 keeps the padded tile.
+// 64 + 16); Q·Kᵀ is the sum of their products, and P·V a product a chunk of the accumulator.
+// Returns `first`, or 0 where the chunks would be no narrower than the padded tile (a power of two,
+// 112, 224). FLEXTILE_SPLIT_HEAD_DIM=0 keeps the padded tile.
 int64_t headDimSplit(int64_t D);
-// The columns of the forward's Q and K tiles: the two chunks' where the head dim is split at
-// `first`, else DP.
-inline int64_t qkTileColumns(int64_t D, int64_t first) {
+// V's split (headDimSplit of DV), which FLEXTILE_SPLIT_VALUE_DIM=0 alone turns off.
+int64_t valueDimSplit(int64_t DV);
+// The columns of the tiles over a head dim (Q's and K's, or V's): the two chunks' where it is split
+// at `first`, else the padded width.
+inline int64_t tileColumns(int64_t D, int64_t first) {
   return first ? first + paddedHeadDim(D - first) : paddedHeadDim(D);
 }
-inline int64_t qkTileColumns(int64_t D) { return qkTileColumns(D, headDimSplit(D)); }
+inline int64_t tileColumns(int64_t D) { return tileColumns(D, headDimSplit(D)); }
 // One chunk of a split head dim in a traced template: its columns arange(first, first + width) and,
 // where it reaches past D, which of them are live.
 struct HeadDimChunk {

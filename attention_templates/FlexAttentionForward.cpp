@@ -427,7 +427,7 @@ struct ForwardConstants {
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
-                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS));
+                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS), (int64_t, DVS));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -526,8 +526,20 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     const Tile& offsDV = vc.offs;
     auto rowsByDV = [&](const Tile& rows) { return vc.rowsBy(rows, rowsByD); };
     // A split head dim (k.DS, detail::headDimSplit): Q's and K's columns in two power-of-two chunks,
-    // Q·Kᵀ the sum of their products; otherwise one tile DP wide (no chunks here).
+    // Q·Kᵀ the sum of their products; otherwise one tile DP wide (no chunks here). V's own (k.DVS)
+    // the same way: V's chunks, an accumulator a chunk (P·V a product each), the output's columns.
     const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
+    const std::vector<detail::HeadDimChunk> vChunks = detail::headDimChunks(k.DV, k.DVS);
+    const size_t vParts = std::max<size_t>(1, vChunks.size());
+    // The walks carry the softmax state as one vector: m, l, then the accumulator's chunks.
+    auto state = [](const Tile& m, const Tile& l, const std::vector<Tile>& acc) {
+      std::vector<Tile> st{m, l};
+      st.insert(st.end(), acc.begin(), acc.end());
+      return st;
+    };
+    auto accOf = [&](const std::vector<Tile>& st) {
+      return std::vector<Tile>(st.begin() + 2, st.begin() + 2 + std::ptrdiff_t(vParts));
+    };
 
     auto loadQ = [&](const Tile& offs, bool exact, const auto& live) {  // Q's columns `offs`
       Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
@@ -559,18 +571,21 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
 
     Tile m0 = full({k.BM}, -INFINITY, DType::F32);
     Tile l0 = zeros({k.BM}, DType::F32);
-    Tile acc0 = zeros({k.BM, k.DVP}, DType::F32);
+    std::vector<Tile> acc0;
+    if (vChunks.empty()) acc0.push_back(zeros({k.BM, k.DVP}, DType::F32));
+    for (const detail::HeadDimChunk& c : vChunks) acc0.push_back(zeros({k.BM, c.offs.shape()[0]}, DType::F32));
 
     // Both lists' lengths are read before the first walk: the second walk's first block index then
     // waits only for the first walk's end, not for a dependent read of its length after it.
     Tile fullCount = k.hasFull ? load(p.full_kv_num + rowBase) : Tile();
     Tile partialCount = k.hasPartial ? load(p.kv_num + rowBase) : Tile();
-    auto walk = [&](const Tile& count, const Tile& indices, bool partial, Tile m, Tile l, Tile acc) {
+    auto walk = [&](const Tile& count, const Tile& indices, bool partial, const std::vector<Tile>& st) {
       Tile listBase = rowBase * p.mask_kv_blocks;
       // Step t's keys: their positions, which are live, and the K/V offsets.
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live, vLive;
         std::vector<Tile> chunkOffs, chunkLive;  // K's chunks where the head dim is split
+        std::vector<Tile> vChunkOffs, vChunkLive;  // V's, where v's is
       };
       // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
@@ -588,19 +603,25 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
           if (chunks.empty()) ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
           for (const detail::HeadDimChunk& c : chunks)
             ks.chunkOffs.push_back(ks.offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
-          ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
+          if (vChunks.empty()) ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
+          for (const detail::HeadDimChunk& c : vChunks)
+            ks.vChunkOffs.push_back(ks.offsN.expand(1) * p.v_stride_n + c.offs.expand(0));
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
           ks.colLive = ks.offsN < keyEnd;
           Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
           if (chunks.empty()) ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
           for (const detail::HeadDimChunk& c : chunks) ks.chunkOffs.push_back(rows.expand(1) * p.k_stride_n + c.offs.expand(0));
-          ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
+          if (vChunks.empty()) ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
+          for (const detail::HeadDimChunk& c : vChunks) ks.vChunkOffs.push_back(rows.expand(1) * p.v_stride_n + c.offs.expand(0));
         }
         if (!kExact && chunks.empty()) ks.live = rowsByD(ks.colLive);
         for (const detail::HeadDimChunk& c : chunks)
           ks.chunkLive.push_back(keysMayEnd || c.live.valid() ? c.rowsBy(ks.colLive) : Tile());
-        if (!vExact) ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live.valid() ? ks.live : rowsByD(ks.colLive);
+        if (!vExact && vChunks.empty())
+          ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live.valid() ? ks.live : rowsByD(ks.colLive);
+        for (const detail::HeadDimChunk& c : vChunks)
+          ks.vChunkLive.push_back(keysMayEnd || c.live.valid() ? c.rowsBy(ks.colLive) : Tile());
         return ks;
       };
       auto loadK = [&](const Keys& ks) {  // K's tile, or its chunks
@@ -614,10 +635,16 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
                                                    rows, b, hkv, ks.start, k.D, k.tma, chunks[i].first));
         return parts;
       };
-      auto loadV = [&](const Keys& ks) {
-        return detail::loadStreamedRows(vBase + ks.vOffs, vExact, ks.vLive,
-                                        {p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n}, b, hkv, ks.start,
-                                        k.DV, k.tma);
+      auto loadV = [&](const Keys& ks) {  // V's tile, or its chunks
+        const detail::StreamedRows rows{p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n};
+        if (vChunks.empty())
+          return std::vector<Tile>{detail::loadStreamedRows(vBase + ks.vOffs, vExact, ks.vLive, rows, b, hkv, ks.start,
+                                                            k.DV, k.tma)};
+        std::vector<Tile> parts;
+        for (size_t i = 0; i < vChunks.size(); ++i)
+          parts.push_back(detail::loadStreamedRows(vBase + ks.vChunkOffs[i], !ks.vChunkLive[i].valid(), ks.vChunkLive[i],
+                                                   rows, b, hkv, ks.start, k.DV, k.tma, vChunks[i].first));
+        return parts;
       };
       // Without a score_mod and with a positive scale, the scale applies after the row max.
       const bool scaleLater = !k.hasScoreMod && k.positiveScale;
@@ -639,20 +666,23 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       };
       auto scores = [&](const Keys& ks, const std::vector<Tile>& kt) { return scoresOf(ks, product(kt)); };
       const bool sumAfterProduct = detail::sumAfterProductWanted(!k.hasScoreMod);
-      auto softmaxStep = [&](const Tile& mi, const Tile& li, const Tile& ai, const Tile& s, const Tile& vt) {
-        return detail::onlineSoftmaxStep(mi, li, ai, s, vt, dt, scaleLater ? &p.scale : nullptr, sumAfterProduct);
+      // The next state from state `c` (m, l, the accumulator's chunks), scores `s` and V's chunks.
+      auto softmaxStep = [&](const std::vector<Tile>& c, const Tile& s, const std::vector<Tile>& vt) {
+        auto [mn, ln, an] =
+            detail::onlineSoftmaxStep(c[0], c[1], accOf(c), s, vt, dt, scaleLater ? &p.scale : nullptr, sumAfterProduct);
+        return state(mn, ln, an);
       };
       // A piece walks its steps [lo, hi) of the list; a whole tile, all of them.
       const bool pieceWalk = piece && !partial;
       if (!skewWalk) {
-        auto step = [&](Tile t, Tile mi, Tile li, Tile ai) {
+        auto step = [&](Tile t, const std::vector<Tile>& c) {
           Keys ks = keysAt(t);
           std::vector<Tile> kt = loadK(ks);
-          Tile vt = loadV(ks);
-          return softmaxStep(mi, li, ai, scores(ks, kt), vt);
+          std::vector<Tile> vt = loadV(ks);
+          return softmaxStep(c, scores(ks, kt), vt);
         };
-        if (pieceWalk) return for_range(piece->from, minimum(piece->to, count * R), 1, std::tuple{m, l, acc}, step);
-        return for_range(0, count * R, 1, std::tuple{m, l, acc}, step);
+        if (pieceWalk) return for_range(piece->from, minimum(piece->to, count * R), 1, st, step);
+        return for_range(0, count * R, 1, st, step);
       }
       const Operand lo = pieceWalk ? Operand(piece->from) : Operand(0);
       Tile hi = pieceWalk ? minimum(piece->to, count * R) : count * R;
@@ -676,15 +706,18 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
           auto [ks, kt] = stageK(t);
           return scores(ks, kt);
         });
-        auto [mb, lb, ab, sb] = for_range(headEnd, hi, 1, std::tuple{m, l, acc, s1},
-                                          [&](Tile t, Tile mi, Tile li, Tile ai, Tile si) {
-                                            auto [ks, kt] = stageK(t);
-                                            Tile vt = stageV(t);
-                                            auto [mn, ln, an] = softmaxStep(mi, li, ai, si, vt);
-                                            return std::tuple{mn, ln, an, scores(ks, kt)};
-                                          });
-        return for_range(hi, tailEnd, 1, std::tuple{mb, lb, ab},
-                         [&](Tile t, Tile mi, Tile li, Tile ai) { return softmaxStep(mi, li, ai, sb, stageV(t)); });
+        std::vector<Tile> withScores = st;  // the state, then the scores of the step ahead
+        withScores.push_back(s1);
+        std::vector<Tile> body = for_range(headEnd, hi, 1, withScores, [&](Tile t, const std::vector<Tile>& c) {
+          auto [ks, kt] = stageK(t);
+          std::vector<Tile> vt = stageV(t);
+          std::vector<Tile> next = softmaxStep(c, c.back(), vt);
+          next.push_back(scores(ks, kt));
+          return next;
+        });
+        const Tile sb = body.back();
+        body.pop_back();
+        return for_range(hi, tailEnd, 1, body, [&](Tile t, const std::vector<Tile>& c) { return softmaxStep(c, sb, stageV(t)); });
       }
       // Overlapped (kSkewOverlap; FlashAttention-3's intra-warpgroup order): iteration t issues
       // Q·Kᵀ of step t, then P·V of step t − 1 with P carried from the previous iteration, and runs
@@ -698,38 +731,55 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // O would be converted through shared memory around the steps' loop.
       Tile p0 = zeros({k.BM, k.BN}, dt);
       Tile alpha0 = full({k.BM}, 1.0, DType::F32);
-      auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{m, l, p0, alpha0},
+      auto [mh, lh, ph, alphaH] = for_range(lo, headEnd, 1, std::tuple{st[0], st[1], p0, alpha0},
                                             [&](Tile t, Tile mi, Tile li, Tile, Tile) {
                                               auto [ks, kt] = stageK(t);
                                               auto [w, ln] = weigh(ks, product(kt), mi, li);
                                               return std::tuple{w.m, ln, w.p.to(dt), w.alpha};
                                             });
-      Tile ah = acc * alphaH.expand(1);
-      auto [mb, lb, ab, pb] = for_range(headEnd, hi, 1, std::tuple{mh, lh, ah, ph},
-                                        [&](Tile t, Tile mi, Tile li, Tile ai, Tile pi) {
-                                          auto [ks, kt] = stageK(t);
-                                          Tile vt = stageV(t);
-                                          Tile raw = product(kt);
-                                          Tile o = dot(pi, vt, ai);
-                                          auto [w, ln] = weigh(ks, raw, mi, li);
-                                          Tile pn = w.p.to(dt);
-                                          return std::tuple{w.m, ln, o * w.alpha.expand(1), pn};
-                                        });
-      Tile as = for_range(hi, tailEnd, 1, ab, [&](Tile t, Tile ai) { return dot(pb, stageV(t), ai); });
-      return std::tuple{mb, lb, as};
+      std::vector<Tile> ah;  // the state, P carried last
+      for (const Tile& a : accOf(st)) ah.push_back(a * alphaH.expand(1));
+      std::vector<Tile> carried = state(mh, lh, ah);
+      carried.push_back(ph);
+      std::vector<Tile> body = for_range(headEnd, hi, 1, carried, [&](Tile t, const std::vector<Tile>& c) {
+        auto [ks, kt] = stageK(t);
+        std::vector<Tile> vt = stageV(t);
+        Tile raw = product(kt);
+        std::vector<Tile> o;
+        for (size_t i = 0; i < vParts; ++i) o.push_back(dot(c.back(), vt[i], c[2 + i]));
+        auto [w, ln] = weigh(ks, raw, c[0], c[1]);
+        Tile pn = w.p.to(dt);
+        std::vector<Tile> next{w.m, ln};
+        for (const Tile& oi : o) next.push_back(oi * w.alpha.expand(1));
+        next.push_back(pn);
+        return next;
+      });
+      const Tile pb = body.back();
+      body.pop_back();
+      return for_range(hi, tailEnd, 1, body, [&](Tile t, const std::vector<Tile>& c) {
+        std::vector<Tile> vt = stageV(t), next{c[0], c[1]};
+        for (size_t i = 0; i < vParts; ++i) next.push_back(dot(pb, vt[i], c[2 + i]));
+        return next;
+      });
     };
 
-    Tile m = m0, l = l0, acc = acc0;
-    if (k.hasFull) std::tie(m, l, acc) = walk(fullCount, p.full_kv_indices, false, m, l, acc);
-    if (k.hasPartial) std::tie(m, l, acc) = walk(partialCount, p.kv_indices, true, m, l, acc);
+    std::vector<Tile> st = state(m0, l0, acc0);
+    if (k.hasFull) st = walk(fullCount, p.full_kv_indices, false, st);
+    if (k.hasPartial) st = walk(partialCount, p.kv_indices, true, st);
+    const Tile m = st[0], l = st[1];
 
     Tile empty = l == 0.0;
-    Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
+    const Tile rowScale = (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
+    std::vector<Tile> out;  // the output's tile, or its chunks
+    for (const Tile& a : accOf(st)) out.push_back(a * rowScale);
     if (piece) {
       // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
-      // write theirs) goes to its slot, for the merge kernel.
+      // write theirs) goes to its slot, for the merge kernel (DVP columns a row: a split v's chunks
+      // at their columns, the padding past them never read into the output).
       Tile slotRows = piece->slot.to(DType::I64) * k.BM + arange(0, k.BM);
-      store(p.part_out + (slotRows.expand(1) * k.DVP + offsDV.expand(0)), out);
+      for (size_t i = 0; i < vParts; ++i)
+        store(p.part_out + (slotRows.expand(1) * k.DVP + (vChunks.empty() ? offsDV : vChunks[i].offs).expand(0)),
+              out[i]);
       store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
       return;
     }
@@ -737,11 +787,14 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     // call's arguments.)
     Tile oRows = p.out + (b64 * p.out_stride_b + h.to(DType::I64) * p.out_stride_h);
     Tile lseRows = p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len);
-    Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + offsDV.expand(0));
-    if (k.qDivisible && k.DVP == k.DV)
-      store(oPtrs, out.to(dt));
-    else
-      store(oPtrs, out.to(dt), rowsByDV(rowLive));
+    for (size_t i = 0; i < vParts; ++i) {
+      const detail::HeadDimChunk* c = vChunks.empty() ? nullptr : &vChunks[i];
+      Tile oPtrs = oRows + (offsM.expand(1) * p.out_stride_m + (c ? c->offs : offsDV).expand(0));
+      if (k.qDivisible && (c ? !c->live.valid() : k.DVP == k.DV))
+        store(oPtrs, out[i].to(dt));
+      else
+        store(oPtrs, out[i].to(dt), c ? c->rowsBy(rowLive) : rowsByDV(rowLive));
+    }
     if (k.hasLse) {
       Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
       Tile lsePtrs = lseRows + offsM;
@@ -967,7 +1020,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
 
 // Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
 // loop's Q ring as many slots as the walks' K and V rings have stages, so they take
-// stages × (BM + 2·BN) × DP × element bytes (Q's and K's rows qkTileColumns wide, V's DVP),
+// stages × (BM + 2·BN) × DP × element bytes (Q's and K's rows tileColumns wide, V's its own),
 // plus their barriers: at D = 128 and 128 × 128 tiles, three stages need 288 KB, past sm_90a's
 // 227 KB, where a program per tile needs 224 KB. Unknown limit (no target, host memory): true.
 bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
@@ -977,8 +1030,8 @@ bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>&
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
   const int64_t rings = int64_t(p.config.num_stages) *
-                        ((p.config.block_m + p.config.block_n) * detail::qkTileColumns(p.D, p.constants.DS) +
-                         p.config.block_n * p.constants.DVP) *
+                        ((p.config.block_m + p.config.block_n) * detail::tileColumns(p.D, p.constants.DS) +
+                         p.config.block_n * detail::tileColumns(p.DV, p.constants.DVS)) *
                         int64_t(ir::byteWidth(p.dtype));
   return rings + kBarrierBytes <= limit;
 }
@@ -1147,6 +1200,7 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   p.constants.DV = p.DV;
   p.constants.DVP = detail::paddedHeadDim(p.DV);
   p.constants.DS = detail::headDimSplit(p.D);
+  p.constants.DVS = detail::valueDimSplit(p.DV);
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
@@ -1355,17 +1409,29 @@ bool sumAfterProductWanted(bool byDefault) {
   return forcedBySwitch("FLEXTILE_SUM_AFTER_PRODUCT").value_or(byDefault);
 }
 
-std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
-                                               DType dt, const Tile* rowScale, bool sumAfterProduct) {
+std::tuple<Tile, Tile, std::vector<Tile>> onlineSoftmaxStep(const Tile& m, const Tile& l, const std::vector<Tile>& acc,
+                                                             Tile s, const std::vector<Tile>& v, DType dt,
+                                                             const Tile* rowScale, bool sumAfterProduct) {
   auto [mNew, p, alpha] = softmaxWeights(m, std::move(s), rowScale);
+  auto products = [&] {
+    std::vector<Tile> aNew;
+    for (size_t i = 0; i < acc.size(); ++i) aNew.push_back(dot(p.to(dt), v[i], acc[i] * alpha.expand(1)));
+    return aNew;
+  };
   if (sumAfterProduct) {
-    Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
+    std::vector<Tile> aNew = products();
     Tile lNew = l * alpha + sum(p, 1);
     return std::tuple{mNew, lNew, aNew};
   }
   Tile lNew = l * alpha + sum(p, 1);
-  Tile aNew = dot(p.to(dt), v, acc * alpha.expand(1));
-  return std::tuple{mNew, lNew, aNew};
+  return std::tuple{mNew, lNew, products()};
+}
+
+std::tuple<Tile, Tile, Tile> onlineSoftmaxStep(const Tile& m, const Tile& l, const Tile& acc, Tile s, const Tile& v,
+                                               DType dt, const Tile* rowScale, bool sumAfterProduct) {
+  auto [mNew, lNew, aNew] = onlineSoftmaxStep(m, l, std::vector<Tile>{acc}, std::move(s), std::vector<Tile>{v}, dt,
+                                              rowScale, sumAfterProduct);
+  return std::tuple{mNew, lNew, aNew[0]};
 }
 
 std::tuple<Tile, Tile, Tile> tileFromOrder(const Tile& order, const Tile& n, const Tile& nx, const Tile& ny) {
@@ -1417,6 +1483,10 @@ std::vector<HeadDimChunk> headDimChunks(int64_t D, int64_t first) {
       if (start + width > D) c.live = c.offs < D;
     }
   return chunks;
+}
+
+int64_t valueDimSplit(int64_t DV) {
+  return forcedBySwitch("FLEXTILE_SPLIT_VALUE_DIM") == false ? 0 : headDimSplit(DV);
 }
 
 int64_t headDimSplit(int64_t D) {

@@ -91,11 +91,6 @@ const char* statusName(CandidateStatus s) {
 namespace {
 constexpr int kMaxSpillBytes = 1024;
 
-int64_t nextPow2(int64_t x) {
-  int64_t p = 1;
-  while (p < x) p *= 2;
-  return p;
-}
 bool pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
@@ -121,7 +116,7 @@ std::optional<std::string> pruneBeforeCompile(const FlexAttentionConfig& c, cons
   // The K and V rings alone (num_stages tiles of BLOCK_N x D and of BLOCK_N x DV, as wide as the
   // template's tiles) are a lower bound of the kernel's shared memory.
   const int64_t ring = int64_t(std::max(1, c.num_stages)) * c.block_n *
-                       (attention::detail::qkTileColumns(p.D) + nextPow2(p.valueDim())) *
+                       (attention::detail::tileColumns(p.D) + attention::detail::tileColumns(p.valueDim())) *
                        ir::byteWidth(p.dtype);
   if (c.num_stages > 1 && ring > limits.sharedBytesPerBlock)
     return "shared memory: the K/V rings alone need " + std::to_string(ring) + " bytes > " +

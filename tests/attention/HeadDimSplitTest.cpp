@@ -47,13 +47,13 @@ TEST(HeadDimSplit, SplitsWhereTheChunksAreNarrowerThanThePadding) {
            {192, 128}, {160, 128}, {176, 128}, {96, 64}, {80, 64}, {48, 32}, {16, 0}, {32, 0}, {64, 0},
            {112, 0}, {128, 0}, {208, 0}, {224, 0}, {240, 0}, {256, 0}}) {
     EXPECT_EQ(attention::detail::headDimSplit(D), first) << "D = " << D;
-    EXPECT_EQ(attention::detail::qkTileColumns(D), first ? first + attention::detail::paddedHeadDim(D - first) : attention::detail::paddedHeadDim(D));
+    EXPECT_EQ(attention::detail::tileColumns(D), first ? first + attention::detail::paddedHeadDim(D - first) : attention::detail::paddedHeadDim(D));
   }
-  EXPECT_EQ(attention::detail::qkTileColumns(192), 192);
-  EXPECT_EQ(attention::detail::qkTileColumns(80), 80);
+  EXPECT_EQ(attention::detail::tileColumns(192), 192);
+  EXPECT_EQ(attention::detail::tileColumns(80), 80);
   ScopedSetenv off("FLEXTILE_SPLIT_HEAD_DIM", "0");
   EXPECT_EQ(attention::detail::headDimSplit(192), 0);
-  EXPECT_EQ(attention::detail::qkTileColumns(192), 256);
+  EXPECT_EQ(attention::detail::tileColumns(192), 256);
 }
 
 // On the interpreter: keys ending mid-block, GQA 2:1, masks with rows that see no key, a score_mod.
@@ -182,10 +182,10 @@ TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
   const int splitCopies = count(splitPtx, R"(cp\.async\.bulk\.tensor)");
   EXPECT_GT(splitCopies, 0);
   EXPECT_LT(splitCopies, count(paddedPtx, R"(cp\.async\.bulk\.tensor)"));
-  // At D = 80 the chunks are 64 and 16 columns: panels of two widths, a map each, beside V's.
+  // At D = DV = 80 the chunks are 64 and 16 columns: panels of two widths, a map each, K's and V's.
   Tensor q80 = Tensor::zeros(DType::BF16, {B, Hq, N, 80}, kHost);
   EXPECT_EQ(plan_flex_attention(q80, q80, q80, noop_score(), causal.mask, {}, true, target).compiled->tensorMaps.size(),
-            3u);
+            4u);
   const int splitProducts = count(splitPtx, R"(wgmma\.mma_async)"), paddedProducts = count(paddedPtx, R"(wgmma\.mma_async)");
   std::printf("D=192 DV=128 causal: %d wgmma split, %d padded; spills %d / %d bytes\n", splitProducts, paddedProducts,
               splitReport.spillStoreBytes, paddedReport.spillStoreBytes);
