@@ -137,6 +137,14 @@ struct StreamedRows {
 dsl::Tile loadStreamedRows(const dsl::Tile& ptrs, bool exact, const dsl::Tile& live, const StreamedRows& t,
                            const dsl::Tile& b, const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma,
                            int64_t col0 = 0);
+struct HeadDimChunk;
+// The chunks of a streamed tile over a split head dim, each loaded as loadStreamedRows loads a tile
+// (a TMA box at the chunk's first column): the rows at `rowOffs` from `base` ([rows, 1]: row ·
+// stride), masked by `rowLive` where rows may end (not `rowsExact`) or the chunk pads.
+std::vector<dsl::Tile> loadStreamedChunks(const dsl::Tile& base, const dsl::Tile& rowOffs,
+                                          const std::vector<HeadDimChunk>& chunks, bool rowsExact,
+                                          const dsl::Tile& rowLive, const StreamedRows& t, const dsl::Tile& b,
+                                          const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
 
 // One step of the online softmax in the exp2 domain, as the forward and decode walks take it: the
 // running row max `m`, row sum `l` and accumulator `acc` take a block of scores `s` (log2-scaled,

@@ -584,8 +584,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       // Step t's keys: their positions, which are live, and the K/V offsets.
       struct Keys {
         Tile start, offsN, colLive, kvOffs, vOffs, live, vLive;
-        std::vector<Tile> chunkOffs, chunkLive;  // K's chunks where the head dim is split
-        std::vector<Tile> vChunkOffs, vChunkLive;  // V's, where v's is
+        Tile kRowOffs, vRowOffs;  // [BN, 1]: K's and V's rows, for their chunks where a head dim is split
       };
       // Skewed walks (below): the full ones (kSkewFullWalks) or every one (kSkewEveryWalk).
       const bool skewWalk = (k.skew & kSkewEveryWalk) || ((k.skew & kSkewFullWalks) && !partial);
@@ -601,27 +600,21 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (!paged) {
           ks.colLive = ks.offsN < p.kv_len;
           if (chunks.empty()) ks.kvOffs = ks.offsN.expand(1) * p.k_stride_n + offsD.expand(0);
-          for (const detail::HeadDimChunk& c : chunks)
-            ks.chunkOffs.push_back(ks.offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
+          else ks.kRowOffs = ks.offsN.expand(1) * p.k_stride_n;
           if (vChunks.empty()) ks.vOffs = ks.offsN.expand(1) * p.v_stride_n + offsDV.expand(0);
-          for (const detail::HeadDimChunk& c : vChunks)
-            ks.vChunkOffs.push_back(ks.offsN.expand(1) * p.v_stride_n + c.offs.expand(0));
+          else ks.vRowOffs = ks.offsN.expand(1) * p.v_stride_n;
         } else {
           // Logical positions for the mods and the masks; physical rows for the loads.
           ks.colLive = ks.offsN < keyEnd;
           Tile rows = detail::kvStorageRows(*pagedRows, ks.start, k.BN, keyEnd);
           if (chunks.empty()) ks.kvOffs = rows.expand(1) * p.k_stride_n + offsD.expand(0);
-          for (const detail::HeadDimChunk& c : chunks) ks.chunkOffs.push_back(rows.expand(1) * p.k_stride_n + c.offs.expand(0));
+          else ks.kRowOffs = rows.expand(1) * p.k_stride_n;
           if (vChunks.empty()) ks.vOffs = rows.expand(1) * p.v_stride_n + offsDV.expand(0);
-          for (const detail::HeadDimChunk& c : vChunks) ks.vChunkOffs.push_back(rows.expand(1) * p.v_stride_n + c.offs.expand(0));
+          else ks.vRowOffs = rows.expand(1) * p.v_stride_n;
         }
         if (!kExact && chunks.empty()) ks.live = rowsByD(ks.colLive);
-        for (const detail::HeadDimChunk& c : chunks)
-          ks.chunkLive.push_back(keysMayEnd || c.live.valid() ? c.rowsBy(ks.colLive) : Tile());
         if (!vExact && vChunks.empty())
           ks.vLive = vc.own ? rowsByDV(ks.colLive) : ks.live.valid() ? ks.live : rowsByD(ks.colLive);
-        for (const detail::HeadDimChunk& c : vChunks)
-          ks.vChunkLive.push_back(keysMayEnd || c.live.valid() ? c.rowsBy(ks.colLive) : Tile());
         return ks;
       };
       auto loadK = [&](const Keys& ks) {  // K's tile, or its chunks
@@ -629,22 +622,16 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         if (chunks.empty())
           return std::vector<Tile>{detail::loadStreamedRows(kBase + ks.kvOffs, kExact, ks.live, rows, b, hkv, ks.start,
                                                             k.D, k.tma)};
-        std::vector<Tile> parts;
-        for (size_t i = 0; i < chunks.size(); ++i)
-          parts.push_back(detail::loadStreamedRows(kBase + ks.chunkOffs[i], !ks.chunkLive[i].valid(), ks.chunkLive[i],
-                                                   rows, b, hkv, ks.start, k.D, k.tma, chunks[i].first));
-        return parts;
+        return detail::loadStreamedChunks(kBase, ks.kRowOffs, chunks, !keysMayEnd, ks.colLive, rows, b, hkv, ks.start,
+                                          k.D, k.tma);
       };
       auto loadV = [&](const Keys& ks) {  // V's tile, or its chunks
         const detail::StreamedRows rows{p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n};
         if (vChunks.empty())
           return std::vector<Tile>{detail::loadStreamedRows(vBase + ks.vOffs, vExact, ks.vLive, rows, b, hkv, ks.start,
                                                             k.DV, k.tma)};
-        std::vector<Tile> parts;
-        for (size_t i = 0; i < vChunks.size(); ++i)
-          parts.push_back(detail::loadStreamedRows(vBase + ks.vChunkOffs[i], !ks.vChunkLive[i].valid(), ks.vChunkLive[i],
-                                                   rows, b, hkv, ks.start, k.DV, k.tma, vChunks[i].first));
-        return parts;
+        return detail::loadStreamedChunks(vBase, ks.vRowOffs, vChunks, !keysMayEnd, ks.colLive, rows, b, hkv, ks.start,
+                                          k.DV, k.tma);
       };
       // Without a score_mod and with a positive scale, the scale applies after the row max.
       const bool scaleLater = !k.hasScoreMod && k.positiveScale;
@@ -1501,6 +1488,18 @@ Tile loadStreamedRows(const Tile& ptrs, bool exact, const Tile& live, const Stre
   if (!tma) return exact ? load(ptrs) : load(ptrs, live);
   TensorBox box{t.tensor, {kUnboundedDim, kUnboundedDim, t.len, D}, {t.strideB, t.strideH, t.strideN}, {b, h, row0, col0}};
   return exact ? load(ptrs, box) : load(ptrs, live, box);
+}
+
+std::vector<Tile> loadStreamedChunks(const Tile& base, const Tile& rowOffs, const std::vector<HeadDimChunk>& chunks,
+                                     bool rowsExact, const Tile& rowLive, const StreamedRows& t, const Tile& b,
+                                     const Tile& h, const Tile& row0, int64_t D, bool tma) {
+  std::vector<Tile> parts;
+  for (const HeadDimChunk& c : chunks) {
+    const bool exact = rowsExact && !c.live.valid();
+    parts.push_back(loadStreamedRows(base + (rowOffs + c.offs.expand(0)), exact, exact ? Tile() : c.rowsBy(rowLive), t,
+                                     b, h, row0, D, tma, c.first));
+  }
+  return parts;
 }
 
 bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
