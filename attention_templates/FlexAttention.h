@@ -344,11 +344,13 @@ enum class DqAccumulation {
 // The untuned backward config for a dtype, head dim and target GPU (none: the portable one; a
 // target with wgmma takes the H200's measured point), for mods that read a captured tensor per
 // score (ScoreMod::gathersPerElement), and for how dQ is summed (atomic dQ keeps the dkdv tile its
-// bulk reductions were measured with).
+// bulk reductions were measured with). `headDim` is q's head dim, and v's too unless
+// `valueHeadDim` gives v's (MLA: 192 and 128).
 FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(dsl::DType dtype, int64_t headDim,
                                                                std::optional<codegen::Target> target = std::nullopt,
                                                                bool gathersPerElement = false,
-                                                               DqAccumulation dq = DqAccumulation::Separate);
+                                                               DqAccumulation dq = DqAccumulation::Separate,
+                                                               std::optional<int64_t> valueHeadDim = std::nullopt);
 
 struct FlexAttentionBackwardOptions {
   std::optional<double> scale;  // must be the forward's (default 1 / sqrt(D))

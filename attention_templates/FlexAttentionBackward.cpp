@@ -50,10 +50,12 @@ std::string FlexAttentionBackwardConfig::describe() const {
   return "dkdv " + dkdv.describe() + " / dq " + dq.describe();
 }
 
-FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t headDim,
+FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int64_t qHeadDim,
                                                                std::optional<codegen::Target> target,
                                                                bool gathersPerElement,
-                                                               DqAccumulation dq) {
+                                                               DqAccumulation dq,
+                                                               std::optional<int64_t> valueHeadDim) {
+  const int64_t vHeadDim = valueHeadDim.value_or(qHeadDim), headDim = std::max(qHeadDim, vHeadDim);
   // dkdv keeps dK and dV of its BLOCK_N keys and two [BLOCK_N, BLOCK_M] score tiles in registers;
   // K and V are read by wgmma from shared memory (codegen/TensorCores.h, resident A). On sm_90a,
   // 64 keys x 64 queries on one warpgroup was the best unspecialized dkdv tile for every yardstick
@@ -64,6 +66,17 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // dq: 128 queries on two consumer warpgroups and a producer: 4-13 % faster for the whole backward
   // than 64 x 64 on one warpgroup, on every yardstick variant (H200, 2026-12-03). Without TMA boxes
   // both run unspecialized. At D = 64 dq's was 5 % slower than 64 x 64, so it keeps one warpgroup.
+  const bool wgmma = target && target->has(codegen::Feature::Wgmma);
+  // Past D = 128, 16-bit, on wgmma: dq 64 × 64 on one warpgroup, and dkdv 16 queries × 64 keys
+  // where dK's and dV's columns (split: 192 = 128 + 64) fit one warpgroup's registers. H100,
+  // 2026-12-06, against 16 × 32 / 16 × 32 (mma.sync): D = 192 / DV = 128 no mask 151.8 → 301.9
+  // TFLOP/s, causal 147.6 → 291.8; D = DV = 192 causal 152.3 → 307.7. At D = 256 (512 columns)
+  // that dkdv spills kilobytes and ran at a third of 16 × 32's speed (45.1 against 141.9), while
+  // dq 64 × 64 still gained (181.2).
+  if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
+    const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
+    return {columns <= 384 ? FlexAttentionConfig{16, 64, 4, 2} : FlexAttentionConfig{16, 32, 4, 2}, {64, 64, 4, 2}};
+  }
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
   const bool hopperAsync = target && target->has(codegen::Feature::SetMaxNReg) &&
                            target->has(codegen::Feature::TensorMemoryAccelerator) &&
@@ -76,7 +89,7 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   if (headDim > 64 && hopperAsync)
     return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2},
             {128, 64, 8, 2, WarpSpecialization::On}};
-  if (target && target->has(codegen::Feature::Wgmma))
+  if (wgmma)
     return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2}, {64, 64, 4, 2}};
   return {{16, 32, 4, 2}, {64, 32, 4, 2}};
 }
@@ -836,9 +849,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 
   FlexAttentionBackwardConfig config =
       options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(dt, std::max(D, DV), detail::defaultsTarget(space, target),
+                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
                                                           detail::modsGatherPerElement(scoreMod, blockMask),
-                                                          options.dq_accumulation);
+                                                          options.dq_accumulation,
+                                                          DV != D ? std::optional<int64_t>(DV) : std::nullopt);
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {

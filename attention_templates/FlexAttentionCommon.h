@@ -231,8 +231,9 @@ inline int64_t paddedHeadDim(int64_t D) {
 // Returns `first`, or 0 where the chunks would be no narrower than the padded tile (a power of two,
 // 112, 224). FLEXTILE_SPLIT_HEAD_DIM=0 keeps the padded tile.
 int64_t headDimSplit(int64_t D);
-// V's split (headDimSplit of DV), which FLEXTILE_SPLIT_VALUE_DIM=0 alone turns off.
-int64_t valueDimSplit(int64_t DV);
+// V's split (headDimSplit of DV), which FLEXTILE_SPLIT_VALUE_DIM=0 alone turns off; none where the
+// second chunk would be narrower than `minChunk` columns (the forward's P·V: 64).
+int64_t valueDimSplit(int64_t DV, int64_t minChunk = 16);
 // The columns of the tiles over a head dim (Q's and K's, or V's): the two chunks' where it is split
 // at `first`, else the padded width.
 inline int64_t tileColumns(int64_t D, int64_t first) {

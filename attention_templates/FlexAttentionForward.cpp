@@ -1187,7 +1187,11 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   p.constants.DV = p.DV;
   p.constants.DVP = detail::paddedHeadDim(p.DV);
   p.constants.DS = detail::headDimSplit(p.D);
-  p.constants.DVS = detail::valueDimSplit(p.DV);
+  // V's split only where its second chunk is 64 columns or more: P·V a product a chunk, each a
+  // wgmma per 16 keys, and on a 32-column chunk that cost more than the quarter of the work it saved
+  // (H100, 2026-12-06: D = DV = 96 no mask 529.0 → 435.6 TFLOP/s, causal 467.4 → 404.1; at
+  // 192 = 128 + 64 no mask 444.2 → 582.5, causal 416.4 → 552.2).
+  p.constants.DVS = detail::valueDimSplit(p.DV, 64);
   // A sign of the scale, not its value: one kernel per sign. FLEXTILE_SCALE_AFTER_MAX=0 scales
   // every score before the max, as before (to measure the difference).
   p.constants.positiveScale = p.scale > 0 && detail::forcedBySwitch("FLEXTILE_SCALE_AFTER_MAX") != false;
@@ -1472,8 +1476,10 @@ std::vector<HeadDimChunk> headDimChunks(int64_t D, int64_t first) {
   return chunks;
 }
 
-int64_t valueDimSplit(int64_t DV) {
-  return forcedBySwitch("FLEXTILE_SPLIT_VALUE_DIM") == false ? 0 : headDimSplit(DV);
+int64_t valueDimSplit(int64_t DV, int64_t minChunk) {
+  if (forcedBySwitch("FLEXTILE_SPLIT_VALUE_DIM") == false) return 0;
+  const int64_t first = headDimSplit(DV);
+  return first && paddedHeadDim(DV - first) >= minChunk ? first : 0;
 }
 
 int64_t headDimSplit(int64_t D) {

@@ -227,11 +227,11 @@ int main(int argc, char** argv) try {
     x.lse = lse.toHost<float>();
     auto isGathering = [](const auto& mod) { return mod.defined() && mod.gathersPerElement(); };
     FlexAttentionBackwardConfig dflt = defaultFlexAttentionBackwardConfig(
-        DType::BF16, std::max(D, DV),
+        DType::BF16, D,
         codegen::Target::fromCapability(runtime::Device::current().capabilityMajor(),
                                         runtime::Device::current().capabilityMinor()),
         isGathering(inst.score) || (inst.mask && isGathering(inst.mask->maskMod())),
-        atomicDq ? DqAccumulation::Atomic : DqAccumulation::Separate);
+        atomicDq ? DqAccumulation::Atomic : DqAccumulation::Separate, DV);
     if (dkdvTile) dflt.dkdv = *dkdvTile;
     if (dqTile) dflt.dq = *dqTile;
     std::vector<FlexAttentionBackwardConfig> configs{dflt};

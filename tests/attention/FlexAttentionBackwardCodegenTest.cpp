@@ -217,6 +217,35 @@ TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
 // assembles warp-specialized kernels (the driver JIT spills it), one warpgroup otherwise. A mask of
 // 64-row blocks narrows the dq tile to 64 queries, and with it to 4 warps and no specialization
 // (the point measured at 8 warps does not hold there).
+// Past D = 128 on wgmma (H100, 2026-12-06: about twice the mma.sync tiles' speed at MLA's dims):
+// dq 64 × 64, and dkdv 16 × 64 where dK's and dV's columns fit one warpgroup (192 / 128 and 192 /
+// 192, split), 16 × 32 where they do not (256, where 16 × 64 spilled kilobytes and ran 3× slower).
+// f32, per-score gathers and GPUs without wgmma keep 16 × 32 for both.
+TEST(FlexAttentionBackwardCodegen, DefaultsPastHeadDim128) {
+  const auto sm90a = codegen::Target::sm90a();
+  const FlexAttentionConfig dkdv64{16, 64, 4, 2}, narrow{16, 32, 4, 2}, dq64{64, 64, 4, 2};
+  auto check = [&](const FlexAttentionBackwardConfig& c, const FlexAttentionConfig& dkdv,
+                   const FlexAttentionConfig& dq, const char* what) {
+    EXPECT_EQ(c.dkdv, dkdv) << what << ": " << c.describe();
+    EXPECT_EQ(c.dq, dq) << what << ": " << c.describe();
+  };
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, false, DqAccumulation::Separate, 128), dkdv64, dq64,
+        "192 / 128");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Separate, 192), dkdv64, dq64,
+        "128 / 192");
+  check(defaultFlexAttentionBackwardConfig(DType::F16, 192, sm90a), dkdv64, dq64, "192 / 192");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a), narrow, dq64, "256");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a, false, DqAccumulation::Separate, 128), dkdv64, dq64,
+        "256 / 128");
+  check(defaultFlexAttentionBackwardConfig(DType::F32, 192, sm90a), narrow, narrow, "f32");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, true), narrow, narrow, "a per-score gather");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, codegen::Target::sm80()), narrow, narrow, "sm_80");
+  {
+    flextile::testing::ScopedSetenv padded("FLEXTILE_SPLIT_HEAD_DIM", "0");  // 256 + 256 columns: too many for 16 × 64
+    check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a), narrow, dq64, "192 / 192 padded");
+  }
+}
+
 TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay) {
   const auto sm90a = codegen::Target::sm90a();
   const bool offline = codegen::offlineAssembly() != codegen::OfflineAssembly::Never;

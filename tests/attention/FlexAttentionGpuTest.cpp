@@ -152,10 +152,11 @@ TEST_P(FlexAttentionGpuSchedule, TmaCopies) {
         FlexAttentionPlan plan = plan_flex_attention(q, k, k, inst.score, inst.mask, withConfig(config), true);
         // The yardstick variants' loops take TMA; a loop that waits for the CTA (a gather's layout
         // conversion through shared memory: the bias table) keeps the cp.async ring. K and V take a
-        // map each, two each where their head dim is split into two chunks (detail::headDimSplit: the
-        // split dims here, 80 = 64 + 16, copy panels of two widths).
+        // map each, K two where its head dim is split into two chunks (detail::headDimSplit: the
+        // split dim here, 80 = 64 + 16, copies panels of two widths; V's 16-column chunk is too
+        // narrow for the forward to split it).
         const bool yardstick = var.name != "bias";
-        const size_t maps = attention::detail::headDimSplit(c.D) ? 4 : 2;
+        const size_t maps = attention::detail::headDimSplit(c.D) ? 3 : 2;
         if (yardstick) {
           ASSERT_EQ(plan.compiled->tensorMaps.size(), maps) << c.context << " " << plan.config.describe();
         }

@@ -36,7 +36,8 @@ using Dims = HeadDims;
 // MLA's prefill (192 / 128), equal dims that split (96, 80: V padded beside Q's and K's chunks),
 // chunks of 16 columns (80 = 64 + 16, 48 = 32 + 16), and a second chunk that pads (176 = 128 + 48,
 // in 64 columns).
-const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}, {176, 128}};
+// (176 / 176: the forward splits V too, its second chunk padded.)
+const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}, {176, 176}};
 
 using flextile::testing::count;
 
@@ -51,8 +52,20 @@ TEST(HeadDimSplit, SplitsWhereTheChunksAreNarrowerThanThePadding) {
   }
   EXPECT_EQ(attention::detail::tileColumns(192), 192);
   EXPECT_EQ(attention::detail::tileColumns(80), 80);
+  // V's split (the forward asks for chunks of 64 columns or more; the backward for any).
+  EXPECT_EQ(attention::detail::valueDimSplit(96), 64);
+  EXPECT_EQ(attention::detail::valueDimSplit(96, 64), 0);
+  EXPECT_EQ(attention::detail::valueDimSplit(160, 64), 0);
+  EXPECT_EQ(attention::detail::valueDimSplit(192, 64), 128);
+  EXPECT_EQ(attention::detail::valueDimSplit(176, 64), 128);
+  {
+    ScopedSetenv vOff("FLEXTILE_SPLIT_VALUE_DIM", "0");
+    EXPECT_EQ(attention::detail::valueDimSplit(192), 0);
+    EXPECT_EQ(attention::detail::headDimSplit(192), 128);
+  }
   ScopedSetenv off("FLEXTILE_SPLIT_HEAD_DIM", "0");
   EXPECT_EQ(attention::detail::headDimSplit(192), 0);
+  EXPECT_EQ(attention::detail::valueDimSplit(192), 0);
   EXPECT_EQ(attention::detail::tileColumns(192), 256);
 }
 
@@ -182,10 +195,11 @@ TEST(HeadDimSplit, Sm90aIssuesFewerProductsAndSpillsNoMore) {
   const int splitCopies = count(splitPtx, R"(cp\.async\.bulk\.tensor)");
   EXPECT_GT(splitCopies, 0);
   EXPECT_LT(splitCopies, count(paddedPtx, R"(cp\.async\.bulk\.tensor)"));
-  // At D = DV = 80 the chunks are 64 and 16 columns: panels of two widths, a map each, K's and V's.
+  // At D = 80 K's chunks are 64 and 16 columns: panels of two widths, a map each, beside V's (whose
+  // 16-column chunk the forward does not split off: valueDimSplit's minimum).
   Tensor q80 = Tensor::zeros(DType::BF16, {B, Hq, N, 80}, kHost);
   EXPECT_EQ(plan_flex_attention(q80, q80, q80, noop_score(), causal.mask, {}, true, target).compiled->tensorMaps.size(),
-            4u);
+            3u);
   const int splitProducts = count(splitPtx, R"(wgmma\.mma_async)"), paddedProducts = count(paddedPtx, R"(wgmma\.mma_async)");
   std::printf("D=192 DV=128 causal: %d wgmma split, %d padded; spills %d / %d bytes\n", splitProducts, paddedProducts,
               splitReport.spillStoreBytes, paddedReport.spillStoreBytes);
