@@ -148,6 +148,12 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
     if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
     for (const FlexAttentionBackwardConfig& config : configs)
       if (!check(dims, config, "sm_90a")) return;
+    // The default for these dims (past D = 128: dkdv 16 × 64 and dq 64 × 64 on one warpgroup each).
+    if (!check(dims,
+               defaultFlexAttentionBackwardConfig(DType::BF16, dims.D, codegen::Target::sm90a(), false,
+                                                  DqAccumulation::Separate, dims.DV),
+               "sm_90a default"))
+      return;
     // The atomic dQ: dkdv adds each chunk's share at its columns.
     if (!check(dims, {{16, 64, 4, 2}, {16, 64, 4, 2}}, "sm_90a atomic dQ", DqAccumulation::Atomic)) return;
   }

@@ -228,7 +228,8 @@ TEST(ValueHeadDim, BackwardMatchesTheReference) {
     const FlexAttentionBackwardConfig wgmma{{64, 64, 4, 2}, {64, 64, 4, 2}};
     for (const FlexAttentionBackwardConfig& config :
          {wgmma,
-          defaultFlexAttentionBackwardConfig(DType::BF16, std::max(dims.D, dims.DV), codegen::Target::sm90a())}) {
+          defaultFlexAttentionBackwardConfig(DType::BF16, dims.D, codegen::Target::sm90a(), false,
+                                             DqAccumulation::Separate, dims.DV)}) {
       AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 200, .S = 130, .D = dims.D, .dtype = DType::BF16,
                       .context = "sm_90a " + config.describe(), .DV = dims.DV};
       BackwardCheck check;
