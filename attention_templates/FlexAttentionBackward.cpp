@@ -337,18 +337,13 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   Tile vBase = p.v + (b64 * p.v_stride_b + hkv.to(DType::I64) * p.v_stride_h);
   std::vector<Tile> kt;  // K's tile, or its chunks
   if (chunks.empty()) kt.push_back(kExact ? load(kBase + kvOffs) : load(kBase + kvOffs, byD(colLive)));
-  for (const detail::HeadDimChunk& c : chunks) {
-    Tile ptrs = kBase + (offsN.expand(1) * p.k_stride_n + c.offs.expand(0));
-    kt.push_back(chunkExact(c, k.kvExact) ? load(ptrs) : load(ptrs, c.rowsBy(colLive)));
-  }
+  else kt = detail::loadChunks(kBase, offsN.expand(1) * p.k_stride_n, chunks, k.kvExact, colLive);
   std::vector<Tile> vt;  // V's tile, or its chunks
   if (vChunks.empty()) {
     Tile vOffs = offsN.expand(1) * p.v_stride_n + vc.offs.expand(0);
     vt.push_back(vExact ? load(vBase + vOffs) : load(vBase + vOffs, byDV(colLive)));
-  }
-  for (const detail::HeadDimChunk& c : vChunks) {
-    Tile ptrs = vBase + (offsN.expand(1) * p.v_stride_n + c.offs.expand(0));
-    vt.push_back(chunkExact(c, k.kvExact) ? load(ptrs) : load(ptrs, c.rowsBy(colLive)));
+  } else {
+    vt = detail::loadChunks(vBase, offsN.expand(1) * p.v_stride_n, vChunks, k.kvExact, colLive);
   }
   Tile kvPos = offsN.expand(1);
   Tile maskCol = (nBlock * k.BN) / k.KVBS;
@@ -547,26 +542,16 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
   // (k.DVS) the same way: dO's and V's chunks, dP the sum of their products.
   const std::vector<detail::HeadDimChunk> chunks = detail::headDimChunks(k.D, k.DS);
   const std::vector<detail::HeadDimChunk> vChunks = detail::headDimChunks(k.DV, k.DVS);
-  auto qPtrsAt = [&](const Tile& offs) {
-    return p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h) + (offsM.expand(1) * p.q_stride_m + offs.expand(0));
-  };
-  Tile qPtrs = chunks.empty() ? qPtrsAt(offsD) : Tile();
-  auto doPtrsAt = [&](const Tile& offs) {
-    return p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h) + (offsM.expand(1) * p.dout_stride_m + offs.expand(0));
-  };
-  Tile doPtrs = vChunks.empty() ? doPtrsAt(vc.offs) : Tile();
-  std::vector<Tile> qt;  // Q's tile, or its chunks
-  if (chunks.empty()) qt.push_back(exact ? load(qPtrs) : load(qPtrs, byD(rowLive)));
-  for (const detail::HeadDimChunk& c : chunks) {
-    Tile ptrs = qPtrsAt(c.offs);
-    qt.push_back(k.qExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
-  }
-  std::vector<Tile> dOt;  // dO's tile, or its chunks
-  if (vChunks.empty()) dOt.push_back(doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive)));
-  for (const detail::HeadDimChunk& c : vChunks) {
-    Tile ptrs = doPtrsAt(c.offs);
-    dOt.push_back(k.qExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
-  }
+  Tile qBase = p.q + (b64 * p.q_stride_b + h64 * p.q_stride_h);
+  Tile qPtrs = chunks.empty() ? qBase + (offsM.expand(1) * p.q_stride_m + offsD.expand(0)) : Tile();
+  Tile doBase = p.dout + (b64 * p.dout_stride_b + h64 * p.dout_stride_h);
+  Tile doPtrs = vChunks.empty() ? doBase + (offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0)) : Tile();
+  const std::vector<Tile> qt =  // Q's tile, or its chunks
+      chunks.empty() ? std::vector<Tile>{exact ? load(qPtrs) : load(qPtrs, byD(rowLive))}
+                     : detail::loadChunks(qBase, offsM.expand(1) * p.q_stride_m, chunks, k.qExact, rowLive);
+  const std::vector<Tile> dOt =  // dO's tile, or its chunks
+      vChunks.empty() ? std::vector<Tile>{doExact ? load(doPtrs) : load(doPtrs, byDV(rowLive))}
+                      : detail::loadChunks(doBase, offsM.expand(1) * p.dout_stride_m, vChunks, k.qExact, rowLive);
   Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
   Tile lse2 = k.qExact ? load(p.lse2 + rows) : load(p.lse2 + rows, rowLive, INFINITY);
   Tile delta = k.qExact ? load(p.delta + rows) : load(p.delta + rows, rowLive);

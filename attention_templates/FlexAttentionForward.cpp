@@ -1508,6 +1508,16 @@ std::vector<Tile> loadStreamedChunks(const Tile& base, const Tile& rowOffs, cons
   return parts;
 }
 
+std::vector<Tile> loadChunks(const Tile& base, const Tile& rowOffs, const std::vector<HeadDimChunk>& chunks,
+                             bool rowsExact, const Tile& rowLive) {
+  std::vector<Tile> parts;
+  for (const HeadDimChunk& c : chunks) {
+    Tile ptrs = base + (rowOffs + c.offs.expand(0));
+    parts.push_back(rowsExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
+  }
+  return parts;
+}
+
 bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
   switch (options.kernel) {
     case AttentionTemplate::Prefill: return false;
