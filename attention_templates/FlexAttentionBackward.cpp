@@ -399,15 +399,17 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         if (k.warpSpecialize) loadRows();
         const detail::StreamedRows qRows{p.q, p.q_len, p.q_stride_b, p.q_stride_h, p.q_stride_m};
         const std::vector<Tile> qt =  // Q's tile, or its chunks
-            chunks.empty() ? std::vector<Tile>{detail::loadStreamedRows(qBase + qOffs, exact, live, qRows, b, h, row0, k.D, k.tma)}
-                           : detail::loadStreamedChunks(qBase, offsM.expand(1) * p.q_stride_m, chunks, k.qExact, rowLive,
-                                                        qRows, b, h, row0, k.D, k.tma);
+            chunks.empty()
+                ? std::vector<Tile>{detail::loadStreamedRows(qBase + qOffs, exact, live, qRows, b, h, row0, k.D, k.tma)}
+                : detail::loadStreamedChunks(qBase, offsM.expand(1) * p.q_stride_m, chunks, k.qExact, rowLive, qRows, b, h,
+                                             row0, k.D, k.tma);
         const detail::StreamedRows doRows{p.dout, p.q_len, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m};
         const std::vector<Tile> dOt =  // dO's tile, or its chunks
             vChunks.empty()
-                ? std::vector<Tile>{detail::loadStreamedRows(doBase + doOffs, doExact, doLive, doRows, b, h, row0, k.DV, k.tma)}
-                : detail::loadStreamedChunks(doBase, offsM.expand(1) * p.dout_stride_m, vChunks, k.qExact, rowLive, doRows,
-                                             b, h, row0, k.DV, k.tma);
+                ? std::vector<Tile>{detail::loadStreamedRows(doBase + doOffs, doExact, doLive, doRows, b, h, row0, k.DV,
+                                                             k.tma)}
+                : detail::loadStreamedChunks(doBase, offsM.expand(1) * p.dout_stride_m, vChunks, k.qExact, rowLive,
+                                             doRows, b, h, row0, k.DV, k.tma);
         if (!k.warpSpecialize) loadRows();
         Tile qPos = (offsM + p.q_offset).expand(0);
         // Without a score_mod both products go first: on sm_90a their wgmmas are in flight
@@ -487,7 +489,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
   if (k.G == 1)
     acc = headGroup(hkv, acc);
   else
-    acc = for_range(0, k.G, 1, acc, [&](Tile g, const std::vector<Tile>& acci) { return headGroup(hkv * k.G + g, acci); });
+    acc = for_range(0, k.G, 1, acc,
+                    [&](Tile g, const std::vector<Tile>& acci) { return headGroup(hkv * k.G + g, acci); });
   // dK (its tile or its chunks) and dV are contiguous [B, Hkv, S, D] and [B, Hkv, S, DV].
   Tile kvRows = (b * (p.q_heads / k.G) + hkv).to(DType::I64) * p.kv_len;
   Tile outOffs = kvRows * k.D + (offsN.expand(1) * k.D + offsD.expand(0));
@@ -577,17 +580,21 @@ void traceDq(ir::Function& f, const std::vector<int64_t>& constants, DType dt, c
       Tile vOffs = vChunks.empty() ? offsN.expand(1) * p.v_stride_n + vc.offs.expand(0) : Tile();
       const bool kvExact = k.kvExact && k.DP == k.D, vExact = k.kvExact && k.DVP == k.DV;
       const Tile live = kvExact || !chunks.empty() ? Tile() : byD(colLive);
-      const Tile vLive = vExact || !vChunks.empty() ? Tile() : !vc.own ? (live.valid() ? live : byD(colLive)) : byDV(colLive);
+      const Tile vLive = vExact || !vChunks.empty() ? Tile()
+                         : !vc.own                      ? (live.valid() ? live : byD(colLive))
+                                                        : byDV(colLive);
       const detail::StreamedRows kRows{p.k, p.kv_len, p.k_stride_b, p.k_stride_h, p.k_stride_n};
       const std::vector<Tile> kt =  // K's tile, or its chunks
-          chunks.empty() ? std::vector<Tile>{detail::loadStreamedRows(kBase + kOffs, kvExact, live, kRows, b, hkv, row0, k.D, k.tma)}
-                         : detail::loadStreamedChunks(kBase, offsN.expand(1) * p.k_stride_n, chunks, k.kvExact, colLive,
-                                                      kRows, b, hkv, row0, k.D, k.tma);
+          chunks.empty()
+              ? std::vector<Tile>{detail::loadStreamedRows(kBase + kOffs, kvExact, live, kRows, b, hkv, row0, k.D, k.tma)}
+              : detail::loadStreamedChunks(kBase, offsN.expand(1) * p.k_stride_n, chunks, k.kvExact, colLive, kRows, b, hkv,
+                                           row0, k.D, k.tma);
       const detail::StreamedRows vRows{p.v, p.kv_len, p.v_stride_b, p.v_stride_h, p.v_stride_n};
       const std::vector<Tile> vt =  // V's tile, or its chunks
-          vChunks.empty() ? std::vector<Tile>{detail::loadStreamedRows(vBase + vOffs, vExact, vLive, vRows, b, hkv, row0, k.DV, k.tma)}
-                          : detail::loadStreamedChunks(vBase, offsN.expand(1) * p.v_stride_n, vChunks, k.kvExact, colLive,
-                                                       vRows, b, hkv, row0, k.DV, k.tma);
+          vChunks.empty()
+              ? std::vector<Tile>{detail::loadStreamedRows(vBase + vOffs, vExact, vLive, vRows, b, hkv, row0, k.DV, k.tma)}
+              : detail::loadStreamedChunks(vBase, offsN.expand(1) * p.v_stride_n, vChunks, k.kvExact, colLive, vRows, b,
+                                           hkv, row0, k.DV, k.tma);
       Tile kvPos = offsN.expand(0);
       Tile s = dot(qt[0], kt[0].trans());  // [BM, BN], chunk by chunk where the head dim is split
       for (size_t i = 1; i < kt.size(); ++i) s = dot(qt[i], kt[i].trans(), s);

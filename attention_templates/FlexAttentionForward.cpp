@@ -427,7 +427,8 @@ struct ForwardConstants {
                            (int64_t, qDivisible), (int64_t, kvDivisible), (int64_t, hasFull), (int64_t, hasPartial),
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
-                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS), (int64_t, DVS));
+                           (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS),
+                           (int64_t, DVS));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -704,7 +705,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         });
         const Tile sb = body.back();
         body.pop_back();
-        return for_range(hi, tailEnd, 1, body, [&](Tile t, const std::vector<Tile>& c) { return softmaxStep(c, sb, stageV(t)); });
+        return for_range(hi, tailEnd, 1, body,
+                         [&](Tile t, const std::vector<Tile>& c) { return softmaxStep(c, sb, stageV(t)); });
       }
       // Overlapped (kSkewOverlap; FlashAttention-3's intra-warpgroup order): iteration t issues
       // Q·Kᵀ of step t, then P·V of step t − 1 with P carried from the previous iteration, and runs
