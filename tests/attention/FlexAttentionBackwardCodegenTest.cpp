@@ -2,8 +2,6 @@
 // at the configs the defaults and the bench use; their products run on tensor cores.
 #include <gtest/gtest.h>
 
-#include <regex>
-
 #include "tests/TextCount.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Variants.h"

@@ -1,13 +1,11 @@
-// The split head dim of the forward and the backward's dq kernel (detail::headDimSplit): where q's
-// and k's head dim sits just past a power of two (192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16),
-// Q·Kᵀ is the sum of two chunks' products instead of one product over the padded width (and dq's
-// dQ an accumulator a chunk). Which dims split, the forward and the backward against float64
+// The split head dim of the forward and the backward (detail::headDimSplit): where a head dim sits
+// just past a power of two (192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16), Q·Kᵀ is the sum of two
+// chunks' products instead of one product over the padded width, and an accumulator over it (dQ,
+// dK; V's side: dV, the forward's output) a tile a chunk. Which dims split, the forward and the backward against float64
 // before the passes and after sm_90a's (wgmma chained through the accumulator, a TMA box per chunk,
 // the producer warpgroup, skewed walks, persistent programs with a split last round, a paged K/V),
 // the forward against the decode template (which pads), and what the sm_90a kernel issues for it.
 #include <gtest/gtest.h>
-
-#include <regex>
 
 #include "tests/TextCount.h"
 #include "FlexAttentionBackwardCheck.h"
@@ -33,10 +31,10 @@ namespace {
 constexpr MemorySpace kHost = MemorySpace::Host;
 
 using Dims = HeadDims;
-// MLA's prefill (192 / 128), equal dims that split (96, 80: V padded beside Q's and K's chunks),
-// chunks of 16 columns (80 = 64 + 16, 48 = 32 + 16), and a second chunk that pads (176 = 128 + 48,
-// in 64 columns).
-// (176 / 176: the forward splits V too, its second chunk padded.)
+// MLA's prefill (192 / 128), equal dims that split (96, 80: the backward splits V too, the forward
+// pads it, its second chunk narrower than 64 columns), chunks of 16 columns (80 = 64 + 16,
+// 48 = 32 + 16), and a second chunk that pads (176 = 128 + 48, in 64 columns; V's too, which the
+// forward splits).
 const Dims kSplitDims[] = {{192, 128}, {96, 96}, {80, 80}, {48, 64}, {176, 176}};
 
 using flextile::testing::count;

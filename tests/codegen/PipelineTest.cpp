@@ -11,7 +11,6 @@
 #include <Eigen/Core>
 #include <cstring>
 #include <random>
-#include <regex>
 
 #include "tests/TextCount.h"
 #include "codegen/Compiler.h"
