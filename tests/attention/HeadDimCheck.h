@@ -1,11 +1,12 @@
-// Forward checks at a (D, DV) pair of head dims, shared by the tests of v's own head dim
-// (ValueHeadDimTest.cpp) and of the split head dim (HeadDimSplitTest.cpp): named variants on host
-// tensors, and a persistent forward with its last round split.
+// Forward and backward checks at a (D, DV) pair of head dims, shared by the tests of v's own head
+// dim (ValueHeadDimTest.cpp) and of the split head dim (HeadDimSplitTest.cpp): named variants on
+// host tensors, and a persistent forward with its last round split.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "FlexAttentionBackwardCheck.h"
 #include "FlexAttentionCheck.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
@@ -30,6 +31,28 @@ inline bool checkVariantsAt(std::mt19937_64& rng, const std::string& label, cons
     if (!checkFlexAttention(rng, c, dsl::MemorySpace::Host, inst.score, inst.mask, inst.refScore, inst.refMask,
                             options))
       return false;
+  }
+  return true;
+}
+
+// The backward of `full`, `causal` and `softcap` at `dims` on the interpreter: B=1, GQA 2:1, L
+// queries and S keys on square mask blocks of `block`, the forward at `forwardConfig`, the backward
+// with `options`. Returns false after the first reported failure.
+inline bool checkBackwardVariantsAt(std::mt19937_64& rng, const std::string& label, HeadDims dims, int64_t L,
+                                    int64_t S, int64_t block, const attention::FlexAttentionConfig& forwardConfig,
+                                    const attention::FlexAttentionBackwardOptions& options) {
+  for (const char* name : {"full", "causal", "softcap"}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = L, .S = S, .D = dims.D, .dtype = dsl::DType::BF16,
+                    .context = std::string(name) + " " + label, .DV = dims.DV};
+    attention::VariantInstance inst = attention::variant(name).make(
+        {c.B, c.Hq, c.L, c.S, dsl::MemorySpace::Host, attention::BlockSizes{block, block}, rng()});
+    BackwardCheck how;
+    how.refScore = inst.refScore;
+    how.refScoreGrad = inst.refScoreGrad;
+    how.refMask = inst.refMask;
+    how.forwardConfig = forwardConfig;
+    how.options = options;
+    if (!checkBackward(rng, c, dsl::MemorySpace::Host, inst.score, inst.mask, how)) return false;
   }
   return true;
 }

@@ -115,21 +115,9 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
   size_t index = 0;
   auto check = [&](Dims dims, const FlexAttentionBackwardConfig& config, const std::string& label,
                    DqAccumulation dqAccumulation = DqAccumulation::Separate) {
-    for (const char* name : {"full", "causal", "softcap"}) {
-      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 140, .S = 130, .D = dims.D, .dtype = DType::BF16,
-                      .context = std::string(name) + " " + label + " " + dims.describe() + " " + config.describe(),
-                      .DV = dims.DV};
-      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
-      BackwardCheck how;
-      how.refScore = inst.refScore;
-      how.refScoreGrad = inst.refScoreGrad;
-      how.refMask = inst.refMask;
-      how.forwardConfig = FlexAttentionConfig{64, 64, 4, 2};
-      how.options.config = config;
-      how.options.dq_accumulation = dqAccumulation;
-      if (!checkBackward(rng, c, kHost, inst.score, inst.mask, how)) return false;
-    }
-    return true;
+    return checkBackwardVariantsAt(rng, label + " " + dims.describe() + " " + config.describe(), dims, 140, 130, 128,
+                                   FlexAttentionConfig{64, 64, 4, 2},
+                                   {.dq_accumulation = dqAccumulation, .config = config});
   };
   for (Dims dims : kSplitDims) {
     if (!runsInThisBuild(rng.seed(), index++, 3)) continue;

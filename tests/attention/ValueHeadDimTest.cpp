@@ -197,19 +197,9 @@ TEST(ValueHeadDim, BackwardMatchesTheReference) {
     for (DqAccumulation dq : {DqAccumulation::Separate, DqAccumulation::Atomic}) {
       const std::string label = "D=" + std::to_string(dims.D) + " DV=" + std::to_string(dims.DV) +
                                 (dq == DqAccumulation::Atomic ? " atomic dQ" : "");
-      for (const char* name : {"full", "causal", "softcap"}) {
-        AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 70, .S = 64, .D = dims.D, .dtype = DType::BF16,
-                        .context = std::string(name) + " " + label, .DV = dims.DV};
-        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{32, 32}, rng()});
-        BackwardCheck check;
-        check.refScore = inst.refScore;
-        check.refScoreGrad = inst.refScoreGrad;
-        check.refMask = inst.refMask;
-        check.forwardConfig = FlexAttentionConfig{32, 32, 4, 2};
-        check.options.config = small;
-        check.options.dq_accumulation = dq;
-        if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
-      }
+      if (!checkBackwardVariantsAt(rng, label, dims, 70, 64, 32, FlexAttentionConfig{32, 32, 4, 2},
+                                   {.dq_accumulation = dq, .config = small}))
+        return;
       AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = 45, .S = 50, .D = dims.D, .dtype = DType::F16,
                       .context = "blind thirds, MQA, " + label, .DV = dims.DV};
       BackwardCheck check;
