@@ -369,7 +369,7 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         Tile offsM = row0 + arange(0, k.BM);
         Tile rowLive = offsM < p.q_len;
         if (!k.qExact) rowLive = rowLive & (offsM >= 0);
-        Tile qOffs = offsM.expand(1) * p.q_stride_m + offsD.expand(0);
+        Tile qOffs = chunks.empty() ? offsM.expand(1) * p.q_stride_m + offsD.expand(0) : Tile();
         Tile doOffs = vChunks.empty() ? offsM.expand(1) * p.dout_stride_m + vc.offs.expand(0) : Tile();
         const bool exact = k.qExact && k.DP == k.D;
         const Tile live = exact ? Tile() : byD(rowLive);
