@@ -268,27 +268,25 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
     return b.CreateOr(start, b.getInt64(tile.descriptorFixedBits()));
   };
   llvm::Value* smemBase = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
-  // B: the slot being read.
+  // Warpgroup g's share (Layout::wgmmaAccumulator): the warp bits past the first two pick its m64
+  // block of M — rows of a resident A (K-major; whole 8-row swizzle groups) or its columns
+  // (M-major; whole 64-element panels) — and its N / groups columns of B, each a plain byte
+  // offset into its tile, so the share's offset is the XOR of its bits' offsets.
   llvm::Value* bBase = b.CreateAdd(smemBase, slotByteOffset(*w.load));
-  // A: warpgroup g reads M [64g, 64g + 64) of the resident tile: rows (K-major; whole 8-row
-  // swizzle groups) or columns (M-major; whole 64-element panels), so the offset is a plain byte
-  // offset: the XOR of the offsets of its bits.
-  llvm::Value* aBase = nullptr;
-  if (residentA) {
-    const ir::SharedLayout& smem = residentA->smem;
-    const size_t mDim = size_t(aView->mDim);
-    aBase = b.CreateAdd(smemBase, slotByteOffset(*aLoad));
-    llvm::Value* group = b.CreateLShr(warp, i32(2));
-    llvm::Value* rows = i32(0);
-    for (int64_t bit = 0; int64_t(64) << bit < smem.shape()[mDim]; ++bit) {
-      std::vector<int64_t> at{0, 0};
-      at[mDim] = int64_t(64) << bit;
-      const int64_t bytes = smem.offsetOf(at) * smem.elemBytes();
-      llvm::Value* on = b.CreateAnd(b.CreateLShr(group, i32(bit)), i32(1));
-      rows = b.CreateXor(rows, b.CreateMul(on, i32(bytes)));
-    }
-    aBase = b.CreateAdd(aBase, rows);
+  llvm::Value* aBase = residentA ? b.CreateAdd(smemBase, slotByteOffset(*aLoad)) : nullptr;
+  const auto& warpBases = lc.warpBases();
+  llvm::Value *aShare = i32(0), *bShare = i32(0);
+  for (size_t bit = 2; bit < warpBases.size(); ++bit) {
+    const bool alongM = warpBases[bit][0] != 0;
+    if (alongM && !residentA) continue;
+    const int64_t bytes =
+        alongM ? residentA->mnByteOffset(warpBases[bit][0]) : w.b.mnByteOffset(warpBases[bit][1]);
+    llvm::Value* on = b.CreateAnd(b.CreateLShr(warp, i32(int64_t(bit))), i32(1));
+    llvm::Value*& share = alongM ? aShare : bShare;
+    share = b.CreateXor(share, b.CreateMul(on, i32(bytes)));
   }
+  if (residentA) aBase = b.CreateAdd(aBase, aShare);
+  bBase = b.CreateAdd(bBase, bShare);
 
   // A zero accumulator (S = Q K^T) is not read: the first k-step runs with
   // scale-d false.

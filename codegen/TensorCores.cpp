@@ -199,6 +199,19 @@ int64_t WgmmaTile::kStepByteOffset(int64_t s) const {
   return kBytes / panelBytes * panelStride + kBytes % panelBytes;
 }
 
+bool WgmmaTile::mnBlockAligned(int64_t step) const {
+  const int64_t panelBytes = smem.panel() * smem.elemBytes();
+  // K-major: whole 8-line swizzle groups; MN-major: whole panels (a start inside one would read
+  // across its lines).
+  return mnMajor ? step * smem.elemBytes() % panelBytes == 0 : step % 8 == 0;
+}
+
+int64_t WgmmaTile::mnByteOffset(int64_t start) const {
+  ir::SharedLayout::Coord at{0, 0};
+  at[size_t(1 - kDim)] = start;
+  return smem.offsetOf(at) * smem.elemBytes();
+}
+
 uint64_t WgmmaTile::descriptorFixedBits() const {
   return (uint64_t((leadingByteOffset >> 4) & 0x3FFF) << 16) | (uint64_t((strideByteOffset >> 4) & 0x3FFF) << 32) |
          (uint64_t(swizzleMode) << 62);
@@ -210,6 +223,7 @@ std::optional<WgmmaTile> wgmmaTile(const ir::Shape& shape, int contiguousDim, in
     return std::nullopt;
   WgmmaTile tile{wgmmaSharedLayout(shape, contiguousDim, elemBytes)};
   tile.mnMajor = contiguousDim != kDim;
+  tile.kDim = kDim;
   const int64_t panelBytes = tile.smem.panel() * elemBytes;
   if (panelBytes < 32 || tile.smem.rowsPerPanel() % 8 != 0) return std::nullopt;
   tile.swizzleMode = panelBytes == 128 ? 1 : panelBytes == 64 ? 2 : 3;
@@ -271,12 +285,18 @@ std::optional<std::pair<int64_t, int64_t>> wgmmaAccumulator(const ir::Op& dot, c
   const Layout& lc = *dot.result()->type().layout();
   const int numWarps = lc.numWarps();
   const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
-  if (!wgmmaShapeFits(M, N, K, numWarps, target)) return std::nullopt;
-  for (size_t i = 0; i < lc.warpBases().size(); ++i)
-    if (lc.warpBases()[i] != Layout::Coord{int64_t(16) << i, 0}) return std::nullopt;
+  // Warps: 16 rows each within a warpgroup, then the warpgroups along M, then along N
+  // (Layout::wgmmaAccumulator); each warpgroup's product is m64 x N / groups.
+  const auto& warps = lc.warpBases();
+  size_t i = 0;
+  while (i < warps.size() && warps[i] == Layout::Coord{int64_t(16) << i, 0}) ++i;
+  const int64_t groupsAlongN = int64_t(1) << (warps.size() - i), groupN = N / groupsAlongN;
+  for (size_t j = i; j < warps.size(); ++j)
+    if (warps[j] != Layout::Coord{0, groupN << (j - i)}) return std::nullopt;
+  if (!wgmmaShapeFits(M, groupN, K, numWarps / int(groupsAlongN), target)) return std::nullopt;
   for (const auto& basis : lc.regBases())
-    if (basis[0] >= 16) return std::nullopt;  // no M repetition inside a warp
-  return std::pair{N, K};
+    if (basis[0] >= 16 || basis[1] >= groupN) return std::nullopt;  // no M repetition inside a warp
+  return std::pair{groupN, K};
 }
 
 // The op of `block` that holds `op` (op itself, or the op whose regions nest it); null outside.
@@ -378,6 +398,23 @@ bool wgmmaShapeFits(int64_t M, int64_t N, int64_t K, int numWarps, const Target&
   return shape && numWarps % 4 == 0 && M == (shape->m / 4) * numWarps && K % shape->k == 0;
 }
 
+namespace {
+bool splitAlongNDisabled() {
+  const char* e = std::getenv("FLEXTILE_WGMMA_SPLIT_N");
+  return e && std::strcmp(e, "0") == 0;
+}
+}  // namespace
+
+int64_t wgmmaGroupsAlongN(int64_t M, int64_t N, int64_t K, int numWarps, ir::DType operands, const Target& target) {
+  if (!target.has(Feature::Wgmma) || wgmmaDisabled() || splitAlongNDisabled()) return 1;
+  if ((operands != DType::BF16 && operands != DType::F16) || numWarps % 4 != 0 || M % 64 != 0 ||
+      16 * numWarps <= M)
+    return 1;
+  const int64_t groups = 16 * numWarps / M;
+  if (N % groups != 0 || !wgmmaShapeFits(M, N / groups, K, numWarps / int(groups), target)) return 1;
+  return groups;
+}
+
 bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target) { return wgmmaAccumulator(dot, target).has_value(); }
 
 std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
@@ -388,7 +425,8 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   // (wgmmaResidentB), read as it is.
   if (const ir::Op* b = dot.operand(1)->definingOp();
       b && b->kind() == OpKind::LocalLoad && inLoopBelow(dot, b->parentBlock()))
-    if (auto tile = wgmmaResidentBTile(*b)) return WgmmaPlan{b, *tile, nk->first, nk->second};
+    if (auto tile = wgmmaResidentBTile(*b); tile && tile->mnBlockAligned(nk->first))
+      return WgmmaPlan{b, *tile, nk->first, nk->second};
   const ir::Op* load = wgmmaSource(dot);
   if (!load || load->parentBlock() != dot.parentBlock()) return std::nullopt;
   const bool fromBuffer = load->kind() == OpKind::LocalLoad;
@@ -413,6 +451,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   if (!onlyConverts) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
   const auto [N, K] = *nk;
+  const bool groupsAlongN = dot.result()->type().shape()[1] != N;
 
   // The contiguous dimension: the buffer's, or the one the load's registers run along.
   const ir::Type& source = fromBuffer ? load->operand(0)->type() : load->result()->type();
@@ -421,6 +460,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const int kDimOfLoad = transposed ? 1 : 0;
   auto tile = wgmmaTile(source.shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
   if (!tile || (fromBuffer && !(tile->smem == *source.sharedLayout()))) return std::nullopt;
+  if (groupsAlongN && !tile->mnBlockAligned(N)) return std::nullopt;
   return WgmmaPlan{load, *tile, N, K};
 }
 
@@ -549,6 +589,7 @@ std::string wgmmaSettingsIdentity() {
   if (wgmmaDisabled()) out += "; FLEXTILE_WGMMA=0";
   if (smemADisabled()) out += "; FLEXTILE_WGMMA_SMEM_A=0";
   if (!wgmmaBStepsAdded()) out += "; FLEXTILE_WGMMA_B_STEPS=0";
+  if (splitAlongNDisabled()) out += "; FLEXTILE_WGMMA_SPLIT_N=0";
   return out;
 }
 

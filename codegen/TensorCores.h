@@ -152,10 +152,16 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 struct WgmmaTile {
   ir::SharedLayout smem;  // wgmmaSharedLayout of the tile
   bool mnMajor = false;   // the operand's M/N dimension is the contiguous one (imm-trans)
+  int kDim = 0;           // the dimension of the stored tile that is the product's K
   int swizzleMode = 1;    // descriptor bits 62-63: 1 = 128 B, 2 = 64 B, 3 = 32 B
   int64_t leadingByteOffset = 0, strideByteOffset = 0;
   // Byte offset, from the tile's start, of the sub-matrix of k-step s (16 of K).
   int64_t kStepByteOffset(int64_t s) const;
+  // Byte offset, from the tile's start, of the sub-tile whose M (A) or N (B) index starts at
+  // `start`, and whether sub-tiles `step` apart start where a descriptor can (a warpgroup's share
+  // of a product whose warpgroups split N: Layout::wgmmaAccumulator).
+  int64_t mnByteOffset(int64_t start) const;
+  bool mnBlockAligned(int64_t step) const;
   // Descriptor bits 16-63 (leading and stride byte offsets, swizzle); the start address goes in 0-13.
   uint64_t descriptorFixedBits() const;
 };
@@ -190,6 +196,12 @@ bool wgmmaAccumulatorFits(const ir::Op& dot, const Target& target);
 // numWarps warps (a multiple of 4) with every warp on shape.m / 4 rows, an N wgmma has, and K a
 // multiple of its k step.
 bool wgmmaShapeFits(int64_t M, int64_t N, int64_t K, int numWarps, const Target& target);
+// How many ways a chained product's warpgroups split N (Layout::wgmmaAccumulator) when M gives
+// the warps fewer than 16 rows each: a 64-row product on 8 warps runs as two m64 x N / 2 wgmma
+// shares, where the mma.sync split would interleave the warps along N by 8 columns. 1 (the warps
+// along M, or the mma.sync split) when the target has no wgmma, the operands are not 16-bit, M
+// is not a multiple of 64, N / groups is no wgmma N, or FLEXTILE_WGMMA_SPLIT_N=0.
+int64_t wgmmaGroupsAlongN(int64_t M, int64_t N, int64_t K, int numWarps, ir::DType operands, const Target& target);
 // Whether any dot of `f` runs on wgmma for `target` (the PTX backend then keeps its block order:
 // NVPTXTarget::EmitOptions::keepBlockOrder).
 bool hasWgmmaDots(const ir::Function& f, const Target& target);

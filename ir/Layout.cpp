@@ -398,6 +398,27 @@ Layout Layout::mmaAccumulator(const Shape& shape, int numWarps, const std::vecto
   return Layout(shape, reg, quadLanes(2), warp);
 }
 
+Layout Layout::wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN) {
+  auto fail = [&](const std::string& what) {
+    throw Error("wgmma accumulator layout for " + shapeString(shape) + " with " + std::to_string(numWarps) +
+                " warps, " + std::to_string(groupsAlongN) + " warpgroups along N: " + what);
+  };
+  if (shape.size() != 2) fail("the tile must have rank 2 ([M, N])");
+  const int64_t M = shape[0], N = shape[1];
+  if (!isPow2(M) || !isPow2(N) || !isPow2(numWarps) || !isPow2(groupsAlongN))
+    fail("M, N, the warps and the groups must be powers of two");
+  if (numWarps < 4 || M < 64 || M * groupsAlongN != 16 * numWarps)
+    fail("the warpgroups (numWarps / 4) must be M / 64 along M times groupsAlongN along N");
+  const int64_t groupN = N / groupsAlongN;
+  if (groupN < 8) fail("each warpgroup needs 8 columns or more");
+  Bases reg{at2(0, 1), at2(8, 0)};
+  for (int64_t step = 8; step < groupN; step *= 2) reg.push_back(at2(0, step));
+  Bases warp{at2(16, 0), at2(32, 0)};
+  for (int64_t step = 64; step < M; step *= 2) warp.push_back(at2(step, 0));
+  for (int64_t step = groupN; step < N; step *= 2) warp.push_back(at2(0, step));
+  return Layout(shape, reg, quadLanes(2), warp);
+}
+
 Layout Layout::dotOperand(const Layout& parent, int operandIndex, int64_t K, int elementBits) {
   auto fail = [&](const std::string& what) {
     throw Error("dot operand " + std::string(operandIndex == 0 ? "A" : operandIndex == 1 ? "B" : "?") + " (K = " +

@@ -132,6 +132,18 @@ class Layout {
   // numWarps must be wm * wn; both powers of two.
   static Layout mmaAccumulator(const Shape& shape, int numWarps, const std::vector<int64_t>& warpsPerCTA);
 
+  // Accumulator of Hopper's wgmma.m64nNk16 on numWarps warps (a multiple of 4) whose warpgroups
+  // split the tile [M, N] `groupsAlongN` ways along N and M / 64 ways along M (numWarps / 4 =
+  // groupsAlongN * M / 64). Each warpgroup owns the m64 block of rows its M bits pick and the
+  // contiguous columns [g_n * N / groupsAlongN, (g_n + 1) * N / groupsAlongN) of its N bits, and
+  // holds them as the mma accumulator of one m64 x (N / groupsAlongN) tile: warps 16 rows each,
+  // registers c0..c3 then N in steps of 8 (the wgmma fragment). Warp bases: 16 and 32 rows, then
+  // the M groups (64, 128, ...), then the N groups. groupsAlongN = 1 is mmaAccumulator({M, N},
+  // numWarps, {numWarps, 1}) base for base. A split along N lets a 64-row product use 8 warps (the
+  // backward's dK and dV at D = 256: each warpgroup a half of the columns); its A operand
+  // (dotOperand) is then replicated over the N groups.
+  static Layout wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN);
+
   // Register layout of the A ([M, K], operandIndex 0) or B ([K, N], operandIndex
   // 1) fragments of the mma whose accumulator is `mmaParent` (a layout made by
   // mmaAccumulator, or one of the same structure).

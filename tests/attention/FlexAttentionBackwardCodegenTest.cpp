@@ -210,6 +210,32 @@ TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
   }
 }
 
+// dkdv at D = 256 on two warpgroups of 64 keys each splitting N (Layout::wgmmaAccumulator): every
+// product on wgmma — Sᵀ and dPᵀ as m64n32 shares of the 64 queries, dK and dV as m64n128 shares of
+// the 256 columns — and dK's and dV's accumulators in registers without spills (one warpgroup of 64
+// keys spills kilobytes). FLEXTILE_WGMMA_SPLIT_N=0 gives the mma.sync split back.
+TEST(FlexAttentionBackwardCodegen, WarpgroupsSplitDkAndDvColumnsAtD256) {
+  const auto target = codegen::Target::sm90a();
+  for (WarpSpecialization ws : {WarpSpecialization::Off, WarpSpecialization::On}) {
+    const FlexAttentionBackwardConfig config{{64, 64, 8, 2, ws}, {64, 64, 4, 2}};
+    const VariantPlan plan = planFor(target, config, "causal", 256);
+    const codegen::CompiledKernel& dkdv = *plan.compiled[1];
+    ASSERT_NE(plan.kernelNames[1].find("dkdv"), std::string::npos);
+    EXPECT_EQ(count(dkdv.ptx, "mma\\.sync"), 0);
+    // Per query step and walk: Sᵀ's and dPᵀ's 16 k-steps each, dK's and dV's 4 (64 queries).
+    EXPECT_EQ(count(dkdv.ptx, "wgmma\\.mma_async[^\\n]*m64n32k16"), 2 * 32) << "causal: two walks";
+    EXPECT_EQ(count(dkdv.ptx, "wgmma\\.mma_async[^\\n]*m64n128k16"), 2 * 8);
+    if (flextile::testing::assemblesInThisBuild()) {
+      const codegen::PtxasReport report = codegen::runPtxas(dkdv.ptx, target);
+      EXPECT_EQ(report.spillStoreBytes, 0) << report.log;
+    }
+  }
+  flextile::testing::ScopedSetenv off("FLEXTILE_WGMMA_SPLIT_N", "0");
+  const VariantPlan mmaSync = planFor(target, FlexAttentionBackwardConfig{{64, 64, 8, 2}, {64, 64, 4, 2}}, "causal", 256);
+  EXPECT_GT(count(mmaSync.compiled[1]->ptx, "mma\\.sync"), 0);
+  EXPECT_EQ(count(mmaSync.compiled[1]->ptx, "m64n128k16"), 0);
+}
+
 // The sm_90a default: dq on two consumer warpgroups and a producer above D = 64, one warpgroup at
 // D = 64; dkdv on two consumer warpgroups and a producer from D = 64 when the offline ptxas
 // assembles warp-specialized kernels (the driver JIT spills it), one warpgroup otherwise. A mask of

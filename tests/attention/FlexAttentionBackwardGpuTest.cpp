@@ -153,6 +153,31 @@ TEST_P(FlexAttentionBackwardGpuSchedule, SpecializedAtomicDq) {
         {FlexAttentionBackwardConfig{{64, 128, 8, 2, WarpSpecialization::On}, {64, 64, 4, 2}}}, DqAccumulation::Atomic);
 }
 
+// dkdv on two warpgroups of 64 keys that split N (Layout::wgmmaAccumulator): each warpgroup's
+// wgmma reads its share of B at an offset into the ring slot (K-major Qᵀ and dOᵀ by rows, N-major Q
+// and dO by panels) and writes its columns of dK and dV. D = V = 256, 256 / 128 and 128; GQA,
+// lengths off the blocks; unspecialized and with the producer warpgroup.
+TEST_P(FlexAttentionBackwardGpuSchedule, WarpgroupsSplittingN) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const Variant& var = variant(GetParam());
+  const auto ws = WarpSpecialization::On;
+  const std::vector<FlexAttentionBackwardConfig> configs{{{64, 64, 8, 2}, {64, 64, 4, 2}},
+                                                         {{64, 64, 8, 2, ws}, {64, 64, 4, 2}},
+                                                         {{32, 64, 8, 2, ws}, {128, 64, 8, 2, ws}}};
+  const AttentionCase shapes[] = {
+      {.B = 1, .Hq = 4, .Hkv = 2, .L = 150, .S = 300, .D = 256, .dtype = DType::BF16},
+      {.B = 1, .Hq = 4, .Hkv = 1, .L = 333, .S = 129, .D = 256, .dtype = DType::F16, .DV = 128},
+      {.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 259, .D = 128, .dtype = DType::BF16},
+  };
+  for (AttentionCase c : shapes)
+    for (const FlexAttentionBackwardConfig& config : configs) {
+      c.context = "variant " + var.name + " " + config.describe();
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
+    }
+}
+
 // The tiles handed out heaviest first (FLEXTILE_TILE_ORDER=1): dkdv's key tiles and dq's query
 // tiles read from orders made on the host, the default config and the specialized one. A tile
 // computed twice and another never shows as poisoned gradients.

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "FlexAttentionBackwardCheck.h"
+#include "HeadDimCheck.h"
 #include "codegen/Ptxas.h"
 #include "MaskTestUtil.h"
 #include "attention_templates/Variants.h"
@@ -568,4 +569,25 @@ TEST(FlexAttentionBackward, AModAndItsKernelsAreFreedWithItsLastHandle) {
     EXPECT_FALSE(slot.expired());
   }
   EXPECT_TRUE(slot.expired()) << "the mask mod (and the kernels traced with it) outlived its last handle";
+}
+
+// dkdv on 8 warps with 64 keys a program: Sᵀ and dPᵀ (64 rows) and dK and dV (64 rows, D columns)
+// run as two warpgroups that each take half of N (Layout::wgmmaAccumulator), so dK and dV at D = 256
+// fit in registers; Pᵀ and dSᵀ reach the next products' A through a shared conversion. After
+// sm_90a's passes on the interpreter, unspecialized and with the producer warpgroup, beside the
+// specialized dq; keys off the block, masked rows, GQA.
+TEST(FlexAttentionBackward, WarpgroupsSplittingNAgreeWithTheReference) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  const auto ws = WarpSpecialization::On;
+  size_t index = 0;
+  for (HeadDims dims : {HeadDims{256, 256}, HeadDims{256, 128}, HeadDims{128, 128}})
+    for (const FlexAttentionBackwardConfig& config :
+         {FlexAttentionBackwardConfig{{64, 64, 8, 2}, {64, 64, 4, 2}},
+          FlexAttentionBackwardConfig{{32, 64, 8, 2, ws}, {128, 64, 8, 2, ws}}}) {
+      if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
+      if (!checkBackwardVariantsAt(rng, "sm_90a " + dims.describe() + " " + config.describe(), dims, 140, 130, 128,
+                                   FlexAttentionConfig{64, 64, 4, 2}, {.config = config}))
+        return;
+    }
 }

@@ -180,6 +180,58 @@ TEST(MmaAccumulator, RejectsBadParameters) {
   }
 }
 
+// wgmma's split along N: warpgroup (gm, gn) holds rows [64 gm, 64 gm + 64) and the contiguous columns
+// [gn N / G, (gn + 1) N / G) as one m64 x N / G wgmma accumulator (the ISA's fragment: warp w % 4 on
+// 16 rows, c0..c3 then N by 8), every element once; one group along N is the warps-along-M mma split.
+TEST(WgmmaAccumulator, EachWarpgroupOwnsAContiguousShareOfN) {
+  for (int numWarps : {4, 8, 16})
+    for (int64_t M : {64, 128, 256})
+      for (int64_t N : pow2Range(8, 256)) {
+        if (16 * numWarps < M) continue;
+        const int64_t groupsN = 16 * numWarps / M, groupN = N / groupsN;
+        if (groupN < 8) continue;
+        SCOPED_TRACE(shapeString({M, N}) + " on " + std::to_string(numWarps) + " warps");
+        Layout acc = Layout::wgmmaAccumulator({M, N}, numWarps, groupsN);
+        ASSERT_EQ(acc.numRegisters(), groupN / 2);
+        for (int64_t w = 0; w < numWarps; ++w) {
+          const int64_t group = w / 4, gm = group % (M / 64), gn = group / (M / 64);
+          for (int lane = 0; lane < 32; ++lane)
+            for (int64_t nRep = 0; nRep < groupN / 8; ++nRep)
+              for (int c = 0; c < 4; ++c) {
+                RowCol e = isaAccumulator(lane, c);
+                ASSERT_EQ(acc.apply(c + 4 * nRep, lane, w),
+                          (Coord{64 * gm + 16 * (w % 4) + e.row, gn * groupN + 8 * nRep + e.col}))
+                    << "warp " << w << " lane " << lane << " c" << c << " nRep " << nRep;
+              }
+        }
+        expectExactlyOneOwnerPerReplica(acc);
+        expectRoundTrip(acc);
+        if (groupsN == 1) {
+          EXPECT_EQ(acc, Layout::mmaAccumulator({M, N}, numWarps, {numWarps, 1}));
+        } else {
+          // A is replicated over the N groups: each warpgroup reads all of its rows' K.
+          Layout a = Layout::dotOperand(acc, 0, 64, 16);
+          EXPECT_NE(a.replicatedWarpMask(), 0u);
+          for (int64_t w = 4; w < numWarps; ++w)
+            if ((w / 4) % (M / 64) == 0)
+              for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(a.apply(0, lane, w), a.apply(0, lane, w % 4));
+        }
+      }
+}
+
+TEST(WgmmaAccumulator, RejectsBadParameters) {
+  EXPECT_THROW(Layout::wgmmaAccumulator({64, 64}, 8, 1), Error);   // 8 warps would need M = 128
+  EXPECT_THROW(Layout::wgmmaAccumulator({32, 64}, 2, 1), Error);   // less than a warpgroup
+  EXPECT_THROW(Layout::wgmmaAccumulator({64, 8}, 8, 2), Error);    // 4 columns a warpgroup
+  EXPECT_THROW(Layout::wgmmaAccumulator({64, 96}, 8, 2), Error);   // not a power of two
+  EXPECT_THROW(Layout::wgmmaAccumulator({64, 64, 2}, 8, 2), Error);
+  try {
+    Layout::wgmmaAccumulator({64, 64}, 8, 4);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 warpgroups along N"), std::string::npos) << e.what();
+  }
+}
+
 // A row-max over the accumulator: each row's values sit in one quad of 4
 // lanes (lane bits 0 and 1 are the only lane bits along N), so the reduction
 // is in-thread, then shuffles over lane bits 0 and 1, then (when wn > 1)
