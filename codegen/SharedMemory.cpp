@@ -209,6 +209,19 @@ std::vector<const Op*> residentAConverts(const ir::Function& f, const Target& ta
   return resident;
 }
 
+std::vector<const Op*> stagedAConverts(const ir::Function& f, const Target& target) {
+  std::vector<const Op*> staged;
+  f.walk([&](const Op& op) {
+    if (op.kind() == OpKind::ConvertLayout && wgmmaStagedA(op, target)) staged.push_back(&op);
+  });
+  if (staged.empty()) return {};
+  std::vector<const Op*> all = residentAConverts(f, target);
+  all.insert(all.end(), staged.begin(), staged.end());
+  if (placeBuffers(f, std::set<const Op*>(all.begin(), all.end())).totalBytes > target.maxSharedBytesPerBlock())
+    return {};
+  return staged;
+}
+
 void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target) {
   if (plan.totalBytes <= target.maxSharedBytesPerBlock()) return;
   const Op* biggest = nullptr;

@@ -122,6 +122,9 @@ SharedPlan planSharedMemory(const ir::Function& f);
 // the target's shared memory; none when it does not. The "wgmma" pass turns
 // them into shared buffers (codegen/passes/Wgmma.cpp). In program order.
 std::vector<const ir::Op*> residentAConverts(const ir::Function& f, const Target& target);
+// The converts of A tiles computed in loops that the "wgmma" pass stages through shared memory
+// (TensorCores.h wgmmaStagedA) when the plan with them and the resident tiles fits; else none.
+std::vector<const ir::Op*> stagedAConverts(const ir::Function& f, const Target& target);
 
 // Throws flextile::Error naming the largest users when the plan does not fit
 // the target's shared memory.

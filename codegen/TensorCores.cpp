@@ -561,6 +561,28 @@ std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& targe
   return WgmmaResident{*tile, {dot}};
 }
 
+std::optional<WgmmaResident> wgmmaStagedA(const ir::Op& cvt, const Target& target) {
+  const ir::Type* xt = residentCandidate(cvt, target);
+  if (!xt || !cvt.parentBlock()->parentOp() || cvt.parentBlock()->parentOp()->kind() != OpKind::For) return std::nullopt;
+  const ir::Block& block = *cvt.parentBlock();
+  const ir::Op* dot = nullptr;
+  for (const auto& op : block.ops())
+    for (const ir::Value* o : op->operands())
+      if (o == cvt.result()) {
+        if (dot) return std::nullopt;
+        dot = op.get();
+      }
+  if (!dot || !onlyUser(cvt.result(), dot, block) || dot->kind() != OpKind::Dot || !readsAsA(*dot, cvt.result()))
+    return std::nullopt;
+  // Only where the warpgroups split N: there A's rows are in the other warpgroup's registers too,
+  // so the alternative is a conversion through shared memory anyway.
+  const auto nk = wgmmaAccumulator(*dot, target);
+  if (!nk || nk->first == dot->result()->type().shape()[1] || !wgmmaPlan(*dot, target)) return std::nullopt;
+  auto tile = wgmmaTile(xt->shape(), 1, 1, ir::byteWidth(xt->dtype()));
+  if (!tile) return std::nullopt;
+  return WgmmaResident{*tile, {dot}};
+}
+
 bool hasWgmmaDots(const ir::Function& f, const Target& target) {
   bool any = false;
   f.walk([&](const ir::Op& op) { any = any || (op.kind() == OpKind::Dot && wgmmaPlan(op, target)); });

@@ -105,6 +105,11 @@ int64_t asyncCopyWidth(const ir::Layout& from, const ir::SharedLayout& smem, int
 //     accumulator fragment of each warp is the mma.sync one repeated along N
 //     (d[4i..4i+3] of n-block i at the m16n8 positions), so layouts, softmax
 //     and the P operand are the same as on mma.sync;
+//     or, where M is smaller than 16 * num_warps (a 64-row product on 8
+//     warps), the warpgroups split N as well (Layout::wgmmaAccumulator,
+//     wgmmaGroupsAlongN): each issues an m64 x N/groups wgmma on its share of
+//     B, found at a byte offset into B's tile (WgmmaTile::mnByteOffset), and
+//     its A is the whole of its rows (replicated over the N groups);
 //   * N is a multiple of 8 up to 256 and K a multiple of 16.
 // Other layout conversions in the loop (through shared memory) are allowed: the
 // wrong rows they once gave on the H200 were ptxas losing a register A operand
@@ -250,6 +255,16 @@ std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
 // slot, as it reads a ring slot, instead of holding B's fragments in registers (which a
 // 16-rows-per-warp split would need for all of B in every warp).
 std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& convert, const Target& target);
+
+// A computed in a loop, read from shared memory: a convert in a for body whose only reader is
+// operand 0 of a wgmma dot whose warpgroups split N (Layout::wgmmaAccumulator; the backward's
+// dV += Pᵀ·dO and dK += dSᵀ·Q with 64 keys on 8 warps). Each warpgroup holds only its share of the
+// tile's columns while each needs all of its rows, so the tile crosses shared memory either way:
+// the "wgmma" pass stores it every iteration into a one-slot buffer made before the outermost loop
+// (K-major, as a resident A), and the dot reads it through a descriptor instead of ldmatrix
+// fragments after a conversion. Subject to FLEXTILE_WGMMA_SMEM_A=0 and to the shared-memory fit
+// (SharedMemory.h stagedAConverts).
+std::optional<WgmmaResident> wgmmaStagedA(const ir::Op& convert, const Target& target);
 
 // Whether wgmma's B descriptors of k-steps 1.. are added to k-step 0's inside the product's asm
 // (the default) rather than built one by one; FLEXTILE_WGMMA_B_STEPS=0 builds them one by one, to

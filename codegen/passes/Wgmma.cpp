@@ -128,6 +128,7 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
   auto resident = wgmmaResidentA(cvt, target);
   if (!resident) resident = wgmmaResidentB(cvt, target);
   if (!resident) resident = wgmmaStagedB(cvt, target);
+  if (!resident) resident = wgmmaStagedA(cvt, target);
   const ir::Type& x = cvt.operand(0)->type();
   // A tile outside the loops is stored where it is first read: before the loop that reads it,
   // after that loop's ring prologue, so that the first K/V (or Q/dO) stages are issued before the
@@ -160,7 +161,7 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
       slot = r.slot;
     }
   if (!buf) {
-    // A tile staged inside a loop (wgmmaStagedB: the atomic dQ's dSᵀ) gets its buffer before the
+    // A tile staged inside a loop (wgmmaStagedB: the atomic dQ's dSᵀ; wgmmaStagedA) gets its buffer before the
     // outermost loop, live through it; the store and its barriers stay where the convert was.
     const Op* outermost = &cvt;
     while (outermost->parentBlock() != &f.body()) outermost = outermost->parentBlock()->parentOp();
@@ -186,6 +187,10 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
     Op* own = block.insert(block.find(&dot), f.createOp(OpKind::LocalLoad, {buf, slot}, {tile->type()}, {}, dot.loc()));
     dot.setOperand(0, own->result());
   });
+  // (A tile staged in a loop is read by a dot of its own block, which now has its own load.)
+  bool read = false;
+  f.walk([&](const Op& op) { read = read || reads(op, tile); });
+  if (!read) block.erase(tile->definingOp());
 }
 }  // namespace
 
@@ -211,6 +216,8 @@ void selectWgmma(ir::Function& f, const Target& target) {
     if (op.kind() == OpKind::ConvertLayout && (loopsRunWgmma || parent) && wgmmaStagedB(op, target))
       staged.push_back(&op);
   });
+  // (A computed in a loop for a product whose warpgroups split N: stored each iteration.)
+  for (const Op* cvt : stagedAConverts(f, target)) staged.push_back(const_cast<Op*>(cvt));
   std::vector<ResidentTile> made;
   for (Op* cvt : staged) keepResident(f, *cvt, target, made);
   // In program order: a tile's first convert makes its buffer, later ones read it.

@@ -225,6 +225,10 @@ TEST(FlexAttentionBackwardCodegen, WarpgroupsSplitDkAndDvColumnsAtD256) {
     // Per query step and walk: Sᵀ's and dPᵀ's 16 k-steps each, dK's and dV's 4 (64 queries).
     EXPECT_EQ(count(dkdv.ptx, "wgmma\\.mma_async[^\\n]*m64n32k16"), 2 * 32) << "causal: two walks";
     EXPECT_EQ(count(dkdv.ptx, "wgmma\\.mma_async[^\\n]*m64n128k16"), 2 * 8);
+    // Pᵀ and dSᵀ, each warpgroup's half of the queries, are staged in shared memory every step and
+    // read by dV's and dK's products through a descriptor (TensorCores.h wgmmaStagedA): no ldmatrix.
+    EXPECT_EQ(count(dkdv.ptx, "m64n128k16[^\\n]*\\}, ad[0-9]+, bd"), 2 * 8);
+    EXPECT_EQ(count(dkdv.ptx, "ldmatrix"), 0);
     if (flextile::testing::assemblesInThisBuild()) {
       const codegen::PtxasReport report = codegen::runPtxas(dkdv.ptx, target);
       EXPECT_EQ(report.spillStoreBytes, 0) << report.log;
