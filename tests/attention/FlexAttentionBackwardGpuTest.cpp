@@ -155,23 +155,27 @@ TEST_P(FlexAttentionBackwardGpuSchedule, SpecializedAtomicDq) {
 
 // dkdv on two warpgroups of 64 keys that split N (Layout::wgmmaAccumulator): each warpgroup's
 // wgmma reads its share of B at an offset into the ring slot (K-major Qᵀ and dOᵀ by rows, N-major Q
-// and dO by panels) and writes its columns of dK and dV. D = V = 256, 256 / 128 and 128; GQA,
-// lengths off the blocks; unspecialized and with the producer warpgroup.
+// and dO by panels) and writes its columns of dK and dV; Pᵀ and dSᵀ staged in shared memory as A.
+// D = V = 256, 256 / 128 and 128; GQA, lengths off the blocks; unspecialized and with the producer
+// warpgroup.
 TEST_P(FlexAttentionBackwardGpuSchedule, WarpgroupsSplittingN) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const Variant& var = variant(GetParam());
   const auto ws = WarpSpecialization::On;
-  const std::vector<FlexAttentionBackwardConfig> configs{{{64, 64, 8, 2}, {64, 64, 4, 2}},
-                                                         {{64, 64, 8, 2, ws}, {64, 64, 4, 2}},
-                                                         {{32, 64, 8, 2, ws}, {128, 64, 8, 2, ws}}};
+  // One config a shape, dealt in turn (all of them with FLEXTILE_GPU_TESTS_FULL=1); dq on 8 warps
+  // splits N too at D = 256.
+  ConfigSample<FlexAttentionBackwardConfig> configs({{{64, 64, 8, 2}, {64, 64, 8, 2}},
+                                                     {{64, 64, 8, 2, ws}, {64, 64, 4, 2}},
+                                                     {{32, 64, 8, 2, ws}, {128, 64, 8, 2, ws}}},
+                                                    1, rng);
   const AttentionCase shapes[] = {
       {.B = 1, .Hq = 4, .Hkv = 2, .L = 150, .S = 300, .D = 256, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 333, .S = 129, .D = 256, .dtype = DType::F16, .DV = 128},
       {.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 259, .D = 128, .dtype = DType::BF16},
   };
   for (AttentionCase c : shapes)
-    for (const FlexAttentionBackwardConfig& config : configs) {
+    for (const FlexAttentionBackwardConfig& config : configs.next()) {
       c.context = "variant " + var.name + " " + config.describe();
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
       if (!checkBackward(rng, c, kDevice, inst.score, inst.mask, withConfig(config, inst))) return;
