@@ -428,6 +428,24 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
     }
 }
 
+// 64 query rows on 8 warps: the warpgroups split N (Layout::wgmmaAccumulator), so the softmax's row
+// reductions cross warpgroups and P reaches P·V through a staged shared tile (wgmmaStagedA); at
+// D = 64 V's halves are not whole panels, so P·V keeps the mma.sync split beside S's wgmma shares.
+// Unspecialized and with the producer warpgroup.
+TEST(TilePassesInterpreted, ForwardWarpgroupsSplittingN) {
+  SeededRandom rng;
+  InterpretAfterPasses scope("sm_90a");
+  for (const FlexAttentionConfig& config : {FlexAttentionConfig{64, 64, 8, 2}, FlexAttentionConfig{64, 64, 8, 2, WarpSpecialization::On}})
+    for (int64_t D : {128, 64})
+      for (const char* name : {"full", "causal", "softcap"}) {
+        AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = D, .dtype = DType::BF16};
+        c.context = std::string(name) + " " + config.describe();
+        VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+        if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+          return;
+      }
+}
+
 // Loop-invariant loads hoisted (FLEXTILE_HOIST_INVARIANT_LOADS=1): the document mask's per-row ids
 // leave the walks, and every variant still computes the same (fully masked rows included, GQA,
 // lengths off the block), with and without warp specialization.
