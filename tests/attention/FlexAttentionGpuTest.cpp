@@ -378,6 +378,25 @@ TEST_P(FlexAttentionGpuSchedule, WarpSpecialized) {
   }
 }
 
+// 64 query rows on 8 warps: on sm_90a the warpgroups split N (Layout::wgmmaAccumulator), each
+// issuing its share of S and of P·V at an offset into the K and V slots, the softmax's row
+// reductions crossing warpgroups, P staged in shared memory (at D = 80, padded to 128, V's halves
+// are whole panels too). Unspecialized and with the producer warpgroup.
+TEST_P(FlexAttentionGpuSchedule, WarpgroupsSplittingN) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const Variant& var = variant(GetParam());
+  for (AttentionCase c : kScheduleCases) {
+    if (!inScope(c.work())) continue;
+    c.context = "variant " + var.name + ", 64 rows on 8 warps";
+    VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    auto [q, k, v, out, ref] = randomInputs(rng, c, inst);
+    for (const FlexAttentionConfig& config :
+         {FlexAttentionConfig{64, 64, 8, 2}, FlexAttentionConfig{64, 64, 8, 2, WarpSpecialization::On}})
+      if (!runAndCompare(q, k, v, out, ref, c.describe(), inst.score, inst.mask, withConfig(config))) return;
+  }
+}
+
 // Loop-invariant loads hoisted before the walks and per-step reads issued a step early
 // (codegen/passes/HoistInvariantLoads.cpp, PrefetchLoads.cpp; the forward template asks for both,
 // the backward for the hoist): forced on every kernel here, the decode template's too, at the
