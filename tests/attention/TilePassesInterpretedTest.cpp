@@ -431,11 +431,15 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
 // 64 query rows on 8 warps: the warpgroups split N (Layout::wgmmaAccumulator), so the softmax's row
 // reductions cross warpgroups and P reaches P·V through a staged shared tile (wgmmaStagedA); at
 // D = 64 V's halves are not whole panels, so P·V keeps the mma.sync split beside S's wgmma shares.
-// Unspecialized and with the producer warpgroup.
+// Unspecialized, with the producer warpgroup, deferred accumulation and skewed walks.
 TEST(TilePassesInterpreted, ForwardWarpgroupsSplittingN) {
   SeededRandom rng;
   InterpretAfterPasses scope("sm_90a");
-  for (const FlexAttentionConfig& config : {FlexAttentionConfig{64, 64, 8, 2}, FlexAttentionConfig{64, 64, 8, 2, WarpSpecialization::On}})
+  FlexAttentionConfig deferred{64, 64, 8, 2}, skewed{64, 64, 8, 2};
+  deferred.defer = LoopSchedule::On;  // the prologue's and epilogue's products outside the loop
+  skewed.skew = LoopSchedule::On;
+  for (const FlexAttentionConfig& config :
+       {FlexAttentionConfig{64, 64, 8, 2}, FlexAttentionConfig{64, 64, 8, 2, WarpSpecialization::On}, deferred, skewed})
     for (int64_t D : {128, 64})
       for (const char* name : {"full", "causal", "softcap"}) {
         AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = D, .dtype = DType::BF16};
