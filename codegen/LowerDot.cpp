@@ -271,14 +271,15 @@ void Lowering::lowerWgmmaDot(const ir::Op& op, const WgmmaPlan& w) {
   // Warpgroup g's share (Layout::wgmmaAccumulator): the warp bits past the first two pick its m64
   // block of M — rows of a resident A (K-major; whole 8-row swizzle groups) or its columns
   // (M-major; whole 64-element panels) — and its N / groups columns of B, each a plain byte
-  // offset into its tile, so the share's offset is the XOR of its bits' offsets.
+  // offset into its tile, so the share's offset is the XOR of its bits' offsets; replicas read
+  // what the first group reads.
   llvm::Value* bBase = b.CreateAdd(smemBase, slotByteOffset(*w.load));
   llvm::Value* aBase = residentA ? b.CreateAdd(smemBase, slotByteOffset(*aLoad)) : nullptr;
   const auto& warpBases = lc.warpBases();
   llvm::Value *aShare = i32(0), *bShare = i32(0);
   for (size_t bit = 2; bit < warpBases.size(); ++bit) {
     const bool alongM = warpBases[bit][0] != 0;
-    if (alongM && !residentA) continue;
+    if ((alongM && !residentA) || warpBases[bit] == Layout::Coord{0, 0}) continue;  // (a replica: no share)
     const int64_t bytes =
         alongM ? residentA->mnByteOffset(warpBases[bit][0]) : w.b.mnByteOffset(warpBases[bit][1]);
     llvm::Value* on = b.CreateAnd(b.CreateLShr(warp, i32(int64_t(bit))), i32(1));

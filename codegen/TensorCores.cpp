@@ -287,13 +287,16 @@ std::optional<std::pair<int64_t, int64_t>> wgmmaAccumulator(const ir::Op& dot, c
   const int64_t M = lc.shape()[0], N = lc.shape()[1], K = dot.operand(0)->type().shape()[1];
   // Warps: 16 rows each within a warpgroup, then the warpgroups along M, then along N
   // (Layout::wgmmaAccumulator); each warpgroup's product is m64 x N / groups.
+  // Replicas (zero bases) last.
   const auto& warps = lc.warpBases();
-  size_t i = 0;
-  while (i < warps.size() && warps[i] == Layout::Coord{int64_t(16) << i, 0}) ++i;
-  const int64_t groupsAlongN = int64_t(1) << (warps.size() - i), groupN = N / groupsAlongN;
-  for (size_t j = i; j < warps.size(); ++j)
+  size_t i = 0, end = warps.size();
+  while (i < end && warps[i] == Layout::Coord{int64_t(16) << i, 0}) ++i;
+  while (end > i && warps[end - 1] == Layout::Coord{0, 0}) --end;
+  const int64_t groupsAlongN = int64_t(1) << (end - i), groupN = N / groupsAlongN;
+  const int replicas = 1 << int(warps.size() - end);
+  for (size_t j = i; j < end; ++j)
     if (warps[j] != Layout::Coord{0, groupN << (j - i)}) return std::nullopt;
-  if (!wgmmaShapeFits(M, groupN, K, numWarps / int(groupsAlongN), target)) return std::nullopt;
+  if (!wgmmaShapeFits(M, groupN, K, numWarps / int(groupsAlongN) / replicas, target)) return std::nullopt;
   for (const auto& basis : lc.regBases())
     if (basis[0] >= 16 || basis[1] >= groupN) return std::nullopt;  // no M repetition inside a warp
   return std::pair{groupN, K};
@@ -564,23 +567,27 @@ std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& cvt, const Target& targe
 std::optional<WgmmaResident> wgmmaStagedA(const ir::Op& cvt, const Target& target) {
   const ir::Type* xt = residentCandidate(cvt, target);
   if (!xt || !cvt.parentBlock()->parentOp() || cvt.parentBlock()->parentOp()->kind() != OpKind::For) return std::nullopt;
+  // Every reader (in the convert's block) a wgmma dot taking it as A whose warpgroups split N or
+  // replicate the tile: there A's rows are in the other warpgroup's registers too, so the
+  // alternative is a conversion through shared memory anyway. (dSᵀ is the A of each chunk's dK.)
   const ir::Block& block = *cvt.parentBlock();
-  const ir::Op* dot = nullptr;
-  for (const auto& op : block.ops())
-    for (const ir::Value* o : op->operands())
-      if (o == cvt.result()) {
-        if (dot) return std::nullopt;
-        dot = op.get();
-      }
-  if (!dot || !onlyUser(cvt.result(), dot, block) || dot->kind() != OpKind::Dot || !readsAsA(*dot, cvt.result()))
-    return std::nullopt;
-  // Only where the warpgroups split N: there A's rows are in the other warpgroup's registers too,
-  // so the alternative is a conversion through shared memory anyway.
-  const auto nk = wgmmaAccumulator(*dot, target);
-  if (!nk || nk->first == dot->result()->type().shape()[1] || !wgmmaPlan(*dot, target)) return std::nullopt;
   auto tile = wgmmaTile(xt->shape(), 1, 1, ir::byteWidth(xt->dtype()));
   if (!tile) return std::nullopt;
-  return WgmmaResident{*tile, {dot}};
+  WgmmaResident out{*tile, {}};
+  for (const auto& op : block.ops()) {
+    if (std::find(op->operands().begin(), op->operands().end(), cvt.result()) == op->operands().end()) continue;
+    const ir::Type& acc = op->result()->type();
+    if (op->kind() != OpKind::Dot || !readsAsA(*op, cvt.result()) || !wgmmaAccumulator(*op, target) ||
+        acc.shape()[0] == 16 * acc.layout()->numWarps() || !wgmmaPlan(*op, target))
+      return std::nullopt;
+    out.readers.push_back(op.get());
+  }
+  size_t readers = 0;  // anywhere: one in a nested region rules the tile out
+  cvt.function()->walk([&](const ir::Op& op) {
+    readers += size_t(std::count(op.operands().begin(), op.operands().end(), cvt.result()));
+  });
+  if (out.readers.empty() || readers != out.readers.size()) return std::nullopt;
+  return out;
 }
 
 bool hasWgmmaDots(const ir::Function& f, const Target& target) {

@@ -256,10 +256,11 @@ std::optional<WgmmaTile> wgmmaResidentBTile(const ir::Op& localLoad);
 // 16-rows-per-warp split would need for all of B in every warp).
 std::optional<WgmmaResident> wgmmaStagedB(const ir::Op& convert, const Target& target);
 
-// A computed in a loop, read from shared memory: a convert in a for body whose only reader is
-// operand 0 of a wgmma dot whose warpgroups split N (Layout::wgmmaAccumulator; the backward's
-// dV += Pᵀ·dO and dK += dSᵀ·Q with 64 keys on 8 warps). Each warpgroup holds only its share of the
-// tile's columns while each needs all of its rows, so the tile crosses shared memory either way:
+// A computed in a loop, read from shared memory: a convert in a for body whose readers are all
+// operand 0 of wgmma dots (in its block) whose warpgroups split N or replicate the tile
+// (Layout::wgmmaAccumulator; the backward's dV += Pᵀ·dO and each chunk's dK += dSᵀ·Q with 64 keys
+// on 8 warps). Each warpgroup holds only its share of the tile's columns while each needs all of
+// its rows, so the tile crosses shared memory either way:
 // the "wgmma" pass stores it every iteration into a one-slot buffer made before the outermost loop
 // (K-major, as a resident A), and the dot reads it through a descriptor instead of ldmatrix
 // fragments after a conversion. Subject to FLEXTILE_WGMMA_SMEM_A=0 and to the shared-memory fit

@@ -398,17 +398,18 @@ Layout Layout::mmaAccumulator(const Shape& shape, int numWarps, const std::vecto
   return Layout(shape, reg, quadLanes(2), warp);
 }
 
-Layout Layout::wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN) {
+Layout Layout::wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN, int64_t replicas) {
   auto fail = [&](const std::string& what) {
     throw Error("wgmma accumulator layout for " + shapeString(shape) + " with " + std::to_string(numWarps) +
-                " warps, " + std::to_string(groupsAlongN) + " warpgroups along N: " + what);
+                " warps, " + std::to_string(groupsAlongN) + " warpgroups along N, " + std::to_string(replicas) +
+                " replicas: " + what);
   };
   if (shape.size() != 2) fail("the tile must have rank 2 ([M, N])");
   const int64_t M = shape[0], N = shape[1];
-  if (!isPow2(M) || !isPow2(N) || !isPow2(numWarps) || !isPow2(groupsAlongN))
-    fail("M, N, the warps and the groups must be powers of two");
-  if (numWarps < 4 || M < 64 || M * groupsAlongN != 16 * numWarps)
-    fail("the warpgroups (numWarps / 4) must be M / 64 along M times groupsAlongN along N");
+  if (!isPow2(M) || !isPow2(N) || !isPow2(numWarps) || !isPow2(groupsAlongN) || !isPow2(replicas))
+    fail("M, N, the warps, the groups and the replicas must be powers of two");
+  if (numWarps < 4 || M < 64 || M * groupsAlongN * replicas != 16 * numWarps)
+    fail("the warpgroups (numWarps / 4) must be M / 64 along M times groupsAlongN along N times the replicas");
   const int64_t groupN = N / groupsAlongN;
   if (groupN < 8) fail("each warpgroup needs 8 columns or more");
   Bases reg{at2(0, 1), at2(8, 0)};
@@ -416,6 +417,7 @@ Layout Layout::wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groups
   Bases warp{at2(16, 0), at2(32, 0)};
   for (int64_t step = 64; step < M; step *= 2) warp.push_back(at2(step, 0));
   for (int64_t step = groupN; step < N; step *= 2) warp.push_back(at2(0, step));
+  for (int64_t r = 1; r < replicas; r *= 2) warp.push_back(at2(0, 0));
   return Layout(shape, reg, quadLanes(2), warp);
 }
 

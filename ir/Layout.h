@@ -141,8 +141,10 @@ class Layout {
   // the M groups (64, 128, ...), then the N groups. groupsAlongN = 1 is mmaAccumulator({M, N},
   // numWarps, {numWarps, 1}) base for base. A split along N lets a 64-row product use 8 warps (the
   // backward's dK and dV at D = 256: each warpgroup a half of the columns); its A operand
-  // (dotOperand) is then replicated over the N groups.
-  static Layout wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN);
+  // (dotOperand) is then replicated over the N groups. `replicas` > 1 leaves that many groups
+  // computing the same tile (zero warp bases after the N groups): a product whose B cannot be cut
+  // along N (numWarps / 4 = M / 64 * groupsAlongN * replicas).
+  static Layout wgmmaAccumulator(const Shape& shape, int numWarps, int64_t groupsAlongN, int64_t replicas = 1);
 
   // Register layout of the A ([M, K], operandIndex 0) or B ([K, N], operandIndex
   // 1) fragments of the mma whose accumulator is `mmaParent` (a layout made by

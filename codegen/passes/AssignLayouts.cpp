@@ -446,53 +446,66 @@ class LayoutAssigner {
         }
       }
     }
-    const std::unordered_map<const Op*, int64_t> groups = groupsAlongN(dots, chained);
+    const std::unordered_map<const Op*, WarpgroupSplit> groups = groupsAlongN(dots, chained);
     for (Op* dot : dots) {
       const Shape& s = dot->result()->type().shape();
-      const int64_t g = groups.at(dot);
-      mma_[dot] = ir::makeLayout(g > 1 ? Layout::wgmmaAccumulator(s, numWarps_, g)
-                                       : Layout::mmaAccumulator(s, numWarps_,
-                                                                mmaWarpsPerCTA(s[0], s[1], numWarps_, chained.count(dot) != 0)));
+      const WarpgroupSplit g = groups.at(dot);
+      mma_[dot] = ir::makeLayout(g.groups * g.replicas > 1
+                                     ? Layout::wgmmaAccumulator(s, numWarps_, g.groups, g.replicas)
+                                     : Layout::mmaAccumulator(s, numWarps_,
+                                                              mmaWarpsPerCTA(s[0], s[1], numWarps_, chained.count(dot) != 0)));
     }
   }
+
+  struct WarpgroupSplit {
+    int64_t groups = 1, replicas = 1;  // along N; computing the same tile
+    bool operator==(const WarpgroupSplit&) const = default;
+  };
 
   // A chained product of 64 rows on 8 warps runs as two warpgroups, each half of N on wgmma
   // (TensorCores.h wgmmaGroupsAlongN), where each share of B starts where a descriptor can: B read
   // through a trans is K-major (shares of whole 8-line groups), B read as loaded is N-major (shares
-  // of whole 128-byte panels). The dots reading one B source (a ring tile holds one layout for
-  // wgmma or for ldmatrix) and the dots adding into one accumulator take the split together or not
-  // at all.
-  std::unordered_map<const Op*, int64_t> groupsAlongN(const std::vector<Op*>& dots,
-                                                      const std::unordered_set<const Op*>& chained) const {
-    std::unordered_map<const Op*, int64_t> groups;
+  // of whole 128-byte panels). Where a share would not, the warpgroups each compute the whole tile
+  // (replicas: a 64-column chunk of a split head dim, N-major), still on wgmma. The dots adding
+  // into one accumulator take one split (the fewer groups), and the dots reading one B source are
+  // on wgmma together or not at all (a ring tile holds one layout for wgmma or for ldmatrix).
+  std::unordered_map<const Op*, WarpgroupSplit> groupsAlongN(const std::vector<Op*>& dots,
+                                                             const std::unordered_set<const Op*>& chained) const {
+    std::unordered_map<const Op*, WarpgroupSplit> split;
     std::unordered_map<const Op*, std::vector<const Op*>> readersOfB;
     for (Op* dot : dots) {
       const Shape& s = dot->result()->type().shape();
       const ir::Type& a = dot->operand(0)->type();
-      int64_t g = chained.count(dot) ? wgmmaGroupsAlongN(s[0], s[1], a.shape()[1], numWarps_, a.dtype(), target_) : 1;
+      const int64_t g =
+          chained.count(dot) ? wgmmaGroupsAlongN(s[0], s[1], a.shape()[1], numWarps_, a.dtype(), target_) : 1;
       const Op* source = dot->operand(1)->definingOp();
       bool transposed = false;
       while (source && (source->kind() == OpKind::Trans || source->kind() == OpKind::ConvertLayout)) {
         transposed = transposed || source->kind() == OpKind::Trans;
         source = source->operand(0)->definingOp();
       }
-      if (g > 1 && !transposed && (s[1] / g) * ir::byteWidth(a.dtype()) % 128 != 0) g = 1;
-      groups[dot] = g;
+      const bool whole = !transposed && (s[1] / g) * ir::byteWidth(a.dtype()) % 128 != 0;
+      split[dot] = whole ? WarpgroupSplit{1, g} : WarpgroupSplit{g, 1};
       if (source) readersOfB[source].push_back(dot);
     }
+    auto wgmma = [&](const Op* d) { return split[d].groups * split[d].replicas > 1; };
     for (bool changed = true; changed;) {
       changed = false;
-      auto together = [&](const Op* x, const Op* y) {
-        if ((groups[x] > 1) != (groups[y] > 1)) groups[x] = groups[y] = 1, changed = true;
-      };
       for (const auto& [source, readers] : readersOfB)
-        for (const Op* r : readers) together(r, readers.front());
-      for (Op* dot : dots)
-        if (const Op* first = dot->numOperands() > 2 ? dot->operand(2)->definingOp() : nullptr;
-            first && groups.count(first))
-          together(dot, first);
+        for (const Op* r : readers)
+          if (wgmma(r) != wgmma(readers.front())) {
+            split[r] = split[readers.front()] = WarpgroupSplit{};
+            changed = true;
+          }
+      for (Op* dot : dots) {
+        const Op* first = dot->numOperands() > 2 ? dot->operand(2)->definingOp() : nullptr;
+        if (!first || !split.count(first) || split[dot] == split[first]) continue;
+        const WarpgroupSplit& fewer = split[dot].groups < split[first].groups ? split[dot] : split[first];
+        split[dot] = split[first] = wgmma(dot) && wgmma(first) ? fewer : WarpgroupSplit{};
+        changed = true;
+      }
     }
-    return groups;
+    return split;
   }
 
   // ---- phase 1: plan ----------------------------------------------------------

@@ -234,6 +234,29 @@ TEST(FlexAttentionBackwardCodegen, WarpgroupsSplitDkAndDvColumnsAtD256) {
       EXPECT_EQ(report.spillStoreBytes, 0) << report.log;
     }
   }
+  // MLA's 192 / 128, the head dim split 128 + 64: dK's 64-column chunk reads the N-major 64
+  // columns of Q's second chunk, which a warpgroup's half would cut inside a 128-byte panel, so
+  // both warpgroups compute all of it (replicas); the rest splits. Still every product on wgmma.
+  {
+    Tensor q = Tensor::empty(DType::BF16, {1, 2, 1024, 192}, MemorySpace::Host);
+    Tensor v = Tensor::empty(DType::BF16, {1, 2, 1024, 128}, MemorySpace::Host);
+    Tensor lse = Tensor::empty(DType::F32, {1, 2, 1024}, MemorySpace::Host);
+    VariantInstance inst = variant("causal").make({1, 2, 1024, 1024, MemorySpace::Host, BlockSizes{}, 1});
+    const FlexAttentionBackwardPlan mla = plan_flex_attention_backward(
+        q, q, v, v, lse, v, inst.score, inst.mask, {.config = FlexAttentionBackwardConfig{{64, 64, 8, 2}, {64, 64, 4, 2}}},
+        target);
+    const std::string& ptx = mla.compiled[1]->ptx;
+    EXPECT_EQ(count(ptx, "mma\\.sync"), 0);
+    EXPECT_EQ(count(ptx, "ldmatrix"), 0);
+    // Per step and walk: Sᵀ 8 + 4 and dPᵀ 8 k-steps as m64n32; dV, dK's first chunk (halves) and its
+    // second (whole, replicated) 4 each as m64n64.
+    EXPECT_EQ(count(ptx, "wgmma\\.mma_async[^\\n]*m64n32k16"), 2 * 20);
+    EXPECT_EQ(count(ptx, "wgmma\\.mma_async[^\\n]*m64n64k16"), 2 * 12);
+    if (flextile::testing::assemblesInThisBuild()) {
+      const codegen::PtxasReport report = codegen::runPtxas(ptx, target);
+      EXPECT_EQ(report.spillStoreBytes, 0) << report.log;
+    }
+  }
   flextile::testing::ScopedSetenv off("FLEXTILE_WGMMA_SPLIT_N", "0");
   const VariantPlan mmaSync = planFor(target, FlexAttentionBackwardConfig{{64, 64, 8, 2}, {64, 64, 4, 2}}, "causal", 256);
   EXPECT_GT(count(mmaSync.compiled[1]->ptx, "mma\\.sync"), 0);

@@ -156,8 +156,8 @@ TEST_P(FlexAttentionBackwardGpuSchedule, SpecializedAtomicDq) {
 // dkdv on two warpgroups of 64 keys that split N (Layout::wgmmaAccumulator): each warpgroup's
 // wgmma reads its share of B at an offset into the ring slot (K-major Qᵀ and dOᵀ by rows, N-major Q
 // and dO by panels) and writes its columns of dK and dV; Pᵀ and dSᵀ staged in shared memory as A.
-// D = V = 256, 256 / 128 and 128; GQA, lengths off the blocks; unspecialized and with the producer
-// warpgroup.
+// D = V = 256, 256 / 128, 128 and MLA's 192 / 128 (whose 64-column chunk of dK both warpgroups
+// compute); GQA, lengths off the blocks; unspecialized and with the producer warpgroup.
 TEST_P(FlexAttentionBackwardGpuSchedule, WarpgroupsSplittingN) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
@@ -173,6 +173,7 @@ TEST_P(FlexAttentionBackwardGpuSchedule, WarpgroupsSplittingN) {
       {.B = 1, .Hq = 4, .Hkv = 2, .L = 150, .S = 300, .D = 256, .dtype = DType::BF16},
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 333, .S = 129, .D = 256, .dtype = DType::F16, .DV = 128},
       {.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 259, .D = 128, .dtype = DType::BF16},
+      {.B = 1, .Hq = 4, .Hkv = 2, .L = 260, .S = 200, .D = 192, .dtype = DType::BF16, .DV = 128},
   };
   for (AttentionCase c : shapes)
     for (const FlexAttentionBackwardConfig& config : configs.next()) {

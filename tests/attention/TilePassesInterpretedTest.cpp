@@ -430,7 +430,7 @@ TEST(TilePassesInterpreted, ForwardWarpSpecialized) {
 
 // 64 query rows on 8 warps: the warpgroups split N (Layout::wgmmaAccumulator), so the softmax's row
 // reductions cross warpgroups and P reaches P·V through a staged shared tile (wgmmaStagedA); at
-// D = 64 V's halves are not whole panels, so P·V keeps the mma.sync split beside S's wgmma shares.
+// D = 64 V's halves are not whole panels, so both warpgroups compute all of P·V (replicas).
 // Unspecialized, with the producer warpgroup, deferred accumulation and skewed walks.
 TEST(TilePassesInterpreted, ForwardWarpgroupsSplittingN) {
   SeededRandom rng;

@@ -219,6 +219,19 @@ TEST(WgmmaAccumulator, EachWarpgroupOwnsAContiguousShareOfN) {
       }
 }
 
+// Replicas: the groups past the N split compute the same tile (zero warp bases), each element held
+// once per replica, and the first group's registers are every replica's.
+TEST(WgmmaAccumulator, ReplicasHoldTheSameShare) {
+  Layout acc = Layout::wgmmaAccumulator({64, 64}, 8, 1, 2);
+  EXPECT_EQ(acc.replicatedWarpMask(), 0b100u);
+  expectExactlyOneOwnerPerReplica(acc);
+  for (int64_t w = 0; w < 4; ++w)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int64_t r = 0; r < acc.numRegisters(); ++r) ASSERT_EQ(acc.apply(r, lane, w + 4), acc.apply(r, lane, w));
+  EXPECT_EQ(Layout::wgmmaAccumulator({64, 128}, 16, 2, 2).replicatedWarpMask(), 0b1000u);
+  EXPECT_THROW(Layout::wgmmaAccumulator({64, 64}, 8, 2, 2), Error);  // 4 groups on 2 warpgroups
+}
+
 TEST(WgmmaAccumulator, RejectsBadParameters) {
   EXPECT_THROW(Layout::wgmmaAccumulator({64, 64}, 8, 1), Error);   // 8 warps would need M = 128
   EXPECT_THROW(Layout::wgmmaAccumulator({32, 64}, 2, 1), Error);   // less than a warpgroup
