@@ -161,8 +161,9 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
       slot = r.slot;
     }
   if (!buf) {
-    // A tile staged inside a loop (wgmmaStagedB: the atomic dQ's dSᵀ; wgmmaStagedA) gets its buffer before the
-    // outermost loop, live through it; the store and its barriers stay where the convert was.
+    // A tile staged inside a loop (wgmmaStagedB: the atomic dQ's dSᵀ; wgmmaStagedA: Pᵀ and dSᵀ where
+    // the warpgroups split N) gets its buffer before the outermost loop, live through it; the store
+    // and its barriers stay where the convert was.
     const Op* outermost = &cvt;
     while (outermost->parentBlock() != &f.body()) outermost = outermost->parentBlock()->parentOp();
     auto bufferType = ir::Type::sharedBuffer(x.dtype(), 1, std::make_shared<const ir::SharedLayout>(resident->tile.smem));
@@ -187,10 +188,8 @@ void keepResident(ir::Function& f, Op& cvt, const Target& target, std::vector<Re
     Op* own = block.insert(block.find(&dot), f.createOp(OpKind::LocalLoad, {buf, slot}, {tile->type()}, {}, dot.loc()));
     dot.setOperand(0, own->result());
   });
-  // (A tile staged in a loop is read by a dot of its own block, which now has its own load.)
-  bool read = false;
-  f.walk([&](const Op& op) { read = read || reads(op, tile); });
-  if (!read) block.erase(tile->definingOp());
+  // (A tile staged in a loop is read by dots of its own block, which now have loads of their own.)
+  if (!f.hasUses(tile)) block.erase(tile->definingOp());
 }
 }  // namespace
 
@@ -216,7 +215,7 @@ void selectWgmma(ir::Function& f, const Target& target) {
     if (op.kind() == OpKind::ConvertLayout && (loopsRunWgmma || parent) && wgmmaStagedB(op, target))
       staged.push_back(&op);
   });
-  // (A computed in a loop for a product whose warpgroups split N: stored each iteration.)
+  // (A computed in a loop for products whose warpgroups split N: stored each iteration.)
   for (const Op* cvt : stagedAConverts(f, target)) staged.push_back(const_cast<Op*>(cvt));
   std::vector<ResidentTile> made;
   for (Op* cvt : staged) keepResident(f, *cvt, target, made);
