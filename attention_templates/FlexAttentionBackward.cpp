@@ -72,10 +72,13 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // 2026-12-06, against 16 × 32 / 16 × 32 (mma.sync): D = 192 / DV = 128 no mask 151.8 → 301.9
   // TFLOP/s, causal 147.6 → 291.8; D = DV = 192 causal 152.3 → 307.7. At D = 256 (512 columns)
   // that dkdv spills kilobytes and ran at a third of 16 × 32's speed (45.1 against 141.9), while
-  // dq 64 × 64 still gained (181.2).
+  // dq 64 × 64 still gained (181.2). There dkdv takes 64 keys × 64 queries on 8 warps, two
+  // warpgroups each holding half of dK's and dV's columns (Layout::wgmmaAccumulator): H100,
+  // 2026-12-07, D = 256 no mask 185.7 → 354.4 TFLOP/s, causal 181.2 → 344.7 (PyTorch FlexAttention
+  // 141.7 and 138.9, SDPA 344.3 and 369.4 in the same run).
   if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
     const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
-    return {columns <= 384 ? FlexAttentionConfig{16, 64, 4, 2} : FlexAttentionConfig{16, 32, 4, 2}, {64, 64, 4, 2}};
+    return {columns <= 384 ? FlexAttentionConfig{16, 64, 4, 2} : FlexAttentionConfig{64, 64, 8, 2}, {64, 64, 4, 2}};
   }
   if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
   const bool hopperAsync = target && target->has(codegen::Feature::SetMaxNReg) &&
@@ -859,10 +862,15 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   mask.checkInputs(B, Hq, L, S);
   if (blockMask && !options.config)  // the default narrowed to tile a mask of smaller blocks
     for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
+      auto rowsOf = [&](const FlexAttentionConfig& t) { return c == &config.dkdv ? t.block_n : t.block_m; };
+      const int64_t rowsBefore = rowsOf(*c);
       c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
       c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
-      // A program's rows (dkdv: keys, dq: queries) keep 16 per warp, one warpgroup at least.
-      const int64_t rows = c == &config.dkdv ? c->block_n : c->block_m;
+      // A program's rows (dkdv: keys, dq: queries), when they shrink, keep 16 per warp, one
+      // warpgroup at least. (Rows that stay keep their warps: 64 keys on 8 warps at D = 256 is the
+      // default's own split of N between two warpgroups.)
+      const int64_t rows = rowsOf(*c);
+      if (rows == rowsBefore) continue;
       const int warps = int(std::min<int64_t>(c->num_warps, std::max<int64_t>(4, rows / 16)));
       if (warps != c->num_warps) c->warp_specialize = WarpSpecialization::Auto;  // measured at 8 warps only
       c->num_warps = warps;
