@@ -298,7 +298,7 @@ std::optional<std::pair<int64_t, int64_t>> wgmmaAccumulator(const ir::Op& dot, c
     if (warps[j] != Layout::Coord{0, groupN << (j - i)}) return std::nullopt;
   if (!wgmmaShapeFits(M, groupN, K, numWarps / int(groupsAlongN) / replicas, target)) return std::nullopt;
   for (const auto& basis : lc.regBases())
-    if (basis[0] >= 16 || basis[1] >= groupN) return std::nullopt;  // no M repetition inside a warp
+    if (basis[0] >= 16 || basis[1] >= groupN) return std::nullopt;  // no repetition past a warpgroup's share
   return std::pair{groupN, K};
 }
 
@@ -454,7 +454,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   if (!onlyConverts) return std::nullopt;
   if (transposed && !onlyUser(cvt->result(), first, body)) return std::nullopt;
   const auto [N, K] = *nk;
-  const bool groupsAlongN = dot.result()->type().shape()[1] != N;
+  const bool splitsN = dot.result()->type().shape()[1] != N;
 
   // The contiguous dimension: the buffer's, or the one the load's registers run along.
   const ir::Type& source = fromBuffer ? load->operand(0)->type() : load->result()->type();
@@ -463,7 +463,7 @@ std::optional<WgmmaPlan> wgmmaPlan(const ir::Op& dot, const Target& target) {
   const int kDimOfLoad = transposed ? 1 : 0;
   auto tile = wgmmaTile(source.shape(), contiguous, kDimOfLoad, ir::byteWidth(t));
   if (!tile || (fromBuffer && !(tile->smem == *source.sharedLayout()))) return std::nullopt;
-  if (groupsAlongN && !tile->mnBlockAligned(N)) return std::nullopt;
+  if (splitsN && !tile->mnBlockAligned(N)) return std::nullopt;
   return WgmmaPlan{load, *tile, N, K};
 }
 
@@ -576,10 +576,9 @@ std::optional<WgmmaResident> wgmmaStagedA(const ir::Op& cvt, const Target& targe
   WgmmaResident out{*tile, {}};
   for (const auto& op : block.ops()) {
     if (std::find(op->operands().begin(), op->operands().end(), cvt.result()) == op->operands().end()) continue;
+    if (op->kind() != OpKind::Dot || !readsAsA(*op, cvt.result()) || !wgmmaAccumulator(*op, target)) return std::nullopt;
     const ir::Type& acc = op->result()->type();
-    if (op->kind() != OpKind::Dot || !readsAsA(*op, cvt.result()) || !wgmmaAccumulator(*op, target) ||
-        acc.shape()[0] == 16 * acc.layout()->numWarps() || !wgmmaPlan(*op, target))
-      return std::nullopt;
+    if (acc.shape()[0] == 16 * acc.layout()->numWarps() || !wgmmaPlan(*op, target)) return std::nullopt;
     out.readers.push_back(op.get());
   }
   size_t readers = 0;  // anywhere: one in a nested region rules the tile out
