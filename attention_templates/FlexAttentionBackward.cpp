@@ -75,7 +75,7 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // dq 64 × 64 still gained (181.2). There dkdv takes 64 keys × 64 queries on 8 warps, two
   // warpgroups each holding half of dK's and dV's columns (Layout::wgmmaAccumulator): H100,
   // 2026-12-07, D = 256 no mask 185.7 → 354.4 TFLOP/s, causal 181.2 → 344.7 (PyTorch FlexAttention
-  // 141.7 and 138.9, SDPA 344.3 and 369.4 in the same run).
+  // 141.7 and 138.9, SDPA 344.3 and 369.4 on the same machine a minute later).
   if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
     const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
     return {columns <= 384 ? FlexAttentionConfig{16, 64, 4, 2} : FlexAttentionConfig{64, 64, 8, 2}, {64, 64, 4, 2}};
