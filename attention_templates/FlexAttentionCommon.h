@@ -145,7 +145,7 @@ std::vector<dsl::Tile> loadStreamedChunks(const dsl::Tile& base, const dsl::Tile
                                           const std::vector<HeadDimChunk>& chunks, bool rowsExact,
                                           const dsl::Tile& rowLive, const StreamedRows& t, const dsl::Tile& b,
                                           const dsl::Tile& h, const dsl::Tile& row0, int64_t D, bool tma);
-// The same for a tile a program loads once (plain loads: a resident K or Q).
+// The same for a tile a program loads once (plain loads, no box: a resident K or Q).
 std::vector<dsl::Tile> loadChunks(const dsl::Tile& base, const dsl::Tile& rowOffs, const std::vector<HeadDimChunk>& chunks,
                                   bool rowsExact, const dsl::Tile& rowLive);
 

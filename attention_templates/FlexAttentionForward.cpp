@@ -1512,12 +1512,7 @@ std::vector<Tile> loadStreamedChunks(const Tile& base, const Tile& rowOffs, cons
 
 std::vector<Tile> loadChunks(const Tile& base, const Tile& rowOffs, const std::vector<HeadDimChunk>& chunks,
                              bool rowsExact, const Tile& rowLive) {
-  std::vector<Tile> parts;
-  for (const HeadDimChunk& c : chunks) {
-    Tile ptrs = base + (rowOffs + c.offs.expand(0));
-    parts.push_back(rowsExact && !c.live.valid() ? load(ptrs) : load(ptrs, c.rowsBy(rowLive)));
-  }
-  return parts;
+  return loadStreamedChunks(base, rowOffs, chunks, rowsExact, rowLive, StreamedRows{}, Tile(), Tile(), Tile(), 0, false);
 }
 
 bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
