@@ -947,7 +947,11 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
   const auto sm90a = codegen::Target::sm90a();
   const int64_t B = 2, H = 16, L = 8192, D = 128;
   Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
-  for (const char* skew : {"0", "1", "overlap"})
+  const flextile::testing::SeededRandom rng;
+  size_t skewIndex = 0;
+  for (const char* skew : {"0", "1", "overlap"}) {
+    // Under the sanitizers (no ptxas: the kernels are only planned) one schedule of the three a run.
+    if (!flextile::testing::runsInThisBuild(rng.seed(), skewIndex++, 3)) continue;
     for (const char* name : {"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"}) {
       SCOPED_TRACE(std::string(name) + ", skew " + skew);
       const bool skewed = std::string(skew) != "0", overlap = std::string(skew) == "overlap";
@@ -971,6 +975,7 @@ TEST(FlexAttentionCodegen, YardstickKernelsKeepTheirWgmmaGroupsOverlapped) {
       }
       EXPECT_EQ(r.spillStoreBytes, skewed ? skewedSpills.at(name) : 0) << r.log;
     }
+  }
 }
 
 // The skewed walks as the forward compiles them by default (overlapped, peeled): three loops a

@@ -38,9 +38,10 @@ TEST(FlexDecode, EveryVariantMatchesTheReferenceAndThePrefillTemplate) {
       // A head dimension padded to its power of two, in a group of five heads (15 of 16 rows).
       {.B = 1, .Hq = 10, .Hkv = 2, .L = 3, .S = 150, .D = 80, .dtype = DType::F16},
   };
+  size_t index = 0;
   for (const Variant& v : variants())
     for (const AttentionCase& c : cases)
-      if (!checkDecodeVariant(rng, v, c, kHost)) return;
+      if (runsInThisBuild(rng.seed(), index++, 2) && !checkDecodeVariant(rng, v, c, kHost)) return;  // sanitizers: half
 }
 
 TEST(FlexDecode, SixteenQueriesOfAnEightHeadGroupFillOneProgram) {

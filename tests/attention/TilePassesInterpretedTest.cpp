@@ -438,9 +438,11 @@ TEST(TilePassesInterpreted, ForwardWarpgroupsSplittingN) {
   FlexAttentionConfig deferred{64, 64, 8, 2}, skewed{64, 64, 8, 2};
   deferred.defer = LoopSchedule::On;  // the prologue's and epilogue's products outside the loop
   skewed.skew = LoopSchedule::On;
+  size_t index = 0;
   for (const FlexAttentionConfig& config :
        {FlexAttentionConfig{64, 64, 8, 2}, FlexAttentionConfig{64, 64, 8, 2, WarpSpecialization::On}, deferred, skewed})
-    for (int64_t D : {128, 64})
+    for (int64_t D : {128, 64}) {
+      if (!runsInThisBuild(rng.seed(), index++, 3)) continue;
       for (const char* name : {"full", "causal", "softcap"}) {
         AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 130, .S = 257, .D = D, .dtype = DType::BF16};
         c.context = std::string(name) + " " + config.describe();
@@ -448,6 +450,7 @@ TEST(TilePassesInterpreted, ForwardWarpgroupsSplittingN) {
         if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
           return;
       }
+    }
 }
 
 // Loop-invariant loads hoisted (FLEXTILE_HOIST_INVARIANT_LOADS=1): the document mask's per-row ids
@@ -691,8 +694,10 @@ TEST(TilePassesInterpreted, DecodeWarpSpecialized) {
       {.B = 1, .Hq = 4, .Hkv = 1, .L = 4, .S = 256, .D = 64, .dtype = DType::BF16},
       {.B = 1, .Hq = 2, .Hkv = 1, .L = 2, .S = 200, .D = 48, .dtype = DType::F16},
   };
+  size_t index = 0;
   for (AttentionCase c : cases)
     for (const char* name : {"full", "sliding_window", "document", "softcap"}) {
+      if (!runsInThisBuild(rng.seed(), index++, 2)) continue;  // under the sanitizers half the pairs a run
       c.context = "sm_90a decode, warp-specialized";
       if (!checkDecodeVariant(rng, variant(name), c, kHost, {.splits = {0, 3}, .blocks = {64, 64},
                                                              .prefillConfig = kWgmmaTiles}))
@@ -824,10 +829,10 @@ static void checkSkewedWalks() {
     const std::array<const char*, 3> targets = {"", "sm_90a", "sm_80"};
     for (size_t targetIndex = 0; targetIndex < targets.size(); ++targetIndex) {
       const char* target = targets[targetIndex];
-      // Under the sanitizers each mode runs one of the three targets, the next mode the next one,
-      // so a run covers every target (290 of the sanitized suite's 1330 CPU-seconds were this
-      // test's, 2026-12-06).
-      if (!runsInThisBuild(rng.seed(), modeIndex + targetIndex, 3)) continue;
+      // Under the sanitizers two of the twelve (mode, target) pairs a run, six runs covering them
+      // all (this test was 88 of the sanitized suite's 1311 CPU-seconds at one pair in three,
+      // 2026-12-07).
+      if (!runsInThisBuild(rng.seed(), modeIndex * targets.size() + targetIndex, 6)) continue;
       std::optional<InterpretAfterPasses> scope;
       if (*target) scope.emplace(target);
       const std::vector<FlexAttentionConfig> configs =
@@ -843,6 +848,7 @@ static void checkSkewedWalks() {
   InterpretAfterPasses scope("sm_90a");
   ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
   for (const char* overlap : {"0", "1"}) {
+    if (!runsInThisBuild(rng.seed(), *overlap == '1', 2)) continue;
     ScopedSetenv overlapped("FLEXTILE_SKEW_OVERLAP", overlap);
     const std::string label = std::string("skewed, overlap ") + overlap;
     if (!checkWalkVariants(rng, label + ", persistent", {FlexAttentionConfig{128, 64, 8, 2}},
