@@ -63,17 +63,14 @@ def run(command, entry):
 
 
 def precompiled_header(group, flags, scratch, index):
-    """A header of every include of the group's sources, precompiled; None where it fails."""
+    """A header of every include of the group's sources, precompiled; None where it does not build
+    (then each source is parsed whole, and a header's own dangling reference fails each of them)."""
     union = list(dict.fromkeys(line for e in group for line in includes(e)))
     header = os.path.join(scratch, f"group{index}.h")
     with open(header, "w") as f:
         f.write("#pragma once\n" + "\n".join(union) + "\n")
     built = run([clang, *flags, "-x", "c++-header", *ERRORS, header, "-o", header + ".pch"], group[0])
-    if built.returncode:
-        if "dangling" in built.stderr:
-            return built  # a header's own dangling reference: reported as the group's failure
-        return None
-    return header + ".pch"
+    return None if built.returncode else header + ".pch"
 
 
 def check(entry, pch):
@@ -86,19 +83,14 @@ def check(entry, pch):
     return entry["file"], result.returncode, result.stderr, whole or not pch
 
 
-groups = {}
+by_flags = {}
 for e in entries:
-    groups.setdefault(kept_flags(e), []).append(e)
+    by_flags.setdefault(kept_flags(e), []).append(e)
+groups = list(by_flags.items())
 failed = 0
 with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=2) as pool:
-    headers = list(pool.map(lambda ig: precompiled_header(ig[1][1], ig[1][0], scratch, ig[0]), enumerate(groups.items())))
-    jobs = []
-    for header, group in zip(headers, groups.values()):
-        if isinstance(header, subprocess.CompletedProcess):
-            failed += 1
-            print(f"FAIL: the headers of {', '.join(e['file'] for e in group)}\n{header.stderr}")
-            continue
-        jobs += [(e, header) for e in group]
+    headers = pool.map(lambda i: precompiled_header(groups[i][1], groups[i][0], scratch, i), range(len(groups)))
+    jobs = [(e, header) for header, (_, group) in zip(headers, groups) for e in group]
     parsed_whole = 0
     for path, rc, err, whole in pool.map(lambda job: check(*job), jobs):
         parsed_whole += whole
