@@ -67,28 +67,37 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // than 64 x 64 on one warpgroup, on every yardstick variant (H200, 2026-12-03). Without TMA boxes
   // both run unspecialized. At D = 64 dq's was 5 % slower than 64 x 64, so it keeps one warpgroup.
   const bool wgmma = target && target->has(codegen::Feature::Wgmma);
-  // Past D = 128, 16-bit, on wgmma: dq 64 × 64 on one warpgroup, and dkdv 16 queries × 64 keys
-  // where dK's and dV's columns (split: 192 = 128 + 64) fit one warpgroup's registers. H100,
-  // 2026-12-06, against 16 × 32 / 16 × 32 (mma.sync): D = 192 / DV = 128 no mask 151.8 → 301.9
-  // TFLOP/s, causal 147.6 → 291.8; D = DV = 192 causal 152.3 → 307.7. At D = 256 (512 columns)
-  // that dkdv spills kilobytes and ran at a third of 16 × 32's speed (45.1 against 141.9), while
-  // dq 64 × 64 still gained (181.2). There dkdv takes 64 keys × 64 queries on 8 warps, two
-  // warpgroups each holding half of dK's and dV's columns (Layout::wgmmaAccumulator): H100,
-  // 2026-12-07, D = 256 no mask 185.7 → 354.4 TFLOP/s, causal 181.2 → 344.7 (PyTorch FlexAttention
-  // 141.7 and 138.9, SDPA 344.3 and 369.4 on the same machine a minute later).
-  if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
-    const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
-    return {columns <= 384 ? FlexAttentionConfig{16, 64, 4, 2} : FlexAttentionConfig{64, 64, 8, 2}, {64, 64, 4, 2}};
-  }
-  if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
   const bool hopperAsync = target && target->has(codegen::Feature::SetMaxNReg) &&
                            target->has(codegen::Feature::TensorMemoryAccelerator) &&
                            target->has(codegen::Feature::Wgmma);
-  const FlexAttentionConfig specializedDkdv{64, 128, 8, 2, WarpSpecialization::On};
   // Atomic dQ sums each step's dQ rows with bulk reductions from the unspecialized dkdv (measured
   // so); the specialized one would add them element by element.
   const bool dkdvSpecialized = hopperAsync && headDim >= 64 && dq != DqAccumulation::Atomic &&
                                codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  // Past D = 128, 16-bit, on wgmma: dkdv 64 keys × 64 queries on 8 warps, two warpgroups each
+  // holding half of dK's and dV's columns (Layout::wgmmaAccumulator), fed by a producer warpgroup
+  // where the offline ptxas assembles it; dq 128 queries on two consumer warpgroups and a producer
+  // where Q's, dQ's and dO's columns leave its consumers room (tile columns of Q and V ≤ 384:
+  // spill-free under the offline ptxas; 256 / 256 spills 576-736 bytes there), else 64 × 64 on one
+  // warpgroup. H100, 2026-12-07, B=2 H=16 N=8192, TFLOP/s no mask / causal, this default against
+  // the previous one (dkdv 16 × 64 w4 up to 384 columns, else 64 × 64 w8; dq 64 × 64 w4), with
+  // PyTorch FlexAttention and SDPA on the same machine:
+  //   192 / 128  349.0 / 330.9 against 302.3 / 287.3   (FlexAttention 150.3 / 147.8, SDPA 277.3 / 450.3)
+  //   192 / 192  358.4 / 343.4 against —               (104.6 / 102.7, 304.2 / 320.9)
+  //   256 / 128  361.6 / 360.0 against 321.7-ish       (172.1 / 164.9, 319.7 / 335.0)
+  //   256 / 256  359.8 / 345.2 against 351.2 / 333.5   (142.0 / 140.4, 351.5 / 367.0)
+  // The producer warpgroup gained 0.4-5 % over the unspecialized 64 × 64 w8 at three of the four
+  // dims and lost 1.1 % at 192 / 128 causal; unspecialized, 192 / 192 spills 80-104 bytes.
+  if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
+    const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
+    const FlexAttentionConfig dqTile = hopperAsync && columns <= 384
+                                           ? FlexAttentionConfig{128, 64, 8, 2, WarpSpecialization::On}
+                                           : FlexAttentionConfig{64, 64, 4, 2};
+    return {FlexAttentionConfig{64, 64, 8, 2, dkdvSpecialized ? WarpSpecialization::On : WarpSpecialization::Auto},
+            dqTile};
+  }
+  if (headDim > 128 || ir::byteWidth(dtype) == 4 || gathersPerElement) return {{16, 32, 4, 2}, {16, 32, 4, 2}};
+  const FlexAttentionConfig specializedDkdv{64, 128, 8, 2, WarpSpecialization::On};
   if (headDim > 64 && hopperAsync)
     return {dkdvSpecialized ? specializedDkdv : FlexAttentionConfig{64, 64, 4, 2},
             {128, 64, 8, 2, WarpSpecialization::On}};

@@ -268,39 +268,44 @@ TEST(FlexAttentionBackwardCodegen, WarpgroupsSplitDkAndDvColumnsAtD256) {
 // assembles warp-specialized kernels (the driver JIT spills it), one warpgroup otherwise. A mask of
 // 64-row blocks narrows the dq tile to 64 queries, and with it to 4 warps and no specialization
 // (the point measured at 8 warps does not hold there).
-// Past D = 128 on wgmma (H100, 2026-12-06: about twice the mma.sync tiles' speed at MLA's dims):
-// dq 64 × 64, and dkdv 16 × 64 where dK's and dV's columns fit one warpgroup (192 / 128 and 192 /
-// 192, split); where they do not (256, where 16 × 64 spilled kilobytes and ran 3× slower), 64 × 64
-// on two warpgroups that split N (H100, 2026-12-07: 1.9× 16 × 32). f32, per-score gathers and GPUs
-// without wgmma keep 16 × 32 for both.
+// Past D = 128 on wgmma: dkdv 64 × 64 on two warpgroups that split N (fed by a producer warpgroup
+// where the offline ptxas assembles it and dQ is not atomic), and dq 128 × 64 specialized where Q's
+// and V's tile columns reach at most 384 (64 × 64 on one warpgroup past that, where the specialized
+// one spills). H100, 2026-12-07: 192 / 128 +15 % over 16 × 64 / 64 × 64 w4, 256 1.9× over 16 × 32.
+// f32, per-score gathers and GPUs without wgmma keep 16 × 32 for both.
 TEST(FlexAttentionBackwardCodegen, DefaultsPastHeadDim128) {
   const auto sm90a = codegen::Target::sm90a();
-  const FlexAttentionConfig dkdv64{16, 64, 4, 2}, narrow{16, 32, 4, 2}, dq64{64, 64, 4, 2}, splitN{64, 64, 8, 2};
+  const bool offline = codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  const FlexAttentionConfig narrow{16, 32, 4, 2}, dq64{64, 64, 4, 2}, splitN{64, 64, 8, 2},
+      splitNws{64, 64, 8, 2, WarpSpecialization::On}, dkdv = offline ? splitNws : splitN,
+      dqSpecialized{128, 64, 8, 2, WarpSpecialization::On};
   auto check = [&](const FlexAttentionBackwardConfig& c, const FlexAttentionConfig& dkdv,
                    const FlexAttentionConfig& dq, const char* what) {
     EXPECT_EQ(c.dkdv, dkdv) << what << ": " << c.describe();
     EXPECT_EQ(c.dq, dq) << what << ": " << c.describe();
   };
-  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, false, DqAccumulation::Separate, 128), dkdv64, dq64,
-        "192 / 128");
-  check(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Separate, 192), dkdv64, dq64,
-        "128 / 192");
-  check(defaultFlexAttentionBackwardConfig(DType::F16, 192, sm90a), dkdv64, dq64, "192 / 192");
-  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a), splitN, dq64, "256");
-  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a, false, DqAccumulation::Separate, 128), dkdv64, dq64,
-        "256 / 128");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, false, DqAccumulation::Separate, 128), dkdv,
+        dqSpecialized, "192 / 128");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Separate, 192), dkdv,
+        dqSpecialized, "128 / 192");
+  check(defaultFlexAttentionBackwardConfig(DType::F16, 192, sm90a), dkdv, dqSpecialized, "192 / 192");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a), dkdv, dq64, "256");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 256, sm90a, false, DqAccumulation::Separate, 128), dkdv,
+        dqSpecialized, "256 / 128");
+  check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, false, DqAccumulation::Atomic, 128), splitN,
+        dqSpecialized, "192 / 128, atomic dQ");
   check(defaultFlexAttentionBackwardConfig(DType::F32, 192, sm90a), narrow, narrow, "f32");
   check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a, true), narrow, narrow, "a per-score gather");
   check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, codegen::Target::sm80()), narrow, narrow, "sm_80");
   {
-    flextile::testing::ScopedSetenv padded("FLEXTILE_SPLIT_HEAD_DIM", "0");  // 256 + 256 columns: too many for 16 × 64
-    check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a), splitN, dq64, "192 / 192 padded");
+    flextile::testing::ScopedSetenv padded("FLEXTILE_SPLIT_HEAD_DIM", "0");  // 256 + 256 columns
+    check(defaultFlexAttentionBackwardConfig(DType::BF16, 192, sm90a), dkdv, dq64, "192 / 192 padded");
   }
   // A BlockMask whose blocks hold the tile keeps its 8 warps (the narrowing keeps 16 rows a warp only
   // where it cut the rows; it once turned this default into 64 keys on 4 warps, which spills), and
   // one of 32-key blocks narrows it to 32 keys on one warpgroup.
   const VariantPlan plan = planFor(sm90a, std::nullopt, "causal", 256);
-  EXPECT_EQ(plan.config.dkdv, splitN) << plan.config.describe();
+  EXPECT_EQ(plan.config.dkdv, dkdv) << plan.config.describe();
   {
     Tensor q = Tensor::empty(DType::BF16, {1, 2, 1024, 256}, MemorySpace::Host);
     Tensor lse = Tensor::empty(DType::F32, {1, 2, 1024}, MemorySpace::Host);

@@ -591,4 +591,14 @@ TEST(FlexAttentionBackward, WarpgroupsSplittingNAgreeWithTheReference) {
                                    FlexAttentionConfig{64, 64, 4, 2}, {.config = config}))
         return;
     }
+  // The atomic dQ past D = 128: dkdv adds dQ, so the split warpgroups' dQ rows go through it (the
+  // default dkdv there, unspecialized with atomic dQ).
+  for (HeadDims dims : {HeadDims{192, 128}, HeadDims{256, 256}}) {
+    if (!runsInThisBuild(rng.seed(), index++, 2)) continue;
+    if (!checkBackwardVariantsAt(rng, "sm_90a atomic dQ " + dims.describe(), dims, 140, 130, 128,
+                                 FlexAttentionConfig{64, 64, 4, 2},
+                                 {.dq_accumulation = DqAccumulation::Atomic,
+                                  .config = FlexAttentionBackwardConfig{{64, 64, 8, 2}, {64, 64, 4, 2}}}))
+      return;
+  }
 }

@@ -136,7 +136,8 @@ TEST(HeadDimSplit, BackwardMatchesTheReference) {
     if (!runsInThisBuild(rng.seed(), index++, 5)) continue;
     for (const FlexAttentionBackwardConfig& config : configs)
       if (!check(dims, config, "sm_90a")) return;
-    // The default for these dims (past D = 128: dkdv 16 × 64 and dq 64 × 64 on one warpgroup each).
+    // The default for these dims (past D = 128: dkdv 64 × 64 on two warpgroups splitting N, dq 128 × 64
+    // specialized).
     if (!check(dims,
                defaultFlexAttentionBackwardConfig(DType::BF16, dims.D, codegen::Target::sm90a(), false,
                                                   DqAccumulation::Separate, dims.DV),
