@@ -79,15 +79,11 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   // where the offline ptxas assembles it; dq 128 queries on two consumer warpgroups and a producer
   // where Q's, dQ's and dO's columns leave its consumers room (tile columns of Q and V ≤ 384:
   // spill-free under the offline ptxas; 256 / 256 spills 576-736 bytes there), else 64 × 64 on one
-  // warpgroup. H100, 2026-12-07, B=2 H=16 N=8192, TFLOP/s no mask / causal, this default against
-  // the previous one (dkdv 16 × 64 w4 up to 384 columns, else 64 × 64 w8; dq 64 × 64 w4), with
-  // PyTorch FlexAttention and SDPA on the same machine:
-  //   192 / 128  349.0 / 330.9 against 302.3 / 287.3   (FlexAttention 150.3 / 147.8, SDPA 277.3 / 450.3)
-  //   192 / 192  358.4 / 343.4 against —               (104.6 / 102.7, 304.2 / 320.9)
-  //   256 / 128  361.6 / 360.0 against 321.7-ish       (172.1 / 164.9, 319.7 / 335.0)
-  //   256 / 256  359.8 / 345.2 against 351.2 / 333.5   (142.0 / 140.4, 351.5 / 367.0)
-  // The producer warpgroup gained 0.4-5 % over the unspecialized 64 × 64 w8 at three of the four
-  // dims and lost 1.1 % at 192 / 128 causal; unspecialized, 192 / 192 spills 80-104 bytes.
+  // warpgroup. H100, 2026-12-07 (docs/backward.md has the table): 1.15× the previous default (16 × 64
+  // w4 / 64 × 64 w4) at MLA's 192 / 128; 2.1-3.4× PyTorch FlexAttention and 0.91-1.26× SDPA at 192 / 128,
+  // 192 / 192, 256 / 128 and 256 / 256, but for 192 / 128 causal (0.73× SDPA). The producer warpgroup
+  // gained 0.1-5 % over the unspecialized tile at three of the four dims and lost 1.1 % at 192 / 128
+  // causal; unspecialized, 192 / 192 spills 80-104 bytes.
   if (headDim > 128 && wgmma && ir::byteWidth(dtype) == 2 && !gathersPerElement) {
     const int64_t columns = detail::tileColumns(qHeadDim) + detail::tileColumns(vHeadDim);
     const FlexAttentionConfig dqTile = hopperAsync && columns <= 384
