@@ -389,6 +389,13 @@ void flex_attention_backward_into(const dsl::Tensor& q, const dsl::Tensor& k, co
                                   const dsl::Tensor& out, const dsl::Tensor& lse, const dsl::Tensor& dout,
                                   const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                                   FlexAttentionGrads& grads, const FlexAttentionBackwardOptions& options = {});
+// The same hook as setFlexAttentionConfigResolver for the backward: consulted when options.config
+// is empty and dQ is summed by the dq kernel (DqAccumulation::Separate); autotune/ installs its
+// per-GPU cache of tuned (dkdv, dq) pairs here. A pair the call cannot take (a tile that does not
+// tile the mask, a forward-only schedule) is ignored, and the call runs its default.
+using FlexAttentionBackwardConfigResolver =
+    std::function<std::optional<FlexAttentionBackwardConfig>(const FlexAttentionProblem&)>;
+void setFlexAttentionBackwardConfigResolver(FlexAttentionBackwardConfigResolver resolver);  // empty: none
 // The backward's kernels compiled for `target` (the current GPU's when none), without running
 // them: for `flextile compile`, the ptxas tests and the docs. Any tensors of the right shapes do.
 struct FlexAttentionBackwardPlan {

@@ -741,18 +741,49 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   });
 }
 
-void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
-  if (auto why = detail::configProblem(c, &mask))
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
-  if (c.defer == LoopSchedule::On)
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": defer is a schedule of the forward's loop; the backward's kernels do not have it");
+// Why the backward cannot run tile `c` (as its dkdv or dq) on `mask`, or nullopt.
+std::optional<std::string> tileProblem(const FlexAttentionConfig& c, const BlockMask* mask) {
+  if (auto why = detail::configProblem(c, mask)) return why;
+  if (c.defer == LoopSchedule::On) return "defer is a schedule of the forward's loop; the backward's kernels do not have it";
   if (c.persistent == LoopSchedule::On)
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": persistent programs are a schedule of the forward; the backward's kernels launch a program per tile");
+    return "persistent programs are a schedule of the forward; the backward's kernels launch a program per tile";
   if (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On)
-    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() +
-                ": skew and overlap are schedules of the forward's walks; the backward's kernels do not have them");
+    return "skew and overlap are schedules of the forward's walks; the backward's kernels do not have them";
+  return std::nullopt;
+}
+
+void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
+  if (auto why = tileProblem(c, &mask))
+    throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
+}
+
+std::mutex& resolverMutex() {
+  static std::mutex m;
+  return m;
+}
+FlexAttentionBackwardConfigResolver& resolverSlot() {
+  static FlexAttentionBackwardConfigResolver r;
+  return r;
+}
+
+// The resolver's pair where it gives one this call can take; nullopt (the default) otherwise.
+std::optional<FlexAttentionBackwardConfig> resolvedConfig(const FlexAttentionProblem& problem,
+                                                          const std::optional<BlockMask>& blockMask) {
+  FlexAttentionBackwardConfigResolver resolver;
+  {
+    std::lock_guard lock(resolverMutex());
+    resolver = resolverSlot();
+  }
+  if (!resolver) return std::nullopt;
+  std::optional<FlexAttentionBackwardConfig> c;
+  try {
+    c = resolver(problem);
+  } catch (const Error&) {
+    return std::nullopt;  // as the forward's: the call's own checks report what is truly wrong
+  }
+  const BlockMask* mask = blockMask ? &*blockMask : nullptr;
+  if (!c || tileProblem(c->dkdv, mask) || tileProblem(c->dq, mask)) return std::nullopt;
+  return c;
 }
 
 std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {
@@ -762,6 +793,38 @@ std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {
 }
 
 }  // namespace
+
+void setFlexAttentionBackwardConfigResolver(FlexAttentionBackwardConfigResolver resolver) {
+  std::lock_guard lock(resolverMutex());
+  resolverSlot() = std::move(resolver);
+}
+
+namespace detail {
+FlexAttentionBackwardConfig untunedBackwardConfig(DType dtype, int64_t D, int64_t DV, MemorySpace space,
+                                                  std::optional<codegen::Target> target, const ScoreMod& scoreMod,
+                                                  const std::optional<BlockMask>& blockMask, DqAccumulation dq) {
+  FlexAttentionBackwardConfig config = defaultFlexAttentionBackwardConfig(
+      dtype, D, defaultsTarget(space, target), modsGatherPerElement(scoreMod, blockMask), dq,
+      DV != D ? std::optional<int64_t>(DV) : std::nullopt);
+  if (!blockMask) return config;
+  // Narrowed to tile a mask of smaller blocks.
+  for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
+    auto rowsOf = [&](const FlexAttentionConfig& t) { return c == &config.dkdv ? t.block_n : t.block_m; };
+    const int64_t rowsBefore = rowsOf(*c);
+    c->block_m = std::min(c->block_m, std::max<int64_t>(16, blockMask->qBlockSize()));
+    c->block_n = std::min(c->block_n, std::max<int64_t>(16, blockMask->kvBlockSize()));
+    // A program's rows (dkdv: keys, dq: queries), when they shrink, keep 16 per warp, one
+    // warpgroup at least. (Rows that stay keep their warps: 64 keys on 8 warps at D = 256 is the
+    // default's own split of N between two warpgroups.)
+    const int64_t rows = rowsOf(*c);
+    if (rows == rowsBefore) continue;
+    const int warps = int(std::min<int64_t>(c->num_warps, std::max<int64_t>(4, rows / 16)));
+    if (warps != c->num_warps) c->warp_specialize = WarpSpecialization::Auto;  // measured at 8 warps only
+    c->num_warps = warps;
+  }
+  return config;
+}
+}  // namespace detail
 
 FlexAttentionGrads flex_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                            const Tensor& lse, const Tensor& dout, const ScoreMod& scoreMod,
@@ -847,12 +910,16 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (scoreMod.captureSpace() && *scoreMod.captureSpace() != space)
     throw Error(std::string(op) + ": score_mod '" + scoreMod.name() + "' captures tensors in the other memory space");
 
-  FlexAttentionBackwardConfig config =
+  const std::optional<FlexAttentionBackwardConfig> tuned =
+      options.config || options.dq_accumulation != DqAccumulation::Separate
+          ? std::nullopt
+          : resolvedConfig(detail::attentionProblem(dt, B, Hq, Hkv, L, S, D, space, scoreMod, blockMask, DV),
+                           blockMask);
+  const FlexAttentionBackwardConfig config =
       options.config ? *options.config
-                     : defaultFlexAttentionBackwardConfig(dt, D, detail::defaultsTarget(space, target),
-                                                          detail::modsGatherPerElement(scoreMod, blockMask),
-                                                          options.dq_accumulation,
-                                                          DV != D ? std::optional<int64_t>(DV) : std::nullopt);
+      : tuned        ? *tuned
+                     : detail::untunedBackwardConfig(dt, D, DV, space, target, scoreMod, blockMask,
+                                                     options.dq_accumulation);
   std::optional<BlockMask> ownedMask;
   const BlockMask* maskPtr;
   if (blockMask) {
@@ -865,21 +932,6 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   }
   const BlockMask& mask = *maskPtr;
   mask.checkInputs(B, Hq, L, S);
-  if (blockMask && !options.config)  // the default narrowed to tile a mask of smaller blocks
-    for (FlexAttentionConfig* c : {&config.dkdv, &config.dq}) {
-      auto rowsOf = [&](const FlexAttentionConfig& t) { return c == &config.dkdv ? t.block_n : t.block_m; };
-      const int64_t rowsBefore = rowsOf(*c);
-      c->block_m = std::min(c->block_m, std::max<int64_t>(16, mask.qBlockSize()));
-      c->block_n = std::min(c->block_n, std::max<int64_t>(16, mask.kvBlockSize()));
-      // A program's rows (dkdv: keys, dq: queries), when they shrink, keep 16 per warp, one
-      // warpgroup at least. (Rows that stay keep their warps: 64 keys on 8 warps at D = 256 is the
-      // default's own split of N between two warpgroups.)
-      const int64_t rows = rowsOf(*c);
-      if (rows == rowsBefore) continue;
-      const int warps = int(std::min<int64_t>(c->num_warps, std::max<int64_t>(4, rows / 16)));
-      if (warps != c->num_warps) c->warp_specialize = WarpSpecialization::Auto;  // measured at 8 warps only
-      c->num_warps = warps;
-    }
   checkConfig("dkdv", config.dkdv, mask);
   checkConfig("dq", config.dq, mask);
   if (mask.qPhase() != 0 && mask.numQBlocks() != 1)

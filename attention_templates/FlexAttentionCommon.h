@@ -321,6 +321,13 @@ std::optional<int64_t> configInteger(const std::string& item);
 // gathersPerElement). A mod the probe tiles do not fit counts as gathering: the smaller tile is the
 // safe guess, and the real trace reports anything truly wrong with it.
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
+
+// The backward's config for a call that gives none and has no tuned one: the default for its dtype,
+// head dims (q's D, v's DV), target and mods, narrowed to tile a mask of smaller blocks (the
+// autotuner's baseline too).
+FlexAttentionBackwardConfig untunedBackwardConfig(dsl::DType dtype, int64_t D, int64_t DV, dsl::MemorySpace space,
+                                                  std::optional<codegen::Target> target, const ScoreMod& scoreMod,
+                                                  const std::optional<BlockMask>& blockMask, DqAccumulation dq);
 // Whether the forward takes the warp-specialized schedule (a producer warpgroup for the TMA rings,
 // Q resident in shared memory): FLEXTILE_WARP_SPECIALIZE=1/0 decides, else the config's choice,
 // else (Auto) every call whose mods read no captured tensor per key (ModBase::gathersAlongKeys), and

@@ -254,7 +254,7 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
     say("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
     return report;
   }
-  sweep::checkAndTime(report, hooks, options, q, defaultConfig);
+  sweep::checkAndTime(report, hooks, options, q.dtype(), q.shape(), defaultConfig);
   if (report.best >= 0 && options.store) {
     if (std::optional<GpuIdentity> gpu = currentGpu(); gpu) {
       if (TuneCache* cache = TuneCache::forCurrentGpu()) {

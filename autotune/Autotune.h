@@ -89,6 +89,7 @@ struct CandidateOf {
 };
 using Candidate = CandidateOf<FlexAttentionConfig>;
 using DecodeCandidate = CandidateOf<attention::FlexDecodeConfig>;
+using BackwardCandidate = CandidateOf<attention::FlexAttentionBackwardConfig>;
 
 // How a candidate whose compile threw counts: Pruned when the error's kind says the config needs
 // more of the GPU than the target has (ErrorKind::ResourceLimit: the shared-memory planner refuses
@@ -102,7 +103,7 @@ struct TuneOptions {
   int warmup = 3, repetitions = 20;
   bool runPtxas = true;      // when ptxas is found: registers and spills
   std::optional<codegen::Target> target;  // dry runs (host inputs): what to compile for; default sm_90a
-  double flops = 0;          // of one forward call, for TFLOP/s (0: not reported)
+  double flops = 0;          // of one forward (or backward) call, for TFLOP/s (0: not reported)
   double bytes = 0;          // of K and V one decode call reads, for TB/s (0: not reported)
   bool store = true;         // write the winner into the per-GPU cache
   std::function<void(const std::string&)> progress;  // one line per event
@@ -119,6 +120,7 @@ struct TuneReportOf {
 };
 using TuneReport = TuneReportOf<FlexAttentionConfig>;
 using DecodeTuneReport = TuneReportOf<attention::FlexDecodeConfig>;
+using BackwardTuneReport = TuneReportOf<attention::FlexAttentionBackwardConfig>;
 
 // Tunes flex_attention(q, k, v, scoreMod, blockMask) over `space`. Device
 // inputs are timed on the current GPU; host inputs give a dry run.
@@ -130,6 +132,7 @@ TuneReport tuneFlexAttention(const dsl::Tensor& q, const dsl::Tensor& k, const d
 // compile ms, time, TFLOP/s or TB/s, reason).
 std::string formatReport(const TuneReport& report);
 std::string formatReport(const DecodeTuneReport& report);
+std::string formatReport(const BackwardTuneReport& report);
 
 // ---- the decode template (autotune/AutotuneDecode.cpp) ----
 //
@@ -153,5 +156,30 @@ DecodeTuneReport tuneFlexDecode(const dsl::Tensor& q, const dsl::Tensor& k, cons
                                 const std::optional<attention::BlockMask>& blockMask,
                                 const attention::FlexAttentionOptions& base, const DecodeConfigSpace& space,
                                 const TuneOptions& options = {});
+
+// ---- the backward (autotune/AutotuneBackward.cpp) ----
+//
+// The backward's configs are (dkdv, dq) pairs: the product of two lists of tiles, each pair timed as
+// the whole backward (preprocess, dkdv, dq), since the two kernels' times add and neither's best
+// tile depends on the other's. Pruned before compiling: a tile that cannot tile the BlockMask, a
+// forward-only schedule, too many threads; then as the forward's (shared memory, registers, spills;
+// the planner's shared-memory refusal). The check compares dQ, dK and dV with the default pair's.
+struct BackwardConfigSpace {
+  std::vector<FlexAttentionConfig> dkdv, dq;
+  std::vector<attention::FlexAttentionBackwardConfig> configs() const;  // the product, in a stable order
+};
+// The tiles the backward bench found best somewhere, for a dtype and head dim (the larger of q's
+// and v's): 36 pairs for 16-bit up to D = 128, 25 past it, 9 for f32.
+BackwardConfigSpace defaultBackwardSpace(dsl::DType dtype, int64_t headDim);
+
+// Tunes flex_attention_backward(q, k, v, out, lse, dout, scoreMod, blockMask) with dQ summed by the
+// dq kernel (the default; atomic dQ is not tuned) over `space`, the winner stored under
+// backwardTuneKey, where flex_attention_backward without a config finds it. `out` and `lse` are the
+// forward's. Host inputs give a dry run. The trainable captures' gradients are computed, not checked.
+BackwardTuneReport tuneFlexAttentionBackward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                             const dsl::Tensor& out, const dsl::Tensor& lse, const dsl::Tensor& dout,
+                                             const attention::ScoreMod& scoreMod,
+                                             const std::optional<attention::BlockMask>& blockMask,
+                                             const BackwardConfigSpace& space, const TuneOptions& options = {});
 
 }  // namespace flextile::autotune

@@ -120,7 +120,7 @@ DecodeTuneReport tuneFlexDecode(const Tensor& q, const Tensor& k, const Tensor& 
     if (options.progress) options.progress("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
     return report;
   }
-  sweep::checkAndTime(report, hooks, options, q, defaultConfig);
+  sweep::checkAndTime(report, hooks, options, q.dtype(), q.shape(), defaultConfig);
   if (report.best < 0 || !options.store) return report;
   const std::optional<GpuIdentity> gpu = currentGpu();
   TuneCache* cache = gpu ? TuneCache::forCurrentGpu() : nullptr;

@@ -1,4 +1,5 @@
-// The sweep both autotuners run (the forward's in Autotune.cpp, the decode's in AutotuneDecode.cpp):
+// The sweep the autotuners run (the forward's in Autotune.cpp, the decode's in AutotuneDecode.cpp, the
+// backward's in AutotuneBackward.cpp):
 // compile every unpruned candidate on a thread pool (ptxas for registers and spills when present),
 // prune on the compiled kernels, then on a GPU check each against the default config's output into
 // a poisoned scratch tensor and time it. Internal to autotune/.
@@ -45,6 +46,13 @@ void poison(dsl::Tensor& t);
 // ptxas's report of a kernel, kept in the kernel's compile-cache entry (Autotune.cpp).
 codegen::PtxasReport cachedPtxas(const codegen::CompiledKernel& kernel);
 
+// The consumer warps a config's pruning counts: a backward pair's wider kernel.
+inline int warpsOf(const attention::FlexAttentionConfig& c) { return c.num_warps; }
+inline int warpsOf(const attention::FlexDecodeConfig& c) { return c.num_warps; }
+inline int warpsOf(const attention::FlexAttentionBackwardConfig& c) {
+  return std::max(c.dkdv.num_warps, c.dq.num_warps);
+}
+
 template <class Config>
 void compileAll(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const TuneOptions& options,
                 const DeviceLimits& limits) {
@@ -79,7 +87,7 @@ void compileAll(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const 
           c.registers = std::max(c.registers, r.registers);
           c.spillBytes = std::max(c.spillBytes, r.spillStoreBytes + r.spillLoadBytes);
         }
-        if (auto why = pruneAfterCompile(c.config.num_warps, c.sharedBytes, c.registers, c.spillBytes, limits)) {
+        if (auto why = pruneAfterCompile(warpsOf(c.config), c.sharedBytes, c.registers, c.spillBytes, limits)) {
           c.status = CandidateStatus::Pruned;
           c.reason = *why;
         } else if (c.spillBytes > 0) {
@@ -116,10 +124,11 @@ void compileAll(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const 
   report.compileSeconds = secondsSince(start);
 }
 
-// Checks and times every compiled candidate on the GPU; `like` gives the output's dtype and shape.
+// Checks and times every compiled candidate on the GPU, each run into a poisoned device tensor of
+// `dtype` and `shape` (the call's output) against the default config's.
 template <class Config>
 void checkAndTime(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const TuneOptions& options,
-                  const dsl::Tensor& like, const Config& defaultConfig) {
+                  dsl::DType dtype, const dsl::Shape& shape, const Config& defaultConfig) {
   auto say = [&](const std::string& line) {
     if (options.progress) options.progress(line);
   };
@@ -128,11 +137,11 @@ void checkAndTime(TuneReportOf<Config>& report, const Hooks<Config>& hooks, cons
   using dsl::Tensor;
   report.timed = true;
   const auto start = std::chrono::steady_clock::now();
-  Tensor reference = Tensor::empty(like.dtype(), like.shape(), MemorySpace::Device);
-  Tensor scratch = Tensor::empty(like.dtype(), like.shape(), MemorySpace::Device);
+  Tensor reference = Tensor::empty(dtype, shape, MemorySpace::Device);
+  Tensor scratch = Tensor::empty(dtype, shape, MemorySpace::Device);
   hooks.run(defaultConfig, reference);
   runtime::synchronize();
-  const double tolerance = like.dtype() == DType::BF16 ? 3e-2 : 1e-2;
+  const double tolerance = dtype == DType::BF16 ? 3e-2 : 1e-2;
   for (CandidateOf<Config>& c : report.candidates) {
     if (c.status != CandidateStatus::Compiled) continue;
     if (options.budgetSeconds > 0 && secondsSince(start) > options.budgetSeconds) {

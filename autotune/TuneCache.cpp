@@ -76,6 +76,10 @@ std::string tuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity&
   return commonKey(p, gpu, "flex_attention_fwd") + " len" + std::to_string(lengthBucket(p.L, p.S));
 }
 
+std::string backwardTuneKey(const attention::FlexAttentionProblem& p, const GpuIdentity& gpu) {
+  return commonKey(p, gpu, "flex_attention_bwd") + " len" + std::to_string(lengthBucket(p.L, p.S));
+}
+
 namespace {
 // The decode key's buckets: queries (next power of two), KV length, B x KV heads (next power of two).
 std::tuple<int64_t, int64_t, int64_t> decodeBuckets(const attention::FlexAttentionProblem& p) {
@@ -172,37 +176,83 @@ std::optional<Json> TuneCache::entry(const std::string& key) {
   return e ? std::optional<Json>(*e) : std::nullopt;
 }
 
+namespace {
+double numberIn(const Json& entry, const char* key) {
+  const Json* v = entry.find(key);
+  return v && v->kind == Json::Kind::Number ? v->number : -1.0;
+}
+
+// A tile's fields (the forward's entries hold them at the top level, the backward's under "dkdv"
+// and "dq"); nullopt for a damaged one.
+std::optional<attention::FlexAttentionConfig> tileOf(const Json& e) {
+  attention::FlexAttentionConfig c{int64_t(numberIn(e, "block_m")), int64_t(numberIn(e, "block_n")),
+                                   int(numberIn(e, "num_warps")), int(numberIn(e, "num_stages"))};
+  c.warp_specialize = choiceOf<attention::WarpSpecialization>(e, "warp_specialize");
+  c.turns = choiceOf<attention::LoopSchedule>(e, "turns");
+  c.defer = choiceOf<attention::LoopSchedule>(e, "defer");
+  c.persistent = choiceOf<attention::LoopSchedule>(e, "persistent");
+  c.skew = choiceOf<attention::LoopSchedule>(e, "skew");
+  c.overlap = choiceOf<attention::LoopSchedule>(e, "overlap");
+  if (c.block_m <= 0 || c.block_n <= 0 || c.num_warps <= 0 || c.num_stages <= 0) return std::nullopt;
+  return c;
+}
+
+void putTile(Json& e, const attention::FlexAttentionConfig& c) {
+  e.object["block_m"] = Json::num(double(c.block_m));
+  e.object["block_n"] = Json::num(double(c.block_n));
+  e.object["num_warps"] = Json::num(c.num_warps);
+  e.object["num_stages"] = Json::num(c.num_stages);
+  putChoice(e, "warp_specialize", c.warp_specialize);
+  putChoice(e, "turns", c.turns);
+  putChoice(e, "defer", c.defer);
+  putChoice(e, "persistent", c.persistent);
+  putChoice(e, "skew", c.skew);
+  putChoice(e, "overlap", c.overlap);
+}
+
+// The fields every entry has after its config.
+template <class Tuned>
+void readTimes(const Json& e, Tuned& t) {
+  t.ms = numberIn(e, "ms");
+  t.defaultMs = numberIn(e, "default_ms");
+  if (const Json* s = e.find("shape")) t.shape = s->string;
+}
+template <class Tuned>
+void putTimes(Json& e, const Tuned& t) {
+  e.object["ms"] = Json::num(t.ms);
+  e.object["default_ms"] = Json::num(t.defaultMs);
+  e.object["shape"] = Json::str(t.shape);
+}
+}  // namespace
+
 std::optional<TunedConfig> TuneCache::find(const std::string& key) {
-  const std::optional<Json> found = entry(key);
-  if (!found) return std::nullopt;
-  const Json* e = &*found;
-  auto num = [&](const char* k) {
-    const Json* v = e->find(k);
-    return v && v->kind == Json::Kind::Number ? v->number : -1.0;
-  };
+  const std::optional<Json> e = entry(key);
+  if (!e || e->find("kernel")) return std::nullopt;  // a decode or backward entry is no forward config
+  const std::optional<attention::FlexAttentionConfig> c = tileOf(*e);
+  if (!c) return std::nullopt;  // a damaged entry: the default is used (the resolver also validates)
   TunedConfig t;
-  t.config = {int64_t(num("block_m")), int64_t(num("block_n")), int(num("num_warps")), int(num("num_stages"))};
-  t.config.warp_specialize = choiceOf<attention::WarpSpecialization>(*e, "warp_specialize");
-  t.config.turns = choiceOf<attention::LoopSchedule>(*e, "turns");
-  t.config.defer = choiceOf<attention::LoopSchedule>(*e, "defer");
-  t.config.persistent = choiceOf<attention::LoopSchedule>(*e, "persistent");
-  t.config.skew = choiceOf<attention::LoopSchedule>(*e, "skew");
-  t.config.overlap = choiceOf<attention::LoopSchedule>(*e, "overlap");
-  t.ms = num("ms");
-  t.defaultMs = num("default_ms");
-  if (const Json* s = e->find("shape")) t.shape = s->string;
-  if (t.config.block_m <= 0 || t.config.block_n <= 0 || t.config.num_warps <= 0 || t.config.num_stages <= 0)
-    return std::nullopt;  // a damaged entry: the default is used (the resolver also validates)
+  t.config = *c;
+  readTimes(*e, t);
+  return t;
+}
+
+std::optional<TunedBackwardConfig> TuneCache::findBackward(const std::string& key) {
+  const std::optional<Json> e = entry(key);
+  if (!e) return std::nullopt;
+  const Json *kernel = e->find("kernel"), *dkdv = e->find("dkdv"), *dq = e->find("dq");
+  if (!kernel || kernel->string != "backward" || !dkdv || !dq) return std::nullopt;
+  const std::optional<attention::FlexAttentionConfig> dkdvTile = tileOf(*dkdv), dqTile = tileOf(*dq);
+  if (!dkdvTile || !dqTile) return std::nullopt;  // damaged: the default is used
+  TunedBackwardConfig t;
+  t.config = {*dkdvTile, *dqTile};
+  readTimes(*e, t);
   return t;
 }
 
 std::optional<TunedDecodeConfig> TuneCache::findDecode(const std::string& key) {
   const std::optional<Json> e = entry(key);
   if (!e) return std::nullopt;
-  auto num = [&](const char* k) {
-    const Json* v = e->find(k);
-    return v && v->kind == Json::Kind::Number ? v->number : -1.0;
-  };
+  auto num = [&](const char* k) { return numberIn(*e, k); };
   TunedDecodeConfig t;
   t.config.block_n = int64_t(num("block_n"));
   t.config.num_warps = int(num("num_warps"));
@@ -211,9 +261,7 @@ std::optional<TunedDecodeConfig> TuneCache::findDecode(const std::string& key) {
   t.config.programs_per_sm = int(num("programs_per_sm"));
   t.config.cluster_merge = choiceOf<attention::LoopSchedule>(*e, "cluster_merge");
   t.config.warp_specialize = choiceOf<attention::WarpSpecialization>(*e, "warp_specialize");
-  t.ms = num("ms");
-  t.defaultMs = num("default_ms");
-  if (const Json* s = e->find("shape")) t.shape = s->string;
+  readTimes(*e, t);
   const Json* kernel = e->find("kernel");
   if (!kernel || kernel->string != "decode" || t.config.block_n <= 0 || t.config.num_warps <= 0 ||
       t.config.num_stages <= 0 || t.config.splits < 0 || t.config.programs_per_sm < 0)
@@ -252,19 +300,19 @@ class FileLock {
 
 bool TuneCache::put(const std::string& key, const TunedConfig& t) {
   Json e = Json::obj();
-  e.object["block_m"] = Json::num(double(t.config.block_m));
-  e.object["block_n"] = Json::num(double(t.config.block_n));
-  e.object["num_warps"] = Json::num(t.config.num_warps);
-  e.object["num_stages"] = Json::num(t.config.num_stages);
-  putChoice(e, "warp_specialize", t.config.warp_specialize);
-  putChoice(e, "turns", t.config.turns);
-  putChoice(e, "defer", t.config.defer);
-  putChoice(e, "persistent", t.config.persistent);
-  putChoice(e, "skew", t.config.skew);
-  putChoice(e, "overlap", t.config.overlap);
-  e.object["ms"] = Json::num(t.ms);
-  e.object["default_ms"] = Json::num(t.defaultMs);
-  e.object["shape"] = Json::str(t.shape);
+  putTile(e, t.config);
+  putTimes(e, t);
+  return store(key, std::move(e));
+}
+
+bool TuneCache::putBackward(const std::string& key, const TunedBackwardConfig& t) {
+  Json e = Json::obj(), dkdv = Json::obj(), dq = Json::obj();
+  e.object["kernel"] = Json::str("backward");
+  putTile(dkdv, t.config.dkdv);
+  putTile(dq, t.config.dq);
+  e.object["dkdv"] = std::move(dkdv);
+  e.object["dq"] = std::move(dq);
+  putTimes(e, t);
   return store(key, std::move(e));
 }
 
@@ -278,9 +326,7 @@ bool TuneCache::putDecode(const std::string& key, const TunedDecodeConfig& t) {
   e.object["programs_per_sm"] = Json::num(t.config.programs_per_sm);
   putChoice(e, "cluster_merge", t.config.cluster_merge);
   putChoice(e, "warp_specialize", t.config.warp_specialize);
-  e.object["ms"] = Json::num(t.ms);
-  e.object["default_ms"] = Json::num(t.defaultMs);
-  e.object["shape"] = Json::str(t.shape);
+  putTimes(e, t);
   return store(key, std::move(e));
 }
 
@@ -372,6 +418,15 @@ void installResolver() {
       [] {
         TuneCache* cache = TuneCache::forCurrentGpu();
         return cache && cache->size() > 0;
+      });
+  attention::setFlexAttentionBackwardConfigResolver(
+      [](const attention::FlexAttentionProblem& p) -> std::optional<attention::FlexAttentionBackwardConfig> {
+        if (p.space != dsl::MemorySpace::Device) return std::nullopt;
+        TuneCache* cache = TuneCache::forCurrentGpu();
+        if (!cache) return std::nullopt;
+        std::optional<TunedBackwardConfig> t = cache->findBackward(backwardTuneKey(p, *currentGpu()));
+        if (!t) return std::nullopt;
+        return t->config;
       });
 }
 

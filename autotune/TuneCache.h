@@ -46,6 +46,9 @@ std::string tuneKey(const attention::FlexAttentionProblem& problem, const GpuIde
 // (H100: one program an SM best for B = 1, two for B = 8 over the same keys).
 std::string decodeTuneKey(const attention::FlexAttentionProblem& problem, const GpuIdentity& gpu);
 
+// The backward's key: the same fields under "flex_attention_bwd", with the forward's length bucket.
+std::string backwardTuneKey(const attention::FlexAttentionProblem& problem, const GpuIdentity& gpu);
+
 struct TunedConfig {
   attention::FlexAttentionConfig config;
   double ms = 0, defaultMs = 0;  // median times at tuning
@@ -56,6 +59,12 @@ struct TunedDecodeConfig {
   attention::FlexDecodeConfig config;
   double ms = 0, defaultMs = 0;
   std::string shape;  // "B=8 Hq=32 Hkv=8 L=1 S=32768 D=128"
+};
+
+struct TunedBackwardConfig {
+  attention::FlexAttentionBackwardConfig config;  // the (dkdv, dq) pair
+  double ms = 0, defaultMs = 0;                   // the whole backward (preprocess, dkdv, dq)
+  std::string shape;                              // "B=2 H=16 L=8192 S=8192 D=128"
 };
 
 class TuneCache {
@@ -73,6 +82,8 @@ class TuneCache {
   bool put(const std::string& key, const TunedConfig& entry);
   std::optional<TunedDecodeConfig> findDecode(const std::string& key);
   bool putDecode(const std::string& key, const TunedDecodeConfig& entry);
+  std::optional<TunedBackwardConfig> findBackward(const std::string& key);
+  bool putBackward(const std::string& key, const TunedBackwardConfig& entry);
   // Changes whenever the entries may have (a load, a store): what a memo of lookups checks.
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   size_t size();
@@ -92,8 +103,9 @@ class TuneCache {
 };
 
 // Makes flex_attention consult TuneCache::forCurrentGpu() when it is given no
-// config (attention::setFlexAttentionConfigResolver), and its decode template when it is given no
-// decode config (attention::setFlexDecodeConfigResolver).
+// config (attention::setFlexAttentionConfigResolver), its decode template when it is given no
+// decode config (attention::setFlexDecodeConfigResolver), and flex_attention_backward when it is
+// given no config (attention::setFlexAttentionBackwardConfigResolver).
 void installResolver();
 
 }  // namespace flextile::autotune

@@ -86,7 +86,7 @@ const std::vector<Command>& commands() {
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--dv DV] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
-       "                         [--kernel forward|decode] [--queries L]\n"
+       "                         [--kernel forward|decode|backward] [--queries L]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
        "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
        "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n"
@@ -95,6 +95,9 @@ const std::vector<Command>& commands() {
        "  its split count aims at; the rate is TB/s of the K and V in the blocks the mask lists. Its\n"
        "  winner serves decode calls of the same mods, dtype, head dim, GQA, queries (power of two), KV\n"
        "  length bucket and B x KV heads (power of two). Default shape 8,32,32768,128.\n"
+       "  --kernel backward tunes flex_attention_backward's (dkdv, dq) tile pairs, each timed as the whole\n"
+       "  backward (TFLOP/s at 2.5 forwards) and checked on dQ, dK and dV against the default pair; its\n"
+       "  winner serves backward calls of the same mods, dtype, head dims, GQA and length bucket.\n"
        "  --plot FILE draws the sweep (TFLOP/s per config; pruned, failed, wrong and skipped configs marked):\n"
        "  SVG when FILE ends in .svg, else PNG (forward only).\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--budget", "--threads", "--target", "--document-offsets", "--plot",
@@ -563,15 +566,44 @@ int autotuneDecode(const Args& a, bool device, std::ostream& out, std::ostream& 
   return r.timed && r.best < 0 ? 1 : 0;
 }
 
+// `flextile autotune --kernel backward`: the backward's (dkdv, dq) pairs (autotune::tuneFlexAttentionBackward),
+// on the forward's out and lse for random inputs and a random dout.
+int autotuneBackward(const Args& a, bool device, std::ostream& out, std::ostream& err) {
+  if (a.has("--plot")) throw UsageError{"--plot draws the forward's sweep; the backward's is the table"};
+  Problem p = makeProblem(a, a.variant, "2,16,8192,128", device ? MemorySpace::Device : MemorySpace::Host, 7, device);
+  Tensor fwdOut, lse, dout;
+  if (device) {
+    attention::FlexAttentionResult fwd = attention::flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
+                                                                   {.return_lse = true});
+    fwdOut = fwd.out;
+    lse = fwd.lse;
+    dout = randomTensor(7, 3, p.dtype, {p.B, p.H, p.N, p.DV}, MemorySpace::Device);
+  } else {  // dry run: shapes only (nothing is computed)
+    p.q = shapeOnly(p.dtype, {p.B, p.H, p.N, p.D});
+    p.k = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.D});
+    p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.DV});
+    fwdOut = dout = shapeOnly(p.dtype, {p.B, p.H, p.N, p.DV});
+    lse = shapeOnly(DType::F32, {p.B, p.H, p.N});
+  }
+  autotune::TuneOptions o = tuneOptions(a, err);
+  o.flops = device ? 2.5 * forwardFlops(p) : 0;  // DESIGN.md's count: 2.5 forwards
+  autotune::BackwardTuneReport r =
+      autotune::tuneFlexAttentionBackward(p.q, p.k, p.v, fwdOut, lse, dout, p.instance.score, p.instance.mask,
+                                          autotune::defaultBackwardSpace(p.dtype, std::max(p.D, p.DV)), o);
+  out << formatReport(r);
+  return r.timed && r.best < 0 ? 1 : 0;
+}
+
 int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   std::string why;
   const bool device = gpuPresent(&why);
   if (!device) err << "flextile autotune: no GPU (" << why << "): a dry run (compile and prune only), nothing is timed\n";
   const std::string kernel = a.get("--kernel", "forward");
-  if (kernel != "forward" && kernel != "decode")
-    throw UsageError{"--kernel must be forward or decode, got '" + kernel + "'"};
-  if (kernel == "decode") {
-    const int status = autotuneDecode(a, device, out, err);
+  if (kernel != "forward" && kernel != "decode" && kernel != "backward")
+    throw UsageError{"--kernel must be forward, decode or backward, got '" + kernel + "'"};
+  if (kernel != "forward") {
+    if (kernel == "backward" && a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
+    const int status = kernel == "decode" ? autotuneDecode(a, device, out, err) : autotuneBackward(a, device, out, err);
     if (status != 0) err << "flextile autotune: no config ran correctly\n";
     return status;
   }

@@ -3,6 +3,7 @@
 // slower than the default.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "attention/AttentionComparison.h"
@@ -108,6 +109,60 @@ TEST(AutotuneGpu, DecodeSweepStoresAWinnerThatCallsWithoutAConfigRun) {
       q, k, v, nullptr,
       [=](int64_t, int64_t, int64_t qi, int64_t kv) { return kv <= qi && qi - kv < window; }, 1.0 / 8.0, pos);
   EXPECT_EQ(flextile::testing::attentionMismatch(out, lse, ref, D, dsl::DType::BF16), "");
+}
+
+// The backward's sweep on the GPU: causal, GQA 2:1, lengths off the block; every pair checked
+// against the default pair's dQ, dK and dV, the winner stored in this test's cache and then run by
+// flex_attention_backward without a config: bitwise the winner's gradients, and the default's to
+// bf16 tolerance.
+TEST(AutotuneGpu, BackwardSweepStoresAWinnerThatCallsWithoutAConfigRun) {
+  FLEXTILE_REQUIRE_GPU();
+  flextile::testing::SeededRandom rng;
+  const int64_t B = 1, Hq = 4, Hkv = 2, L = 700, D = 64;
+  Tensor q = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hq, L, D}, MemorySpace::Device);
+  Tensor k = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hkv, L, D}, MemorySpace::Device);
+  Tensor v = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hkv, L, D}, MemorySpace::Device);
+  Tensor dout = flextile::testing::randomTensor(rng, dsl::DType::BF16, {B, Hq, L, D}, MemorySpace::Device);
+  VariantInstance inst = variant("causal").make({B, Hq, L, L, MemorySpace::Device, {128, 128}, 1});
+  const FlexAttentionResult fwd = flex_attention(q, k, v, inst.score, inst.mask, {.return_lse = true});
+  TuneOptions o;
+  o.repetitions = 5;
+  const BackwardConfigSpace space{{{64, 64, 4, 2}, {32, 64, 4, 2}}, {{64, 64, 4, 2}, {64, 32, 4, 2}}};
+  BackwardTuneReport r = tuneFlexAttentionBackward(q, k, v, fwd.out, fwd.lse, dout, inst.score, inst.mask, space, o);
+  EXPECT_TRUE(r.timed);
+  ASSERT_GE(r.best, 0) << formatReport(r);
+  for (const BackwardCandidate& c : r.candidates) {
+    EXPECT_NE(c.status, CandidateStatus::Wrong) << formatReport(r);
+    EXPECT_NE(c.status, CandidateStatus::Failed) << formatReport(r);
+  }
+  EXPECT_LE(r.candidates[size_t(r.best)].ms, r.candidates[size_t(r.defaultIndex)].ms);
+  ASSERT_FALSE(r.storedIn.empty()) << formatReport(r);
+
+  const FlexAttentionBackwardConfig best = r.candidates[size_t(r.best)].config;
+  const FlexAttentionBackwardConfig untuned = r.candidates[size_t(r.defaultIndex)].config;
+  EXPECT_EQ(plan_flex_attention_backward(q, k, v, fwd.out, fwd.lse, dout, inst.score, inst.mask).config, best)
+      << "a call without a config runs the stored winner";
+  auto grads = [&](std::optional<FlexAttentionBackwardConfig> config) {
+    FlexAttentionGrads g;
+    g.dq = Tensor::empty(dsl::DType::BF16, q.shape(), MemorySpace::Device);
+    g.dk = Tensor::empty(dsl::DType::BF16, k.shape(), MemorySpace::Device);
+    g.dv = Tensor::empty(dsl::DType::BF16, v.shape(), MemorySpace::Device);
+    for (Tensor* t : {&g.dq, &g.dk, &g.dv}) flextile::testing::poison(*t);
+    flex_attention_backward_into(q, k, v, fwd.out, fwd.lse, dout, inst.score, inst.mask, g, {.config = config});
+    return std::vector<std::vector<float>>{g.dq.toHost<float>(), g.dk.toHost<float>(), g.dv.toHost<float>()};
+  };
+  const auto tuned = grads(std::nullopt), winner = grads(best), reference = grads(untuned);
+  const char* names[] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(tuned[i], winner[i]) << names[i] << ": the call without a config is not the winner's";
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < tuned[i].size(); ++j) {
+      ASSERT_TRUE(std::isfinite(tuned[i][j])) << names[i] << "[" << j << "] is not finite (poison left?)";
+      worst = std::max(worst, double(std::abs(tuned[i][j] - reference[i][j])));
+      scale = std::max(scale, double(std::abs(reference[i][j])));
+    }
+    EXPECT_LE(worst, 3e-2 * scale) << names[i] << " differs from the default pair's";
+  }
 }
 
 }  // namespace

@@ -517,5 +517,146 @@ TEST(AutotuneCache, DecodeKeysAndEntries) {
   EXPECT_TRUE(cache.find(tuneKey(p, gpu)));
 }
 
+// The backward's sweep, dry (host shapes, sm_90a): the product of its tile lists with the default
+// pair first, a tile the mask cannot take and a forward-only schedule pruned before compiling with
+// the kernel named, every other pair compiled.
+TEST(AutotuneBackward, DryRunPrunesWhatEitherKernelCannotTake) {
+  const int64_t B = 1, H = 4, L = 640, D = 64;
+  const Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  const Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  const BlockMask mask = causalBlockMask(1, 1, L, L, {64, 64}, MemorySpace::Host);
+  FlexAttentionConfig deferred{64, 64, 4, 2};
+  deferred.defer = LoopSchedule::On;
+  const BackwardConfigSpace space{{{64, 64, 4, 2}, {32, 32, 4, 2}}, {{64, 64, 4, 2}, {256, 64, 8, 2}, deferred}};
+  TuneOptions o;
+  o.threads = 2;
+  o.runPtxas = false;
+  o.target = codegen::Target::sm90a();
+  const BackwardTuneReport r = tuneFlexAttentionBackward(q, q, q, q, lse, q, noop_score(), mask, space, o);
+  EXPECT_FALSE(r.timed);
+  EXPECT_EQ(r.best, -1);
+  ASSERT_EQ(r.defaultIndex, 0) << formatReport(r);
+  // The call's own default for a mask of 64-row blocks (narrowed to 64 × 64 on one warpgroup for
+  // both kernels), which the space holds: moved first, not added.
+  EXPECT_EQ(r.candidates[0].config, plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), mask, {},
+                                                                  codegen::Target::sm90a())
+                                        .config);
+  EXPECT_EQ(r.candidates[0].config, (FlexAttentionBackwardConfig{{64, 64, 4, 2}, {64, 64, 4, 2}}));
+  ASSERT_EQ(r.candidates.size(), space.configs().size()) << formatReport(r);
+  int compiled = 0;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const BackwardCandidate& c = r.candidates[i];
+    SCOPED_TRACE(c.config.describe() + ": " + c.reason);
+    if (c.config.dq.block_m == 256) {
+      EXPECT_EQ(c.status, CandidateStatus::Pruned);
+      EXPECT_EQ(c.reason.rfind("dq: ", 0), 0u);
+    } else if (c.config.dq.defer == LoopSchedule::On) {
+      EXPECT_EQ(c.status, CandidateStatus::Pruned);
+      EXPECT_NE(c.reason.find("dq: defer, persistent, skew and overlap are the forward's schedules"), std::string::npos);
+    } else {
+      EXPECT_EQ(c.status, CandidateStatus::Compiled);
+      EXPECT_GT(c.sharedBytes, 0);
+      ++compiled;
+    }
+  }
+  EXPECT_EQ(compiled, 2);
+  const std::string table = formatReport(r);
+  EXPECT_NE(table.find("TFLOP/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("dry run"), std::string::npos) << table;
+  // The default spaces hold what they say.
+  EXPECT_EQ(defaultBackwardSpace(DType::BF16, 128).configs().size(), 36u);
+  EXPECT_EQ(defaultBackwardSpace(DType::BF16, 192).configs().size(), 25u);
+  EXPECT_EQ(defaultBackwardSpace(DType::F32, 64).configs().size(), 9u);
+}
+
+// Backward entries: their own key and fields (two tiles), and neither the forward's nor the
+// decode's lookups read one (nor the backward's theirs); a damaged tile gives no entry.
+TEST(AutotuneCache, BackwardKeysAndEntries) {
+  const GpuIdentity gpu{"NVIDIA H200", 90, 12080};
+  const FlexAttentionProblem p = problem();
+  const std::string key = backwardTuneKey(p, gpu);
+  EXPECT_NE(key, tuneKey(p, gpu));
+  EXPECT_NE(key, decodeTuneKey(p, gpu));
+  FlexAttentionProblem longer = p;
+  longer.L = longer.S = 4 * p.S;
+  EXPECT_NE(backwardTuneKey(longer, gpu), key) << "the length bucket";
+
+  TempDir dir;
+  const fs::path file = dir.path / "autotune" / "h200.json";
+  FlexAttentionBackwardConfig pair{{64, 128, 8, 2, WarpSpecialization::On}, {128, 64, 8, 3, WarpSpecialization::On}};
+  pair.dq.turns = LoopSchedule::On;
+  {
+    TuneCache cache(file, gpu);
+    EXPECT_TRUE(cache.putBackward(key, {pair, 2.5, 2.7, "B=2 H=16 L=8192 S=8192 D=128"}));
+    EXPECT_TRUE(cache.put(tuneKey(p, gpu), {{128, 64, 8, 2}, 1, 1, ""}));
+  }
+  TuneCache cache(file, gpu);  // a new process reads the file
+  const std::optional<TunedBackwardConfig> t = cache.findBackward(key);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->config, pair) << t->config.describe();
+  EXPECT_DOUBLE_EQ(t->ms, 2.5);
+  EXPECT_DOUBLE_EQ(t->defaultMs, 2.7);
+  EXPECT_EQ(t->shape, "B=2 H=16 L=8192 S=8192 D=128");
+  EXPECT_FALSE(cache.find(key)) << "a backward entry is no forward config";
+  EXPECT_FALSE(cache.findDecode(key)) << "a backward entry is no decode config";
+  EXPECT_FALSE(cache.findBackward(tuneKey(p, gpu))) << "a forward entry is no backward config";
+  EXPECT_TRUE(cache.find(tuneKey(p, gpu)));
+
+  // A damaged tile (no warps) in a file written by hand: no entry, the default runs.
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  Json doc = parseJson(text.str());
+  doc.object["entries"].object[key].object["dq"].object.erase("num_warps");
+  std::ofstream(file) << doc.dump(2);
+  EXPECT_FALSE(TuneCache(file, gpu).findBackward(key));
+}
+
+// flex_attention_backward asks the resolver when given no config and dQ is the dq kernel's; an
+// explicit config wins, atomic dQ never asks, and a pair the call cannot take is ignored.
+TEST(AutotuneResolver, FlexAttentionBackwardUsesTheResolversPairWhenUsable) {
+  const int64_t L = 200, D = 64;
+  const Tensor q = Tensor::empty(DType::BF16, {1, 2, L, D}, MemorySpace::Host);
+  const Tensor lse = Tensor::empty(DType::F32, {1, 2, L}, MemorySpace::Host);
+  const BlockMask mask = causalBlockMask(1, 1, L, L, {128, 128});
+  const auto sm90a = codegen::Target::sm90a();
+  auto plan = [&](const FlexAttentionBackwardOptions& o = {}) {
+    return plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), mask, o, sm90a).config;
+  };
+  setFlexAttentionBackwardConfigResolver({});
+  const FlexAttentionBackwardConfig untuned = plan();
+  FlexAttentionProblem seen{};
+  int asked = 0;
+  FlexAttentionBackwardConfig answer{{32, 64, 4, 2}, {64, 32, 4, 2}};
+  ASSERT_NE(answer, untuned);
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionBackwardConfig> {
+    seen = p;
+    ++asked;
+    return answer;
+  });
+  EXPECT_EQ(plan(), answer);
+  EXPECT_EQ(seen.maskMod, "causal");
+  EXPECT_EQ(seen.L, L);
+  EXPECT_EQ(seen.D, D);
+  EXPECT_EQ(seen.qBlockSize, 128);
+  FlexAttentionBackwardOptions explicitConfig;
+  explicitConfig.config = FlexAttentionBackwardConfig{{64, 64, 4, 2}, {64, 64, 4, 2}};
+  EXPECT_EQ(plan(explicitConfig), *explicitConfig.config);
+  asked = 0;
+  FlexAttentionBackwardOptions atomic;
+  atomic.dq_accumulation = DqAccumulation::Atomic;
+  EXPECT_EQ(plan(atomic), defaultFlexAttentionBackwardConfig(DType::BF16, D, sm90a, false, DqAccumulation::Atomic));
+  EXPECT_EQ(asked, 0) << "atomic dQ is not tuned";
+  answer = {{32, 64, 4, 2}, {256, 32, 8, 2}};  // dq's 256 rows do not tile the mask's 128-row blocks
+  EXPECT_EQ(plan(), untuned);
+  answer = {{32, 64, 4, 2}, {64, 32, 4, 2}};
+  answer.dkdv.persistent = LoopSchedule::On;  // a forward-only schedule
+  EXPECT_EQ(plan(), untuned);
+  // autotune's resolver: host tensors are never tuned.
+  installResolver();
+  EXPECT_EQ(plan(), untuned);
+  setFlexAttentionBackwardConfigResolver({});
+}
+
 }  // namespace
 }  // namespace flextile

@@ -61,7 +61,9 @@ TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
       {{"run", "causal", "--host=yes"}, "takes no value"},
       {{"run", "causal", "--host", "--check=yes"}, "--check=all (every row)"},
       {{"autotune", "causal", "--budget", "-3"}, "non-negative number"},
-      {{"autotune", "causal", "--kernel", "dq"}, "--kernel must be forward or decode, got 'dq'"},
+      {{"autotune", "causal", "--kernel", "dq"}, "--kernel must be forward, decode or backward, got 'dq'"},
+      {{"autotune", "causal", "--kernel", "backward", "--queries", "2"}, "--queries applies to --kernel decode"},
+      {{"autotune", "causal", "--kernel", "backward", "--plot", "x.png"}, "--plot draws the forward's sweep"},
       {{"autotune", "causal", "--queries", "2"}, "--queries applies to --kernel decode"},
       {{"autotune", "causal", "--kernel", "decode", "--queries", "17"}, "--queries 17 must be in [1, min(N, 16)]"},
       {{"autotune", "causal", "--kernel", "decode", "--plot", "x.png"}, "--plot draws the forward's sweep"},
@@ -182,6 +184,23 @@ TEST(Cli, AutotuneDecodeDryRunPlansTheDecodesConfigs) {
   EXPECT_NE(r.out.find("default"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("runs as BN64 w4 s2 splits auto ("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("TB/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dry run"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("stored"), std::string::npos) << r.out;
+}
+
+// `autotune --kernel backward` without a GPU: (dkdv, dq) pairs compiled for the target, the default
+// pair first, nothing timed or stored.
+TEST(Cli, AutotuneBackwardDryRunCompilesTheBackwardsPairs) {
+  Result r = run({"autotune", "causal", "--kernel", "backward", "--shape", "1,4,640,64", "--gqa", "2", "--threads", "2"});
+  if (r.err.find("no GPU") == std::string::npos) GTEST_SKIP() << "a GPU is present: this is the dry run's test";
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string firstRow = r.out.substr(r.out.find('\n') + 1, r.out.find('\n', r.out.find('\n') + 1) - r.out.find('\n') - 1);
+  EXPECT_NE(firstRow.find("dkdv BM"), std::string::npos) << r.out;
+  EXPECT_NE(firstRow.find(" / dq BM"), std::string::npos) << r.out;
+  EXPECT_NE(firstRow.find("default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compile: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("for 36 configs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("dry run"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("stored"), std::string::npos) << r.out;
