@@ -255,22 +255,8 @@ TuneReport tuneFlexAttention(const Tensor& q, const Tensor& k, const Tensor& v, 
     return report;
   }
   sweep::checkAndTime(report, hooks, options, q.dtype(), q.shape(), defaultConfig);
-  if (report.best >= 0 && options.store) {
-    if (std::optional<GpuIdentity> gpu = currentGpu(); gpu) {
-      if (TuneCache* cache = TuneCache::forCurrentGpu()) {
-        const Candidate& b = report.candidates[size_t(report.best)];
-        TunedConfig t;
-        t.config = b.config;
-        t.ms = b.ms;
-        t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
-        t.shape = "B=" + std::to_string(problem.B) + " H=" + std::to_string(problem.Hq) + " L=" +
-                  std::to_string(problem.L) + " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D) +
-                  (problem.DV ? " DV=" + std::to_string(problem.DV) : std::string());
-        report.key = tuneKey(problem, *gpu);
-        if (cache->put(report.key, t)) report.storedIn = cache->file().string();
-      }
-    }
-  }
+  sweep::storeWinner(report, options, sweep::problemShape(problem),
+                     [&](const GpuIdentity& gpu) { return tuneKey(problem, gpu); }, &TuneCache::put);
   return report;
 }
 

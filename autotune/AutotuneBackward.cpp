@@ -75,21 +75,9 @@ BackwardTuneReport tuneFlexAttentionBackward(const Tensor& q, const Tensor& k, c
       q.dtype(), q.size(3), v.size(3), problem.space, target, scoreMod, blockMask, attention::DqAccumulation::Separate);
 
   BackwardTuneReport report;
-  std::vector<FlexAttentionBackwardConfig> configs = space.configs();
-  if (auto at = std::find(configs.begin(), configs.end(), defaultConfig); at == configs.end())
-    configs.insert(configs.begin(), defaultConfig);
-  else
-    std::rotate(configs.begin(), at, at + 1);
-  for (const FlexAttentionBackwardConfig& c : configs) {
-    BackwardCandidate cand;
-    cand.config = c;
-    if (auto why = pruneBackwardBeforeCompile(c, blockMask ? &*blockMask : nullptr, limits)) {
-      cand.status = CandidateStatus::Pruned;
-      cand.reason = *why;
-    }
-    report.candidates.push_back(cand);
-    if (c == defaultConfig) report.defaultIndex = int(report.candidates.size() - 1);
-  }
+  sweep::addCandidates(report, space.configs(), defaultConfig, [&](const FlexAttentionBackwardConfig& c) {
+    return pruneBackwardBeforeCompile(c, blockMask ? &*blockMask : nullptr, limits);
+  });
 
   // dQ, dK and dV of a run side by side in one flat tensor: the sweep checks and poisons one output.
   const int64_t dqCount = q.numel(), dkCount = k.size(0) * k.size(1) * k.size(2) * q.size(3),
@@ -114,20 +102,8 @@ BackwardTuneReport tuneFlexAttentionBackward(const Tensor& q, const Tensor& k, c
     return report;
   }
   sweep::checkAndTime(report, hooks, options, q.dtype(), {dqCount + dkCount + dvCount}, defaultConfig);
-  if (report.best < 0 || !options.store) return report;
-  const std::optional<GpuIdentity> gpu = currentGpu();
-  TuneCache* cache = gpu ? TuneCache::forCurrentGpu() : nullptr;
-  if (!cache) return report;
-  const BackwardCandidate& best = report.candidates[size_t(report.best)];
-  TunedBackwardConfig t;
-  t.config = best.config;
-  t.ms = best.ms;
-  t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
-  t.shape = "B=" + std::to_string(problem.B) + " H=" + std::to_string(problem.Hq) + " L=" + std::to_string(problem.L) +
-            " S=" + std::to_string(problem.S) + " D=" + std::to_string(problem.D) +
-            (problem.DV ? " DV=" + std::to_string(problem.DV) : std::string());
-  report.key = backwardTuneKey(problem, *gpu);
-  if (cache->putBackward(report.key, t)) report.storedIn = cache->file().string();
+  sweep::storeWinner(report, options, sweep::problemShape(problem),
+                     [&](const GpuIdentity& gpu) { return backwardTuneKey(problem, gpu); }, &TuneCache::putBackward);
   return report;
 }
 

@@ -86,22 +86,9 @@ DecodeTuneReport tuneFlexDecode(const Tensor& q, const Tensor& k, const Tensor& 
   const FlexDecodeConfig defaultConfig = attention::defaultFlexDecodeConfig(q.dtype(), q.size(3));
 
   DecodeTuneReport report;
-  std::vector<FlexDecodeConfig> configs = space.configs();
-  // The default first, so that a config planned the same as it is the one pruned.
-  if (auto at = std::find(configs.begin(), configs.end(), defaultConfig); at == configs.end())
-    configs.insert(configs.begin(), defaultConfig);
-  else
-    std::rotate(configs.begin(), at, at + 1);
-  for (const FlexDecodeConfig& c : configs) {
-    DecodeCandidate cand;
-    cand.config = c;
-    if (auto why = pruneDecodeBeforeCompile(c, blockMask ? &*blockMask : nullptr, q.size(3), q.dtype(), limits)) {
-      cand.status = CandidateStatus::Pruned;
-      cand.reason = *why;
-    }
-    report.candidates.push_back(cand);
-    if (c == defaultConfig) report.defaultIndex = int(report.candidates.size() - 1);
-  }
+  sweep::addCandidates(report, space.configs(), defaultConfig, [&](const FlexDecodeConfig& c) {
+    return pruneDecodeBeforeCompile(c, blockMask ? &*blockMask : nullptr, q.size(3), q.dtype(), limits);
+  });
 
   sweep::Hooks<FlexDecodeConfig> hooks;
   hooks.compile = [&](const FlexDecodeConfig& c) {
@@ -121,20 +108,15 @@ DecodeTuneReport tuneFlexDecode(const Tensor& q, const Tensor& k, const Tensor& 
     return report;
   }
   sweep::checkAndTime(report, hooks, options, q.dtype(), q.shape(), defaultConfig);
-  if (report.best < 0 || !options.store) return report;
-  const std::optional<GpuIdentity> gpu = currentGpu();
-  TuneCache* cache = gpu ? TuneCache::forCurrentGpu() : nullptr;
-  if (!cache) return report;
-  const DecodeCandidate& best = report.candidates[size_t(report.best)];
-  TunedDecodeConfig t;
-  t.config = best.config;
-  t.ms = best.ms;
-  t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
-  t.shape = "B=" + std::to_string(q.size(0)) + " Hq=" + std::to_string(q.size(1)) + " Hkv=" + std::to_string(k.size(1)) +
-            " L=" + std::to_string(q.size(2)) + " S=" + std::to_string(k.size(2)) + " D=" + std::to_string(q.size(3)) +
-            (v.size(3) != q.size(3) ? " DV=" + std::to_string(v.size(3)) : std::string());
-  report.key = decodeTuneKey(attention::flexAttentionProblem(q, k, v, scoreMod, blockMask), *gpu);
-  if (cache->putDecode(report.key, t)) report.storedIn = cache->file().string();
+  sweep::storeWinner(report, options,
+                     "B=" + std::to_string(q.size(0)) + " Hq=" + std::to_string(q.size(1)) +
+                         " Hkv=" + std::to_string(k.size(1)) + " L=" + std::to_string(q.size(2)) +
+                         " S=" + std::to_string(k.size(2)) + " D=" + std::to_string(q.size(3)) +
+                         (v.size(3) != q.size(3) ? " DV=" + std::to_string(v.size(3)) : std::string()),
+                     [&](const GpuIdentity& gpu) {
+                       return decodeTuneKey(attention::flexAttentionProblem(q, k, v, scoreMod, blockMask), gpu);
+                     },
+                     &TuneCache::putDecode);
   return report;
 }
 

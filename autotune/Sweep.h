@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "autotune/Autotune.h"
+#include "autotune/TuneCache.h"
 #include "codegen/Ptxas.h"
 #include "runtime/Device.h"
 #include "runtime/Event.h"
@@ -183,6 +184,52 @@ void checkAndTime(TuneReportOf<Config>& report, const Hooks<Config>& hooks, cons
     if (c.status == CandidateStatus::Timed && (report.best < 0 || c.ms < report.candidates[size_t(report.best)].ms))
       report.best = int(i);
   }
+}
+
+// The report's candidates: `configs` with the default first (moved there, or added where the space
+// lacks it, so that a later config planned the same as it is the one pruned), each pruned before
+// compiling where `prune` gives a reason.
+template <class Config, class Prune>
+void addCandidates(TuneReportOf<Config>& report, std::vector<Config> configs, const Config& defaultConfig,
+                   Prune prune) {
+  if (auto at = std::find(configs.begin(), configs.end(), defaultConfig); at == configs.end())
+    configs.insert(configs.begin(), defaultConfig);
+  else
+    std::rotate(configs.begin(), at, at + 1);
+  for (const Config& c : configs) {
+    CandidateOf<Config> cand;
+    cand.config = c;
+    if (std::optional<std::string> why = prune(c)) {
+      cand.status = CandidateStatus::Pruned;
+      cand.reason = *why;
+    }
+    report.candidates.push_back(cand);
+    if (c == defaultConfig) report.defaultIndex = int(report.candidates.size() - 1);
+  }
+}
+
+// "B=2 H=16 L=8192 S=8192 D=128" (and " DV=.." where v's head dim differs): what an entry was tuned at.
+inline std::string problemShape(const attention::FlexAttentionProblem& p) {
+  return "B=" + std::to_string(p.B) + " H=" + std::to_string(p.Hq) + " L=" + std::to_string(p.L) +
+         " S=" + std::to_string(p.S) + " D=" + std::to_string(p.D) + (p.DV ? " DV=" + std::to_string(p.DV) : std::string());
+}
+
+// Stores the timed winner in the current GPU's cache (when asked to and there is one) under
+// keyOf(gpu), through TuneCache's `put` for its kind of entry; `shape` says what it was tuned at.
+template <class Tuned, class Config, class KeyOf>
+void storeWinner(TuneReportOf<Config>& report, const TuneOptions& options, std::string shape, KeyOf keyOf,
+                 bool (TuneCache::*put)(const std::string&, const Tuned&)) {
+  if (report.best < 0 || !options.store) return;
+  const std::optional<GpuIdentity> gpu = currentGpu();
+  TuneCache* cache = gpu ? TuneCache::forCurrentGpu() : nullptr;
+  if (!cache) return;
+  Tuned t;
+  t.config = report.candidates[size_t(report.best)].config;
+  t.ms = report.candidates[size_t(report.best)].ms;
+  t.defaultMs = report.defaultIndex >= 0 ? report.candidates[size_t(report.defaultIndex)].ms : 0;
+  t.shape = std::move(shape);
+  report.key = keyOf(*gpu);
+  if ((cache->*put)(report.key, t)) report.storedIn = cache->file().string();
 }
 
 // The report as a table; `unit` names the rate column.
