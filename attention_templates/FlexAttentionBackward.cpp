@@ -26,6 +26,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -767,7 +768,8 @@ FlexAttentionBackwardConfigResolver& resolverSlot() {
 }
 
 // The resolver's pair where it gives one this call can take; nullopt (the default) otherwise.
-std::optional<FlexAttentionBackwardConfig> resolvedConfig(const FlexAttentionProblem& problem,
+// `problem` is built only when a resolver is set.
+std::optional<FlexAttentionBackwardConfig> resolvedConfig(const std::function<FlexAttentionProblem()>& problem,
                                                           const std::optional<BlockMask>& blockMask) {
   FlexAttentionBackwardConfigResolver resolver;
   {
@@ -777,9 +779,11 @@ std::optional<FlexAttentionBackwardConfig> resolvedConfig(const FlexAttentionPro
   if (!resolver) return std::nullopt;
   std::optional<FlexAttentionBackwardConfig> c;
   try {
-    c = resolver(problem);
+    // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
+    // runs the default, and the real trace reports anything truly wrong with it (as the forward's).
+    c = resolver(problem());
   } catch (const Error&) {
-    return std::nullopt;  // as the forward's: the call's own checks report what is truly wrong
+    return std::nullopt;
   }
   const BlockMask* mask = blockMask ? &*blockMask : nullptr;
   if (!c || tileProblem(c->dkdv, mask) || tileProblem(c->dq, mask)) return std::nullopt;
@@ -913,7 +917,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const std::optional<FlexAttentionBackwardConfig> tuned =
       options.config || options.dq_accumulation != DqAccumulation::Separate
           ? std::nullopt
-          : resolvedConfig(detail::attentionProblem(dt, B, Hq, Hkv, L, S, D, space, scoreMod, blockMask, DV),
+          : resolvedConfig([&] { return detail::attentionProblem(dt, B, Hq, Hkv, L, S, D, space, scoreMod, blockMask, DV); },
                            blockMask);
   const FlexAttentionBackwardConfig config =
       options.config ? *options.config

@@ -652,6 +652,21 @@ TEST(AutotuneResolver, FlexAttentionBackwardUsesTheResolversPairWhenUsable) {
   answer = {{32, 64, 4, 2}, {64, 32, 4, 2}};
   answer.dkdv.persistent = LoopSchedule::On;  // a forward-only schedule
   EXPECT_EQ(plan(), untuned);
+  // A mod that refuses the probe tiles its structural hash is traced on runs the default, the
+  // resolver unasked (once the problem was built outside the resolver's guard, and the call threw).
+  answer = {{32, 64, 4, 2}, {64, 32, 4, 2}};
+  asked = 0;
+  const ScoreMod picky("picky", [](const dsl::Tile& s, const dsl::Tile&, const dsl::Tile&, const dsl::Tile&,
+                                   const dsl::Tile& kv) {
+    // The probe's kv_idx is [1, 16] (attention_templates/Mods.cpp); the kernels' are [BLOCK_N, 1]
+    // (dkdv) and [1, BLOCK_N] (dq) with 32 keys at least here.
+    if (kv.shape()[0] == 1 && kv.shape()[1] == 16) throw Error("picky: refuses a kv_idx of [1, 16]");
+    return s;
+  });
+  // (A mod the probes do not fit counts as one that gathers per score: the cautious default.)
+  EXPECT_EQ(plan_flex_attention_backward(q, q, q, q, lse, q, picky, mask, {}, sm90a).config,
+            defaultFlexAttentionBackwardConfig(DType::BF16, D, sm90a, true));
+  EXPECT_EQ(asked, 0) << "the resolver was asked about a mod whose hash could not be traced";
   // autotune's resolver: host tensors are never tuned.
   installResolver();
   EXPECT_EQ(plan(), untuned);
