@@ -742,19 +742,9 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   });
 }
 
-// Why the backward cannot run tile `c` (as its dkdv or dq) on `mask`, or nullopt.
-std::optional<std::string> tileProblem(const FlexAttentionConfig& c, const BlockMask* mask) {
-  if (auto why = detail::configProblem(c, mask)) return why;
-  if (c.defer == LoopSchedule::On) return "defer is a schedule of the forward's loop; the backward's kernels do not have it";
-  if (c.persistent == LoopSchedule::On)
-    return "persistent programs are a schedule of the forward; the backward's kernels launch a program per tile";
-  if (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On)
-    return "skew and overlap are schedules of the forward's walks; the backward's kernels do not have them";
-  return std::nullopt;
-}
 
 void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
-  if (auto why = tileProblem(c, &mask))
+  if (auto why = detail::backwardTileProblem(c, &mask))
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
 }
 
@@ -786,7 +776,7 @@ std::optional<FlexAttentionBackwardConfig> resolvedConfig(const std::function<Fl
     return std::nullopt;
   }
   const BlockMask* mask = blockMask ? &*blockMask : nullptr;
-  if (!c || tileProblem(c->dkdv, mask) || tileProblem(c->dq, mask)) return std::nullopt;
+  if (!c || detail::backwardTileProblem(c->dkdv, mask) || detail::backwardTileProblem(c->dq, mask)) return std::nullopt;
   return c;
 }
 
@@ -804,6 +794,16 @@ void setFlexAttentionBackwardConfigResolver(FlexAttentionBackwardConfigResolver 
 }
 
 namespace detail {
+std::optional<std::string> backwardTileProblem(const FlexAttentionConfig& c, const BlockMask* mask) {
+  if (auto why = detail::configProblem(c, mask)) return why;
+  if (c.defer == LoopSchedule::On) return "defer is a schedule of the forward's loop; the backward's kernels do not have it";
+  if (c.persistent == LoopSchedule::On)
+    return "persistent programs are a schedule of the forward; the backward's kernels launch a program per tile";
+  if (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On)
+    return "skew and overlap are schedules of the forward's walks; the backward's kernels do not have them";
+  return std::nullopt;
+}
+
 FlexAttentionBackwardConfig untunedBackwardConfig(DType dtype, int64_t D, int64_t DV, MemorySpace space,
                                                   std::optional<codegen::Target> target, const ScoreMod& scoreMod,
                                                   const std::optional<BlockMask>& blockMask, DqAccumulation dq) {

@@ -322,6 +322,9 @@ std::optional<int64_t> configInteger(const std::string& item);
 // safe guess, and the real trace reports anything truly wrong with it.
 bool modsGatherPerElement(const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask);
 
+// Why the backward cannot run tile `c` as its dkdv or dq kernel's on `mask` (nullptr: no mask), or
+// nullopt: configProblem's rules and the forward-only schedules.
+std::optional<std::string> backwardTileProblem(const FlexAttentionConfig& c, const BlockMask* mask);
 // The backward's config for a call that gives none and has no tuned one: the default for its dtype,
 // head dims (q's D, v's DV), target and mods, narrowed to tile a mask of smaller blocks (the
 // autotuner's baseline too).

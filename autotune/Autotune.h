@@ -160,10 +160,10 @@ DecodeTuneReport tuneFlexDecode(const dsl::Tensor& q, const dsl::Tensor& k, cons
 // ---- the backward (autotune/AutotuneBackward.cpp) ----
 //
 // The backward's configs are (dkdv, dq) pairs: the product of two lists of tiles, each pair timed as
-// the whole backward (preprocess, dkdv, dq), since the two kernels' times add and neither's best
-// tile depends on the other's. Pruned before compiling: a tile that cannot tile the BlockMask, a
-// forward-only schedule, too many threads; then as the forward's (shared memory, registers, spills;
-// the planner's shared-memory refusal). The check compares dQ, dK and dV with the default pair's.
+// the whole backward a training step runs (preprocess, dkdv, dq). Pruned before compiling: a tile
+// that cannot tile the BlockMask, a forward-only schedule, too many threads; then as the forward's
+// (shared memory, registers, spills; the planner's shared-memory refusal). The check compares dQ, dK
+// and dV with the default pair's.
 struct BackwardConfigSpace {
   std::vector<FlexAttentionConfig> dkdv, dq;
   std::vector<attention::FlexAttentionBackwardConfig> configs() const;  // the product, in a stable order

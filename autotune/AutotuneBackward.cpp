@@ -46,10 +46,7 @@ namespace {
 std::optional<std::string> pruneBackwardBeforeCompile(const FlexAttentionBackwardConfig& c,
                                                       const attention::BlockMask* mask, const DeviceLimits& limits) {
   for (const auto& [which, tile] : {std::pair{"dkdv", &c.dkdv}, std::pair{"dq", &c.dq}}) {
-    if (auto why = attention::detail::configProblem(*tile, mask)) return std::string(which) + ": " + *why;
-    if (tile->defer == LoopSchedule::On || tile->persistent == LoopSchedule::On || tile->skew == LoopSchedule::On ||
-        tile->overlap == LoopSchedule::On)
-      return std::string(which) + ": defer, persistent, skew and overlap are the forward's schedules";
+    if (auto why = attention::detail::backwardTileProblem(*tile, mask)) return std::string(which) + ": " + *why;
     const int threads = (tile->num_warps + (tile->warp_specialize == WarpSpecialization::On ? 4 : 0)) * 32;
     if (threads > limits.threadsPerBlock)
       return std::string(which) + ": threads: " + std::to_string(threads) + " > " +
