@@ -776,7 +776,8 @@ std::optional<FlexAttentionBackwardConfig> resolvedConfig(const std::function<Fl
     return std::nullopt;
   }
   const BlockMask* mask = blockMask ? &*blockMask : nullptr;
-  if (!c || detail::backwardTileProblem(c->dkdv, mask) || detail::backwardTileProblem(c->dq, mask)) return std::nullopt;
+  if (!c || detail::backwardTileProblem(c->dkdv, mask) || detail::backwardTileProblem(c->dq, mask))
+    return std::nullopt;
   return c;
 }
 
@@ -796,7 +797,8 @@ void setFlexAttentionBackwardConfigResolver(FlexAttentionBackwardConfigResolver 
 namespace detail {
 std::optional<std::string> backwardTileProblem(const FlexAttentionConfig& c, const BlockMask* mask) {
   if (auto why = detail::configProblem(c, mask)) return why;
-  if (c.defer == LoopSchedule::On) return "defer is a schedule of the forward's loop; the backward's kernels do not have it";
+  if (c.defer == LoopSchedule::On)
+    return "defer is a schedule of the forward's loop; the backward's kernels do not have it";
   if (c.persistent == LoopSchedule::On)
     return "persistent programs are a schedule of the forward; the backward's kernels launch a program per tile";
   if (c.skew == LoopSchedule::On || c.overlap == LoopSchedule::On)
@@ -917,8 +919,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   const std::optional<FlexAttentionBackwardConfig> tuned =
       options.config || options.dq_accumulation != DqAccumulation::Separate
           ? std::nullopt
-          : resolvedConfig([&] { return detail::attentionProblem(dt, B, Hq, Hkv, L, S, D, space, scoreMod, blockMask, DV); },
-                           blockMask);
+          : resolvedConfig(
+                [&] { return detail::attentionProblem(dt, B, Hq, Hkv, L, S, D, space, scoreMod, blockMask, DV); },
+                blockMask);
   const FlexAttentionBackwardConfig config =
       options.config ? *options.config
       : tuned        ? *tuned

@@ -95,7 +95,8 @@ BackwardTuneReport tuneFlexAttentionBackward(const Tensor& q, const Tensor& k, c
   hooks.work = options.flops;
   sweep::compileAll(report, hooks, options, limits);
   if (!device) {
-    if (options.progress) options.progress("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
+    if (options.progress)
+      options.progress("dry run: host inputs, nothing is timed (time on a GPU with device tensors)");
     return report;
   }
   sweep::checkAndTime(report, hooks, options, q.dtype(), {dqCount + dkCount + dvCount}, defaultConfig);

@@ -212,8 +212,8 @@ void addCandidates(TuneReportOf<Config>& report, std::vector<Config> configs, co
 
 // "B=2 H=16 L=8192 S=8192 D=128" (and " DV=.." where v's head dim differs): what an entry was tuned at.
 inline std::string problemShape(const attention::FlexAttentionProblem& p) {
-  return "B=" + std::to_string(p.B) + " H=" + std::to_string(p.Hq) + " L=" + std::to_string(p.L) +
-         " S=" + std::to_string(p.S) + " D=" + std::to_string(p.D) + (p.DV ? " DV=" + std::to_string(p.DV) : std::string());
+  return "B=" + std::to_string(p.B) + " H=" + std::to_string(p.Hq) + " L=" + std::to_string(p.L) + " S=" +
+         std::to_string(p.S) + " D=" + std::to_string(p.D) + (p.DV ? " DV=" + std::to_string(p.DV) : std::string());
 }
 
 // Stores the timed winner in the current GPU's cache (when asked to and there is one) under

@@ -629,11 +629,12 @@ TEST(AutotuneResolver, FlexAttentionBackwardUsesTheResolversPairWhenUsable) {
   int asked = 0;
   FlexAttentionBackwardConfig answer{{32, 64, 4, 2}, {64, 32, 4, 2}};
   ASSERT_NE(answer, untuned);
-  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionBackwardConfig> {
-    seen = p;
-    ++asked;
-    return answer;
-  });
+  setFlexAttentionBackwardConfigResolver(
+      [&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionBackwardConfig> {
+        seen = p;
+        ++asked;
+        return answer;
+      });
   EXPECT_EQ(plan(), answer);
   EXPECT_EQ(seen.maskMod, "causal");
   EXPECT_EQ(seen.L, L);

@@ -192,10 +192,13 @@ TEST(Cli, AutotuneDecodeDryRunPlansTheDecodesConfigs) {
 // `autotune --kernel backward` without a GPU: (dkdv, dq) pairs compiled for the target, the default
 // pair first, nothing timed or stored.
 TEST(Cli, AutotuneBackwardDryRunCompilesTheBackwardsPairs) {
-  Result r = run({"autotune", "causal", "--kernel", "backward", "--shape", "1,4,640,64", "--gqa", "2", "--threads", "2"});
+  Result r =
+      run({"autotune", "causal", "--kernel", "backward", "--shape", "1,4,640,64", "--gqa", "2", "--threads", "2"});
   if (r.err.find("no GPU") == std::string::npos) GTEST_SKIP() << "a GPU is present: this is the dry run's test";
   ASSERT_EQ(r.status, 0) << r.err;
-  const std::string firstRow = r.out.substr(r.out.find('\n') + 1, r.out.find('\n', r.out.find('\n') + 1) - r.out.find('\n') - 1);
+  const size_t header = r.out.find('\n'), firstEnd = r.out.find('\n', header + 1);
+  ASSERT_NE(firstEnd, std::string::npos) << r.out;
+  const std::string firstRow = r.out.substr(header + 1, firstEnd - header - 1);
   EXPECT_NE(firstRow.find("dkdv BM"), std::string::npos) << r.out;
   EXPECT_NE(firstRow.find(" / dq BM"), std::string::npos) << r.out;
   EXPECT_NE(firstRow.find("default"), std::string::npos) << r.out;
