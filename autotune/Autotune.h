@@ -105,6 +105,10 @@ struct TuneOptions {
   std::optional<codegen::Target> target;  // dry runs (host inputs): what to compile for; default sm_90a
   double flops = 0;          // of one forward (or backward) call, for TFLOP/s (0: not reported)
   double bytes = 0;          // of K and V one decode call reads, for TB/s (0: not reported)
+  // The winner must run at least this much faster than the default config (its time divided by the
+  // winner's), else the default stays: a winner by run-to-run noise (~1.5 % between two sweeps on
+  // one H100, 2026-12-07) would move the tuned config from one sweep to the next. 1: the fastest.
+  double minSpeedup = 1.02;
   bool store = true;         // write the winner into the per-GPU cache
   std::function<void(const std::string&)> progress;  // one line per event
 };

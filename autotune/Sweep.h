@@ -126,6 +126,27 @@ void compileAll(TuneReportOf<Config>& report, const Hooks<Config>& hooks, const 
   report.compileSeconds = secondsSince(start);
 }
 
+// report.best: the fastest timed candidate, unless the default (timed) is within `minSpeedup` of it;
+// then the default, and the fastest says by how much it led.
+template <class Config>
+void chooseBest(TuneReportOf<Config>& report, double minSpeedup) {
+  int fastest = -1;
+  for (size_t i = 0; i < report.candidates.size(); ++i) {
+    const CandidateOf<Config>& c = report.candidates[i];
+    if (c.status == CandidateStatus::Timed && (fastest < 0 || c.ms < report.candidates[size_t(fastest)].ms))
+      fastest = int(i);
+  }
+  report.best = fastest;
+  if (fastest < 0 || report.defaultIndex < 0 || fastest == report.defaultIndex) return;
+  const CandidateOf<Config>& def = report.candidates[size_t(report.defaultIndex)];
+  CandidateOf<Config>& lead = report.candidates[size_t(fastest)];
+  if (def.status != CandidateStatus::Timed || def.ms >= minSpeedup * lead.ms) return;
+  report.best = report.defaultIndex;
+  char note[128];
+  std::snprintf(note, sizeof note, "%.3f× the default: under the %.3f× a winner needs", def.ms / lead.ms, minSpeedup);
+  lead.reason = lead.reason.empty() ? note : lead.reason + "; " + note;
+}
+
 // Checks and times every compiled candidate on the GPU, each run into a poisoned device tensor of
 // `dtype` and `shape` (the call's output) against the default config's.
 template <class Config>
@@ -181,11 +202,7 @@ void checkAndTime(TuneReportOf<Config>& report, const Hooks<Config>& hooks, cons
     }
   }
   report.timingSeconds = secondsSince(start);
-  for (size_t i = 0; i < report.candidates.size(); ++i) {
-    const CandidateOf<Config>& c = report.candidates[i];
-    if (c.status == CandidateStatus::Timed && (report.best < 0 || c.ms < report.candidates[size_t(report.best)].ms))
-      report.best = int(i);
-  }
+  chooseBest(report, options.minSpeedup);
 }
 
 // The report's candidates: `configs` with the default first (moved there, or added where the space

@@ -86,7 +86,7 @@ const std::vector<Command>& commands() {
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--dv DV] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
-       "                         [--kernel forward|decode|backward] [--queries L]\n"
+       "                         [--kernel forward|decode|backward] [--queries L] [--min-speedup X]\n"
        "  Compiles every config of the space in parallel (pruned configs show why), checks each against the\n"
        "  default config and times it on the GPU, prints the table and stores the winner in the per-GPU\n"
        "  cache, which flex_attention then uses. Without a GPU: a dry run (compile and prune for --target).\n"
@@ -98,10 +98,12 @@ const std::vector<Command>& commands() {
        "  --kernel backward tunes flex_attention_backward's (dkdv, dq) tile pairs, each timed as the whole\n"
        "  backward (TFLOP/s at 2.5 forwards) and checked on dQ, dK and dV against the default pair; its\n"
        "  winner serves backward calls of the same mods, dtype, head dims, GQA and length bucket.\n"
+       "  --min-speedup X: a config must run X times as fast as the default to win (default 1.02: below\n"
+       "  that the default stays, so run-to-run noise does not pick the winner).\n"
        "  --plot FILE draws the sweep (TFLOP/s per config; pruned, failed, wrong and skipped configs marked):\n"
        "  SVG when FILE ends in .svg, else PNG (forward only).\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--budget", "--threads", "--target", "--document-offsets", "--plot",
-        "--kernel", "--queries"},
+        "--kernel", "--queries", "--min-speedup"},
        {"--no-store"}, true},
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
@@ -516,6 +518,10 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
 autotune::TuneOptions tuneOptions(const Args& a, std::ostream& err) {
   autotune::TuneOptions o;
   o.budgetSeconds = parseNumber("--budget", a.get("--budget", "0"));
+  if (a.has("--min-speedup")) {
+    o.minSpeedup = parseNumber("--min-speedup", a.get("--min-speedup", ""));
+    if (!(o.minSpeedup >= 1)) throw UsageError{"--min-speedup must be at least 1 (the default's own speed)"};
+  }
   if (a.has("--threads")) o.threads = int(parseInts("--threads", a.get("--threads", ""), 1, 1)[0]);
   if (a.has("--target")) o.target = parseTarget(a.get("--target", ""));
   o.store = !a.has("--no-store");

@@ -12,6 +12,7 @@
 #include "attention_templates/Variants.h"
 #include "autotune/Autotune.h"
 #include "autotune/Json.h"
+#include "autotune/Sweep.h"
 #include "autotune/TuneCache.h"
 #include "codegen/CompileCache.h"
 #include "codegen/Ptxas.h"
@@ -321,6 +322,44 @@ TEST(AutotuneResolver, FlexAttentionUsesTheResolversConfigWhenUsable) {
   // autotune's resolver: host tensors are never tuned.
   installResolver();
   EXPECT_EQ(plan_flex_attention(q, k, k, noop_score(), mask).config, defaultFlexAttentionConfig(DType::BF16, D));
+}
+
+// The winner must beat the default by TuneOptions::minSpeedup; a lead within it (noise) keeps the
+// default and says so on the faster config.
+TEST(AutotuneSweep, ALeadWithinTheMarginKeepsTheDefault) {
+  auto report = [](double defaultMs, double otherMs, CandidateStatus defaultStatus = CandidateStatus::Timed) {
+    TuneReport r;
+    r.candidates.resize(3);
+    r.candidates[0].config = {64, 64, 4, 2};
+    r.candidates[0].status = defaultStatus;
+    r.candidates[0].ms = defaultMs;
+    r.candidates[1].config = {128, 64, 8, 2};
+    r.candidates[1].status = CandidateStatus::Timed;
+    r.candidates[1].ms = otherMs;
+    r.candidates[2].config = {128, 128, 8, 2};
+    r.candidates[2].status = CandidateStatus::Pruned;  // never chosen, whatever its time
+    r.candidates[2].ms = 0.1;
+    r.defaultIndex = 0;
+    return r;
+  };
+  TuneReport r = report(1.00, 0.99);
+  sweep::chooseBest(r, 1.02);
+  EXPECT_EQ(r.best, 0) << formatReport(r);
+  EXPECT_NE(r.candidates[1].reason.find("1.010× the default: under the 1.020× a winner needs"), std::string::npos)
+      << r.candidates[1].reason;
+  r = report(1.00, 0.95);
+  sweep::chooseBest(r, 1.02);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_EQ(r.candidates[1].reason, "");
+  r = report(1.00, 0.99);
+  sweep::chooseBest(r, 1.0);
+  EXPECT_EQ(r.best, 1) << "1: the fastest";
+  r = report(0.5, 0.99, CandidateStatus::Wrong);
+  sweep::chooseBest(r, 1.02);
+  EXPECT_EQ(r.best, 1) << "a default that did not time cannot stay";
+  r = report(0.98, 0.99);
+  sweep::chooseBest(r, 1.02);
+  EXPECT_EQ(r.best, 0) << "the default fastest";
 }
 
 // A compile that throws is a pruning only when the error's kind says the config needs more of the

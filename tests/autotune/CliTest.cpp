@@ -64,6 +64,7 @@ TEST(Cli, BadArgumentsExitTwoWithAMessageThatNamesTheProblem) {
       {{"autotune", "causal", "--kernel", "dq"}, "--kernel must be forward, decode or backward, got 'dq'"},
       {{"autotune", "causal", "--kernel", "backward", "--queries", "2"}, "--queries applies to --kernel decode"},
       {{"autotune", "causal", "--kernel", "backward", "--plot", "x.png"}, "--plot draws the forward's sweep"},
+      {{"autotune", "causal", "--min-speedup", "0.9"}, "--min-speedup must be at least 1"},
       {{"autotune", "causal", "--queries", "2"}, "--queries applies to --kernel decode"},
       {{"autotune", "causal", "--kernel", "decode", "--queries", "17"}, "--queries 17 must be in [1, min(N, 16)]"},
       {{"autotune", "causal", "--kernel", "decode", "--plot", "x.png"}, "--plot draws the forward's sweep"},
