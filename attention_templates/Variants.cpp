@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -117,6 +118,17 @@ std::vector<Variant> builtins() {
                  return r;
                }});
   v.push_back({"bias", "a captured bias table [H, L, S] added to the scores, no mask", [](const VariantInputs& in) {
+                 // The table is materialized on the host (and copied to the device): a yardstick shape
+                 // of 32 heads over 32768 positions would ask for 128 GiB and die of std::bad_alloc.
+                 const double gib = double(in.H) * double(in.L) * double(in.S) * sizeof(float) / double(1 << 30);
+                 if (gib > 4) {
+                   char size[32];
+                   std::snprintf(size, sizeof size, "%.1f", gib);
+                   throw Error("variant 'bias': its table [H, L, S] = [" + std::to_string(in.H) + ", " +
+                                   std::to_string(in.L) + ", " + std::to_string(in.S) + "] of f32 would take " + size +
+                                   " GiB, over the variant's 4 GiB; use a smaller shape",
+                               ErrorKind::InvalidArgument);
+                 }
                  VariantInstance r;
                  std::mt19937_64 rng(in.seed);
                  std::uniform_real_distribution<float> u(-2, 2);

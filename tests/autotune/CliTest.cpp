@@ -210,6 +210,17 @@ TEST(Cli, AutotuneBackwardDryRunCompilesTheBackwardsPairs) {
   EXPECT_EQ(r.out.find("stored"), std::string::npos) << r.out;
 }
 
+// The bias variant's table is materialized on the host: at a decode yardstick shape it once died of
+// std::bad_alloc ("flextile: std::bad_alloc"); now the error names the table and its size.
+TEST(Cli, AVariantTooLargeToMaterializeSaysWhy) {
+  Result r = run({"compile", "bias", "--kernel", "decode", "--shape", "8,32,32768,128", "--gqa", "4", "--emit", "ptx"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("variant 'bias': its table [H, L, S] = [32, 32768, 32768] of f32 would take 128.0 GiB, over "
+                       "the variant's 4 GiB"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, CompileEmitsTheLastRoundMergeKernel) {
   Result ptx = run({"compile", "full", "--shape", "1,16,2048,128", "--config", "128,128,8,2", "--kernel",
                     "last-round-merge", "--emit", "ptx"});
