@@ -742,7 +742,6 @@ Kernel& gradKernel(const char* which, const ScoreMod& scoreMod, const MaskMod& m
   });
 }
 
-
 void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMask& mask) {
   if (auto why = detail::backwardTileProblem(c, &mask))
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);

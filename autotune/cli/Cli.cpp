@@ -358,11 +358,16 @@ std::optional<FlexAttentionConfig> parseConfig(const Args& a) {
   }
 }
 
-// FLOPs of one forward call on the problem (pairs counted exactly from its mask).
-double forwardFlops(const Problem& p) {
+// The pairs a head attends, counted exactly from the problem's mask.
+double allowedPairsPerHead(const Problem& p) {
   const double pairs = p.instance.mask ? attention::countAllowedPairs(*p.instance.mask, p.instance.refMask, p.B, p.H)
                                        : double(p.B * p.H) * double(p.N) * double(p.N);
-  return attention::flexAttentionFlops(p.B, p.H, p.D, pairs / double(p.B * p.H), p.DV);
+  return pairs / double(p.B * p.H);
+}
+
+// FLOPs of one forward call on the problem.
+double forwardFlops(const Problem& p) {
+  return attention::flexAttentionFlops(p.B, p.H, p.D, allowedPairsPerHead(p), p.DV);
 }
 
 bool gpuPresent(std::string* why = nullptr) { return dsl::deviceAvailable(why); }
@@ -592,7 +597,7 @@ int autotuneBackward(const Args& a, bool device, std::ostream& out, std::ostream
     lse = shapeOnly(DType::F32, {p.B, p.H, p.N});
   }
   autotune::TuneOptions o = tuneOptions(a, err);
-  o.flops = device ? 2.5 * forwardFlops(p) : 0;  // DESIGN.md's count: 2.5 forwards
+  o.flops = device ? attention::flexAttentionBackwardFlops(p.B, p.H, p.D, allowedPairsPerHead(p), p.DV) : 0;
   autotune::BackwardTuneReport r =
       autotune::tuneFlexAttentionBackward(p.q, p.k, p.v, fwdOut, lse, dout, p.instance.score, p.instance.mask,
                                           autotune::defaultBackwardSpace(p.dtype, std::max(p.D, p.DV)), o);
@@ -607,13 +612,12 @@ int cmdAutotune(const Args& a, std::ostream& out, std::ostream& err) {
   const std::string kernel = a.get("--kernel", "forward");
   if (kernel != "forward" && kernel != "decode" && kernel != "backward")
     throw UsageError{"--kernel must be forward, decode or backward, got '" + kernel + "'"};
+  if (kernel != "decode" && a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   if (kernel != "forward") {
-    if (kernel == "backward" && a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
     const int status = kernel == "decode" ? autotuneDecode(a, device, out, err) : autotuneBackward(a, device, out, err);
     if (status != 0) err << "flextile autotune: no config ran correctly\n";
     return status;
   }
-  if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   // A plot that cannot be written should say so before a sweep of many seconds, not after it.
   if (a.has("--plot") && !std::ofstream(a.get("--plot", "")))
     throw UsageError{"--plot: cannot write '" + a.get("--plot", "") + "'"};
