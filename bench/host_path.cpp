@@ -50,6 +50,7 @@ struct Case {
   std::string name;
   int64_t B, Hq, Hkv, S;
   enum class Mask { None, Causal, WindowOnDeviceLists } mask;
+  int64_t D = 128;
 };
 
 }  // namespace
@@ -80,11 +81,12 @@ int main(int argc, char** argv) try {
       {"decode", 1, 32, 8, 2048, Case::Mask::None},
       {"decode_causal", 1, 32, 8, 2048, Case::Mask::Causal},
       {"window_devlists", 1, 32, 8, 32768, Case::Mask::WindowOnDeviceLists},
+      {"decode_d256", 1, 32, 8, 2048, Case::Mask::None, 256},
   };
   std::mt19937_64 rng(7);
-  constexpr int64_t D = 128;
   for (const Case& c : cases) {
     if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
+    const int64_t D = c.D;
     Tensor q = randomBf16(rng, {c.B, c.Hq, 1, D});
     Tensor k = randomBf16(rng, {c.B, c.Hkv, c.S, D}), v = randomBf16(rng, {c.B, c.Hkv, c.S, D});
     Tensor out = Tensor::empty(DType::BF16, q.shape(), MemorySpace::Device);
