@@ -110,6 +110,8 @@ FlexDecodeConfig defaultFlexDecodeConfig(DType dtype, int64_t headDim) {
   // A decode program waits on its K/V loads: what matters is bytes in flight per SM. Warps beyond
   // BM / 16 compute the same rows again (the chained-dot warp split puts warps along M only) but
   // issue their share of the loads.
+  // Past D = 128, 32-key steps keep the ring at D = 128's 64 KB; the H100 read the same bytes at D = 256 as fast as
+  // at 128 (3.11 against 3.13 TB/s, bench/RESULTS.md 2026-12-07) and its tuner kept this point.
   if (headDim > 128 || ir::byteWidth(dtype) == 4) return {32, 4, 2, 0};
   // The H200 sweep (bench/RESULTS.md, 2026-12-01; B=8 Hq=32 Hkv=8 S=32768 D=128): 64-key steps on
   // one warpgroup with two stages in flight (a 64 KB ring, three programs per SM) led at 4.37 TB/s,
