@@ -747,33 +747,12 @@ void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMas
     throw Error(std::string("flex_attention_backward: ") + which + " config " + c.describe() + ": " + *why);
 }
 
-std::mutex& resolverMutex() {
-  static std::mutex m;
-  return m;
-}
-FlexAttentionBackwardConfigResolver& resolverSlot() {
-  static FlexAttentionBackwardConfigResolver r;
-  return r;
-}
-
 // The resolver's pair where it gives one this call can take; nullopt (the default) otherwise.
 // `problem` is built only when a resolver is set.
 std::optional<FlexAttentionBackwardConfig> resolvedConfig(const std::function<FlexAttentionProblem()>& problem,
                                                           const std::optional<BlockMask>& blockMask) {
-  FlexAttentionBackwardConfigResolver resolver;
-  {
-    std::lock_guard lock(resolverMutex());
-    resolver = resolverSlot();
-  }
-  if (!resolver) return std::nullopt;
-  std::optional<FlexAttentionBackwardConfig> c;
-  try {
-    // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
-    // runs the default, and the real trace reports anything truly wrong with it (as the forward's).
-    c = resolver(problem());
-  } catch (const Error&) {
-    return std::nullopt;
-  }
+  const std::optional<FlexAttentionBackwardConfig> c =
+      detail::ResolverSlot<FlexAttentionBackwardConfig>::instance().ask(problem);
   const BlockMask* mask = blockMask ? &*blockMask : nullptr;
   if (!c || detail::backwardTileProblem(c->dkdv, mask) || detail::backwardTileProblem(c->dq, mask))
     return std::nullopt;
@@ -789,8 +768,7 @@ std::string shapeOf(int64_t a, int64_t b, int64_t c, int64_t d = -1) {
 }  // namespace
 
 void setFlexAttentionBackwardConfigResolver(FlexAttentionBackwardConfigResolver resolver) {
-  std::lock_guard lock(resolverMutex());
-  resolverSlot() = std::move(resolver);
+  detail::ResolverSlot<FlexAttentionBackwardConfig>::instance().set(std::move(resolver));
 }
 
 namespace detail {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -304,6 +305,50 @@ std::optional<codegen::Target> defaultsTarget(dsl::MemorySpace space, const std:
 FlexAttentionProblem attentionProblem(dsl::DType dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
                                       int64_t D, dsl::MemorySpace space, const ScoreMod& scoreMod,
                                       const std::optional<BlockMask>& blockMask, int64_t DV = 0);
+
+// The process-wide hook of one template's config resolver (setFlexAttentionConfigResolver, the
+// backward's and the decode's): set under a lock, read as a copy, so a resolver runs without the
+// lock held (it may compile, time, or set another resolver). `mayAnswer`, when set, says cheaply
+// whether the resolver could answer at all, so a call whose problem (the mods' names and hashes)
+// would cost more than its own host path skips building it.
+template <class Config>
+class ResolverSlot {
+ public:
+  using Resolver = std::function<std::optional<Config>(const FlexAttentionProblem&)>;
+
+  static ResolverSlot& instance() {
+    static ResolverSlot slot;
+    return slot;
+  }
+  void set(Resolver resolver, std::function<bool()> mayAnswer = {}) {
+    std::lock_guard lock(mutex_);
+    resolver_ = std::move(resolver);
+    mayAnswer_ = std::move(mayAnswer);
+  }
+  // The resolver's config for the problem `problem()` builds (called only when a resolver is set
+  // and may answer), or nullopt. A mod that the resolver's probe tiles do not fit (its structural
+  // hash traces it) throws Error there: the call then runs its default, and the real trace reports
+  // anything truly wrong with the mod.
+  template <class MakeProblem>
+  std::optional<Config> ask(MakeProblem&& problem) const {
+    Resolver resolver;
+    {
+      std::lock_guard lock(mutex_);
+      if (!resolver_ || (mayAnswer_ && !mayAnswer_())) return std::nullopt;
+      resolver = resolver_;
+    }
+    try {
+      return resolver(problem());
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  Resolver resolver_;
+  std::function<bool()> mayAnswer_;
+};
 
 // FLEXTILE_<switch>=1 or =0: a choice forced for every call; nullopt when unset or anything else.
 // Both keep their answers per thread until the environment changes (codegen::environmentGeneration),

@@ -694,19 +694,6 @@ struct DecodePrepared {
   DecodeSwitches switches;
 };
 
-std::mutex& resolverMutex() {
-  static std::mutex m;
-  return m;
-}
-struct ResolverSlot {
-  FlexDecodeConfigResolver resolve;
-  std::function<bool()> mayAnswer;
-};
-ResolverSlot& resolverSlot() {
-  static ResolverSlot r;
-  return r;
-}
-
 // BLOCK_N as a mask's blocks take it: no wider than a KV block (at least 16).
 int64_t narrowedBlockN(int64_t blockN, const BlockMask& mask) {
   return std::min(blockN, std::max<int64_t>(16, mask.kvBlockSize()));
@@ -725,19 +712,9 @@ std::optional<std::string> decodeConfigProblem(const FlexDecodeConfig& c, const 
 // The resolver's config (a tuned one) when there is one the call can take, else the default.
 FlexDecodeConfig tunedOrDefaultConfig(const DecodePrepared& p, const ScoreMod& scoreMod, const BlockMask& mask) {
   const FlexDecodeConfig fallback = defaultFlexDecodeConfig(p.dtype, std::max(p.D, p.DV));
-  FlexDecodeConfigResolver resolver;
-  {
-    std::lock_guard lock(resolverMutex());
-    const ResolverSlot& slot = resolverSlot();
-    if (!slot.resolve || (slot.mayAnswer && !slot.mayAnswer())) return fallback;
-    resolver = slot.resolve;
-  }
-  std::optional<FlexDecodeConfig> c;
-  try {
-    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, mask, p.DV));
-  } catch (const Error&) {
-    return fallback;  // a mod the probe tiles do not fit: the real trace reports what is wrong
-  }
+  const std::optional<FlexDecodeConfig> c = detail::ResolverSlot<FlexDecodeConfig>::instance().ask([&] {
+    return detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, mask, p.DV);
+  });
   if (!c) return fallback;
   FlexDecodeConfig narrowed = *c;
   narrowed.block_n = narrowedBlockN(c->block_n, mask);
@@ -1086,8 +1063,7 @@ void flexDecodeInto(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod
 }  // namespace detail
 
 void setFlexDecodeConfigResolver(FlexDecodeConfigResolver resolver, std::function<bool()> mayAnswer) {
-  std::lock_guard lock(resolverMutex());
-  resolverSlot() = {std::move(resolver), std::move(mayAnswer)};
+  detail::ResolverSlot<FlexDecodeConfig>::instance().set(std::move(resolver), std::move(mayAnswer));
 }
 
 FlexDecodePlan plan_flex_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,

@@ -972,34 +972,13 @@ bool lastRoundSplits(const Prepared& p) {
 void expectRank4(const char* what, const Tensor& t) { detail::expectAttentionInput("flex_attention", what, t); }
 BlockMask denseMask(int64_t L, int64_t S, BlockSizes sizes) { return detail::denseBlockMask(L, S, sizes); }
 
-std::mutex& resolverMutex() {
-  static std::mutex m;
-  return m;
-}
-FlexAttentionConfigResolver& resolverSlot() {
-  static FlexAttentionConfigResolver r;
-  return r;
-}
-
 // The resolver's config when it gives a usable one, else the default.
 FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const ScoreMod& scoreMod,
                                   const std::optional<BlockMask>& blockMask, std::optional<codegen::Target> target) {
   const FlexAttentionConfig fallback = detail::untunedConfig(q, std::max(p.D, p.DV), scoreMod, blockMask, target);
-  FlexAttentionConfigResolver resolver;
-  {
-    std::lock_guard lock(resolverMutex());
-    resolver = resolverSlot();
-  }
-  if (!resolver) return fallback;
-  std::optional<FlexAttentionConfig> c;
-  try {
-    // The mods' structural hashes trace them on small probe tiles; a mod that cannot take those
-    // (it insists on its template's tile shapes, say) just runs the default config, and the real
-    // trace below reports anything truly wrong with it.
-    c = resolver(detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask, p.DV));
-  } catch (const Error&) {
-    return fallback;
-  }
+  const std::optional<FlexAttentionConfig> c = detail::ResolverSlot<FlexAttentionConfig>::instance().ask([&] {
+    return detail::attentionProblem(p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.D, p.space, scoreMod, blockMask, p.DV);
+  });
   if (!c || detail::configProblem(*c, blockMask ? &*blockMask : nullptr)) return fallback;
   return *c;
 }
@@ -1348,8 +1327,7 @@ FlexAttentionProblem flexAttentionProblem(const Tensor& q, const Tensor& k, cons
 }
 
 void setFlexAttentionConfigResolver(FlexAttentionConfigResolver resolver) {
-  std::lock_guard lock(resolverMutex());
-  resolverSlot() = std::move(resolver);
+  detail::ResolverSlot<FlexAttentionConfig>::instance().set(std::move(resolver));
 }
 
 namespace detail {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <optional>
 #include <cstring>
 
@@ -843,4 +844,96 @@ TEST(FlexAttentionSwitches, OneWalkReadsWhatEachGetenvWould) {
   EXPECT_EQ(values[0], std::nullopt);
   EXPECT_EQ(forcedBySwitch(names[0]), std::nullopt);
   for (const char* name : names) unsetenv(name);
+}
+
+// The three config hooks share one slot (detail::ResolverSlot): a resolver runs without the slot's
+// lock held, so it may replace the resolvers (with the lock held this one deadlocked); one that
+// throws flextile::Error (a mod its probe tiles do not fit) leaves the call its default; one that
+// says it cannot answer is not asked.
+TEST(ConfigResolvers, AResolverMayResetTheHooksAndOneThatThrowsLeavesTheDefault) {
+  const Tensor q = Tensor::zeros(DType::BF16, {1, 2, 64, 64}, kHost);
+  const Tensor lse = Tensor::zeros(DType::F32, {1, 2, 64}, kHost);
+  const Tensor one = Tensor::zeros(DType::BF16, {1, 2, 1, 64}, kHost);
+  const FlexAttentionConfig forwardDefault = plan_flex_attention(q, q, q, noop_score(), std::nullopt).config;
+  // The backward plans compile for a target (host tensors would ask the absent device for one).
+  auto backwardPlan = [&] {
+    return plan_flex_attention_backward(q, q, q, q, lse, q, noop_score(), std::nullopt, {}, codegen::Target::sm90a())
+        .config;
+  };
+  const FlexAttentionBackwardConfig backwardDefault = backwardPlan();
+  const FlexDecodeConfig decodeDefault = plan_flex_decode(one, q, q, noop_score(), std::nullopt).config;
+  const FlexAttentionConfig tile{32, 32, 4, 2};
+  const FlexDecodeConfig decodeTile{.block_n = 32, .num_warps = 4, .num_stages = 2, .splits = 2};
+  int asked = 0;
+  auto resetAll = [] {
+    setFlexAttentionConfigResolver({});
+    setFlexAttentionBackwardConfigResolver({});
+    setFlexDecodeConfigResolver({});
+  };
+  struct Reset {
+    std::function<void()> f;
+    ~Reset() { f(); }
+  } reset{resetAll};
+
+  setFlexAttentionConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexAttentionConfig> {
+    ++asked;
+    resetAll();
+    return tile;
+  });
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexAttentionBackwardConfig> {
+    ++asked;
+    resetAll();
+    return FlexAttentionBackwardConfig{tile, tile};
+  });
+  setFlexDecodeConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexDecodeConfig> {
+    ++asked;
+    resetAll();
+    return decodeTile;
+  });
+  EXPECT_EQ(plan_flex_attention(q, q, q, noop_score(), std::nullopt).config, tile);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(plan_flex_attention(q, q, q, noop_score(), std::nullopt).config, forwardDefault) << "reset by itself";
+  EXPECT_EQ(asked, 1);
+
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexAttentionBackwardConfig> {
+    ++asked;
+    resetAll();
+    return FlexAttentionBackwardConfig{tile, tile};
+  });
+  EXPECT_EQ(backwardPlan(),
+            (FlexAttentionBackwardConfig{tile, tile}));
+  EXPECT_EQ(backwardPlan(), backwardDefault);
+  EXPECT_EQ(asked, 2);
+
+  setFlexDecodeConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexDecodeConfig> {
+    ++asked;
+    resetAll();
+    return decodeTile;
+  });
+  EXPECT_EQ(plan_flex_decode(one, q, q, noop_score(), std::nullopt).config, decodeTile);
+  EXPECT_EQ(plan_flex_decode(one, q, q, noop_score(), std::nullopt).config, decodeDefault);
+  EXPECT_EQ(asked, 3);
+
+  auto throwing = [&](const FlexAttentionProblem&) {
+    ++asked;
+    throw Error("a mod the probe tiles do not fit");
+  };
+  setFlexAttentionConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionConfig> {
+    throwing(p);
+    return tile;
+  });
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionBackwardConfig> {
+    throwing(p);
+    return FlexAttentionBackwardConfig{tile, tile};
+  });
+  setFlexDecodeConfigResolver(
+      [&](const FlexAttentionProblem& p) -> std::optional<FlexDecodeConfig> {
+        throwing(p);
+        return decodeTile;
+      },
+      [] { return true; });
+  EXPECT_EQ(plan_flex_attention(q, q, q, noop_score(), std::nullopt).config, forwardDefault);
+  EXPECT_EQ(backwardPlan(), backwardDefault);
+  EXPECT_EQ(plan_flex_decode(one, q, q, noop_score(), std::nullopt).config, decodeDefault);
+  EXPECT_EQ(asked, 6);
 }
