@@ -864,6 +864,7 @@ TEST(ConfigResolvers, AResolverMayResetTheHooksAndOneThatThrowsLeavesTheDefault)
   const FlexDecodeConfig decodeDefault = plan_flex_decode(one, q, q, noop_score(), std::nullopt).config;
   const FlexAttentionConfig tile{32, 32, 4, 2};
   const FlexDecodeConfig decodeTile{.block_n = 32, .num_warps = 4, .num_stages = 2, .splits = 2};
+  using BackwardAnswer = std::optional<FlexAttentionBackwardConfig>;
   int asked = 0;
   auto resetAll = [] {
     setFlexAttentionConfigResolver({});
@@ -880,7 +881,7 @@ TEST(ConfigResolvers, AResolverMayResetTheHooksAndOneThatThrowsLeavesTheDefault)
     resetAll();
     return tile;
   });
-  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexAttentionBackwardConfig> {
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> BackwardAnswer {
     ++asked;
     resetAll();
     return FlexAttentionBackwardConfig{tile, tile};
@@ -895,7 +896,7 @@ TEST(ConfigResolvers, AResolverMayResetTheHooksAndOneThatThrowsLeavesTheDefault)
   EXPECT_EQ(plan_flex_attention(q, q, q, noop_score(), std::nullopt).config, forwardDefault) << "reset by itself";
   EXPECT_EQ(asked, 1);
 
-  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> std::optional<FlexAttentionBackwardConfig> {
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem&) -> BackwardAnswer {
     ++asked;
     resetAll();
     return FlexAttentionBackwardConfig{tile, tile};
@@ -922,7 +923,7 @@ TEST(ConfigResolvers, AResolverMayResetTheHooksAndOneThatThrowsLeavesTheDefault)
     throwing(p);
     return tile;
   });
-  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem& p) -> std::optional<FlexAttentionBackwardConfig> {
+  setFlexAttentionBackwardConfigResolver([&](const FlexAttentionProblem& p) -> BackwardAnswer {
     throwing(p);
     return FlexAttentionBackwardConfig{tile, tile};
   });
