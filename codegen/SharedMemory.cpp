@@ -224,19 +224,24 @@ std::vector<const Op*> stagedAConverts(const ir::Function& f, const Target& targ
 
 void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const Target& target) {
   if (plan.totalBytes <= target.maxSharedBytesPerBlock()) return;
-  const Op* biggest = nullptr;
-  for (const auto& [op, bytes] : plan.bytes)
-    if (!biggest || bytes > plan.bytes.at(biggest)) biggest = op;
-  throw Error("function '" + f.name() + "' needs " + std::to_string(plan.totalBytes) +
-              " bytes of shared memory, " + target.smName() + " allows " +
-              std::to_string(target.maxSharedBytesPerBlock()) +
-              (biggest ? "; the largest user is " + biggest->describe() + " with " +
-                             std::to_string(plan.bytes.at(biggest)) + " bytes" +
-                             (biggest->kind() == OpKind::LocalAlloc
-                                  ? " (" + std::to_string(biggest->result()->type().slots()) +
-                                        " pipeline stages: lower num_stages or the tile sizes)"
-                                  : "")
-                       : ""),
+  // The largest users first (at most three), so the message says where the bytes go.
+  std::vector<const Op*> users;
+  for (const auto& [op, bytes] : plan.bytes) users.push_back(op);
+  std::stable_sort(users.begin(), users.end(), [&](const Op* a, const Op* b) {
+    return plan.bytes.at(a) != plan.bytes.at(b) ? plan.bytes.at(a) > plan.bytes.at(b) : a->describe() < b->describe();
+  });
+  auto describeUser = [&](const Op* op) {
+    std::string s = op->describe() + " with " + std::to_string(plan.bytes.at(op)) + " bytes";
+    if (op->kind() == OpKind::LocalAlloc)
+      s += " (" + std::to_string(op->result()->type().slots()) + " pipeline stages: lower num_stages or the tile sizes)";
+    return s;
+  };
+  std::string where;
+  if (!users.empty()) where = "; the largest user is " + describeUser(users[0]);
+  for (size_t i = 1; i < std::min<size_t>(3, users.size()); ++i) where += (i == 1 ? "; then " : ", ") + describeUser(users[i]);
+  if (users.size() > 3) where += " (" + std::to_string(users.size()) + " buffers in all)";
+  throw Error("function '" + f.name() + "' needs " + std::to_string(plan.totalBytes) + " bytes of shared memory, " +
+                  target.smName() + " allows " + std::to_string(target.maxSharedBytesPerBlock()) + where,
               ErrorKind::ResourceLimit);
 }
 

@@ -231,6 +231,14 @@ TEST(Pipeline, RefusesARingThatDoesNotFitNamingTheNeedAndTheLimit) {
     EXPECT_NE(m.find("524288"), std::string::npos) << m;
     EXPECT_NE(m.find(std::to_string(163 * 1024)), std::string::npos) << m;
     EXPECT_NE(m.find("pipeline stages"), std::string::npos) << m;
+    // Both rings are named, the larger first (A's and B's are equal: 4 x 256 x 128 x 2 bytes each), so
+    // the message says where all of the bytes go, not only where the largest buffer is.
+    EXPECT_NE(m.find("the largest user is op 'local_alloc'"), std::string::npos) << m;
+    EXPECT_NE(m.find("with 262144 bytes (4 pipeline stages: lower num_stages or the tile sizes); then op "
+                     "'local_alloc'"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(flextile::testing::count(m, "with 262144 bytes"), 2) << m;
   }
 }
 
