@@ -428,7 +428,7 @@ struct ForwardConstants {
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
                            (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS),
-                           (int64_t, DVS));
+                           (int64_t, DVS), (int64_t, qUnpipelined));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -545,7 +545,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     auto loadQ = [&](const Tile& offs, bool exact, const auto& live) {  // Q's columns `offs`
       Tile qPtrs = p.q + (b64 * p.q_stride_b + h.to(DType::I64) * p.q_stride_h) +
                   (offsM.expand(1) * p.q_stride_m + offs.expand(0));
-      return exact ? load(qPtrs) : load(qPtrs, live());
+      Tile t = exact ? load(qPtrs) : load(qPtrs, live());
+      return k.qUnpipelined ? unpipelined(t) : t;
     };
     std::vector<Tile> q;  // Q's tile, or its chunks
     if (chunks.empty()) q.push_back(loadQ(offsD, k.qDivisible && k.DP == k.D, [&] { return rowsByD(rowLive); }));
@@ -986,22 +987,24 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
 
-// Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
-// loop's Q ring as many slots as the walks' K and V rings have stages, so they take
-// stages × (BM + 2·BN) × DP × element bytes (Q's and K's rows tileColumns wide, V's its own),
-// plus their barriers: at D = 128 and 128 × 128 tiles, three stages need 288 KB, past sm_90a's
-// 227 KB, where a program per tile needs 224 KB. Unknown limit (no target, host memory): true.
-bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
+// Whether a persistent forward's rings fit one block's shared memory, with Q's tile in a ring of
+// `qSlots` slots beside them. The pipeline gives the tile loop's Q ring as many slots as the walks'
+// K and V rings have stages, so they take stages × (BM + 2·BN) × DP × element bytes (Q's and K's
+// rows tileColumns wide, V's its own), plus their barriers: at D = 128 and 128 × 128 tiles, three
+// stages need 288 KB, past sm_90a's 227 KB, where a program per tile needs 224 KB. Q unpipelined
+// (dsl::unpipelined) takes one tile instead of `stages`, as a program per tile's Q does: at
+// D = 256 and 128 × 64 tiles, two stages need 256 KB with Q's ring and 192 KB without.
+// Unknown limit (no target, host memory): true.
+bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target, int64_t qSlots) {
   const int64_t limit = target                              ? target->maxSharedBytesPerBlock()
                         : p.space == MemorySpace::Device ? int64_t(runtime::Device::current().maxSharedBytesPerBlockOptin())
                                                             : 0;
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
-  const int64_t rings = int64_t(p.config.num_stages) *
-                        ((p.config.block_m + p.config.block_n) * detail::tileColumns(p.D, p.constants.DS) +
-                         p.config.block_n * detail::tileColumns(p.DV, p.constants.DVS)) *
-                        int64_t(ir::byteWidth(p.dtype));
-  return rings + kBarrierBytes <= limit;
+  const int64_t columns = detail::tileColumns(p.D, p.constants.DS), valueColumns = detail::tileColumns(p.DV, p.constants.DVS);
+  const int64_t rows = qSlots * p.config.block_m * columns +
+                       int64_t(p.config.num_stages) * p.config.block_n * (columns + valueColumns);
+  return rows * int64_t(ir::byteWidth(p.dtype)) + kBarrierBytes <= limit;
 }
 
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
@@ -1038,13 +1041,26 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // persistent kernels without it): configProblem refuses a config that asks for both. Nor where
   // its rings would not fit (persistentRingsFit): a config of three 128 × 128 stages at D = 128
   // runs a program per tile rather than a kernel the shared-memory planner refuses.
+  // Where Q's ring would not fit beside the walks' rings, Q stays a plain load at each tile's start
+  // (dsl::unpipelined), as in a program per tile; FLEXTILE_FORWARD_Q_RING=0 or =1 forces it.
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
+  // Q unpipelined by the rule only past D = 128, where Q's tile is widest and where it was measured.
+  std::optional<bool> qRingFitsOnce;  // asked only where a persistent kernel is in question
+  auto qRingFits = [&] {
+    if (!qRingFitsOnce) qRingFitsOnce = persistentRingsFit(p, target, p.config.num_stages);
+    return *qRingFitsOnce;
+  };
+  auto plainQFits = [&] { return detail::tileColumns(p.D, p.constants.DS) > 128 && persistentRingsFit(p, target, 1); };
   p.constants.persistent = persistentForced ? *persistentForced
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask) &&
-                                     persistentRingsFit(p, target);
+                                     (qRingFits() || plainQFits());
+  if (p.constants.persistent) {
+    const std::optional<bool> qRing = detail::forcedBySwitch("FLEXTILE_FORWARD_Q_RING");
+    p.constants.qUnpipelined = !(qRing ? *qRing : qRingFits());
+  }
   // The skewed walks (Q·Kᵀ of step t and P·V of step t − 1 in one iteration, the first and last
   // products peeled): the config's `skew` skews the full walks and its `overlap` (which implies
   // them) runs each step's softmax during the previous step's P·V; FLEXTILE_SKEW=0, =1 or =all

@@ -74,6 +74,10 @@ struct TensorBox {
 };
 Tile load(Operand ptr, Operand mask, const TensorBox& box, SourceLoc loc = SourceLoc::current());
 Tile load(Operand ptr, const TensorBox& box, SourceLoc loc = SourceLoc::current());  // every element inside
+// `loaded` (a tile a load returned), its load marked to stay where it is: the pipeline pass gives
+// it no ring even in a loop where it would qualify (a tile the loop reads once an iteration, too
+// large to double-buffer beside the rings of the loops it holds: a persistent forward's Q at D = 256).
+Tile unpipelined(const Tile& loaded, SourceLoc loc = SourceLoc::current());
 // `*ptr += value` atomically per element (where `mask` holds); returns the old
 // values (0 where masked off). The pointee is f32, i32 or i64; `value` is
 // broadcast to ptr's shape and must have the pointee's dtype (a C++ number

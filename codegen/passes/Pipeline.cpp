@@ -27,7 +27,10 @@
 //     step t is read from a list at t): re-reading them ahead is safe
 //     because nothing in the loop writes memory (writes through the
 //     function's `private_params` do not count: no other parameter reaches
-//     that memory), and the template masks the list reads past the row's count.
+//     that memory), and the template masks the list reads past the row's count,
+//   * it carries no `no_ring` attribute (dsl::unpipelined: a tile the
+//     template keeps out of the rings, such as a persistent forward's Q
+//     where its two slots would not fit beside the walks' rings).
 // S = the function's num_stages; 1 (or no attribute) pipelines nothing.
 //
 // The ring's layout. A load whose tile a dot reads with wgmma (TensorCores.h
@@ -911,6 +914,7 @@ void pipelineLoads(ir::Function& f, const Target& target) {
     for (auto& opPtr : body.ops()) {
       Op& load = *opPtr;
       if (load.kind() != OpKind::Load || !load.result()->type().isTile() || !load.result()->type().hasLayout()) continue;
+      if (load.hasAttr("no_ring")) continue;  // dsl::unpipelined: the template keeps it a plain load
       const auto& us = users[load.result()];
       if (us.empty()) continue;
       // Read iterations ahead, the tile must not be written by the iterations between: no store

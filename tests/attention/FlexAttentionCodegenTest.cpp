@@ -456,7 +456,9 @@ TEST(FlexAttentionCodegen, PersistentProgramsWhereTheTurnsAreAndNoModReadsACaptu
 // slots as the K/V rings have stages, so at D = 128 three 128 × 128 stages (288 KB) or four of
 // 128 × 64 (256 KB) exceed sm_90a's 227 KB. Those configs used to reach the shared-memory planner's
 // refusal (and the autotuner pruned them); they now run a program per tile and compile. Asked for
-// explicitly, persistent programs are still refused with an error that names the shared memory.
+// explicitly, persistent programs keep Q out of the rings (a plain load at each tile's start) and
+// compile; with Q's ring forced (FLEXTILE_FORWARD_Q_RING=1) they are refused with an error that
+// names the shared memory.
 TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
   const int64_t B = 2, H = 2, L = 3000, D = 128;
   Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
@@ -472,6 +474,11 @@ TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
   EXPECT_FALSE(persistent({128, 64, 8, 4})) << "256 KB";
   FlexAttentionConfig asked{128, 128, 8, 3};
   asked.persistent = LoopSchedule::On;
+  const FlexAttentionPlan plainQ =
+      plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = asked}, true, codegen::Target::sm90a());
+  EXPECT_GT(plainQ.persistentPrograms, 0);
+  EXPECT_EQ(count(ir::printFunction(*plainQ.traced), "no_ring = 1"), 1);
+  ScopedSetenv ring("FLEXTILE_FORWARD_Q_RING", "1");
   try {
     plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = asked}, true, codegen::Target::sm90a());
     ADD_FAILURE() << "a persistent config past the shared memory compiled";
@@ -479,6 +486,42 @@ TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
     EXPECT_EQ(e.kind(), ErrorKind::ResourceLimit) << e.what();
     EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos) << e.what();
   }
+}
+
+// Past D = 128 a persistent forward keeps Q out of the rings where Q's two slots would not fit beside
+// the walks' (persistentRingsFit with one Q tile): at D = 256 and 128 × 64 tiles, Q's ring of two
+// 64 KB slots and K's and V's of two 32 KB slots each need 256 KB, past sm_90a's 227 KB, so the
+// programs were one per tile; now they are persistent, Q a plain load at each tile's start (traced
+// with `no_ring`, dsl::unpipelined) read into one resident slot, and the walks keep their rings.
+// FLEXTILE_FORWARD_Q_RING=1 asks for Q's ring anyway: the shared-memory planner refuses it. At
+// D = 192 Q's ring fits and stays.
+TEST(FlexAttentionCodegen, PersistentForwardPastD128KeepsQOutOfTheRingsWhereItMustFit) {
+  const int64_t B = 1, H = 2, L = 3000;
+  auto plan = [&](int64_t D) {
+    Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+    VariantInstance inst = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 64, 8, 2}}, true,
+                               codegen::Target::sm90a());
+  };
+  const FlexAttentionPlan wide = plan(256);
+  EXPECT_GT(wide.persistentPrograms, 0);
+  ASSERT_NE(wide.compiled, nullptr);
+  EXPECT_EQ(count(ir::printFunction(*wide.traced), "no_ring = 1"), 1) << "Q's load, once";
+  EXPECT_EQ(count(wide.compiled->ir, "local_alloc : smem<1 x bf16\\[128,256\\]"), 1) << wide.compiled->ir;
+  EXPECT_EQ(count(wide.compiled->ir, "smem<2 x bf16\\[128,256\\]"), 0) << wide.compiled->ir;
+  EXPECT_EQ(count(wide.compiled->ir, "local_alloc \\{ws = \"both\"\\} : smem<2 x bf16\\[64,256\\]"), 2) << wide.compiled->ir;
+  {
+    ScopedSetenv ring("FLEXTILE_FORWARD_Q_RING", "1");
+    try {
+      plan(256);
+      ADD_FAILURE() << "Q's ring of two 64 KB slots fitted beside the walks' rings";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::ResourceLimit) << e.what();
+    }
+  }
+  const FlexAttentionPlan narrower = plan(192);
+  EXPECT_GT(narrower.persistentPrograms, 0);
+  EXPECT_EQ(count(ir::printFunction(*narrower.traced), "no_ring"), 0);
 }
 
 // The last round's split (splitLastRound; FLEXTILE_SPLIT_LAST_ROUND=0 turns it off): the no-mask

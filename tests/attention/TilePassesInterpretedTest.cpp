@@ -225,6 +225,21 @@ TEST(TilePassesInterpreted, PersistentForward) {
                     {"full", "causal", "sliding_window", "document"});
 }
 
+// A persistent forward whose Q stays a plain load at each tile's start (FLEXTILE_FORWARD_Q_RING=0;
+// by default where Q's ring would not fit beside the walks' rings, as at D = 256 on sm_90a): the
+// tile loop reads Q as written, the walks keep their shared TMA rings, and every tile is right, the
+// split last round's pieces too. (Fails with a stale Q: a tile computed with the previous tile's
+// rows.)
+TEST(TilePassesInterpreted, PersistentForwardWithQUnpipelined) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  ScopedSetenv plainQ("FLEXTILE_FORWARD_Q_RING", "0");
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  InterpretAfterPasses scope("sm_90a");
+  checkWalkVariants(rng, "persistent, Q unpipelined", {FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}},
+                    {"full", "causal", "sliding_window"});
+}
+
 // A persistent forward that splits its last round (where the tiles walk the same steps: no mask;
 // FLEXTILE_SPLIT_LAST_ROUND=1 here so that the test holds whatever the rule). Three programs here: 16
 // tiles of 128 rows are five whole rounds and one tile cut into pieces; 32 tiles of 128 rows over
