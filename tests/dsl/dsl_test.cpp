@@ -96,6 +96,28 @@ TEST(Dsl, DtypeErrorsNameTheOperands) {
   EXPECT_NE(msg.find("f16[16,32]"), std::string::npos) << msg;
 }
 
+// unpipelined() marks a load's op no_ring (the pipeline pass then leaves it); any other tile is an
+// error naming the op, its operand and the user's line.
+TEST(Dsl, UnpipelinedMarksALoadAndRefusesAnythingElse) {
+  auto f = kernel("k", [](Ptr<f32> p) {
+              Tile x = unpipelined(load(p + arange(0, 16)));
+              store(p + arange(0, 16), x + 1);
+            }).trace();
+  int marked = 0;
+  f->walk([&](const ir::Op& op) { marked += op.kind() == ir::OpKind::Load && op.hasAttr("no_ring") && op.intAttr("no_ring") == 1; });
+  EXPECT_EQ(marked, 1);
+  int line = 0;
+  std::string msg = errorOf([&] {
+    traceBody([&](ir::Function&) {
+      line = __LINE__ + 1;
+      unpipelined(arange(0, 16));
+    });
+  });
+  EXPECT_NE(msg.find("unpipelined"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("i32[16]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dsl_test.cpp:" + std::to_string(line)), std::string::npos) << msg;
+}
+
 TEST(Dsl, NonPowerOfTwoTilesAreRejected) {
   std::string msg = errorOf([] { traceBody([](ir::Function&) { arange(0, 100); }); });
   EXPECT_NE(msg.find("power of two"), std::string::npos) << msg;
