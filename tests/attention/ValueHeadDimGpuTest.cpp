@@ -24,6 +24,7 @@ using namespace flextile::attention;
 using namespace flextile::testing;
 using dsl::DType;
 using dsl::MemorySpace;
+using dsl::Tensor;
 
 namespace {
 constexpr MemorySpace kDevice = MemorySpace::Device;
@@ -50,6 +51,29 @@ TEST(ValueHeadDimGpu, ForwardEveryVariantAtTheDefaults) {
                     .context = "no mask, persistent", .DV = dims.DV};
     if (!checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr)) return;
   }
+}
+
+// D = 256 on 128 × 64 tiles: Q's ring of two 64 KB slots does not fit beside the walks' rings, so the
+// persistent forward reads Q with a plain load at each tile's start (dsl::unpipelined). Every
+// persistent variant, GQA, lengths off the block; then more tiles than SMs, the last round cut.
+// (Fails with a stale Q: a tile computed on the previous tile's rows.)
+TEST(ValueHeadDimGpu, PersistentForwardWithQUnpipelinedAtD256) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const FlexAttentionConfig config{128, 64, 8, 2};
+  for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "softcap"}) {
+    AttentionCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1030, .D = 256, .dtype = DType::BF16,
+                    .context = std::string(name) + ", D = 256, Q unpipelined"};
+    VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+    const Tensor q = Tensor::empty(DType::BF16, {c.B, c.Hq, c.L, c.D}, kDevice);
+    const Tensor kv = Tensor::empty(DType::BF16, {c.B, c.Hkv, c.S, c.D}, kDevice);
+    EXPECT_GT(plan_flex_attention(q, kv, kv, inst.score, inst.mask, {.config = config}).persistentPrograms, 0) << name;
+    if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask, {.config = config}))
+      return;
+  }
+  AttentionCase c{.B = 2, .Hq = 16, .Hkv = 4, .L = 4000, .S = 4000, .D = 256, .dtype = DType::BF16,
+                  .context = "no mask, D = 256, persistent, the last round cut"};
+  checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, {.config = config});
 }
 
 TEST(ValueHeadDimGpu, DecodeMatchesTheReferenceAndThePrefillTemplate) {
