@@ -987,24 +987,22 @@ FlexAttentionConfig resolveConfig(const Prepared& p, const Tensor& q, const Scor
 void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const std::optional<BlockMask>& blockMask,
                    const FlexAttentionOptions& options, std::optional<codegen::Target> target);
 
-// Whether a persistent forward's rings fit one block's shared memory, with Q's tile in a ring of
-// `qSlots` slots beside them. The pipeline gives the tile loop's Q ring as many slots as the walks'
-// K and V rings have stages, so they take stages × (BM + 2·BN) × DP × element bytes (Q's and K's
-// rows tileColumns wide, V's its own), plus their barriers: at D = 128 and 128 × 128 tiles, three
-// stages need 288 KB, past sm_90a's 227 KB, where a program per tile needs 224 KB. Q unpipelined
-// (dsl::unpipelined) takes one tile instead of `stages`, as a program per tile's Q does: at
-// D = 256 and 128 × 64 tiles, two stages need 256 KB with Q's ring and 192 KB without.
-// Unknown limit (no target, host memory): true.
-bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target, int64_t qSlots) {
+// Whether a persistent forward's rings fit one block's shared memory. The pipeline gives the tile
+// loop's Q ring as many slots as the walks' K and V rings have stages, so they take
+// stages × (BM + 2·BN) × DP × element bytes (Q's and K's rows tileColumns wide, V's its own),
+// plus their barriers: at D = 128 and 128 × 128 tiles, three stages need 288 KB, past sm_90a's
+// 227 KB, where a program per tile needs 224 KB. Unknown limit (no target, host memory): true.
+bool persistentRingsFit(const Prepared& p, const std::optional<codegen::Target>& target) {
   const int64_t limit = target                              ? target->maxSharedBytesPerBlock()
                         : p.space == MemorySpace::Device ? int64_t(runtime::Device::current().maxSharedBytesPerBlockOptin())
                                                             : 0;
   if (limit <= 0) return true;
   constexpr int64_t kBarrierBytes = 1024;
-  const int64_t columns = detail::tileColumns(p.D, p.constants.DS), valueColumns = detail::tileColumns(p.DV, p.constants.DVS);
-  const int64_t rows = qSlots * p.config.block_m * columns +
-                       int64_t(p.config.num_stages) * p.config.block_n * (columns + valueColumns);
-  return rows * int64_t(ir::byteWidth(p.dtype)) + kBarrierBytes <= limit;
+  const int64_t rings = int64_t(p.config.num_stages) *
+                        ((p.config.block_m + p.config.block_n) * detail::tileColumns(p.D, p.constants.DS) +
+                         p.config.block_n * detail::tileColumns(p.DV, p.constants.DVS)) *
+                        int64_t(ir::byteWidth(p.dtype));
+  return rings + kBarrierBytes <= limit;
 }
 
 Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
@@ -1041,22 +1039,23 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // persistent kernels without it): configProblem refuses a config that asks for both. Nor where
   // its rings would not fit (persistentRingsFit): a config of three 128 × 128 stages at D = 128
   // runs a program per tile rather than a kernel the shared-memory planner refuses.
-  // Where Q's ring would not fit beside the walks' rings, Q stays a plain load at each tile's start
-  // (dsl::unpipelined), as in a program per tile; FLEXTILE_FORWARD_Q_RING=0 or =1 forces it.
+  // A persistent kernel asked for (config or environment) whose Q ring would not fit beside the walks'
+  // rings reads Q with a plain load at each tile's start (dsl::unpipelined), as a program per tile
+  // does, rather than being refused; FLEXTILE_FORWARD_Q_RING=0 or =1 forces either. The rule does not
+  // choose it: at D = 256 on 128 × 64 tiles (H100, 2026-12-07) it lost 1 % causal and 5 % on the
+  // window to a program per tile (each tile then waits for its Q), the no-mask figure within noise.
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
-  // Q unpipelined by the rule only past D = 128, where Q's tile is widest and where it was measured.
   std::optional<bool> qRingFitsOnce;  // asked only where a persistent kernel is in question
   auto qRingFits = [&] {
-    if (!qRingFitsOnce) qRingFitsOnce = persistentRingsFit(p, target, p.config.num_stages);
+    if (!qRingFitsOnce) qRingFitsOnce = persistentRingsFit(p, target);
     return *qRingFitsOnce;
   };
-  auto plainQFits = [&] { return detail::tileColumns(p.D, p.constants.DS) > 128 && persistentRingsFit(p, target, 1); };
   p.constants.persistent = persistentForced ? *persistentForced
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask) &&
-                                     (qRingFits() || plainQFits());
+                                     qRingFits();
   if (p.constants.persistent) {
     const std::optional<bool> qRing = detail::forcedBySwitch("FLEXTILE_FORWARD_Q_RING");
     p.constants.qUnpipelined = !(qRing ? *qRing : qRingFits());

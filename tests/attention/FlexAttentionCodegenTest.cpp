@@ -488,22 +488,24 @@ TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
   }
 }
 
-// Past D = 128 a persistent forward keeps Q out of the rings where Q's two slots would not fit beside
-// the walks' (persistentRingsFit with one Q tile): at D = 256 and 128 × 64 tiles, Q's ring of two
-// 64 KB slots and K's and V's of two 32 KB slots each need 256 KB, past sm_90a's 227 KB, so the
-// programs were one per tile; now they are persistent, Q a plain load at each tile's start (traced
-// with `no_ring`, dsl::unpipelined) read into one resident slot, and the walks keep their rings.
-// FLEXTILE_FORWARD_Q_RING=1 asks for Q's ring anyway: the shared-memory planner refuses it. At
-// D = 192 Q's ring fits and stays.
-TEST(FlexAttentionCodegen, PersistentForwardPastD128KeepsQOutOfTheRingsWhereItMustFit) {
+// A persistent forward asked for where Q's ring would not fit beside the walks' keeps Q out of the
+// rings: at D = 256 and 128 × 64 tiles, Q's ring of two 64 KB slots and K's and V's of two 32 KB
+// slots each need 256 KB, past sm_90a's 227 KB. The rule runs a program per tile there (measured
+// faster); `persistent` in the config gets persistent programs whose Q is a plain load at each
+// tile's start (traced with `no_ring`, dsl::unpipelined), read into one resident slot, the walks
+// keeping their rings. FLEXTILE_FORWARD_Q_RING=1 asks for Q's ring anyway: the shared-memory planner
+// refuses it. At D = 192 Q's ring fits and stays.
+TEST(FlexAttentionCodegen, AskedPersistentForwardKeepsQOutOfTheRingsWhereItWouldNotFit) {
   const int64_t B = 1, H = 2, L = 3000;
-  auto plan = [&](int64_t D) {
+  FlexAttentionConfig asked{128, 64, 8, 2};
+  asked.persistent = LoopSchedule::On;
+  auto plan = [&](int64_t D, const FlexAttentionConfig& config) {
     Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
     VariantInstance inst = variant("causal").make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
-    return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = FlexAttentionConfig{128, 64, 8, 2}}, true,
-                               codegen::Target::sm90a());
+    return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, codegen::Target::sm90a());
   };
-  const FlexAttentionPlan wide = plan(256);
+  EXPECT_EQ(plan(256, FlexAttentionConfig{128, 64, 8, 2}).persistentPrograms, 0) << "the rule: a program per tile";
+  const FlexAttentionPlan wide = plan(256, asked);
   EXPECT_GT(wide.persistentPrograms, 0);
   ASSERT_NE(wide.compiled, nullptr);
   EXPECT_EQ(count(ir::printFunction(*wide.traced), "no_ring = 1"), 1) << "Q's load, once";
@@ -513,13 +515,13 @@ TEST(FlexAttentionCodegen, PersistentForwardPastD128KeepsQOutOfTheRingsWhereItMu
   {
     ScopedSetenv ring("FLEXTILE_FORWARD_Q_RING", "1");
     try {
-      plan(256);
+      plan(256, asked);
       ADD_FAILURE() << "Q's ring of two 64 KB slots fitted beside the walks' rings";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::ResourceLimit) << e.what();
     }
   }
-  const FlexAttentionPlan narrower = plan(192);
+  const FlexAttentionPlan narrower = plan(192, FlexAttentionConfig{128, 64, 8, 2});
   EXPECT_GT(narrower.persistentPrograms, 0);
   EXPECT_EQ(count(ir::printFunction(*narrower.traced), "no_ring"), 0);
 }

@@ -53,14 +53,15 @@ TEST(ValueHeadDimGpu, ForwardEveryVariantAtTheDefaults) {
   }
 }
 
-// D = 256 on 128 × 64 tiles: Q's ring of two 64 KB slots does not fit beside the walks' rings, so the
-// persistent forward reads Q with a plain load at each tile's start (dsl::unpipelined). Every
-// persistent variant, GQA, lengths off the block; then more tiles than SMs, the last round cut.
-// (Fails with a stale Q: a tile computed on the previous tile's rows.)
+// D = 256 on 128 × 64 tiles asked persistent: Q's ring of two 64 KB slots does not fit beside the
+// walks' rings, so the persistent forward reads Q with a plain load at each tile's start
+// (dsl::unpipelined). Every persistent variant, GQA, lengths off the block; then more tiles than
+// SMs, the last round cut. (Fails with a stale Q: a tile computed on the previous tile's rows.)
 TEST(ValueHeadDimGpu, PersistentForwardWithQUnpipelinedAtD256) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
-  const FlexAttentionConfig config{128, 64, 8, 2};
+  FlexAttentionConfig config{128, 64, 8, 2};
+  config.persistent = LoopSchedule::On;
   for (const char* name : {"full", "causal", "sliding_window", "prefix_lm", "softcap"}) {
     AttentionCase c{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1030, .D = 256, .dtype = DType::BF16,
                     .context = std::string(name) + ", D = 256, Q unpipelined"};
