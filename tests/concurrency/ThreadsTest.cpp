@@ -210,6 +210,52 @@ TEST(ConcurrencyThreads, RegisteringVariantsWhileOthersLookThemUp) {
   EXPECT_EQ(variant("concurrency_test_0_0").description, "registered by a test");
 }
 
+// The config hooks (detail::ResolverSlot) replaced while other threads' calls consult them: each
+// plan takes the default or one of the two resolvers' configs, never a torn one, and a resolver
+// that replaces the hooks from inside a call (as a tuner that installs its cache may) deadlocks
+// nothing. Under ThreadSanitizer a slot read without its lock fails the run.
+TEST(ConcurrencyThreads, ConfigResolversReplacedWhileCallsConsultThem) {
+  const Tensor q = Tensor::zeros(DType::BF16, {1, 2, 64, 64}, MemorySpace::Host);
+  const Tensor one = Tensor::zeros(DType::BF16, {1, 2, 1, 64}, MemorySpace::Host);
+  const FlexAttentionConfig forwardDefault = plan_flex_attention(q, q, q, noop_score(), std::nullopt).config;
+  const FlexDecodeConfig decodeDefault = plan_flex_decode(one, q, q, noop_score(), std::nullopt).config;
+  const FlexAttentionConfig a{32, 32, 4, 2}, b{16, 32, 4, 1};
+  const FlexDecodeConfig da{.block_n = 32, .num_warps = 4, .num_stages = 2, .splits = 2},
+      db{.block_n = 16, .num_warps = 4, .num_stages = 3, .splits = 3};
+  constexpr int kRounds = 60;
+  std::atomic<int> planned{0};
+  onThreads([&](int t) {
+    for (int i = 0; i < kRounds; ++i) {
+      if (t == 0) {
+        const int which = i % 3;
+        setFlexAttentionConfigResolver(which == 2 ? FlexAttentionConfigResolver{}
+                                                  : [c = which ? b : a](const FlexAttentionProblem&) {
+                                                      return std::optional<FlexAttentionConfig>(c);
+                                                    });
+        setFlexDecodeConfigResolver(which == 2 ? FlexDecodeConfigResolver{}
+                                               : [c = which ? db : da](const FlexAttentionProblem&) {
+                                                   return std::optional<FlexDecodeConfig>(c);
+                                                 });
+      } else if (t == 1 && i % 10 == 0) {
+        // A resolver that empties the hooks while it answers.
+        setFlexAttentionConfigResolver([a](const FlexAttentionProblem&) {
+          setFlexAttentionConfigResolver({});
+          return std::optional<FlexAttentionConfig>(a);
+        });
+      } else {
+        const FlexAttentionConfig c = plan_flex_attention(q, q, q, noop_score(), std::nullopt).config;
+        EXPECT_TRUE(c == forwardDefault || c == a || c == b) << c.describe();
+        const FlexDecodeConfig d = plan_flex_decode(one, q, q, noop_score(), std::nullopt).config;
+        EXPECT_TRUE(d == decodeDefault || d == da || d == db) << d.describe();
+        ++planned;
+      }
+    }
+  });
+  setFlexAttentionConfigResolver({});
+  setFlexDecodeConfigResolver({});
+  EXPECT_GE(planned.load(), (kThreads - 2) * kRounds);
+}
+
 // PTX of the forward template for several (mods, config, target) at once, each key compiled by
 // two threads together: the in-memory caches and the disk cache (this test binary's
 // FLEXTILE_CACHE_DIR) must give both threads one kernel, and no torn entry may be read.
