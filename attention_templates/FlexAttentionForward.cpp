@@ -1046,6 +1046,11 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // window to a program per tile (each tile then waits for its Q), the no-mask figure within noise.
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
+  // Nor where the warpgroups split the tile's keys (BM < 64 a warpgroup, as 64 × 64 on 8 warps): the
+  // products then trade P through shared memory inside each step, which keeps TMA off the walks'
+  // rings, so they are not shared across tiles — persistent programs without shared rings lost up to
+  // 14 % (H200, 2026-12-04) — and at D = 256 the unshared rings do not fit (270 KB). Not timed.
+  const bool warpgroupsOwnRows = p.config.block_m >= 64 * std::max(1, p.config.num_warps / 4);
   std::optional<bool> qRingFitsOnce;  // asked only where a persistent kernel is in question
   auto qRingFits = [&] {
     if (!qRingFitsOnce) qRingFitsOnce = persistentRingsFit(p, target);
@@ -1055,7 +1060,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask) &&
-                                     qRingFits();
+                                     warpgroupsOwnRows && qRingFits();
   if (p.constants.persistent) {
     const std::optional<bool> qRing = detail::forcedBySwitch("FLEXTILE_FORWARD_Q_RING");
     p.constants.qUnpipelined = !(qRing ? *qRing : qRingFits());

@@ -472,6 +472,9 @@ TEST(FlexAttentionCodegen, PersistentProgramsOnlyWhereTheirRingsFit) {
   EXPECT_TRUE(persistent({128, 64, 8, 3})) << "3 x (128 + 128) x 128 x 2 bytes: 192 KB";
   EXPECT_FALSE(persistent({128, 128, 8, 3})) << "288 KB";
   EXPECT_FALSE(persistent({128, 64, 8, 4})) << "256 KB";
+  // Warpgroups that split the keys (64 rows on 8 warps) trade P through shared memory in each step:
+  // no TMA on the walks, so no rings shared across tiles, and a program per tile.
+  EXPECT_FALSE(persistent({64, 64, 8, 2})) << "the warpgroups split N";
   FlexAttentionConfig asked{128, 128, 8, 3};
   asked.persistent = LoopSchedule::On;
   const FlexAttentionPlan plainQ =
@@ -505,6 +508,11 @@ TEST(FlexAttentionCodegen, AskedPersistentForwardKeepsQOutOfTheRingsWhereItWould
     return plan_flex_attention(q, q, q, inst.score, inst.mask, {.config = config}, true, codegen::Target::sm90a());
   };
   EXPECT_EQ(plan(256, FlexAttentionConfig{128, 64, 8, 2}).persistentPrograms, 0) << "the rule: a program per tile";
+  // 64 × 64 on 8 warps: its walks' rings are not shared (no TMA where P crosses warpgroups), so its
+  // persistent kernel needed 270 KB and was refused; a program per tile compiles.
+  const FlexAttentionPlan splitN = plan(256, FlexAttentionConfig{64, 64, 8, 2});
+  EXPECT_EQ(splitN.persistentPrograms, 0);
+  EXPECT_NE(splitN.compiled, nullptr);
   const FlexAttentionPlan wide = plan(256, asked);
   EXPECT_GT(wide.persistentPrograms, 0);
   ASSERT_NE(wide.compiled, nullptr);
