@@ -230,10 +230,14 @@ void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const 
   std::stable_sort(users.begin(), users.end(), [&](const Op* a, const Op* b) {
     return plan.bytes.at(a) != plan.bytes.at(b) ? plan.bytes.at(a) > plan.bytes.at(b) : a->describe() < b->describe();
   });
+  bool hinted = false;  // the advice once, at the first ring named
   auto describeUser = [&](const Op* op) {
     std::string s = op->describe() + " with " + std::to_string(plan.bytes.at(op)) + " bytes";
-    if (op->kind() == OpKind::LocalAlloc)
-      s += " (" + std::to_string(op->result()->type().slots()) + " pipeline stages: lower num_stages or the tile sizes)";
+    if (op->kind() == OpKind::LocalAlloc) {
+      s += " (" + std::to_string(op->result()->type().slots()) + " pipeline stages";
+      s += hinted ? ")" : ": lower num_stages or the tile sizes)";
+      hinted = true;
+    }
     return s;
   };
   std::string where;

@@ -238,6 +238,7 @@ TEST(Pipeline, RefusesARingThatDoesNotFitNamingTheNeedAndTheLimit) {
                      "'local_alloc'"),
               std::string::npos)
         << m;
+    EXPECT_EQ(flextile::testing::count(m, "lower num_stages"), 1) << "the advice once: " << m;
     EXPECT_EQ(flextile::testing::count(m, "with 262144 bytes"), 2) << m;
   }
 }
