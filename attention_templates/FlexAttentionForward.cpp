@@ -1039,6 +1039,10 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // persistent kernels without it): configProblem refuses a config that asks for both. Nor where
   // its rings would not fit (persistentRingsFit): a config of three 128 × 128 stages at D = 128
   // runs a program per tile rather than a kernel the shared-memory planner refuses.
+  // Nor where the warpgroups split the tile's keys (BM < 64 a warpgroup, as 64 × 64 on 8 warps): the
+  // products then trade P through shared memory inside each step, which keeps TMA off the walks'
+  // rings, so they are not shared across tiles — persistent programs without shared rings lost up to
+  // 14 % (H200, 2026-12-04) — and at D = 256 the unshared rings do not fit (270 KB). Not timed.
   // A persistent kernel asked for (config or environment) whose Q ring would not fit beside the walks'
   // rings reads Q with a plain load at each tile's start (dsl::unpipelined), as a program per tile
   // does, rather than being refused; FLEXTILE_FORWARD_Q_RING=0 or =1 forces either. The rule does not
@@ -1046,10 +1050,6 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   // window to a program per tile (each tile then waits for its Q), the no-mask figure within noise.
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
-  // Nor where the warpgroups split the tile's keys (BM < 64 a warpgroup, as 64 × 64 on 8 warps): the
-  // products then trade P through shared memory inside each step, which keeps TMA off the walks'
-  // rings, so they are not shared across tiles — persistent programs without shared rings lost up to
-  // 14 % (H200, 2026-12-04) — and at D = 256 the unshared rings do not fit (270 KB). Not timed.
   const bool warpgroupsOwnRows = p.config.block_m >= 64 * std::max(1, p.config.num_warps / 4);
   std::optional<bool> qRingFitsOnce;  // asked only where a persistent kernel is in question
   auto qRingFits = [&] {

@@ -242,7 +242,8 @@ void checkSharedMemoryFits(const SharedPlan& plan, const ir::Function& f, const 
   };
   std::string where;
   if (!users.empty()) where = "; the largest user is " + describeUser(users[0]);
-  for (size_t i = 1; i < std::min<size_t>(3, users.size()); ++i) where += (i == 1 ? "; then " : ", ") + describeUser(users[i]);
+  for (size_t i = 1; i < std::min<size_t>(3, users.size()); ++i)
+    where += (i == 1 ? "; then " : ", ") + describeUser(users[i]);
   if (users.size() > 3) where += " (" + std::to_string(users.size()) + " buffers in all)";
   throw Error("function '" + f.name() + "' needs " + std::to_string(plan.totalBytes) + " bytes of shared memory, " +
                   target.smName() + " allows " + std::to_string(target.maxSharedBytesPerBlock()) + where,

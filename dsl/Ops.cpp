@@ -426,10 +426,12 @@ Tile load(Operand ptr, const TensorBox& box, SourceLoc loc) { return boxLoadImpl
 Tile unpipelined(const Tile& loaded, SourceLoc loc) {
   ir::Op* def = loaded.value() ? loaded.value()->definingOp() : nullptr;
   if (!def || def->kind() != ir::OpKind::Load || !loaded.type().isTile())
-    traceError(loc, "unpipelined", "takes the tile a load returns, got " + (loaded.value() ? loaded.type().str() : "an empty tile"));
+    traceError(loc, "unpipelined",
+               "takes the tile a load returns, got " + (loaded.value() ? loaded.type().str() : "an empty tile"));
   def->setAttr("no_ring", int64_t(1));
   return loaded;
 }
+
 void store(Operand ptr, Operand value, SourceLoc loc) { storeImpl(ptr, value, nullptr, loc); }
 void store(Operand ptr, Operand value, Operand mask, SourceLoc loc) { storeImpl(ptr, value, &mask, loc); }
 

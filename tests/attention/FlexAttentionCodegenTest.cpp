@@ -519,7 +519,8 @@ TEST(FlexAttentionCodegen, AskedPersistentForwardKeepsQOutOfTheRingsWhereItWould
   EXPECT_EQ(count(ir::printFunction(*wide.traced), "no_ring = 1"), 1) << "Q's load, once";
   EXPECT_EQ(count(wide.compiled->ir, "local_alloc : smem<1 x bf16\\[128,256\\]"), 1) << wide.compiled->ir;
   EXPECT_EQ(count(wide.compiled->ir, "smem<2 x bf16\\[128,256\\]"), 0) << wide.compiled->ir;
-  EXPECT_EQ(count(wide.compiled->ir, "local_alloc \\{ws = \"both\"\\} : smem<2 x bf16\\[64,256\\]"), 2) << wide.compiled->ir;
+  EXPECT_EQ(count(wide.compiled->ir, "local_alloc \\{ws = \"both\"\\} : smem<2 x bf16\\[64,256\\]"), 2)
+      << wide.compiled->ir;
   {
     ScopedSetenv ring("FLEXTILE_FORWARD_Q_RING", "1");
     try {

@@ -236,7 +236,8 @@ TEST(TilePassesInterpreted, PersistentForwardWithQUnpipelined) {
   ScopedSetenv plainQ("FLEXTILE_FORWARD_Q_RING", "0");
   ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
   InterpretAfterPasses scope("sm_90a");
-  checkWalkVariants(rng, "persistent, Q unpipelined", {FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}},
+  checkWalkVariants(rng, "persistent, Q unpipelined",
+                    {FlexAttentionConfig{128, 64, 8, 2}, FlexAttentionConfig{64, 64, 4, 3}},
                     {"full", "causal", "sliding_window"});
 }
 

@@ -104,7 +104,9 @@ TEST(Dsl, UnpipelinedMarksALoadAndRefusesAnythingElse) {
               store(p + arange(0, 16), x + 1);
             }).trace();
   int marked = 0;
-  f->walk([&](const ir::Op& op) { marked += op.kind() == ir::OpKind::Load && op.hasAttr("no_ring") && op.intAttr("no_ring") == 1; });
+  f->walk([&](const ir::Op& op) {
+    marked += op.kind() == ir::OpKind::Load && op.hasAttr("no_ring") && op.intAttr("no_ring") == 1;
+  });
   EXPECT_EQ(marked, 1);
   int line = 0;
   std::string msg = errorOf([&] {
