@@ -26,7 +26,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -748,8 +747,10 @@ void checkConfig(const char* which, const FlexAttentionConfig& c, const BlockMas
 }
 
 // The resolver's pair where it gives one this call can take; nullopt (the default) otherwise.
-// `problem` is built only when a resolver is set.
-std::optional<FlexAttentionBackwardConfig> resolvedConfig(const std::function<FlexAttentionProblem()>& problem,
+// `problem()` is built only when a resolver is set (a template, not a std::function: the call's
+// lambda captures a dozen references, which a std::function would allocate for on every call).
+template <class MakeProblem>
+std::optional<FlexAttentionBackwardConfig> resolvedConfig(MakeProblem&& problem,
                                                           const std::optional<BlockMask>& blockMask) {
   const std::optional<FlexAttentionBackwardConfig> c =
       detail::ResolverSlot<FlexAttentionBackwardConfig>::instance().ask(problem);

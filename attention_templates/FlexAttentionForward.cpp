@@ -1051,19 +1051,14 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
   const bool deferred = p.constants.defer || detail::forcedBySwitch("FLEXTILE_DEFER_ACCUMULATION") == true;
   const std::optional<bool> persistentForced = detail::forcedBySwitch("FLEXTILE_FORWARD_PERSISTENT");
   const bool warpgroupsOwnRows = p.config.block_m >= 64 * std::max(1, p.config.num_warps / 4);
-  std::optional<bool> qRingFitsOnce;  // asked only where a persistent kernel is in question
-  auto qRingFits = [&] {
-    if (!qRingFitsOnce) qRingFitsOnce = persistentRingsFit(p, target);
-    return *qRingFitsOnce;
-  };
   p.constants.persistent = persistentForced ? *persistentForced
                            : p.config.persistent != LoopSchedule::Auto
                                ? p.config.persistent == LoopSchedule::On
                                : p.constants.pingpong && !deferred && detail::persistentWanted(scoreMod, blockMask) &&
-                                     warpgroupsOwnRows && qRingFits();
+                                     warpgroupsOwnRows && persistentRingsFit(p, target);
   if (p.constants.persistent) {
     const std::optional<bool> qRing = detail::forcedBySwitch("FLEXTILE_FORWARD_Q_RING");
-    p.constants.qUnpipelined = !(qRing ? *qRing : qRingFits());
+    p.constants.qUnpipelined = !(qRing ? *qRing : persistentRingsFit(p, target));
   }
   // The skewed walks (Q·Kᵀ of step t and P·V of step t − 1 in one iteration, the first and last
   // products peeled): the config's `skew` skews the full walks and its `overlap` (which implies
