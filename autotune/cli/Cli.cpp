@@ -108,20 +108,22 @@ const std::vector<Command>& commands() {
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
-       "                        --emit traced|ir|llvm|ptx [--locations]\n"
+       "                        [--atomic-dq] --emit traced|ir|llvm|ptx [--locations]\n"
        "  Prints one stage of the kernel: traced (tile IR as traced; --locations: each op's template or\n"
        "  mod source line), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
        "  --kernel picks a kernel of the backward or the decode kernel (default: the forward). For the\n"
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
-       "  other keeps its default; the backward's kernels have no traced stage here. decode: L queries\n"
+       "  other keeps its default; the backward's kernels have no traced stage here; --atomic-dq: dkdv\n"
+       "  adds dQ itself (DqAccumulation::Atomic, no dq kernel). decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
        "  then BN,W,S[,SPLITS][,per-sm=N][,cluster|,no-cluster][,ws|,no-ws] (SPLITS 0 or absent: chosen\n"
        "  for the target's GPU, aiming at N programs an SM, default 2; cluster: the splits merge through\n"
        "  thread block clusters; ws: the full blocks by TMA from a producer warpgroup). last-round-merge: the\n"
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
-       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--target", "--emit", "--kernel", "--queries"}, {"--locations"},
+       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--target", "--emit", "--kernel", "--queries"},
+       {"--locations", "--atomic-dq"},
        true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--dv DV] [--variants a,b,..] [--document-offsets FILE]\n"
@@ -658,13 +660,14 @@ int compileBackwardKernel(const Args& a, const Problem& p, const std::string& ke
   const dsl::Tensor lse = shapeOnly(dsl::DType::F32, {p.B, p.H, p.N});
   const dsl::Tensor rows = shapeOnly(p.dtype, {p.B, p.H, p.N, p.DV});  // out and dout: v's head dim
   attention::FlexAttentionBackwardOptions options;
+  if (a.has("--atomic-dq")) options.dq_accumulation = attention::DqAccumulation::Atomic;
   if (std::optional<FlexAttentionConfig> tile = parseConfig(a)) {
     if (kernel == "preprocess") throw UsageError{"--config: the preprocess kernel has no tile to choose"};
     // The other kernel keeps the tile the call would pick (the default, narrowed to the mask's
     // blocks), which only a plan resolves.
     attention::FlexAttentionBackwardConfig c =
         attention::plan_flex_attention_backward(p.q, p.k, p.v, rows, lse, rows, p.instance.score, p.instance.mask,
-                                                {}, target)
+                                                options, target)
             .config;
     (kernel == "dkdv" ? c.dkdv : c.dq) = *tile;
     options.config = c;
@@ -719,6 +722,9 @@ int cmdCompile(const Args& a, std::ostream& out) {
   p.v = shapeOnly(p.dtype, {p.B, p.Hkv, p.N, p.DV});
   const codegen::Target target = parseTarget(a.get("--target", "sm_90a"));
   const std::string kernel = a.get("--kernel", "forward");
+  if (a.has("--atomic-dq") && kernel != "dkdv")
+    throw UsageError{"--atomic-dq applies to --kernel dkdv (dQ is then added by the dkdv kernel; there is no dq "
+                     "kernel), got --kernel " + kernel};
   if (kernel == "decode") return compileDecodeKernel(a, p, emit, target, out);
   const bool merge = kernel == "last-round-merge";
   if (merge && emit == "traced")

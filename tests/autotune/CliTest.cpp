@@ -146,6 +146,22 @@ TEST(Cli, CompileEmitsTheBackwardsKernels) {
   EXPECT_EQ(run({"compile", "causal", "--kernel", "preprocess", "--config", "64,64,4,2", "--emit", "ir"}).status, 2);
 }
 
+// --atomic-dq compiles the dkdv kernel that adds dQ itself (DqAccumulation::Atomic): its IR has the
+// atomic_add into the f32 dQ buffer, the separate form's has none. Any other kernel is a usage error.
+TEST(Cli, CompileAtomicDqDkdv) {
+  Result separate = run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--emit", "ir"});
+  ASSERT_EQ(separate.status, 0) << separate.err;
+  EXPECT_EQ(separate.out.find("atomic_add"), std::string::npos);
+  Result atomic = run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--atomic-dq", "--emit", "ir"});
+  ASSERT_EQ(atomic.status, 0) << atomic.err;
+  EXPECT_NE(atomic.out.find("atomic_add"), std::string::npos) << atomic.out.substr(0, 600);
+  for (const char* kernel : {"dq", "forward", "decode"}) {
+    Result wrong = run({"compile", "causal", "--kernel", kernel, "--atomic-dq", "--emit", "ir"});
+    EXPECT_EQ(wrong.status, 2) << kernel;
+    EXPECT_NE(wrong.err.find("--atomic-dq applies to --kernel dkdv"), std::string::npos) << wrong.err;
+  }
+}
+
 // --kernel decode prints the decode kernel of L queries at the end of the cache; --config is its
 // BN,W,S[,SPLITS].
 TEST(Cli, CompileEmitsTheDecodeKernel) {
