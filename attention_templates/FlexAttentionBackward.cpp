@@ -461,12 +461,16 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
         // dQ_i += scale sum_j dS'_ij K_j, into the f32 buffer [B, Hq, L, D]. Specialized (two
         // consumer warpgroups) as dQᵀ = Kᵀ dSᵀ: its DP rows give each warpgroup 64 of them on
         // wgmma, with Kᵀ and dSᵀ read from shared memory, where dQ's BM = 64 rows would leave it to
-        // mma.sync and hold K's fragments in every thread. Then it goes before dK (the document
-        // dkdv spills 420 bytes so, 560 after dK; the others the same).
+        // mma.sync and hold K's fragments in every thread. Its product goes before dK's (the
+        // document dkdv spills 420 bytes so, 560 after dK; the others the same), and its rows are
+        // added after dK's product is issued, so that they are staged and sent while it runs.
+        std::vector<Tile> dqT;
+        if (atomicDqT)
+          for (const Tile& kc : kt) dqT.push_back(dot(kc.trans(), dsLow));
         auto accumulateDq = [&] {
           for (size_t i = 0; i < kt.size(); ++i) {
             const detail::HeadDimChunk* c = chunks.empty() ? nullptr : &chunks[i];
-            Tile dq = atomicDqT ? (dot(kt[i].trans(), dsLow) * p.grad_scale).trans()  // [BM, DP]
+            Tile dq = atomicDqT ? (dqT[i] * p.grad_scale).trans()  // [BM, DP]
                                 : dot(dsLow.trans(), kt[i]) * p.grad_scale;
             Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + (c ? c->offs : offsD).expand(0));
             if (c ? chunkExact(*c, k.qExact) : exact)
@@ -475,10 +479,9 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
               atomic_add(dqPtrs, dq, c ? c->rowsBy(rowLive) : byD(rowLive));
           }
         };
-        if (atomicDqT) accumulateDq();
         std::vector<Tile> next;
         for (size_t i = 0; i < dkParts; ++i) next.push_back(dot(dsLow, qt[i], acci[i]));
-        if (k.atomicDq && !atomicDqT) accumulateDq();
+        if (k.atomicDq) accumulateDq();
         next.insert(next.end(), dvNew.begin(), dvNew.end());
         return next;
       });

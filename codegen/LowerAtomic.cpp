@@ -28,9 +28,12 @@
 // slot, which keeps the stores free of branches (codegen/SharedMemory.h has the layout). Then
 // `fence.proxy.async.shared::cta` (the engine reads through the async proxy) and a barrier;
 // thread r adds row r with `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` when its
-// address is not 0, and every thread commits and waits for the engine's reads of its group
-// (`cp.async.bulk.wait_group.read 0`) before the op ends, as the scratch rule needs. The additions
-// in L2 finish asynchronously; a later kernel on the stream sees them.
+// address is not 0, and every thread commits its group. The op does not wait for the engine's
+// reads: that wait (`cp.async.bulk.wait_group.read 0`) opens the op's next execution, before its
+// barrier, and closes the kernel (every return), and the planner keeps the rows' bytes the op's
+// own in between (codegen/SharedMemory.h). So the reads overlap whatever follows the op — in the
+// backward's dkdv, dK's product and the next step's — instead of stalling the issuing warps. The
+// additions in L2 finish asynchronously; a later kernel on the stream sees them.
 //
 // fence: `bar.sync 0; fence.acq_rel.gpu; bar.sync 0` (LLVM `fence syncscope("device")
 // acq_rel`), every thread. The IR's fence orders the accesses of the whole program, but
@@ -108,7 +111,11 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
     disjoint = disjoint && ((bitsOf(l.laneBases(), d) | bitsOf(l.warpBases(), d)) & bitsOf(regBases, d)) == 0;
   const std::vector<llvm::Value*>& own = threadCoordinate(l);
   llvm::Value* threadPart = b.CreateAdd(b.CreateMul(own[0], i32(stride)), b.CreateMul(own[1], i32(4)));
-  barrier();  // an earlier op (or this one, one iteration back) may still read the scratch
+  // The engine may still be reading this op's rows from its previous execution (the bytes are
+  // the op's own: SharedMemory.h); wait for those reads first, then the barrier lets every
+  // thread write.
+  asmStatement("cp.async.bulk.wait_group.read 0;");
+  barrier();
   onlyWhere(ownerPredicate(l), "bulk.stage", [&] {
     for (int64_t r = 0; r < l.numRegisters(); r += pairs ? 2 : 1) {
       const Layout::Coord rc = l.regCoord(r);
@@ -155,8 +162,13 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
     });
   }
   asmStatement("cp.async.bulk.commit_group;");
-  asmStatement("cp.async.bulk.wait_group.read 0;");
   set(op.result(), Regs(size_t(l.numRegisters()), llvm::Constant::getNullValue(b.getFloatTy())));
+}
+
+void Lowering::returnFromKernel() {
+  // The program's shared memory must outlive the engine's reads of a bulk reduction's rows.
+  if (bulkReductions) asmStatement("cp.async.bulk.wait_group.read 0;");
+  b.CreateRetVoid();
 }
 
 void Lowering::lowerAtomicAdd(const ir::Op& op) {

@@ -363,7 +363,7 @@ void Lowering::lowerOp(const ir::Op& op) {
     case OpKind::Dot: lowerDot(op); return;
     case OpKind::For: lowerFor(op); return;
     case OpKind::Yield: return;  // read by lowerFor
-    case OpKind::Return: b.CreateRetVoid(); return;
+    case OpKind::Return: returnFromKernel(); return;
     case OpKind::ConvertLayout: lowerConvertLayout(op); return;
     case OpKind::LocalAlloc:
     case OpKind::AsyncCopy:
@@ -451,6 +451,9 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   kernel->setCallingConv(llvm::CallingConv::PTX_Kernel);
   const int producers = producerWarps(func);
   specialized = producers > 0;
+  func.walk([&](const ir::Op& op) {
+    bulkReductions = bulkReductions || (op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op));
+  });
   const int threads = 32 * (func.numWarps() + producers);
   kernel->addFnAttr("nvvm.maxntid", std::to_string(threads));
   // A residency the template sized its shared memory for: without it the driver's JIT may take
@@ -517,7 +520,7 @@ std::unique_ptr<llvm::Module> Lowering::run() {
     if (onlyA) localLoadsReadByWgmma_.insert(load);
   if (!specialized) {
     lowerBlock(func.body());
-    if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+    if (!b.GetInsertBlock()->getTerminator()) returnFromKernel();
   } else {
     lowerSpecialized(std::max<int64_t>(1, programs));
   }
@@ -599,7 +602,7 @@ void Lowering::lowerSpecialized(int64_t programsPerSm) {
       asmStatement(std::string("setmaxnreg.") + (producing ? "dec" : "inc") + ".sync.aligned.u32 " +
                    std::to_string(producing ? split.producer : split.consumer) + ";");
     lowerBlock(func.body());
-    if (!b.GetInsertBlock()->getTerminator()) b.CreateRetVoid();
+    if (!b.GetInsertBlock()->getTerminator()) returnFromKernel();
   }
   producerRole = false;
 }

@@ -198,6 +198,11 @@ class Lowering {
   // role; `producerRole` says which copy is being emitted.
   bool specialized = false;
   bool producerRole = false;
+  // Whether the function has an atomic_add with `bulk_rows`, whose last reads of shared memory
+  // every return waits for (LowerAtomic.cpp).
+  bool bulkReductions = false;
+  // `ret void`, after that wait where bulkReductions.
+  void returnFromKernel();
   // Whether this copy of the function runs `op` (its `ws` attribute against the role).
   bool runsInThisRole(const ir::Op& op) const;
   // Emits both copies of a warp-specialized function (LowerToLLVM.cpp).

@@ -146,6 +146,13 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
         for (const ir::Value* r : reads) touches = touches || uses(op, r);
         if (touches) cover(buf, op);
       });
+    } else if (buf.owner->kind() == OpKind::AtomicAdd && addsRowsInBulk(*buf.owner)) {
+      // The engine may still read the rows after the op: its bytes are its own from the start of
+      // the outermost loop around it (its next iteration, which waits first) to the kernel's end.
+      const Op* top = buf.owner;
+      while (top->parentBlock() && top->parentBlock()->parentOp()) top = top->parentBlock()->parentOp();
+      buf.start = span.at(top).first;
+      buf.end = position;
     } else if (resident.count(buf.owner)) {
       f.walk([&](const Op& op) {
         if (op.kind() == OpKind::Dot && (op.operand(0) == buf.owner->result() || op.operand(1) == buf.owner->result()))

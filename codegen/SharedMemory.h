@@ -45,7 +45,10 @@
 //                   8 bytes (the global address of the row's first element, 0 for a row the mask
 //                   leaves out), then one 8-byte slot per thread that takes the address stores of
 //                   registers that are not in column 0 (branch-free stores). The bulk copies read
-//                   the rows asynchronously; the op waits for those reads before it ends.
+//                   the rows asynchronously and the op does not wait for those reads: it
+//                   waits for the previous execution's (`cp.async.bulk.wait_group.read 0`)
+//                   before it writes, and every return waits for the last. So its bytes are its
+//                   own from the start of the outermost loop around it to the kernel's end.
 //   cluster_all_gather  each operand row-major as for convert_layout (a scalar: one element),
 //                   operand i at base + clusterGatherOffset(op, i) (each rounded up to 16
 //                   bytes). Every program of the cluster has the same plan, so rank r's copy of
@@ -67,7 +70,8 @@
 // Nothing follows the reads: the next user's barrier 1. protects them (the
 // golden test tests/lit/codegen/ptx.ftir checks this order in the PTX).
 // Buffers that live longer (the shared buffers of the async level, such as the
-// K/V rings of a software-pipelined loop, and resident wgmma A tiles) have
+// K/V rings of a software-pipelined loop, resident wgmma A tiles and the rows of a
+// bulk_rows atomic_add, which the engine reads after the op) have
 // longer live ranges, and the allocator gives overlapping ranges disjoint
 // bytes; their ordering is the IR's barriers and waits (codegen/passes/Pipeline.cpp).
 #pragma once

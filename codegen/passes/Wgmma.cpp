@@ -22,6 +22,9 @@
 //     Each group thus completes in the block that issued it (a loop's next iteration overwrites
 //     the ring slots its wgmmas read; a yield hands the accumulators to the next iteration), and
 //     no generic-proxy store or barrier of a scratch user runs while the async proxy still reads.
+//     A bulk_rows atomic_add is the exception: its bytes are its own for the kernel's whole life
+//     (codegen/SharedMemory.h), so no in-flight group reads them, and the backward's dK product
+//     stays in flight while dQ's rows are staged and sent.
 //     The async level's copies, commits, waits, barriers and slot reads are not such ops: the
 //     pipeline's schedule writes only the slot the pending groups do not read.
 // Every use of a completed accumulator after the wait reads the wait's result, so independent
@@ -43,6 +46,10 @@ using ir::Op;
 using ir::OpKind;
 
 namespace {
+
+// A bulk_rows atomic_add: its scratch overlaps no other buffer from the start of its outermost
+// loop to the kernel's end (SharedMemory.h).
+bool ownsScratchForTheKernel(const Op& op) { return op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op); }
 
 struct PendingGroup {
   ir::Value* result;  // the accumulator in flight
@@ -80,7 +87,7 @@ struct WaitWriter {
         const bool all = op->kind() == OpKind::For || op->kind() == OpKind::Yield || op->kind() == OpKind::Return ||
                          op->kind() == OpKind::Fence || op->kind() == OpKind::MbarrierArrive ||
                          op->kind() == OpKind::MbarrierInit || op->kind() == OpKind::MbarrierInval ||
-                         !op->regions().empty() || scratchBytes(*op) > 0;
+                         !op->regions().empty() || (scratchBytes(*op) > 0 && !ownsScratchForTheKernel(*op));
         int64_t needed = all ? issued : 0;
         for (const ir::Value* v : op->operands())
           for (const PendingGroup& p : pending)

@@ -166,7 +166,10 @@ TEST(FlexAttentionBackwardCodegen, TmaFillsTheWalksRingsWhenAskedFor) {
 // Regression (the atomic-dQ dkdv kept two copies of K in shared memory, 148 KB at 64 x 64, one
 // program per SM): K is the A of K·Qᵀ and the B of dS·K in the same swizzled layout, so the
 // wgmma pass keeps one resident tile for both. What the atomic mode adds to the default dkdv is
-// then only the bulk reduction's staging (64 rows of 544 bytes, 64 row addresses, 128 dump slots).
+// then only the bulk reduction's staging (64 rows of 544 bytes, 64 row addresses, 128 dump slots)
+// and the loop's dSᵀ conversion (bf16 [64, 64]), which no longer shares the staging's bytes: the
+// engine reads them after the op, so they are the op's own (codegen/SharedMemory.h). A second
+// copy of K would add 16 KB more.
 TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   const auto target = codegen::Target::sm90a();
   const int64_t B = 1, H = 2, L = 1024, D = 128;
@@ -179,8 +182,8 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   atomicOptions.dq_accumulation = DqAccumulation::Atomic;
   auto atomic = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, atomicOptions, target);
   ASSERT_EQ(separate.kernelNames[1], atomic.kernelNames[1]);  // both dkdv
-  const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8;
-  EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + 512);
+  const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8, dsConversion = 64 * 64 * 2;
+  EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + dsConversion + 512);
 }
 
 // Atomic dQ in the specialized dkdv (opt-in: FLEXTILE_TMA_IN_STAGING_LOOPS=1, so that its TMA rings
