@@ -135,15 +135,31 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
       two = b.CreateInsertElement(two, vals[size_t(r + 1)], uint64_t(1));
       b.CreateAlignedStore(two, at, llvm::Align(8));
     }
-    for (int64_t r = 0; r < l.numRegisters(); ++r) {
-      if (!threadColumns.count(l.regCoord(r)[1])) continue;
-      const std::vector<llvm::Value*> c = coordinate(l, r);
-      llvm::Value* address = b.CreatePtrToInt(ptrs[size_t(r)], b.getInt64Ty());
-      if (mask) address = b.CreateSelect((*mask)[size_t(r)], address, b.getInt64(0));
-      llvm::Value* slot = b.CreateSelect(b.CreateICmpEQ(c[1], i32(0)), b.CreateAdd(i32(addressesAt), b.CreateMul(c[0], i32(8))),
-                                         b.CreateAdd(i32(dumpAt), b.CreateMul(tid, i32(8))));
-      b.CreateAlignedStore(address, b.CreateGEP(b.getInt8Ty(), sharedBase, slot), llvm::Align(8));
-    }
+    // The address stores only matter in the warps that can hold column 0: when the warps' column
+    // bits are single bits of their own (disjoint from the lanes' and registers'), the others skip
+    // them in a branch that no warp diverges on (wgmma's accumulator: one warp in four).
+    int64_t columnWarpBits = 0, seen = 0;
+    bool warpsBySingleBits = disjoint;
+    for (size_t i = 0; i < l.warpBases().size(); ++i)
+      if (const int64_t c = l.warpBases()[i][1]; c != 0) {
+        warpsBySingleBits = warpsBySingleBits && (c & (c - 1)) == 0 && (seen & c) == 0;
+        seen |= c;
+        columnWarpBits |= int64_t(1) << i;
+      }
+    llvm::Value* holdsColumn0 = warpsBySingleBits && columnWarpBits != 0
+                                    ? b.CreateICmpEQ(b.CreateAnd(warp, i32(columnWarpBits)), i32(0))
+                                    : nullptr;
+    onlyWhere(holdsColumn0, "bulk.addresses", [&] {
+      for (int64_t r = 0; r < l.numRegisters(); ++r) {
+        if (!threadColumns.count(l.regCoord(r)[1])) continue;
+        const std::vector<llvm::Value*> c = coordinate(l, r);
+        llvm::Value* address = b.CreatePtrToInt(ptrs[size_t(r)], b.getInt64Ty());
+        if (mask) address = b.CreateSelect((*mask)[size_t(r)], address, b.getInt64(0));
+        llvm::Value* slot = b.CreateSelect(b.CreateICmpEQ(c[1], i32(0)), b.CreateAdd(i32(addressesAt), b.CreateMul(c[0], i32(8))),
+                                           b.CreateAdd(i32(dumpAt), b.CreateMul(tid, i32(8))));
+        b.CreateAlignedStore(address, b.CreateGEP(b.getInt8Ty(), sharedBase, slot), llvm::Align(8));
+      }
+    });
   });
   asmStatement("fence.proxy.async.shared::cta;");
   barrier();
