@@ -89,10 +89,7 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
       for (int64_t c : threadColumns) more.insert(c ^ basis[1]);
       threadColumns = std::move(more);
     }
-  // Registers 2k and 2k + 1 as one 8-byte store: when they are neighbouring columns and every
-  // thread's own column part is even.
-  const bool pairs = l.numRegisters() >= 2 && l.regCoord(1) == Layout::Coord{0, 1} &&
-                     std::all_of(threadColumns.begin(), threadColumns.end(), [](int64_t c) { return c % 2 == 0; });
+  const bool pairs = bulkStoresPaired(l);  // registers 2k and 2k + 1 as one 8-byte store
   // When the registers' and the threads' coordinate bits are disjoint (as in mma and wgmma
   // layouts), XOR is addition: one thread offset plus a constant per register, which PTX takes as
   // an immediate (no address register per store).

@@ -57,9 +57,59 @@ int64_t countOps(const Op& op) {
 
 bool addsRowsInBulk(const Op& atomic) { return atomic.hasAttr("bulk_rows") && atomic.intAttr("bulk_rows") != 0; }
 
+bool bulkStoresPaired(const ir::Layout& l) {
+  if (l.numRegisters() < 2 || l.regCoord(1) != ir::Layout::Coord{0, 1}) return false;
+  // Every thread's own column part even: the lanes' and warps' column bits are all even.
+  for (const ir::Layout::Bases* bases : {&l.laneBases(), &l.warpBases()})
+    for (const auto& basis : *bases)
+      if (basis[1] % 2 != 0) return false;
+  return true;
+}
+
+namespace {
+// Shared-memory wavefronts of one warp's stores of the tile in `l` into rows of `strideWords`
+// 4-byte words: per store instruction, the lanes go in phases of 128 bytes (32 lanes of 4 bytes, 16
+// of 8), and a phase takes as many wavefronts as the most distinct words one of the 32 banks holds.
+int64_t bulkStagingWavefronts(const ir::Layout& l, int64_t strideWords, bool pairs) {
+  const int64_t words = pairs ? 2 : 1, lanesPerPhase = 32 / words;
+  int64_t total = 0;
+  for (int64_t r = 0; r < l.numRegisters(); r += words)
+    for (int64_t first = 0; first < 32; first += lanesPerPhase) {
+      std::map<int64_t, std::set<int64_t>> byBank;
+      for (int64_t lane = first; lane < first + lanesPerPhase; ++lane) {
+        const ir::Layout::Coord c = l.apply(r, lane, 0);
+        for (int64_t w = 0; w < words; ++w) {
+          const int64_t word = c[0] * strideWords + c[1] + w;
+          byBank[word % 32].insert(word);
+        }
+      }
+      size_t most = 0;
+      for (const auto& [bank, distinct] : byBank) most = std::max(most, distinct.size());
+      total += int64_t(most);
+    }
+  return total;
+}
+}  // namespace
+
 int64_t bulkRowStride(const Op& atomic) {
   const ir::Type& t = atomic.operand(0)->type();
-  return t.shape().back() * ir::byteWidth(t.pointee()) + 32;
+  const int64_t rowBytes = t.shape().back() * ir::byteWidth(t.pointee());
+  if (!t.hasLayout()) return rowBytes + 32;
+  // The pad (a multiple of the engine's 16 bytes) that leaves the owners' stores the fewest bank
+  // conflicts; the smallest such. wgmma's accumulator stored row by row wants 32 bytes, the same
+  // transposed (the specialized atomic dQ: lanes along rows 0, 2, 4, 6) 16: at 32 its rows 0 and 4
+  // meet in the same banks, two wavefronts a store instead of one.
+  const ir::Layout& l = *t.layout();
+  const bool pairs = bulkStoresPaired(l);
+  int64_t best = 0, bestWavefronts = -1;
+  for (int64_t pad = 0; pad < 128; pad += 16) {
+    const int64_t wavefronts = bulkStagingWavefronts(l, (rowBytes + pad) / 4, pairs);
+    if (bestWavefronts < 0 || wavefronts < bestWavefronts) {
+      best = pad;
+      bestWavefronts = wavefronts;
+    }
+  }
+  return rowBytes + best;
 }
 
 int64_t dotScratchBOffset(const Op& dot) { return alignUp(tileBytes(dot.operand(0)), kAlign); }

@@ -39,9 +39,11 @@
 //                   base). The one thread that added an element writes its old
 //                   value there and every holder reads it back.
 //   atomic_add      with `bulk_rows` (codegen/passes/BulkReduce.cpp; tile [R, W] of f32):
-//                   R rows of bulkRowStride(op) = W * 4 + 32 bytes (row r at base + r *
-//                   bulkRowStride, row-major within; the 32-byte pad keeps the stores of an mma
-//                   or wgmma accumulator layout free of bank conflicts), then R row addresses of
+//                   R rows of bulkRowStride(op) = W * 4 + pad bytes (row r at base + r *
+//                   bulkRowStride, row-major within; the pad, a multiple of 16 bytes below 128,
+//                   is the smallest that gives the stores of the op's layout the fewest bank
+//                   conflicts: 32 for an mma or wgmma accumulator, 16 for wgmma's transposed),
+//                   then R row addresses of
 //                   8 bytes (the global address of the row's first element, 0 for a row the mask
 //                   leaves out), then one 8-byte slot per thread that takes the address stores of
 //                   registers that are not in column 0 (branch-free stores). The bulk copies read
@@ -109,6 +111,9 @@ int64_t sharedSlotBytes(const ir::Type& buffer);
 bool atomicOldValuesShared(const ir::Op& atomic);
 // Whether an atomic_add carries `bulk_rows = 1` (codegen/passes/BulkReduce.cpp).
 bool addsRowsInBulk(const ir::Op& atomic);
+// Whether a bulk_rows atomic_add of a tile in `l` stores registers 2k and 2k + 1 as one 8-byte
+// store: they are neighbouring columns and every thread's own column part is even.
+bool bulkStoresPaired(const ir::Layout& l);
 // Bytes between rows of a bulk_rows atomic_add's staged tile.
 int64_t bulkRowStride(const ir::Op& atomic);
 // Offset of operand i of a cluster_all_gather from the op's scratch base.

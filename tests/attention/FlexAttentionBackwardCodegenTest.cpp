@@ -184,6 +184,8 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   ASSERT_EQ(separate.kernelNames[1], atomic.kernelNames[1]);  // both dkdv
   const int staging = 64 * (128 * 4 + 32) + 64 * 8 + 128 * 8, dsConversion = 64 * 64 * 2;
   EXPECT_LE(atomic.compiled[1]->sharedBytes, separate.compiled[1]->sharedBytes + staging + dsConversion + 512);
+  // The row-major accumulator's rows 512 + 32 bytes apart: its stores meet no bank twice.
+  EXPECT_GE(count(atomic.compiled[1]->ptx, "mad\\.lo\\.s32[^\\n]*, 544, "), 1);
 }
 
 // Atomic dQ in the specialized dkdv (opt-in: FLEXTILE_TMA_IN_STAGING_LOOPS=1, so that its TMA rings
@@ -208,6 +210,12 @@ TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
   EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,128\\]"), 2) << "K and V resident, once each";
   EXPECT_EQ(count(dkdv.ir, "local_alloc : smem<1 x bf16\\[128,64\\]"), 1) << "dSᵀ's staging buffer";
   EXPECT_EQ(count(dkdv.ir, "bulk_rows = 1"), 1);
+  // Regression (H100, 2026-12-07: 79 million shared-memory bank conflicts in one launch, 29 times the
+  // separate dkdv's): dQ's rows, the transposed accumulator with lanes along rows 0, 2, 4 and 6, are
+  // staged 512 + 16 bytes apart; the 32-byte pad of the row-major accumulator put rows 0 and 4 in the
+  // same banks.
+  EXPECT_GE(count(dkdv.ptx, "mad\\.lo\\.s32[^\\n]*, 528, "), 1);
+  EXPECT_EQ(count(dkdv.ptx, ", 544, "), 0);
   if (codegen::findPtxas()) {
     EXPECT_NO_THROW(codegen::runPtxas(dkdv.ptx, target));
   }
