@@ -27,8 +27,9 @@
 // when this thread's element of that register is not in column 0, into the thread's own dump
 // slot, which keeps the stores free of branches (codegen/SharedMemory.h has the layout). Then
 // `fence.proxy.async.shared::cta` (the engine reads through the async proxy) and a barrier;
-// thread r adds row r with `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` when its
-// address is not 0, and every thread commits its group. The op does not wait for the engine's
+// lane r / W of warp r % W (W warps) adds row r with
+// `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` when its address is not 0, and
+// every thread commits its group. The op does not wait for the engine's
 // reads: that wait (`cp.async.bulk.wait_group.read 0`) opens the op's next execution, before its
 // barrier, and closes the kernel (every return), and the planner keeps the rows' bytes the op's
 // own in between (codegen/SharedMemory.h). So the reads overlap whatever follows the op — in the
@@ -163,8 +164,12 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
   llvm::Value* smem = b.CreatePtrToInt(sharedBase, b.getInt32Ty());
   const std::string reduce = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], " +
                              std::to_string(width * 4) + ";";
+  // Row first + lane * warps + warp: every warp issues an equal share. ptxas issues a warp's bulk
+  // ops one lane at a time, so rows by thread id (warps 0 and 1 issuing all 64 of dQ's) left the
+  // other warpgroup waiting at the next barrier (ncu, H100: 11 % of the specialized dkdv's samples).
+  llvm::Value* spread = b.CreateAdd(b.CreateMul(lane, i32(func.numWarps())), warp);
   for (int64_t first = 0; first < rows; first += threads) {
-    llvm::Value* row = b.CreateAdd(tid, i32(first));
+    llvm::Value* row = b.CreateAdd(spread, i32(first));
     llvm::Value* inRange = rows - first >= threads ? nullptr : b.CreateICmpULT(row, i32(rows));
     onlyWhere(inRange, "bulk.row", [&] {
       llvm::Value* address = b.CreateAlignedLoad(b.getInt64Ty(), byteAt(addressesAt, b.CreateMul(row, i32(8))), llvm::Align(8));

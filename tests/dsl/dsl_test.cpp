@@ -494,7 +494,7 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
         built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot}, warps}, {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)},
                                          target));
         const bool bulk = target.has(codegen::Feature::BulkReduce);
-        // Thread r issues row r: a program of fewer threads than rows goes round twice.
+        // Each thread issues at most one row a round: a program of fewer threads than rows goes round twice.
         EXPECT_EQ(count(built.back()->ptx, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
                   bulk ? cdiv(BM, 32 * warps) : 0);
         // The engine's reads are waited for before the op writes its rows again and at the return.
