@@ -70,10 +70,14 @@ FlexAttentionBackwardConfig defaultFlexAttentionBackwardConfig(DType dtype, int6
   const bool hopperAsync = target && target->has(codegen::Feature::SetMaxNReg) &&
                            target->has(codegen::Feature::TensorMemoryAccelerator) &&
                            target->has(codegen::Feature::Wgmma);
-  // Atomic dQ sums each step's dQ rows with bulk reductions from the unspecialized dkdv (measured
-  // so); the specialized one would add them element by element.
-  const bool dkdvSpecialized = hopperAsync && headDim >= 64 && dq != DqAccumulation::Atomic &&
-                               codegen::offlineAssembly() != codegen::OfflineAssembly::Never;
+  // Atomic dQ (FlashAttention-3's five products) takes the specialized dkdv only where all five run
+  // on wgmma, 128 tile columns of Q and V (narrower ones leave dQᵀ's rows to mma.sync and spill
+  // 324-840 bytes): 1.6× its one-warpgroup dkdv on an H100 (391 against 240 TFLOP/s without a
+  // mask, 365 against 232 causal, 2026-12-07, bench/RESULTS.md).
+  const bool atomicDq = dq == DqAccumulation::Atomic;
+  const bool dkdvSpecialized =
+      hopperAsync && headDim >= 64 && codegen::offlineAssembly() != codegen::OfflineAssembly::Never &&
+      (!atomicDq || (detail::tileColumns(qHeadDim) == 128 && detail::tileColumns(vHeadDim) == 128));
   // Past D = 128, 16-bit, on wgmma: dkdv 64 keys × 64 queries on 8 warps, two warpgroups each
   // holding half of dK's and dV's columns (Layout::wgmmaAccumulator), fed by a producer warpgroup
   // where the offline ptxas assembles it; dq 128 queries on two consumer warpgroups and a producer
@@ -294,6 +298,10 @@ void setGradKernelAttributes(ir::Function& f, const GradConstants& k) {
   f.attrs()["reassociate"] = int64_t(1);  // fold-scales: the scale and log2e meet the mod's factors
   if (k.warpSpecialize) f.attrs()["warp_specialize"] = int64_t(1);  // a producer warpgroup issues them
   if (k.pingpong) f.attrs()["pingpong"] = int64_t(1);  // the consumers take turns issuing products
+  // The specialized atomic dQ's walks also wait for the consumers (dSᵀ's staging); they keep TMA
+  // rings fed by the producer (codegen/Passes.h, tmaInStagingLoopsWanted), as checked on the GPU by
+  // FlexAttentionBackwardGpuSchedule.SpecializedAtomicDq/*.
+  if (k.atomicDq && k.warpSpecialize) f.attrs()["tma_in_staging_loops"] = int64_t(1);
   // The full and partial walks share one set of TMA rings (pipeline pass, shared rings): the
   // producer issues the partial walk's first stages as the full walk's last slots free, with no
   // CTA barrier between. Three A/Bs on the H200 (2026-12-04): causal +1.7 to +4.8 %, window +2.9

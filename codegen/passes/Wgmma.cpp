@@ -87,7 +87,7 @@ struct WaitWriter {
         const bool all = op->kind() == OpKind::For || op->kind() == OpKind::Yield || op->kind() == OpKind::Return ||
                          op->kind() == OpKind::Fence || op->kind() == OpKind::MbarrierArrive ||
                          op->kind() == OpKind::MbarrierInit || op->kind() == OpKind::MbarrierInval ||
-                         !op->regions().empty() || (scratchBytes(*op) > 0 && !ownsScratchForTheKernel(*op));
+                         !op->regions().empty() || (!ownsScratchForTheKernel(*op) && scratchBytes(*op) > 0);
         int64_t needed = all ? issued : 0;
         for (const ir::Value* v : op->operands())
           for (const PendingGroup& p : pending)

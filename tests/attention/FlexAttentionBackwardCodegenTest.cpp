@@ -221,6 +221,34 @@ TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
   }
 }
 
+// The atomic dQ's default at D = 128 is the specialized dkdv with TMA rings in its staging loops,
+// without the environment switch the opt-in needed: the same kernel as the explicit config with
+// FLEXTILE_TMA_IN_STAGING_LOOPS=1 (the kernel SpecializedAtomicDq/* checks on the GPU).
+TEST(FlexAttentionBackwardCodegen, AtomicDqDefaultsToTheSpecializedDkdvAtD128) {
+  if (codegen::offlineAssembly() == codegen::OfflineAssembly::Never)
+    GTEST_SKIP() << "no offline ptxas: the specialized dkdv is not the default";
+  const auto target = codegen::Target::sm90a();
+  const int64_t B = 1, H = 2, L = 1024, D = 128;
+  Tensor q = Tensor::empty(DType::BF16, {B, H, L, D}, MemorySpace::Host);
+  Tensor lse = Tensor::empty(DType::F32, {B, H, L}, MemorySpace::Host);
+  for (const char* name : {"full", "causal"}) {
+    VariantInstance inst = variant(name).make({B, H, L, L, MemorySpace::Host, BlockSizes{}, 1});
+    FlexAttentionBackwardOptions byDefault;
+    byDefault.dq_accumulation = DqAccumulation::Atomic;
+    auto plan = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, byDefault, target);
+    ASSERT_EQ(plan.config.dkdv, (FlexAttentionConfig{64, 128, 8, 2, WarpSpecialization::On})) << plan.config.describe();
+    const codegen::CompiledKernel& dkdv = *plan.compiled[1];
+    EXPECT_EQ(dkdv.producerWarps, 4) << name;
+    EXPECT_EQ(count(dkdv.ptx, "mma\\.sync"), 0) << name;
+    EXPECT_GE(count(dkdv.ptx, "cp\\.async\\.bulk\\.tensor"), 1) << name << ": the walks' rings are TMA ones";
+    flextile::testing::ScopedSetenv staging("FLEXTILE_TMA_IN_STAGING_LOOPS", "1");
+    FlexAttentionBackwardOptions optIn{.config = plan.config};
+    optIn.dq_accumulation = DqAccumulation::Atomic;
+    auto explicitPlan = plan_flex_attention_backward(q, q, q, q, lse, q, inst.score, inst.mask, optIn, target);
+    EXPECT_EQ(explicitPlan.compiled[1]->ptx, dkdv.ptx) << name;
+  }
+}
+
 // dkdv at D = 256 on two warpgroups of 64 keys each splitting N (Layout::wgmmaAccumulator): every
 // product on wgmma — Sᵀ and dPᵀ as m64n32 shares of the 64 queries, dK and dV as m64n128 shares of
 // the 256 columns — and dK's and dV's accumulators in registers without spills (one warpgroup of 64
@@ -337,9 +365,13 @@ TEST(FlexAttentionBackwardCodegen, DefaultDqIsSpecializedWhereItWasMeasuredToPay
   EXPECT_EQ(d128.dkdv, dkdv) << d128.describe();
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dq, (FlexAttentionConfig{64, 64, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 64, sm90a).dkdv, dkdv);
-  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Atomic).dkdv,
-            (FlexAttentionConfig{64, 64, 4, 2}))
-      << "atomic dQ keeps the dkdv its bulk reductions were measured with";
+  // Atomic dQ: the specialized dkdv where all five products run on wgmma (128 tile columns), else
+  // the one-warpgroup dkdv.
+  EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, sm90a, false, DqAccumulation::Atomic).dkdv, dkdv);
+  for (int64_t d : {64, 96})
+    EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, d, sm90a, false, DqAccumulation::Atomic).dkdv,
+              (FlexAttentionConfig{64, 64, 4, 2}))
+        << "D = " << d << ": dQᵀ's rows would leave wgmma";
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dkdv,
             (FlexAttentionConfig{16, 32, 4, 2}));
   EXPECT_EQ(defaultFlexAttentionBackwardConfig(DType::BF16, 128, codegen::Target::sm80()).dq.warp_specialize,
