@@ -135,7 +135,7 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
     }
     // The address stores only matter in the warps that can hold column 0: when the warps' column
     // bits are single bits of their own (disjoint from the lanes' and registers'), the others skip
-    // them in a branch that no warp diverges on (wgmma's accumulator: one warp in four).
+    // them in a branch that no warp diverges on (the specialized dkdv's dQ: one warp of eight stores).
     int64_t columnWarpBits = 0, seen = 0;
     bool warpsBySingleBits = disjoint;
     for (size_t i = 0; i < l.warpBases().size(); ++i)
@@ -153,7 +153,8 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
         const std::vector<llvm::Value*> c = coordinate(l, r);
         llvm::Value* address = b.CreatePtrToInt(ptrs[size_t(r)], b.getInt64Ty());
         if (mask) address = b.CreateSelect((*mask)[size_t(r)], address, b.getInt64(0));
-        llvm::Value* slot = b.CreateSelect(b.CreateICmpEQ(c[1], i32(0)), b.CreateAdd(i32(addressesAt), b.CreateMul(c[0], i32(8))),
+        llvm::Value* slot = b.CreateSelect(b.CreateICmpEQ(c[1], i32(0)),
+                                           b.CreateAdd(i32(addressesAt), b.CreateMul(c[0], i32(8))),
                                            b.CreateAdd(i32(dumpAt), b.CreateMul(tid, i32(8))));
         b.CreateAlignedStore(address, b.CreateGEP(b.getInt8Ty(), sharedBase, slot), llvm::Align(8));
       }

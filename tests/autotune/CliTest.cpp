@@ -152,7 +152,8 @@ TEST(Cli, CompileAtomicDqDkdv) {
   Result separate = run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--emit", "ir"});
   ASSERT_EQ(separate.status, 0) << separate.err;
   EXPECT_EQ(separate.out.find("atomic_add"), std::string::npos);
-  Result atomic = run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--atomic-dq", "--emit", "ir"});
+  Result atomic =
+      run({"compile", "causal", "--shape", "1,2,512,64", "--kernel", "dkdv", "--atomic-dq", "--emit", "ir"});
   ASSERT_EQ(atomic.status, 0) << atomic.err;
   EXPECT_NE(atomic.out.find("atomic_add"), std::string::npos) << atomic.out.substr(0, 600);
   for (const char* kernel : {"dq", "forward", "decode"}) {
