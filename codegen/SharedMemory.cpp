@@ -3,6 +3,7 @@
 #include "codegen/TensorCores.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <tuple>
 #include <vector>
@@ -75,17 +76,17 @@ int64_t bulkStagingWavefronts(const ir::Layout& l, int64_t strideWords, bool pai
   int64_t total = 0;
   for (int64_t r = 0; r < l.numRegisters(); r += words)
     for (int64_t first = 0; first < 32; first += lanesPerPhase) {
-      std::map<int64_t, std::set<int64_t>> byBank;
+      std::array<std::array<int64_t, 32>, 32> byBank;  // the distinct words of each bank (32 accesses a phase)
+      std::array<int64_t, 32> distinct{};
       for (int64_t lane = first; lane < first + lanesPerPhase; ++lane) {
         const ir::Layout::Coord c = l.apply(r, lane, 0);
         for (int64_t w = 0; w < words; ++w) {
-          const int64_t word = c[0] * strideWords + c[1] + w;
-          byBank[word % 32].insert(word);
+          const int64_t word = c[0] * strideWords + c[1] + w, bank = word % 32;
+          auto* end = byBank[size_t(bank)].begin() + distinct[size_t(bank)];
+          if (std::find(byBank[size_t(bank)].begin(), end, word) == end) *end = word, ++distinct[size_t(bank)];
         }
       }
-      size_t most = 0;
-      for (const auto& [bank, distinct] : byBank) most = std::max(most, distinct.size());
-      total += int64_t(most);
+      total += *std::max_element(distinct.begin(), distinct.end());
     }
   return total;
 }
