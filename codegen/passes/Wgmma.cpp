@@ -22,9 +22,9 @@
 //     Each group thus completes in the block that issued it (a loop's next iteration overwrites
 //     the ring slots its wgmmas read; a yield hands the accumulators to the next iteration), and
 //     no generic-proxy store or barrier of a scratch user runs while the async proxy still reads.
-//     A bulk_rows atomic_add is the exception: its bytes are its own for the kernel's whole life
-//     (codegen/SharedMemory.h), so no in-flight group reads them, and the backward's dK product
-//     stays in flight while dQ's rows are staged and sent.
+//     A bulk_rows atomic_add inside a loop is the exception: its bytes are its own from the
+//     outermost loop's start to the kernel's end (codegen/SharedMemory.h), so no in-flight group
+//     reads them, and the backward's dK product stays in flight while dQ's rows are staged and sent.
 //     The async level's copies, commits, waits, barriers and slot reads are not such ops: the
 //     pipeline's schedule writes only the slot the pending groups do not read.
 // Every use of a completed accumulator after the wait reads the wait's result, so independent
@@ -47,9 +47,13 @@ using ir::OpKind;
 
 namespace {
 
-// A bulk_rows atomic_add: its scratch overlaps no other buffer from the start of its outermost
-// loop to the kernel's end (SharedMemory.h).
-bool ownsScratchForTheKernel(const Op& op) { return op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op); }
+// A bulk_rows atomic_add inside a loop: its scratch overlaps no other buffer from the start of its
+// outermost loop to the kernel's end (SharedMemory.h), and every group issued before that loop
+// completed at the loop's `for`. (One outside loops may share bytes with a buffer whose last
+// reader, a product still in flight, comes before it: the rule drains those.)
+bool ownsScratchForTheKernel(const Op& op) {
+  return op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op) && op.parentBlock() && op.parentBlock()->parentOp();
+}
 
 struct PendingGroup {
   ir::Value* result;  // the accumulator in flight
