@@ -51,7 +51,7 @@ namespace {
 // outermost loop to the kernel's end (SharedMemory.h), and every group issued before that loop
 // completed at the loop's `for`. (One outside loops may share bytes with a buffer whose last
 // reader, a product still in flight, comes before it: the rule drains those.)
-bool ownsScratchForTheKernel(const Op& op) {
+bool bulkRowsInALoop(const Op& op) {
   return op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op) && op.parentBlock() && op.parentBlock()->parentOp();
 }
 
@@ -91,7 +91,7 @@ struct WaitWriter {
         const bool all = op->kind() == OpKind::For || op->kind() == OpKind::Yield || op->kind() == OpKind::Return ||
                          op->kind() == OpKind::Fence || op->kind() == OpKind::MbarrierArrive ||
                          op->kind() == OpKind::MbarrierInit || op->kind() == OpKind::MbarrierInval ||
-                         !op->regions().empty() || (!ownsScratchForTheKernel(*op) && scratchBytes(*op) > 0);
+                         !op->regions().empty() || (!bulkRowsInALoop(*op) && scratchBytes(*op) > 0);
         int64_t needed = all ? issued : 0;
         for (const ir::Value* v : op->operands())
           for (const PendingGroup& p : pending)

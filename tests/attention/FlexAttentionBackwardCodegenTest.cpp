@@ -188,8 +188,9 @@ TEST(FlexAttentionBackwardCodegen, AtomicDqKeepsOneResidentCopyOfK) {
   EXPECT_GE(count(atomic.compiled[1]->ptx, "mad\\.lo\\.s32[^\\n]*, 544, "), 1);
 }
 
-// Atomic dQ in the specialized dkdv (opt-in: FLEXTILE_TMA_IN_STAGING_LOOPS=1, so that its TMA rings
-// and producer warpgroup stay beside the staging of dSᵀ): all five products on wgmma, dQᵀ = Kᵀ dSᵀ
+// Atomic dQ in the specialized dkdv (TMA rings and a producer warpgroup beside the staging of dSᵀ:
+// FLEXTILE_TMA_IN_STAGING_LOOPS=1 here, the kernel's own attribute by default, as the next test
+// checks): all five products on wgmma, dQᵀ = Kᵀ dSᵀ
 // reading Kᵀ M-major (imm-trans-a) from the one buffer K·Qᵀ reads K from, and dSᵀ from a one-slot
 // buffer stored every step; its rows go out by bulk reductions.
 TEST(FlexAttentionBackwardCodegen, SpecializedAtomicDqRunsEveryProductOnWgmma) {
