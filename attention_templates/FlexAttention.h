@@ -170,6 +170,13 @@ inline constexpr int kTimelineStart = 0, kTimelineWalked = 1, kTimelineReleased 
 struct FlexAttentionOptions {
   std::optional<double> scale;                // default 1 / sqrt(D)
   bool return_lse = false;
+  // The largest score of each query row over its allowed keys, after score_mod (natural units, the
+  // scale applied; -inf for a row with no allowed key), as PyTorch's AuxRequest(max_scores=True):
+  // what QK-clip watches per head. flex_attention allocates it ([B, Hq, L] f32, q's memory space)
+  // into FlexAttentionResult::max_scores; the _into forms write `max_scores` below instead.
+  bool return_max_scores = false;
+  // The _into forms' max-scores output, [B, Hq, L] f32 contiguous in q's memory space; empty: none.
+  std::optional<dsl::Tensor> max_scores;
   std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
   AttentionTemplate kernel = AttentionTemplate::Auto;
   std::optional<FlexDecodeConfig> decode_config;  // the decode template's; default defaultFlexDecodeConfig
@@ -237,6 +244,7 @@ FlexAttentionProblem flexAttentionProblem(const dsl::Tensor& q, const dsl::Tenso
 struct FlexAttentionResult {
   dsl::Tensor out;  // [B, Hq, L, D], q's dtype, contiguous, q's memory space
   dsl::Tensor lse;  // [B, Hq, L] f32 (natural log) when return_lse, else empty
+  dsl::Tensor max_scores;  // [B, Hq, L] f32 when return_max_scores, else empty
 };
 
 FlexAttentionResult flex_attention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,

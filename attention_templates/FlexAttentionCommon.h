@@ -193,6 +193,10 @@ dsl::Tile launchIndex();
 // no live score, whose lse is -inf): m + log2 l, the partials' lse that the merges fold, or with
 // `natural` that times ln 2, the lse a caller gets.
 dsl::Tile rowLse(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& empty, bool natural);
+// A row's largest score in natural units (FlexAttentionOptions::return_max_scores) from its running
+// max `m` in the exp2 domain (always scaled, even where the walk scales after the max); -inf where
+// `empty`.
+dsl::Tile rowMaxScore(const dsl::Tile& m, const dsl::Tile& empty);
 
 // One round of an exact merge of partial results by the online-softmax rule, as the decode
 // template's splits and the forward's last-round pieces are merged: the running row max `m` and sum

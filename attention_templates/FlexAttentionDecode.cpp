@@ -184,7 +184,7 @@ struct DecodeParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale),
-                           (P<I64Ptr>, timeline));
+                           (P<I64Ptr>, timeline), (P<F32Ptr>, max_scores), (P<F32Ptr>, part_max));
 };
 
 struct DecodeConstants {
@@ -194,7 +194,8 @@ struct DecodeConstants {
                            (int64_t, QBS), (int64_t, perSequenceOffsets), (int64_t, PPSM),
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
-                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, DV), (int64_t, DVP));
+                           (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, DV), (int64_t, DVP),
+                           (int64_t, hasMaxScores));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -229,9 +230,12 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     const Shape byRowAndD{MC, k.DVP};
     Tile m0 = full(byRowAndD, -INFINITY, DType::F32), l0 = zeros(byRowAndD, DType::F32), a0 = zeros(byRowAndD, DType::F32);
     Tile rounds = (splits + (perRound - 1)) / perRound;
-    auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
+    // (With max scores the splits' maxima ride along, [MC, DP] as the lses are; -inf where none.)
+    std::vector<Tile> st{m0, l0, a0};
+    if (k.hasMaxScores) st.push_back(full(byRowAndD, -INFINITY, DType::F32));
+    st = for_range(0, rounds, 1, st, [&](Tile round, const std::vector<Tile>& c) {
       // Every load of the round first (independent of each other and of the fold), then the fold.
-      std::vector<Tile> lse, part;
+      std::vector<Tile> lse, part, best;
       for (int64_t u = 0; u < perRound; ++u) {
         Tile s = round * perRound + u;
         // Past the last split or the real rows: lse -inf, weight 0, nothing read.
@@ -239,9 +243,19 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         Tile slot = firstSlot + s.to(DType::I64);
         lse.push_back(load(p.part_lse + slot.expand(1).broadcast_to(byRowAndD), live.expand(1), -INFINITY));
         part.push_back(load(p.part_out + (slot.expand(1) * k.DVP + offsD.expand(0)), live.expand(1), 0.0));
+        if (k.hasMaxScores)
+          best.push_back(load(p.part_max + slot.expand(1).broadcast_to(byRowAndD), live.expand(1), -INFINITY));
       }
-      return detail::foldPartials(mi, li, ai, lse, part);
+      auto [mn, ln, an] = detail::foldPartials(c[0], c[1], c[2], lse, part);
+      std::vector<Tile> next{mn, ln, an};
+      if (k.hasMaxScores) {
+        Tile top = c[3];
+        for (const Tile& x : best) top = maximum(top, x);
+        next.push_back(top);
+      }
+      return next;
     });
+    const Tile m = st[0], l = st[1], acc = st[2];
     Tile empty = l == 0.0;
     Tile out = acc * (1.0 / where(empty, 1.0, l));
     Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
@@ -250,6 +264,9 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
     store(p.out + (oRows.expand(1) + offsD.expand(0)), out.to(dt), oMask);
     if (k.hasLse)  // one store a row: column 0's
       store(p.lse + rowId.to(DType::I64).expand(1).broadcast_to(byRowAndD), detail::rowLse(m, l, empty, /*natural=*/true),
+            rowLive.expand(1) & (offsD == 0).expand(0));
+    if (k.hasMaxScores)  // (already natural: each split's is)
+      store(p.max_scores + rowId.to(DType::I64).expand(1).broadcast_to(byRowAndD), st[3],
             rowLive.expand(1) & (offsD == 0).expand(0));
   });
 }
@@ -484,6 +501,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile slot = rowId.to(DType::I64) * count + index;
     store(p.part_out + (slot.expand(1) * k.DVP + offsDV.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
+    if (k.hasMaxScores) store(p.part_max + slot, detail::rowMaxScore(pm, pNone), rowLive);
     // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
     // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
     // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
@@ -548,6 +566,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
   }
+  if (k.hasMaxScores) store(p.max_scores + rowId.to(DType::I64), detail::rowMaxScore(m, empty), rowLive);
   storeTimeline();
 }
 
@@ -691,6 +710,7 @@ struct DecodePrepared {
   bool warpSpecialized = false;    // decodeWarpSpecialized
   int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
   std::optional<Tensor> timeline;  // options.decode_timeline, checked
+  std::optional<Tensor> maxScores;  // options.max_scores
   DecodeSwitches switches;
 };
 
@@ -733,8 +753,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
 constexpr int64_t kMaxClusterSize = 8;
 bool clusterMergeWanted(const DecodePrepared& p) {
   const LoopSchedule asked = p.config.cluster_merge;
-  return p.clustersAvailable &&
-         p.switches.clusterMerge.value_or(asked == LoopSchedule::On);
+  // (Not with max scores: a cluster's fold carries lses and outputs only.)
+  return p.clustersAvailable && !p.maxScores && p.switches.clusterMerge.value_or(asked == LoopSchedule::On);
 }
 int64_t clusterMergeSize(const DecodePrepared& p) {
   const int64_t splits = p.config.splits;
@@ -793,6 +813,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   const char* me = "flex_attention (decode)";
   auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
   p.switches = DecodeSwitches::read();
+  p.maxScores = options.max_scores;  // (checked with the outputs by flex_attention_into)
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
@@ -947,7 +968,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          // A/B of 2026-12-05: +0.8-1.7 % on the window and B = 1, bench/RESULTS.md).
                          p.switches.acqRelTicket.value_or(true),
                          p.DV,
-                         detail::paddedHeadDim(p.DV)};
+                         detail::paddedHeadDim(p.DV),
+                         p.maxScores.has_value()};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -977,9 +999,10 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   const int64_t DP = constants.DVP;  // a partial's row: v's head dim
   const int64_t rows = p.B * p.Hq * p.L;
   const bool split = constants.split && (!constants.clusterMerge || constants.clusterTickets);  // partials in global memory
-  Tensor partOut, partLse, counters;
+  Tensor partOut, partLse, partMax, counters;
   if (split) {
     const int64_t outElems = rows * c.splits * DP, lseElems = rows * c.splits;
+    if (p.maxScores) partMax = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems + lseElems, {lseElems});
     partLse = detail::f32Scratch<PartialsSlot>(p.space, p.stream, outElems, {lseElems});  // the far end first
     partOut = detail::f32Scratch<PartialsSlot>(p.space, p.stream, 0, {outElems});
     counters = mergeCounters(p.space, p.stream, p.B * (p.Hq / p.HP));
@@ -1020,7 +1043,8 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
             .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
             .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2],
             .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq, .scale = scale,
-            .timeline = p.timeline ? *p.timeline : anyF32},  // written only with a timeline
+            .timeline = p.timeline ? *p.timeline : anyF32,  // written only with a timeline
+            .max_scores = p.maxScores ? *p.maxScores : anyF32, .part_max = partMax.defined() ? partMax : anyF32},
            kernel.name())});
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());

@@ -417,7 +417,7 @@ struct ForwardParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles), (P<F32Ptr>, part_out),
-                           (P<F32Ptr>, part_lse), (P<I32>, tile_steps));
+                           (P<F32Ptr>, part_lse), (P<I32>, tile_steps), (P<F32Ptr>, max_scores));
 };
 
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
@@ -428,7 +428,7 @@ struct ForwardConstants {
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
                            (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS),
-                           (int64_t, DVS), (int64_t, qUnpipelined));
+                           (int64_t, DVS), (int64_t, qUnpipelined), (int64_t, hasMaxScores));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -793,6 +793,14 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       else
         store(lsePtrs, lse, rowLive);
     }
+    if (k.hasMaxScores) {
+      Tile best = detail::rowMaxScore(m, empty);
+      Tile bestPtrs = p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM);
+      if (k.qDivisible)
+        store(bestPtrs, best);
+      else
+        store(bestPtrs, best, rowLive);
+    }
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
@@ -939,6 +947,7 @@ struct Prepared {
   runtime::Stream* stream = nullptr;   // options.stream
   int64_t programs = 0;                // the persistent grid (constants.persistent): a program per SM
   int64_t tileSteps = 0;               // uniformTileSteps, read once (a user's mask is scanned for it)
+  std::optional<Tensor> maxScores;     // options.max_scores (constants.hasMaxScores)
 };
 
 int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
@@ -1087,7 +1096,8 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     p.programs = sms > 0 ? sms : 3;
     p.tileSteps = uniformTileSteps(p);
-    p.constants.splitLastRound = lastRoundSplits(p);
+    // (The pieces' partials carry no max score: a call that asks for them runs whole tiles.)
+    p.constants.splitLastRound = !p.constants.hasMaxScores && lastRoundSplits(p);
   }
   // The tiles handed out heaviest first (BlockMask::heaviestTilesFirst, uploaded once a mask and
   // shape): FLEXTILE_TILE_ORDER=1, opt-in until timed. A model of the document yardstick's grid
@@ -1182,6 +1192,8 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
                                  mask.mayHavePartialBlocks()};
   p.constants.DV = p.DV;
   p.constants.DVP = detail::paddedHeadDim(p.DV);
+  p.maxScores = options.max_scores;
+  p.constants.hasMaxScores = p.maxScores.has_value();
   p.constants.DS = detail::headDimSplit(p.D);
   // V's split only where its second chunk is 64 columns or more: P·V a product a chunk, each a
   // wgmma per 16 keys, and on a 32-column chunk that cost more than the quarter of the work it saved
@@ -1277,7 +1289,8 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
        .scale = scale, .tiles = forwardTiles(p), .part_out = split ? partOut : lists.kvNum,
-       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? p.tileSteps : 0},
+       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? p.tileSteps : 0,
+       .max_scores = p.maxScores ? *p.maxScores : lists.kvNum},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
@@ -1432,6 +1445,8 @@ Tile rowLse(const Tile& m, const Tile& l, const Tile& empty, bool natural) {
   return where(empty, -INFINITY, natural ? log2Lse * std::numbers::ln2 : log2Lse);
 }
 
+Tile rowMaxScore(const Tile& m, const Tile& empty) { return where(empty, -INFINITY, m * std::numbers::ln2); }
+
 std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
                                           const std::vector<Tile>& part) {
   auto perRow = [&](const Tile& x) { return x.shape().size() == acc.shape().size() ? x : x.expand(1); };
@@ -1522,7 +1537,8 @@ bool usesDecodeTemplate(const Tensor& q, const FlexAttentionOptions& options) {
 
 namespace {
 // out is [B, Hq, L, DV]: v's head dim `valueDim`.
-void expectOutputs(const Tensor& q, int64_t valueDim, const Tensor& out, const Tensor* lse) {
+void expectOutputs(const Tensor& q, int64_t valueDim, const Tensor& out, const Tensor* lse,
+                   const std::optional<Tensor>& maxScores) {
   // Checked on every call: nothing is allocated unless a check fails.
   expectRank4("q", q);
   // out is written through the same i32 strides and row offsets as q is read.
@@ -1540,6 +1556,15 @@ void expectOutputs(const Tensor& q, int64_t valueDim, const Tensor& out, const T
       lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
     if (!lse->isContiguous() || lse->space() != q.space())
       throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
+  }
+  if (maxScores) {
+    const Shape& s = maxScores->shape();
+    if (!maxScores->defined() || maxScores->dtype() != DType::F32 || s.size() != 3 || s[0] != B || s[1] != Hq ||
+        s[2] != L)
+      maxScores->expect("flex_attention: max_scores", DType::F32, {B, Hq, L});
+    if (!maxScores->isContiguous() || maxScores->space() != q.space())
+      throw Error("flex_attention: max_scores must be contiguous and in q's memory space, got " +
+                  maxScores->describe());
   }
 }
 
@@ -1570,13 +1595,33 @@ FlexAttentionPlan makePlan(const Prepared& p, const Tensor& q, const Tensor& k, 
   }
   return plan;
 }
+// An _into call's options: what it writes is what it was given.
+FlexAttentionOptions intoOptions(const FlexAttentionOptions& options, const Tensor* lse) {
+  if (options.return_max_scores && !options.max_scores)
+    throw Error("flex_attention_into: return_max_scores needs the output to write: give options.max_scores "
+                "([B, Hq, L] f32)");
+  FlexAttentionOptions o = options;
+  o.return_lse = lse != nullptr;
+  return o;
+}
+
+// The options of an allocating call: with return_max_scores, r.max_scores allocated and written.
+FlexAttentionOptions withMaxScores(const Tensor& q, const FlexAttentionOptions& options, FlexAttentionResult& r) {
+  FlexAttentionOptions o = options;
+  if (options.return_max_scores) {
+    r.max_scores = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
+    o.max_scores = r.max_scores;
+  }
+  return o;
+}
+
 // Runs `decode` (the decode template) when the call chooses it and returns true; otherwise refuses a
 // query_offset, which the prefill template does not take.
 template <class Decode>
 bool decodeIfChosen(const Tensor& q, int64_t valueDim, Tensor& out, Tensor* lse, const FlexAttentionOptions& o,
                     Decode&& decode) {
   if (detail::usesDecodeTemplate(q, o)) {
-    expectOutputs(q, valueDim, out, lse);
+    expectOutputs(q, valueDim, out, lse, o.max_scores);
     decode();
     return true;
   }
@@ -1590,13 +1635,12 @@ bool decodeIfChosen(const Tensor& q, int64_t valueDim, Tensor& out, Tensor* lse,
 void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreMod& scoreMod,
                          const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                          const FlexAttentionOptions& options) {
-  FlexAttentionOptions o = options;
-  o.return_lse = lse != nullptr;
+  FlexAttentionOptions o = intoOptions(options, lse);
   if (decodeIfChosen(q, v.rank() == 4 ? v.size(3) : 0, out, lse, o,
                      [&] { detail::flexDecodeInto(q, k, v, scoreMod, blockMask, out, lse, o); }))
     return;
   Prepared p = prepare(q, k, v, scoreMod, blockMask, o);
-  expectOutputs(q, p.DV, out, lse);
+  expectOutputs(q, p.DV, out, lse, o.max_scores);
   Kernel& kernel = forwardKernel(p, scoreMod);
   runInOrder(forwardLaunches(p, kernel, q, k, v, out, lse), p.space, p.stream);
 }
@@ -1604,13 +1648,12 @@ void flex_attention_into(const Tensor& q, const Tensor& k, const Tensor& v, cons
 void flex_attention_into(const Tensor& q, const PagedKV& kv, const ScoreMod& scoreMod,
                          const std::optional<BlockMask>& blockMask, Tensor& out, Tensor* lse,
                          const FlexAttentionOptions& options) {
-  FlexAttentionOptions o = options;
-  o.return_lse = lse != nullptr;
+  FlexAttentionOptions o = intoOptions(options, lse);
   if (decodeIfChosen(q, kv.valueHeadDim(), out, lse, o,
                      [&] { detail::flexDecodeInto(q, kv, scoreMod, blockMask, out, lse, o); }))
     return;
   Prepared p = preparePaged(q, kv, scoreMod, blockMask, o);
-  expectOutputs(q, p.DV, out, lse);
+  expectOutputs(q, p.DV, out, lse, o.max_scores);
   Kernel& kernel = forwardKernel(p, scoreMod);
   runInOrder({{&kernel, launchOptions(p), arguments(p, kernel, q, kv.k, kv.v, out, lse)}}, p.space, p.stream);
 }
@@ -1622,7 +1665,8 @@ FlexAttentionResult flex_attention(const Tensor& q, const PagedKV& kv, const Sco
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), {q.size(0), q.size(1), q.size(2), kv.valueHeadDim()}, q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
-  flex_attention_into(q, kv, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
+  flex_attention_into(q, kv, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr,
+                      withMaxScores(q, options, r));
   return r;
 }
 
@@ -1641,7 +1685,8 @@ FlexAttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tenso
   FlexAttentionResult r;
   r.out = Tensor::empty(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)}, q.space());
   if (options.return_lse) r.lse = Tensor::empty(DType::F32, {q.size(0), q.size(1), q.size(2)}, q.space());
-  flex_attention_into(q, k, v, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr, options);
+  flex_attention_into(q, k, v, scoreMod, blockMask, r.out, options.return_lse ? &r.lse : nullptr,
+                      withMaxScores(q, options, r));
   return r;
 }
 

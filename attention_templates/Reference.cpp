@@ -148,6 +148,7 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
   ReferenceRows r;
   r.out.assign(rows.size() * size_t(DV), 0.0);
   r.lse.assign(rows.size(), -INFINITY);
+  r.maxScores.assign(rows.size(), -INFINITY);
   std::atomic<int64_t> allowedPairs{0};
   parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
     const Task& task = tasks[t];
@@ -173,6 +174,7 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
         s(x, j) = y;
         m = std::max(m, y);
       }
+      r.maxScores[index] = m;
       if (m == -INFINITY) continue;  // no allowed key: out 0, lse -inf
       double l = 0;
       for (int64_t j = 0; j < S; ++j) l += s(x, j) = std::exp(s(x, j) - m);
@@ -193,6 +195,7 @@ ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tenso
   ReferenceResult r;
   r.out = std::move(rr.out);  // rows in [B, Hq, L] order: the [B, Hq, L, D] layout
   r.lse = std::move(rr.lse);
+  r.maxScores = std::move(rr.maxScores);
   r.allowedPairs = rr.allowedPairs;
   return r;
 }

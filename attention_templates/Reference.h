@@ -22,6 +22,7 @@ using RefScoreFn = std::function<double(double s, int64_t b, int64_t h, int64_t 
 struct ReferenceResult {
   std::vector<double> out;  // [B, Hq, L, DV]
   std::vector<double> lse;  // [B, Hq, L], natural log; -inf for a row with no allowed key
+  std::vector<double> maxScores;  // [B, Hq, L]: the largest score after score_mod; -inf as lse
   int64_t allowedPairs = 0; // over all (b, h)
 };
 
@@ -40,6 +41,7 @@ struct QueryRow {
 struct ReferenceRows {
   std::vector<double> out;   // [rows.size(), DV], in the order of the rows asked for
   std::vector<double> lse;   // [rows.size()], natural log; -inf for a row with no allowed key
+  std::vector<double> maxScores;  // [rows.size()]: the largest score after score_mod; -inf as lse
   int64_t allowedPairs = 0;  // over these rows
 };
 

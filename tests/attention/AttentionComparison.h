@@ -165,4 +165,27 @@ inline std::string attentionMismatch(const dsl::Tensor& out, const dsl::Tensor& 
   return "";
 }
 
+// Compares the max scores a call wrote (FlexAttentionOptions::return_max_scores) with the
+// reference's: -inf exactly where the reference's row has no live score, else within a tolerance of
+// the f32 scores (inputs are exact in both; only the score's arithmetic and the mods round). A row
+// a sampled reference left out (NaN) must only have been written over the poison. "" if they agree.
+inline std::string maxScoresMismatch(const dsl::Tensor& maxScores, const attention::ReferenceResult& ref) {
+  const std::vector<float> got = maxScores.toHost<float>();
+  if (got.size() != ref.maxScores.size())
+    return "max_scores has " + std::to_string(got.size()) + " rows, the reference " +
+           std::to_string(ref.maxScores.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double want = ref.maxScores[i], have = got[i];
+    const bool ok = std::isnan(want)   ? !std::isnan(have)
+                    : std::isinf(want) ? (std::isinf(have) && have < 0)
+                                       : std::abs(have - want) <= 5e-3 + 1e-3 * std::abs(want);
+    if (!ok) {
+      std::ostringstream os;
+      os << "max_scores[" << i << "] = " << have << ", reference " << want;
+      return os.str();
+    }
+  }
+  return "";
+}
+
 }  // namespace flextile::testing

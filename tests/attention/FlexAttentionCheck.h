@@ -67,8 +67,18 @@ inline bool runAndCompare(const dsl::Tensor& q, const dsl::Tensor& k, const dsl:
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
   poison(out);
   poison(lse);
-  attention::flex_attention_into(q, k, v, score, mask, out, &lse, options);
-  return compareWithReference(out, lse, ref, DV, q.dtype());
+  attention::FlexAttentionOptions o = options;
+  if (options.return_max_scores) {  // the test asks for them: a poisoned output of its own
+    o.max_scores = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
+    poison(*o.max_scores);
+  }
+  attention::flex_attention_into(q, k, v, score, mask, out, &lse, o);
+  if (!compareWithReference(out, lse, ref, DV, q.dtype())) return false;
+  if (!o.max_scores) return true;
+  const std::string mismatch = maxScoresMismatch(*o.max_scores, ref);
+  if (mismatch.empty()) return true;
+  ADD_FAILURE() << mismatch;
+  return false;
 }
 
 // Above this many score elements (B * Hq * L * S) a GPU check's float64 reference covers a sample
@@ -99,10 +109,12 @@ inline attention::ReferenceResult referenceFor(const dsl::Tensor& q, const dsl::
   attention::ReferenceResult ref;
   ref.out.assign(size_t(B * H * L * D), NAN);
   ref.lse.assign(size_t(B * H * L), NAN);
+  ref.maxScores.assign(size_t(B * H * L), NAN);
   ref.allowedPairs = some.allowedPairs;
   for (size_t n = 0; n < rows.size(); ++n) {
     const size_t row = size_t((rows[n].b * H + rows[n].h) * L + rows[n].i);
     ref.lse[row] = some.lse[n];
+    ref.maxScores[row] = some.maxScores[n];
     std::copy_n(some.out.begin() + std::ptrdiff_t(n * size_t(D)), D, ref.out.begin() + std::ptrdiff_t(row * size_t(D)));
   }
   return ref;

@@ -33,7 +33,22 @@ struct DecodeCheck {
   attention::BlockSizes blocks{32, 32};
   attention::FlexAttentionConfig prefillConfig{32, 16, 4, 2};
   int64_t decodeBlockN = 64;  // narrowed to the mask's KV block by the template
+  bool maxScores = false;     // ask both templates for the max scores too, and check them
 };
+
+// With `maxScores` (poisoned here), the call's options ask for them; after the call, whether they
+// match the reference (a failure reported).
+inline void askMaxScores(attention::FlexAttentionOptions& o, std::optional<dsl::Tensor>& maxScores) {
+  if (!maxScores) return;
+  poison(*maxScores);
+  o.max_scores = *maxScores;
+}
+inline bool maxScoresAgree(const std::optional<dsl::Tensor>& maxScores, const attention::ReferenceResult& ref) {
+  if (!maxScores) return true;
+  const std::string mismatch = maxScoresMismatch(*maxScores, ref);
+  if (!mismatch.empty()) ADD_FAILURE() << mismatch;
+  return mismatch.empty();
+}
 
 // `c.L` queries per head against `c.S` keys for one registered variant. The variant's mask is
 // built for c.S + c.L queries (a mask pre-built past the KV length, as a serving loop keeps one)
@@ -53,6 +68,8 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
   dsl::Tensor out = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {c.B, c.Hq, c.L}, space);
   dsl::Tensor prefillOut = dsl::Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
+  std::optional<dsl::Tensor> maxScores;
+  if (how.maxScores) maxScores = dsl::Tensor::empty(dsl::DType::F32, {c.B, c.Hq, c.L}, space);
   const double scale = 1.0 / std::sqrt(double(c.D));
 
   std::vector<int64_t> positions = {maxQueries - c.L, std::max<int64_t>(0, c.S / 2 - c.L / 2)};
@@ -68,10 +85,11 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
       FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
                              .decode_config = FlexDecodeConfig{.block_n = how.decodeBlockN, .splits = splits}};
       if (inst.mask) o.query_offset = pos;
+      askMaxScores(o, maxScores);
       poison(out);
       poison(lse);
       flex_attention_into(q, k, v, inst.score, whole, out, &lse, o);
-      if (!compareWithReference(out, lse, ref, c.valueDim(), c.dtype)) return false;
+      if (!compareWithReference(out, lse, ref, c.valueDim(), c.dtype) || !maxScoresAgree(maxScores, ref)) return false;
     }
     // The prefill template on the same queries, through a row slice where one row holds them.
     std::optional<BlockMask> slice;
@@ -82,11 +100,13 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
       slice = m.sliceRows(row, 1, pos, c.L);
     }
     FlexAttentionConfig pc = how.prefillConfig;
+    FlexAttentionOptions po{.config = pc, .kernel = AttentionTemplate::Prefill};
+    askMaxScores(po, maxScores);
     poison(prefillOut);
     poison(lse);
-    flex_attention_into(q, k, v, inst.score, slice, prefillOut, &lse,
-                        {.config = pc, .kernel = AttentionTemplate::Prefill});
-    if (!compareWithReference(prefillOut, lse, ref, c.valueDim(), c.dtype)) return false;
+    flex_attention_into(q, k, v, inst.score, slice, prefillOut, &lse, po);
+    if (!compareWithReference(prefillOut, lse, ref, c.valueDim(), c.dtype) || !maxScoresAgree(maxScores, ref))
+      return false;
     if (!templatesAgree(out, prefillOut, c.dtype, c.describe())) return false;
   }
   return true;

@@ -128,8 +128,16 @@ inline bool checkPagedOn(const dsl::Tensor& q, const attention::PagedKV& kv, con
   dsl::Tensor lse = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
   poison(out);
   poison(lse);
-  attention::flex_attention_into(q, kv, score, mask, out, &lse, options);
-  return compareWithReference(out, lse, ref, D, q.dtype());
+  attention::FlexAttentionOptions o = options;
+  if (options.return_max_scores) {  // the test asks for them: a poisoned output of its own
+    o.max_scores = dsl::Tensor::empty(dsl::DType::F32, {B, Hq, L}, q.space());
+    poison(*o.max_scores);
+  }
+  attention::flex_attention_into(q, kv, score, mask, out, &lse, o);
+  if (!compareWithReference(out, lse, ref, D, q.dtype())) return false;
+  const std::string mismatch = o.max_scores ? maxScoresMismatch(*o.max_scores, ref) : "";
+  if (!mismatch.empty()) ADD_FAILURE() << mismatch;
+  return mismatch.empty();
 }
 
 // A random case end to end: inputs, a random q in `space`, the paged forward against the reference.

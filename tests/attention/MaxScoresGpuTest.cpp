@@ -1,0 +1,76 @@
+// FlexAttentionOptions::return_max_scores on the GPU: the default kernels of every variant (wgmma,
+// TMA rings, a producer warpgroup where the GPU has them), a persistent forward whose last round
+// would split (a call asking for max scores runs whole tiles), the decode's splits and fused merge,
+// and the paged cache, against the float64 reference; outputs poisoned first.
+#include <gtest/gtest.h>
+
+#include "FlexAttentionDecodeCheck.h"
+#include "PagedKVCheck.h"
+#include "gpu/GpuTest.h"
+#include "runtime/Device.h"
+
+using namespace flextile;
+using namespace flextile::attention;
+using namespace flextile::testing;
+using dsl::DType;
+using dsl::MemorySpace;
+using dsl::Tensor;
+
+namespace {
+constexpr MemorySpace kDevice = MemorySpace::Device;
+}  // namespace
+
+TEST(MaxScoresGpu, EveryVariantWithItsDefaultKernel) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (const Variant& var : variants())
+    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1100, .D = 128},
+                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 4, .L = 333, .S = 257, .D = 64, .dtype = DType::F16}}) {
+      c.context = "variant " + var.name;
+      VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
+      if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask,
+                              {.return_max_scores = true}))
+        return;
+    }
+}
+
+TEST(MaxScoresGpu, PersistentForwardRunsWholeTiles) {
+  FLEXTILE_REQUIRE_GPU();
+  if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "persistent programs take the sm_90a turns";
+  SeededRandom rng;
+  flextile::testing::ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 4096, .S = 4096, .D = 128, .context = "persistent"};
+  FlexAttentionOptions options{.config = FlexAttentionConfig{128, 128, 8, 2}};
+  Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kDevice);
+  Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kDevice);
+  ASSERT_TRUE(plan_flex_attention(q, k, k, noop_score(), std::nullopt, options).lastRoundSplit);
+  options.max_scores = Tensor::empty(DType::F32, {c.B, c.Hq, c.L}, kDevice);
+  const FlexAttentionPlan plan = plan_flex_attention(q, k, k, noop_score(), std::nullopt, options);
+  EXPECT_GT(plan.persistentPrograms, 0);
+  EXPECT_FALSE(plan.lastRoundSplit);
+  options.max_scores.reset();
+  options.return_max_scores = true;
+  checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, options);
+}
+
+TEST(MaxScoresGpu, DecodeSplitsAndTheirMerge) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  const DecodeCheck how{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}, .maxScores = true};
+  for (const char* name : {"full", "causal", "sliding_window", "document", "softcap", "alibi"})
+    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128},
+                            AttentionCase{.B = 1, .Hq = 8, .Hkv = 1, .L = 5, .S = 1000, .D = 64}})
+      if (!checkDecodeVariant(rng, variant(name), c, kDevice, how)) return;
+}
+
+TEST(MaxScoresGpu, PagedPrefillAndDecode) {
+  FLEXTILE_REQUIRE_GPU();
+  SeededRandom rng;
+  for (int64_t L : {200, 1, 4}) {
+    PagedCase c{.B = 3, .Hq = 8, .Hkv = 2, .L = L, .D = 128, .pageSize = 128, .lengths = {3000, 1500, 0}};
+    c.sharedPrefixPages = 2;
+    c.context = "L " + std::to_string(L);
+    const BlockMask mask = createBlockMask(causal_mask(), c.B, 1, L, c.logicalLength(), {128, 128}, kDevice);
+    if (!checkPaged(rng, c, kDevice, noop_score(), mask, nullptr, refCausal(), {.return_max_scores = true})) return;
+  }
+}
