@@ -417,7 +417,8 @@ struct ForwardParams {
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, out_stride_b), (P<I32>, out_stride_h), (P<I32>, out_stride_m),
                            (P<I32>, q_heads), (P<F32>, scale), (P<I32>, tiles), (P<F32Ptr>, part_out),
-                           (P<F32Ptr>, part_lse), (P<I32>, tile_steps), (P<F32Ptr>, max_scores));
+                           (P<F32Ptr>, part_lse), (P<I32>, tile_steps), (P<F32Ptr>, max_scores),
+                           (P<F32Ptr>, part_max));
 };
 
 // The compile-time constants; their order is that of LaunchOptions::constants (part of the hash).
@@ -771,6 +772,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         store(p.part_out + (slotRows.expand(1) * k.DVP + (vChunks.empty() ? offsDV : vChunks[i].offs).expand(0)),
               out[i]);
       store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
+      if (k.hasMaxScores) store(p.part_max + slotRows, detail::rowMaxScore(m, empty));
       return;
     }
     // (Each operand named first: the ops are traced in this order, whatever order C++ gives a
@@ -878,12 +880,12 @@ struct LastRoundMergeParams {
   BOOST_HANA_DEFINE_STRUCT(LastRoundMergeParams, (P<Data>, out), (P<F32Ptr>, lse), (P<F32Ptr>, part_out),
                            (P<F32Ptr>, part_lse), (P<I32>, q_len), (P<I32>, q_heads), (P<I32>, out_stride_b),
                            (P<I32>, out_stride_h), (P<I32>, out_stride_m), (P<I32>, tiles), (P<I32>, programs),
-                           (P<I32>, tile_steps));
+                           (P<I32>, tile_steps), (P<F32Ptr>, max_scores), (P<F32Ptr>, part_max));
 };
 // D and DP: the output's head dim (v's) and its padded width.
 struct LastRoundMergeConstants {
   BOOST_HANA_DEFINE_STRUCT(LastRoundMergeConstants, (int64_t, BM), (int64_t, MC), (int64_t, D), (int64_t, DP),
-                           (int64_t, hasLse), (int64_t, programmaticLaunch));
+                           (int64_t, hasLse), (int64_t, programmaticLaunch), (int64_t, hasMaxScores));
 };
 
 void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
@@ -907,17 +909,28 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
   constexpr int64_t kPiecesPerRound = 4;
   Tile m0 = full({k.MC}, -INFINITY, DType::F32), l0 = zeros({k.MC}, DType::F32), a0 = zeros({k.MC, k.DP}, DType::F32);
   Tile rounds = (lastProgram - firstProgram + kPiecesPerRound) / kPiecesPerRound;
-  auto [m, l, acc] = for_range(0, rounds, 1, std::tuple{m0, l0, a0}, [&](Tile round, Tile mi, Tile li, Tile ai) {
-    std::vector<Tile> lse, part;
+  std::vector<Tile> st{m0, l0, a0};  // (and the pieces' largest score, with max scores)
+  if (k.hasMaxScores) st.push_back(full({k.MC}, -INFINITY, DType::F32));
+  st = for_range(0, rounds, 1, st, [&](Tile round, const std::vector<Tile>& c) {
+    std::vector<Tile> lse, part, best;
     for (int64_t u = 0; u < kPiecesPerRound; ++u) {
       Tile q = firstProgram + round * kPiecesPerRound + u;
       Tile live = (q <= lastProgram).broadcast_to({k.MC});
       Tile slotRows = cut.slot(q, j).to(DType::I64) * k.BM + rows;
       lse.push_back(load(p.part_lse + slotRows, live, -INFINITY));
       part.push_back(load(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
+      if (k.hasMaxScores) best.push_back(load(p.part_max + slotRows, live, -INFINITY));
     }
-    return detail::foldPartials(mi, li, ai, lse, part);
+    auto [mn, ln, an] = detail::foldPartials(c[0], c[1], c[2], lse, part);
+    std::vector<Tile> next{mn, ln, an};
+    if (k.hasMaxScores) {
+      Tile top = c[3];
+      for (const Tile& x : best) top = maximum(top, x);
+      next.push_back(top);
+    }
+    return next;
   });
+  const Tile m = st[0], l = st[1], acc = st[2];
   Tile empty = l == 0.0;
   Tile offsM = mBlock * k.BM + rows;
   Tile live = offsM < p.q_len;
@@ -928,6 +941,7 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
   if (k.hasLse)
     store(p.lse + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM),
           detail::rowLse(m, l, empty, /*natural=*/true), live);
+  if (k.hasMaxScores) store(p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM), st[3], live);
 }
 
 // ---- host side ---------------------------------------------------------------
@@ -1096,8 +1110,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const ScoreM
                            : p.space == MemorySpace::Device ? runtime::Device::current().multiprocessorCount() : 0;
     p.programs = sms > 0 ? sms : 3;
     p.tileSteps = uniformTileSteps(p);
-    // (The pieces' partials carry no max score: a call that asks for them runs whole tiles.)
-    p.constants.splitLastRound = !p.constants.hasMaxScores && lastRoundSplits(p);
+    p.constants.splitLastRound = lastRoundSplits(p);
   }
   // The tiles handed out heaviest first (BlockMask::heaviestTilesFirst, uploaded once a mask and
   // shape): FLEXTILE_TILE_ORDER=1, opt-in until timed. A model of the document yardstick's grid
@@ -1246,14 +1259,21 @@ LaunchOptions launchOptions(const Prepared& p) {
 
 struct SplitRoundPartialsSlot;  // a split last round's partials (detail::f32Scratch)
 
-// A split last round's partials (outputs, then lses, in one scratch): two slots a program (its run
-// holds pieces of at most two tiles), BLOCK_M rows a slot. The lses, at the end, are asked for
-// first: a scratch that must grow grows then, before the outputs' view into it is taken.
-std::pair<Tensor, Tensor> lastRoundPartials(const Prepared& p) {
-  const int64_t rows = 2 * p.programs * p.config.block_m;
-  Tensor lse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, rows * p.constants.DVP, {rows});
-  Tensor out = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {rows * p.constants.DVP});
-  return {out, lse};
+// A split last round's partials (outputs, then lses, then with max scores the pieces' largest
+// scores, in one scratch): two slots a program (its run holds pieces of at most two tiles), BLOCK_M
+// rows a slot. The far end is asked for first: a scratch that must grow grows then, before the
+// other views into it are taken.
+struct SplitPartials {
+  Tensor out, lse, max;  // max: with constants.hasMaxScores only
+};
+SplitPartials lastRoundPartials(const Prepared& p) {
+  const int64_t rows = 2 * p.programs * p.config.block_m, outElems = rows * p.constants.DVP;
+  SplitPartials s;
+  if (p.constants.hasMaxScores)
+    s.max = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, outElems + rows, {rows});
+  s.lse = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, outElems, {rows});
+  s.out = detail::f32Scratch<SplitRoundPartialsSlot>(p.space, p.stream, 0, {outElems});
+  return s;
 }
 
 Kernel& lastRoundMergeKernel(DType dt) {
@@ -1275,8 +1295,7 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
   const double scale = p.constants.hasScoreMod ? p.scale : p.scale * std::numbers::log2e;
   const int64_t maskB = lists.kvBatchStride, maskH = lists.kvHeadStride;
   const bool split = p.constants.splitLastRound;
-  Tensor partOut, partLse;
-  if (split) std::tie(partOut, partLse) = lastRoundPartials(p);
+  const SplitPartials parts = split ? lastRoundPartials(p) : SplitPartials{};
   std::vector<KernelArg> args = bindParams<ForwardParams>(
       {.q = q, .k = k, .v = v, .out = out,
        .lse = lse ? *lse : lists.kvNum,  // unused without return_lse
@@ -1288,9 +1307,10 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
        .k_stride_b = p.paged ? 0 : ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
        .v_stride_b = p.paged ? 0 : vs[0], .v_stride_h = vs[1],
        .v_stride_n = vs[2], .out_stride_b = os[0], .out_stride_h = os[1], .out_stride_m = os[2], .q_heads = p.Hq,
-       .scale = scale, .tiles = forwardTiles(p), .part_out = split ? partOut : lists.kvNum,
-       .part_lse = split ? partLse : lists.kvNum, .tile_steps = split ? p.tileSteps : 0,
-       .max_scores = p.maxScores ? *p.maxScores : lists.kvNum},
+       .scale = scale, .tiles = forwardTiles(p), .part_out = split ? parts.out : lists.kvNum,
+       .part_lse = split ? parts.lse : lists.kvNum, .tile_steps = split ? p.tileSteps : 0,
+       .max_scores = p.maxScores ? *p.maxScores : lists.kvNum,
+       .part_max = parts.max.defined() ? parts.max : lists.kvNum},
       kernel.name());
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
@@ -1315,18 +1335,19 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
   lo.grid = {forwardTiles(p) % p.programs, p.config.block_m / MC, 1};
   lo.constants = constantList(LastRoundMergeConstants{
       p.config.block_m, MC, p.DV, p.constants.DVP, lse != nullptr,
-      detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false)});
+      detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false), p.constants.hasMaxScores});
   lo.num_warps = 4;
   lo.num_stages = 1;
-  const auto [partOut, partLse] = lastRoundPartials(p);
+  const SplitPartials parts = lastRoundPartials(p);
   const auto& os = out.strides();
   Kernel& merge = lastRoundMergeKernel(p.dtype);
   launches.push_back({&merge, lo,
                       bindParams<LastRoundMergeParams>(
-                          {.out = out, .lse = lse ? *lse : partLse, .part_out = partOut, .part_lse = partLse,
+                          {.out = out, .lse = lse ? *lse : parts.lse, .part_out = parts.out, .part_lse = parts.lse,
                            .q_len = p.L, .q_heads = p.Hq, .out_stride_b = os[0], .out_stride_h = os[1],
                            .out_stride_m = os[2], .tiles = forwardTiles(p), .programs = p.programs,
-                           .tile_steps = p.tileSteps},
+                           .tile_steps = p.tileSteps, .max_scores = p.maxScores ? *p.maxScores : parts.lse,
+                           .part_max = parts.max.defined() ? parts.max : parts.lse},
                           merge.name())});
   return launches;
 }

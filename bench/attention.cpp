@@ -156,6 +156,7 @@ int main(int argc, char** argv) try {
   std::vector<std::vector<int64_t>> documentOffsets;
   std::vector<FlexAttentionConfig> extraConfigs;  // --config, after the default (and the sweep)
   bool programCostOnly = false;
+  bool maxScores = false;  // --max-scores: every call also writes each row's largest score
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -172,6 +173,7 @@ int main(int argc, char** argv) try {
     else if (a == "--config") extraConfigs.push_back(FlexAttentionConfig::parse(next()));
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
     else if (a == "--program-cost") programCostOnly = true;
+    else if (a == "--max-scores") maxScores = true;
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
   std::string why;
@@ -257,6 +259,7 @@ int main(int argc, char** argv) try {
     const double flops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq), DV);
     for (const FlexAttentionConfig& c : configs) {
       FlexAttentionOptions opt{.config = c};
+      if (maxScores) opt.max_scores = Tensor::empty(DType::F32, {B, Hq, N}, MemorySpace::Device);
       double err = 0;
       try {
         out.copyFromHost(std::vector<H>(valueElems, H(NAN)));
@@ -284,7 +287,7 @@ int main(int argc, char** argv) try {
       const std::string label =
           c.describe() + (persistent && c.persistent == LoopSchedule::Auto
                               ? (plan.lastRoundSplit ? " (persistent, split)" : " (persistent)")
-                              : "");
+                              : "") + (maxScores ? " +max" : "");
       std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), label.c_str(), ms, tflops, err);
       if (c == configs[0]) row.defaultTflops = tflops;
       if (ms < row.ms) {

@@ -605,7 +605,7 @@ TEST(FlexAttention, ForwardParametersKeepTheirNamesAndOrder) {
             "%q_stride_b: i32, %q_stride_h: i32, %q_stride_m: i32, %k_stride_b: i32, %k_stride_h: i32, "
             "%k_stride_n: i32, %v_stride_b: i32, %v_stride_h: i32, %v_stride_n: i32, %out_stride_b: i32, "
             "%out_stride_h: i32, %out_stride_m: i32, %q_heads: i32, %scale: f32, %tiles: i32, %part_out: ptr<f32>, "
-            "%part_lse: ptr<f32>, %tile_steps: i32)");
+            "%part_lse: ptr<f32>, %tile_steps: i32, %max_scores: ptr<f32>, %part_max: ptr<f32>)");
 }
 
 // Regression: planning allocated (and cleared) a whole output tensor to describe the launch —

@@ -1,6 +1,6 @@
 // FlexAttentionOptions::return_max_scores on the GPU: the default kernels of every variant (wgmma,
-// TMA rings, a producer warpgroup where the GPU has them), a persistent forward whose last round
-// would split (a call asking for max scores runs whole tiles), the decode's splits and fused merge,
+// TMA rings, a producer warpgroup where the GPU has them), a persistent forward that splits its
+// last round (the merge kernel folds the pieces' maxima), the decode's splits and fused merge,
 // and the paged cache, against the float64 reference; outputs poisoned first.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,8 @@ TEST(MaxScoresGpu, EveryVariantWithItsDefaultKernel) {
   SeededRandom rng;
   for (const Variant& var : variants())
     for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1100, .D = 128},
-                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 4, .L = 333, .S = 257, .D = 64, .dtype = DType::F16}}) {
+                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 4, .L = 333, .S = 257, .D = 64,
+                                          .dtype = DType::F16}}) {
       c.context = "variant " + var.name;
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
       if (!checkFlexAttention(rng, c, kDevice, inst.score, inst.mask, inst.refScore, inst.refMask,
@@ -34,7 +35,7 @@ TEST(MaxScoresGpu, EveryVariantWithItsDefaultKernel) {
     }
 }
 
-TEST(MaxScoresGpu, PersistentForwardRunsWholeTiles) {
+TEST(MaxScoresGpu, PersistentForwardSplittingItsLastRound) {
   FLEXTILE_REQUIRE_GPU();
   if (runtime::Device::current().capabilityMajor() < 9) GTEST_SKIP() << "persistent programs take the sm_90a turns";
   SeededRandom rng;
@@ -47,7 +48,7 @@ TEST(MaxScoresGpu, PersistentForwardRunsWholeTiles) {
   options.max_scores = Tensor::empty(DType::F32, {c.B, c.Hq, c.L}, kDevice);
   const FlexAttentionPlan plan = plan_flex_attention(q, k, k, noop_score(), std::nullopt, options);
   EXPECT_GT(plan.persistentPrograms, 0);
-  EXPECT_FALSE(plan.lastRoundSplit);
+  EXPECT_TRUE(plan.lastRoundSplit);
   options.max_scores.reset();
   options.return_max_scores = true;
   checkFlexAttention(rng, c, kDevice, noop_score(), std::nullopt, nullptr, nullptr, options);

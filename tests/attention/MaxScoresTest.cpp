@@ -44,7 +44,8 @@ TEST(MaxScores, EveryVariantThroughThePrefillTemplate) {
       AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 77, .S = 129, .D = 64, .dtype = dtypes[i++ % 3]};
       c.context = "variant " + var.name + " scale " + std::to_string(scale);
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kHost, kBlocks, rng()});
-      const FlexAttentionOptions o{.scale = scale, .return_max_scores = true, .config = FlexAttentionConfig{32, 16, 4, 2}};
+      const FlexAttentionOptions o{.scale = scale, .return_max_scores = true,
+                                   .config = FlexAttentionConfig{32, 16, 4, 2}};
       if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, o)) return;
     }
 }
@@ -64,22 +65,26 @@ TEST(MaxScores, EveryVariantThroughTheDecodeTemplateAndItsSplits) {
 // of the same tile and of the same decode program.
 TEST(MaxScores, RowsWithoutAnAllowedKeyAreMinusInfinity) {
   SeededRandom rng;
-  MaskMod oddQueriesBlind("odd_queries_blind",
-                          [](const Tile&, const Tile&, const Tile& q, const Tile& kv) { return (q % 2 == 0) & (kv <= q); });
+  MaskMod oddQueriesBlind("odd_queries_blind", [](const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+    return (q % 2 == 0) & (kv <= q);
+  });
   RefMaskFn ref = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 2 == 0 && kv <= q; };
   const int64_t L = 70, S = 70;
   const BlockMask mask = createBlockMask(oddQueriesBlind, 1, 1, L, S, kBlocks, kHost);
-  const AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = L, .S = S, .D = 32, .dtype = DType::BF16, .context = "odd blind"};
+  const AttentionCase c{.B = 1, .Hq = 2, .Hkv = 1, .L = L, .S = S, .D = 32, .dtype = DType::BF16,
+                        .context = "odd blind"};
   if (!checkFlexAttention(rng, c, kHost, noop_score(), mask, nullptr, ref,
                           {.return_max_scores = true, .config = FlexAttentionConfig{32, 16, 4, 2}}))
     return;
   const BlockMask none = createBlockMask(or_masks(std::vector<MaskMod>{}), 1, 1, L, S, kBlocks, kHost);
-  checkFlexAttention(rng, c, kHost, noop_score(), none, nullptr, [](int64_t, int64_t, int64_t, int64_t) { return false; },
+  const RefMaskFn nothing = [](int64_t, int64_t, int64_t, int64_t) { return false; };
+  checkFlexAttention(rng, c, kHost, noop_score(), none, nullptr, nothing,
                      {.return_max_scores = true, .config = FlexAttentionConfig{32, 16, 4, 2}});
   // The decode's splits: the odd queries at the end of a mask built past the keys.
   const BlockMask past = createBlockMask(oddQueriesBlind, 1, 1, S + 4, S, kBlocks, kHost);
   Tensor q = randomTensor(rng, DType::F16, {1, 4, 4, 64}, kHost);
-  Tensor k = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost), v = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost);
+  Tensor k = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost);
+  Tensor v = randomTensor(rng, DType::F16, {1, 2, S, 64}, kHost);
   const ReferenceResult want = referenceAttention(q, k, v, nullptr, ref, 0.125, S);
   for (int64_t splits : {1, 3}) {
     SCOPED_TRACE("decode splits " + std::to_string(splits));
@@ -92,6 +97,29 @@ TEST(MaxScores, RowsWithoutAnAllowedKeyAreMinusInfinity) {
     const std::vector<float> got = best.toHost<float>();
     EXPECT_TRUE(std::isinf(got[1]) && got[1] < 0) << got[1];  // query S + 1: odd
     EXPECT_TRUE(std::isfinite(got[0])) << got[0];
+  }
+}
+
+// A persistent forward that splits its last round (three programs on the host: 32 tiles of 128 rows
+// are ten whole rounds and two tiles cut, a program's run spanning both): the pieces leave
+// their maxima beside their lses and the merge kernel takes the largest, before the passes and
+// through sm_90a's.
+TEST(MaxScores, PersistentForwardSplittingItsLastRound) {
+  SeededRandom rng;
+  ScopedSetenv persistent("FLEXTILE_FORWARD_PERSISTENT", "1");
+  ScopedSetenv split("FLEXTILE_SPLIT_LAST_ROUND", "1");
+  for (const char* target : {"", "sm_90a"}) {
+    std::optional<InterpretAfterPasses> scope;
+    if (*target) scope.emplace(target);
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 64,
+                    .context = std::string("split ") + target};
+    const FlexAttentionOptions o{.return_max_scores = true, .config = FlexAttentionConfig{128, 64, 8, 2}};
+    Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
+    Tensor k = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
+    FlexAttentionOptions planned = o;
+    planned.max_scores = Tensor::empty(DType::F32, {c.B, c.Hq, c.L}, kHost);
+    ASSERT_TRUE(plan_flex_attention(q, k, k, noop_score(), std::nullopt, planned).lastRoundSplit);
+    if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
   }
 }
 
@@ -111,7 +139,8 @@ TEST(MaxScores, PagedPrefillAndDecode) {
 
 TEST(MaxScores, TheAllocatingCallReturnsThem) {
   SeededRandom rng;
-  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 20, 32}, kHost), k = randomTensor(rng, DType::BF16, {1, 2, 50, 32}, kHost);
+  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 20, 32}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {1, 2, 50, 32}, kHost);
   const FlexAttentionResult r = flex_attention(q, k, k, noop_score(), std::nullopt, {.return_max_scores = true});
   ASSERT_TRUE(r.max_scores.defined());
   EXPECT_EQ(r.max_scores.shape(), (dsl::Shape{1, 2, 20}));
@@ -123,9 +152,12 @@ TEST(MaxScores, TheAllocatingCallReturnsThem) {
 
 TEST(MaxScores, BadOutputsAreNamed) {
   SeededRandom rng;
-  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 20, 32}, kHost), k = randomTensor(rng, DType::BF16, {1, 2, 50, 32}, kHost);
+  Tensor q = randomTensor(rng, DType::BF16, {1, 2, 20, 32}, kHost);
+  Tensor k = randomTensor(rng, DType::BF16, {1, 2, 50, 32}, kHost);
   Tensor out = Tensor::empty(DType::BF16, {1, 2, 20, 32}, kHost);
-  expectError([&] { flex_attention_into(q, k, k, noop_score(), std::nullopt, out, nullptr, {.return_max_scores = true}); },
+  expectError([&] {
+    flex_attention_into(q, k, k, noop_score(), std::nullopt, out, nullptr, {.return_max_scores = true});
+  },
               "return_max_scores needs the output to write: give options.max_scores");
   for (bool decode : {false, true}) {
     SCOPED_TRACE(decode ? "decode" : "prefill");

@@ -392,7 +392,8 @@ TEST(PagedKV, PagedKernelAppendsItsParameters) {
   const std::string text = ir::printFunction(*plan.traced);
   const std::string params = text.substr(0, text.find(')') + 1);
   EXPECT_NE(params.find("%q_heads: i32, %scale: f32, %tiles: i32, %part_out: ptr<f32>, %part_lse: ptr<f32>, "
-                        "%tile_steps: i32, %page_table: ptr<i32>, %page_table_stride_b: i32, "
+                        "%tile_steps: i32, %max_scores: ptr<f32>, %part_max: ptr<f32>, %page_table: ptr<i32>, "
+                        "%page_table_stride_b: i32, "
                         "%kv_lengths: ptr<i32>)"),
             std::string::npos)
       << params;
