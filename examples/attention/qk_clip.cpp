@@ -6,9 +6,9 @@
 // largest logit S_h passed a threshold tau has its query and key projections rescaled by
 // sqrt(tau / S_h) each, so that its logits shrink by tau / S_h. Here q and k stand for the
 // projections' outputs: four of eight heads are made "hot" (q and k scaled up), the max scores
-// find them, their q and k are rescaled, and a second call must show every head at or under tau
-// (the clipped ones at tau, within bf16's rounding of q and k) and the others unchanged. The max scores are checked against float64
-// first, on a sample of rows. Exits non-zero when a check fails.
+// find them, their q and k are rescaled, and a second call must show the clipped heads at tau
+// (within bf16's rounding of q and k) and the others unchanged. The max scores are checked against
+// float64 first, on a sample of rows. Exits non-zero when a check fails.
 //
 //   attention_qk_clip [--require-gpu] [--small] [--n 1024] [--tau 6]
 #include <algorithm>
@@ -114,8 +114,7 @@ int main(int argc, char** argv) try {
   }
   q = upload(qHost), k = upload(kHost);
 
-  // 3. After the clip: every head at most tau, the clipped ones at tau (bf16 rounds q and k), the
-  //    others as before.
+  // 3. After the clip: the clipped heads at tau (bf16 rounds q and k), the others as before.
   const std::vector<double> after = perHeadMax(flex_attention(q, k, v, noop_score(), mask, options).max_scores);
   bool ok = exact;
   for (int64_t h = 0; h < H; ++h) {
@@ -125,7 +124,8 @@ int main(int argc, char** argv) try {
     std::printf("  head %lld after: %8.3f%s\n", (long long)h, a, good ? "" : "  <-- wrong");
     ok = ok && good;
   }
-  std::printf("%s\n", ok ? "OK: the clipped heads at tau (within bf16's rounding), the others unchanged" : "FAILED");
+  std::printf("%s\n", ok ? "OK: the clipped heads at tau (within bf16's rounding), the others unchanged"
+                          : "FAILED");
   return ok ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "attention_qk_clip: %s\n", e.what());
