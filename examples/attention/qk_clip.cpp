@@ -33,7 +33,8 @@ std::vector<double> perHeadMax(const Tensor& maxScores) {
   std::vector<double> head(size_t(H), -INFINITY);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < L; ++i) head[size_t(h)] = std::max<double>(head[size_t(h)], all[size_t((b * H + h) * L + i)]);
+      for (int64_t i = 0; i < L; ++i)
+        head[size_t(h)] = std::max<double>(head[size_t(h)], all[size_t((b * H + h) * L + i)]);
   return head;
 }
 }  // namespace
