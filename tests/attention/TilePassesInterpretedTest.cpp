@@ -243,8 +243,10 @@ TEST(TilePassesInterpreted, PersistentForwardWithQUnpipelined) {
 
 // A persistent forward that splits its last round (where the tiles walk the same steps: no mask;
 // FLEXTILE_SPLIT_LAST_ROUND=1 here so that the test holds whatever the rule). Three programs here: 16
-// tiles of 128 rows are five whole rounds and one tile cut into pieces; 32 tiles of 128 rows over
-// 1000 keys are ten rounds and two tiles cut, a program's run spanning both. Each piece writes its
+// tiles of 128 rows over 800 keys are five whole rounds and one tile's 14 steps cut into pieces (over
+// 300 keys, as until 2026-12-07, its 6 steps were too few to cut: that case walked whole tiles);
+// 32 tiles of 128 rows over 1000 keys are ten rounds and two tiles cut, a program's run spanning
+// both. Every case is asserted to split. Each piece writes its
 // partial and the merge kernel folds them. Before the passes and through sm_90a's (shared TMA rings,
 // turns, producer warpgroup), lse checked too, with BLOCK_N 64 under 128-key mask blocks (pieces
 // start mid-block), on 8 warps and on 4 with 3 stages; a masked variant asked to split keeps whole
@@ -260,7 +262,7 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
     std::optional<InterpretAfterPasses> scope;
     if (*target) scope.emplace(target);
     for (const FlexAttentionConfig& config : configs)
-      for (const AttentionCase& shape : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 300, .D = 64},
+      for (const AttentionCase& shape : {AttentionCase{.B = 2, .Hq = 4, .Hkv = 2, .L = 200, .S = 800, .D = 64},
                                          AttentionCase{.B = 1, .Hq = 4, .Hkv = 2, .L = 1000, .S = 1000, .D = 80}})
         for (int call = 0; call < 2; ++call) {
           // Under the sanitizers the small shape always, the L = S = 1000 one (nearly all the
@@ -268,6 +270,12 @@ TEST(TilePassesInterpreted, PersistentForwardSplitsItsLastRound) {
           if (shape.L == 1000 && !runsInThisBuild(rng.seed(), sweepCase++ / 2, 4)) continue;
           AttentionCase c = shape;
           c.dtype = DType::BF16;
+          {  // (Each case splits: a shape or config whose run is too short would walk whole tiles.)
+            Tensor q0 = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
+            Tensor k0 = Tensor::empty(c.dtype, {c.B, c.Hkv, c.S, c.D}, kHost);
+            ASSERT_TRUE(plan_flex_attention(q0, k0, k0, noop_score(), std::nullopt, {.config = config}).lastRoundSplit)
+                << c.describe() << " " << config.describe();
+          }
           c.context = std::string("split last round, ") + (*target ? target : "interpreted") + " " +
                       config.describe() + " call " + std::to_string(call);
           if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, {.config = config}))
