@@ -210,6 +210,11 @@ dsl::Tile rowMaxScore(const dsl::Tile& m, const dsl::Tile& empty);
 std::tuple<dsl::Tile, dsl::Tile, dsl::Tile> foldPartials(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& acc,
                                                          const std::vector<dsl::Tile>& lse,
                                                          const std::vector<dsl::Tile>& part);
+// The same over a merge loop's carried state {m, l, acc} and, with max scores, a fourth entry: the
+// rows' largest score so far, which takes the maximum of `best` (the partials' own, natural units;
+// -inf for an absent one). Returns the next state, of the same length.
+std::vector<dsl::Tile> foldPartialsAndMaxima(const std::vector<dsl::Tile>& state, const std::vector<dsl::Tile>& lse,
+                                             const std::vector<dsl::Tile>& part, const std::vector<dsl::Tile>& best);
 
 // Entry `entry` of a BlockMask list row that starts at `rowStart` and holds `capacity` entries, of
 // which the first `length` are live: 0 past the length. The read is masked by the capacity, not by

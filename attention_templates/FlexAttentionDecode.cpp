@@ -246,14 +246,7 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
         if (k.hasMaxScores)
           best.push_back(load(p.part_max + slot.expand(1).broadcast_to(byRowAndD), live.expand(1), -INFINITY));
       }
-      auto [mn, ln, an] = detail::foldPartials(c[0], c[1], c[2], lse, part);
-      std::vector<Tile> next{mn, ln, an};
-      if (k.hasMaxScores) {
-        Tile top = c[3];
-        for (const Tile& x : best) top = maximum(top, x);
-        next.push_back(top);
-      }
-      return next;
+      return detail::foldPartialsAndMaxima(c, lse, part, best);
     });
     const Tile m = st[0], l = st[1], acc = st[2];
     Tile empty = l == 0.0;

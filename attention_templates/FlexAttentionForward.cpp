@@ -921,14 +921,7 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
       part.push_back(load(p.part_out + (slotRows.expand(1) * k.DP + offsD.expand(0)), live.expand(1), 0.0));
       if (k.hasMaxScores) best.push_back(load(p.part_max + slotRows, live, -INFINITY));
     }
-    auto [mn, ln, an] = detail::foldPartials(c[0], c[1], c[2], lse, part);
-    std::vector<Tile> next{mn, ln, an};
-    if (k.hasMaxScores) {
-      Tile top = c[3];
-      for (const Tile& x : best) top = maximum(top, x);
-      next.push_back(top);
-    }
-    return next;
+    return detail::foldPartialsAndMaxima(c, lse, part, best);
   });
   const Tile m = st[0], l = st[1], acc = st[2];
   Tile empty = l == 0.0;
@@ -1482,6 +1475,18 @@ std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Ti
     aNew = aNew + part[u] * perRow(w);
   }
   return std::tuple{mNew, lNew, aNew};
+}
+
+std::vector<Tile> foldPartialsAndMaxima(const std::vector<Tile>& state, const std::vector<Tile>& lse,
+                                        const std::vector<Tile>& part, const std::vector<Tile>& best) {
+  auto [m, l, acc] = foldPartials(state[0], state[1], state[2], lse, part);
+  std::vector<Tile> next{m, l, acc};
+  if (state.size() > 3) {
+    Tile top = state[3];
+    for (const Tile& x : best) top = maximum(top, x);
+    next.push_back(top);
+  }
+  return next;
 }
 
 Kernel& sharedKernel(const std::string& key, const std::function<Kernel()>& make) {

@@ -90,6 +90,28 @@ inline double elementTolerance(dsl::DType dt) {
 // Relative Frobenius bound over the whole output (tighter than the element one).
 inline double tolerance(dsl::DType dt) { return dt == dsl::DType::F16 ? 4e-3 : dt == dsl::DType::BF16 ? 1e-2 : 4e-3; }
 
+// A value per row (lse, max scores) against the reference's: NaN where a sampled reference left the
+// row out (then only written over the poison), -inf where the row has no live score, else within
+// `absolute` + 1e-3 relative. The first difference, "" if none.
+inline std::string rowValuesMismatch(const char* what, const std::vector<float>& got, const std::vector<double>& want,
+                                     double absolute) {
+  if (got.size() != want.size())
+    return std::string(what) + " has " + std::to_string(got.size()) + " rows, the reference " +
+           std::to_string(want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = want[i], have = got[i];
+    const bool ok = std::isnan(w)   ? !std::isnan(have)
+                    : std::isinf(w) ? (std::isinf(have) && have < 0)
+                                    : std::abs(have - w) <= absolute + 1e-3 * std::abs(w);
+    if (!ok) {
+      std::ostringstream os;
+      os << what << "[" << i << "] = " << have << ", reference " << w;
+      return os.str();
+    }
+  }
+  return "";
+}
+
 // Compares flex_attention's out and lse with the reference of the same inputs: the first
 // difference past the tolerances (or a masked row that is not exactly 0 / -inf), "" if none.
 // A reference row whose lse is NaN was not computed (a sampled reference, see referenceFor):
@@ -151,18 +173,7 @@ inline std::string attentionMismatch(const dsl::Tensor& out, const dsl::Tensor& 
   if (den == 0 ? num != 0 : rel > tolerance(dtype)) {
     return "relative error of out " + std::to_string(rel) + " > " + std::to_string(tolerance(dtype));
   }
-  for (size_t i = 0; i < gotLse.size(); ++i) {
-    const double want = ref.lse[i], have = gotLse[i];
-    const bool ok = std::isnan(want)   ? !std::isnan(have)
-                    : std::isinf(want) ? (std::isinf(have) && have < 0)
-                                       : std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
-    if (!ok) {
-      std::ostringstream os;
-      os << "lse[" << i << "] = " << have << ", reference " << want;
-      return os.str();
-    }
-  }
-  return "";
+  return rowValuesMismatch("lse", gotLse, ref.lse, 2e-2);
 }
 
 // Compares the max scores a call wrote (FlexAttentionOptions::return_max_scores) with the
@@ -170,22 +181,7 @@ inline std::string attentionMismatch(const dsl::Tensor& out, const dsl::Tensor& 
 // the f32 scores (inputs are exact in both; only the score's arithmetic and the mods round). A row
 // a sampled reference left out (NaN) must only have been written over the poison. "" if they agree.
 inline std::string maxScoresMismatch(const dsl::Tensor& maxScores, const attention::ReferenceResult& ref) {
-  const std::vector<float> got = maxScores.toHost<float>();
-  if (got.size() != ref.maxScores.size())
-    return "max_scores has " + std::to_string(got.size()) + " rows, the reference " +
-           std::to_string(ref.maxScores.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double want = ref.maxScores[i], have = got[i];
-    const bool ok = std::isnan(want)   ? !std::isnan(have)
-                    : std::isinf(want) ? (std::isinf(have) && have < 0)
-                                       : std::abs(have - want) <= 5e-3 + 1e-3 * std::abs(want);
-    if (!ok) {
-      std::ostringstream os;
-      os << "max_scores[" << i << "] = " << have << ", reference " << want;
-      return os.str();
-    }
-  }
-  return "";
+  return rowValuesMismatch("max_scores", maxScores.toHost<float>(), ref.maxScores, 5e-3);
 }
 
 }  // namespace flextile::testing
