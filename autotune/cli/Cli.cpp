@@ -71,7 +71,7 @@ const std::vector<Command>& commands() {
        false},
       {"run",
        "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
-       "                    [--check[=all]] [--host] [--seed S] [--document-offsets FILE]\n"
+       "                    [--check[=all]] [--max-scores] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads; v's head dim DV with\n"
        "  --dv, as MLA's 192 / 128), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
@@ -79,10 +79,13 @@ const std::vector<Command>& commands() {
        "  seeded sample of rows: every batch and head, first and last rows, both sides of every block\n"
        "  boundary, rows the mask leaves without keys, and random rows (seconds at any shape);\n"
        "  --check=all compares every row, on every core.\n"
+       "  --max-scores also asks for each row's largest score (return_max_scores), prints the largest\n"
+       "  and the rows without a key, and --check compares them too.\n"
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
-       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"}, {"--host"}, true, {"--check"}},
+       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"}, {"--host", "--max-scores"}, true,
+       {"--check"}},
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--dv DV] [--budget SECONDS] [--threads N]\n"
        "                         [--target sm_80|sm_90a] [--no-store] [--document-offsets FILE] [--plot FILE]\n"
@@ -435,6 +438,8 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
 
   const Tensor outHost = r.out.to(MemorySpace::Host), lseHost = r.lse.to(MemorySpace::Host);
   const float* lse = static_cast<const float*>(lseHost.hostData());
+  const std::vector<float> best = r.max_scores.defined() ? r.max_scores.toHost<float>() : std::vector<float>{};
+  double bestErr = 0;
   const double tol = p.dtype == DType::BF16 ? 2e-2 : 4e-3;
   double num = 0, den = 0, worstRow = 0, lseErr = 0;
   std::string firstProblem;
@@ -464,14 +469,23 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
     if (std::isfinite(want) && std::isfinite(have)) lseErr = std::max(lseErr, std::abs(have - want));
     if (!lseOk && firstProblem.empty())
       firstProblem = "lse[" + where + "] is " + std::to_string(have) + ", reference " + std::to_string(want);
+    if (best.empty()) continue;
+    const double wantBest = ref.maxScores[n], haveBest = best[size_t(flat)];
+    const bool bestOk = std::isinf(wantBest) ? std::isinf(haveBest) && haveBest < 0
+                                             : std::abs(haveBest - wantBest) <= 5e-3 + 1e-3 * std::abs(wantBest);
+    if (std::isfinite(wantBest) && std::isfinite(haveBest)) bestErr = std::max(bestErr, std::abs(haveBest - wantBest));
+    if (!bestOk && firstProblem.empty())
+      firstProblem = "max_scores[" + where + "] is " + std::to_string(haveBest) + ", reference " + std::to_string(wantBest);
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   if (!(rel <= tol) && firstProblem.empty()) firstProblem = "the relative error of out is above the tolerance";
   char line[512];
   std::snprintf(line, sizeof line,
                 "check vs float64 reference, %s: relative error %.2e (tolerance %.0e), worst row %.2e, "
-                "max |lse error| %.2e: %s\n",
-                what, rel, tol, worstRow, lseErr, firstProblem.empty() ? "PASS" : "FAIL");
+                "max |lse error| %.2e%s: %s\n",
+                what, rel, tol, worstRow, lseErr,
+                best.empty() ? "" : (", max |max score error| " + std::to_string(bestErr)).c_str(),
+                firstProblem.empty() ? "PASS" : "FAIL");
   out << line;
   if (!firstProblem.empty()) out << "  first problem: " << firstProblem << "\n";
   return firstProblem.empty();
@@ -487,6 +501,7 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
   options.return_lse = check != CheckScope::None;
+  options.return_max_scores = a.has("--max-scores");
   char line[512];
   // Each line is printed as soon as it is known (the streams flush per write: flextileMain), so a
   // run stopped during a long step shows how far it got.
@@ -517,6 +532,15 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   std::snprintf(line, sizeof line, "%s %.3f ms, %.2f TFLOP/s\n", device ? "median of 20 calls" : "interpreted", ms,
                 flops / ms / 1e9);
   out << line;
+  if (options.return_max_scores) {
+    const std::vector<float> best = r.max_scores.toHost<float>();
+    float top = -INFINITY;
+    int64_t blind = 0;
+    for (float x : best) top = std::max(top, x), blind += std::isinf(x) && x < 0;
+    std::snprintf(line, sizeof line, "max scores: the largest %.4g; %lld of %lld rows without a key\n", double(top),
+                  (long long)blind, (long long)best.size());
+    out << line;
+  }
   if (check == CheckScope::None) return 0;
   return checkAgainstReference(p, r, check, seed, plan.config.block_m, out) ? 0 : 1;
 }

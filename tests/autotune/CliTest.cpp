@@ -299,6 +299,19 @@ TEST(Cli, RunCheckSaysWhichRowsItChecked) {
   EXPECT_NE(blind.out.find("PASS"), std::string::npos) << blind.out;
 }
 
+// --max-scores asks for each row's largest score: run prints the largest and the rows without a key,
+// and --check compares them with the reference's (exactly -inf on the blind rows).
+TEST(Cli, RunMaxScores) {
+  Result r = run({"run", "test_first_rows_blind", "--host", "--shape", "1,2,200,32", "--max-scores", "--check=all"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("max scores: the largest "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" 0 of 400 rows without a key"), std::string::npos) << "its first rows see no key: " << r.out;
+  EXPECT_NE(r.out.find("max |max score error|"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+  Result plain = run({"run", "causal", "--host", "--shape", "1,2,100,32", "--check"});
+  EXPECT_EQ(plain.out.find("max score"), std::string::npos) << "only when asked: " << plain.out;
+}
+
 // The check can fail: with a reference that is wrong on purpose (FLEXTILE_CLI_WRONG_REFERENCE), both
 // the sample and the whole check report FAIL and exit 1.
 TEST(Cli, RunCheckFailsWhenTheResultDisagrees) {
