@@ -489,12 +489,13 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   // the row's `count`, then a ticket; the last of the group merges (the ordering argument is in
   // the file's header). There is no `if` in the IR: a loop of 0 or 1 trips is one.
   // (The partial's state m, l, none: its lse is traced after the output's store, as it always was.)
-  auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& index,
-                         const Tile& count) {
+  // (`best`: the partial's largest score, natural units, with max scores; an empty tile without.)
+  auto ticketMerge = [&](const Tile& partial, const Tile& pm, const Tile& pl, const Tile& pNone, const Tile& best,
+                         const Tile& index, const Tile& count) {
     Tile slot = rowId.to(DType::I64) * count + index;
     store(p.part_out + (slot.expand(1) * k.DVP + offsDV.expand(0)), partial, rowLive.expand(1));
     store(p.part_lse + slot, detail::rowLse(pm, pl, pNone, /*natural=*/false), rowLive);
-    if (k.hasMaxScores) store(p.part_max + slot, detail::rowMaxScore(pm, pNone), rowLive);
+    if (k.hasMaxScores) store(p.part_max + slot, best, rowLive);
     // acqRelTicket (the default; FLEXTILE_DECODE_ACQREL_TICKET=0 takes the fences): the ticket itself
     // releases the partials and acquires the others' (one thread's atom.acq_rel after a barrier of
     // the program, as CUDA's grid sync does) instead of a fence of every thread on each side.
@@ -524,17 +525,24 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     // cluster's fold is one partial of the fused merge, which then folds splits / 8 of them.
     int64_t crossing = 1;  // the real rows, rounded up to a power of two (at most BM)
     while (crossing < realRows) crossing *= 2;
-    std::vector<Tile> all = cluster_all_gather({detail::rowLse(m, l, empty, /*natural=*/false), out}, k.clusterMerge,
-                                               {.to = 0, .rows = crossing < k.BM ? crossing : 0});
-    const auto mid = all.begin() + std::ptrdiff_t(k.clusterMerge);
-    auto [mm, ll, merged] = detail::foldPartials(full({k.BM}, -INFINITY, DType::F32), zeros({k.BM}, DType::F32),
-                                                 zeros({k.BM, k.DVP}, DType::F32), std::vector<Tile>(all.begin(), mid),
-                                                 std::vector<Tile>(mid, all.end()));
+    std::vector<Tile> mine{detail::rowLse(m, l, empty, /*natural=*/false), out};
+    if (k.hasMaxScores) mine.push_back(detail::rowMaxScore(m, empty));
+    std::vector<Tile> all =
+        cluster_all_gather(mine, k.clusterMerge, {.to = 0, .rows = crossing < k.BM ? crossing : 0});
+    auto part = [&](size_t i) {  // the cluster's values of `mine`'s entry i
+      return std::vector<Tile>(all.begin() + std::ptrdiff_t(i * k.clusterMerge),
+                               all.begin() + std::ptrdiff_t((i + 1) * k.clusterMerge));
+    };
+    std::vector<Tile> st{full({k.BM}, -INFINITY, DType::F32), zeros({k.BM}, DType::F32),
+                         zeros({k.BM, k.DVP}, DType::F32)};
+    if (k.hasMaxScores) st.push_back(full({k.BM}, -INFINITY, DType::F32));
+    st = detail::foldPartialsAndMaxima(st, part(0), part(1), k.hasMaxScores ? part(2) : std::vector<Tile>{});
+    const Tile mm = st[0], ll = st[1], merged = st[2], best = k.hasMaxScores ? st[3] : Tile();
     Tile none = ll == 0.0;
     Tile folded = merged * (1.0 / where(none, 1.0, ll)).expand(1);
     if (k.clusterTickets) {
       for_range(0, (split % k.clusterMerge == 0).to(DType::I32), 1, [&](Tile) {
-        ticketMerge(folded, mm, ll, none, split / k.clusterMerge, splits / k.clusterMerge);
+        ticketMerge(folded, mm, ll, none, best, split / k.clusterMerge, splits / k.clusterMerge);
       });
       stamps[kTimelineReleased].reset();  // read inside the loop above: not values after it
       stamps[kTimelineMerging].reset();
@@ -545,11 +553,12 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
     store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsDV.expand(0)), folded.to(dt), byDV(stores));
     if (k.hasLse) store(p.lse + rowId.to(DType::I64), detail::rowLse(mm, ll, none, /*natural=*/true), stores);
+    if (k.hasMaxScores) store(p.max_scores + rowId.to(DType::I64), best, stores);
     storeTimeline();
     return;
   }
   if (k.split) {
-    ticketMerge(out, m, l, empty, split, splits);
+    ticketMerge(out, m, l, empty, k.hasMaxScores ? detail::rowMaxScore(m, empty) : Tile(), split, splits);
     storeTimeline();
     return;
   }
@@ -746,8 +755,7 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
 constexpr int64_t kMaxClusterSize = 8;
 bool clusterMergeWanted(const DecodePrepared& p) {
   const LoopSchedule asked = p.config.cluster_merge;
-  // (Not with max scores: a cluster's fold carries lses and outputs only.)
-  return p.clustersAvailable && !p.maxScores && p.switches.clusterMerge.value_or(asked == LoopSchedule::On);
+  return p.clustersAvailable && p.switches.clusterMerge.value_or(asked == LoopSchedule::On);
 }
 int64_t clusterMergeSize(const DecodePrepared& p) {
   const int64_t splits = p.config.splits;

@@ -84,7 +84,9 @@ const std::vector<Command>& commands() {
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
-       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"}, {"--host", "--max-scores"}, true,
+       {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"},
+       {"--host", "--max-scores"},
+       true,
        {"--check"}},
       {"autotune",
        "usage: flextile autotune VARIANT --shape B,H,N,D [--dtype ..] [--gqa G] [--dv DV] [--budget SECONDS] [--threads N]\n"
@@ -475,7 +477,8 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
                                              : std::abs(haveBest - wantBest) <= 5e-3 + 1e-3 * std::abs(wantBest);
     if (std::isfinite(wantBest) && std::isfinite(haveBest)) bestErr = std::max(bestErr, std::abs(haveBest - wantBest));
     if (!bestOk && firstProblem.empty())
-      firstProblem = "max_scores[" + where + "] is " + std::to_string(haveBest) + ", reference " + std::to_string(wantBest);
+      firstProblem =
+          "max_scores[" + where + "] is " + std::to_string(haveBest) + ", reference " + std::to_string(wantBest);
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   if (!(rel <= tol) && firstProblem.empty()) firstProblem = "the relative error of out is above the tolerance";

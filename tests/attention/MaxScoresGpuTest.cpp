@@ -1,6 +1,6 @@
 // FlexAttentionOptions::return_max_scores on the GPU: the default kernels of every variant (wgmma,
 // TMA rings, a producer warpgroup where the GPU has them), a persistent forward that splits its
-// last round (the merge kernel folds the pieces' maxima), the decode's splits and fused merge,
+// last round (the merge kernel folds the pieces' maxima), the decode's splits, fused and cluster merges,
 // and the paged cache, against the float64 reference; outputs poisoned first.
 #include <gtest/gtest.h>
 
@@ -62,6 +62,14 @@ TEST(MaxScoresGpu, DecodeSplitsAndTheirMerge) {
     for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128},
                             AttentionCase{.B = 1, .Hq = 8, .Hkv = 1, .L = 5, .S = 1000, .D = 64}})
       if (!checkDecodeVariant(rng, variant(name), c, kDevice, how)) return;
+  // The cluster merge: one cluster a group (4 splits), and clusters of 8 folded by the ticket (16).
+  ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+  const DecodeCheck clustered{
+      .splits = {4, 16}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}, .maxScores = true};
+  for (const char* name : {"causal", "sliding_window"})
+    if (!checkDecodeVariant(rng, variant(name), AttentionCase{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128},
+                            kDevice, clustered))
+      return;
 }
 
 TEST(MaxScoresGpu, PagedPrefillAndDecode) {

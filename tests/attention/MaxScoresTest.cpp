@@ -61,6 +61,18 @@ TEST(MaxScores, EveryVariantThroughTheDecodeTemplateAndItsSplits) {
       if (!checkDecodeVariant(rng, var, c, kHost, {.splits = {1, 3}, .maxScores = true})) return;
 }
 
+// The decode's cluster merge (FLEXTILE_DECODE_CLUSTER_MERGE=1): each cluster's fold takes its
+// programs' maxima with their partials; one cluster a group (4, 8 splits) stores them, several (16
+// splits: clusters of 8) pass their folds' maxima to the ticket merge.
+TEST(MaxScores, TheDecodesClusterMerge) {
+  ScopedSetenv cluster("FLEXTILE_DECODE_CLUSTER_MERGE", "1");
+  SeededRandom rng;
+  AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = 2, .S = 300, .D = 64, .dtype = DType::BF16,
+                  .context = "cluster merge"};
+  for (const char* name : {"causal", "sliding_window", "softcap"})
+    if (!checkDecodeVariant(rng, variant(name), c, kHost, {.splits = {4, 8, 16}, .maxScores = true})) return;
+}
+
 // Rows that see no key (odd queries, and a mask that allows nothing) end at -inf, beside live rows
 // of the same tile and of the same decode program.
 TEST(MaxScores, RowsWithoutAnAllowedKeyAreMinusInfinity) {
