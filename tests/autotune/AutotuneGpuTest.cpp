@@ -5,10 +5,14 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "attention/AttentionComparison.h"
 #include "attention_templates/Variants.h"
 #include "autotune/Autotune.h"
+#include "autotune/cli/Cli.h"
 #include "gpu/GpuTest.h"
 #include "runtime/FaultInjection.h"
 
@@ -165,5 +169,23 @@ TEST(AutotuneGpu, BackwardSweepStoresAWinnerThatCallsWithoutAConfigRun) {
   }
 }
 
+}  // namespace
+}  // namespace flextile
+
+namespace flextile {
+namespace {
+// Regression: `flextile run --max-scores` on a GPU times its calls with flex_attention_into, which
+// refused the options (return_max_scores without an output to write) after the first call had
+// passed: the check never ran (H100, 2026-12-07). The host runs no timed calls, so only a GPU shows it.
+TEST(CliGpu, RunWithMaxScoresTimesAndChecks) {
+  FLEXTILE_REQUIRE_GPU();
+  std::vector<const char*> args{"flextile", "run", "causal", "--shape", "1,4,1000,64", "--max-scores", "--check"};
+  std::ostringstream out, err;
+  const int status = cli::flextileMain(int(args.size()), args.data(), out, err);
+  EXPECT_EQ(status, 0) << out.str() << err.str();
+  EXPECT_NE(out.str().find("median of 20 calls"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("max |max score error|"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("PASS"), std::string::npos) << out.str();
+}
 }  // namespace
 }  // namespace flextile
