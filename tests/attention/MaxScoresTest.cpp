@@ -12,6 +12,8 @@
 #include "ThrownMessage.h"
 #include "gpu/GpuTest.h"
 #include "attention_templates/Variants.h"
+#include "codegen/Target.h"
+#include "ir/Printer.h"
 
 using namespace flextile;
 using namespace flextile::attention;
@@ -183,4 +185,44 @@ TEST(MaxScores, BadOutputsAreNamed) {
     expectError([&] { flex_attention_into(q, k, k, noop_score(), std::nullopt, out, nullptr, o); },
                 "max_scores must be contiguous");
   }
+}
+
+// Max scores are a kernel of their own: without them the traced forward and decode only declare the
+// two parameters (`max_scores`, `part_max`), and the sm_90a PTX stores nothing more; with them the
+// prefill stores one value a row where the lse would be stored, and the split decode also leaves
+// each split's maximum.
+TEST(MaxScores, OnlyAKernelThatAsksForThemStoresThem) {
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const codegen::Target sm90a = codegen::Target::sm90a();
+  const Tensor q = Tensor::zeros(DType::BF16, {1, 4, 1000, 64}, kHost);
+  const Tensor kv = Tensor::zeros(DType::BF16, {1, 2, 1000, 64}, kHost);
+  const BlockMask mask = causalBlockMask(1, 1, 1000, 1000);
+  FlexAttentionOptions with{.config = FlexAttentionConfig{128, 64, 8, 2}};
+  with.max_scores = Tensor::zeros(DType::F32, {1, 4, 1000}, kHost);
+  const FlexAttentionOptions without{.config = with.config};
+  const FlexAttentionPlan plain = plan_flex_attention(q, kv, kv, noop_score(), mask, without, true, sm90a);
+  const FlexAttentionPlan asked = plan_flex_attention(q, kv, kv, noop_score(), mask, with, true, sm90a);
+  const std::string plainIr = ir::printFunction(*plain.traced), askedIr = ir::printFunction(*asked.traced);
+  EXPECT_EQ(count(plainIr, "%max_scores"), 1u) << "declared only";
+  EXPECT_GT(count(askedIr, "%max_scores"), 1u);
+  // As many more stores as the lse adds (each a row's value, in every path that ends a tile).
+  FlexAttentionOptions lse = without;
+  lse.return_lse = true;
+  const FlexAttentionPlan withLse = plan_flex_attention(q, kv, kv, noop_score(), mask, lse, true, sm90a);
+  const size_t plainStores = count(plain.compiled->ptx, "st.global");
+  EXPECT_GT(count(withLse.compiled->ptx, "st.global"), plainStores);
+  EXPECT_EQ(count(asked.compiled->ptx, "st.global") - plainStores, count(withLse.compiled->ptx, "st.global") - plainStores);
+
+  const Tensor one = Tensor::zeros(DType::BF16, {1, 4, 1, 64}, kHost);
+  FlexAttentionOptions decode{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = 3}};
+  const FlexDecodePlan plainDecode = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
+  decode.max_scores = Tensor::zeros(DType::F32, {1, 4, 1}, kHost);
+  const FlexDecodePlan askedDecode = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
+  EXPECT_EQ(count(ir::printFunction(*plainDecode.traced), "%part_max"), 1u) << "declared only";
+  EXPECT_GT(count(ir::printFunction(*askedDecode.traced), "%part_max"), 1u);
+  EXPECT_GT(count(askedDecode.compiled[0]->ptx, "st.global"), count(plainDecode.compiled[0]->ptx, "st.global"));
 }
