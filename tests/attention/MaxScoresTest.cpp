@@ -215,7 +215,8 @@ TEST(MaxScores, OnlyAKernelThatAsksForThemStoresThem) {
   const FlexAttentionPlan withLse = plan_flex_attention(q, kv, kv, noop_score(), mask, lse, true, sm90a);
   const size_t plainStores = count(plain.compiled->ptx, "st.global");
   EXPECT_GT(count(withLse.compiled->ptx, "st.global"), plainStores);
-  EXPECT_EQ(count(asked.compiled->ptx, "st.global") - plainStores, count(withLse.compiled->ptx, "st.global") - plainStores);
+  EXPECT_EQ(count(asked.compiled->ptx, "st.global") - plainStores,
+            count(withLse.compiled->ptx, "st.global") - plainStores);
 
   const Tensor one = Tensor::zeros(DType::BF16, {1, 4, 1, 64}, kHost);
   FlexAttentionOptions decode{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = 3}};
