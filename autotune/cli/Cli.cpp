@@ -113,14 +113,15 @@ const std::vector<Command>& commands() {
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
-       "                        [--atomic-dq] --emit traced|ir|llvm|ptx [--locations]\n"
+       "                        [--atomic-dq] [--max-scores] --emit traced|ir|llvm|ptx [--locations]\n"
        "  Prints one stage of the kernel: traced (tile IR as traced; --locations: each op's template or\n"
        "  mod source line), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
        "  --kernel picks a kernel of the backward or the decode kernel (default: the forward). For the\n"
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
        "  other keeps its default; the backward's kernels have no traced stage here; --atomic-dq: dkdv\n"
-       "  adds dQ itself (DqAccumulation::Atomic, no dq kernel). decode: L queries\n"
+       "  adds dQ itself (DqAccumulation::Atomic, no dq kernel); --max-scores: the forward's, merge's or\n"
+       "  decode's kernel that also writes each row's largest score (return_max_scores). decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
        "  then BN,W,S[,SPLITS][,per-sm=N][,cluster|,no-cluster][,ws|,no-ws] (SPLITS 0 or absent: chosen\n"
        "  for the target's GPU, aiming at N programs an SM, default 2; cluster: the splits merge through\n"
@@ -128,7 +129,7 @@ const std::vector<Command>& commands() {
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--config", "--target", "--emit", "--kernel", "--queries"},
-       {"--locations", "--atomic-dq"},
+       {"--locations", "--atomic-dq", "--max-scores"},
        true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--dv DV] [--variants a,b,..] [--document-offsets FILE]\n"
@@ -721,6 +722,7 @@ int compileDecodeKernel(const Args& a, const Problem& p, const std::string& emit
     throw UsageError{"--queries " + std::to_string(L) + " must be in [1, N = " + std::to_string(p.N) + "]"};
   attention::FlexAttentionOptions options{.kernel = attention::AttentionTemplate::Decode};
   if (p.instance.mask) options.query_offset = p.N - L;
+  if (a.has("--max-scores")) options.max_scores = shapeOnly(DType::F32, {p.B, p.H, L});
   if (a.values.count("--config")) {
     try {
       options.decode_config = attention::FlexDecodeConfig::parse(a.values.at("--config"));
@@ -757,10 +759,14 @@ int cmdCompile(const Args& a, std::ostream& out) {
   const bool merge = kernel == "last-round-merge";
   if (merge && emit == "traced")
     throw UsageError{"--emit traced: the last round's merge kernel is traced inside the compile; ask for ir, llvm or ptx"};
-  if (kernel != "forward" && !merge) return compileBackwardKernel(a, p, kernel, emit, target, out);
+  if (kernel != "forward" && !merge) {
+    if (a.has("--max-scores")) throw UsageError{"--max-scores applies to the forward, its merge and the decode"};
+    return compileBackwardKernel(a, p, kernel, emit, target, out);
+  }
   if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
+  if (a.has("--max-scores")) options.max_scores = shapeOnly(DType::F32, {p.B, p.H, p.N});
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                                      options, emit != "traced", target);
   const codegen::CompiledKernel* compiled = plan.compiled;

@@ -312,6 +312,29 @@ TEST(Cli, RunMaxScores) {
   EXPECT_EQ(plain.out.find("max score"), std::string::npos) << "only when asked: " << plain.out;
 }
 
+// compile --max-scores prints the kernel that also writes the rows' largest scores: the forward's
+// and the decode's traced IR then use the parameter (without, it is only declared); the backward's
+// kernels take no such option.
+TEST(Cli, CompileMaxScores) {
+  auto uses = [](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = text.find("%max_scores"); at != std::string::npos; at = text.find("%max_scores", at + 1)) ++n;
+    return n;
+  };
+  for (const char* kernel : {"forward", "decode"}) {
+    Result plain = run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--emit", "traced"});
+    Result asked =
+        run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--max-scores", "--emit", "traced"});
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    ASSERT_EQ(asked.status, 0) << asked.err;
+    EXPECT_EQ(uses(plain.out), 1u) << kernel;
+    EXPECT_GT(uses(asked.out), 1u) << kernel;
+  }
+  Result backward = run({"compile", "causal", "--kernel", "dkdv", "--max-scores", "--emit", "ptx"});
+  EXPECT_EQ(backward.status, 2);
+  EXPECT_NE(backward.err.find("--max-scores applies to the forward"), std::string::npos) << backward.err;
+}
+
 // The check can fail: with a reference that is wrong on purpose (FLEXTILE_CLI_WRONG_REFERENCE), both
 // the sample and the whole check report FAIL and exit 1.
 TEST(Cli, RunCheckFailsWhenTheResultDisagrees) {
