@@ -290,6 +290,7 @@ double copyMicroseconds(double bytesMoved) {
 
 int main(int argc, char** argv) try {
   bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false, graph = false;
+  bool maxScores = false;  // --max-scores: every call also writes each row's largest score
   std::FILE* timelineCsv = nullptr;
   std::vector<std::string> only;
   std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
@@ -307,11 +308,12 @@ int main(int argc, char** argv) try {
       std::fprintf(timelineCsv, "shape,call,program,sm,start,walked,released,merging,end\n");
     } else if (!std::strcmp(argv[i], "--tune")) tune = true;
     else if (!std::strcmp(argv[i], "--graph")) graph = true;
+    else if (!std::strcmp(argv[i], "--max-scores")) maxScores = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--graph] [--only SHAPE]... "
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--graph] [--max-scores] [--only SHAPE]... "
                    "[--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
@@ -379,6 +381,7 @@ int main(int argc, char** argv) try {
     }
     FlexAttentionOptions base;
     if (mask) base.query_offset = pos;
+    if (maxScores) base.max_scores = Tensor::empty(DType::F32, {s.B, s.Hq, s.L}, MemorySpace::Device);
     // The prefill template on the same queries, as the check.
     {
       std::optional<BlockMask> slice;
