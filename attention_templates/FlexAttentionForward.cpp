@@ -787,21 +787,19 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       else
         store(oPtrs, out[i].to(dt), c ? c->rowsBy(rowLive) : rowsByDV(rowLive));
     }
+    auto storeRows = [&](const Tile& ptrs, const Tile& values) {  // a value a row (lse, max scores)
+      if (k.qDivisible)
+        store(ptrs, values);
+      else
+        store(ptrs, values, rowLive);
+    };
     if (k.hasLse) {
       Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
-      Tile lsePtrs = lseRows + offsM;
-      if (k.qDivisible)
-        store(lsePtrs, lse);
-      else
-        store(lsePtrs, lse, rowLive);
+      storeRows(lseRows + offsM, lse);
     }
     if (k.hasMaxScores) {
       Tile best = detail::rowMaxScore(m, empty);
-      Tile bestPtrs = p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM);
-      if (k.qDivisible)
-        store(bestPtrs, best);
-      else
-        store(bestPtrs, best, rowLive);
+      storeRows(p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM), best);
     }
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
@@ -1576,22 +1574,17 @@ void expectOutputs(const Tensor& q, int64_t valueDim, const Tensor& out, const T
     throw Error("flex_attention: out must be [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " +
                 std::to_string(L) + ", " + std::to_string(D) + "], got " + out.describe());
   if (out.space() != q.space()) throw Error("flex_attention: out is in another memory space than q");
-  if (lse) {
-    const Shape& s = lse->shape();
-    if (!lse->defined() || lse->dtype() != DType::F32 || s.size() != 3 || s[0] != B || s[1] != Hq || s[2] != L)
-      lse->expect("flex_attention: lse", DType::F32, {B, Hq, L});
-    if (!lse->isContiguous() || lse->space() != q.space())
-      throw Error("flex_attention: lse must be contiguous and in q's memory space, got " + lse->describe());
-  }
-  if (maxScores) {
-    const Shape& s = maxScores->shape();
-    if (!maxScores->defined() || maxScores->dtype() != DType::F32 || s.size() != 3 || s[0] != B || s[1] != Hq ||
-        s[2] != L)
-      maxScores->expect("flex_attention: max_scores", DType::F32, {B, Hq, L});
-    if (!maxScores->isContiguous() || maxScores->space() != q.space())
-      throw Error("flex_attention: max_scores must be contiguous and in q's memory space, got " +
-                  maxScores->describe());
-  }
+  // A value a row (lse, max scores): f32 [B, Hq, L], contiguous, in q's memory space.
+  auto expectRows = [&](const char* name, const Tensor& t) {
+    const Shape& s = t.shape();
+    if (!t.defined() || t.dtype() != DType::F32 || s.size() != 3 || s[0] != B || s[1] != Hq || s[2] != L)
+      t.expect(std::string("flex_attention: ") + name, DType::F32, {B, Hq, L});
+    if (!t.isContiguous() || t.space() != q.space())
+      throw Error(std::string("flex_attention: ") + name + " must be contiguous and in q's memory space, got " +
+                  t.describe());
+  };
+  if (lse) expectRows("lse", *lse);
+  if (maxScores) expectRows("max_scores", *maxScores);
 }
 
 // A plan's compile: it reads the output's shape, strides and alignment only, so a contiguous

@@ -313,8 +313,8 @@ int main(int argc, char** argv) try {
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] [--graph] [--max-scores] [--only SHAPE]... "
-                   "[--config BN,W,S[,SPLITS]]...\n",
+                   "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] "
+                   "[--graph] [--max-scores] [--only SHAPE]... [--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
     }

@@ -466,20 +466,19 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
     worstRow = std::max(worstRow, rowRel);
     if (!(rowRel <= 2 * tol) && firstProblem.empty())
       firstProblem = "row [" + where + "] of out has relative error " + std::to_string(rowRel);
-    const double want = ref.lse[n], have = lse[flat];
-    const bool lseOk = std::isinf(want) ? std::isinf(have) && have < 0
-                                        : std::isfinite(have) && std::abs(have - want) <= 2e-2 + 1e-3 * std::abs(want);
-    if (std::isfinite(want) && std::isfinite(have)) lseErr = std::max(lseErr, std::abs(have - want));
-    if (!lseOk && firstProblem.empty())
-      firstProblem = "lse[" + where + "] is " + std::to_string(have) + ", reference " + std::to_string(want);
-    if (best.empty()) continue;
-    const double wantBest = ref.maxScores[n], haveBest = best[size_t(flat)];
-    const bool bestOk = std::isinf(wantBest) ? std::isinf(haveBest) && haveBest < 0
-                                             : std::abs(haveBest - wantBest) <= 5e-3 + 1e-3 * std::abs(wantBest);
-    if (std::isfinite(wantBest) && std::isfinite(haveBest)) bestErr = std::max(bestErr, std::abs(haveBest - wantBest));
-    if (!bestOk && firstProblem.empty())
-      firstProblem =
-          "max_scores[" + where + "] is " + std::to_string(haveBest) + ", reference " + std::to_string(wantBest);
+    // A value a row (lse, max scores): -inf exactly where the reference's row has no live score,
+    // else within `absolute` + 1e-3 relative; the largest error into `worst`.
+    auto checkRowValue = [&](const char* name, double want, double have, double absolute, double& worst) {
+      const bool ok = std::isinf(want)
+                          ? std::isinf(have) && have < 0
+                          : std::isfinite(have) && std::abs(have - want) <= absolute + 1e-3 * std::abs(want);
+      if (std::isfinite(want) && std::isfinite(have)) worst = std::max(worst, std::abs(have - want));
+      if (!ok && firstProblem.empty())
+        firstProblem = std::string(name) + "[" + where + "] is " + std::to_string(have) + ", reference " +
+                       std::to_string(want);
+    };
+    checkRowValue("lse", ref.lse[n], lse[flat], 2e-2, lseErr);
+    if (!best.empty()) checkRowValue("max_scores", ref.maxScores[n], best[size_t(flat)], 5e-3, bestErr);
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   char bestText[64] = "";

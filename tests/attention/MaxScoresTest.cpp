@@ -9,6 +9,7 @@
 #include "FlexAttentionDecodeCheck.h"
 #include "MaskTestUtil.h"
 #include "PagedKVCheck.h"
+#include "TextCount.h"
 #include "ThrownMessage.h"
 #include "gpu/GpuTest.h"
 #include "attention_templates/Variants.h"
@@ -192,11 +193,6 @@ TEST(MaxScores, BadOutputsAreNamed) {
 // prefill stores one value a row where the lse would be stored, and the split decode also leaves
 // each split's maximum.
 TEST(MaxScores, OnlyAKernelThatAsksForThemStoresThem) {
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   const codegen::Target sm90a = codegen::Target::sm90a();
   const Tensor q = Tensor::zeros(DType::BF16, {1, 4, 1000, 64}, kHost);
   const Tensor kv = Tensor::zeros(DType::BF16, {1, 2, 1000, 64}, kHost);
@@ -207,23 +203,24 @@ TEST(MaxScores, OnlyAKernelThatAsksForThemStoresThem) {
   const FlexAttentionPlan plain = plan_flex_attention(q, kv, kv, noop_score(), mask, without, true, sm90a);
   const FlexAttentionPlan asked = plan_flex_attention(q, kv, kv, noop_score(), mask, with, true, sm90a);
   const std::string plainIr = ir::printFunction(*plain.traced), askedIr = ir::printFunction(*asked.traced);
-  EXPECT_EQ(count(plainIr, "%max_scores"), 1u) << "declared only";
-  EXPECT_GT(count(askedIr, "%max_scores"), 1u);
+  EXPECT_EQ(count(plainIr, "%max_scores"), 1) << "declared only";
+  EXPECT_GT(count(askedIr, "%max_scores"), 1);
   // As many more stores as the lse adds (each a row's value, in every path that ends a tile).
   FlexAttentionOptions lse = without;
   lse.return_lse = true;
   const FlexAttentionPlan withLse = plan_flex_attention(q, kv, kv, noop_score(), mask, lse, true, sm90a);
-  const size_t plainStores = count(plain.compiled->ptx, "st.global");
-  EXPECT_GT(count(withLse.compiled->ptx, "st.global"), plainStores);
-  EXPECT_EQ(count(asked.compiled->ptx, "st.global") - plainStores,
-            count(withLse.compiled->ptx, "st.global") - plainStores);
+  const int plainStores = count(plain.compiled->ptx, "st\\.global");
+  EXPECT_GT(count(withLse.compiled->ptx, "st\\.global"), plainStores);
+  EXPECT_EQ(count(asked.compiled->ptx, "st\\.global") - plainStores,
+            count(withLse.compiled->ptx, "st\\.global") - plainStores);
 
   const Tensor one = Tensor::zeros(DType::BF16, {1, 4, 1, 64}, kHost);
   FlexAttentionOptions decode{.kernel = AttentionTemplate::Decode, .decode_config = FlexDecodeConfig{.splits = 3}};
   const FlexDecodePlan plainDecode = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
   decode.max_scores = Tensor::zeros(DType::F32, {1, 4, 1}, kHost);
   const FlexDecodePlan askedDecode = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
-  EXPECT_EQ(count(ir::printFunction(*plainDecode.traced), "%part_max"), 1u) << "declared only";
-  EXPECT_GT(count(ir::printFunction(*askedDecode.traced), "%part_max"), 1u);
-  EXPECT_GT(count(askedDecode.compiled[0]->ptx, "st.global"), count(plainDecode.compiled[0]->ptx, "st.global"));
+  EXPECT_EQ(count(ir::printFunction(*plainDecode.traced), "%part_max"), 1) << "declared only";
+  EXPECT_GT(count(ir::printFunction(*askedDecode.traced), "%part_max"), 1);
+  EXPECT_GT(count(askedDecode.compiled[0]->ptx, "st\\.global"),
+            count(plainDecode.compiled[0]->ptx, "st\\.global"));
 }

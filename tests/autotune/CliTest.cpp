@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_templates/Variants.h"
+#include "TextCount.h"
 #include "autotune/cli/Cli.h"
 
 using namespace flextile::attention;
@@ -316,19 +317,15 @@ TEST(Cli, RunMaxScores) {
 // and the decode's traced IR then use the parameter (without, it is only declared); the backward's
 // kernels take no such option.
 TEST(Cli, CompileMaxScores) {
-  auto uses = [](const std::string& text) {
-    size_t n = 0;
-    for (size_t at = text.find("%max_scores"); at != std::string::npos; at = text.find("%max_scores", at + 1)) ++n;
-    return n;
-  };
+  auto uses = [](const std::string& text) { return testing::count(text, "%max_scores"); };
   for (const char* kernel : {"forward", "decode"}) {
     Result plain = run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--emit", "traced"});
     Result asked =
         run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--max-scores", "--emit", "traced"});
     ASSERT_EQ(plain.status, 0) << plain.err;
     ASSERT_EQ(asked.status, 0) << asked.err;
-    EXPECT_EQ(uses(plain.out), 1u) << kernel;
-    EXPECT_GT(uses(asked.out), 1u) << kernel;
+    EXPECT_EQ(uses(plain.out), 1) << kernel;
+    EXPECT_GT(uses(asked.out), 1) << kernel;
   }
   Result backward = run({"compile", "causal", "--kernel", "dkdv", "--max-scores", "--emit", "ptx"});
   EXPECT_EQ(backward.status, 2);
