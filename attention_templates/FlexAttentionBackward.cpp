@@ -148,7 +148,8 @@ struct GradParams {
                            (P<I32>, q_stride_h), (P<I32>, q_stride_m), (P<I32>, k_stride_b), (P<I32>, k_stride_h),
                            (P<I32>, k_stride_n), (P<I32>, v_stride_b), (P<I32>, v_stride_h), (P<I32>, v_stride_n),
                            (P<I32>, dout_stride_b), (P<I32>, dout_stride_h), (P<I32>, dout_stride_m),
-                           (P<I32>, q_heads), (P<F32>, scale), (P<F32>, grad_scale), (P<F32Ptr>, dq_accum));
+                           (P<I32>, q_heads), (P<F32>, scale), (P<F32>, grad_scale), (P<F32Ptr>, dq_accum),
+                           (P<I32>, dq_accum_stride_h));
 };
 
 struct GradConstants {
@@ -481,10 +482,14 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
             Tile dq = atomicDqT ? (dqT[i] * p.grad_scale).trans()  // [BM, DP]
                                 : dot(dsLow.trans(), kt[i]) * p.grad_scale;
             Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + (c ? c->offs : offsD).expand(0));
+            // The same elements as a box of the [B * Hq, L, D] sums: on sm_90a one TMA reduction
+            // per 128-byte panel adds the tile (codegen/passes/BulkReduce.cpp).
+            const TensorBox box{p.dq_accum, {detail::kUnboundedDim, p.q_len, k.D}, {p.dq_accum_stride_h, k.D},
+                                {b * p.q_heads + h, row0, c ? c->first : 0}};
             if (c ? chunkExact(*c, k.qExact) : exact)
-              atomic_add(dqPtrs, dq);
+              atomic_add(dqPtrs, dq, box);
             else
-              atomic_add(dqPtrs, dq, c ? c->rowsBy(rowLive) : byD(rowLive));
+              atomic_add(dqPtrs, dq, c ? c->rowsBy(rowLive) : byD(rowLive), box);
           }
         };
         std::vector<Tile> next;
@@ -1087,7 +1092,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
          .q_stride_h = qs[1], .q_stride_m = qs[2], .k_stride_b = ks[0], .k_stride_h = ks[1], .k_stride_n = ks[2],
          .v_stride_b = vs[0], .v_stride_h = vs[1], .v_stride_n = vs[2], .dout_stride_b = dos[0],
          .dout_stride_h = dos[1], .dout_stride_m = dos[2], .q_heads = Hq, .scale = kernelScale, .grad_scale = scale,
-         .dq_accum = dqAccum},
+         .dq_accum = dqAccum, .dq_accum_stride_h = L * D},
         kernel.name());
     if (gc.tileOrder) {
       const Tensor& order = dkdv ? mask.heaviestTilesFirstTensor(B, Hkv, S, c.block_n, space, options.stream, true, Hq / Hkv)

@@ -480,7 +480,7 @@ void AxisInfoAnalysis::visitOp(const Op& op) {
     case OpKind::Load: {
       // The same address gives the same value within one load.
       std::initializer_list<size_t> all0{0}, all1{0, 1}, all2{0, 1, 2};
-      const size_t own = ir::loadOperandCount(op);  // a tensor box's scalars add nothing
+      const size_t own = ir::operandsBeforeBox(op);  // a tensor box's scalars add nothing
       r = constancyOf(own == 1 ? all0 : own == 2 ? all1 : all2);
       break;
     }

@@ -43,10 +43,10 @@ namespace flextile::codegen {
 
 // "flextile 0.1.0; LLVM 22.1.8; build <size>-<mtime>", plus the settings
 // that change the code (no fp fusion, skipped passes, FLEXTILE_WGMMA=0,
-// FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0): part of every key.
+// FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0, FLEXTILE_BULK_TENSOR=0): part of every key.
 std::string compilerVersion();
 // The environment switches that change the generated code and are read on
-// every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0) as text, "" at
+// every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0, FLEXTILE_BULK_TENSOR=0) as text, "" at
 // their defaults: part of compilerVersion(), and of the in-memory caches'
 // keys (dsl::Kernel). The reference stays valid until this thread calls again.
 const std::string& codegenSwitches();

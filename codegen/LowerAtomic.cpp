@@ -53,6 +53,7 @@
 // atomic runs on (a tile atomic runs on many).
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/InlineAsm.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
@@ -60,7 +61,9 @@
 #include <set>
 
 #include "codegen/LowerToLLVMImpl.h"
+#include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/TensorMaps.h"
 
 namespace flextile::codegen {
 
@@ -77,7 +80,7 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
   const int64_t addressesAt = base + rows * stride, dumpAt = addressesAt + rows * 8;
   const Regs& ptrs = get(ptrV);
   const Regs& vals = get(op.operand(1));
-  const Regs* mask = op.numOperands() == 3 ? &get(op.operand(2)) : nullptr;
+  const Regs* mask = ir::operandsBeforeBox(op) == 3 ? &get(op.operand(2)) : nullptr;
   auto byteAt = [&](int64_t at, llvm::Value* byteOffset) {
     return b.CreateGEP(b.getInt8Ty(), sharedBase, b.CreateAdd(i32(at), byteOffset));
   };
@@ -184,6 +187,49 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
   set(op.result(), Regs(size_t(l.numRegisters()), llvm::Constant::getNullValue(b.getFloatTy())));
 }
 
+// The whole tile by TMA (`bulk_tensor = 1`): the owners store it into the op's scratch in
+// bulkTensorStaging's swizzled panels (for wgmma's transposed accumulator, as the atomic dQ holds
+// it, each store instruction's 32 lanes meet 32 distinct banks), then, after the same proxy fence
+// and barrier as the rows', one thread issues a `cp.reduce.async.bulk.tensor` per panel at the
+// box's coordinates and commits the group. The tensor map clips what lies outside the tensor's
+// dims, which is where the mask is off (ir/Ops.def). The engine's reads are waited for as the
+// rows' are: at the op's next execution and at every return.
+void Lowering::lowerAtomicAddBulkTensor(const ir::Op& op) {
+  if (const std::string why = bulkTensorRefusal(op, target); !why.empty()) fail(op, "has bulk_tensor = 1, but " + why);
+  const ir::SharedLayout staging = bulkTensorStaging(op);
+  const TmaCopyPlan tma = tmaCopyPlan(op, func, tensorMaps_);
+  const int64_t base = scratchOffset(op, scratchBytes(op));
+  if (base % tma.alignment != 0)
+    fail(op, "its staging starts at byte " + std::to_string(base) + " of shared memory; TMA with its layout needs a multiple of " +
+                 std::to_string(tma.alignment));
+  const ir::TensorBox box = *ir::tensorBoxOf(op);
+  const size_t rank = box.dims.size();
+  std::vector<llvm::Value*> coords;  // innermost first
+  for (size_t k = rank; k-- > 0;) coords.push_back(get(box.coords[k])[0]);
+  asmStatement("cp.async.bulk.wait_group.read 0;");
+  barrier();
+  const Layout& l = layoutOf(op.operand(1), op);
+  storeToSwizzledTile(get(op.operand(1)), l, staging, DType::F32, i32(base));
+  asmStatement("fence.proxy.async.shared::cta;");
+  barrier();
+  static const llvm::Intrinsic::ID ids[] = {llvm::Intrinsic::nvvm_cp_async_bulk_tensor_reduce_add_tile_1d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_reduce_add_tile_2d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_reduce_add_tile_3d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_reduce_add_tile_4d,
+                                            llvm::Intrinsic::nvvm_cp_async_bulk_tensor_reduce_add_tile_5d};
+  onlyWhere(threadsWithBitsClear(31, uint32_t(func.numWarps() - 1)), "tma.reduce", [&] {
+    for (int64_t p = 0; p < tma.numPanels; ++p) {
+      llvm::Value* at = b.CreateGEP(b.getInt8Ty(), sharedBase, i32(base + p * tma.panelBytes));
+      std::vector<llvm::Value*> args{b.CreateAddrSpaceCast(at, b.getPtrTy(3)), tensorMapArgs_[tma.map]};
+      for (size_t k = 0; k < rank; ++k) args.push_back(k == 0 && p ? b.CreateAdd(coords[0], i32(p * tma.panel)) : coords[k]);
+      args.insert(args.end(), {b.getInt64(0), b.getFalse()});
+      b.CreateIntrinsic(ids[rank - 1], llvm::ArrayRef<llvm::Value*>(args));
+    }
+    asmStatement("cp.async.bulk.commit_group;");
+  });
+  set(op.result(), Regs(size_t(l.numRegisters()), llvm::Constant::getNullValue(b.getFloatTy())));
+}
+
 void Lowering::returnFromKernel() {
   // The program's shared memory must outlive the engine's reads of a bulk reduction's rows.
   if (bulkReductions) asmStatement("cp.async.bulk.wait_group.read 0;");
@@ -191,8 +237,9 @@ void Lowering::returnFromKernel() {
 }
 
 void Lowering::lowerAtomicAdd(const ir::Op& op) {
-  if (op.numOperands() < 2 || op.numOperands() > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
+  if (ir::operandsBeforeBox(op) < 2 || ir::operandsBeforeBox(op) > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
   if (addsRowsInBulk(op)) return lowerAtomicAddBulkRows(op);
+  if (addsTensorInBulk(op)) return lowerAtomicAddBulkTensor(op);
   const ir::Value* ptrV = op.operand(0);
   const ir::Value* res = op.result();
   const ir::Type& pt = ptrV->type();
@@ -206,7 +253,7 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
       if (layoutOf(v, op) != *l)
         fail(op, "layout " + v->type().layout()->str() + " differs from the pointer layout " + l->str() +
                      " (ptr, value, mask and result share one layout)");
-    if (op.numOperands() == 3 && layoutOf(op.operand(2), op) != *l)
+    if (ir::operandsBeforeBox(op) == 3 && layoutOf(op.operand(2), op) != *l)
       fail(op, "mask layout " + op.operand(2)->type().layout()->str() + " differs from the pointer layout " + l->str());
   } else {
     for (const ir::Value* v : op.operands())
@@ -215,7 +262,7 @@ void Lowering::lowerAtomicAdd(const ir::Op& op) {
   const size_t n = l ? size_t(l->numRegisters()) : 1;
   const Regs& ptrs = get(ptrV);
   const Regs& vals = get(op.operand(1));
-  const Regs* mask = op.numOperands() == 3 ? &get(op.operand(2)) : nullptr;
+  const Regs* mask = ir::operandsBeforeBox(op) == 3 ? &get(op.operand(2)) : nullptr;
   // The one thread per element that adds: the lowest replica, or thread 0
   // for a scalar (every bit of lane and warp "replicated").
   llvm::Value* owner = l ? ownerPredicate(*l) : threadsWithBitsClear(31u, uint32_t(func.numWarps() - 1));

@@ -77,7 +77,7 @@ void Lowering::lowerLoad(const ir::Op& op) {
   const ir::Value* res = op.result();
   const ir::Type& rt = res->type();
   // A tensor box (ir/Ops.def) only names the same elements again: the load reads through its pointers.
-  const size_t own = ir::loadOperandCount(op);
+  const size_t own = ir::operandsBeforeBox(op);
   if (own < 1 || own > 3) fail(op, "load takes (ptr [, mask [, other]])");
   const ir::Layout* l = nullptr;
   if (rt.isTile()) {

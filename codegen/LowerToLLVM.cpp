@@ -452,7 +452,7 @@ std::unique_ptr<llvm::Module> Lowering::run() {
   const int producers = producerWarps(func);
   specialized = producers > 0;
   func.walk([&](const ir::Op& op) {
-    bulkReductions = bulkReductions || (op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op));
+    bulkReductions = bulkReductions || (op.kind() == OpKind::AtomicAdd && addsInBulk(op));
   });
   const int threads = 32 * (func.numWarps() + producers);
   kernel->addFnAttr("nvvm.maxntid", std::to_string(threads));

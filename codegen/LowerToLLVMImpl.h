@@ -129,6 +129,7 @@ class Lowering {
   void lowerStore(const ir::Op& op);
   void lowerAtomicAdd(const ir::Op& op);       // LowerAtomic.cpp
   void lowerAtomicAddBulkRows(const ir::Op& op);  // bulk_rows = 1: cp.reduce.async.bulk per row
+  void lowerAtomicAddBulkTensor(const ir::Op& op);  // bulk_tensor = 1: TMA reductions of the tile
   void lowerFence(const ir::Op& op);
   void lowerStoreTagged(const ir::Op& op);  // LowerAtomic.cpp
   void lowerLoadTagged(const ir::Op& op);

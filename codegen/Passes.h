@@ -140,13 +140,18 @@ ir::Pass warpSpecializePass(const Target& target);  // "warp-specialize"
 // whose rows are proven contiguous and 16-byte aligned, whose mask is constant along each row and
 // whose old values are unused gets `bulk_rows = 1` on targets with Feature::BulkReduce: the
 // lowering adds each row with one cp.reduce.async.bulk from shared memory instead of W atomics
-// (codegen/LowerAtomic.cpp; scratch in codegen/SharedMemory.h). Runs after "pipeline", before
-// "wgmma" (which waits for wgmma groups before every op with scratch).
+// (codegen/LowerAtomic.cpp; scratch in codegen/SharedMemory.h). One that names its tile as a
+// tensor box gets `bulk_tensor = 1` instead where the target has TMA: the whole tile added by one
+// TMA reduction per 128-byte panel. Runs after "pipeline", before "wgmma" (which waits for wgmma
+// groups before every op with scratch).
 void selectBulkReduce(ir::Function& f, const Target& target);
 ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"
 // Why `atomic` may not be lowered as bulk row reductions on a target that has them ("" when it
 // may). planLowering checks every `bulk_rows` op with it (hand-written IR may carry the attribute).
 std::string bulkReduceRefusal(const ir::Op& atomic, const AxisInfoAnalysis& axis);
+// Why `atomic` may not be lowered as TMA reductions of its whole tile (`bulk_tensor = 1`) on
+// `target` ("" when it may); the lowering checks every `bulk_tensor` op with it.
+std::string bulkTensorRefusal(const ir::Op& atomic, const Target& target);
 
 // The tile-level passes compile() runs (codegen/Compiler.cpp), in order: canonicalize, fold-scales, regroup-sums, cse, dce,
 // hoist-invariant-loads, assign-layouts, defer-accumulation, pipeline, bulk-reduce, wgmma, pingpong, prefetch-loads, warp-specialize. The one list, so that what tests run is what the compiler runs.

@@ -1,6 +1,7 @@
 #include "codegen/SharedMemory.h"
 
 #include "codegen/TensorCores.h"
+#include "codegen/TensorMaps.h"
 
 #include <algorithm>
 #include <array>
@@ -57,6 +58,56 @@ int64_t countOps(const Op& op) {
 }  // namespace
 
 bool addsRowsInBulk(const Op& atomic) { return atomic.hasAttr("bulk_rows") && atomic.intAttr("bulk_rows") != 0; }
+bool addsTensorInBulk(const Op& atomic) { return atomic.hasAttr("bulk_tensor") && atomic.intAttr("bulk_tensor") != 0; }
+bool addsInBulk(const Op& atomic) { return addsRowsInBulk(atomic) || addsTensorInBulk(atomic); }
+
+namespace {
+// Shared-memory wavefronts of the stores of a tile in `l` into `s` as storeToSwizzledTile issues
+// them (codegen/LowerLayoutConversion.cpp): v registers along the row a store, the lanes in phases
+// of 128 bytes, each phase as many wavefronts as the most distinct words one of the 32 banks gets.
+int64_t sharedStoreWavefronts(const ir::Layout& l, const ir::SharedLayout& s) {
+  int64_t v = std::min<int64_t>(l.contiguousRegisters(s.order()[0]), s.vec());
+  for (const ir::Layout::Bases* bases : {&l.laneBases(), &l.warpBases()})
+    for (const auto& basis : *bases)
+      while (v > 1 && s.offsetOf(basis) % v != 0) v /= 2;
+  const int64_t lanesPerPhase = std::max<int64_t>(1, 32 / v);
+  int64_t total = 0;
+  for (int64_t r = 0; r < l.numRegisters(); r += v)
+    for (int64_t first = 0; first < 32; first += lanesPerPhase) {
+      std::array<std::vector<int64_t>, 32> byBank;
+      for (int64_t lane = first; lane < first + lanesPerPhase; ++lane)
+        for (int64_t i = 0; i < v; ++i) {
+          const int64_t word = s.offsetOf(l.apply(r + i, lane, 0));
+          std::vector<int64_t>& words = byBank[size_t(word % 32)];
+          if (std::find(words.begin(), words.end(), word) == words.end()) words.push_back(word);
+        }
+      size_t most = 0;
+      for (const auto& words : byBank) most = std::max(most, words.size());
+      total += int64_t(most);
+    }
+  return total;
+}
+}  // namespace
+
+ir::SharedLayout bulkTensorStaging(const Op& atomic) {
+  const ir::Type& t = atomic.operand(0)->type();
+  const ir::Shape& shape = t.shape();
+  const int64_t rowBytes = shape.back() * 4;
+  if (rowBytes < 32) return ir::SharedLayout::plain(shape, {1, 0}, 4);
+  // TMA's swizzled spans of 128, 64 and 32 bytes: the one whose stores meet the fewest bank
+  // conflicts, the widest of equals (fewer panels, fewer reductions). wgmma's transposed
+  // accumulator (the specialized atomic dQ) is conflict-free at 128; the mma accumulator, four
+  // lanes a row, at 32 only (its 8-byte stores cover rows r and r ^ 1 alike in a 128-byte span).
+  std::optional<ir::SharedLayout> best;
+  int64_t bestWavefronts = 0;
+  for (int64_t span = std::min<int64_t>(128, rowBytes); span >= 32; span /= 2) {
+    ir::SharedLayout s(shape, {1, 0}, 4, 128 / span, span / 16, 4, span / 4);
+    if (!t.hasLayout()) return s;
+    const int64_t wavefronts = sharedStoreWavefronts(*t.layout(), s);
+    if (!best || wavefronts < bestWavefronts) best = s, bestWavefronts = wavefronts;
+  }
+  return *best;
+}
 
 bool bulkStoresPaired(const ir::Layout& l) {
   if (l.numRegisters() < 2 || l.regCoord(1) != ir::Layout::Coord{0, 1}) return false;
@@ -134,6 +185,7 @@ int64_t scratchBytes(const Op& op) {
         const int64_t rows = op.operand(0)->type().shape()[0];
         return rows * bulkRowStride(op) + rows * 8 + int64_t(op.function()->numWarps()) * 32 * 8;
       }
+      if (addsTensorInBulk(op)) return tileBytes(op.operand(1));
       return atomicOldValuesShared(op) ? tileBytes(op.result()) : 0;
     case OpKind::Dot:
       if (isMmaDot(op)) return 0;  // operands arrive in registers (dot-operand layouts)
@@ -197,7 +249,7 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
         for (const ir::Value* r : reads) touches = touches || uses(op, r);
         if (touches) cover(buf, op);
       });
-    } else if (buf.owner->kind() == OpKind::AtomicAdd && addsRowsInBulk(*buf.owner)) {
+    } else if (buf.owner->kind() == OpKind::AtomicAdd && addsInBulk(*buf.owner)) {
       // The engine may still read the rows after the op: its bytes are its own from the start of
       // the outermost loop around it (its next iteration, which waits first) to the kernel's end.
       const Op* top = buf.owner;
@@ -211,6 +263,14 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
       });
     }
   }
+  // Shared buffers may be TMA destinations; a bulk_tensor atomic_add's tile is a TMA source, its
+  // swizzle a function of the address.
+  auto alignmentOfBuffer = [](const Buffer& b) {
+    if (b.owner->kind() == OpKind::LocalAlloc) return std::max(kTmaPlainAlignment, alignmentOf(b.bytes));
+    if (b.owner->kind() == OpKind::AtomicAdd && addsTensorInBulk(*b.owner))
+      return std::max(alignmentOf(b.bytes), tmaSlotAlignment(bulkTensorStaging(*b.owner)));
+    return alignmentOf(b.bytes);
+  };
   // Greedy by size (largest first): each buffer takes the lowest aligned
   // offset not used by an already placed buffer whose live range overlaps.
   std::vector<Buffer*> order;
@@ -228,8 +288,7 @@ SharedPlan placeBuffers(const ir::Function& f, const std::set<const Op*>& reside
       moved = false;
       for (auto [lo, hi] : busy)
         if (off + b->bytes > lo && off < hi) {
-          off = alignUp(hi, b->owner->kind() == OpKind::LocalAlloc ? std::max(kTmaPlainAlignment, alignmentOf(b->bytes))
-                                                                     : alignmentOf(b->bytes));
+          off = alignUp(hi, alignmentOfBuffer(*b));
           moved = true;
         }
     }

@@ -51,6 +51,9 @@
 //                   waits for the previous execution's (`cp.async.bulk.wait_group.read 0`)
 //                   before it writes, and every return waits for the last. So its bytes are its
 //                   own from the start of the outermost loop around it to the kernel's end.
+//   atomic_add      with `bulk_tensor` (tile [R, W] of f32): the tile in bulkTensorStaging(op),
+//                   R * W * 4 bytes at a multiple of 1024 (the swizzle's period). Its bytes are
+//                   its own as a bulk_rows op's are, for the same reason.
 //   cluster_all_gather  each operand row-major as for convert_layout (a scalar: one element),
 //                   operand i at base + clusterGatherOffset(op, i) (each rounded up to 16
 //                   bytes). Every program of the cluster has the same plan, so rank r's copy of
@@ -86,6 +89,7 @@
 
 #include "codegen/Target.h"
 #include "ir/IR.h"
+#include "ir/SharedLayout.h"
 
 namespace flextile::codegen {
 
@@ -111,6 +115,15 @@ int64_t sharedSlotBytes(const ir::Type& buffer);
 bool atomicOldValuesShared(const ir::Op& atomic);
 // Whether an atomic_add carries `bulk_rows = 1` (codegen/passes/BulkReduce.cpp).
 bool addsRowsInBulk(const ir::Op& atomic);
+// Whether an atomic_add carries `bulk_tensor = 1` (codegen/passes/BulkReduce.cpp).
+bool addsTensorInBulk(const ir::Op& atomic);
+// Either: the bulk-copy engine reads the op's staged tile after the op.
+bool addsInBulk(const ir::Op& atomic);
+// Where a bulk_tensor atomic_add stages its [R, W] f32 tile: row-major in panels of one of TMA's
+// swizzles (128-byte spans: 32 columns, the 16-byte chunks of row r XOR r % 8; or 64 or 32 bytes),
+// the one whose stores from the tile's layout meet the fewest bank conflicts, the widest of equals;
+// unswizzled when a row is under 32 bytes. TMA reads it as one box per panel.
+ir::SharedLayout bulkTensorStaging(const ir::Op& atomic);
 // Whether a bulk_rows atomic_add of a tile in `l` stores registers 2k and 2k + 1 as one 8-byte
 // store: they are neighbouring columns and every thread's own column part is even.
 bool bulkStoresPaired(const ir::Layout& l);

@@ -63,14 +63,15 @@ int64_t tmaSlotAlignment(const ir::SharedLayout& layout) { return layout.maxPhas
 
 namespace {
 
-SlotGeometry slotGeometry(const Op& copy, size_t rank) {
-  const ir::Type& buf = copy.operand(0)->type();
-  const ir::SharedLayout& l = *buf.sharedLayout();
-  const ir::Shape& shape = buf.shape();
-  const int64_t eb = ir::byteWidth(buf.dtype());
+// The boxes of a tile of `shape` in shared layout `l`, in a tensor of rank `rank`: a tma_copy's slot
+// or a bulk_tensor atomic_add's staging.
+SlotGeometry slotGeometry(const Op& op, const ir::SharedLayout& l, const ir::Shape& shape, ir::DType dtype, size_t rank) {
+  const int64_t eb = ir::byteWidth(dtype);
   const size_t r = shape.size();
-  if (const std::string why = tmaSlotRefusal(l, shape, buf.dtype()); !why.empty())
-    throw Error(copy.describe() + ": TMA cannot write the slot layout " + l.str() + ": " + why, ErrorKind::InvalidArgument);
+  if (const std::string why = tmaSlotRefusal(l, shape, dtype); !why.empty())
+    throw Error(op.describe() + (op.kind() == OpKind::TmaCopy ? ": TMA cannot write the slot layout " : ": TMA cannot read the staging layout ") +
+                    l.str() + ": " + why,
+                ErrorKind::InvalidArgument);
   SlotGeometry g;
   g.panel = l.panel();
   const int64_t spanBytes = g.panel * eb;
@@ -85,20 +86,34 @@ SlotGeometry slotGeometry(const Op& copy, size_t rank) {
   return g;
 }
 
-TensorMapRecipe recipeOf(const Op& copy, const ir::Function& f) {
-  const size_t rank = (copy.numOperands() - 5) / 3;
+SlotGeometry geometryOf(const Op& op, size_t rank) {
+  if (op.kind() == OpKind::TmaCopy) {
+    const ir::Type& buf = op.operand(0)->type();
+    return slotGeometry(op, *buf.sharedLayout(), buf.shape(), buf.dtype(), rank);
+  }
+  return slotGeometry(op, bulkTensorStaging(op), op.operand(1)->type().shape(), ir::DType::F32, rank);
+}
+
+// A tma_copy's recipe, or a bulk_tensor atomic_add's: the box operands start at `base`'s index.
+TensorMapRecipe recipeOf(const Op& op, const ir::Function& f) {
+  const bool copy = op.kind() == OpKind::TmaCopy;
+  const size_t first = copy ? 5 : 3, rank = (op.numOperands() - first) / 3;
   TensorMapRecipe rec;
-  rec.baseParam = launcherValue(copy, f, 5, "the tensor's base").param;
+  rec.baseParam = launcherValue(op, f, first, "the tensor's base").param;
   if (rec.baseParam < 0)
-    throw Error(copy.describe() + ": the tensor's base must be a pointer parameter of the kernel", ErrorKind::InvalidArgument);
-  rec.dtype = copy.operand(0)->type().dtype();
-  for (size_t k = 0; k < rank; ++k) rec.dims.push_back(launcherValue(copy, f, 6 + k, "dim " + std::to_string(k)));
+    throw Error(op.describe() + ": the tensor's base must be a pointer parameter of the kernel", ErrorKind::InvalidArgument);
+  rec.dtype = copy ? op.operand(0)->type().dtype() : ir::DType::F32;
+  for (size_t k = 0; k < rank; ++k) rec.dims.push_back(launcherValue(op, f, first + 1 + k, "dim " + std::to_string(k)));
   for (size_t k = 0; k + 1 < rank; ++k)
-    rec.strides.push_back(launcherValue(copy, f, 6 + rank + k, "the stride of dim " + std::to_string(k)));
-  const SlotGeometry g = slotGeometry(copy, rank);
+    rec.strides.push_back(launcherValue(op, f, first + 1 + rank + k, "the stride of dim " + std::to_string(k)));
+  const SlotGeometry g = geometryOf(op, rank);
   rec.box = g.box;
   rec.swizzleBytes = g.swizzle;
   return rec;
+}
+
+bool usesTensorMap(const Op& op) {
+  return op.kind() == OpKind::TmaCopy || (op.kind() == OpKind::AtomicAdd && addsTensorInBulk(op));
 }
 
 std::string operandText(const TensorMapOperand& o) {
@@ -127,7 +142,7 @@ std::string TensorMapRecipe::str() const {
 std::vector<TensorMapRecipe> tensorMapRecipes(const ir::Function& f) {
   std::vector<TensorMapRecipe> out;
   f.walk([&](const Op& op) {
-    if (op.kind() != OpKind::TmaCopy) return;
+    if (!usesTensorMap(op)) return;
     TensorMapRecipe r = recipeOf(op, f);
     if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(std::move(r));
   });
@@ -138,9 +153,10 @@ TmaCopyPlan tmaCopyPlan(const Op& copy, const ir::Function& f, const std::vector
   const TensorMapRecipe r = recipeOf(copy, f);
   auto it = std::find(recipes.begin(), recipes.end(), r);
   if (it == recipes.end()) throw Error(copy.describe() + ": no tensor map was planned for it", ErrorKind::Internal);
-  const SlotGeometry g = slotGeometry(copy, r.dims.size());
-  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes,
-          tmaSlotAlignment(*copy.operand(0)->type().sharedLayout())};
+  const SlotGeometry g = geometryOf(copy, r.dims.size());
+  const ir::SharedLayout staged =
+      copy.kind() == OpKind::TmaCopy ? *copy.operand(0)->type().sharedLayout() : bulkTensorStaging(copy);
+  return {size_t(it - recipes.begin()), g.panel, g.numPanels, g.panelBytes, tmaSlotAlignment(staged)};
 }
 
 // One recipe per line: dtype base R dims... strides... box... swizzle, operands as p<N> or c<N>.

@@ -5,7 +5,8 @@
 // element strides. Each must be a kernel parameter or a constant, so the launcher can read its
 // value from the arguments; the box comes from the copy's slot (one panel of its shared layout
 // per copy instruction) and the swizzle from that layout. Copies that describe the same tensor,
-// box and swizzle share one map. Kernel ABI (codegen/Compiler.h): after the IR function's
+// box and swizzle share one map. A bulk_tensor atomic_add (codegen/passes/BulkReduce.cpp) names
+// its tensor the same way and gets a map for its reductions. Kernel ABI (codegen/Compiler.h): after the IR function's
 // parameters, one `.param .align 64 .b8 [128]` per recipe, in the order tensorMapRecipes lists them.
 #pragma once
 
@@ -54,10 +55,12 @@ std::string tmaSlotRefusal(const ir::SharedLayout& layout, const ir::Shape& shap
 // kTmaPlainAlignment (128) when not. A ring's slots must each be a multiple of it.
 int64_t tmaSlotAlignment(const ir::SharedLayout& layout);
 
-// Every distinct recipe of `f`'s tma_copy ops, in program order. Throws Error (naming the op) when
-// a copy's tensor operands are not parameters or constants, or its slot layout is not one TMA writes.
+// Every distinct recipe of `f`'s tma_copy ops and bulk_tensor atomic_adds, in program order.
+// Throws Error (naming the op) when a copy's tensor operands are not parameters or constants, or
+// its slot layout is not one TMA writes.
 std::vector<TensorMapRecipe> tensorMapRecipes(const ir::Function& f);
-// The plan of one tma_copy of `f`, given `recipes` = tensorMapRecipes(f).
+// The plan of one tma_copy of `f`, given `recipes` = tensorMapRecipes(f); or of one bulk_tensor
+// atomic_add (its staged tile, bulkTensorStaging, read panel by panel).
 TmaCopyPlan tmaCopyPlan(const ir::Op& tmaCopy, const ir::Function& f, const std::vector<TensorMapRecipe>& recipes);
 
 // The text form of a kernel's recipes, one per line (the compile cache stores it), and back.

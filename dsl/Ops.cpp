@@ -256,30 +256,37 @@ Tile loadImpl(const Operand& ptr, const Operand* mask, const Operand* other, con
   return Tile(builderAt(loc, "load").load(p.value(), m, o));
 }
 
-Tile boxLoadImpl(const Operand& ptr, const Operand* mask, const TensorBox& box, const SourceLoc& loc) {
-  Tile p = pointerOperand(ptr, loc, "load");
+// The IR form of `box` for `op`'s pointer tile `p` (checked: ranks, base, scalar integers).
+ir::TensorBox irBox(const Tile& p, const TensorBox& box, const SourceLoc& loc, const char* op) {
   const size_t rank = box.dims.size();
   if (rank < 1 || rank > 5 || box.coords.size() != rank || box.strides.size() + 1 != rank)
-    traceError(loc, "load", "a tensor box needs R dims, R-1 strides and R coords (R from 1 to 5), got " +
-                                std::to_string(box.dims.size()) + ", " + std::to_string(box.strides.size()) + " and " +
-                                std::to_string(box.coords.size()));
+    traceError(loc, op, "a tensor box needs R dims, R-1 strides and R coords (R from 1 to 5), got " +
+                            std::to_string(box.dims.size()) + ", " + std::to_string(box.strides.size()) + " and " +
+                            std::to_string(box.coords.size()));
   if (p.rank() > int64_t(rank))
-    traceError(loc, "load", "the tile " + p.type().str() + " has more dimensions than its tensor box (rank " +
-                                std::to_string(rank) + ")");
+    traceError(loc, op, "the tile " + p.type().str() + " has more dimensions than its tensor box (rank " +
+                            std::to_string(rank) + ")");
   if (!box.base.isTile() || !box.base.tile().isPointer() || box.base.tile().rank() != 0 ||
       box.base.tile().type().pointee() != p.type().pointee())
-    traceError(loc, "load", "a tensor box's base must be a scalar pointer to the loaded dtype");
+    traceError(loc, op, "a tensor box's base must be a scalar pointer to the tile's dtype (" +
+                            std::string(ir::dtypeName(p.type().pointee())) + ")");
   ir::TensorBox ops;
   ops.base = box.base.tile().value();
   auto scalarI32 = [&](const Operand& o, const char* what) {
-    if (o.isTile() && o.tile().rank() != 0) traceError(loc, "load", std::string("a tensor box's ") + what + " must be scalars");
+    if (o.isTile() && o.tile().rank() != 0) traceError(loc, op, std::string("a tensor box's ") + what + " must be scalars");
     if (o.isTile() && !ir::isInteger(o.tile().dtype()))
-      traceError(loc, "load", std::string("a tensor box's ") + what + " must be integers, got " + o.tile().type().str());
+      traceError(loc, op, std::string("a tensor box's ") + what + " must be integers, got " + o.tile().type().str());
     return asTile(o, DType::I32, loc).value();
   };
   for (const Operand& d : box.dims) ops.dims.push_back(scalarI32(d, "dims"));
   for (const Operand& s : box.strides) ops.strides.push_back(scalarI32(s, "strides"));
   for (const Operand& c : box.coords) ops.coords.push_back(scalarI32(c, "coords"));
+  return ops;
+}
+
+Tile boxLoadImpl(const Operand& ptr, const Operand* mask, const TensorBox& box, const SourceLoc& loc) {
+  Tile p = pointerOperand(ptr, loc, "load");
+  const ir::TensorBox ops = irBox(p, box, loc, "load");
   auto& b = builderAt(loc, "load");
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "load").value()
                       : broadcastTile(constantOf(1, DType::I1, loc), p.shape(), loc, "load").value();
@@ -299,7 +306,7 @@ void storeImpl(const Operand& ptr, const Operand& value, const Operand* mask, co
 }
 
 Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask, const SourceLoc& loc,
-                   bool acqRel = false) {
+                   bool acqRel = false, const TensorBox* box = nullptr) {
   Tile p = pointerOperand(ptr, loc, "atomic_add");
   if (acqRel && !p.type().isScalar())
     traceError(loc, "atomic_add", "MemoryOrder::AcqRel takes the program's one ticket, a scalar pointer, not " +
@@ -321,6 +328,11 @@ Tile atomicAddImpl(const Operand& ptr, const Operand& value, const Operand* mask
   Tile v = broadcastTile(asTile(value, t, loc), p.shape(), loc, "atomic_add");
   if (acqRel) return Tile(builderAt(loc, "atomic_add").atomicAddAcqRel(p.value(), v.value()));
   ir::Value* m = mask ? maskOperand(*mask, p.shape(), loc, "atomic_add").value() : nullptr;
+  if (box) {
+    const ir::TensorBox ops = irBox(p, *box, loc, "atomic_add");
+    if (!m) m = broadcastTile(constantOf(1, DType::I1, loc), p.shape(), loc, "atomic_add").value();
+    return Tile(builderAt(loc, "atomic_add").atomicAdd(p.value(), v.value(), m, ops));
+  }
   return Tile(builderAt(loc, "atomic_add").atomicAdd(p.value(), v.value(), m));
 }
 
@@ -415,6 +427,12 @@ std::vector<Tile> cluster_all_gather(const std::vector<Tile>& values, int64_t si
 }
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc) {
   return atomicAddImpl(ptr, value, &mask, loc);
+}
+Tile atomic_add(Operand ptr, Operand value, Operand mask, const TensorBox& box, SourceLoc loc) {
+  return atomicAddImpl(ptr, value, &mask, loc, false, &box);
+}
+Tile atomic_add(Operand ptr, Operand value, const TensorBox& box, SourceLoc loc) {
+  return atomicAddImpl(ptr, value, nullptr, loc, false, &box);
 }
 
 Tile load(Operand ptr, SourceLoc loc) { return loadImpl(ptr, nullptr, nullptr, loc); }

@@ -86,12 +86,19 @@ Value* Builder::load(Value* ptr, Value* mask, Value* other) {
   return create1(OpKind::Load, ops, Type(ptr->type().pointee(), ptr->type().shape()));
 }
 
-Value* Builder::load(Value* ptr, Value* mask, Value* other, const TensorBox& box) {
-  std::vector<Value*> ops{ptr, mask, other, box.base};
+namespace {
+// (first..., base, dims, strides, coords) and the op's {tensor_rank}.
+std::vector<Value*> withBox(std::vector<Value*> ops, const TensorBox& box) {
+  ops.push_back(box.base);
   ops.insert(ops.end(), box.dims.begin(), box.dims.end());
   ops.insert(ops.end(), box.strides.begin(), box.strides.end());
   ops.insert(ops.end(), box.coords.begin(), box.coords.end());
-  return create1(OpKind::Load, ops, Type(ptr->type().pointee(), ptr->type().shape()),
+  return ops;
+}
+}  // namespace
+
+Value* Builder::load(Value* ptr, Value* mask, Value* other, const TensorBox& box) {
+  return create1(OpKind::Load, withBox({ptr, mask, other}, box), Type(ptr->type().pointee(), ptr->type().shape()),
                  {{"tensor_rank", int64_t(box.dims.size())}});
 }
 
@@ -105,6 +112,11 @@ Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask) {
   std::vector<Value*> ops{ptr, value};
   if (mask) ops.push_back(mask);
   return create1(OpKind::AtomicAdd, ops, Type(ptr->type().pointee(), ptr->type().shape()));
+}
+
+Value* Builder::atomicAdd(Value* ptr, Value* value, Value* mask, const TensorBox& box) {
+  return create1(OpKind::AtomicAdd, withBox({ptr, value, mask}, box), Type(ptr->type().pointee(), ptr->type().shape()),
+                 {{"tensor_rank", int64_t(box.dims.size())}});
 }
 
 Value* Builder::atomicAddAcqRel(Value* ptr, Value* value) {

@@ -53,6 +53,9 @@ class Builder {
   void store(Value* ptr, Value* value, Value* mask = nullptr);
   // *ptr += value where mask, atomically; gives the old values.
   Value* atomicAdd(Value* ptr, Value* value, Value* mask = nullptr);
+  // The same where the tile is also one box of a tensor (atomic_add {tensor_rank}); `mask` holds
+  // exactly inside the tensor.
+  Value* atomicAdd(Value* ptr, Value* value, Value* mask, const TensorBox& box);
   // The same with {order = "acq_rel"} (a scalar ticket that releases and acquires; ir/Ops.def).
   Value* atomicAddAcqRel(Value* ptr, Value* value);
   // Tagged words (ir/Ops.def): each element its f32 value and a 32-bit tag in one i64.

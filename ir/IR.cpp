@@ -272,19 +272,20 @@ Function* Module::lookup(std::string_view name) const {
   return nullptr;
 }
 
-std::optional<TensorBox> loadTensorBox(const Op& load) {
-  if (load.kind() != OpKind::Load || !load.hasAttr("tensor_rank")) return std::nullopt;
-  const int64_t rank = load.intAttr("tensor_rank");
-  if (rank < 1 || load.numOperands() != size_t(3 + 3 * rank)) return std::nullopt;  // the verifier says why
+std::optional<TensorBox> tensorBoxOf(const Op& op) {
+  if ((op.kind() != OpKind::Load && op.kind() != OpKind::AtomicAdd) || !op.hasAttr("tensor_rank"))
+    return std::nullopt;
+  const int64_t rank = op.intAttr("tensor_rank");
+  if (rank < 1 || op.numOperands() != size_t(3 + 3 * rank)) return std::nullopt;  // the verifier says why
   TensorBox box;
-  box.base = load.operand(3);
-  for (int64_t k = 0; k < rank; ++k) box.dims.push_back(load.operand(size_t(4 + k)));
-  for (int64_t k = 0; k + 1 < rank; ++k) box.strides.push_back(load.operand(size_t(4 + rank + k)));
-  for (int64_t k = 0; k < rank; ++k) box.coords.push_back(load.operand(size_t(3 + 2 * rank + k)));
+  box.base = op.operand(3);
+  for (int64_t k = 0; k < rank; ++k) box.dims.push_back(op.operand(size_t(4 + k)));
+  for (int64_t k = 0; k + 1 < rank; ++k) box.strides.push_back(op.operand(size_t(4 + rank + k)));
+  for (int64_t k = 0; k < rank; ++k) box.coords.push_back(op.operand(size_t(3 + 2 * rank + k)));
   return box;
 }
 
-size_t loadOperandCount(const Op& load) { return load.hasAttr("tensor_rank") ? 3 : load.numOperands(); }
+size_t operandsBeforeBox(const Op& op) { return op.hasAttr("tensor_rank") ? 3 : op.numOperands(); }
 
 bool writesGlobalMemory(const Op& op) {
   return op.kind() == OpKind::Store || op.kind() == OpKind::AtomicAdd || op.kind() == OpKind::StoreTagged;

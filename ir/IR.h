@@ -277,9 +277,10 @@ class Function {
 Value* pointerBase(Value* ptr);
 inline const Value* pointerBase(const Value* ptr) { return pointerBase(const_cast<Value*>(ptr)); }
 
-// The tensor box of a load (ir/Ops.def, "load ... {tensor_rank = R}"): the operands after
-// (p, mask, other) that name the same elements as one box of a rank-R tensor, so that a pass may
-// copy the load with TMA. Absent (nullopt) on a load without the attribute.
+// The tensor box of a load or an atomic_add (ir/Ops.def, "load ... {tensor_rank = R}", "atomic_add
+// ... {tensor_rank = R}"): the operands after (p, mask, other), or (p, value, mask), that name the
+// same elements as one box of a rank-R tensor, so that a pass may copy the load with TMA, or add
+// the tile with one TMA reduction. Absent (nullopt) on an op without the attribute.
 struct TensorBox {
   Value* base = nullptr;        // scalar pointer: element (i0, .., iR-1) at base + sum i_k * strides_k
   std::vector<Value*> dims;     // R i32 scalars, outermost first
@@ -287,9 +288,10 @@ struct TensorBox {
   std::vector<Value*> coords;   // R i32 scalars: the box's first element
   size_t firstOperand = 3;      // base's operand index
 };
-std::optional<TensorBox> loadTensorBox(const Op& load);
-// The operands a load reads through, (p [, mask [, other]]): all of them but a tensor box's.
-size_t loadOperandCount(const Op& load);
+std::optional<TensorBox> tensorBoxOf(const Op& op);
+// The operands a load reads through, (p [, mask [, other]]), or an atomic_add adds through,
+// (p, value [, mask]): all of them but a tensor box's.
+size_t operandsBeforeBox(const Op& op);
 // Whether `op` writes global memory through its pointer operand 0 (store, atomic_add,
 // store_tagged): what a pass asks before it moves a load across the op or reads ahead of it.
 bool writesGlobalMemory(const Op& op);

@@ -872,13 +872,14 @@ class Program {
     });
   }
 
-  // A load's tensor box must name the elements its pointers and mask do (a pass may copy the box
-  // with TMA instead): the mask holds exactly inside the tensor, every pointer there is the box's
-  // element, and the loaded value is 0 outside (TMA's fill).
+  // A load's or an atomic_add's tensor box must name the elements its pointers and mask do (a pass
+  // may copy the box, or add it, with TMA instead): the mask holds exactly inside the tensor, every
+  // pointer there is the box's element, and a loaded value is 0 outside (TMA's fill; `loaded` is
+  // null for an atomic_add).
   template <class T>
   void checkTensorBox(const Op& op, const PtrVal* p, const int64_t* mask, const T* loaded, const Shape& shape,
                       int width) const {
-    const TensorBox tensor = *loadTensorBox(op);
+    const TensorBox tensor = *tensorBoxOf(op);
     BoxElements box;
     for (size_t k = 0; k < tensor.dims.size(); ++k) {
       box.dims.push_back(scalarInt(tensor.dims[k]));
@@ -901,7 +902,7 @@ class Program {
         fail(op, "its pointer at tile element " + coordString(shape, int64_t(i)) +
                      " is not the tensor box's element there (byte offset " + std::to_string(p[i].offset) + ", the box's " +
                      std::to_string(origin.offset + e.offset * width) + ")");
-      if (!e.inside && !(loaded[i] == T{}))
+      if (loaded && !e.inside && !(loaded[i] == T{}))
         fail(op, "reads a nonzero `other` at tile element " + coordString(shape, int64_t(i)) +
                      " outside its tensor box's tensor (TMA fills 0 there)");
     }
@@ -1209,10 +1210,11 @@ class Program {
   // programs running on other threads may add to the same addresses.
   DataRef atomicAdd(const Op& op, const Type& rt, size_t n) {
     const PtrVal* p = inp<PtrVal>(op, 0);
-    const int64_t* mask = op.numOperands() > 2 ? inp<int64_t>(op, 2) : nullptr;
+    const int64_t* mask = operandsBeforeBox(op) > 2 ? inp<int64_t>(op, 2) : nullptr;
     const Shape& shape = rt.shape();
     const DType t = rt.dtype();
     const int width = byteWidth(t);
+    if (op.hasAttr("tensor_rank")) checkTensorBox(op, p, mask, static_cast<const float*>(nullptr), shape, width);
     auto active = [&](size_t i) { return !mask || mask[i]; };
     auto at = [&](size_t i) { return address(op, "atomic_add", shape, i, p[i], width); };
     if (t == DType::F32) {

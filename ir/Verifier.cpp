@@ -569,7 +569,7 @@ class Verifier {
     bool isLoad = op.kind() == OpKind::Load;
     size_t lo = isLoad ? 1 : 2, n = op.numOperands();
     if (isLoad && op.hasAttr("tensor_rank") && !tensorBox(op)) return;
-    if (isLoad) n = loadOperandCount(op);  // a tensor box's operands are checked by tensorBox
+    if (isLoad) n = operandsBeforeBox(op);  // a tensor box's operands are checked by tensorBox
     if (n < lo || n > lo + (isLoad ? 2 : 1))
       return err(op, "takes " + std::to_string(lo) + " to " + std::to_string(isLoad ? lo + 2 : lo + 1) + " operands, got " +
                          std::to_string(n));
@@ -596,7 +596,8 @@ class Verifier {
     }
   }
 
-  // load (p, mask, other, base, dims[R], strides[R-1], coords[R]) {tensor_rank = R}.
+  // load (p, mask, other, base, dims[R], strides[R-1], coords[R]) {tensor_rank = R}, and
+  // atomic_add (p, value, mask, base, ...) the same.
   bool tensorBox(const Op& op) {
     const auto& attr = op.attrs().at("tensor_rank");
     const int64_t* rank = std::get_if<int64_t>(&attr);
@@ -606,7 +607,8 @@ class Verifier {
     }
     const size_t n = op.numOperands(), want = size_t(3 + 3 * *rank);
     if (n != want) {
-      err(op, "with tensor_rank = " + std::to_string(*rank) + " takes p, mask, other, base, then " +
+      err(op, "with tensor_rank = " + std::to_string(*rank) + " takes " +
+                  (op.kind() == OpKind::Load ? "p, mask, other" : "p, value, mask") + ", base, then " +
                   std::to_string(*rank) + " dims, " + std::to_string(*rank - 1) + " strides and " + std::to_string(*rank) +
                   " coords (" + std::to_string(want) + " operands), got " + std::to_string(n));
       return false;
@@ -660,7 +662,8 @@ class Verifier {
   // atomic_add (ptr, value [, mask]) -> T: the rules of a store, plus the
   // dtypes the hardware adds atomically and a result shaped like the value.
   void atomicAdd(const Op& op) {
-    size_t n = op.numOperands();
+    if (op.hasAttr("tensor_rank") && !tensorBox(op)) return;
+    const size_t n = operandsBeforeBox(op);  // a tensor box's operands are checked by tensorBox
     if (n < 2 || n > 3) return err(op, "takes 2 to 3 operands (ptr, value [, mask]), got " + std::to_string(n));
     const Type& p = op.operand(0)->type();
     if (!p.isPointer()) return err(op, "address must be a pointer, got " + p.str());
@@ -688,6 +691,16 @@ class Verifier {
         return err(op, "bulk_rows = 1 adds whole rows of an f32 rank-2 tile, not through " + p.str());
       if (op.intAttr("bulk_rows") == 1 && f_.hasUses(op.result()))
         return err(op, "bulk_rows = 1 gives no old values, but its result is used");
+    }
+    if (op.hasAttr("bulk_tensor")) {
+      // The whole tile by one TMA reduction (codegen/passes/BulkReduce.cpp), which returns no old values.
+      if (!intAttrIn(op, "bulk_tensor", 0, 1)) return;
+      if (op.intAttr("bulk_tensor") == 1 && (!op.hasAttr("tensor_rank") || !p.isTile() || p.rank() != 2 || t != DType::F32))
+        return err(op, "bulk_tensor = 1 adds an f32 rank-2 tile that is a tensor box (tensor_rank), not " + p.str());
+      if (op.intAttr("bulk_tensor") == 1 && f_.hasUses(op.result()))
+        return err(op, "bulk_tensor = 1 gives no old values, but its result is used");
+      if (op.intAttr("bulk_tensor") == 1 && op.hasAttr("bulk_rows") && op.intAttr("bulk_rows") == 1)
+        return err(op, "bulk_tensor = 1 and bulk_rows = 1 are two lowerings: an op takes one");
     }
     if (lay_ && !opFailed_ && p.isTile()) {
       for (size_t i = 1; i < n; ++i)

@@ -20,6 +20,20 @@
 //     engine adds whole rows, so a masked row is left out whole;
 //   * the kernel's shared memory still fits the target with the op's scratch.
 // Everything else keeps one atomic per element. FLEXTILE_BULK_REDUCE=0 marks nothing.
+//
+// Whole tiles through TMA (`bulk_tensor = 1`). Row requests still go out one by one: a warp's
+// lanes issue their cp.reduce.async.bulk in turn, each holding its registers until the engine takes
+// it, and the dkdv's 64 rows a step were a quarter of its consumers' samples (ncu, H100,
+// bench/RESULTS.md 2026-12-07). An atomic_add that also names its tile as one box of a tensor
+// (ir/Ops.def atomic_add {tensor_rank}, as the backward's atomic dQ does) is instead staged in a
+// TMA layout and added by one `cp.reduce.async.bulk.tensor` per 128-byte panel, issued by one
+// thread; the engine clips rows and columns outside the tensor, so the mask costs nothing. It
+// qualifies (bulkTensorRefusal) where the target has TMA, the tile is f32 [R, W] with unused old
+// values, R and W are powers of two up to 256, the box's base is a pointer parameter and its dims
+// and strides are parameters or constants (the host encodes a tensor map from them), constant
+// strides are multiples of 16 bytes, and the kernel's shared memory still fits. It is tried before
+// the rows; FLEXTILE_BULK_TENSOR=0 leaves such ops to the rows.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -27,6 +41,7 @@
 #include "codegen/AxisInfo.h"
 #include "codegen/Passes.h"
 #include "codegen/SharedMemory.h"
+#include "codegen/TensorMaps.h"
 
 namespace flextile::codegen {
 
@@ -47,23 +62,60 @@ std::string bulkReduceRefusal(const Op& atomic, const AxisInfoAnalysis& axis) {
   const AxisInfo& p = axis.get(ptr);
   if (p.contiguity[1] < width) return "its rows are not proven contiguous";
   if (p.divisibility[1] < 16) return "its rows are not proven 16-byte aligned";
-  if (atomic.numOperands() == 3 && axis.get(atomic.operand(2)).constancy[1] < width)
+  if (ir::operandsBeforeBox(atomic) == 3 && axis.get(atomic.operand(2)).constancy[1] < width)
     return "its mask is not proven constant along each row";
+  return "";
+}
+
+std::string bulkTensorRefusal(const Op& atomic, const Target& target) {
+  if (atomic.kind() != OpKind::AtomicAdd) return "it is not an atomic_add";
+  if (!target.has(Feature::TensorMemoryAccelerator)) return target.smName() + " has no TMA";
+  const std::optional<ir::TensorBox> box = ir::tensorBoxOf(atomic);
+  if (!box) return "it names no tensor box (tensor_rank)";
+  const ir::Type& pt = atomic.operand(0)->type();
+  if (!pt.isTile() || pt.rank() != 2) return "its address is not a rank-2 tile";
+  if (pt.pointee() != DType::F32) return "it does not add f32";
+  if (!pt.hasLayout()) return "its tiles have no layout";
+  if (atomic.function()->hasUses(atomic.result())) return "its old values are used";
+  for (int64_t n : pt.shape())
+    if (n > 256 || (n & (n - 1)) != 0) return "its tile " + pt.str() + " is not a TMA box (powers of two up to 256)";
+  if (const std::string why = tmaSlotRefusal(bulkTensorStaging(atomic), pt.shape(), DType::F32); !why.empty()) return why;
+  const ir::Function& f = *atomic.function();
+  auto launcherKnows = [&](const ir::Value* v) {
+    if (std::find(f.params().begin(), f.params().end(), v) != f.params().end()) return true;
+    const Op* d = v->definingOp();
+    return d && d->kind() == OpKind::Constant && std::holds_alternative<int64_t>(d->attrs().at("value"));
+  };
+  if (std::find(f.params().begin(), f.params().end(), box->base) == f.params().end())
+    return "its tensor's base is not a pointer parameter";
+  for (const auto* part : {&box->dims, &box->strides})
+    for (const ir::Value* v : *part)
+      if (!launcherKnows(v)) return "its tensor's dims and strides are not all parameters or constants";
+  for (const ir::Value* v : box->strides)
+    if (const Op* d = v->definingOp(); d && d->kind() == OpKind::Constant && std::get<int64_t>(d->attrs().at("value")) % 4 != 0)
+      return "a stride of its tensor is not a multiple of 16 bytes";
   return "";
 }
 
 void selectBulkReduce(ir::Function& f, const Target& target) {
   if (const char* env = std::getenv("FLEXTILE_BULK_REDUCE"); env && std::strcmp(env, "0") == 0) return;
   if (!target.has(Feature::BulkReduce)) return;
+  const char* tensorEnv = std::getenv("FLEXTILE_BULK_TENSOR");
+  const bool tensors = !tensorEnv || std::strcmp(tensorEnv, "0") != 0;
   const AxisInfoAnalysis axis(f);
-  std::vector<Op*> chosen;
+  std::vector<std::pair<Op*, const char*>> chosen;  // the op and its attribute
   f.walk([&](Op& op) {
-    if (op.kind() == OpKind::AtomicAdd && !op.hasAttr("bulk_rows") && bulkReduceRefusal(op, axis).empty())
-      chosen.push_back(&op);
+    if (op.kind() != OpKind::AtomicAdd || op.hasAttr("bulk_rows") || op.hasAttr("bulk_tensor")) return;
+    if (tensors && bulkTensorRefusal(op, target).empty())
+      chosen.push_back({&op, "bulk_tensor"});
+    else if (bulkReduceRefusal(op, axis).empty())
+      chosen.push_back({&op, "bulk_rows"});
   });
-  for (Op* op : chosen) {
-    op->setAttr("bulk_rows", int64_t(1));
-    if (planSharedMemory(f).totalBytes > target.maxSharedBytesPerBlock()) op->attrs().erase("bulk_rows");
+  for (auto [op, attr] : chosen) {
+    op->setAttr(attr, int64_t(1));
+    if (planSharedMemory(f).totalBytes <= target.maxSharedBytesPerBlock()) continue;
+    op->attrs().erase(attr);
+    // The rows' staging is larger than the tile's (row pads, addresses), so it fits no better.
   }
 }
 

@@ -224,7 +224,7 @@ struct Cloner {
     }
     ir::Attrs attrs = op.attrs();
     if (guard && op.kind() == OpKind::Load && attrs.erase("tensor_rank"))
-      operands.resize(ir::loadOperandCount(op));  // the guarded mask is no longer the box's: an ordinary load
+      operands.resize(ir::operandsBeforeBox(op));  // the guarded mask is no longer the box's: an ordinary load
     std::vector<ir::Type> types;
     for (const ir::Value* r : op.results()) types.push_back(r->type());
     Op* copy = make(op.kind(), std::move(operands), std::move(types), std::move(attrs));

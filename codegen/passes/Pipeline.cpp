@@ -514,7 +514,7 @@ std::optional<LoopPlan> planLoop(ir::Function& f, Op& forOp, const std::map<cons
   if (rings.empty()) return std::nullopt;
   std::map<const Op*, ir::SharedLayout> inPanels;  // ldmatrix rings TMA can fill only in panels
   for (Ring& ring : rings) {
-    ring.box = ir::loadTensorBox(*ring.load);
+    ring.box = ir::tensorBoxOf(*ring.load);
     std::set<const ir::Value*> seen;
     bool coordsOk = ring.box.has_value();
     if (coordsOk)
@@ -944,8 +944,8 @@ void pipelineLoads(ir::Function& f, const Target& target) {
         // a box, such as the backward's per-query LSE and delta, whatever reads it. TMA zero-fills
         // what lies outside the box, so its `other` must be zero too.
         const ir::Type& rt = load.result()->type();
-        if (rt.shape().size() == 1 && ir::loadTensorBox(load) &&
-            (ir::loadOperandCount(load) < 3 || isZeroConstant(load.operand(2)))) {
+        if (rt.shape().size() == 1 && ir::tensorBoxOf(load) &&
+            (ir::operandsBeforeBox(load) < 3 || isZeroConstant(load.operand(2)))) {
           load.setAttr("async_stages", stages);
           load.setAttr("ring_rows", int64_t(1));
         }

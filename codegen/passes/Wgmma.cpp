@@ -52,7 +52,7 @@ namespace {
 // completed at the loop's `for`. (One outside loops may share bytes with a buffer whose last
 // reader, a product still in flight, comes before it: the rule drains those.)
 bool bulkRowsInALoop(const Op& op) {
-  return op.kind() == OpKind::AtomicAdd && addsRowsInBulk(op) && op.parentBlock() && op.parentBlock()->parentOp();
+  return op.kind() == OpKind::AtomicAdd && addsInBulk(op) && op.parentBlock() && op.parentBlock()->parentOp();
 }
 
 struct PendingGroup {

@@ -12,6 +12,7 @@
 #include "HeadDimCheck.h"
 #include "codegen/Ptxas.h"
 #include "MaskTestUtil.h"
+#include "tests/TextCount.h"
 #include "attention_templates/Variants.h"
 #include "gpu/GpuTest.h"
 
@@ -398,10 +399,21 @@ TEST(FlexAttentionBackward, AtomicDqLaunchesNoDqKernelAndIsNotDeterministic) {
   ASSERT_EQ(plan.kernelNames.size(), 3u);
   EXPECT_NE(plan.kernelNames[1].find("dkdv"), std::string::npos) << plan.kernelNames[1];
   EXPECT_NE(plan.kernelNames[2].find("cast_dq"), std::string::npos) << plan.kernelNames[2];
-  // sm_90: each dQ row of a step is one bulk reduction (the bulk-reduce pass); sm_80: one atomic
-  // per element.
-  EXPECT_NE(plan.compiled[1]->ptx.find("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"), std::string::npos);
-  EXPECT_EQ(plan.compiled[1]->ptx.find("atom.global.add.f32"), std::string::npos);
+  // sm_90a: a step's dQ tile is TMA reductions of its panels (the bulk-reduce pass: the template
+  // names the tile as a box of the sums), one thread issuing them; with
+  // FLEXTILE_BULK_TENSOR=0 each row is one bulk reduction; sm_80: one atomic per element.
+  const std::string& ptx = plan.compiled[1]->ptx;
+  EXPECT_EQ(count(ptx, "cp\\.reduce\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared::cta\\.add\\.tile\\.bulk_group"), 8)
+      << "64 columns of the mma accumulator: eight 32-byte panels (codegen::bulkTensorStaging)";
+  EXPECT_EQ(ptx.find("cp.reduce.async.bulk.global"), std::string::npos);
+  EXPECT_EQ(ptx.find("atom.global.add.f32"), std::string::npos);
+  {
+    ScopedSetenv rows("FLEXTILE_BULK_TENSOR", "0");
+    const std::string byRows =
+        plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a()).compiled[1]->ptx;
+    EXPECT_NE(byRows.find("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"), std::string::npos);
+    EXPECT_EQ(byRows.find("cp.reduce.async.bulk.tensor"), std::string::npos);
+  }
   EXPECT_NE(plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm80())
                 .compiled[1]
                 ->ptx.find("atom.global.add.f32"),

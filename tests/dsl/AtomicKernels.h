@@ -60,10 +60,11 @@ inline Kernel atomicReplicated() {
 // adds dot(a, b) of two bf16 tiles instead (an mma or wgmma accumulator layout, as dQ has):
 // a = values' first 16 columns, b = an identity-like [16, W] of ones on its diagonal. With small
 // integer values every sum is exact in f32, so the order of the adds cannot matter. On sm_90 the
-// bulk-reduce pass lowers the atomic_add to one cp.reduce.async.bulk per row.
+// bulk-reduce pass lowers the atomic_add to one cp.reduce.async.bulk per row; with BOX = 1 the tile
+// is also named as a box of acc [rows, W], and on sm_90a it is TMA reductions of its panels instead.
 inline Kernel atomicRowSums() {
   return kernel("atomic_row_sums", [](Ptr<f32> values, Ptr<f32> acc, Int rows, Int steps, Const<int> BM, Const<int> W,
-                                      Const<int> DOT) {
+                                      Const<int> DOT, Const<int> BOX) {
     auto program = program_id(0);
     auto r = arange(0, BM);
     auto c = arange(0, W);
@@ -77,7 +78,12 @@ inline Kernel atomicRowSums() {
         Tile eye = where(k.expand(1) == c.expand(0) % 16, 1.0f, 0.0f).to(DType::BF16);
         v = dot(a, eye);
       }
-      atomic_add(acc + (row.expand(1) * W + c.expand(0)), v, (row < rows).expand(1) & (c < W).expand(0));
+      Tile ptrs = acc + (row.expand(1) * W + c.expand(0));
+      Tile inside = (row < rows).expand(1) & (c < W).expand(0);
+      if (BOX)
+        atomic_add(ptrs, v, inside, TensorBox{acc, {rows, W}, {W}, {(program + s) * (BM / 2), 0}});
+      else
+        atomic_add(ptrs, v, inside);
     });
   });
 }

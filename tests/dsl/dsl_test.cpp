@@ -427,7 +427,9 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
     EXPECT_NE(msg.find("in program (0, 0, 0): out-of-bounds load"), std::string::npos) << msg;
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << msg;
   }
-  // Whole rows shared by programs and steps, the last rows masked (the GPU's bulk-reduce path).
+  // Whole rows shared by programs and steps, the last rows masked (the GPU's bulk-reduce path), and
+  // the same tiles named as boxes (whose mask and pointers the interpreter checks against the box).
+  for (int box : {0, 1})
   for (int dot : {0, 1}) {
     const int programs = 5, steps = 3, BM = 16, W = 32, rows = (programs + steps) * BM / 2 - 5;
     std::vector<float> rowValues(size_t(programs * steps * BM * W)), acc(size_t(rows * W), 0.0f),
@@ -439,8 +441,8 @@ TEST(DslAtomic, InterpretedKernelsCountExactly) {
           for (int j = 0; j < W; ++j)
             if (const int r = (p + st) * (BM / 2) + i; r < rows)
               wantAcc[size_t(r * W + j)] += rowValues[size_t(((p * steps + st) * BM + i) * W + (dot ? j % 16 : j))];
-    flextile::testing::atomicRowSums().interpret({{programs, 1, 1}, {BM, W, dot}}, rowValues, acc, rows, steps);
-    EXPECT_EQ(acc, wantAcc) << "dot " << dot;
+    flextile::testing::atomicRowSums().interpret({{programs, 1, 1}, {BM, W, dot, box}}, rowValues, acc, rows, steps);
+    EXPECT_EQ(acc, wantAcc) << "dot " << dot << " box " << box;
   }
   // Replicated rows and columns, masked.
   for (int row : {1, 0}) {
@@ -491,7 +493,7 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
       Kernel rowSums = flextile::testing::atomicRowSums();
       for (int dot : {0, 1}) {
         const int BM = 64, W = 128;
-        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot}, warps}, {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)},
+        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot, 0}, warps}, {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)},
                                          target));
         const bool bulk = target.has(codegen::Feature::BulkReduce);
         // Each thread issues at most one row a round: a program of fewer threads than rows goes round twice.
@@ -500,6 +502,18 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
         // The engine's reads are waited for before the op writes its rows again and at the return.
         EXPECT_EQ(count(built.back()->ptx, "cp.async.bulk.wait_group.read 0"), bulk ? 2 : 0);
         EXPECT_EQ(count(built.back()->ptx, "atom.global.add.f32"), bulk ? 0 : BM * W / (32 * warps)) << "dot " << dot;
+        // Named as a box: on sm_90a one TMA reduction per panel of the staged tile, issued by one
+        // thread (128-byte panels for a blocked tile, 32-byte ones for the mma accumulator, whose
+        // stores meet no bank twice only there: codegen::bulkTensorStaging); elsewhere as before.
+        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot, 1}, warps},
+                                         {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)}, target));
+        const bool tma = target.has(codegen::Feature::TensorMemoryAccelerator);
+        const int panels = dot ? W / 8 : W / 32;
+        EXPECT_EQ(count(built.back()->ptx, "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"),
+                  tma ? panels : 0)
+            << "dot " << dot << " warps " << warps;
+        EXPECT_EQ(count(built.back()->ptx, "cp.reduce.async.bulk.global"), !tma && bulk ? cdiv(BM, 32 * warps) : 0);
+        EXPECT_EQ(count(built.back()->ptx, "cp.async.bulk.commit_group"), bulk ? 1 : 0);
       }
       if (havePtxas) {
         for (const auto* k : built) EXPECT_NO_THROW(codegen::runPtxas(k->ptx, target)) << k->name;

@@ -182,22 +182,23 @@ TEST(AtomicGpu, ReplicatedRowsAndColumnsAddOncePerElement) {
   }
 }
 
-// atomic_add of whole rows (the bulk-reduce pass: one cp.reduce.async.bulk per row on sm_90) against
-// the same sums on the host, exact: rows shared by several programs and by consecutive steps of one
-// loop (the staging scratch reused), masked rows past the end, a blocked layout (loaded values) and
-// an mma/wgmma accumulator (DOT), and the per-element atomics (FLEXTILE_BULK_REDUCE=0) for the same
-// launch.
+// atomic_add of whole rows (the bulk-reduce pass: one cp.reduce.async.bulk per row on sm_90, or, the
+// tile named as a tensor box, TMA reductions of its panels on sm_90a) against the same sums on the
+// host, exact: rows shared by several programs and by consecutive steps of one loop (the staging
+// scratch reused), masked rows past the end (clipped by the tensor map for a box), a blocked layout
+// (loaded values) and an mma/wgmma accumulator (DOT), and the per-element atomics
+// (FLEXTILE_BULK_REDUCE=0) for the same launch.
 TEST(AtomicGpu, WholeRowsAddOncePerElement) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   Kernel rowSums = atomicRowSums();
   for (int dotTile : {0, 1}) {
     for (auto [BM, W, warps] : std::vector<std::array<int, 3>>{{64, 128, 4}, {16, 32, 1}, {128, 64, 8}}) {
-      for (bool bulk : {true, false}) {
+      for (auto [bulk, box] : std::vector<std::pair<bool, int>>{{true, 0}, {false, 0}, {true, 1}}) {
         ScopedSetenv env("FLEXTILE_BULK_REDUCE", bulk ? "1" : "0");
         const int programs = 37, steps = 3, rows = (programs + steps) * BM / 2 - BM / 3;  // the last rows masked
         SCOPED_TRACE("BM " + std::to_string(BM) + " W " + std::to_string(W) + " warps " + std::to_string(warps) +
-                     (dotTile ? " dot" : " loaded") + (bulk ? " bulk" : " per element"));
+                     (dotTile ? " dot" : " loaded") + (bulk ? " bulk" : " per element") + (box ? " box" : ""));
         std::vector<float> values(size_t(programs * steps * BM * W));
         for (float& x : values) x = float(int(rng() % 9) - 4);
         std::vector<double> want(size_t(rows * W), 0.0);
@@ -211,9 +212,11 @@ TEST(AtomicGpu, WholeRowsAddOncePerElement) {
             }
         std::vector<float> acc(size_t(rows * W), 0.0f);
         auto dvalues = toDevice(values), dacc = toDevice(acc);
-        const LaunchOptions launch{{programs, 1, 1}, {BM, W, dotTile}, warps};
+        const LaunchOptions launch{{programs, 1, 1}, {BM, W, dotTile, box}, warps};
         const std::string ptx = rowSums.compile(launch, {dvalues, dacc, rows, steps}).ptx;
         EXPECT_EQ(ptx.find("cp.reduce.async.bulk") != std::string::npos, bulk && currentTarget().has(codegen::Feature::BulkReduce));
+        EXPECT_EQ(ptx.find("cp.reduce.async.bulk.tensor") != std::string::npos,
+                  box && currentTarget().has(codegen::Feature::TensorMemoryAccelerator));
         rowSums.run(launch, dvalues, dacc, rows, steps);
         runtime::synchronize();
         fromDevice(dacc, acc);
