@@ -490,5 +490,46 @@ TEST(InterpreterAsync, ALoadsTensorBoxMustNameItsOwnElements) {
   fails("%two, %rows, %c8,", "%two, %rows, %z,", 0, "a dim, stride or coordinate of the tensor box");
 }
 
+// The same box on an atomic_add (atomic_add {tensor_rank}: what lets the bulk-reduce pass add the
+// tile by TMA): the elements inside the tensor get one each per program that covers them, and the
+// same disagreements are errors naming the op.
+TEST(InterpreterAsync, AnAtomicAddsTensorBoxMustNameItsOwnElements) {
+  std::string atomic = kBoxLoad;
+  const std::string load = "%t = load %p, %m, %z, %x,";
+  atomic.replace(atomic.find(load), load.size(), "%one = constant {value = 1.0} : f32[4,8]\n  %t = atomic_add %p, %one, %m, %x,");
+  auto run = [&](const std::string& text, std::vector<float>& x) {
+    auto g = parseFunction(text, "box.ftir");
+    std::vector<float> out(4 * 32, -7.0f);
+    return errorOf([&] {
+      interpret(*g, {InterpArg::buffer(x.data(), x.size() * 4), InterpArg::buffer(out.data(), out.size() * 4),
+                     InterpArg::integer(7), InterpArg::integer(100), InterpArg::integer(12), InterpArg::integer(1),
+                     InterpArg::integer(0)},
+                {4, 1, 1}, {.threads = 1});
+    });
+  };
+  std::vector<float> x(200, 0.0f);
+  ASSERT_EQ(run(atomic, x), "");
+  for (int64_t row = 0; row < 7; ++row)
+    for (int64_t col = 0; col < 12; ++col) {
+      int64_t programs = 0;
+      for (int64_t p = 0; p < 4; ++p) programs += col < 8 && row >= 3 * p - 2 && row <= 3 * p + 1;
+      EXPECT_EQ(x[size_t(100 + row * 12 + col)], float(programs)) << "row " << row << " col " << col;
+    }
+  auto fails = [&](const std::string& from, const std::string& to, const std::string& message) {
+    std::string t = atomic;
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    std::vector<float> y(200, 0.0f);
+    const std::string msg = run(t, y);
+    EXPECT_TRUE(contains(msg, "atomic_add") && contains(msg, message)) << to << ": " << msg;
+  };
+  fails("%bo = mul %batch, %bstride", "%bo = mul %batch, %rstride", "is not the tensor box's element there (byte offset");
+  fails("%batch, %row0, %col0 {tensor_rank", "%batch, %p3, %col0 {tensor_rank", "its mask is off at tile element");
+  fails("%lt = cmp %rr3, %nrows {pred = \"lt\"}", "%lt = cmp %rr3, %nrows {pred = \"le\"}", "its mask is on at tile element");
+  fails("%batch, %row0, %col0 {tensor_rank", "%batch, %row0 {tensor_rank", "with tensor_rank = 3 takes p, value, mask");
+  fails("%one, %m, %x,", "%one, %m, %out,", "another buffer than the box's base");
+}
+
 }  // namespace
 }  // namespace flextile::test
