@@ -344,8 +344,9 @@ enum class DqAccumulation {
   Separate,
   // The dkdv programs add their dS·K to an f32 buffer with atomics, and a cast writes dQ: five
   // products instead of seven, but the order of the adds (and so the last bits of dQ) varies
-  // from run to run. Not with `deterministic`. Slower today: 0.59-0.66x of Separate on an H200
-  // (one 4-warp program per SM; docs/backward.md).
+  // from run to run. Not with `deterministic`. On sm_90a each step's dQ tile goes to L2 by TMA
+  // reductions; at D = 128 that measured 1.00-1.07x of Separate without a mask and 1.07x causal
+  // (H100, 2026-12-07; bench/RESULTS.md). Separate stays the default for its reproducibility.
   Atomic,
 };
 
