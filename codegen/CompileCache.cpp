@@ -135,7 +135,8 @@ namespace {
 std::string readCodegenSwitches() {
   std::string out = wgmmaSettingsIdentity();
   if (const char* e = std::getenv("FLEXTILE_BULK_REDUCE"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_REDUCE=0";
-  if (const char* e = std::getenv("FLEXTILE_BULK_TENSOR"); e && std::strcmp(e, "0") == 0) out += "; FLEXTILE_BULK_TENSOR=0";
+  if (const char* e = std::getenv("FLEXTILE_BULK_TENSOR"); e && std::strcmp(e, "0") == 0)
+    out += "; FLEXTILE_BULK_TENSOR=0";
   if (const char* e = std::getenv("FLEXTILE_RING_BARRIERS"); e && (!std::strcmp(e, "0") || !std::strcmp(e, "1")))
     out += std::string("; FLEXTILE_RING_BARRIERS=") + e;
   for (const char* name : {"FLEXTILE_DEFER_ACCUMULATION", "FLEXTILE_TMA", "FLEXTILE_PINGPONG", "FLEXTILE_WARP_SPECIALIZE",

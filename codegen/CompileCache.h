@@ -46,8 +46,8 @@ namespace flextile::codegen {
 // FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0, FLEXTILE_BULK_TENSOR=0): part of every key.
 std::string compilerVersion();
 // The environment switches that change the generated code and are read on
-// every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0, FLEXTILE_BULK_TENSOR=0) as text, "" at
-// their defaults: part of compilerVersion(), and of the in-memory caches'
+// every compile (FLEXTILE_WGMMA=0, FLEXTILE_WGMMA_SMEM_A=0, FLEXTILE_BULK_REDUCE=0,
+// FLEXTILE_BULK_TENSOR=0) as text, "" at their defaults: part of compilerVersion(), and of the in-memory caches'
 // keys (dsl::Kernel). The reference stays valid until this thread calls again.
 const std::string& codegenSwitches();
 // A number that stays the same while the process environment does and changes once it may have

@@ -195,13 +195,14 @@ void Lowering::lowerAtomicAddBulkRows(const ir::Op& op) {
 // dims, which is where the mask is off (ir/Ops.def). The engine's reads are waited for as the
 // rows' are: at the op's next execution and at every return.
 void Lowering::lowerAtomicAddBulkTensor(const ir::Op& op) {
-  if (const std::string why = bulkTensorRefusal(op, target); !why.empty()) fail(op, "has bulk_tensor = 1, but " + why);
+  if (const std::string why = bulkTensorRefusal(op, target); !why.empty())
+    fail(op, "has bulk_tensor = 1, but " + why);
   const ir::SharedLayout staging = bulkTensorStaging(op);
   const TmaCopyPlan tma = tmaCopyPlan(op, func, tensorMaps_);
   const int64_t base = scratchOffset(op, scratchBytes(op));
   if (base % tma.alignment != 0)
-    fail(op, "its staging starts at byte " + std::to_string(base) + " of shared memory; TMA with its layout needs a multiple of " +
-                 std::to_string(tma.alignment));
+    fail(op, "its staging starts at byte " + std::to_string(base) +
+                 " of shared memory; TMA with its layout needs a multiple of " + std::to_string(tma.alignment));
   const ir::TensorBox box = *ir::tensorBoxOf(op);
   const size_t rank = box.dims.size();
   std::vector<llvm::Value*> coords;  // innermost first
@@ -221,7 +222,8 @@ void Lowering::lowerAtomicAddBulkTensor(const ir::Op& op) {
     for (int64_t p = 0; p < tma.numPanels; ++p) {
       llvm::Value* at = b.CreateGEP(b.getInt8Ty(), sharedBase, i32(base + p * tma.panelBytes));
       std::vector<llvm::Value*> args{b.CreateAddrSpaceCast(at, b.getPtrTy(3)), tensorMapArgs_[tma.map]};
-      for (size_t k = 0; k < rank; ++k) args.push_back(k == 0 && p ? b.CreateAdd(coords[0], i32(p * tma.panel)) : coords[k]);
+      for (size_t k = 0; k < rank; ++k)
+        args.push_back(k == 0 && p ? b.CreateAdd(coords[0], i32(p * tma.panel)) : coords[k]);
       args.insert(args.end(), {b.getInt64(0), b.getFalse()});
       b.CreateIntrinsic(ids[rank - 1], llvm::ArrayRef<llvm::Value*>(args));
     }
@@ -237,7 +239,7 @@ void Lowering::returnFromKernel() {
 }
 
 void Lowering::lowerAtomicAdd(const ir::Op& op) {
-  if (ir::operandsBeforeBox(op) < 2 || ir::operandsBeforeBox(op) > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
+  if (const size_t n = ir::operandsBeforeBox(op); n < 2 || n > 3) fail(op, "atomic_add takes (ptr, value [, mask])");
   if (addsRowsInBulk(op)) return lowerAtomicAddBulkRows(op);
   if (addsTensorInBulk(op)) return lowerAtomicAddBulkTensor(op);
   const ir::Value* ptrV = op.operand(0);

@@ -15,13 +15,7 @@ using ir::OpKind;
 namespace {
 
 TensorMapOperand launcherValue(const Op& copy, const ir::Function& f, size_t operand, const std::string& what) {
-  const ir::Value* v = copy.operand(operand);
-  const auto& params = f.params();
-  if (auto it = std::find(params.begin(), params.end(), v); it != params.end())
-    return {int(it - params.begin()), 0};
-  const Op* d = v->definingOp();
-  if (d && d->kind() == OpKind::Constant && std::holds_alternative<int64_t>(d->attrs().at("value")))
-    return {-1, std::get<int64_t>(d->attrs().at("value"))};
+  if (const std::optional<TensorMapOperand> known = launcherOperand(copy.operand(operand), f)) return *known;
   throw Error(copy.describe() + ": " + what + " (operand " + std::to_string(operand) +
                       ") must be a kernel parameter or an integer constant: the host encodes the tensor map from it "
                       "before the launch",
@@ -35,6 +29,16 @@ struct SlotGeometry {
 };
 
 }  // namespace
+
+std::optional<TensorMapOperand> launcherOperand(const ir::Value* v, const ir::Function& f) {
+  const auto& params = f.params();
+  if (auto it = std::find(params.begin(), params.end(), v); it != params.end())
+    return TensorMapOperand{int(it - params.begin()), 0};
+  const Op* d = v->definingOp();
+  if (d && d->kind() == OpKind::Constant && std::holds_alternative<int64_t>(d->attrs().at("value")))
+    return TensorMapOperand{-1, std::get<int64_t>(d->attrs().at("value"))};
+  return std::nullopt;
+}
 
 // TMA writes each box row by row, 16-byte chunks permuted by the swizzle of its span: a
 // SharedLayout with row-major order, 16-byte chunks and the span's phase (codegen/TensorCores.h
@@ -65,11 +69,14 @@ namespace {
 
 // The boxes of a tile of `shape` in shared layout `l`, in a tensor of rank `rank`: a tma_copy's slot
 // or a bulk_tensor atomic_add's staging.
-SlotGeometry slotGeometry(const Op& op, const ir::SharedLayout& l, const ir::Shape& shape, ir::DType dtype, size_t rank) {
+SlotGeometry slotGeometry(const Op& op, const ir::SharedLayout& l, const ir::Shape& shape, ir::DType dtype,
+                          size_t rank) {
   const int64_t eb = ir::byteWidth(dtype);
   const size_t r = shape.size();
   if (const std::string why = tmaSlotRefusal(l, shape, dtype); !why.empty())
-    throw Error(op.describe() + (op.kind() == OpKind::TmaCopy ? ": TMA cannot write the slot layout " : ": TMA cannot read the staging layout ") +
+    throw Error(op.describe() +
+                    (op.kind() == OpKind::TmaCopy ? ": TMA cannot write the slot layout "
+                                                  : ": TMA cannot read the staging layout ") +
                     l.str() + ": " + why,
                 ErrorKind::InvalidArgument);
   SlotGeometry g;
@@ -101,7 +108,8 @@ TensorMapRecipe recipeOf(const Op& op, const ir::Function& f) {
   TensorMapRecipe rec;
   rec.baseParam = launcherValue(op, f, first, "the tensor's base").param;
   if (rec.baseParam < 0)
-    throw Error(op.describe() + ": the tensor's base must be a pointer parameter of the kernel", ErrorKind::InvalidArgument);
+    throw Error(op.describe() + ": the tensor's base must be a pointer parameter of the kernel",
+                ErrorKind::InvalidArgument);
   rec.dtype = copy ? op.operand(0)->type().dtype() : ir::DType::F32;
   for (size_t k = 0; k < rank; ++k) rec.dims.push_back(launcherValue(op, f, first + 1 + k, "dim " + std::to_string(k)));
   for (size_t k = 0; k + 1 < rank; ++k)

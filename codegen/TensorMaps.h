@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct TmaCopyPlan {
   int64_t panelBytes = 0;   // bytes of the slot between panels
   int64_t alignment = 16;   // the slot's shared address must be a multiple of it (1024 with a swizzle)
 };
+
+// The operand as the launcher reads it: a kernel parameter or an integer constant; nullopt for a
+// value the program computes (the host could not encode a tensor map from it).
+std::optional<TensorMapOperand> launcherOperand(const ir::Value* v, const ir::Function& f);
 
 // Why TMA cannot write a slot of this layout, shape and dtype ("" when it can): row-major, and
 // unswizzled or swizzled the way TMA swizzles a 32-, 64- or 128-byte span (16-byte chunks, the

@@ -273,7 +273,8 @@ ir::TensorBox irBox(const Tile& p, const TensorBox& box, const SourceLoc& loc, c
   ir::TensorBox ops;
   ops.base = box.base.tile().value();
   auto scalarI32 = [&](const Operand& o, const char* what) {
-    if (o.isTile() && o.tile().rank() != 0) traceError(loc, op, std::string("a tensor box's ") + what + " must be scalars");
+    if (o.isTile() && o.tile().rank() != 0)
+      traceError(loc, op, std::string("a tensor box's ") + what + " must be scalars");
     if (o.isTile() && !ir::isInteger(o.tile().dtype()))
       traceError(loc, op, std::string("a tensor box's ") + what + " must be integers, got " + o.tile().type().str());
     return asTile(o, DType::I32, loc).value();

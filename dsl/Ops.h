@@ -88,8 +88,8 @@ Tile atomic_add(Operand ptr, Operand value, SourceLoc loc = SourceLoc::current()
 Tile atomic_add(Operand ptr, Operand value, Operand mask, SourceLoc loc = SourceLoc::current());
 // The same where the tile is also one box of a tensor (TensorBox, as for load: the pointers are
 // the box's elements, the mask holds exactly inside [0, dims), checked by the interpreter). When
-// the old values go unused, an f32 rank-2 tile may then be added on sm_90a by TMA reductions, one
-// per 128-byte panel, instead of an atomic per element or a bulk reduction per row
+// the old values go unused, an f32 rank-2 tile may then be added on sm_90a by a few TMA reductions
+// from one thread, instead of an atomic per element or a bulk reduction per row
 // (codegen/passes/BulkReduce.cpp).
 Tile atomic_add(Operand ptr, Operand value, Operand mask, const TensorBox& box, SourceLoc loc = SourceLoc::current());
 Tile atomic_add(Operand ptr, Operand value, const TensorBox& box, SourceLoc loc = SourceLoc::current());

@@ -695,7 +695,8 @@ class Verifier {
     if (op.hasAttr("bulk_tensor")) {
       // The whole tile by one TMA reduction (codegen/passes/BulkReduce.cpp), which returns no old values.
       if (!intAttrIn(op, "bulk_tensor", 0, 1)) return;
-      if (op.intAttr("bulk_tensor") == 1 && (!op.hasAttr("tensor_rank") || !p.isTile() || p.rank() != 2 || t != DType::F32))
+      if (op.intAttr("bulk_tensor") == 1 &&
+          (!op.hasAttr("tensor_rank") || !p.isTile() || p.rank() != 2 || t != DType::F32))
         return err(op, "bulk_tensor = 1 adds an f32 rank-2 tile that is a tensor box (tensor_rank), not " + p.str());
       if (op.intAttr("bulk_tensor") == 1 && f_.hasUses(op.result()))
         return err(op, "bulk_tensor = 1 gives no old values, but its result is used");

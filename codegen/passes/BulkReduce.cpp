@@ -26,8 +26,8 @@
 // it, and the dkdv's 64 rows a step were a quarter of its consumers' samples (ncu, H100,
 // bench/RESULTS.md 2026-12-07). An atomic_add that also names its tile as one box of a tensor
 // (ir/Ops.def atomic_add {tensor_rank}, as the backward's atomic dQ does) is instead staged in a
-// TMA layout and added by one `cp.reduce.async.bulk.tensor` per 128-byte panel, issued by one
-// thread; the engine clips rows and columns outside the tensor, so the mask costs nothing. It
+// TMA layout (codegen/SharedMemory.h bulkTensorStaging: panels of 128, 64 or 32 bytes) and added
+// by one `cp.reduce.async.bulk.tensor` per panel, issued by one thread; the engine clips rows and columns outside the tensor, so the mask costs nothing. It
 // qualifies (bulkTensorRefusal) where the target has TMA, the tile is f32 [R, W] with unused old
 // values, R and W are powers of two up to 256, the box's base is a pointer parameter and its dims
 // and strides are parameters or constants (the host encodes a tensor map from them), constant
@@ -79,20 +79,16 @@ std::string bulkTensorRefusal(const Op& atomic, const Target& target) {
   if (atomic.function()->hasUses(atomic.result())) return "its old values are used";
   for (int64_t n : pt.shape())
     if (n > 256 || (n & (n - 1)) != 0) return "its tile " + pt.str() + " is not a TMA box (powers of two up to 256)";
-  if (const std::string why = tmaSlotRefusal(bulkTensorStaging(atomic), pt.shape(), DType::F32); !why.empty()) return why;
+  if (const std::string why = tmaSlotRefusal(bulkTensorStaging(atomic), pt.shape(), DType::F32); !why.empty())
+    return why;
   const ir::Function& f = *atomic.function();
-  auto launcherKnows = [&](const ir::Value* v) {
-    if (std::find(f.params().begin(), f.params().end(), v) != f.params().end()) return true;
-    const Op* d = v->definingOp();
-    return d && d->kind() == OpKind::Constant && std::holds_alternative<int64_t>(d->attrs().at("value"));
-  };
-  if (std::find(f.params().begin(), f.params().end(), box->base) == f.params().end())
-    return "its tensor's base is not a pointer parameter";
+  const std::optional<TensorMapOperand> base = launcherOperand(box->base, f);
+  if (!base || base->param < 0) return "its tensor's base is not a pointer parameter";
   for (const auto* part : {&box->dims, &box->strides})
     for (const ir::Value* v : *part)
-      if (!launcherKnows(v)) return "its tensor's dims and strides are not all parameters or constants";
+      if (!launcherOperand(v, f)) return "its tensor's dims and strides are not all parameters or constants";
   for (const ir::Value* v : box->strides)
-    if (const Op* d = v->definingOp(); d && d->kind() == OpKind::Constant && std::get<int64_t>(d->attrs().at("value")) % 4 != 0)
+    if (const TensorMapOperand s = *launcherOperand(v, f); s.param < 0 && s.constant % 4 != 0)
       return "a stride of its tensor is not a multiple of 16 bytes";
   return "";
 }

@@ -410,7 +410,9 @@ TEST(FlexAttentionBackward, AtomicDqLaunchesNoDqKernelAndIsNotDeterministic) {
   {
     ScopedSetenv rows("FLEXTILE_BULK_TENSOR", "0");
     const std::string byRows =
-        plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a()).compiled[1]->ptx;
+        plan_flex_attention_backward(q, k, k, q, lse, q, noop_score(), std::nullopt, o, codegen::Target::sm90a())
+            .compiled[1]
+            ->ptx;
     EXPECT_NE(byRows.find("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"), std::string::npos);
     EXPECT_EQ(byRows.find("cp.reduce.async.bulk.tensor"), std::string::npos);
   }

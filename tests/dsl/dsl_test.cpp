@@ -493,8 +493,8 @@ TEST(DslAtomic, TheGpuTestsKernelsCompileAndAssemble) {
       Kernel rowSums = flextile::testing::atomicRowSums();
       for (int dot : {0, 1}) {
         const int BM = 64, W = 128;
-        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot, 0}, warps}, {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)},
-                                         target));
+        built.push_back(&rowSums.compile({{4, 1, 1}, {BM, W, dot, 0}, warps},
+                                         {ptr(1 << 20), ptr(1 << 20), KernelArg(200), KernelArg(3)}, target));
         const bool bulk = target.has(codegen::Feature::BulkReduce);
         // Each thread issues at most one row a round: a program of fewer threads than rows goes round twice.
         EXPECT_EQ(count(built.back()->ptx, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),

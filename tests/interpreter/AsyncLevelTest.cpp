@@ -496,7 +496,8 @@ TEST(InterpreterAsync, ALoadsTensorBoxMustNameItsOwnElements) {
 TEST(InterpreterAsync, AnAtomicAddsTensorBoxMustNameItsOwnElements) {
   std::string atomic = kBoxLoad;
   const std::string load = "%t = load %p, %m, %z, %x,";
-  atomic.replace(atomic.find(load), load.size(), "%one = constant {value = 1.0} : f32[4,8]\n  %t = atomic_add %p, %one, %m, %x,");
+  atomic.replace(atomic.find(load), load.size(),
+                 "%one = constant {value = 1.0} : f32[4,8]\n  %t = atomic_add %p, %one, %m, %x,");
   auto run = [&](const std::string& text, std::vector<float>& x) {
     auto g = parseFunction(text, "box.ftir");
     std::vector<float> out(4 * 32, -7.0f);
@@ -524,9 +525,11 @@ TEST(InterpreterAsync, AnAtomicAddsTensorBoxMustNameItsOwnElements) {
     const std::string msg = run(t, y);
     EXPECT_TRUE(contains(msg, "atomic_add") && contains(msg, message)) << to << ": " << msg;
   };
-  fails("%bo = mul %batch, %bstride", "%bo = mul %batch, %rstride", "is not the tensor box's element there (byte offset");
+  fails("%bo = mul %batch, %bstride", "%bo = mul %batch, %rstride",
+        "is not the tensor box's element there (byte offset");
   fails("%batch, %row0, %col0 {tensor_rank", "%batch, %p3, %col0 {tensor_rank", "its mask is off at tile element");
-  fails("%lt = cmp %rr3, %nrows {pred = \"lt\"}", "%lt = cmp %rr3, %nrows {pred = \"le\"}", "its mask is on at tile element");
+  fails("%lt = cmp %rr3, %nrows {pred = \"lt\"}", "%lt = cmp %rr3, %nrows {pred = \"le\"}",
+        "its mask is on at tile element");
   fails("%batch, %row0, %col0 {tensor_rank", "%batch, %row0 {tensor_rank", "with tensor_rank = 3 takes p, value, mask");
   fails("%one, %m, %x,", "%one, %m, %out,", "another buffer than the box's base");
 }
