@@ -28,7 +28,7 @@ TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramComp
   // 14 in the sanitizer build, whose tile_program fuzzer checks the same property afterwards
   // (scripts/fuzz.sh), where 40 were 28 CPU-seconds.
   const int seeds = fuzzSeedCount(flextile::testing::kSanitizedBuild ? 14 : 40);
-  int64_t ops = 0, writers = 0, compiled = 0, tma = 0, panels = 0, producers = 0, shared = 0, turns = 0;
+  int64_t ops = 0, writers = 0, compiled = 0, tma = 0, panels = 0, producers = 0, shared = 0, turns = 0, boxed = 0;
   for (int seed = 0; seed < seeds; ++seed) {
     Choices choices{uint64_t(seed)};
     TileProgramOutcome outcome = checkTileProgram(choices);
@@ -41,15 +41,17 @@ TEST(RandomTilePrograms, PassesKeepWhatTheInterpreterComputesAndEveryProgramComp
     producers += outcome.producer;
     shared += outcome.sharedRings;
     turns += outcome.turns;
+    boxed += outcome.bulkTensor;
   }
   std::cout << seeds << " random programs, " << ops << " ops in all; " << writers << " changed memory, " << compiled
             << " were lowered to PTX; on sm_90a " << tma << " had TMA rings, " << panels << " in 128-byte panels, "
             << producers << " a producer warpgroup, " << shared << " rings shared by loops, " << turns
-            << " warpgroup turns\n";
+            << " warpgroup turns, " << boxed << " atomic tiles added by TMA\n";
   // A property over programs that do nothing, or that are never lowered, would prove nothing.
   EXPECT_GE(writers, seeds * 3 / 4);
   EXPECT_GE(compiled, seeds * 3 / 4);
   EXPECT_GE(tma, seeds / 20) << "the streamed dots must reach the TMA rings";
+  EXPECT_GE(boxed, seeds / 40) << "the boxed atomics must reach the TMA reductions";
 }
 
 void replay(const fs::path& dir, size_t atLeast) {

@@ -20,6 +20,8 @@
 //     ldmatrix rings in wgmma's panels (rows of 128 columns) and the producer warpgroup, which the
 //     interpreter then runs after the passes. Those programs run one program (the tensor is the
 //     buffer's first rows, which every program would read while another writes them).
+//   * in those programs also atomic_adds of f32 tiles named as tensor boxes of the f32 buffer
+//     (on sm_90a the bulk-reduce pass's TMA reductions where the old values go unused);
 //
 // Memory: three buffers, f32, f16 and i32, each both read and written; program p of the grid
 // touches only elements [p * kRegion, (p + 1) * kRegion) of each (every local offset is below
@@ -497,9 +499,32 @@ class TileProgramGenerator {
 
   Value* atomic() {
     const Shape s = pickShape();
+    if (g_->streamed && s.size() == 2 && c_.percent(50)) return boxedAtomic(s);
     const DType dt = c_.percent(50) ? DType::F32 : DType::I32;
     Access a = access(s, dt, true);
     return b_->atomicAdd(a.ptrs, value(s, dt), a.mask);
+  }
+  // An f32 tile [R, C] added into rows [row0, row0 + R) of the f32 buffer viewed as a [rows, C]
+  // tensor (rows as streamedDot's), named as that tensor box too: the mask and the pointers are
+  // exactly the box's. On sm_90a, where its old values go unused, the bulk-reduce pass adds it by
+  // TMA reductions (bulk_tensor). One program only (streamed programs), so its rows race nothing.
+  Value* boxedAtomic(const Shape& s) {
+    const int64_t R = s[0], C = s[1];
+    Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
+    Value* row0 = loopIvs_.empty() || c_.percent(30) ? i32(c_.below(9)) : mul(ivAsI32(), i32(c_.percent(50) ? R : 3));
+    Value* r = add(b_->splat(row0, {R}), b_->arange(0, R));
+    Value* rowsOf = b_->broadcast(b_->expandDims(r, 1), s);
+    Value* offs = add(mul(rowsOf, i32Tile(C, s)), b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
+    Value* ptrs = b_->addptr(b_->splat(bufF32_, s), offs);
+    Value* live = b_->cmp("lt", rowsOf, b_->splat(rows, s));
+    ir::TensorBox box{bufF32_, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}};
+    return b_->atomicAdd(ptrs, value(s, DType::F32), live, box);
+  }
+  // The innermost induction variable as i32, bounded to [0, 3] (rows stay inside the region).
+  Value* ivAsI32() {
+    Value* iv = loopIvs_.back();
+    if (iv->type().dtype() != DType::I32) iv = b_->cast(iv, DType::I32);
+    return b_->binary(OpKind::And, iv, i32(3));
   }
 
   void loop(int depth) {

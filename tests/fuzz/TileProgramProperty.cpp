@@ -13,6 +13,7 @@
 #include "codegen/Compiler.h"
 #include "codegen/Passes.h"
 #include "codegen/Ptxas.h"
+#include "codegen/SharedMemory.h"
 #include "ir/Interpreter.h"
 #include "ir/Pass.h"
 #include "ir/Passes.h"
@@ -181,6 +182,7 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
     std::map<const ir::Value*, std::set<const ir::Op*>> loopsFilling;  // ring buffer -> loops refilling it
     copy->walk([&](const ir::Op& op) {
       out.turns = out.turns || op.kind() == ir::OpKind::WarpgroupTurn;
+      out.bulkTensor = out.bulkTensor || (op.kind() == ir::OpKind::AtomicAdd && codegen::addsTensorInBulk(op));
       if (op.kind() != ir::OpKind::TmaCopy) return;
       out.tmaRings = true;
       if (const ir::Op* loop = op.parentBlock()->parentOp()) {
@@ -201,14 +203,20 @@ TileProgramOutcome checkTileProgram(Choices& choices) {
 
   out.compiled = g.lowerable;
   if (!g.lowerable) return out;
-  try {
-    // ptxas, where there is one, checks that the PTX is valid, not only that it was emitted.
-    static const bool havePtxas = codegen::findPtxas().has_value();
-    codegen::CompiledKernel k = codegen::compile(f, {.target = target, .runPtxas = havePtxas});
-    if (k.ptx.find(".entry random_program") == std::string::npos)
-      out.broken = "compile for " + target.smName() + " gave PTX without the kernel's entry" + where;
-  } catch (const std::exception& e) {
-    out.broken = "compile for " + target.smName() + " fails on a valid program: " + describe(e) + where;
+  // sm_90a too where its passes gave an atomic tile TMA reductions, so that they are lowered.
+  std::vector<codegen::Target> targets{target};
+  if (out.bulkTensor && target != sm90) targets.push_back(sm90);
+  for (const codegen::Target& t : targets) {
+    try {
+      // ptxas, where there is one, checks that the PTX is valid, not only that it was emitted.
+      static const bool havePtxas = codegen::findPtxas().has_value();
+      codegen::CompiledKernel k = codegen::compile(f, {.target = t, .runPtxas = havePtxas});
+      if (k.ptx.find(".entry random_program") == std::string::npos)
+        out.broken = "compile for " + t.smName() + " gave PTX without the kernel's entry" + where;
+    } catch (const std::exception& e) {
+      out.broken = "compile for " + t.smName() + " fails on a valid program: " + describe(e) + where;
+    }
+    if (!out.broken.empty()) break;
   }
   return out;
 }

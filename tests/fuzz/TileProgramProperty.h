@@ -39,6 +39,7 @@ struct TileProgramOutcome {
   bool tmaRings = false, panelRings = false, producer = false;
   bool sharedRings = false;  // one ring buffer refilled by TMA in two loops (share_rings)
   bool turns = false;        // warpgroup turns (pingpong)
+  bool bulkTensor = false;   // an atomic_add the bulk-reduce pass gave TMA reductions (bulk_tensor)
 };
 
 TileProgramOutcome checkTileProgram(Choices& choices);
