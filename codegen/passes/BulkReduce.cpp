@@ -22,17 +22,18 @@
 // Everything else keeps one atomic per element. FLEXTILE_BULK_REDUCE=0 marks nothing.
 //
 // Whole tiles through TMA (`bulk_tensor = 1`). Row requests still go out one by one: a warp's
-// lanes issue their cp.reduce.async.bulk in turn, each holding its registers until the engine takes
-// it, and the dkdv's 64 rows a step were a quarter of its consumers' samples (ncu, H100,
+// lanes issue their cp.reduce.async.bulk in turn, each holding its registers until the engine
+// takes it, and the dkdv's 64 rows a step were a quarter of its consumers' samples (ncu, H100,
 // bench/RESULTS.md 2026-12-07). An atomic_add that also names its tile as one box of a tensor
 // (ir/Ops.def atomic_add {tensor_rank}, as the backward's atomic dQ does) is instead staged in a
 // TMA layout (codegen/SharedMemory.h bulkTensorStaging: panels of 128, 64 or 32 bytes) and added
-// by one `cp.reduce.async.bulk.tensor` per panel, issued by one thread; the engine clips rows and columns outside the tensor, so the mask costs nothing. It
-// qualifies (bulkTensorRefusal) where the target has TMA, the tile is f32 [R, W] with unused old
-// values, R and W are powers of two up to 256, the box's base is a pointer parameter and its dims
-// and strides are parameters or constants (the host encodes a tensor map from them), constant
-// strides are multiples of 16 bytes, and the kernel's shared memory still fits. It is tried before
-// the rows; FLEXTILE_BULK_TENSOR=0 leaves such ops to the rows.
+// by one `cp.reduce.async.bulk.tensor` per panel, issued by one thread; the engine clips rows and
+// columns outside the tensor, so the mask costs nothing. It qualifies (bulkTensorRefusal) where
+// the target has TMA, the tile is f32 [R, W] with unused old values, R and W are powers of two up
+// to 256, the box's base is a pointer parameter and its dims and strides are parameters or
+// constants (the host encodes a tensor map from them), constant strides are multiples of 16 bytes,
+// and the kernel's shared memory still fits. It is tried before the rows; FLEXTILE_BULK_TENSOR=0
+// leaves such ops to the rows.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>

@@ -460,20 +460,11 @@ class TileProgramGenerator {
     const int64_t C = same ? streamC_ : c_.of({int64_t(8), int64_t(16), int64_t(32), int64_t(64), int64_t(128)});
     const int64_t k = same ? streamK_ : c_.of({int64_t(16), int64_t(32)});
     const int64_t m = same ? streamM_ : c_.of({int64_t(16), int64_t(32), int64_t(64)});
-    Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
-    Value* iv = loopIvs_.back();
-    if (iv->type().dtype() != DType::I32) iv = b_->cast(iv, DType::I32);
-    Value* row0 = mul(b_->binary(OpKind::And, iv, i32(3)), i32(c_.percent(50) ? k : 8));
     const Shape s{k, C};
-    Value* r = add(b_->splat(row0, {k}), b_->arange(0, k));
-    Value* rowsOf = b_->broadcast(b_->expandDims(r, 1), s);
-    Value* offs = add(mul(rowsOf, i32Tile(C, s)), b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
-    Value* ptrs = b_->addptr(b_->splat(bufF16_, s), offs);
-    Value* live = b_->cmp("lt", rowsOf, b_->splat(rows, s));
-    ir::TensorBox box{bufF16_, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}};
+    const BoxedRows t = boxedRows(bufF16_, mul(ivAsI32(), i32(c_.percent(50) ? k : 8)), k, C);
     Value* other = c_.percent(50) ? b_->constant(Type(DType::F16, s), 0.0)
                                   : b_->splat(b_->constant(Type(DType::F16), -0.0), s);
-    Value* bt = b_->load(ptrs, live, other, box);
+    Value* bt = b_->load(t.ptrs, t.live, other, t.box);
     Value* d = b_->dot(wideValue({m, k}, DType::F16), bt, acc ? acc : wideValue({m, C}, DType::F32));
     if (acc) return d;  // the caller carries it
     // Tiles past 1024 elements must not reach the pool (localOffsets' bound): a row reduction
@@ -510,15 +501,24 @@ class TileProgramGenerator {
   // TMA reductions (bulk_tensor). One program only (streamed programs), so its rows race nothing.
   Value* boxedAtomic(const Shape& s) {
     const int64_t R = s[0], C = s[1];
-    Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
     Value* row0 = loopIvs_.empty() || c_.percent(30) ? i32(c_.below(9)) : mul(ivAsI32(), i32(c_.percent(50) ? R : 3));
-    Value* r = add(b_->splat(row0, {R}), b_->arange(0, R));
-    Value* rowsOf = b_->broadcast(b_->expandDims(r, 1), s);
+    const BoxedRows t = boxedRows(bufF32_, row0, R, C);
+    return b_->atomicAdd(t.ptrs, value(s, DType::F32), t.live, t.box);
+  }
+  // Rows [row0, row0 + R) of `buf` viewed as a [rows, C] tensor (row stride C; rows is n where the
+  // region holds n rows, else the rows it holds): the pointers, the mask of the rows inside, and
+  // that tensor box.
+  struct BoxedRows {
+    Value *ptrs, *live;
+    ir::TensorBox box;
+  };
+  BoxedRows boxedRows(Value* buf, Value* row0, int64_t R, int64_t C) {
+    const Shape s{R, C};
+    Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
+    Value* rowsOf = b_->broadcast(b_->expandDims(add(b_->splat(row0, {R}), b_->arange(0, R)), 1), s);
     Value* offs = add(mul(rowsOf, i32Tile(C, s)), b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
-    Value* ptrs = b_->addptr(b_->splat(bufF32_, s), offs);
-    Value* live = b_->cmp("lt", rowsOf, b_->splat(rows, s));
-    ir::TensorBox box{bufF32_, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}};
-    return b_->atomicAdd(ptrs, value(s, DType::F32), live, box);
+    return {b_->addptr(b_->splat(buf, s), offs), b_->cmp("lt", rowsOf, b_->splat(rows, s)),
+            ir::TensorBox{buf, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}}};
   }
   // The innermost induction variable as i32, bounded to [0, 3] (rows stay inside the region).
   Value* ivAsI32() {
