@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The atomic dQ (DqAccumulation::Atomic: FlashAttention-3's five products, dQ's rows added by bulk
-# reductions from the specialized dkdv at D = 128) on a GPU in one call of about 250 s: its GPU tests
+# The atomic dQ (DqAccumulation::Atomic: FlashAttention-3's five products, dQ's tiles added by TMA
+# tensor reductions from the specialized dkdv at D = 128; FLEXTILE_BULK_TENSOR=0: row reductions) on a GPU in one call of about 250 s: its GPU tests
 # (the bulk reductions, and the atomic dQ on every variant), then the backward at D = 128 with the
 # separate dq (the default) and with the atomic dQ, twice each alternating, around PyTorch's
 # FlexAttention and SDPA in the same call (bench/torch_value_dim.py --backward), then ncu's source
