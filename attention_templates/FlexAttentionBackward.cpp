@@ -482,8 +482,8 @@ void traceDkdv(ir::Function& f, const std::vector<int64_t>& constants, DType dt,
             Tile dq = atomicDqT ? (dqT[i] * p.grad_scale).trans()  // [BM, DP]
                                 : dot(dsLow.trans(), kt[i]) * p.grad_scale;
             Tile dqPtrs = p.dq_accum + ((rowBase + offsM).expand(1) * k.D + (c ? c->offs : offsD).expand(0));
-            // The same elements as a box of the [B * Hq, L, D] sums: on sm_90a one TMA reduction
-            // per 128-byte panel adds the tile (codegen/passes/BulkReduce.cpp).
+            // The same elements as a box of the [B * Hq, L, D] sums: on sm_90a a few TMA reductions
+            // from one thread add the tile (codegen/passes/BulkReduce.cpp).
             const TensorBox box{p.dq_accum, {detail::kUnboundedDim, p.q_len, k.D}, {p.dq_accum_stride_h, k.D},
                                 {b * p.q_heads + h, row0, c ? c->first : 0}};
             if (c ? chunkExact(*c, k.qExact) : exact)

@@ -142,7 +142,7 @@ ir::Pass warpSpecializePass(const Target& target);  // "warp-specialize"
 // lowering adds each row with one cp.reduce.async.bulk from shared memory instead of W atomics
 // (codegen/LowerAtomic.cpp; scratch in codegen/SharedMemory.h). One that names its tile as a
 // tensor box gets `bulk_tensor = 1` instead where the target has TMA: the whole tile added by one
-// TMA reduction per 128-byte panel. Runs after "pipeline", before "wgmma" (which waits for wgmma
+// TMA reduction per panel of its staging (bulkTensorStaging). Runs after "pipeline", before "wgmma" (which waits for wgmma
 // groups before every op with scratch).
 void selectBulkReduce(ir::Function& f, const Target& target);
 ir::Pass bulkReducePass(const Target& target);  // "bulk-reduce"

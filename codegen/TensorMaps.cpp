@@ -98,7 +98,8 @@ SlotGeometry geometryOf(const Op& op, size_t rank) {
     const ir::Type& buf = op.operand(0)->type();
     return slotGeometry(op, *buf.sharedLayout(), buf.shape(), buf.dtype(), rank);
   }
-  return slotGeometry(op, bulkTensorStaging(op), op.operand(1)->type().shape(), ir::DType::F32, rank);
+  const ir::Type& tile = op.operand(1)->type();
+  return slotGeometry(op, bulkTensorStaging(op), tile.shape(), tile.dtype(), rank);
 }
 
 // A tma_copy's recipe, or a bulk_tensor atomic_add's: the box operands start at `base`'s index.
@@ -110,7 +111,7 @@ TensorMapRecipe recipeOf(const Op& op, const ir::Function& f) {
   if (rec.baseParam < 0)
     throw Error(op.describe() + ": the tensor's base must be a pointer parameter of the kernel",
                 ErrorKind::InvalidArgument);
-  rec.dtype = copy ? op.operand(0)->type().dtype() : ir::DType::F32;
+  rec.dtype = copy ? op.operand(0)->type().dtype() : op.operand(1)->type().dtype();
   for (size_t k = 0; k < rank; ++k) rec.dims.push_back(launcherValue(op, f, first + 1 + k, "dim " + std::to_string(k)));
   for (size_t k = 0; k + 1 < rank; ++k)
     rec.strides.push_back(launcherValue(op, f, first + 1 + rank + k, "the stride of dim " + std::to_string(k)));
