@@ -30,6 +30,11 @@
 //
 // Tile dims are powers of two (layout assignment requires them); n is not, so masks cut tiles
 // anywhere.
+//
+// A seed must be one program on every compiler (CI runs the seeds in the gcc and the clang
+// builds): choices are drawn, and ops created, one statement at a time, never two in the
+// arguments of one call, whose order of evaluation C++ leaves unspecified. A fingerprint test
+// (RandomTilePrograms.ASeedIsTheSameProgramOnEveryCompiler) holds the generator to it.
 #pragma once
 
 #include <cstdint>
@@ -264,7 +269,12 @@ class TileProgramGenerator {
     if (s.size() == 1) {
       // Strided by up to 3 while that stays below 1024 (a reshaped tile has up to 1024 elements).
       const int64_t stride = s[0] <= 256 ? 1 + c_.below(3) : 1;
-      offs = pattern == 0 ? mul(b_->arange(0, s[0]), i32Tile(stride, s)) : gathered(s);
+      if (pattern == 0) {
+        Value* r = b_->arange(0, s[0]);
+        offs = mul(r, i32Tile(stride, s));
+      } else {
+        offs = gathered(s);
+      }
     } else {
       Value* r = b_->arange(0, s[0]);
       Value* col = b_->arange(0, s[1]);
@@ -273,10 +283,15 @@ class TileProgramGenerator {
       switch (pattern) {
         case 0: {  // row-major with a leading dimension of the tile's width, one more, or n
           Value* ld = s[0] <= 32 && c_.percent(40) ? n_ : i32(s[1] + c_.below(2));
-          offs = add(asCol(mul(r, b_->splat(ld, {s[0]}))), asRow(col));
+          Value* rowStarts = asCol(mul(r, b_->splat(ld, {s[0]})));
+          offs = add(rowStarts, asRow(col));
           break;
         }
-        case 1: offs = add(asCol(r), asRow(mul(col, i32Tile(s[0], {s[1]})))); break;  // column-major
+        case 1: {  // column-major
+          Value* rows = asCol(r);
+          offs = add(rows, asRow(mul(col, i32Tile(s[0], {s[1]}))));
+          break;
+        }
         case 2: offs = asCol(r); break;  // every column the same: repeated addresses
         case 3: offs = gathered(s); break;
         case 4: {  // a reshaped arange
@@ -288,8 +303,8 @@ class TileProgramGenerator {
           Value* rt = b_->arange(0, s[1]);
           Value* ct = b_->arange(0, s[0]);
           Shape t{s[1], s[0]};
-          Value* rowMajor = add(b_->broadcast(b_->expandDims(mul(rt, i32Tile(s[0], {s[1]})), 1), t),
-                                b_->broadcast(b_->expandDims(ct, 0), t));
+          Value* rowStarts = b_->broadcast(b_->expandDims(mul(rt, i32Tile(s[0], {s[1]})), 1), t);
+          Value* rowMajor = add(rowStarts, b_->broadcast(b_->expandDims(ct, 0), t));
           offs = b_->trans(rowMajor, {1, 0});
           break;
         }
@@ -299,7 +314,8 @@ class TileProgramGenerator {
   }
   // Offsets read from data: an i32 value of the pool (or loaded) masked to [0, 1024).
   Value* gathered(const Shape& s) {
-    return b_->binary(OpKind::And, value(s, DType::I32, 3), i32Tile(1023, s));
+    Value* v = value(s, DType::I32, 3);
+    return b_->binary(OpKind::And, v, i32Tile(1023, s));
   }
 
   // Pointers of dtype dt at shape s inside this program's region (with the innermost induction
@@ -330,9 +346,16 @@ class TileProgramGenerator {
     switch (c_.below(4)) {
       case 0: return b_->cmp("lt", local, b_->splat(mul(n_, i32(1 + c_.below(40))), s));
       case 1: return value(s, DType::I1, 2);
-      case 2: return b_->binary(c_.percent(50) ? OpKind::And : OpKind::Or, value(s, DType::I1, 2),
-                                b_->cmp("lt", iotaLike(s), b_->splat(n_, s)));
-      default: return b_->cmp(c_.of({"lt", "le", "gt", "ge", "eq", "ne"}), local, b_->splat(mul(n_, n_), s));
+      case 2: {
+        const OpKind join = c_.percent(50) ? OpKind::And : OpKind::Or;
+        Value* drawn = value(s, DType::I1, 2);
+        Value* counted = iotaLike(s);
+        return b_->binary(join, drawn, b_->cmp("lt", counted, b_->splat(n_, s)));
+      }
+      default: {
+        const char* predicate = c_.of({"lt", "le", "gt", "ge", "eq", "ne"});
+        return b_->cmp(predicate, local, b_->splat(mul(n_, n_), s));
+      }
     }
   }
 
@@ -360,8 +383,12 @@ class TileProgramGenerator {
   void push(Value* v) {
     if (v && !v->type().isPointer()) pool_.push_back(v);
   }
+  Value* fresh() {
+    const Shape s = pickShape();
+    return value(s, pickDType(0));
+  }
   Value* any() {
-    if (pool_.empty() || c_.percent(15)) return value(pickShape(), pickDType(0));
+    if (pool_.empty() || c_.percent(15)) return fresh();
     return pool_[size_t(c_.below(int(pool_.size())))];
   }
 
@@ -372,14 +399,21 @@ class TileProgramGenerator {
     switch (op.kind) {
       case OpKind::AddPtr: return load(s, c_.of({DType::F32, DType::F16, DType::I32}));  // addresses are addptrs
       case OpKind::Cmp: {
-        DType dt = pickDType(0);
-        return b_->cmp(c_.of({"eq", "ne", "lt", "le", "gt", "ge"}), value(s, dt), value(s, dt));
+        const DType dt = pickDType(0);
+        const char* predicate = c_.of({"eq", "ne", "lt", "le", "gt", "ge"});
+        Value* lhs = value(s, dt);
+        return b_->cmp(predicate, lhs, value(s, dt));
       }
       case OpKind::Select: {
-        DType dt = pickDType(0);
-        return b_->select(value(s, DType::I1), value(s, dt), value(s, dt));
+        const DType dt = pickDType(0);
+        Value* condition = value(s, DType::I1);
+        Value* ifTrue = value(s, dt);
+        return b_->select(condition, ifTrue, value(s, dt));
       }
-      case OpKind::Cast: return b_->cast(value(s, pickDType(0)), c_.of(kAll));
+      case OpKind::Cast: {
+        Value* x = value(s, pickDType(0));
+        return b_->cast(x, c_.of(kAll));
+      }
       default: break;
     }
     const DType dt = pickDType(op.traits);
@@ -445,7 +479,9 @@ class TileProgramGenerator {
       acc = c_.percent(96) ? DType::F32 : DType::F16;
     }
     if (in == DType::F64 || in == DType::I8 || acc != DType::F32) g_->lowerable = false;
-    return b_->dot(value({m, k}, in), value({k, n}, in), value({m, n}, acc));
+    Value* a = value({m, k}, in);
+    Value* b = value({k, n}, in);
+    return b_->dot(a, b, value({m, n}, acc));
   }
 
   // A dot whose B operand is rows [row0, row0 + k) of the f16 buffer viewed as a [R, C] tensor
@@ -461,15 +497,18 @@ class TileProgramGenerator {
     const int64_t k = same ? streamK_ : c_.of({int64_t(16), int64_t(32)});
     const int64_t m = same ? streamM_ : c_.of({int64_t(16), int64_t(32), int64_t(64)});
     const Shape s{k, C};
-    const BoxedRows t = boxedRows(bufF16_, mul(ivAsI32(), i32(c_.percent(50) ? k : 8)), k, C);
+    Value* iv = ivAsI32();
+    const BoxedRows t = boxedRows(bufF16_, mul(iv, i32(c_.percent(50) ? k : 8)), k, C);
     Value* other = c_.percent(50) ? b_->constant(Type(DType::F16, s), 0.0)
                                   : b_->splat(b_->constant(Type(DType::F16), -0.0), s);
     Value* bt = b_->load(t.ptrs, t.live, other, t.box);
-    Value* d = b_->dot(wideValue({m, k}, DType::F16), bt, acc ? acc : wideValue({m, C}, DType::F32));
+    Value* a = wideValue({m, k}, DType::F16);
+    Value* d = b_->dot(a, bt, acc ? acc : wideValue({m, C}, DType::F32));
     if (acc) return d;  // the caller carries it
     // Tiles past 1024 elements must not reach the pool (localOffsets' bound): a row reduction
     // does, stored at once so that the dot is never dead code.
-    Value* folded = b_->reduce(d, c_.below(2), c_.of({"sum", "max", "min"}));
+    const int axis = c_.below(2);
+    Value* folded = b_->reduce(d, axis, c_.of({"sum", "max", "min"}));
     store(folded);
     return folded;
   }
@@ -481,7 +520,8 @@ class TileProgramGenerator {
       case 1: return b_->splat(b_->cast(c_.percent(50) ? alpha_ : n_, dt), s);
       default: {
         Value* flat = b_->reshape(b_->arange(0, s[0] * s[1]), s);
-        Value* offs = add(b_->binary(OpKind::And, flat, i32Tile(1023, s)), b_->splat(add(regionBase_, i32(c_.below(512))), s));
+        Value* wrapped = b_->binary(OpKind::And, flat, i32Tile(1023, s));
+        Value* offs = add(wrapped, b_->splat(add(regionBase_, i32(c_.below(512))), s));
         Value* ptrs = b_->addptr(b_->splat(dt == DType::F16 ? bufF16_ : bufF32_, s), offs);
         return b_->load(ptrs);
       }
@@ -501,7 +541,13 @@ class TileProgramGenerator {
   // TMA reductions (bulk_tensor). One program only (streamed programs), so its rows race nothing.
   Value* boxedAtomic(const Shape& s) {
     const int64_t R = s[0], C = s[1];
-    Value* row0 = loopIvs_.empty() || c_.percent(30) ? i32(c_.below(9)) : mul(ivAsI32(), i32(c_.percent(50) ? R : 3));
+    Value* row0;
+    if (loopIvs_.empty() || c_.percent(30)) {
+      row0 = i32(c_.below(9));
+    } else {
+      Value* iv = ivAsI32();
+      row0 = mul(iv, i32(c_.percent(50) ? R : 3));
+    }
     const BoxedRows t = boxedRows(bufF32_, row0, R, C);
     return b_->atomicAdd(t.ptrs, value(s, DType::F32), t.live, t.box);
   }
@@ -515,8 +561,10 @@ class TileProgramGenerator {
   BoxedRows boxedRows(Value* buf, Value* row0, int64_t R, int64_t C) {
     const Shape s{R, C};
     Value* rows = C * 40 <= kRegion ? n_ : i32(kRegion / C);
-    Value* rowsOf = b_->broadcast(b_->expandDims(add(b_->splat(row0, {R}), b_->arange(0, R)), 1), s);
-    Value* offs = add(mul(rowsOf, i32Tile(C, s)), b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
+    Value* row0s = b_->splat(row0, {R});
+    Value* rowsOf = b_->broadcast(b_->expandDims(add(row0s, b_->arange(0, R)), 1), s);
+    Value* rowStarts = mul(rowsOf, i32Tile(C, s));
+    Value* offs = add(rowStarts, b_->broadcast(b_->expandDims(b_->arange(0, C), 0), s));
     return {b_->addptr(b_->splat(buf, s), offs), b_->cmp("lt", rowsOf, b_->splat(rows, s)),
             ir::TensorBox{buf, {rows, i32(C)}, {i32(C)}, {row0, i32(0)}}};
   }
@@ -588,7 +636,8 @@ class TileProgramGenerator {
     pool_ = saved;
     push(results[0]);
     if (accumulate) {
-      Value* folded = b_->reduce(results[1], c_.below(2), c_.of({"sum", "max", "min"}));
+      const int axis = c_.below(2);
+      Value* folded = b_->reduce(results[1], axis, c_.of({"sum", "max", "min"}));
       store(folded);
       push(folded);
     }
@@ -606,7 +655,11 @@ class TileProgramGenerator {
       case 6:
       case 7: r = shapeOp(); break;
       case 8: r = g_->streamed && !loopIvs_.empty() && c_.percent(70) ? streamedDot() : dot(); break;
-      case 9: r = load(pickShape(), c_.of({DType::F32, DType::F16, DType::I32})); break;
+      case 9: {
+        const Shape s = pickShape();
+        r = load(s, c_.of({DType::F32, DType::F16, DType::I32}));
+        break;
+      }
       case 10:
       case 11: store(any()); break;
       case 12: r = atomic(); break;
@@ -614,7 +667,7 @@ class TileProgramGenerator {
       case 14:
         if (depth < 2) loop(depth);
         break;
-      default: r = value(pickShape(), pickDType(0)); break;
+      default: r = fresh(); break;
     }
     push(r);
   }
