@@ -177,6 +177,12 @@ struct FlexAttentionOptions {
   bool return_max_scores = false;
   // The _into forms' max-scores output, [B, Hq, L] f32 contiguous in q's memory space; empty: none.
   std::optional<dsl::Tensor> max_scores;
+  // Attention sinks (GPT-OSS's learned per-head logits): f32 [Hq], contiguous, in q's memory space.
+  // Head h's sink joins every row's softmax as one more key, of score sinks[h] (natural units, as
+  // the scores after scale and score_mod) and value zero: out = sum_j e^{s_j} v_j / (e^{sink} +
+  // sum_j e^{s_j}), lse = log(e^{sink} + sum_j e^{s_j}). A row the mask leaves without keys gets out 0
+  // and lse = sinks[h]. The backward takes the same tensor and returns its gradient (dsinks).
+  std::optional<dsl::Tensor> sinks;
   std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
   AttentionTemplate kernel = AttentionTemplate::Auto;
   std::optional<FlexDecodeConfig> decode_config;  // the decode template's; default defaultFlexDecodeConfig
@@ -368,6 +374,10 @@ struct FlexAttentionBackwardOptions {
   // instead of f32 atomics, so they too are bitwise identical from run to run.
   bool deterministic = false;
   std::optional<dsl::Tensor> dlse;  // dloss/dlse [B, Hq, L] f32, when the LSE output is used
+  // The forward's FlexAttentionOptions::sinks, when it had them: dQ, dK and dV need nothing more
+  // (its lse includes them), and FlexAttentionGrads::dsinks receives their gradient,
+  // -sum over b and i of e^{sinks[h] - lse_bhi} delta_bhi, summed per head in a fixed order.
+  std::optional<dsl::Tensor> sinks;
   std::optional<FlexAttentionBackwardConfig> config;
   // Where the backward's kernels, the zeroing of its gradient accumulators and its f32 conversions
   // run, in order (FlexAttentionOptions::stream).
@@ -381,6 +391,7 @@ struct FlexAttentionGrads {
   // The score_mod's trainable captures (in its captures() order) and their f32 gradients.
   std::vector<dsl::CapturedTensor> trainable;
   std::vector<dsl::Tensor> captureGrads;
+  dsl::Tensor dsinks;  // [Hq] f32 with options.sinks, else empty (allocated by the _into form too)
   // The gradient of one trainable capture; an error for a capture that is not one.
   const dsl::Tensor& grad(const dsl::CapturedTensor& capture) const;
 };

@@ -684,6 +684,36 @@ void traceFixedPoint(ir::Function& f, const std::vector<int64_t>& constants) {
   store(p.out + offs, load(p.in + offs, ok).to(DType::F32) * (1.0 / kFixedPointScale), ok);
 }
 
+// Attention sinks' gradient (FlexAttentionBackwardOptions::sinks): program h sums
+// -e^{sink_h - lse} delta over every row of head h, batch by batch and block by block in a fixed
+// order (bitwise reproducible), from what the preprocess wrote (lse2 in the exp2 domain, +inf for
+// a row without keys or sink: weight 0).
+template <template <class> class P>
+struct SinkGradParams {
+  BOOST_HANA_DEFINE_STRUCT(SinkGradParams, (P<F32Ptr>, lse2), (P<F32Ptr>, delta), (P<F32Ptr>, sinks),
+                           (P<F32Ptr>, dsinks), (P<I32>, q_len), (P<I32>, q_heads), (P<I32>, batch));
+};
+struct SinkGradConstants {
+  BOOST_HANA_DEFINE_STRUCT(SinkGradConstants, (int64_t, BM));
+};
+void traceSinkGrad(ir::Function& f, const std::vector<int64_t>& constants) {
+  const auto k = constantsFrom<SinkGradConstants>(constants);
+  const auto p = declareParams<SinkGradParams>(f, DType::F32);
+  Tile h = program_id(0);
+  Tile sinkLog2 = load(p.sinks + h) * kLog2e;
+  Tile blocks = (p.q_len + (k.BM - 1)) / k.BM;
+  Tile terms = for_range(0, p.batch * blocks, 1, zeros({k.BM}, DType::F32), [&](Tile t, Tile acc) {
+    Tile b = t / blocks;
+    Tile offsM = (t % blocks) * k.BM + arange(0, k.BM);
+    Tile live = offsM < p.q_len;
+    Tile rows = (b * p.q_heads + h).to(DType::I64) * p.q_len + offsM;
+    Tile lse2 = load(p.lse2 + rows, live, INFINITY);
+    Tile delta = load(p.delta + rows, live, 0.0);
+    return acc + exp2(sinkLog2 - lse2) * delta;
+  });
+  store(p.dsinks + h, -sum(terms, 0));
+}
+
 // Atomic dQ: the f32 sums to q's dtype.
 template <template <class> class P>
 struct CastParams {
@@ -706,6 +736,13 @@ Kernel& preprocessKernel(DType dt) {
   return sharedKernel(name, [&] {
     return Kernel(name, [dt](ir::Function& f, const std::vector<int64_t>& c) { tracePreprocess(f, c, dt); },
                   constantCount<PreprocessConstants>());
+  });
+}
+
+Kernel& sinkGradKernel() {
+  return sharedKernel("flex_bwd_sink_grad", [] {
+    return Kernel("flex_bwd_sink_grad", [](ir::Function& f, const std::vector<int64_t>& c) { traceSinkGrad(f, c); },
+                  constantCount<SinkGradConstants>());
   });
 }
 
@@ -901,6 +938,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   };
   expectRows("lse", lse);
   if (options.dlse) expectRows("dlse", *options.dlse);
+  if (options.sinks) detail::expectSinks(op, *options.sinks, Hq, space);
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(D));
   if (!std::isfinite(scale) || scale == 0)
     throw Error(std::string(op) + ": scale must be finite and non-zero, got " + std::to_string(scale));
@@ -1009,6 +1047,20 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                              .out_stride_h = os[1], .out_stride_m = os[2], .dout_stride_b = ds[0],
                              .dout_stride_h = ds[1], .dout_stride_m = ds[2]},
                             kernel.name())});
+  }
+  grads.dsinks = Tensor();
+  if (options.sinks) {
+    grads.dsinks = Tensor::empty(DType::F32, {Hq}, space);
+    LaunchOptions lo;
+    lo.grid = {Hq, 1, 1};
+    lo.constants = constantList(SinkGradConstants{1024});
+    lo.num_warps = 4;
+    lo.num_stages = 1;
+    Kernel& kernel = sinkGradKernel();
+    launches.push_back({&kernel, lo,
+                        bindParams<SinkGradParams>({.lse2 = lse2, .delta = delta, .sinks = *options.sinks,
+                                                    .dsinks = grads.dsinks, .q_len = L, .q_heads = Hq, .batch = B},
+                                                   kernel.name())});
   }
   const auto& qs = q.strides();
   const auto& ks = k.strides();

@@ -41,6 +41,14 @@ struct TileOrderParams {
   BOOST_HANA_DEFINE_STRUCT(TileOrderParams, (P<I32Ptr>, tile_order));
 };
 
+// The parameter a template declares last, after the paged and the tile-order ones, when it has
+// attention sinks (its `hasSinks` constant; FlexAttentionOptions::sinks): f32 [Hq]. Not a member
+// of the templates' own parameters, so that their kernels without sinks keep their signatures.
+template <template <class> class P>
+struct SinkParams {
+  BOOST_HANA_DEFINE_STRUCT(SinkParams, (P<F32Ptr>, sinks));
+};
+
 // The compile-time constants of a paged K/V, after the template's own: the page size and whether
 // the per-batch lengths are read.
 struct PagedKvConstants {
@@ -104,6 +112,9 @@ tmpl::PagedKvConstants pagedKvConstants(const PagedKV& kv);
 // Throws unless `t` is a rank-4 [B, H, len, D] tensor whose last dim is contiguous and whose
 // strides fit the kernels' i32 parameters; `op` and `what` name the call and the tensor.
 void expectAttentionInput(const char* op, const char* what, const dsl::Tensor& t);
+// FlexAttentionOptions::sinks (and the backward's): f32 [Hq], contiguous, in the inputs' memory
+// space; an error naming `op` and what is wrong otherwise.
+void expectSinks(const char* op, const dsl::Tensor& sinks, int64_t Hq, dsl::MemorySpace space);
 
 // Throws unless q [B, Hq, L, D], k and v [B, Hkv, S, D] are inputs both attention templates take:
 // one float dtype, agreeing shapes, Hq a multiple of Hkv, D a multiple of 16 up to 256, one memory
@@ -197,6 +208,12 @@ dsl::Tile rowLse(const dsl::Tile& m, const dsl::Tile& l, const dsl::Tile& empty,
 // max `m` in the exp2 domain (always scaled, even where the walk scales after the max); -inf where
 // `empty`.
 dsl::Tile rowMaxScore(const dsl::Tile& m, const dsl::Tile& empty);
+// An attention sink (FlexAttentionOptions::sinks) folded into a row's final online-softmax state:
+// one more key, of score `sinkLog2` (the exp2 domain) and value zero. m and l become the state's
+// with that key and each accumulator in `acc` ([rows, D], or shaped as m) is rescaled to the new
+// m. A row without live scores ends with m = the sink, l = 1 and its accumulators 0: out 0 and
+// lse = the sink. Added once per row: never to a partial that a merge folds with others.
+void foldSink(dsl::Tile& m, dsl::Tile& l, std::vector<dsl::Tile>& acc, const dsl::Tile& sinkLog2);
 
 // One round of an exact merge of partial results by the online-softmax rule, as the decode
 // template's splits and the forward's last-round pieces are merged: the running row max `m` and sum

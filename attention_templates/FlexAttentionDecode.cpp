@@ -195,7 +195,7 @@ struct DecodeConstants {
                            (int64_t, programmaticLaunch), (int64_t, partialFirst), (int64_t, clusterMerge),
                            (int64_t, clusterTickets), (int64_t, warpSpecialize),
                            (int64_t, timeline), (int64_t, acqRelTicket), (int64_t, DV), (int64_t, DVP),
-                           (int64_t, hasMaxScores));
+                           (int64_t, hasMaxScores), (int64_t, hasSinks));
 };
 
 // ---- traced kernels ----------------------------------------------------------
@@ -206,8 +206,8 @@ struct DecodeConstants {
 // waits on one L2 round trip per that many splits, not one per split: the loaded partials of a
 // round take about 64 registers a thread, so few rows (GQA 4:1 at L = 1 has four) load many splits
 // a round — B = 1 over 32768 keys has 47 splits, three rounds of 16 — and 16 rows load four.
-void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, const Tile& b, const Tile& group,
-                    const Tile& splits, DType dt, int numWarps) {
+void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, const SinkParams<Traced>* sinks,
+                    const Tile& b, const Tile& group, const Tile& splits, DType dt, int numWarps) {
   const int64_t realRows = k.HP * k.LQ;
   int64_t MC = 4;
   while (MC < std::min<int64_t>(realRows, 16)) MC *= 2;
@@ -248,9 +248,11 @@ void mergeGroupRows(const DecodeConstants& k, const DecodeParams<Traced>& p, con
       }
       return detail::foldPartialsAndMaxima(c, lse, part, best);
     });
-    const Tile m = st[0], l = st[1], acc = st[2];
+    Tile m = st[0], l = st[1];
+    std::vector<Tile> acc{st[2]};
+    if (k.hasSinks) detail::foldSink(m, l, acc, (load(sinks->sinks + head) * std::numbers::log2e).expand(1));
     Tile empty = l == 0.0;
-    Tile out = acc * (1.0 / where(empty, 1.0, l));
+    Tile out = acc[0] * (1.0 / where(empty, 1.0, l));
     Tile oRows = b.to(DType::I64) * p.out_stride_b + head.to(DType::I64) * p.out_stride_h +
                  (query * p.out_stride_m).to(DType::I64);
     Tile oMask = k.DVP != k.DV ? rowLive.expand(1) & dLive.expand(0) : rowLive.expand(1);
@@ -295,6 +297,8 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     pc = constantsFrom<PagedKvConstants>(std::vector<int64_t>(constants.begin() + std::ptrdiff_t(own), constants.end()));
     pp = declareParams<PagedKvParams>(f, dt);
   }
+  std::optional<SinkParams<Traced>> sinks;
+  if (k.hasSinks) sinks = declareParams<SinkParams>(f, dt);
   const double log2e = std::numbers::log2e;
 
   // Programmatic dependent launch: the program waits here, before its first global access, for
@@ -482,6 +486,9 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
   };
 
   if (k.programmaticLaunch) release_dependent_grids();
+  // Each row's head's sink (FlexAttentionOptions::sinks) in the exp2 domain, where a row's whole
+  // state is folded: never into a split's partial.
+  auto rowSinks = [&] { return load(sinks->sinks + head) * std::numbers::log2e; };
   Tile empty = l == 0.0;
   Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
   Tile rowId = (b * p.q_heads + head) * p.q_len + query;  // [BM] flat (b, head, query)
@@ -507,7 +514,7 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     auto merge = [&] {
       if (!k.acqRelTicket) fence();  // acquire: the other programs' partials are visible from here on
       Tile start = k.timeline ? global_timer() : Tile();
-      mergeGroupRows(k, p, b, group, count, dt, f.numWarps());
+      mergeGroupRows(k, p, sinks ? &*sinks : nullptr, b, group, count, dt, f.numWarps());
       store(counter, zeros({}, DType::I32));  // every other program of the group has added
       return start;
     };
@@ -537,7 +544,8 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
                          zeros({k.BM, k.DVP}, DType::F32)};
     if (k.hasMaxScores) st.push_back(full({k.BM}, -INFINITY, DType::F32));
     st = detail::foldPartialsAndMaxima(st, part(0), part(1), k.hasMaxScores ? part(2) : std::vector<Tile>{});
-    const Tile mm = st[0], ll = st[1], merged = st[2], best = k.hasMaxScores ? st[3] : Tile();
+    Tile mm = st[0], ll = st[1];
+    const Tile merged = st[2], best = k.hasMaxScores ? st[3] : Tile();
     Tile none = ll == 0.0;
     Tile folded = merged * (1.0 / where(none, 1.0, ll)).expand(1);
     if (k.clusterTickets) {
@@ -548,6 +556,12 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
       stamps[kTimelineMerging].reset();
       storeTimeline();
       return;
+    }
+    if (k.hasSinks) {  // the cluster's fold is the row's whole: the sink joins it here
+      std::vector<Tile> a{merged};
+      detail::foldSink(mm, ll, a, rowSinks());
+      none = ll == 0.0;
+      folded = a[0] * (1.0 / where(none, 1.0, ll)).expand(1);
     }
     Tile stores = rowLive & (split == 0);
     Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
@@ -562,13 +576,20 @@ void traceDecode(ir::Function& f, const std::vector<int64_t>& constants, DType d
     storeTimeline();
     return;
   }
+  const Tile best = k.hasMaxScores ? detail::rowMaxScore(m, empty) : Tile();  // over the keys alone
+  if (k.hasSinks) {  // one split: its state is the row's whole
+    std::vector<Tile> a{acc};
+    detail::foldSink(m, l, a, rowSinks());
+    empty = l == 0.0;
+    out = a[0] * (1.0 / where(empty, 1.0, l)).expand(1);
+  }
   Tile oRows = head.to(DType::I64) * p.out_stride_h + (query * p.out_stride_m).to(DType::I64);
   store(p.out + b64 * p.out_stride_b + (oRows.expand(1) + offsDV.expand(0)), out.to(dt), byDV(rowLive));
   if (k.hasLse) {
     Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
     store(p.lse + rowId.to(DType::I64), lse, rowLive);
   }
-  if (k.hasMaxScores) store(p.max_scores + rowId.to(DType::I64), detail::rowMaxScore(m, empty), rowLive);
+  if (k.hasMaxScores) store(p.max_scores + rowId.to(DType::I64), best, rowLive);
   storeTimeline();
 }
 
@@ -713,6 +734,7 @@ struct DecodePrepared {
   int64_t clusterSize = 0;         // clusterMergeSize, once the split count is known
   std::optional<Tensor> timeline;  // options.decode_timeline, checked
   std::optional<Tensor> maxScores;  // options.max_scores
+  std::optional<Tensor> sinks;      // options.sinks, checked
   DecodeSwitches switches;
 };
 
@@ -815,6 +837,8 @@ void finishPrepare(DecodePrepared& p, const ScoreMod& scoreMod, const std::optio
   auto fail = [&](const std::string& m) { throw Error(std::string(me) + ": " + m); };
   p.switches = DecodeSwitches::read();
   p.maxScores = options.max_scores;  // (checked with the outputs by flex_attention_into)
+  if (options.sinks) detail::expectSinks(me, *options.sinks, p.Hq, p.space);
+  p.sinks = options.sinks;
   if (p.L > 128) fail("the decode template takes at most 128 queries per head, got L = " + std::to_string(p.L));
   p.G = p.Hq / p.Hkv;
 
@@ -970,7 +994,8 @@ DecodeConstants decodeConstants(const DecodePrepared& p, bool hasLse) {
                          p.switches.acqRelTicket.value_or(true),
                          p.DV,
                          detail::paddedHeadDim(p.DV),
-                         p.maxScores.has_value()};
+                         p.maxScores.has_value(),
+                         p.sinks.has_value()};
 }
 
 std::string decodeKernelKey(const ScoreMod& scoreMod, DType dtype, bool paged) {
@@ -1050,6 +1075,10 @@ std::vector<Launch> launches(const DecodePrepared& p, const ScoreMod& scoreMod, 
   if (p.paged) {
     const std::vector<KernelArg> paged = bindParams<PagedKvParams>(detail::pagedKvArguments(*p.paged), kernel.name());
     result.back().args.insert(result.back().args.end(), paged.begin(), paged.end());
+  }
+  if (p.sinks) {
+    const std::vector<KernelArg> sinks = bindParams<SinkParams>({.sinks = *p.sinks}, kernel.name());
+    result.back().args.insert(result.back().args.end(), sinks.begin(), sinks.end());
   }
   return result;
 }

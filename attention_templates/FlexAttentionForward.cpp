@@ -129,6 +129,15 @@ FlexAttentionConfig defaultFlexAttentionConfig(DType dtype, int64_t headDim, std
 
 namespace detail {
 
+void expectSinks(const char* op, const Tensor& sinks, int64_t Hq, MemorySpace space) {
+  if (!sinks.defined()) throw Error(std::string(op) + ": sinks is an empty tensor");
+  if (sinks.dtype() != DType::F32 || sinks.shape() != Shape{Hq})
+    throw Error(std::string(op) + ": sinks must be f32[" + std::to_string(Hq) + "] (a logit per query head), got " +
+                sinks.describe());
+  if (!sinks.isContiguous() || sinks.space() != space)
+    throw Error(std::string(op) + ": sinks must be contiguous and in q's memory space, got " + sinks.describe());
+}
+
 void expectAttentionInput(const char* op, const char* what, const Tensor& t) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an empty tensor");
   if (t.rank() != 4)
@@ -429,7 +438,8 @@ struct ForwardConstants {
                            (int64_t, tma), (int64_t, warpSpecialize), (int64_t, pingpong), (int64_t, defer),
                            (int64_t, positiveScale), (int64_t, persistent), (int64_t, splitLastRound),
                            (int64_t, skew), (int64_t, tileOrder), (int64_t, DV), (int64_t, DVP), (int64_t, DS),
-                           (int64_t, DVS), (int64_t, qUnpipelined), (int64_t, hasMaxScores));
+                           (int64_t, DVS), (int64_t, qUnpipelined), (int64_t, hasMaxScores),
+                           (int64_t, hasSinks));
 };
 
 // The forward's `skew` constant: which walks are skewed (the full ones, or every one), and whether
@@ -504,6 +514,8 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
   }
   std::optional<TileOrderParams<Traced>> order;
   if (k.tileOrder) order = declareParams<TileOrderParams>(f, dt);
+  std::optional<SinkParams<Traced>> sinks;
+  if (k.hasSinks) sinks = declareParams<SinkParams>(f, dt);
 
   const double log2e = std::numbers::log2e;
   // A piece of a split last round's tile (splitLastRound): steps [from, to) of the tile's walk,
@@ -757,12 +769,17 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     std::vector<Tile> st = state(m0, l0, acc0);
     if (k.hasFull) st = walk(fullCount, p.full_kv_indices, false, st);
     if (k.hasPartial) st = walk(partialCount, p.kv_indices, true, st);
-    const Tile m = st[0], l = st[1];
+    Tile m = st[0], l = st[1];
+    std::vector<Tile> acc = accOf(st);
+    // The largest score is over the keys alone, before a sink joins them.
+    const Tile best = k.hasMaxScores ? detail::rowMaxScore(m, l == 0.0) : Tile();
+    // A piece's partial holds its keys alone: the merge adds the sink, once.
+    if (k.hasSinks && !piece) detail::foldSink(m, l, acc, load(sinks->sinks + h) * std::numbers::log2e);
 
     Tile empty = l == 0.0;
     const Tile rowScale = (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
     std::vector<Tile> out;  // the output's tile, or its chunks
-    for (const Tile& a : accOf(st)) out.push_back(a * rowScale);
+    for (const Tile& a : acc) out.push_back(a * rowScale);
     if (piece) {
       // A piece: its partial (the normalized output and m + log2 l, as the decode template's splits
       // write theirs) goes to its slot, for the merge kernel (DVP columns a row: a split v's chunks
@@ -772,7 +789,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
         store(p.part_out + (slotRows.expand(1) * k.DVP + (vChunks.empty() ? offsDV : vChunks[i].offs).expand(0)),
               out[i]);
       store(p.part_lse + slotRows, detail::rowLse(m, l, empty, /*natural=*/false));
-      if (k.hasMaxScores) store(p.part_max + slotRows, detail::rowMaxScore(m, empty));
+      if (k.hasMaxScores) store(p.part_max + slotRows, best);
       return;
     }
     // (Each operand named first: the ops are traced in this order, whatever order C++ gives a
@@ -797,10 +814,7 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
       Tile lse = detail::rowLse(m, l, empty, /*natural=*/true);
       storeRows(lseRows + offsM, lse);
     }
-    if (k.hasMaxScores) {
-      Tile best = detail::rowMaxScore(m, empty);
-      storeRows(p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM), best);
-    }
+    if (k.hasMaxScores) storeRows(p.max_scores + ((b * p.q_heads + h).to(DType::I64) * p.q_len + offsM), best);
   };
   // Query tiles in reverse launch order: under causal-like masks the last rows have the most
   // blocks, and starting them first shortens the tail of the grid. Persistent (opt-in): a program
@@ -883,12 +897,15 @@ struct LastRoundMergeParams {
 // D and DP: the output's head dim (v's) and its padded width.
 struct LastRoundMergeConstants {
   BOOST_HANA_DEFINE_STRUCT(LastRoundMergeConstants, (int64_t, BM), (int64_t, MC), (int64_t, D), (int64_t, DP),
-                           (int64_t, hasLse), (int64_t, programmaticLaunch), (int64_t, hasMaxScores));
+                           (int64_t, hasLse), (int64_t, programmaticLaunch), (int64_t, hasMaxScores),
+                           (int64_t, hasSinks));
 };
 
 void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants, DType dt) {
   const auto k = constantsFrom<LastRoundMergeConstants>(constants);
   const auto p = declareParams<LastRoundMergeParams>(f, dt);
+  std::optional<SinkParams<Traced>> sinks;
+  if (k.hasSinks) sinks = declareParams<SinkParams>(f, dt);
   // Programmatic dependent launch (opt-in, FLEXTILE_PROGRAMMATIC_LAUNCH=1, not yet timed): the
   // merge is launched while the forward's last programs finish and waits here for the forward's
   // partials; the forward itself signals nothing (code added to it changes its schedule).
@@ -921,11 +938,13 @@ void traceLastRoundMerge(ir::Function& f, const std::vector<int64_t>& constants,
     }
     return detail::foldPartialsAndMaxima(c, lse, part, best);
   });
-  const Tile m = st[0], l = st[1], acc = st[2];
+  Tile m = st[0], l = st[1];
+  std::vector<Tile> acc{st[2]};
+  if (k.hasSinks) detail::foldSink(m, l, acc, load(sinks->sinks + h) * std::numbers::log2e);
   Tile empty = l == 0.0;
   Tile offsM = mBlock * k.BM + rows;
   Tile live = offsM < p.q_len;
-  Tile out = acc * (1.0 / where(empty, 1.0, l)).expand(1);
+  Tile out = acc[0] * (1.0 / where(empty, 1.0, l)).expand(1);
   Tile oPtrs = p.out + (b.to(DType::I64) * p.out_stride_b + h.to(DType::I64) * p.out_stride_h) +
                (offsM.expand(1) * p.out_stride_m + offsD.expand(0));
   store(oPtrs, out.to(dt), k.DP != k.D ? live.expand(1) & (offsD < k.D).expand(0) : live.expand(1));
@@ -953,6 +972,7 @@ struct Prepared {
   int64_t programs = 0;                // the persistent grid (constants.persistent): a program per SM
   int64_t tileSteps = 0;               // uniformTileSteps, read once (a user's mask is scanned for it)
   std::optional<Tensor> maxScores;     // options.max_scores (constants.hasMaxScores)
+  std::optional<Tensor> sinks;         // options.sinks (constants.hasSinks)
 };
 
 int64_t forwardTiles(const Prepared& p) { return cdiv(p.L, p.config.block_m) * p.Hq * p.B; }
@@ -1198,6 +1218,9 @@ void finishPrepare(Prepared& p, const Tensor& q, const ScoreMod& scoreMod, const
   p.constants.DVP = detail::paddedHeadDim(p.DV);
   p.maxScores = options.max_scores;
   p.constants.hasMaxScores = p.maxScores.has_value();
+  if (options.sinks) detail::expectSinks("flex_attention", *options.sinks, p.Hq, p.space);
+  p.sinks = options.sinks;
+  p.constants.hasSinks = p.sinks.has_value();
   p.constants.DS = detail::headDimSplit(p.D);
   // V's split only where its second chunk is 64 columns or more: P·V a product a chunk, each a
   // wgmma per 16 keys, and on a 32-column chunk that cost more than the quarter of the work it saved
@@ -1312,6 +1335,10 @@ std::vector<KernelArg> arguments(const Prepared& p, const Kernel& kernel, const 
     const std::vector<KernelArg> ordered = bindParams<TileOrderParams>({.tile_order = order}, kernel.name());
     args.insert(args.end(), ordered.begin(), ordered.end());
   }
+  if (p.constants.hasSinks) {
+    const std::vector<KernelArg> sinks = bindParams<SinkParams>({.sinks = *p.sinks}, kernel.name());
+    args.insert(args.end(), sinks.begin(), sinks.end());
+  }
   return args;
 }
 
@@ -1326,7 +1353,8 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
   lo.grid = {forwardTiles(p) % p.programs, p.config.block_m / MC, 1};
   lo.constants = constantList(LastRoundMergeConstants{
       p.config.block_m, MC, p.DV, p.constants.DVP, lse != nullptr,
-      detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false), p.constants.hasMaxScores});
+      detail::forcedBySwitch("FLEXTILE_PROGRAMMATIC_LAUNCH").value_or(false), p.constants.hasMaxScores,
+      p.constants.hasSinks});
   lo.num_warps = 4;
   lo.num_stages = 1;
   const SplitPartials parts = lastRoundPartials(p);
@@ -1340,6 +1368,10 @@ std::vector<Launch> forwardLaunches(const Prepared& p, Kernel& kernel, const Ten
                            .tile_steps = p.tileSteps, .max_scores = p.maxScores ? *p.maxScores : parts.lse,
                            .part_max = parts.max.defined() ? parts.max : parts.lse},
                           merge.name())});
+  if (p.constants.hasSinks) {
+    const std::vector<KernelArg> sinks = bindParams<SinkParams>({.sinks = *p.sinks}, merge.name());
+    launches.back().args.insert(launches.back().args.end(), sinks.begin(), sinks.end());
+  }
   return launches;
 }
 
@@ -1458,6 +1490,15 @@ Tile rowLse(const Tile& m, const Tile& l, const Tile& empty, bool natural) {
 }
 
 Tile rowMaxScore(const Tile& m, const Tile& empty) { return where(empty, -INFINITY, m * std::numbers::ln2); }
+
+void foldSink(Tile& m, Tile& l, std::vector<Tile>& acc, const Tile& sinkLog2) {
+  Tile mNew = maximum(m, sinkLog2);
+  Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);  // a sink of -inf on a row without keys
+  Tile alpha = exp2(m - mSafe);
+  l = l * alpha + exp2(sinkLog2 - mSafe);
+  for (Tile& a : acc) a = a * (a.shape().size() == alpha.shape().size() ? alpha : alpha.expand(1));
+  m = mNew;
+}
 
 std::tuple<Tile, Tile, Tile> foldPartials(const Tile& m, const Tile& l, const Tile& acc, const std::vector<Tile>& lse,
                                           const std::vector<Tile>& part) {

@@ -121,7 +121,7 @@ std::vector<QueryRow> allQueryRows(int64_t B, int64_t H, int64_t L) {
 
 ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn, const RefScoreFn& score,
                                      const RefMaskFn& mask, double scale, std::span<const QueryRow> rows,
-                                     int64_t qOffset, int threads) {
+                                     int64_t qOffset, int threads, const std::vector<double>* sinks) {
   const Tensor q = onHost(qIn), k = onHost(kIn), v = onHost(vIn);
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   const int64_t DV = v.size(3);  // the output's head dim (v's may differ from q's and k's)
@@ -174,9 +174,11 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
         s(x, j) = y;
         m = std::max(m, y);
       }
-      r.maxScores[index] = m;
-      if (m == -INFINITY) continue;  // no allowed key: out 0, lse -inf
-      double l = 0;
+      r.maxScores[index] = m;  // over the keys: a sink is not one
+      const double sink = sinks ? (*sinks)[size_t(row.h)] : -INFINITY;
+      m = std::max(m, sink);
+      if (m == -INFINITY) continue;  // no allowed key (and no sink): out 0, lse -inf
+      double l = sinks ? std::exp(sink - m) : 0.0;  // the sink's weight; its value is 0
       for (int64_t j = 0; j < S; ++j) l += s(x, j) = std::exp(s(x, j) - m);
       Eigen::Map<Eigen::RowVectorXd>(r.out.data() + index * size_t(DV), DV) = (s.row(x) * V) / l;
       r.lse[index] = m + std::log(l);
@@ -188,10 +190,11 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
 }
 
 ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tensor& v, const RefScoreFn& score,
-                                   const RefMaskFn& mask, double scale, int64_t qOffset) {
+                                   const RefMaskFn& mask, double scale, int64_t qOffset,
+                                   const std::vector<double>* sinks) {
   // One thread: callers of this form may pass mods that are not safe to call concurrently.
   const std::vector<QueryRow> rows = allQueryRows(q.size(0), q.size(1), q.size(2));
-  ReferenceRows rr = referenceAttentionRows(q, k, v, score, mask, scale, rows, qOffset, /*threads=*/1);
+  ReferenceRows rr = referenceAttentionRows(q, k, v, score, mask, scale, rows, qOffset, /*threads=*/1, sinks);
   ReferenceResult r;
   r.out = std::move(rr.out);  // rows in [B, Hq, L] order: the [B, Hq, L, D] layout
   r.lse = std::move(rr.lse);
@@ -303,7 +306,7 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
                                           const RefScoreFn& score, const RefScoreGradFn& scoreGrad,
                                           const RefMaskFn& mask, double scale, int64_t qOffset,
                                           const std::vector<double>* dlse, const RefScoreGradSink& sink,
-                                          const Tensor* out) {
+                                          const Tensor* out, const std::vector<double>* sinks) {
   using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   const int64_t DV = v.size(3);  // v's, out's and dout's head dim
@@ -313,6 +316,7 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
   g.dq.assign(size_t(B * Hq * L * D), 0.0);
   g.dk.assign(size_t(B * Hkv * S * D), 0.0);
   g.dv.assign(size_t(B * Hkv * S * DV), 0.0);
+  if (sinks) g.dsinks.assign(size_t(Hq), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t hk = h / (Hq / Hkv);
@@ -335,13 +339,16 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
           P(i, j) = x;
           m = std::max(m, x);
         }
-        if (m == -INFINITY) {  // no allowed key: the row's gradients are 0
+        const double sinkScore = sinks ? (*sinks)[size_t(h)] : -INFINITY;
+        m = std::max(m, sinkScore);
+        if (m == -INFINITY) {  // no allowed key (and no sink): the row's gradients are 0
           P.row(i).setZero();
           continue;
         }
-        double l = 0;
+        double l = sinks ? std::exp(sinkScore - m) : 0.0;
         for (int64_t j = 0; j < S; ++j) l += P(i, j) = ok[size_t(j)] ? std::exp(P(i, j) - m) : 0.0;
         P.row(i) /= l;
+        const double pSink = sinks ? std::exp(sinkScore - m) / l : 0.0;
         double delta = 0;
         if (out)
           for (int64_t d = 0; d < DV; ++d)
@@ -349,6 +356,8 @@ ReferenceGrads referenceAttentionBackward(const Tensor& q, const Tensor& k, cons
         else
           delta = P.row(i).dot(dP.row(i));
         if (dlse) delta -= (*dlse)[size_t((b * Hq + h) * L + i)];
+        // The sink's dP is 0 (its value is): dS_sink = p_sink (0 - delta).
+        if (sinks) g.dsinks[size_t(h)] -= pSink * delta;
         for (int64_t j = 0; j < S; ++j) {
           if (!ok[size_t(j)]) continue;
           const double gOut = P(i, j) * (dP(i, j) - delta);

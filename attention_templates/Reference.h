@@ -27,10 +27,11 @@ struct ReferenceResult {
 };
 
 // q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, DV] of any float dtype in either memory
-// space. An empty mask allows everything, an empty score is the identity.
+// space. An empty mask allows everything, an empty score is the identity. With `sinks` ([Hq],
+// FlexAttentionOptions::sinks), head h's rows take one more key of score sinks[h] and value 0.
 ReferenceResult referenceAttention(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                    const RefScoreFn& score, const RefMaskFn& mask, double scale,
-                                   int64_t qOffset = 0);
+                                   int64_t qOffset = 0, const std::vector<double>* sinks = nullptr);
 
 // One query row: batch b, query head h, row i of q (global position i + qOffset).
 struct QueryRow {
@@ -52,7 +53,8 @@ struct ReferenceRows {
 // concurrently (pure functions of their arguments are).
 ReferenceRows referenceAttentionRows(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                      const RefScoreFn& score, const RefMaskFn& mask, double scale,
-                                     std::span<const QueryRow> rows, int64_t qOffset = 0, int threads = 0);
+                                     std::span<const QueryRow> rows, int64_t qOffset = 0, int threads = 0,
+                                     const std::vector<double>* sinks = nullptr);
 
 // Every row of [B, H, L] in row-major order (the rows of referenceAttention).
 std::vector<QueryRow> allQueryRows(int64_t B, int64_t H, int64_t L);
@@ -95,6 +97,7 @@ struct ReferenceGrads {
   std::vector<double> dq;  // [B, Hq, L, D]
   std::vector<double> dk;  // [B, Hkv, S, D], summed over each GQA group
   std::vector<double> dv;  // [B, Hkv, S, DV]
+  std::vector<double> dsinks;  // [Hq] with sinks, else empty
 };
 
 // The gradients of loss(out, lse) given dout = dloss/dout (any float tensor [B, Hq, L, DV]) and
@@ -104,11 +107,14 @@ struct ReferenceGrads {
 // With `out` (the forward's output, as a backward receives it) delta_i = <dout_i, out_i> - dlse_i
 // instead: the same in exact arithmetic, and what a kernel computes from a rounded out (sums over
 // all pairs, such as an ALiBi slope's gradient, are sensitive to the difference).
+// With `sinks` ([Hq]) each row's softmax has the sink key too (as referenceAttention's), and
+// dsinks[h] = -sum over b and i of p_sink delta_i, p_sink = e^{sinks[h]} / the row's sum.
 ReferenceGrads referenceAttentionBackward(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
                                           const dsl::Tensor& dout, const RefScoreFn& score,
                                           const RefScoreGradFn& scoreGrad, const RefMaskFn& mask, double scale,
                                           int64_t qOffset = 0, const std::vector<double>* dlse = nullptr,
-                                          const RefScoreGradSink& sink = nullptr, const dsl::Tensor* out = nullptr);
+                                          const RefScoreGradSink& sink = nullptr, const dsl::Tensor* out = nullptr,
+                                          const std::vector<double>* sinks = nullptr);
 
 // Any float tensor's elements as float64, row-major.
 std::vector<double> toDoubles(const dsl::Tensor& t);

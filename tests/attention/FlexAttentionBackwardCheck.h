@@ -70,6 +70,7 @@ struct BackwardCheck {
   std::optional<attention::FlexAttentionConfig> forwardConfig;
   attention::FlexAttentionBackwardOptions options;
   bool withDlse = false;
+  bool sinks = false;  // random attention sinks in the forward and the backward; dsinks checked
 };
 
 // Fresh random inputs of case `c` in `space`; forward (return_lse), then backward into poisoned
@@ -92,8 +93,14 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   dsl::Tensor v = randomTensor(rng, c.dtype, {c.B, c.Hkv, c.S, c.valueDim()}, space);
   dsl::Tensor dout = randomTensor(rng, c.dtype, {c.B, c.Hq, c.L, c.valueDim()}, space);
   attention::FlexAttentionOptions fo{.scale = check.options.scale, .return_lse = true, .config = check.forwardConfig};
+  std::vector<double> sinks;
+  if (check.sinks) {
+    fo.sinks = randomSinks(rng, c.Hq, space, c.S);
+    sinks = attention::toDoubles(*fo.sinks);
+  }
   attention::FlexAttentionResult fwd = attention::flex_attention(q, k, v, score, mask, fo);
   attention::FlexAttentionBackwardOptions bo = check.options;
+  bo.sinks = fo.sinks;
   std::vector<double> dlse;
   if (check.withDlse) {
     dsl::Tensor t = randomTensor(rng, dsl::DType::F32, {c.B, c.Hq, c.L}, space);
@@ -113,7 +120,7 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   const int64_t qOffset = mask ? mask->qOffset() : 0;
   const attention::ReferenceGrads ref = attention::referenceAttentionBackward(
       q, k, v, dout, check.refScore, check.refScoreGrad, check.refMask, scale, qOffset,
-      check.withDlse ? &dlse : nullptr, check.sink, &fwd.out);
+      check.withDlse ? &dlse : nullptr, check.sink, &fwd.out, check.sinks ? &sinks : nullptr);
   // Rows with no allowed key, and keys that no query of their group sees: exactly 0.
   const attention::ReferenceResult fref = attention::referenceAttention(q, k, v, check.refScore, check.refMask, scale, qOffset);
   std::vector<char> deadRows(fref.lse.size());
@@ -132,6 +139,11 @@ inline bool checkBackward(std::mt19937_64& rng, const AttentionCase& c, dsl::Mem
   if (!compareGrad("dq", attention::toDoubles(g.dq), ref.dq, c.dtype, &deadRows, c.D, floor)) return false;
   if (!compareGrad("dk", attention::toDoubles(g.dk), ref.dk, c.dtype, &deadKeys, c.D, floor)) return false;
   if (!compareGrad("dv", attention::toDoubles(g.dv), ref.dv, c.dtype, &deadKeys, c.valueDim(), floor)) return false;
+  if (check.sinks != g.dsinks.defined()) {
+    ADD_FAILURE() << "dsinks " << (g.dsinks.defined() ? "returned without sinks" : "missing");
+    return false;
+  }
+  if (check.sinks && !compareGrad("dsinks", attention::toDoubles(g.dsinks), ref.dsinks, c.dtype)) return false;
   if (check.expectedCaptureGrads) {
     if (g.captureGrads.size() != check.expectedCaptureGrads->size()) {
       ADD_FAILURE() << g.captureGrads.size() << " captured gradients, expected " << check.expectedCaptureGrads->size();

@@ -42,6 +42,18 @@ struct AttentionCase {
   }
 };
 
+// Random sinks [H] within 3 of log(keys), a row's log-sum-exp over `keys` keys of random unit
+// inputs' scores (so that the keys outweigh a sink or it outweighs them), head 1's -inf where there
+// are two heads or more (a head without a sink beside those with one).
+inline dsl::Tensor randomSinks(std::mt19937_64& rng, int64_t H, dsl::MemorySpace space, int64_t keys) {
+  std::vector<float> s(static_cast<size_t>(H));
+  const float center = std::log(float(std::max<int64_t>(keys, 1)));
+  std::uniform_real_distribution<float> logit(center - 3.0f, center + 3.0f);
+  for (float& x : s) x = logit(rng);
+  if (H > 1) s[1] = -INFINITY;
+  return dsl::Tensor::fromHost(s, {H}).to(space);
+}
+
 // Compares flex_attention's out and lse with the reference of the same inputs
 // (attentionMismatch, AttentionComparison.h). Returns false after the first reported failure.
 inline bool compareWithReference(const dsl::Tensor& out, const dsl::Tensor& lse, const attention::ReferenceResult& ref,
@@ -99,13 +111,15 @@ inline attention::ReferenceResult referenceFor(const dsl::Tensor& q, const dsl::
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(double(q.size(3)));
   const int64_t qOffset = mask ? mask->qOffset() : 0;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = v.size(3), S = k.size(2);  // D: out's rows
+  const std::vector<double> sinkValues = options.sinks ? attention::toDoubles(*options.sinks) : std::vector<double>();
+  const std::vector<double>* sinks = options.sinks ? &sinkValues : nullptr;
   if (q.space() != dsl::MemorySpace::Device || fullSweeps() || B * H * L * S <= kFullReferenceWork)
-    return attention::referenceAttention(q, k, v, refScore, refMask, scale, qOffset);
+    return attention::referenceAttention(q, k, v, refScore, refMask, scale, qOffset, sinks);
   const std::vector<attention::QueryRow> rows = attention::sampleQueryRows(
       B, H, L, mask ? &*mask : nullptr, refMask, {.randomPerHead = 16, .boundaryBlock = 16, .seed = rowSampleSeed});
   // One thread: the tests' reference mods need not be safe to call concurrently.
   const attention::ReferenceRows some =
-      attention::referenceAttentionRows(q, k, v, refScore, refMask, scale, rows, qOffset, /*threads=*/1);
+      attention::referenceAttentionRows(q, k, v, refScore, refMask, scale, rows, qOffset, /*threads=*/1, sinks);
   attention::ReferenceResult ref;
   ref.out.assign(size_t(B * H * L * D), NAN);
   ref.lse.assign(size_t(B * H * L), NAN);

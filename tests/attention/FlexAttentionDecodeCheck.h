@@ -34,7 +34,9 @@ struct DecodeCheck {
   attention::FlexAttentionConfig prefillConfig{32, 16, 4, 2};
   int64_t decodeBlockN = 64;  // narrowed to the mask's KV block by the template
   bool maxScores = false;     // ask both templates for the max scores too, and check them
+  bool sinks = false;         // random attention sinks (FlexAttentionOptions::sinks), one head's -inf
 };
+
 
 // With `maxScores` (poisoned here), the call's options ask for them; after the call, whether they
 // match the reference (a failure reported).
@@ -71,6 +73,9 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
   std::optional<dsl::Tensor> maxScores;
   if (how.maxScores) maxScores = dsl::Tensor::empty(dsl::DType::F32, {c.B, c.Hq, c.L}, space);
   const double scale = 1.0 / std::sqrt(double(c.D));
+  std::optional<dsl::Tensor> sinks;
+  if (how.sinks) sinks = randomSinks(rng, c.Hq, space, c.S);
+  const std::vector<double> sinkValues = sinks ? toDoubles(*sinks) : std::vector<double>();
 
   std::vector<int64_t> positions = {maxQueries - c.L, std::max<int64_t>(0, c.S / 2 - c.L / 2)};
   if (!inst.mask) positions = {0};  // no mask: the queries are [0, L)
@@ -79,12 +84,14 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
     SCOPED_TRACE("queries at " + std::to_string(pos));
     std::optional<BlockMask> whole;
     if (inst.mask) whole = *inst.mask;
-    const ReferenceResult ref = referenceAttention(q, k, v, inst.refScore, inst.refMask, scale, pos);
+    const ReferenceResult ref =
+        referenceAttention(q, k, v, inst.refScore, inst.refMask, scale, pos, sinks ? &sinkValues : nullptr);
     for (int64_t splits : how.splits) {
       SCOPED_TRACE("decode splits " + std::to_string(splits));
       FlexAttentionOptions o{.kernel = AttentionTemplate::Decode,
                              .decode_config = FlexDecodeConfig{.block_n = how.decodeBlockN, .splits = splits}};
       if (inst.mask) o.query_offset = pos;
+      o.sinks = sinks;
       askMaxScores(o, maxScores);
       poison(out);
       poison(lse);
@@ -101,6 +108,7 @@ inline bool checkDecodeVariant(std::mt19937_64& rng, const attention::Variant& v
     }
     FlexAttentionConfig pc = how.prefillConfig;
     FlexAttentionOptions po{.config = pc, .kernel = AttentionTemplate::Prefill};
+    po.sinks = sinks;
     askMaxScores(po, maxScores);
     poison(prefillOut);
     poison(lse);

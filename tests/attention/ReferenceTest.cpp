@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 #include <vector>
@@ -67,6 +68,66 @@ TEST(ReferenceRows, ARowOutsideQIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("row (0, 2, 0) is outside q"), std::string::npos) << e.what();
   }
+}
+
+// A sink is one more key, of score sinks[h] and value zero: the reference with sinks equals the
+// reference without them over keys extended by such a key (allowed to every row, its score the
+// sink whatever q·k is), the forward's out and lse and the backward's dq, dk, dv, and dsinks as
+// that key's score gradients summed per head. Rows the mask leaves without keys see the sink alone.
+TEST(ReferenceSinks, AreOneMoreKeyOfValueZero) {
+  std::mt19937_64 rng(5);
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 40, S = 50, D = 16;
+  const Tensor q = testing::randomTensor(rng, DType::F32, {B, Hq, L, D}, MemorySpace::Host);
+  const Tensor k = testing::randomTensor(rng, DType::F32, {B, Hkv, S, D}, MemorySpace::Host);
+  const Tensor v = testing::randomTensor(rng, DType::F32, {B, Hkv, S, D}, MemorySpace::Host);
+  const Tensor dout = testing::randomTensor(rng, DType::F32, {B, Hq, L, D}, MemorySpace::Host);
+  const std::vector<double> sinks{2.5, -INFINITY, -1.0, 4.0};
+  const RefMaskFn mask = [](int64_t, int64_t, int64_t q, int64_t kv) { return q % 5 != 3 && kv <= q; };
+  // The extended keys: k's rows and one more (any values), v's rows and a zero row.
+  auto extended = [&](const Tensor& t, bool zero) {
+    const std::vector<float> in = t.toHost<float>();
+    std::vector<float> out;
+    for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+      out.insert(out.end(), in.begin() + bh * S * D, in.begin() + (bh + 1) * S * D);
+      for (int64_t d = 0; d < D; ++d) out.push_back(zero ? 0.0f : float(d) - 3.0f);
+    }
+    return Tensor::fromHost(out, {B, Hkv, S + 1, D});
+  };
+  const Tensor kx = extended(k, false), vx = extended(v, true);
+  const RefScoreFn sinkScore = [&](double s, int64_t, int64_t h, int64_t, int64_t kv) {
+    return kv == S ? sinks[size_t(h)] : s;
+  };
+  const RefScoreGradFn sinkScoreGrad = [&](double, int64_t, int64_t, int64_t, int64_t kv) {
+    return kv == S ? 0.0 : 1.0;
+  };
+  const RefMaskFn maskx = [&](int64_t b, int64_t h, int64_t q, int64_t kv) { return kv == S || mask(b, h, q, kv); };
+  const double scale = 0.3;
+  const ReferenceResult want = referenceAttention(q, kx, vx, sinkScore, maskx, scale);
+  const ReferenceResult got = referenceAttention(q, k, v, nullptr, mask, scale, 0, &sinks);
+  for (size_t i = 0; i < got.lse.size(); ++i) {
+    if (std::isinf(want.lse[i])) EXPECT_EQ(got.lse[i], want.lse[i]) << i;
+    else EXPECT_NEAR(got.lse[i], want.lse[i], 1e-12) << i;
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_NEAR(got.out[i * size_t(D) + size_t(d)], want.out[i * size_t(D) + size_t(d)], 1e-12) << i;
+  }
+  std::vector<double> dsinks(size_t(Hq), 0.0);
+  const RefScoreGradSink sinkKey = [&](double g, double, int64_t, int64_t h, int64_t, int64_t kv) {
+    if (kv == S) dsinks[size_t(h)] += g;
+  };
+  const ReferenceGrads gx = referenceAttentionBackward(q, kx, vx, dout, sinkScore, sinkScoreGrad, maskx, scale, 0,
+                                                       nullptr, sinkKey);
+  const ReferenceGrads gs =
+      referenceAttentionBackward(q, k, v, dout, nullptr, nullptr, mask, scale, 0, nullptr, nullptr, nullptr, &sinks);
+  for (size_t i = 0; i < gs.dq.size(); ++i) EXPECT_NEAR(gs.dq[i], gx.dq[i], 1e-10) << "dq " << i;
+  for (int64_t bh = 0; bh < B * Hkv; ++bh)
+    for (int64_t j = 0; j < S * D; ++j) {
+      EXPECT_NEAR(gs.dk[size_t(bh * S * D + j)], gx.dk[size_t(bh * (S + 1) * D + j)], 1e-10) << "dk " << bh << " " << j;
+      EXPECT_NEAR(gs.dv[size_t(bh * S * D + j)], gx.dv[size_t(bh * (S + 1) * D + j)], 1e-10) << "dv " << bh << " " << j;
+    }
+  ASSERT_EQ(gs.dsinks.size(), size_t(Hq));
+  for (int64_t h = 0; h < Hq; ++h) EXPECT_NEAR(gs.dsinks[size_t(h)], dsinks[size_t(h)], 1e-10) << "dsinks " << h;
+  EXPECT_EQ(gs.dsinks[1], 0.0);
+  EXPECT_NE(gs.dsinks[0], 0.0);
 }
 
 // Every (b, h) has its first and last row; every block boundary (of the kernel's BLOCK_M and of the

@@ -87,7 +87,8 @@ TEST(AssignLayoutsSemantics, Kernels) {
       expectSameResults(*vectorAdd(1024, nw, 16), args, {(n + 1023) / 1024, 1, 1}, rng);
     }
     {
-      int64_t m = 37 + int64_t(rng() % 40), n = 16 * sixteens(rng) - 16 * (rng() % 2);
+      int64_t m = 37 + int64_t(rng() % 40), n = 16 * sixteens(rng);
+      n -= 16 * int64_t(rng() % 2);  // a draw of its own: the same on every compiler
       n = std::max<int64_t>(16, std::min<int64_t>(n, 128));
       std::vector<Arg> args{{DType::F32, size_t(m * n)}, {DType::F32, size_t(m * n)}, {DType::I32, 0, m}, {DType::I32, 0, n}};
       expectSameResults(*rowSoftmax(32, 128, nw, 16), args, {(m + 31) / 32, 1, 1}, rng);
