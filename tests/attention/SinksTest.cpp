@@ -15,6 +15,7 @@
 #include "ThrownMessage.h"
 #include "gpu/GpuTest.h"
 #include "attention_templates/Variants.h"
+#include "codegen/Ptxas.h"
 #include "codegen/Target.h"
 #include "ir/Printer.h"
 
@@ -141,6 +142,52 @@ TEST(Sinks, PersistentForwardSplittingItsLastRound) {
     ASSERT_TRUE(plan_flex_attention(q, k, k, noop_score(), std::nullopt, o).lastRoundSplit);
     if (!checkFlexAttention(rng, c, kHost, noop_score(), std::nullopt, nullptr, nullptr, o)) return;
   }
+}
+
+// The kernels a Hopper GPU runs by default (the forward's 128 x 128 warpgroup turns, the decode's
+// producer warpgroup, the backward's specialized dkdv and dq), interpreted after sm_90a's passes;
+// and the sinks' kernels assembled by ptxas with no more spills than the same kernels without.
+TEST(Sinks, TheSm90aKernelsAfterThePassesAndPtxas) {
+  SeededRandom rng;
+  {
+    InterpretAfterPasses scope("sm_90a");
+    for (const char* name : {"causal", "softcap"}) {
+      AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 300, .S = 400, .D = 64, .context = name};
+      VariantInstance inst = variant(name).make({c.B, c.Hq, c.L, c.S, kHost, BlockSizes{128, 128}, rng()});
+      FlexAttentionOptions o{.config = FlexAttentionConfig{128, 128, 8, 2}};
+      o.sinks = randomSinks(rng, c.Hq, kHost, c.S);
+      if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, o)) return;
+      BackwardCheck check{.refScore = inst.refScore, .refScoreGrad = inst.refScoreGrad, .refMask = inst.refMask,
+                          .sinks = true};
+      check.options.config = defaultFlexAttentionBackwardConfig(c.dtype, c.D, codegen::Target::sm90a());
+      if (!checkBackward(rng, c, kHost, inst.score, inst.mask, check)) return;
+    }
+    const DecodeCheck how{.splits = {1, 3}, .blocks = {128, 128}, .sinks = true};
+    ScopedSetenv producer("FLEXTILE_DECODE_WARP_SPECIALIZE", "1");
+    if (!checkDecodeVariant(rng, variant("sliding_window"),
+                            AttentionCase{.B = 1, .Hq = 8, .Hkv = 2, .L = 1, .S = 700, .D = 64}, kHost, how))
+      return;
+  }
+  if (!assemblesInThisBuild()) GTEST_SKIP() << "ptxas not found or a sanitized build: not assembling";
+  const codegen::Target sm90a = codegen::Target::sm90a();
+  const Tensor q = Tensor::zeros(DType::BF16, {2, 16, 8192, 128}, kHost);
+  const BlockMask mask = causalBlockMask(1, 1, 8192, 8192);
+  FlexAttentionOptions with;
+  with.sinks = Tensor::zeros(DType::F32, {16}, kHost);
+  const codegen::PtxasReport plain =
+      codegen::runPtxas(plan_flex_attention(q, q, q, noop_score(), mask, {}, true, sm90a).compiled->ptx, sm90a);
+  const codegen::PtxasReport asked =
+      codegen::runPtxas(plan_flex_attention(q, q, q, noop_score(), mask, with, true, sm90a).compiled->ptx, sm90a);
+  std::printf("causal forward at D = 128: spills %d bytes with sinks, %d without\n", asked.spillStoreBytes,
+              plain.spillStoreBytes);
+  EXPECT_LE(asked.spillStoreBytes, plain.spillStoreBytes + 16);
+  const Tensor one = Tensor::zeros(DType::BF16, {8, 32, 1, 128}, kHost);
+  const Tensor kv = Tensor::zeros(DType::BF16, {8, 8, 32768, 128}, kHost);
+  FlexAttentionOptions decode{.kernel = AttentionTemplate::Decode};
+  decode.sinks = Tensor::zeros(DType::F32, {32}, kHost);
+  const FlexDecodePlan decodePlan = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
+  ASSERT_FALSE(decodePlan.compiled.empty());
+  for (const codegen::CompiledKernel* k : decodePlan.compiled) (void)codegen::runPtxas(k->ptx, sm90a);
 }
 
 // The paged cache's prefill (L = 40) and decode (L = 3): fragmented tables, a shared prefix, a
