@@ -71,7 +71,7 @@ const std::vector<Command>& commands() {
        false},
       {"run",
        "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
-       "                    [--check[=all]] [--max-scores] [--host] [--seed S] [--document-offsets FILE]\n"
+       "                    [--check[=all]] [--max-scores] [--sinks] [--host] [--seed S] [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads; v's head dim DV with\n"
        "  --dv, as MLA's 192 / 128), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
@@ -81,11 +81,13 @@ const std::vector<Command>& commands() {
        "  --check=all compares every row, on every core.\n"
        "  --max-scores also asks for each row's largest score (return_max_scores), prints the largest\n"
        "  and the rows without a key, and --check compares them too.\n"
+       "  --sinks adds attention sinks (FlexAttentionOptions::sinks): a seeded random logit per head near\n"
+       "  log(N), which --check gives the reference too.\n"
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"},
-       {"--host", "--max-scores"},
+       {"--host", "--max-scores", "--sinks"},
        true,
        {"--check"}},
       {"autotune",
@@ -113,7 +115,7 @@ const std::vector<Command>& commands() {
       {"compile",
        "usage: flextile compile VARIANT [--shape B,H,N,D] [--dtype ..] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
        "                        [--target sm_80|sm_90a] [--kernel forward|last-round-merge|preprocess|dkdv|dq|decode] [--queries L]\n"
-       "                        [--atomic-dq] [--max-scores] --emit traced|ir|llvm|ptx [--locations]\n"
+       "                        [--atomic-dq] [--max-scores] [--sinks] --emit traced|ir|llvm|ptx [--locations]\n"
        "  Prints one stage of the kernel: traced (tile IR as traced; --locations: each op's template or\n"
        "  mod source line), ir (after the passes, with layouts),\n"
        "  llvm (LLVM IR after O3), ptx. Needs no GPU. Default shape 1,2,1024,128, target sm_90a.\n"
@@ -121,7 +123,8 @@ const std::vector<Command>& commands() {
        "  backward, --config is that kernel's tile (dkdv: BM queries per step, BN keys per program), the\n"
        "  other keeps its default; the backward's kernels have no traced stage here; --atomic-dq: dkdv\n"
        "  adds dQ itself (DqAccumulation::Atomic, no dq kernel); --max-scores: the forward's, merge's or\n"
-       "  decode's kernel that also writes each row's largest score (return_max_scores). decode: L queries\n"
+       "  decode's kernel that also writes each row's largest score (return_max_scores); --sinks: theirs\n"
+       "  with attention sinks (FlexAttentionOptions::sinks). decode: L queries\n"
        "  (--queries, default 1) at the end of a cache of N keys, the mask sliced to them; --config is\n"
        "  then BN,W,S[,SPLITS][,per-sm=N][,cluster|,no-cluster][,ws|,no-ws] (SPLITS 0 or absent: chosen\n"
        "  for the target's GPU, aiming at N programs an SM, default 2; cluster: the splits merge through\n"
@@ -129,7 +132,7 @@ const std::vector<Command>& commands() {
        "  kernel that folds the pieces of a forward that splits its last round (no mask, more tiles than\n"
        "  the target's SMs, not a whole number of rounds), no traced stage.\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--config", "--target", "--emit", "--kernel", "--queries"},
-       {"--locations", "--atomic-dq", "--max-scores"},
+       {"--locations", "--atomic-dq", "--max-scores", "--sinks"},
        true},
       {"bench",
        "usage: flextile bench [--shape B,H,N,D] [--dtype ..] [--dv DV] [--variants a,b,..] [--document-offsets FILE]\n"
@@ -408,7 +411,7 @@ CheckScope parseCheck(const Args& a) {
 // as the whole to the dtype's tolerance; a row whose reference has no key must be exactly 0 with
 // lse -inf.
 bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResult& r, CheckScope scope, uint64_t seed,
-                           int64_t blockM, std::ostream& out) {
+                           int64_t blockM, const std::vector<double>* sinks, std::ostream& out) {
   const int threads = coreCount();
   const int64_t totalRows = p.B * p.H * p.N;
   const attention::BlockMask* mask = p.instance.mask ? &*p.instance.mask : nullptr;
@@ -437,7 +440,7 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
     };
   const double scale = 1.0 / std::sqrt(double(p.D));
   const attention::ReferenceRows ref =
-      attention::referenceAttentionRows(p.q, p.k, p.v, score, p.instance.refMask, scale, rows, 0, threads);
+      attention::referenceAttentionRows(p.q, p.k, p.v, score, p.instance.refMask, scale, rows, 0, threads, sinks);
 
   const Tensor outHost = r.out.to(MemorySpace::Host), lseHost = r.lse.to(MemorySpace::Host);
   const float* lse = static_cast<const float*>(lseHost.hostData());
@@ -505,6 +508,15 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   options.config = parseConfig(a);
   options.return_lse = check != CheckScope::None;
   options.return_max_scores = a.has("--max-scores");
+  std::vector<double> sinks;
+  if (a.has("--sinks")) {
+    std::mt19937_64 rng(seed ^ 0x5157u);
+    std::uniform_real_distribution<double> near(std::log(double(p.N)) - 2, std::log(double(p.N)) + 2);
+    std::vector<float> values(static_cast<size_t>(p.H));
+    for (float& x : values) x = float(near(rng));
+    options.sinks = Tensor::fromHost(values, {p.H}, p.q.space());
+    sinks.assign(values.begin(), values.end());
+  }
   char line[512];
   // Each line is printed as soon as it is known (the streams flush per write: flextileMain), so a
   // run stopped during a long step shows how far it got.
@@ -546,7 +558,7 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
     out << line;
   }
   if (check == CheckScope::None) return 0;
-  return checkAgainstReference(p, r, check, seed, plan.config.block_m, out) ? 0 : 1;
+  return checkAgainstReference(p, r, check, seed, plan.config.block_m, options.sinks ? &sinks : nullptr, out) ? 0 : 1;
 }
 
 // The sweep's options from the command line (budget, threads, target, store, progress on err).
@@ -722,6 +734,7 @@ int compileDecodeKernel(const Args& a, const Problem& p, const std::string& emit
   attention::FlexAttentionOptions options{.kernel = attention::AttentionTemplate::Decode};
   if (p.instance.mask) options.query_offset = p.N - L;
   if (a.has("--max-scores")) options.max_scores = shapeOnly(DType::F32, {p.B, p.H, L});
+  if (a.has("--sinks")) options.sinks = shapeOnly(DType::F32, {p.H});
   if (a.values.count("--config")) {
     try {
       options.decode_config = attention::FlexDecodeConfig::parse(a.values.at("--config"));
@@ -760,12 +773,16 @@ int cmdCompile(const Args& a, std::ostream& out) {
     throw UsageError{"--emit traced: the last round's merge kernel is traced inside the compile; ask for ir, llvm or ptx"};
   if (kernel != "forward" && !merge) {
     if (a.has("--max-scores")) throw UsageError{"--max-scores applies to the forward, its merge and the decode"};
+    if (a.has("--sinks"))
+      throw UsageError{"--sinks applies to the forward, its merge and the decode (the backward's gradient kernels "
+                       "are the same with sinks)"};
     return compileBackwardKernel(a, p, kernel, emit, target, out);
   }
   if (a.has("--queries")) throw UsageError{"--queries applies to --kernel decode"};
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
   if (a.has("--max-scores")) options.max_scores = shapeOnly(DType::F32, {p.B, p.H, p.N});
+  if (a.has("--sinks")) options.sinks = shapeOnly(DType::F32, {p.H});
   attention::FlexAttentionPlan plan = attention::plan_flex_attention(p.q, p.k, p.v, p.instance.score, p.instance.mask,
                                                                      options, emit != "traced", target);
   const codegen::CompiledKernel* compiled = plan.compiled;

@@ -332,6 +332,28 @@ TEST(Cli, CompileMaxScores) {
   EXPECT_NE(backward.err.find("--max-scores applies to the forward"), std::string::npos) << backward.err;
 }
 
+// --sinks: run with seeded attention sinks, which --check gives the reference too (a row the mask
+// leaves blind then has the sink's lse); compile prints the kernels that read them.
+TEST(Cli, RunAndCompileWithSinks) {
+  Result r = run({"run", "test_first_rows_blind", "--host", "--shape", "1,4,200,32", "--gqa", "2", "--sinks",
+                  "--check=all"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("800 of 800 rows (all)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+  for (const char* kernel : {"forward", "decode"}) {
+    Result plain = run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--emit", "traced"});
+    Result asked =
+        run({"compile", "causal", "--shape", "1,2,256,64", "--kernel", kernel, "--sinks", "--emit", "traced"});
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    ASSERT_EQ(asked.status, 0) << asked.err;
+    EXPECT_EQ(testing::count(plain.out, "%sinks"), 0) << kernel;
+    EXPECT_GT(testing::count(asked.out, "%sinks"), 1) << kernel;
+  }
+  Result backward = run({"compile", "causal", "--kernel", "dq", "--sinks", "--emit", "ptx"});
+  EXPECT_EQ(backward.status, 2);
+  EXPECT_NE(backward.err.find("--sinks applies to the forward"), std::string::npos) << backward.err;
+}
+
 // The check can fail: with a reference that is wrong on purpose (FLEXTILE_CLI_WRONG_REFERENCE), both
 // the sample and the whole check report FAIL and exit 1.
 TEST(Cli, RunCheckFailsWhenTheResultDisagrees) {
