@@ -14,6 +14,8 @@
 //     (--dv: v's head dim, when it differs from q's and k's, as MLA's 192 / 128; FLOPs then
 //      2 * (D + DV) * allowed pairs: Q·Kᵀ at D and P·V at DV)
 //                            [--config BM,BN,W,S[,ws][,turns][,defer]]...   (timed too, after the default and the sweep)
+//                            [--max-scores] [--sinks]   (every call also writes the rows' largest scores; has
+//                                                        attention sinks, a logit per head near log N)
 //                            [--document-offsets FILE]   (JSON {"offsets": [[0, ..., N], ...]} per batch,
 //                                                         from bench/torch_document_cuts.py: PyTorch's cuts)
 //   flextile_attention_bench --program-cost [--h 16] [--d 128]
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -65,7 +68,7 @@ double msSince(std::chrono::steady_clock::time_point t0) {
 // Largest |out - ref| / max|ref row| over sampled rows (float64 reference).
 double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std::vector<H>& v,
                     const std::vector<H>& out, int64_t B, int64_t Hq, int64_t N, int64_t D, int64_t DV,
-                    const VariantInstance& var, std::mt19937_64& rng) {
+                    const VariantInstance& var, std::mt19937_64& rng, const std::vector<float>& sinks = {}) {
   double worst = 0;
   std::uniform_int_distribution<int64_t> pb(0, B - 1), ph(0, Hq - 1), pi(0, N - 1);
   const double scale = 1.0 / std::sqrt(double(D));
@@ -88,6 +91,11 @@ double sampledError(const std::vector<H>& q, const std::vector<H>& k, const std:
     }
     std::vector<double> o(size_t(DV), 0.0);
     double l = 0;
+    if (!sinks.empty()) {  // one more key of score sinks[h] and value 0
+      const double sink = sinks[size_t(h)];
+      m = std::max(m, sink);
+      if (m > -INFINITY) l += std::exp(sink - m);
+    }
     for (int64_t j = 0; j < N; ++j) {
       if (s[size_t(j)] == -INFINITY) continue;
       const double p = std::exp(s[size_t(j)] - m);
@@ -157,6 +165,7 @@ int main(int argc, char** argv) try {
   std::vector<FlexAttentionConfig> extraConfigs;  // --config, after the default (and the sweep)
   bool programCostOnly = false;
   bool maxScores = false;  // --max-scores: every call also writes each row's largest score
+  bool withSinks = false;  // --sinks: every call has attention sinks (a logit per head near log N)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -174,6 +183,7 @@ int main(int argc, char** argv) try {
     else if (a == "--document-offsets") documentOffsets = flextile::bench::readOffsets(next(), "flextile_attention_bench");
     else if (a == "--program-cost") programCostOnly = true;
     else if (a == "--max-scores") maxScores = true;
+    else if (a == "--sinks") withSinks = true;
     else throw Error("flextile_attention_bench: unknown argument '" + a + "'");
   }
   std::string why;
@@ -197,6 +207,13 @@ int main(int argc, char** argv) try {
   Tensor k = Tensor::fromHost(hk, {B, Hq, N, D}, MemorySpace::Device);
   Tensor v = Tensor::fromHost(hv, {B, Hq, N, DV}, MemorySpace::Device);
   Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, DV}, MemorySpace::Device);
+  std::vector<float> sinkValues;
+  std::optional<Tensor> sinks;
+  if (withSinks) {
+    std::uniform_real_distribution<float> near(std::log(float(N)) - 2, std::log(float(N)) + 2);
+    for (int64_t h = 0; h < Hq; ++h) sinkValues.push_back(near(rng));
+    sinks = Tensor::fromHost(sinkValues, {Hq}, MemorySpace::Device);
+  }
 
   // The first config is what flex_attention runs untuned on this GPU at this shape (for the wider
   // of D and DV where v's head dim differs).
@@ -260,6 +277,7 @@ int main(int argc, char** argv) try {
     for (const FlexAttentionConfig& c : configs) {
       FlexAttentionOptions opt{.config = c};
       if (maxScores) opt.max_scores = Tensor::empty(DType::F32, {B, Hq, N}, MemorySpace::Device);
+      opt.sinks = sinks;
       double err = 0;
       try {
         out.copyFromHost(std::vector<H>(valueElems, H(NAN)));
@@ -269,7 +287,7 @@ int main(int argc, char** argv) try {
         const double firstMs = msSince(t0);
         if (c == configs[0]) row.compileMs = firstMs;
         hout = out.toHost<H>();
-        err = sampledError(hq, hk, hv, hout, B, Hq, N, D, DV, inst, rng);
+        err = sampledError(hq, hk, hv, hout, B, Hq, N, D, DV, inst, rng, sinkValues);
       } catch (const std::exception& e) {
         std::printf("%-15s %-16s refused: %s\n", name.c_str(), c.describe().c_str(), e.what());
         continue;
@@ -287,7 +305,7 @@ int main(int argc, char** argv) try {
       const std::string label =
           c.describe() + (persistent && c.persistent == LoopSchedule::Auto
                               ? (plan.lastRoundSplit ? " (persistent, split)" : " (persistent)")
-                              : "") + (maxScores ? " +max" : "");
+                              : "") + (maxScores ? " +max" : "") + (withSinks ? " +sinks" : "");
       std::printf("%-15s %-16s %9.3f ms %7.1f TFLOP/s (error %.1e)\n", name.c_str(), label.c_str(), ms, tflops, err);
       if (c == configs[0]) row.defaultTflops = tflops;
       if (ms < row.ms) {

@@ -11,10 +11,12 @@
 // torch_reference.py's JSON by variant).
 //
 //   flextile_attention_backward_bench [--variants a,b] [--b 2] [--h 16] [--n 8192] [--d 128] [--dv DV]
-//                                     [--quick] [--document-offsets FILE] [--deterministic] [--atomic-dq]
+//                                     [--quick] [--document-offsets FILE] [--deterministic] [--atomic-dq] [--sinks]
 //                                     [--dkdv BM,BN,W,S[,ws|,no-ws]] [--dq BM,BN,W,S[,ws|,no-ws]]
 //                                     [--dkdv-sweep C;C;...] [--dq-sweep C;C;...]
 // --atomic-dq times dq_accumulation = Atomic (dQ summed by the dkdv programs) instead of the dq kernel.
+// --sinks: the forward and the backward with attention sinks (a logit per head near log N); the
+// backward then also computes dsinks (its rows' check reads the forward's lse, which holds them).
 // --dkdv / --dq replace that kernel's tile in the config timed first (the default otherwise; dkdv's
 // BM is the queries per step, BN the keys per program); "ws" asks for warp specialization.
 // --dkdv-sweep / --dq-sweep replace the sweep's list of that kernel's tiles (configs split by ';').
@@ -135,7 +137,7 @@ double sampledError(const HostData& x, const std::vector<H>& dq, const std::vect
 int main(int argc, char** argv) try {
   int64_t B = 2, Hq = 16, N = 8192, D = 128, DV = 0;
   std::vector<std::string> names{"full", "causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"};
-  bool quick = false, deterministic = false, atomicDq = false;
+  bool quick = false, deterministic = false, atomicDq = false, withSinks = false;
   std::optional<FlexAttentionConfig> dkdvTile, dqTile;
   std::optional<std::vector<FlexAttentionConfig>> dkdvSweep, dqSweep;
   auto parseConfigs = [](const std::string& list) {
@@ -159,6 +161,7 @@ int main(int argc, char** argv) try {
     else if (a == "--quick") quick = true;
     else if (a == "--deterministic") deterministic = true;
     else if (a == "--atomic-dq") atomicDq = true;
+    else if (a == "--sinks") withSinks = true;
     else if (a == "--dkdv") dkdvTile = FlexAttentionConfig::parse(next());
     else if (a == "--dq") dqTile = FlexAttentionConfig::parse(next());
     else if (a == "--dkdv-sweep") dkdvSweep = parseConfigs(next());
@@ -190,6 +193,13 @@ int main(int argc, char** argv) try {
   Tensor dout = Tensor::fromHost(x.dout, {B, Hq, N, DV}, MemorySpace::Device);
   Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, DV}, MemorySpace::Device);
   Tensor lse = Tensor::empty(DType::F32, {B, Hq, N}, MemorySpace::Device);
+  FlexAttentionOptions forwardOptions;
+  if (withSinks) {
+    std::uniform_real_distribution<float> near(std::log(float(N)) - 2, std::log(float(N)) + 2);
+    std::vector<float> values;
+    for (int64_t h = 0; h < Hq; ++h) values.push_back(near(rng));
+    forwardOptions.sinks = Tensor::fromHost(values, {Hq}, MemorySpace::Device);
+  }
   FlexAttentionGrads grads;
   grads.dq = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
   grads.dk = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
@@ -219,10 +229,10 @@ int main(int argc, char** argv) try {
     const double pairs = inst.mask ? countAllowedPairs(*inst.mask, inst.refMask, B, Hq) : double(B * Hq) * N * N;
     const double fwdFlops = flexAttentionFlops(B, Hq, D, pairs / double(B * Hq), DV);
     const double bwdFlops = flexAttentionBackwardFlops(B, Hq, D, pairs / double(B * Hq), DV);
-    flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse);
+    flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse, forwardOptions);
     runtime::synchronize();
-    row.fwdMs = runtime::median(
-        runtime::timeKernel([&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse); }, 3, 20));
+    row.fwdMs = runtime::median(runtime::timeKernel(
+        [&] { flex_attention_into(q, k, v, inst.score, inst.mask, out, &lse, forwardOptions); }, 3, 20));
     x.out = out.toHost<H>();
     x.lse = lse.toHost<float>();
     auto isGathering = [](const auto& mod) { return mod.defined() && mod.gathersPerElement(); };
@@ -250,6 +260,7 @@ int main(int argc, char** argv) try {
           .dq_accumulation = atomicDq ? DqAccumulation::Atomic : DqAccumulation::Separate,
           .deterministic = deterministic,
           .config = c};
+      opt.sinks = forwardOptions.sinks;
       double err = 0;
       try {
         for (Tensor* t : {&grads.dq, &grads.dk}) t->copyFromHost(std::vector<H>(elems, H(NAN)));
