@@ -11,6 +11,8 @@
 //   flextile_attention_decode_bench --config 64,4,2,4      # also this config on every shape (repeatable)
 //   flextile_attention_decode_bench --tune       # also the decode autotuner's winner on every shape
 //   flextile_attention_decode_bench --graph      # also 20 steps captured in a CUDA graph, per step (no host)
+//   flextile_attention_decode_bench --max-scores # every call also writes the rows' largest scores
+//   flextile_attention_decode_bench --sinks      # every call has attention sinks (a logit per head near log S)
 //
 // The main shape is ../shared/bench/torch_reference.py's `decode` (B=8, Hq=32, Hkv=8, S=32768,
 // D=128, bf16, one query); bench/torch_decode.py times PyTorch FlexAttention and SDPA on every
@@ -291,6 +293,7 @@ double copyMicroseconds(double bytesMoved) {
 int main(int argc, char** argv) try {
   bool sweep = false, sweepSplits = false, sweepWs = false, timeline = false, tune = false, graph = false;
   bool maxScores = false;  // --max-scores: every call also writes each row's largest score
+  bool withSinks = false;  // --sinks: every call has attention sinks (a logit per head near log S)
   std::FILE* timelineCsv = nullptr;
   std::vector<std::string> only;
   std::vector<FlexDecodeConfig> extraConfigs;  // --config: timed after the default on every shape
@@ -309,12 +312,13 @@ int main(int argc, char** argv) try {
     } else if (!std::strcmp(argv[i], "--tune")) tune = true;
     else if (!std::strcmp(argv[i], "--graph")) graph = true;
     else if (!std::strcmp(argv[i], "--max-scores")) maxScores = true;
+    else if (!std::strcmp(argv[i], "--sinks")) withSinks = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--config") && i + 1 < argc) extraConfigs.push_back(FlexDecodeConfig::parse(argv[++i]));
     else {
       std::fprintf(stderr,
                    "usage: %s [--sweep | --sweep-splits] [--sweep-ws] [--timeline | --timeline-csv FILE] [--tune] "
-                   "[--graph] [--max-scores] [--only SHAPE]... [--config BN,W,S[,SPLITS]]...\n",
+                   "[--graph] [--max-scores] [--sinks] [--only SHAPE]... [--config BN,W,S[,SPLITS]]...\n",
                    argv[0]);
       return 2;
     }
@@ -382,11 +386,19 @@ int main(int argc, char** argv) try {
     FlexAttentionOptions base;
     if (mask) base.query_offset = pos;
     if (maxScores) base.max_scores = Tensor::empty(DType::F32, {s.B, s.Hq, s.L}, MemorySpace::Device);
+    if (withSinks) {
+      std::uniform_real_distribution<float> near(std::log(float(s.S)) - 2, std::log(float(s.S)) + 2);
+      std::vector<float> values;
+      for (int64_t h = 0; h < s.Hq; ++h) values.push_back(near(rng));
+      base.sinks = Tensor::fromHost(values, {s.Hq}, MemorySpace::Device);
+    }
     // The prefill template on the same queries, as the check.
     {
       std::optional<BlockMask> slice;
       if (mask) slice = mask->sliceRows(pos / 128, 1, pos, s.L);
-      flex_attention_into(q, k, v, noop_score(), slice, want, nullptr, {.kernel = AttentionTemplate::Prefill});
+      FlexAttentionOptions prefill{.kernel = AttentionTemplate::Prefill};
+      prefill.sinks = base.sinks;
+      flex_attention_into(q, k, v, noop_score(), slice, want, nullptr, prefill);
     }
     const double bytes = kvBytesRead(s, hostListMask, pos);
     std::optional<PagedKV> paged;

@@ -184,4 +184,43 @@ inline std::string maxScoresMismatch(const dsl::Tensor& maxScores, const attenti
   return rowValuesMismatch("max_scores", maxScores.toHost<float>(), ref.maxScores, 5e-3);
 }
 
+// The bound of a gradient's element relative to the largest of its reference (bf16 and f16 inputs
+// round every product's operands; f32's run as tf32).
+inline double gradTolerance(dsl::DType dt) {
+  return dt == dsl::DType::BF16 ? 3e-2 : dt == dsl::DType::F16 ? 6e-3 : 6e-3;
+}
+
+// Compares a gradient with its float64 reference element by element and as a whole; "" if they
+// agree, else the first element out of bounds. `floor`: a magnitude below which the bound does not
+// shrink (a gradient that cancels to ~0 in exact arithmetic, dq of a row with one allowed key say,
+// still carries the rounding of its terms). Rows marked in `exactZeroRows` (rows of `rowLength`
+// elements: a query without keys, a key no query sees) must be exactly 0.
+inline std::string gradMismatch(const char* what, const std::vector<double>& got, const std::vector<double>& want,
+                                dsl::DType dt, const std::vector<char>* exactZeroRows = nullptr,
+                                int64_t rowLength = 1, double floor = 0) {
+  std::ostringstream m;
+  if (got.size() != want.size()) {
+    m << what << ": " << got.size() << " elements, reference " << want.size();
+    return m.str();
+  }
+  double maxRef = 0, num = 0, den = 0;
+  for (double x : want) maxRef = std::max(maxRef, std::abs(x));
+  const double bound = gradTolerance(dt) * std::max({maxRef, floor, 1e-6});
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool zeroRow = exactZeroRows && (*exactZeroRows)[i / size_t(rowLength)];
+    const double err = std::abs(got[i] - want[i]);
+    if (!std::isfinite(got[i]) || (zeroRow && got[i] != 0.0) || err > bound) {
+      m << what << "[" << i << "] (row " << i / size_t(rowLength) << ", d " << i % size_t(rowLength) << ") = " << got[i]
+        << ", reference " << want[i] << (zeroRow ? " (must be exactly 0)" : "") << ", |error| " << err << " > "
+        << bound << " (max |reference| " << maxRef << ")";
+      return m.str();
+    }
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  if (den > 0 && rel > gradTolerance(dt) / 2) m << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
+  return m.str();
+}
+
 }  // namespace flextile::testing

@@ -23,40 +23,14 @@
 namespace flextile::testing {
 
 // Bound on |error| / max |reference| per element; the Frobenius bound is half of it.
-inline double gradTolerance(dsl::DType dt) {
-  return dt == dsl::DType::BF16 ? 3e-2 : dt == dsl::DType::F16 ? 6e-3 : 6e-3;
-}
-
-// `floor`: a magnitude below which the bound does not shrink (a gradient that cancels to ~0 in
-// exact arithmetic, dq of a row with one allowed key say, still carries the rounding of its terms).
+// `floor`: a magnitude below which the bound does not shrink (AttentionComparison.h,
+// gradMismatch); false after the failure is reported.
 inline bool compareGrad(const char* what, const std::vector<double>& got, const std::vector<double>& want,
                         dsl::DType dt, const std::vector<char>* exactZeroRows = nullptr, int64_t rowLength = 1,
                         double floor = 0) {
-  if (got.size() != want.size()) {
-    ADD_FAILURE() << what << ": " << got.size() << " elements, reference " << want.size();
-    return false;
-  }
-  double maxRef = 0, num = 0, den = 0;
-  for (double x : want) maxRef = std::max(maxRef, std::abs(x));
-  const double bound = gradTolerance(dt) * std::max({maxRef, floor, 1e-6});
-  for (size_t i = 0; i < got.size(); ++i) {
-    const bool zeroRow = exactZeroRows && (*exactZeroRows)[i / size_t(rowLength)];
-    const double err = std::abs(got[i] - want[i]);
-    if (!std::isfinite(got[i]) || (zeroRow && got[i] != 0.0) || err > bound) {
-      ADD_FAILURE() << what << "[" << i << "] (row " << i / size_t(rowLength) << ", d " << i % size_t(rowLength)
-                    << ") = " << got[i] << ", reference " << want[i] << (zeroRow ? " (must be exactly 0)" : "")
-                    << ", |error| " << err << " > " << bound << " (max |reference| " << maxRef << ")";
-      return false;
-    }
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  const double rel = std::sqrt(num / std::max(den, 1e-30));
-  if (den > 0 && rel > gradTolerance(dt) / 2) {
-    ADD_FAILURE() << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
-    return false;
-  }
-  return true;
+  const std::string mismatch = gradMismatch(what, got, want, dt, exactZeroRows, rowLength, floor);
+  if (!mismatch.empty()) ADD_FAILURE() << mismatch;
+  return mismatch.empty();
 }
 
 struct BackwardCheck {

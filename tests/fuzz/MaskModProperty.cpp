@@ -1,6 +1,7 @@
 #include "MaskModProperty.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <exception>
@@ -271,6 +272,7 @@ MaskModOutcome checkMaskMod(Choices& c) {
   // The template and its tiles: the default (as a user gets it), or a random valid config of the
   // prefill template, or of the decode template for a few queries.
   attention::FlexAttentionOptions options;
+  std::optional<attention::FlexAttentionBackwardConfig> backwardConfig;  // the backward's (default: none)
   const int which = c.below(3);
   auto blockUpTo = [&](int64_t limit) {
     int64_t b = c.of({int64_t(16), int64_t(32), int64_t(64)});
@@ -282,6 +284,10 @@ MaskModOutcome checkMaskMod(Choices& c) {
     options.config = attention::FlexAttentionConfig{blockUpTo(sizes.q), blockUpTo(sizes.kv), c.of({1, 2, 4, 8}),
                                                     c.of({1, 2, 3})};
     out.description += ", prefill " + options.config->describe();
+    // dkdv: BM queries a step, BN keys a program; dq: BM queries a program, BN keys a step.
+    const attention::FlexAttentionConfig dkdv{blockUpTo(sizes.q), blockUpTo(sizes.kv), 4, c.of({1, 2})};
+    backwardConfig = attention::FlexAttentionBackwardConfig{dkdv, {blockUpTo(sizes.q), blockUpTo(sizes.kv), 4, c.of({1, 2})}};
+    out.description += ", backward " + backwardConfig->describe();
   } else if (which == 2 && Q <= attention::kDecodeMaxQueries) {
     options.kernel = attention::AttentionTemplate::Decode;
     options.decode_config =
@@ -309,6 +315,16 @@ MaskModOutcome checkMaskMod(Choices& c) {
   } afterPasses(passes);
 
   std::mt19937_64 rng(c.bits());
+  // Attention sinks in some (a logit per head around the log of the keys, one head's -inf).
+  std::vector<double> sinks;
+  if (c.percent(25)) {
+    std::uniform_real_distribution<double> near(std::log(double(KV)) - 3, std::log(double(KV)) + 3);
+    for (int64_t h = 0; h < Hq; ++h) sinks.push_back(h == 1 ? -INFINITY : near(rng));
+    options.sinks = dsl::Tensor::fromHost(std::vector<float>(sinks.begin(), sinks.end()), {Hq});
+    out.description += ", sinks";
+  }
+  const double scale = 1.0 / std::sqrt(double(D));
+  const char* stage = "flex_attention";
   try {
     dsl::Tensor q = testing::randomTensor(rng, dtype, {B, Hq, Q, D}, dsl::MemorySpace::Host);
     dsl::Tensor k = testing::randomTensor(rng, dtype, {B, Hkv, KV, D}, dsl::MemorySpace::Host);
@@ -319,11 +335,41 @@ MaskModOutcome checkMaskMod(Choices& c) {
     testing::poison(lse);
     attention::flex_attention_into(q, k, v, attention::noop_score(), blockMask, o, &lse, options);
     const attention::ReferenceResult ref =
-        attention::referenceAttention(q, k, v, {}, mask.ref, 1.0 / std::sqrt(double(D)));
-    if (std::string mismatch = testing::attentionMismatch(o, lse, ref, D, dtype); !mismatch.empty())
+        attention::referenceAttention(q, k, v, {}, mask.ref, scale, 0, sinks.empty() ? nullptr : &sinks);
+    if (std::string mismatch = testing::attentionMismatch(o, lse, ref, D, dtype); !mismatch.empty()) {
       out.broken = "flex_attention differs from the float64 reference: " + mismatch;
+      return out;
+    }
+    // The backward of that forward (the mask's transposed lists, the dkdv and dq kernels): dq, dk,
+    // dv and dsinks against float64, exactly 0 on rows without keys and keys no query sees.
+    stage = "flex_attention_backward";
+    dsl::Tensor dout = testing::randomTensor(rng, dtype, {B, Hq, Q, D}, dsl::MemorySpace::Host);
+    attention::FlexAttentionBackwardOptions bo{.config = backwardConfig};
+    bo.sinks = options.sinks;
+    const attention::FlexAttentionGrads g =
+        attention::flex_attention_backward(q, k, v, o, lse, dout, attention::noop_score(), blockMask, bo);
+    const attention::ReferenceGrads want = attention::referenceAttentionBackward(
+        q, k, v, dout, {}, {}, mask.ref, scale, 0, nullptr, nullptr, &o, sinks.empty() ? nullptr : &sinks);
+    std::vector<char> deadRows(ref.maxScores.size()), deadKeys(size_t(B * Hkv * KV), 1);
+    for (size_t i = 0; i < deadRows.size(); ++i) deadRows[i] = std::isinf(ref.maxScores[i]);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t i = 0; i < Q; ++i)
+          for (int64_t j = 0; j < KV; ++j)
+            if (mask.ref(b, h, i, j)) deadKeys[size_t((b * Hkv + h / (Hq / Hkv)) * KV + j)] = 0;
+    double floor = 0;
+    for (const auto* t : {&want.dq, &want.dk, &want.dv})
+      for (double x : *t) floor = std::max(floor, 0.05 * std::abs(x));
+    std::string mismatch = testing::gradMismatch("dq", attention::toDoubles(g.dq), want.dq, dtype, &deadRows, D, floor);
+    if (mismatch.empty())
+      mismatch = testing::gradMismatch("dk", attention::toDoubles(g.dk), want.dk, dtype, &deadKeys, D, floor);
+    if (mismatch.empty())
+      mismatch = testing::gradMismatch("dv", attention::toDoubles(g.dv), want.dv, dtype, &deadKeys, D, floor);
+    if (mismatch.empty() && !sinks.empty())
+      mismatch = testing::gradMismatch("dsinks", attention::toDoubles(g.dsinks), want.dsinks, dtype);
+    if (!mismatch.empty()) out.broken = "flex_attention_backward differs from the float64 reference: " + mismatch;
   } catch (const std::exception& e) {
-    out.broken = "flex_attention fails: " + std::string(e.what());
+    out.broken = std::string(stage) + " fails: " + e.what();
   }
   return out;
 }

@@ -17,7 +17,11 @@
 //   * flex_attention through the interpreter (random q, k, v of f32, bf16 or f16, D 16 or 32,
 //     outputs poisoned; the default config, or a random valid one of the prefill template, or of
 //     the decode template for 16 queries or fewer) matches the float64 reference
-//     (AttentionComparison.h): rows with no allowed key give exactly 0 and lse -inf.
+//     (AttentionComparison.h): rows with no allowed key give exactly 0 and lse -inf; in a quarter
+//     of the cases with attention sinks (a row without keys then has the sink's lse);
+//   * flex_attention_backward on that forward's out and lse (the default config, or a random valid
+//     one where the forward's was random) matches the float64 reference's dq, dk and dv, exactly 0
+//     on rows without keys and keys no query sees, and dsinks with sinks.
 #pragma once
 
 #include <cstdint>
