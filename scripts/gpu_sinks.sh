@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Attention sinks (FlexAttentionOptions::sinks) on a GPU in one call of about 200 s: their GPU tests
+# Attention sinks (FlexAttentionOptions::sinks) on a GPU in one call of about 250 s: their GPU tests
 # and the example, then the forward and the backward at B=2 H=16 N=8192 D=128 bf16 without and with
-# sinks (full, causal, sliding window), around PyTorch's FlexAttention with its sinks applied
+# sinks (full, causal, sliding window) and the decode (its main shape and the window), around PyTorch's FlexAttention with its sinks applied
 # outside the kernel (bench/torch_sinks.py: out * sigmoid(lse - sink), compiled with the call) in
 # the same call. Logs under $OUT; the table last.
 # Run from the repo root with ./bundle carried: run(command="scripts/gpu_sinks.sh", carry=["bundle"]).
@@ -20,6 +20,8 @@ cd bench
 for s in "" --sinks; do
   timeout 40 ../bundle/bin/flextile_attention_bench --variants $V --quick $s > $OUT/fwd${s:+_sinks}.log 2>&1
   timeout 60 ../bundle/bin/flextile_attention_backward_bench --variants $V --quick $s > $OUT/bwd${s:+_sinks}.log 2>&1
+  timeout 40 ../bundle/bin/flextile_attention_decode_bench --only decode --only decode_window4096 --only decode_paged128 $s \
+    > $OUT/decode${s:+_sinks}.log 2>&1
 done
 timeout 120 python3 torch_sinks.py --backward --variants $V > $OUT/torch.log 2>&1
 cd ..
@@ -28,6 +30,7 @@ echo "TFLOP/s, B=2 H=16 N=8192 D=128 bf16 (backward: 2.5 x the forward's FLOPs)"
 for f in fwd fwd_sinks bwd bwd_sinks; do
   grep -v "^{" $OUT/$f.log | grep -E "^(full|causal|sliding_window) .*TFLOP/s" | awk -v r=$f '{print r, $1, $(NF-3)}'
 done
+for f in decode decode_sinks; do grep -E "^decode" $OUT/$f.log | sed "s/^/$f: /" | head -6; done
 grep -h "fwd_tflops" $OUT/torch.log | python3 -c '
 import sys, json
 for l in sys.stdin:

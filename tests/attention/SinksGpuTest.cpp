@@ -56,7 +56,7 @@ TEST(SinksGpu, DecodeSplitsAndTheirMerge) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const DecodeCheck how{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}, .sinks = true};
-  for (const char* name : {"full", "causal", "sliding_window", "softcap"})
+  for (const char* name : {"causal", "sliding_window", "softcap"})
     for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128},
                             AttentionCase{.B = 1, .Hq = 8, .Hkv = 1, .L = 5, .S = 1000, .D = 64}})
       if (!checkDecodeVariant(rng, variant(name), c, kDevice, how)) return;
@@ -89,7 +89,7 @@ TEST(SinksGpu, BackwardWithItsDefaultKernels) {
   SeededRandom rng;
   int i = 0;
   for (const Variant& var : variants()) {
-    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 500, .S = 600, .D = 128, .context = var.name};
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 300, .S = 400, .D = 128, .context = var.name};
     VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
     BackwardCheck check{.refScore = inst.refScore, .refScoreGrad = inst.refScoreGrad, .refMask = inst.refMask,
                         .withDlse = i % 3 == 0, .sinks = true};

@@ -188,6 +188,15 @@ TEST(Sinks, TheSm90aKernelsAfterThePassesAndPtxas) {
   const FlexDecodePlan decodePlan = plan_flex_decode(one, kv, kv, noop_score(), std::nullopt, decode, sm90a);
   ASSERT_FALSE(decodePlan.compiled.empty());
   for (const codegen::CompiledKernel* k : decodePlan.compiled) (void)codegen::runPtxas(k->ptx, sm90a);
+  // The backward with sinks: its kernels and the sinks' gradient after the preprocess.
+  const Tensor rows = Tensor::zeros(DType::F32, {2, 16, 8192}, kHost);
+  FlexAttentionBackwardOptions backward;
+  backward.sinks = with.sinks;
+  const FlexAttentionBackwardPlan plan =
+      plan_flex_attention_backward(q, q, q, q, rows, q, noop_score(), mask, backward, sm90a);
+  ASSERT_GE(plan.kernelNames.size(), 2u);
+  EXPECT_EQ(plan.kernelNames[1], "flex_bwd_sink_grad");
+  for (const codegen::CompiledKernel* k : plan.compiled) (void)codegen::runPtxas(k->ptx, sm90a);
 }
 
 // The paged cache's prefill (L = 40) and decode (L = 3): fragmented tables, a shared prefix, a
