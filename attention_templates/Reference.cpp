@@ -203,6 +203,118 @@ ReferenceResult referenceAttention(const Tensor& q, const Tensor& k, const Tenso
   return r;
 }
 
+ReferenceGradRows referenceAttentionBackwardRows(const Tensor& qIn, const Tensor& kIn, const Tensor& vIn,
+                                                 const Tensor& outIn, const Tensor& lseIn, const Tensor& doutIn,
+                                                 const RefScoreFn& score, const RefScoreGradFn& scoreGrad,
+                                                 const RefMaskFn& mask, double scale,
+                                                 std::span<const QueryRow> queryRows, std::span<const KeyRow> keyRows,
+                                                 int64_t qOffset, int threads) {
+  const Tensor q = onHost(qIn), k = onHost(kIn), v = onHost(vIn), out = onHost(outIn), dout = onHost(doutIn);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t DV = v.size(3), G = Hq / Hkv;
+  if (lseIn.dtype() != DType::F32 || lseIn.shape() != dsl::Shape{B, Hq, L})
+    throw Error("referenceAttentionBackwardRows: lse must be f32 [B, Hq, L], got " + lseIn.describe());
+  const std::vector<float> lse = onHost(lseIn).toHost<float>();
+  for (const QueryRow& r : queryRows)
+    if (r.b < 0 || r.b >= B || r.h < 0 || r.h >= Hq || r.i < 0 || r.i >= L)
+      throw Error("referenceAttentionBackwardRows: row (" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " +
+                  std::to_string(r.i) + ") is outside q " + q.describe());
+  for (const KeyRow& r : keyRows)
+    if (r.b < 0 || r.b >= B || r.h < 0 || r.h >= Hkv || r.j < 0 || r.j >= S)
+      throw Error("referenceAttentionBackwardRows: key (" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " +
+                  std::to_string(r.j) + ") is outside k " + k.describe());
+  // The score gradient dS of an allowed pair (0 where masked or where the row's lse is -inf), and p.
+  struct Pair {
+    double p = 0, ds = 0;
+  };
+  auto pairAt = [&](int64_t b, int64_t h, int64_t i, int64_t j, double s, double dP, double delta) {
+    const int64_t qPos = i + qOffset;
+    const double rowLse = lse[size_t((b * Hq + h) * L + i)];
+    if (rowLse == -INFINITY || (mask && !mask(b, h, qPos, j))) return Pair{};
+    const double p = std::exp((score ? score(s, b, h, qPos, j) : s) - rowLse);
+    return Pair{p, p * (dP - delta) * (scoreGrad ? scoreGrad(s, b, h, qPos, j) : 1.0)};
+  };
+  // Tasks: up to kChunk query rows (or keys) of one (batch, kv head).
+  constexpr size_t kChunk = 64;
+  struct Task {
+    bool keys;
+    int64_t b, hk;
+    std::vector<size_t> items;
+  };
+  std::vector<Task> tasks;
+  auto addTasks = [&](bool keys, std::map<std::pair<int64_t, int64_t>, std::vector<size_t>>& groups) {
+    for (auto& [key, items] : groups)
+      for (size_t first = 0; first < items.size(); first += kChunk)
+        tasks.push_back({keys, key.first, key.second,
+                         std::vector<size_t>(items.begin() + std::ptrdiff_t(first),
+                                             items.begin() + std::ptrdiff_t(std::min(items.size(), first + kChunk)))});
+  };
+  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> rowGroups, keyGroups;
+  for (size_t n = 0; n < queryRows.size(); ++n) rowGroups[{queryRows[n].b, queryRows[n].h / G}].push_back(n);
+  for (size_t n = 0; n < keyRows.size(); ++n) keyGroups[{keyRows[n].b, keyRows[n].h}].push_back(n);
+  addTasks(false, rowGroups);
+  addTasks(true, keyGroups);
+
+  ReferenceGradRows r;
+  r.dq.assign(queryRows.size() * size_t(D), 0.0);
+  r.dk.assign(keyRows.size() * size_t(D), 0.0);
+  r.dv.assign(keyRows.size() * size_t(DV), 0.0);
+  parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
+    const Task& task = tasks[t];
+    const int64_t n = int64_t(task.items.size());
+    if (!task.keys) {  // rows of dq: each row against every key of its kv head
+      Mat K(S, D), V(S, DV), Q(n, D), dO(n, DV), O(n, DV);
+      gatherRows(k, task.b, task.hk, S, [](int64_t j) { return j; }, K.data());
+      gatherRows(v, task.b, task.hk, S, [](int64_t j) { return j; }, V.data());
+      for (int64_t x = 0; x < n; ++x) {
+        const QueryRow& row = queryRows[task.items[size_t(x)]];
+        gatherRows(q, row.b, row.h, 1, [&](int64_t) { return row.i; }, Q.data() + x * D);
+        gatherRows(dout, row.b, row.h, 1, [&](int64_t) { return row.i; }, dO.data() + x * DV);
+        gatherRows(out, row.b, row.h, 1, [&](int64_t) { return row.i; }, O.data() + x * DV);
+      }
+      const Mat s = (Q * K.transpose()) * scale, dP = dO * V.transpose();
+      for (int64_t x = 0; x < n; ++x) {
+        const QueryRow& row = queryRows[task.items[size_t(x)]];
+        const double delta = O.row(x).dot(dO.row(x));
+        Eigen::Map<Eigen::RowVectorXd> dq(r.dq.data() + task.items[size_t(x)] * size_t(D), D);
+        for (int64_t j = 0; j < S; ++j) {
+          const Pair g = pairAt(row.b, row.h, row.i, j, s(x, j), dP(x, j), delta);
+          if (g.ds != 0) dq += (scale * g.ds) * K.row(j);
+        }
+      }
+      return;
+    }
+    // keys of dk and dv: each against every query row of the kv head's group
+    Mat Kj(n, D), Vj(n, DV), Q(L, D), dO(L, DV), O(L, DV), dK = Mat::Zero(n, D), dV = Mat::Zero(n, DV);
+    for (int64_t x = 0; x < n; ++x) {
+      const int64_t j = keyRows[task.items[size_t(x)]].j;
+      gatherRows(k, task.b, task.hk, 1, [&](int64_t) { return j; }, Kj.data() + x * D);
+      gatherRows(v, task.b, task.hk, 1, [&](int64_t) { return j; }, Vj.data() + x * DV);
+    }
+    for (int64_t h = task.hk * G; h < (task.hk + 1) * G; ++h) {
+      gatherRows(q, task.b, h, L, [](int64_t i) { return i; }, Q.data());
+      gatherRows(dout, task.b, h, L, [](int64_t i) { return i; }, dO.data());
+      gatherRows(out, task.b, h, L, [](int64_t i) { return i; }, O.data());
+      const Mat s = (Q * Kj.transpose()) * scale, dP = dO * Vj.transpose();
+      for (int64_t i = 0; i < L; ++i) {
+        const double delta = O.row(i).dot(dO.row(i));
+        for (int64_t x = 0; x < n; ++x) {
+          const Pair g = pairAt(task.b, h, i, keyRows[task.items[size_t(x)]].j, s(i, x), dP(i, x), delta);
+          if (g.p == 0) continue;
+          dK.row(x) += (scale * g.ds) * Q.row(i);
+          dV.row(x) += g.p * dO.row(i);
+        }
+      }
+    }
+    for (int64_t x = 0; x < n; ++x) {
+      const size_t item = task.items[size_t(x)];
+      Eigen::Map<Eigen::RowVectorXd>(r.dk.data() + item * size_t(D), D) = dK.row(x);
+      Eigen::Map<Eigen::RowVectorXd>(r.dv.data() + item * size_t(DV), DV) = dV.row(x);
+    }
+  });
+  return r;
+}
+
 double countAllowedPairs(const BlockMask& m, const RefMaskFn& refMask, int64_t B, int64_t Hq) {
   if ((m.batch() != 1 && m.batch() != B) || (m.heads() != 1 && m.heads() != Hq))
     throw Error("countAllowedPairs: the mask (" + m.describe() + ") does not fit batch " + std::to_string(B) + " and " +

@@ -116,6 +116,33 @@ ReferenceGrads referenceAttentionBackward(const dsl::Tensor& q, const dsl::Tenso
                                           const RefScoreGradSink& sink = nullptr, const dsl::Tensor* out = nullptr,
                                           const std::vector<double>* sinks = nullptr);
 
+// One key of k and v: batch b, kv head h, key j.
+struct KeyRow {
+  int64_t b = 0, h = 0, j = 0;
+  auto operator<=>(const KeyRow&) const = default;
+};
+
+struct ReferenceGradRows {
+  std::vector<double> dq;  // [queryRows.size(), D], in the order asked for
+  std::vector<double> dk;  // [keyRows.size(), D], summed over the kv head's GQA group
+  std::vector<double> dv;  // [keyRows.size(), DV]
+};
+
+// The backward's gradients at some rows of dq and some keys of dk and dv, on `threads` threads (0:
+// every core), in float64 from the inputs and the forward's `out` and `lse` (natural log, as
+// flex_attention returns it): p_ij = e^{score(s_ij) - lse_i}, delta_i = <dout_i, out_i> (out's
+// rounding, as a kernel sees it), then the formulas of referenceAttentionBackward. A row's lse
+// holds what normalized it (attention sinks too), so no sink is needed here; a row with lse -inf
+// has p = 0. Reading the forward's lse is what makes a key's gradient cheap (one pass over the
+// group's queries, O(G L D) a key): a sampled check of a large backward in seconds. The forward's
+// lse is checked on its own (referenceAttentionRows). Mods are called from several threads.
+ReferenceGradRows referenceAttentionBackwardRows(const dsl::Tensor& q, const dsl::Tensor& k, const dsl::Tensor& v,
+                                                 const dsl::Tensor& out, const dsl::Tensor& lse,
+                                                 const dsl::Tensor& dout, const RefScoreFn& score,
+                                                 const RefScoreGradFn& scoreGrad, const RefMaskFn& mask, double scale,
+                                                 std::span<const QueryRow> queryRows, std::span<const KeyRow> keyRows,
+                                                 int64_t qOffset = 0, int threads = 0);
+
 // Any float tensor's elements as float64, row-major.
 std::vector<double> toDoubles(const dsl::Tensor& t);
 
