@@ -71,7 +71,8 @@ const std::vector<Command>& commands() {
        false},
       {"run",
        "usage: flextile run VARIANT --shape B,H,N,D [--dtype bf16|f16|f32] [--gqa G] [--dv DV] [--config BM,BN,W,S[,ws|,no-ws][,turns|,no-turns][,defer|,no-defer][,persistent|,no-persistent][,skew|,no-skew][,overlap|,no-overlap]]\n"
-       "                    [--check[=all]] [--max-scores] [--sinks] [--host] [--seed S] [--document-offsets FILE]\n"
+       "                    [--check[=all]] [--max-scores] [--sinks] [--backward [--atomic-dq]] [--host] [--seed S]\n"
+       "                    [--document-offsets FILE]\n"
        "  Runs flex_attention once on random inputs (q: B x H x N x D; k, v: H/G heads; v's head dim DV with\n"
        "  --dv, as MLA's 192 / 128), prints the time and\n"
        "  TFLOP/s. On the GPU when one is present, else (or with --host) through the IR interpreter, which\n"
@@ -83,11 +84,15 @@ const std::vector<Command>& commands() {
        "  and the rows without a key, and --check compares them too.\n"
        "  --sinks adds attention sinks (FlexAttentionOptions::sinks): a seeded random logit per head near\n"
        "  log(N), which --check gives the reference too.\n"
+       "  --backward also runs flex_attention_backward (dout random) and prints its time and TFLOP/s (2.5\n"
+       "  forwards); --check then compares dQ on the rows above and dK, dV on a sample of keys (first and\n"
+       "  last, both sides of every 128-key boundary, random ones; --check=all: every key) with float64\n"
+       "  from the forward's out and lse. --atomic-dq: dQ summed by the dkdv programs (not reproducible).\n"
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
        "  --document-offsets FILE: the document variant's cuts, JSON {\"offsets\": [[0, .., N], ..]} (one\n"
        "  list per batch); default: 8 documents per sequence at seeded random cuts.\n",
        {"--shape", "--dtype", "--gqa", "--dv", "--config", "--seed", "--document-offsets"},
-       {"--host", "--max-scores", "--sinks"},
+       {"--host", "--max-scores", "--sinks", "--backward", "--atomic-dq"},
        true,
        {"--check"}},
       {"autotune",
@@ -497,8 +502,133 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
   return firstProblem.empty();
 }
 
+// The keys a backward check reads in each (batch, kv head): the first and last, both sides of every
+// 128-key boundary (the tiles' and the mask's blocks) dealt round-robin over the (b, h), and
+// `randomPerHead` seeded random keys. Sorted, without duplicates.
+std::vector<attention::KeyRow> sampleKeyRows(int64_t B, int64_t Hkv, int64_t S, uint64_t seed, int64_t randomPerHead) {
+  std::vector<attention::KeyRow> keys;
+  std::mt19937_64 rng(seed ^ 0x6b657973u);
+  int64_t turn = 0;
+  for (int64_t j = 128; j < S; j += 128, ++turn)
+    for (int64_t side : {j - 1, j}) keys.push_back({(turn / Hkv) % B, turn % Hkv, side});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      keys.push_back({b, h, 0});
+      keys.push_back({b, h, S - 1});
+      for (int64_t n = 0; n < randomPerHead; ++n) keys.push_back({b, h, int64_t(rng() % uint64_t(S))});
+    }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+// `run --backward`: the backward of the forward `r` on a random dout (seeded), timed, and with a
+// check its dQ rows and dK, dV keys against float64 (referenceAttentionBackwardRows, from the
+// forward's out and lse, which the forward's check compared). True unless the check failed.
+bool runBackward(const Args& a, const Problem& p, const attention::FlexAttentionResult& r,
+                 const attention::FlexAttentionOptions& forward, CheckScope check, uint64_t seed, bool device,
+                 std::ostream& out) {
+  const Tensor dout = randomTensor(seed, 3, p.dtype, {p.B, p.H, p.N, p.DV}, p.q.space());
+  attention::FlexAttentionBackwardOptions options;
+  if (a.has("--atomic-dq")) options.dq_accumulation = attention::DqAccumulation::Atomic;
+  options.sinks = forward.sinks;
+  attention::FlexAttentionGrads g;
+  g.dq = Tensor::empty(p.dtype, {p.B, p.H, p.N, p.D}, p.q.space());
+  g.dk = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.D}, p.q.space());
+  g.dv = Tensor::empty(p.dtype, {p.B, p.Hkv, p.N, p.DV}, p.q.space());
+  auto t0 = std::chrono::steady_clock::now();
+  attention::flex_attention_backward_into(p.q, p.k, p.v, r.out, r.lse, dout, p.instance.score, p.instance.mask, g,
+                                          options);
+  if (device) runtime::synchronize();
+  const double firstMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The config the call ran (the plan compiles for the GPU: not on the interpreter).
+  std::string config = "(the interpreter's default config)";
+  if (device)
+    config = attention::plan_flex_attention_backward(p.q, p.k, p.v, r.out, r.lse, dout, p.instance.score,
+                                                     p.instance.mask, options)
+                 .config.describe();
+  char line[512];
+  std::snprintf(line, sizeof line, "backward %s%s; first call %.1f ms\n", config.c_str(),
+                options.dq_accumulation == attention::DqAccumulation::Atomic ? " (atomic dQ)" : "", firstMs);
+  out << line;
+  double ms = firstMs;
+  if (device) {
+    ms = runtime::median(runtime::timeKernel(
+        [&] {
+          attention::flex_attention_backward_into(p.q, p.k, p.v, r.out, r.lse, dout, p.instance.score,
+                                                  p.instance.mask, g, options);
+        },
+        3, 20));
+  }
+  std::snprintf(line, sizeof line, "backward %s %.3f ms, %.2f TFLOP/s\n", device ? "median of 20 calls" : "interpreted",
+                ms, 2.5 * forwardFlops(p) / ms / 1e9);
+  out << line;
+  if (check == CheckScope::None) return true;
+
+  const int threads = coreCount();
+  const attention::BlockMask* mask = p.instance.mask ? &*p.instance.mask : nullptr;
+  const std::vector<attention::QueryRow> rows =
+      check == CheckScope::All ? attention::allQueryRows(p.B, p.H, p.N)
+                               : attention::sampleQueryRows(p.B, p.H, p.N, mask, p.instance.refMask,
+                                                            {.boundaryBlock = 128, .seed = seed, .threads = threads});
+  std::vector<attention::KeyRow> keys;
+  if (check == CheckScope::All) {
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.Hkv; ++h)
+        for (int64_t j = 0; j < p.N; ++j) keys.push_back({b, h, j});
+  } else {
+    keys = sampleKeyRows(p.B, p.Hkv, p.N, seed, 16);
+  }
+  // FLEXTILE_CLI_WRONG_REFERENCE=1: the reference wrong on purpose, as the forward's check.
+  attention::RefScoreFn score = p.instance.refScore;
+  if (std::getenv("FLEXTILE_CLI_WRONG_REFERENCE"))
+    score = [base = p.instance.refScore](double x, int64_t b, int64_t h, int64_t i, int64_t j) {
+      const double y = base ? base(x, b, h, i, j) : x;
+      return (i + j) % 3 == 0 ? y + 1 : y;
+    };
+  const double scale = 1.0 / std::sqrt(double(p.D));
+  const attention::ReferenceGradRows ref = attention::referenceAttentionBackwardRows(
+      p.q, p.k, p.v, r.out, r.lse, dout, score, p.instance.refScoreGrad, p.instance.refMask, scale, rows, keys, 0,
+      threads);
+  // Each gradient's sampled elements against the reference: the largest error over the largest
+  // reference magnitude (what testing::gradMismatch bounds), per dtype.
+  const double tol = p.dtype == DType::BF16 ? 3e-2 : 6e-3;
+  std::string firstProblem;
+  auto compare = [&](const char* what, const Tensor& got, const std::vector<double>& want, int64_t width,
+                     const auto& flatOf, size_t count) {
+    const std::vector<double> all = attention::toDoubles(got);
+    double maxRef = 1e-6, err = 0;
+    for (double x : want) maxRef = std::max(maxRef, std::abs(x));
+    for (size_t n = 0; n < count; ++n)
+      for (int64_t d = 0; d < width; ++d) {
+        const double have = all[size_t(flatOf(n)) * size_t(width) + size_t(d)], w = want[n * size_t(width) + size_t(d)];
+        const double e = std::isfinite(have) ? std::abs(have - w) : INFINITY;
+        err = std::max(err, e);
+        if (!(e <= tol * maxRef) && firstProblem.empty())
+          firstProblem = std::string(what) + " element " + std::to_string(d) + " of sample " + std::to_string(n) +
+                         " is " + std::to_string(have) + ", reference " + std::to_string(w);
+      }
+    return err / maxRef;
+  };
+  const double dqErr = compare("dq", g.dq, ref.dq, p.D, [&](size_t n) {
+    return (rows[n].b * p.H + rows[n].h) * p.N + rows[n].i;
+  }, rows.size());
+  auto keyOf = [&](size_t n) { return (keys[n].b * p.Hkv + keys[n].h) * p.N + keys[n].j; };
+  const double dkErr = compare("dk", g.dk, ref.dk, p.D, keyOf, keys.size());
+  const double dvErr = compare("dv", g.dv, ref.dv, p.DV, keyOf, keys.size());
+  std::snprintf(line, sizeof line,
+                "backward check vs float64 reference, %zu dq rows and %zu dk/dv keys%s: largest error over the "
+                "largest reference dq %.2e, dk %.2e, dv %.2e (tolerance %.0e): %s\n",
+                rows.size(), keys.size(), check == CheckScope::All ? " (all)" : " (sample)", dqErr, dkErr, dvErr, tol,
+                firstProblem.empty() ? "PASS" : "FAIL");
+  out << line;
+  if (!firstProblem.empty()) out << "  first problem: " << firstProblem << "\n";
+  return firstProblem.empty();
+}
+
 int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   const CheckScope check = parseCheck(a);
+  if (a.has("--atomic-dq") && !a.has("--backward")) throw UsageError{"--atomic-dq applies to --backward"};
   std::string why;
   const bool device = !a.has("--host") && gpuPresent(&why);
   if (!device && !a.has("--host")) err << "flextile run: no GPU (" << why << "); running on the interpreter\n";
@@ -506,7 +636,7 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   Problem p = makeProblem(a, a.variant, "1,2,256,64", device ? MemorySpace::Device : MemorySpace::Host, seed);
   attention::FlexAttentionOptions options;
   options.config = parseConfig(a);
-  options.return_lse = check != CheckScope::None;
+  options.return_lse = check != CheckScope::None || a.has("--backward");
   options.return_max_scores = a.has("--max-scores");
   std::vector<double> sinks;
   if (a.has("--sinks")) {
@@ -557,8 +687,10 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
                   (long long)blind, (long long)best.size());
     out << line;
   }
-  if (check == CheckScope::None) return 0;
-  return checkAgainstReference(p, r, check, seed, plan.config.block_m, options.sinks ? &sinks : nullptr, out) ? 0 : 1;
+  bool ok = check == CheckScope::None ||
+            checkAgainstReference(p, r, check, seed, plan.config.block_m, options.sinks ? &sinks : nullptr, out);
+  if (a.has("--backward")) ok = runBackward(a, p, r, options, check, seed, device, out) && ok;
+  return ok ? 0 : 1;
 }
 
 // The sweep's options from the command line (budget, threads, target, store, progress on err).

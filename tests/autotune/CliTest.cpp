@@ -354,6 +354,29 @@ TEST(Cli, RunAndCompileWithSinks) {
   EXPECT_NE(backward.err.find("--sinks applies to the forward"), std::string::npos) << backward.err;
 }
 
+// --backward runs the backward on the forward's out and lse and checks dQ rows and dK, dV keys
+// against float64 (every one with --check=all; a sample, with sinks, otherwise), and a reference
+// wrong on purpose fails it; --atomic-dq belongs to it.
+TEST(Cli, RunBackwardChecksTheGradients) {
+  Result all = run({"run", "softcap", "--host", "--shape", "1,4,200,32", "--gqa", "2", "--backward", "--check=all"});
+  EXPECT_EQ(all.status, 0) << all.out << all.err;
+  EXPECT_NE(all.out.find("800 dq rows and 400 dk/dv keys (all)"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("tolerance 3e-02): PASS"), std::string::npos) << all.out;
+  Result sample = run({"run", "document", "--host", "--shape", "2,4,300,32", "--gqa", "4", "--backward", "--sinks",
+                       "--check", "--seed", "5"});
+  EXPECT_EQ(sample.status, 0) << sample.out << sample.err;
+  EXPECT_NE(sample.out.find("dk/dv keys (sample)"), std::string::npos) << sample.out;
+  ::setenv("FLEXTILE_CLI_WRONG_REFERENCE", "1", 1);
+  Result wrong = run({"run", "causal", "--host", "--shape", "1,2,200,32", "--backward", "--check"});
+  ::unsetenv("FLEXTILE_CLI_WRONG_REFERENCE");
+  EXPECT_EQ(wrong.status, 1) << wrong.out << wrong.err;
+  EXPECT_NE(wrong.out.find("dk/dv keys (sample): largest error"), std::string::npos) << wrong.out;
+  EXPECT_NE(wrong.out.find("FAIL\n  first problem: dq"), std::string::npos) << wrong.out;
+  Result stray = run({"run", "causal", "--host", "--shape", "1,2,100,32", "--atomic-dq"});
+  EXPECT_EQ(stray.status, 2);
+  EXPECT_NE(stray.err.find("--atomic-dq applies to --backward"), std::string::npos) << stray.err;
+}
+
 // The check can fail: with a reference that is wrong on purpose (FLEXTILE_CLI_WRONG_REFERENCE), both
 // the sample and the whole check report FAIL and exit 1.
 TEST(Cli, RunCheckFailsWhenTheResultDisagrees) {
