@@ -33,4 +33,11 @@ std::string requiredMessage(Call&& call) {
   return "";
 }
 
+// A call that must throw an error whose message contains `text`.
+template <class Call>
+void expectErrorNaming(Call&& call, const std::string& text) {
+  const std::string message = requiredMessage(std::forward<Call>(call));
+  EXPECT_NE(message.find(text), std::string::npos) << message;
+}
+
 }  // namespace flextile::testing
