@@ -17,7 +17,10 @@
 // Any error above the bf16 tolerance exits 1. On the GPU a decode step is timed too, called and
 // replayed from a CUDA graph (runtime/Graph.h).
 //
-//   attention_serving_loop [--require-gpu] [--small] [--interpret] [--steps N] [--seed S]
+//   attention_serving_loop [--require-gpu] [--small] [--interpret] [--steps N] [--seed S] [--sinks]
+//
+// --sinks: GPT-OSS's attention sinks, a logit per head (FlexAttentionOptions::sinks) in every
+// call, prefill and decode, and in the reference.
 //
 // Small shape (the interpreter, or --small): 4 requests, Hq=8 Hkv=2 D=64, pages of 16 tokens,
 // at most 256 tokens. GPU: 8 requests, Hq=8 Hkv=2 D=128, pages of 128, at most 8192 tokens.
@@ -28,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -109,9 +113,10 @@ struct CheckResult {
 // Compares rows [row0, row0 + rows) of out[qb, h] (q's batch qb; the cache's sequence `seq`) with
 // the float64 reference over the logical K/V `logical` (cache.materialize()): causal at the
 // rows' own positions firstPos.., keys at or past the sequence's length `length` excluded.
+// `sinks`: each head's attention sink, or empty.
 void checkRows(CheckResult& r, const Tensor& qHost, const FlexAttentionResult& got, int64_t qb, int64_t h,
                int64_t row0, int64_t rows, const LogicalKV& logical, int64_t seq, int64_t length, int64_t firstPos,
-               int64_t Hq, int64_t Hkv) {
+               int64_t Hq, int64_t Hkv, const std::vector<double>& sinks) {
   const int64_t L = qHost.size(2), D = qHost.size(3), S = logical.k.size(2), hk = h / (Hq / Hkv);
   const Tensor q = Tensor::viewOf(qHost, ((qb * Hq + h) * L + row0) * D, {1, 1, rows, D});
   const Tensor k = Tensor::viewOf(logical.k, (seq * Hkv + hk) * S * D, {1, 1, S, D});
@@ -121,8 +126,9 @@ void checkRows(CheckResult& r, const Tensor& qHost, const FlexAttentionResult& g
   const RefMaskFn causalWithinLength = [length](int64_t, int64_t, int64_t qi, int64_t kv) {
     return kv <= qi && kv < length;
   };
-  const ReferenceResult ref =
-      referenceAttention(q, k, v, nullptr, causalWithinLength, 1.0 / std::sqrt(double(D)), refPos);
+  const std::vector<double> sink = sinks.empty() ? std::vector<double>() : std::vector<double>{sinks[size_t(h)]};
+  const ReferenceResult ref = referenceAttention(q, k, v, nullptr, causalWithinLength, 1.0 / std::sqrt(double(D)),
+                                                 refPos, sink.empty() ? nullptr : &sink);
   const std::vector<double> out = toDoubles(Tensor::viewOf(got.out, ((qb * Hq + h) * L + row0) * D, {rows, D}));
   const std::vector<double> lse = toDoubles(Tensor::viewOf(got.lse, (qb * Hq + h) * L + row0, {rows}));
   for (int64_t i = 0; i < rows; ++i) {
@@ -157,7 +163,7 @@ std::string joined(const std::vector<int64_t>& xs) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool requireGpu = false, small = false, interpret = false;
+  bool requireGpu = false, small = false, interpret = false, withSinks = false;
   int steps = 8;
   uint64_t seed = std::random_device{}();
   for (int i = 1; i < argc; ++i) {
@@ -167,9 +173,10 @@ int main(int argc, char** argv) try {
     else if (a == "--interpret") interpret = true;
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--sinks") withSinks = true;
     else {
       std::fprintf(stderr, "usage: attention_serving_loop [--require-gpu] [--small] [--interpret] [--steps N] "
-                           "[--seed S]\n");
+                           "[--seed S] [--sinks]\n");
       return 2;
     }
   }
@@ -201,6 +208,21 @@ int main(int argc, char** argv) try {
               (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)s.pageSize,
               (unsigned long long)seed);
   std::mt19937_64 rng(seed);
+  // Every call's options: the attention sinks with --sinks (near the log of a prompt's keys).
+  FlexAttentionOptions withOptions;
+  std::vector<double> sinks;
+  if (withSinks) {
+    std::uniform_real_distribution<double> near(std::log(double(s.prompts[0])) - 2, std::log(double(s.prompts[0])) + 2);
+    for (int64_t h = 0; h < s.Hq; ++h) sinks.push_back(near(rng));
+    withOptions.sinks = Tensor::fromHost(std::vector<float>(sinks.begin(), sinks.end()), {s.Hq}, space);
+    std::printf("with attention sinks\n");
+  }
+  auto options = [&](std::optional<int64_t> queryOffset, bool returnLse = true) {
+    FlexAttentionOptions o = withOptions;
+    o.return_lse = returnLse;
+    o.query_offset = queryOffset;
+    return o;
+  };
 
   // One cache (a model has one per layer). The pool holds half of what reserving the maximum
   // length for every request would take: pages are handed out as the sequences grow.
@@ -238,7 +260,7 @@ int main(int argc, char** argv) try {
     // The prefill template takes a mask of exactly q's T queries: the first rows of the big one.
     const PagedKV kv = cache.view({.length = s.maxLen});
     const BlockMask firstRows = causal.sliceRows(0, (T + causal.qBlockSize() - 1) / causal.qBlockSize(), 0, T);
-    const FlexAttentionResult r = flex_attention(qPrompt.run, kv, noop_score(), firstRows, {.return_lse = true});
+    const FlexAttentionResult r = flex_attention(qPrompt.run, kv, noop_score(), firstRows, options(std::nullopt));
     const FlexAttentionResult rHost{r.out.to(MemorySpace::Host), r.lse.to(MemorySpace::Host)};
     // The last (up to) 16 prompt positions of each request: the last one makes its first token.
     const LogicalKV logical = cache.materialize();
@@ -246,7 +268,7 @@ int main(int argc, char** argv) try {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t rows = std::min<int64_t>(16, s.prompts[size_t(b)]), row0 = s.prompts[size_t(b)] - rows;
       for (int64_t h : headsToCheck())
-        checkRows(c, qPrompt.host, rHost, b, h, row0, rows, logical, b, s.prompts[size_t(b)], row0, Hq, Hkv);
+        checkRows(c, qPrompt.host, rHost, b, h, row0, rows, logical, b, s.prompts[size_t(b)], row0, Hq, Hkv, sinks);
     }
     report("prefill  prompts " + joined(s.prompts) + " (T=" + std::to_string(T) + ")", c);
     std::printf("  %s\n", cache.describe().c_str());
@@ -275,13 +297,13 @@ int main(int argc, char** argv) try {
       Pair qTail = queries(rng, {1, Hq, s.newPromptTail, D}, space);
       cache.write(std::vector<int64_t>{slot}, kTail.run, vTail.run);
       const PagedKV kv = oneSequence(cache.view({.length = s.maxLen}), slot);
-      const FlexAttentionResult r =
-          flex_attention(qTail.run, kv, noop_score(), causal, {.return_lse = true, .query_offset = prefix});
+      const FlexAttentionResult r = flex_attention(qTail.run, kv, noop_score(), causal, options(prefix));
       const FlexAttentionResult rHost{r.out.to(MemorySpace::Host), r.lse.to(MemorySpace::Host)};
       const LogicalKV logical = cache.materialize();
       CheckResult c;
       for (int64_t h : headsToCheck())
-        checkRows(c, qTail.host, rHost, 0, h, 0, s.newPromptTail, logical, slot, cache.length(slot), prefix, Hq, Hkv);
+        checkRows(c, qTail.host, rHost, 0, h, 0, s.newPromptTail, logical, slot, cache.length(slot), prefix, Hq, Hkv,
+                  sinks);
       std::printf("request %lld finished (%lld pages freed); a new request in its slot shares request 0's first "
                   "%lld page(s) (held by %lld sequences now) and writes %lld prompt tokens of its own\n",
                   (long long)slot, (long long)freed, (long long)s.sharedPages,
@@ -301,8 +323,7 @@ int main(int argc, char** argv) try {
     // and each request's length cuts its own keys, so each sees exactly its keys 0..length-1.
     const int64_t pos = *std::max_element(lengths.begin(), lengths.end()) - 1;
     const PagedKV kv = cache.view({.length = s.maxLen});
-    const FlexAttentionResult r =
-        flex_attention(qStep.run, kv, noop_score(), causal, {.return_lse = true, .query_offset = pos});
+    const FlexAttentionResult r = flex_attention(qStep.run, kv, noop_score(), causal, options(pos));
 
     const FlexAttentionResult rHost{r.out.to(MemorySpace::Host), r.lse.to(MemorySpace::Host)};
     const LogicalKV logical = cache.materialize();
@@ -310,7 +331,8 @@ int main(int argc, char** argv) try {
     // The reference puts each request's query at its own newest position, lengths[b] - 1.
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h : headsToCheck())
-        checkRows(c, qStep.host, rHost, b, h, 0, 1, logical, b, lengths[size_t(b)], lengths[size_t(b)] - 1, Hq, Hkv);
+        checkRows(c, qStep.host, rHost, b, h, 0, 1, logical, b, lengths[size_t(b)], lengths[size_t(b)] - 1, Hq, Hkv,
+                  sinks);
     char head[64];
     std::snprintf(head, sizeof head, "step %2d  query_offset %4lld  lengths ", step, (long long)pos);
     report(head + joined(lengths), c);
@@ -321,7 +343,7 @@ int main(int argc, char** argv) try {
   // ---- timing (GPU) -------------------------------------------------------------------------
   if (gpu) {
     Tensor out = Tensor::empty(DType::BF16, lastQ.shape(), space), lse = Tensor::empty(DType::F32, {B, Hq, 1}, space);
-    const FlexAttentionOptions o{.query_offset = lastPos};
+    const FlexAttentionOptions o = options(lastPos, /*returnLse=*/false);
     const double ms = runtime::median(runtime::timeKernel(
         [&] { flex_attention_into(lastQ, lastKv, noop_score(), causal, out, &lse, o); }, 3, 20));
     int64_t totalKeys = 0;
