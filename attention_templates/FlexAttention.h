@@ -391,7 +391,9 @@ struct FlexAttentionGrads {
   // The score_mod's trainable captures (in its captures() order) and their f32 gradients.
   std::vector<dsl::CapturedTensor> trainable;
   std::vector<dsl::Tensor> captureGrads;
-  dsl::Tensor dsinks;  // [Hq] f32 with options.sinks, else empty (allocated by the _into form too)
+  // [Hq] f32 with options.sinks, else empty. The _into form writes a dsinks of that kind it is given
+  // (a training loop's last), else allocates one.
+  dsl::Tensor dsinks;
   // The gradient of one trainable capture; an error for a capture that is not one.
   const dsl::Tensor& grad(const dsl::CapturedTensor& capture) const;
 };

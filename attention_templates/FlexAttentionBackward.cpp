@@ -1048,9 +1048,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
                              .dout_stride_h = ds[1], .dout_stride_m = ds[2]},
                             kernel.name())});
   }
-  grads.dsinks = Tensor();
-  if (options.sinks) {
-    grads.dsinks = Tensor::empty(DType::F32, {Hq}, space);
+  if (!options.sinks) {
+    grads.dsinks = Tensor();
+  } else {
+    // A dsinks of the right kind from the caller's last call is written again: a training loop's
+    // calls allocate (and free, which would wait for the device) nothing.
+    const Tensor& d = grads.dsinks;
+    if (!d.defined() || d.dtype() != DType::F32 || d.shape() != Shape{Hq} || !d.isContiguous() || d.space() != space)
+      grads.dsinks = Tensor::empty(DType::F32, {Hq}, space);
     LaunchOptions lo;
     lo.grid = {Hq, 1, 1};
     lo.constants = constantList(SinkGradConstants{1024});

@@ -251,6 +251,20 @@ TEST(Sinks, DsinksIsBitwiseReproducible) {
   FlexAttentionBackwardOptions without;
   EXPECT_FALSE(flex_attention_backward(q, k, k, fwd.out, fwd.lse, dout, noop_score(), std::nullopt, without)
                    .dsinks.defined());
+  // The _into form writes the dsinks it is given again (a training loop allocates nothing), and
+  // replaces one of another kind.
+  FlexAttentionBackwardOptions bo;
+  bo.sinks = fo.sinks;
+  FlexAttentionGrads g = flex_attention_backward(q, k, k, fwd.out, fwd.lse, dout, noop_score(), std::nullopt, bo);
+  const void* storage = g.dsinks.hostData();
+  poison(g.dsinks);
+  flex_attention_backward_into(q, k, k, fwd.out, fwd.lse, dout, noop_score(), std::nullopt, g, bo);
+  EXPECT_EQ(g.dsinks.hostData(), storage);
+  EXPECT_EQ(g.dsinks.toHost<float>(), first);
+  g.dsinks = Tensor::zeros(DType::F32, {5}, kHost);
+  flex_attention_backward_into(q, k, k, fwd.out, fwd.lse, dout, noop_score(), std::nullopt, g, bo);
+  EXPECT_EQ(g.dsinks.shape(), (dsl::Shape{4}));
+  EXPECT_EQ(g.dsinks.toHost<float>(), first);
 }
 
 TEST(Sinks, BadSinksAreNamed) {
