@@ -1495,7 +1495,8 @@ void foldSink(Tile& m, Tile& l, std::vector<Tile>& acc, const Tile& sinkLog2) {
   Tile mNew = maximum(m, sinkLog2);
   Tile mSafe = where(mNew == -INFINITY, 0.0, mNew);  // a sink of -inf on a row without keys
   Tile alpha = exp2(m - mSafe);
-  l = l * alpha + exp2(sinkLog2 - mSafe);
+  Tile kept = l * alpha;  // (each operand named first: traced in this order on every compiler)
+  l = kept + exp2(sinkLog2 - mSafe);
   for (Tile& a : acc) a = a * (a.shape().size() == alpha.shape().size() ? alpha : alpha.expand(1));
   m = mNew;
 }
