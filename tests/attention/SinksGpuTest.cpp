@@ -24,10 +24,12 @@ constexpr MemorySpace kDevice = MemorySpace::Device;
 TEST(SinksGpu, EveryVariantWithItsDefaultKernel) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
+  // One case a variant (each is a kernel of its own to compile: the GPU suite's time is short).
+  int i = 0;
   for (const Variant& var : variants())
-    for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1100, .D = 128},
-                            AttentionCase{.B = 1, .Hq = 4, .Hkv = 4, .L = 333, .S = 257, .D = 64,
-                                          .dtype = DType::F16}}) {
+    for (AttentionCase c : {i++ % 2 ? AttentionCase{.B = 2, .Hq = 8, .Hkv = 2, .L = 1000, .S = 1100, .D = 128}
+                                    : AttentionCase{.B = 1, .Hq = 4, .Hkv = 4, .L = 333, .S = 257, .D = 64,
+                                                    .dtype = DType::F16}}) {
       c.context = "variant " + var.name;
       VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
       FlexAttentionOptions o{.return_max_scores = true};
@@ -56,7 +58,7 @@ TEST(SinksGpu, DecodeSplitsAndTheirMerge) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   const DecodeCheck how{.splits = {0, 1, 5}, .blocks = {128, 128}, .prefillConfig = {64, 64, 4, 2}, .sinks = true};
-  for (const char* name : {"causal", "sliding_window", "softcap"})
+  for (const char* name : {"causal", "sliding_window"})
     for (AttentionCase c : {AttentionCase{.B = 2, .Hq = 32, .Hkv = 8, .L = 1, .S = 4097, .D = 128},
                             AttentionCase{.B = 1, .Hq = 8, .Hkv = 1, .L = 5, .S = 1000, .D = 64}})
       if (!checkDecodeVariant(rng, variant(name), c, kDevice, how)) return;
@@ -82,13 +84,15 @@ TEST(SinksGpu, PagedPrefillAndDecode) {
   }
 }
 
-// The backward's default kernels (on sm_90a the specialized dkdv and dq) of every variant, dQ summed
-// both ways, against the float64 reference, dsinks included.
+// The backward's default kernels (on sm_90a the specialized dkdv and dq) of four variants (no mod,
+// a mask's partial blocks, a mod with its adjoint), dQ summed both ways, against the float64
+// reference, dsinks included.
 TEST(SinksGpu, BackwardWithItsDefaultKernels) {
   FLEXTILE_REQUIRE_GPU();
   SeededRandom rng;
   int i = 0;
-  for (const Variant& var : variants()) {
+  for (const char* name : {"causal", "document", "alibi", "softcap"}) {
+    const Variant var = variant(name);
     AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 300, .S = 400, .D = 128, .context = var.name};
     VariantInstance inst = var.make({c.B, c.Hq, c.L, c.S, kDevice, BlockSizes{}, rng()});
     BackwardCheck check{.refScore = inst.refScore, .refScoreGrad = inst.refScoreGrad, .refMask = inst.refMask,
