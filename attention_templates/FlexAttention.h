@@ -181,7 +181,9 @@ struct FlexAttentionOptions {
   // Head h's sink joins every row's softmax as one more key, of score sinks[h] (natural units, as
   // the scores after scale and score_mod) and value zero: out = sum_j e^{s_j} v_j / (e^{sink} +
   // sum_j e^{s_j}), lse = log(e^{sink} + sum_j e^{s_j}). A row the mask leaves without keys gets out 0
-  // and lse = sinks[h]. The backward takes the same tensor and returns its gradient (dsinks).
+  // and lse = sinks[h]. Each sink finite or -inf (no sink for that head); the values are read on
+  // the device, unchecked (a NaN or +inf gives NaN rows). The backward takes the same tensor and
+  // returns its gradient (dsinks).
   std::optional<dsl::Tensor> sinks;
   std::optional<FlexAttentionConfig> config;  // default: a resolver's, else untunedFlexAttentionConfig
   AttentionTemplate kernel = AttentionTemplate::Auto;
