@@ -193,6 +193,27 @@ TEST(Sinks, TheSm90aKernelsAfterThePassesAndPtxas) {
   for (const codegen::CompiledKernel* k : plan.compiled) (void)codegen::runPtxas(k->ptx, sm90a);
 }
 
+// The sinks' parameter comes after every other trailing group: with the tiles handed out heaviest
+// first (FLEXTILE_TILE_ORDER=1: the tile order's parameter before it) the forward still reads the
+// right tensors, and the backward (which takes the order too) gives the right dsinks.
+TEST(Sinks, AfterTheTileOrdersParameter) {
+  SeededRandom rng;
+  ScopedSetenv ordered("FLEXTILE_TILE_ORDER", "1");
+  AttentionCase c{.B = 2, .Hq = 4, .Hkv = 2, .L = 150, .S = 150, .D = 32, .context = "tile order"};
+  VariantInstance inst = variant("document").make({c.B, c.Hq, c.L, c.S, kHost, kBlocks, rng()});
+  FlexAttentionOptions o{.config = FlexAttentionConfig{32, 32, 4, 2}};
+  o.sinks = randomSinks(rng, c.Hq, kHost, c.S);
+  const Tensor q = Tensor::empty(c.dtype, {c.B, c.Hq, c.L, c.D}, kHost);
+  const FlexAttentionPlan plan = plan_flex_attention(q, q, q, inst.score, inst.mask, o);
+  EXPECT_GT(count(ir::printFunction(*plan.traced), "%tile_order"), 1) << "the order must be in use";
+  if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, o)) return;
+  BackwardCheck check{.refScore = inst.refScore, .refScoreGrad = inst.refScoreGrad, .refMask = inst.refMask,
+                      .sinks = true};
+  check.forwardConfig = FlexAttentionConfig{32, 32, 4, 2};
+  check.options.config = FlexAttentionBackwardConfig{{32, 32, 4, 2}, {32, 32, 4, 2}};
+  checkBackward(rng, c, kHost, inst.score, inst.mask, check);
+}
+
 // The paged cache's prefill (L = 40) and decode (L = 3): fragmented tables, a shared prefix, a
 // batch cut short, a batch erased (length 0: every row is its sink's).
 TEST(Sinks, PagedPrefillAndDecode) {
