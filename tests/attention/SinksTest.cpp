@@ -214,6 +214,21 @@ TEST(Sinks, AfterTheTileOrdersParameter) {
   checkBackward(rng, c, kHost, inst.score, inst.mask, check);
 }
 
+// Head dims the templates cut into chunks (192 = 128 + 64, v's 192 too: the accumulator a chunk,
+// each rescaled by the fold) and v's own head dim (MLA's 192 / 128), prefill and decode.
+TEST(Sinks, SplitAndValueHeadDims) {
+  SeededRandom rng;
+  for (int64_t DV : {int64_t(192), int64_t(128)}) {
+    AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = 100, .S = 150, .D = 192, .context = "head dims", .DV = DV};
+    VariantInstance inst = variant("causal").make({c.B, c.Hq, c.L, c.S, kHost, kBlocks, rng()});
+    FlexAttentionOptions o{.config = FlexAttentionConfig{32, 32, 4, 2}};
+    o.sinks = randomSinks(rng, c.Hq, kHost, c.S);
+    if (!checkFlexAttention(rng, c, kHost, inst.score, inst.mask, inst.refScore, inst.refMask, o)) return;
+    AttentionCase d{.B = 1, .Hq = 8, .Hkv = 2, .L = 2, .S = 150, .D = 192, .context = "decode head dims", .DV = DV};
+    if (!checkDecodeVariant(rng, variant("sliding_window"), d, kHost, {.splits = {1, 3}, .sinks = true})) return;
+  }
+}
+
 // The paged cache's prefill (L = 40) and decode (L = 3): fragmented tables, a shared prefix, a
 // batch cut short, a batch erased (length 0: every row is its sink's).
 TEST(Sinks, PagedPrefillAndDecode) {
