@@ -355,16 +355,17 @@ TEST(Cli, RunAndCompileWithSinks) {
 }
 
 // --backward runs the backward on the forward's out and lse and checks dQ rows and dK, dV keys
-// against float64 (every one with --check=all; a sample, with sinks, otherwise), and a reference
-// wrong on purpose fails it; --atomic-dq belongs to it.
+// against float64 (every one with --check=all; a sample, with sinks and atomic dQ, otherwise), and a
+// reference wrong on purpose fails it; --atomic-dq belongs to it.
 TEST(Cli, RunBackwardChecksTheGradients) {
   Result all = run({"run", "softcap", "--host", "--shape", "1,4,200,32", "--gqa", "2", "--backward", "--check=all"});
   EXPECT_EQ(all.status, 0) << all.out << all.err;
   EXPECT_NE(all.out.find("800 dq rows and 400 dk/dv keys (all)"), std::string::npos) << all.out;
   EXPECT_NE(all.out.find("tolerance 3e-02): PASS"), std::string::npos) << all.out;
   Result sample = run({"run", "document", "--host", "--shape", "2,4,300,32", "--gqa", "4", "--backward", "--sinks",
-                       "--check", "--seed", "5"});
+                       "--atomic-dq", "--check", "--seed", "5"});
   EXPECT_EQ(sample.status, 0) << sample.out << sample.err;
+  EXPECT_NE(sample.out.find("(atomic dQ); first call"), std::string::npos) << sample.out;
   EXPECT_NE(sample.out.find("dk/dv keys (sample)"), std::string::npos) << sample.out;
   ::setenv("FLEXTILE_CLI_WRONG_REFERENCE", "1", 1);
   Result wrong = run({"run", "causal", "--host", "--shape", "1,2,200,32", "--backward", "--check"});
