@@ -85,7 +85,7 @@ const std::vector<Command>& commands() {
        "  --sinks adds attention sinks (FlexAttentionOptions::sinks): a seeded random logit per head near\n"
        "  log(N), which --check gives the reference too.\n"
        "  --backward also runs flex_attention_backward (dout random) and prints its time and TFLOP/s (2.5\n"
-       "  forwards); --check then compares dQ on the rows above and dK, dV on a sample of keys (first and\n"
+       "  forwards; on a GPU a training step's too); --check then compares dQ on the rows above and dK, dV on a sample of keys (first and\n"
        "  last, both sides of every 128-key boundary, random ones; --check=all: every key) with float64\n"
        "  from the forward's out and lse. --atomic-dq: dQ summed by the dkdv programs (not reproducible).\n"
        "  Without --config the tuned config for this GPU is used when there is one, else the default.\n"
@@ -525,9 +525,10 @@ std::vector<attention::KeyRow> sampleKeyRows(int64_t B, int64_t Hkv, int64_t S, 
 // `run --backward`: the backward of the forward `r` on a random dout (seeded), timed, and with a
 // check its dQ rows and dK, dV keys against float64 (referenceAttentionBackwardRows, from the
 // forward's out and lse, which the forward's check compared). True unless the check failed.
+// `forwardMs`: the forward's time, for the training step's TFLOP/s.
 bool runBackward(const Args& a, const Problem& p, const attention::FlexAttentionResult& r,
-                 const attention::FlexAttentionOptions& forward, CheckScope check, uint64_t seed, bool device,
-                 std::ostream& out) {
+                 const attention::FlexAttentionOptions& forward, double forwardMs, CheckScope check, uint64_t seed,
+                 bool device, std::ostream& out) {
   const Tensor dout = randomTensor(seed, 3, p.dtype, {p.B, p.H, p.N, p.DV}, p.q.space());
   attention::FlexAttentionBackwardOptions options;
   if (a.has("--atomic-dq")) options.dq_accumulation = attention::DqAccumulation::Atomic;
@@ -563,6 +564,11 @@ bool runBackward(const Args& a, const Problem& p, const attention::FlexAttention
   std::snprintf(line, sizeof line, "backward %s %.3f ms, %.2f TFLOP/s\n", device ? "median of 20 calls" : "interpreted",
                 ms, 2.5 * forwardFlops(p) / ms / 1e9);
   out << line;
+  if (device) {  // forward + backward: 3.5 forwards' FLOPs over both times (DESIGN.md's count)
+    std::snprintf(line, sizeof line, "training step (forward + backward) %.3f ms, %.2f TFLOP/s\n", forwardMs + ms,
+                  3.5 * forwardFlops(p) / (forwardMs + ms) / 1e9);
+    out << line;
+  }
   if (check == CheckScope::None) return true;
 
   const int threads = coreCount();
@@ -689,7 +695,7 @@ int cmdRun(const Args& a, std::ostream& out, std::ostream& err) {
   }
   bool ok = check == CheckScope::None ||
             checkAgainstReference(p, r, check, seed, plan.config.block_m, options.sinks ? &sinks : nullptr, out);
-  if (a.has("--backward")) ok = runBackward(a, p, r, options, check, seed, device, out) && ok;
+  if (a.has("--backward")) ok = runBackward(a, p, r, options, ms, check, seed, device, out) && ok;
   return ok ? 0 : 1;
 }
 

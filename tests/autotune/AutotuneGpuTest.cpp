@@ -198,6 +198,7 @@ TEST(CliGpu, RunBackwardTimesAndChecks) {
   const int status = cli::flextileMain(int(args.size()), args.data(), out, err);
   EXPECT_EQ(status, 0) << out.str() << err.str();
   EXPECT_NE(out.str().find("backward median of 20 calls"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("training step (forward + backward)"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("dk/dv keys (sample)"), std::string::npos) << out.str();
   EXPECT_EQ(out.str().find("FAIL"), std::string::npos) << out.str();
 }
