@@ -5,7 +5,7 @@
 # outside the kernel (bench/torch_sinks.py: out * sigmoid(lse - sink), compiled with the call) in
 # the same call. Logs under $OUT; the table last.
 # Run from the repo root with ./bundle carried: run(command="scripts/gpu_sinks.sh", carry=["bundle"]).
-export OUT=${OUT:-./gpu-logs}; mkdir -p "$OUT"
+OUT=${OUT:-./gpu-logs}; mkdir -p "$OUT"; export OUT=$(cd "$OUT" && pwd)  # absolute: the benches run from bench/
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU; $(sed -n 2p bundle/MANIFEST.txt)"
 export LD_LIBRARY_PATH=$PWD/bundle/lib FLEXTILE_CACHE_DIR=/tmp/ft-cache
 t0=$SECONDS
