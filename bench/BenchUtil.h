@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -55,6 +56,15 @@ inline dsl::Tensor randomBf16(std::mt19937_64& rng, const dsl::Shape& shape) {
   std::vector<float> host(static_cast<size_t>(count));
   for (float& x : host) x = n(rng);
   return dsl::Tensor::fromHost(host, dsl::DType::BF16, shape, dsl::MemorySpace::Device);
+}
+
+// --sinks: a logit per head uniform within 2 of log(keys), where a sink weighs about as much as
+// a row's keys with random unit inputs.
+inline std::vector<float> sinksNear(std::mt19937_64& rng, int64_t heads, int64_t keys) {
+  std::uniform_real_distribution<float> near(std::log(float(keys)) - 2, std::log(float(keys)) + 2);
+  std::vector<float> values;
+  for (int64_t h = 0; h < heads; ++h) values.push_back(near(rng));
+  return values;
 }
 
 }  // namespace flextile::bench

@@ -210,8 +210,7 @@ int main(int argc, char** argv) try {
   std::vector<float> sinkValues;
   std::optional<Tensor> sinks;
   if (withSinks) {
-    std::uniform_real_distribution<float> near(std::log(float(N)) - 2, std::log(float(N)) + 2);
-    for (int64_t h = 0; h < Hq; ++h) sinkValues.push_back(near(rng));
+    sinkValues = flextile::bench::sinksNear(rng, Hq, N);
     sinks = Tensor::fromHost(sinkValues, {Hq}, MemorySpace::Device);
   }
 

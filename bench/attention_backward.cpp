@@ -194,12 +194,8 @@ int main(int argc, char** argv) try {
   Tensor out = Tensor::empty(DType::BF16, {B, Hq, N, DV}, MemorySpace::Device);
   Tensor lse = Tensor::empty(DType::F32, {B, Hq, N}, MemorySpace::Device);
   FlexAttentionOptions forwardOptions;
-  if (withSinks) {
-    std::uniform_real_distribution<float> near(std::log(float(N)) - 2, std::log(float(N)) + 2);
-    std::vector<float> values;
-    for (int64_t h = 0; h < Hq; ++h) values.push_back(near(rng));
-    forwardOptions.sinks = Tensor::fromHost(values, {Hq}, MemorySpace::Device);
-  }
+  if (withSinks)
+    forwardOptions.sinks = Tensor::fromHost(flextile::bench::sinksNear(rng, Hq, N), {Hq}, MemorySpace::Device);
   FlexAttentionGrads grads;
   grads.dq = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);
   grads.dk = Tensor::empty(DType::BF16, {B, Hq, N, D}, MemorySpace::Device);

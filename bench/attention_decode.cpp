@@ -386,12 +386,8 @@ int main(int argc, char** argv) try {
     FlexAttentionOptions base;
     if (mask) base.query_offset = pos;
     if (maxScores) base.max_scores = Tensor::empty(DType::F32, {s.B, s.Hq, s.L}, MemorySpace::Device);
-    if (withSinks) {
-      std::uniform_real_distribution<float> near(std::log(float(s.S)) - 2, std::log(float(s.S)) + 2);
-      std::vector<float> values;
-      for (int64_t h = 0; h < s.Hq; ++h) values.push_back(near(rng));
-      base.sinks = Tensor::fromHost(values, {s.Hq}, MemorySpace::Device);
-    }
+    if (withSinks)
+      base.sinks = Tensor::fromHost(flextile::bench::sinksNear(rng, s.Hq, s.S), {s.Hq}, MemorySpace::Device);
     // The prefill template on the same queries, as the check.
     {
       std::optional<BlockMask> slice;
