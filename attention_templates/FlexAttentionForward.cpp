@@ -771,12 +771,14 @@ void traceForward(ir::Function& f, const std::vector<int64_t>& constants, DType 
     if (k.hasPartial) st = walk(partialCount, p.kv_indices, true, st);
     Tile m = st[0], l = st[1];
     std::vector<Tile> acc = accOf(st);
-    // The largest score is over the keys alone, before a sink joins them.
-    const Tile best = k.hasMaxScores ? detail::rowMaxScore(m, l == 0.0) : Tile();
-    // A piece's partial holds its keys alone: the merge adds the sink, once.
-    if (k.hasSinks && !piece) detail::foldSink(m, l, acc, load(sinks->sinks + h) * std::numbers::log2e);
-
     Tile empty = l == 0.0;
+    // The largest score is over the keys alone, before a sink joins them.
+    const Tile best = k.hasMaxScores ? detail::rowMaxScore(m, empty) : Tile();
+    // A piece's partial holds its keys alone: the merge adds the sink, once.
+    if (k.hasSinks && !piece) {
+      detail::foldSink(m, l, acc, load(sinks->sinks + h) * std::numbers::log2e);
+      empty = l == 0.0;
+    }
     const Tile rowScale = (1.0 / where(empty, 1.0, l)).expand(1);  // a division per row, not per element
     std::vector<Tile> out;  // the output's tile, or its chunks
     for (const Tile& a : acc) out.push_back(a * rowScale);
