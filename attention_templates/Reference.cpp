@@ -108,6 +108,26 @@ void parallelFor(size_t count, int threads, const std::function<void(size_t)>& t
   if (error) std::rethrow_exception(error);
 }
 
+// The work of one (batch, kv head) of a reference on some rows or keys: up to kHeadTaskItems
+// items (indices into the caller's rows or keys), so that a task converts that head's tensors once
+// and a score block of kHeadTaskItems x length doubles bounds the memory of each thread.
+constexpr size_t kHeadTaskItems = 64;
+struct HeadTask {
+  int64_t b, hk;
+  std::vector<size_t> items;
+};
+using HeadGroups = std::map<std::pair<int64_t, int64_t>, std::vector<size_t>>;  // (b, hk) -> items
+std::vector<HeadTask> headTasks(const HeadGroups& groups) {
+  std::vector<HeadTask> tasks;
+  for (const auto& [key, items] : groups)
+    for (size_t first = 0; first < items.size(); first += kHeadTaskItems) {
+      const size_t last = std::min(items.size(), first + kHeadTaskItems);
+      tasks.push_back({key.first, key.second,
+                       std::vector<size_t>(items.begin() + std::ptrdiff_t(first), items.begin() + std::ptrdiff_t(last))});
+    }
+  return tasks;
+}
+
 }  // namespace
 
 std::vector<QueryRow> allQueryRows(int64_t B, int64_t H, int64_t L) {
@@ -129,21 +149,10 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
     if (r.b < 0 || r.b >= B || r.h < 0 || r.h >= Hq || r.i < 0 || r.i >= L)
       throw Error("referenceAttentionRows: row (" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " +
                   std::to_string(r.i) + ") is outside q " + q.describe());
-  // Tasks: up to kChunk rows that share a kv head (so its K and V are converted once per task,
-  // and a score block of kChunk x S doubles bounds the memory of each thread).
-  constexpr size_t kChunk = 64;
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> byKvHead;
+  // Tasks of rows that share a kv head: its K and V are converted once per task.
+  HeadGroups byKvHead;
   for (size_t n = 0; n < rows.size(); ++n) byKvHead[{rows[n].b, rows[n].h / (Hq / Hkv)}].push_back(n);
-  struct Task {
-    int64_t b, hk;
-    std::vector<size_t> rows;  // indices into `rows`
-  };
-  std::vector<Task> tasks;
-  for (auto& [key, indices] : byKvHead)
-    for (size_t first = 0; first < indices.size(); first += kChunk)
-      tasks.push_back({key.first, key.second,
-                       std::vector<size_t>(indices.begin() + first,
-                                           indices.begin() + std::min(indices.size(), first + kChunk))});
+  const std::vector<HeadTask> tasks = headTasks(byKvHead);
 
   ReferenceRows r;
   r.out.assign(rows.size() * size_t(DV), 0.0);
@@ -151,19 +160,19 @@ ReferenceRows referenceAttentionRows(const Tensor& qIn, const Tensor& kIn, const
   r.maxScores.assign(rows.size(), -INFINITY);
   std::atomic<int64_t> allowedPairs{0};
   parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
-    const Task& task = tasks[t];
-    const int64_t n = int64_t(task.rows.size());
+    const HeadTask& task = tasks[t];
+    const int64_t n = int64_t(task.items.size());
     Mat K(S, D), V(S, DV), Q(n, D);
     gatherRows(k, task.b, task.hk, S, [](int64_t j) { return j; }, K.data());
     gatherRows(v, task.b, task.hk, S, [](int64_t j) { return j; }, V.data());
     for (int64_t x = 0; x < n; ++x) {  // the task's rows may belong to different query heads
-      const QueryRow& row = rows[task.rows[size_t(x)]];
+      const QueryRow& row = rows[task.items[size_t(x)]];
       gatherRows(q, row.b, row.h, 1, [&](int64_t) { return row.i; }, Q.data() + x * D);
     }
     Mat s = (Q * K.transpose()) * scale;
     int64_t pairs = 0;
     for (int64_t x = 0; x < n; ++x) {
-      const size_t index = task.rows[size_t(x)];
+      const size_t index = task.items[size_t(x)];
       const QueryRow& row = rows[index];
       const int64_t qPos = row.i + qOffset;
       double m = -INFINITY;
@@ -234,35 +243,22 @@ ReferenceGradRows referenceAttentionBackwardRows(const Tensor& qIn, const Tensor
     const double p = std::exp((score ? score(s, b, h, qPos, j) : s) - rowLse);
     return Pair{p, p * (dP - delta) * (scoreGrad ? scoreGrad(s, b, h, qPos, j) : 1.0)};
   };
-  // Tasks: up to kChunk query rows (or keys) of one (batch, kv head).
-  constexpr size_t kChunk = 64;
-  struct Task {
-    bool keys;
-    int64_t b, hk;
-    std::vector<size_t> items;
-  };
-  std::vector<Task> tasks;
-  auto addTasks = [&](bool keys, std::map<std::pair<int64_t, int64_t>, std::vector<size_t>>& groups) {
-    for (auto& [key, items] : groups)
-      for (size_t first = 0; first < items.size(); first += kChunk)
-        tasks.push_back({keys, key.first, key.second,
-                         std::vector<size_t>(items.begin() + std::ptrdiff_t(first),
-                                             items.begin() + std::ptrdiff_t(std::min(items.size(), first + kChunk)))});
-  };
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> rowGroups, keyGroups;
+  // Tasks of query rows (dq), then of keys (dk, dv), each of one (batch, kv head).
+  HeadGroups rowGroups, keyGroups;
   for (size_t n = 0; n < queryRows.size(); ++n) rowGroups[{queryRows[n].b, queryRows[n].h / G}].push_back(n);
   for (size_t n = 0; n < keyRows.size(); ++n) keyGroups[{keyRows[n].b, keyRows[n].h}].push_back(n);
-  addTasks(false, rowGroups);
-  addTasks(true, keyGroups);
+  const std::vector<HeadTask> rowTasks = headTasks(rowGroups), keyTasks = headTasks(keyGroups);
+  const size_t taskCount = rowTasks.size() + keyTasks.size();
 
   ReferenceGradRows r;
   r.dq.assign(queryRows.size() * size_t(D), 0.0);
   r.dk.assign(keyRows.size() * size_t(D), 0.0);
   r.dv.assign(keyRows.size() * size_t(DV), 0.0);
-  parallelFor(tasks.size(), threadCount(threads, tasks.size()), [&](size_t t) {
-    const Task& task = tasks[t];
+  parallelFor(taskCount, threadCount(threads, taskCount), [&](size_t t) {
+    const bool keys = t >= rowTasks.size();
+    const HeadTask& task = keys ? keyTasks[t - rowTasks.size()] : rowTasks[t];
     const int64_t n = int64_t(task.items.size());
-    if (!task.keys) {  // rows of dq: each row against every key of its kv head
+    if (!keys) {  // rows of dq: each row against every key of its kv head
       Mat K(S, D), V(S, DV), Q(n, D), dO(n, DV), O(n, DV);
       gatherRows(k, task.b, task.hk, S, [](int64_t j) { return j; }, K.data());
       gatherRows(v, task.b, task.hk, S, [](int64_t j) { return j; }, V.data());
