@@ -410,6 +410,18 @@ CheckScope parseCheck(const Args& a) {
   throw UsageError{"--check=" + value + ": use --check (a sample of rows) or --check=all (every row)"};
 }
 
+// FLEXTILE_CLI_WRONG_REFERENCE=1 adds 1 to every third reference score, so that a check must fail:
+// the test suite runs it so to prove that a failed check is reported and exits non-zero.
+bool wrongReference() { return std::getenv("FLEXTILE_CLI_WRONG_REFERENCE") != nullptr; }
+// The problem's reference score_mod, or with wrongReference() that one made wrong.
+attention::RefScoreFn referenceScore(const Problem& p) {
+  if (!wrongReference()) return p.instance.refScore;
+  return [base = p.instance.refScore](double x, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const double y = base ? base(x, b, h, i, j) : x;
+    return (i + j) % 3 == 0 ? y + 1 : y;
+  };
+}
+
 // Compares the result with the float64 reference on the rows `scope` asks for and prints what
 // was checked and how it went; true when it passed. Each row is held to a bound of its own (one
 // bad row — a tail, a block boundary, a row without keys — hides in a norm over thousands) as well
@@ -433,16 +445,8 @@ bool checkAgainstReference(const Problem& p, const attention::FlexAttentionResul
                   (long long)totalRows, (unsigned long long)seed);
   out << "checking " << what << " against the float64 reference on " << threads << " threads\n";
 
-  // FLEXTILE_CLI_WRONG_REFERENCE=1 adds 1 to every third reference score, so the check must fail:
-  // the test suite runs it so to prove that a failed check is reported and exits non-zero.
-  const bool wrongReference = std::getenv("FLEXTILE_CLI_WRONG_REFERENCE") != nullptr;
-  if (wrongReference) out << "FLEXTILE_CLI_WRONG_REFERENCE is set: the reference is wrong on purpose\n";
-  attention::RefScoreFn score = p.instance.refScore;
-  if (wrongReference)
-    score = [base = p.instance.refScore](double x, int64_t b, int64_t h, int64_t i, int64_t j) {
-      const double y = base ? base(x, b, h, i, j) : x;
-      return (i + j) % 3 == 0 ? y + 1 : y;
-    };
+  if (wrongReference()) out << "FLEXTILE_CLI_WRONG_REFERENCE is set: the reference is wrong on purpose\n";
+  const attention::RefScoreFn score = referenceScore(p);
   const double scale = 1.0 / std::sqrt(double(p.D));
   const attention::ReferenceRows ref =
       attention::referenceAttentionRows(p.q, p.k, p.v, score, p.instance.refMask, scale, rows, 0, threads, sinks);
@@ -585,13 +589,7 @@ bool runBackward(const Args& a, const Problem& p, const attention::FlexAttention
   } else {
     keys = sampleKeyRows(p.B, p.Hkv, p.N, seed, 16);
   }
-  // FLEXTILE_CLI_WRONG_REFERENCE=1: the reference wrong on purpose, as the forward's check.
-  attention::RefScoreFn score = p.instance.refScore;
-  if (std::getenv("FLEXTILE_CLI_WRONG_REFERENCE"))
-    score = [base = p.instance.refScore](double x, int64_t b, int64_t h, int64_t i, int64_t j) {
-      const double y = base ? base(x, b, h, i, j) : x;
-      return (i + j) % 3 == 0 ? y + 1 : y;
-    };
+  const attention::RefScoreFn score = referenceScore(p);  // (wrong on purpose as the forward's, when asked)
   const double scale = 1.0 / std::sqrt(double(p.D));
   const attention::ReferenceGradRows ref = attention::referenceAttentionBackwardRows(
       p.q, p.k, p.v, r.out, r.lse, dout, score, p.instance.refScoreGrad, p.instance.refMask, scale, rows, keys, 0,
