@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_templates/FlexAttention.h"
 #include "attention_templates/Reference.h"
 #include "dsl/Tensor.h"
 
@@ -221,6 +222,35 @@ inline std::string gradMismatch(const char* what, const std::vector<double>& got
   const double rel = std::sqrt(num / std::max(den, 1e-30));
   if (den > 0 && rel > gradTolerance(dt) / 2) m << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
   return m.str();
+}
+
+// flex_attention_backward's dq, dk, dv, and dsinks where `want` has them, against the float64
+// reference: rows without an allowed key (`deadRows`, [B, Hq, L]) and keys that no query of their
+// group sees (`mask` at query offset `qOffset`; empty: every pair allowed) exactly 0, each gradient
+// within gradMismatch's bounds with a floor of 5 % of the largest reference element of the three.
+// "" if they agree.
+inline std::string gradsMismatch(const attention::FlexAttentionGrads& got, const attention::ReferenceGrads& want,
+                                 const std::vector<char>& deadRows, const attention::RefMaskFn& mask, int64_t qOffset,
+                                 dsl::DType dt) {
+  const int64_t B = got.dq.size(0), Hq = got.dq.size(1), L = got.dq.size(2), D = got.dq.size(3);
+  const int64_t Hkv = got.dk.size(1), S = got.dk.size(2), DV = got.dv.size(3), G = Hq / Hkv;
+  std::vector<char> deadKeys(size_t(B * Hkv * S), 1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < S; ++j)
+          if (!mask || mask(b, h, i + qOffset, j)) deadKeys[size_t((b * Hkv + h / G) * S + j)] = 0;
+  double floor = 0;
+  for (const auto* t : {&want.dq, &want.dk, &want.dv})
+    for (double x : *t) floor = std::max(floor, 0.05 * std::abs(x));
+  std::string m = gradMismatch("dq", attention::toDoubles(got.dq), want.dq, dt, &deadRows, D, floor);
+  if (m.empty()) m = gradMismatch("dk", attention::toDoubles(got.dk), want.dk, dt, &deadKeys, D, floor);
+  if (m.empty()) m = gradMismatch("dv", attention::toDoubles(got.dv), want.dv, dt, &deadKeys, DV, floor);
+  if (m.empty() && want.dsinks.empty() == got.dsinks.defined())
+    m = got.dsinks.defined() ? "dsinks returned without sinks" : "dsinks missing";
+  if (m.empty() && !want.dsinks.empty())
+    m = gradMismatch("dsinks", attention::toDoubles(got.dsinks), want.dsinks, dt);
+  return m;
 }
 
 }  // namespace flextile::testing
