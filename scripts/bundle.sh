@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Packs a finished build into ./bundle/ for a GPU machine that has only the NVIDIA driver:
 #   bundle/lib/libflextile.so   (+ any shared library the binaries need that a stock Ubuntu lacks)
-#   bundle/bin/*                every executable of the build (tests, benches, examples, the CLI)
+#   bundle/bin/*                every executable of the build (GPU tests, benches, examples, the CLI);
+#                               host-only test binaries (named *_tests without "gpu") only with
+#                               FLEXTILE_BUNDLE_HOST_TESTS=1: they run here, and with them the bundle
+#                               plus the tree came to 64 MiB, all a device run may carry
 # all stripped, executables finding ../lib through their RUNPATH. Prints the size; fails over 60 MiB.
 #
 # Usage (from the repo root): scripts/bundle.sh [build-dir]   (default: build/)
@@ -33,9 +36,13 @@ strip --strip-unneeded "$BUNDLE/lib/libflextile.so"
 
 # Every executable the build made, wherever CMake put it (CMake's own probes excluded).
 count=0
+skipped=0
 while IFS= read -r -d '' file; do
   is_executable_elf "$file" || continue
   name=$(basename "$file")
+  if [[ "$name" == *_tests && "$name" != *gpu* && "${FLEXTILE_BUNDLE_HOST_TESTS:-0}" != 1 ]]; then
+    skipped=$((skipped + 1)); continue
+  fi
   [ -e "$BUNDLE/bin/$name" ] && die "two executables named '$name' ($file and another)"
   cp "$file" "$BUNDLE/bin/$name"
   strip "$BUNDLE/bin/$name"
@@ -102,5 +109,5 @@ fi
 
 bytes=$(du -sb "$BUNDLE" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
-echo "bundle: $count executables, $(ls "$BUNDLE/lib" | wc -l) libraries, $mib MiB in $BUNDLE/"
+echo "bundle: $count executables ($skipped host-only test binaries left out), $(ls "$BUNDLE/lib" | wc -l) libraries, $mib MiB in $BUNDLE/"
 [ "$bytes" -le $((LIMIT_MIB * 1048576)) ] || die "the bundle is $mib MiB, over the $LIMIT_MIB MiB limit"
