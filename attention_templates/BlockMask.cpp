@@ -275,6 +275,53 @@ struct BlockMaskBuilder {
     m.deriveTransposes();
   }
 
+  // Rows of any intervals (rowIntervalBlockMask): a block row's kv blocks are those some live row
+  // reaches (counted by a difference array over the kv blocks); a block is full when every row of
+  // the block row is live and contains it, i.e. it lies inside the rows' intersection.
+  static void fillFromIntervals(BlockMask& m, int64_t b, int64_t h, const RowKeyInterval& rowKeys) {
+    const int64_t BQ = m.sizes_.q, BKV = m.sizes_.kv;
+    std::vector<int32_t> reach(size_t(m.nKv_ + 1));
+    for (int64_t r = 0; r < m.nQ_; ++r) {
+      std::fill(reach.begin(), reach.end(), 0);
+      int64_t interLo = 0, interHi = m.kvLen_ - 1;
+      bool anyLive = false, allLive = true;
+      for (int64_t i = r * BQ; i < std::min((r + 1) * BQ, m.qLen_); ++i) {
+        auto [lo, hi] = rowKeys(b, h, i);
+        lo = std::max<int64_t>(lo, 0);
+        hi = std::min<int64_t>(hi, m.kvLen_ - 1);
+        if (lo > hi) {
+          allLive = false;
+          continue;
+        }
+        anyLive = true;
+        ++reach[size_t(lo / BKV)];
+        --reach[size_t(hi / BKV + 1)];
+        interLo = std::max(interLo, lo);
+        interHi = std::min(interHi, hi);
+      }
+      if (!anyLive) continue;
+      const int64_t rowIndex = (b * m.H_ + h) * m.nQ_ + r;
+      int32_t rows = 0;
+      for (int64_t c = 0; c < m.nKv_; ++c) {
+        rows += reach[size_t(c)];
+        if (rows == 0) continue;
+        const int64_t c0 = c * BKV, c1 = std::min(c0 + BKV, m.kvLen_) - 1;
+        const bool full = allLive && interLo <= c0 && c1 <= interHi;
+        append(full ? m.lists_->fullKv : m.lists_->partialKv, rowIndex, m.nKv_, int32_t(c));
+      }
+    }
+  }
+
+  static BlockMask fromIntervals(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
+                                 const char* what, std::optional<MemorySpace> space, const RowKeyInterval& rowKeys) {
+    BlockMask m = init(std::move(mod), B, H, qLen, kvLen, sizes, what);
+    m.space_ = space;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) fillFromIntervals(m, b, h, rowKeys);
+    m.deriveTransposes();
+    return m;
+  }
+
   static BlockMask structural(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen, BlockSizes sizes,
                               const char* what, std::optional<MemorySpace> space,
                               const std::function<RowRule(int64_t b, int64_t h)>& ruleFor) {
@@ -1011,6 +1058,13 @@ BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
     if (causal) return BlockMaskBuilder::RowRule{start, [](int64_t i) { return i; }};
     return BlockMaskBuilder::RowRule{start, [o, doc](int64_t i) { return (*o)[doc(i) + 1] - 1; }};
   });
+}
+
+BlockMask rowIntervalBlockMask(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                               const RowKeyInterval& rowKeys, BlockSizes sizes, BlockMaskPlacement where) {
+  const char* what = "rowIntervalBlockMask";
+  if (!rowKeys) throw Error(std::string(what) + ": the row interval function is empty");
+  return BlockMaskBuilder::fromIntervals(std::move(mod), B, H, qLen, kvLen, sizes, what, where.space, rowKeys);
 }
 
 }  // namespace flextile::attention

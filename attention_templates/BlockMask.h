@@ -31,10 +31,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_templates/Mods.h"
@@ -365,5 +367,16 @@ BlockMask prefixLmBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen, i
 BlockMask documentBlockMask(int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
                             const std::vector<std::vector<int64_t>>& offsetsPerBatch, bool causal,
                             BlockSizes sizes = {}, BlockMaskPlacement where = {});
+
+// A mask whose every query row allows one interval of keys: row i of (b, h) allows [lo, hi] =
+// rowKeys(b, h, i), before clipping to [0, kvLen); lo > hi allows none. The lists come from the
+// intervals in O(qLen + nQ * nKV) per (b, h), with no kernel, and the rows need not be monotone (the
+// other structural builders' rules are): an interval may jump back or be empty anywhere, as in
+// packed sequences (attention_templates/Varlen.h). `mod` must allow exactly those pairs: the
+// templates evaluate it on the partial blocks, which the intervals alone decide (a test compares
+// such a mask with createBlockMask of its mod).
+using RowKeyInterval = std::function<std::pair<int64_t, int64_t>(int64_t b, int64_t h, int64_t i)>;
+BlockMask rowIntervalBlockMask(MaskMod mod, int64_t B, int64_t H, int64_t qLen, int64_t kvLen,
+                               const RowKeyInterval& rowKeys, BlockSizes sizes = {}, BlockMaskPlacement where = {});
 
 }  // namespace flextile::attention
