@@ -11,6 +11,7 @@
 #include "FlexAttentionBackwardCheck.h"
 #include "MaskTestUtil.h"
 #include "gpu/GpuTest.h"
+#include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/Varlen.h"
 
 using namespace flextile;
@@ -313,6 +314,29 @@ TEST(Varlen, NewLengthsKeepTheKernels) {
     ASSERT_NE(kernel, nullptr);
     if (first) EXPECT_EQ(kernel, first) << "new lengths retraced the forward";
     first = kernel;
+  }
+}
+
+// The wrappers read per query row only, so the forward keeps the schedules a per-key gather turns
+// off: the producer warpgroup and, with a score_mod, the warpgroups' turns. The library's own
+// lookups agree with the lengths.
+TEST(Varlen, ModsReadNothingPerKey) {
+  PackedSequences seqs = PackedSequences::fromLengths({5, 0, 9}, {7, 3, 9}, {.queryPositions = QueryPositions::AtEnd,
+                                                                             .space = kHost});
+  const ScoreMod score = seqs.score(alibi(dsl::capture(Tensor::fromHost(std::vector<float>{0.5f}, {1}, kHost), "s")));
+  for (const MaskMod& inner : {noop_mask(), causal_mask(), sliding_window_mask(4)}) {
+    const MaskMod m = seqs.mask(inner);
+    EXPECT_FALSE(m.gathersAlongKeys()) << inner.name();
+    EXPECT_FALSE(m.gathersPerElement()) << inner.name();
+    const BlockMask mask = seqs.blockMask(inner, 1, kBlocks);
+    EXPECT_TRUE(attention::detail::warpSpecializeWanted(score, mask)) << inner.name();
+    EXPECT_TRUE(attention::detail::pingpongWanted(score, mask)) << inner.name();
+  }
+  EXPECT_FALSE(score.gathersAlongKeys());
+  const PackedLayout layout({5, 0, 9}, {7, 3, 9}, QueryPositions::AtEnd);
+  for (int64_t q = 0; q < seqs.totalQueries(); ++q) {
+    EXPECT_EQ(seqs.sequenceOfQuery(q), layout.sequence(q)) << q;
+    EXPECT_EQ(seqs.queryPosition(q), layout.position(q)) << q;
   }
 }
 
