@@ -104,7 +104,8 @@ std::vector<InnerMask> innerMasks(std::mt19937_64& rng, int64_t sequences) {
   return {
       {"all pairs", noop_mask(), [](int64_t, int64_t, int64_t, int64_t) { return true; }},
       {"causal", causal_mask(), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; }},
-      {"window 19", sliding_window_mask(19), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < 19; }},
+      {"window 19", sliding_window_mask(19),
+       [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < 19; }},
       {"prefix 7", prefix_lm_mask(7), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < 7 || kv <= q; }},
       {"a window per sequence", ownWindow,
        [windows](int64_t s, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < windows[size_t(s)]; }},
@@ -140,7 +141,8 @@ TEST(Varlen, BlockMasksAreExactForEveryInnerMask) {
 // some reach past the keys): exact, and equal to the generic builder of a mod reading the intervals.
 TEST(Varlen, RowIntervalBlockMaskTakesRowsInAnyOrder) {
   SeededRandom rng;
-  for (auto [qLen, kvLen, BQ, BKV] : {std::tuple{100, 150, 32, 16}, std::tuple{33, 7, 16, 32}, std::tuple{128, 128, 64, 64}}) {
+  for (auto [qLen, kvLen, BQ, BKV] :
+       {std::tuple{100, 150, 32, 16}, std::tuple{33, 7, 16, 32}, std::tuple{128, 128, 64, 64}}) {
     std::vector<int32_t> lo(static_cast<size_t>(qLen)), hi(static_cast<size_t>(qLen));
     for (int64_t i = 0; i < qLen; ++i) {
       lo[size_t(i)] = int32_t(rng() % (kvLen + 10)) - 5;
@@ -156,8 +158,10 @@ TEST(Varlen, RowIntervalBlockMaskTakesRowsInAnyOrder) {
         intervals, 1, 2, qLen, kvLen,
         [&](int64_t, int64_t, int64_t i) { return std::pair<int64_t, int64_t>{lo[size_t(i)], hi[size_t(i)]}; },
         {BQ, BKV}, kHost);
-    if (!expectExact(m, [&](int64_t, int64_t, int64_t q, int64_t kv) { return kv >= lo[size_t(q)] && kv <= hi[size_t(q)]; },
-                     context))
+    auto inInterval = [&](int64_t, int64_t, int64_t q, int64_t kv) {
+      return kv >= lo[size_t(q)] && kv <= hi[size_t(q)];
+    };
+    if (!expectExact(m, inInterval, context))
       return;
     if (!expectSameLists(m, createBlockMask(intervals, 1, 2, qLen, kvLen, {BQ, BKV}, kHost), context)) return;
   }
@@ -198,7 +202,8 @@ TEST(Varlen, ForwardEqualsEachSequenceAlone) {
     const std::vector<float> o = alone.out.toHost<float>(), l = alone.lse.toHost<float>();
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_NEAR(l[size_t(h * n + i)], lse[size_t(h * total + start + i)], 1e-4) << "sequence " << s << " h " << h << " row " << i;
+        ASSERT_NEAR(l[size_t(h * n + i)], lse[size_t(h * total + start + i)], 1e-4)
+            << "sequence " << s << " h " << h << " row " << i;
         for (int64_t d = 0; d < D; ++d)
           ASSERT_NEAR(o[size_t((h * n + i) * D + d)], out[size_t(((h * total) + start + i) * D + d)], 1e-4)
               << "sequence " << s << " h " << h << " row " << i << " dim " << d;
@@ -222,7 +227,9 @@ TEST(Varlen, ForwardMatchesTheReference) {
                                                                   const Tile& kv) {
                           return s - slope * (q - kv).to(s.dtype());
                         }),
-                        [slope](double s, int64_t, int64_t, int64_t q, int64_t kv) { return s - slope * double(q - kv); }};
+                        [slope](double s, int64_t, int64_t, int64_t q, int64_t kv) {
+                          return s - slope * double(q - kv);
+                        }};
     for (const InnerMask& inner : innerMasks(rng, seqs.count())) {
       AttentionCase c{.B = 1, .Hq = 4, .Hkv = 1, .L = seqs.totalQueries(), .S = seqs.totalKeys(), .D = 32,
                       .dtype = dtypes[n++ % 3]};
@@ -241,7 +248,8 @@ TEST(Varlen, DecodeOfPackedQueries) {
   SeededRandom rng;
   for (auto [qLens, kLens] : {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{1, 1, 1, 1}, {300, 1, 0, 129}},
                               {{2, 0, 3}, {100, 60, 257}}}) {
-    PackedSequences seqs = PackedSequences::fromLengths(qLens, kLens, {.queryPositions = QueryPositions::AtEnd, .space = kHost});
+    PackedSequences seqs =
+        PackedSequences::fromLengths(qLens, kLens, {.queryPositions = QueryPositions::AtEnd, .space = kHost});
     const PackedLayout layout(qLens, kLens, QueryPositions::AtEnd);
     for (const InnerMask& inner : innerMasks(rng, seqs.count())) {
       AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = seqs.totalQueries(), .S = seqs.totalKeys(), .D = 64,
@@ -269,12 +277,14 @@ TEST(Varlen, BackwardWithATrainableSlopePerSequence) {
     std::vector<float> slope(static_cast<size_t>(S * Hq));
     for (float& x : slope) x = float(int(rng() % 200) - 100) / 2000.0f;
     CapturedTensor slopeT = dsl::capture(Tensor::fromHost(slope, {S, Hq}, kHost), "slope", {.requires_grad = true});
-    ScoreMod inner("slope_per_sequence", [slopeT](const Tile& s, const Tile& b, const Tile& h, const Tile&, const Tile& kv) {
-      return s + slopeT(b, h).to(s.dtype()) * kv.to(s.dtype());
-    });
+    ScoreMod inner("slope_per_sequence",
+                   [slopeT](const Tile& s, const Tile& b, const Tile& h, const Tile&, const Tile& kv) {
+                     return s + slopeT(b, h).to(s.dtype()) * kv.to(s.dtype());
+                   });
     for (const InnerMask& mask : innerMasks(rng, S)) {
       AttentionCase c{.B = 1, .Hq = Hq, .Hkv = 1, .L = seqs.totalQueries(), .S = seqs.totalKeys(), .D = 32,
-                      .dtype = DType::F32, .context = mask.name + (positions == QueryPositions::AtEnd ? ", at end" : "")};
+                      .dtype = DType::F32,
+                      .context = mask.name + (positions == QueryPositions::AtEnd ? ", at end" : "")};
       std::vector<std::vector<double>> expected{std::vector<double>(slope.size(), 0.0)};
       BackwardCheck check;
       check.refMask = packedMask(layout, mask.ref);
