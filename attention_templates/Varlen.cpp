@@ -169,8 +169,6 @@ ScoreMod PackedSequences::score(const ScoreMod& inner) const {
 }
 
 BlockMask PackedSequences::blockMask(const MaskMod& inner, int64_t H, BlockSizes sizes) const {
-  MaskMod wrapped = mask(inner);
-  const State& st = *state_;
   auto sameBody = [&](const MaskMod& standard) {
     if (identity(inner) == identity(standard)) return true;
     try {
@@ -179,24 +177,34 @@ BlockMask PackedSequences::blockMask(const MaskMod& inner, int64_t H, BlockSizes
       return false;  // the generic builder traces it again and reports why it cannot
     }
   };
-  const bool all = sameBody(noop_mask()), causal = !all && sameBody(causal_mask());
-  if (!all && !causal)
-    return createBlockMask(wrapped, 1, H, totalQueries(), totalKeys(), sizes, {st.space, st.options.stream});
-  // Each row's keys are one interval of its sequence's: all of them, or those up to its position.
-  const auto rows = size_t(totalQueries());
-  std::vector<int64_t> keyStart(rows), keyLast(rows);
+  if (sameBody(noop_mask()))
+    return blockMask(inner, [](int64_t, int64_t, int64_t, int64_t keys) { return std::pair{int64_t(0), keys - 1}; }, H,
+                     sizes);
+  if (sameBody(causal_mask()))
+    return blockMask(inner, [](int64_t, int64_t, int64_t position, int64_t) { return std::pair{int64_t(0), position}; },
+                     H, sizes);
+  const State& st = *state_;
+  return createBlockMask(mask(inner), 1, H, totalQueries(), totalKeys(), sizes, {st.space, st.options.stream});
+}
+
+BlockMask PackedSequences::blockMask(const MaskMod& inner, const SequenceRowKeys& innerKeys, int64_t H,
+                                     BlockSizes sizes) const {
+  if (!innerKeys) throw Error("PackedSequences::blockMask: the inner row interval function is empty");
+  MaskMod wrapped = mask(inner);
+  const State& st = *state_;
+  // Row i of sequence s allows the packed keys k0 + [lo, hi], clipped to the sequence's [k0, k1).
+  std::vector<int64_t> sequence(static_cast<size_t>(totalQueries()));
   for (size_t s = 0; s + 1 < st.queryStarts.size(); ++s)
-    for (int64_t i = st.queryStarts[s]; i < st.queryStarts[s + 1]; ++i) {
-      const int64_t k0 = st.keyStarts[s], k1 = st.keyStarts[s + 1];
-      keyStart[size_t(i)] = k0;
-      keyLast[size_t(i)] = all ? k1 - 1
-                               : std::min(k1 - 1, k0 + positionIn(queryPositions(), i, st.queryStarts[s],
-                                                                  st.queryStarts[s + 1], k0, k1));
-    }
+    for (int64_t i = st.queryStarts[s]; i < st.queryStarts[s + 1]; ++i) sequence[size_t(i)] = int64_t(s);
   return rowIntervalBlockMask(
       wrapped, 1, H, totalQueries(), totalKeys(),
-      [&](int64_t, int64_t, int64_t i) { return std::pair{keyStart[size_t(i)], keyLast[size_t(i)]}; }, sizes,
-      {st.space, st.options.stream});
+      [&](int64_t, int64_t h, int64_t i) {
+        const auto s = size_t(sequence[size_t(i)]);
+        const int64_t q0 = st.queryStarts[s], q1 = st.queryStarts[s + 1], k0 = st.keyStarts[s], k1 = st.keyStarts[s + 1];
+        auto [lo, hi] = innerKeys(int64_t(s), h, positionIn(queryPositions(), i, q0, q1, k0, k1), k1 - k0);
+        return std::pair{k0 + std::max<int64_t>(lo, 0), k0 + std::min<int64_t>(hi, k1 - k0 - 1)};
+      },
+      sizes, {st.space, st.options.stream});
 }
 
 }  // namespace flextile::attention

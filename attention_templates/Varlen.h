@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,13 @@ class PackedSequences {
   // (rowIntervalBlockMask: no kernel, no plane scan); any other mod is evaluated on the whole packed
   // plane (createBlockMask), whose cost grows with totalQueries * totalKeys like any generic mask.
   BlockMask blockMask(const MaskMod& inner = noop_mask(), int64_t H = 1, BlockSizes sizes = {}) const;
+  // The same from the inner mask's own key interval per row, at the sequence's positions:
+  // innerKeys(sequence, h, query position, the sequence's key count) -> [lo, hi] (lo > hi: none),
+  // which must be exactly the keys `inner` allows. A window of W, say: {pos - W + 1, pos}. No
+  // kernel and no plane scan, for any inner mask whose rows are intervals.
+  using SequenceRowKeys = std::function<std::pair<int64_t, int64_t>(int64_t sequence, int64_t h, int64_t position,
+                                                                    int64_t keys)>;
+  BlockMask blockMask(const MaskMod& inner, const SequenceRowKeys& innerKeys, int64_t H = 1, BlockSizes sizes = {}) const;
 
  private:
   struct State {

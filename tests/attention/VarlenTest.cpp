@@ -5,6 +5,7 @@
 // retrace, and the errors. rowIntervalBlockMask on its own, with rows in no order.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <numeric>
 
@@ -48,6 +49,7 @@ struct InnerMask {
   std::string name;
   MaskMod mod;
   RefMask ref;  // (sequence, h, q position, kv position)
+  PackedSequences::SequenceRowKeys keys = nullptr;  // its row's keys as one interval
 };
 struct InnerScore {
   std::string name;
@@ -101,21 +103,30 @@ std::vector<InnerMask> innerMasks(std::mt19937_64& rng, int64_t sequences) {
   MaskMod ownWindow("own_window", [perSequence](const Tile& b, const Tile&, const Tile& q, const Tile& kv) {
     return (kv <= q) & (q - kv < perSequence(b));
   });
+  auto upTo = [](int64_t window) {  // the keys of a window ending at the query
+    return [window](int64_t, int64_t, int64_t pos, int64_t) { return std::pair{pos - window + 1, pos}; };
+  };
   return {
-      {"all pairs", noop_mask(), [](int64_t, int64_t, int64_t, int64_t) { return true; }},
-      {"causal", causal_mask(), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; }},
+      {"all pairs", noop_mask(), [](int64_t, int64_t, int64_t, int64_t) { return true; },
+       [](int64_t, int64_t, int64_t, int64_t keys) { return std::pair{int64_t(0), keys - 1}; }},
+      {"causal", causal_mask(), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; }, upTo(INT32_MAX)},
       {"window 19", sliding_window_mask(19),
-       [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < 19; }},
-      {"prefix 7", prefix_lm_mask(7), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < 7 || kv <= q; }},
+       [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < 19; }, upTo(19)},
+      {"prefix 7", prefix_lm_mask(7), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < 7 || kv <= q; },
+       [](int64_t, int64_t, int64_t pos, int64_t) { return std::pair{int64_t(0), std::max<int64_t>(6, pos)}; }},
       {"a window per sequence", ownWindow,
-       [windows](int64_t s, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < windows[size_t(s)]; }},
+       [windows](int64_t s, int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < windows[size_t(s)]; },
+       [windows](int64_t s, int64_t, int64_t pos, int64_t) {
+         return std::pair{pos - windows[size_t(s)] + 1, pos};
+       }},
   };
 }
 
 }  // namespace
 
 // Every inner mask, both query placements, random lengths with empty sequences: the lists are exact
-// against the packed definition, and the structural ones equal the generic builder's.
+// against the packed definition, and the structural ones (the standard two, and every inner mask
+// from its row intervals) equal the generic builder's.
 TEST(Varlen, BlockMasksAreExactForEveryInnerMask) {
   SeededRandom rng;
   for (QueryPositions positions : {QueryPositions::FromStart, QueryPositions::AtEnd})
@@ -133,6 +144,8 @@ TEST(Varlen, BlockMasksAreExactForEveryInnerMask) {
         BlockMask generic = createBlockMask(seqs.mask(inner.mod), 1, 1, seqs.totalQueries(), seqs.totalKeys(), kBlocks,
                                             kHost);
         if (!expectSameLists(m, generic, context)) return;
+        if (!expectSameLists(seqs.blockMask(inner.mod, inner.keys, 1, kBlocks), generic, context + ", intervals"))
+          return;
       }
     }
 }
