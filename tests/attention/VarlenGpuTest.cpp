@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "FlexAttentionBackwardCheck.h"
+#include "VarlenCheck.h"
 #include "gpu/GpuTest.h"
 #include "attention_templates/Varlen.h"
 
@@ -18,36 +19,11 @@ using dsl::Tile;
 namespace {
 constexpr MemorySpace kDevice = MemorySpace::Device;
 
-// The packed definition from the lengths: the key is in the query's sequence and, at the
-// sequence's own positions (queries at the end of their keys), kv <= q, plus the score's distance.
-struct Packed {
-  std::vector<int64_t> qStarts{0}, kStarts{0};
-  Packed(const std::vector<int64_t>& qLens, const std::vector<int64_t>& kLens) {
-    for (size_t s = 0; s < qLens.size(); ++s) {
-      qStarts.push_back(qStarts.back() + qLens[s]);
-      kStarts.push_back(kStarts.back() + kLens[s]);
-    }
-  }
-  // (sequence, position of q, position of kv in the sequence)
-  std::tuple<size_t, int64_t, int64_t> at(int64_t q, int64_t kv) const {
-    size_t s = 0;
-    while (qStarts[s + 1] <= q) ++s;
-    const int64_t shift = (kStarts[s + 1] - kStarts[s]) - (qStarts[s + 1] - qStarts[s]);
-    return {s, q - qStarts[s] + shift, kv - kStarts[s]};
-  }
-  RefMaskFn causal() const {
-    return [p = *this](int64_t, int64_t, int64_t q, int64_t kv) {
-      auto [s, i, j] = p.at(q, kv);
-      return j >= 0 && kv < p.kStarts[s + 1] && j <= i;
-    };
-  }
-  RefScoreFn distance(double slope) const {
-    return [p = *this, slope](double score, int64_t, int64_t, int64_t q, int64_t kv) {
-      auto [s, i, j] = p.at(q, kv);
-      return score - slope * double(i - j);
-    };
-  }
-};
+// At the sequence's own positions: kv <= q, and the score less 0.01 a position of distance.
+const RefMaskFn kCausal = [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; };
+RefScoreFn distance(double slope) {
+  return [slope](double score, int64_t, int64_t, int64_t q, int64_t kv) { return score - slope * double(q - kv); };
+}
 
 ScoreMod distanceScore(double slope) {
   return ScoreMod("distance", [slope](const Tile& s, const Tile&, const Tile&, const Tile& q, const Tile& kv) {
@@ -67,11 +43,11 @@ TEST(VarlenGpu, PrefillAndDecodeWithTheDefaultKernels) {
                                  std::tuple{std::vector<int64_t>{1, 1, 0, 1, 2, 1}, DType::BF16, int64_t(128)}}) {
     PackedSequences seqs =
         PackedSequences::fromLengths(qLens, kLens, {.queryPositions = QueryPositions::AtEnd, .space = kDevice});
-    const Packed p(qLens, kLens);
+    const PackedLayout p(qLens, kLens, QueryPositions::AtEnd);
     AttentionCase c{.B = 1, .Hq = 8, .Hkv = 2, .L = seqs.totalQueries(), .S = seqs.totalKeys(), .D = D, .dtype = dtype,
                     .context = "queries " + std::to_string(seqs.totalQueries())};
     if (!checkFlexAttention(rng, c, kDevice, seqs.score(distanceScore(0.01)), seqs.blockMask(causal_mask()),
-                            p.distance(0.01), p.causal(), {.return_lse = true}))
+                            packedScore(p, distance(0.01)), packedMask(p, kCausal), {.return_lse = true}))
       return;
   }
 }
@@ -82,11 +58,11 @@ TEST(VarlenGpu, BackwardWithTheDefaultKernels) {
   const std::vector<int64_t> qLens = {300, 37, 0, 700, 129}, kLens = {300, 50, 9, 700, 200};
   PackedSequences seqs = PackedSequences::fromLengths(qLens, kLens, {.queryPositions = QueryPositions::AtEnd,
                                                                      .space = kDevice});
-  const Packed p(qLens, kLens);
+  const PackedLayout p(qLens, kLens, QueryPositions::AtEnd);
   AttentionCase c{.B = 1, .Hq = 4, .Hkv = 2, .L = seqs.totalQueries(), .S = seqs.totalKeys(), .D = 128,
                   .dtype = DType::BF16, .context = "varlen backward"};
   BackwardCheck check;
-  check.refMask = p.causal();
-  check.refScore = p.distance(0.01);
+  check.refMask = packedMask(p, kCausal);
+  check.refScore = packedScore(p, distance(0.01));
   if (!checkBackward(rng, c, kDevice, seqs.score(distanceScore(0.01)), seqs.blockMask(causal_mask()), check)) return;
 }

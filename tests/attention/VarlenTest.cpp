@@ -11,6 +11,7 @@
 
 #include "FlexAttentionBackwardCheck.h"
 #include "MaskTestUtil.h"
+#include "VarlenCheck.h"
 #include "gpu/GpuTest.h"
 #include "attention_templates/FlexAttentionCommon.h"
 #include "attention_templates/Varlen.h"
@@ -56,43 +57,6 @@ struct InnerScore {
   ScoreMod mod;
   RefScoreFn ref;
 };
-
-// The packed definition: key kv belongs to query q's sequence, and the inner mod allows the pair at
-// the sequence's positions, computed here from the lengths (not by the library).
-struct PackedLayout {
-  std::vector<int64_t> qStarts, kStarts;
-  bool atEnd = false;
-  PackedLayout(const std::vector<int64_t>& qLens, const std::vector<int64_t>& kLens, QueryPositions positions)
-      : qStarts{0}, kStarts{0}, atEnd(positions == QueryPositions::AtEnd) {
-    for (size_t s = 0; s < qLens.size(); ++s) {
-      qStarts.push_back(qStarts.back() + qLens[s]);
-      kStarts.push_back(kStarts.back() + (kLens.empty() ? qLens : kLens)[s]);
-    }
-  }
-  int64_t sequence(int64_t q) const {
-    int64_t s = 0;
-    while (qStarts[size_t(s) + 1] <= q) ++s;
-    return s;
-  }
-  int64_t position(int64_t q) const {
-    const auto s = size_t(sequence(q));
-    const int64_t qLen = qStarts[s + 1] - qStarts[s], kLen = kStarts[s + 1] - kStarts[s];
-    return q - qStarts[s] + (atEnd ? kLen - qLen : 0);
-  }
-};
-
-RefMask packedMask(const PackedLayout& p, RefMask inner) {
-  return [p, inner](int64_t, int64_t h, int64_t q, int64_t kv) {
-    const int64_t s = p.sequence(q), k0 = p.kStarts[size_t(s)];
-    return kv >= k0 && kv < p.kStarts[size_t(s) + 1] && inner(s, h, p.position(q), kv - k0);
-  };
-}
-RefScoreFn packedScore(const PackedLayout& p, RefScoreFn inner) {
-  return [p, inner](double score, int64_t, int64_t h, int64_t q, int64_t kv) {
-    const int64_t s = p.sequence(q);
-    return inner(score, s, h, p.position(q), kv - p.kStarts[size_t(s)]);
-  };
-}
 
 // Inner masks: the two the structural builder knows, a window, a prefix, and one that reads a
 // captured tensor by sequence (a window of each sequence's own).
