@@ -66,7 +66,9 @@ class PackedSequences {
   // New lengths (or starts) for this object and its copies: the tables that every mod made from it
   // reads are rebound, so kernels traced for those mods are found again (no retrace, no compile) —
   // what a training or serving loop whose batch changes every step wants. Masks built before read
-  // the new tables with their old lists: build the step's BlockMask after assigning.
+  // the new tables with their old lists: build the step's BlockMask after assigning. Not while
+  // another thread uses this object or its copies (a call still in flight on a stream is fine:
+  // freeing the old tables waits for it, as cuMemFree does).
   void assignLengths(const std::vector<int64_t>& queryLengths, const std::vector<int64_t>& keyLengths = {});
   void assignStarts(const std::vector<int64_t>& queryStarts, const std::vector<int64_t>& keyStarts = {});
 
