@@ -50,6 +50,16 @@ int64_t positionIn(QueryPositions positions, int64_t i, int64_t q0, int64_t q1, 
 template <class Mod>
 const void* identity(const Mod& m) { return &m.state(); }
 
+// Whether `inner` is `standard` or a mod of the same body (a user's own causal mask, say).
+bool sameBody(const MaskMod& inner, const MaskMod& standard) {
+  if (identity(inner) == identity(standard)) return true;
+  try {
+    return inner.structuralHash() == standard.structuralHash();
+  } catch (const Error&) {
+    return false;  // whoever traces it next reports why it cannot be
+  }
+}
+
 }  // namespace
 
 PackedSequences PackedSequences::fromLengths(const std::vector<int64_t>& queryLengths,
@@ -88,7 +98,7 @@ void PackedSequences::assignStarts(const std::vector<int64_t>& queryStarts, cons
   State& st = *state_;
   const int64_t total = queryStarts.back();
   const auto rows = size_t(total);
-  std::vector<int32_t> sequence(rows), position(rows), keyStart(rows), keyEnd(rows);
+  std::vector<int32_t> sequence(rows), position(rows), keyStart(rows), keyEnd(rows), causalLast(rows);
   for (size_t s = 0; s + 1 < queryStarts.size(); ++s)
     for (int64_t i = queryStarts[s]; i < queryStarts[s + 1]; ++i) {
       sequence[size_t(i)] = int32_t(s);
@@ -96,6 +106,7 @@ void PackedSequences::assignStarts(const std::vector<int64_t>& queryStarts, cons
                                                keyStarts[s], keyStarts[s + 1]));
       keyStart[size_t(i)] = int32_t(keyStarts[s]);
       keyEnd[size_t(i)] = int32_t(keyStarts[s + 1]);
+      causalLast[size_t(i)] = int32_t(std::min<int64_t>(keyStarts[s + 1] - 1, keyStarts[s] + position[size_t(i)]));
     }
   auto bind = [&](CapturedTensor& c, const std::vector<int32_t>& values, const char* name) {
     Tensor t = Tensor::fromHost(values, {total}, st.space, st.options.stream);
@@ -107,6 +118,7 @@ void PackedSequences::assignStarts(const std::vector<int64_t>& queryStarts, cons
   bind(st.rowPosition, position, "varlen_position");
   bind(st.rowKeyStart, keyStart, "varlen_key_start");
   bind(st.rowKeyEnd, keyEnd, "varlen_key_end");
+  bind(st.rowCausalLast, causalLast, "varlen_causal_last");
   // Later calls on any stream read the tables.
   if (st.options.stream && st.space == MemorySpace::Device) st.options.stream->synchronize();
   st.queryStarts = queryStarts;
@@ -133,9 +145,28 @@ MaskMod PackedSequences::mask(const MaskMod& inner) const {
   std::lock_guard lock(st.mutex);
   auto it = st.masks.find(identity(inner));
   if (it != st.masks.end()) return it->second.second;
+  // The standard two are each row's interval of keys: two compares against per-row bounds, with
+  // no key position to form (for the causal mask a subtract and a compare fewer per score).
+  MaskMod wrapper;
+  if (sameBody(inner, noop_mask())) {
+    wrapper = MaskMod("varlen(noop)", [ks = st.rowKeyStart, ke = st.rowKeyEnd](const Tile&, const Tile&, const Tile& q,
+                                                                                const Tile& kv) {
+      return (kv >= ks(q)) & (kv < ke(q));
+    }, {st.rowKeyStart, st.rowKeyEnd});
+    st.masks.emplace(identity(inner), std::pair{inner, wrapper});
+    return wrapper;
+  }
+  if (sameBody(inner, causal_mask())) {
+    wrapper = MaskMod("varlen(causal)", [ks = st.rowKeyStart, last = st.rowCausalLast](
+                                            const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+      return (kv >= ks(q)) & (kv <= last(q));
+    }, {st.rowKeyStart, st.rowCausalLast});
+    st.masks.emplace(identity(inner), std::pair{inner, wrapper});
+    return wrapper;
+  }
   std::vector<CapturedTensor> captures{st.rowSequence, st.rowPosition, st.rowKeyStart, st.rowKeyEnd};
   for (const CapturedTensor& c : inner.captures()) captures.push_back(c);
-  MaskMod wrapper(
+  wrapper = MaskMod(
       "varlen(" + inner.name() + ")",
       [inner, seq = st.rowSequence, pos = st.rowPosition, ks = st.rowKeyStart, ke = st.rowKeyEnd](
           const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
@@ -169,18 +200,10 @@ ScoreMod PackedSequences::score(const ScoreMod& inner) const {
 }
 
 BlockMask PackedSequences::blockMask(const MaskMod& inner, int64_t H, BlockSizes sizes) const {
-  auto sameBody = [&](const MaskMod& standard) {
-    if (identity(inner) == identity(standard)) return true;
-    try {
-      return inner.structuralHash() == standard.structuralHash();
-    } catch (const Error&) {
-      return false;  // the generic builder traces it again and reports why it cannot
-    }
-  };
-  if (sameBody(noop_mask()))
+  if (sameBody(inner, noop_mask()))
     return blockMask(inner, [](int64_t, int64_t, int64_t, int64_t keys) { return std::pair{int64_t(0), keys - 1}; }, H,
                      sizes);
-  if (sameBody(causal_mask()))
+  if (sameBody(inner, causal_mask()))
     return blockMask(inner, [](int64_t, int64_t, int64_t position, int64_t) { return std::pair{int64_t(0), position}; },
                      H, sizes);
   const State& st = *state_;

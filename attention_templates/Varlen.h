@@ -107,8 +107,9 @@ class PackedSequences {
     std::vector<int64_t> queryStarts, keyStarts;
     PackedSequencesOptions options;
     dsl::MemorySpace space = dsl::MemorySpace::Host;
-    // Per packed query: its sequence, its position there, its sequence's keys [keyStart, keyEnd).
-    CapturedTensor rowSequence, rowPosition, rowKeyStart, rowKeyEnd;
+    // Per packed query: its sequence, its position there, its sequence's keys [keyStart, keyEnd),
+    // and the last key a causal row sees (keyStart + position, within the sequence's keys).
+    CapturedTensor rowSequence, rowPosition, rowKeyStart, rowKeyEnd, rowCausalLast;
     // The wrappers made so far, by the inner mod's state, so a mod keeps its kernels.
     std::mutex mutex;
     std::map<const void*, std::pair<MaskMod, MaskMod>> masks;     // inner, wrapper
