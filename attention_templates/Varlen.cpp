@@ -147,35 +147,31 @@ MaskMod PackedSequences::mask(const MaskMod& inner) const {
   if (it != st.masks.end()) return it->second.second;
   // The standard two are each row's interval of keys: two compares against per-row bounds, with
   // no key position to form (for the causal mask a subtract and a compare fewer per score).
-  MaskMod wrapper;
-  if (sameBody(inner, noop_mask())) {
-    wrapper = MaskMod("varlen(noop)", [ks = st.rowKeyStart, ke = st.rowKeyEnd](const Tile&, const Tile&, const Tile& q,
-                                                                                const Tile& kv) {
-      return (kv >= ks(q)) & (kv < ke(q));
-    }, {st.rowKeyStart, st.rowKeyEnd});
-    st.masks.emplace(identity(inner), std::pair{inner, wrapper});
-    return wrapper;
-  }
-  if (sameBody(inner, causal_mask())) {
-    wrapper = MaskMod("varlen(causal)", [ks = st.rowKeyStart, last = st.rowCausalLast](
-                                            const Tile&, const Tile&, const Tile& q, const Tile& kv) {
-      return (kv >= ks(q)) & (kv <= last(q));
-    }, {st.rowKeyStart, st.rowCausalLast});
-    st.masks.emplace(identity(inner), std::pair{inner, wrapper});
-    return wrapper;
-  }
-  std::vector<CapturedTensor> captures{st.rowSequence, st.rowPosition, st.rowKeyStart, st.rowKeyEnd};
-  for (const CapturedTensor& c : inner.captures()) captures.push_back(c);
-  wrapper = MaskMod(
-      "varlen(" + inner.name() + ")",
-      [inner, seq = st.rowSequence, pos = st.rowPosition, ks = st.rowKeyStart, ke = st.rowKeyEnd](
-          const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
-        // Only the query row's tables are read: a key belongs to the row's sequence when it lies in
-        // the row's key range, so nothing is gathered per key.
-        Tile start = ks(q);
-        return (kv >= start) & (kv < ke(q)) & inner(seq(q), h, pos(q), kv - start);
-      },
-      captures);
+  auto make = [&]() -> MaskMod {
+    if (sameBody(inner, noop_mask()))
+      return MaskMod("varlen(noop)", [ks = st.rowKeyStart, ke = st.rowKeyEnd](const Tile&, const Tile&, const Tile& q,
+                                                                               const Tile& kv) {
+        return (kv >= ks(q)) & (kv < ke(q));
+      }, {st.rowKeyStart, st.rowKeyEnd});
+    if (sameBody(inner, causal_mask()))
+      return MaskMod("varlen(causal)", [ks = st.rowKeyStart, last = st.rowCausalLast](
+                                           const Tile&, const Tile&, const Tile& q, const Tile& kv) {
+        return (kv >= ks(q)) & (kv <= last(q));
+      }, {st.rowKeyStart, st.rowCausalLast});
+    std::vector<CapturedTensor> captures{st.rowSequence, st.rowPosition, st.rowKeyStart, st.rowKeyEnd};
+    for (const CapturedTensor& c : inner.captures()) captures.push_back(c);
+    return MaskMod(
+        "varlen(" + inner.name() + ")",
+        [inner, seq = st.rowSequence, pos = st.rowPosition, ks = st.rowKeyStart, ke = st.rowKeyEnd](
+            const Tile&, const Tile& h, const Tile& q, const Tile& kv) {
+          // Only the query row's tables are read: a key belongs to the row's sequence when it lies
+          // in the row's key range, so nothing is gathered per key.
+          Tile start = ks(q);
+          return (kv >= start) & (kv < ke(q)) & inner(seq(q), h, pos(q), kv - start);
+        },
+        captures);
+  };
+  MaskMod wrapper = make();
   st.masks.emplace(identity(inner), std::pair{inner, wrapper});
   return wrapper;
 }
@@ -223,7 +219,8 @@ BlockMask PackedSequences::blockMask(const MaskMod& inner, const SequenceRowKeys
       wrapped, 1, H, totalQueries(), totalKeys(),
       [&](int64_t, int64_t h, int64_t i) {
         const auto s = size_t(sequence[size_t(i)]);
-        const int64_t q0 = st.queryStarts[s], q1 = st.queryStarts[s + 1], k0 = st.keyStarts[s], k1 = st.keyStarts[s + 1];
+        const int64_t q0 = st.queryStarts[s], q1 = st.queryStarts[s + 1];
+        const int64_t k0 = st.keyStarts[s], k1 = st.keyStarts[s + 1];
         auto [lo, hi] = innerKeys(int64_t(s), h, positionIn(queryPositions(), i, q0, q1, k0, k1), k1 - k0);
         return std::pair{k0 + std::max<int64_t>(lo, 0), k0 + std::min<int64_t>(hi, k1 - k0 - 1)};
       },

@@ -101,7 +101,8 @@ class PackedSequences {
   // kernel and no plane scan, for any inner mask whose rows are intervals.
   using SequenceRowKeys = std::function<std::pair<int64_t, int64_t>(int64_t sequence, int64_t h, int64_t position,
                                                                     int64_t keys)>;
-  BlockMask blockMask(const MaskMod& inner, const SequenceRowKeys& innerKeys, int64_t H = 1, BlockSizes sizes = {}) const;
+  BlockMask blockMask(const MaskMod& inner, const SequenceRowKeys& innerKeys, int64_t H = 1,
+                      BlockSizes sizes = {}) const;
 
  private:
   struct State {

@@ -16,7 +16,8 @@ namespace flextile::testing {
 struct PackedLayout {
   std::vector<int64_t> qStarts, kStarts;
   bool atEnd = false;
-  PackedLayout(const std::vector<int64_t>& qLens, const std::vector<int64_t>& kLens, attention::QueryPositions positions)
+  PackedLayout(const std::vector<int64_t>& qLens, const std::vector<int64_t>& kLens,
+               attention::QueryPositions positions)
       : qStarts{0}, kStarts{0}, atEnd(positions == attention::QueryPositions::AtEnd) {
     for (size_t s = 0; s < qLens.size(); ++s) {
       qStarts.push_back(qStarts.back() + qLens[s]);
