@@ -299,7 +299,9 @@ TEST(Varlen, NewLengthsKeepTheKernels) {
                                    packedMask(layout, causal.ref), {.config = kFwdSmall}));
     const dsl::Kernel* kernel = forwardKernel(seqs.mask(causal_mask()), noop_score(), DType::BF16);
     ASSERT_NE(kernel, nullptr);
-    if (first) EXPECT_EQ(kernel, first) << "new lengths retraced the forward";
+    if (first) {
+      EXPECT_EQ(kernel, first) << "new lengths retraced the forward";
+    }
     first = kernel;
   }
 }
