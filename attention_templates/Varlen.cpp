@@ -9,6 +9,7 @@
 
 namespace flextile::attention {
 
+using dsl::DType;
 using dsl::MemorySpace;
 using dsl::Tensor;
 
@@ -79,6 +80,21 @@ PackedSequences PackedSequences::fromStarts(const std::vector<int64_t>& querySta
   PackedSequences seqs(std::move(state));
   seqs.assignStarts(queryStarts, keyStarts);
   return seqs;
+}
+
+PackedSequences PackedSequences::fromStarts(const Tensor& queryStarts, const Tensor& keyStarts,
+                                            const PackedSequencesOptions& options) {
+  auto read = [&](const Tensor& t, const char* which) {
+    if (t.rank() != 1 || (t.dtype() != DType::I32 && t.dtype() != DType::I64))
+      throw Error(std::string("PackedSequences::fromStarts: the ") + which +
+                  " starts must be an i32 or i64 tensor [S + 1] (cu_seqlens), got " + t.describe());
+    if (t.dtype() == DType::I64) return t.toHost<int64_t>(options.stream);
+    const std::vector<int32_t> v = t.toHost<int32_t>(options.stream);
+    return std::vector<int64_t>(v.begin(), v.end());
+  };
+  if (!queryStarts.defined()) throw Error("PackedSequences::fromStarts: the query starts tensor is empty");
+  return fromStarts(read(queryStarts, "query"), keyStarts.defined() ? read(keyStarts, "key") : std::vector<int64_t>{},
+                    options);
 }
 
 void PackedSequences::assignLengths(const std::vector<int64_t>& queryLengths, const std::vector<int64_t>& keyLengths) {

@@ -63,6 +63,10 @@ class PackedSequences {
   // there are sequences; keyStarts empty: the same as queryStarts.
   static PackedSequences fromStarts(const std::vector<int64_t>& queryStarts, const std::vector<int64_t>& keyStarts = {},
                                     const PackedSequencesOptions& options = {});
+  // The same from cu_seqlens tensors another framework holds (i32 or i64 [S + 1], either space;
+  // keyStarts undefined: the same as queryStarts), read back once on options.stream.
+  static PackedSequences fromStarts(const dsl::Tensor& queryStarts, const dsl::Tensor& keyStarts = {},
+                                    const PackedSequencesOptions& options = {});
 
   // New lengths (or starts) for this object and its copies: the tables that every mod made from it
   // reads are rebound, so kernels traced for those mods are found again (no retrace, no compile) —

@@ -329,6 +329,22 @@ TEST(Varlen, ModsReadNothingPerKey) {
   }
 }
 
+// cu_seqlens as another framework's tensors (i32 or i64): the same sequences as from vectors.
+TEST(Varlen, StartsFromTensors) {
+  const std::vector<int64_t> q = {0, 3, 3, 10}, k = {0, 4, 9, 12};
+  const Tensor q32 = Tensor::fromHost(std::vector<int32_t>(q.begin(), q.end()), {4}, kHost);
+  const Tensor k64 = Tensor::fromHost(k, {4}, kHost);
+  for (const PackedSequences& seqs : {PackedSequences::fromStarts(q32, k64, {.space = kHost}),
+                                      PackedSequences::fromStarts(q32, Tensor(), {.space = kHost})}) {
+    EXPECT_EQ(seqs.queryStarts(), q);
+    EXPECT_EQ(seqs.count(), 3);
+  }
+  EXPECT_EQ(PackedSequences::fromStarts(q32, k64, {.space = kHost}).keyStarts(), k);
+  expectError([&] { (void)PackedSequences::fromStarts(Tensor::fromHost(std::vector<float>{0, 1}, {2}, kHost)); },
+              {"i32 or i64 tensor [S + 1]", "f32"});
+  expectError([&] { (void)PackedSequences::fromStarts(Tensor()); }, {"query starts tensor is empty"});
+}
+
 TEST(Varlen, BadSequencesAreNamed) {
   auto packed = [](std::vector<int64_t> q, std::vector<int64_t> k) {
     return [q, k] { (void)PackedSequences::fromLengths(q, k, {.space = kHost}); };
