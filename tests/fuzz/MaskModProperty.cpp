@@ -11,9 +11,11 @@
 
 #include "AttentionComparison.h"
 #include "BlockMaskExactness.h"
+#include "VarlenCheck.h"
 #include "attention_templates/BlockMask.h"
 #include "attention_templates/FlexAttention.h"
 #include "attention_templates/Reference.h"
+#include "attention_templates/Varlen.h"
 #include "dsl/Capture.h"
 
 namespace flextile::fuzz {
@@ -235,7 +237,11 @@ int64_t length(Choices& c) {
 
 MaskModOutcome checkMaskMod(Choices& c) {
   MaskModOutcome out;
-  const int64_t B = 1 + c.below(2), Hq = 1 + c.below(4);
+  // A quarter of the cases pack sequences into one row (attention_templates/Varlen.h): the random
+  // mask is then the inner mask of each sequence, at its own positions, and b is the sequence.
+  const bool packed = c.percent(25);
+  const int64_t B = packed ? 1 : 1 + c.below(2);
+  const int64_t Hq = 1 + c.below(4);
   std::vector<int64_t> divisors;
   for (int64_t d = 1; d <= Hq; ++d)
     if (Hq % d == 0) divisors.push_back(d);
@@ -243,12 +249,41 @@ MaskModOutcome checkMaskMod(Choices& c) {
   const int64_t Q = length(c), KV = length(c);
   const attention::BlockSizes sizes{c.of({int64_t(16), int64_t(32), int64_t(64), int64_t(128)}),
                                     c.of({int64_t(16), int64_t(32), int64_t(64), int64_t(128)})};
-  const int64_t mB = c.percent(50) ? B : 1, mH = c.percent(50) ? Hq : 1;
+  const int64_t mB = c.percent(50) ? B : 1;
+  const int64_t mH = c.percent(50) ? Hq : 1;
   const int64_t D = c.of({int64_t(16), int64_t(32)});
   const dsl::DType dtype = c.of({dsl::DType::F32, dsl::DType::BF16, dsl::DType::F16});
 
   MaskModGenerator gen(c, mB, mH, Q, KV);
   Piece mask = gen.tree(0);
+  // Packed: the lengths cut into 1 to 4 sequences (empty ones too); the queries at the end of their
+  // keys only where no sequence has more queries than keys (the pieces' tables take no negative
+  // position).
+  std::optional<attention::PackedSequences> seqs;
+  if (packed) {
+    const int S = 1 + c.below(4);
+    auto cut = [&](int64_t total) {
+      std::vector<int64_t> ends;
+      for (int s = 0; s + 1 < S; ++s) ends.push_back(c.below(int(total) + 1));
+      ends.push_back(total);
+      std::sort(ends.begin(), ends.end());
+      std::vector<int64_t> lengths;
+      for (size_t s = 0; s < ends.size(); ++s) lengths.push_back(ends[s] - (s == 0 ? 0 : ends[s - 1]));
+      return lengths;
+    };
+    const std::vector<int64_t> qLens = cut(Q);
+    const std::vector<int64_t> kLens = cut(KV);
+    bool keysCover = true;
+    for (int s = 0; s < S; ++s) keysCover = keysCover && kLens[size_t(s)] >= qLens[size_t(s)];
+    const bool atEnd = keysCover && c.percent(50);
+    const auto positions = atEnd ? attention::QueryPositions::AtEnd : attention::QueryPositions::FromStart;
+    seqs = attention::PackedSequences::fromLengths(qLens, kLens, {.queryPositions = positions,
+                                                                  .space = dsl::MemorySpace::Host});
+    const testing::PackedLayout layout(qLens, kLens, positions);
+    mask.ref = testing::packedMask(layout, mask.ref);
+    out.packed = true;
+    mask.name = "packed " + std::to_string(S) + (atEnd ? " at end" : "") + " { " + mask.name + " }";
+  }
   out.description = mask.name + ": B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
                     " Q_LEN=" + std::to_string(Q) + " KV_LEN=" + std::to_string(KV) + " D=" + std::to_string(D) + " " +
                     std::string(ir::dtypeName(dtype)) + ", mask B=" + std::to_string(mB) + " H=" + std::to_string(mH) +
@@ -256,7 +291,11 @@ MaskModOutcome checkMaskMod(Choices& c) {
 
   std::optional<attention::BlockMask> blockMask;
   try {
-    blockMask = attention::createBlockMask(mask.mod, mB, mH, Q, KV, sizes, dsl::MemorySpace::Host);
+    // Packed: the structural lists where the inner mask is a standard one, else the generic
+    // builder of the wrapped mod; or, at random, the generic builder of the wrapped mod always.
+    if (seqs && c.percent(50)) blockMask = seqs->blockMask(mask.mod, mH, sizes);
+    else blockMask = attention::createBlockMask(seqs ? seqs->mask(mask.mod) : mask.mod, mB, mH, Q, KV, sizes,
+                                                dsl::MemorySpace::Host);
   } catch (const std::exception& e) {
     out.broken = "createBlockMask fails: " + std::string(e.what());
     return out;

@@ -9,7 +9,12 @@
 // stripes, a rectangle, a shifted diagonal, noop_mask and the empty or_masks. Shapes are random:
 // lengths 1..160 (rarely block multiples), blocks 16..128 a side, B 1..2 and Hq 1..4 with GQA
 // (Hkv any divisor of Hq), the mask's B and H either the inputs' or 1 (broadcast; pieces that read
-// b or h appear only where the mask has that dimension).
+// b or h appear only where the mask has that dimension). In a quarter of the cases the inputs are
+// one row of 1 to 4 packed sequences (PackedSequences, attention_templates/Varlen.h; empty ones
+// too, the queries at the end of their keys where no sequence has more queries than keys): the
+// random mask is then each sequence's inner mask at its own positions, the reference the packed
+// definition (tests/attention/VarlenCheck.h), and the BlockMask the structural one or the generic
+// builder's of the wrapped mod.
 //
 //   * createBlockMask on the host is exact against the reference (BlockMaskExactness.h): no block
 //     with an allowed pair is empty, no block with a forbidden in-range pair is full, full blocks
@@ -35,6 +40,7 @@ struct MaskModOutcome {
   std::string broken;       // empty: the property holds; else what broke
   std::string description;  // the mask and the shapes, for the report
   int64_t emptyBlocks = 0, partialBlocks = 0, fullBlocks = 0;
+  bool packed = false;  // the mask was the inner mask of packed sequences
 };
 
 MaskModOutcome checkMaskMod(Choices& choices);
