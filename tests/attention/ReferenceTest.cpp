@@ -298,3 +298,20 @@ TEST(SampleQueryRows, TheSeedDecidesTheRandomRows) {
 
 }  // namespace
 }  // namespace flextile::attention
+
+// The gradient comparison's whole-norm check takes the floor too: a dq that is zero in exact
+// arithmetic (every live row has one allowed key, so dS = p (dP - delta) = 0) is rounding alone,
+// which once failed it as a relative error of 2.7e8 (fuzz regression packed_dq_of_keys_no_row_sees).
+// A real error of the floor's size still fails.
+TEST(GradMismatch, TheWholeNormTakesTheFloor) {
+  const std::vector<double> zero(64, 1e-16);
+  std::vector<double> rounding(64), wrong(64);
+  for (size_t i = 0; i < 64; ++i) {
+    rounding[i] = (i % 2 ? 1 : -1) * 4e-8;
+    wrong[i] = (i % 2 ? 1 : -1) * 0.05;
+  }
+  EXPECT_EQ(flextile::testing::gradMismatch("dq", rounding, zero, flextile::dsl::DType::F32, nullptr, 1, 0.5), "");
+  EXPECT_NE(flextile::testing::gradMismatch("dq", wrong, zero, flextile::dsl::DType::F32, nullptr, 1, 0.5), "");
+  EXPECT_NE(flextile::testing::gradMismatch("dq", rounding, zero, flextile::dsl::DType::F32), "")
+      << "without a floor the bound is 1e-6 relative";
+}
