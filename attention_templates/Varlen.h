@@ -19,9 +19,9 @@
 // sequence, position and key range): nothing is gathered per key, so the forward keeps the
 // schedules that a per-key gather turns off (the producer warpgroup, the turns), and the
 // wrapped pair test (key inside the row's range) is two compares; for all pairs and causal
-// inside each sequence it is the whole mask (causal with the row's last key). The BlockMask is what keeps the
-// sequences apart in the blocks it calls full: use seqs.score() with a mask of seqs.blockMask() (or
-// of seqs.mask()), never alone. The backward, a captured tensor's gradient and GQA work as for
+// inside each sequence it is the whole mask (causal with the row's last key). The BlockMask is
+// what keeps the sequences apart in the blocks it calls full: use seqs.score() with a mask of
+// seqs.blockMask() (or of seqs.mask()), never alone. The backward, a captured tensor's gradient and GQA work as for
 // any mod; the decode template runs packed queries too (each of its rows is one query).
 #pragma once
 
