@@ -224,7 +224,8 @@ inline std::string gradMismatch(const char* what, const std::vector<double>& got
   // own norm would make an unbounded relative error.
   const double scaleSq = std::max(den, floor * floor * double(got.size()));
   const double rel = std::sqrt(num / std::max(scaleSq, 1e-30));
-  if (scaleSq > 0 && rel > gradTolerance(dt) / 2) m << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
+  if (scaleSq > 0 && rel > gradTolerance(dt) / 2)
+    m << what << ": relative error " << rel << " > " << gradTolerance(dt) / 2;
   return m.str();
 }
 
