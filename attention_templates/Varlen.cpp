@@ -228,17 +228,12 @@ BlockMask PackedSequences::blockMask(const MaskMod& inner, const SequenceRowKeys
   MaskMod wrapped = mask(inner);
   const State& st = *state_;
   // Row i of sequence s allows the packed keys k0 + [lo, hi], clipped to the sequence's [k0, k1).
-  std::vector<int64_t> sequence(static_cast<size_t>(totalQueries()));
-  for (size_t s = 0; s + 1 < st.queryStarts.size(); ++s)
-    for (int64_t i = st.queryStarts[s]; i < st.queryStarts[s + 1]; ++i) sequence[size_t(i)] = int64_t(s);
   return rowIntervalBlockMask(
       wrapped, 1, H, totalQueries(), totalKeys(),
       [&](int64_t, int64_t h, int64_t i) {
-        const auto s = size_t(sequence[size_t(i)]);
-        const int64_t q0 = st.queryStarts[s], q1 = st.queryStarts[s + 1];
-        const int64_t k0 = st.keyStarts[s], k1 = st.keyStarts[s + 1];
-        auto [lo, hi] = innerKeys(int64_t(s), h, positionIn(queryPositions(), i, q0, q1, k0, k1), k1 - k0);
-        return std::pair{k0 + std::max<int64_t>(lo, 0), k0 + std::min<int64_t>(hi, k1 - k0 - 1)};
+        const int64_t s = sequenceOfQuery(i), k0 = st.keyStarts[size_t(s)], keys = st.keyStarts[size_t(s) + 1] - k0;
+        auto [lo, hi] = innerKeys(s, h, queryPosition(i), keys);
+        return std::pair{k0 + std::max<int64_t>(lo, 0), k0 + std::min<int64_t>(hi, keys - 1)};
       },
       sizes, {st.space, st.options.stream});
 }
